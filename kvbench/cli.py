@@ -1,0 +1,79 @@
+"""The ``kvbench`` command line: one typer app, one module per command group (kvbench/commands/).
+
+Known failures (``KvbenchError``) become one red line and their exit code (2 for bad input);
+Ctrl-C exits 130 after the command has written what it measured; ``--debug`` shows tracebacks.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import click
+import typer
+from rich.console import Console
+
+from kvbench import __version__
+from kvbench.errors import KvbenchError
+
+app = typer.Typer(
+    name="kvbench",
+    help="Measure what prefix caching buys an LLM server, and why it is not buying more.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+# Each module has ``register(app)``, which adds its commands or sub-app.
+_COMMAND_MODULES = (
+    "kvbench.commands.sim",
+)
+
+for _name in _COMMAND_MODULES:
+    importlib.import_module(_name).register(app)
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", help="Print the version and exit."),
+) -> None:
+    """Measure what prefix caching buys an LLM server, and why it is not buying more."""
+    if version:
+        typer.echo(f"kvbench {__version__}")
+        raise typer.Exit()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point: run the app and map errors to one line and an exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args or os.environ.get("KVBENCH_DEBUG") == "1"
+    args = [arg for arg in args if arg != "--debug"]
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    command = typer.main.get_command(app)
+    try:
+        code = command.main(args=args, prog_name="kvbench", standalone_mode=False)
+    except click.exceptions.Abort:
+        err.print("[red]interrupted[/red]")
+        sys.exit(130)
+    except KeyboardInterrupt:
+        err.print("[red]interrupted[/red]")
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except KvbenchError as exc:
+        if debug:
+            raise
+        err.print(f"[red]error:[/red] {exc}")
+        sys.exit(exc.exit_code)
+    except Exception as exc:  # an unexpected failure: still one line unless --debug
+        if debug:
+            raise
+        err.print(f"[red]error:[/red] {type(exc).__name__}: {exc} [dim](--debug shows the traceback)[/dim]")
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+if __name__ == "__main__":
+    main()

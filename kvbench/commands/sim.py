@@ -1,0 +1,143 @@
+"""``kvbench sim``: replay a scenario or trace through the prefix cache with no model."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from kvbench.engine.block_hash import HashAlgo, HashConfig
+from kvbench.engine.cache_base import CacheConfig, CacheKind, ReleaseOrder
+from kvbench.errors import InputError
+from kvbench.results.parquet import write_rows
+from kvbench.scenario import load_scenario, parse_choices, parse_int_list
+from kvbench.sim import PreparedTrace, SimResult, ideal_hit_rate, prepare_prompts, sweep
+from kvbench.workloads.sources import detect_jsonl
+from kvbench.workloads.token_ids import TokenRequest
+
+DEFAULT_SIZES = (64, 128, 256, 512, 1024, 2048)
+
+
+@dataclass(frozen=True)
+class SimSource:
+    """What ``kvbench sim`` replays, after reading a scenario or trace file."""
+
+    name: str
+    requests: list[TokenRequest]
+    block_size: int
+    sizes: tuple[int, ...]
+    release: tuple[str, ...]
+    cache_kind: str
+    ttl_s: float | None
+    hash: HashConfig
+    description: dict
+
+
+def load_source(path: Path, limit: int | None) -> SimSource:
+    """Read a ``.toml`` scenario or a JSONL trace into requests and the file's sim settings."""
+    if not path.exists():
+        raise InputError(f"{path}: no such file")
+    if path.suffix == ".toml":
+        scenario = load_scenario(path)
+        requests = scenario.token_requests()
+        return SimSource(
+            scenario.name, requests[:limit] if limit else requests, scenario.block_size,
+            scenario.sim.sizes, tuple(r.value for r in scenario.sim.release), scenario.cache.kind.value,
+            scenario.cache.ttl_s, scenario.cache.hash,
+            {"scenario": str(path), "workload_kind": scenario.workload_kind,
+             "workload": {k: str(v) for k, v in vars(scenario.workload).items()}},
+        )
+    reader = detect_jsonl(path)
+    return SimSource(
+        path.stem, reader.read(path, limit), reader.default_block_size, DEFAULT_SIZES,
+        (ReleaseOrder.TAIL_FIRST.value,), CacheKind.HASH.value, None, HashConfig(),
+        {"trace": str(path), "format": reader.name},
+    )
+
+
+def _table(source: SimSource, results: list[SimResult], ideal: SimResult, trace: PreparedTrace) -> Table:
+    table = Table(title=f"kvbench sim: {source.name} ({trace.num_requests:,} requests, "
+                        f"{trace.num_prompt_tokens:,} prompt tokens, block size {trace.block_size})")
+    for column in ("blocks", "tokens", "release", "token hit", "block hit", "evicted", "expired",
+                   "refused"):
+        table.add_column(column, justify="right")
+    for r in results:
+        table.add_row(f"{r.capacity_blocks:,}", f"{r.capacity_blocks * r.block_size:,}", r.release_order,
+                      f"{r.token_hit_rate:.4f}", f"{r.block_hit_rate:.4f}", f"{r.num_evicted_blocks:,}",
+                      f"{r.num_expired_blocks:,}", f"{r.num_refused_blocks:,}")
+    table.caption = (f"capacity in blocks and tokens; token hit = cached prompt tokens / prompt tokens; "
+                     f"ideal (unbounded cache): token hit {ideal.token_hit_rate:.4f}, "
+                     f"block hit {ideal.block_hit_rate:.4f}")
+    return table
+
+
+def sim(
+    source: Annotated[Path, typer.Argument(help="Scenario (.toml) or trace (.jsonl: kvbench or Mooncake).")],
+    sizes: Annotated[str | None, typer.Option(help="Cache capacities in blocks, e.g. 64,128,256.")] = None,
+    release: Annotated[str | None, typer.Option(help="Release orders to compare: tail-first,head-first.")] = None,
+    block_size: Annotated[int | None, typer.Option(help="Tokens per block (default: the source's).")] = None,
+    cache: Annotated[CacheKind | None, typer.Option(help="Cache structure.")] = None,
+    ttl: Annotated[float | None, typer.Option(help="Expire blocks idle longer than this (trace seconds).")] = None,
+    hash_algo: Annotated[HashAlgo | None, typer.Option(help="Block hash function.")] = None,
+    hash_bits: Annotated[int | None, typer.Option(help="Keep only N bits of every key (8..256).")] = None,
+    requests: Annotated[int | None, typer.Option(help="Replay only the first N requests.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Parquet file (default results/sim-NAME-TIME.parquet).")] = None,
+    workers: Annotated[int, typer.Option(help="Processes for the sweep.")] = min(2, os.cpu_count() or 1),
+) -> None:
+    """Replay token traffic through the prefix cache at several sizes, no model: hit rates per size."""
+    if requests is not None and requests <= 0:
+        raise InputError(f"--requests: {requests} is not a positive number of requests")
+    if block_size is not None and block_size <= 0:
+        raise InputError(f"--block-size: {block_size} is not a positive number of tokens")
+    if ttl is not None and not ttl > 0:
+        raise InputError(f"--ttl: {ttl} is not a positive number of seconds")
+    source_info = load_source(source, requests)
+    capacities = parse_int_list(sizes, "--sizes") if sizes else list(source_info.sizes)
+    orders = parse_choices(release, "--release", [o.value for o in ReleaseOrder]) if release else list(source_info.release)
+    kind = CacheKind(cache or source_info.cache_kind)
+    try:
+        hash_config = HashConfig(hash_algo or source_info.hash.algo,
+                                 hash_bits if hash_bits is not None else source_info.hash.hash_bits)
+        base = CacheConfig(capacity_blocks=1, block_size=block_size or source_info.block_size, kind=kind,
+                           ttl_s=ttl if ttl is not None else source_info.ttl_s, hash=hash_config)
+        if kind is CacheKind.RADIX and ReleaseOrder.HEAD_FIRST.value in orders:
+            raise ValueError("head-first release exists only for the hash cache (--cache hash)")
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    console, err = Console(), Console(stderr=True)
+    started = time.perf_counter()
+    trace = prepare_prompts(source_info.requests, base.block_size, hash_config,
+                            keep_tokens=kind is CacheKind.RADIX)
+    results: list[SimResult] = []
+    interrupted = False
+    with Progress(console=err, transient=True) as progress:
+        task = progress.add_task("replaying", total=len(capacities) * len(orders))
+        try:
+            sweep(trace, base, capacities, orders, num_workers=workers,
+                  progress=lambda result, done, total: (results.append(result), progress.update(task, completed=done)))
+        except KeyboardInterrupt:
+            interrupted = True
+    order_index = {(c, o): i for i, (c, o) in enumerate((c, o) for c in capacities for o in orders)}
+    results.sort(key=lambda r: order_index[(r.capacity_blocks, r.release_order)])
+    ideal = ideal_hit_rate(trace, kind)
+    console.print(_table(source_info, results, ideal, trace))
+    out = out or Path("results") / f"sim-{source_info.name}-{time.strftime('%Y%m%d-%H%M%S')}.parquet"
+    if results:
+        metadata = {"command": "sim", "source": source_info.description, "ideal_token_hit_rate": ideal.token_hit_rate,
+                    "complete": not interrupted, "elapsed_s": time.perf_counter() - started}
+        write_rows(out, [r.as_row() for r in results], metadata)
+        console.print(f"wrote {len(results)} rows to {out}")
+    if interrupted:
+        err.print(f"[red]interrupted[/red] after {len(results)} of {len(capacities) * len(orders)} configurations")
+        raise typer.Exit(130)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("sim")(sim)

@@ -1,0 +1,41 @@
+"""Errors the CLI turns into one clear line and a non-zero exit code.
+
+Library code raises these (or plain ``ValueError`` for programming errors in config objects);
+``kvbench.cli`` catches ``KvbenchError`` and prints ``error: <message>`` without a traceback.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class KvbenchError(Exception):
+    """Base class: a known failure with a message meant for the user.
+
+    Attributes:
+        exit_code: the process exit code the CLI uses (2 = bad input, 1 = run failed).
+    """
+
+    exit_code: int = 1
+
+
+class InputError(KvbenchError):
+    """Bad user input: a missing or malformed file, an unknown key, an out-of-range value."""
+
+    exit_code = 2
+
+    @classmethod
+    def at(cls, path: str | Path, line: int | None, field: str | None, problem: str) -> "InputError":
+        """Build the one-line message ``FILE:LINE: field 'F': problem`` (line and field optional)."""
+        where = str(path)
+        if line is not None:
+            where += f":{line}"
+        if field is not None:
+            return cls(f"{where}: field '{field}': {problem}")
+        return cls(f"{where}: {problem}")
+
+
+class CacheBusyError(KvbenchError):
+    """An operation that needs an idle cache (reset) found pinned blocks."""
+
+    exit_code = 1

@@ -1,0 +1,81 @@
+"""Parquet writing and reading shared by every command: rows + run metadata in the key-value footer.
+
+Metadata values are JSON strings under ``kvbench.*`` keys (``kvbench.config``, ``kvbench.versions``,
+...), so any Parquet reader shows them and :func:`read_metadata` restores them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from kvbench import __version__
+from kvbench.errors import InputError
+
+_PREFIX = "kvbench."
+
+
+def versions() -> dict[str, str]:
+    """Versions of kvbench, Python and the libraries whose behaviour shapes the numbers."""
+    found = {"kvbench": __version__, "python": platform.python_version()}
+    for module in ("numpy", "pyarrow", "torch", "transformers"):
+        try:
+            found[module] = __import__(module).__version__
+        except ImportError:
+            continue
+    return found
+
+
+def machine() -> dict[str, Any]:
+    """A short description of this machine (CPU model, cores, OS)."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "os": platform.platform()}
+
+
+def write_rows(
+    path: str | Path,
+    rows: Sequence[Mapping[str, Any]],
+    metadata: Mapping[str, Any],
+    schema: pa.Schema | None = None,
+) -> Path:
+    """Write ``rows`` (one dict per row) to ``path`` atomically, with ``metadata`` in the footer.
+
+    ``metadata`` values are stored as JSON; ``versions`` and ``machine`` are added. Returns the path.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_pylist(list(rows), schema=schema)
+    footer = {"versions": versions(), "machine": machine(), **metadata}
+    encoded = {f"{_PREFIX}{key}": json.dumps(value, default=str) for key, value in footer.items()}
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}), **encoded})
+    partial = path.with_name(path.name + ".partial")
+    pq.write_table(table, partial)
+    os.replace(partial, path)
+    return path
+
+
+def read_metadata(path: str | Path) -> dict[str, Any]:
+    """The ``kvbench.*`` metadata of a Parquet file, JSON-decoded, without the prefix."""
+    try:
+        raw = pq.read_schema(path).metadata or {}
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise InputError(f"{path}: not a readable Parquet file ({exc})") from None
+    return {
+        key.decode()[len(_PREFIX):]: json.loads(value)
+        for key, value in raw.items()
+        if key.decode().startswith(_PREFIX)
+    }
