@@ -94,9 +94,9 @@ class CacheSection:
         object.__setattr__(self, "release_order", ReleaseOrder(self.release_order))
         object.__setattr__(self, "hash_algo", HashAlgo(self.hash_algo))
         if self.block_size is not None and (not isinstance(self.block_size, int) or self.block_size <= 0):
-            raise ValueError(f"must be a positive integer, got {self.block_size!r}")
+            raise ValueError(f"block_size must be a positive integer, got {self.block_size!r}")
         if self.ttl_s is not None and not self.ttl_s > 0:
-            raise ValueError(f"must be a positive number of seconds, got {self.ttl_s!r}")
+            raise ValueError(f"ttl_s must be a positive number of seconds, got {self.ttl_s!r}")
         HashConfig(self.hash_algo, self.hash_bits)  # validates the width
 
     @property
@@ -114,7 +114,7 @@ class SimSection:
     def __post_init__(self) -> None:
         sizes = tuple(self.sizes)
         if not sizes or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in sizes):
-            raise ValueError(f"must be a non-empty list of positive block counts, got {list(sizes)!r}")
+            raise ValueError(f"sizes must be a non-empty list of positive block counts, got {list(sizes)!r}")
         object.__setattr__(self, "sizes", sizes)
         object.__setattr__(self, "release", tuple(ReleaseOrder(r) for r in self.release))
 
@@ -171,7 +171,9 @@ def _build_section(cls: type, table: dict, path: Path, text: str, section: str) 
     try:
         return cls(**table)
     except (ValueError, TypeError) as exc:
-        bad = next((k for k in table if k in str(exc)), None)
+        message = str(exc)
+        bad = next((k for k in table if message.startswith(k)), None) or next(
+            (k for k in table if repr(table[k]) in message or str(table[k]) in message), None)
         line = _line_of(text, section, bad) if bad else _line_of(text, section, None)
         field_name = f"{section}.{bad}" if bad else section
         raise InputError.at(path, line, field_name, str(exc)) from None

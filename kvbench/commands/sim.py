@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from kvbench.commands.common import make_console
 from kvbench.engine.block_hash import HashAlgo, HashConfig
 from kvbench.engine.cache_base import CacheConfig, CacheKind, ReleaseOrder
 from kvbench.errors import InputError
@@ -30,7 +30,6 @@ class SimSource:
     """What ``kvbench sim`` replays, after reading a scenario or trace file."""
 
     name: str
-    requests: list[TokenRequest]
     block_size: int
     sizes: tuple[int, ...]
     release: tuple[str, ...]
@@ -40,26 +39,26 @@ class SimSource:
     description: dict
 
 
-def load_source(path: Path, limit: int | None) -> SimSource:
-    """Read a ``.toml`` scenario or a JSONL trace into requests and the file's sim settings."""
+def load_source(path: Path, limit: int | None) -> tuple[SimSource, list[TokenRequest]]:
+    """Read a ``.toml`` scenario or a JSONL trace: the file's sim settings and its requests."""
     if not path.exists():
         raise InputError(f"{path}: no such file")
     if path.suffix == ".toml":
         scenario = load_scenario(path)
         requests = scenario.token_requests()
         return SimSource(
-            scenario.name, requests[:limit] if limit else requests, scenario.block_size,
+            scenario.name, scenario.block_size,
             scenario.sim.sizes, tuple(r.value for r in scenario.sim.release), scenario.cache.kind.value,
             scenario.cache.ttl_s, scenario.cache.hash,
             {"scenario": str(path), "workload_kind": scenario.workload_kind,
              "workload": {k: str(v) for k, v in vars(scenario.workload).items()}},
-        )
+        ), requests[:limit] if limit else requests
     reader = detect_jsonl(path)
     return SimSource(
-        path.stem, reader.read(path, limit), reader.default_block_size, DEFAULT_SIZES,
+        path.stem, reader.default_block_size, DEFAULT_SIZES,
         (ReleaseOrder.TAIL_FIRST.value,), CacheKind.HASH.value, None, HashConfig(),
         {"trace": str(path), "format": reader.name},
-    )
+    ), reader.read(path, limit)
 
 
 def _table(source: SimSource, results: list[SimResult], ideal: SimResult, trace: PreparedTrace) -> Table:
@@ -67,7 +66,8 @@ def _table(source: SimSource, results: list[SimResult], ideal: SimResult, trace:
                         f"{trace.num_prompt_tokens:,} prompt tokens, block size {trace.block_size})")
     for column in ("blocks", "tokens", "release", "token hit", "block hit", "evicted", "expired",
                    "refused"):
-        table.add_column(column, justify="right")
+        table.add_column(column, justify="right", no_wrap=column == "release",
+                         min_width=len("tail-first") if column == "release" else None)
     for r in results:
         table.add_row(f"{r.capacity_blocks:,}", f"{r.capacity_blocks * r.block_size:,}", r.release_order,
                       f"{r.token_hit_rate:.4f}", f"{r.block_hit_rate:.4f}", f"{r.num_evicted_blocks:,}",
@@ -98,7 +98,7 @@ def sim(
         raise InputError(f"--block-size: {block_size} is not a positive number of tokens")
     if ttl is not None and not ttl > 0:
         raise InputError(f"--ttl: {ttl} is not a positive number of seconds")
-    source_info = load_source(source, requests)
+    source_info, token_requests = load_source(source, requests)
     capacities = parse_int_list(sizes, "--sizes") if sizes else list(source_info.sizes)
     orders = parse_choices(release, "--release", [o.value for o in ReleaseOrder]) if release else list(source_info.release)
     kind = CacheKind(cache or source_info.cache_kind)
@@ -111,10 +111,10 @@ def sim(
             raise ValueError("head-first release exists only for the hash cache (--cache hash)")
     except ValueError as exc:
         raise InputError(str(exc)) from None
-    console, err = Console(), Console(stderr=True)
+    console, err = make_console(), make_console(stderr=True)
     started = time.perf_counter()
-    trace = prepare_prompts(source_info.requests, base.block_size, hash_config,
-                            keep_tokens=kind is CacheKind.RADIX)
+    trace = prepare_prompts(token_requests, base.block_size, hash_config, keep_tokens=kind is CacheKind.RADIX)
+    del token_requests  # the token ids are not needed once hashed; forked workers stay small
     results: list[SimResult] = []
     interrupted = False
     with Progress(console=err, transient=True) as progress:

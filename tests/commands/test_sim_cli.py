@@ -1,0 +1,138 @@
+"""``kvbench sim`` end to end: tables, Parquet read back, and one-line errors with exit code 2."""
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from kvbench.results.parquet import read_metadata
+
+REPO = Path(__file__).resolve().parents[2]
+
+SMALL_SCENARIO = """
+[workload]
+kind = "multi-prefix"
+num_prefixes = 4
+prefix_tokens = 128
+unique_tokens = 10
+num_requests = 100
+popularity = "zipf"
+
+[cache]
+block_size = 16
+
+[sim]
+sizes = [16, 64, 512]
+"""
+
+
+def write(path, text):
+    path.write_text(text)
+    return path
+
+
+def test_sim_writes_one_row_per_size_and_order(kvbench, tmp_path):
+    scenario = write(tmp_path / "small.toml", SMALL_SCENARIO)
+    out = tmp_path / "sim.parquet"
+    code, stdout, _ = kvbench("sim", scenario, "--release", "tail-first,head-first", "--out", out)
+    assert code == 0
+    assert "head-first" in stdout and "tail-first" in stdout and "ideal" in stdout
+    table = pq.read_table(out).to_pylist()
+    assert [(r["capacity_blocks"], r["release_order"]) for r in table] == [
+        (16, "tail-first"), (16, "head-first"), (64, "tail-first"), (64, "head-first"),
+        (512, "tail-first"), (512, "head-first")]
+    for row in table:
+        assert 0 <= row["token_hit_rate"] <= 1
+        assert row["cached_prompt_tokens"] == round(row["token_hit_rate"] * row["prompt_tokens"])
+    assert table[-1]["evictions"] == 0 and table[0]["evictions"] > 0
+    metadata = read_metadata(out)
+    assert metadata["command"] == "sim" and metadata["complete"] is True
+    assert metadata["ideal_token_hit_rate"] == pytest.approx(table[-1]["token_hit_rate"])
+
+
+def test_flags_override_the_scenario(kvbench, tmp_path):
+    scenario = write(tmp_path / "small.toml", SMALL_SCENARIO)
+    out = tmp_path / "sim.parquet"
+    code, _, _ = kvbench("sim", scenario, "--sizes", "32", "--block-size", "32", "--cache", "radix", "--out", out)
+    assert code == 0
+    (row,) = pq.read_table(out).to_pylist()
+    assert (row["capacity_blocks"], row["block_size"], row["cache_kind"]) == (32, 32, "radix")
+
+
+def test_sim_on_a_mooncake_trace(kvbench, tmp_path, shared_data):
+    lines = (shared_data / "mooncake" / "conversation_trace.jsonl").read_text().splitlines()[:200]
+    trace = write(tmp_path / "conv.jsonl", "\n".join(lines) + "\n")
+    out = tmp_path / "moon.parquet"
+    code, stdout, _ = kvbench("sim", trace, "--sizes", "100,100000", "--out", out)
+    assert code == 0
+    rows = pq.read_table(out).to_pylist()
+    assert [r["block_size"] for r in rows] == [512, 512]
+    assert rows[0]["token_hit_rate"] < rows[1]["token_hit_rate"]
+
+
+def one_line_error(code, stderr):
+    assert code == 2
+    assert "Traceback" not in stderr
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
+def test_missing_file(kvbench, tmp_path):
+    line = one_line_error(*kvbench("sim", tmp_path / "nope.toml")[::2])
+    assert "nope.toml" in line and "no such file" in line
+
+
+def test_malformed_trace_line_names_file_line_and_field(kvbench, tmp_path):
+    good = {"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}
+    bad = {"timestamp": 0, "input_length": 10, "output_length": 1}
+    trace = write(tmp_path / "t.jsonl", json.dumps(good) + "\n" + json.dumps(good) + "\n" + json.dumps(bad) + "\n")
+    line = one_line_error(*kvbench("sim", trace)[::2])
+    assert f"{trace}:3: field 'hash_ids'" in line
+
+
+def test_invalid_json_line(kvbench, tmp_path):
+    good = {"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}
+    trace = write(tmp_path / "t.jsonl", json.dumps(good) + "\n{not json\n")
+    line = one_line_error(*kvbench("sim", trace)[::2])
+    assert f"{trace}:2:" in line and "JSON" in line
+
+
+def test_unknown_scenario_key_names_the_line(kvbench, tmp_path):
+    scenario = write(tmp_path / "s.toml", SMALL_SCENARIO.replace("num_requests = 100", "num_requestz = 100"))
+    line = one_line_error(*kvbench("sim", scenario)[::2])
+    assert f"{scenario}:7: field 'workload.num_requestz'" in line and "unknown key" in line
+
+
+def test_bad_scenario_value_names_the_field(kvbench, tmp_path):
+    scenario = write(tmp_path / "s.toml", SMALL_SCENARIO.replace("sizes = [16, 64, 512]", "sizes = [16, 0]"))
+    line = one_line_error(*kvbench("sim", scenario)[::2])
+    assert "field 'sim.sizes'" in line
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--sizes", "64,0"], "--sizes: 0"),
+    (["--sizes", "-5"], "--sizes: -5"),
+    (["--sizes", "abc"], "--sizes: 'abc'"),
+    (["--release", "sideways"], "--release: 'sideways'"),
+    (["--requests", "0"], "--requests: 0"),
+    (["--block-size", "-16"], "--block-size: -16"),
+    (["--hash-bits", "4"], "hash_bits"),
+    (["--cache", "radix", "--release", "head-first"], "head-first"),
+])
+def test_bad_flags(kvbench, tmp_path, args, needle):
+    scenario = write(tmp_path / "small.toml", SMALL_SCENARIO)
+    line = one_line_error(*kvbench("sim", scenario, *args)[::2])
+    assert needle in line
+
+
+def test_shipped_scenarios_load():
+    from kvbench.scenario import load_scenario
+
+    for name in ("multi_prefix_zipf", "multi_prefix_rr"):
+        scenario = load_scenario(REPO / "scenarios" / f"{name}.toml")
+        assert scenario.block_size == 16 and scenario.sim.sizes == (64, 128, 256, 512, 1024, 2048)
+        assert scenario.workload.num_prefixes == 8 and scenario.workload.prefix_tokens == 2048
+        assert scenario.workload.unique_tokens == 50 and scenario.workload.num_requests == 2000
+    assert load_scenario(REPO / "scenarios" / "multi_prefix_zipf.toml").workload.zipf_exponent == 0.9
