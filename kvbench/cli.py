@@ -28,6 +28,8 @@ app = typer.Typer(
 # Each module has ``register(app)``, which adds its commands or sub-app.
 _COMMAND_MODULES = (
     "kvbench.commands.sim",
+    "kvbench.commands.memory",
+    "kvbench.commands.trace",
 )
 
 for _name in _COMMAND_MODULES:

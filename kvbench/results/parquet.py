@@ -6,6 +6,7 @@ Metadata values are JSON strings under ``kvbench.*`` keys (``kvbench.config``, `
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import platform
@@ -25,10 +26,10 @@ _PREFIX = "kvbench."
 def versions() -> dict[str, str]:
     """Versions of kvbench, Python and the libraries whose behaviour shapes the numbers."""
     found = {"kvbench": __version__, "python": platform.python_version()}
-    for module in ("numpy", "pyarrow", "torch", "transformers"):
-        try:
-            found[module] = __import__(module).__version__
-        except ImportError:
+    for package in ("numpy", "pyarrow", "torch", "transformers", "tiktoken"):
+        try:  # package metadata, not an import: recording versions must not load torch
+            found[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
             continue
     return found
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from kvbench.errors import InputError
 from kvbench.workloads.mooncake import is_mooncake_record, read_mooncake
 from kvbench.workloads.token_ids import TokenRequest
+from kvbench.workloads.trace import is_trace_header
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,14 @@ class JsonlReader:
     default_block_size: int
 
 
+def _read_kvbench_trace(path: Path, limit: int | None) -> list[TokenRequest]:
+    from kvbench.workloads.trace_kinds import read_trace_token_requests  # imports the generators
+
+    return read_trace_token_requests(path, limit)
+
+
 _READERS: list[JsonlReader] = [
+    JsonlReader("kvbench-trace", is_trace_header, _read_kvbench_trace, 16),  # trace_kinds.KVBENCH_TRACE_READER
     JsonlReader("mooncake", is_mooncake_record, lambda p, n: read_mooncake(p, limit=n), 512),
 ]
 

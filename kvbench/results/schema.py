@@ -1,0 +1,59 @@
+"""The run-results schema: one Parquet row per request, units in every column name.
+
+Every backend (in-process engine, OpenAI-compatible HTTP) writes these columns; readers (report,
+compare, scoreboard) rely on them. Run-level facts (config, trace header and content hash, versions,
+machine, seed) go into the file's key-value metadata (see :mod:`kvbench.results.parquet`), under
+``kvbench.run``.
+
+Times are milliseconds, measured with ``time.perf_counter``:
+
+* ``queue_ms``: from the request's arrival (or its client becoming free) to the moment it started
+  being served: waiting time, never counted inside TTFT.
+* ``ttft_ms``: from the start of service to the first output token.
+* ``tpot_ms``: (e2e - ttft) / (output_tokens - 1), vLLM's definition; null with < 2 tokens.
+* ``itl_ms``: the gaps between consecutive output tokens (``output_tokens - 1`` values).
+* ``e2e_ms``: from the start of service to the last token.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+RUN_SCHEMA = pa.schema([
+    pa.field("run_id", pa.string()),
+    pa.field("request_index", pa.int64()),      # position in the trace
+    pa.field("request_id", pa.string()),
+    pa.field("session_id", pa.string()),
+    pa.field("turn", pa.int64()),               # turn (chat) or step (agent); 0 for one-shot prompts
+    pa.field("phase", pa.string()),             # "warmup" or "measure"
+    pa.field("backend", pa.string()),           # "inprocess" or "openai"
+    pa.field("model", pa.string()),
+    pa.field("cache_enabled", pa.bool_()),
+    pa.field("cache_kind", pa.string()),        # "hash" or "radix"
+    pa.field("block_size", pa.int64()),
+    pa.field("capacity_blocks", pa.int64()),
+    pa.field("prompt_tokens", pa.int64()),
+    pa.field("cached_prompt_tokens", pa.int64()),
+    pa.field("expected_cached_tokens", pa.int64()),  # what an ideal cache allows (null if unknown)
+    pa.field("output_tokens", pa.int64()),
+    pa.field("output_tokens_source", pa.string()),   # "engine", "usage" or "tokenizer"
+    pa.field("max_tokens", pa.int64()),
+    pa.field("arrival_ms", pa.float64()),
+    pa.field("queue_ms", pa.float64()),
+    pa.field("ttft_ms", pa.float64()),
+    pa.field("tpot_ms", pa.float64()),
+    pa.field("e2e_ms", pa.float64()),
+    pa.field("prefill_ms", pa.float64()),
+    pa.field("itl_ms", pa.list_(pa.float64())),
+    pa.field("status", pa.string()),            # "ok" or "error"
+    pa.field("http_status", pa.int64()),
+    pa.field("error", pa.string()),
+    pa.field("output_matches_reference", pa.bool_()),
+])
+
+RUN_COLUMNS = tuple(RUN_SCHEMA.names)
+
+
+def empty_row() -> dict:
+    """A row with every column present and null, to fill in."""
+    return dict.fromkeys(RUN_COLUMNS)

