@@ -30,6 +30,7 @@ _COMMAND_MODULES = (
     "kvbench.commands.sim",
     "kvbench.commands.memory",
     "kvbench.commands.trace",
+    "kvbench.commands.run",
 )
 
 for _name in _COMMAND_MODULES:

@@ -167,7 +167,7 @@ def _line_of(text: str, section: str, key: str | None) -> int | None:
     return None
 
 
-def _build_section(cls: type, table: dict, path: Path, text: str, section: str) -> Any:
+def build_section(cls: type, table: dict, path: Path, text: str, section: str) -> Any:
     """Instantiate ``cls`` from ``table``; unknown keys and bad values raise ``InputError``."""
     known = {f.name for f in dataclasses.fields(cls)}
     for key in table:
@@ -213,9 +213,9 @@ def load_scenario(path: str | Path) -> Scenario:
     return Scenario(
         path=path,
         workload_kind=kind_name,
-        workload=_build_section(kind.config_class, workload, path, text, "workload"),
-        cache=_build_section(CacheSection, data.get("cache", {}), path, text, "cache"),
-        sim=_build_section(SimSection, data.get("sim", {}), path, text, "sim"),
+        workload=build_section(kind.config_class, workload, path, text, "workload"),
+        cache=build_section(CacheSection, data.get("cache", {}), path, text, "cache"),
+        sim=build_section(SimSection, data.get("sim", {}), path, text, "sim"),
         run=dict(data.get("run", {})),
     )
 

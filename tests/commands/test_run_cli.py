@@ -1,0 +1,110 @@
+"""``kvbench run`` on the real default model: hit rates, identical outputs, Parquet, interruption."""
+
+import pyarrow.parquet as pq
+import pytest
+
+from kvbench.results.parquet import read_metadata
+from kvbench.results.schema import RUN_COLUMNS
+
+SCENARIO = """
+[workload]
+kind = "shared-prefix"
+num_requests = 4
+system_tokens = 64
+question_tokens = 16
+max_tokens = 3
+seed = 1
+
+[cache]
+block_size = 16
+
+[run]
+cache_size = "64"
+"""
+# Rendered: 3 + 64 + 2 (system) + 3 + 16 + 2 (user) + 3 = 93 tokens; the first 3 + 64 + 2 + 3 = 72
+# tokens are shared (system message + the user header), i.e. 4 full blocks of 16 = 64 cached tokens.
+PROMPT_TOKENS = 93
+SHARED_BLOCK_TOKENS = 64
+
+
+@pytest.fixture
+def scenario(tmp_path):
+    path = tmp_path / "tiny.toml"
+    path.write_text(SCENARIO)
+    return path
+
+
+def read_rows(path):
+    return pq.read_table(path).to_pylist()
+
+
+def test_cache_on_hits_the_block_floored_shared_prefix(kvbench, scenario, tmp_path):
+    out = tmp_path / "on.parquet"
+    code, stdout, stderr = kvbench("run", scenario, "--verify", "--out", out)
+    assert code == 0, stderr
+    rows = read_rows(out)
+    assert list(pq.read_schema(out).names) == list(RUN_COLUMNS)
+    assert [r["prompt_tokens"] for r in rows] == [PROMPT_TOKENS] * 4
+    assert [r["cached_prompt_tokens"] for r in rows] == [0] + [SHARED_BLOCK_TOKENS] * 3
+    assert [r["expected_cached_tokens"] for r in rows] == [0] + [SHARED_BLOCK_TOKENS] * 3
+    assert all(r["output_matches_reference"] is True for r in rows)
+    assert all(r["output_tokens"] == 3 and len(r["itl_ms"]) == 2 for r in rows)
+    assert all(0 < r["ttft_ms"] <= r["e2e_ms"] for r in rows)
+    assert {r["cache_enabled"] for r in rows} == {True} and {r["block_size"] for r in rows} == {16}
+    metadata = read_metadata(out)
+    assert metadata["complete"] is True and metadata["run"]["cache"]["capacity_blocks"] == 64
+    assert metadata["summary"]["token_hit_rate"] == pytest.approx(3 * 64 / (4 * 93))
+    assert metadata["run"]["trace"]["content_hash"].startswith("sha256:")
+    assert "token hit rate" in stdout
+
+
+def test_cache_off_caches_nothing(kvbench, scenario, tmp_path):
+    out = tmp_path / "off.parquet"
+    code, _, stderr = kvbench("run", scenario, "--cache", "off", "--out", out)
+    assert code == 0, stderr
+    rows = read_rows(out)
+    assert [r["cached_prompt_tokens"] for r in rows] == [0] * 4
+    assert {r["cache_enabled"] for r in rows} == {False}
+
+
+def test_interrupted_run_keeps_every_finished_row(kvbench, scenario, tmp_path, monkeypatch):
+    from kvbench.backends import inprocess
+
+    real_serve = inprocess.InProcessBackend.serve
+    calls = []
+
+    def serve_then_interrupt(self, request):
+        calls.append(request.index)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real_serve(self, request)
+
+    monkeypatch.setattr(inprocess.InProcessBackend, "serve", serve_then_interrupt)
+    out = tmp_path / "cut.parquet"
+    code, _, stderr = kvbench("run", scenario, "--out", out)
+    assert code == 130 and "interrupted after 2 of 4" in stderr
+    assert len(read_rows(out)) == 2
+    assert read_metadata(out)["complete"] is False
+
+
+def test_warmup_rows_are_kept_and_marked(kvbench, scenario, tmp_path):
+    out = tmp_path / "warm.parquet"
+    code, _, stderr = kvbench("run", scenario, "--warmup", "1", "--out", out)
+    assert code == 0, stderr
+    rows = read_rows(out)
+    assert [r["phase"] for r in rows] == ["warmup", "measure", "measure", "measure"]
+    assert read_metadata(out)["summary"]["num_requests"] == 3
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--cache-size", "0"], "--cache-size 0"),
+    (["--cache", "maybe"], "cache must be 'on' or 'off'"),
+    (["--requests", "0"], "--requests: 0"),
+    (["--model", "/nonexistent/checkpoint"], "/nonexistent/checkpoint"),
+    (["--device", "tpu"], "device"),
+])
+def test_bad_input_is_one_line_and_exit_2(kvbench, scenario, tmp_path, args, needle):
+    code, _, stderr = kvbench("run", scenario, *args, "--out", tmp_path / "x.parquet")
+    assert code == 2, stderr
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in stderr
