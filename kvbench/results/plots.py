@@ -1,0 +1,173 @@
+"""PNG plots of result files: hit rate vs cache size, TTFT vs hit rate, TTFT CDF, TTFT per request,
+cached tokens per turn.
+
+Every function takes plain data (:class:`Curve`, lists of ms values), writes one PNG with a title,
+axis labels carrying units and a legend, and returns its path. matplotlib is imported inside the
+functions with the Agg backend (no display needed), so commands that draw nothing start fast.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from kvbench.results.sweep import Fit
+
+_DPI = 110
+_SIZE_IN = (8.0, 4.8)  # width, height in inches: 880 x 528 px at _DPI
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One labelled series: ``x`` and ``y`` of equal length."""
+
+    label: str
+    x: tuple[float, ...]
+    y: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.x) != len(self.y):
+            raise ValueError(f"curve {self.label!r}: {len(self.x)} x values but {len(self.y)} y values")
+
+
+@dataclass(frozen=True)
+class RequestSeries:
+    """TTFT per request of one run: measured and warm-up requests, and the cold first request if any."""
+
+    label: str
+    measured: Curve
+    warmup: Curve | None = None
+    cold: tuple[float, float] | None = None  # (request index, TTFT ms)
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(figure, plt, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.tight_layout()
+    figure.savefig(path, dpi=_DPI, bbox_inches="tight")  # keeps legends placed outside the axes
+    plt.close(figure)
+    return path
+
+
+def plot_hit_rate_vs_size(curves: Sequence[Curve], path: Path, title: str,
+                          ideals: Mapping[str, float] | None = None) -> Path:
+    """Token hit rate (y, 0..1) against cache capacity in blocks (x, log 2 scale), one line per curve;
+    ``ideals`` (label -> hit rate of an unbounded cache) are drawn as dashed horizontal lines."""
+    plt = _pyplot()
+    figure, axis = plt.subplots(figsize=_SIZE_IN)
+    for curve in curves:
+        axis.plot(curve.x, curve.y, marker="o", label=curve.label)
+    for label, value in (ideals or {}).items():
+        axis.axhline(value, ls="--", lw=0.9, color="grey", label=f"{label}: unbounded cache ({value:.3f})")
+    axis.set_xscale("log", base=2)
+    sizes = sorted({x for curve in curves for x in curve.x})
+    if sizes:
+        axis.set_xticks(sizes, [f"{int(s):,}" for s in sizes])
+    axis.set_ylim(0, 1.02)
+    axis.set_xlabel("cache capacity (blocks, log scale)")
+    axis.set_ylabel("token hit rate (cached / prompt tokens)")
+    axis.set_title(title)
+    axis.grid(alpha=0.3)
+    axis.legend(loc="lower right", fontsize=8)
+    return _save(figure, plt, path)
+
+
+def plot_ttft_vs_hit_rate(points: Sequence[Curve], path: Path, title: str, fit: Fit | None = None) -> Path:
+    """TTFT p50 (y, ms) against token hit rate (x, 0..1): one marker series per curve, and the fitted
+    line ``a + b x (1 - hit rate)`` over [0, 1] when ``fit`` is given."""
+    plt = _pyplot()
+    figure, axis = plt.subplots(figsize=_SIZE_IN)
+    for curve in points:
+        axis.plot(curve.x, curve.y, marker="o", ls="none", markersize=7, label=curve.label)
+    if fit is not None:
+        hits = np.linspace(0.0, 1.0, 50)
+        axis.plot(hits, [fit.predict_ms(h) for h in hits], color="black", lw=1.0, ls="--",
+                  label=f"fit: {fit.a_ms:,.1f} + {fit.b_ms:,.1f} x (1 - hit), R^2 {fit.r_squared:.3f}")
+    axis.set_xlim(-0.02, 1.02)
+    axis.set_ylim(bottom=0)
+    axis.set_xlabel("token hit rate (cached / prompt tokens)")
+    axis.set_ylabel("TTFT p50 (ms)")
+    axis.set_title(title)
+    axis.grid(alpha=0.3)
+    axis.legend(loc="upper right", fontsize=8)
+    return _save(figure, plt, path)
+
+
+def plot_ttft_cdf(samples: Mapping[str, Sequence[float]], path: Path, title: str) -> Path:
+    """Empirical CDF of TTFT (x, ms; log scale when the values span more than 20x), one step line per
+    label in ``samples``."""
+    plt = _pyplot()
+    figure, axis = plt.subplots(figsize=_SIZE_IN)
+    values = [np.sort(np.asarray(v, dtype=np.float64)) for v in samples.values()]
+    for label, sorted_ms in zip(samples, values):
+        if sorted_ms.size:
+            fraction = np.arange(0, sorted_ms.size + 1) / sorted_ms.size  # from 0 at the smallest value
+            axis.step(np.concatenate([sorted_ms[:1], sorted_ms]), fraction, where="post",
+                      label=f"{label} (n={sorted_ms.size:,})")
+    positive = np.concatenate([v[v > 0] for v in values]) if values else np.array([])
+    if positive.size and positive.max() > 20 * positive.min():
+        axis.set_xscale("log")
+    axis.set_ylim(0, 1.02)
+    axis.set_xlabel("TTFT (ms)")
+    axis.set_ylabel("fraction of requests (TTFT <= x)")
+    axis.set_title(title)
+    axis.grid(alpha=0.3)
+    axis.legend(loc="best", fontsize=8)
+    return _save(figure, plt, path)
+
+
+def plot_ttft_by_request(series: Sequence[RequestSeries], path: Path, title: str) -> Path:
+    """TTFT (y, ms) of every request against its index in the trace (x), one colour per run; warm-up
+    requests hollow, the cold first request of a run circled and labelled."""
+    plt = _pyplot()
+    figure, axis = plt.subplots(figsize=_SIZE_IN)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for index, run in enumerate(series):
+        color = colors[index % len(colors)]
+        axis.plot(run.measured.x, run.measured.y, marker=".", ls="-", lw=0.6, color=color, label=run.label)
+        if run.warmup is not None and run.warmup.x:
+            axis.plot(run.warmup.x, run.warmup.y, marker="o", ls="none", mfc="none", color=color,
+                      label=f"{run.label}: warm-up")
+        if run.cold is not None:
+            axis.plot(*run.cold, marker="o", markersize=12, mfc="none", mew=1.5, color=color, ls="none",
+                      label=f"{run.label}: cold first request ({run.cold[1]:,.0f} ms)")
+    axis.set_ylim(bottom=0)
+    axis.xaxis.get_major_locator().set_params(integer=True)  # request indices, never 0.5
+    axis.set_xlabel("request index in the trace")
+    axis.set_ylabel("TTFT (ms)")
+    axis.set_title(title)
+    axis.grid(alpha=0.3)
+    axis.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, fontsize=8, frameon=False)
+    return _save(figure, plt, path)
+
+
+def plot_cached_per_turn(curves: Sequence[Curve], path: Path, title: str, prompt: Curve | None = None) -> Path:
+    """Mean cached prompt tokens (y, tokens) per conversation turn or agent step (x), one line per
+    run; ``prompt`` (mean prompt tokens per turn) drawn dashed as the ceiling."""
+    plt = _pyplot()
+    figure, axis = plt.subplots(figsize=_SIZE_IN)
+    if prompt is not None:
+        axis.plot(prompt.x, prompt.y, ls="--", color="grey", marker="x", label=prompt.label)
+    for curve in curves:
+        axis.plot(curve.x, curve.y, marker="o", label=curve.label)
+    turns = sorted({x for curve in (*curves, *([prompt] if prompt else [])) for x in curve.x})
+    if turns and len(turns) <= 30:
+        axis.set_xticks(turns, [str(int(t)) for t in turns])
+    axis.set_ylim(bottom=0)
+    axis.set_xlabel("turn (chat) or step (agent)")
+    axis.set_ylabel("tokens per request (mean)")
+    axis.set_title(title)
+    axis.grid(alpha=0.3)
+    axis.legend(loc="upper left", fontsize=8)
+    return _save(figure, plt, path)

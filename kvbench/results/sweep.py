@@ -1,0 +1,232 @@
+"""Engine sweeps: one run per cache size, a summary row per size, and the TTFT-vs-miss-rate fit.
+
+Prefill work is proportional to the uncached part of the prompt, so a sweep's TTFT p50 should sit on a
+straight line in the miss rate::
+
+    TTFT p50 = a + b x (1 - token hit rate)
+
+``a`` is the warm floor (everything but the prefill of uncached tokens: the last prompt token,
+scheduling, the first decode step) and ``a + b`` the full-prefill TTFT at hit rate 0. R^2 says how
+well the line holds.
+
+The summary file (Parquet, one row per cache size, :data:`SWEEP_SCHEMA`) carries ``"command":
+"sweep"``, the fit and what the sweep ran in its metadata, so ``kvbench report`` can read it back::
+
+    points = [SweepPoint.from_summary(size, summary, path) for size, summary, path in runs]
+    write_sweep_summary(out, build_sweep_summary(points, context={"scenario": "shared_2k", ...}))
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from kvbench.errors import InputError
+from kvbench.results.parquet import read_metadata, write_rows
+from kvbench.results.summary import RunSummary
+
+SWEEP_SCHEMA = pa.schema([
+    pa.field("capacity_blocks", pa.int64()),
+    pa.field("token_hit_rate", pa.float64()),    # cached prompt tokens / prompt tokens, measured requests
+    pa.field("p50_ttft_ms", pa.float64()),       # warm measured requests (the cold first one excluded)
+    pa.field("p90_ttft_ms", pa.float64()),
+    pa.field("num_requests", pa.int64()),
+    pa.field("num_errors", pa.int64()),
+    pa.field("results_path", pa.string()),       # the run's own Parquet file
+])
+
+
+@dataclass(frozen=True)
+class Fit:
+    """Least-squares line ``TTFT p50 = a_ms + b_ms x (1 - hit rate)`` over a sweep's points.
+
+    Attributes:
+        a_ms: TTFT p50 at hit rate 1 (the warm floor).
+        b_ms: what the uncached prefill adds at hit rate 0 (``a_ms + b_ms`` = full-prefill TTFT).
+        r_squared: coefficient of determination, <= 1 (1.0 when every TTFT is equal and the line is flat).
+        num_points: points fitted (>= 2).
+    """
+
+    a_ms: float
+    b_ms: float
+    r_squared: float
+    num_points: int
+
+    def __post_init__(self) -> None:
+        if self.num_points < 2:
+            raise ValueError(f"a fit needs at least 2 points, got {self.num_points}")
+        if not all(math.isfinite(v) for v in (self.a_ms, self.b_ms, self.r_squared)):
+            raise ValueError(f"fit coefficients must be finite: {self}")
+        if self.r_squared > 1 + 1e-9:
+            raise ValueError(f"r_squared must be <= 1, got {self.r_squared}")
+
+    def predict_ms(self, hit_rate: float) -> float:
+        """The fitted TTFT p50 (ms) at ``hit_rate`` (0..1)."""
+        return self.a_ms + self.b_ms * (1.0 - hit_rate)
+
+    def describe(self) -> str:
+        """One line for tables and captions, e.g. ``TTFT p50 = 41.0 ms + 1,250.3 ms x (1 - hit rate), R^2 0.998``."""
+        return (f"TTFT p50 = {self.a_ms:,.1f} ms + {self.b_ms:,.1f} ms x (1 - hit rate), "
+                f"R^2 {self.r_squared:.3f} ({self.num_points} points)")
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def fit_ttft_vs_miss_rate(hit_rates: Sequence[float], ttft_p50_ms: Sequence[float]) -> Fit:
+    """Fit ``TTFT p50 = a + b x (1 - hit rate)`` by ordinary least squares.
+
+    Args:
+        hit_rates: token hit rates, fractions in [0, 1], one per run.
+        ttft_p50_ms: the TTFT p50 of each run, in ms, same order.
+
+    Raises:
+        ValueError: different lengths, fewer than 2 points, a missing or non-finite value, a hit rate
+            outside [0, 1], or fewer than 2 distinct hit rates (the slope is then undefined).
+    """
+    if len(hit_rates) != len(ttft_p50_ms):
+        raise ValueError(f"{len(hit_rates)} hit rates but {len(ttft_p50_ms)} TTFT values")
+    if any(v is None for v in (*hit_rates, *ttft_p50_ms)):
+        raise ValueError("hit rates and TTFT values must all be present (no None)")
+    hits = np.asarray(hit_rates, dtype=np.float64)
+    ttft = np.asarray(ttft_p50_ms, dtype=np.float64)
+    if hits.size < 2:
+        raise ValueError(f"a fit needs at least 2 points, got {hits.size}")
+    if not (np.isfinite(hits).all() and np.isfinite(ttft).all()):
+        raise ValueError("hit rates and TTFT values must be finite")
+    if ((hits < 0) | (hits > 1)).any():
+        raise ValueError(f"hit rates must lie in [0, 1], got {hits.tolist()}")
+    miss = 1.0 - hits
+    if np.ptp(miss) == 0:
+        raise ValueError("a fit needs at least 2 distinct hit rates")
+    slope, intercept = np.polyfit(miss, ttft, 1)
+    residual = float(((ttft - (intercept + slope * miss)) ** 2).sum())
+    total = float(((ttft - ttft.mean()) ** 2).sum())
+    r_squared = 1.0 - residual / total if total > 0 else 1.0
+    return Fit(a_ms=float(intercept), b_ms=float(slope), r_squared=r_squared, num_points=int(hits.size))
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One cache size of a sweep: what its run measured and where its rows are.
+
+    ``token_hit_rate`` and ``p50_ttft_ms`` are ``None`` when no request succeeded (or every one met a
+    cold cache); such points are kept in the table but left out of the fit.
+    """
+
+    capacity_blocks: int
+    token_hit_rate: float | None
+    p50_ttft_ms: float | None
+    results_path: str
+    p90_ttft_ms: float | None = None
+    num_requests: int = 0
+    num_errors: int = 0
+
+    def __post_init__(self) -> None:
+        if self.capacity_blocks <= 0:
+            raise ValueError(f"capacity_blocks must be positive, got {self.capacity_blocks}")
+        if self.token_hit_rate is not None and not 0.0 <= self.token_hit_rate <= 1.0:
+            raise ValueError(f"token_hit_rate must lie in [0, 1], got {self.token_hit_rate}")
+        for name in ("p50_ttft_ms", "p90_ttft_ms"):
+            value = getattr(self, name)
+            if value is not None and not value >= 0:
+                raise ValueError(f"{name} must be >= 0, got {value}")
+        if self.num_requests < 0 or self.num_errors < 0:
+            raise ValueError("num_requests and num_errors must be >= 0")
+
+    @classmethod
+    def from_summary(cls, capacity_blocks: int, summary: RunSummary, results_path: str | Path) -> "SweepPoint":
+        """The point of one run: its :class:`RunSummary` and the Parquet file it wrote."""
+        return cls(capacity_blocks=capacity_blocks, token_hit_rate=summary.token_hit_rate,
+                   p50_ttft_ms=summary.p50_ttft_ms, results_path=str(results_path),
+                   p90_ttft_ms=summary.p90_ttft_ms, num_requests=summary.num_requests,
+                   num_errors=summary.num_errors)
+
+    @property
+    def fittable(self) -> bool:
+        return self.token_hit_rate is not None and self.p50_ttft_ms is not None
+
+    def as_row(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class SweepSummary:
+    """A whole sweep: points sorted by capacity, the fit (``None`` when < 2 distinct hit rates).
+
+    Attributes:
+        context: what the sweep ran, JSON values only. Suggested keys: ``scenario`` (name), ``trace``
+            (the runs' ``run.trace`` dict, with its ``content_hash``), ``cache`` (the runs' cache config
+            without ``capacity_blocks``), ``backend``, ``model``.
+        complete: False when the sweep was interrupted before its last size.
+    """
+
+    points: tuple[SweepPoint, ...]
+    fit: Fit | None
+    context: Mapping[str, Any] = field(default_factory=dict)
+    complete: bool = True
+
+    def __post_init__(self) -> None:
+        capacities = [p.capacity_blocks for p in self.points]
+        if capacities != sorted(capacities):
+            raise ValueError(f"points must be sorted by capacity_blocks, got {capacities}")
+
+    @property
+    def name(self) -> str:
+        """The scenario name from the context, or ``"sweep"``."""
+        return str(self.context.get("scenario") or "sweep")
+
+
+def build_sweep_summary(points: Sequence[SweepPoint], context: Mapping[str, Any] | None = None,
+                        complete: bool = True) -> SweepSummary:
+    """Sort ``points`` by capacity and fit TTFT p50 against the miss rate over the fittable ones.
+
+    The fit is ``None`` when fewer than 2 points have distinct measured hit rates.
+    """
+    ordered = tuple(sorted(points, key=lambda p: p.capacity_blocks))
+    usable = [p for p in ordered if p.fittable]
+    fit = None
+    if len({p.token_hit_rate for p in usable}) >= 2:
+        fit = fit_ttft_vs_miss_rate([p.token_hit_rate for p in usable], [p.p50_ttft_ms for p in usable])
+    return SweepSummary(points=ordered, fit=fit, context=dict(context or {}), complete=complete)
+
+
+def write_sweep_summary(path: str | Path, summary: SweepSummary) -> Path:
+    """Write the summary (one row per cache size) with ``command``, ``sweep``, ``fit``, ``complete``
+    in the metadata. Returns the path."""
+    metadata = {"command": "sweep", "sweep": dict(summary.context),
+                "fit": summary.fit.as_dict() if summary.fit else None, "complete": summary.complete}
+    return write_rows(path, [p.as_row() for p in summary.points], metadata, schema=SWEEP_SCHEMA)
+
+
+def read_sweep_summary(path: str | Path) -> SweepSummary:
+    """Read a file written by :func:`write_sweep_summary`.
+
+    Raises:
+        InputError: not a readable Parquet file, or not a sweep summary.
+    """
+    metadata = read_metadata(path)
+    if metadata.get("command") != "sweep":
+        raise InputError(f"{path}: not a sweep summary (its metadata says command "
+                         f"{metadata.get('command')!r}, expected 'sweep')")
+    try:
+        points = tuple(_point_from_row(row) for row in pq.read_table(path).to_pylist())
+        fit = Fit(**metadata["fit"]) if metadata.get("fit") else None
+        return SweepSummary(points=points, fit=fit, context=metadata.get("sweep") or {},
+                            complete=bool(metadata.get("complete", True)))
+    except (TypeError, ValueError, KeyError) as exc:
+        raise InputError(f"{path}: malformed sweep summary ({exc})") from None
+
+
+def _point_from_row(row: Mapping[str, Any]) -> SweepPoint:
+    return SweepPoint(capacity_blocks=row["capacity_blocks"], token_hit_rate=row.get("token_hit_rate"),
+                      p50_ttft_ms=row.get("p50_ttft_ms"), results_path=row.get("results_path") or "",
+                      p90_ttft_ms=row.get("p90_ttft_ms"), num_requests=row.get("num_requests") or 0,
+                      num_errors=row.get("num_errors") or 0)
