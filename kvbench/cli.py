@@ -31,6 +31,7 @@ _COMMAND_MODULES = (
     "kvbench.commands.memory",
     "kvbench.commands.trace",
     "kvbench.commands.run",
+    "kvbench.commands.sweep",
     "kvbench.commands.report",
 )
 

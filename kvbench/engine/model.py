@@ -199,8 +199,8 @@ def load_model(config: ModelConfig = ModelConfig()) -> LoadedModel:
     return _loaded(model.to(device=device, dtype=torch_dtype(config.dtype)), tokenizer, config.path.name)
 
 
-def random_model(llama_config: LlamaConfig, seed: int = DEFAULT_MODEL_SEED, device: str | torch.device = "cpu",
-                 dtype: DType = DType.FP32) -> LoadedModel:
+def random_model(llama_config: LlamaConfig, seed: int = DEFAULT_MODEL_SEED,
+                 device: str | torch.device = "cpu", dtype: DType = DType.FP32) -> LoadedModel:
     """:func:`build_random_model` ready for the engine, named like ``random-llama-8L-512h-seed0``.
 
     ``load_model`` uses it for the default model; tests and benchmarks pass scaled configs.

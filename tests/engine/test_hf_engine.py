@@ -50,7 +50,7 @@ def random_ids(seed: int, num_tokens: int, vocab_size: int = 1000) -> list[int]:
     return np.random.default_rng(seed).integers(0, vocab_size, num_tokens).tolist()
 
 
-def shared_prefix_prompts(num_shared: int = 70, suffixes=(13, 40, 25, 58), vocab_size=100_000) -> list[list[int]]:
+def shared_prefix_prompts(num_shared=70, suffixes=(13, 40, 25, 58), vocab_size=100_000) -> list[list[int]]:
     shared = random_ids(0, num_shared, vocab_size)
     return [shared + random_ids(1 + i, n, vocab_size) for i, n in enumerate(suffixes)]
 
@@ -73,8 +73,8 @@ def held_payloads(engine: HFEngine, prompt: list[int]) -> list[torch.Tensor]:
 
 
 def random_layers(num_layers=3, num_kv_heads=2, num_tokens=40, head_dim=8):
-    return [(torch.randn(1, num_kv_heads, num_tokens, head_dim), torch.randn(1, num_kv_heads, num_tokens, head_dim))
-            for _ in range(num_layers)]  # (batch, kv_heads, seq, head_dim) each
+    shape = (1, num_kv_heads, num_tokens, head_dim)  # (batch, kv_heads, seq, head_dim)
+    return [(torch.randn(shape), torch.randn(shape)) for _ in range(num_layers)]
 
 
 def test_compat_layer_round_trips_kv_without_copying():
@@ -233,7 +233,8 @@ def test_hash_settings_and_block_size_pass_through(loaded):
     first = engine.generate(prompt, GREEDY)
     second = engine.generate(prompt, GREEDY)
     assert second.cached_prompt_tokens == 40 and second.output_token_ids == first.output_token_ids
-    assert engine.cache.num_cached_blocks == 5 and engine.held_kv_bytes() == 5 * loaded.kv_layout(8).bytes_per_block
+    assert engine.cache.num_cached_blocks == 5
+    assert engine.held_kv_bytes() == 5 * loaded.kv_layout(8).bytes_per_block
 
 
 def test_a_full_cache_refuses_blocks_without_leaking_pins(loaded):
@@ -241,7 +242,8 @@ def test_a_full_cache_refuses_blocks_without_leaking_pins(loaded):
     prompts = shared_prefix_prompts(vocab_size=1000)
     reference = HFEngine(loaded)
     for prompt in prompts:
-        assert engine.generate(prompt, GREEDY).output_token_ids == reference.generate(prompt, GREEDY).output_token_ids
+        expected = reference.generate(prompt, GREEDY).output_token_ids
+        assert engine.generate(prompt, GREEDY).output_token_ids == expected
     assert engine.cache.num_cached_blocks == 3 and engine.cache.stats.num_refused_blocks > 0
     assert engine.cache.num_evictable_blocks == 3
     assert engine.held_kv_bytes() == engine.nominal_kv_bytes()  # evicted payloads were freed
@@ -291,7 +293,8 @@ def test_configs_reject_bad_values(loaded):
 
 def test_ttl_expires_blocks_on_the_injected_clock(loaded):
     now_s = [0.0]
-    engine = HFEngine(loaded, EngineConfig(cache=CacheConfig(capacity_blocks=64, ttl_s=10.0)), clock=lambda: now_s[0])
+    config = EngineConfig(cache=CacheConfig(capacity_blocks=64, ttl_s=10.0))
+    engine = HFEngine(loaded, config, clock=lambda: now_s[0])
     prompt = random_ids(21, 40)
     engine.generate(prompt, GREEDY)
     now_s[0] = 5.0

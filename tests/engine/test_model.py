@@ -35,7 +35,8 @@ def checkpoint(tmp_path_factory):
     from transformers import PreTrainedTokenizerFast
 
     path = tmp_path_factory.mktemp("tiny-llama")
-    build_random_model(default_llama_config(**TINY, bos_token_id=1, eos_token_id=2), seed=3).save_pretrained(path)
+    config = default_llama_config(**TINY, bos_token_id=1, eos_token_id=2)
+    build_random_model(config, seed=3).save_pretrained(path)
     words = ["[UNK]", "<s>", "</s>", "user", "assistant", ":", "hello", "prefix", "cache", "world"]
     backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
