@@ -33,6 +33,7 @@ _COMMAND_MODULES = (
     "kvbench.commands.run",
     "kvbench.commands.sweep",
     "kvbench.commands.report",
+    "kvbench.commands.serve",
 )
 
 for _name in _COMMAND_MODULES:

@@ -6,7 +6,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -15,6 +15,9 @@ from rich.table import Table
 from kvbench.results.parquet import write_rows
 from kvbench.results.schema import RUN_SCHEMA
 from kvbench.results.summary import RunSummary, percentile, summarize
+
+if TYPE_CHECKING:
+    from kvbench.reconcile import Flagged, Reconciliation
 
 CHECKPOINT_EVERY_S = 10.0  # rewrite the Parquet file at most this often while running
 
@@ -72,9 +75,13 @@ def _ms(value: float | None) -> str:
 def summary_table(name: str, run: dict[str, Any], summary: RunSummary) -> Table:
     """The run's summary as a two-column table (metric, value)."""
     cache = run["cache"]
-    cache_text = (f"on ({cache['kind']}, {cache['block_size']}-token blocks, {cache['capacity_blocks']:,} blocks)"
-                  if cache["enabled"] else "off")
-    table = Table(title=f"kvbench run: {name} ({run['backend']}, {run['model']}, cache {cache_text})")
+    if run["backend"] == "openai":
+        title = f"kvbench run: {name} (openai {run['base_url']}, {run['model']}, hygiene {run['hygiene']})"
+    else:
+        cache_text = (f"on ({cache['kind']}, {cache['block_size']}-token blocks, {cache['capacity_blocks']:,} blocks)"
+                      if cache["enabled"] else "off")
+        title = f"kvbench run: {name} ({run['backend']}, {run['model']}, cache {cache_text})"
+    table = Table(title=title)
     table.add_column("metric")
     table.add_column("value", justify="right")
     hit = "-" if summary.token_hit_rate is None else f"{summary.token_hit_rate:.4f}"
@@ -97,3 +104,74 @@ def summary_table(name: str, run: dict[str, Any], summary: RunSummary) -> Table:
         table.add_row(metric, value)
     table.caption = "TTFT percentiles exclude the cold first request; token hit rate = cached / prompt tokens"
     return table
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def error_kinds(rows: list[dict[str, Any]]) -> str:
+    """Failed requests by kind, most frequent first: ``HTTP 500 x3, connection error x1``."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        if row["status"] == "ok":
+            continue
+        error = row["error"] or "error"
+        kind = f"HTTP {row['http_status']}" if row["http_status"] and row["http_status"] >= 400 else error.split(":")[0]
+        counts[kind] = counts.get(kind, 0) + 1
+    return ", ".join(f"{kind} x{count}" for kind, count in sorted(counts.items(), key=lambda item: -item[1]))
+
+
+def num_multi_token_chunks(rows: list[dict[str, Any]]) -> int:
+    """Successful responses whose stream put several tokens in one chunk (fewer ITL gaps than tokens - 1)."""
+    return sum(1 for row in rows if row["status"] == "ok" and row["ttft_ms"] is not None
+               and len(row["itl_ms"] or ()) < (row["output_tokens"] or 0) - 1)
+
+
+def _flag_rows(table: Table, label: str, flagged: tuple[Flagged, ...]) -> None:
+    from kvbench.reconcile import MAX_LISTED
+
+    for item in flagged[:MAX_LISTED]:
+        possible = "-" if item.possible_tokens is None else f"{item.possible_tokens:,}"
+        table.add_row(f"  {label} {item.request_id}",
+                      f"prompt {item.prompt_tokens:,}: reported {item.reported_tokens:,}, expected "
+                      f"{item.expected_tokens:,}, possible {possible}")
+    if len(flagged) > MAX_LISTED:
+        table.add_row(f"  {label} ...", f"{len(flagged) - MAX_LISTED} more (see the Parquet metadata)")
+
+
+def http_tables(rows: list[dict[str, Any]], reconciliation: Reconciliation) -> list[Table]:
+    """The HTTP backend's extra section: failures by kind, stream chunking, and the reconciliation of
+    reported cached tokens with the simulator's expectation and the server's /metrics."""
+    rec = reconciliation
+    size = "unbounded" if rec.capacity_blocks is None else f"{rec.capacity_blocks:,} blocks"
+    table = Table(title=f"cached tokens: reported vs expected (ideal cache: {rec.block_size}-token blocks, {size})")
+    table.add_column("check")
+    table.add_column("value", justify="right")
+    metrics = "- (no prefix-cache counters at /metrics)"
+    if rec.metrics_family is not None:
+        metrics = (f"{_rate(rec.metrics_hit_rate)} ({rec.metrics_hits_tokens:,.0f} / {rec.metrics_queries_tokens:,.0f} "
+                   f"tokens, {rec.metrics_family.rsplit('_', 1)[0]})")
+    entries = [
+        ("failed requests", error_kinds(rows) or "0"),
+        ("responses with several tokens in a chunk", str(num_multi_token_chunks(rows))),
+        ("requests compared / without cached_tokens", f"{rec.num_compared} / {rec.num_unreported}"),
+        ("hit rate reported by the server (usage)", _rate(rec.reported_hit_rate)),
+        ("hit rate expected (simulator)", _rate(rec.expected_hit_rate)),
+        ("hit rate from /metrics delta", metrics),
+        ("[red]reported > possible (red flag)[/red]" if rec.over_possible else "reported > possible (red flag)",
+         str(len(rec.over_possible))),
+        ("reported > expected (served out of trace order)", str(rec.num_above_expected)),
+        ("reported < expected by more than one block", str(len(rec.below_expected))),
+        ("server prompt tokens != local count", str(rec.num_prompt_token_mismatches)),
+    ]
+    for check, value in entries:
+        table.add_row(check, value)
+    _flag_rows(table, "over", rec.over_possible)
+    _flag_rows(table, "below", rec.below_expected)
+    table.caption = ("all successful requests, warm-up included (as /metrics counts them); hit rate = cached / "
+                     "prompt tokens; possible = longest shared prefix with a request sent before this one ended")
+    if rec.num_compared == 0 and rec.num_unreported:
+        table.caption += ("; the server reported no cached_tokens (vLLM: --enable-prompt-tokens-details, "
+                          "SGLang: --enable-cache-report)")
+    return [table]

@@ -1,0 +1,111 @@
+"""``kvbench serve``: the in-process engine behind an OpenAI-compatible HTTP API (FastAPI + uvicorn)."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kvbench.commands.common import make_console
+from kvbench.engine.cache_base import CacheConfig, CacheKind, ReleaseOrder
+from kvbench.errors import InputError
+
+DEFAULT_PORT = 8000  # vLLM's default, so `kvbench run --backend openai` finds it without --base-url
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (``port`` 0: any free port). Raises ``InputError``."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise InputError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    return sock
+
+
+def _cache_config(cache: str, kind: CacheKind, block_size: int, cache_size: str, ttl: float | None,
+                  release: ReleaseOrder, bytes_per_block: int) -> CacheConfig | None:
+    from kvbench.commands.run import parse_cache_size
+
+    if cache not in ("on", "off"):
+        raise InputError(f"--cache must be 'on' or 'off', got {cache!r}")
+    if cache == "off":
+        return None
+    try:
+        return CacheConfig(capacity_blocks=parse_cache_size(cache_size, bytes_per_block), block_size=block_size,
+                           kind=kind, ttl_s=ttl, release_order=release)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+
+
+def _announce(sock: socket.socket, name: str, cache_config: CacheConfig | None) -> None:
+    """One line with the URL clients use (``--port 0`` shows the port it picked)."""
+    bound_host, bound_port = sock.getsockname()[:2]
+    shown_host = f"[{bound_host}]" if ":" in bound_host else bound_host
+    cache_text = (f"cache on ({cache_config.kind.value}, {cache_config.block_size}-token blocks, "
+                  f"{cache_config.capacity_blocks:,} blocks)" if cache_config else "cache off")
+    console = make_console()
+    console.print(f"kvbench serve: {name} on http://{shown_host}:{bound_port}/v1 ({cache_text}); Ctrl-C stops",
+                  soft_wrap=True)
+    console.file.flush()
+
+
+def _service(loaded, model: Path | None, cache_config: CacheConfig | None, name: str):
+    """The engine service: the model's own tokenizer (cl100k for the default model), the cache."""
+    from kvbench.engine.hf_engine import EngineConfig
+    from kvbench.server.engine_stream import StreamingEngine
+    from kvbench.server.service import EngineService
+    from kvbench.workloads.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(str(model) if model is not None else None)
+    return EngineService(StreamingEngine(loaded, EngineConfig(cache=cache_config)), tokenizer, name)
+
+
+def serve(
+    host: Annotated[str, typer.Option(help="Address to bind (loopback by default; 0.0.0.0 exposes it).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port; 0 picks a free one (printed at start).")] = DEFAULT_PORT,
+    model: Annotated[Path | None, typer.Option(help="Local Hugging Face checkpoint (default: the built-in random Llama).")] = None,
+    served_model_name: Annotated[str | None, typer.Option(help="Model name clients send (default: the model's).")] = None,
+    device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or mps.")] = "cpu",
+    dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16.")] = "float32",
+    cache: Annotated[str, typer.Option(help="Prefix cache on or off.")] = "on",
+    cache_kind: Annotated[CacheKind, typer.Option(help="Cache structure.")] = CacheKind.HASH,
+    block_size: Annotated[int, typer.Option(help="Tokens per block (vLLM's default).")] = 16,
+    cache_size: Annotated[str, typer.Option(help="Capacity in blocks (4096) or bytes (2GiB).")] = "1GiB",
+    ttl: Annotated[float | None, typer.Option(help="Expire blocks idle longer than this (s).")] = None,
+    release: Annotated[ReleaseOrder, typer.Option(help="Free-list release order.")] = ReleaseOrder.TAIL_FIRST,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level (info shows every request).")] = "warning",
+) -> None:
+    """Serve the in-process engine as an OpenAI-compatible API (/v1/completions, /v1/chat/completions,
+    /v1/models, /health, /reset_prefix_cache, /metrics) until Ctrl-C. One request runs at a time; the
+    others queue, and their wait shows in the clients' TTFT."""
+    import uvicorn
+
+    from kvbench.engine.model import ModelConfig, load_model
+    from kvbench.server.app import create_app
+
+    if not 0 <= port <= 65535:
+        raise InputError(f"--port {port}: must be 0..65535")
+    if block_size <= 0:
+        raise InputError(f"--block-size {block_size}: must be positive")
+    try:
+        model_config = ModelConfig(path=model, device=device, dtype=dtype)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    sock = bind_socket(host, port)  # before the model loads: a busy port fails at once
+    loaded = load_model(model_config)
+    cache_config = _cache_config(cache, cache_kind, block_size, cache_size, ttl, release,
+                                 loaded.kv_layout(block_size).bytes_per_block)
+    service = _service(loaded, model, cache_config, served_model_name or loaded.name)
+    _announce(sock, service.model_name, cache_config)
+    config = uvicorn.Config(create_app(service), log_level=log_level, lifespan="off")
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve)

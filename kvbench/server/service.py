@@ -1,0 +1,174 @@
+"""The engine behind ``kvbench serve``: one request at a time, in a worker thread, tokens as events.
+
+Why this shape: the engine is not thread-safe and runs one request at a time, but the server must
+keep accepting connections while it works, so that queueing shows up in clients' timings (as on a
+busy real server, a queued request's wait lands in its TTFT). Each request becomes a
+:class:`Generation`: an asyncio task that waits for the service's lock (FIFO), then runs the engine
+in a thread; tokens travel to the event loop through ``call_soon_threadsafe`` into an asyncio queue.
+
+The task owns the lock until the engine returns, whatever the HTTP side does: a client that
+disconnects sets ``cancelled``, the next token raises :class:`StreamCancelled` inside the engine
+(which releases its pinned blocks), and only then is the lock released.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kvbench.engine.hf_engine import RequestResult, RequestStatus, SamplingParams
+from kvbench.server.engine_stream import StreamCancelled, StreamingEngine
+from kvbench.server.metrics import ServerCounters, render_metrics
+from kvbench.server.schemas import ApiError
+from kvbench.workloads.tokenizer import Tokenizer
+from kvbench.workloads.trace import Message
+
+REPLACEMENT = "\ufffd"  # the text of a token id the tokenizer cannot decode (unassigned cl100k ids)
+
+
+@dataclass(frozen=True, eq=False)
+class EngineJob:
+    """A validated request: prompt ids, shape (num_tokens,); sampling; cache salt (None = public)."""
+
+    token_ids: np.ndarray
+    sampling: SamplingParams
+    salt: str | None
+    request_id: str
+
+    @property
+    def prompt_tokens(self) -> int:
+        return int(self.token_ids.shape[0])
+
+
+class Generation:
+    """One submitted job. ``events`` yields ``("token", id)`` per streamed token, then exactly one of
+    ``("done", RequestResult)``, ``("refused", message)`` (the engine rejected the input),
+    ``("error", message)`` (the engine failed) or ``("cancelled", None)``."""
+
+    def __init__(self) -> None:
+        self.events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        self.cancelled = threading.Event()
+        self.task: asyncio.Task | None = None
+
+    def cancel(self) -> None:
+        """Stop at the next token (or before starting); the engine releases its blocks."""
+        self.cancelled.set()
+
+
+class EngineService:
+    """Tokenizes, validates and serializes requests for one :class:`StreamingEngine`.
+
+    Args:
+        engine: the engine (its cache, if any, is the one ``/reset_prefix_cache`` clears).
+        tokenizer: renders chat messages and prompts exactly as kvbench's traces count them.
+        model_name: the one model name requests may ask for.
+    """
+
+    def __init__(self, engine: StreamingEngine, tokenizer: Tokenizer, model_name: str) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.counters = ServerCounters()
+        self._lock = asyncio.Lock()
+
+    @property
+    def max_context_tokens(self) -> int | None:
+        return self.engine.loaded.max_context_tokens
+
+    def render_chat(self, messages: Sequence[tuple[str, str]]) -> np.ndarray:
+        """``(role, text)`` pairs -> prompt ids with the generation prompt. Raises ``ApiError`` (400)."""
+        if not messages:
+            raise ApiError(400, "messages must not be empty", "messages")
+        try:
+            return self.tokenizer.render_messages([Message(role, text) for role, text in messages])
+        except ValueError as exc:
+            raise ApiError(400, str(exc), "messages") from None
+
+    def render_prompt(self, prompt: str | list[int]) -> np.ndarray:
+        """Prompt text (rendered as the trace renders it) or token ids (taken as they are)."""
+        if isinstance(prompt, str):
+            return self.tokenizer.render_prompt(prompt)
+        return np.asarray(prompt, dtype=np.int64)
+
+    def check(self, token_ids: np.ndarray, max_tokens: int) -> None:
+        """Raise ``ApiError`` (400) for an empty prompt, ids outside the vocabulary, or a prompt plus
+        ``max_tokens`` beyond the model's context."""
+        num_tokens = int(token_ids.shape[0])
+        if num_tokens == 0:
+            raise ApiError(400, "the prompt is empty", "prompt")
+        vocab_size = self.engine.loaded.vocab_size
+        if int(token_ids.min()) < 0 or int(token_ids.max()) >= vocab_size:
+            raise ApiError(400, f"token id outside the model's vocabulary of {vocab_size} ids", "prompt")
+        limit = self.max_context_tokens
+        if limit is not None and num_tokens + max_tokens > limit:
+            raise ApiError(400, f"This model's maximum context length is {limit} tokens. However, you requested "
+                                f"{num_tokens + max_tokens} tokens ({num_tokens} in the prompt, {max_tokens} for "
+                                "the completion).", "max_tokens", "context_length_exceeded")
+
+    def submit(self, job: EngineJob) -> Generation:
+        """Queue ``job`` for the engine; returns at once. Must be called on the event loop."""
+        generation = Generation()
+        generation.task = asyncio.create_task(self._run(job, generation))
+        return generation
+
+    async def _run(self, job: EngineJob, generation: Generation) -> None:
+        loop = asyncio.get_running_loop()
+
+        def on_token(token_id: int) -> None:  # in the engine's thread
+            if generation.cancelled.is_set():
+                raise StreamCancelled
+            loop.call_soon_threadsafe(generation.events.put_nowait, ("token", token_id))
+
+        self.counters.num_waiting += 1
+        async with self._lock:
+            self.counters.num_waiting -= 1
+            self.counters.num_running += 1
+            try:
+                if generation.cancelled.is_set():
+                    raise StreamCancelled
+                result = await asyncio.to_thread(self.engine.generate_streaming, job.token_ids, job.sampling,
+                                                 job.salt, job.request_id, on_token)
+                generation.events.put_nowait(self._finished(result))
+            except StreamCancelled:
+                generation.events.put_nowait(("cancelled", None))
+            except Exception as exc:  # the engine failed: this request errors, the server keeps serving
+                self.counters.num_failed += 1
+                generation.events.put_nowait(("error", f"{type(exc).__name__}: {exc}"))
+            finally:
+                self.counters.num_running -= 1
+
+    def _finished(self, result: RequestResult) -> tuple[str, Any]:
+        if result.status is not RequestStatus.OK:
+            self.counters.num_failed += 1
+            return "refused", result.error or "the engine refused the request"
+        self.counters.record_success(result.prompt_tokens, result.cached_prompt_tokens, result.output_tokens)
+        return "done", result
+
+    async def reset_prefix_cache(self) -> bool:
+        """Drop every cached block once no request runs (vLLM's endpoint). ``False`` if the cache is off."""
+        async with self._lock:
+            if self.engine.cache is None:
+                return False
+            self.engine.cache.reset()
+            return True
+
+    def decode_token(self, token_id: int) -> str:
+        """One token's text, never empty: undecodable or empty tokens read as U+FFFD, so that every
+        streamed token is one non-empty content chunk."""
+        try:
+            return self.tokenizer.decode([token_id]) or REPLACEMENT
+        except (KeyError, ValueError):
+            return REPLACEMENT
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """The text of ``token_ids``: the concatenation of :meth:`decode_token` (so streamed and
+        whole responses carry the same text)."""
+        return "".join(self.decode_token(int(t)) for t in token_ids)
+
+    def metrics_text(self) -> str:
+        return render_metrics(self.counters, self.model_name)

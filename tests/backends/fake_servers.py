@@ -1,0 +1,113 @@
+"""Small HTTP servers on free loopback ports that misbehave on purpose (or follow a script)."""
+
+import json
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+SECRET_KEY = "sk-test-7f3a9c1e5b2d4680aa11bb22cc33dd44"
+
+
+def chunk(text=None, finish_reason=None, usage=None, chat=True):
+    """One chat (or completions) stream chunk as a JSON-ready dict."""
+    if chat:
+        choices = [] if usage is not None else [
+            {"index": 0, "delta": {"content": text} if text else {}, "finish_reason": finish_reason}]
+        body = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "m", "choices": choices}
+    else:
+        choices = [] if usage is not None else [{"index": 0, "text": text or "", "finish_reason": finish_reason}]
+        body = {"id": "x", "object": "text_completion", "created": 0, "model": "m", "choices": choices}
+    if usage is not None:
+        body["usage"] = usage
+    return body
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):  # quiet
+        pass
+
+    def do_GET(self):
+        if self.path.endswith("/models"):
+            self._json(200, {"object": "list", "data": [{"id": "m", "object": "model"}]})
+        else:
+            self._json(404, {"error": {"message": "not found"}})
+
+    def do_POST(self):
+        length = int(self.headers.get("Content-Length", 0))
+        self.server.bodies.append(json.loads(self.rfile.read(length) or b"{}"))
+        getattr(self, f"_{self.server.behaviour}")()
+
+    def _json(self, status, body):
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _fail(self):  # a 500 whose body repeats the Authorization header, as a careless proxy might
+        self._json(500, {"error": {"message": f"boom; you sent {self.headers.get('Authorization')}"}})
+
+    def _start_stream(self, chunked=True):
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        if chunked:
+            self.send_header("Transfer-Encoding", "chunked")
+        else:
+            self.send_header("Connection", "close")
+        self.end_headers()
+
+    def _send_chunked(self, data: bytes):
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+    def _cut(self):  # two content chunks, then the connection drops inside the chunked body
+        self._start_stream()
+        for text in ("Hel", "lo"):
+            self._send_chunked(f"data: {json.dumps(chunk(text))}\n\n".encode())
+        self.wfile.write(b"ff\r\ndata: {\"trunc")
+        self.wfile.flush()
+        self.connection.shutdown(socket.SHUT_RDWR)
+        self.close_connection = True
+
+    def _eof(self):  # a clean end of body, but before any finish_reason or [DONE]
+        self._start_stream(chunked=False)
+        self.wfile.write(f"data: {json.dumps(chunk('Hel'))}\n\n".encode())
+        self.wfile.flush()
+        self.close_connection = True
+
+    def _hang(self):
+        self.server.release.wait(30)
+
+    def _script(self):
+        self._start_stream()
+        for event in self.server.script:
+            self._send_chunked(f"data: {json.dumps(event)}\n\n".encode())
+        self._send_chunked(b"data: [DONE]\n\n")
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+
+class FakeServer:
+    """``behaviour``: fail (500), cut (stream dropped midway), eof (stream ends early), hang, script."""
+
+    def __init__(self, behaviour, script=()):
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        self.httpd.daemon_threads = True
+        self.httpd.behaviour, self.httpd.script, self.httpd.bodies = behaviour, list(script), []
+        self.httpd.release = threading.Event()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02},
+                                       daemon=True)
+        self.thread.start()
+
+    @property
+    def bodies(self):
+        return self.httpd.bodies
+
+    def stop(self):
+        self.httpd.release.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()

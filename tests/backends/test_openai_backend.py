@@ -1,0 +1,128 @@
+"""The HTTP backend against scripted and misbehaving servers: parsing, failures, the key kept secret."""
+
+import asyncio
+import time
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from fake_servers import SECRET_KEY, chunk
+from kvbench.backends.openai_http import OpenAIBackend, OpenAIConfig, redact
+from kvbench.cli import main
+from kvbench.runner import RunRequest
+from kvbench.workloads.tokenizer import load_tokenizer
+from kvbench.workloads.trace import Message, TraceRequest
+
+TOKENIZER = load_tokenizer()
+USAGE = {"prompt_tokens": 999, "completion_tokens": 3, "total_tokens": 1002,
+         "prompt_tokens_details": {"cached_tokens": 16}}
+
+
+def chat_request(index=0, salt=None, max_tokens=4):
+    trace = TraceRequest(id=f"r{index}", session_id=f"s{index}", turn=0, arrival_ms=0.0, max_tokens=max_tokens,
+                         expected_prompt_tokens=1, messages=(Message("user", "hello there"),), salt=salt)
+    ids = TOKENIZER.render(trace)
+    return RunRequest(index, trace.id, trace.session_id, 0, 0.0, ids, max_tokens, salt, text=trace)
+
+
+def serve(url, requests, run_salt=None, **config):
+    async def go():
+        settings = {"api_key": SECRET_KEY, "timeout_s": 10.0, **config}
+        async with OpenAIBackend(OpenAIConfig(url, "m", **settings), TOKENIZER, run_salt) as backend:
+            return [await backend.serve(request) for request in requests]
+
+    return asyncio.run(go())
+
+
+def test_a_stream_is_timed_per_content_chunk_and_counted_from_usage(fake_server):
+    server = fake_server("script", [chunk("Hel"), chunk("lo there"), chunk("!"), chunk(finish_reason="length"),
+                                    chunk(usage=USAGE)])
+    [served] = serve(server.url, [chat_request(salt="tenant")], run_salt="run")
+    assert served.status == "ok" and served.http_status == 200 and served.error is None
+    assert (served.prompt_tokens, served.cached_prompt_tokens, served.output_tokens) == (999, 16, 3)
+    assert served.output_tokens_source == "usage"
+    assert len(served.itl_ms) == 2 and 0 < served.ttft_ms <= served.e2e_ms
+    body = server.bodies[0]
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert body["cache_salt"] == "run/tenant" and body["ignore_eos"] is True and body["max_tokens"] == 4
+    assert body["messages"] == [{"role": "user", "content": "hello there"}] and body["model"] == "m"
+
+
+def test_several_tokens_in_one_chunk_and_no_usage(fake_server):
+    server = fake_server("script", [chunk("one two three"), chunk(finish_reason="stop")])
+    [served] = serve(server.url, [chat_request()], ignore_eos=False)
+    assert served.status == "ok" and served.output_tokens_source == "tokenizer"
+    assert served.output_tokens == len(TOKENIZER.encode("one two three")) == 3
+    assert served.itl_ms == [] and served.cached_prompt_tokens is None
+    assert served.prompt_tokens == chat_request().prompt_tokens  # the local count when usage is missing
+    assert "cache_salt" not in server.bodies[0] and "ignore_eos" not in server.bodies[0]
+
+
+def test_plain_prompts_and_token_ids_go_to_completions(fake_server):
+    server = fake_server("script", [chunk("x", chat=False), chunk(finish_reason="length", chat=False)])
+    text = TraceRequest(id="p", session_id="p", turn=0, arrival_ms=0.0, max_tokens=2, expected_prompt_tokens=1,
+                        prompt="Once upon a time")
+    ids = RunRequest(1, "t", "t", 0, 0.0, np.array([11, 22, 33], dtype=np.uint32), 2)
+    served = serve(server.url, [RunRequest(0, "p", "p", 0, 0.0, TOKENIZER.render(text), 2, text=text), ids])
+    assert [s.status for s in served] == ["ok", "ok"]
+    assert server.bodies[0]["prompt"] == "Once upon a time" and server.bodies[1]["prompt"] == [11, 22, 33]
+
+
+@pytest.mark.parametrize("behaviour,status,needle", [
+    ("fail", 500, "Error code: 500"),
+    ("cut", 200, "connection error"),
+    ("eof", 200, "ended before its final chunk"),
+    ("hang", None, "timeout"),
+])
+def test_misbehaving_servers_give_error_rows_quickly(fake_server, behaviour, status, needle):
+    server = fake_server(behaviour)
+    start = time.perf_counter()
+    served = serve(server.url, [chat_request(0), chat_request(1)], timeout_s=1.0)
+    assert time.perf_counter() - start < 8
+    assert [s.status for s in served] == ["error", "error"]  # the second request was still sent
+    assert all(s.http_status == status and needle in s.error and SECRET_KEY not in s.error for s in served)
+
+
+def test_refused_connection_is_an_error_row(refused_url):
+    [served] = serve(refused_url, [chat_request()])
+    assert served.status == "error" and served.http_status is None and "connection error" in served.error
+
+
+def test_the_key_is_never_shown():
+    config = OpenAIConfig("http://127.0.0.1:1/v1", "m", api_key=SECRET_KEY)
+    assert SECRET_KEY not in repr(config)
+    assert redact(f"Bearer {SECRET_KEY}!", SECRET_KEY) == "Bearer ***!"
+
+
+SCENARIO = """
+[workload]
+kind = "shared-prefix"
+num_requests = 3
+system_tokens = 64
+question_tokens = 16
+max_tokens = 3
+seed = 1
+"""
+
+
+@pytest.mark.parametrize("behaviour", ["fail", "hang"])
+def test_a_run_against_a_bad_server_finishes_records_errors_and_exits_1(fake_server, tmp_path, monkeypatch, capsys,
+                                                                        behaviour):
+    server = fake_server(behaviour)
+    scenario = tmp_path / "tiny.toml"
+    scenario.write_text(SCENARIO)
+    out = tmp_path / "bad.parquet"
+    monkeypatch.setenv("KVBENCH_TEST_KEY", SECRET_KEY)
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", str(scenario), "--backend", "openai", "--base-url", server.url, "--api-key-env",
+              "KVBENCH_TEST_KEY", "--timeout", "1", "--concurrency", "2", "--out", str(out)])
+    captured = capsys.readouterr()
+    assert exit_.value.code == 1 and "3 request(s) failed" in captured.err
+    rows = pq.read_table(out).to_pylist()
+    assert len(rows) == 3 and all(r["status"] == "error" and r["error"] for r in rows)
+    assert "failed requests" in captured.out and " x3" in captured.out
+    assert server.bodies[0]["model"] == "m"  # from GET /v1/models
+    assert SECRET_KEY not in captured.out + captured.err and SECRET_KEY.encode() not in out.read_bytes()
+    if behaviour == "fail":
+        assert {r["http_status"] for r in rows} == {500} and "HTTP 500 x3" in captured.out
