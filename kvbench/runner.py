@@ -17,7 +17,6 @@ interrupted run keeps every finished request.
 
 from __future__ import annotations
 
-import heapq
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -101,8 +100,10 @@ class RunPlan:
             raise ValueError(f"warmup must be a non-negative integer, got {self.num_warmup!r}")
 
 
-def _row(plan: RunPlan, columns: dict[str, Any], request: RunRequest, served: ServedRequest,
-         phase: str, queue_ms: float) -> dict[str, Any]:
+def result_row(plan: RunPlan, columns: dict[str, Any], request: RunRequest, served: ServedRequest,
+               phase: str, queue_ms: float) -> dict[str, Any]:
+    """One results row (:mod:`kvbench.results.schema`): the backend's fixed ``columns``, the
+    request's identity, what was served, the phase and the queue time (ms)."""
     row = empty_row()
     row.update(columns)
     row.update(
@@ -173,7 +174,7 @@ def run_requests(
             request, send_s = picked
             start_s = time.perf_counter()
             served = backend.serve(request)
-            on_row(_row(plan, columns, request, served, phase, (start_s - send_s) * 1e3))
+            on_row(result_row(plan, columns, request, served, phase, (start_s - send_s) * 1e3))
             # The client is free once its result is recorded: at concurrency 1 the next request then
             # starts at once, so the runner's own bookkeeping never shows up as queue time.
             loop.finished(request, time.perf_counter())

@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from kvbench.runner import RunPlan, RunRequest, ServedRequest, _row
+from kvbench.runner import RunPlan, RunRequest, ServedRequest, result_row
 from kvbench.workloads.tokenizer import Tokenizer
 from kvbench.workloads.trace import Message
 
@@ -171,7 +171,7 @@ class _Run:
             served = await self.backend.serve(request)
             ended_s = time.perf_counter()
             self.windows[request.index] = ServiceWindow(sent_s - self.start_s, ended_s - self.start_s)
-            self.on_row(_row(self.plan, self.columns, request, served, phase, (sent_s - queued_since_s) * 1e3))
+            self.on_row(result_row(self.plan, self.columns, request, served, phase, (sent_s - queued_since_s) * 1e3))
         finally:
             self.done[request.index].set()
 

@@ -25,13 +25,13 @@ import typer
 from kvbench.backends.load import Hygiene
 from kvbench.commands.common import make_console
 from kvbench.commands.run_output import RunWriter, http_tables, progress_line, summary_table
-from kvbench.engine.block_hash import HashAlgo, HashConfig
-from kvbench.engine.cache_base import CacheConfig, CacheKind, ReleaseOrder
+from kvbench.commands.run_setup import cache_config, cache_metadata, expected_cached_tokens, run_section
+from kvbench.engine.block_hash import HashAlgo
+from kvbench.engine.cache_base import CacheKind, ReleaseOrder
 from kvbench.errors import InputError
 from kvbench.results.summary import summarize
-from kvbench.run_source import RunSection, RunSource, limit_requests, load_run_source, requests_hash, token_ids_of
+from kvbench.run_source import RunSection, RunSource, limit_requests, load_run_source, requests_hash
 from kvbench.runner import RunPlan, RunRequest, run_requests
-from kvbench.sim import prepare_prompts, simulate
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"  # `kvbench serve` and vLLM's default port
 DEFAULT_TIMEOUT_S = 300.0
@@ -44,60 +44,6 @@ OPENAI_ONLY = ("base_url", "api_key_env", "tokenizer", "request_rate", "burstine
 class BackendKind(str, Enum):
     INPROCESS = "inprocess"
     OPENAI = "openai"
-
-
-def parse_cache_size(text: str, bytes_per_block: int) -> int:
-    """``"4096"`` (blocks) or ``"1GiB"`` (bytes, converted with the model's block size) -> blocks."""
-    from kvbench.engine.memory import parse_bytes
-
-    text = str(text).strip()
-    if text.replace("_", "").isdigit():
-        blocks = int(text.replace("_", ""))
-    else:
-        blocks = parse_bytes(text) // bytes_per_block
-    if blocks < 1:
-        raise InputError(f"--cache-size {text}: holds no block (one block is {bytes_per_block:,} bytes)")
-    return blocks
-
-
-def _cache_config(source: RunSource, options: dict[str, Any], bytes_per_block: int, block_size: int) -> CacheConfig:
-    section = source.cache
-    try:
-        return CacheConfig(
-            capacity_blocks=parse_cache_size(options["cache_size"] or source.run.cache_size, bytes_per_block),
-            block_size=block_size,
-            kind=options["cache_kind"] or section.kind,
-            ttl_s=options["ttl"] if options["ttl"] is not None else section.ttl_s,
-            release_order=options["release"] or section.release_order,
-            hash=HashConfig(options["hash_algo"] or section.hash_algo,
-                            options["hash_bits"] if options["hash_bits"] is not None else section.hash_bits),
-        )
-    except ValueError as exc:
-        raise InputError(str(exc)) from None
-
-
-def _expected_cached_tokens(requests: list[RunRequest], cache: CacheConfig | None) -> list[int | None]:
-    """The simulator's prediction per request for this cache (exact at concurrency 1, no TTL)."""
-    if cache is None:
-        return [0] * len(requests)
-    if cache.ttl_s is not None:
-        return [None] * len(requests)  # the engine's TTL runs on wall time, the simulator's on trace time
-    trace = prepare_prompts(token_ids_of(requests), cache.block_size, cache.hash,
-                            keep_tokens=cache.kind is CacheKind.RADIX)
-    predicted = simulate(trace, cache).cached_tokens_per_request
-    return [int(value) for value in predicted]
-
-
-def _run_section(source: RunSource, options: dict[str, Any]) -> RunSection:
-    overrides = {key: options[key] for key in ("num_requests", "concurrency", "warmup", "max_tokens", "cache",
-                                               "verify", "temperature", "top_p", "seed")
-                 if options.get(key) is not None}
-    if options.get("ignore_eos") is not None:
-        overrides["ignore_eos"] = options["ignore_eos"]
-    try:
-        return replace(source.run, **overrides)
-    except ValueError as exc:
-        raise InputError(str(exc)) from None
 
 
 def _check_options(options: dict[str, Any]) -> None:
@@ -117,7 +63,7 @@ def _check_options(options: dict[str, Any]) -> None:
 
 def _load_requests(options: dict[str, Any], tokenizer) -> tuple[RunSource, RunSection, list[RunRequest]]:
     source = load_run_source(options["source"], tokenizer, limit=options["requests"] or None)
-    settings = _run_section(source, options)
+    settings = run_section(source, options)
     run_list = limit_requests(source.requests, settings.num_requests)
     if settings.max_tokens is not None:
         run_list = [replace(r, max_tokens=settings.max_tokens) for r in run_list]
@@ -194,9 +140,9 @@ def _run_inprocess(options: dict[str, Any]) -> None:
     loaded = load_model(model_config)
     source, settings, run_list = _load_requests(options, load_tokenizer(str(model) if model is not None else None))
     size = options["block_size"] or source.block_size
-    cache_config = (_cache_config(source, options, loaded.kv_layout(size).bytes_per_block, size)
+    cache_settings = (cache_config(source, options, loaded.kv_layout(size).bytes_per_block, size)
                     if settings.cache == "on" else None)
-    expected = _expected_cached_tokens(run_list, cache_config)
+    expected = expected_cached_tokens(run_list, cache_settings)
     run_list = [replace(r, expected_cached_tokens=e) for r, e in zip(run_list, expected)]
     try:
         sampling = SamplingParams(max_tokens=1, temperature=settings.temperature, top_p=settings.top_p,
@@ -204,10 +150,10 @@ def _run_inprocess(options: dict[str, Any]) -> None:
     except ValueError as exc:
         raise InputError(str(exc)) from None
     plan = _plan(source, settings, len(run_list))
-    engine = HFEngine(loaded, EngineConfig(cache=cache_config, verify=settings.verify, salt=options["salt"] or ""))
+    engine = HFEngine(loaded, EngineConfig(cache=cache_settings, verify=settings.verify, salt=options["salt"] or ""))
     backend = InProcessBackend(engine, sampling, loaded.name)
     run_info = {"run_id": plan.run_id, "backend": "inprocess", "model": loaded.name,
-                "cache": _cache_metadata(cache_config), "device": options["device"], "dtype": options["dtype"],
+                "cache": cache_metadata(cache_settings), "device": options["device"], "dtype": options["dtype"],
                 "verify": settings.verify}
     writer = _writer(options, source, settings, plan, run_list, run_info)
     _execute(writer, len(run_list), lambda on_row: run_requests(run_list, backend, plan, on_row))
@@ -256,15 +202,6 @@ def _finish(source: RunSource, writer: RunWriter, extra: list | None = None) -> 
         if any("cache_salt" in (row["error"] or "") for row in failed):
             err.print("the server may not accept cache_salt: try --hygiene nonce")
         raise typer.Exit(1)
-
-
-def _cache_metadata(cache: CacheConfig | None) -> dict[str, Any]:
-    if cache is None:
-        return {"enabled": False}
-    return {"enabled": True, "kind": cache.kind.value, "block_size": cache.block_size,
-            "capacity_blocks": cache.capacity_blocks, "ttl_s": cache.ttl_s,
-            "release_order": cache.release_order.value, "hash_algo": cache.hash.algo.value,
-            "hash_bits": cache.hash.hash_bits}
 
 
 # ---------------------------------------------------------------- --backend openai

@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 
 from kvbench.commands.common import make_console
-from kvbench.commands.run import _cache_config, _cache_metadata, _expected_cached_tokens, _run_section
+from kvbench.commands.run_setup import cache_config, cache_metadata, expected_cached_tokens, run_section
 from kvbench.commands.run_output import RunWriter, progress_line
 from kvbench.errors import InputError
 from kvbench.results.summary import summarize
@@ -60,7 +60,7 @@ def sweep(
         raise InputError(str(exc)) from None
     tokenizer = load_tokenizer(str(model) if model is not None else None)
     run_source = load_run_source(source, tokenizer, limit=requests)
-    settings = _run_section(run_source, {"num_requests": requests, "max_tokens": max_tokens, "cache": "on"})
+    settings = run_section(run_source, {"num_requests": requests, "max_tokens": max_tokens, "cache": "on"})
     run_list = limit_requests(run_source.requests, settings.num_requests)
     if settings.max_tokens is not None:
         run_list = [replace(r, max_tokens=settings.max_tokens) for r in run_list]
@@ -75,16 +75,16 @@ def sweep(
     context = {"scenario": run_source.name, "trace": {**run_source.trace_info, "requests_hash": requests_hash(run_list)},
                "backend": "inprocess", "model": loaded.name}
     for size in sizes:
-        cache_config = _cache_config(run_source, {**base_options, "cache_size": str(size)}, bytes_per_block, size_tokens)
-        context["cache"] = {k: v for k, v in _cache_metadata(cache_config).items() if k != "capacity_blocks"}
-        expected = _expected_cached_tokens(run_list, cache_config)
+        cache_settings = cache_config(run_source, {**base_options, "cache_size": str(size)}, bytes_per_block, size_tokens)
+        context["cache"] = {k: v for k, v in cache_metadata(cache_settings).items() if k != "capacity_blocks"}
+        expected = expected_cached_tokens(run_list, cache_settings)
         sized = [replace(r, expected_cached_tokens=e) for r, e in zip(run_list, expected)]
         plan = RunPlan(f"{run_source.name}-sweep-{size}-{time.strftime('%Y%m%d-%H%M%S')}")
-        metadata = {"command": "run", "run": {**context, "run_id": plan.run_id, "cache": _cache_metadata(cache_config),
+        metadata = {"command": "run", "run": {**context, "run_id": plan.run_id, "cache": cache_metadata(cache_settings),
                                               "max_tokens": settings.max_tokens, "concurrency": 1,
                                               "seed": settings.seed, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}}
         writer = RunWriter(folder / f"run-{size}.parquet", metadata)
-        engine = HFEngine(loaded, EngineConfig(cache=cache_config))
+        engine = HFEngine(loaded, EngineConfig(cache=cache_settings))
         err.print(f"cache size {size:,} blocks ...")
         with progress_line(err, len(sized)) as update:
             try:

@@ -35,7 +35,7 @@ import inspect
 import itertools
 import time
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
@@ -310,17 +310,21 @@ class HFEngine:
 
     def generate(self, token_ids: Sequence[int] | np.ndarray, sampling: SamplingParams = SamplingParams(),
                  salt: str | None = None, extra_keys: Sequence[str | bytes | int] = (),
-                 request_id: str | None = None) -> RequestResult:
+                 request_id: str | None = None, on_token: Callable[[int], None] | None = None) -> RequestResult:
         """Run one request. Bad input (empty prompt, id outside the vocabulary, prompt + max_tokens
         beyond the context) gives a result with status ``error``; other exceptions propagate, after
-        every pin is released."""
+        every pin is released.
+
+        ``on_token(token_id)`` is called with every output token as soon as it is sampled (not for
+        the ``verify`` reference run); an exception it raises stops the request, and nothing of the
+        request is cached."""
         stamps = _Stamps(time.perf_counter())
         ids = np.asarray(token_ids, dtype=np.int64).reshape(-1).tolist()
         problem = self._check_request(ids, sampling)
         if problem is not None:
             return RequestResult(request_id, RequestStatus.ERROR, len(ids), error=problem)
         salt = self.config.salt if salt is None else salt
-        result = self._run(ids, sampling, salt, extra_keys, request_id, stamps, self.cache)
+        result = self._run(ids, sampling, salt, extra_keys, request_id, stamps, self.cache, on_token)
         if self.config.verify:
             reference = self._run(ids, sampling, salt, extra_keys, request_id,
                                   _Stamps(time.perf_counter()), cache=None)
@@ -342,7 +346,8 @@ class HFEngine:
 
     @torch.inference_mode()
     def _run(self, ids: list[int], sampling: SamplingParams, salt: str, extra_keys: Sequence,
-             request_id: str | None, stamps: _Stamps, cache: PrefixCache | None) -> RequestResult:
+             request_id: str | None, stamps: _Stamps, cache: PrefixCache | None,
+             on_token: Callable[[int], None] | None = None) -> RequestResult:
         """Steps 1-7 of the module docstring; ``cache=None`` is the cache-off path."""
         handles: list = []
         num_hit_blocks = num_inserted = 0
@@ -358,7 +363,7 @@ class HFEngine:
             stamps.kv_loaded_s = time.perf_counter()
             kv_cache = kv_to_cache(past)
             num_hit_tokens = num_hit_blocks * (self.block_size or 0)
-            tokens = self._prefill_and_decode(ids[num_hit_tokens:], kv_cache, sampling, stamps)
+            tokens = self._prefill_and_decode(ids[num_hit_tokens:], kv_cache, sampling, stamps, on_token)
             if cache is not None:
                 num_inserted = self._insert(cache, prompt, num_hit_blocks, kv_cache, handles)
             stamps.inserted_s = time.perf_counter()
@@ -369,7 +374,7 @@ class HFEngine:
                        cache is not None)
 
     def _prefill_and_decode(self, tail_ids: list[int], kv_cache: DynamicCache, sampling: SamplingParams,
-                            stamps: _Stamps) -> list[int]:
+                            stamps: _Stamps, on_token: Callable[[int], None] | None = None) -> list[int]:
         generator = None
         if sampling.temperature > 0 and sampling.seed is not None:
             generator = torch.Generator(device=self.loaded.device).manual_seed(sampling.seed)
@@ -377,11 +382,15 @@ class HFEngine:
         stamps.prefilled_s = time.perf_counter()
         tokens = [sample_next_token(logits, sampling, generator)]
         stamps.token_s.append(time.perf_counter())  # TTFT: the first token exists
+        if on_token is not None:
+            on_token(tokens[-1])
         eos = () if sampling.ignore_eos else self.loaded.eos_token_ids
         while len(tokens) < sampling.max_tokens and tokens[-1] not in eos:
             logits = self._decode_step(tokens[-1], kv_cache)  # (vocab,)
             tokens.append(sample_next_token(logits, sampling, generator))
             stamps.token_s.append(time.perf_counter())
+            if on_token is not None:
+                on_token(tokens[-1])
         return tokens
 
     def _prefill(self, tail_ids: list[int], kv_cache: DynamicCache) -> torch.Tensor:

@@ -1,6 +1,5 @@
 """Randomized lookup / insert / release / time-advance sequences keep both caches consistent."""
 
-import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
