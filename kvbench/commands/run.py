@@ -167,7 +167,7 @@ def _writer(options: dict[str, Any], source: RunSource, settings: RunSection, pl
         **run_info, "scenario": source.name, "source": str(options["source"]),
         "trace": {**source.trace_info, "requests_hash": requests_hash(run_list)},
         "max_tokens": settings.max_tokens, "ignore_eos": settings.ignore_eos, "concurrency": settings.concurrency,
-        "warmup": plan.num_warmup, "seed": settings.seed}}
+        "warmup": plan.num_warmup, "seed": settings.seed, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}}
     out = options["out"] or Path("results") / f"run-{source.name}-{time.strftime('%Y%m%d-%H%M%S')}.parquet"
     return RunWriter(out, metadata)
 

@@ -215,6 +215,8 @@ def describe_cache(cache: Mapping[str, Any]) -> str:
     """A run's cache config in words, e.g. ``prefix cache (hash), 16-tok blocks, 1,024 blocks, LRU, TTL 300 s``."""
     if not cache:
         return "cache unknown"
+    if cache.get("enabled") is None and "enabled" in cache:  # an HTTP server: its cache is its own
+        return f"server's cache ({cache.get('block_size', '?')}-tok blocks expected)"
     if not cache.get("enabled", True):
         return "cache off"
     capacity = cache.get("capacity_blocks")

@@ -159,3 +159,13 @@ def test_cli_report_bad_file_exits_2_with_one_line(tmp_path, capsys):
     code, _, err = run_cli(capsys, "report", tmp_path / "nope.parquet")
     assert code == 2
     assert err.strip().count("\n") == 0 and "no such file" in err
+
+
+def test_describe_cache_in_words():
+    from kvbench.results.report import describe_cache
+
+    assert describe_cache({"enabled": False}) == "cache off"
+    assert describe_cache({"enabled": None, "block_size": 32}) == "server's cache (32-tok blocks expected)"
+    words = describe_cache({"enabled": True, "kind": "hash", "block_size": 16, "capacity_blocks": 1024,
+                            "ttl_s": 300, "release_order": "tail-first"})
+    assert words == "prefix cache (hash), 16-tok blocks, 1,024 blocks, LRU, TTL 300 s"
