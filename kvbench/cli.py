@@ -34,6 +34,7 @@ _COMMAND_MODULES = (
     "kvbench.commands.sweep",
     "kvbench.commands.report",
     "kvbench.commands.serve",
+    "kvbench.commands.break_",
 )
 
 for _name in _COMMAND_MODULES:

@@ -1,0 +1,201 @@
+"""What every ``kvbench break`` experiment shares: engine runs that yield ordinary run rows, the
+Parquet file, progress reporting, the verdict line and table formatting.
+
+An experiment runs a broken and a correct variant of the same cache on the same requests. Each
+variant is served by :func:`kvbench.runner.run_requests` through the in-process backend, exactly as
+``kvbench run`` serves a trace, so its rows have every :mod:`kvbench.results.schema` column (and
+``kvbench report`` / ``summarize`` read them); :func:`break_schema` appends ``experiment``,
+``variant`` and the experiment's own columns. Library code never prints: progress goes through a
+:data:`Progress` callback and tables are returned as ``rich`` objects for the command to render.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from rich.table import Table
+
+from kvbench.backends.inprocess import InProcessBackend
+from kvbench.engine.hf_engine import HFEngine, RequestResult, SamplingParams
+from kvbench.engine.model import LoadedModel
+from kvbench.results.parquet import write_rows
+from kvbench.results.schema import RUN_SCHEMA
+from kvbench.results.summary import RunSummary, summarize
+from kvbench.runner import RunPlan, RunRequest, run_requests
+from kvbench.workloads.tokenizer import Tokenizer
+from kvbench.workloads.trace import Trace
+from kvbench.workloads.trace_kinds import trace_token_requests
+
+Progress = Callable[[str, int, int], None]  # (what is running, requests done, requests in total)
+# Called after each request with the request and the engine's result; returns extra row columns.
+ResultHook = Callable[[RunRequest, RequestResult], Mapping[str, Any]]
+
+EXPERIMENT_FIELDS = (
+    pa.field("experiment", pa.string()),  # "timestamp", "head-first", "views", "tiny-hash", "shared-salt"
+    pa.field("variant", pa.string()),     # which cache variant served the row
+)
+
+
+def break_schema(extra_fields: Sequence[pa.Field] = ()) -> pa.Schema:
+    """The run schema plus ``experiment``, ``variant`` and an experiment's own columns."""
+    return pa.schema(list(RUN_SCHEMA) + list(EXPERIMENT_FIELDS) + list(extra_fields))
+
+
+@dataclass(frozen=True)
+class ParquetTable:
+    """Rows to write to one Parquet file; ``suffix`` is appended to the output file's stem."""
+
+    rows: list[dict[str, Any]]
+    schema: pa.Schema | None = None
+    suffix: str = ""
+
+
+def write_break_parquet(out: Path, experiment: str, tables: Sequence[ParquetTable],
+                        metadata: Mapping[str, Any]) -> list[Path]:
+    """Write each non-empty table to ``out`` (``suffix`` added to its stem); returns the paths.
+
+    The footer carries ``command = "break"``, the experiment name and ``metadata`` (JSON), plus the
+    versions and machine that :func:`kvbench.results.parquet.write_rows` adds to every file.
+    """
+    paths = []
+    for table in tables:
+        if not table.rows:
+            continue
+        path = out.with_name(f"{out.stem}{table.suffix}{out.suffix or '.parquet'}")
+        footer = {"command": "break", "experiment": experiment, **metadata}
+        paths.append(write_rows(path, table.rows, footer, table.schema))
+    return paths
+
+
+def default_out_path(experiment: str) -> Path:
+    """``results/break-NAME-YYYYmmdd-HHMMSS.parquet``."""
+    return Path("results") / f"break-{experiment}-{time.strftime('%Y%m%d-%H%M%S')}.parquet"
+
+
+# ---------------------------------------------------------------- engine runs
+
+
+@dataclass(eq=False)
+class VariantRun:
+    """One variant served: its rows (run schema + break columns) and the engine's results, in order."""
+
+    variant: str
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    results: list[RequestResult] = field(default_factory=list)
+
+    @property
+    def summary(self) -> RunSummary:
+        """``summarize`` of the rows: the first request is the cold one (no warm-up phase)."""
+        return summarize(self.rows)
+
+    def column(self, name: str) -> list[Any]:
+        return [row[name] for row in self.rows]
+
+
+class _RecordingEngine:
+    """Passes ``generate`` through to an :class:`HFEngine` and keeps the last full result (the
+    backend's ``ServedRequest`` drops the output ids the experiments compare)."""
+
+    def __init__(self, engine: HFEngine) -> None:
+        self.engine = engine
+        self.last: RequestResult | None = None
+
+    @property
+    def config(self):
+        return self.engine.config
+
+    def generate(self, token_ids, sampling: SamplingParams, salt=None, request_id=None) -> RequestResult:
+        self.last = self.engine.generate(token_ids, sampling, salt=salt, request_id=request_id)
+        return self.last
+
+
+def run_variant(engine: HFEngine, requests: Sequence[RunRequest], experiment: str, variant: str,
+                hook: ResultHook | None = None, progress: Progress | None = None) -> VariantRun:
+    """Serve ``requests`` in order on ``engine`` (concurrency 1, greedy, exactly ``max_tokens`` each).
+
+    ``hook(request, result)`` runs right after each request, before the next one starts (the
+    moment to measure memory or inspect the cache); its dict is merged into that request's row.
+    """
+    recorder = _RecordingEngine(engine)
+    backend = InProcessBackend(recorder, SamplingParams(max_tokens=1, ignore_eos=True), engine.loaded.name)
+    run = VariantRun(variant)
+    run_id = f"break-{experiment}-{variant}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+    def on_row(row: dict[str, Any]) -> None:
+        request, result = requests[row["request_index"]], recorder.last
+        row.update(experiment=experiment, variant=variant)
+        if hook is not None:
+            row.update(hook(request, result))
+        run.rows.append(row)
+        run.results.append(result)
+        if progress is not None:
+            progress(f"{experiment}: {variant}", len(run.rows), len(requests))
+
+    run_requests(list(requests), backend, RunPlan(run_id), on_row)
+    return run
+
+
+def trace_run_requests(trace: Trace, tokenizer: Tokenizer) -> list[RunRequest]:
+    """A text trace rendered with ``tokenizer`` into run requests (ids, budgets, salts kept).
+
+    Raises:
+        ValueError: a request renders to a token count other than the trace recorded.
+    """
+    tokens = trace_token_requests(trace, tokenizer)
+    return [RunRequest(index, request.id, request.session_id, request.turn, request.arrival_ms,
+                       token.token_ids, request.max_tokens, request.salt, text=request)
+            for index, (request, token) in enumerate(zip(trace.requests, tokens))]
+
+
+def token_run_requests(token_ids: Sequence[np.ndarray], max_tokens: int,
+                       salts: Sequence[str | None] | None = None,
+                       request_ids: Sequence[str] | None = None) -> list[RunRequest]:
+    """Run requests from raw prompts (one session each, arrival 0)."""
+    requests = []
+    for index, ids in enumerate(token_ids):
+        request_id = request_ids[index] if request_ids else f"r{index:06d}"
+        salt = salts[index] if salts else None
+        requests.append(RunRequest(index, request_id, request_id, 0, 0.0,
+                                   np.asarray(ids, dtype=np.uint32), max_tokens, salt))
+    return requests
+
+
+def warm_up(loaded: LoadedModel, num_tokens: int = 32) -> None:
+    """Serve one throwaway request (cache off) so that the first measured TTFT does not include
+    torch's one-time start-up (kernel selection, allocator growth)."""
+    ids = np.arange(1000, 1000 + num_tokens) % loaded.vocab_size
+    HFEngine(loaded).generate(ids, SamplingParams(max_tokens=2, ignore_eos=True))
+
+
+# ---------------------------------------------------------------- formatting
+
+
+def format_ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.1f}"
+
+
+def format_rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def format_mib(num_bytes: float | None) -> str:
+    return "-" if num_bytes is None else f"{num_bytes / 2**20:,.1f}"
+
+
+def verdict_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]],
+                  verdict: str | None, notes: Sequence[str] = ()) -> Table:
+    """A table whose caption is ``notes`` (one per line) followed by the one-line verdict (if any)."""
+    table = Table(title=title, title_justify="left", caption_justify="left")
+    for index, name in enumerate(columns):
+        table.add_column(name, justify="left" if index == 0 else "right")
+    for row in rows:
+        table.add_row(*row)
+    lines = [*notes, f"[bold]verdict:[/bold] {verdict}"] if verdict else list(notes)
+    table.caption = "\n".join(lines) or None
+    return table

@@ -1,0 +1,244 @@
+"""``kvbench break EXPERIMENT``: reproduce the classic ways a prefix cache breaks, and measure the damage.
+
+Each experiment (one module in ``kvbench/breaks/``) serves a broken and a correct variant on the
+same requests, prints a table ending in a one-line verdict, and writes Parquet like any run
+(``results/break-NAME-TIME.parquet``: one row per request, run columns plus ``experiment`` and
+``variant``). ``kvbench break --list`` describes them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from kvbench.breaks import EXPERIMENTS
+from kvbench.commands.common import make_console
+from kvbench.errors import InputError
+from kvbench.scenario import parse_int_list
+
+break_app = typer.Typer(
+    help="Reproduce the classic ways a prefix cache breaks (broken vs correct, same trace) and measure "
+         "the damage. --list describes the experiments.",
+    no_args_is_help=False,
+)
+# The experiment modules import the engine (torch): they are imported inside the commands, so that
+# every other kvbench command starts fast.
+
+ModelPath = Annotated[Path | None, typer.Option(
+    "--model", help="Local Hugging Face checkpoint (default: the built-in random Llama).")]
+Device = Annotated[str, typer.Option(help="cpu, cuda, cuda:N or mps.")]
+Out = Annotated[Path | None, typer.Option(help="Parquet file (default results/break-NAME-TIME.parquet).")]
+Seed = Annotated[int, typer.Option(help="Workload seed.")]
+BlockSize = Annotated[int, typer.Option(help="Tokens per cache block.")]
+MaxTokens = Annotated[int | None, typer.Option(help="Output tokens per request (default: the experiment's).")]
+
+
+def _config(cls: type, **fields: Any) -> Any:
+    """Build an experiment config from options (``None`` = the default); ``ValueError`` -> ``InputError``."""
+    try:
+        return cls(**{name: value for name, value in fields.items() if value is not None})
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+
+
+def _load(model: Path | None, device: str):
+    """The model and its tokenizer, warmed up so that the first measured request is not special."""
+    from kvbench.breaks.common import warm_up
+    from kvbench.engine.model import ModelConfig, load_model
+    from kvbench.workloads.tokenizer import load_tokenizer
+
+    try:
+        model_config = ModelConfig(path=model, device=device)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    loaded = load_model(model_config)
+    warm_up(loaded)
+    return loaded, load_tokenizer(str(model) if model is not None else None)
+
+
+@contextlib.contextmanager
+def _progress() -> Iterator[Callable[[str, int, int], None]]:
+    """A transient progress bar on stderr; yields the experiments' ``progress(label, done, total)``."""
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   console=make_console(stderr=True), transient=True)
+    task = bar.add_task("starting", total=None)
+    with bar:
+        yield lambda label, done, total: bar.update(task, description=label, completed=done, total=total)
+
+
+def _report(experiment: str, result: Any, tables: list[Table], out: Path | None) -> None:
+    """Print the tables, write the Parquet file(s), say where."""
+    from kvbench.breaks.common import default_out_path, write_break_parquet
+
+    console = make_console()
+    for table in tables:
+        console.print(table)
+        console.print()
+    paths = write_break_parquet(out or default_out_path(experiment), experiment, result.parquet_tables(),
+                                result.metadata())
+    for path, table in zip(paths, [t for t in result.parquet_tables() if t.rows]):
+        console.print(f"wrote {len(table.rows)} rows to {path}")
+
+
+def list_experiments(
+    ctx: typer.Context,
+    list_: Annotated[bool, typer.Option("--list", help="Describe the experiments and exit.")] = False,
+) -> None:
+    """Reproduce the classic ways a prefix cache breaks, and measure the damage."""
+    if not list_ and ctx.invoked_subcommand is not None:
+        return
+    if not list_:
+        typer.echo(ctx.get_help())
+        raise typer.Exit()
+    table = Table(title="kvbench break: experiments (kvbench break NAME --help for flags)", title_justify="left")
+    for column in ("experiment", "what breaks", "what it shows", "defaults"):
+        table.add_column(column)
+    for info in EXPERIMENTS:
+        table.add_row(info.name, info.breaks, info.shows, info.default_size)
+    make_console().print(table)
+    raise typer.Exit()
+
+
+def timestamp_command(
+    requests: Annotated[int | None, typer.Option(help="Requests per variant (the first is cold).")] = None,
+    system_tokens: Annotated[int | None, typer.Option(help="Shared system prompt, tokens.")] = None,
+    question_tokens: Annotated[int | None, typer.Option(help="Unique question per request, tokens.")] = None,
+    max_tokens: MaxTokens = None,
+    block_size: BlockSize = 16,
+    seed: Seed = 0,
+    model: ModelPath = None,
+    device: Device = "cpu",
+    out: Out = None,
+) -> None:
+    """'Current time: <now>' first in the system prompt vs last vs absent: hit rate and TTFT."""
+    from kvbench.breaks import timestamp
+
+    config = _config(timestamp.TimestampConfig, num_requests=requests, system_tokens=system_tokens,
+                     question_tokens=question_tokens, max_tokens=max_tokens, block_size=block_size, seed=seed)
+    loaded, tokenizer = _load(model, device)
+    with _progress() as progress:
+        result = timestamp.run_timestamp(loaded, config, tokenizer, progress)
+    _report(timestamp.EXPERIMENT, result, [timestamp.timestamp_table(result)], out)
+
+
+def head_first_command(
+    scenarios: Annotated[str | None, typer.Option(
+        help="Comma-separated scenario files (default: scenarios/multi_prefix_zipf.toml and "
+             "multi_prefix_rr.toml).")] = None,
+    sizes: Annotated[str | None, typer.Option(help="Cache sizes in blocks (default: each scenario's).")] = None,
+    sim_requests: Annotated[int | None, typer.Option(help="Simulate only the first N requests.")] = None,
+    engine_requests: Annotated[int | None, typer.Option(help="Requests served on the engine per order.")] = None,
+    engine_size: Annotated[int | None, typer.Option(help="Engine cache size in blocks (default: largest gap).")] = None,
+    max_tokens: MaxTokens = None,
+    model: ModelPath = None,
+    device: Device = "cpu",
+    out: Out = None,
+) -> None:
+    """Blocks released head before tail: simulated hit rate per size, then TTFT on the engine."""
+    from kvbench.breaks import head_first
+
+    paths = head_first.scenario_paths([p for p in scenarios.split(",") if p.strip()] if scenarios else None)
+    for path in paths:
+        if not path.exists():
+            raise InputError(f"--scenarios: {path}: no such file")
+    config = _config(head_first.HeadFirstConfig, scenarios=paths,
+                     sizes_blocks=tuple(parse_int_list(sizes, "--sizes")) if sizes else None,
+                     num_sim_requests=sim_requests, num_engine_requests=engine_requests,
+                     engine_capacity_blocks=engine_size, max_tokens=max_tokens)
+    loaded, _ = _load(model, device)
+    with _progress() as progress:
+        result = head_first.run_head_first(loaded, config, progress)
+    _report(head_first.EXPERIMENT, result, [head_first.sweep_table(result), head_first.engine_table(result)], out)
+
+
+def views_command(
+    requests: Annotated[int | None, typer.Option(help="Requests per variant.")] = None,
+    system_tokens: Annotated[int | None, typer.Option(help="Shared system prompt, tokens.")] = None,
+    question_tokens: Annotated[int | None, typer.Option(help="Unique question per request, tokens.")] = None,
+    max_tokens: MaxTokens = None,
+    cache_size: Annotated[str, typer.Option(help="Cache size in bytes (16MiB, 1GiB, ...).")] = "16MiB",
+    block_size: BlockSize = 16,
+    seed: Seed = 0,
+    plot: Annotated[Path | None, typer.Option(help="Also write a PNG of KV bytes per request here.")] = None,
+    model: ModelPath = None,
+    device: Device = "cpu",
+    out: Out = None,
+) -> None:
+    """Cached views instead of copies: believed vs really held KV bytes and RSS, per request."""
+    from kvbench.breaks import views
+
+    from kvbench.engine.memory import parse_bytes
+
+    config = _config(views.ViewsConfig, num_requests=requests, system_tokens=system_tokens,
+                     question_tokens=question_tokens, max_tokens=max_tokens, cache_bytes=parse_bytes(cache_size),
+                     block_size=block_size, seed=seed)
+    loaded, tokenizer = _load(model, device)
+    with _progress() as progress:
+        result = views.run_views(loaded, config, tokenizer, progress)
+    _report(views.EXPERIMENT, result, [views.views_table(result)], out)
+    if plot is not None:
+        make_console().print(f"wrote {views.plot_views(result, plot)}")
+
+
+def tiny_hash_command(
+    bits: Annotated[int | None, typer.Option(help="Bits kept of every block key (8..256).")] = None,
+    requests: Annotated[int | None, typer.Option(help="Requests per run.")] = None,
+    prefixes: Annotated[int | None, typer.Option(help="Shared system prompts (Zipf popularity).")] = None,
+    prefix_tokens: Annotated[int | None, typer.Option(help="Tokens per system prompt.")] = None,
+    unique_tokens: Annotated[int | None, typer.Option(help="Unique tokens per request.")] = None,
+    max_tokens: MaxTokens = None,
+    block_size: BlockSize = 16,
+    seed: Seed = 0,
+    model: ModelPath = None,
+    device: Device = "cpu",
+    out: Out = None,
+) -> None:
+    """Block keys truncated to N bits: false hits and wrong outputs, vs full SHA-256."""
+    from kvbench.breaks import tiny_hash
+
+    config = _config(tiny_hash.TinyHashConfig, hash_bits=bits, num_requests=requests, num_prefixes=prefixes,
+                     prefix_tokens=prefix_tokens, unique_tokens=unique_tokens, max_tokens=max_tokens,
+                     block_size=block_size, seed=seed)
+    loaded, tokenizer = _load(model, device)
+    with _progress() as progress:
+        result = tiny_hash.run_tiny_hash(loaded, config, tokenizer, progress)
+    _report(tiny_hash.EXPERIMENT, result, [tiny_hash.tiny_hash_table(result)], out)
+
+
+def shared_salt_command(
+    trials: Annotated[int | None, typer.Option(help="Private prompts, each guessed right and wrong once.")] = None,
+    prompt_tokens: Annotated[int | None, typer.Option(help="Tokens per prompt.")] = None,
+    max_tokens: MaxTokens = None,
+    alpha: Annotated[float | None, typer.Option(help="Significance level for calling it a leak.")] = None,
+    block_size: BlockSize = 16,
+    seed: Seed = 0,
+    model: ModelPath = None,
+    device: Device = "cpu",
+    out: Out = None,
+) -> None:
+    """Tenants without salts: B's TTFT reveals whether its guess of A's prompt was cached."""
+    from kvbench.breaks import shared_salt
+
+    config = _config(shared_salt.SharedSaltConfig, num_trials=trials, prompt_tokens=prompt_tokens,
+                     max_tokens=max_tokens, alpha=alpha, block_size=block_size, seed=seed)
+    loaded, tokenizer = _load(model, device)
+    with _progress() as progress:
+        result = shared_salt.run_shared_salt(loaded, config, tokenizer, progress)
+    _report(shared_salt.EXPERIMENT, result, [shared_salt.shared_salt_table(result)], out)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``break`` group: ``--list`` on the group, one command per experiment."""
+    break_app.callback(invoke_without_command=True)(list_experiments)
+    break_app.command("timestamp")(timestamp_command)
+    break_app.command("head-first")(head_first_command)
+    break_app.command("views")(views_command)
+    break_app.command("tiny-hash")(tiny_hash_command)
+    break_app.command("shared-salt")(shared_salt_command)
+    app.add_typer(break_app, name="break")
