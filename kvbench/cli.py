@@ -35,6 +35,8 @@ _COMMAND_MODULES = (
     "kvbench.commands.report",
     "kvbench.commands.serve",
     "kvbench.commands.break_",
+    "kvbench.commands.model",
+    "kvbench.commands.peer",
 )
 
 for _name in _COMMAND_MODULES:

