@@ -115,9 +115,10 @@ class HashPrefixCache:
                 block = table.get(key)
                 if block is None:
                     break
-                if not block.ref_count:
+                ref_count = block.ref_count
+                if not ref_count:
                     del free[key]  # a hit revives a free block: pinned again, off the free list
-                block.ref_count += 1
+                block.ref_count = ref_count + 1
                 hits.append(block)
         stats = self.stats
         stats.num_lookups += 1
@@ -214,12 +215,15 @@ class HashPrefixCache:
         now = self._clock()
         free = self._free
         for block in reversed(handles) if self._tail_first else handles:
-            if block.ref_count <= 0:
-                raise ValueError(f"{block!r} released more often than it was pinned")
-            block.ref_count -= 1
+            ref_count = block.ref_count - 1
             block.last_used_s = now
-            if block.ref_count == 0:
+            if ref_count > 0:
+                block.ref_count = ref_count
+            elif ref_count == 0:
+                block.ref_count = 0
                 free[block.block_hash] = block
+            else:
+                raise ValueError(f"{block!r} released more often than it was pinned")
 
     def sweep(self) -> int:
         """Drop unpinned blocks idle for longer than the TTL now; returns how many."""
