@@ -38,13 +38,13 @@ def serve(reqs, concurrency, warmup=0):
 def test_concurrency_one_never_queues():
     order, rows = serve(requests("a", "b", "c"), concurrency=1)
     assert order == ["a0", "b1", "c2"]
-    assert all(r["queue_ms"] < 5 for r in rows)
+    assert all(r["queue_ms"] < 50 for r in rows)
 
 
 def test_concurrency_two_records_the_wait_apart_from_ttft():
     order, rows = serve(requests("a", "b", "c", "d"), concurrency=2)
     assert order == ["a0", "b1", "c2", "d3"]
-    assert rows[0]["queue_ms"] < 5
+    assert rows[0]["queue_ms"] < 50
     assert rows[1]["queue_ms"] >= SERVICE_S * 1e3 * 0.9  # sent at once, served after a0
     assert all(r["ttft_ms"] == pytest.approx(SERVICE_S * 1e3) for r in rows)
 
@@ -54,7 +54,7 @@ def test_a_sessions_next_turn_waits_for_the_previous_one():
     # starts then, not at the start of the run.
     order, rows = serve(requests("a", "a", "b"), concurrency=2)
     assert order == ["a0", "a1", "b2"]
-    assert rows[1]["queue_ms"] < 5
+    assert rows[1]["queue_ms"] < 50
     order, _ = serve(requests("a", "b", "a"), concurrency=2)
     assert order == ["a0", "b1", "a2"]
 
