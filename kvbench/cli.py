@@ -10,12 +10,16 @@ import importlib
 import os
 import sys
 
-import click
 import typer
 from rich.console import Console
 
 from kvbench import __version__
 from kvbench.errors import KvbenchError
+
+try:  # typer >= 0.2x vendors click; its exceptions are not click's
+    from typer._click import exceptions as click_exceptions
+except ImportError:  # pragma: no cover - older typer on real click
+    from click import exceptions as click_exceptions
 
 app = typer.Typer(
     name="kvbench",
@@ -43,14 +47,18 @@ for _name in _COMMAND_MODULES:
     importlib.import_module(_name).register(app)
 
 
-@app.callback()
-def _root(
-    version: bool = typer.Option(False, "--version", help="Print the version and exit."),
-) -> None:
-    """Measure what prefix caching buys an LLM server, and why it is not buying more."""
-    if version:
+def _print_version(value: bool) -> None:
+    if value:
         typer.echo(f"kvbench {__version__}")
         raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                 help="Print the version and exit."),
+) -> None:
+    """Measure what prefix caching buys an LLM server, and why it is not buying more."""
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -62,15 +70,17 @@ def main(argv: list[str] | None = None) -> None:
     command = typer.main.get_command(app)
     try:
         code = command.main(args=args, prog_name="kvbench", standalone_mode=False)
-    except click.exceptions.Abort:
+    except (typer.Abort, KeyboardInterrupt):
         err.print("[red]interrupted[/red]")
         sys.exit(130)
-    except KeyboardInterrupt:
-        err.print("[red]interrupted[/red]")
-        sys.exit(130)
-    except click.ClickException as exc:
+    except click_exceptions.ClickException as exc:  # usage errors: bad option values, unknown commands
         exc.show()
         sys.exit(exc.exit_code)
+    except UnicodeDecodeError as exc:  # a reader met a binary file (the readers name the file when they can)
+        if debug:
+            raise
+        err.print(f"[red]error:[/red] an input file is not UTF-8 text ({exc.reason} at byte {exc.start})")
+        sys.exit(2)
     except KvbenchError as exc:
         if debug:
             raise

@@ -29,6 +29,7 @@ from kvbench.commands.run_setup import cache_config, cache_metadata, expected_ca
 from kvbench.engine.block_hash import HashAlgo
 from kvbench.engine.cache_base import CacheKind, ReleaseOrder
 from kvbench.errors import InputError
+from kvbench.results.parquet import check_output_path
 from kvbench.results.summary import summarize
 from kvbench.run_source import RunSection, RunSource, limit_requests, load_run_source, requests_hash
 from kvbench.runner import RunPlan, RunRequest, run_requests
@@ -47,7 +48,9 @@ class BackendKind(str, Enum):
 
 
 def _check_options(options: dict[str, Any]) -> None:
-    """Positive counts, and no option of the other backend. Raises ``InputError``."""
+    """Positive counts, a writable --out, and no option of the other backend. Raises ``InputError``."""
+    if options.get("out") is not None:
+        check_output_path(options["out"])
     for name in ("requests", "concurrency", "max_tokens", "block_size", "server_block_size", "expected_cache_size"):
         if options.get(name) is not None and options[name] <= 0:
             raise InputError(f"--{name.replace('_', '-')}: {options[name]} must be positive")
@@ -180,8 +183,8 @@ def _execute(writer: RunWriter, total: int, body) -> None:
             body(lambda row: (writer.add(row), on_row_progress(writer.rows)))
         except KeyboardInterrupt:
             writer.close(complete=False)
-            err.print(f"[red]interrupted[/red] after {len(writer.rows)} of {total} requests; "
-                      f"wrote {len(writer.rows)} rows to {writer.path}")
+            written = f"wrote {len(writer.rows)} rows to {writer.path}" if writer.rows else "nothing to write"
+            err.print(f"[red]interrupted[/red] after {len(writer.rows)} of {total} requests; {written}")
             raise typer.Exit(130)
         except BaseException:
             writer.close(complete=False)

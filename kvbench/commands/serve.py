@@ -30,7 +30,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 def _cache_config(cache: str, kind: CacheKind, block_size: int, cache_size: str, ttl: float | None,
                   release: ReleaseOrder, bytes_per_block: int) -> CacheConfig | None:
-    from kvbench.commands.run import parse_cache_size
+    from kvbench.commands.run_setup import parse_cache_size
 
     if cache not in ("on", "off"):
         raise InputError(f"--cache must be 'on' or 'off', got {cache!r}")

@@ -16,7 +16,7 @@ from kvbench.commands.common import make_console
 from kvbench.engine.block_hash import HashAlgo, HashConfig
 from kvbench.engine.cache_base import CacheConfig, CacheKind, ReleaseOrder
 from kvbench.errors import InputError
-from kvbench.results.parquet import write_rows
+from kvbench.results.parquet import check_output_path, write_rows
 from kvbench.scenario import load_scenario, parse_choices, parse_int_list
 from kvbench.sim import PreparedTrace, SimResult, ideal_hit_rate, prepare_prompts, sweep
 from kvbench.workloads.sources import detect_jsonl
@@ -98,6 +98,8 @@ def sim(
         raise InputError(f"--block-size: {block_size} is not a positive number of tokens")
     if ttl is not None and not ttl > 0:
         raise InputError(f"--ttl: {ttl} is not a positive number of seconds")
+    if out is not None:
+        check_output_path(out)
     source_info, token_requests = load_source(source, requests)
     capacities = parse_int_list(sizes, "--sizes") if sizes else list(source_info.sizes)
     orders = parse_choices(release, "--release", [o.value for o in ReleaseOrder]) if release else list(source_info.release)

@@ -14,6 +14,7 @@ from kvbench.commands.common import make_console
 from kvbench.commands.run_setup import cache_config, cache_metadata, expected_cached_tokens, run_section
 from kvbench.commands.run_output import RunWriter, progress_line
 from kvbench.errors import InputError
+from kvbench.results.parquet import check_output_path
 from kvbench.results.summary import summarize
 from kvbench.results.sweep import SweepPoint, build_sweep_summary, write_sweep_summary
 from kvbench.run_source import limit_requests, load_run_source, requests_hash
@@ -69,6 +70,7 @@ def sweep(
     base_options = {"cache_size": None, "cache_kind": None, "ttl": None, "release": None, "hash_algo": None,
                     "hash_bits": None}
     folder = out or Path("results") / f"sweep-{run_source.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    check_output_path(folder / "sweep.parquet")
     console, err = make_console(), make_console(stderr=True)
     sampling = SamplingParams(max_tokens=1, ignore_eos=settings.ignore_eos)
     points: list[SweepPoint] = []

@@ -10,6 +10,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,28 @@ def machine() -> dict[str, Any]:
     except OSError:
         pass
     return {"cpu": cpu, "cores": os.cpu_count(), "os": platform.platform()}
+
+
+def check_output_path(path: str | Path, option: str = "--out") -> Path:
+    """Fail early, before anything is measured, if results could not be written to ``path``.
+
+    Raises:
+        InputError: ``path`` is a folder, its parent is a file, or the parent cannot be created or
+            written to.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise InputError(f"{option} {path}: is a folder; give a file name")
+    parent = path.parent
+    existing = next((p for p in (parent, *parent.parents) if p.exists()), Path("."))
+    if not existing.is_dir():
+        raise InputError(f"{option} {path}: {existing} is a file, not a folder")
+    try:  # a real probe: permissions alone do not tell (root, read-only mounts, /proc)
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".kvbench-probe-"):
+            pass
+    except OSError as exc:
+        raise InputError(f"{option} {path}: cannot write in {existing} ({exc.strerror})") from None
+    return path
 
 
 def write_rows(

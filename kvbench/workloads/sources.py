@@ -55,6 +55,8 @@ def detect_jsonl(path: Path) -> JsonlReader:
             first = next((line for line in handle if line.strip()), None)
     except OSError as exc:
         raise InputError(f"{path}: cannot read ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at {exc.start})") from None
     if first is None:
         raise InputError(f"{path}: the file is empty")
     try:

@@ -136,3 +136,28 @@ def test_shipped_scenarios_load():
         assert scenario.workload.num_prefixes == 8 and scenario.workload.prefix_tokens == 2048
         assert scenario.workload.unique_tokens == 50 and scenario.workload.num_requests == 2000
     assert load_scenario(REPO / "scenarios" / "multi_prefix_zipf.toml").workload.zipf_exponent == 0.9
+
+
+def test_version_and_usage_errors(kvbench, tmp_path):
+    code, stdout, _ = kvbench("--version")
+    assert code == 0 and stdout.startswith("kvbench ")
+    code, _, stderr = kvbench("nosuch")
+    assert code == 2 and "No such command" in stderr and "Traceback" not in stderr
+    scenario = write(tmp_path / "small.toml", SMALL_SCENARIO)
+    code, _, stderr = kvbench("sim", scenario, "--cache", "tree")
+    assert code == 2 and "--cache" in stderr
+
+
+def test_binary_trace_is_one_line(kvbench, tmp_path):
+    trace = tmp_path / "bin.jsonl"
+    trace.write_bytes(b"\xff\xfe\x00 not text")
+    line = one_line_error(*kvbench("sim", trace)[::2])
+    assert f"{trace}: not UTF-8 text" in line
+
+
+def test_unwritable_out_is_refused_before_any_work(kvbench, tmp_path):
+    scenario = write(tmp_path / "small.toml", SMALL_SCENARIO)
+    line = one_line_error(*kvbench("sim", scenario, "--out", tmp_path)[::2])
+    assert "is a folder" in line
+    line = one_line_error(*kvbench("sim", scenario, "--out", scenario / "x.parquet")[::2])
+    assert "is a file, not a folder" in line
