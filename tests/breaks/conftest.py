@@ -1,6 +1,5 @@
 import pytest
 
-from kvbench.cli import main
 from kvbench.engine.model import default_llama_config, random_model
 from kvbench.workloads.tokenizer import load_tokenizer
 
@@ -20,19 +19,3 @@ def small_model():
 @pytest.fixture(scope="session")
 def tokenizer():
     return load_tokenizer()
-
-
-@pytest.fixture
-def kvbench(capsys):
-    """kvbench(*args) -> (exit_code, stdout, stderr), run in-process through the real entry point."""
-
-    def run(*args):
-        try:
-            main([str(a) for a in args])
-            code = 0
-        except SystemExit as exit_:
-            code = exit_.code if isinstance(exit_.code, int) else 1
-        captured = capsys.readouterr()
-        return code, captured.out, captured.err
-
-    return run
