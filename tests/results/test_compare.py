@@ -2,7 +2,6 @@
 
 import pytest
 
-from kvbench.cli import main
 from kvbench.errors import InputError
 from kvbench.results.compare import MetricRow, TraceMismatchError, compare_runs
 from kvbench.results.parquet import write_rows
@@ -92,23 +91,13 @@ def test_ratio_is_undefined_without_a_baseline():
     assert MetricRow("x", 2.0, 5.0).cells() == ("x", "2.0", "5.0", "2.50x")
 
 
-def run_cli(capsys, *args):
-    try:
-        main([str(a) for a in args])
-        code = 0
-    except SystemExit as exit_:
-        code = exit_.code
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def test_cli_prints_the_table_and_refuses_mismatches_with_exit_2(tmp_path, capsys):
+def test_cli_prints_the_table_and_refuses_mismatches_with_exit_2(tmp_path, kvbench):
     off = write_run(tmp_path / "off.parquet", ttft_ms=800.0)
     on = write_run(tmp_path / "on.parquet", ttft_ms=100.0, cached_tokens=960)
     other = write_run(tmp_path / "other.parquet", ttft_ms=100.0, content_hash=HASH_B)
-    code, out, _ = run_cli(capsys, "compare", off, on)
+    code, out, _ = kvbench("compare", off, on)
     assert code == 0 and "TTFT p50 (ms)" in out and "0.12x" in out
-    code, _, err = run_cli(capsys, "compare", off, other)
+    code, _, err = kvbench("compare", off, other)
     assert code == 2 and "not runs of the same trace" in err and err.strip().count("\n") == 0
-    code, out, err = run_cli(capsys, "compare", off, other, "--force")
+    code, out, err = kvbench("compare", off, other, "--force")
     assert code == 0 and "warning" in err

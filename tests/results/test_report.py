@@ -8,7 +8,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from kvbench.cli import main
 from kvbench.errors import InputError
 from kvbench.results.parquet import write_rows
 from kvbench.results.report import build_report, load_result, load_results, split_ttft, summary_tables
@@ -138,25 +137,15 @@ def test_bad_inputs_are_one_line_input_errors(tmp_path):
         load_result(tmp_path)
 
 
-def run_cli(capsys, *args):
-    try:
-        main([str(a) for a in args])
-        code = 0
-    except SystemExit as exit_:
-        code = exit_.code
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def test_cli_report_writes_the_page(inputs, tmp_path, capsys):
-    code, out, _ = run_cli(capsys, "report", inputs[3], inputs[4], "--out", tmp_path / "page")
+def test_cli_report_writes_the_page(inputs, tmp_path, kvbench):
+    code, out, _ = kvbench("report", inputs[3], inputs[4], "--out", tmp_path / "page")
     assert code == 0
     assert (tmp_path / "page" / "report.html").exists() and "wrote 2 plots" in out
     assert "Engine sweep: shared_2k" in out and "R^2" in out
 
 
-def test_cli_report_bad_file_exits_2_with_one_line(tmp_path, capsys):
-    code, _, err = run_cli(capsys, "report", tmp_path / "nope.parquet")
+def test_cli_report_bad_file_exits_2_with_one_line(tmp_path, kvbench):
+    code, _, err = kvbench("report", tmp_path / "nope.parquet")
     assert code == 2
     assert err.strip().count("\n") == 0 and "no such file" in err
 

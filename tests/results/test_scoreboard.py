@@ -2,7 +2,6 @@
 
 import pytest
 
-from kvbench.cli import main
 from kvbench.errors import InputError
 from kvbench.results.parquet import machine as this_machine
 from kvbench.results.parquet import write_rows
@@ -126,24 +125,14 @@ def test_sim_files_alone_are_refused(results):
         scoreboard_rows(results[2:])
 
 
-def run_cli(capsys, *args):
-    try:
-        main([str(a) for a in args])
-        code = 0
-    except SystemExit as exit_:
-        code = exit_.code
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def test_cli_export_creates_then_appends(tmp_path, capsys):
+def test_cli_export_creates_then_appends(tmp_path, kvbench):
     off = write_run(tmp_path / "off.parquet", enabled=False, ttft_ms=1310.0)
     on = write_run(tmp_path / "on.parquet", enabled=True, ttft_ms=95.0)
     board = tmp_path / "results" / "SCOREBOARD.md"
-    code, out, _ = run_cli(capsys, "scoreboard", "export", off, "--to", board)
+    code, out, _ = kvbench("scoreboard", "export", off, "--to", board)
     assert code == 0 and "created" in out and board.exists()
-    code, out, err = run_cli(capsys, "scoreboard", "export", off, on, "--to", board)
+    code, out, err = kvbench("scoreboard", "export", off, on, "--to", board)
     assert code == 0 and "1 new row" in out and "already on" in err
     assert "1,310 ms off -> 95 ms on" in board.read_text().splitlines()[-1]
-    code, _, err = run_cli(capsys, "scoreboard", "export", tmp_path / "missing.parquet", "--to", board)
+    code, _, err = kvbench("scoreboard", "export", tmp_path / "missing.parquet", "--to", board)
     assert code == 2 and "no such file" in err
