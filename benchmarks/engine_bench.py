@@ -28,8 +28,8 @@ import time
 import numpy as np
 import torch
 
-from kvbench.engine.cache_base import CacheConfig
-from kvbench.engine.hf_engine import EngineConfig, HFEngine, RequestResult, SamplingParams
+from kvbench.cache.base import CacheConfig
+from kvbench.engine.engine import EngineConfig, HFEngine, RequestResult, SamplingParams
 from kvbench.engine.model import load_model
 
 

@@ -14,9 +14,9 @@ import statistics
 import time
 from pathlib import Path
 
-from kvbench.engine.cache_base import CacheConfig
-from kvbench.scenario import load_scenario
-from kvbench.sim import prepare_prompts, sweep
+from kvbench.cache.base import CacheConfig
+from kvbench.run.scenario import load_scenario
+from kvbench.sim.replay import prepare_prompts, sweep
 from kvbench.workloads.mooncake import read_mooncake
 
 REPO = Path(__file__).resolve().parents[1]

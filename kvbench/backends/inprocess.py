@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvbench.engine.hf_engine import HFEngine, SamplingParams
-from kvbench.runner import RunRequest, ServedRequest
+from kvbench.engine.engine import HFEngine, SamplingParams
+from kvbench.run.loop import RunRequest, ServedRequest
 
 
 class InProcessBackend:

@@ -2,7 +2,7 @@
 Parquet file, progress reporting, the verdict line and table formatting.
 
 An experiment runs a broken and a correct variant of the same cache on the same requests. Each
-variant is served by :func:`kvbench.runner.run_requests` through the in-process backend, exactly as
+variant is served by :func:`kvbench.run.loop.run_requests` through the in-process backend, exactly as
 ``kvbench run`` serves a trace, so its rows have every :mod:`kvbench.results.schema` column (and
 ``kvbench report`` / ``summarize`` read them); :func:`break_schema` appends ``experiment``,
 ``variant`` and the experiment's own columns. Library code never prints: progress goes through a
@@ -22,12 +22,12 @@ import pyarrow as pa
 from rich.table import Table
 
 from kvbench.backends.inprocess import InProcessBackend
-from kvbench.engine.hf_engine import HFEngine, RequestResult, SamplingParams
+from kvbench.engine.engine import HFEngine, RequestResult, SamplingParams
 from kvbench.engine.model import LoadedModel
 from kvbench.results.parquet import write_rows
 from kvbench.results.schema import RUN_SCHEMA
 from kvbench.results.summary import RunSummary, summarize
-from kvbench.runner import RunPlan, RunRequest, run_requests
+from kvbench.run.loop import RunPlan, RunRequest, run_requests
 from kvbench.workloads.tokenizer import Tokenizer
 from kvbench.workloads.trace import Trace
 from kvbench.workloads.trace_kinds import trace_token_requests

@@ -27,12 +27,12 @@ from kvbench.breaks.common import (
     ParquetTable, Progress, VariantRun, break_schema, format_ms, format_rate, run_variant,
     token_run_requests, verdict_table,
 )
-from kvbench.engine.cache_base import CacheConfig, ReleaseOrder
-from kvbench.engine.hf_engine import EngineConfig, HFEngine
+from kvbench.cache.base import CacheConfig, ReleaseOrder
+from kvbench.engine.engine import EngineConfig, HFEngine
 from kvbench.engine.model import LoadedModel
 from kvbench.results.summary import percentile
-from kvbench.scenario import Scenario, load_scenario
-from kvbench.sim import SimResult, prepare_prompts, simulate, sweep
+from kvbench.run.scenario import Scenario, load_scenario
+from kvbench.sim.replay import SimResult, prepare_prompts, simulate, sweep
 from kvbench.workloads.generators import check_ints
 
 EXPERIMENT = "head-first"

@@ -26,10 +26,10 @@ from kvbench.breaks.common import (
     ParquetTable, Progress, VariantRun, break_schema, format_ms, run_variant,
     trace_run_requests, verdict_table, warm_up,
 )
-from kvbench.engine.cache_base import CacheConfig
-from kvbench.engine.hf_engine import EngineConfig, HFEngine
+from kvbench.cache.base import CacheConfig
+from kvbench.engine.engine import EngineConfig, HFEngine
 from kvbench.engine.model import LoadedModel
-from kvbench.runner import RunRequest
+from kvbench.run.loop import RunRequest
 from kvbench.results.summary import percentile
 from kvbench.workloads.dists import IntDist
 from kvbench.workloads.generators import OneOffConfig, check_ints, generate_one_off

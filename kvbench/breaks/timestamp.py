@@ -27,8 +27,8 @@ from kvbench.breaks.common import (
     ParquetTable, Progress, VariantRun, break_schema, format_ms, format_rate, run_variant,
     trace_run_requests, verdict_table,
 )
-from kvbench.engine.cache_base import CacheConfig
-from kvbench.engine.hf_engine import EngineConfig, HFEngine
+from kvbench.cache.base import CacheConfig
+from kvbench.engine.engine import EngineConfig, HFEngine
 from kvbench.engine.model import LoadedModel
 from kvbench.workloads.generators import HeaderPlacement, SharedPrefixConfig, check_ints, generate_shared_prefix
 from kvbench.workloads.tokenizer import Tokenizer, load_tokenizer

@@ -4,7 +4,7 @@ The hash cache trusts its key, as vLLM does: a key found in the table is a hit, 
 stored block holds. With full SHA-256 keys that is safe (P(any collision) <= n**2 / 2**257 for n
 stored blocks). Keeping only ``hash_bits`` bits makes a lookup of a key that is not really cached
 find some other block with probability about ``stored blocks / 2**hash_bits`` (the birthday bound
-of ``kvbench.engine.block_hash``), and the engine then computes over another prompt's KV. Because
+of ``kvbench.cache.block_hash``), and the engine then computes over another prompt's KV. Because
 every block has the same shape, nothing crashes: the output is just wrong.
 
 Collisions also happen *within* one request's chain (key j equal to key i < j): the lookup then
@@ -32,9 +32,9 @@ from kvbench.breaks.common import (
     ParquetTable, Progress, VariantRun, break_schema, run_variant, trace_run_requests,
     verdict_table,
 )
-from kvbench.engine.block_hash import BlockHash, BlockHasher, HashConfig
-from kvbench.engine.cache_base import CacheConfig, make_cache
-from kvbench.engine.hf_engine import EngineConfig, HFEngine
+from kvbench.cache.block_hash import BlockHash, BlockHasher, HashConfig
+from kvbench.cache.base import CacheConfig, make_cache
+from kvbench.engine.engine import EngineConfig, HFEngine
 from kvbench.engine.model import LoadedModel
 from kvbench.workloads.generators import MultiPrefixTextConfig, check_ints, generate_multi_prefix
 from kvbench.workloads.tokenizer import Tokenizer, load_tokenizer

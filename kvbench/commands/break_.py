@@ -20,7 +20,7 @@ from rich.table import Table
 from kvbench.breaks import EXPERIMENTS
 from kvbench.commands.common import make_console
 from kvbench.errors import InputError
-from kvbench.scenario import parse_int_list
+from kvbench.run.scenario import parse_int_list
 
 break_app = typer.Typer(
     help="Reproduce the classic ways a prefix cache breaks (broken vs correct, same trace) and measure "
@@ -173,7 +173,7 @@ def views_command(
     """Cached views instead of copies: believed vs really held KV bytes and RSS, per request."""
     from kvbench.breaks import views
 
-    from kvbench.engine.memory import parse_bytes
+    from kvbench.memory.layout import parse_bytes
 
     config = _config(views.ViewsConfig, num_requests=requests, system_tokens=system_tokens,
                      question_tokens=question_tokens, max_tokens=max_tokens, cache_bytes=parse_bytes(cache_size),

@@ -17,12 +17,12 @@ import typer
 
 from kvbench.commands import memory_tables as tables
 from kvbench.commands.common import make_console
-from kvbench.commands.memory_trace import read_waste_trace
-from kvbench.engine.memory import KvLayout, ModelShape, fit_in_budget, parse_bytes, parse_dtype
-from kvbench.engine.memory_models import DEFAULT_PRESET, PRESETS, resolve_model
-from kvbench.engine.memory_replay import replay_waste
-from kvbench.engine.memory_sharing import SharingConfig, simulate_beam_search, simulate_parallel_sampling
-from kvbench.engine.memory_waste import Reservation, WasteConfig
+from kvbench.memory.trace import read_waste_trace
+from kvbench.memory.layout import KvLayout, ModelShape, fit_in_budget, parse_bytes, parse_dtype
+from kvbench.memory.presets import DEFAULT_PRESET, PRESETS, resolve_model
+from kvbench.memory.replay import replay_waste
+from kvbench.memory.sharing import SharingConfig, simulate_beam_search, simulate_parallel_sampling
+from kvbench.memory.waste import Reservation, WasteConfig
 from kvbench.errors import InputError
 
 _MODEL_HELP = f"Preset ({', '.join(PRESETS)}) or a path to a config.json or its folder."
@@ -150,7 +150,7 @@ def waste(
     for note in tables.waste_notes(result, shape):
         console.print(f"[dim]{note}[/dim]")
     if not no_plot:
-        from kvbench.commands.memory_plots import plot_waste
+        from kvbench.memory.plots import plot_waste
 
         path = plot or _default_plot_path(f"memory_waste_{trace.stem}_{pool}_{reserve.value}")
         plot_waste(result, path, f"KV memory over time: {trace.name}, pool {pool}, {shape.name}")
@@ -186,7 +186,7 @@ def sharing(
     console = make_console()
     console.print(tables.sharing_table(result, beam_search, shape, layout))
     if not no_plot:
-        from kvbench.commands.memory_plots import plot_sharing
+        from kvbench.memory.plots import plot_sharing
 
         mode = f"beam{num_sequences}" if beam_search else f"n{num_sequences}"
         path = plot or _default_plot_path(f"memory_sharing_{mode}")

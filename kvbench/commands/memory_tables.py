@@ -6,9 +6,9 @@ from pathlib import Path
 
 from rich.table import Table
 
-from kvbench.engine.memory import BudgetFit, KvLayout, ModelShape, ParameterCounts, format_bytes
-from kvbench.engine.memory_sharing import SharingConfig, SharingResult
-from kvbench.engine.memory_waste import WasteResult, WasteStats
+from kvbench.memory.layout import BudgetFit, KvLayout, ModelShape, ParameterCounts, format_bytes
+from kvbench.memory.sharing import SharingConfig, SharingResult
+from kvbench.memory.waste import WasteResult, WasteStats
 
 
 def _bytes_cells(num_bytes: float) -> tuple[str, str]:

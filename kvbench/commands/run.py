@@ -22,17 +22,17 @@ from typing import Annotated, Any
 
 import typer
 
-from kvbench.backends.load import Hygiene
+from kvbench.run.load import Hygiene
 from kvbench.commands.common import make_console
-from kvbench.commands.run_output import RunWriter, http_tables, progress_line, summary_table
-from kvbench.commands.run_setup import cache_config, cache_metadata, expected_cached_tokens, run_section
-from kvbench.engine.block_hash import HashAlgo
-from kvbench.engine.cache_base import CacheKind, ReleaseOrder
+from kvbench.results.writer import RunWriter, http_tables, progress_line, summary_table
+from kvbench.run.setup import cache_config, cache_metadata, expected_cached_tokens, run_section
+from kvbench.cache.block_hash import HashAlgo
+from kvbench.cache.base import CacheKind, ReleaseOrder
 from kvbench.errors import InputError
 from kvbench.results.parquet import check_output_path
 from kvbench.results.summary import summarize
-from kvbench.run_source import RunSection, RunSource, limit_requests, load_run_source, requests_hash
-from kvbench.runner import RunPlan, RunRequest, run_requests
+from kvbench.run.source import RunSection, RunSource, limit_requests, load_run_source, requests_hash
+from kvbench.run.loop import RunPlan, RunRequest, run_requests
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"  # `kvbench serve` and vLLM's default port
 DEFAULT_TIMEOUT_S = 300.0
@@ -131,7 +131,7 @@ def run(
 
 def _run_inprocess(options: dict[str, Any]) -> None:
     from kvbench.backends.inprocess import InProcessBackend
-    from kvbench.engine.hf_engine import EngineConfig, HFEngine, SamplingParams
+    from kvbench.engine.engine import EngineConfig, HFEngine, SamplingParams
     from kvbench.engine.model import ModelConfig, load_model
     from kvbench.workloads.tokenizer import load_tokenizer
 
@@ -211,7 +211,7 @@ def _finish(source: RunSource, writer: RunWriter, extra: list | None = None) -> 
 
 
 def _served_model(options: dict[str, Any], base_url: str, api_key: str) -> str:
-    from kvbench.backends.openai_http import list_models
+    from kvbench.backends.openai.client import list_models
 
     if options["model"]:
         return options["model"]
@@ -222,8 +222,8 @@ def _served_model(options: dict[str, Any], base_url: str, api_key: str) -> str:
 
 
 def _hygiene(options: dict[str, Any], run_list: list[RunRequest], tokenizer) -> tuple[list[RunRequest], str | None]:
-    """The requests to send and the run's cache_salt, after cache hygiene (see kvbench.backends.load)."""
-    from kvbench.backends.load import with_nonce
+    """The requests to send and the run's cache_salt, after cache hygiene (see kvbench.run.load)."""
+    from kvbench.run.load import with_nonce
 
     mode = options["hygiene"] or Hygiene.SALT
     if mode is Hygiene.SALT:
@@ -247,9 +247,9 @@ def _openai_run_info(options: dict[str, Any], plan: RunPlan, config, load, expec
 
 
 def _run_openai(options: dict[str, Any]) -> None:
-    from kvbench.backends.load import LoadConfig, run_load
-    from kvbench.backends.openai_http import OpenAIBackend, OpenAIConfig, fetch_metrics, reset_prefix_cache
-    from kvbench.reconcile import expect, parse_prefix_cache_counters, reconcile
+    from kvbench.run.load import LoadConfig, run_load
+    from kvbench.backends.openai.client import OpenAIBackend, OpenAIConfig, fetch_metrics, reset_prefix_cache
+    from kvbench.backends.openai.reconcile import expect, parse_prefix_cache_counters, reconcile
     from kvbench.workloads.tokenizer import load_tokenizer
 
     err = make_console(stderr=True)

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from kvbench.commands.common import make_console
-from kvbench.engine.cache_base import CacheConfig, CacheKind, ReleaseOrder
+from kvbench.cache.base import CacheConfig, CacheKind, ReleaseOrder
 from kvbench.errors import InputError
 
 DEFAULT_PORT = 8000  # vLLM's default, so `kvbench run --backend openai` finds it without --base-url
@@ -30,7 +30,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 def _cache_config(cache: str, kind: CacheKind, block_size: int, cache_size: str, ttl: float | None,
                   release: ReleaseOrder, bytes_per_block: int) -> CacheConfig | None:
-    from kvbench.commands.run_setup import parse_cache_size
+    from kvbench.run.setup import parse_cache_size
 
     if cache not in ("on", "off"):
         raise InputError(f"--cache must be 'on' or 'off', got {cache!r}")
@@ -57,7 +57,7 @@ def _announce(sock: socket.socket, name: str, cache_config: CacheConfig | None) 
 
 def _service(loaded, model: Path | None, cache_config: CacheConfig | None, name: str):
     """The engine service: the model's own tokenizer (cl100k for the default model), the cache."""
-    from kvbench.engine.hf_engine import EngineConfig
+    from kvbench.engine.engine import EngineConfig
     from kvbench.server.engine_stream import StreamingEngine
     from kvbench.server.service import EngineService
     from kvbench.workloads.tokenizer import load_tokenizer

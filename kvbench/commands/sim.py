@@ -13,12 +13,12 @@ from rich.progress import Progress
 from rich.table import Table
 
 from kvbench.commands.common import make_console
-from kvbench.engine.block_hash import HashAlgo, HashConfig
-from kvbench.engine.cache_base import CacheConfig, CacheKind, ReleaseOrder
+from kvbench.cache.block_hash import HashAlgo, HashConfig
+from kvbench.cache.base import CacheConfig, CacheKind, ReleaseOrder
 from kvbench.errors import InputError
 from kvbench.results.parquet import check_output_path, write_rows
-from kvbench.scenario import load_scenario, parse_choices, parse_int_list
-from kvbench.sim import PreparedTrace, SimResult, ideal_hit_rate, prepare_prompts, sweep
+from kvbench.run.scenario import load_scenario, parse_choices, parse_int_list
+from kvbench.sim.replay import PreparedTrace, SimResult, ideal_hit_rate, prepare_prompts, sweep
 from kvbench.workloads.sources import detect_jsonl
 from kvbench.workloads.token_ids import TokenRequest
 

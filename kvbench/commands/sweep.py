@@ -11,15 +11,15 @@ import typer
 from rich.table import Table
 
 from kvbench.commands.common import make_console
-from kvbench.commands.run_setup import cache_config, cache_metadata, expected_cached_tokens, run_section
-from kvbench.commands.run_output import RunWriter, progress_line
+from kvbench.run.setup import cache_config, cache_metadata, expected_cached_tokens, run_section
+from kvbench.results.writer import RunWriter, progress_line
 from kvbench.errors import InputError
 from kvbench.results.parquet import check_output_path
 from kvbench.results.summary import summarize
 from kvbench.results.sweep import SweepPoint, build_sweep_summary, write_sweep_summary
-from kvbench.run_source import limit_requests, load_run_source, requests_hash
-from kvbench.runner import RunPlan, run_requests
-from kvbench.scenario import parse_int_list
+from kvbench.run.source import limit_requests, load_run_source, requests_hash
+from kvbench.run.loop import RunPlan, run_requests
+from kvbench.run.scenario import parse_int_list
 
 
 def _points_table(name: str, points: list[SweepPoint]) -> Table:
@@ -47,7 +47,7 @@ def sweep(
 ) -> None:
     """Run the scenario once per cache size (fresh cache each time) and fit TTFT p50 = a + b x (1 - hit rate)."""
     from kvbench.backends.inprocess import InProcessBackend
-    from kvbench.engine.hf_engine import EngineConfig, HFEngine, SamplingParams
+    from kvbench.engine.engine import EngineConfig, HFEngine, SamplingParams
     from kvbench.engine.model import ModelConfig, load_model
     from kvbench.workloads.tokenizer import load_tokenizer
 

@@ -13,8 +13,8 @@ from rich.console import Console
 from rich.table import Table
 
 from kvbench.errors import InputError
-from kvbench.scenario import parse_int_list
-from kvbench.sim import ideal_hit_rate, prepare_prompts
+from kvbench.run.scenario import parse_int_list
+from kvbench.sim.replay import ideal_hit_rate, prepare_prompts
 from kvbench.workloads.conversations import AgentConfig, ChatConfig
 from kvbench.workloads.generators import HeaderPlacement, MultiPrefixTextConfig, OneOffConfig, SharedPrefixConfig
 from kvbench.workloads.mooncake_text import MooncakeTextConfig

@@ -8,7 +8,7 @@ gibberish, but outputs are deterministic given the seed: greedy cache-on and cac
 be token-identical, and any difference is a cache bug.
 
 KV bytes per token (``2 x layers x kv_heads x head_dim x dtype bytes``; :meth:`LoadedModel.kv_layout`
-gives a :class:`kvbench.engine.memory.KvLayout`):
+gives a :class:`kvbench.memory.layout.KvLayout`):
 
 * default model, fp32: 2 x 8 x 2 x 64 x 4 = 8,192 B (8 KiB); a 16-token block is 128 KiB.
 * Llama 3.1 8B, bf16: 2 x 32 x 8 x 128 x 2 = 131,072 B (128 KiB), 16x the default model.
@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
-from kvbench.engine.memory import DType, KvLayout, parse_dtype
+from kvbench.memory.layout import DType, KvLayout, parse_dtype
 from kvbench.errors import InputError
 
 try:  # transformers >= 5
@@ -60,7 +60,7 @@ class ModelConfig:
         path: a local Hugging Face checkpoint directory, or ``None`` for the default random model.
         device: ``cpu``, ``cuda``, ``cuda:N`` or ``mps``; whether it exists is checked at load time.
         dtype: weight (and so KV) dtype; any spelling ``memory.parse_dtype`` accepts (``float32``,
-            ``bf16``, ...), stored as :class:`kvbench.engine.memory.DType`. fp8 is refused.
+            ``bf16``, ...), stored as :class:`kvbench.memory.layout.DType`. fp8 is refused.
         seed: seeds the default model's weights (ignored with ``path``).
     """
 

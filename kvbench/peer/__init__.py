@@ -3,6 +3,6 @@
 * ``server.py``: vLLM's own virtual environment and a server process group on 127.0.0.1.
 * ``driver.py``: a small sequential OpenAI-client driver plus the ``/metrics`` scrape.
 * ``comparisons.py``: the traces (shared_2k, chat, zipf) and kvbench's per-request predictions
-  (``kvbench.sim_vllm``); ``inprocess.py``: the same trace on kvbench's in-process engine (TTFT).
+  (``kvbench.sim.vllm_pool``); ``inprocess.py``: the same trace on kvbench's in-process engine (TTFT).
 * ``report.py``: summaries and the Markdown report; ``vllm_peer.py``: the whole run.
 """

@@ -11,7 +11,7 @@ Three comparisons (issue 8, item 4), each a kvbench text trace sized for a 2-cor
   server whose pool is 40 blocks (the prefixes alone need 64), so cached prefixes are evicted all
   the time, and sized so that each vLLM accounting rule changes some predictions (:data:`ZIPF_MAX_TOKENS`).
 
-Every request's ``cached_tokens`` is predicted by :mod:`kvbench.sim_vllm` for the server's real pool
+Every request's ``cached_tokens`` is predicted by :mod:`kvbench.sim.vllm_pool` for the server's real pool
 size and block size; requests are sent with ``ignore_eos`` so their output lengths are exact.
 """
 
@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from kvbench.engine.block_hash import BlockHasher
+from kvbench.cache.block_hash import BlockHasher
 from kvbench.peer.driver import DrivenRequest
-from kvbench.sim_vllm import VllmPoolConfig, simulate_vllm
+from kvbench.sim.vllm_pool import VllmPoolConfig, simulate_vllm
 from kvbench.workloads.conversations import ChatConfig
 from kvbench.workloads.dists import IntDist
 from kvbench.workloads.generators import MultiPrefixTextConfig, SharedPrefixConfig

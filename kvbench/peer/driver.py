@@ -14,7 +14,7 @@ with ``stream=True`` and ``stream_options={"include_usage": True}`` and records:
 vLLM-specific fields go through ``extra_body``: ``cache_salt`` (a cache namespace), ``ignore_eos``
 (output lengths are exactly ``max_tokens``, which the simulator needs) and ``return_token_ids``.
 
-Overlap with ``kvbench/backends/openai_http.py`` and ``kvbench/reconcile.py`` (the HTTP backend,
+Overlap with ``kvbench/backends/openai/client.py`` and ``kvbench/backends/openai/reconcile.py`` (the HTTP backend,
 built separately): the streaming call, the usage parsing and the ``/metrics`` scrape below do the
 same jobs; once that backend runs at concurrency 1 with ``extra_body``, this module can shrink to a
 call into it.

@@ -23,8 +23,8 @@ def inprocess_rows(model_dir: Path, prepared: PreparedComparison, block_size: in
     """
     import torch  # only to match vLLM's thread count; the engine itself lives in hf_engine.py
 
-    from kvbench.engine.cache_base import CacheConfig
-    from kvbench.engine.hf_engine import EngineConfig, HFEngine, SamplingParams
+    from kvbench.cache.base import CacheConfig
+    from kvbench.engine.engine import EngineConfig, HFEngine, SamplingParams
     from kvbench.engine.model import ModelConfig, load_model
 
     previous_threads = torch.get_num_threads()

@@ -30,7 +30,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from kvbench.engine.hf_engine import RequestResult, SamplingParams
+from kvbench.engine.engine import RequestResult, SamplingParams
 from kvbench.server.schemas import (DEFAULT_MAX_TOKENS, ApiError, ChatCompletionRequest, CompletionRequest,
                                     chunk_body, response_body, usage)
 from kvbench.server.service import EngineJob, EngineService, Generation

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from kvbench.engine.hf_engine import HFEngine, RequestResult, SamplingParams
+from kvbench.engine.engine import HFEngine, RequestResult, SamplingParams
 
 OnToken = Callable[[int], None]  # called in the engine's thread with each output token id
 

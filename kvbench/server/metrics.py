@@ -17,7 +17,7 @@ and nobody mistakes this server for vLLM (REFERENCES.md section 1, "Metrics"):
 As in vLLM, per finished request ``queries += prompt_tokens`` and ``hits += cached_tokens``, so
 ``hits / queries`` is the token hit rate and 100% is unreachable (the last prompt token is always
 recomputed). Every sample carries a ``model_name`` label. kvbench's client reads these names or
-vLLM's (``vllm:prefix_cache_queries_total``, ...); see :func:`kvbench.reconcile.parse_prefix_cache_counters`.
+vLLM's (``vllm:prefix_cache_queries_total``, ...); see :func:`kvbench.backends.openai.reconcile.parse_prefix_cache_counters`.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from kvbench.engine.hf_engine import RequestResult, RequestStatus, SamplingParams
+from kvbench.engine.engine import RequestResult, RequestStatus, SamplingParams
 from kvbench.server.engine_stream import StreamCancelled, StreamingEngine
 from kvbench.server.metrics import ServerCounters, render_metrics
 from kvbench.server.schemas import ApiError

@@ -1,7 +1,7 @@
 """Where token-id requests come from: a scenario file or a JSONL trace, detected by content.
 
 JSONL readers register a detector on the first parsed line; the first one that accepts it reads
-the file. Scenario files (``.toml``) go through :mod:`kvbench.scenario`.
+the file. Scenario files (``.toml``) go through :mod:`kvbench.run.scenario`.
 """
 
 from __future__ import annotations

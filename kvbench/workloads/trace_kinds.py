@@ -10,7 +10,7 @@ Kinds (each also a ``[workload] kind`` in scenario files)::
     mooncake-text      MooncakeTextConfig       kvbench.workloads.mooncake_text
     trace              TraceFileConfig          an existing kvbench trace file
 
-(``multi-prefix`` and ``mooncake``, the token-id workloads, stay in ``kvbench.scenario``.)
+(``multi-prefix`` and ``mooncake``, the token-id workloads, stay in ``kvbench.run.scenario``.)
 
 For ``kvbench run``: :func:`scenario_trace` gives a scenario's text trace (``None`` for token-id
 kinds), :func:`trace_token_requests` its token ids under a tokenizer.
@@ -135,7 +135,7 @@ def read_trace_token_requests(path: Path, limit: int | None = None) -> list[Toke
 
 
 def scenario_trace(scenario: Any, tokenizer: Tokenizer | None = None) -> Trace | None:
-    """The text trace of a loaded scenario (``kvbench.scenario.Scenario``), or ``None`` when its
+    """The text trace of a loaded scenario (``kvbench.run.scenario.Scenario``), or ``None`` when its
     workload kind is a token-id one (``multi-prefix``, ``mooncake``: run those as raw token ids).
 
     Pass the engine's tokenizer to count (and fit) the text in that tokenizer instead of cl100k.
@@ -148,7 +148,7 @@ def scenario_trace(scenario: Any, tokenizer: Tokenizer | None = None) -> Trace |
 
 def scenario_workloads() -> dict[str, tuple[type, Callable[[Any, Path], list[TokenRequest]], int]]:
     """``kind -> (config class, build(config, base_dir) -> token requests, default block size)``,
-    what ``kvbench.scenario`` registers."""
+    what ``kvbench.run.scenario`` registers."""
     def builder(kind: GeneratorKind) -> Callable[[Any, Path], list[TokenRequest]]:
         def build(config: Any, base_dir: Path) -> list[TokenRequest]:
             tokenizer = load_tokenizer()

@@ -10,9 +10,9 @@ caches lose some of it (``len_i`` = prompt tokens, ``B`` = block size)::
                                                                                unbounded-cache ideal)
 
 The cap is vLLM's and SGLang's rule that the last prompt token is always recomputed (its logits
-give the first output token; see ``kvbench.engine.block_hash.max_hit_blocks``); with blocks it
+give the first output token; see ``kvbench.cache.block_hash.max_hit_blocks``); with blocks it
 costs a whole block when the entire prompt, block-aligned, was seen before. The third line equals
-``kvbench.sim.ideal_hit_rate`` because a chained block key hits exactly when an earlier request had
+``kvbench.sim.replay.ideal_hit_rate`` because a chained block key hits exactly when an earlier request had
 the same full blocks up to it; tests check the equality.
 
 ``lcp_i`` comes from a radix tree over token ids (edges are token runs, as in SGLang's radix

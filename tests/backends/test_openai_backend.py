@@ -8,9 +8,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from fake_servers import SECRET_KEY, chunk
-from kvbench.backends.openai_http import OpenAIBackend, OpenAIConfig, redact
+from kvbench.backends.openai.client import OpenAIBackend, OpenAIConfig, redact
 from kvbench.cli import main
-from kvbench.runner import RunRequest
+from kvbench.run.loop import RunRequest
 from kvbench.workloads.tokenizer import load_tokenizer
 from kvbench.workloads.trace import Message, TraceRequest
 

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from kvbench.backends.load import ServiceWindow
-from kvbench.reconcile import expect, parse_prefix_cache_counters, possible_cached_tokens, reconcile
-from kvbench.runner import RunRequest
+from kvbench.run.load import ServiceWindow
+from kvbench.backends.openai.reconcile import expect, parse_prefix_cache_counters, possible_cached_tokens, reconcile
+from kvbench.run.loop import RunRequest
 from kvbench.server.metrics import ServerCounters, render_metrics
 
 SHARED = np.arange(1, 49, dtype=np.uint32)  # 48 tokens = 3 blocks of 16

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from kvbench.commands.memory_trace import read_waste_trace
+from kvbench.memory.trace import read_waste_trace
 from kvbench.errors import InputError
 from kvbench.workloads.trace import Message, TraceRequest, new_trace, write_trace
 

@@ -128,7 +128,7 @@ def test_bad_flags(kvbench, tmp_path, args, needle):
 
 
 def test_shipped_scenarios_load():
-    from kvbench.scenario import load_scenario
+    from kvbench.run.scenario import load_scenario
 
     for name in ("multi_prefix_zipf", "multi_prefix_rr"):
         scenario = load_scenario(REPO / "scenarios" / f"{name}.toml")

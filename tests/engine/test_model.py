@@ -5,7 +5,7 @@ import time
 import pytest
 import torch
 
-from kvbench.engine.memory import DType, KvLayout
+from kvbench.memory.layout import DType, KvLayout
 from kvbench.engine.model import (
     CL100K_ENDOFTEXT_ID,
     CL100K_VOCAB_SIZE,

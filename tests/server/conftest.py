@@ -10,8 +10,8 @@ import pytest
 import uvicorn
 
 from kvbench.commands.serve import bind_socket
-from kvbench.engine.cache_base import CacheConfig
-from kvbench.engine.hf_engine import EngineConfig
+from kvbench.cache.base import CacheConfig
+from kvbench.engine.engine import EngineConfig
 from kvbench.engine.model import default_llama_config, random_model
 from kvbench.server.app import create_app
 from kvbench.server.engine_stream import StreamingEngine

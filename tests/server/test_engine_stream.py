@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from kvbench.engine.cache_base import CacheConfig
-from kvbench.engine.hf_engine import EngineConfig, HFEngine, SamplingParams
+from kvbench.cache.base import CacheConfig
+from kvbench.engine.engine import EngineConfig, HFEngine, SamplingParams
 from kvbench.server.engine_stream import StreamCancelled, StreamingEngine
 
 PROMPT = np.arange(1000, 1040)  # 40 tokens: 2 full blocks of 16 may hit

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from kvbench.reconcile import parse_prefix_cache_counters
+from kvbench.backends.openai.reconcile import parse_prefix_cache_counters
 from kvbench.workloads.tokenizer import load_tokenizer
 from kvbench.workloads.trace import Message
 

@@ -4,7 +4,7 @@ from collections import defaultdict
 
 import pytest
 
-from kvbench.sim import ideal_hit_rate, prepare_prompts
+from kvbench.sim.replay import ideal_hit_rate, prepare_prompts
 from kvbench.workloads.conversations import AgentConfig, ChatConfig
 from kvbench.workloads.tokenizer import render
 from kvbench.workloads.trace_kinds import generate_trace, trace_token_requests

@@ -6,8 +6,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvbench.scenario import load_scenario
-from kvbench.sim import ideal_hit_rate, prepare_prompts
+from kvbench.run.scenario import load_scenario
+from kvbench.sim.replay import ideal_hit_rate, prepare_prompts
 from kvbench.workloads.conversations import AgentConfig, ChatConfig
 from kvbench.workloads.generators import (
     ONE_OFF_MAX_TOKENS, MultiPrefixTextConfig, OneOffConfig, SharedPrefixConfig, volatile_header_line,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from kvbench.errors import InputError
-from kvbench.sim import ideal_hit_rate, prepare_prompts
+from kvbench.sim.replay import ideal_hit_rate, prepare_prompts
 from kvbench.workloads.mooncake import read_mooncake
 from kvbench.workloads.mooncake_text import BlockTexts, MooncakeTextConfig
 from kvbench.workloads.text_fit import PieceCounter

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvbench.sim import ideal_hit_rate, prepare_prompts
+from kvbench.sim.replay import ideal_hit_rate, prepare_prompts
 from kvbench.workloads.conversations import ChatConfig
 from kvbench.workloads.token_ids import TokenRequest
 from kvbench.workloads.trace_kinds import generate_trace, trace_token_requests

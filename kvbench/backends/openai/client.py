@@ -1,0 +1,288 @@
+"""The HTTP backend: any OpenAI-compatible endpoint (vLLM, SGLang, llama.cpp, a hosted API, ``kvbench serve``).
+
+Each request is one streamed call through the official ``openai`` client (async, ``max_retries=0``:
+a retry would hide a failure and double-count the prompt in the server's cache):
+
+* chat traces (``messages``) go to ``/v1/chat/completions``; plain prompts to ``/v1/completions``;
+  token-id workloads (no text) to ``/v1/completions`` with the ids as the prompt (vLLM accepts them).
+* ``stream_options={"include_usage": True}``; the usage chunk gives prompt, output and cached tokens.
+* TTFT: from the start of the call to the first chunk that carries content (a role-only first chunk
+  does not count). ITL: the gaps between content chunks. A server may put several tokens in one
+  chunk; then ``len(itl_ms) < output_tokens - 1`` in the row, which the summary counts.
+* Output tokens: ``usage.completion_tokens`` when the server sent usage (``output_tokens_source``
+  "usage"), else the local tokenizer's count of the streamed text ("tokenizer").
+* ``cached_prompt_tokens``: ``usage.prompt_tokens_details.cached_tokens``; null when the server does
+  not report it (vLLM only with ``--enable-prompt-tokens-details``; SGLang with ``--enable-cache-report``).
+* Failures never raise: a timeout, a refused connection, a 4xx/5xx, an error event or a stream that
+  ends before its ``finish_reason`` become a row with ``status`` "error", ``http_status`` (null when
+  no response came) and one line of ``error``. The API key is scrubbed from every error text.
+
+Extra body fields: ``cache_salt`` (vLLM's per-tenant cache namespace) when the run has one, and
+``ignore_eos`` (vLLM/SGLang) when the run decodes exactly ``max_tokens``; a strict server (the hosted
+OpenAI API) rejects both, so use ``--hygiene nonce --stop-at-eos`` there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any
+
+import openai
+
+from kvbench.run.loop import RunRequest, ServedRequest
+from kvbench.workloads.tokenizer import Tokenizer
+
+MAX_ERROR_CHARS = 300  # one readable line per failed request
+
+
+@dataclass(frozen=True)
+class OpenAIConfig:
+    """Where and how the HTTP backend sends requests.
+
+    Attributes:
+        base_url: the API root including ``/v1`` (``http://127.0.0.1:8000/v1``).
+        model: the model name sent in every request.
+        api_key: sent as a bearer token; never printed, stored or put into an error (``repr`` hides it).
+        timeout_s: deadline for one whole request, connection to last chunk.
+        temperature / top_p / seed: sampling, sent as given (``seed`` None: not sent).
+        ignore_eos: send vLLM's ``ignore_eos`` so that every response has ``max_tokens`` tokens.
+        block_size: the server's cache block size as assumed for expectations (result column only).
+    """
+
+    base_url: str
+    model: str
+    api_key: str = field(default="EMPTY", repr=False)
+    timeout_s: float = 300.0
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    ignore_eos: bool = True
+    block_size: int = 16  # vLLM's default
+
+    def __post_init__(self) -> None:
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ValueError(f"base URL must start with http:// or https://, got {self.base_url!r}")
+        if not self.model:
+            raise ValueError("model name must not be empty")
+        if not self.timeout_s > 0:
+            raise ValueError(f"timeout must be positive, got {self.timeout_s}")
+        if not isinstance(self.block_size, int) or self.block_size <= 0:
+            raise ValueError(f"server block size must be a positive integer, got {self.block_size!r}")
+
+
+def redact(text: str, secret: str) -> str:
+    """``text`` with every occurrence of ``secret`` replaced by ``***`` (nothing for empty or dummy keys)."""
+    return text.replace(secret, "***") if secret and secret != "EMPTY" else text
+
+
+class _BrokenStream(Exception):
+    """The stream ended without a chunk carrying ``finish_reason``."""
+
+
+@dataclass
+class _Reading:
+    """What one stream delivered so far; times in ``perf_counter`` seconds."""
+
+    start_s: float
+    content_s: list[float] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    usage: Any = None
+    finish_reason: str | None = None
+    http_status: int | None = None
+
+    def add(self, chunk: Any, chat: bool, now_s: float) -> None:
+        if getattr(chunk, "usage", None) is not None:
+            self.usage = chunk.usage
+        for choice in chunk.choices or ():
+            piece = choice.delta.content if chat else choice.text
+            if piece:
+                self.content_s.append(now_s)
+                self.texts.append(piece)
+            if choice.finish_reason:
+                self.finish_reason = choice.finish_reason
+
+    def served(self, request: RunRequest, tokenizer: Tokenizer, error: str | None = None) -> ServedRequest:
+        usage = self.usage
+        if usage is not None and usage.completion_tokens is not None:
+            output_tokens, source = int(usage.completion_tokens), "usage"
+        else:
+            output_tokens, source = len(tokenizer.encode("".join(self.texts))) if self.texts else 0, "tokenizer"
+        details = getattr(usage, "prompt_tokens_details", None) if usage is not None else None
+        cached = getattr(details, "cached_tokens", None) if details is not None else None
+        times_ms = [(t - self.start_s) * 1e3 for t in self.content_s]
+        ttft_ms = times_ms[0] if times_ms else None
+        e2e_ms = times_ms[-1] if times_ms else None
+        tpot_ms = (e2e_ms - ttft_ms) / (output_tokens - 1) if times_ms and output_tokens > 1 else None
+        prompt_tokens = usage.prompt_tokens if usage is not None and usage.prompt_tokens is not None else None
+        return ServedRequest(
+            status="ok" if error is None else "error",
+            prompt_tokens=int(prompt_tokens) if prompt_tokens is not None else request.prompt_tokens,
+            cached_prompt_tokens=int(cached) if cached is not None else None,
+            output_tokens=output_tokens, output_tokens_source=source,
+            ttft_ms=ttft_ms, tpot_ms=tpot_ms, e2e_ms=e2e_ms,
+            itl_ms=[b - a for a, b in zip(times_ms, times_ms[1:])],
+            error=error, http_status=self.http_status,
+        )
+
+
+class OpenAIBackend:
+    """Serves run requests on an OpenAI-compatible endpoint. Use as ``async with``: the client
+    lives on the event loop that runs the requests.
+
+    Args:
+        config: endpoint, model, key, timeout, sampling.
+        tokenizer: counts output tokens when the server sends no usage.
+        run_salt: the run's ``cache_salt`` (cache hygiene), or ``None`` to send only the trace's.
+    """
+
+    def __init__(self, config: OpenAIConfig, tokenizer: Tokenizer, run_salt: str | None = None) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.run_salt = run_salt
+        self._client: openai.AsyncOpenAI | None = None
+
+    async def __aenter__(self) -> OpenAIBackend:
+        self._client = openai.AsyncOpenAI(base_url=self.config.base_url, api_key=self.config.api_key,
+                                          max_retries=0, timeout=self.config.timeout_s)
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": "openai", "model": self.config.model, "cache_enabled": None, "cache_kind": None,
+                "block_size": self.config.block_size, "capacity_blocks": None}
+
+    def cache_salt(self, request: RunRequest) -> str | None:
+        """The ``cache_salt`` sent: the run's and the trace's tenant salt combined (either alone if
+        only one exists), so tenants stay apart within the run and the run apart from everything else."""
+        parts = [part for part in (self.run_salt, request.salt) if part]
+        return "/".join(parts) or None
+
+    def request_arguments(self, request: RunRequest) -> tuple[bool, dict[str, Any]]:
+        """``(is_chat, keyword arguments for create())`` of one request."""
+        config = self.config
+        extra: dict[str, Any] = {}
+        if (salt := self.cache_salt(request)) is not None:
+            extra["cache_salt"] = salt
+        if config.ignore_eos:
+            extra["ignore_eos"] = True
+        arguments: dict[str, Any] = {
+            "model": config.model, "max_tokens": request.max_tokens, "stream": True,
+            "stream_options": {"include_usage": True}, "temperature": config.temperature, "top_p": config.top_p,
+        }
+        if config.seed is not None:
+            arguments["seed"] = config.seed
+        if extra:
+            arguments["extra_body"] = extra
+        trace = request.text
+        if trace is not None and trace.messages is not None:
+            return True, {**arguments, "messages": trace.openai_messages}
+        prompt = trace.prompt if trace is not None else [int(t) for t in request.token_ids]
+        return False, {**arguments, "prompt": prompt}
+
+    async def serve(self, request: RunRequest) -> ServedRequest:
+        """Send one request and read its stream; every failure becomes an error row (never raises,
+        except for cancellation)."""
+        if self._client is None:
+            raise RuntimeError("OpenAIBackend.serve outside `async with`")
+        reading = _Reading(time.perf_counter())
+        try:
+            async with asyncio.timeout(self.config.timeout_s):
+                await self._stream(request, reading)
+            return reading.served(request, self.tokenizer)
+        except Exception as exc:  # noqa: BLE001 - every failure is recorded, the run goes on
+            status, message = self._describe_failure(exc)
+            if status is not None:
+                reading.http_status = status
+            text = redact(message, self.config.api_key).replace("\n", " ")
+            return reading.served(request, self.tokenizer, error=text[:MAX_ERROR_CHARS])
+
+    async def _stream(self, request: RunRequest, reading: _Reading) -> None:
+        chat, arguments = self.request_arguments(request)
+        endpoint = self._client.chat.completions if chat else self._client.completions
+        stream = await endpoint.create(**arguments)
+        reading.http_status = stream.response.status_code
+        async with stream:
+            async for chunk in stream:
+                reading.add(chunk, chat, time.perf_counter())
+        if reading.finish_reason is None:
+            raise _BrokenStream("the stream ended before its final chunk (no finish_reason)")
+
+    def _describe_failure(self, exc: Exception) -> tuple[int | None, str]:
+        """``(http_status or None, one-line description)`` of a failed request."""
+        if isinstance(exc, openai.APIStatusError):
+            return exc.status_code, exc.message  # "Error code: 500 - {body}"
+        if isinstance(exc, (openai.APITimeoutError, TimeoutError)):
+            return None, f"timeout: no complete response within {self.config.timeout_s:g} s"
+        if isinstance(exc, openai.APIConnectionError):
+            cause = exc.__cause__ or exc.__context__
+            return None, f"connection error: {cause or exc}"
+        if isinstance(exc, openai.APIError):
+            return None, f"error event in the stream: {exc.message}"
+        if isinstance(exc, _BrokenStream):
+            return None, str(exc)
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+# ---------------------------------------------------------------- server administration (before/after a run)
+
+
+def server_root(base_url: str) -> str:
+    """The server's root URL: ``base_url`` without a trailing ``/v1`` (where vLLM serves /metrics)."""
+    root = base_url.rstrip("/")
+    return root[: -len("/v1")] if root.endswith("/v1") else root
+
+
+def _call(url: str, api_key: str, timeout_s: float, method: str = "GET") -> tuple[int, str]:
+    """``(status, body)`` of one small request; ``(0, reason)`` when no response came."""
+    request = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
+    if api_key:
+        request.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return response.status, response.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode("utf-8", "replace")
+    except (urllib.error.URLError, OSError) as exc:
+        return 0, redact(str(getattr(exc, "reason", exc)), api_key)
+
+
+def list_models(base_url: str, api_key: str, timeout_s: float = 10.0) -> tuple[list[str], str | None]:
+    """``(model ids, None)`` from ``GET /v1/models``, or ``([], why not)``."""
+    import json
+
+    status, body = _call(base_url.rstrip("/") + "/models", api_key, timeout_s)
+    if status != 200:
+        return [], redact(f"GET /v1/models: {'HTTP ' + str(status) if status else body}", api_key)
+    try:
+        return [str(entry["id"]) for entry in json.loads(body)["data"]], None
+    except (ValueError, KeyError, TypeError):
+        return [], "GET /v1/models: not an OpenAI model list"
+
+
+RESET_ENDPOINTS = ("/reset_prefix_cache", "/flush_cache")  # vLLM (and kvbench serve); SGLang
+
+
+def reset_prefix_cache(base_url: str, api_key: str, timeout_s: float = 30.0) -> tuple[str | None, str]:
+    """POST the server's cache-reset endpoint (vLLM's, else SGLang's). Returns ``(endpoint, note)``;
+    ``endpoint`` is ``None`` when none answered 2xx (``note`` says what happened)."""
+    notes = []
+    for endpoint in RESET_ENDPOINTS:
+        status, body = _call(server_root(base_url) + endpoint, api_key, timeout_s, method="POST")
+        if 200 <= status < 300:
+            return endpoint, f"POST {endpoint}: cache reset"
+        notes.append(f"POST {endpoint}: {'HTTP ' + str(status) if status else body}")
+    return None, redact("; ".join(notes), api_key)
+
+
+def fetch_metrics(base_url: str, api_key: str, timeout_s: float = 10.0) -> str | None:
+    """The Prometheus text at the server's ``/metrics``, or ``None`` when it has none."""
+    status, body = _call(server_root(base_url) + "/metrics", api_key, timeout_s)
+    return body if status == 200 else None

@@ -1,0 +1,214 @@
+"""Did the server's prefix cache do what the trace allows? Expected vs reported vs ``/metrics``.
+
+Three opinions on one run's hit rate:
+
+1. **Expected** (``expected_cached_tokens``, per request): the simulator replays the trace, in trace
+   order, through a hash cache of the server's block size: unbounded (the ideal) or of a given number
+   of blocks. At concurrency 1 on a server with that block size and enough memory, a correct cache
+   reports exactly this.
+2. **Reported**: ``usage.prompt_tokens_details.cached_tokens`` of each response.
+3. **Metrics**: the delta of the server's prefix-cache counters (:func:`parse_prefix_cache_counters`)
+   between scrapes before and after the run. They count every request the server saw in between,
+   other users' included, and count in the server's own tokens.
+
+Per request, two bounds:
+
+* **possible** (order-free): the longest block-aligned prefix (last-token cap applied) the request
+  shares with any *other* request of the run that was sent before it ended. A cache that reports
+  more than this served tokens the run never sent (with cache hygiene on): a correctness red flag.
+* **expected**: reported below it by more than one block means evictions, routing to another
+  replica, a prefix that varies, or requests served in another order than the trace's (concurrency).
+
+Reported above expected but within possible happens when requests overlap and the server served
+them in another order than the trace's; it is counted, not flagged.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from kvbench.run.load import ServiceWindow
+from kvbench.cache.block_hash import PromptBlocks
+from kvbench.cache.base import CacheConfig
+from kvbench.run.loop import RunRequest
+from kvbench.sim.replay import prepare_prompts, simulate
+from kvbench.workloads.token_ids import TokenRequest
+
+# Counter families, most specific first: kvbench serve's, vLLM v1's, vLLM's deprecated GPU ones.
+QUERY_COUNTERS = ("kvbench:prefix_cache_queries_total", "vllm:prefix_cache_queries_total",
+                  "vllm:gpu_prefix_cache_queries_total")
+HIT_COUNTERS = ("kvbench:prefix_cache_hits_total", "vllm:prefix_cache_hits_total",
+                "vllm:gpu_prefix_cache_hits_total")
+_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\s+(?P<value>\S+)")
+MAX_LISTED = 10  # requests listed per flag in the summary
+
+
+@dataclass(frozen=True)
+class PrefixCacheCounters:
+    """A server's prefix-cache counters at one moment, in tokens (vLLM: queries = prompt tokens)."""
+
+    queries_tokens: float
+    hits_tokens: float
+    family: str  # the query counter's name, e.g. "vllm:prefix_cache_queries_total"
+
+
+def parse_prefix_cache_counters(text: str | None) -> PrefixCacheCounters | None:
+    """The prefix-cache counters in Prometheus text, summed over label sets (engines, models); the
+    first family of :data:`QUERY_COUNTERS` present wins. ``None`` when there are none."""
+    if not text:
+        return None
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match and match["name"] in QUERY_COUNTERS + HIT_COUNTERS:
+            try:
+                values[match["name"]] = values.get(match["name"], 0.0) + float(match["value"])
+            except ValueError:
+                continue
+    for queries, hits in zip(QUERY_COUNTERS, HIT_COUNTERS):
+        if queries in values and hits in values:
+            return PrefixCacheCounters(values[queries], values[hits], queries)
+    return None
+
+
+@dataclass(frozen=True, eq=False)
+class Expectations:
+    """Per request (same order as the requests): its blocks and the ideal cache's cached tokens."""
+
+    prompts: list[PromptBlocks]
+    expected_cached_tokens: list[int]
+    block_size: int
+    capacity_blocks: int | None  # None: unbounded
+
+
+def expect(requests: Sequence[RunRequest], block_size: int, capacity_blocks: int | None = None) -> Expectations:
+    """Replay ``requests`` in order through a hash cache of ``block_size``-token blocks holding
+    ``capacity_blocks`` (``None``: every block of the trace, i.e. never evicting)."""
+    token_requests = [TokenRequest(np.asarray(r.token_ids, dtype=np.uint32), float(position), r.salt or "")
+                      for position, r in enumerate(requests)]  # positions as times: keeps the order
+    trace = prepare_prompts(token_requests, block_size)
+    capacity = capacity_blocks if capacity_blocks is not None else max(trace.num_full_blocks, 1)
+    result = simulate(trace, CacheConfig(capacity_blocks=capacity, block_size=block_size))
+    return Expectations(trace.prompts, [int(v) for v in result.cached_tokens_per_request], block_size,
+                        capacity_blocks)
+
+
+def possible_cached_tokens(prompts: Sequence[PromptBlocks],
+                           windows: Sequence[ServiceWindow | None]) -> list[int | None]:
+    """The order-free upper bound per request (module docstring); ``None`` for unsent requests.
+
+    Each chained block key names its whole prefix, so a request can hit block b only if another
+    request holding key b was sent before this one ended. Runs in O(total blocks).
+    """
+    earliest: dict[bytes, list[tuple[float, int]]] = {}  # key -> the two earliest (send time, index)
+    for index, (prompt, window) in enumerate(zip(prompts, windows)):
+        if window is None:
+            continue
+        for key in prompt.block_hashes:
+            senders = earliest.setdefault(key, [])
+            senders.append((window.start_s, index))
+            senders.sort()
+            del senders[2:]
+    bounds: list[int | None] = []
+    for index, (prompt, window) in enumerate(zip(prompts, windows)):
+        if window is None:
+            bounds.append(None)
+            continue
+        num_blocks = 0
+        for key in prompt.block_hashes[: prompt.max_hit_blocks]:
+            if not any(other != index and sent_s < window.end_s for sent_s, other in earliest[key]):
+                break
+            num_blocks += 1
+        bounds.append(num_blocks * prompt.block_size)
+    return bounds
+
+
+@dataclass(frozen=True)
+class Flagged:
+    """One request whose reported cached tokens stand out."""
+
+    request_id: str
+    prompt_tokens: int
+    reported_tokens: int
+    expected_tokens: int
+    possible_tokens: int | None
+
+
+@dataclass(frozen=True)
+class Reconciliation:
+    """The three opinions over one run's successful requests (warm-up included, so that the
+    ``/metrics`` delta covers the same traffic). Rates are fractions; ``None`` = not available."""
+
+    block_size: int
+    capacity_blocks: int | None
+    num_compared: int
+    num_unreported: int
+    reported_hit_rate: float | None
+    expected_hit_rate: float | None
+    metrics_hit_rate: float | None
+    metrics_queries_tokens: float | None
+    metrics_hits_tokens: float | None
+    metrics_family: str | None
+    over_possible: tuple[Flagged, ...]
+    num_above_expected: int
+    below_expected: tuple[Flagged, ...]
+    num_prompt_token_mismatches: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _metrics_delta(before: PrefixCacheCounters | None, after: PrefixCacheCounters | None
+                   ) -> tuple[float | None, float | None, float | None, str | None]:
+    if before is None or after is None or before.family != after.family:
+        return None, None, None, None
+    queries, hits = after.queries_tokens - before.queries_tokens, after.hits_tokens - before.hits_tokens
+    rate = hits / queries if queries > 0 and math.isfinite(queries) else None
+    return rate, queries, hits, after.family
+
+
+def reconcile(rows: Sequence[Mapping[str, Any]], requests: Sequence[RunRequest], expectations: Expectations,
+              windows: Mapping[int, ServiceWindow], before: PrefixCacheCounters | None = None,
+              after: PrefixCacheCounters | None = None) -> Reconciliation:
+    """Compare each ok row's ``cached_prompt_tokens`` with its expectation and bound.
+
+    ``requests`` and ``expectations`` are in the same order; rows are matched by ``request_index``.
+    """
+    position = {request.index: i for i, request in enumerate(requests)}
+    possible = possible_cached_tokens(expectations.prompts, [windows.get(r.index) for r in requests])
+    block_size = expectations.block_size
+    ok = [row for row in rows if row["status"] == "ok" and row["request_index"] in position]
+    compared = [row for row in ok if row["cached_prompt_tokens"] is not None]
+    over, below, num_above = [], [], 0
+    reported = expected = prompt = local_prompt = mismatches = 0
+    for row in compared:
+        i = position[row["request_index"]]
+        flagged = Flagged(row["request_id"], row["prompt_tokens"], row["cached_prompt_tokens"],
+                          expectations.expected_cached_tokens[i], possible[i])
+        reported += flagged.reported_tokens
+        expected += flagged.expected_tokens
+        prompt += row["prompt_tokens"]
+        local_prompt += requests[i].prompt_tokens
+        mismatches += row["prompt_tokens"] != requests[i].prompt_tokens
+        if possible[i] is not None and flagged.reported_tokens > possible[i]:
+            over.append(flagged)
+        elif flagged.reported_tokens > flagged.expected_tokens:
+            num_above += 1
+        elif flagged.expected_tokens - flagged.reported_tokens > block_size:
+            below.append(flagged)
+    rate, queries, hits, family = _metrics_delta(before, after)
+    return Reconciliation(
+        block_size=block_size, capacity_blocks=expectations.capacity_blocks, num_compared=len(compared),
+        num_unreported=len(ok) - len(compared),
+        reported_hit_rate=reported / prompt if prompt else None,
+        expected_hit_rate=expected / local_prompt if local_prompt else None,
+        metrics_hit_rate=rate, metrics_queries_tokens=queries, metrics_hits_tokens=hits, metrics_family=family,
+        over_possible=tuple(over), num_above_expected=num_above, below_expected=tuple(below),
+        num_prompt_token_mismatches=mismatches,
+    )

@@ -1,0 +1,484 @@
+"""The in-process engine: a transformers causal LM behind kvbench's prefix cache, one request at a time.
+
+A request's life (:meth:`HFEngine.generate`; the caller renders and tokenizes, the engine takes ids):
+
+1. cut the prompt into blocks and hash them (``BlockHasher``, with the request's salt);
+2. look up at most ``(prompt_len - 1) // block_size`` blocks (the last prompt token is always
+   recomputed: its logits give the first output token), which pins them;
+3. concatenate the hit blocks into the past KV, one ``(1, kv_heads, hit_tokens, head_dim)`` pair per
+   layer;
+4. prefill only the tokens after the hit; the first sampled token stamps TTFT;
+5. decode to ``max_tokens`` (stopping at EOS unless ``ignore_eos``), stamping every token;
+6. copy every newly computed full prompt block out of the KV (``clone``-like: each block gets its own
+   storage, since a slice is a view that keeps the whole request's KV alive) and insert it;
+7. release the hit and the new blocks in a ``finally:``, so an exception never leaks a pin.
+
+Block payload layout: one contiguous tensor per block, ``(layers, 2, kv_heads, block_size, head_dim)``
+(dimension 1: 0 = keys, 1 = values), so a hit is one ``torch.cat`` along dimension 3.
+
+Timestamps are ``time.perf_counter`` readings relative to the call's start; the runner adds queue
+time. TPOT follows vLLM's benchmark: ``(e2e - ttft) / (output_tokens - 1)``, undefined for one token.
+
+Numerics: cache-on greedy outputs must equal cache-off ones token for token. The two paths do not
+run identical kernels (one forward over the whole prompt vs. a forward over the tail with a past), so
+logits may differ in their last bits; an argmax flips only if the top two logits are that close. On
+the default model, 24 verified requests (block 16 and 64, 100-360 tokens, 8 outputs each) matched in
+fp32 and in bf16; bf16 rounds logits to ~3 significant digits, so near-ties flip far more easily:
+keep fp32 for verification.
+
+This module and ``model.py`` are the only ones that import torch and transformers.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import time
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from enum import Enum
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer  # transformers >= 4.56: a cache is a list of layers
+
+from kvbench.cache.block_hash import BlockHasher, PromptBlocks
+from kvbench.cache.base import CacheConfig, Clock, PrefixCache, make_cache
+from kvbench.memory.layout import KvLayout
+from kvbench.engine.model import LoadedModel
+from kvbench.errors import InputError
+
+LayerKV = tuple[torch.Tensor, torch.Tensor]  # (keys, values), each (1, kv_heads, seq, head_dim)
+
+# ---------------------------------------------------------------- transformers compatibility layer
+
+
+def kv_to_cache(layers: Sequence[LayerKV]) -> DynamicCache:
+    """A ``DynamicCache`` holding ``layers`` as they are (no copy). Empty ``layers``: an empty cache.
+
+    ``DynamicCache(ddp_cache_data)`` would copy each tensor (its layers start empty and concatenate),
+    so the layers are filled directly; every layer is a plain ``DynamicLayer``, which keeps every
+    token (the attention mask, not the cache, applies a sliding window).
+    """
+    cache = DynamicCache()
+    for keys, values in layers:
+        layer = DynamicLayer()
+        layer.lazy_initialization(keys, values)
+        layer.keys, layer.values = keys, values
+        cache.layers.append(layer)
+    return cache
+
+
+def cache_to_kv(cache: DynamicCache) -> list[LayerKV]:
+    """The per-layer ``(keys, values)`` a ``DynamicCache`` holds (the tensors themselves)."""
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def forward_argument_names(model: torch.nn.Module) -> tuple[str, str | None]:
+    """Names ``model.forward`` uses for the KV cache and for "logits of the last N positions only".
+
+    transformers 5 renamed ``past_key_values`` to ``cache`` and 4.45 renamed ``num_logits_to_keep``
+    to ``logits_to_keep``; the second name is ``None`` when the model has neither.
+    """
+    parameters = inspect.signature(model.forward).parameters
+    cache_name = "cache" if "cache" in parameters else "past_key_values"
+    logits_name = next((n for n in ("logits_to_keep", "num_logits_to_keep") if n in parameters), None)
+    return cache_name, logits_name
+
+
+# ---------------------------------------------------------------- blocks <-> KV
+
+
+def kv_to_blocks(layers: Sequence[LayerKV], start_block: int, stop_block: int, block_size: int,
+                 store_views: bool = False) -> list[torch.Tensor]:
+    """Blocks ``start_block .. stop_block - 1`` of a request's KV, one payload per block.
+
+    Each payload is ``(layers, 2, kv_heads, block_size, head_dim)`` with its own storage of exactly
+    one block's bytes. With ``store_views`` the request's whole KV is stacked once into
+    ``(layers, 2, kv_heads, seq, head_dim)`` and every payload is a view into it: each cached block
+    then keeps the whole request's KV alive (what ``kvbench break views`` shows).
+    """
+    if store_views:
+        stacked = torch.stack([t[0] for kv in layers for t in kv]).unflatten(0, (len(layers), 2))
+        return [stacked[:, :, :, i * block_size:(i + 1) * block_size] for i in range(start_block, stop_block)]
+    blocks = []
+    for i in range(start_block, stop_block):
+        lo, hi = i * block_size, (i + 1) * block_size
+        parts = [t[0, :, lo:hi] for kv in layers for t in kv]  # 2 x layers of (kv_heads, block, head_dim)
+        blocks.append(torch.stack(parts).unflatten(0, (len(layers), 2)))  # one copy, own storage
+    return blocks
+
+
+def blocks_to_kv(payloads: Sequence[torch.Tensor]) -> list[LayerKV]:
+    """Concatenate hit blocks into per-layer ``(keys, values)``, each ``(1, kv_heads, hit, head_dim)``."""
+    kv = torch.cat(list(payloads), dim=3)  # (layers, 2, kv_heads, hit_tokens, head_dim)
+    return [(kv[i, 0].unsqueeze(0), kv[i, 1].unsqueeze(0)) for i in range(kv.shape[0])]
+
+
+def capacity_blocks_for_bytes(capacity_bytes: int, layout: KvLayout) -> int:
+    """Whole blocks of ``layout`` in a cache of ``capacity_bytes`` (``--cache-bytes``).
+
+    Raises:
+        InputError: not even one block fits.
+    """
+    num_blocks = capacity_bytes // layout.bytes_per_block
+    if num_blocks < 1:
+        raise InputError(f"a {capacity_bytes}-byte cache holds no block: one {layout.block_size}-token "
+                         f"block of this model is {layout.bytes_per_block} bytes")
+    return num_blocks
+
+
+def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of the distinct storages ``tensors`` keep alive (a view counts its whole base)."""
+    sizes = {}
+    for tensor in tensors:
+        storage = tensor.untyped_storage()
+        sizes[(storage.device, storage.data_ptr())] = storage.nbytes()
+    return sum(sizes.values())
+
+
+# ---------------------------------------------------------------- sampling
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request samples.
+
+    Attributes:
+        max_tokens: output tokens to generate (fewer only if EOS comes first); positive.
+        temperature: 0 = greedy (argmax; ties go to the lowest id); otherwise softmax temperature.
+        top_p: nucleus sampling: sample among the most likely tokens whose mass reaches ``top_p``.
+        seed: seeds a per-request generator, making sampled outputs reproducible; ``None`` = not.
+        ignore_eos: keep decoding past EOS to exactly ``max_tokens`` (what benchmarks do).
+    """
+
+    max_tokens: int = 16
+    temperature: float = 0.0  # greedy: cache-on and cache-off outputs must be identical
+    top_p: float = 1.0
+    seed: int | None = None
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
+            raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def is_reproducible(self) -> bool:
+        return self.temperature == 0 or self.seed is not None
+
+
+def sample_next_token(logits: torch.Tensor, sampling: SamplingParams,
+                      generator: torch.Generator | None) -> int:
+    """One token id from ``logits`` of shape ``(vocab,)``."""
+    if sampling.temperature == 0:
+        return int(torch.argmax(logits))
+    probs = torch.softmax(logits.float() / sampling.temperature, dim=-1)  # (vocab,)
+    if sampling.top_p < 1:
+        sorted_probs, order = torch.sort(probs, descending=True)  # (vocab,) each
+        outside = torch.cumsum(sorted_probs, dim=-1) - sorted_probs >= sampling.top_p
+        sorted_probs[outside] = 0.0  # the most likely token is always kept
+        return int(order[torch.multinomial(sorted_probs, 1, generator=generator)])
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+# ---------------------------------------------------------------- configs and results
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the engine runs.
+
+    Attributes:
+        cache: the prefix cache's settings (capacity, block size, kind, TTL, release order, hash);
+            ``None`` runs with the cache off (every request prefills its whole prompt).
+        store_views: cache views instead of per-block copies (a demonstration of the memory bug).
+        verify: re-run each request without the cache and record ``output_matches_reference``.
+        salt: the run's salt; a request's own salt replaces it.
+    """
+
+    cache: CacheConfig | None = None
+    store_views: bool = False  # off: each block owns exactly its bytes
+    verify: bool = False
+    salt: str = ""  # "" = the public namespace
+
+    def __post_init__(self) -> None:
+        if self.cache is not None and not isinstance(self.cache, CacheConfig):
+            raise ValueError(f"cache must be a CacheConfig or None, got {type(self.cache).__name__}")
+
+
+class RequestStatus(str, Enum):
+    """``error``: the request did not run (see ``RequestResult.error``)."""
+
+    OK = "ok"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class RequestResult:
+    """One request's outcome. Times are ms from the engine receiving the request.
+
+    Attributes:
+        prompt_tokens / cached_prompt_tokens: prompt length and the part served from the cache.
+        output_token_ids: generated ids, EOS included when it ended the response.
+        ttft_ms: until the first output token existed (hashing, lookup, KV load and prefill).
+        tpot_ms: ``(e2e_ms - ttft_ms) / (output_tokens - 1)`` (vLLM); ``None`` for one output token.
+        itl_ms: gaps between consecutive output tokens, ``output_tokens - 1`` of them.
+        e2e_ms: until the last output token existed.
+        prefill_ms: the forward over the uncached prompt tail alone.
+        lookup_ms / kv_load_ms: hashing + lookup; concatenating hit blocks into the past KV.
+        insert_ms: copying and inserting the new blocks, after the last token (not in ``e2e_ms``).
+        num_inserted_blocks: blocks this request newly stored in the cache.
+        status / error: ``error`` carries one line when the request could not run.
+        output_matches_reference: with ``verify``: equal to a cache-off run? ``None`` otherwise.
+    """
+
+    request_id: str | None
+    status: RequestStatus
+    prompt_tokens: int
+    cached_prompt_tokens: int = 0
+    output_token_ids: list[int] = field(default_factory=list)
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    itl_ms: list[float] = field(default_factory=list)
+    e2e_ms: float | None = None
+    prefill_ms: float | None = None
+    lookup_ms: float = 0.0
+    kv_load_ms: float = 0.0
+    insert_ms: float = 0.0
+    num_inserted_blocks: int = 0
+    error: str | None = None
+    output_matches_reference: bool | None = None
+
+    @property
+    def output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+
+@dataclass
+class _Stamps:
+    """Stamps of one request, in ``perf_counter`` seconds."""
+
+    start_s: float
+    looked_up_s: float = 0.0
+    kv_loaded_s: float = 0.0
+    prefilled_s: float = 0.0
+    token_s: list[float] = field(default_factory=list)
+    inserted_s: float = 0.0
+
+    def ms(self, end_s: float, start_s: float | None = None) -> float:
+        return (end_s - (self.start_s if start_s is None else start_s)) * 1e3
+
+
+# ---------------------------------------------------------------- the engine
+
+
+class HFEngine:
+    """Runs requests of token ids through one model and (optionally) one prefix cache, one at a time.
+
+    ``clock`` (seconds) is the cache's TTL clock, injectable for tests; latencies always use
+    ``time.perf_counter``.
+
+    Example::
+
+        engine = HFEngine(load_model(), EngineConfig(cache=CacheConfig(capacity_blocks=4096)))
+        result = engine.generate(token_ids, SamplingParams(max_tokens=32, ignore_eos=True))
+
+    Raises:
+        InputError: the model has layers whose KV is not a per-token key/value sequence.
+    """
+
+    def __init__(self, loaded: LoadedModel, config: EngineConfig = EngineConfig(),
+                 clock: Clock | None = None) -> None:
+        _check_attention_only(loaded)
+        self.loaded = loaded
+        self.config = config
+        self.cache: PrefixCache | None = make_cache(config.cache, clock) if config.cache else None
+        self._hasher = BlockHasher(config.cache.block_size, config.cache.hash) if config.cache else None
+        self._cache_arg, self._logits_arg = forward_argument_names(loaded.model)
+        self._payloads: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
+        self._payload_ids = itertools.count()
+
+    @property
+    def block_size(self) -> int | None:
+        return self.config.cache.block_size if self.config.cache else None
+
+    def generate(self, token_ids: Sequence[int] | np.ndarray, sampling: SamplingParams = SamplingParams(),
+                 salt: str | None = None, extra_keys: Sequence[str | bytes | int] = (),
+                 request_id: str | None = None, on_token: Callable[[int], None] | None = None) -> RequestResult:
+        """Run one request. Bad input (empty prompt, id outside the vocabulary, prompt + max_tokens
+        beyond the context) gives a result with status ``error``; other exceptions propagate, after
+        every pin is released.
+
+        ``on_token(token_id)`` is called with every output token as soon as it is sampled (not for
+        the ``verify`` reference run); an exception it raises stops the request, and nothing of the
+        request is cached."""
+        stamps = _Stamps(time.perf_counter())
+        ids = np.asarray(token_ids, dtype=np.int64).reshape(-1).tolist()
+        problem = self._check_request(ids, sampling)
+        if problem is not None:
+            return RequestResult(request_id, RequestStatus.ERROR, len(ids), error=problem)
+        salt = self.config.salt if salt is None else salt
+        result = self._run(ids, sampling, salt, extra_keys, request_id, stamps, self.cache, on_token)
+        if self.config.verify:
+            reference = self._run(ids, sampling, salt, extra_keys, request_id,
+                                  _Stamps(time.perf_counter()), cache=None)
+            matches = reference.output_token_ids == result.output_token_ids
+            result = replace(result, output_matches_reference=matches if sampling.is_reproducible else None)
+        return result
+
+    def _check_request(self, ids: list[int], sampling: SamplingParams) -> str | None:
+        if not ids:
+            return "empty prompt"
+        vocab_size = self.loaded.vocab_size
+        if min(ids) < 0 or max(ids) >= vocab_size:
+            return f"token id outside the model's vocabulary of {vocab_size} ids"
+        limit = self.loaded.max_context_tokens
+        if limit is not None and len(ids) + sampling.max_tokens > limit:
+            return (f"prompt ({len(ids)} tokens) + max_tokens ({sampling.max_tokens}) exceeds the "
+                    f"model's context of {limit} tokens")
+        return None
+
+    @torch.inference_mode()
+    def _run(self, ids: list[int], sampling: SamplingParams, salt: str, extra_keys: Sequence,
+             request_id: str | None, stamps: _Stamps, cache: PrefixCache | None,
+             on_token: Callable[[int], None] | None = None) -> RequestResult:
+        """Steps 1-7 of the module docstring; ``cache=None`` is the cache-off path."""
+        handles: list = []
+        num_hit_blocks = num_inserted = 0
+        try:
+            prompt, past = None, []
+            if cache is not None:
+                prompt = self._hasher.prompt_blocks(ids, salt=salt, extra_keys=extra_keys)
+                match = cache.lookup(prompt, prompt.max_hit_blocks)
+                handles.extend(match.handles)
+                num_hit_blocks = match.num_hit_blocks
+                stamps.looked_up_s = time.perf_counter()
+                past = blocks_to_kv(match.payloads) if num_hit_blocks else []
+            stamps.kv_loaded_s = time.perf_counter()
+            kv_cache = kv_to_cache(past)
+            num_hit_tokens = num_hit_blocks * (self.block_size or 0)
+            tokens = self._prefill_and_decode(ids[num_hit_tokens:], kv_cache, sampling, stamps, on_token)
+            if cache is not None:
+                num_inserted = self._insert(cache, prompt, num_hit_blocks, kv_cache, handles)
+            stamps.inserted_s = time.perf_counter()
+        finally:
+            if handles:
+                cache.release(handles)
+        return _result(request_id, len(ids), num_hit_tokens, tokens, stamps, num_inserted,
+                       cache is not None)
+
+    def _prefill_and_decode(self, tail_ids: list[int], kv_cache: DynamicCache, sampling: SamplingParams,
+                            stamps: _Stamps, on_token: Callable[[int], None] | None = None) -> list[int]:
+        generator = None
+        if sampling.temperature > 0 and sampling.seed is not None:
+            generator = torch.Generator(device=self.loaded.device).manual_seed(sampling.seed)
+        logits = self._prefill(tail_ids, kv_cache)  # (vocab,)
+        stamps.prefilled_s = time.perf_counter()
+        tokens = [sample_next_token(logits, sampling, generator)]
+        stamps.token_s.append(time.perf_counter())  # TTFT: the first token exists
+        if on_token is not None:
+            on_token(tokens[-1])
+        eos = () if sampling.ignore_eos else self.loaded.eos_token_ids
+        while len(tokens) < sampling.max_tokens and tokens[-1] not in eos:
+            logits = self._decode_step(tokens[-1], kv_cache)  # (vocab,)
+            tokens.append(sample_next_token(logits, sampling, generator))
+            stamps.token_s.append(time.perf_counter())
+            if on_token is not None:
+                on_token(tokens[-1])
+        return tokens
+
+    def _prefill(self, tail_ids: list[int], kv_cache: DynamicCache) -> torch.Tensor:
+        """Forward over the uncached tail; appends its KV to ``kv_cache``; last logits ``(vocab,)``."""
+        input_ids = torch.tensor([tail_ids], device=self.loaded.device)  # (1, tail_tokens)
+        return self._forward(input_ids, kv_cache)
+
+    def _decode_step(self, token_id: int, kv_cache: DynamicCache) -> torch.Tensor:
+        """Forward over one token; appends its KV to ``kv_cache``; logits ``(vocab,)``."""
+        input_ids = torch.tensor([[token_id]], device=self.loaded.device)  # (1, 1)
+        return self._forward(input_ids, kv_cache)
+
+    def _forward(self, input_ids: torch.Tensor, kv_cache: DynamicCache) -> torch.Tensor:
+        kwargs = {self._cache_arg: kv_cache, "use_cache": True}
+        if self._logits_arg is not None:
+            kwargs[self._logits_arg] = 1  # the LM head over one position, not the whole tail
+        output = self.loaded.model(input_ids=input_ids, **kwargs)
+        return output.logits[0, -1]  # (vocab,)
+
+    def _insert(self, cache: PrefixCache, prompt: PromptBlocks, num_hit_blocks: int,
+                kv_cache: DynamicCache, handles: list) -> int:
+        """Copy the new full prompt blocks out of the KV, insert them, pin them through ``handles``."""
+        if prompt.num_full_blocks <= num_hit_blocks:
+            return 0
+        blocks = kv_to_blocks(cache_to_kv(kv_cache), num_hit_blocks, prompt.num_full_blocks,
+                              prompt.block_size, self.config.store_views)
+        inserted = cache.insert(prompt, num_hit_blocks, blocks)
+        handles.extend(inserted.handles)
+        for block in blocks:
+            self._payloads[next(self._payload_ids)] = block
+        return inserted.num_inserted_blocks
+
+    # ------------------------------------------------------------ helpers for benchmarks and tests
+
+    @torch.inference_mode()
+    def compute_kv(self, token_ids: Sequence[int] | np.ndarray) -> list[LayerKV]:
+        """Per-layer KV of ``token_ids`` computed from scratch, each ``(1, kv_heads, n, head_dim)``."""
+        kv_cache = kv_to_cache([])
+        self._prefill([int(t) for t in token_ids], kv_cache)
+        return cache_to_kv(kv_cache)
+
+    @torch.inference_mode()
+    def ideal_prefill(self, past: Sequence[LayerKV], tail_ids: Sequence[int] | np.ndarray,
+                      sampling: SamplingParams = SamplingParams()) -> tuple[int, float]:
+        """The best a cache hit can do: first token id and ms for the forward over ``tail_ids`` with a
+        ready-made ``past`` (no hashing, no lookup, no concatenation), plus sampling."""
+        kv_cache = kv_to_cache(past)
+        start_s = time.perf_counter()
+        logits = self._prefill([int(t) for t in tail_ids], kv_cache)
+        token = sample_next_token(logits, sampling, None)
+        return token, (time.perf_counter() - start_s) * 1e3
+
+    def held_kv_bytes(self) -> int:
+        """Bytes the cached payloads really keep alive (distinct storages; a view counts its base)."""
+        return storage_bytes(list(self._payloads.values()))
+
+    def nominal_kv_bytes(self) -> int:
+        """``cached blocks x KV bytes per block``: what the cache should hold."""
+        if self.cache is None:
+            return 0
+        return self.cache.num_cached_blocks * self.loaded.kv_layout(self.block_size).bytes_per_block
+
+
+def _result(request_id: str | None, prompt_tokens: int, cached_tokens: int, tokens: list[int],
+            stamps: _Stamps, num_inserted: int, cache_on: bool) -> RequestResult:
+    token_s = stamps.token_s
+    ttft_ms, e2e_ms = stamps.ms(token_s[0]), stamps.ms(token_s[-1])
+    return RequestResult(
+        request_id=request_id,
+        status=RequestStatus.OK,
+        prompt_tokens=prompt_tokens,
+        cached_prompt_tokens=cached_tokens,
+        output_token_ids=tokens,
+        ttft_ms=ttft_ms,
+        tpot_ms=(e2e_ms - ttft_ms) / (len(tokens) - 1) if len(tokens) > 1 else None,
+        itl_ms=[(b - a) * 1e3 for a, b in zip(token_s, token_s[1:])],
+        e2e_ms=e2e_ms,
+        prefill_ms=stamps.ms(stamps.prefilled_s, stamps.kv_loaded_s),
+        lookup_ms=stamps.ms(stamps.looked_up_s) if cache_on else 0.0,
+        kv_load_ms=stamps.ms(stamps.kv_loaded_s, stamps.looked_up_s) if cache_on else 0.0,
+        insert_ms=stamps.ms(stamps.inserted_s, token_s[-1]) if cache_on else 0.0,
+        num_inserted_blocks=num_inserted,
+    )
+
+
+def _check_attention_only(loaded: LoadedModel) -> None:
+    """Raise ``InputError`` for models with non-attention layers (their state is not per-token KV)."""
+    layer_types = getattr(loaded.model.config.get_text_config(), "layer_types", None) or ()
+    other = sorted(set(layer_types) - {"full_attention", "sliding_attention"})
+    if other:
+        raise InputError(f"{loaded.name}: layers of type {', '.join(other)} are not supported by the engine")

@@ -1,0 +1,177 @@
+"""What ``kvbench run`` shows and writes: live progress, the summary table, the Parquet file."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from kvbench.results.parquet import write_rows
+from kvbench.results.schema import RUN_SCHEMA
+from kvbench.results.summary import RunSummary, percentile, summarize
+
+if TYPE_CHECKING:
+    from kvbench.backends.openai.reconcile import Flagged, Reconciliation
+
+CHECKPOINT_EVERY_S = 10.0  # rewrite the Parquet file at most this often while running
+
+
+class RunWriter:
+    """Collects result rows and keeps ``path`` up to date: rewritten every ``CHECKPOINT_EVERY_S``
+    seconds while running (``complete: false``), and once more at the end, so a crash, an error or
+    Ctrl-C loses at most the request in flight."""
+
+    def __init__(self, path: Path, metadata: dict[str, Any]) -> None:
+        self.path = path
+        self.metadata = metadata
+        self.rows: list[dict[str, Any]] = []
+        self._written_s = time.monotonic()
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+        if time.monotonic() - self._written_s > CHECKPOINT_EVERY_S:
+            self._write(complete=False)
+
+    def close(self, complete: bool) -> None:
+        """Write the final file (nothing when no request finished)."""
+        if self.rows:
+            self._write(complete)
+
+    def _write(self, complete: bool) -> None:
+        summary = summarize(self.rows).as_dict()
+        write_rows(self.path, self.rows, {**self.metadata, "summary": summary, "complete": complete}, RUN_SCHEMA)
+        self._written_s = time.monotonic()
+
+
+@contextlib.contextmanager
+def progress_line(console: Console, total: int) -> Iterator[Callable[[list[dict[str, Any]]], None]]:
+    """A live bar: requests done, hit rate so far, TTFT p50 so far. Yields ``update(rows)``."""
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), TextColumn("{task.fields[stats]}"), console=console, transient=True)
+    task = progress.add_task("requests", total=total, stats="")
+
+    def update(rows: list[dict[str, Any]]) -> None:
+        ok = [r for r in rows if r["status"] == "ok"]
+        prompt = sum(r["prompt_tokens"] for r in ok)
+        hit = sum(r["cached_prompt_tokens"] or 0 for r in ok) / prompt if prompt else 0.0
+        ttft = percentile((r["ttft_ms"] for r in ok), 50)
+        stats = f"hit rate {hit:.3f}  TTFT p50 {ttft:,.0f} ms" if ttft is not None else ""
+        progress.update(task, completed=len(rows), stats=stats)
+
+    with progress:
+        yield update
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.1f}"
+
+
+def summary_table(name: str, run: dict[str, Any], summary: RunSummary) -> Table:
+    """The run's summary as a two-column table (metric, value)."""
+    cache = run["cache"]
+    if run["backend"] == "openai":
+        title = f"kvbench run: {name} (openai {run['base_url']}, {run['model']}, hygiene {run['hygiene']})"
+    else:
+        cache_text = (f"on ({cache['kind']}, {cache['block_size']}-token blocks, {cache['capacity_blocks']:,} blocks)"
+                      if cache["enabled"] else "off")
+        title = f"kvbench run: {name} ({run['backend']}, {run['model']}, cache {cache_text})"
+    table = Table(title=title)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    hit = "-" if summary.token_hit_rate is None else f"{summary.token_hit_rate:.4f}"
+    expected = "-" if summary.expected_hit_rate is None else f"{summary.expected_hit_rate:.4f}"
+    rows = [
+        ("requests (measured / warm-up / errors)", f"{summary.num_requests} / {summary.num_warmup} / {summary.num_errors}"),
+        ("prompt tokens / cached", f"{summary.prompt_tokens:,} / {summary.cached_prompt_tokens:,}"),
+        ("token hit rate (expected by the simulator)", f"{hit} ({expected})"),
+        ("TTFT cold first request (ms)", _ms(summary.cold_ttft_ms)),
+        ("TTFT p50 / p90 / p99 (ms)", f"{_ms(summary.p50_ttft_ms)} / {_ms(summary.p90_ttft_ms)} / {_ms(summary.p99_ttft_ms)}"),
+        ("TPOT p50 (ms)", _ms(summary.p50_tpot_ms)),
+        ("ITL p50 (ms)", _ms(summary.p50_itl_ms)),
+        ("decode (tok/s)", "-" if summary.decode_tok_s is None else f"{summary.decode_tok_s:,.1f}"),
+        ("E2E p50 / p99 (ms)", f"{_ms(summary.p50_e2e_ms)} / {_ms(summary.p99_e2e_ms)}"),
+        ("queue p50 (ms)", _ms(summary.p50_queue_ms)),
+    ]
+    if run.get("verify"):
+        rows.append(("outputs differing from cache-off", str(summary.num_mismatched_outputs)))
+    for metric, value in rows:
+        table.add_row(metric, value)
+    table.caption = "TTFT percentiles exclude the cold first request; token hit rate = cached / prompt tokens"
+    return table
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def error_kinds(rows: list[dict[str, Any]]) -> str:
+    """Failed requests by kind, most frequent first: ``HTTP 500 x3, connection error x1``."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        if row["status"] == "ok":
+            continue
+        error = row["error"] or "error"
+        kind = f"HTTP {row['http_status']}" if row["http_status"] and row["http_status"] >= 400 else error.split(":")[0]
+        counts[kind] = counts.get(kind, 0) + 1
+    return ", ".join(f"{kind} x{count}" for kind, count in sorted(counts.items(), key=lambda item: -item[1]))
+
+
+def num_multi_token_chunks(rows: list[dict[str, Any]]) -> int:
+    """Successful responses whose stream put several tokens in one chunk (fewer ITL gaps than tokens - 1)."""
+    return sum(1 for row in rows if row["status"] == "ok" and row["ttft_ms"] is not None
+               and len(row["itl_ms"] or ()) < (row["output_tokens"] or 0) - 1)
+
+
+def _flag_rows(table: Table, label: str, flagged: tuple[Flagged, ...]) -> None:
+    from kvbench.backends.openai.reconcile import MAX_LISTED
+
+    for item in flagged[:MAX_LISTED]:
+        possible = "-" if item.possible_tokens is None else f"{item.possible_tokens:,}"
+        table.add_row(f"  {label} {item.request_id}",
+                      f"prompt {item.prompt_tokens:,}: reported {item.reported_tokens:,}, expected "
+                      f"{item.expected_tokens:,}, possible {possible}")
+    if len(flagged) > MAX_LISTED:
+        table.add_row(f"  {label} ...", f"{len(flagged) - MAX_LISTED} more (see the Parquet metadata)")
+
+
+def http_tables(rows: list[dict[str, Any]], reconciliation: Reconciliation) -> list[Table]:
+    """The HTTP backend's extra section: failures by kind, stream chunking, and the reconciliation of
+    reported cached tokens with the simulator's expectation and the server's /metrics."""
+    rec = reconciliation
+    size = "unbounded" if rec.capacity_blocks is None else f"{rec.capacity_blocks:,} blocks"
+    table = Table(title=f"cached tokens: reported vs expected (ideal cache: {rec.block_size}-token blocks, {size})")
+    table.add_column("check")
+    table.add_column("value", justify="right")
+    metrics = "- (no prefix-cache counters at /metrics)"
+    if rec.metrics_family is not None:
+        metrics = (f"{_rate(rec.metrics_hit_rate)} ({rec.metrics_hits_tokens:,.0f} / {rec.metrics_queries_tokens:,.0f} "
+                   f"tokens, {rec.metrics_family.rsplit('_', 1)[0]})")
+    entries = [
+        ("failed requests", error_kinds(rows) or "0"),
+        ("responses with several tokens in a chunk", str(num_multi_token_chunks(rows))),
+        ("requests compared / without cached_tokens", f"{rec.num_compared} / {rec.num_unreported}"),
+        ("hit rate reported by the server (usage)", _rate(rec.reported_hit_rate)),
+        ("hit rate expected (simulator)", _rate(rec.expected_hit_rate)),
+        ("hit rate from /metrics delta", metrics),
+        ("[red]reported > possible (red flag)[/red]" if rec.over_possible else "reported > possible (red flag)",
+         str(len(rec.over_possible))),
+        ("reported > expected (served out of trace order)", str(rec.num_above_expected)),
+        ("reported < expected by more than one block", str(len(rec.below_expected))),
+        ("server prompt tokens != local count", str(rec.num_prompt_token_mismatches)),
+    ]
+    for check, value in entries:
+        table.add_row(check, value)
+    _flag_rows(table, "over", rec.over_possible)
+    _flag_rows(table, "below", rec.below_expected)
+    table.caption = ("all successful requests, warm-up included (as /metrics counts them); hit rate = cached / "
+                     "prompt tokens; possible = longest shared prefix with a request sent before this one ended")
+    if rec.num_compared == 0 and rec.num_unreported:
+        table.caption += ("; the server reported no cached_tokens (vLLM: --enable-prompt-tokens-details, "
+                          "SGLang: --enable-cache-report)")
+    return [table]

@@ -1,0 +1,225 @@
+"""Replay token-id traffic through a prefix cache with no model: hit rate vs cache size and policy.
+
+Per request, in arrival order (what an engine does around its forward pass, at concurrency 1):
+
+1. ``lookup`` with the last-token cap ``(len - 1) // block_size`` (vLLM, SGLang);
+2. ``insert`` every full block after the hit (the engine computed them);
+3. ``release`` everything the request pinned.
+
+The cache's clock reads each request's arrival time, so a TTL acts on trace time.
+
+A sweep hashes each request's blocks once (:func:`prepare_prompts`) and replays the same prompts
+through one fresh cache per (capacity, release order).
+
+Rates: token hit rate = cached prompt tokens / prompt tokens (the denominator vLLM's
+``prefix_cache_queries`` counter uses); block hit rate = hit blocks / blocks the cap allowed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+import multiprocessing as mp
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from kvbench.cache.block_hash import BlockHasher, HashConfig, PromptBlocks
+from kvbench.cache.base import CacheConfig, CacheKind, ReleaseOrder, make_cache
+from kvbench.workloads.token_ids import TokenRequest
+
+Progress = Callable[["SimResult", int, int], None]  # (result just finished, configs done, total)
+
+
+@dataclass(frozen=True, eq=False)
+class PreparedTrace:
+    """A trace cut into blocks once, ready to replay through any number of caches.
+
+    Attributes:
+        prompts: one :class:`PromptBlocks` per request, in arrival order.
+        arrivals_s: arrival offsets, seconds; shape (num_requests,).
+        block_size: tokens per block the keys were computed for.
+    """
+
+    prompts: list[PromptBlocks]
+    arrivals_s: np.ndarray
+    block_size: int
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.prompts)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return sum(prompt.num_tokens for prompt in self.prompts)
+
+    @property
+    def num_full_blocks(self) -> int:
+        """Full blocks over all requests: an upper bound on the distinct blocks a cache can hold."""
+        return sum(prompt.num_full_blocks for prompt in self.prompts)
+
+
+def prepare_prompts(
+    requests: Sequence[TokenRequest],
+    block_size: int,
+    hash_config: HashConfig = HashConfig(),
+    keep_tokens: bool = False,
+) -> PreparedTrace:
+    """Hash every request's full blocks once. ``keep_tokens`` is needed by the radix cache."""
+    hasher = BlockHasher(block_size, hash_config)
+    prompts = [hasher.prompt_blocks(r.token_ids, salt=r.salt, keep_tokens=keep_tokens) for r in requests]
+    arrivals = np.array([r.arrival_s for r in requests], dtype=np.float64)
+    if arrivals.size > 1 and np.any(np.diff(arrivals) < 0):
+        order = np.argsort(arrivals, kind="stable")
+        prompts = [prompts[i] for i in order]
+        arrivals = arrivals[order]
+    return PreparedTrace(prompts, arrivals, block_size)
+
+
+@dataclass
+class SimResult:
+    """Outcome of one replay through one cache. Token counts are in tokens, block counts in blocks."""
+
+    capacity_blocks: int
+    release_order: str
+    cache_kind: str
+    block_size: int
+    ttl_s: float | None
+    num_requests: int
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    num_queried_blocks: int
+    num_hit_blocks: int
+    num_inserted_blocks: int
+    num_evicted_blocks: int
+    num_expired_blocks: int
+    num_refused_blocks: int
+    cached_tokens_per_request: np.ndarray = field(repr=False)
+
+    @property
+    def token_hit_rate(self) -> float:
+        """Cached prompt tokens / prompt tokens."""
+        return self.num_cached_tokens / self.num_prompt_tokens if self.num_prompt_tokens else 0.0
+
+    @property
+    def block_hit_rate(self) -> float:
+        """Hit blocks / blocks the last-token cap allowed to hit."""
+        return self.num_hit_blocks / self.num_queried_blocks if self.num_queried_blocks else 0.0
+
+    def as_row(self) -> dict:
+        """One Parquet/table row (units in the names)."""
+        return {
+            "capacity_blocks": self.capacity_blocks,
+            "release_order": self.release_order,
+            "cache_kind": self.cache_kind,
+            "block_size": self.block_size,
+            "ttl_s": self.ttl_s,
+            "num_requests": self.num_requests,
+            "prompt_tokens": self.num_prompt_tokens,
+            "cached_prompt_tokens": self.num_cached_tokens,
+            "token_hit_rate": self.token_hit_rate,
+            "block_hit_rate": self.block_hit_rate,
+            "hit_blocks": self.num_hit_blocks,
+            "queried_blocks": self.num_queried_blocks,
+            "inserted_blocks": self.num_inserted_blocks,
+            "evictions": self.num_evicted_blocks,
+            "expirations": self.num_expired_blocks,
+            "refused_inserts": self.num_refused_blocks,
+        }
+
+
+def simulate(trace: PreparedTrace, config: CacheConfig) -> SimResult:
+    """Replay ``trace`` through a fresh cache built from ``config``.
+
+    Raises:
+        ValueError: ``config.block_size`` differs from the trace's.
+    """
+    if config.block_size != trace.block_size:
+        raise ValueError(f"trace was hashed for block size {trace.block_size}, cache uses {config.block_size}")
+    now = [0.0]
+    cache = make_cache(config, clock=lambda: now[0])
+    lookup, insert, release = cache.lookup, cache.insert, cache.release
+    hit_blocks = np.zeros(trace.num_requests, dtype=np.int64)
+    for index, (prompt, arrival_s) in enumerate(zip(trace.prompts, trace.arrivals_s.tolist())):
+        now[0] = arrival_s
+        match = lookup(prompt, prompt.max_hit_blocks)
+        new = insert(prompt, match.num_hit_blocks)
+        release(match.handles + new.handles)
+        hit_blocks[index] = match.num_hit_blocks
+    stats = cache.stats
+    cached = hit_blocks * trace.block_size
+    return SimResult(
+        capacity_blocks=config.capacity_blocks,
+        release_order=config.release_order.value,
+        cache_kind=config.kind.value,
+        block_size=config.block_size,
+        ttl_s=config.ttl_s,
+        num_requests=trace.num_requests,
+        num_prompt_tokens=trace.num_prompt_tokens,
+        num_cached_tokens=int(cached.sum()),
+        num_queried_blocks=stats.num_queried_blocks,
+        num_hit_blocks=stats.num_hit_blocks,
+        num_inserted_blocks=stats.num_inserted_blocks,
+        num_evicted_blocks=stats.num_evicted_blocks,
+        num_expired_blocks=stats.num_expired_blocks,
+        num_refused_blocks=stats.num_refused_blocks,
+        cached_tokens_per_request=cached,
+    )
+
+
+def sweep(
+    trace: PreparedTrace,
+    base: CacheConfig,
+    capacities_blocks: Iterable[int],
+    release_orders: Iterable[ReleaseOrder | str] = (ReleaseOrder.TAIL_FIRST,),
+    progress: Progress | None = None,
+    num_workers: int = 1,
+) -> list[SimResult]:
+    """One :func:`simulate` per (capacity, release order), sizes outermost, in the order given.
+
+    With ``num_workers > 1`` the replays run in forked worker processes (each replay is independent
+    and the trace is shared copy-on-write); results come back in the same order.
+    """
+    configs = [
+        replace(base, capacity_blocks=capacity, release_order=ReleaseOrder(order))
+        for capacity in capacities_blocks
+        for order in release_orders
+    ]
+    if num_workers > 1 and len(configs) > 1 and "fork" in mp.get_all_start_methods():
+        return _sweep_parallel(trace, configs, progress, num_workers)
+    results = []
+    for done, config in enumerate(configs, start=1):
+        results.append(simulate(trace, config))
+        if progress is not None:
+            progress(results[-1], done, len(configs))
+    return results
+
+
+_worker_trace: list[PreparedTrace] = []  # set once in each forked worker by _init_worker
+
+
+def _init_worker(trace: PreparedTrace) -> None:
+    _worker_trace.append(trace)
+
+
+def _simulate_in_worker(config: CacheConfig) -> SimResult:
+    return simulate(_worker_trace[0], config)
+
+
+def _sweep_parallel(
+    trace: PreparedTrace, configs: list[CacheConfig], progress: Progress | None, num_workers: int
+) -> list[SimResult]:
+    context = mp.get_context("fork")  # fork: the workers inherit the hashed trace without pickling
+    workers = min(num_workers, len(configs))
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=(trace,)) as pool:
+        futures = [pool.submit(_simulate_in_worker, config) for config in configs]
+        for done, future in enumerate(as_completed(futures), start=1):
+            if progress is not None:
+                progress(future.result(), done, len(configs))
+        return [future.result() for future in futures]
+
+
+def ideal_hit_rate(trace: PreparedTrace, kind: CacheKind = CacheKind.HASH) -> SimResult:
+    """Replay through a cache that never evicts (capacity = every full block of the trace)."""
+    capacity = max(trace.num_full_blocks, 1)
+    return simulate(trace, CacheConfig(capacity_blocks=capacity, block_size=trace.block_size, kind=kind))

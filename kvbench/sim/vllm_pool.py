@@ -1,0 +1,301 @@
+"""vLLM-faithful accounting: predict the ``cached_tokens`` vLLM v1 reports for every request.
+
+``kvbench.sim.replay`` answers "what hit rate does a cache of N blocks give"; this module answers "what will
+vLLM say for request 17", which needs vLLM's whole KV pool, not just a prefix cache. It replays a
+trace sequentially (concurrency 1: each request finishes before the next one is scheduled) through a
+model of vLLM's block pool. The rules, each with its source in vLLM v1 (file names under ``vllm/``;
+checked against vLLM 0.32.0 and against a live server, see ``kvbench/peer``):
+
+1. **Capacity is the whole KV pool.** ``num_gpu_blocks`` blocks (what the server logs; set with
+   ``--num-gpu-blocks-override`` or sized from ``VLLM_CPU_KVCACHE_SPACE``), of which block 0 is the
+   null block that never holds KV (``v1/core/block_pool.py``: ``BlockPool.__init__`` pops it). Cached
+   blocks live in the same pool as running requests' blocks: there is no separate cache size.
+2. **A running request holds blocks for its prompt and its output.** Prefill allocates
+   ``ceil(prompt / B)`` blocks minus the hit; each decode step allocates a block when the token whose
+   KV it computes starts a new block. KV is computed for ``prompt + output - 1`` tokens: the last
+   sampled token ends the request before it is fed back (``v1/core/kv_cache_manager.py``:
+   ``allocate_slots``; ``v1/core/single_type_kv_cache_manager.py``: ``allocate_new_blocks``).
+3. **Full blocks are hashed and cached, output blocks included.** After every step the request's full
+   blocks, up to the tokens computed, enter the hash table (``cache_blocks`` ->
+   ``BlockPool.cache_full_blocks``), so ``(prompt + output - 1) // B`` blocks end up cached. Output
+   tokens come from the model, not the trace, so the simulator gives blocks holding output tokens
+   unique keys (they occupy the pool but never hit) unless the output ids are passed in.
+4. **Lookup** walks the prompt's block hashes from block 0 and stops at the first miss, at most
+   ``(prompt - 1) // B`` blocks: the hit is capped at ``prompt - 1`` tokens and floored to the block
+   size (``KVCacheManager.get_computed_blocks``: ``max_cache_hit_length = request.num_tokens - 1``;
+   ``FullAttentionManager.find_longest_cache_hit``). Hit blocks sitting in the free queue are taken
+   out of it (``BlockPool.touch``). ``cached_tokens`` = hit blocks x B, fixed at first scheduling
+   (``Request.num_cached_tokens``).
+5. **Free, tail first, into an LRU free queue.** A finished request's blocks are released in reverse
+   order (``SingleTypeKVCacheManager.free``); blocks whose ref count reaches 0 go to the *end* of the
+   free queue if they are cached, to the *front* if not (``BlockPool.free_blocks``: unhashed blocks are
+   reused first, cached ones in LRU order, a chain's tail before its head).
+6. **Eviction is lazy.** A cached block in the free queue keeps its hash until an allocation pops it
+   from the front (``BlockPool.get_new_blocks`` -> ``_maybe_evict_cached_block``); only then can it no
+   longer hit. Duplicate blocks with one hash may coexist (``BlockHashToBlockMap``).
+7. **Salt.** vLLM mixes ``cache_salt`` into block 0's extra keys (``v1/core/kv_cache_utils.py``:
+   ``generate_block_hash_extra_keys``); kvbench's block hasher roots the chain in the salt. Both give
+   one namespace per salt, which is all a prediction needs.
+8. **Counters**: ``vllm:prefix_cache_queries`` grows by the prompt length and ``..._hits`` by the
+   hit, per request (``KVCacheManager.record_prefix_cache_stats``).
+
+Not modelled: concurrent requests (batching order, preemption, the admission watermark), chunked
+prefill interleaving other requests, hybrid (sliding-window, Mamba) models, speculative decoding and
+KV connectors. At concurrency 1 none of them changes which blocks are cached.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kvbench.cache.block_hash import BlockHash, BlockHasher, HashConfig
+from kvbench.workloads.token_ids import TokenRequest
+
+NUM_NULL_BLOCKS = 1  # vLLM's BlockPool reserves block 0 as the null block
+
+
+@dataclass(frozen=True)
+class VllmPoolConfig:
+    """vLLM's KV pool, as the server was started.
+
+    Attributes:
+        num_gpu_blocks: blocks in the pool as vLLM logs them (``num_gpu_blocks``; on the CPU backend
+            "# CPU blocks"), the null block included; at least 2.
+        block_size: tokens per block (``--block-size``).
+        hash: how kvbench computes prompt block keys; any collision-free hash predicts vLLM's
+            (only equality of keys matters).
+    """
+
+    num_gpu_blocks: int
+    block_size: int = 16  # vLLM's default --block-size (the CPU backend needs a multiple of 32)
+    hash: HashConfig = field(default_factory=HashConfig)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.num_gpu_blocks, bool) or not isinstance(self.num_gpu_blocks, int) \
+                or self.num_gpu_blocks <= NUM_NULL_BLOCKS:
+            raise ValueError(f"num_gpu_blocks must be an integer > {NUM_NULL_BLOCKS}, got {self.num_gpu_blocks!r}")
+        if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size <= 0:
+            raise ValueError(f"block_size must be a positive integer, got {self.block_size!r}")
+
+    @property
+    def num_usable_blocks(self) -> int:
+        """Blocks that hold KV: the pool minus the null block."""
+        return self.num_gpu_blocks - NUM_NULL_BLOCKS
+
+
+class BlockPool:
+    """vLLM v1's block pool over integer block ids: ref counts, a hash table and the free queue.
+
+    The free queue is an ``OrderedDict`` used as vLLM's doubly linked list: pop from the front,
+    O(1) removal of a touched block, append at the end, prepend at the front.
+    """
+
+    def __init__(self, num_usable_blocks: int) -> None:
+        block_ids = range(NUM_NULL_BLOCKS, NUM_NULL_BLOCKS + num_usable_blocks)
+        self.ref_counts = dict.fromkeys(block_ids, 0)
+        self.block_hash: dict[int, BlockHash | None] = dict.fromkeys(block_ids)
+        self.cached: dict[BlockHash, dict[int, None]] = {}  # key -> block ids (duplicates allowed)
+        self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(block_ids)
+        self.num_evicted_blocks = 0
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_queue)
+
+    def cached_block(self, key: BlockHash) -> int | None:
+        """Any block holding ``key`` (the first stored), or ``None``."""
+        blocks = self.cached.get(key)
+        return next(iter(blocks)) if blocks else None
+
+    def touch(self, block_ids: Sequence[int]) -> None:
+        """Take hit blocks for a request: ref count + 1, out of the free queue."""
+        for block_id in block_ids:
+            if self.ref_counts[block_id] == 0:
+                del self.free_queue[block_id]
+            self.ref_counts[block_id] += 1
+
+    def get_new_blocks(self, num_blocks: int) -> list[int]:
+        """Pop ``num_blocks`` from the front of the free queue, dropping their hashes (lazy eviction).
+
+        Raises:
+            ValueError: fewer free blocks than asked for.
+        """
+        if num_blocks > self.num_free_blocks:
+            raise ValueError(f"cannot get {num_blocks} free blocks from a pool with {self.num_free_blocks}")
+        popped = [self.free_queue.popitem(last=False)[0] for _ in range(num_blocks)]
+        for block_id in popped:
+            key = self.block_hash[block_id]
+            if key is not None:
+                holders = self.cached[key]
+                del holders[block_id]
+                if not holders:
+                    del self.cached[key]
+                self.block_hash[block_id] = None
+                self.num_evicted_blocks += 1
+            self.ref_counts[block_id] = 1
+        return popped
+
+    def cache_block(self, block_id: int, key: BlockHash) -> None:
+        """Record that full block ``block_id`` holds ``key``."""
+        self.block_hash[block_id] = key
+        self.cached.setdefault(key, {})[block_id] = None
+
+    def free_blocks(self, ordered_block_ids: Sequence[int]) -> None:
+        """Release blocks given in eviction order (a request's blocks reversed: tail first).
+
+        Blocks reaching ref count 0 join the free queue: unhashed ones at the front (reused first,
+        in the given order), cached ones at the end (LRU).
+        """
+        first, last = [], []
+        for block_id in ordered_block_ids:
+            self.ref_counts[block_id] -= 1
+            if self.ref_counts[block_id] == 0:
+                (first if self.block_hash[block_id] is None else last).append(block_id)
+        for block_id in reversed(first):
+            self.free_queue[block_id] = None
+            self.free_queue.move_to_end(block_id, last=False)
+        for block_id in last:
+            self.free_queue[block_id] = None
+
+    def check_invariants(self) -> None:
+        """Raise ``AssertionError`` if ref counts, the free queue and the hash table disagree."""
+        free = {b for b, ref in self.ref_counts.items() if ref == 0}
+        assert free == set(self.free_queue), "free queue != blocks with ref count 0"
+        assert all(ref >= 0 for ref in self.ref_counts.values()), "negative ref count"
+        for key, holders in self.cached.items():
+            assert holders and all(self.block_hash[b] == key for b in holders), "hash table out of sync"
+        assert sum(len(h) for h in self.cached.values()) == sum(k is not None for k in self.block_hash.values())
+
+
+@dataclass
+class VllmSimResult:
+    """Per-request predictions and totals of one sequential replay.
+
+    Attributes:
+        block_size / num_gpu_blocks: the pool simulated.
+        cached_tokens: predicted ``usage.prompt_tokens_details.cached_tokens`` per request; shape (n,).
+        prompt_tokens: prompt lengths; shape (n,).
+        num_evicted_blocks: cached blocks whose hash was dropped to make room.
+        num_cached_blocks_at_end: blocks still holding a hash after the last request.
+    """
+
+    block_size: int
+    num_gpu_blocks: int
+    cached_tokens: np.ndarray
+    prompt_tokens: np.ndarray
+    num_evicted_blocks: int
+    num_cached_blocks_at_end: int
+
+    @property
+    def num_requests(self) -> int:
+        return int(self.prompt_tokens.shape[0])
+
+    @property
+    def prefix_cache_queries_tokens(self) -> int:
+        """What ``vllm:prefix_cache_queries_total`` grows by over the replay (tokens)."""
+        return int(self.prompt_tokens.sum())
+
+    @property
+    def prefix_cache_hits_tokens(self) -> int:
+        """What ``vllm:prefix_cache_hits_total`` grows by over the replay (tokens)."""
+        return int(self.cached_tokens.sum())
+
+    @property
+    def token_hit_rate(self) -> float:
+        """Cached prompt tokens / prompt tokens (vLLM's counter ratio)."""
+        queries = self.prefix_cache_queries_tokens
+        return self.prefix_cache_hits_tokens / queries if queries else 0.0
+
+
+class VllmSimulator:
+    """Replays requests one at a time through a :class:`BlockPool` (module docstring, rules 1-8).
+
+    Example::
+
+        simulator = VllmSimulator(VllmPoolConfig(num_gpu_blocks=64, block_size=32))
+        cached = [simulator.run(request) for request in requests]
+    """
+
+    def __init__(self, config: VllmPoolConfig) -> None:
+        self.config = config
+        self.pool = BlockPool(config.num_usable_blocks)
+        self._hasher = BlockHasher(config.block_size, config.hash)
+        self._unique_keys = itertools.count()
+
+    def run(self, request: TokenRequest, output_token_ids: Sequence[int] | None = None) -> int:
+        """Schedule, run and free one request; returns its predicted ``cached_tokens``.
+
+        ``request.output_tokens`` is the exact number of generated tokens (send ``max_tokens`` with
+        ``ignore_eos``). ``output_token_ids``, if known, make output blocks hashable like prompt ones.
+
+        Raises:
+            ValueError: no output length, or the request needs more blocks than the pool has free
+                (vLLM would never schedule it).
+        """
+        num_output = request.output_tokens
+        if num_output is None or num_output < 1:
+            raise ValueError("the vLLM simulator needs each request's exact output_tokens (>= 1)")
+        block_size, pool = self.config.block_size, self.pool
+        num_prompt = request.num_tokens
+        keys = self._block_keys(request, num_output, output_token_ids)
+        hit = self._lookup(keys, (num_prompt - 1) // block_size)
+        num_kv_tokens = num_prompt + num_output - 1  # rule 2: the last sampled token's KV is never computed
+        num_blocks = -(-num_kv_tokens // block_size)
+        num_evictable_hits = sum(pool.ref_counts[b] == 0 for b in hit)
+        if num_blocks - len(hit) + num_evictable_hits > pool.num_free_blocks:
+            raise ValueError(f"a request of {num_kv_tokens} tokens needs {num_blocks} blocks; the pool has "
+                             f"{self.config.num_usable_blocks} usable blocks ({pool.num_free_blocks} free after hits)")
+        pool.touch(hit)
+        blocks = hit + pool.get_new_blocks(num_blocks - len(hit))
+        for index in range(len(hit), num_kv_tokens // block_size):  # rule 3: every full block
+            pool.cache_block(blocks[index], keys[index])
+        pool.free_blocks(blocks[::-1])  # rule 5: tail first
+        return len(hit) * block_size
+
+    def _lookup(self, keys: Sequence[BlockHash], max_hit_blocks: int) -> list[int]:
+        hit: list[int] = []
+        for key in keys[:max_hit_blocks]:
+            block_id = self.pool.cached_block(key)
+            if block_id is None:
+                break
+            hit.append(block_id)
+        return hit
+
+    def _block_keys(self, request: TokenRequest, num_output: int,
+                    output_token_ids: Sequence[int] | None) -> list[BlockHash]:
+        """Keys of every full block of prompt + output; blocks with unknown output tokens are unique."""
+        block_size = self.config.block_size
+        if output_token_ids is not None:
+            if len(output_token_ids) != num_output:
+                raise ValueError(f"got {len(output_token_ids)} output ids for {num_output} output tokens")
+            tokens = np.concatenate((request.token_ids, np.asarray(output_token_ids, dtype=np.uint32)))
+            return self._hasher.block_hashes(tokens, salt=request.salt)
+        keys = self._hasher.block_hashes(request.token_ids, salt=request.salt)
+        num_total_blocks = (request.num_tokens + num_output) // block_size
+        unique = (BlockHash(b"kvbench/output/%d" % next(self._unique_keys))
+                  for _ in range(num_total_blocks - len(keys)))
+        return keys + list(unique)
+
+
+def simulate_vllm(requests: Sequence[TokenRequest], config: VllmPoolConfig,
+                  output_token_ids: Sequence[Sequence[int] | None] | None = None) -> VllmSimResult:
+    """Replay ``requests`` in order (concurrency 1) through a fresh vLLM pool; see the module docstring.
+
+    Raises:
+        ValueError: a request lacks ``output_tokens`` or cannot fit in the pool.
+    """
+    simulator = VllmSimulator(config)
+    outputs = output_token_ids if output_token_ids is not None else [None] * len(requests)
+    cached = np.array([simulator.run(r, o) for r, o in zip(requests, outputs, strict=True)], dtype=np.int64)
+    prompt = np.array([r.num_tokens for r in requests], dtype=np.int64)
+    pool = simulator.pool
+    return VllmSimResult(
+        block_size=config.block_size, num_gpu_blocks=config.num_gpu_blocks, cached_tokens=cached,
+        prompt_tokens=prompt, num_evicted_blocks=pool.num_evicted_blocks,
+        num_cached_blocks_at_end=sum(key is not None for key in pool.block_hash.values()),
+    )
