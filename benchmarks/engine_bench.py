@@ -29,7 +29,8 @@ import numpy as np
 import torch
 
 from kvbench.cache.base import CacheConfig
-from kvbench.engine.engine import EngineConfig, HFEngine, RequestResult, SamplingParams
+from kvbench.engine.engine import EngineConfig, HFEngine, SamplingParams
+from kvbench.request import RequestRecord
 from kvbench.engine.model import load_model
 
 
@@ -48,7 +49,7 @@ def median(values) -> float:
     return statistics.median(values)
 
 
-def decode_tokens_per_s(result: RequestResult) -> float:
+def decode_tokens_per_s(result: RequestRecord) -> float:
     return 1e3 / result.tpot_ms
 
 

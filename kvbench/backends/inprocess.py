@@ -1,24 +1,35 @@
-"""The in-process backend: the transformers engine with the pluggable prefix cache, in this process."""
+"""The in-process backend: the transformers engine with the pluggable prefix cache, in this process.
+
+The engine computes one request at a time, so :meth:`InProcessBackend.serve` takes an
+``asyncio.Lock`` and runs the engine in a worker thread (``asyncio.to_thread``): the event loop
+stays free for the send loop's clients and for ``kvbench serve``'s HTTP connections. The time a
+request waits for the lock is its queue time (``RequestRecord.queue_ms``), never part of its TTFT.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from kvbench.engine.engine import HFEngine, SamplingParams
-from kvbench.run.loop import RunRequest, ServedRequest
+from kvbench.request import Request, RequestRecord
 
 
 class InProcessBackend:
-    """Serves run requests on an :class:`HFEngine`, one at a time.
+    """Serves requests on an :class:`HFEngine`, one at a time, in a worker thread.
 
     ``sampling`` gives temperature / top-p / seed / ignore_eos; each request's own ``max_tokens``
-    replaces the budget.
+    replaces its budget.
     """
 
     def __init__(self, engine: HFEngine, sampling: SamplingParams, model_name: str) -> None:
         self.engine = engine
         self.sampling = sampling
         self.model_name = model_name
+        self._locks: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
 
     def describe(self) -> dict[str, Any]:
         cache = self.engine.config.cache
@@ -31,22 +42,23 @@ class InProcessBackend:
             "capacity_blocks": cache.capacity_blocks if cache else None,
         }
 
-    def serve(self, request: RunRequest) -> ServedRequest:
-        sampling = SamplingParams(max_tokens=request.max_tokens, temperature=self.sampling.temperature,
-                                  top_p=self.sampling.top_p, seed=self.sampling.seed,
-                                  ignore_eos=self.sampling.ignore_eos)
-        result = self.engine.generate(request.token_ids, sampling, salt=request.salt, request_id=request.request_id)
-        return ServedRequest(
-            status=result.status.value,
-            prompt_tokens=result.prompt_tokens,
-            cached_prompt_tokens=result.cached_prompt_tokens,
-            output_tokens=result.output_tokens,
-            output_tokens_source="engine",
-            ttft_ms=result.ttft_ms,
-            tpot_ms=result.tpot_ms,
-            itl_ms=list(result.itl_ms),
-            e2e_ms=result.e2e_ms,
-            prefill_ms=result.prefill_ms,
-            error=result.error,
-            output_matches_reference=result.output_matches_reference,
-        )
+    def sampling_for(self, request: Request) -> SamplingParams:
+        """The run's sampling with the request's own output budget."""
+        return replace(self.sampling, max_tokens=request.max_tokens)
+
+    async def serve(self, request: Request, on_token: Callable[[int], None] | None = None) -> RequestRecord:
+        """Run ``request`` on the engine; ``on_token(token_id)`` is called from the worker thread
+        with every output token as soon as it is sampled (``kvbench serve`` streams them)."""
+        queued_s = time.perf_counter()
+        async with self._lock():
+            waited_ms = (time.perf_counter() - queued_s) * 1e3
+            record = await asyncio.to_thread(self.engine.generate, request.token_ids, self.sampling_for(request),
+                                             salt=request.salt, on_token=on_token)
+        return replace(record, queue_ms=waited_ms)
+
+    def _lock(self) -> asyncio.Lock:
+        """One lock per event loop (a lock is bound to the loop it is first used on)."""
+        loop = asyncio.get_running_loop()
+        if loop not in self._locks:
+            self._locks = {loop: asyncio.Lock()}  # an earlier loop has finished: its lock is no use
+        return self._locks[loop]

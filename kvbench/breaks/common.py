@@ -22,19 +22,21 @@ import pyarrow as pa
 from rich.table import Table
 
 from kvbench.backends.inprocess import InProcessBackend
-from kvbench.engine.engine import HFEngine, RequestResult, SamplingParams
+from kvbench.engine.engine import HFEngine, SamplingParams
 from kvbench.engine.model import LoadedModel
+from kvbench.request import Request, RequestRecord
 from kvbench.results.parquet import write_rows
+from kvbench.results.rows import result_row
 from kvbench.results.schema import RUN_SCHEMA
 from kvbench.results.summary import RunSummary, summarize
-from kvbench.run.loop import RunPlan, RunRequest, run_requests
+from kvbench.run.loop import run_requests
 from kvbench.workloads.tokenizer import Tokenizer
 from kvbench.workloads.trace import Trace
 from kvbench.workloads.trace_kinds import trace_token_requests
 
 Progress = Callable[[str, int, int], None]  # (what is running, requests done, requests in total)
-# Called after each request with the request and the engine's result; returns extra row columns.
-ResultHook = Callable[[RunRequest, RequestResult], Mapping[str, Any]]
+# Called after each request with the request and the engine's record; returns extra row columns.
+ResultHook = Callable[[Request, RequestRecord], Mapping[str, Any]]
 
 EXPERIMENT_FIELDS = (
     pa.field("experiment", pa.string()),  # "timestamp", "head-first", "views", "tiny-hash", "shared-salt"
@@ -83,11 +85,11 @@ def default_out_path(experiment: str) -> Path:
 
 @dataclass(eq=False)
 class VariantRun:
-    """One variant served: its rows (run schema + break columns) and the engine's results, in order."""
+    """One variant served: its rows (run schema + break columns) and the engine's records, in order."""
 
     variant: str
     rows: list[dict[str, Any]] = field(default_factory=list)
-    results: list[RequestResult] = field(default_factory=list)
+    results: list[RequestRecord] = field(default_factory=list)
 
     @property
     def summary(self) -> RunSummary:
@@ -98,71 +100,55 @@ class VariantRun:
         return [row[name] for row in self.rows]
 
 
-class _RecordingEngine:
-    """Passes ``generate`` through to an :class:`HFEngine` and keeps the last full result (the
-    backend's ``ServedRequest`` drops the output ids the experiments compare)."""
-
-    def __init__(self, engine: HFEngine) -> None:
-        self.engine = engine
-        self.last: RequestResult | None = None
-
-    @property
-    def config(self):
-        return self.engine.config
-
-    def generate(self, token_ids, sampling: SamplingParams, salt=None, request_id=None) -> RequestResult:
-        self.last = self.engine.generate(token_ids, sampling, salt=salt, request_id=request_id)
-        return self.last
-
-
-def run_variant(engine: HFEngine, requests: Sequence[RunRequest], experiment: str, variant: str,
+def run_variant(engine: HFEngine, requests: Sequence[Request], experiment: str, variant: str,
                 hook: ResultHook | None = None, progress: Progress | None = None) -> VariantRun:
     """Serve ``requests`` in order on ``engine`` (concurrency 1, greedy, exactly ``max_tokens`` each).
 
-    ``hook(request, result)`` runs right after each request, before the next one starts (the
+    ``hook(request, record)`` runs right after each request, before the next one starts (the
     moment to measure memory or inspect the cache); its dict is merged into that request's row.
     """
-    recorder = _RecordingEngine(engine)
-    backend = InProcessBackend(recorder, SamplingParams(max_tokens=1, ignore_eos=True), engine.loaded.name)
+    backend = InProcessBackend(engine, SamplingParams(max_tokens=1, ignore_eos=True), engine.loaded.name)
+    columns = backend.describe()
     run = VariantRun(variant)
     run_id = f"break-{experiment}-{variant}-{time.strftime('%Y%m%d-%H%M%S')}"
 
-    def on_row(row: dict[str, Any]) -> None:
-        request, result = requests[row["request_index"]], recorder.last
+    def on_record(request: Request, record: RequestRecord) -> None:
+        row = result_row(run_id, columns, request, record)
         row.update(experiment=experiment, variant=variant)
         if hook is not None:
-            row.update(hook(request, result))
+            row.update(hook(request, record))
         run.rows.append(row)
-        run.results.append(result)
+        run.results.append(record)
         if progress is not None:
             progress(f"{experiment}: {variant}", len(run.rows), len(requests))
 
-    run_requests(list(requests), backend, RunPlan(run_id), on_row)
+    run_requests(list(requests), backend, on_record=on_record)
     return run
 
 
-def trace_run_requests(trace: Trace, tokenizer: Tokenizer) -> list[RunRequest]:
+def trace_run_requests(trace: Trace, tokenizer: Tokenizer) -> list[Request]:
     """A text trace rendered with ``tokenizer`` into run requests (ids, budgets, salts kept).
 
     Raises:
         ValueError: a request renders to a token count other than the trace recorded.
     """
     tokens = trace_token_requests(trace, tokenizer)
-    return [RunRequest(index, request.id, request.session_id, request.turn, request.arrival_ms,
-                       token.token_ids, request.max_tokens, request.salt, text=request)
+    return [Request(index, request.id, request.session_id, request.turn, token.token_ids,
+                    arrival_s=request.arrival_ms / 1e3, max_tokens=request.max_tokens, salt=request.salt,
+                    messages=request.messages, prompt=request.prompt)
             for index, (request, token) in enumerate(zip(trace.requests, tokens))]
 
 
 def token_run_requests(token_ids: Sequence[np.ndarray], max_tokens: int,
                        salts: Sequence[str | None] | None = None,
-                       request_ids: Sequence[str] | None = None) -> list[RunRequest]:
+                       request_ids: Sequence[str] | None = None) -> list[Request]:
     """Run requests from raw prompts (one session each, arrival 0)."""
     requests = []
     for index, ids in enumerate(token_ids):
         request_id = request_ids[index] if request_ids else f"r{index:06d}"
         salt = salts[index] if salts else None
-        requests.append(RunRequest(index, request_id, request_id, 0, 0.0,
-                                   np.asarray(ids, dtype=np.uint32), max_tokens, salt))
+        requests.append(Request(index, request_id, request_id, 0, np.asarray(ids, dtype=np.uint32),
+                                max_tokens=max_tokens, salt=salt))
     return requests
 
 

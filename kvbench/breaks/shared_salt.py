@@ -29,7 +29,7 @@ from kvbench.breaks.common import (
 from kvbench.cache.base import CacheConfig
 from kvbench.engine.engine import EngineConfig, HFEngine
 from kvbench.engine.model import LoadedModel
-from kvbench.run.loop import RunRequest
+from kvbench.request import Request
 from kvbench.results.summary import percentile
 from kvbench.workloads.dists import IntDist
 from kvbench.workloads.generators import OneOffConfig, check_ints, generate_one_off
@@ -165,8 +165,8 @@ class TrialStep:
     trial: int
 
 
-def trial_requests(prompts: Sequence[RunRequest], num_trials: int, salts: tuple[str, str],
-                   seed: int) -> tuple[list[RunRequest], list[TrialStep]]:
+def trial_requests(prompts: Sequence[Request], num_trials: int, salts: tuple[str, str],
+                   seed: int) -> tuple[list[Request], list[TrialStep]]:
     """A's private prompt, then B's two guesses in a seeded random order, for every trial; and what
     each request is. ``prompts[t]`` is trial t's private prompt, ``prompts[num_trials + t]`` its
     wrong guess."""
@@ -180,8 +180,8 @@ def trial_requests(prompts: Sequence[RunRequest], num_trials: int, salts: tuple[
             steps.append(TrialStep(tenant, probe, trial))
             chosen.append(prompt)
     salt_of = {"a": salts[0], "b": salts[1]}
-    requests = [RunRequest(index, f"t{step.trial}-{step.tenant}-{step.probe}", f"tenant-{step.tenant}", 0, 0.0,
-                           prompt.token_ids, prompt.max_tokens, salt_of[step.tenant])
+    requests = [Request(index, f"t{step.trial}-{step.tenant}-{step.probe}", f"tenant-{step.tenant}", 0,
+                        prompt.token_ids, max_tokens=prompt.max_tokens, salt=salt_of[step.tenant])
                 for index, (step, prompt) in enumerate(zip(steps, chosen))]
     return requests, steps
 

@@ -209,7 +209,7 @@ def run_tiny_hash(loaded: LoadedModel, config: TinyHashConfig = TinyHashConfig()
     requests = trace_run_requests(trace, tokenizer)
     capacity = sum(r.prompt_tokens // config.block_size + 1 for r in requests)  # never evicts
     reference = run_variant(HFEngine(loaded), requests, EXPERIMENT, "cache-off", progress=progress)
-    reference_ids = [result.output_token_ids for result in reference.results]
+    reference_ids = [list(result.output_token_ids) for result in reference.results]
     for row, ids in zip(reference.rows, reference_ids):
         row.update(output_token_ids=ids, reference_output_token_ids=ids, output_matches_reference=True)
     runs = []
@@ -224,8 +224,8 @@ def run_tiny_hash(loaded: LoadedModel, config: TinyHashConfig = TinyHashConfig()
             return {"hash_bits": hash_bits, "num_false_hit_blocks": seen.num_false_hit_blocks,
                     "first_false_block": seen.first_false_block, "collision_chance": seen.collision_chance,
                     "served_poisoned_blocks": seen.served_poisoned_blocks,
-                    "output_token_ids": result.output_token_ids, "reference_output_token_ids": expected,
-                    "output_matches_reference": result.output_token_ids == expected}
+                    "output_token_ids": list(result.output_token_ids), "reference_output_token_ids": expected,
+                    "output_matches_reference": list(result.output_token_ids) == expected}
 
         variant = "sha256" if hash_bits is None else f"{hash_bits}-bit"
         runs.append(run_variant(HFEngine(loaded, EngineConfig(cache=cache)), requests, EXPERIMENT, variant,

@@ -37,7 +37,6 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from enum import Enum
 
 import numpy as np
 import torch
@@ -49,6 +48,7 @@ from kvbench.cache.base import CacheConfig, Clock, PrefixCache, make_cache
 from kvbench.memory.layout import KvLayout
 from kvbench.engine.model import LoadedModel
 from kvbench.errors import InputError
+from kvbench.request import RequestRecord, Status
 
 LayerKV = tuple[torch.Tensor, torch.Tensor]  # (keys, values), each (1, kv_heads, seq, head_dim)
 
@@ -212,54 +212,6 @@ class EngineConfig:
             raise ValueError(f"cache must be a CacheConfig or None, got {type(self.cache).__name__}")
 
 
-class RequestStatus(str, Enum):
-    """``error``: the request did not run (see ``RequestResult.error``)."""
-
-    OK = "ok"
-    ERROR = "error"
-
-
-@dataclass(frozen=True)
-class RequestResult:
-    """One request's outcome. Times are ms from the engine receiving the request.
-
-    Attributes:
-        prompt_tokens / cached_prompt_tokens: prompt length and the part served from the cache.
-        output_token_ids: generated ids, EOS included when it ended the response.
-        ttft_ms: until the first output token existed (hashing, lookup, KV load and prefill).
-        tpot_ms: ``(e2e_ms - ttft_ms) / (output_tokens - 1)`` (vLLM); ``None`` for one output token.
-        itl_ms: gaps between consecutive output tokens, ``output_tokens - 1`` of them.
-        e2e_ms: until the last output token existed.
-        prefill_ms: the forward over the uncached prompt tail alone.
-        lookup_ms / kv_load_ms: hashing + lookup; concatenating hit blocks into the past KV.
-        insert_ms: copying and inserting the new blocks, after the last token (not in ``e2e_ms``).
-        num_inserted_blocks: blocks this request newly stored in the cache.
-        status / error: ``error`` carries one line when the request could not run.
-        output_matches_reference: with ``verify``: equal to a cache-off run? ``None`` otherwise.
-    """
-
-    request_id: str | None
-    status: RequestStatus
-    prompt_tokens: int
-    cached_prompt_tokens: int = 0
-    output_token_ids: list[int] = field(default_factory=list)
-    ttft_ms: float | None = None
-    tpot_ms: float | None = None
-    itl_ms: list[float] = field(default_factory=list)
-    e2e_ms: float | None = None
-    prefill_ms: float | None = None
-    lookup_ms: float = 0.0
-    kv_load_ms: float = 0.0
-    insert_ms: float = 0.0
-    num_inserted_blocks: int = 0
-    error: str | None = None
-    output_matches_reference: bool | None = None
-
-    @property
-    def output_tokens(self) -> int:
-        return len(self.output_token_ids)
-
-
 @dataclass
 class _Stamps:
     """Stamps of one request, in ``perf_counter`` seconds."""
@@ -310,7 +262,7 @@ class HFEngine:
 
     def generate(self, token_ids: Sequence[int] | np.ndarray, sampling: SamplingParams = SamplingParams(),
                  salt: str | None = None, extra_keys: Sequence[str | bytes | int] = (),
-                 request_id: str | None = None, on_token: Callable[[int], None] | None = None) -> RequestResult:
+                 on_token: Callable[[int], None] | None = None) -> RequestRecord:
         """Run one request. Bad input (empty prompt, id outside the vocabulary, prompt + max_tokens
         beyond the context) gives a result with status ``error``; other exceptions propagate, after
         every pin is released.
@@ -322,12 +274,11 @@ class HFEngine:
         ids = np.asarray(token_ids, dtype=np.int64).reshape(-1).tolist()
         problem = self._check_request(ids, sampling)
         if problem is not None:
-            return RequestResult(request_id, RequestStatus.ERROR, len(ids), error=problem)
+            return RequestRecord.failed(len(ids), problem)
         salt = self.config.salt if salt is None else salt
-        result = self._run(ids, sampling, salt, extra_keys, request_id, stamps, self.cache, on_token)
+        result = self._run(ids, sampling, salt, extra_keys, stamps, self.cache, on_token)
         if self.config.verify:
-            reference = self._run(ids, sampling, salt, extra_keys, request_id,
-                                  _Stamps(time.perf_counter()), cache=None)
+            reference = self._run(ids, sampling, salt, extra_keys, _Stamps(time.perf_counter()), cache=None)
             matches = reference.output_token_ids == result.output_token_ids
             result = replace(result, output_matches_reference=matches if sampling.is_reproducible else None)
         return result
@@ -346,8 +297,8 @@ class HFEngine:
 
     @torch.inference_mode()
     def _run(self, ids: list[int], sampling: SamplingParams, salt: str, extra_keys: Sequence,
-             request_id: str | None, stamps: _Stamps, cache: PrefixCache | None,
-             on_token: Callable[[int], None] | None = None) -> RequestResult:
+             stamps: _Stamps, cache: PrefixCache | None,
+             on_token: Callable[[int], None] | None = None) -> RequestRecord:
         """Steps 1-7 of the module docstring; ``cache=None`` is the cache-off path."""
         handles: list = []
         num_hit_blocks = num_inserted = 0
@@ -370,8 +321,7 @@ class HFEngine:
         finally:
             if handles:
                 cache.release(handles)
-        return _result(request_id, len(ids), num_hit_tokens, tokens, stamps, num_inserted,
-                       cache is not None)
+        return _result(len(ids), num_hit_tokens, tokens, stamps, num_inserted, cache is not None)
 
     def _prefill_and_decode(self, tail_ids: list[int], kv_cache: DynamicCache, sampling: SamplingParams,
                             stamps: _Stamps, on_token: Callable[[int], None] | None = None) -> list[int]:
@@ -454,24 +404,25 @@ class HFEngine:
         return self.cache.num_cached_blocks * self.loaded.kv_layout(self.block_size).bytes_per_block
 
 
-def _result(request_id: str | None, prompt_tokens: int, cached_tokens: int, tokens: list[int],
-            stamps: _Stamps, num_inserted: int, cache_on: bool) -> RequestResult:
+def _result(prompt_tokens: int, cached_tokens: int, tokens: list[int], stamps: _Stamps, num_inserted: int,
+            cache_on: bool) -> RequestRecord:
     token_s = stamps.token_s
     ttft_ms, e2e_ms = stamps.ms(token_s[0]), stamps.ms(token_s[-1])
-    return RequestResult(
-        request_id=request_id,
-        status=RequestStatus.OK,
+    return RequestRecord(
+        status=Status.OK,
         prompt_tokens=prompt_tokens,
         cached_prompt_tokens=cached_tokens,
-        output_token_ids=tokens,
+        output_tokens=len(tokens),
+        output_tokens_source="engine",
+        output_token_ids=tuple(tokens),
         ttft_ms=ttft_ms,
         tpot_ms=(e2e_ms - ttft_ms) / (len(tokens) - 1) if len(tokens) > 1 else None,
-        itl_ms=[(b - a) * 1e3 for a, b in zip(token_s, token_s[1:])],
+        itl_ms=tuple((b - a) * 1e3 for a, b in zip(token_s, token_s[1:])),
         e2e_ms=e2e_ms,
         prefill_ms=stamps.ms(stamps.prefilled_s, stamps.kv_loaded_s),
-        lookup_ms=stamps.ms(stamps.looked_up_s) if cache_on else 0.0,
-        kv_load_ms=stamps.ms(stamps.kv_loaded_s, stamps.looked_up_s) if cache_on else 0.0,
-        insert_ms=stamps.ms(stamps.inserted_s, token_s[-1]) if cache_on else 0.0,
+        lookup_ms=stamps.ms(stamps.looked_up_s) if cache_on else None,
+        kv_load_ms=stamps.ms(stamps.kv_loaded_s, stamps.looked_up_s) if cache_on else None,
+        insert_ms=stamps.ms(stamps.inserted_s, token_s[-1]) if cache_on else None,
         num_inserted_blocks=num_inserted,
     )
 

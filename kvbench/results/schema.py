@@ -44,6 +44,9 @@ RUN_SCHEMA = pa.schema([
     pa.field("tpot_ms", pa.float64()),
     pa.field("e2e_ms", pa.float64()),
     pa.field("prefill_ms", pa.float64()),
+    pa.field("lookup_ms", pa.float64()),        # engine: hashing + cache lookup (null elsewhere)
+    pa.field("kv_load_ms", pa.float64()),       # engine: gathering hit blocks into the KV
+    pa.field("insert_ms", pa.float64()),        # engine: copying + inserting new blocks, after E2E
     pa.field("itl_ms", pa.list_(pa.float64())),
     pa.field("status", pa.string()),            # "ok" or "error"
     pa.field("http_status", pa.int64()),

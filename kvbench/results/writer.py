@@ -12,7 +12,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from kvbench.request import Request, RequestRecord
 from kvbench.results.parquet import write_rows
+from kvbench.results.rows import result_row
 from kvbench.results.schema import RUN_SCHEMA
 from kvbench.results.summary import RunSummary, percentile, summarize
 
@@ -23,18 +25,22 @@ CHECKPOINT_EVERY_S = 10.0  # rewrite the Parquet file at most this often while r
 
 
 class RunWriter:
-    """Collects result rows and keeps ``path`` up to date: rewritten every ``CHECKPOINT_EVERY_S``
-    seconds while running (``complete: false``), and once more at the end, so a crash, an error or
-    Ctrl-C loses at most the request in flight."""
+    """Turns each finished ``(request, record)`` into a row and keeps ``path`` up to date: rewritten
+    every ``CHECKPOINT_EVERY_S`` seconds while running (``complete: false``), and once more at the
+    end, so a crash, an error or Ctrl-C loses at most the requests in flight.
 
-    def __init__(self, path: Path, metadata: dict[str, Any]) -> None:
-        self.path = path
+    ``columns``: the backend's fixed result columns (``Backend.describe()``)."""
+
+    def __init__(self, path: Path, metadata: dict[str, Any], run_id: str, columns: dict[str, Any]) -> None:
+        self.path = Path(path)
         self.metadata = metadata
+        self.run_id = run_id
+        self.columns = columns
         self.rows: list[dict[str, Any]] = []
         self._written_s = time.monotonic()
 
-    def add(self, row: dict[str, Any]) -> None:
-        self.rows.append(row)
+    def add(self, request: Request, record: RequestRecord) -> None:
+        self.rows.append(result_row(self.run_id, self.columns, request, record))
         if time.monotonic() - self._written_s > CHECKPOINT_EVERY_S:
             self._write(complete=False)
 
@@ -50,19 +56,19 @@ class RunWriter:
 
 
 @contextlib.contextmanager
-def progress_line(console: Console, total: int) -> Iterator[Callable[[list[dict[str, Any]]], None]]:
-    """A live bar: requests done, hit rate so far, TTFT p50 so far. Yields ``update(rows)``."""
+def progress_line(console: Console) -> Iterator[Callable[[list[dict[str, Any]], int], None]]:
+    """A live bar: requests done, hit rate so far, TTFT p50 so far. Yields ``update(rows, total)``."""
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), TextColumn("{task.fields[stats]}"), console=console, transient=True)
-    task = progress.add_task("requests", total=total, stats="")
+    task = progress.add_task("requests", total=None, stats="")
 
-    def update(rows: list[dict[str, Any]]) -> None:
+    def update(rows: list[dict[str, Any]], total: int) -> None:
         ok = [r for r in rows if r["status"] == "ok"]
         prompt = sum(r["prompt_tokens"] for r in ok)
         hit = sum(r["cached_prompt_tokens"] or 0 for r in ok) / prompt if prompt else 0.0
         ttft = percentile((r["ttft_ms"] for r in ok), 50)
         stats = f"hit rate {hit:.3f}  TTFT p50 {ttft:,.0f} ms" if ttft is not None else ""
-        progress.update(task, completed=len(rows), stats=stats)
+        progress.update(task, completed=len(rows), total=total, stats=stats)
 
     with progress:
         yield update

@@ -1,180 +1,194 @@
-"""Runs a trace against a backend: request order, phases, closed-loop concurrency, result rows.
+"""The one send loop: warm-up, closed and open loop, sessions in order, a duration, an injected clock.
 
-The runner knows nothing about models or HTTP: a backend is anything with
-``serve(request) -> ServedRequest``. It decides *when* each request is served and records it:
+Every way kvbench sends requests goes through :func:`send_requests`: ``kvbench run`` on the
+in-process engine or an HTTP server, ``kvbench sweep``, the break experiments and the peer harness.
+It decides *when* each request is sent; the backend (:mod:`kvbench.backends.base`) serves it.
 
-* Order: trace order. A session's turn k+1 is never sent before turn k has finished (a chat client
-  needs the reply first), even with several clients.
-* Concurrency ``c`` (closed loop, vLLM's ``--max-concurrency``): ``c`` clients each send their next
-  request as soon as their previous one finished. The in-process engine serves one request at a
-  time, oldest send first, so with ``c > 1`` requests wait: that wait is ``queue_ms``, recorded
-  apart from TTFT, never inside it. With ``c = 1`` the queue is empty and every number is exact.
-* Phases: the first ``warmup`` requests are served first and marked ``warmup`` (kept, not summarized).
+* **Closed loop** (``concurrency`` c, vLLM bench's ``--max-concurrency`` with an infinite rate): c
+  clients take requests in trace order; each sends its next request as soon as its previous one
+  finished.
+* **Open loop** (``request_rate_per_s`` R, ``burstiness`` k): request i is due at the i-th point of a
+  renewal process whose gaps are gamma(shape=k, scale=1/(R k)): mean 1/R, k = 1 is Poisson, k < 1
+  burstier (vLLM ``bench serve``'s ``--request-rate`` / ``--burstiness``). The first request is due
+  at 0. With ``concurrency`` set, at most that many are in flight.
+* **Session order**: a session's turn k+1 is sent only after turn k finished (its prompt carries
+  turn k's reply), even when it is due earlier or another client is free.
+* **Queue time** (``queue_ms``, never inside TTFT): from the request being taken by a client (closed
+  loop) or due (open loop) to the backend starting to serve it: waiting for the session's previous
+  turn, for a concurrency slot, and the backend's own wait (the in-process engine serves one request
+  at a time) that it reports in its record. A remote server's own queue is inside its TTFT, as it
+  is for any client.
+* **Warm-up**: the first ``num_warmup`` requests run first, closed loop, marked ``warmup``.
+* ``duration_s`` stops *sending* that long after the measured phase began; in-flight requests
+  finish, unsent ones leave no record.
 
-Rows follow :mod:`kvbench.results.schema`; ``on_row`` sees each row as soon as it exists, so an
-interrupted run keeps every finished request.
+``on_record(request, record)`` sees each record as soon as it exists, so an interrupted run (Ctrl-C,
+an exception) keeps every finished request.
 """
 
 from __future__ import annotations
 
-import time
+import asyncio
+import contextlib
+import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from kvbench.results.schema import empty_row
+from kvbench.backends.base import Backend
+from kvbench.request import Phase, Request, RequestRecord
+from kvbench.run.clock import WALL_CLOCK, Clock
 
-
-@dataclass(frozen=True, eq=False)
-class RunRequest:
-    """One request as the runner sends it.
-
-    Attributes:
-        index: position in the trace.
-        request_id, session_id, turn: identity; ``turn`` is the chat turn or agent step (0-based).
-        arrival_ms: the trace's arrival offset (kept in the results; closed-loop runs do not wait).
-        token_ids: the rendered prompt, shape (num_tokens,), uint32.
-        max_tokens: output budget.
-        salt: tenant salt from the trace, or ``None`` for the run's.
-        text: the trace request (messages or prompt) for backends that send text, else ``None``.
-        expected_cached_tokens: what the simulator predicts for this request, if computed.
-    """
-
-    index: int
-    request_id: str
-    session_id: str
-    turn: int
-    arrival_ms: float
-    token_ids: np.ndarray
-    max_tokens: int
-    salt: str | None = None
-    text: Any = None
-    expected_cached_tokens: int | None = None
-
-    @property
-    def prompt_tokens(self) -> int:
-        return int(self.token_ids.shape[0])
-
-
-@dataclass
-class ServedRequest:
-    """What a backend reports for one request. Times are ms from the start of service."""
-
-    status: str  # "ok" or "error"
-    prompt_tokens: int
-    cached_prompt_tokens: int | None = None
-    output_tokens: int = 0
-    output_tokens_source: str = "engine"
-    ttft_ms: float | None = None
-    tpot_ms: float | None = None
-    itl_ms: list[float] = field(default_factory=list)
-    e2e_ms: float | None = None
-    prefill_ms: float | None = None
-    error: str | None = None
-    http_status: int | None = None
-    output_matches_reference: bool | None = None
-
-
-class Backend(Protocol):
-    """Serves one request at a time. ``describe()`` gives the result columns it fixes."""
-
-    def serve(self, request: RunRequest) -> ServedRequest: ...
-
-    def describe(self) -> dict[str, Any]: ...
+OnRecord = Callable[[Request, RequestRecord], None]
 
 
 @dataclass(frozen=True)
-class RunPlan:
-    """How to run: concurrency (closed-loop clients), warm-up count and the run id. Validated."""
+class LoadConfig:
+    """How requests are sent (see the module docstring). Raises ``ValueError`` when invalid.
 
-    run_id: str
-    concurrency: int = 1  # 1 = exact: no request ever waits
+    Attributes:
+        concurrency: most requests in flight; ``None`` (open loop only) = no cap.
+        request_rate_per_s: mean arrival rate; ``math.inf`` = closed loop.
+        burstiness: gamma shape of the arrival gaps (1 = Poisson).
+        duration_s: stop sending after this many seconds of the measured phase; ``None`` = all.
+        num_warmup: requests sent first as a marked warm-up.
+        seed: seeds the arrival gaps.
+    """
+
+    concurrency: int | None = 1  # 1 = exact: no request ever waits for another
+    request_rate_per_s: float = math.inf
+    burstiness: float = 1.0
+    duration_s: float | None = None
     num_warmup: int = 0
+    seed: int = 0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.concurrency, int) or self.concurrency < 1:
+        if self.concurrency is None and not self.is_open_loop:
+            raise ValueError("a closed loop needs a concurrency (or give a request rate)")
+        if self.concurrency is not None and not _is_int_at_least(self.concurrency, 1):
             raise ValueError(f"concurrency must be a positive integer, got {self.concurrency!r}")
-        if not isinstance(self.num_warmup, int) or self.num_warmup < 0:
+        if not _is_int_at_least(self.num_warmup, 0):
             raise ValueError(f"warmup must be a non-negative integer, got {self.num_warmup!r}")
+        if not self.request_rate_per_s > 0:
+            raise ValueError(f"request rate must be positive (inf = closed loop), got {self.request_rate_per_s}")
+        if not (self.burstiness > 0 and math.isfinite(self.burstiness)):
+            raise ValueError(f"burstiness must be a positive number, got {self.burstiness}")
+        if self.duration_s is not None and not self.duration_s > 0:
+            raise ValueError(f"duration must be positive, got {self.duration_s}")
+
+    @property
+    def is_open_loop(self) -> bool:
+        return math.isfinite(self.request_rate_per_s)
 
 
-def result_row(plan: RunPlan, columns: dict[str, Any], request: RunRequest, served: ServedRequest,
-               phase: str, queue_ms: float) -> dict[str, Any]:
-    """One results row (:mod:`kvbench.results.schema`): the backend's fixed ``columns``, the
-    request's identity, what was served, the phase and the queue time (ms)."""
-    row = empty_row()
-    row.update(columns)
-    row.update(
-        run_id=plan.run_id, request_index=request.index, request_id=request.request_id,
-        session_id=request.session_id, turn=request.turn, phase=phase, prompt_tokens=served.prompt_tokens,
-        cached_prompt_tokens=served.cached_prompt_tokens, expected_cached_tokens=request.expected_cached_tokens,
-        output_tokens=served.output_tokens, output_tokens_source=served.output_tokens_source,
-        max_tokens=request.max_tokens, arrival_ms=request.arrival_ms, queue_ms=queue_ms,
-        ttft_ms=served.ttft_ms, tpot_ms=served.tpot_ms, e2e_ms=served.e2e_ms, prefill_ms=served.prefill_ms,
-        itl_ms=list(served.itl_ms), status=served.status, http_status=served.http_status, error=served.error,
-        output_matches_reference=served.output_matches_reference,
-    )
-    return row
+def _is_int_at_least(value: object, minimum: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
 
 
-class _ClosedLoop:
-    """Send times under ``c`` clients and session order; picks the oldest sendable request."""
-
-    def __init__(self, requests: Sequence[RunRequest], concurrency: int, start_s: float) -> None:
-        self._pending = list(reversed(requests))  # pop() gives trace order
-        self._claimed: list[tuple[RunRequest, float | None]] = []
-        self._session_done_s: dict[str, float] = {}
-        for _ in range(min(concurrency, len(requests))):
-            self._claim(start_s)
-
-    def _claim(self, free_s: float) -> None:
-        if self._pending:
-            request = self._pending.pop()
-            self._claimed.append((request, free_s))
-
-    def next(self) -> tuple[RunRequest, float] | None:
-        """The claimed request to serve now and its send time (s), or ``None`` when done."""
-        best = None
-        for position, (request, free_s) in enumerate(self._claimed):
-            earlier_turn_waiting = any(other.session_id == request.session_id and other.index < request.index
-                                       for other, _ in self._claimed)
-            if earlier_turn_waiting:
-                continue  # its session's previous turn has not been served yet
-            send_s = max(free_s, self._session_done_s.get(request.session_id, free_s))
-            if best is None or (send_s, request.index) < (best[1], best[2].index):
-                best = (position, send_s, request)
-        if best is None:
-            return None
-        position, send_s, request = best
-        self._claimed.pop(position)
-        return request, send_s
-
-    def finished(self, request: RunRequest, end_s: float) -> None:
-        self._session_done_s[request.session_id] = end_s
-        self._claim(end_s)
+def arrival_offsets_s(num_requests: int, rate_per_s: float, burstiness: float, seed: int) -> np.ndarray:
+    """Due times (s from the phase start), shape (num_requests,): 0, then cumulative gamma gaps of
+    shape ``burstiness`` and mean ``1 / rate_per_s`` (vLLM bench's arrival process)."""
+    rng = np.random.default_rng(seed)
+    gaps = rng.gamma(shape=burstiness, scale=1.0 / (rate_per_s * burstiness), size=max(num_requests - 1, 0))
+    return np.concatenate([[0.0], np.cumsum(gaps)])[:num_requests]
 
 
-def run_requests(
-    requests: Sequence[RunRequest],
-    backend: Backend,
-    plan: RunPlan,
-    on_row: Callable[[dict[str, Any]], None],
-) -> None:
-    """Serve ``requests`` (warm-up first, then the rest) and hand each result row to ``on_row``.
+class _Run:
+    """State of one :func:`send_requests` call: which turn waits for which, and the records."""
 
-    An exception or Ctrl-C propagates after the rows so far were handed over.
+    def __init__(self, requests: Sequence[Request], backend: Backend, on_record: OnRecord | None,
+                 clock: Clock) -> None:
+        self.backend, self.on_record, self.clock = backend, on_record, clock
+        self.start_s = clock.now()
+        self.done = {request.index: asyncio.Event() for request in requests}
+        self.previous: dict[int, int] = {}
+        last_of_session: dict[str, int] = {}
+        for request in requests:
+            if request.session_id in last_of_session:
+                self.previous[request.index] = last_of_session[request.session_id]
+            last_of_session[request.session_id] = request.index
+        self.records: list[tuple[Request, RequestRecord]] = []
+
+    async def previous_turn(self, request: Request) -> None:
+        if (previous := self.previous.get(request.index)) is not None:
+            await self.done[previous].wait()
+
+    def skip(self, request: Request) -> None:
+        self.done[request.index].set()  # unsent: later turns of its session are past the deadline too
+
+    async def serve(self, request: Request, phase: Phase, queued_since_s: float) -> None:
+        try:
+            sent_s = self.clock.now()
+            record = await self.backend.serve(request)
+            ended_s = self.clock.now()
+            record = replace(record, phase=phase, queue_ms=(sent_s - queued_since_s) * 1e3 + record.queue_ms,
+                             sent_s=sent_s - self.start_s, ended_s=ended_s - self.start_s)
+            self.records.append((request, record))
+            if self.on_record is not None:
+                self.on_record(request, record)
+        finally:
+            self.done[request.index].set()
+        await asyncio.sleep(0)  # let a session's next turn, woken just now, go before a later request
+
+
+async def _closed_loop(run: _Run, batch: Sequence[Request], phase: Phase, concurrency: int,
+                       deadline_s: float) -> None:
+    pending = iter(batch)  # shared by the clients: each takes the next request in trace order
+
+    async def client() -> None:
+        for request in pending:
+            taken_s = run.clock.now()
+            if taken_s > deadline_s:
+                run.skip(request)
+                continue
+            await run.previous_turn(request)
+            await run.serve(request, phase, taken_s)
+
+    await asyncio.gather(*(client() for _ in range(min(concurrency, len(batch)))))
+
+
+async def _open_loop(run: _Run, batch: Sequence[Request], phase: Phase, load: LoadConfig,
+                     deadline_s: float) -> None:
+    phase_start_s = run.clock.now()
+    due_s = phase_start_s + arrival_offsets_s(len(batch), load.request_rate_per_s, load.burstiness, load.seed)
+    slots = asyncio.Semaphore(load.concurrency) if load.concurrency else None
+
+    async def one(request: Request, request_due_s: float) -> None:
+        if request_due_s > deadline_s:
+            run.skip(request)
+            return
+        await run.clock.sleep(request_due_s - run.clock.now())
+        await run.previous_turn(request)
+        async with slots or contextlib.nullcontext():
+            await run.serve(request, phase, request_due_s)
+
+    await asyncio.gather(*(one(request, float(due)) for request, due in zip(batch, due_s)))
+
+
+async def send_requests(requests: Sequence[Request], backend: Backend, load: LoadConfig = LoadConfig(),
+                        on_record: OnRecord | None = None,
+                        clock: Clock = WALL_CLOCK) -> list[tuple[Request, RequestRecord]]:
+    """Send ``requests`` (``load.num_warmup`` first, as warm-up) through ``backend``.
+
+    Returns every ``(request, record)`` in the order they finished; each record carries its phase,
+    queue time and service window. Cancellation (Ctrl-C) propagates after ``on_record`` has seen
+    every finished request.
     """
-    columns = backend.describe()
-    warmup, measured = requests[: plan.num_warmup], requests[plan.num_warmup:]
-    for phase, batch in (("warmup", warmup), ("measure", measured)):
-        loop = _ClosedLoop(batch, plan.concurrency, time.perf_counter())
-        while (picked := loop.next()) is not None:
-            request, send_s = picked
-            start_s = time.perf_counter()
-            served = backend.serve(request)
-            on_row(result_row(plan, columns, request, served, phase, (start_s - send_s) * 1e3))
-            # The client is free once its result is recorded: at concurrency 1 the next request then
-            # starts at once, so the runner's own bookkeeping never shows up as queue time.
-            loop.finished(request, time.perf_counter())
+    run = _Run(requests, backend, on_record, clock)
+    num_warmup = min(load.num_warmup, len(requests))
+    warmup, measured = requests[:num_warmup], requests[num_warmup:]
+    if warmup:
+        await _closed_loop(run, warmup, Phase.WARMUP, load.concurrency or 1, math.inf)
+    deadline_s = clock.now() + load.duration_s if load.duration_s is not None else math.inf
+    if load.is_open_loop:
+        await _open_loop(run, measured, Phase.MEASURE, load, deadline_s)
+    else:
+        await _closed_loop(run, measured, Phase.MEASURE, load.concurrency, deadline_s)
+    return run.records
+
+
+def run_requests(requests: Sequence[Request], backend: Backend, load: LoadConfig = LoadConfig(),
+                 on_record: OnRecord | None = None) -> list[tuple[Request, RequestRecord]]:
+    """:func:`send_requests` on the wall clock from synchronous code (its own event loop)."""
+    return asyncio.run(send_requests(requests, backend, load, on_record))

@@ -1,4 +1,4 @@
-"""What ``kvbench run`` replays: a scenario file or a trace file, as :class:`RunRequest` objects.
+"""What ``kvbench run`` replays: a scenario file or a trace file, as :class:`Request` objects.
 
 * A scenario with a text workload (shared-prefix, chat, agent, ...): its trace is generated and
   rendered with the engine's tokenizer; each request keeps its text for HTTP backends.
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from kvbench.errors import InputError
-from kvbench.run.loop import RunRequest
+from kvbench.request import Request
 from kvbench.run.scenario import CacheSection, Scenario, build_section, load_scenario
 from kvbench.workloads.mooncake import read_mooncake
 from kvbench.workloads.sources import detect_jsonl
@@ -65,14 +65,14 @@ class RunSource:
     """Requests plus what the source file says about running them."""
 
     name: str
-    requests: list[RunRequest]
+    requests: list[Request]
     block_size: int
     cache: CacheSection = field(default_factory=CacheSection)
     run: RunSection = field(default_factory=RunSection)
     trace_info: dict[str, Any] = field(default_factory=dict)
 
 
-def requests_hash(requests: list[RunRequest]) -> str:
+def requests_hash(requests: list[Request]) -> str:
     """``sha256:<hex>`` over the requests actually run: token ids, budgets, salts, sessions."""
     digest = hashlib.sha256()
     for request in requests:
@@ -81,22 +81,24 @@ def requests_hash(requests: list[RunRequest]) -> str:
     return "sha256:" + digest.hexdigest()
 
 
-def _from_trace(trace: Trace, tokenizer: Tokenizer, path: Path) -> list[RunRequest]:
+def _from_trace(trace: Trace, tokenizer: Tokenizer, path: Path) -> list[Request]:
     try:
         tokens = trace_token_requests(trace, tokenizer)
     except ValueError as exc:
         raise InputError.at(path, None, "expected_prompt_tokens", str(exc)) from None
     return [
-        RunRequest(index, request.id, request.session_id, request.turn, request.arrival_ms,
-                   token.token_ids, request.max_tokens, request.salt, text=request)
+        Request(index, request.id, request.session_id, request.turn, token.token_ids,
+                arrival_s=request.arrival_ms / 1e3, max_tokens=request.max_tokens, salt=request.salt,
+                output_tokens=request.output_tokens, messages=request.messages, prompt=request.prompt)
         for index, (request, token) in enumerate(zip(trace.requests, tokens))
     ]
 
 
-def _from_tokens(requests: list[TokenRequest], max_tokens: int | None) -> list[RunRequest]:
+def _from_tokens(requests: list[TokenRequest], max_tokens: int | None) -> list[Request]:
     return [
-        RunRequest(index, f"r{index:06d}", f"r{index:06d}", 0, request.arrival_s * 1000.0, request.token_ids,
-                   max_tokens or request.output_tokens or DEFAULT_MAX_TOKENS, request.salt or None)
+        Request(index, f"r{index:06d}", f"r{index:06d}", 0, request.token_ids, arrival_s=request.arrival_s,
+                max_tokens=max_tokens or request.output_tokens or DEFAULT_MAX_TOKENS, salt=request.salt or None,
+                output_tokens=request.output_tokens)
         for index, request in enumerate(requests)
     ]
 
@@ -141,12 +143,6 @@ def load_run_source(path: str | Path, tokenizer: Tokenizer, limit: int | None = 
                      trace_info=_trace_info(path, None))
 
 
-def limit_requests(requests: list[RunRequest], num_requests: int | None) -> list[RunRequest]:
+def limit_requests(requests: list[Request], num_requests: int | None) -> list[Request]:
     """The first ``num_requests`` requests (all when ``None``)."""
     return requests if num_requests is None else requests[:num_requests]
-
-
-def token_ids_of(requests: list[RunRequest]) -> list[TokenRequest]:
-    """The requests as simulator input (same order)."""
-    return [TokenRequest(np.asarray(r.token_ids, dtype=np.uint32), r.arrival_ms / 1000.0, r.salt or "")
-            for r in requests]

@@ -30,7 +30,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from kvbench.engine.engine import RequestResult, SamplingParams
+from kvbench.engine.engine import SamplingParams
+from kvbench.request import RequestRecord
 from kvbench.server.schemas import (DEFAULT_MAX_TOKENS, ApiError, ChatCompletionRequest, CompletionRequest,
                                     chunk_body, response_body, usage)
 from kvbench.server.service import EngineJob, EngineService, Generation
@@ -150,7 +151,7 @@ class _Header:
         return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
 
-async def _outcome(generation: Generation) -> RequestResult:
+async def _outcome(generation: Generation) -> RequestRecord:
     """Wait for the job's result. Raises ``ApiError``: 400 if the engine refused it, 500 if it failed."""
     while True:
         kind, value = await generation.events.get()
@@ -188,11 +189,11 @@ async def _stream(service: EngineService, generation: Generation, header: _Heade
         generation.cancel()  # a no-op once the job finished; stops the engine if the client left
 
 
-def _usage(result: RequestResult) -> dict[str, Any]:
+def _usage(result: RequestRecord) -> dict[str, Any]:
     return usage(result.prompt_tokens, result.output_tokens, result.cached_prompt_tokens)
 
 
-def _finish_reason(service: EngineService, job: EngineJob, result: RequestResult) -> str:
+def _finish_reason(service: EngineService, job: EngineJob, result: RequestRecord) -> str:
     """``stop`` when the response ended with an EOS the request did not ignore, else ``length``."""
     ids = result.output_token_ids
     ended_by_eos = bool(ids) and not job.sampling.ignore_eos and ids[-1] in service.engine.loaded.eos_token_ids

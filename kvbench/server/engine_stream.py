@@ -11,7 +11,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from kvbench.engine.engine import HFEngine, RequestResult, SamplingParams
+from kvbench.engine.engine import HFEngine, SamplingParams
+from kvbench.request import RequestRecord
 
 OnToken = Callable[[int], None]  # called in the engine's thread with each output token id
 
@@ -35,11 +36,11 @@ class StreamingEngine(HFEngine):
             raise ValueError("StreamingEngine needs EngineConfig(verify=False)")
 
     def generate_streaming(self, token_ids: Sequence[int] | np.ndarray, sampling: SamplingParams,
-                           salt: str | None, request_id: str | None, on_token: OnToken) -> RequestResult:
+                           salt: str | None, request_id: str | None, on_token: OnToken) -> RequestRecord:
         """:meth:`HFEngine.generate`, calling ``on_token(token_id)`` for every output token, in order,
         as soon as it is sampled. Exceptions from ``on_token`` propagate.
 
         Raises:
             StreamCancelled: when ``on_token`` raised it.
         """
-        return self.generate(token_ids, sampling, salt=salt, request_id=request_id, on_token=on_token)
+        return self.generate(token_ids, sampling, salt=salt, on_token=on_token)

@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from kvbench.engine.engine import RequestResult, RequestStatus, SamplingParams
+from kvbench.engine.engine import SamplingParams
+from kvbench.request import RequestRecord, Status
 from kvbench.server.engine_stream import StreamCancelled, StreamingEngine
 from kvbench.server.metrics import ServerCounters, render_metrics
 from kvbench.server.schemas import ApiError
@@ -47,7 +48,7 @@ class EngineJob:
 
 class Generation:
     """One submitted job. ``events`` yields ``("token", id)`` per streamed token, then exactly one of
-    ``("done", RequestResult)``, ``("refused", message)`` (the engine rejected the input),
+    ``("done", RequestRecord)``, ``("refused", message)`` (the engine rejected the input),
     ``("error", message)`` (the engine failed) or ``("cancelled", None)``."""
 
     def __init__(self) -> None:
@@ -142,8 +143,8 @@ class EngineService:
             finally:
                 self.counters.num_running -= 1
 
-    def _finished(self, result: RequestResult) -> tuple[str, Any]:
-        if result.status is not RequestStatus.OK:
+    def _finished(self, result: RequestRecord) -> tuple[str, Any]:
+        if result.status is not Status.OK:
             self.counters.num_failed += 1
             return "refused", result.error or "the engine refused the request"
         self.counters.record_success(result.prompt_tokens, result.cached_prompt_tokens, result.output_tokens)

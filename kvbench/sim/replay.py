@@ -67,7 +67,7 @@ def prepare_prompts(
 ) -> PreparedTrace:
     """Hash every request's full blocks once. ``keep_tokens`` is needed by the radix cache."""
     hasher = BlockHasher(block_size, hash_config)
-    prompts = [hasher.prompt_blocks(r.token_ids, salt=r.salt, keep_tokens=keep_tokens) for r in requests]
+    prompts = [hasher.prompt_blocks(r.token_ids, salt=r.salt or "", keep_tokens=keep_tokens) for r in requests]
     arrivals = np.array([r.arrival_s for r in requests], dtype=np.float64)
     if arrivals.size > 1 and np.any(np.diff(arrivals) < 0):
         order = np.argsort(arrivals, kind="stable")

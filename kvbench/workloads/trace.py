@@ -43,31 +43,13 @@ from typing import Any
 
 from kvbench import __version__
 from kvbench.errors import InputError
+from kvbench.request import MESSAGE_ROLES, Message  # noqa: F401 - part of the trace format
 
 TRACE_FORMAT_VERSION = 1
-MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool")
 REQUEST_FIELDS = ("id", "session_id", "turn", "arrival_ms", "messages", "prompt", "max_tokens",
                   "output_tokens", "salt", "expected_prompt_tokens")
 HEADER_FIELDS = ("kvbench_trace", "kvbench_version", "generator", "params", "seed", "tokenizer",
                  "chat_format", "num_requests", "content_hash")
-
-
-@dataclass(frozen=True)
-class Message:
-    """One chat message (OpenAI format). ``role`` is one of :data:`MESSAGE_ROLES`."""
-
-    role: str
-    content: str
-
-    def __post_init__(self) -> None:
-        if self.role not in MESSAGE_ROLES:
-            raise ValueError(f"role must be one of {', '.join(MESSAGE_ROLES)}, got {self.role!r}")
-        if not isinstance(self.content, str):
-            raise ValueError(f"content must be a string, got {type(self.content).__name__}")
-
-    def as_dict(self) -> dict[str, str]:
-        """``{"role": ..., "content": ...}``, what OpenAI-style APIs and chat templates take."""
-        return {"role": self.role, "content": self.content}
 
 
 @dataclass(frozen=True)

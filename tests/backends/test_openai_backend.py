@@ -10,9 +10,9 @@ import pytest
 from fake_servers import SECRET_KEY, chunk
 from kvbench.backends.openai.client import OpenAIBackend, OpenAIConfig, redact
 from kvbench.cli import main
-from kvbench.run.loop import RunRequest
+from kvbench.request import Request, Status
 from kvbench.workloads.tokenizer import load_tokenizer
-from kvbench.workloads.trace import Message, TraceRequest
+from kvbench.request import Message
 
 TOKENIZER = load_tokenizer()
 USAGE = {"prompt_tokens": 999, "completion_tokens": 3, "total_tokens": 1002,
@@ -20,10 +20,9 @@ USAGE = {"prompt_tokens": 999, "completion_tokens": 3, "total_tokens": 1002,
 
 
 def chat_request(index=0, salt=None, max_tokens=4):
-    trace = TraceRequest(id=f"r{index}", session_id=f"s{index}", turn=0, arrival_ms=0.0, max_tokens=max_tokens,
-                         expected_prompt_tokens=1, messages=(Message("user", "hello there"),), salt=salt)
-    ids = TOKENIZER.render(trace)
-    return RunRequest(index, trace.id, trace.session_id, 0, 0.0, ids, max_tokens, salt, text=trace)
+    messages = (Message("user", "hello there"),)
+    return Request(index, f"r{index}", f"s{index}", 0, TOKENIZER.render_messages(messages), max_tokens=max_tokens,
+                   salt=salt, messages=messages)
 
 
 def serve(url, requests, run_salt=None, **config):
@@ -39,7 +38,7 @@ def test_a_stream_is_timed_per_content_chunk_and_counted_from_usage(fake_server)
     server = fake_server("script", [chunk("Hel"), chunk("lo there"), chunk("!"), chunk(finish_reason="length"),
                                     chunk(usage=USAGE)])
     [served] = serve(server.url, [chat_request(salt="tenant")], run_salt="run")
-    assert served.status == "ok" and served.http_status == 200 and served.error is None
+    assert served.status is Status.OK and served.http_status == 200 and served.error is None
     assert (served.prompt_tokens, served.cached_prompt_tokens, served.output_tokens) == (999, 16, 3)
     assert served.output_tokens_source == "usage"
     assert len(served.itl_ms) == 2 and 0 < served.ttft_ms <= served.e2e_ms
@@ -52,20 +51,19 @@ def test_a_stream_is_timed_per_content_chunk_and_counted_from_usage(fake_server)
 def test_several_tokens_in_one_chunk_and_no_usage(fake_server):
     server = fake_server("script", [chunk("one two three"), chunk(finish_reason="stop")])
     [served] = serve(server.url, [chat_request()], ignore_eos=False)
-    assert served.status == "ok" and served.output_tokens_source == "tokenizer"
+    assert served.status is Status.OK and served.output_tokens_source == "tokenizer"
     assert served.output_tokens == len(TOKENIZER.encode("one two three")) == 3
-    assert served.itl_ms == [] and served.cached_prompt_tokens is None
+    assert served.itl_ms == () and served.cached_prompt_tokens is None
     assert served.prompt_tokens == chat_request().prompt_tokens  # the local count when usage is missing
     assert "cache_salt" not in server.bodies[0] and "ignore_eos" not in server.bodies[0]
 
 
 def test_plain_prompts_and_token_ids_go_to_completions(fake_server):
     server = fake_server("script", [chunk("x", chat=False), chunk(finish_reason="length", chat=False)])
-    text = TraceRequest(id="p", session_id="p", turn=0, arrival_ms=0.0, max_tokens=2, expected_prompt_tokens=1,
-                        prompt="Once upon a time")
-    ids = RunRequest(1, "t", "t", 0, 0.0, np.array([11, 22, 33], dtype=np.uint32), 2)
-    served = serve(server.url, [RunRequest(0, "p", "p", 0, 0.0, TOKENIZER.render(text), 2, text=text), ids])
-    assert [s.status for s in served] == ["ok", "ok"]
+    ids = Request(1, "t", "t", 0, np.array([11, 22, 33], dtype=np.uint32), max_tokens=2)
+    text = Request(0, "p", "p", 0, TOKENIZER.render_prompt("Once upon a time"), max_tokens=2, prompt="Once upon a time")
+    served = serve(server.url, [text, ids])
+    assert [s.status for s in served] == [Status.OK, Status.OK]
     assert server.bodies[0]["prompt"] == "Once upon a time" and server.bodies[1]["prompt"] == [11, 22, 33]
 
 

@@ -3,9 +3,8 @@
 import numpy as np
 import pytest
 
-from kvbench.run.load import ServiceWindow
 from kvbench.backends.openai.reconcile import expect, parse_prefix_cache_counters, possible_cached_tokens, reconcile
-from kvbench.run.loop import RunRequest
+from kvbench.request import Request, RequestRecord, Status
 from kvbench.server.metrics import ServerCounters, render_metrics
 
 SHARED = np.arange(1, 49, dtype=np.uint32)  # 48 tokens = 3 blocks of 16
@@ -13,7 +12,11 @@ SHARED = np.arange(1, 49, dtype=np.uint32)  # 48 tokens = 3 blocks of 16
 
 def request(index, tail, salt=None):
     ids = np.concatenate([SHARED, np.asarray(tail, dtype=np.uint32)])
-    return RunRequest(index, f"r{index}", f"s{index}", 0, 0.0, ids, 4, salt)
+    return Request(index, f"r{index}", f"s{index}", 0, ids, max_tokens=4, salt=salt)
+
+
+def sent(start_s, end_s):
+    return RequestRecord(Status.OK, 0, sent_s=start_s, ended_s=end_s)
 
 
 def test_expectations_follow_trace_order_block_floor_and_salt():
@@ -26,11 +29,11 @@ def test_expectations_follow_trace_order_block_floor_and_salt():
 def test_possible_counts_only_requests_sent_before_this_one_ended():
     requests = [request(0, [100]), request(1, [200])]
     prompts = expect(requests, 16).prompts
-    overlapping = [ServiceWindow(0.0, 2.0), ServiceWindow(1.0, 3.0)]
+    overlapping = [(0.0, 2.0), (1.0, 3.0)]
     assert possible_cached_tokens(prompts, overlapping) == [48, 48]  # either could have been served first
-    apart = [ServiceWindow(0.0, 1.0), ServiceWindow(2.0, 3.0)]
+    apart = [(0.0, 1.0), (2.0, 3.0)]
     assert possible_cached_tokens(prompts, apart) == [0, 48]
-    assert possible_cached_tokens(prompts, [ServiceWindow(0.0, 1.0), None]) == [0, None]
+    assert possible_cached_tokens(prompts, [(0.0, 1.0), None]) == [0, None]
 
 
 def row(index, cached, prompt_tokens=49, status="ok"):
@@ -41,7 +44,7 @@ def row(index, cached, prompt_tokens=49, status="ok"):
 def test_reconcile_flags_impossible_and_far_too_low_reports():
     requests = [request(0, [100]), request(1, [200]), request(2, [300]), request(3, [400])]
     expectations = expect(requests, 16)
-    windows = {i: ServiceWindow(float(i), i + 0.5) for i in range(4)}
+    windows = [sent(float(i), i + 0.5) for i in range(4)]
     rows = [row(0, 16), row(1, 48), row(2, 16), row(3, None), row(4, 0)]
     result = reconcile(rows, requests, expectations, windows)
     assert [f.request_id for f in result.over_possible] == ["r0"]  # nothing was cached before r0
@@ -53,7 +56,7 @@ def test_reconcile_flags_impossible_and_far_too_low_reports():
 
 def test_overlapping_requests_served_out_of_order_are_counted_not_flagged():
     requests = [request(0, [100]), request(1, [200])]
-    windows = {0: ServiceWindow(0.0, 2.0), 1: ServiceWindow(0.1, 1.0)}
+    windows = [sent(0.0, 2.0), sent(0.1, 1.0)]
     result = reconcile([row(0, 48), row(1, 0)], requests, expect(requests, 16), windows)
     assert result.over_possible == () and result.num_above_expected == 1 and len(result.below_expected) == 1
 

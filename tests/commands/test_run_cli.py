@@ -73,11 +73,11 @@ def test_interrupted_run_keeps_every_finished_row(kvbench, scenario, tmp_path, m
     real_serve = inprocess.InProcessBackend.serve
     calls = []
 
-    def serve_then_interrupt(self, request):
+    async def serve_then_interrupt(self, request):
         calls.append(request.index)
         if len(calls) == 3:
             raise KeyboardInterrupt
-        return real_serve(self, request)
+        return await real_serve(self, request)
 
     monkeypatch.setattr(inprocess.InProcessBackend, "serve", serve_then_interrupt)
     out = tmp_path / "cut.parquet"

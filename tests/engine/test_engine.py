@@ -15,7 +15,6 @@ from kvbench.cache.base import CacheConfig
 from kvbench.engine.engine import (
     EngineConfig,
     HFEngine,
-    RequestStatus,
     SamplingParams,
     blocks_to_kv,
     cache_to_kv,
@@ -27,6 +26,7 @@ from kvbench.engine.engine import (
 )
 from kvbench.engine.model import default_llama_config, load_model, random_model
 from kvbench.errors import InputError
+from kvbench.request import Status
 
 GREEDY = SamplingParams(max_tokens=4, ignore_eos=True)
 BLOCK = 16
@@ -115,7 +115,7 @@ def test_cache_on_and_off_give_identical_greedy_outputs(request, model, kind):
     sampling = replace(GREEDY, max_tokens=3 if model == "default" else 6)
     for index, prompt in enumerate(prompts):
         warm, cold = on.generate(prompt, sampling), off.generate(prompt, sampling)
-        assert warm.status is cold.status is RequestStatus.OK
+        assert warm.status is cold.status is Status.OK
         assert warm.output_token_ids == cold.output_token_ids, f"request {index}"
         assert warm.cached_prompt_tokens == (0 if index == 0 else 64)  # 70 shared, floored to blocks
         assert cold.cached_prompt_tokens == 0
@@ -188,7 +188,7 @@ def test_timings_are_consistent(loaded):
         assert result.tpot_ms == pytest.approx(sum(result.itl_ms) / 4)
         assert result.lookup_ms + result.kv_load_ms + result.prefill_ms <= result.ttft_ms
     single = engine.generate(prompt, SamplingParams(max_tokens=1))
-    assert single.output_tokens == 1 and single.itl_ms == [] and single.tpot_ms is None
+    assert single.output_tokens == 1 and single.itl_ms == () and single.tpot_ms is None
 
 
 def test_seeded_sampling_is_reproducible(loaded):
@@ -206,7 +206,7 @@ def test_eos_ends_the_response_unless_ignored(loaded):
     prompt = random_ids(13, 40)
     first_token = HFEngine(loaded).generate(prompt, GREEDY).output_token_ids[0]
     engine = HFEngine(replace(loaded, eos_token_ids=(first_token,)))
-    assert engine.generate(prompt, SamplingParams(max_tokens=4)).output_token_ids == [first_token]
+    assert engine.generate(prompt, SamplingParams(max_tokens=4)).output_token_ids == (first_token,)
     assert engine.generate(prompt, SamplingParams(max_tokens=4, ignore_eos=True)).output_tokens == 4
 
 
@@ -269,9 +269,9 @@ def test_ideal_prefill_matches_the_cached_path(loaded):
 ])
 def test_bad_requests_get_an_error_status(default, prompt, max_tokens, problem):
     engine = engine_with_cache(default)
-    result = engine.generate(prompt, SamplingParams(max_tokens=max_tokens), request_id="r1")
-    assert result.status is RequestStatus.ERROR and problem in result.error
-    assert result.request_id == "r1" and result.output_tokens == 0 and result.ttft_ms is None
+    result = engine.generate(prompt, SamplingParams(max_tokens=max_tokens))
+    assert result.status is Status.ERROR and problem in result.error
+    assert result.output_tokens == 0 and result.ttft_ms is None
     assert engine.cache.stats.num_lookups == 0
 
 

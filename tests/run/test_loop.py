@@ -1,71 +1,160 @@
-"""The runner's closed loop: service order, session order, queue time kept apart from TTFT."""
+"""The one send loop on a virtual clock: closed and open loop, session order, queue time, warm-up,
+duration. No real sleeps: every time below is exact."""
 
-import time
+import asyncio
 
 import numpy as np
 import pytest
 
-from kvbench.run.loop import RunPlan, RunRequest, ServedRequest, run_requests
+from kvbench.request import Phase, Request, RequestRecord, Status
+from kvbench.run.clock import VirtualClock
+from kvbench.run.loop import LoadConfig, arrival_offsets_s, send_requests
 
-SERVICE_S = 0.02
 
+class TimedBackend:
+    """Takes ``service_s`` (virtual) per request, ``queue_s`` of it waiting for an engine lock when
+    ``exclusive``; records send/finish times, order and the peak in flight."""
 
-class SleepingBackend:
-    """Takes SERVICE_S per request; records the order it served requests in."""
-
-    def __init__(self):
-        self.served = []
+    def __init__(self, clock, service_s=0.05, exclusive=False):
+        self.clock, self.service_s = clock, service_s
+        self.lock = asyncio.Lock() if exclusive else None
+        self.in_flight = self.peak = 0
+        self.sent, self.finished, self.order = {}, {}, []
 
     def describe(self):
         return {"backend": "fake", "model": "none"}
 
-    def serve(self, request):
-        self.served.append(request.request_id)
-        time.sleep(SERVICE_S)
-        return ServedRequest("ok", request.prompt_tokens, 0, 1, ttft_ms=SERVICE_S * 1e3, e2e_ms=SERVICE_S * 1e3)
+    async def serve(self, request):
+        self.sent[request.index] = self.clock.now()
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        waited_ms = 0.0
+        if self.lock is not None:
+            await self.lock.acquire()
+            waited_ms = (self.clock.now() - self.sent[request.index]) * 1e3
+        self.order.append(request.request_id)
+        await asyncio.sleep(self.service_s)
+        if self.lock is not None:
+            self.lock.release()
+        self.in_flight -= 1
+        self.finished[request.index] = self.clock.now()
+        return RequestRecord(Status.OK, request.num_tokens, 0, 1, ttft_ms=self.service_s * 1e3,
+                             e2e_ms=self.service_s * 1e3, queue_ms=waited_ms)
 
 
-def requests(*sessions):
-    return [RunRequest(i, f"{s}{i}", s, 0, 0.0, np.zeros(4, dtype=np.uint32), 1) for i, s in enumerate(sessions)]
+def requests_of(sessions):
+    """``sessions``: the session id of each request, in trace order; turns count up per session."""
+    turns, made = {}, []
+    for index, session in enumerate(sessions):
+        turns[session] = turns.get(session, -1) + 1
+        made.append(Request(index, f"{session}{index}", session, turns[session], np.arange(10, dtype=np.uint32),
+                            max_tokens=4))
+    return made
 
 
-def serve(reqs, concurrency, warmup=0):
-    backend, rows = SleepingBackend(), []
-    run_requests(reqs, backend, RunPlan("test", concurrency, warmup), rows.append)
-    return backend.served, rows
+def run(requests, load, service_s=0.05, exclusive=False):
+    clock = VirtualClock()
+    backend = TimedBackend(clock, service_s, exclusive)
+    seen = []
+    records = clock.run(send_requests(requests, backend, load, lambda r, rec: seen.append(r.index), clock=clock))
+    assert seen == [request.index for request, _ in records]  # on_record saw each one, as it finished
+    by_index = {request.index: record for request, record in records}
+    return backend, by_index
+
+
+def test_closed_loop_keeps_concurrency_and_session_order():
+    backend, records = run(requests_of(["a", "a", "b", "c", "a", "d", "e"]), LoadConfig(concurrency=3))
+    assert len(records) == 7 and backend.peak == 3
+    for earlier, later in ((0, 1), (1, 4)):  # session a's turns
+        assert backend.sent[later] >= backend.finished[earlier]
+    assert records[1].queue_ms == pytest.approx(50.0)  # waited for turn 0 on its client, outside TTFT
+    assert records[0].queue_ms == 0.0 and records[2].queue_ms == 0.0
+    assert all(r.sent_s <= r.ended_s for r in records.values())
+    assert records[1].sent_s == pytest.approx(0.05) and records[1].ended_s == pytest.approx(0.10)
+
+
+def test_one_engine_at_concurrency_two_serves_in_trace_order_and_counts_the_lock_as_queue():
+    backend, records = run(requests_of(["a", "b", "c", "d"]), LoadConfig(concurrency=2), exclusive=True)
+    assert backend.order == ["a0", "b1", "c2", "d3"]
+    assert [records[i].queue_ms for i in range(4)] == pytest.approx([0.0, 50.0, 50.0, 50.0])
+    assert all(r.ttft_ms == pytest.approx(50.0) for r in records.values())
+
+
+def test_a_sessions_next_turn_goes_before_a_later_request():
+    backend, records = run(requests_of(["a", "a", "b"]), LoadConfig(concurrency=2), exclusive=True)
+    assert backend.order == ["a0", "a1", "b2"]
+    assert records[1].queue_ms == pytest.approx(50.0)  # the wait for turn 0
+    backend, _ = run(requests_of(["a", "b", "a"]), LoadConfig(concurrency=2), exclusive=True)
+    assert backend.order == ["a0", "b1", "a2"]
 
 
 def test_concurrency_one_never_queues():
-    order, rows = serve(requests("a", "b", "c"), concurrency=1)
-    assert order == ["a0", "b1", "c2"]
-    assert all(r["queue_ms"] < 50 for r in rows)
+    backend, records = run(requests_of(["a", "b", "c"]), LoadConfig(concurrency=1), exclusive=True)
+    assert backend.order == ["a0", "b1", "c2"] and all(r.queue_ms == 0.0 for r in records.values())
 
 
-def test_concurrency_two_records_the_wait_apart_from_ttft():
-    order, rows = serve(requests("a", "b", "c", "d"), concurrency=2)
-    assert order == ["a0", "b1", "c2", "d3"]
-    assert rows[0]["queue_ms"] < 50
-    assert rows[1]["queue_ms"] >= SERVICE_S * 1e3 * 0.9  # sent at once, served after a0
-    assert all(r["ttft_ms"] == pytest.approx(SERVICE_S * 1e3) for r in rows)
+def test_open_loop_sends_at_due_times_and_caps_in_flight():
+    backend, _ = run(requests_of([f"s{i}" for i in range(20)]),
+                     LoadConfig(concurrency=None, request_rate_per_s=100.0, seed=3), service_s=0.01)
+    due = arrival_offsets_s(20, 100.0, 1.0, 3)
+    assert np.allclose([backend.sent[i] for i in range(20)], due)
+    capped, _ = run(requests_of([f"s{i}" for i in range(20)]), LoadConfig(concurrency=2, request_rate_per_s=1000.0))
+    assert capped.peak == 2
+    closed, _ = run(requests_of([f"s{i}" for i in range(20)]), LoadConfig(concurrency=2))
+    assert closed.peak == 2
 
 
-def test_a_sessions_next_turn_waits_for_the_previous_one():
-    # Two clients claim a0 and a1 at once, but a1 is only sent when a0 has finished: its queue time
-    # starts then, not at the start of the run.
-    order, rows = serve(requests("a", "a", "b"), concurrency=2)
-    assert order == ["a0", "a1", "b2"]
-    assert rows[1]["queue_ms"] < 50
-    order, _ = serve(requests("a", "b", "a"), concurrency=2)
-    assert order == ["a0", "b1", "a2"]
+def test_arrivals_have_the_asked_mean_and_burstiness():
+    poisson = np.diff(arrival_offsets_s(20_000, 4.0, 1.0, 0))
+    bursty = np.diff(arrival_offsets_s(20_000, 4.0, 0.25, 0))
+    assert poisson.mean() == pytest.approx(0.25, rel=0.05) and bursty.mean() == pytest.approx(0.25, rel=0.1)
+    assert poisson.std() / poisson.mean() == pytest.approx(1.0, rel=0.05)  # exponential gaps
+    assert bursty.std() / bursty.mean() == pytest.approx(2.0, rel=0.1)  # CV = 1 / sqrt(shape)
 
 
-def test_warmup_is_served_first_and_marked():
-    _, rows = serve(requests("a", "b", "c"), concurrency=1, warmup=2)
-    assert [r["phase"] for r in rows] == ["warmup", "warmup", "measure"]
+def test_open_loop_waits_for_the_previous_turn_and_counts_it_as_queue():
+    load = LoadConfig(concurrency=None, request_rate_per_s=1000.0)
+    backend, records = run(requests_of(["a", "a"]), load, service_s=0.1)
+    assert backend.sent[1] == pytest.approx(backend.finished[0])
+    due_1 = arrival_offsets_s(2, 1000.0, 1.0, 0)[1]
+    assert records[1].queue_ms == pytest.approx((0.1 - due_1) * 1e3)
 
 
-def test_plan_validation():
+def test_duration_stops_sending_and_warmup_comes_first():
+    backend, records = run(requests_of([f"s{i}" for i in range(40)]),
+                           LoadConfig(concurrency=1, duration_s=0.2, num_warmup=2))
+    assert [records[i].phase for i in (0, 1)] == [Phase.WARMUP, Phase.WARMUP]
+    measured = [r for r in records.values() if r.phase is Phase.MEASURE]
+    assert len(measured) == 5  # sent at 0, .05, .10, .15, .20 s of the measured phase; not after
+
+
+@pytest.mark.parametrize("config", [dict(concurrency=0), dict(concurrency=None), dict(request_rate_per_s=0),
+                                    dict(burstiness=0.0), dict(duration_s=-1.0), dict(num_warmup=-1),
+                                    dict(concurrency=True)])
+def test_bad_load_configs_are_refused(config):
     with pytest.raises(ValueError):
-        RunPlan("x", concurrency=0)
-    with pytest.raises(ValueError):
-        RunPlan("x", num_warmup=-1)
+        LoadConfig(**config)
+
+
+def test_an_interrupt_keeps_the_records_so_far():
+    clock = VirtualClock()
+    backend = TimedBackend(clock)
+    seen = []
+
+    async def stop_at_third(request):
+        if request.index == 2:
+            raise KeyboardInterrupt
+        return await TimedBackend.serve(backend, request)
+
+    backend.serve = stop_at_third
+    with pytest.raises(KeyboardInterrupt):
+        clock.run(send_requests(requests_of(["a", "b", "c", "d"]), backend, LoadConfig(), lambda r, _: seen.append(r.index),
+                                clock=clock))
+    assert seen == [0, 1]
+
+
+def test_the_virtual_clock_runs_hours_of_service_exactly():
+    # 200 requests of 10 s each: 2,000 virtual seconds, which a real clock could not run in a test
+    _, records = run(requests_of([f"s{i}" for i in range(200)]), LoadConfig(concurrency=1), service_s=10.0)
+    assert len(records) == 200 and records[199].ended_s == pytest.approx(2000.0)
+    assert records[100].sent_s == pytest.approx(1000.0)

@@ -15,7 +15,7 @@ def test_tokens_arrive_one_by_one_and_match_the_plain_engine(tiny_loaded):
     sampling = SamplingParams(max_tokens=6, ignore_eos=True)
     seen = []
     result = engine.generate_streaming(PROMPT, sampling, None, "r0", seen.append)
-    assert seen == result.output_token_ids
+    assert tuple(seen) == result.output_token_ids
     plain = HFEngine(tiny_loaded, EngineConfig(cache=CacheConfig(capacity_blocks=64))).generate(PROMPT, sampling)
     assert plain.output_token_ids == result.output_token_ids
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import openai
 
-from kvbench.run.loop import RunRequest, ServedRequest
+from kvbench.request import Request, RequestRecord, Status
 from kvbench.workloads.tokenizer import Tokenizer
 
 MAX_ERROR_CHARS = 300  # one readable line per failed request
@@ -105,7 +105,7 @@ class _Reading:
             if choice.finish_reason:
                 self.finish_reason = choice.finish_reason
 
-    def served(self, request: RunRequest, tokenizer: Tokenizer, error: str | None = None) -> ServedRequest:
+    def served(self, request: Request, tokenizer: Tokenizer, error: str | None = None) -> RequestRecord:
         usage = self.usage
         if usage is not None and usage.completion_tokens is not None:
             output_tokens, source = int(usage.completion_tokens), "usage"
@@ -118,13 +118,13 @@ class _Reading:
         e2e_ms = times_ms[-1] if times_ms else None
         tpot_ms = (e2e_ms - ttft_ms) / (output_tokens - 1) if times_ms and output_tokens > 1 else None
         prompt_tokens = usage.prompt_tokens if usage is not None and usage.prompt_tokens is not None else None
-        return ServedRequest(
-            status="ok" if error is None else "error",
+        return RequestRecord(
+            status=Status.OK if error is None else Status.ERROR,
             prompt_tokens=int(prompt_tokens) if prompt_tokens is not None else request.prompt_tokens,
             cached_prompt_tokens=int(cached) if cached is not None else None,
             output_tokens=output_tokens, output_tokens_source=source,
             ttft_ms=ttft_ms, tpot_ms=tpot_ms, e2e_ms=e2e_ms,
-            itl_ms=[b - a for a, b in zip(times_ms, times_ms[1:])],
+            itl_ms=tuple(b - a for a, b in zip(times_ms, times_ms[1:])),
             error=error, http_status=self.http_status,
         )
 
@@ -159,13 +159,13 @@ class OpenAIBackend:
         return {"backend": "openai", "model": self.config.model, "cache_enabled": None, "cache_kind": None,
                 "block_size": self.config.block_size, "capacity_blocks": None}
 
-    def cache_salt(self, request: RunRequest) -> str | None:
+    def cache_salt(self, request: Request) -> str | None:
         """The ``cache_salt`` sent: the run's and the trace's tenant salt combined (either alone if
         only one exists), so tenants stay apart within the run and the run apart from everything else."""
         parts = [part for part in (self.run_salt, request.salt) if part]
         return "/".join(parts) or None
 
-    def request_arguments(self, request: RunRequest) -> tuple[bool, dict[str, Any]]:
+    def request_arguments(self, request: Request) -> tuple[bool, dict[str, Any]]:
         """``(is_chat, keyword arguments for create())`` of one request."""
         config = self.config
         extra: dict[str, Any] = {}
@@ -181,13 +181,12 @@ class OpenAIBackend:
             arguments["seed"] = config.seed
         if extra:
             arguments["extra_body"] = extra
-        trace = request.text
-        if trace is not None and trace.messages is not None:
-            return True, {**arguments, "messages": trace.openai_messages}
-        prompt = trace.prompt if trace is not None else [int(t) for t in request.token_ids]
+        if request.messages is not None:
+            return True, {**arguments, "messages": request.openai_messages}
+        prompt = request.prompt if request.prompt is not None else [int(t) for t in request.token_ids]
         return False, {**arguments, "prompt": prompt}
 
-    async def serve(self, request: RunRequest) -> ServedRequest:
+    async def serve(self, request: Request) -> RequestRecord:
         """Send one request and read its stream; every failure becomes an error row (never raises,
         except for cancellation)."""
         if self._client is None:
@@ -204,7 +203,7 @@ class OpenAIBackend:
             text = redact(message, self.config.api_key).replace("\n", " ")
             return reading.served(request, self.tokenizer, error=text[:MAX_ERROR_CHARS])
 
-    async def _stream(self, request: RunRequest, reading: _Reading) -> None:
+    async def _stream(self, request: Request, reading: _Reading) -> None:
         chat, arguments = self.request_arguments(request)
         endpoint = self._client.chat.completions if chat else self._client.completions
         stream = await endpoint.create(**arguments)

@@ -33,10 +33,9 @@ from typing import Any
 
 import numpy as np
 
-from kvbench.run.load import ServiceWindow
 from kvbench.cache.block_hash import PromptBlocks
 from kvbench.cache.base import CacheConfig
-from kvbench.run.loop import RunRequest
+from kvbench.request import Request, RequestRecord
 from kvbench.sim.replay import prepare_prompts, simulate
 from kvbench.workloads.token_ids import TokenRequest
 
@@ -87,7 +86,7 @@ class Expectations:
     capacity_blocks: int | None  # None: unbounded
 
 
-def expect(requests: Sequence[RunRequest], block_size: int, capacity_blocks: int | None = None) -> Expectations:
+def expect(requests: Sequence[Request], block_size: int, capacity_blocks: int | None = None) -> Expectations:
     """Replay ``requests`` in order through a hash cache of ``block_size``-token blocks holding
     ``capacity_blocks`` (``None``: every block of the trace, i.e. never evicting)."""
     token_requests = [TokenRequest(np.asarray(r.token_ids, dtype=np.uint32), float(position), r.salt or "")
@@ -100,8 +99,9 @@ def expect(requests: Sequence[RunRequest], block_size: int, capacity_blocks: int
 
 
 def possible_cached_tokens(prompts: Sequence[PromptBlocks],
-                           windows: Sequence[ServiceWindow | None]) -> list[int | None]:
+                           windows: Sequence[tuple[float, float] | None]) -> list[int | None]:
     """The order-free upper bound per request (module docstring); ``None`` for unsent requests.
+    ``windows``: per request, ``(sent_s, ended_s)`` on one clock, or ``None`` when it was not sent.
 
     Each chained block key names its whole prefix, so a request can hit block b only if another
     request holding key b was sent before this one ended. Runs in O(total blocks).
@@ -112,7 +112,7 @@ def possible_cached_tokens(prompts: Sequence[PromptBlocks],
             continue
         for key in prompt.block_hashes:
             senders = earliest.setdefault(key, [])
-            senders.append((window.start_s, index))
+            senders.append((window[0], index))
             senders.sort()
             del senders[2:]
     bounds: list[int | None] = []
@@ -122,7 +122,7 @@ def possible_cached_tokens(prompts: Sequence[PromptBlocks],
             continue
         num_blocks = 0
         for key in prompt.block_hashes[: prompt.max_hit_blocks]:
-            if not any(other != index and sent_s < window.end_s for sent_s, other in earliest[key]):
+            if not any(other != index and sent_s < window[1] for sent_s, other in earliest[key]):
                 break
             num_blocks += 1
         bounds.append(num_blocks * prompt.block_size)
@@ -173,15 +173,17 @@ def _metrics_delta(before: PrefixCacheCounters | None, after: PrefixCacheCounter
     return rate, queries, hits, after.family
 
 
-def reconcile(rows: Sequence[Mapping[str, Any]], requests: Sequence[RunRequest], expectations: Expectations,
-              windows: Mapping[int, ServiceWindow], before: PrefixCacheCounters | None = None,
+def reconcile(rows: Sequence[Mapping[str, Any]], requests: Sequence[Request], expectations: Expectations,
+              records: Sequence[RequestRecord | None], before: PrefixCacheCounters | None = None,
               after: PrefixCacheCounters | None = None) -> Reconciliation:
     """Compare each ok row's ``cached_prompt_tokens`` with its expectation and bound.
 
-    ``requests`` and ``expectations`` are in the same order; rows are matched by ``request_index``.
+    ``requests``, ``expectations`` and ``records`` (``None`` for a request never sent) are in the
+    same order; rows are matched by ``request_index``.
     """
     position = {request.index: i for i, request in enumerate(requests)}
-    possible = possible_cached_tokens(expectations.prompts, [windows.get(r.index) for r in requests])
+    windows = [None if r is None or r.sent_s is None else (r.sent_s, r.ended_s) for r in records]
+    possible = possible_cached_tokens(expectations.prompts, windows)
     block_size = expectations.block_size
     ok = [row for row in rows if row["status"] == "ok" and row["request_index"] in position]
     compared = [row for row in ok if row["cached_prompt_tokens"] is not None]

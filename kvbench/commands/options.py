@@ -1,0 +1,22 @@
+"""Option aliases shared by the commands (typer ``Annotated`` types), so one flag reads the same everywhere."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kvbench.cache.base import CacheKind, ReleaseOrder
+from kvbench.cache.block_hash import HashAlgo
+
+Source = Annotated[Path, typer.Argument(help="Scenario (.toml) or trace (.jsonl: kvbench or Mooncake).")]
+Device = Annotated[str, typer.Option(help="cpu, cuda, cuda:N or mps.")]
+DTypeName = Annotated[str, typer.Option(help="float32, bfloat16 or float16.")]
+CacheKindOption = Annotated[CacheKind | None, typer.Option(help="Cache structure.")]
+BlockSize = Annotated[int | None, typer.Option(help="Tokens per block (default: the scenario's).")]
+Release = Annotated[ReleaseOrder | None, typer.Option(help="Free-list release order.")]
+HashAlgoOption = Annotated[HashAlgo | None, typer.Option(help="Block hash function.")]
+HashBits = Annotated[int | None, typer.Option(help="Keep only N bits of every key (8..256).")]
+MaxTokens = Annotated[int | None, typer.Option(help="Output tokens per request (default: the trace's).")]
+Requests = Annotated[int | None, typer.Option(help="Run only the first N requests.")]

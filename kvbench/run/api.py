@@ -1,0 +1,164 @@
+"""The library entry points behind ``kvbench run`` and ``kvbench sweep``.
+
+:func:`run` replays a scenario or trace on the in-process engine or an OpenAI-compatible server
+and writes one Parquet row per request; :func:`sweep` runs the engine once per cache size and fits
+TTFT against the miss rate. Both return what they measured; neither prints. Progress goes through
+``on_progress(rows_so_far, total)``. On Ctrl-C (or SIGTERM turned into one by the caller) what was
+measured is written, marked incomplete, and :class:`RunInterrupted` is raised with the outcome.
+
+Example::
+
+    from kvbench.run.api import run
+    from kvbench.run.config import RunConfig, RunFlags
+    outcome = run(RunConfig("scenarios/shared_2k.toml", run=RunFlags(num_requests=5)))
+    print(outcome.summary.token_hit_rate, outcome.path)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from kvbench.errors import InputError
+from kvbench.results.parquet import check_output_path
+from kvbench.results.writer import RunWriter
+from kvbench.results.summary import summarize
+from kvbench.run.config import BackendKind, CacheFlags, RunConfig, SweepConfig
+from kvbench.run.execute import (Progress, RunInterrupted, RunOutcome, default_out, execute, new_run_id,
+                                 prepared_requests, run_metadata)
+from kvbench.run.loop import LoadConfig
+from kvbench.run.setup import cache_config, cache_metadata, expected_cached_tokens, run_section
+from kvbench.run.source import load_run_source, requests_hash
+
+__all__ = ["RunInterrupted", "RunOutcome", "SweepOutcome", "run", "run_inprocess", "sweep"]
+
+
+def run(config: RunConfig, on_progress: Progress | None = None) -> RunOutcome:
+    """Replay ``config.source`` on the configured backend; write and return the results.
+
+    Raises:
+        InputError: a bad flag, file, model or server answer (one line).
+        RunInterrupted: Ctrl-C; the rows so far are written.
+    """
+    if config.out is not None:
+        check_output_path(config.out)
+    if config.backend is BackendKind.OPENAI:
+        from kvbench.run.api_openai import run_openai
+
+        return run_openai(config, on_progress)
+    return run_inprocess(config, on_progress)
+
+
+def run_inprocess(config: RunConfig, on_progress: Progress | None = None) -> RunOutcome:
+    """:func:`run` on the in-process engine."""
+    from kvbench.backends.inprocess import InProcessBackend
+    from kvbench.engine.engine import EngineConfig, HFEngine, SamplingParams
+    from kvbench.engine.model import ModelConfig, load_model
+    from kvbench.workloads.tokenizer import load_tokenizer
+
+    flags = config.model
+    model_path = Path(flags.path) if flags.path is not None else None
+    try:
+        loaded = load_model(ModelConfig(path=model_path, device=flags.device, dtype=flags.dtype))
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    source = load_run_source(config.source, load_tokenizer(flags.path), limit=config.run.num_requests)
+    settings = run_section(source, config.run, config.cache)
+    requests = prepared_requests(source, settings)
+    block_size = config.cache.block_size or source.block_size
+    cache = (cache_config(source, config.cache, loaded.kv_layout(block_size).bytes_per_block, block_size)
+             if settings.cache == "on" else None)
+    requests = [replace(r, expected_cached_tokens=e) for r, e in zip(requests, expected_cached_tokens(requests, cache))]
+    try:
+        sampling = SamplingParams(max_tokens=1, temperature=settings.temperature, top_p=settings.top_p,
+                                  seed=settings.seed, ignore_eos=settings.ignore_eos)
+        load = LoadConfig(concurrency=settings.concurrency, num_warmup=min(settings.warmup, len(requests)))
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    engine = HFEngine(loaded, EngineConfig(cache=cache, verify=settings.verify, salt=config.salt or ""))
+    backend = InProcessBackend(engine, sampling, loaded.name)
+    run_id = new_run_id(source.name)
+    run_info = {"run_id": run_id, "backend": "inprocess", "model": loaded.name, "cache": cache_metadata(cache),
+                "device": flags.device, "dtype": flags.dtype, "verify": settings.verify}
+    metadata = run_metadata(source, settings, requests, run_info, config.source, load.num_warmup)
+    writer = RunWriter(config.out or default_out("run", source.name), metadata, run_id, backend.describe())
+    outcome = execute(requests, backend, load, writer, on_progress)
+    writer.close(complete=True)
+    return outcome
+
+
+@dataclass
+class SweepOutcome:
+    """One point per finished cache size, the sweep summary (with the TTFT fit) and where it went."""
+
+    name: str
+    points: list = field(default_factory=list)
+    summary: Any = None
+    path: Path | None = None
+
+
+def sweep(config: SweepConfig, on_progress: Progress | None = None,
+          on_size: Callable[[int], None] | None = None) -> SweepOutcome:
+    """Run ``config.source`` on the engine once per cache size (a fresh cache each time), write one
+    results file per size and ``sweep.parquet`` with the fit TTFT p50 = a + b x (1 - hit rate).
+
+    Raises:
+        InputError: a bad flag, file or model.
+        RunInterrupted: Ctrl-C; the finished sizes and the cut one are written.
+    """
+    from kvbench.backends.inprocess import InProcessBackend
+    from kvbench.engine.engine import EngineConfig, HFEngine, SamplingParams
+    from kvbench.engine.model import ModelConfig, load_model
+    from kvbench.results.sweep import SweepPoint
+    from kvbench.workloads.tokenizer import load_tokenizer
+
+    flags = config.model
+    try:
+        loaded = load_model(ModelConfig(path=Path(flags.path) if flags.path else None, device=flags.device,
+                                        dtype=flags.dtype))
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    source = load_run_source(config.source, load_tokenizer(flags.path), limit=config.run.num_requests)
+    settings = run_section(source, config.run, CacheFlags(cache="on"))
+    requests = prepared_requests(source, settings)
+    block_size = config.block_size or source.block_size
+    folder = config.out or Path("results") / f"sweep-{source.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    check_output_path(folder / "sweep.parquet")
+    outcome = SweepOutcome(source.name)
+    context = {"scenario": source.name, "backend": "inprocess", "model": loaded.name,
+               "trace": {**source.trace_info, "requests_hash": requests_hash(requests)}}
+    sampling = SamplingParams(max_tokens=1, ignore_eos=settings.ignore_eos)
+    for size in config.cache_sizes:
+        cache = cache_config(source, CacheFlags(cache_size=str(size)), loaded.kv_layout(block_size).bytes_per_block,
+                             block_size)
+        context["cache"] = {k: v for k, v in cache_metadata(cache).items() if k != "capacity_blocks"}
+        sized = [replace(r, expected_cached_tokens=e) for r, e in zip(requests, expected_cached_tokens(requests, cache))]
+        run_id = f"{source.name}-sweep-{size}-{time.strftime('%Y%m%d-%H%M%S')}"
+        metadata = {"command": "run", "run": {**context, "run_id": run_id, "cache": cache_metadata(cache),
+                                              "max_tokens": settings.max_tokens, "concurrency": 1,
+                                              "seed": settings.seed, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}}
+        backend = InProcessBackend(HFEngine(loaded, EngineConfig(cache=cache)), sampling, loaded.name)
+        writer = RunWriter(folder / f"run-{size}.parquet", metadata, run_id, backend.describe())
+        if on_size is not None:
+            on_size(size)
+        try:
+            execute(sized, backend, LoadConfig(), writer, on_progress)
+        except RunInterrupted as interrupted:
+            _finish_sweep(outcome, folder, context, complete=False)
+            interrupted.sweep = outcome
+            raise
+        writer.close(complete=True)
+        outcome.points.append(SweepPoint.from_summary(size, summarize(writer.rows), writer.path))
+    _finish_sweep(outcome, folder, context, complete=True)
+    return outcome
+
+
+def _finish_sweep(outcome: SweepOutcome, folder: Path, context: dict, complete: bool) -> None:
+    from kvbench.results.sweep import build_sweep_summary, write_sweep_summary
+
+    if outcome.points:
+        outcome.summary = build_sweep_summary(outcome.points, context, complete=complete)
+        outcome.path = write_sweep_summary(folder / "sweep.parquet", outcome.summary)

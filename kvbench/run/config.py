@@ -1,0 +1,159 @@
+"""Frozen configs for ``kvbench run`` and ``kvbench sweep``, built from flags (or by library callers).
+
+Every field is optional where a scenario's ``[cache]`` / ``[run]`` section (or a default) fills it
+in: ``None`` means "the scenario's". Validation happens here, once; messages name the flag a user
+typed (``--requests: 0 must be positive``), so the CLI prints them as they are.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from enum import Enum
+from pathlib import Path
+
+from kvbench.backends.openai.hygiene import Hygiene
+from kvbench.cache.base import CacheKind, ReleaseOrder
+from kvbench.cache.block_hash import HashAlgo
+
+DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"  # `kvbench serve` and vLLM's default port
+DEFAULT_TIMEOUT_S = 300.0
+DEFAULT_SERVER_BLOCK_SIZE = 16  # vLLM's default block size
+
+
+class BackendKind(str, Enum):
+    INPROCESS = "inprocess"
+    OPENAI = "openai"
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _check_positive(owner: object, names: tuple[str, ...]) -> None:
+    for name in names:
+        value = getattr(owner, name)
+        if value is not None and not value > 0:
+            raise ValueError(f"{_flag(name)}: {value} must be positive")
+
+
+@dataclass(frozen=True)
+class ModelFlags:
+    """Which model: ``path`` a local checkpoint (in-process) or the served name (openai); ``None`` =
+    the built-in random Llama / the first model the server lists."""
+
+    path: str | None = None
+    device: str = "cpu"
+    dtype: str = "float32"  # fp32 keeps cache-on and cache-off greedy outputs identical
+
+
+@dataclass(frozen=True)
+class CacheFlags:
+    """The in-process prefix cache, over the scenario's ``[cache]`` and ``[run]`` sections."""
+
+    cache: str | None = None  # "on" / "off"
+    cache_kind: CacheKind | None = None
+    block_size: int | None = None
+    cache_size: str | None = None  # blocks ("4096") or bytes ("2GiB")
+    ttl: float | None = None  # seconds
+    release: ReleaseOrder | None = None
+    hash_algo: HashAlgo | None = None
+    hash_bits: int | None = None
+    verify: bool | None = None
+
+    def __post_init__(self) -> None:
+        _check_positive(self, ("block_size",))
+
+
+@dataclass(frozen=True)
+class RunFlags:
+    """Overrides of the scenario's ``[run]`` section (request count, budgets, sampling)."""
+
+    num_requests: int | None = None
+    concurrency: int | None = None
+    warmup: int | None = None
+    max_tokens: int | None = None
+    ignore_eos: bool | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_requests is not None and not self.num_requests > 0:
+            raise ValueError(f"--requests: {self.num_requests} must be positive")
+        _check_positive(self, ("concurrency", "max_tokens"))
+
+
+@dataclass(frozen=True)
+class ServerFlags:
+    """``--backend openai``: where the server is, how to send, and what to expect from its cache."""
+
+    base_url: str | None = None
+    api_key_env: str | None = None  # the variable's name; the key itself is never stored
+    tokenizer: str | None = None  # local HF tokenizer dir for expectations (None = cl100k)
+    request_rate: float | None = None  # open loop, requests/s; None or inf = closed loop
+    burstiness: float | None = None
+    duration: float | None = None  # s
+    hygiene: Hygiene | None = None
+    reset_cache: bool = False
+    timeout: float | None = None  # s per request
+    server_block_size: int | None = None
+    expected_cache_size: int | None = None  # blocks; None = unbounded
+
+    def __post_init__(self) -> None:
+        _check_positive(self, ("timeout", "duration", "request_rate", "burstiness", "server_block_size",
+                               "expected_cache_size"))
+
+    @property
+    def url(self) -> str:
+        return (self.base_url or DEFAULT_BASE_URL).rstrip("/")
+
+    @property
+    def key_variable(self) -> str:
+        return self.api_key_env or "OPENAI_API_KEY"
+
+    @property
+    def rate_per_s(self) -> float:
+        return self.request_rate if self.request_rate is not None else math.inf
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One ``kvbench run``: the source, the backend and every override. Raises ``ValueError`` (naming
+    the flag) for a non-positive count or an option of the other backend."""
+
+    source: Path
+    backend: BackendKind = BackendKind.INPROCESS
+    model: ModelFlags = field(default_factory=ModelFlags)
+    cache: CacheFlags = field(default_factory=CacheFlags)
+    run: RunFlags = field(default_factory=RunFlags)
+    server: ServerFlags = field(default_factory=ServerFlags)
+    salt: str | None = None
+    out: Path | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "source", Path(self.source))
+        object.__setattr__(self, "backend", BackendKind(self.backend))
+        other = self.server if self.backend is BackendKind.INPROCESS else self.cache
+        defaults = type(other)()
+        given = [f.name for f in fields(other) if getattr(other, f.name) != getattr(defaults, f.name)]
+        if given:
+            raise ValueError(f"{_flag(given[0])} does not apply to --backend {self.backend.value}")
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """One ``kvbench sweep``: an in-process run per cache size (blocks), each on a fresh cache."""
+
+    source: Path
+    cache_sizes: tuple[int, ...]
+    model: ModelFlags = field(default_factory=ModelFlags)
+    block_size: int | None = None
+    run: RunFlags = field(default_factory=RunFlags)
+    out: Path | None = None  # a folder
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "source", Path(self.source))
+        if not self.cache_sizes or any(size <= 0 for size in self.cache_sizes):
+            raise ValueError("--cache-sizes: give positive block counts, e.g. 64,256,1024")
+        _check_positive(self, ("block_size",))

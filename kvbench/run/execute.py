@@ -1,0 +1,137 @@
+"""What every run shares: the outcome type, the interrupt, metadata, and :func:`execute`.
+
+The library entry points are in :mod:`kvbench.run.api`.
+
+:func:`run` replays a scenario or trace on the in-process engine or an OpenAI-compatible server
+and writes one Parquet row per request; :func:`sweep` runs the engine once per cache size and fits
+TTFT against the miss rate. Both return what they measured; neither prints. Progress goes through
+``on_progress(rows_so_far, total)``. On Ctrl-C (or SIGTERM turned into one by the caller) what was
+measured is written, marked incomplete, and :class:`RunInterrupted` is raised with the outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from kvbench.backends.base import Backend
+from kvbench.errors import KvbenchError
+from kvbench.request import Request, RequestRecord
+from kvbench.results.summary import RunSummary, summarize
+from kvbench.results.writer import RunWriter
+from kvbench.run.loop import LoadConfig, send_requests
+from kvbench.run.source import RunSection, RunSource, limit_requests, requests_hash
+
+Progress = Callable[[list[dict[str, Any]], int], None]  # (rows so far, total requests)
+
+
+@dataclass
+class RunOutcome:
+    """What one run measured: its rows (also in the Parquet file at ``path``) and their summary.
+
+    ``reconciliation`` (openai backend) compares reported, expected and ``/metrics`` hit rates;
+    ``records`` pairs every finished request with its record.
+    """
+
+    name: str
+    path: Path
+    rows: list[dict[str, Any]]
+    metadata: dict[str, Any]
+    num_requests: int
+    records: list[tuple[Request, RequestRecord]] = field(default_factory=list)
+    reconciliation: Any = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def summary(self) -> RunSummary:
+        return summarize(self.rows)
+
+    @property
+    def failed_rows(self) -> list[dict[str, Any]]:
+        return [row for row in self.rows if row["status"] != "ok"]
+
+
+class RunInterrupted(KvbenchError):
+    """Ctrl-C during a run: the rows so far are written (incomplete); ``outcome`` holds them."""
+
+    exit_code = 130
+
+    def __init__(self, outcome: RunOutcome) -> None:
+        written = f"wrote {len(outcome.rows)} rows to {outcome.path}" if outcome.rows else "nothing to write"
+        super().__init__(f"interrupted after {len(outcome.rows)} of {outcome.num_requests} requests; {written}")
+        self.outcome = outcome
+        self.sweep: Any = None  # kvbench.run.api.sweep: the sizes finished before the cut
+
+
+def new_run_id(name: str) -> str:
+    return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+
+
+def prepared_requests(source: RunSource, settings: RunSection) -> list[Request]:
+    """The source's requests cut to ``settings.num_requests``, with ``settings.max_tokens`` applied."""
+    requests = limit_requests(source.requests, settings.num_requests)
+    if settings.max_tokens is not None:
+        requests = [replace(r, max_tokens=settings.max_tokens) for r in requests]
+    return requests
+
+
+def run_metadata(source: RunSource, settings: RunSection, requests: Sequence[Request], run_info: dict[str, Any],
+                 source_path: Path, num_warmup: int) -> dict[str, Any]:
+    """The results file's ``run`` metadata: the backend's facts plus the trace and the settings."""
+    return {"command": "run", "run": {
+        **run_info, "scenario": source.name, "source": str(source_path),
+        "trace": {**source.trace_info, "requests_hash": requests_hash(list(requests))},
+        "max_tokens": settings.max_tokens, "ignore_eos": settings.ignore_eos, "concurrency": settings.concurrency,
+        "warmup": num_warmup, "seed": settings.seed, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}}
+
+
+def execute(requests: Sequence[Request], backend: Backend, load: LoadConfig, writer: RunWriter,
+            on_progress: Progress | None, backend_context: Callable[[], Any] | None = None) -> RunOutcome:
+    """Send ``requests`` through the one send loop, every record to ``writer``; returns the outcome.
+
+    ``backend_context``: an async context manager factory to enter around the run (the HTTP client).
+    Raises :class:`RunInterrupted` on Ctrl-C after writing what was measured.
+    """
+    outcome = RunOutcome(writer.metadata["run"].get("scenario", ""), writer.path, writer.rows, writer.metadata,
+                         len(requests))
+
+    def on_record(request: Request, record: RequestRecord) -> None:
+        writer.add(request, record)
+        if on_progress is not None:
+            on_progress(writer.rows, len(requests))
+
+    async def send() -> None:
+        if backend_context is None:
+            outcome.records = await send_requests(requests, backend, load, on_record)
+            return
+        async with backend_context():
+            outcome.records = await send_requests(requests, backend, load, on_record)
+
+    try:
+        asyncio.run(send())
+    except KeyboardInterrupt:
+        writer.close(complete=False)
+        raise RunInterrupted(outcome) from None
+    except BaseException:
+        writer.close(complete=False)
+        raise
+    return outcome
+
+
+def default_out(kind: str, name: str) -> Path:
+    return Path("results") / f"{kind}-{name}-{time.strftime('%Y%m%d-%H%M%S')}.parquet"
+
+
+def default_out(kind: str, name: str) -> Path:
+    return Path("results") / f"{kind}-{name}-{time.strftime('%Y%m%d-%H%M%S')}.parquet"
+
+
+def api_key(variable: str) -> str:
+    """The API key from the environment (``EMPTY`` when unset, as vLLM's clients send)."""
+    return os.environ.get(variable) or "EMPTY"
