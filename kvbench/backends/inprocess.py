@@ -14,7 +14,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from kvbench.engine.engine import HFEngine, SamplingParams
+from kvbench.engine.engine import HFEngine
+from kvbench.engine.sampling import SamplingParams
 from kvbench.request import Request, RequestRecord
 
 

@@ -22,7 +22,8 @@ import pyarrow as pa
 from rich.table import Table
 
 from kvbench.backends.inprocess import InProcessBackend
-from kvbench.engine.engine import HFEngine, SamplingParams
+from kvbench.engine.engine import HFEngine
+from kvbench.engine.sampling import SamplingParams
 from kvbench.engine.model import LoadedModel
 from kvbench.request import Request, RequestRecord
 from kvbench.results.parquet import write_rows

@@ -7,7 +7,7 @@ long shared prefix and adds two blocks of its own then pins its whole KV in memo
 blocks, and the cache's byte accounting (blocks x bytes per block) never sees it.
 
 Both variants serve the same shared-prefix trace on a cache sized in bytes
-(:func:`kvbench.engine.engine.capacity_blocks_for_bytes`). After every request it records:
+(:func:`kvbench.engine.kv.capacity_blocks_for_bytes`). After every request it records:
 
 * ``nominal_kv_bytes``: what the cache believes it holds (``HFEngine.nominal_kv_bytes``);
 * ``held_kv_bytes``: the sum of the distinct tensor storages the cached blocks reference
@@ -33,7 +33,9 @@ from kvbench.breaks.common import (
     trace_run_requests, verdict_table,
 )
 from kvbench.cache.base import CacheConfig
-from kvbench.engine.engine import EngineConfig, HFEngine, SamplingParams, capacity_blocks_for_bytes
+from kvbench.engine.engine import EngineConfig, HFEngine
+from kvbench.engine.kv import capacity_blocks_for_bytes
+from kvbench.engine.sampling import SamplingParams
 from kvbench.engine.model import LoadedModel
 from kvbench.workloads.generators import SharedPrefixConfig, check_ints, generate_shared_prefix
 from kvbench.workloads.tokenizer import Tokenizer, load_tokenizer

@@ -16,8 +16,9 @@ A request's life (:meth:`HFEngine.generate`; the caller renders and tokenizes, t
 Block payload layout: one contiguous tensor per block, ``(layers, 2, kv_heads, block_size, head_dim)``
 (dimension 1: 0 = keys, 1 = values), so a hit is one ``torch.cat`` along dimension 3.
 
-Timestamps are ``time.perf_counter`` readings relative to the call's start; the runner adds queue
-time. TPOT follows vLLM's benchmark: ``(e2e - ttft) / (output_tokens - 1)``, undefined for one token.
+Timestamps are ``time.perf_counter`` readings relative to the call's start; the send loop adds queue
+time. The engine records ``lookup_ms`` (hashing + lookup), ``kv_load_ms`` (gathering hit blocks),
+``prefill_ms`` and ``insert_ms`` (after the last token) in its :class:`kvbench.request.RequestRecord`. TPOT follows vLLM's benchmark: ``(e2e - ttft) / (output_tokens - 1)``, undefined for one token.
 
 Numerics: cache-on greedy outputs must equal cache-off ones token for token. The two paths do not
 run identical kernels (one forward over the whole prompt vs. a forward over the tail with a past), so
@@ -26,166 +27,30 @@ the default model, 24 verified requests (block 16 and 64, 100-360 tokens, 8 outp
 fp32 and in bf16; bf16 rounds logits to ~3 significant digits, so near-ties flip far more easily:
 keep fp32 for verification.
 
-This module and ``model.py`` are the only ones that import torch and transformers.
+engine/ is the only folder that imports torch and transformers (kv.py: the compatibility layer and
+block <-> KV conversions; sampling.py; model.py).
 """
 
 from __future__ import annotations
 
-import inspect
 import itertools
 import time
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer  # transformers >= 4.56: a cache is a list of layers
 
 from kvbench.cache.block_hash import BlockHasher, PromptBlocks
 from kvbench.cache.base import CacheConfig, Clock, PrefixCache, make_cache
-from kvbench.memory.layout import KvLayout
+from kvbench.engine.kv import (LayerKV, blocks_to_kv, cache_to_kv, forward_argument_names, kv_to_blocks, kv_to_cache,
+                               storage_bytes)
 from kvbench.engine.model import LoadedModel
+from kvbench.engine.sampling import SamplingParams, sample_next_token  # SamplingParams: part of this API
 from kvbench.errors import InputError
 from kvbench.request import RequestRecord, Status
-
-LayerKV = tuple[torch.Tensor, torch.Tensor]  # (keys, values), each (1, kv_heads, seq, head_dim)
-
-# ---------------------------------------------------------------- transformers compatibility layer
-
-
-def kv_to_cache(layers: Sequence[LayerKV]) -> DynamicCache:
-    """A ``DynamicCache`` holding ``layers`` as they are (no copy). Empty ``layers``: an empty cache.
-
-    ``DynamicCache(ddp_cache_data)`` would copy each tensor (its layers start empty and concatenate),
-    so the layers are filled directly; every layer is a plain ``DynamicLayer``, which keeps every
-    token (the attention mask, not the cache, applies a sliding window).
-    """
-    cache = DynamicCache()
-    for keys, values in layers:
-        layer = DynamicLayer()
-        layer.lazy_initialization(keys, values)
-        layer.keys, layer.values = keys, values
-        cache.layers.append(layer)
-    return cache
-
-
-def cache_to_kv(cache: DynamicCache) -> list[LayerKV]:
-    """The per-layer ``(keys, values)`` a ``DynamicCache`` holds (the tensors themselves)."""
-    return [(layer.keys, layer.values) for layer in cache.layers]
-
-
-def forward_argument_names(model: torch.nn.Module) -> tuple[str, str | None]:
-    """Names ``model.forward`` uses for the KV cache and for "logits of the last N positions only".
-
-    transformers 5 renamed ``past_key_values`` to ``cache`` and 4.45 renamed ``num_logits_to_keep``
-    to ``logits_to_keep``; the second name is ``None`` when the model has neither.
-    """
-    parameters = inspect.signature(model.forward).parameters
-    cache_name = "cache" if "cache" in parameters else "past_key_values"
-    logits_name = next((n for n in ("logits_to_keep", "num_logits_to_keep") if n in parameters), None)
-    return cache_name, logits_name
-
-
-# ---------------------------------------------------------------- blocks <-> KV
-
-
-def kv_to_blocks(layers: Sequence[LayerKV], start_block: int, stop_block: int, block_size: int,
-                 store_views: bool = False) -> list[torch.Tensor]:
-    """Blocks ``start_block .. stop_block - 1`` of a request's KV, one payload per block.
-
-    Each payload is ``(layers, 2, kv_heads, block_size, head_dim)`` with its own storage of exactly
-    one block's bytes. With ``store_views`` the request's whole KV is stacked once into
-    ``(layers, 2, kv_heads, seq, head_dim)`` and every payload is a view into it: each cached block
-    then keeps the whole request's KV alive (what ``kvbench break views`` shows).
-    """
-    if store_views:
-        stacked = torch.stack([t[0] for kv in layers for t in kv]).unflatten(0, (len(layers), 2))
-        return [stacked[:, :, :, i * block_size:(i + 1) * block_size] for i in range(start_block, stop_block)]
-    blocks = []
-    for i in range(start_block, stop_block):
-        lo, hi = i * block_size, (i + 1) * block_size
-        parts = [t[0, :, lo:hi] for kv in layers for t in kv]  # 2 x layers of (kv_heads, block, head_dim)
-        blocks.append(torch.stack(parts).unflatten(0, (len(layers), 2)))  # one copy, own storage
-    return blocks
-
-
-def blocks_to_kv(payloads: Sequence[torch.Tensor]) -> list[LayerKV]:
-    """Concatenate hit blocks into per-layer ``(keys, values)``, each ``(1, kv_heads, hit, head_dim)``."""
-    kv = torch.cat(list(payloads), dim=3)  # (layers, 2, kv_heads, hit_tokens, head_dim)
-    return [(kv[i, 0].unsqueeze(0), kv[i, 1].unsqueeze(0)) for i in range(kv.shape[0])]
-
-
-def capacity_blocks_for_bytes(capacity_bytes: int, layout: KvLayout) -> int:
-    """Whole blocks of ``layout`` in a cache of ``capacity_bytes`` (``--cache-bytes``).
-
-    Raises:
-        InputError: not even one block fits.
-    """
-    num_blocks = capacity_bytes // layout.bytes_per_block
-    if num_blocks < 1:
-        raise InputError(f"a {capacity_bytes}-byte cache holds no block: one {layout.block_size}-token "
-                         f"block of this model is {layout.bytes_per_block} bytes")
-    return num_blocks
-
-
-def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
-    """Bytes of the distinct storages ``tensors`` keep alive (a view counts its whole base)."""
-    sizes = {}
-    for tensor in tensors:
-        storage = tensor.untyped_storage()
-        sizes[(storage.device, storage.data_ptr())] = storage.nbytes()
-    return sum(sizes.values())
-
-
-# ---------------------------------------------------------------- sampling
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How one request samples.
-
-    Attributes:
-        max_tokens: output tokens to generate (fewer only if EOS comes first); positive.
-        temperature: 0 = greedy (argmax; ties go to the lowest id); otherwise softmax temperature.
-        top_p: nucleus sampling: sample among the most likely tokens whose mass reaches ``top_p``.
-        seed: seeds a per-request generator, making sampled outputs reproducible; ``None`` = not.
-        ignore_eos: keep decoding past EOS to exactly ``max_tokens`` (what benchmarks do).
-    """
-
-    max_tokens: int = 16
-    temperature: float = 0.0  # greedy: cache-on and cache-off outputs must be identical
-    top_p: float = 1.0
-    seed: int | None = None
-    ignore_eos: bool = False
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
-            raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-
-    @property
-    def is_reproducible(self) -> bool:
-        return self.temperature == 0 or self.seed is not None
-
-
-def sample_next_token(logits: torch.Tensor, sampling: SamplingParams,
-                      generator: torch.Generator | None) -> int:
-    """One token id from ``logits`` of shape ``(vocab,)``."""
-    if sampling.temperature == 0:
-        return int(torch.argmax(logits))
-    probs = torch.softmax(logits.float() / sampling.temperature, dim=-1)  # (vocab,)
-    if sampling.top_p < 1:
-        sorted_probs, order = torch.sort(probs, descending=True)  # (vocab,) each
-        outside = torch.cumsum(sorted_probs, dim=-1) - sorted_probs >= sampling.top_p
-        sorted_probs[outside] = 0.0  # the most likely token is always kept
-        return int(order[torch.multinomial(sorted_probs, 1, generator=generator)])
-    return int(torch.multinomial(probs, 1, generator=generator))
-
 
 # ---------------------------------------------------------------- configs and results
 

@@ -18,7 +18,7 @@ its tokenizer and chat template, on ``--device`` in ``--dtype``. Every failure t
 such directory, not a checkpoint, no tokenizer, a device this machine lacks) raises
 :class:`kvbench.errors.InputError` with one line.
 
-This module and ``hf_engine.py`` are the only ones that import torch and transformers.
+engine/ is the only folder that imports torch and transformers.
 """
 
 from __future__ import annotations

@@ -12,18 +12,10 @@ import torch
 
 from kvbench.cache.block_hash import HashConfig
 from kvbench.cache.base import CacheConfig
-from kvbench.engine.engine import (
-    EngineConfig,
-    HFEngine,
-    SamplingParams,
-    blocks_to_kv,
-    cache_to_kv,
-    capacity_blocks_for_bytes,
-    forward_argument_names,
-    kv_to_blocks,
-    kv_to_cache,
-    storage_bytes,
-)
+from kvbench.engine.engine import EngineConfig, HFEngine
+from kvbench.engine.kv import (blocks_to_kv, cache_to_kv, capacity_blocks_for_bytes, forward_argument_names,
+                               kv_to_blocks, kv_to_cache, storage_bytes)
+from kvbench.engine.sampling import SamplingParams
 from kvbench.engine.model import default_llama_config, load_model, random_model
 from kvbench.errors import InputError
 from kvbench.request import Status
