@@ -12,8 +12,8 @@ from rich.table import Table
 
 from kvbench.commands.common import make_console
 from kvbench.results.compare import Comparison, compare_runs
-from kvbench.results.report import (TableData, build_report, describe_cache, load_result, load_results,
-                                    summary_tables)
+from kvbench.results.files import describe_cache, load_result, load_results
+from kvbench.results.report import TableData, build_report, summary_tables
 from kvbench.results.scoreboard import append_rows, scoreboard_rows
 
 DEFAULT_SCOREBOARD = Path("results") / "SCOREBOARD.md"

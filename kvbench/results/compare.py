@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvbench.errors import InputError
-from kvbench.results.report import RUN_METRICS, ResultFile, format_value
+from kvbench.results.files import ResultFile, format_value
+from kvbench.results.report import RUN_METRICS
 
 COMPARED_METRICS = RUN_METRICS  # (row label, RunSummary field, format spec)
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from kvbench.errors import InputError
 from kvbench.results.parquet import machine as this_machine
-from kvbench.results.report import ResultFile, describe_cache, format_value, group_by_trace
+from kvbench.results.files import ResultFile, describe_cache, format_value, group_by_trace
 
 COLUMNS = ("date", "machine", "engine", "cache", "run", "TTFT p50 (ms)", "decode (tok/s)", "E2E p50 (ms)",
            "token hit", "notes")

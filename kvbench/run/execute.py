@@ -128,10 +128,6 @@ def default_out(kind: str, name: str) -> Path:
     return Path("results") / f"{kind}-{name}-{time.strftime('%Y%m%d-%H%M%S')}.parquet"
 
 
-def default_out(kind: str, name: str) -> Path:
-    return Path("results") / f"{kind}-{name}-{time.strftime('%Y%m%d-%H%M%S')}.parquet"
-
-
 def api_key(variable: str) -> str:
     """The API key from the environment (``EMPTY`` when unset, as vLLM's clients send)."""
     return os.environ.get(variable) or "EMPTY"

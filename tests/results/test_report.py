@@ -10,7 +10,8 @@ import pytest
 
 from kvbench.errors import InputError
 from kvbench.results.parquet import write_rows
-from kvbench.results.report import build_report, load_result, load_results, split_ttft, summary_tables
+from kvbench.results.files import load_result, load_results, split_ttft
+from kvbench.results.report import build_report, summary_tables
 from kvbench.results.schema import RUN_SCHEMA, empty_row
 from kvbench.results.summary import summarize
 from kvbench.results.sweep import SweepPoint, build_sweep_summary, write_sweep_summary
@@ -151,7 +152,7 @@ def test_cli_report_bad_file_exits_2_with_one_line(tmp_path, kvbench):
 
 
 def test_describe_cache_in_words():
-    from kvbench.results.report import describe_cache
+    from kvbench.results.files import describe_cache
 
     assert describe_cache({"enabled": False}) == "cache off"
     assert describe_cache({"enabled": None, "block_size": 32}) == "server's cache (32-tok blocks expected)"

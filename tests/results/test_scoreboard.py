@@ -5,7 +5,7 @@ import pytest
 from kvbench.errors import InputError
 from kvbench.results.parquet import machine as this_machine
 from kvbench.results.parquet import write_rows
-from kvbench.results.report import load_result, load_results
+from kvbench.results.files import load_result, load_results
 from kvbench.results.schema import RUN_SCHEMA, empty_row
 from kvbench.results.scoreboard import (
     COLUMNS, HEADER, append_rows, escape_cell, machine_cell, notes_cell, scoreboard_rows,

@@ -1,0 +1,202 @@
+"""Reading result files (``kvbench run``, ``sim`` and ``sweep`` Parquet) for reports, comparisons
+and the scoreboard.
+
+A file's kind comes from its metadata ``command``. Run files of the same trace (same content hash
+from the trace header) are grouped, so cache-off and cache-on runs land on the same TTFT CDF.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from kvbench.errors import InputError
+from kvbench.results.parquet import read_metadata
+from kvbench.results.summary import RunSummary, summarize
+from kvbench.results.sweep import SweepSummary, read_sweep_summary
+
+RESULT_KINDS = ("run", "sim", "sweep")
+_NEEDED_COLUMNS = {
+    "run": ("request_index", "phase", "status", "turn", "prompt_tokens", "cached_prompt_tokens", "ttft_ms"),
+    "sim": ("capacity_blocks", "token_hit_rate"),
+    "sweep": ("capacity_blocks", "token_hit_rate", "p50_ttft_ms"),
+}
+
+
+@dataclass(frozen=True)
+class ResultFile:
+    """One result file read back: its kind (``run``, ``sim`` or ``sweep``), metadata and rows.
+
+    ``summary`` is set for run files (:func:`summarize` over the rows: the numbers ``kvbench run``
+    printed), ``sweep`` for sweep summary files.
+    """
+
+    path: Path
+    kind: str
+    metadata: Mapping[str, Any]
+    rows: tuple[Mapping[str, Any], ...] = field(repr=False)
+    summary: RunSummary | None = None
+    sweep: SweepSummary | None = None
+
+    @property
+    def name(self) -> str:
+        return self.path.stem
+
+    @property
+    def run(self) -> Mapping[str, Any]:
+        """The run config (``run`` metadata), empty for sim and sweep files."""
+        return self.metadata.get("run") or {}
+
+    @property
+    def cache(self) -> Mapping[str, Any]:
+        return self.run.get("cache") or {}
+
+    @property
+    def cache_enabled(self) -> bool:
+        if "enabled" in self.cache:
+            return bool(self.cache["enabled"])
+        return bool(self.rows and self.rows[0].get("cache_enabled"))
+
+    @property
+    def scenario(self) -> str | None:
+        """The scenario name (run, sweep) or scenario/trace file stem (sim), if known."""
+        if self.kind == "sweep":
+            return (self.metadata.get("sweep") or {}).get("scenario")
+        if self.kind == "sim":
+            source = self.metadata.get("source") or {}
+            where = source.get("scenario") or source.get("trace")
+            return Path(where).stem if where else None
+        return self.run.get("scenario")
+
+    @property
+    def content_hash(self) -> str | None:
+        """The trace's ``sha256:<hex>`` content hash from its header, if the run recorded one."""
+        context = (self.metadata.get("sweep") or {}) if self.kind == "sweep" else self.run
+        return (context.get("trace") or {}).get("content_hash")
+
+    @property
+    def requests_hash(self) -> str | None:
+        """``sha256:<hex>`` over the requests actually run (token ids, budgets), if the run recorded one."""
+        return (self.run.get("trace") or {}).get("requests_hash")
+
+    @property
+    def trace_key(self) -> str:
+        """What identifies the replayed trace: its content hash, else the requests' hash, else its path,
+        else this file."""
+        trace_path = (self.run.get("trace") or {}).get("path")
+        return (self.content_hash or self.requests_hash
+                or (f"path:{trace_path}" if trace_path else f"file:{self.path}"))
+
+    @property
+    def label(self) -> str:
+        """Short legend label: file name and cache on/off (run files)."""
+        if self.kind != "run":
+            return self.name
+        return f"{self.name} (cache {'on' if self.cache_enabled else 'off'})"
+
+
+def load_result(path: str | Path) -> ResultFile:
+    """Read one result file written by ``kvbench run``, ``sim`` or ``sweep``.
+
+    Raises:
+        InputError: missing file, not a Parquet file, no kvbench metadata, another command's file, or
+            columns missing.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"{path}: no such file")
+    if path.is_dir():
+        raise InputError(f"{path}: is a folder; pass the result files in it, e.g. {path / '*.parquet'}")
+    metadata = read_metadata(path)
+    if not metadata:
+        raise InputError(f"{path}: a Parquet file without kvbench metadata "
+                         "(expected the results of kvbench run, sim or sweep)")
+    kind = metadata.get("command")
+    if kind not in RESULT_KINDS:
+        raise InputError(f"{path}: results of {kind!r}; expected the results of kvbench run, sim or sweep")
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise InputError(f"{path}: unreadable Parquet data ({exc})") from None
+    missing = [name for name in _NEEDED_COLUMNS[kind] if name not in table.column_names]
+    if missing:
+        raise InputError(f"{path}: {kind} results without the column(s) {', '.join(missing)}")
+    rows = tuple(table.to_pylist())
+    return ResultFile(path=path, kind=kind, metadata=metadata, rows=rows,
+                      summary=summarize(rows) if kind == "run" else None,
+                      sweep=read_sweep_summary(path) if kind == "sweep" else None)
+
+
+def load_results(paths: Iterable[str | Path]) -> list[ResultFile]:
+    """:func:`load_result` for every path, in order; raises on the first bad file."""
+    return [load_result(path) for path in paths]
+
+
+def group_by_trace(results: Iterable[ResultFile]) -> list[list[ResultFile]]:
+    """Run files grouped by :attr:`ResultFile.trace_key`, groups and members in input order."""
+    groups: dict[str, list[ResultFile]] = {}
+    for result in results:
+        if result.kind == "run":
+            groups.setdefault(result.trace_key, []).append(result)
+    return list(groups.values())
+
+
+@dataclass(frozen=True)
+class RequestTtft:
+    """A run's TTFTs split the way :func:`summarize` splits them (ms)."""
+
+    warm_ms: tuple[float, ...]                        # successful measured requests, cold one excluded
+    warm_index: tuple[int, ...]                       # their request_index
+    cold: tuple[int, float] | None                    # (request_index, ttft_ms) of the cold first request
+    warmup: tuple[tuple[int, float], ...]             # (request_index, ttft_ms) of warm-up requests
+
+
+def split_ttft(rows: Sequence[Mapping[str, Any]]) -> RequestTtft:
+    """Split a run's rows into warm measured, cold first, and warm-up TTFTs (rows in serve order).
+
+    A row without ``request_index`` is placed by its position in ``rows``.
+    """
+    indexed = [(i if r.get("request_index") is None else r["request_index"], r) for i, r in enumerate(rows)]
+    measured = [(i, r) for i, r in indexed if r.get("phase", "measure") == "measure"]
+    warmup = [(i, r) for i, r in indexed if r.get("phase", "measure") != "measure"]
+    ok = [(i, r) for i, r in measured if r.get("status") == "ok"]
+    cold_row = ok[0][1] if ok and not warmup and ok[0][1] is measured[0][1] else None
+    warm = sorted((i, r["ttft_ms"]) for i, r in ok if r is not cold_row and r.get("ttft_ms") is not None)
+    return RequestTtft(
+        warm_ms=tuple(t for _, t in warm), warm_index=tuple(i for i, _ in warm),
+        cold=(ok[0][0], cold_row["ttft_ms"]) if cold_row and cold_row.get("ttft_ms") is not None else None,
+        warmup=tuple(sorted((i, r["ttft_ms"]) for i, r in warmup
+                            if r.get("status") == "ok" and r.get("ttft_ms") is not None)))
+
+
+def format_value(value: float | None, spec: str = ",.1f") -> str:
+    """``value`` formatted with ``spec``; ``-`` when not measured."""
+    return "-" if value is None else format(value, spec)
+
+
+def describe_cache(cache: Mapping[str, Any]) -> str:
+    """A run's cache config in words, e.g. ``prefix cache (hash), 16-tok blocks, 1,024 blocks, LRU, TTL 300 s``."""
+    if not cache:
+        return "cache unknown"
+    if cache.get("enabled") is None and "enabled" in cache:  # an HTTP server: its cache is its own
+        return f"server's cache ({cache.get('block_size', '?')}-tok blocks expected)"
+    if not cache.get("enabled", True):
+        return "cache off"
+    capacity = cache.get("capacity_blocks")
+    parts = [f"prefix cache ({cache.get('kind', 'hash')})", f"{cache.get('block_size', '?')}-tok blocks",
+             f"{capacity:,} blocks" if capacity else "unbounded", "LRU"]
+    if cache.get("release_order") == "head-first":
+        parts.append("head-first release")
+    if cache.get("ttl_s"):
+        parts.append(f"TTL {cache['ttl_s']:g} s")
+    if cache.get("hash_bits"):
+        parts.append(f"{cache['hash_bits']}-bit keys")
+    return ", ".join(parts)
+
+
+# (row label, RunSummary field, format spec): the numbers a run is judged by; times in ms

@@ -1,0 +1,91 @@
+"""The package's shape, checked from the source (ast): import layers one way, small modules and functions.
+
+Layers (DESIGN.md): cache/, sim/, workloads/ and memory/ never import torch or transformers; nothing
+below commands/ imports commands/ or the CLI; engine/ imports nothing from workloads/, backends/,
+run/ or results/; request.py, errors.py and constants.py import nothing of kvbench but each other.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "kvbench"
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
+TORCH_FREE = ("cache", "sim", "workloads", "memory")
+ENGINE_MUST_NOT_IMPORT = ("kvbench.workloads", "kvbench.backends", "kvbench.run", "kvbench.results")
+FOUNDATION = ("kvbench.request", "kvbench.errors", "kvbench.constants")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every module ``path`` imports anywhere (top level or inside a function), absolute names."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def starts(name: str, prefixes) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+SOURCES = sorted(PACKAGE.rglob("*.py"))
+IMPORTS = {module_name(path): imported_modules(path) for path in SOURCES}
+
+
+def test_the_layer_rules_hold():
+    problems = []
+    for module, imports in IMPORTS.items():
+        folder = module.split(".")[1] if module.count(".") else ""
+        if folder in TORCH_FREE:
+            problems += [f"{module} imports {name}" for name in imports if starts(name, ("torch", "transformers"))]
+        if not starts(module, ("kvbench.commands", "kvbench.cli")):
+            problems += [f"{module} imports {name}" for name in imports
+                         if starts(name, ("kvbench.commands", "kvbench.cli"))]
+        if folder == "engine":
+            problems += [f"{module} imports {name}" for name in imports if starts(name, ENGINE_MUST_NOT_IMPORT)]
+        if module in FOUNDATION:
+            problems += [f"{module} imports {name}" for name in imports
+                         if starts(name, ("kvbench",)) and not starts(name, FOUNDATION) and name != "kvbench"]
+    assert problems == []
+
+
+def test_the_checker_sees_function_level_imports(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text("def f():\n    from kvbench.commands.run import run\n    import torch\n")
+    assert {"kvbench.commands.run", "kvbench.commands.run.run", "torch"} <= imported_modules(source)
+
+
+def function_lengths(path: Path):
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield node.name, node.lineno, node.end_lineno - node.lineno + 1
+
+
+@pytest.mark.parametrize("root", ["kvbench", "tests", "benchmarks"])
+def test_modules_and_functions_stay_small(root):
+    too_long = []
+    for path in sorted((REPO / root).rglob("*.py")):
+        num_lines = len(path.read_text(encoding="utf-8").splitlines())
+        if num_lines > MAX_MODULE_LINES:
+            too_long.append(f"{path.relative_to(REPO)}: {num_lines} lines")
+        too_long += [f"{path.relative_to(REPO)}:{line} {name}(): {length} lines"
+                     for name, line, length in function_lengths(path) if length > MAX_FUNCTION_LINES]
+    assert too_long == []
+
+
+def test_no_options_dict_from_locals():
+    offenders = [str(path.relative_to(REPO)) for path in SOURCES if "dict(locals())" in path.read_text(encoding="utf-8")]
+    assert offenders == []
