@@ -6,7 +6,11 @@ Library code raises these (or plain ``ValueError`` for programming errors in con
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 class KvbenchError(Exception):
@@ -39,3 +43,12 @@ class CacheBusyError(KvbenchError):
     """An operation that needs an idle cache (reset) found pinned blocks."""
 
     exit_code = 1
+
+
+def checked(factory: Callable[[], T]) -> T:
+    """``factory()``, typically a frozen config validated in ``__post_init__``, with its ``ValueError``
+    turned into one :class:`InputError` line (the configs' messages name the field or flag)."""
+    try:
+        return factory()
+    except ValueError as exc:
+        raise InputError(str(exc)) from None

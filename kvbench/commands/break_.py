@@ -19,7 +19,7 @@ from rich.table import Table
 
 from kvbench.breaks import EXPERIMENTS
 from kvbench.commands.common import make_console
-from kvbench.errors import InputError
+from kvbench.errors import InputError, checked
 from kvbench.run.scenario import parse_int_list
 
 break_app = typer.Typer(
@@ -41,10 +41,7 @@ MaxTokens = Annotated[int | None, typer.Option(help="Output tokens per request (
 
 def _config(cls: type, **fields: Any) -> Any:
     """Build an experiment config from options (``None`` = the default); ``ValueError`` -> ``InputError``."""
-    try:
-        return cls(**{name: value for name, value in fields.items() if value is not None})
-    except ValueError as exc:
-        raise InputError(str(exc)) from None
+    return checked(lambda: cls(**{name: value for name, value in fields.items() if value is not None}))
 
 
 def _load(model: Path | None, device: str):
@@ -53,11 +50,7 @@ def _load(model: Path | None, device: str):
     from kvbench.engine.model import ModelConfig, load_model
     from kvbench.workloads.tokenizer import load_tokenizer
 
-    try:
-        model_config = ModelConfig(path=model, device=device)
-    except ValueError as exc:
-        raise InputError(str(exc)) from None
-    loaded = load_model(model_config)
+    loaded = load_model(checked(lambda: ModelConfig(path=model, device=device)))
     warm_up(loaded)
     return loaded, load_tokenizer(str(model) if model is not None else None)
 

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import typer
 from rich.console import Console
 
-from kvbench.errors import InputError
+from kvbench.errors import checked
 
 PIPE_WIDTH = 120  # columns when output is not a terminal (files, CI logs), so tables stay readable
 T = TypeVar("T")
@@ -24,13 +24,7 @@ def make_console(stderr: bool = False) -> Console:
     return Console(file=stream, width=width, highlight=False)
 
 
-def build(factory: Callable[[], T]) -> T:
-    """``factory()``, a frozen config built from flags; its ``ValueError`` becomes one ``InputError``
-    line (the configs name the flag in their messages)."""
-    try:
-        return factory()
-    except ValueError as exc:
-        raise InputError(str(exc)) from None
+build = checked  # flags -> a frozen config; its ValueError -> one InputError line
 
 
 @contextlib.contextmanager

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from kvbench.errors import InputError
+from kvbench.errors import checked
 from kvbench.results.parquet import check_output_path
 from kvbench.results.writer import RunWriter
 from kvbench.results.summary import summarize
@@ -61,10 +61,7 @@ def run_inprocess(config: RunConfig, on_progress: Progress | None = None) -> Run
 
     flags = config.model
     model_path = Path(flags.path) if flags.path is not None else None
-    try:
-        loaded = load_model(ModelConfig(path=model_path, device=flags.device, dtype=flags.dtype))
-    except ValueError as exc:
-        raise InputError(str(exc)) from None
+    loaded = load_model(checked(lambda: ModelConfig(path=model_path, device=flags.device, dtype=flags.dtype)))
     source = load_run_source(config.source, load_tokenizer(flags.path), limit=config.run.num_requests)
     settings = run_section(source, config.run, config.cache)
     requests = prepared_requests(source, settings)
@@ -72,12 +69,9 @@ def run_inprocess(config: RunConfig, on_progress: Progress | None = None) -> Run
     cache = (cache_config(source, config.cache, loaded.kv_layout(block_size).bytes_per_block, block_size)
              if settings.cache == "on" else None)
     requests = [replace(r, expected_cached_tokens=e) for r, e in zip(requests, expected_cached_tokens(requests, cache))]
-    try:
-        sampling = SamplingParams(max_tokens=1, temperature=settings.temperature, top_p=settings.top_p,
-                                  seed=settings.seed, ignore_eos=settings.ignore_eos)
-        load = LoadConfig(concurrency=settings.concurrency, num_warmup=min(settings.warmup, len(requests)))
-    except ValueError as exc:
-        raise InputError(str(exc)) from None
+    sampling = checked(lambda: SamplingParams(max_tokens=1, temperature=settings.temperature, top_p=settings.top_p,
+                                              seed=settings.seed, ignore_eos=settings.ignore_eos))
+    load = checked(lambda: LoadConfig(concurrency=settings.concurrency, num_warmup=min(settings.warmup, len(requests))))
     engine = HFEngine(loaded, EngineConfig(cache=cache, verify=settings.verify, salt=config.salt or ""))
     backend = InProcessBackend(engine, sampling, loaded.name)
     run_id = new_run_id(source.name)
@@ -116,11 +110,8 @@ def sweep(config: SweepConfig, on_progress: Progress | None = None,
     from kvbench.workloads.tokenizer import load_tokenizer
 
     flags = config.model
-    try:
-        loaded = load_model(ModelConfig(path=Path(flags.path) if flags.path else None, device=flags.device,
-                                        dtype=flags.dtype))
-    except ValueError as exc:
-        raise InputError(str(exc)) from None
+    loaded = load_model(checked(lambda: ModelConfig(path=Path(flags.path) if flags.path else None,
+                                                    device=flags.device, dtype=flags.dtype)))
     source = load_run_source(config.source, load_tokenizer(flags.path), limit=config.run.num_requests)
     settings = run_section(source, config.run, CacheFlags(cache="on"))
     requests = prepared_requests(source, settings)

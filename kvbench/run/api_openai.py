@@ -12,7 +12,7 @@ import secrets
 from dataclasses import replace
 
 from kvbench.backends.openai.hygiene import Hygiene, with_nonce
-from kvbench.errors import InputError
+from kvbench.errors import InputError, checked
 from kvbench.request import Request
 from kvbench.results.writer import RunWriter
 from kvbench.run.execute import (Progress, RunOutcome, api_key, default_out, execute, new_run_id,
@@ -81,12 +81,10 @@ def run_openai(config: RunConfig, on_progress: Progress | None = None) -> RunOut
     requests, run_salt = apply_hygiene(config, prepared_requests(source, settings), tokenizer)
     expectations = expect(requests, server.server_block_size or DEFAULT_SERVER_BLOCK_SIZE, server.expected_cache_size)
     requests = [replace(r, expected_cached_tokens=e) for r, e in zip(requests, expectations.expected_cached_tokens)]
-    try:
-        client_config = OpenAIConfig(server.url, model, key, server.timeout or DEFAULT_TIMEOUT_S, settings.temperature,
-                                     settings.top_p, settings.seed, settings.ignore_eos, expectations.block_size)
-        load = _load(config, settings, len(requests))
-    except ValueError as exc:
-        raise InputError(str(exc)) from None
+    client_config = checked(lambda: OpenAIConfig(server.url, model, key, server.timeout or DEFAULT_TIMEOUT_S,
+                                                 settings.temperature, settings.top_p, settings.seed,
+                                                 settings.ignore_eos, expectations.block_size))
+    load = checked(lambda: _load(config, settings, len(requests)))
     notes = [reset_prefix_cache(server.url, key)[1]] if server.reset_cache else []
     before = parse_prefix_cache_counters(fetch_metrics(server.url, key))
     run_id = new_run_id(source.name)

@@ -9,7 +9,7 @@ from typing import Any
 
 from kvbench.cache.block_hash import HashConfig
 from kvbench.cache.base import CacheConfig, CacheKind
-from kvbench.errors import InputError
+from kvbench.errors import InputError, checked
 from kvbench.request import Request
 from kvbench.run.config import CacheFlags, RunFlags
 from kvbench.run.source import RunSection, RunSource
@@ -33,19 +33,16 @@ def parse_cache_size(text: str, bytes_per_block: int) -> int:
 def cache_config(source: RunSource, flags: CacheFlags, bytes_per_block: int, block_size: int) -> CacheConfig:
     """The cache a run uses: ``flags`` over the scenario's ``[cache]``. Raises ``InputError``."""
     section = source.cache
-    try:
-        return CacheConfig(
-            capacity_blocks=parse_cache_size(flags.cache_size or source.run.cache_size, bytes_per_block),
-            block_size=block_size,
-            kind=flags.cache_kind or section.kind,
-            ttl_s=flags.ttl if flags.ttl is not None else section.ttl_s,
-            release_order=flags.release or section.release_order,
-            hash=HashConfig(flags.hash_algo or section.hash_algo,
-                            flags.hash_bits if flags.hash_bits is not None else section.hash_bits),
-            verify_tokens=section.verify_tokens,
-        )
-    except ValueError as exc:
-        raise InputError(str(exc)) from None
+    return checked(lambda: CacheConfig(
+        capacity_blocks=parse_cache_size(flags.cache_size or source.run.cache_size, bytes_per_block),
+        block_size=block_size,
+        kind=flags.cache_kind or section.kind,
+        ttl_s=flags.ttl if flags.ttl is not None else section.ttl_s,
+        release_order=flags.release or section.release_order,
+        hash=HashConfig(flags.hash_algo or section.hash_algo,
+                        flags.hash_bits if flags.hash_bits is not None else section.hash_bits),
+        verify_tokens=section.verify_tokens,
+    ))
 
 
 def expected_cached_tokens(requests: list[Request], cache: CacheConfig | None) -> list[int | None]:
@@ -66,10 +63,7 @@ def run_section(source: RunSource, flags: RunFlags, cache: CacheFlags = CacheFla
     for name in ("cache", "verify"):
         if getattr(cache, name) is not None:
             overrides[name] = getattr(cache, name)
-    try:
-        return replace(source.run, **overrides)
-    except ValueError as exc:
-        raise InputError(str(exc)) from None
+    return checked(lambda: replace(source.run, **overrides))
 
 
 def cache_metadata(cache: CacheConfig | None) -> dict[str, Any]:
@@ -79,4 +73,4 @@ def cache_metadata(cache: CacheConfig | None) -> dict[str, Any]:
     return {"enabled": True, "kind": cache.kind.value, "block_size": cache.block_size,
             "capacity_blocks": cache.capacity_blocks, "ttl_s": cache.ttl_s,
             "release_order": cache.release_order.value, "hash_algo": cache.hash.algo.value,
-            "hash_bits": cache.hash.hash_bits}
+            "hash_bits": cache.hash.hash_bits, "verify_tokens": cache.verify_tokens}

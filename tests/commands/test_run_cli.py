@@ -108,3 +108,13 @@ def test_bad_input_is_one_line_and_exit_2(kvbench, scenario, tmp_path, args, nee
     assert code == 2, stderr
     lines = [line for line in stderr.strip().splitlines() if line.strip()]
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in stderr
+
+
+def test_the_scenarios_verify_tokens_reaches_the_engines_cache(kvbench, tmp_path):
+    path = tmp_path / "guarded.toml"
+    path.write_text(SCENARIO.replace("block_size = 16", "block_size = 16\nverify_tokens = true"))
+    out = tmp_path / "guarded.parquet"
+    code, _, stderr = kvbench("run", path, "--requests", "2", "--out", out)
+    assert code == 0, stderr
+    assert read_metadata(out)["run"]["cache"]["verify_tokens"] is True
+    assert [r["cached_prompt_tokens"] for r in read_rows(out)] == [0, SHARED_BLOCK_TOKENS]
