@@ -52,7 +52,7 @@ def expected_cached_tokens(requests: list[Request], cache: CacheConfig | None) -
     if cache.ttl_s is not None:
         return [None] * len(requests)  # the engine's TTL runs on wall time, the simulator's on trace time
     trace = prepare_prompts(requests, cache.block_size, cache.hash,
-                            keep_tokens=cache.kind is CacheKind.RADIX)
+                            keep_tokens=cache.kind is CacheKind.RADIX or cache.verify_tokens)
     predicted = simulate(trace, cache).cached_tokens_per_request
     return [int(value) for value in predicted]
 
