@@ -47,15 +47,27 @@ class InProcessBackend:
         """The run's sampling with the request's own output budget."""
         return replace(self.sampling, max_tokens=request.max_tokens)
 
-    async def serve(self, request: Request, on_token: Callable[[int], None] | None = None) -> RequestRecord:
+    async def serve(self, request: Request, on_token: Callable[[int], None] | None = None,
+                    sampling: SamplingParams | None = None) -> RequestRecord:
         """Run ``request`` on the engine; ``on_token(token_id)`` is called from the worker thread
-        with every output token as soon as it is sampled (``kvbench serve`` streams them)."""
+        with every output token as soon as it is sampled (``kvbench serve`` streams them).
+        ``sampling``: this request's own (``kvbench serve``'s per-request body); ``None`` = the
+        backend's with the request's ``max_tokens``."""
         queued_s = time.perf_counter()
         async with self._lock():
             waited_ms = (time.perf_counter() - queued_s) * 1e3
-            record = await asyncio.to_thread(self.engine.generate, request.token_ids, self.sampling_for(request),
-                                             salt=request.salt, on_token=on_token)
+            record = await asyncio.to_thread(self.engine.generate, request.token_ids,
+                                             sampling or self.sampling_for(request), salt=request.salt,
+                                             on_token=on_token)
         return replace(record, queue_ms=waited_ms)
+
+    async def reset_prefix_cache(self) -> bool:
+        """Drop every cached block once no request runs (vLLM's endpoint). ``False`` if the cache is off."""
+        async with self._lock():
+            if self.engine.cache is None:
+                return False
+            self.engine.cache.reset()
+            return True
 
     def _lock(self) -> asyncio.Lock:
         """One lock per event loop (a lock is bound to the loop it is first used on)."""

@@ -56,14 +56,16 @@ def _announce(sock: socket.socket, name: str, cache_config: CacheConfig | None) 
 
 
 def _service(loaded, model: Path | None, cache_config: CacheConfig | None, name: str):
-    """The engine service: the model's own tokenizer (cl100k for the default model), the cache."""
-    from kvbench.engine.engine import EngineConfig
-    from kvbench.server.engine_stream import StreamingEngine
+    """The engine service: the in-process backend, the model's own tokenizer (cl100k for the default
+    model), the cache. Each request brings its own sampling."""
+    from kvbench.backends.inprocess import InProcessBackend
+    from kvbench.engine.engine import EngineConfig, HFEngine, SamplingParams
     from kvbench.server.service import EngineService
     from kvbench.workloads.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(str(model) if model is not None else None)
-    return EngineService(StreamingEngine(loaded, EngineConfig(cache=cache_config)), tokenizer, name)
+    backend = InProcessBackend(HFEngine(loaded, EngineConfig(cache=cache_config)), SamplingParams(), name)
+    return EngineService(backend, tokenizer)
 
 
 def serve(

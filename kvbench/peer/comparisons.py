@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from kvbench.cache.block_hash import BlockHasher
-from kvbench.peer.driver import DrivenRequest
+from kvbench.request import RequestRecord
 from kvbench.sim.vllm_pool import VllmPoolConfig, simulate_vllm
 from kvbench.workloads.conversations import ChatConfig
 from kvbench.workloads.dists import IntDist
@@ -114,22 +114,36 @@ def predict(prepared: PreparedComparison, num_gpu_blocks: int, block_size: int) 
     return result.cached_tokens
 
 
-def agreement_rows(prepared: PreparedComparison, driven: Sequence[DrivenRequest], predicted: np.ndarray,
+def reported_cached_tokens(record: RequestRecord) -> int | None:
+    """The ``cached_tokens`` vLLM reported: 0 where it sent usage without ``prompt_tokens_details``
+    (with ``--enable-prompt-tokens-details`` it leaves them out when nothing was cached); ``None``
+    when it sent no usage at all."""
+    if record.cached_prompt_tokens is not None:
+        return record.cached_prompt_tokens
+    return 0 if record.output_tokens_source == "usage" else None
+
+
+def agreement_rows(prepared: PreparedComparison, records: Sequence[RequestRecord], predicted: np.ndarray,
                    context: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per request: what kvbench rendered and predicted beside what vLLM reported."""
+    """One row per request: what kvbench rendered and predicted beside what vLLM reported.
+    ``records`` are in trace order (``driver.drive``)."""
     rows = []
-    for index, (request, tokens, result) in enumerate(zip(prepared.trace.requests, prepared.token_requests,
-                                                         driven, strict=True)):
+    for index, (request, tokens, record) in enumerate(zip(prepared.trace.requests, prepared.token_requests,
+                                                         records, strict=True)):
         expected_ids = tokens.token_ids.tolist()
+        reported_ids = record.prompt_token_ids
+        cached = reported_cached_tokens(record)
         rows.append({
             **context, "comparison": prepared.comparison.name, "backend": "vllm", "request_index": index,
             "request_id": request.id, "session_id": request.session_id, "turn": request.turn,
-            "prompt_tokens": len(expected_ids), "prompt_tokens_reported": result.prompt_tokens,
-            "prompt_ids_match": None if result.prompt_token_ids is None else result.prompt_token_ids == expected_ids,
-            "output_tokens": request.max_tokens, "output_tokens_reported": result.completion_tokens,
-            "cached_tokens_predicted": int(predicted[index]), "cached_tokens_reported": result.cached_tokens,
-            "agrees": result.status == "ok" and result.cached_tokens == int(predicted[index]),
-            "ttft_ms": result.ttft_ms, "e2e_ms": result.e2e_ms, "status": result.status, "error": result.error,
+            "prompt_tokens": len(expected_ids),
+            "prompt_tokens_reported": record.prompt_tokens if record.output_tokens_source == "usage" else None,
+            "prompt_ids_match": None if reported_ids is None else list(reported_ids) == expected_ids,
+            "output_tokens": request.max_tokens,
+            "output_tokens_reported": record.output_tokens if record.output_tokens_source == "usage" else None,
+            "cached_tokens_predicted": int(predicted[index]), "cached_tokens_reported": cached,
+            "agrees": record.ok and cached == int(predicted[index]),
+            "ttft_ms": record.ttft_ms, "e2e_ms": record.e2e_ms, "status": record.status.value, "error": record.error,
         })
     return rows
 

@@ -1,215 +1,70 @@
-"""The peer harness's HTTP driver: send trace requests one at a time and record what the server says.
+"""How the peer harness sends a comparison: its trace as kvbench :class:`Request` s, one at a time,
+through a backend and the one send loop (:func:`kvbench.run.loop.send_requests`, concurrency 1).
 
-Deliberately small (concurrency 1, no arrival times, no retries): it exists to compare a real vLLM
-with kvbench's predictions request by request. Per request it uses the official ``openai`` client
-with ``stream=True`` and ``stream_options={"include_usage": True}`` and records:
-
-* ``cached_tokens``: ``usage.prompt_tokens_details.cached_tokens`` of the final chunk (vLLM sends it
-  with ``--enable-prompt-tokens-details``; a missing value counts as 0);
-* ``prompt_tokens`` / ``completion_tokens`` from the same usage, and with vLLM's ``return_token_ids``
-  the prompt token ids it actually prefilled, so a tokenization difference is caught per request;
-* TTFT: from sending to the first chunk carrying output (text or token ids), milliseconds; E2E: to
-  the last chunk.
-
-vLLM-specific fields go through ``extra_body``: ``cache_salt`` (a cache namespace), ``ignore_eos``
-(output lengths are exactly ``max_tokens``, which the simulator needs) and ``return_token_ids``.
-
-Overlap with ``kvbench/backends/openai/client.py`` and ``kvbench/backends/openai/reconcile.py`` (the HTTP backend,
-built separately): the streaming call, the usage parsing and the ``/metrics`` scrape below do the
-same jobs; once that backend runs at concurrency 1 with ``extra_body``, this module can shrink to a
-call into it.
+The harness has no client or loop of its own. Against vLLM the backend is
+:class:`kvbench.backends.openai.client.OpenAIBackend` (:func:`vllm_backend`): streamed, with
+``stream_options.include_usage``, ``ignore_eos`` (output lengths are exactly ``max_tokens``, which the
+simulator needs), each request's ``cache_salt``, and vLLM's ``return_token_ids``, so the record
+carries the prompt ids vLLM prefilled and a tokenization difference is caught per request. On the
+in-process engine it is :class:`kvbench.backends.inprocess.InProcessBackend`.
 """
 
 from __future__ import annotations
 
-import json
-import re
-import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+import asyncio
+import contextlib
+from collections.abc import Sequence
 
-from kvbench.workloads.trace import TraceRequest
+from kvbench.backends.base import Backend
+from kvbench.backends.openai.client import OpenAIBackend, OpenAIConfig
+from kvbench.peer.comparisons import PreparedComparison
+from kvbench.request import Message, Request, RequestRecord
+from kvbench.run.loop import LoadConfig, OnRecord, send_requests
+from kvbench.workloads.tokenizer import Tokenizer
 
-METRICS_TIMEOUT_S = 10.0
-_METRIC_LINE = re.compile(r"^(?P<name>[a-zA-Z_:][\w:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)$")
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+REQUEST_TIMEOUT_S = 600.0  # a cold 2k-token prefill on 2 CPU cores takes seconds, not minutes
+WARM_UP_SALT = "kvbench-warm-up"  # its own namespace: the warm-up never hits or feeds a comparison
 
 
-@dataclass(frozen=True)
-class DriverConfig:
-    """Where and how to send requests.
+def comparison_requests(prepared: PreparedComparison) -> list[Request]:
+    """The comparison's trace as requests, in trace order: ``token_ids`` as kvbench renders them and
+    ``salt`` as the server sees it (the comparison's namespace joined with the trace's own salt),
+    the text form (messages or prompt) for HTTP backends."""
+    return [
+        Request(index, request.id, request.session_id, request.turn, tokens.token_ids,
+                arrival_s=request.arrival_ms / 1e3, max_tokens=request.max_tokens, salt=tokens.salt or None,
+                output_tokens=request.output_tokens, messages=request.messages, prompt=request.prompt)
+        for index, (request, tokens) in enumerate(zip(prepared.trace.requests, prepared.token_requests, strict=True))
+    ]
 
-    Attributes:
-        base_url: the server's OpenAI base URL, e.g. ``http://127.0.0.1:8000/v1``.
-        model: the served model name.
-        timeout_s: per-request timeout, seconds.
-        return_token_ids: ask vLLM for the prompt and output token ids (a vLLM extension).
+
+def warm_up_request(tokenizer: Tokenizer) -> Request:
+    """One short chat request (2 output tokens) in :data:`WARM_UP_SALT`'s namespace, sent before the
+    first comparison so that one-time costs do not land on a measured request."""
+    messages = (Message("user", "warm up " * 16),)
+    return Request(0, "warm-up", "warm-up", 0, tokenizer.render_messages(messages), max_tokens=2,
+                   salt=WARM_UP_SALT, messages=messages)
+
+
+def vllm_backend(base_url: str, model: str, tokenizer: Tokenizer, block_size: int) -> OpenAIBackend:
+    """The OpenAI backend as the peer uses it on vLLM: greedy, ``ignore_eos``, ``return_token_ids``,
+    the requests' own salts (no run salt), no retries."""
+    config = OpenAIConfig(base_url, model, timeout_s=REQUEST_TIMEOUT_S, temperature=0.0, ignore_eos=True,
+                          block_size=block_size, extra_body={"return_token_ids": True})
+    return OpenAIBackend(config, tokenizer)
+
+
+def drive(requests: Sequence[Request], backend: Backend, on_record: OnRecord | None = None) -> list[RequestRecord]:
+    """Send ``requests`` in order, each after the previous one finished (the send loop at
+    concurrency 1, on the wall clock); one record per request, in request order.
+
+    A backend that is an async context manager (the OpenAI client) is entered around the run.
+    A failed request is a record with status ``error``; it never stops the comparison.
     """
+    async def run() -> list[tuple[Request, RequestRecord]]:
+        entered = backend if hasattr(backend, "__aenter__") else contextlib.nullcontext()
+        async with entered:
+            return await send_requests(requests, backend, LoadConfig(concurrency=1), on_record)
 
-    base_url: str
-    model: str
-    timeout_s: float = 600.0  # a cold 2k-token prefill on 2 CPU cores takes seconds, not minutes
-    return_token_ids: bool = True
-
-    def __post_init__(self) -> None:
-        if not self.base_url.startswith(("http://", "https://")):
-            raise ValueError(f"base_url must be an http(s) URL, got {self.base_url!r}")
-        if not self.timeout_s > 0:
-            raise ValueError(f"timeout_s must be positive, got {self.timeout_s!r}")
-
-
-@dataclass
-class DrivenRequest:
-    """What the server reported for one request (``None`` where it said nothing).
-
-    Attributes:
-        request_id: the trace request's id.
-        status: ``ok`` or ``error`` (then ``error`` holds one line).
-        prompt_tokens / completion_tokens / cached_tokens: from the final usage chunk.
-        prompt_token_ids: the ids the server prefilled (vLLM ``return_token_ids``).
-        output_token_ids: the generated ids, in order.
-        ttft_ms / e2e_ms: from sending the request to the first output chunk / the last chunk.
-    """
-
-    request_id: str
-    status: str = "ok"
-    error: str | None = None
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    cached_tokens: int | None = None
-    prompt_token_ids: list[int] | None = field(default=None, repr=False)
-    output_token_ids: list[int] = field(default_factory=list, repr=False)
-    ttft_ms: float | None = None
-    e2e_ms: float | None = None
-
-
-def make_client(config: DriverConfig) -> Any:
-    """An ``openai.OpenAI`` client for ``config`` (the API key is unused by a local server)."""
-    import openai
-
-    return openai.OpenAI(base_url=config.base_url, api_key="kvbench-peer", timeout=config.timeout_s,
-                         max_retries=0)
-
-
-def send(client: Any, config: DriverConfig, request: TraceRequest, salt: str | None) -> DrivenRequest:
-    """Send one request, streaming, and collect its usage and timings. Errors become ``status=error``."""
-    extra: dict[str, Any] = {"ignore_eos": True}
-    if salt:
-        extra["cache_salt"] = salt
-    if config.return_token_ids:
-        extra["return_token_ids"] = True
-    common = dict(model=config.model, max_tokens=request.max_tokens, temperature=0.0, stream=True,
-                  stream_options={"include_usage": True}, extra_body=extra)
-    result = DrivenRequest(request.id)
-    start_s = time.perf_counter()
-    try:
-        if request.messages is not None:
-            stream = client.chat.completions.create(messages=request.openai_messages, **common)
-        else:
-            stream = client.completions.create(prompt=request.prompt, **common)
-        for chunk in stream:
-            _absorb(chunk, result, start_s)
-    except Exception as exc:  # the driver records failures; it never stops a comparison halfway
-        result.status, result.error = "error", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-    result.e2e_ms = (time.perf_counter() - start_s) * 1e3
-    return result
-
-
-def _absorb(chunk: Any, result: DrivenRequest, start_s: float) -> None:
-    """Fold one streamed chunk into ``result``."""
-    extra = chunk.model_extra or {}
-    if extra.get("prompt_token_ids") is not None:
-        result.prompt_token_ids = list(extra["prompt_token_ids"])
-    for choice in chunk.choices or ():
-        text = choice.delta.content if hasattr(choice, "delta") else getattr(choice, "text", None)
-        token_ids = (choice.model_extra or {}).get("token_ids") or []
-        result.output_token_ids.extend(token_ids)
-        if result.ttft_ms is None and (text or token_ids):
-            result.ttft_ms = (time.perf_counter() - start_s) * 1e3
-    usage = chunk.usage
-    if usage is not None:
-        result.prompt_tokens, result.completion_tokens = usage.prompt_tokens, usage.completion_tokens
-        details = usage.prompt_tokens_details
-        result.cached_tokens = (details.cached_tokens if details is not None else None) or 0
-
-
-def drive(config: DriverConfig, requests: Sequence[TraceRequest], salt: str | None,
-          progress: Callable[[DrivenRequest, int, int], None] | None = None) -> list[DrivenRequest]:
-    """Send ``requests`` in order, each after the previous one finished (concurrency 1).
-
-    ``salt`` (the run's cache namespace) is joined with a request's own salt as ``salt/own``.
-    """
-    client = make_client(config)
-    results = []
-    for index, request in enumerate(requests):
-        own = request.salt
-        request_salt = f"{salt}/{own}" if salt and own else (salt or own)
-        results.append(send(client, config, request, request_salt))
-        if progress is not None:
-            progress(results[-1], index + 1, len(requests))
-    return results
-
-
-# ---------------------------------------------------------------- /metrics
-
-
-def parse_metrics(text: str) -> list[tuple[str, dict[str, str], float]]:
-    """Prometheus text format -> ``(name, labels, value)`` samples (comments and bad lines skipped)."""
-    samples = []
-    for line in text.splitlines():
-        match = _METRIC_LINE.match(line.strip())
-        if line.startswith("#") or match is None:
-            continue
-        try:
-            value = float(match["value"])
-        except ValueError:
-            continue
-        samples.append((match["name"], dict(_LABEL.findall(match["labels"] or "")), value))
-    return samples
-
-
-@dataclass(frozen=True)
-class PrefixCounters:
-    """vLLM's prefix-cache counters at one moment, in tokens (summed over engines and models)."""
-
-    queries_tokens: float
-    hits_tokens: float
-
-    def __sub__(self, other: "PrefixCounters") -> "PrefixCounters":
-        return PrefixCounters(self.queries_tokens - other.queries_tokens, self.hits_tokens - other.hits_tokens)
-
-
-def fetch_metrics(server_url: str) -> list[tuple[str, dict[str, str], float]]:
-    """GET ``server_url/metrics`` and parse it. Raises ``OSError`` when the server does not answer."""
-    with urllib.request.urlopen(f"{server_url.rstrip('/')}/metrics", timeout=METRICS_TIMEOUT_S) as response:
-        return parse_metrics(response.read().decode("utf-8", errors="replace"))
-
-
-def prefix_counters(samples: Sequence[tuple[str, dict[str, str], float]]) -> PrefixCounters:
-    """``vllm:prefix_cache_queries_total`` and ``vllm:prefix_cache_hits_total`` from parsed samples."""
-    def total(name: str) -> float:
-        return sum(value for sample, _, value in samples if sample == name)
-
-    return PrefixCounters(total("vllm:prefix_cache_queries_total"), total("vllm:prefix_cache_hits_total"))
-
-
-def num_gpu_blocks(samples: Sequence[tuple[str, dict[str, str], float]]) -> int | None:
-    """The pool size vLLM reports in ``vllm:cache_config_info`` (label ``num_gpu_blocks``), if any."""
-    for name, labels, _ in samples:
-        if name == "vllm:cache_config_info" and labels.get("num_gpu_blocks", "None").isdigit():
-            return int(labels["num_gpu_blocks"])
-    return None
-
-
-def post_json(url: str, payload: dict | None = None, timeout_s: float = METRICS_TIMEOUT_S) -> int:
-    """POST ``payload`` as JSON; returns the HTTP status (``OSError`` when unreachable)."""
-    data = json.dumps(payload or {}).encode()
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            return response.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
+    by_index = {request.index: record for request, record in asyncio.run(run())}
+    return [by_index[request.index] for request in requests]

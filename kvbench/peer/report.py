@@ -9,7 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from kvbench.peer.driver import PrefixCounters
+from kvbench.backends.openai.metrics import PrefixCacheCounters
 
 # One row per request and backend (``comparisons.agreement_rows``, ``inprocess.inprocess_rows``); the
 # in-process rows leave the vLLM-only columns empty. Units: tokens unless the name says otherwise.
@@ -63,7 +63,7 @@ class ComparisonSummary:
     reported_prompt_tokens: int
     predicted_hits_tokens: int
     reported_hits_tokens: int
-    metrics: PrefixCounters | None
+    metrics: PrefixCacheCounters | None
     disagreements: tuple[str, ...] = ()
 
     @property
@@ -93,7 +93,7 @@ class ComparisonSummary:
                 "disagreements": list(self.disagreements)}
 
 
-def summarize(name: str, rows: Sequence[dict[str, Any]], metrics: PrefixCounters | None,
+def summarize(name: str, rows: Sequence[dict[str, Any]], metrics: PrefixCacheCounters | None,
               disagreements: Sequence[str]) -> ComparisonSummary:
     """Fold a comparison's per-request rows (``comparisons.agreement_rows``) into a summary."""
     return ComparisonSummary(

@@ -7,8 +7,9 @@ One run, in order:
 3. generate the comparison traces (``comparisons.default_comparisons``) into ``OUT/traces``;
 4. replay shared_2k through kvbench's in-process engine (TTFT cold and warm), before any server runs;
 5. start vLLM with the default pool; per comparison: reset the prefix cache, read ``/metrics``, send
-   every request (``driver.drive``), read ``/metrics`` again, predict every request with the pool size
-   the server reports (``sim_vllm``); stop the server;
+   every request (``driver.drive``: the OpenAI backend and the one send loop, concurrency 1), read
+   ``/metrics`` again, predict every request with the pool size the server reports (``sim_vllm``);
+   stop the server;
 6. the same on a second server with a small pool (``--num-gpu-blocks-override``) for the Zipf trace;
 7. write ``OUT/peer_vllm.parquet`` (one row per request and backend, run metadata in the footer) and
    ``OUT/peer_vllm.md`` (agreement, hit rates, reconciliation, TTFT ratios, disagreements).
@@ -30,7 +31,10 @@ from kvbench.peer.comparisons import (
     LARGE_POOL, SMALL_POOL, PreparedComparison, agreement_rows, default_comparisons, explain_disagreement,
     predict, prepare,
 )
-from kvbench.peer.driver import DriverConfig, drive, fetch_metrics, num_gpu_blocks, post_json, prefix_counters
+from kvbench.backends.openai.admin import fetch_metrics, reset_prefix_cache
+from kvbench.backends.openai.client import OpenAIBackend
+from kvbench.backends.openai.metrics import parse_prefix_cache_counters, vllm_num_gpu_blocks
+from kvbench.peer.driver import comparison_requests, drive, vllm_backend, warm_up_request
 from kvbench.peer.report import (
     ROW_SCHEMA, ComparisonSummary, TtftSummary, markdown, summarize, table_rows, ttft_summary,
 )
@@ -38,6 +42,7 @@ from kvbench.peer.server import PeerError, VllmServer, VllmServerConfig, ensure_
 
 Log = Callable[[str], None]
 METRICS_SETTLE_S = 1.0  # vLLM publishes counters with each step's outputs; give the last one a moment
+API_KEY = "EMPTY"  # the loopback server takes none
 
 
 @dataclass(frozen=True)
@@ -121,7 +126,7 @@ def run_peer(config: PeerConfig, log: Log = lambda line: None) -> PeerReport:
         for pool in (LARGE_POOL, SMALL_POOL):
             chosen = [p for p in prepared.values() if p.comparison.pool == pool]
             if chosen:
-                new_rows, new_summaries = _run_server(config, model_dir, pool, chosen, context, log)
+                new_rows, new_summaries = _run_server(config, model_dir, tokenizer, pool, chosen, context, log)
                 rows += new_rows
                 summaries += new_summaries
         complete = True
@@ -155,7 +160,7 @@ def _prepare_all(config: PeerConfig, tokenizer: Any, trace_dir: Path) -> dict[st
     return prepared
 
 
-def _run_server(config: PeerConfig, model_dir: Path, pool: str, chosen: Sequence[PreparedComparison],
+def _run_server(config: PeerConfig, model_dir: Path, tokenizer: Any, pool: str, chosen: Sequence[PreparedComparison],
                 context: dict[str, Any], log: Log) -> tuple[list[dict[str, Any]], list[ComparisonSummary]]:
     max_model_len = config.max_model_len
     if pool == SMALL_POOL:  # vLLM refuses to start unless one max-length request fits in the usable blocks
@@ -170,25 +175,17 @@ def _run_server(config: PeerConfig, model_dir: Path, pool: str, chosen: Sequence
     with VllmServer(server_config) as server:
         log(f"starting vLLM ({pool} pool) on {server.url}; log: {server_config.log_path}")
         log(f"vLLM healthy after {server.wait_healthy():.0f} s")
-        blocks = num_gpu_blocks(fetch_metrics(server.url))
+        blocks = vllm_num_gpu_blocks(fetch_metrics(server.base_url, API_KEY))
         if blocks is None:
             raise PeerError(f"{server.url}/metrics reports no num_gpu_blocks; cannot size the prediction")
-        driver = DriverConfig(server.base_url, server_config.served_model_name)
-        _warm_up(driver)
+        backend = vllm_backend(server.base_url, server_config.served_model_name, tokenizer, config.block_size)
+        drive([warm_up_request(tokenizer)], backend)
         for prepared in chosen:
-            new_rows, summary = _compare(server, driver, prepared, VllmPoolShape(blocks, config.block_size),
+            new_rows, summary = _compare(backend, prepared, VllmPoolShape(blocks, config.block_size),
                                          {**context, "num_gpu_blocks": blocks}, log)
             rows += new_rows
             summaries.append(summary)
     return rows, summaries
-
-
-def _warm_up(driver: DriverConfig) -> None:
-    """One short request in its own namespace, so one-time costs do not land on a measured request."""
-    from kvbench.workloads.trace import Message, TraceRequest
-
-    request = TraceRequest("warm-up", "warm-up", 0, 0.0, 2, 1, messages=(Message("user", "warm up " * 16),))
-    drive(driver, [request], salt="kvbench-warm-up")
 
 
 @dataclass(frozen=True)
@@ -199,19 +196,23 @@ class VllmPoolShape:
     block_size: int
 
 
-def _compare(server: VllmServer, driver: DriverConfig, prepared: PreparedComparison, pool: VllmPoolShape,
-             context: dict[str, Any], log: Log) -> tuple[list[dict[str, Any]], ComparisonSummary]:
+def _compare(backend: OpenAIBackend, prepared: PreparedComparison, pool: VllmPoolShape, context: dict[str, Any],
+             log: Log) -> tuple[list[dict[str, Any]], ComparisonSummary]:
     name = prepared.comparison.name
-    reset_status = post_json(f"{server.url}/reset_prefix_cache")
-    before = prefix_counters(fetch_metrics(server.url))
-    log(f"{name}: {len(prepared.trace.requests)} requests (reset_prefix_cache -> HTTP {reset_status})")
-    driven = drive(driver, prepared.trace.requests, prepared.salt,
-                   lambda r, done, total: log(f"{name} {done}/{total} {r.request_id}: cached {r.cached_tokens}, "
-                                              f"TTFT {r.ttft_ms or 0:.0f} ms {r.error or ''}"))
+    base_url = backend.config.base_url
+    _, reset_note = reset_prefix_cache(base_url, API_KEY)
+    before = parse_prefix_cache_counters(fetch_metrics(base_url, API_KEY))
+    requests = comparison_requests(prepared)
+    log(f"{name}: {len(requests)} requests ({reset_note})")
+    done = iter(range(1, len(requests) + 1))
+    records = drive(requests, backend, lambda request, r: log(
+        f"{name} {next(done)}/{len(requests)} {request.request_id}: cached {r.cached_prompt_tokens}, "
+        f"TTFT {r.ttft_ms or 0:.0f} ms {r.error or ''}"))
     time.sleep(METRICS_SETTLE_S)
-    metrics = prefix_counters(fetch_metrics(server.url)) - before
+    after = parse_prefix_cache_counters(fetch_metrics(base_url, API_KEY))
+    metrics = after.since(before) if after is not None else None
     predicted = predict(prepared, pool.num_gpu_blocks, pool.block_size)
-    rows = agreement_rows(prepared, driven, predicted, context)
+    rows = agreement_rows(prepared, records, predicted, context)
     disagreements = [explain_disagreement(prepared, r["request_index"], r["cached_tokens_reported"], pool.block_size)
                      + f", predicted {r['cached_tokens_predicted']}" for r in rows if not r["agrees"]]
     return rows, summarize(name, rows, metrics, disagreements)

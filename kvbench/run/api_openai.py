@@ -25,7 +25,7 @@ from kvbench.run.source import load_run_source
 
 def served_model(config: RunConfig, key: str) -> str:
     """``--model`` or the first model the server lists. Raises ``InputError`` when there is none."""
-    from kvbench.backends.openai.client import list_models
+    from kvbench.backends.openai.admin import list_models
 
     if config.model.path:
         return config.model.path
@@ -68,8 +68,10 @@ def _run_info(config: RunConfig, run_id: str, client_config, load: LoadConfig, e
 
 def run_openai(config: RunConfig, on_progress: Progress | None = None) -> RunOutcome:
     """:func:`kvbench.run.api.run` against an OpenAI-compatible server."""
-    from kvbench.backends.openai.client import OpenAIBackend, OpenAIConfig, fetch_metrics, reset_prefix_cache
-    from kvbench.backends.openai.reconcile import expect, parse_prefix_cache_counters, reconcile
+    from kvbench.backends.openai.admin import fetch_metrics, reset_prefix_cache
+    from kvbench.backends.openai.client import OpenAIBackend, OpenAIConfig
+    from kvbench.backends.openai.metrics import parse_prefix_cache_counters
+    from kvbench.backends.openai.reconcile import expect, reconcile
     from kvbench.workloads.tokenizer import load_tokenizer
 
     server = config.server

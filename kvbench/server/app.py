@@ -34,7 +34,7 @@ from kvbench.engine.engine import SamplingParams
 from kvbench.request import RequestRecord
 from kvbench.server.schemas import (DEFAULT_MAX_TOKENS, ApiError, ChatCompletionRequest, CompletionRequest,
                                     chunk_body, response_body, usage)
-from kvbench.server.service import EngineJob, EngineService, Generation
+from kvbench.server.service import EngineService, Generation
 
 MAX_SALT_CHARS = 1024  # vLLM's limit on cache_salt
 
@@ -100,7 +100,8 @@ def _check_model(service: EngineService, model: str) -> None:
                        "model", "model_not_found")
 
 
-def _job(body: CompletionRequest | ChatCompletionRequest, token_ids, prefix: str) -> EngineJob:
+def _sampling(body: CompletionRequest | ChatCompletionRequest) -> SamplingParams:
+    """The request's sampling. Raises ``ApiError`` (400) for fields the server cannot honour."""
     if body.n != 1:
         raise ApiError(400, f"n must be 1 (one choice per request), got {body.n}", "n")
     if body.stop:
@@ -112,24 +113,24 @@ def _job(body: CompletionRequest | ChatCompletionRequest, token_ids, prefix: str
     if body.cache_salt is not None and len(body.cache_salt) > MAX_SALT_CHARS:
         raise ApiError(400, f"cache_salt must be at most {MAX_SALT_CHARS} characters", "cache_salt")
     try:
-        sampling = SamplingParams(max_tokens=max_tokens,
-                                  temperature=1.0 if body.temperature is None else body.temperature,
-                                  top_p=1.0 if body.top_p is None else body.top_p,
-                                  seed=body.seed, ignore_eos=body.ignore_eos)
+        return SamplingParams(max_tokens=max_tokens, temperature=1.0 if body.temperature is None else body.temperature,
+                              top_p=1.0 if body.top_p is None else body.top_p, seed=body.seed,
+                              ignore_eos=body.ignore_eos)
     except ValueError as exc:
         raise ApiError(400, str(exc)) from None
-    return EngineJob(token_ids, sampling, body.cache_salt or None, f"{prefix}-{uuid.uuid4().hex}")
 
 
 async def _generate(service: EngineService, body: CompletionRequest | ChatCompletionRequest, token_ids,
                     chat: bool):
-    job = _job(body, token_ids, "chatcmpl" if chat else "cmpl")
-    service.check(job.token_ids, job.sampling.max_tokens)
-    generation = service.submit(job)
-    header = _Header(chat, job.request_id, int(time.time()), service.model_name)
+    sampling = _sampling(body)
+    service.check(token_ids, sampling.max_tokens)
+    request = service.request(token_ids, sampling.max_tokens, body.cache_salt or None,
+                              f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}")
+    generation = service.submit(request, sampling)
+    header = _Header(chat, request.request_id, int(time.time()), service.model_name)
     if body.stream:
-        events = _stream(service, generation, header, job, body.include_usage)
-        return StreamingResponse(events, media_type="text/event-stream")
+        return StreamingResponse(_stream(service, generation, header, body.include_usage),
+                                 media_type="text/event-stream")
     try:
         result = await _outcome(generation)
     except BaseException:
@@ -137,7 +138,7 @@ async def _generate(service: EngineService, body: CompletionRequest | ChatComple
         raise
     text = service.decode(result.output_token_ids)
     return response_body(chat, header.response_id, header.created, header.model, text,
-                         _finish_reason(service, job, result), _usage(result))
+                         _finish_reason(service, generation, result), _usage(result))
 
 
 class _Header:
@@ -152,7 +153,7 @@ class _Header:
 
 
 async def _outcome(generation: Generation) -> RequestRecord:
-    """Wait for the job's result. Raises ``ApiError``: 400 if the engine refused it, 500 if it failed."""
+    """Wait for the request's result. Raises ``ApiError``: 400 if the engine refused it, 500 if it failed."""
     while True:
         kind, value = await generation.events.get()
         if kind == "done":
@@ -161,9 +162,9 @@ async def _outcome(generation: Generation) -> RequestRecord:
             raise ApiError(400 if kind == "refused" else 500, str(value or "the request was cancelled"))
 
 
-async def _stream(service: EngineService, generation: Generation, header: _Header, job: EngineJob,
+async def _stream(service: EngineService, generation: Generation, header: _Header,
                   include_usage: bool) -> AsyncIterator[str]:
-    """The SSE events of one streamed response; cancels the job if the client goes away."""
+    """The SSE events of one streamed response; cancels the request if the client goes away."""
     num_sent = 0
     try:
         if header.chat:
@@ -180,21 +181,21 @@ async def _stream(service: EngineService, generation: Generation, header: _Heade
                 break
             for token_id in value.output_token_ids[num_sent:]:
                 yield header.chunk(service.decode_token(token_id), include_usage=include_usage)
-            yield header.chunk("", finish_reason=_finish_reason(service, job, value), include_usage=include_usage)
+            yield header.chunk("", finish_reason=_finish_reason(service, generation, value), include_usage=include_usage)
             if include_usage:
                 yield header.chunk(None, usage_object=_usage(value))
             break
         yield "data: [DONE]\n\n"
     finally:
-        generation.cancel()  # a no-op once the job finished; stops the engine if the client left
+        generation.cancel()  # a no-op once the request finished; stops the engine if the client left
 
 
 def _usage(result: RequestRecord) -> dict[str, Any]:
     return usage(result.prompt_tokens, result.output_tokens, result.cached_prompt_tokens)
 
 
-def _finish_reason(service: EngineService, job: EngineJob, result: RequestRecord) -> str:
+def _finish_reason(service: EngineService, generation: Generation, result: RequestRecord) -> str:
     """``stop`` when the response ended with an EOS the request did not ignore, else ``length``."""
     ids = result.output_token_ids
-    ended_by_eos = bool(ids) and not job.sampling.ignore_eos and ids[-1] in service.engine.loaded.eos_token_ids
+    ended_by_eos = bool(ids) and not generation.sampling.ignore_eos and ids[-1] in service.engine.loaded.eos_token_ids
     return "stop" if ended_by_eos else "length"

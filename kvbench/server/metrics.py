@@ -17,12 +17,23 @@ and nobody mistakes this server for vLLM (REFERENCES.md section 1, "Metrics"):
 As in vLLM, per finished request ``queries += prompt_tokens`` and ``hits += cached_tokens``, so
 ``hits / queries`` is the token hit rate and 100% is unreachable (the last prompt token is always
 recomputed). Every sample carries a ``model_name`` label. kvbench's client reads these names or
-vLLM's (``vllm:prefix_cache_queries_total``, ...); see :func:`kvbench.backends.openai.reconcile.parse_prefix_cache_counters`.
+vLLM's (``vllm:prefix_cache_queries_total``, ...); see
+:func:`kvbench.backends.openai.metrics.parse_prefix_cache_counters`.
+
+The text is written by ``prometheus_client`` itself (:func:`prometheus_client.generate_latest` over a
+registry that holds only this server's collector), so a counter's ``# TYPE`` line names it as its
+samples do (``kvbench:prefix_cache_queries_total``), which is what Prometheus' parsers expect.
+``num_requests_running`` and ``num_requests_waiting`` follow from the requests in flight: the engine
+serves one at a time, so with any in flight one is running and the rest wait.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 PREFIX = "kvbench:"
 
@@ -50,8 +61,15 @@ class ServerCounters:
     num_generation_tokens: int = 0
     num_succeeded: int = 0
     num_failed: int = 0
-    num_running: int = 0
-    num_waiting: int = 0
+    num_in_flight: int = 0  # submitted and not yet finished, failed or cancelled
+
+    @property
+    def num_running(self) -> int:
+        return min(self.num_in_flight, 1)
+
+    @property
+    def num_waiting(self) -> int:
+        return self.num_in_flight - self.num_running
 
     def record_success(self, prompt_tokens: int, cached_tokens: int, output_tokens: int) -> None:
         """Count one finished request (vLLM's rule: queries += prompt, hits += cached)."""
@@ -62,18 +80,25 @@ class ServerCounters:
         self.num_succeeded += 1
 
 
-def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+class _Collector:
+    """The families of one :class:`ServerCounters`, each with one ``model_name`` sample."""
+
+    def __init__(self, counters: ServerCounters, model_name: str) -> None:
+        self.counters, self.model_name = counters, model_name
+
+    def collect(self) -> Iterator[Metric]:
+        for name, attribute, help_text in _COUNTERS:  # exposed as PREFIX + name + "_total"
+            family = CounterMetricFamily(PREFIX + name, help_text, labels=["model_name"])
+            family.add_metric([self.model_name], float(getattr(self.counters, attribute)))
+            yield family
+        for name, attribute, help_text in _GAUGES:
+            family = GaugeMetricFamily(PREFIX + name, help_text, labels=["model_name"])
+            family.add_metric([self.model_name], float(getattr(self.counters, attribute)))
+            yield family
 
 
 def render_metrics(counters: ServerCounters, model_name: str) -> str:
     """The Prometheus text exposition (format 0.0.4) of ``counters``, one family per metric."""
-    labels = f'{{model_name="{_label(model_name)}"}}'
-    lines = []
-    for name, attribute, help_text in _COUNTERS:
-        lines += [f"# HELP {PREFIX}{name} {help_text}", f"# TYPE {PREFIX}{name} counter",
-                  f"{PREFIX}{name}_total{labels} {float(getattr(counters, attribute))}"]
-    for name, attribute, help_text in _GAUGES:
-        lines += [f"# HELP {PREFIX}{name} {help_text}", f"# TYPE {PREFIX}{name} gauge",
-                  f"{PREFIX}{name}{labels} {float(getattr(counters, attribute))}"]
-    return "\n".join(lines) + "\n"
+    registry = CollectorRegistry(auto_describe=False)  # per call: no process-wide registry
+    registry.register(_Collector(counters, model_name))
+    return generate_latest(registry).decode("utf-8")

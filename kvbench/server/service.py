@@ -1,29 +1,33 @@
-"""The engine behind ``kvbench serve``: one request at a time, in a worker thread, tokens as events.
+"""The engine behind ``kvbench serve``: requests go through the in-process backend, tokens as events.
 
 Why this shape: the engine is not thread-safe and runs one request at a time, but the server must
 keep accepting connections while it works, so that queueing shows up in clients' timings (as on a
-busy real server, a queued request's wait lands in its TTFT). Each request becomes a
-:class:`Generation`: an asyncio task that waits for the service's lock (FIFO), then runs the engine
-in a thread; tokens travel to the event loop through ``call_soon_threadsafe`` into an asyncio queue.
+busy real server, a queued request's wait lands in its TTFT). Serialization and the worker thread
+are :class:`kvbench.backends.inprocess.InProcessBackend`'s (its lock, FIFO, and
+``asyncio.to_thread``); each request becomes a :class:`Generation`: an asyncio task awaiting
+``backend.serve(request, on_token=...)``, whose tokens travel from the engine's thread to the event
+loop through ``call_soon_threadsafe`` into an asyncio queue.
 
-The task owns the lock until the engine returns, whatever the HTTP side does: a client that
-disconnects sets ``cancelled``, the next token raises :class:`StreamCancelled` inside the engine
-(which releases its pinned blocks), and only then is the lock released.
+The task is never cancelled: it holds the backend's lock until the engine returns, whatever the
+HTTP side does. A client that disconnects sets ``cancelled``; the next token raises
+:class:`StreamCancelled` inside the engine, which releases every pinned block and caches nothing of
+the request, and only then is the lock released. (A request abandoned while still queued is
+stopped at its first token, after its prefill.)
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from kvbench.backends.inprocess import InProcessBackend
 from kvbench.engine.engine import SamplingParams
-from kvbench.request import RequestRecord, Status
-from kvbench.server.engine_stream import StreamCancelled, StreamingEngine
+from kvbench.request import Request, RequestRecord, Status
 from kvbench.server.metrics import ServerCounters, render_metrics
 from kvbench.server.schemas import ApiError
 from kvbench.workloads.tokenizer import Tokenizer
@@ -32,50 +36,48 @@ from kvbench.workloads.trace import Message
 REPLACEMENT = "\ufffd"  # the text of a token id the tokenizer cannot decode (unassigned cl100k ids)
 
 
-@dataclass(frozen=True, eq=False)
-class EngineJob:
-    """A validated request: prompt ids, shape (num_tokens,); sampling; cache salt (None = public)."""
-
-    token_ids: np.ndarray
-    sampling: SamplingParams
-    salt: str | None
-    request_id: str
-
-    @property
-    def prompt_tokens(self) -> int:
-        return int(self.token_ids.shape[0])
+class StreamCancelled(Exception):
+    """Raised in the engine's thread by a stream's ``on_token`` to stop a request early (its client
+    went away). The engine releases every pinned block on the way out; nothing of the request is cached.
+    """
 
 
 class Generation:
-    """One submitted job. ``events`` yields ``("token", id)`` per streamed token, then exactly one of
-    ``("done", RequestRecord)``, ``("refused", message)`` (the engine rejected the input),
+    """One submitted request. ``events`` yields ``("token", id)`` per streamed token, then exactly one
+    of ``("done", RequestRecord)``, ``("refused", message)`` (the engine rejected the input),
     ``("error", message)`` (the engine failed) or ``("cancelled", None)``."""
 
-    def __init__(self) -> None:
+    def __init__(self, request: Request, sampling: SamplingParams) -> None:
+        self.request = request
+        self.sampling = sampling
         self.events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         self.cancelled = threading.Event()
         self.task: asyncio.Task | None = None
 
     def cancel(self) -> None:
-        """Stop at the next token (or before starting); the engine releases its blocks."""
+        """Stop at the next token; the engine releases its blocks."""
         self.cancelled.set()
 
 
 class EngineService:
-    """Tokenizes, validates and serializes requests for one :class:`StreamingEngine`.
+    """Tokenizes, validates and submits requests to one :class:`InProcessBackend`.
 
     Args:
-        engine: the engine (its cache, if any, is the one ``/reset_prefix_cache`` clears).
+        backend: the engine behind its lock (the engine's cache, if any, is the one
+            ``/reset_prefix_cache`` clears; its ``model_name`` is the one requests may ask for).
         tokenizer: renders chat messages and prompts exactly as kvbench's traces count them.
-        model_name: the one model name requests may ask for.
     """
 
-    def __init__(self, engine: StreamingEngine, tokenizer: Tokenizer, model_name: str) -> None:
-        self.engine = engine
+    def __init__(self, backend: InProcessBackend, tokenizer: Tokenizer) -> None:
+        self.backend = backend
+        self.engine = backend.engine
         self.tokenizer = tokenizer
-        self.model_name = model_name
         self.counters = ServerCounters()
-        self._lock = asyncio.Lock()
+        self._indexes = itertools.count()
+
+    @property
+    def model_name(self) -> str:
+        return self.backend.model_name
 
     @property
     def max_context_tokens(self) -> int | None:
@@ -111,13 +113,19 @@ class EngineService:
                                 f"{num_tokens + max_tokens} tokens ({num_tokens} in the prompt, {max_tokens} for "
                                 "the completion).", "max_tokens", "context_length_exceeded")
 
-    def submit(self, job: EngineJob) -> Generation:
-        """Queue ``job`` for the engine; returns at once. Must be called on the event loop."""
-        generation = Generation()
-        generation.task = asyncio.create_task(self._run(job, generation))
+    def request(self, token_ids: np.ndarray, max_tokens: int, salt: str | None, request_id: str) -> Request:
+        """A checked prompt (:meth:`check`) as a :class:`Request`: its own session, turn 0."""
+        return Request(next(self._indexes), request_id, request_id, 0, token_ids.astype(np.uint32),
+                       max_tokens=max_tokens, salt=salt)
+
+    def submit(self, request: Request, sampling: SamplingParams) -> Generation:
+        """Queue ``request`` for the engine with its own ``sampling``; returns at once. Must be
+        called on the event loop."""
+        generation = Generation(request, sampling)
+        generation.task = asyncio.create_task(self._run(generation))
         return generation
 
-    async def _run(self, job: EngineJob, generation: Generation) -> None:
+    async def _run(self, generation: Generation) -> None:
         loop = asyncio.get_running_loop()
 
         def on_token(token_id: int) -> None:  # in the engine's thread
@@ -125,23 +133,17 @@ class EngineService:
                 raise StreamCancelled
             loop.call_soon_threadsafe(generation.events.put_nowait, ("token", token_id))
 
-        self.counters.num_waiting += 1
-        async with self._lock:
-            self.counters.num_waiting -= 1
-            self.counters.num_running += 1
-            try:
-                if generation.cancelled.is_set():
-                    raise StreamCancelled
-                result = await asyncio.to_thread(self.engine.generate_streaming, job.token_ids, job.sampling,
-                                                 job.salt, job.request_id, on_token)
-                generation.events.put_nowait(self._finished(result))
-            except StreamCancelled:
-                generation.events.put_nowait(("cancelled", None))
-            except Exception as exc:  # the engine failed: this request errors, the server keeps serving
-                self.counters.num_failed += 1
-                generation.events.put_nowait(("error", f"{type(exc).__name__}: {exc}"))
-            finally:
-                self.counters.num_running -= 1
+        self.counters.num_in_flight += 1
+        try:
+            record = await self.backend.serve(generation.request, on_token=on_token, sampling=generation.sampling)
+            generation.events.put_nowait(self._finished(record))
+        except StreamCancelled:
+            generation.events.put_nowait(("cancelled", None))
+        except Exception as exc:  # the engine failed: this request errors, the server keeps serving
+            self.counters.num_failed += 1
+            generation.events.put_nowait(("error", f"{type(exc).__name__}: {exc}"))
+        finally:
+            self.counters.num_in_flight -= 1
 
     def _finished(self, result: RequestRecord) -> tuple[str, Any]:
         if result.status is not Status.OK:
@@ -152,11 +154,7 @@ class EngineService:
 
     async def reset_prefix_cache(self) -> bool:
         """Drop every cached block once no request runs (vLLM's endpoint). ``False`` if the cache is off."""
-        async with self._lock:
-            if self.engine.cache is None:
-                return False
-            self.engine.cache.reset()
-            return True
+        return await self.backend.reset_prefix_cache()
 
     def decode_token(self, token_id: int) -> str:
         """One token's text, never empty: undecodable or empty tokens read as U+FFFD, so that every

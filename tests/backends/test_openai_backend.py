@@ -67,6 +67,35 @@ def test_plain_prompts_and_token_ids_go_to_completions(fake_server):
     assert server.bodies[0]["prompt"] == "Once upon a time" and server.bodies[1]["prompt"] == [11, 22, 33]
 
 
+def with_ids(body, token_ids=None, prompt_ids=None, on_choice=False):
+    """A chunk with vLLM's ``return_token_ids`` fields (prompt ids on the chunk, or on its choice)."""
+    if token_ids is not None:
+        body["choices"][0]["token_ids"] = token_ids
+    if prompt_ids is not None:
+        (body["choices"][0] if on_choice else body)["prompt_token_ids"] = prompt_ids
+    return body
+
+
+def test_return_token_ids_are_sent_and_recorded(fake_server):
+    server = fake_server("script", [with_ids(chunk("Hel"), [7, 8], prompt_ids=[1, 2, 3]), with_ids(chunk(), [9]),
+                                    with_ids(chunk(finish_reason="length"), []), chunk(usage=USAGE)])
+    [served] = serve(server.url, [chat_request()], extra_body={"return_token_ids": True})
+    assert served.status is Status.OK and server.bodies[0]["return_token_ids"] is True
+    assert served.prompt_token_ids == (1, 2, 3) and served.output_token_ids == (7, 8, 9)
+    assert len(served.itl_ms) == 1  # the text-less chunk with an id is output too
+
+
+def test_completions_carry_prompt_ids_on_the_choice_and_plain_servers_send_none(fake_server):
+    server = fake_server("script", [with_ids(chunk("a", chat=False), [5], prompt_ids=[4, 4], on_choice=True),
+                                    chunk(finish_reason="length", chat=False)])
+    text = Request(0, "p", "p", 0, TOKENIZER.render_prompt("hi"), max_tokens=2, prompt="hi")
+    [served] = serve(server.url, [text])
+    assert served.prompt_token_ids == (4, 4) and served.output_token_ids == (5,)
+    plain = fake_server("script", [chunk("x"), chunk(finish_reason="stop")])
+    [served] = serve(plain.url, [chat_request()])
+    assert served.prompt_token_ids is None and served.output_token_ids is None
+
+
 @pytest.mark.parametrize("behaviour,status,needle", [
     ("fail", 500, "Error code: 500"),
     ("cut", 200, "connection error"),

@@ -1,9 +1,10 @@
-"""Reconciliation: expectations, the order-free bound, flags, and /metrics counters of either naming."""
+"""Reconciliation: expectations, the order-free bound, flags, and the /metrics delta."""
 
 import numpy as np
 import pytest
 
-from kvbench.backends.openai.reconcile import expect, parse_prefix_cache_counters, possible_cached_tokens, reconcile
+from kvbench.backends.openai.metrics import parse_prefix_cache_counters
+from kvbench.backends.openai.reconcile import expect, possible_cached_tokens, reconcile
 from kvbench.request import Request, RequestRecord, Status
 from kvbench.server.metrics import ServerCounters, render_metrics
 
@@ -59,26 +60,6 @@ def test_overlapping_requests_served_out_of_order_are_counted_not_flagged():
     windows = [sent(0.0, 2.0), sent(0.1, 1.0)]
     result = reconcile([row(0, 48), row(1, 0)], requests, expect(requests, 16), windows)
     assert result.over_possible == () and result.num_above_expected == 1 and len(result.below_expected) == 1
-
-
-VLLM_METRICS = """\
-# HELP vllm:prefix_cache_queries Prefix cache queries, in terms of number of queried tokens.
-# TYPE vllm:prefix_cache_queries counter
-vllm:prefix_cache_queries_total{engine="0",model_name="llama"} 1000.0
-vllm:prefix_cache_queries_total{engine="1",model_name="llama"} 500.0
-vllm:prefix_cache_hits_total{engine="0",model_name="llama"} 600.0
-vllm:prefix_cache_hits_total{engine="1",model_name="llama"} 150.0
-vllm:gpu_prefix_cache_queries_total{model_name="llama"} 7.0
-vllm:gpu_prefix_cache_hits_total{model_name="llama"} 7.0
-"""
-
-
-def test_counters_are_read_from_vllm_names_summed_over_engines():
-    counters = parse_prefix_cache_counters(VLLM_METRICS)
-    assert (counters.queries_tokens, counters.hits_tokens) == (1500.0, 750.0)
-    assert counters.family == "vllm:prefix_cache_queries_total"
-    assert parse_prefix_cache_counters("# nothing here\nother_metric 3\n") is None
-    assert parse_prefix_cache_counters(None) is None
 
 
 def test_kvbench_serve_metrics_round_trip_and_give_the_delta():

@@ -9,12 +9,12 @@ import urllib.request
 import pytest
 import uvicorn
 
-from kvbench.commands.serve import bind_socket
+from kvbench.backends.inprocess import InProcessBackend
 from kvbench.cache.base import CacheConfig
-from kvbench.engine.engine import EngineConfig
+from kvbench.commands.serve import bind_socket
+from kvbench.engine.engine import EngineConfig, HFEngine, SamplingParams
 from kvbench.engine.model import default_llama_config, random_model
 from kvbench.server.app import create_app
-from kvbench.server.engine_stream import StreamingEngine
 from kvbench.server.service import EngineService
 from kvbench.workloads.tokenizer import load_tokenizer
 
@@ -64,10 +64,21 @@ class LiveServer:
             return response.status, response.read().decode()
 
 
+def tiny_service(loaded, capacity_blocks: int = 4096) -> EngineService:
+    """The server's service over ``loaded`` with a hash cache of ``capacity_blocks``."""
+    engine = HFEngine(loaded, EngineConfig(cache=CacheConfig(capacity_blocks=capacity_blocks)))
+    return EngineService(InProcessBackend(engine, SamplingParams(), MODEL), load_tokenizer())
+
+
+@pytest.fixture
+def service(tiny_loaded):
+    """A fresh service (64-block cache) over the tiny model, no HTTP."""
+    return tiny_service(tiny_loaded, capacity_blocks=64)
+
+
 @pytest.fixture(scope="module")
 def live(tiny_loaded):
-    service = EngineService(StreamingEngine(tiny_loaded, EngineConfig(cache=CacheConfig(capacity_blocks=4096))),
-                            load_tokenizer(), MODEL)
+    service = tiny_service(tiny_loaded)
     server = LiveServer(service)
     yield server
     server.stop()

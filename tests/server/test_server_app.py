@@ -7,8 +7,9 @@ import threading
 import time
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from kvbench.backends.openai.reconcile import parse_prefix_cache_counters
+from kvbench.backends.openai.metrics import parse_prefix_cache_counters
 from kvbench.workloads.tokenizer import load_tokenizer
 from kvbench.workloads.trace import Message
 
@@ -121,6 +122,26 @@ def test_metrics_count_tokens_like_vllm_and_reset_empties_the_cache(live):
     assert after.hits_tokens - before.hits_tokens == hits == 48
     assert live.post("/reset_prefix_cache", {})[0] == 200
     assert live.post("/v1/completions", body)[1]["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+
+
+def test_metrics_parse_with_prometheus_own_parser_as_typed_families(live):
+    body = {"model": MODEL, "prompt": list(range(4000, 4040)), "max_tokens": 2, "cache_salt": "prometheus"}
+    assert [live.post("/v1/completions", body)[0] for _ in range(2)] == [200, 200]
+    families = {family.name: family for family in text_string_to_metric_families(live.get("/metrics")[1])}
+    counters = {name for name, family in families.items() if family.type == "counter"}
+    assert counters == {f"kvbench:{name}" for name in ("prefix_cache_queries", "prefix_cache_hits", "prompt_tokens",
+                                                        "generation_tokens", "request_success", "request_failure")}
+    assert {families[f"kvbench:{name}"].type for name in ("num_requests_running", "num_requests_waiting")} == {"gauge"}
+    assert all(family.type != "unknown" and len(family.samples) == 1 for family in families.values())
+    [queries] = families["kvbench:prefix_cache_queries"].samples
+    [hits] = families["kvbench:prefix_cache_hits"].samples
+    assert queries.name == "kvbench:prefix_cache_queries_total" and queries.labels == {"model_name": MODEL}
+    assert hits.name == "kvbench:prefix_cache_hits_total"
+    assert (queries.value, hits.value) == (metric(live, "prefix_cache_queries_total"),
+                                           metric(live, "prefix_cache_hits_total"))
+    assert queries.value >= 80 and hits.value >= 32  # this test's two requests: 40 + 40 queried, 32 hit
+    [success] = families["kvbench:request_success"].samples
+    assert success.value == metric(live, "request_success_total") >= 2
 
 
 def test_one_request_at_a_time_so_concurrent_streams_do_not_overlap(live):

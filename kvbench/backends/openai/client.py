@@ -19,20 +19,26 @@ a retry would hide a failure and double-count the prompt in the server's cache):
 
 Extra body fields: ``cache_salt`` (vLLM's per-tenant cache namespace) when the run has one, and
 ``ignore_eos`` (vLLM/SGLang) when the run decodes exactly ``max_tokens``; a strict server (the hosted
-OpenAI API) rejects both, so use ``--hygiene nonce --stop-at-eos`` there.
+OpenAI API) rejects both, so use ``--hygiene nonce --stop-at-eos`` there. ``OpenAIConfig.extra_body``
+adds more (the peer harness sends vLLM's ``return_token_ids``).
+
+Token ids: when a server sends them (vLLM with ``return_token_ids``: ``token_ids`` on each choice,
+``prompt_token_ids`` on the first chunk, on the chunk (chat) or its choice (completions)), the record
+carries ``output_token_ids`` and ``prompt_token_ids``, and a chunk with ids but no text counts as
+content for TTFT and ITL. Otherwise both are ``None``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-import urllib.error
-import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import openai
 
+from kvbench.backends.openai.admin import redact
 from kvbench.request import Request, RequestRecord, Status
 from kvbench.workloads.tokenizer import Tokenizer
 
@@ -51,6 +57,8 @@ class OpenAIConfig:
         temperature / top_p / seed: sampling, sent as given (``seed`` None: not sent).
         ignore_eos: send vLLM's ``ignore_eos`` so that every response has ``max_tokens`` tokens.
         block_size: the server's cache block size as assumed for expectations (result column only).
+        extra_body: more fields for every request body (e.g. ``{"return_token_ids": True}``); they
+            win over the ones this client sets.
     """
 
     base_url: str
@@ -62,6 +70,7 @@ class OpenAIConfig:
     seed: int | None = None
     ignore_eos: bool = True
     block_size: int = 16  # vLLM's default
+    extra_body: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.base_url.startswith(("http://", "https://")):
@@ -72,11 +81,6 @@ class OpenAIConfig:
             raise ValueError(f"timeout must be positive, got {self.timeout_s}")
         if not isinstance(self.block_size, int) or self.block_size <= 0:
             raise ValueError(f"server block size must be a positive integer, got {self.block_size!r}")
-
-
-def redact(text: str, secret: str) -> str:
-    """``text`` with every occurrence of ``secret`` replaced by ``***`` (nothing for empty or dummy keys)."""
-    return text.replace(secret, "***") if secret and secret != "EMPTY" else text
 
 
 class _BrokenStream(Exception):
@@ -93,17 +97,29 @@ class _Reading:
     usage: Any = None
     finish_reason: str | None = None
     http_status: int | None = None
+    prompt_token_ids: list[int] | None = None
+    output_token_ids: list[int] | None = None
 
     def add(self, chunk: Any, chat: bool, now_s: float) -> None:
         if getattr(chunk, "usage", None) is not None:
             self.usage = chunk.usage
+        self._take_prompt_ids(chunk)
         for choice in chunk.choices or ():
+            self._take_prompt_ids(choice)
             piece = choice.delta.content if chat else choice.text
-            if piece:
+            token_ids = _extra(choice, "token_ids")
+            if token_ids is not None:
+                self.output_token_ids = (self.output_token_ids or []) + [int(t) for t in token_ids]
+            if piece or token_ids:
                 self.content_s.append(now_s)
+            if piece:
                 self.texts.append(piece)
             if choice.finish_reason:
                 self.finish_reason = choice.finish_reason
+
+    def _take_prompt_ids(self, part: Any) -> None:
+        if (ids := _extra(part, "prompt_token_ids")) is not None:
+            self.prompt_token_ids = [int(t) for t in ids]
 
     def served(self, request: Request, tokenizer: Tokenizer, error: str | None = None) -> RequestRecord:
         usage = self.usage
@@ -125,8 +141,15 @@ class _Reading:
             output_tokens=output_tokens, output_tokens_source=source,
             ttft_ms=ttft_ms, tpot_ms=tpot_ms, e2e_ms=e2e_ms,
             itl_ms=tuple(b - a for a, b in zip(times_ms, times_ms[1:])),
+            output_token_ids=None if self.output_token_ids is None else tuple(self.output_token_ids),
+            prompt_token_ids=None if self.prompt_token_ids is None else tuple(self.prompt_token_ids),
             error=error, http_status=self.http_status,
         )
+
+
+def _extra(part: Any, name: str) -> Any:
+    """A field the OpenAI SDK's types do not declare (a server extension), or ``None``."""
+    return (getattr(part, "model_extra", None) or {}).get(name)
 
 
 class OpenAIBackend:
@@ -173,6 +196,7 @@ class OpenAIBackend:
             extra["cache_salt"] = salt
         if config.ignore_eos:
             extra["ignore_eos"] = True
+        extra.update(config.extra_body)
         arguments: dict[str, Any] = {
             "model": config.model, "max_tokens": request.max_tokens, "stream": True,
             "stream_options": {"include_usage": True}, "temperature": config.temperature, "top_p": config.top_p,
@@ -228,60 +252,3 @@ class OpenAIBackend:
         if isinstance(exc, _BrokenStream):
             return None, str(exc)
         return None, f"{type(exc).__name__}: {exc}"
-
-
-# ---------------------------------------------------------------- server administration (before/after a run)
-
-
-def server_root(base_url: str) -> str:
-    """The server's root URL: ``base_url`` without a trailing ``/v1`` (where vLLM serves /metrics)."""
-    root = base_url.rstrip("/")
-    return root[: -len("/v1")] if root.endswith("/v1") else root
-
-
-def _call(url: str, api_key: str, timeout_s: float, method: str = "GET") -> tuple[int, str]:
-    """``(status, body)`` of one small request; ``(0, reason)`` when no response came."""
-    request = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
-    if api_key:
-        request.add_header("Authorization", f"Bearer {api_key}")
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            return response.status, response.read().decode("utf-8", "replace")
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode("utf-8", "replace")
-    except (urllib.error.URLError, OSError) as exc:
-        return 0, redact(str(getattr(exc, "reason", exc)), api_key)
-
-
-def list_models(base_url: str, api_key: str, timeout_s: float = 10.0) -> tuple[list[str], str | None]:
-    """``(model ids, None)`` from ``GET /v1/models``, or ``([], why not)``."""
-    import json
-
-    status, body = _call(base_url.rstrip("/") + "/models", api_key, timeout_s)
-    if status != 200:
-        return [], redact(f"GET /v1/models: {'HTTP ' + str(status) if status else body}", api_key)
-    try:
-        return [str(entry["id"]) for entry in json.loads(body)["data"]], None
-    except (ValueError, KeyError, TypeError):
-        return [], "GET /v1/models: not an OpenAI model list"
-
-
-RESET_ENDPOINTS = ("/reset_prefix_cache", "/flush_cache")  # vLLM (and kvbench serve); SGLang
-
-
-def reset_prefix_cache(base_url: str, api_key: str, timeout_s: float = 30.0) -> tuple[str | None, str]:
-    """POST the server's cache-reset endpoint (vLLM's, else SGLang's). Returns ``(endpoint, note)``;
-    ``endpoint`` is ``None`` when none answered 2xx (``note`` says what happened)."""
-    notes = []
-    for endpoint in RESET_ENDPOINTS:
-        status, body = _call(server_root(base_url) + endpoint, api_key, timeout_s, method="POST")
-        if 200 <= status < 300:
-            return endpoint, f"POST {endpoint}: cache reset"
-        notes.append(f"POST {endpoint}: {'HTTP ' + str(status) if status else body}")
-    return None, redact("; ".join(notes), api_key)
-
-
-def fetch_metrics(base_url: str, api_key: str, timeout_s: float = 10.0) -> str | None:
-    """The Prometheus text at the server's ``/metrics``, or ``None`` when it has none."""
-    status, body = _call(server_root(base_url) + "/metrics", api_key, timeout_s)
-    return body if status == 200 else None

@@ -7,7 +7,8 @@ Three opinions on one run's hit rate:
    of blocks. At concurrency 1 on a server with that block size and enough memory, a correct cache
    reports exactly this.
 2. **Reported**: ``usage.prompt_tokens_details.cached_tokens`` of each response.
-3. **Metrics**: the delta of the server's prefix-cache counters (:func:`parse_prefix_cache_counters`)
+3. **Metrics**: the delta of the server's prefix-cache counters
+   (:func:`kvbench.backends.openai.metrics.parse_prefix_cache_counters`)
    between scrapes before and after the run. They count every request the server saw in between,
    other users' included, and count in the server's own tokens.
 
@@ -26,54 +27,20 @@ them in another order than the trace's; it is counted, not flagged.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
-from kvbench.cache.block_hash import PromptBlocks
+from kvbench.backends.openai.metrics import PrefixCacheCounters
 from kvbench.cache.base import CacheConfig
+from kvbench.cache.block_hash import PromptBlocks
 from kvbench.request import Request, RequestRecord
 from kvbench.sim.replay import prepare_prompts, simulate
 from kvbench.workloads.token_ids import TokenRequest
 
-# Counter families, most specific first: kvbench serve's, vLLM v1's, vLLM's deprecated GPU ones.
-QUERY_COUNTERS = ("kvbench:prefix_cache_queries_total", "vllm:prefix_cache_queries_total",
-                  "vllm:gpu_prefix_cache_queries_total")
-HIT_COUNTERS = ("kvbench:prefix_cache_hits_total", "vllm:prefix_cache_hits_total",
-                "vllm:gpu_prefix_cache_hits_total")
-_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\s+(?P<value>\S+)")
 MAX_LISTED = 10  # requests listed per flag in the summary
-
-
-@dataclass(frozen=True)
-class PrefixCacheCounters:
-    """A server's prefix-cache counters at one moment, in tokens (vLLM: queries = prompt tokens)."""
-
-    queries_tokens: float
-    hits_tokens: float
-    family: str  # the query counter's name, e.g. "vllm:prefix_cache_queries_total"
-
-
-def parse_prefix_cache_counters(text: str | None) -> PrefixCacheCounters | None:
-    """The prefix-cache counters in Prometheus text, summed over label sets (engines, models); the
-    first family of :data:`QUERY_COUNTERS` present wins. ``None`` when there are none."""
-    if not text:
-        return None
-    values: dict[str, float] = {}
-    for line in text.splitlines():
-        match = _SAMPLE.match(line)
-        if match and match["name"] in QUERY_COUNTERS + HIT_COUNTERS:
-            try:
-                values[match["name"]] = values.get(match["name"], 0.0) + float(match["value"])
-            except ValueError:
-                continue
-    for queries, hits in zip(QUERY_COUNTERS, HIT_COUNTERS):
-        if queries in values and hits in values:
-            return PrefixCacheCounters(values[queries], values[hits], queries)
-    return None
 
 
 @dataclass(frozen=True, eq=False)
@@ -166,11 +133,12 @@ class Reconciliation:
 
 def _metrics_delta(before: PrefixCacheCounters | None, after: PrefixCacheCounters | None
                    ) -> tuple[float | None, float | None, float | None, str | None]:
-    if before is None or after is None or before.family != after.family:
+    delta = after.since(before) if after is not None else None
+    if delta is None:
         return None, None, None, None
-    queries, hits = after.queries_tokens - before.queries_tokens, after.hits_tokens - before.hits_tokens
+    queries, hits = delta.queries_tokens, delta.hits_tokens
     rate = hits / queries if queries > 0 and math.isfinite(queries) else None
-    return rate, queries, hits, after.family
+    return rate, queries, hits, delta.family
 
 
 def reconcile(rows: Sequence[Mapping[str, Any]], requests: Sequence[Request], expectations: Expectations,

@@ -1,0 +1,40 @@
+"""Small comparisons (the harness's trace kinds, cut down) and a tiny model for the peer's in-process path."""
+
+import pytest
+
+from kvbench.engine.model import default_llama_config, random_model
+from kvbench.peer.comparisons import Comparison, prepare
+from kvbench.workloads.conversations import ChatConfig
+from kvbench.workloads.dists import IntDist
+from kvbench.workloads.generators import SharedPrefixConfig
+from kvbench.workloads.tokenizer import load_tokenizer
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return load_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    """cl100k's vocabulary, everything else tiny."""
+    return random_model(default_llama_config(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                             num_attention_heads=4, num_key_value_heads=2, head_dim=16))
+
+
+@pytest.fixture
+def shared(tokenizer):
+    """4 requests sharing a 100-token system prompt, 3 output tokens each."""
+    comparison = Comparison("shared_small", "shared-prefix", SharedPrefixConfig(
+        num_requests=4, system_tokens=100, question_tokens=20, max_tokens=3, seed=0))
+    return prepare(comparison, tokenizer, "peer-test-shared")
+
+
+@pytest.fixture
+def chat(tokenizer):
+    """2 conversations of 2 turns (turn 2 resends turn 1 and the trace's reply)."""
+    comparison = Comparison("chat_small", "chat", ChatConfig(
+        num_conversations=2, turns=IntDist.parse("uniform:2,2"), system_tokens=40,
+        user_tokens=IntDist.parse("uniform:20,20"), reply_tokens=IntDist.parse("uniform:10,10"),
+        conversation_rate_per_s=1.0, think_time_s=1.0, seed=0))
+    return prepare(comparison, tokenizer, "peer-test-chat")

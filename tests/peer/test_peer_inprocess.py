@@ -1,0 +1,60 @@
+"""The peer's requests and its in-process replay: trace order, salts, the one backend and loop."""
+
+from kvbench.peer.comparisons import agreement_rows, predict, reported_cached_tokens
+from kvbench.peer.driver import comparison_requests
+from kvbench.peer.inprocess import replay_rows
+from kvbench.peer.report import ROW_SCHEMA, table_rows, ttft_summary
+from kvbench.request import RequestRecord, Status
+
+BLOCK = 16
+
+
+def test_requests_carry_the_servers_salt_and_the_rendered_ids(chat):
+    requests = comparison_requests(chat)
+    assert [r.index for r in requests] == list(range(len(chat.trace.requests))) and len(requests) == 4
+    assert all(r.salt == t.salt and r.salt.startswith("peer-test-chat") for r, t in zip(requests, chat.token_requests))
+    assert all(list(r.token_ids) == list(t.token_ids) for r, t in zip(requests, chat.token_requests))
+    assert all(r.messages == t.messages and r.max_tokens == t.max_tokens for r, t in zip(requests, chat.trace.requests))
+
+
+def test_inprocess_replay_hits_the_shared_prefix_and_rows_fit_the_schema(tiny_model, shared):
+    rows = replay_rows(tiny_model, shared, BLOCK, {"run_id": "t", "block_size": BLOCK, "num_gpu_blocks": None})
+    assert [r["request_index"] for r in rows] == [0, 1, 2, 3] and all(r["status"] == "ok" for r in rows)
+    shared_tokens = min(r.num_tokens for r in comparison_requests(shared))
+    floor = 100 // BLOCK * BLOCK  # the full blocks of the 100-token system prompt, at least
+    assert rows[0]["cached_tokens_reported"] == 0
+    assert all(floor <= r["cached_tokens_reported"] < shared_tokens for r in rows[1:])
+    predicted = predict(shared, num_gpu_blocks=1024, block_size=BLOCK)
+    assert [r["cached_tokens_reported"] for r in rows] == [int(p) for p in predicted]
+    assert all(r["output_tokens_reported"] == 3 and r["ttft_ms"] > 0 for r in rows)
+    assert len(table_rows(rows)) == 4 and set(rows[0]) <= set(ROW_SCHEMA.names)
+    assert ttft_summary("kvbench-inprocess", rows) is not None
+
+
+def test_chat_turns_hit_their_previous_turns_prompt(tiny_model, chat):
+    rows = replay_rows(tiny_model, chat, BLOCK, {"run_id": "t", "block_size": BLOCK, "num_gpu_blocks": None})
+    second_turns = [r for r in rows if r["turn"] == 1]
+    assert len(second_turns) == 2 and all(r["cached_tokens_reported"] >= 2 * BLOCK for r in second_turns)
+    predicted = predict(chat, num_gpu_blocks=1024, block_size=BLOCK)
+    assert [r["cached_tokens_reported"] for r in rows] == [int(p) for p in predicted]
+
+
+def usage_record(cached, ok=True, prompt_ids=None):
+    return RequestRecord(Status.OK if ok else Status.ERROR, 125, cached_prompt_tokens=cached, output_tokens=3,
+                         output_tokens_source="usage", prompt_token_ids=prompt_ids, ttft_ms=5.0, e2e_ms=9.0,
+                         error=None if ok else "boom")
+
+
+def test_agreement_rows_read_records(shared):
+    requests = comparison_requests(shared)
+    predicted = predict(shared, num_gpu_blocks=1024, block_size=BLOCK)
+    records = [usage_record(None, prompt_ids=tuple(int(t) for t in requests[0].token_ids)),
+               usage_record(int(predicted[1])), usage_record(int(predicted[2]) - BLOCK, prompt_ids=(1, 2)),
+               usage_record(int(predicted[3]), ok=False)]
+    rows = agreement_rows(shared, records, predicted, {"run_id": "t", "block_size": BLOCK, "num_gpu_blocks": 1024})
+    assert [r["agrees"] for r in rows] == [True, True, False, False]  # omitted details = 0 cached; an error never agrees
+    assert [r["prompt_ids_match"] for r in rows] == [True, None, False, None]
+    assert rows[0]["cached_tokens_reported"] == 0 and rows[3]["status"] == "error" and rows[3]["error"] == "boom"
+    assert rows[1]["output_tokens_reported"] == 3 and rows[1]["prompt_tokens_reported"] == 125
+    no_usage = RequestRecord(Status.OK, 10, output_tokens=2, output_tokens_source="tokenizer")
+    assert reported_cached_tokens(no_usage) is None

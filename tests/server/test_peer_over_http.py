@@ -1,0 +1,52 @@
+"""The peer harness's HTTP path (the OpenAI backend with vLLM's extra fields, the one send loop at
+concurrency 1, the admin calls and the /metrics parser) against a live ``kvbench serve``."""
+
+from kvbench.backends.openai.admin import fetch_metrics, list_models, reset_prefix_cache
+from kvbench.backends.openai.metrics import parse_prefix_cache_counters
+from kvbench.peer.comparisons import Comparison, agreement_rows, predict, prepare
+from kvbench.peer.driver import comparison_requests, drive, vllm_backend, warm_up_request
+from kvbench.workloads.generators import SharedPrefixConfig
+from kvbench.workloads.tokenizer import load_tokenizer
+
+MODEL = "tiny"
+BLOCK = 16  # the live server's cache block size
+
+
+def test_a_comparison_driven_over_http_agrees_with_the_prediction(live):
+    tokenizer = load_tokenizer()
+    prepared = prepare(Comparison("shared_http", "shared-prefix", SharedPrefixConfig(
+        num_requests=3, system_tokens=80, question_tokens=20, max_tokens=3, seed=2)), tokenizer, "peer-over-http")
+    assert list_models(live.url, "EMPTY") == ([MODEL], None)
+    backend = vllm_backend(live.url, MODEL, tokenizer, BLOCK)
+    [warm] = drive([warm_up_request(tokenizer)], backend)
+    assert warm.ok and warm.output_tokens == 2
+    assert reset_prefix_cache(live.url, "EMPTY")[0] == "/reset_prefix_cache"
+    before = parse_prefix_cache_counters(fetch_metrics(live.url, "EMPTY"))
+    seen = []
+    records = drive(comparison_requests(prepared), backend, lambda request, record: seen.append(request.index))
+    after = parse_prefix_cache_counters(fetch_metrics(live.url, "EMPTY"))
+    assert seen == [0, 1, 2] and all(r.ok and r.output_tokens == 3 and r.http_status == 200 for r in records)
+    assert all(r.prompt_token_ids is None for r in records)  # kvbench serve ignores return_token_ids
+    rows = agreement_rows(prepared, records, predict(prepared, 4096, BLOCK), {"run_id": "t", "block_size": BLOCK,
+                                                                              "num_gpu_blocks": 4096})
+    assert [r["cached_tokens_reported"] for r in rows] == [r["cached_tokens_predicted"] for r in rows]
+    assert rows[0]["cached_tokens_reported"] == 0 and rows[1]["cached_tokens_reported"] >= 80 // BLOCK * BLOCK
+    assert all(r["agrees"] and r["prompt_tokens_reported"] == r["prompt_tokens"] for r in rows)
+    delta = after.since(before)
+    assert delta.queries_tokens == sum(r["prompt_tokens"] for r in rows)
+    assert delta.hits_tokens == sum(r["cached_tokens_reported"] for r in rows)
+
+
+def test_the_peer_compare_step_runs_end_to_end_on_kvbench_serve(live):
+    from kvbench.peer.vllm_peer import VllmPoolShape, _compare
+
+    tokenizer = load_tokenizer()
+    prepared = prepare(Comparison("shared_step", "shared-prefix", SharedPrefixConfig(
+        num_requests=3, system_tokens=64, question_tokens=16, max_tokens=2, seed=3)), tokenizer, "peer-step")
+    lines = []
+    rows, summary = _compare(vllm_backend(live.url, MODEL, tokenizer, BLOCK), prepared, VllmPoolShape(4096, BLOCK),
+                             {"run_id": "t", "block_size": BLOCK, "num_gpu_blocks": 4096}, lines.append)
+    assert summary.num_requests == 3 and summary.num_exact == 3 and summary.disagreements == ()
+    assert summary.metrics.queries_tokens == summary.prompt_tokens == summary.reported_prompt_tokens
+    assert summary.metrics.hits_tokens == summary.reported_hits_tokens == summary.predicted_hits_tokens > 0
+    assert "cache reset" in lines[0] and len(lines) == 4 and len(rows) == 3
