@@ -17,7 +17,7 @@ from pathlib import Path
 from kvbench.cache.base import CacheConfig
 from kvbench.run.scenario import load_scenario
 from kvbench.sim.replay import prepare_prompts, sweep
-from kvbench.workloads.mooncake import read_mooncake
+from kvbench.workloads.formats.mooncake import read_mooncake
 
 REPO = Path(__file__).resolve().parents[1]
 MOONCAKE = REPO.parent / "shared" / "data" / "mooncake" / "conversation_trace.jsonl"

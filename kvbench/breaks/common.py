@@ -29,8 +29,8 @@ from kvbench.results.schema import RUN_SCHEMA
 from kvbench.results.summary import RunSummary, summarize
 from kvbench.run.loop import RunPlan, RunRequest, run_requests
 from kvbench.workloads.tokenizer import Tokenizer
-from kvbench.workloads.trace import Trace
-from kvbench.workloads.trace_kinds import trace_token_requests
+from kvbench.workloads.formats.kvbench_trace import Trace
+from kvbench.workloads.formats.kvbench_trace_reader import trace_requests
 
 Progress = Callable[[str, int, int], None]  # (what is running, requests done, requests in total)
 # Called after each request with the request and the engine's result; returns extra row columns.
@@ -147,7 +147,7 @@ def trace_run_requests(trace: Trace, tokenizer: Tokenizer) -> list[RunRequest]:
     Raises:
         ValueError: a request renders to a token count other than the trace recorded.
     """
-    tokens = trace_token_requests(trace, tokenizer)
+    tokens = trace_requests(trace, tokenizer)
     return [RunRequest(index, request.id, request.session_id, request.turn, request.arrival_ms,
                        token.token_ids, request.max_tokens, request.salt, text=request)
             for index, (request, token) in enumerate(zip(trace.requests, tokens))]

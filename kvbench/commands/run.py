@@ -31,7 +31,7 @@ from kvbench.cache.base import CacheKind, ReleaseOrder
 from kvbench.errors import InputError
 from kvbench.results.parquet import check_output_path
 from kvbench.results.summary import summarize
-from kvbench.run.source import RunSection, RunSource, limit_requests, load_run_source, requests_hash
+from kvbench.run.source import RunSection, RunSource, limit_requests, load_run_source, requests_hash, run_requests_of
 from kvbench.run.loop import RunPlan, RunRequest, run_requests
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"  # `kvbench serve` and vLLM's default port
@@ -67,7 +67,7 @@ def _check_options(options: dict[str, Any]) -> None:
 def _load_requests(options: dict[str, Any], tokenizer) -> tuple[RunSource, RunSection, list[RunRequest]]:
     source = load_run_source(options["source"], tokenizer, limit=options["requests"] or None)
     settings = run_section(source, options)
-    run_list = limit_requests(source.requests, settings.num_requests)
+    run_list = run_requests_of(limit_requests(source.requests, settings.num_requests))
     if settings.max_tokens is not None:
         run_list = [replace(r, max_tokens=settings.max_tokens) for r in run_list]
     return source, settings, run_list

@@ -17,7 +17,7 @@ from kvbench.errors import InputError
 from kvbench.results.parquet import check_output_path
 from kvbench.results.summary import summarize
 from kvbench.results.sweep import SweepPoint, build_sweep_summary, write_sweep_summary
-from kvbench.run.source import limit_requests, load_run_source, requests_hash
+from kvbench.run.source import limit_requests, load_run_source, requests_hash, run_requests_of
 from kvbench.run.loop import RunPlan, run_requests
 from kvbench.run.scenario import parse_int_list
 
@@ -62,7 +62,7 @@ def sweep(
     tokenizer = load_tokenizer(str(model) if model is not None else None)
     run_source = load_run_source(source, tokenizer, limit=requests)
     settings = run_section(run_source, {"num_requests": requests, "max_tokens": max_tokens, "cache": "on"})
-    run_list = limit_requests(run_source.requests, settings.num_requests)
+    run_list = run_requests_of(limit_requests(run_source.requests, settings.num_requests))
     if settings.max_tokens is not None:
         run_list = [replace(r, max_tokens=settings.max_tokens) for r in run_list]
     size_tokens = block_size or run_source.block_size

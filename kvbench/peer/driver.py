@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvbench.workloads.trace import TraceRequest
+from kvbench.workloads.formats.kvbench_trace import TraceRequest
 
 METRICS_TIMEOUT_S = 10.0
 _METRIC_LINE = re.compile(r"^(?P<name>[a-zA-Z_:][\w:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)$")

@@ -134,17 +134,19 @@ def _export(config: PeerConfig, log: Log) -> tuple[Path, Any, str]:
     from kvbench.engine.export import export_model
     from kvbench.engine.model import ModelConfig, load_model
     from kvbench.workloads.tokenizer import HFTokenizer, TiktokenTokenizer
+    from kvbench.workloads.tokenizer_export import CHATML_EOS_TOKEN_IDS, export_cl100k_tokenizer
 
     model_dir = config.out_dir / "model"
     loaded = load_model(ModelConfig(path=config.model_path))
     log(f"exporting {loaded.name} to {model_dir}")
-    export_model(model_dir, loaded, overwrite=True)
+    export_model(model_dir, loaded, overwrite=True, write_tokenizer=export_cl100k_tokenizer,
+                 eos_token_ids=CHATML_EOS_TOKEN_IDS)
     tokenizer = TiktokenTokenizer() if config.model_path is None else HFTokenizer(model_dir)
     return model_dir, tokenizer, loaded.name
 
 
 def _prepare_all(config: PeerConfig, tokenizer: Any, trace_dir: Path) -> dict[str, PreparedComparison]:
-    from kvbench.workloads.trace import write_trace
+    from kvbench.workloads.formats.kvbench_trace import write_trace
 
     prepared = {}
     for comparison in default_comparisons(config.seed):
@@ -185,7 +187,7 @@ def _run_server(config: PeerConfig, model_dir: Path, pool: str, chosen: Sequence
 
 def _warm_up(driver: DriverConfig) -> None:
     """One short request in its own namespace, so one-time costs do not land on a measured request."""
-    from kvbench.workloads.trace import Message, TraceRequest
+    from kvbench.workloads.formats.kvbench_trace import Message, TraceRequest
 
     request = TraceRequest("warm-up", "warm-up", 0, 0.0, 2, 1, messages=(Message("user", "warm up " * 16),))
     drive(driver, [request], salt="kvbench-warm-up")

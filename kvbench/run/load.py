@@ -37,7 +37,7 @@ import numpy as np
 
 from kvbench.run.loop import RunPlan, RunRequest, ServedRequest, result_row
 from kvbench.workloads.tokenizer import Tokenizer
-from kvbench.workloads.trace import Message
+from kvbench.workloads.formats.kvbench_trace import Message
 
 
 class Hygiene(str, Enum):

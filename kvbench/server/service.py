@@ -26,7 +26,7 @@ from kvbench.server.engine_stream import StreamCancelled, StreamingEngine
 from kvbench.server.metrics import ServerCounters, render_metrics
 from kvbench.server.schemas import ApiError
 from kvbench.workloads.tokenizer import Tokenizer
-from kvbench.workloads.trace import Message
+from kvbench.workloads.formats.kvbench_trace import Message
 
 REPLACEMENT = "\ufffd"  # the text of a token id the tokenizer cannot decode (unassigned cl100k ids)
 

@@ -12,7 +12,7 @@ from kvbench.backends.openai.client import OpenAIBackend, OpenAIConfig, redact
 from kvbench.cli import main
 from kvbench.run.loop import RunRequest
 from kvbench.workloads.tokenizer import load_tokenizer
-from kvbench.workloads.trace import Message, TraceRequest
+from kvbench.workloads.formats.kvbench_trace import Message, TraceRequest
 
 TOKENIZER = load_tokenizer()
 USAGE = {"prompt_tokens": 999, "completion_tokens": 3, "total_tokens": 1002,

@@ -10,7 +10,7 @@ import pytest
 from kvbench.run.load import LoadConfig, arrival_offsets_s, nonce_line, run_load, with_nonce
 from kvbench.run.loop import RunPlan, RunRequest, ServedRequest
 from kvbench.workloads.tokenizer import load_tokenizer
-from kvbench.workloads.trace import Message, TraceRequest
+from kvbench.workloads.formats.kvbench_trace import Message, TraceRequest
 
 
 class SleepyBackend:

@@ -8,14 +8,15 @@ import pytest
 from kvbench.cache.base import CacheConfig
 from kvbench.errors import InputError
 from kvbench.sim.replay import ideal_hit_rate, prepare_prompts, simulate, sweep
-from kvbench.workloads.mooncake import read_mooncake
+from kvbench.run.source import token_ids_of
+from kvbench.workloads.formats.mooncake import read_mooncake
 from kvbench.workloads.token_ids import MultiPrefixConfig, TokenRequest, multi_prefix_requests
 
 RR_SMALL = MultiPrefixConfig(num_prefixes=2, prefix_tokens=32, unique_tokens=5, num_requests=10, popularity="rr")
 
 
 def test_round_robin_with_room_for_every_prefix():
-    trace = prepare_prompts(multi_prefix_requests(RR_SMALL), block_size=4)
+    trace = prepare_prompts(token_ids_of(multi_prefix_requests(RR_SMALL)), block_size=4)
     result = simulate(trace, CacheConfig(capacity_blocks=100, block_size=4))
     # 37-token prompts: the cap allows 9 blocks; 8 hold the shared prefix, the 9th has unique tokens.
     expected = [0, 0] + [32] * 8
@@ -26,7 +27,7 @@ def test_round_robin_with_room_for_every_prefix():
 
 
 def test_round_robin_is_lrus_worst_case():
-    trace = prepare_prompts(multi_prefix_requests(RR_SMALL), block_size=4)
+    trace = prepare_prompts(token_ids_of(multi_prefix_requests(RR_SMALL)), block_size=4)
     result = simulate(trace, CacheConfig(capacity_blocks=9, block_size=4))  # room for one request
     assert result.num_cached_tokens == 0 and result.num_evicted_blocks > 0
 
@@ -51,7 +52,7 @@ def test_zipf_popularity_follows_the_weights():
 @pytest.fixture(scope="module")
 def zipf_trace():
     config = MultiPrefixConfig(num_prefixes=8, prefix_tokens=256, unique_tokens=20, num_requests=300)
-    return prepare_prompts(multi_prefix_requests(config), block_size=16, keep_tokens=True)
+    return prepare_prompts(token_ids_of(multi_prefix_requests(config)), block_size=16, keep_tokens=True)
 
 
 def test_head_first_never_beats_tail_first_and_loses_somewhere(zipf_trace):
@@ -110,7 +111,7 @@ def test_mooncake_equal_hash_ids_give_equal_tokens(tmp_path):
         {"timestamp": 5, "input_length": 1030, "output_length": 5, "hash_ids": [7, 8, 10]},
         {"timestamp": 9, "input_length": 600, "output_length": 5, "hash_ids": [7, 11]},
     ])
-    first, second, third = read_mooncake(path)
+    first, second, third = token_ids_of(read_mooncake(path))
     assert first.num_tokens == 1100 and second.arrival_s == 0.005
     assert np.array_equal(first.token_ids[:1024], second.token_ids[:1024])
     assert not np.array_equal(first.token_ids[1024:1030], second.token_ids[1024:1030])
@@ -136,7 +137,7 @@ def test_mooncake_bad_lines_name_file_line_and_field(tmp_path, record, field):
 
 
 def test_mooncake_conversation_trace_replays(shared_data):
-    requests = read_mooncake(shared_data / "mooncake" / "conversation_trace.jsonl", limit=300)
+    requests = token_ids_of(read_mooncake(shared_data / "mooncake" / "conversation_trace.jsonl", limit=300))
     trace = prepare_prompts(requests, block_size=512)
     small, large = sweep(trace, CacheConfig(capacity_blocks=1, block_size=512), [50, 100000])
     assert 0 < small.token_hit_rate < large.token_hit_rate

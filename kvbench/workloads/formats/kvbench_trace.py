@@ -1,4 +1,4 @@
-"""The kvbench trace file: JSONL, one header line, then one request per line.
+"""The kvbench trace format: JSONL, one header line, then one request per line.
 
 A trace is a file so that the same traffic replays on the simulator, the in-process engine and any
 OpenAI-compatible endpoint, and so that people can share it. Format version 1::
@@ -43,9 +43,9 @@ from typing import Any
 
 from kvbench import __version__
 from kvbench.errors import InputError
+from kvbench.request import MESSAGE_ROLES, Message
 
 TRACE_FORMAT_VERSION = 1
-MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool")
 REQUEST_FIELDS = ("id", "session_id", "turn", "arrival_ms", "messages", "prompt", "max_tokens",
                   "output_tokens", "salt", "expected_prompt_tokens")
 HEADER_FIELDS = ("kvbench_trace", "kvbench_version", "generator", "params", "seed", "tokenizer",
@@ -53,26 +53,12 @@ HEADER_FIELDS = ("kvbench_trace", "kvbench_version", "generator", "params", "see
 
 
 @dataclass(frozen=True)
-class Message:
-    """One chat message (OpenAI format). ``role`` is one of :data:`MESSAGE_ROLES`."""
-
-    role: str
-    content: str
-
-    def __post_init__(self) -> None:
-        if self.role not in MESSAGE_ROLES:
-            raise ValueError(f"role must be one of {', '.join(MESSAGE_ROLES)}, got {self.role!r}")
-        if not isinstance(self.content, str):
-            raise ValueError(f"content must be a string, got {type(self.content).__name__}")
-
-    def as_dict(self) -> dict[str, str]:
-        """``{"role": ..., "content": ...}``, what OpenAI-style APIs and chat templates take."""
-        return {"role": self.role, "content": self.content}
-
-
-@dataclass(frozen=True)
 class TraceRequest:
-    """One request of a trace (fields as in the module docstring). Raises ``ValueError`` if invalid."""
+    """One request line of a trace (fields as in the module docstring). Raises ``ValueError`` if invalid.
+
+    This is the file's line type only: what leaves :mod:`kvbench.workloads` is a
+    :class:`kvbench.request.Request` (:func:`kvbench.workloads.formats.kvbench_trace_reader.trace_requests`).
+    """
 
     id: str
     session_id: str
@@ -208,17 +194,12 @@ def write_trace(trace: Trace, path: str | Path) -> Path:
     return path
 
 
-def is_trace_header(record: dict) -> bool:
-    """Whether a parsed first line is a kvbench trace header."""
-    return "kvbench_trace" in record
-
-
 def read_trace(path: str | Path, limit: int | None = None) -> Trace:
     """Read and validate a trace; with ``limit``, only its first ``limit`` requests.
 
     Every line is checked: a bad one raises ``InputError`` naming the file, the line and the field.
     The content hash is checked when the whole file is read and the header has one.
     """
-    from kvbench.workloads.trace_reader import TraceReader
+    from kvbench.workloads.formats.kvbench_trace_reader import read_trace_file
 
-    return TraceReader(Path(path)).read(limit)
+    return read_trace_file(Path(path), limit)
