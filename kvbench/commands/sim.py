@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -44,7 +43,8 @@ def _base_config(source: RunSource, block_size: int | None, cache: CacheKind | N
     section = source.cache
     try:
         kind = CacheKind(cache or section.kind)
-        hash_config = HashConfig(hash_algo or section.hash_algo, hash_bits if hash_bits is not None else section.hash_bits)
+        hash_config = HashConfig(hash_algo or section.hash_algo,
+                                 hash_bits if hash_bits is not None else section.hash_bits)
         if kind is CacheKind.RADIX and ReleaseOrder.HEAD_FIRST.value in orders:
             raise ValueError("head-first release exists only for the hash cache (--cache hash)")
         return CacheConfig(capacity_blocks=1, block_size=block_size or source.block_size, kind=kind,

@@ -156,7 +156,8 @@ def load_source(path: str | Path, tokenizer: Tokenizer | None = None, limit: int
         elif file.format == MOONCAKE:
             requests = read_mooncake_lines(file, limit)
         else:
-            raise InputError.at(path, file.first_number, None, "not a known trace format (kvbench trace or Mooncake JSONL)")
+            raise InputError.at(path, file.first_number, None,
+                                "not a known trace format (kvbench trace or Mooncake JSONL)")
         name = file.format
     if trace is not None:
         requests = _rendered(trace, tokenizer, path)

@@ -69,24 +69,6 @@ class ExportCheckError(KvbenchError):
     """The exported tokenizer does not reproduce kvbench's token ids (a converter bug)."""
 
 
-@dataclass(frozen=True)
-class ExportResult:
-    """What :func:`export_model` wrote.
-
-    Attributes:
-        path: the checkpoint directory.
-        files: file names written, sorted.
-        num_parameters: parameters of the model (tied weights counted once).
-        num_checked_texts: sample texts and chat conversations whose ids were checked (0 for a
-            checkpoint's own tokenizer, which has no kvbench reference to check against).
-    """
-
-    path: Path
-    files: tuple[str, ...]
-    num_parameters: int
-    num_checked_texts: int
-
-
 def cl100k_special_tokens() -> dict[str, int]:
     """Every special token of the exported vocabulary -> its id (tiktoken's, plus ChatML and fillers)."""
     import tiktoken

@@ -43,7 +43,7 @@ from typing import Any
 
 from kvbench import __version__
 from kvbench.errors import InputError
-from kvbench.request import MESSAGE_ROLES, Message
+from kvbench.request import Message
 
 TRACE_FORMAT_VERSION = 1
 REQUEST_FIELDS = ("id", "session_id", "turn", "arrival_ms", "messages", "prompt", "max_tokens",

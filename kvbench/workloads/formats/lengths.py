@@ -73,7 +73,8 @@ def _mooncake(record: dict[str, Any], file: JsonlFile, line: int, default_max_to
     return LengthRecord(f"line-{line}", arrival_ms, prompt_tokens, output_tokens, default_max_tokens)
 
 
-def read_lengths(file: JsonlFile, default_max_tokens: int | None = None, limit: int | None = None) -> list[LengthRecord]:
+def read_lengths(file: JsonlFile, default_max_tokens: int | None = None,
+                 limit: int | None = None) -> list[LengthRecord]:
     """The lines of an open lengths-only file (at most ``limit``), in file order.
 
     Raises:

@@ -77,7 +77,8 @@ def mooncake_records(file: JsonlFile, limit: int | None = None) -> list[tuple[in
     """
     records = []
     for line_number, line in file.lines():
-        records.append((line_number, _checked_record(file.path, line_number, json_object(file.path, line_number, line))))
+        record = json_object(file.path, line_number, line)
+        records.append((line_number, _checked_record(file.path, line_number, record)))
         if limit is not None and len(records) >= limit:
             break
     if not records:
