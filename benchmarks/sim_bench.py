@@ -16,6 +16,7 @@ from pathlib import Path
 
 from kvbench.cache.base import CacheConfig
 from kvbench.run.scenario import load_scenario
+from kvbench.run.source import token_ids_of
 from kvbench.sim.replay import prepare_prompts, sweep
 from kvbench.workloads.formats.mooncake import read_mooncake
 
@@ -43,9 +44,9 @@ def main() -> None:
     jobs = []
     for name in ("multi_prefix_zipf", "multi_prefix_rr"):
         scenario = load_scenario(REPO / "scenarios" / f"{name}.toml")
-        jobs.append((name, scenario.token_requests, 16, scenario.sim.sizes, ("tail-first", "head-first")))
+        jobs.append((name, lambda s=scenario: token_ids_of(s.workload_requests().requests), 16, scenario.sim.sizes, ("tail-first", "head-first")))
     if MOONCAKE.exists():
-        jobs.append(("mooncake conversation", lambda: read_mooncake(MOONCAKE), 512, (1000, 10000, 1000000),
+        jobs.append(("mooncake conversation", lambda: token_ids_of(read_mooncake(MOONCAKE)), 512, (1000, 10000, 1000000),
                      ("tail-first",)))
     print(f"{'job':<24}{'build s':>9}{'hash s':>9}{'replay s':>10}{'total s':>9}   (medians of {args.repeats})")
     multi_prefix_total = 0.0
