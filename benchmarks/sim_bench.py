@@ -17,7 +17,7 @@ from pathlib import Path
 from kvbench.cache.base import CacheConfig
 from kvbench.run.scenario import load_scenario
 from kvbench.sim.replay import prepare_prompts, sweep
-from kvbench.workloads.mooncake import read_mooncake
+from kvbench.workloads.formats.mooncake import read_mooncake
 
 REPO = Path(__file__).resolve().parents[1]
 MOONCAKE = REPO.parent / "shared" / "data" / "mooncake" / "conversation_trace.jsonl"
@@ -43,7 +43,7 @@ def main() -> None:
     jobs = []
     for name in ("multi_prefix_zipf", "multi_prefix_rr"):
         scenario = load_scenario(REPO / "scenarios" / f"{name}.toml")
-        jobs.append((name, scenario.token_requests, 16, scenario.sim.sizes, ("tail-first", "head-first")))
+        jobs.append((name, lambda s=scenario: s.workload_requests().requests, 16, scenario.sim.sizes, ("tail-first", "head-first")))
     if MOONCAKE.exists():
         jobs.append(("mooncake conversation", lambda: read_mooncake(MOONCAKE), 512, (1000, 10000, 1000000),
                      ("tail-first",)))

@@ -32,8 +32,8 @@ from kvbench.results.schema import RUN_SCHEMA
 from kvbench.results.summary import RunSummary, summarize
 from kvbench.run.loop import run_requests
 from kvbench.workloads.tokenizer import Tokenizer
-from kvbench.workloads.trace import Trace
-from kvbench.workloads.trace_kinds import trace_token_requests
+from kvbench.workloads.formats.kvbench_trace import Trace
+from kvbench.workloads.formats.kvbench_trace_reader import trace_requests
 
 Progress = Callable[[str, int, int], None]  # (what is running, requests done, requests in total)
 # Called after each request with the request and the engine's record; returns extra row columns.
@@ -128,16 +128,12 @@ def run_variant(engine: HFEngine, requests: Sequence[Request], experiment: str, 
 
 
 def trace_run_requests(trace: Trace, tokenizer: Tokenizer) -> list[Request]:
-    """A text trace rendered with ``tokenizer`` into run requests (ids, budgets, salts kept).
+    """A text trace rendered with ``tokenizer`` into requests (ids, budgets, salts kept).
 
     Raises:
         ValueError: a request renders to a token count other than the trace recorded.
     """
-    tokens = trace_token_requests(trace, tokenizer)
-    return [Request(index, request.id, request.session_id, request.turn, token.token_ids,
-                    arrival_s=request.arrival_ms / 1e3, max_tokens=request.max_tokens, salt=request.salt,
-                    messages=request.messages, prompt=request.prompt)
-            for index, (request, token) in enumerate(zip(trace.requests, tokens))]
+    return trace_requests(trace, tokenizer)
 
 
 def token_run_requests(token_ids: Sequence[np.ndarray], max_tokens: int,

@@ -31,13 +31,12 @@ from kvbench.cache.base import CacheConfig, ReleaseOrder
 from kvbench.engine.engine import EngineConfig, HFEngine
 from kvbench.engine.model import LoadedModel
 from kvbench.results.summary import percentile
-from kvbench.run.scenario import Scenario, load_scenario
+from kvbench.run.scenario import Scenario, find_scenario, load_scenario
 from kvbench.sim.replay import SimResult, prepare_prompts, simulate, sweep
 from kvbench.workloads.generators import check_ints
 
 EXPERIMENT = "head-first"
-SCENARIO_DIR = Path(__file__).resolve().parents[2] / "scenarios"
-DEFAULT_SCENARIOS = (SCENARIO_DIR / "multi_prefix_zipf.toml", SCENARIO_DIR / "multi_prefix_rr.toml")
+DEFAULT_SCENARIOS = (find_scenario("multi_prefix_zipf"), find_scenario("multi_prefix_rr"))  # shipped
 ORDERS = (ReleaseOrder.TAIL_FIRST, ReleaseOrder.HEAD_FIRST)
 EXTRA_FIELDS = (
     pa.field("scenario", pa.string()),
@@ -146,7 +145,7 @@ def ttft_p50_ms(run: VariantRun, repeat: bool = True) -> float | None:
 
 def sweep_scenario(scenario: Scenario, config: HeadFirstConfig) -> ScenarioSweep:
     """Simulate ``scenario`` at every size with both release orders."""
-    requests = scenario.token_requests()
+    requests = scenario.workload_requests().requests
     if config.num_sim_requests is not None:
         requests = requests[: config.num_sim_requests]
     base = CacheConfig(1, scenario.block_size, hash=scenario.cache.hash)  # the hash cache: it has a free list
@@ -178,7 +177,7 @@ def _engine_runs(loaded: LoadedModel, scenario: Scenario, capacity_blocks: int, 
                  progress: Progress | None) -> list[VariantRun]:
     """The scenario's first requests on the engine, once per release order; ``expected_cached_tokens``
     is the simulator's prediction for the same order and size."""
-    token_requests = scenario.token_requests()[: config.num_engine_requests]
+    token_requests = scenario.workload_requests().requests[: config.num_engine_requests]
     block_size = scenario.block_size
     trace = prepare_prompts(token_requests, block_size, scenario.cache.hash)
     ideal = simulate(trace, CacheConfig(max(trace.num_full_blocks, 1), block_size)).cached_tokens_per_request
@@ -242,4 +241,4 @@ def engine_table(result: HeadFirstResult) -> Table:
 
 def scenario_paths(paths: Sequence[str | Path] | None) -> tuple[Path, ...]:
     """The scenarios to sweep: ``paths`` or the two default multi-prefix scenarios."""
-    return tuple(Path(p) for p in paths) if paths else DEFAULT_SCENARIOS
+    return tuple(find_scenario(p) for p in paths) if paths else DEFAULT_SCENARIOS

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -17,51 +16,11 @@ from kvbench.cache.block_hash import HashAlgo, HashConfig
 from kvbench.cache.base import CacheConfig, CacheKind, ReleaseOrder
 from kvbench.errors import InputError
 from kvbench.results.parquet import check_output_path, write_rows
-from kvbench.run.scenario import load_scenario, parse_choices, parse_int_list
+from kvbench.run.scenario import parse_choices, parse_int_list
+from kvbench.run.source import RunSource, limit_requests, load_source
 from kvbench.sim.replay import PreparedTrace, SimResult, ideal_hit_rate, prepare_prompts, sweep
-from kvbench.workloads.sources import detect_jsonl
-from kvbench.workloads.token_ids import TokenRequest
 
-DEFAULT_SIZES = (64, 128, 256, 512, 1024, 2048)
-
-
-@dataclass(frozen=True)
-class SimSource:
-    """What ``kvbench sim`` replays, after reading a scenario or trace file."""
-
-    name: str
-    block_size: int
-    sizes: tuple[int, ...]
-    release: tuple[str, ...]
-    cache_kind: str
-    ttl_s: float | None
-    hash: HashConfig
-    description: dict
-
-
-def load_source(path: Path, limit: int | None) -> tuple[SimSource, list[TokenRequest]]:
-    """Read a ``.toml`` scenario or a JSONL trace: the file's sim settings and its requests."""
-    if not path.exists():
-        raise InputError(f"{path}: no such file")
-    if path.suffix == ".toml":
-        scenario = load_scenario(path)
-        requests = scenario.token_requests()
-        return SimSource(
-            scenario.name, scenario.block_size,
-            scenario.sim.sizes, tuple(r.value for r in scenario.sim.release), scenario.cache.kind.value,
-            scenario.cache.ttl_s, scenario.cache.hash,
-            {"scenario": str(path), "workload_kind": scenario.workload_kind,
-             "workload": {k: str(v) for k, v in vars(scenario.workload).items()}},
-        ), requests[:limit] if limit else requests
-    reader = detect_jsonl(path)
-    return SimSource(
-        path.stem, reader.default_block_size, DEFAULT_SIZES,
-        (ReleaseOrder.TAIL_FIRST.value,), CacheKind.HASH.value, None, HashConfig(),
-        {"trace": str(path), "format": reader.name},
-    ), reader.read(path, limit)
-
-
-def _table(source: SimSource, results: list[SimResult], ideal: SimResult, trace: PreparedTrace) -> Table:
+def _table(source: RunSource, results: list[SimResult], ideal: SimResult, trace: PreparedTrace) -> Table:
     table = Table(title=f"kvbench sim: {source.name} ({trace.num_requests:,} requests, "
                         f"{trace.num_prompt_tokens:,} prompt tokens, block size {trace.block_size})")
     for column in ("blocks", "tokens", "release", "token hit", "block hit", "evicted", "expired",
@@ -76,6 +35,23 @@ def _table(source: SimSource, results: list[SimResult], ideal: SimResult, trace:
                      f"ideal (unbounded cache): token hit {ideal.token_hit_rate:.4f}, "
                      f"block hit {ideal.block_hit_rate:.4f}")
     return table
+
+
+def _base_config(source: RunSource, block_size: int | None, cache: CacheKind | None, ttl: float | None,
+                 hash_algo: HashAlgo | None, hash_bits: int | None, orders: list[str]) -> CacheConfig:
+    """The swept cache (capacity 1, replaced per size): flags over the source's ``[cache]``."""
+    section = source.cache
+    try:
+        kind = CacheKind(cache or section.kind)
+        hash_config = HashConfig(hash_algo or section.hash_algo,
+                                 hash_bits if hash_bits is not None else section.hash_bits)
+        if kind is CacheKind.RADIX and ReleaseOrder.HEAD_FIRST.value in orders:
+            raise ValueError("head-first release exists only for the hash cache (--cache hash)")
+        return CacheConfig(capacity_blocks=1, block_size=block_size or source.block_size, kind=kind,
+                           ttl_s=ttl if ttl is not None else section.ttl_s, verify_tokens=section.verify_tokens,
+                           hash=hash_config)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
 
 
 def sim(
@@ -100,22 +76,17 @@ def sim(
         raise InputError(f"--ttl: {ttl} is not a positive number of seconds")
     if out is not None:
         check_output_path(out)
-    source_info, token_requests = load_source(source, requests)
-    capacities = parse_int_list(sizes, "--sizes") if sizes else list(source_info.sizes)
-    orders = parse_choices(release, "--release", [o.value for o in ReleaseOrder]) if release else list(source_info.release)
-    kind = CacheKind(cache or source_info.cache_kind)
-    try:
-        hash_config = HashConfig(hash_algo or source_info.hash.algo,
-                                 hash_bits if hash_bits is not None else source_info.hash.hash_bits)
-        base = CacheConfig(capacity_blocks=1, block_size=block_size or source_info.block_size, kind=kind,
-                           ttl_s=ttl if ttl is not None else source_info.ttl_s, hash=hash_config)
-        if kind is CacheKind.RADIX and ReleaseOrder.HEAD_FIRST.value in orders:
-            raise ValueError("head-first release exists only for the hash cache (--cache hash)")
-    except ValueError as exc:
-        raise InputError(str(exc)) from None
+    source_info = load_source(source, limit=requests)
+    token_requests = limit_requests(source_info.requests, requests)
+    capacities = parse_int_list(sizes, "--sizes") if sizes else list(source_info.sim.sizes)
+    orders = (parse_choices(release, "--release", [o.value for o in ReleaseOrder]) if release
+              else [o.value for o in source_info.sim.release])
+    base = _base_config(source_info, block_size, cache, ttl, hash_algo, hash_bits, orders)
+    kind, hash_config = base.kind, base.hash
     console, err = make_console(), make_console(stderr=True)
     started = time.perf_counter()
-    trace = prepare_prompts(token_requests, base.block_size, hash_config, keep_tokens=kind is CacheKind.RADIX)
+    trace = prepare_prompts(token_requests, base.block_size, hash_config,
+                            keep_tokens=kind is CacheKind.RADIX or base.verify_tokens)
     del token_requests  # the token ids are not needed once hashed; forked workers stay small
     results: list[SimResult] = []
     interrupted = False

@@ -13,16 +13,17 @@ from rich.console import Console
 from rich.table import Table
 
 from kvbench.errors import InputError
+from kvbench.request import Request
 from kvbench.run.scenario import parse_int_list
+from kvbench.run.source import load_source
 from kvbench.sim.replay import ideal_hit_rate, prepare_prompts
 from kvbench.workloads.conversations import AgentConfig, ChatConfig
 from kvbench.workloads.generators import HeaderPlacement, MultiPrefixTextConfig, OneOffConfig, SharedPrefixConfig
 from kvbench.workloads.mooncake_text import MooncakeTextConfig
-from kvbench.workloads.token_ids import Popularity, TokenRequest
+from kvbench.workloads.formats.kvbench_trace import Trace, write_trace
+from kvbench.workloads.kinds import generate_trace
+from kvbench.workloads.token_ids import Popularity
 from kvbench.workloads.tokenizer import load_tokenizer
-from kvbench.workloads.sources import detect_jsonl
-from kvbench.workloads.trace import Trace, read_trace, write_trace
-from kvbench.workloads.trace_kinds import KVBENCH_TRACE_READER, generate_trace, trace_token_requests
 from kvbench.workloads.trace_stats import longest_cached_prefixes, reuse_breakdown, summarize
 
 trace_app = typer.Typer(help="Generate text traces and show what they offer a prefix cache.", no_args_is_help=True)
@@ -211,19 +212,7 @@ def gen_mooncake(
     _generate("mooncake-text", config, out, None)
 
 
-def _load_requests(path: Path, limit: int | None) -> tuple[list[TokenRequest], Trace | None]:
-    """Token requests from a kvbench trace (rendered with its tokenizer) or any other JSONL source."""
-    reader = detect_jsonl(path)
-    if reader.name != KVBENCH_TRACE_READER:
-        return reader.read(path, limit), None
-    trace = read_trace(path, limit)
-    try:
-        return trace_token_requests(trace, load_tokenizer(trace.header.tokenizer)), trace
-    except ValueError as exc:
-        raise InputError.at(path, None, "expected_prompt_tokens", str(exc)) from None
-
-
-def _summary_table(path: Path, requests: list[TokenRequest], trace: Trace | None) -> Table:
+def _summary_table(path: Path, requests: list[Request], trace: Trace | None) -> Table:
     summary = summarize(requests, trace)
     sessions = f", {summary.num_sessions:,} sessions" if summary.num_sessions is not None else ""
     table = Table(title=f"kvbench trace stats: {path.name} ({summary.num_requests:,} requests{sessions})")
@@ -237,7 +226,7 @@ def _summary_table(path: Path, requests: list[TokenRequest], trace: Trace | None
     return table
 
 
-def _reuse_table(requests: list[TokenRequest], block_sizes: list[int]) -> Table:
+def _reuse_table(requests: list[Request], block_sizes: list[int]) -> Table:
     lcp, lengths = longest_cached_prefixes(requests)
     table = Table(title="token hit rate of an unbounded cache")
     for column in ("block", "ideal (sim)", "lost: last token", "lost: partial", "reusable"):
@@ -266,7 +255,10 @@ def stats(
     sizes = parse_int_list(block_sizes, "--block-sizes")
     console = Console()
     with Console(stderr=True).status("reading and rendering"):
-        requests, trace = _load_requests(path, num_requests)
+        if path.suffix == ".toml":
+            raise InputError(f"{path}: not a trace file (kvbench JSONL or Mooncake JSONL)")
+        loaded = load_source(path, limit=num_requests)
+        requests, trace = loaded.requests, loaded.trace
     console.print(_summary_table(path, requests, trace))
     with Console(stderr=True).status("replaying through an unbounded cache"):
         table = _reuse_table(requests, sizes)

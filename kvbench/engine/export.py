@@ -4,80 +4,26 @@
 
     config.json               LlamaConfig (8 layers, hidden 512, cl100k vocabulary, fp32)
     model.safetensors         the seeded random weights (tied embeddings stored once)
-    generation_config.json    EOS = <|endoftext|> and <|im_end|>; nothing else (greedy is the caller's)
-    tokenizer.json            cl100k_base converted with transformers' tiktoken converter, ids fixed
-    tokenizer_config.json     special tokens + the ChatML chat template (also in chat_template.jinja)
+    generation_config.json    EOS = the ids the caller names (<|endoftext|> and <|im_end|> for ChatML)
+    tokenizer.json            written by the caller's tokenizer writer
+    tokenizer_config.json     (cl100k + ChatML: ``kvbench.workloads.tokenizer_export``)
 
 With ``--model PATH`` the checkpoint is loaded and re-saved with its own tokenizer and template.
+The tokenizer is the caller's to write (engine/ imports nothing from workloads/).
 
-Why the converted tokenizer needs two fixes (without them, ids differ from tiktoken's):
-
-* ``transformers.integrations.tiktoken.convert_tiktoken_to_fast`` keeps the BPE ranks as ids but adds
-  the special tokens as *new* tokens, numbered from the end of the BPE vocabulary (100,256) in dict
-  order. cl100k's special ids have gaps (``<|endoftext|>`` is 100,257, 100,256 is unused), so the
-  converter gives ``<|endoftext|>`` 100,256 and ``<|im_start|>`` 100,261 instead of 100,264.
-  :func:`write_cl100k_tokenizer` puts every special token into the BPE vocabulary at its tiktoken id
-  (tokenizers then keeps that id for the added token) and fills each unassigned id below the model's
-  vocabulary size (100,256; 100,261-100,263; 100,266-100,275) with a reserved special token, so that
-  any id the random model generates decodes.
-* the split regex means something else in the tokenizers library's regex engine: ``1234567`` becomes
-  one piece instead of ``123|456|7`` (:func:`oniguruma_pattern`).
-
-The chat template (:data:`CHATML_TEMPLATE`) renders exactly the text kvbench's ChatML rendering
-encodes (``kvbench.workloads.tokenizer``), and :func:`check_cl100k_tokenizer` proves on sample text
-and chat messages that the exported tokenizer gives the same ids as tiktoken and as
-``TiktokenTokenizer.render_messages``.
-
-This module imports transformers (for the converter and ``save_pretrained``), besides ``model.py``
-and ``hf_engine.py``; nothing else in kvbench should import it.
+This module imports transformers (for ``save_pretrained``), besides ``model.py`` and ``engine.py``.
 """
 
 from __future__ import annotations
 
-import json
-import re
 import shutil
-import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvbench.engine.model import CL100K_ENDOFTEXT_ID, CL100K_VOCAB_SIZE, DEFAULT_MAX_CONTEXT_TOKENS, LoadedModel
-from kvbench.errors import InputError, KvbenchError
-from kvbench.workloads.tokenizer import (
-    CL100K_IM_END_ID, CL100K_IM_START_ID, DEFAULT_TOKENIZER, IM_END, IM_START, TiktokenTokenizer,
-)
-from kvbench.workloads.trace import Message
-
-# kvbench's ChatML (kvbench/workloads/tokenizer.py) as a Jinja chat template: per message
-# <|im_start|>{role}\n{content}<|im_end|>\n, then <|im_start|>assistant\n as the generation prompt.
-CHATML_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' -}}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
-)
-RESERVED_TOKEN = "<|kvbench_reserved_{id}|>"  # fills cl100k's unassigned ids below the vocabulary size
-SAMPLE_TEXTS = (
-    "Hello, world! Prefix caching saves the prefill of every repeated prompt.",
-    "def f(x):\n    return x ** 2  # squares\n\n\nclass A:\n\tpass\n",
-    "Ünïcödé, 中文字符, emoji 🙂🚀, numbers 1234567 3.14159, tabs\tand  double  spaces   .",
-    "  leading spaces, trailing newlines\n\n",
-    "<|im_start|> inside text stays text; <|endoftext|> too.",
-    "JSON: {\"tool\": \"grep\", \"args\": [\"-n\", \"KV cache\"]}\r\nCRLF line\r\n",
-)
-SAMPLE_MESSAGES = (
-    (Message("system", "You are a careful assistant.\nAnswer briefly."),
-     Message("user", "What is a KV cache?")),
-    (Message("system", "Rules:\n1. be kind\n2. be brief\n"),
-     Message("user", "Hi!"), Message("assistant", "Hello. How can I help?"),
-     Message("user", "  Explain   block hashes\n\nwith examples: [1, 2, 3]")),
-)
-
-
-class ExportCheckError(KvbenchError):
-    """The exported tokenizer does not reproduce kvbench's token ids (a converter bug)."""
+from kvbench.engine.model import CL100K_ENDOFTEXT_ID, LoadedModel
+from kvbench.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -98,142 +44,52 @@ class ExportResult:
     num_checked_texts: int
 
 
-def cl100k_special_tokens() -> dict[str, int]:
-    """Every special token of the exported vocabulary -> its id (tiktoken's, plus ChatML and fillers)."""
-    import tiktoken
+def export_model(out_dir: str | Path, loaded: LoadedModel, overwrite: bool = False,
+                 write_tokenizer: Callable[[Path], int] | None = None,
+                 eos_token_ids: Sequence[int] = (CL100K_ENDOFTEXT_ID,)) -> ExportResult:
+    """Write ``loaded`` as a checkpoint directory (module docstring).
 
-    base = tiktoken.get_encoding(DEFAULT_TOKENIZER)
-    specials = {**base._special_tokens, IM_START: CL100K_IM_START_ID, IM_END: CL100K_IM_END_ID}
-    used = set(base._mergeable_ranks.values()) | set(specials.values())
-    for token_id in range(CL100K_VOCAB_SIZE):
-        if token_id not in used:
-            specials[RESERVED_TOKEN.format(id=token_id)] = token_id
-    return dict(sorted(specials.items(), key=lambda item: item[1]))
-
-
-def oniguruma_pattern(pattern: str) -> str:
-    """tiktoken's split regex rewritten for the tokenizers library's Oniguruma engine.
-
-    cl100k's ``\\p{N}{1,3}+`` is possessive in tiktoken's regex engine (at most 3 digits per piece) but
-    means ``(\\p{N}{1,3})+`` (any run of digits) in Oniguruma's Ruby syntax, so the converted
-    tokenizer would split ``1234567`` as one piece (ids differ). Possessiveness is moot on a bounded
-    interval at the end of an alternative, so dropping the ``+`` keeps tiktoken's meaning. ``?+``,
-    ``*+`` and ``++`` are possessive in both engines and stay.
-    """
-    return re.sub(r"(\{\d+(?:,\d*)?\})\+", r"\1", pattern)
-
-
-def write_cl100k_tokenizer(out_dir: Path) -> Path:
-    """Write ``tokenizer.json`` + ``tokenizer_config.json`` (ChatML template) for cl100k into ``out_dir``.
-
-    The BPE part comes from ``convert_tiktoken_to_fast`` (needs the ``blobfile`` package); the special
-    tokens are then pinned to their tiktoken ids (module docstring). Returns ``out_dir``.
-    """
-    import tiktoken
-    from transformers import PreTrainedTokenizerFast
-    from transformers.integrations.tiktoken import convert_tiktoken_to_fast
-
-    base = tiktoken.get_encoding(DEFAULT_TOKENIZER)
-    specials = cl100k_special_tokens()
-    encoding = tiktoken.Encoding(name="cl100k_im", pat_str=base._pat_str,
-                                 mergeable_ranks=base._mergeable_ranks, special_tokens=specials)
-    with tempfile.TemporaryDirectory(prefix="kvbench-tiktoken-") as scratch:
-        convert_tiktoken_to_fast(encoding, scratch)  # also writes a tiktoken/ copy we do not keep
-        data = json.loads((Path(scratch) / "tokenizer.json").read_text(encoding="utf-8"))
-    pre_tokenizer = data["pre_tokenizer"]["pretokenizers"][0]  # Split(Regex(pattern)), then ByteLevel
-    pre_tokenizer["pattern"]["Regex"] = oniguruma_pattern(pre_tokenizer["pattern"]["Regex"])
-    data["model"]["vocab"].update(specials)
-    data["added_tokens"] = [
-        {"id": token_id, "content": token, "single_word": False, "lstrip": False, "rstrip": False,
-         "normalized": False, "special": True}
-        for token, token_id in specials.items()
-    ]
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer_file = out_dir / "tokenizer.json"
-    tokenizer_file.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_file=str(tokenizer_file), bos_token="<|endoftext|>", eos_token="<|endoftext|>",
-        pad_token="<|endoftext|>", model_max_length=DEFAULT_MAX_CONTEXT_TOKENS, clean_up_tokenization_spaces=False,
-    )
-    tokenizer.chat_template = CHATML_TEMPLATE
-    tokenizer.save_pretrained(out_dir)
-    return out_dir
-
-
-def check_cl100k_tokenizer(path: Path, texts: Sequence[str] = SAMPLE_TEXTS,
-                           conversations: Sequence[Sequence[Message]] = SAMPLE_MESSAGES) -> int:
-    """Check that the tokenizer in ``path`` gives tiktoken's ids and kvbench's chat rendering.
-
-    For every text: ``encode(text, add_special_tokens=False)`` (special tokens *not* parsed, as
-    kvbench treats message text) equals tiktoken's ``encode_ordinary``; every special token encodes to
-    its id; every conversation rendered with the checkpoint's chat template and encoded as vLLM does
-    (template text, no added special tokens) equals ``TiktokenTokenizer.render_messages``.
-    Returns the number of texts and conversations checked.
-
-    Raises:
-        ExportCheckError: the first mismatch, with the text and the first differing position.
-    """
-    from transformers import AutoTokenizer
-
-    exported = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    reference = TiktokenTokenizer()
-    for text in texts:
-        got = exported(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
-        _compare(f"text {text[:30]!r}", list(got), reference.encode(text))
-    for token, token_id in cl100k_special_tokens().items():
-        _compare(f"special token {token}", exported.encode(token, add_special_tokens=False), [token_id])
-    for messages in conversations:
-        rendered = exported.apply_chat_template([m.as_dict() for m in messages], tokenize=False,
-                                                add_generation_prompt=True)
-        got = exported.encode(rendered, add_special_tokens=False)
-        _compare(f"chat of {len(messages)} messages", got, reference.render_messages(messages).tolist())
-    return len(texts) + len(conversations)
-
-
-def _compare(what: str, got: Sequence[int], expected: Sequence[int]) -> None:
-    if list(got) == list(expected):
-        return
-    position = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
-    raise ExportCheckError(f"exported tokenizer differs from kvbench on {what}: at token {position}, "
-                           f"got {list(got)[position:position + 5]}, expected {list(expected)[position:position + 5]}")
-
-
-def export_model(out_dir: str | Path, loaded: LoadedModel, overwrite: bool = False) -> ExportResult:
-    """Write ``loaded`` as a checkpoint directory (module docstring) and check its tokenizer.
-
-    ``loaded.tokenizer is None`` (kvbench's default model) gets the cl100k tokenizer and ChatML
-    template; otherwise the checkpoint's own tokenizer is saved.
+    ``loaded.tokenizer is None`` (kvbench's default model): ``write_tokenizer(out_dir)`` writes the
+    tokenizer files and returns how many texts it checked them on
+    (``kvbench.workloads.tokenizer_export.export_cl100k_tokenizer``), and the generation config's EOS
+    is ``eos_token_ids``. Otherwise the checkpoint's own tokenizer and generation config are saved.
 
     Raises:
         InputError: ``out_dir`` exists and is not empty (unless ``overwrite``), or cannot be written.
-        ExportCheckError: the converted tokenizer does not reproduce kvbench's ids.
+        ValueError: the default model without a ``write_tokenizer``.
+        Whatever ``write_tokenizer`` raises (``ExportCheckError``: ids differ from kvbench's).
     """
+    if loaded.tokenizer is None and write_tokenizer is None:
+        raise ValueError("a model without its own tokenizer needs write_tokenizer")
     out_dir = Path(out_dir).expanduser()
     _prepare_directory(out_dir, overwrite)
     model = loaded.model
     try:
-        model.generation_config = _generation_config(loaded)
+        model.generation_config = _generation_config(loaded, eos_token_ids)
         model.save_pretrained(out_dir, safe_serialization=True)
-        if loaded.tokenizer is None:
-            write_cl100k_tokenizer(out_dir)
-        else:
+        if loaded.tokenizer is not None:
             loaded.tokenizer.save_pretrained(out_dir)
     except OSError as exc:
         raise InputError(f"{out_dir}: cannot write the checkpoint ({exc.strerror or exc})") from None
-    checked = check_cl100k_tokenizer(out_dir) if loaded.tokenizer is None else 0
+    checked = 0
+    if write_tokenizer is not None and loaded.tokenizer is None:
+        try:
+            checked = write_tokenizer(out_dir)
+        except OSError as exc:
+            raise InputError(f"{out_dir}: cannot write the tokenizer ({exc.strerror or exc})") from None
     num_parameters = sum(p.numel() for p in model.parameters())  # parameters() lists a tied weight once
     files = tuple(sorted(p.name for p in out_dir.iterdir()))
     return ExportResult(out_dir, files, num_parameters, checked)
 
 
-def _generation_config(loaded: LoadedModel) -> Any:
-    """The model's generation config; for the default model, EOS = <|endoftext|> or <|im_end|>."""
+def _generation_config(loaded: LoadedModel, eos_token_ids: Sequence[int]) -> Any:
+    """The model's generation config; for the default model, EOS = any of ``eos_token_ids``."""
     from transformers import GenerationConfig
 
     if loaded.tokenizer is not None and getattr(loaded.model, "generation_config", None) is not None:
         return loaded.model.generation_config
     return GenerationConfig(bos_token_id=CL100K_ENDOFTEXT_ID,
-                            eos_token_id=[CL100K_ENDOFTEXT_ID, CL100K_IM_END_ID])
+                            eos_token_id=list(eos_token_ids))
 
 
 def _prepare_directory(out_dir: Path, overwrite: bool) -> None:

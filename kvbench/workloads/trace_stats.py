@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvbench.workloads.token_ids import TokenRequest
-from kvbench.workloads.trace import Trace
+from kvbench.request import Request
+from kvbench.workloads.formats.kvbench_trace import Trace
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ class TraceSummary:
     output_budget_tokens: Distribution  # max_tokens (kvbench traces) or output_tokens (others)
 
 
-def summarize(requests: Sequence[TokenRequest], trace: Trace | None = None) -> TraceSummary:
+def summarize(requests: Sequence[Request], trace: Trace | None = None) -> TraceSummary:
     """Summary of token-id requests (and, when given, the text trace they came from, whose
     ``max_tokens`` is the output budget)."""
     if trace is not None:
@@ -102,7 +102,7 @@ def _match_and_insert(root: _Node, tokens: np.ndarray) -> int:
     return length
 
 
-def longest_cached_prefixes(requests: Sequence[TokenRequest]) -> tuple[np.ndarray, np.ndarray]:
+def longest_cached_prefixes(requests: Sequence[Request]) -> tuple[np.ndarray, np.ndarray]:
     """``(lcp, lengths)`` per request in arrival order (stable), int64, shape (num_requests,).
 
     ``lcp[i]`` is the longest token prefix request i shares with an earlier request of its salt.

@@ -161,3 +161,49 @@ def test_unwritable_out_is_refused_before_any_work(kvbench, tmp_path):
     assert "is a folder" in line
     line = one_line_error(*kvbench("sim", scenario, "--out", scenario / "x.parquet")[::2])
     assert "is a file, not a folder" in line
+
+
+def test_verify_tokens_in_the_scenario_reaches_the_cache(kvbench, tmp_path):
+    """8-bit keys collide. Trusting them gives the exact hit rate on this workload (a chained lookup
+    stops at its first miss, so no false hit survives here); with ``[cache] verify_tokens`` a key hit
+    whose stored tokens differ is a miss, and keys taken by colliding blocks keep true blocks out, so
+    the hit rate is lower. Before the fix the setting was parsed and dropped: both rates were equal."""
+    from kvbench.run.scenario import load_scenario
+
+    tiny = SMALL_SCENARIO.replace("block_size = 16", "block_size = 16\nhash_bits = 8")
+    rates = {}
+    for verify in (False, True):
+        text = tiny.replace("hash_bits = 8", f"hash_bits = 8\nverify_tokens = {str(verify).lower()}")
+        scenario = write(tmp_path / f"v{verify}.toml", text)
+        cache = load_scenario(scenario).cache.cache_config(capacity_blocks=64, block_size=16)
+        assert (cache.verify_tokens, cache.hash.hash_bits, cache.capacity_blocks) == (verify, 8, 64)
+        out = tmp_path / f"v{verify}.parquet"
+        code, _, stderr = kvbench("sim", scenario, "--sizes", "4096", "--out", out)
+        assert code == 0, stderr
+        (row,) = pq.read_table(out).to_pylist()
+        rates[verify] = row["token_hit_rate"]
+    exact = write(tmp_path / "exact.toml", SMALL_SCENARIO)
+    out = tmp_path / "exact.parquet"
+    assert kvbench("sim", exact, "--sizes", "4096", "--out", out)[0] == 0
+    (row,) = pq.read_table(out).to_pylist()
+    assert rates[False] == pytest.approx(row["token_hit_rate"])
+    assert rates[True] < rates[False]
+
+
+def test_shipped_scenarios_resolve_by_bare_name(kvbench, tmp_path):
+    import importlib.resources
+
+    from kvbench.run.scenario import find_scenario, shipped_scenarios
+
+    assert {"shared_2k", "multi_prefix_zipf", "multi_prefix_rr", "chat", "agent"} <= set(shipped_scenarios())
+    packaged = importlib.resources.files("kvbench") / "scenarios" / "multi_prefix_zipf.toml"
+    assert packaged.is_file()
+    assert find_scenario("multi_prefix_zipf") == Path(str(packaged))
+    assert find_scenario("multi_prefix_zipf.toml") == Path(str(packaged))
+    assert find_scenario(tmp_path / "nosuch") == tmp_path / "nosuch"
+    assert (REPO / "scenarios" / "shared_2k.toml").read_text() == \
+        (importlib.resources.files("kvbench") / "scenarios" / "shared_2k.toml").read_text()
+    code, stdout, stderr = kvbench("sim", "multi_prefix_rr", "--sizes", "64", "--requests", "50",
+                                   "--out", tmp_path / "rr.parquet")
+    assert code == 0, stderr
+    assert "multi_prefix_rr (50 requests" in stdout

@@ -11,16 +11,23 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from kvbench.engine.export import (
-    CHATML_TEMPLATE, ExportCheckError, check_cl100k_tokenizer, cl100k_special_tokens, export_model,
-    oniguruma_pattern,
+from kvbench.engine.export import export_model as engine_export_model
+from kvbench.workloads.tokenizer_export import (
+    CHATML_EOS_TOKEN_IDS, CHATML_TEMPLATE, ExportCheckError, check_cl100k_tokenizer, cl100k_special_tokens,
+    export_cl100k_tokenizer, oniguruma_pattern,
 )
 from kvbench.engine.model import CL100K_VOCAB_SIZE, ModelConfig, default_llama_config, load_model, random_model
 from kvbench.errors import InputError
 from kvbench.workloads.generators import SharedPrefixConfig
 from kvbench.workloads.conversations import ChatConfig
 from kvbench.workloads.tokenizer import HFTokenizer, TiktokenTokenizer
-from kvbench.workloads.trace_kinds import generate_trace
+from kvbench.workloads.kinds import generate_trace
+
+def export_model(out_dir, loaded, overwrite=False):
+    """What ``kvbench model export`` does: the engine's export with the cl100k tokenizer writer."""
+    return engine_export_model(out_dir, loaded, overwrite, write_tokenizer=export_cl100k_tokenizer,
+                               eos_token_ids=CHATML_EOS_TOKEN_IDS)
+
 
 SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, head_dim=16)

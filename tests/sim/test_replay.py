@@ -8,7 +8,7 @@ import pytest
 from kvbench.cache.base import CacheConfig
 from kvbench.errors import InputError
 from kvbench.sim.replay import ideal_hit_rate, prepare_prompts, simulate, sweep
-from kvbench.workloads.mooncake import read_mooncake
+from kvbench.workloads.formats.mooncake import read_mooncake
 from kvbench.workloads.token_ids import MultiPrefixConfig, TokenRequest, multi_prefix_requests
 
 RR_SMALL = MultiPrefixConfig(num_prefixes=2, prefix_tokens=32, unique_tokens=5, num_requests=10, popularity="rr")

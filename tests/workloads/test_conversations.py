@@ -7,7 +7,8 @@ import pytest
 from kvbench.sim.replay import ideal_hit_rate, prepare_prompts
 from kvbench.workloads.conversations import AgentConfig, ChatConfig
 from kvbench.workloads.tokenizer import render
-from kvbench.workloads.trace_kinds import generate_trace, trace_token_requests
+from kvbench.workloads.formats.kvbench_trace_reader import trace_requests
+from kvbench.workloads.kinds import generate_trace
 
 CHAT = ChatConfig(num_conversations=6, turns="uniform:2,6", system_tokens=120, conversation_rate_per_s=2.0)
 AGENT = AgentConfig(num_agents=4, steps="uniform:3,6", system_tokens=600, num_system_prompts=2, task_tokens=60,
@@ -37,7 +38,7 @@ def test_each_turn_starts_with_every_token_of_the_previous_turn(tokenizer, kind,
 @pytest.mark.parametrize("block_size", [16, 64])
 def test_an_unbounded_cache_hits_all_full_blocks_of_the_previous_turn(tokenizer, kind, config, block_size):
     trace = generate_trace(kind, config, tokenizer)
-    cached = ideal_hit_rate(prepare_prompts(trace_token_requests(trace, tokenizer), block_size)).cached_tokens_per_request
+    cached = ideal_hit_rate(prepare_prompts(trace_requests(trace, tokenizer), block_size)).cached_tokens_per_request
     for indices in sessions(trace).values():
         for earlier, later in zip(indices, indices[1:]):
             length = trace.requests[earlier].expected_prompt_tokens
@@ -87,5 +88,5 @@ def test_agent_steps_carry_calls_and_observations(tokenizer):
 def test_a_volatile_header_breaks_the_agent_prefix(tokenizer):
     config = AgentConfig(**{**vars(AGENT), "volatile_header": "start"})
     trace = generate_trace("agent", config, tokenizer)
-    rate = ideal_hit_rate(prepare_prompts(trace_token_requests(trace, tokenizer), 16)).token_hit_rate
+    rate = ideal_hit_rate(prepare_prompts(trace_requests(trace, tokenizer), 16)).token_hit_rate
     assert rate == 0.0

@@ -12,8 +12,9 @@ from kvbench.workloads.conversations import AgentConfig, ChatConfig
 from kvbench.workloads.generators import (
     ONE_OFF_MAX_TOKENS, MultiPrefixTextConfig, OneOffConfig, SharedPrefixConfig, volatile_header_line,
 )
-from kvbench.workloads.trace import write_trace
-from kvbench.workloads.trace_kinds import generate_trace, scenario_trace, trace_token_requests
+from kvbench.workloads.formats.kvbench_trace import write_trace
+from kvbench.workloads.formats.kvbench_trace_reader import trace_requests
+from kvbench.workloads.kinds import generate_trace
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -51,13 +52,13 @@ def test_expected_prompt_tokens_equal_the_rendered_count(tokenizer, kind):
     arrivals = [r.arrival_ms for r in trace.requests]
     assert arrivals == sorted(arrivals) and arrivals[0] == 0.0
     assert len({r.id for r in trace.requests}) == len(trace.requests)
-    token_requests = trace_token_requests(trace, tokenizer)
+    token_requests = trace_requests(trace, tokenizer)
     assert [t.num_tokens for t in token_requests] == [r.expected_prompt_tokens for r in trace.requests]
 
 
 def test_shared_2k_scenario_has_an_exact_2000_token_system_prompt(tokenizer):
     scenario = load_scenario(REPO / "scenarios" / "shared_2k.toml")
-    trace = scenario_trace(scenario, tokenizer)
+    trace = scenario.workload_requests(tokenizer).trace
     assert len(trace.requests) == 2000
     system = trace.requests[0].messages[0].content
     assert len(tokenizer.encode(system)) == 2000
@@ -67,14 +68,14 @@ def test_shared_2k_scenario_has_an_exact_2000_token_system_prompt(tokenizer):
         assert request.expected_prompt_tokens == 2063  # 3 + 2000 + 2 + 3 + 50 + 2 + 3 (ChatML)
     assert len({r.messages[1].content for r in trace.requests}) == 2000
     assert full_count(tokenizer, trace.requests[-1]) == 2063
-    token_requests = trace_token_requests(trace, tokenizer)
+    token_requests = trace_requests(trace, tokenizer)
     assert ideal_hit_rate(prepare_prompts(token_requests, 16)).token_hit_rate == \
         pytest.approx(1999 * 2000 / (2000 * 2063))
 
 
 def two_shared_requests(tokenizer, placement):
     config = SharedPrefixConfig(num_requests=2, volatile_header=placement)
-    token_requests = trace_token_requests(generate_trace("shared-prefix", config, tokenizer), tokenizer)
+    token_requests = trace_requests(generate_trace("shared-prefix", config, tokenizer), tokenizer)
     return ideal_hit_rate(prepare_prompts(token_requests, 16)).token_hit_rate
 
 
@@ -115,7 +116,7 @@ def test_one_offs_mix_in_at_the_ratio_and_never_share_a_block(tokenizer):
     one_offs = [i for i, r in enumerate(trace.requests) if r.session_id.startswith("one-off")]
     assert len(trace.requests) == 50 and len(one_offs) == 10
     assert all(trace.requests[i].max_tokens == ONE_OFF_MAX_TOKENS for i in one_offs)
-    cached = ideal_hit_rate(prepare_prompts(trace_token_requests(trace, tokenizer), 16)).cached_tokens_per_request
+    cached = ideal_hit_rate(prepare_prompts(trace_requests(trace, tokenizer), 16)).cached_tokens_per_request
     assert all(cached[i] == 0 for i in one_offs)
     plain = generate_trace("shared-prefix", SharedPrefixConfig(num_requests=40, system_tokens=200), tokenizer)
     main = [r for r in trace.requests if not r.session_id.startswith("one-off")]
@@ -124,7 +125,7 @@ def test_one_offs_mix_in_at_the_ratio_and_never_share_a_block(tokenizer):
 
 def test_one_off_trace_never_repeats(tokenizer):
     trace = generate_trace("one-off", OneOffConfig(num_requests=30, prompt_tokens=64), tokenizer)
-    token_requests = trace_token_requests(trace, tokenizer)
+    token_requests = trace_requests(trace, tokenizer)
     assert ideal_hit_rate(prepare_prompts(token_requests, 16)).num_cached_tokens == 0
 
 
@@ -133,7 +134,7 @@ def test_tenants_salt_sessions_round_robin(tokenizer):
     trace = generate_trace("shared-prefix", config, tokenizer)
     salts = {r.session_id: r.salt for r in trace.requests}
     assert salts["req-000000"] == salts["req-000002"] == "tenant-0" and salts["req-000001"] == "tenant-1"
-    token_requests = trace_token_requests(trace, tokenizer)
+    token_requests = trace_requests(trace, tokenizer)
     assert {t.salt for t in token_requests} == {"tenant-0", "tenant-1"}
 
 

@@ -7,11 +7,12 @@ import pytest
 
 from kvbench.errors import InputError
 from kvbench.sim.replay import ideal_hit_rate, prepare_prompts
-from kvbench.workloads.mooncake import read_mooncake
+from kvbench.workloads.formats.mooncake import read_mooncake
 from kvbench.workloads.mooncake_text import BlockTexts, MooncakeTextConfig
 from kvbench.workloads.text_fit import PieceCounter
 from kvbench.workloads.tokenizer import HFTokenizer
-from kvbench.workloads.trace_kinds import generate_trace, trace_token_requests
+from kvbench.workloads.formats.kvbench_trace_reader import trace_requests
+from kvbench.workloads.kinds import generate_trace
 
 RECORDS = [
     {"timestamp": 0, "input_length": 1536, "output_length": 10, "hash_ids": [0, 1, 2]},
@@ -77,7 +78,7 @@ def test_every_pair_shares_512_tokens_per_shared_leading_id(tokenizer, mooncake_
 def test_real_trace_keeps_the_token_id_readers_hit_rate(tokenizer, shared_data):
     path = shared_data / "mooncake" / "conversation_trace.jsonl"
     trace = generate_trace("mooncake-text", MooncakeTextConfig(str(path), num_requests=60), tokenizer)
-    text_requests = trace_token_requests(trace, tokenizer)
+    text_requests = trace_requests(trace, tokenizer)
     id_requests = read_mooncake(path, limit=60)
     assert [t.num_tokens for t in text_requests] == [t.num_tokens for t in id_requests]
     for block_size in (512, 64):

@@ -10,7 +10,7 @@ from kvbench.workloads.tokenizer import (
     CL100K_IM_END_ID, CL100K_IM_START_ID, DEFAULT_TOKENIZER, LINE_BOUNDARY, HFTokenizer, TiktokenTokenizer,
     Tokenizer, load_tokenizer, render,
 )
-from kvbench.workloads.trace import Message, TraceRequest
+from kvbench.workloads.formats.kvbench_trace import Message, TraceRequest
 
 
 def chat(*pairs):

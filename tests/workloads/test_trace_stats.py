@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 from kvbench.sim.replay import ideal_hit_rate, prepare_prompts
 from kvbench.workloads.conversations import ChatConfig
 from kvbench.workloads.token_ids import TokenRequest
-from kvbench.workloads.trace_kinds import generate_trace, trace_token_requests
+from kvbench.workloads.formats.kvbench_trace_reader import trace_requests
+from kvbench.workloads.kinds import generate_trace
 from kvbench.workloads.trace_stats import Distribution, longest_cached_prefixes, reuse_breakdown, summarize
 
 
@@ -86,7 +87,7 @@ def test_partial_blocks_lose_the_tail_of_the_shared_prefix():
 
 def test_generated_chat_trace_agrees_with_the_simulator(tokenizer):
     trace = generate_trace("chat", ChatConfig(num_conversations=5, turns=3, system_tokens=100), tokenizer)
-    requests = trace_token_requests(trace, tokenizer)
+    requests = trace_requests(trace, tokenizer)
     lcp, lengths = longest_cached_prefixes(requests)
     for block_size in (16, 64):
         ideal = ideal_hit_rate(prepare_prompts(requests, block_size))

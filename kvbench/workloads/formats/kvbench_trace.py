@@ -1,4 +1,4 @@
-"""The kvbench trace file: JSONL, one header line, then one request per line.
+"""The kvbench trace format: JSONL, one header line, then one request per line.
 
 A trace is a file so that the same traffic replays on the simulator, the in-process engine and any
 OpenAI-compatible endpoint, and so that people can share it. Format version 1::
@@ -43,7 +43,7 @@ from typing import Any
 
 from kvbench import __version__
 from kvbench.errors import InputError
-from kvbench.request import MESSAGE_ROLES, Message  # noqa: F401 - part of the trace format
+from kvbench.request import Message
 
 TRACE_FORMAT_VERSION = 1
 REQUEST_FIELDS = ("id", "session_id", "turn", "arrival_ms", "messages", "prompt", "max_tokens",
@@ -54,7 +54,11 @@ HEADER_FIELDS = ("kvbench_trace", "kvbench_version", "generator", "params", "see
 
 @dataclass(frozen=True)
 class TraceRequest:
-    """One request of a trace (fields as in the module docstring). Raises ``ValueError`` if invalid."""
+    """One request line of a trace (fields as in the module docstring). Raises ``ValueError`` if invalid.
+
+    This is the file's line type only: what leaves :mod:`kvbench.workloads` is a
+    :class:`kvbench.request.Request` (:func:`kvbench.workloads.formats.kvbench_trace_reader.trace_requests`).
+    """
 
     id: str
     session_id: str
@@ -190,17 +194,12 @@ def write_trace(trace: Trace, path: str | Path) -> Path:
     return path
 
 
-def is_trace_header(record: dict) -> bool:
-    """Whether a parsed first line is a kvbench trace header."""
-    return "kvbench_trace" in record
-
-
 def read_trace(path: str | Path, limit: int | None = None) -> Trace:
     """Read and validate a trace; with ``limit``, only its first ``limit`` requests.
 
     Every line is checked: a bad one raises ``InputError`` naming the file, the line and the field.
     The content hash is checked when the whole file is read and the header has one.
     """
-    from kvbench.workloads.trace_reader import TraceReader
+    from kvbench.workloads.formats.kvbench_trace_reader import read_trace_file
 
-    return TraceReader(Path(path)).read(limit)
+    return read_trace_file(Path(path), limit)

@@ -1,22 +1,26 @@
-"""Replay of Mooncake traces (kvcache-ai/Mooncake, ``FAST25-release/traces``) as token ids.
+"""Mooncake traces (kvcache-ai/Mooncake, ``FAST25-release/traces``) as token-id requests.
 
 Each line: ``timestamp`` (ms from the trace start), ``input_length`` and ``output_length`` (tokens),
 ``hash_ids`` (one id per 512-token block of the prompt, prefix-chained: equal ids at equal positions
 mean an equal prefix). There is no text, so each hash id becomes a fixed pseudo-random block of 512
 token ids derived from the id alone (equal ids give equal tokens); the last block is cut to the
 request's input length. Token ``j`` of id ``h`` is ``splitmix64(h * 512 + j) mod vocab_size``.
+
+Request ``i`` (0-based, file order) is ``r{i:06d}``, its own session, turn 0, no salt; its budget
+and ``output_tokens`` are ``output_length`` (``DEFAULT_MAX_TOKENS`` when that is 0).
 """
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import numpy as np
 
 from kvbench.errors import InputError
-from kvbench.workloads.token_ids import CL100K_VOCAB_SIZE, TokenRequest
+from kvbench.request import Request
+from kvbench.workloads.formats.jsonl import JsonlFile, json_object, open_jsonl
+from kvbench.workloads.token_ids import CL100K_VOCAB_SIZE, DEFAULT_MAX_TOKENS
 
 MOONCAKE_BLOCK_TOKENS = 512  # the traces' hash_ids name 512-token blocks (FAST'25 README)
 _FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
@@ -39,18 +43,7 @@ def hash_id_tokens(hash_ids: list[int], num_tokens: int, vocab_size: int = CL100
     return tokens.astype(np.uint32)
 
 
-def is_mooncake_record(record: dict) -> bool:
-    """Whether a parsed JSON line looks like a Mooncake trace line."""
-    return "hash_ids" in record and "input_length" in record
-
-
-def _checked_record(path: Path, line_number: int, line: str) -> dict:
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise InputError.at(path, line_number, None, f"not valid JSON ({exc.msg})") from None
-    if not isinstance(record, dict):
-        raise InputError.at(path, line_number, None, "expected a JSON object")
+def _checked_record(path: Path, line_number: int, record: dict) -> dict:
     for field in _FIELDS:
         if field not in record:
             raise InputError.at(path, line_number, field, "missing")
@@ -68,30 +61,41 @@ def _checked_record(path: Path, line_number: int, line: str) -> dict:
     return record
 
 
-def read_mooncake(path: str | Path, limit: int | None = None) -> list[TokenRequest]:
-    """Read and validate a Mooncake trace; one :class:`TokenRequest` per line, in file order.
+def _request(index: int, record: dict) -> Request:
+    output = int(record["output_length"])
+    return Request(index, f"r{index:06d}", f"r{index:06d}", 0,
+                   hash_id_tokens(record["hash_ids"], int(record["input_length"])),
+                   arrival_s=record["timestamp"] / 1000.0, max_tokens=output or DEFAULT_MAX_TOKENS,
+                   output_tokens=output or None)
+
+
+def mooncake_records(file: JsonlFile, limit: int | None = None) -> list[tuple[int, dict]]:
+    """``(line number, validated record)`` of an open Mooncake file (at most ``limit``), in file order.
 
     Raises:
-        InputError: the file is missing, or a line is malformed (names file, line and field).
+        InputError: a malformed line (names file, line and field), or no line at all.
     """
-    path = Path(path)
-    requests: list[TokenRequest] = []
-    try:
-        handle = path.open(encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
-    with handle:
-        for line_number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            record = _checked_record(path, line_number, line)
-            requests.append(TokenRequest(
-                hash_id_tokens(record["hash_ids"], int(record["input_length"])),
-                arrival_s=record["timestamp"] / 1000.0,
-                output_tokens=int(record["output_length"]),
-            ))
-            if limit is not None and len(requests) >= limit:
-                break
-    if not requests:
-        raise InputError(f"{path}: no requests in the file")
-    return requests
+    records = []
+    for line_number, line in file.lines():
+        record = json_object(file.path, line_number, line)
+        records.append((line_number, _checked_record(file.path, line_number, record)))
+        if limit is not None and len(records) >= limit:
+            break
+    if not records:
+        raise InputError(f"{file.path}: no requests in the file")
+    return records
+
+
+def read_mooncake_lines(file: JsonlFile, limit: int | None = None) -> list[Request]:
+    """The requests of an open Mooncake file (at most ``limit``), in file order. Raises ``InputError``."""
+    return [_request(index, record) for index, (_, record) in enumerate(mooncake_records(file, limit))]
+
+
+def read_mooncake(path: str | Path, limit: int | None = None) -> list[Request]:
+    """Open and read a Mooncake trace (see :func:`read_mooncake_lines`).
+
+    Raises:
+        InputError: the file is missing or unreadable, or a line is malformed.
+    """
+    with open_jsonl(path) as file:
+        return read_mooncake_lines(file, limit)

@@ -1,4 +1,5 @@
-"""Validating reader for kvbench trace files (format: :mod:`kvbench.workloads.trace`).
+"""Validating reader for kvbench trace files (format: :mod:`.kvbench_trace`), and the one conversion
+of a trace into :class:`kvbench.request.Request` objects (:func:`trace_requests`).
 
 Every problem is an ``InputError`` of one line, ``FILE:LINE: field 'F': problem`` (CLI exit 2).
 Identical messages are shared between requests (histories repeat), which keeps chat traces small
@@ -7,15 +8,19 @@ in memory.
 
 from __future__ import annotations
 
-import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from kvbench.errors import InputError
-from kvbench.workloads.trace import (
-    HEADER_FIELDS, REQUEST_FIELDS, MESSAGE_ROLES, TRACE_FORMAT_VERSION, Message, Trace, TraceHeader,
-    TraceRequest, content_hash,
+from kvbench.request import MESSAGE_ROLES, Message, Request
+from kvbench.workloads.formats.jsonl import JsonlFile, json_object, open_jsonl
+from kvbench.workloads.formats.kvbench_trace import (
+    HEADER_FIELDS, REQUEST_FIELDS, TRACE_FORMAT_VERSION, Trace, TraceHeader, TraceRequest, content_hash,
 )
+from kvbench.workloads.tokenizer import Tokenizer, render
 
 
 def _is_int(value: Any, minimum: int) -> bool:
@@ -31,15 +36,6 @@ class TraceReader:
 
     def _error(self, line: int, field: str | None, problem: str) -> InputError:
         return InputError.at(self.path, line, field, problem)
-
-    def _parse(self, line_number: int, line: str) -> dict:
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise self._error(line_number, None, f"not valid JSON ({exc.msg})") from None
-        if not isinstance(record, dict):
-            raise self._error(line_number, None, "expected a JSON object")
-        return record
 
     def header(self, line_number: int, record: dict) -> TraceHeader:
         """Validate the header line."""
@@ -117,31 +113,22 @@ class TraceReader:
                             record["max_tokens"], record["expected_prompt_tokens"], salt=salt,
                             output_tokens=output, **self._payload(line_number, record))
 
-    def read(self, limit: int | None = None) -> Trace:
-        """Read the file (first ``limit`` requests only, if given). Raises ``InputError``."""
-        try:
-            handle = self.path.open(encoding="utf-8")
-        except OSError as exc:
-            raise InputError(f"{self.path}: cannot read ({exc.strerror})") from None
-        header: TraceHeader | None = None
+    def read(self, file: JsonlFile, limit: int | None = None) -> Trace:
+        """Read the open file (first ``limit`` requests only, if given). Raises ``InputError``."""
+        if file.first_number is None:
+            raise InputError(f"{self.path}: the file is empty")
+        if not isinstance(file.first, dict):
+            raise self._error(file.first_number, None, "expected a JSON object")
+        header = self.header(file.first_number, file.first)
         requests: list[TraceRequest] = []
         lines: list[str] = []
         ids: set[str] = set()
-        with handle:
-            for line_number, line in enumerate(handle, start=1):
-                line = line.rstrip("\r\n")
-                if not line.strip():
-                    continue
-                record = self._parse(line_number, line)
-                if header is None:
-                    header = self.header(line_number, record)
-                    continue
-                requests.append(self._checked(line_number, self.request(line_number, record), requests, ids))
-                lines.append(line)
-                if limit is not None and len(requests) >= limit:
-                    break
-        if header is None:
-            raise InputError(f"{self.path}: the file is empty")
+        for line_number, line in file.rest:
+            record = json_object(self.path, line_number, line)
+            requests.append(self._checked(line_number, self.request(line_number, record), requests, ids))
+            lines.append(line)
+            if limit is not None and len(requests) >= limit:
+                break
         if limit is None or len(requests) < limit:
             self._check_totals(header, requests, lines)
         return Trace(header, tuple(requests))
@@ -166,3 +153,35 @@ class TraceReader:
             raise InputError.at(self.path, 1, "content_hash",
                                 "does not match the request lines (edited after generation? "
                                 "set it to null to accept edits)")
+
+
+def read_trace_file(path: Path, limit: int | None = None) -> Trace:
+    """Open ``path`` and read it as a kvbench trace (see :meth:`TraceReader.read`)."""
+    with open_jsonl(path) as file:
+        return TraceReader(path).read(file, limit)
+
+
+def trace_requests(trace: Trace | Sequence[TraceRequest], tokenizer: Tokenizer, check: bool = True) -> list[Request]:
+    """Render every trace request with ``tokenizer`` into a :class:`Request`, in trace order.
+
+    Each keeps its id, session, turn, arrival (ms -> s), budget, salt and text form (``messages`` or
+    ``prompt``). ``output_tokens`` is the trace's ``output_tokens`` when it records one, else
+    ``max_tokens`` (the format's rule: a request is taken to generate its budget).
+
+    Raises:
+        ValueError: with ``check``, a request renders to a count other than its
+            ``expected_prompt_tokens`` (the trace was counted with another tokenizer, or edited).
+    """
+    requests = trace.requests if isinstance(trace, Trace) else trace
+    converted = []
+    for index, request in enumerate(requests):
+        token_ids = render(tokenizer, request)
+        if check and token_ids.shape[0] != request.expected_prompt_tokens:
+            raise ValueError(f"request {request.id}: renders to {token_ids.shape[0]} tokens with "
+                             f"{tokenizer.name}, expected_prompt_tokens says {request.expected_prompt_tokens}")
+        converted.append(Request(
+            index, request.id, request.session_id, request.turn, token_ids.astype(np.uint32, copy=False),
+            arrival_s=request.arrival_ms / 1000.0, max_tokens=request.max_tokens, salt=request.salt,
+            output_tokens=request.output_tokens or request.max_tokens, messages=request.messages,
+            prompt=request.prompt))
+    return converted
