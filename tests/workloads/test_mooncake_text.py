@@ -10,7 +10,7 @@ from kvbench.sim.replay import ideal_hit_rate, prepare_prompts
 from kvbench.workloads.formats.mooncake import read_mooncake
 from kvbench.workloads.mooncake_text import BlockTexts, MooncakeTextConfig
 from kvbench.workloads.text_fit import PieceCounter
-from kvbench.workloads.tokenizer import HFTokenizer
+from kvbench.engine.hf_tokenizer import HFTokenizer
 from kvbench.workloads.formats.kvbench_trace_reader import trace_requests
 from kvbench.workloads.kinds import generate_trace
 

@@ -5,9 +5,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvbench.engine.hf_tokenizer import HFTokenizer
 from kvbench.errors import InputError
 from kvbench.workloads.tokenizer import (
-    CL100K_IM_END_ID, CL100K_IM_START_ID, DEFAULT_TOKENIZER, LINE_BOUNDARY, HFTokenizer, TiktokenTokenizer,
+    CL100K_IM_END_ID, CL100K_IM_START_ID, DEFAULT_TOKENIZER, LINE_BOUNDARY, TiktokenTokenizer,
     Tokenizer, load_tokenizer, render,
 )
 from kvbench.workloads.formats.kvbench_trace import Message, TraceRequest

@@ -17,7 +17,7 @@ The chat template (:data:`CHATML_TEMPLATE`) renders exactly the text kvbench's C
 encodes (:mod:`kvbench.workloads.tokenizer`), and :func:`check_cl100k_tokenizer` proves on sample text
 and chat messages that the exported tokenizer gives the same ids as tiktoken and as
 ``TiktokenTokenizer.render_messages``. transformers is imported inside the functions that need it
-(as :class:`~kvbench.workloads.tokenizer.HFTokenizer` does), never at import time.
+(as :class:`~kvbench.engine.hf_tokenizer.HFTokenizer` does).
 """
 
 from __future__ import annotations
@@ -27,16 +27,20 @@ import re
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
 
+from kvbench.constants import CL100K_IM_END_ID, CL100K_IM_START_ID, CL100K_VOCAB_SIZE, DEFAULT_TOKENIZER, IM_END, IM_START
 from kvbench.errors import KvbenchError
 from kvbench.request import Message
-from kvbench.workloads.token_ids import CL100K_VOCAB_SIZE
-from kvbench.workloads.tokenizer import (
-    CL100K_IM_END_ID, CL100K_IM_START_ID, DEFAULT_TOKENIZER, IM_END, IM_START, TiktokenTokenizer,
-)
 
-CL100K_ENDOFTEXT_ID = 100_257  # tiktoken cl100k_base <|endoftext|>
-CHATML_EOS_TOKEN_IDS = (CL100K_ENDOFTEXT_ID, CL100K_IM_END_ID)  # a ChatML reply ends at either
+
+class ReferenceTokenizer(Protocol):
+    """What the check compares against: kvbench's own cl100k tokenizer
+    (``kvbench.workloads.tokenizer.TiktokenTokenizer``), passed in by the caller."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def render_messages(self, messages: Sequence[Message]): ...
 MAX_CONTEXT_TOKENS = 8192  # tokenizer_config's model_max_length: the default model's context
 
 # kvbench's ChatML (kvbench/workloads/tokenizer.py) as a Jinja chat template: per message
@@ -131,7 +135,7 @@ def write_cl100k_tokenizer(out_dir: Path) -> Path:
     return out_dir
 
 
-def check_cl100k_tokenizer(path: Path, texts: Sequence[str] = SAMPLE_TEXTS,
+def check_cl100k_tokenizer(path: Path, reference: ReferenceTokenizer, texts: Sequence[str] = SAMPLE_TEXTS,
                            conversations: Sequence[Sequence[Message]] = SAMPLE_MESSAGES) -> int:
     """Check that the tokenizer in ``path`` gives tiktoken's ids and kvbench's chat rendering.
 
@@ -147,7 +151,6 @@ def check_cl100k_tokenizer(path: Path, texts: Sequence[str] = SAMPLE_TEXTS,
     from transformers import AutoTokenizer
 
     exported = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    reference = TiktokenTokenizer()
     for text in texts:
         got = exported(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
         _compare(f"text {text[:30]!r}", list(got), reference.encode(text))
@@ -169,8 +172,9 @@ def _compare(what: str, got: Sequence[int], expected: Sequence[int]) -> None:
                            f"got {list(got)[position:position + 5]}, expected {list(expected)[position:position + 5]}")
 
 
-def export_cl100k_tokenizer(out_dir: Path) -> int:
-    """Write the cl100k tokenizer files into ``out_dir`` and check them; returns the number of
-    texts and conversations checked. Raises ``ExportCheckError`` on the first mismatch."""
+def export_cl100k_tokenizer(out_dir: Path, reference: ReferenceTokenizer) -> int:
+    """Write the cl100k tokenizer files into ``out_dir`` and check them against ``reference``;
+    returns the number of texts and conversations checked. Raises ``ExportCheckError`` on the
+    first mismatch."""
     write_cl100k_tokenizer(out_dir)
-    return check_cl100k_tokenizer(out_dir)
+    return check_cl100k_tokenizer(out_dir, reference)
