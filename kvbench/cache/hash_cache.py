@@ -1,18 +1,16 @@
-"""The hash-table prefix cache (vLLM v1 style): chained block keys -> blocks of a :class:`BlockPool`.
+"""The hash-table prefix cache (vLLM v1 style): chained block keys -> blocks, plus an LRU free list.
 
 State:
 
-* ``_pool``: a :class:`~kvbench.cache.block_pool.BlockPool` of ``capacity_blocks`` block ids: ref
-  counts (> 0 = pinned) and the free queue, whose front is the next victim (vLLM's
-  ``FreeKVCacheBlockQueue``). A released block keeps its key until an insert takes its id (lazy
-  eviction); a hit takes it back off the queue (``touch``).
-* ``_table``: block key -> :class:`CachedBlock`, every block held (pinned or not);
-  ``_blocks[block_id]`` is the same object by id.
+* ``_table``: block key -> :class:`CachedBlock`, every block held (pinned or not).
+* ``_free``: the unpinned blocks in eviction order, front = next victim. An ``OrderedDict`` gives
+  O(1) removal from the middle (a hit revives a free block) and O(1) pop from the front, like vLLM's
+  doubly linked ``FreeKVCacheBlockQueue``.
 
 Eviction order (vLLM ``vllm/v1/core/block_pool.py``, ``free_blocks``): a finished request's blocks
-are released *tail first*, so within a chain the tail is older and goes first. Evicting a head
-first would orphan the rest of its chain: a lookup stops at the first miss, so the surviving later
-blocks can never hit again, yet they keep occupying capacity until they age out.
+are appended to the free list *tail first*, so within a chain the tail is older and goes first.
+Evicting a head first would orphan the rest of its chain: a lookup stops at the first miss, so the
+surviving later blocks can never be hit again, yet they keep occupying capacity until they age out.
 
 A hit trusts its key, as vLLM does. With ``verify_tokens`` the stored token bytes are compared too
 (nano-vllm's ``can_allocate``); a mismatch then counts as a miss and in ``num_rejected_hits``.
@@ -21,11 +19,11 @@ A hit trusts its key, as vLLM does. With ``verify_tokens`` the stored token byte
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
 from kvbench.cache.block_hash import BlockHash, PromptBlocks
-from kvbench.cache.block_pool import BlockPool
 from kvbench.cache.base import (
     CacheConfig,
     CacheKind,
@@ -41,28 +39,29 @@ from kvbench.errors import CacheBusyError
 
 
 class CachedBlock:
-    """One cached block (its ref count lives in the pool, under ``block_id``).
+    """One cached block.
 
     Attributes:
-        block_id: its id in the cache's :class:`BlockPool`.
         block_hash: its chained key.
         token_bytes: the block's token ids, fixed-width bytes (``None`` if the prompt had none).
         payload: whatever the caller stored (the engine: per-layer K/V tensors of this block).
+        ref_count: requests currently using it; > 0 means pinned (never evicted).
         last_used_s: clock reading of its last hit or release (the TTL's idle timer).
     """
 
-    __slots__ = ("block_id", "block_hash", "token_bytes", "payload", "last_used_s")
+    __slots__ = ("block_hash", "token_bytes", "payload", "ref_count", "last_used_s")
 
-    def __init__(self, block_id: int, block_hash: BlockHash, token_bytes: bytes | None, payload: Any,
-                 last_used_s: float) -> None:
-        self.block_id = block_id
+    def __init__(
+        self, block_hash: BlockHash, token_bytes: bytes | None, payload: Any, last_used_s: float
+    ) -> None:
         self.block_hash = block_hash
         self.token_bytes = token_bytes
         self.payload = payload
+        self.ref_count = 1  # created by an insert, which pins it for the inserting request
         self.last_used_s = last_used_s
 
     def __repr__(self) -> str:
-        return f"CachedBlock({self.block_id}, {self.block_hash.hex()[:12]})"
+        return f"CachedBlock({self.block_hash.hex()[:12]}, ref_count={self.ref_count})"
 
 
 def _payloads_of(handles: list[CachedBlock], num_hit_blocks: int) -> list[Any]:
@@ -71,7 +70,7 @@ def _payloads_of(handles: list[CachedBlock], num_hit_blocks: int) -> list[Any]:
 
 @register_cache(CacheKind.HASH)
 class HashPrefixCache:
-    """Hash table of block keys over a ref-counted block pool, with an LRU free queue and an optional TTL.
+    """Hash table of block keys with ref counts, an LRU free list and an optional TTL.
 
     Capacity counts every held block, pinned or not. Construct from a :class:`CacheConfig`; the
     clock (seconds) is injectable for TTL tests.
@@ -81,9 +80,8 @@ class HashPrefixCache:
         self.config = config
         self.stats = CacheStats(block_size=config.block_size)
         self._clock = clock or time.monotonic
-        self._pool = BlockPool(config.capacity_blocks)
         self._table: dict[BlockHash, CachedBlock] = {}
-        self._blocks: list[CachedBlock | None] = []  # by block id, for the ids handed out so far
+        self._free: OrderedDict[BlockHash, CachedBlock] = OrderedDict()
         self._tail_first = config.release_order is ReleaseOrder.TAIL_FIRST
 
     @property
@@ -92,11 +90,11 @@ class HashPrefixCache:
 
     @property
     def num_evictable_blocks(self) -> int:
-        return self._pool.num_evictable_blocks
+        return len(self._free)
 
     @property
     def num_pinned_blocks(self) -> int:
-        return self._pool.num_used_blocks
+        return len(self._table) - len(self._free)
 
     def lookup(self, prompt: PromptBlocks, max_hit_blocks: int | None = None) -> MatchResult:
         """Longest cached prefix of ``prompt``, at most ``max_hit_blocks`` blocks, pinned.
@@ -108,17 +106,20 @@ class HashPrefixCache:
         keys = prompt.block_hashes
         if max_hit_blocks is not None and max_hit_blocks < len(keys):
             keys = keys[: max(max_hit_blocks, 0)]
+        table, free = self._table, self._free
         hits: list[CachedBlock] = []
         if self.config.verify_tokens:
             self._verified_hits(prompt, keys, hits)
         else:
-            table = self._table
             for key in keys:
                 block = table.get(key)
                 if block is None:
                     break
+                ref_count = block.ref_count
+                if not ref_count:
+                    del free[key]  # a hit revives a free block: pinned again, off the free list
+                block.ref_count = ref_count + 1
                 hits.append(block)
-        self._pool.touch([block.block_id for block in hits])  # pinned again, off the free queue
         stats = self.stats
         stats.num_lookups += 1
         stats.num_queried_blocks += len(keys)
@@ -136,6 +137,9 @@ class HashPrefixCache:
             if block.token_bytes != token_bytes:
                 self.stats.num_rejected_hits += 1
                 break
+            if not block.ref_count:
+                del self._free[key]
+            block.ref_count += 1
             hits.append(block)
 
     def insert(
@@ -148,116 +152,122 @@ class HashPrefixCache:
         """Store blocks ``start_block .. stop_block`` of ``prompt`` (default: to the last full one).
 
         Each stored block is pinned for the caller. A key already cached is pinned instead of stored
-        twice. A new block takes the front of the pool's free queue (an empty block, else the LRU
-        victim, whose key is dropped); when nothing is free it refuses the remaining blocks (an
-        insert never evicts a pinned block).
+        twice. When the cache is full it evicts from the front of the free list; when nothing is
+        evictable it refuses the remaining blocks (an insert never evicts a pinned block).
 
         Raises:
             ValueError: the range is outside the prompt, or ``payloads`` has the wrong length.
         """
         start, stop = insert_range(prompt, start_block, payloads, stop_block)
         now = self._clock()
-        table, pool = self._table, self._pool
+        table, free = self._table, self._free
+        capacity = self.config.capacity_blocks
         keys, tokens = prompt.block_hashes, prompt.block_tokens
         handles: list[CachedBlock] = []
-        num_existing = num_refused = 0
-        num_evicted = pool.num_evicted_blocks
+        num_existing = num_refused = num_evicted = 0
+        num_held = len(table)
         for index in range(start, stop):
             key = keys[index]
             block = table.get(key)
             if block is not None:  # stored meanwhile by another request: share it
-                pool.touch((block.block_id,))
+                if not block.ref_count:
+                    del free[key]
+                block.ref_count += 1
+                handles.append(block)
                 num_existing += 1
-            elif not pool.num_free_blocks:
-                num_refused = stop - index
-                break
+                continue
+            if num_held >= capacity:
+                if not free:
+                    num_refused = stop - index
+                    break
+                # Reuse the evicted block object, as vLLM's BlockPool reuses physical blocks: the old
+                # key and payload are dropped here (lazy eviction at reallocation).
+                victim_key, block = free.popitem(last=False)
+                del table[victim_key]
+                num_evicted += 1
+                block.block_hash, block.ref_count, block.last_used_s = key, 1, now
+                block.token_bytes = tokens[index] if tokens is not None else None
+                block.payload = payloads[index - start] if payloads is not None else None
             else:
-                block = self._store(key, tokens[index] if tokens is not None else None,
-                                    payloads[index - start] if payloads is not None else None, now)
+                num_held += 1
+                block = CachedBlock(
+                    key,
+                    tokens[index] if tokens is not None else None,
+                    payloads[index - start] if payloads is not None else None,
+                    now,
+                )
+            table[key] = block
             handles.append(block)
         num_inserted = len(handles) - num_existing
-        self.stats.num_evicted_blocks += pool.num_evicted_blocks - num_evicted
+        self.stats.num_evicted_blocks += num_evicted
         self.stats.num_inserted_blocks += num_inserted
         self.stats.num_refused_blocks += num_refused
         return InsertResult(num_inserted, num_existing, num_refused, handles)
 
-    def _store(self, key: BlockHash, token_bytes: bytes | None, payload: Any, now: float) -> CachedBlock:
-        """Take a free block for ``key``, pinned; reuses an evicted block's object, as vLLM's
-        ``BlockPool`` reuses physical blocks (the old key and payload are dropped here)."""
-        [block_id] = self._pool.allocate(1)
-        self._pool.cache(block_id, key)
-        blocks = self._blocks
-        if block_id == len(blocks):
-            block = CachedBlock(block_id, key, token_bytes, payload, now)
-            blocks.append(block)
-        else:
-            block = blocks[block_id]
-            if block is None:  # an expired block's id
-                block = blocks[block_id] = CachedBlock(block_id, key, token_bytes, payload, now)
-            else:  # the LRU victim
-                del self._table[block.block_hash]
-                block.block_hash, block.token_bytes, block.payload, block.last_used_s = key, token_bytes, payload, now
-        self._table[key] = block
-        return block
-
     def release(self, handles: Sequence[CachedBlock]) -> None:
         """Unpin blocks given in chain order (head first, as lookup and insert return them).
 
-        They join the free queue tail first (or head first, to demonstrate the bug).
+        They join the free list tail first (or head first, to demonstrate the bug).
 
         Raises:
             ValueError: a block released more often than it was pinned.
         """
         now = self._clock()
-        ordered = reversed(handles) if self._tail_first else handles
-        block_ids = []
-        for block in ordered:
+        free = self._free
+        for block in reversed(handles) if self._tail_first else handles:
+            ref_count = block.ref_count - 1
             block.last_used_s = now
-            block_ids.append(block.block_id)
-        self._pool.free(block_ids)
+            if ref_count > 0:
+                block.ref_count = ref_count
+            elif ref_count == 0:
+                block.ref_count = 0
+                free[block.block_hash] = block
+            else:
+                raise ValueError(f"{block!r} released more often than it was pinned")
 
     def sweep(self) -> int:
         """Drop unpinned blocks idle for longer than the TTL now; returns how many."""
         return self._sweep(self._clock()) if self.config.ttl_s is not None else 0
 
     def _sweep(self, now: float) -> int:
-        # The free queue's LRU part is ordered by last use (every release appends at the back with
-        # the current time), so the expired blocks are a prefix of it.
+        # The free list is ordered by last use (every release appends at the back with the current
+        # time), so the expired blocks are a prefix of it.
         oldest_kept_s = now - self.config.ttl_s
-        expired = []
-        for block_id in self._pool.evictable_block_ids():
-            if self._blocks[block_id].last_used_s >= oldest_kept_s:
+        free, table = self._free, self._table
+        num_expired = 0
+        while free:
+            key, block = next(iter(free.items()))
+            if block.last_used_s >= oldest_kept_s:
                 break
-            expired.append(block_id)
-        for block_id in expired:
-            self._pool.uncache(block_id)
-            del self._table[self._blocks[block_id].block_hash]
-            self._blocks[block_id] = None
-        self.stats.num_expired_blocks += len(expired)
-        return len(expired)
+            free.popitem(last=False)
+            del table[key]
+            num_expired += 1
+        self.stats.num_expired_blocks += num_expired
+        return num_expired
 
     def reset(self) -> None:
         """Drop every block (vLLM's ``reset_prefix_cache``). Raises ``CacheBusyError`` if pinned."""
         if self.num_pinned_blocks:
             raise CacheBusyError(f"cannot reset: {self.num_pinned_blocks} blocks are pinned")
-        self._pool = BlockPool(self.config.capacity_blocks)
         self._table.clear()
-        self._blocks.clear()
+        self._free.clear()
 
     def check_invariants(self) -> None:
-        """Raise ``AssertionError`` if the table, the blocks by id and the pool disagree."""
-        table, pool = self._table, self._pool
-        pool.check_invariants()
-        if len(table) > self.config.capacity_blocks or len(table) != pool.num_cached_blocks:
-            raise AssertionError(f"{len(table)} blocks in the table, {pool.num_cached_blocks} cached in the "
-                                 f"pool, capacity {self.config.capacity_blocks}")
+        """Raise ``AssertionError`` if the table, ref counts and free list disagree."""
+        table, free = self._table, self._free
+        if len(table) > self.config.capacity_blocks:
+            raise AssertionError(f"{len(table)} blocks held, capacity {self.config.capacity_blocks}")
         for key, block in table.items():
-            if block.block_hash != key or self._blocks[block.block_id] is not block:
-                raise AssertionError(f"{block!r} stored under another key or id")
-            if pool.block_key(block.block_id) != key:
-                raise AssertionError(f"{block!r}: the pool holds another key for its id")
+            if block.block_hash != key:
+                raise AssertionError(f"{block!r} stored under another key")
+            if block.ref_count < 0:
+                raise AssertionError(f"{block!r} has a negative ref count")
+            if (block.ref_count == 0) != (key in free):
+                raise AssertionError(f"{block!r}: free list membership disagrees with ref count")
         last_used_s = float("-inf")
-        for block_id in pool.evictable_block_ids():
-            if self._blocks[block_id].last_used_s < last_used_s:
-                raise AssertionError("free queue is not ordered by last use")
-            last_used_s = self._blocks[block_id].last_used_s
+        for key, block in free.items():
+            if table.get(key) is not block:
+                raise AssertionError(f"free block {block!r} is not in the table")
+            if block.last_used_s < last_used_s:
+                raise AssertionError("free list is not ordered by last use")
+            last_used_s = block.last_used_s
