@@ -179,7 +179,7 @@ class BlockPool:
         for block_id in block_ids:
             ref_count = ref_counts[block_id]
             if not ref_count:
-                raise ValueError(f"block {block_id} freed more often than it was taken")
+                raise ValueError(f"block {block_id} released more often than it was taken")
             ref_counts[block_id] = ref_count - 1
             if ref_count == 1:
                 released.append(block_id)

@@ -76,7 +76,7 @@ def test_errors():
     assert pool.num_free_blocks == 2  # a refused allocation changes nothing
     [a, b] = pool.allocate(2)
     pool.free([a])
-    with pytest.raises(ValueError, match="freed more often"):
+    with pytest.raises(ValueError, match="released more often"):
         pool.free([a])
     with pytest.raises(ValueError, match="holds no key"):
         pool.touch([a])
