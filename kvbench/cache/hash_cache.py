@@ -180,14 +180,9 @@ class HashPrefixCache:
                 if not free:
                     num_refused = stop - index
                     break
-                # Reuse the evicted block object, as vLLM's BlockPool reuses physical blocks: the old
-                # key and payload are dropped here (lazy eviction at reallocation).
-                victim_key, block = free.popitem(last=False)
-                del table[victim_key]
+                block = self._reuse_victim(key, tokens[index] if tokens is not None else None,
+                                           payloads[index - start] if payloads is not None else None, now)
                 num_evicted += 1
-                block.block_hash, block.ref_count, block.last_used_s = key, 1, now
-                block.token_bytes = tokens[index] if tokens is not None else None
-                block.payload = payloads[index - start] if payloads is not None else None
             else:
                 num_held += 1
                 block = CachedBlock(
@@ -203,6 +198,16 @@ class HashPrefixCache:
         self.stats.num_inserted_blocks += num_inserted
         self.stats.num_refused_blocks += num_refused
         return InsertResult(num_inserted, num_existing, num_refused, handles)
+
+    def _reuse_victim(self, key: BlockHash, token_bytes: bytes | None, payload: Any, now: float) -> CachedBlock:
+        """Evict the front of the free list and reuse its object for ``key``, pinned, as vLLM's
+        BlockPool reuses physical blocks: the old key and payload are dropped here (lazy eviction
+        at reallocation)."""
+        victim_key, block = self._free.popitem(last=False)
+        del self._table[victim_key]
+        block.block_hash, block.token_bytes, block.payload = key, token_bytes, payload
+        block.ref_count, block.last_used_s = 1, now
+        return block
 
     def release(self, handles: Sequence[CachedBlock]) -> None:
         """Unpin blocks given in chain order (head first, as lookup and insert return them).
