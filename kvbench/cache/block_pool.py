@@ -51,9 +51,9 @@ class BlockPool:
         self._keys: dict[int, Hashable] = {}  # block id -> its key, for cached blocks (used or free)
         self._holders: dict[Hashable, dict[int, None]] = {}  # key -> block ids (duplicates allowed, as vLLM)
         self._reuse_freed_first = reuse_freed_first
-        # the free queue's first two parts (module docstring), bound once
-        first, second = (self._take_empty, self._take_fresh) if reuse_freed_first else (self._take_fresh, self._take_empty)
-        self._take_order = (first, second, self._take_victims)
+        # the free queue's parts in allocation order (module docstring), bound once
+        empty_then_fresh = (self._take_empty, self._take_fresh)
+        self._take_order = (*(empty_then_fresh if reuse_freed_first else empty_then_fresh[::-1]), self._take_victims)
         self.num_evicted_blocks = 0  # keys dropped because an allocation took their block
 
     # -- reading state -----------------------------------------------------------------------------
@@ -156,7 +156,8 @@ class BlockPool:
             holders[block_id] = None
 
     def uncache(self, block_id: int) -> None:
-        """Drop ``block_id``'s key now (a TTL expiry); a free block moves to the front of the queue."""
+        """Drop ``block_id``'s key now (a TTL expiry); a free block moves to the front of the queue's
+        empty part. Raises ``KeyError`` if the block holds no key."""
         self._drop_key(block_id)
         if block_id in self._lru:
             del self._lru[block_id]

@@ -98,6 +98,9 @@ def test_vllm_pool_model_counts_output_blocks_and_the_null_block():
     pool = VllmPoolConfig(num_gpu_blocks=4, block_size=B)
     assert expected_cached_tokens(requests, pool) == [0, 8]
     assert expected_cached_tokens(requests, pool) == simulate_vllm(requests, pool).cached_tokens.tolist()
+    salted = [req(A[:8], 0, salt=None, output=5), req(A[:8] + [9], 1, salt="", output=4),
+              req(A[:8] + [9], 2, salt="t", output=4)]
+    assert expected_cached_tokens(salted, pool) == [0, 8, 0]  # None is the public namespace ""
     with pytest.raises(ValueError, match="output_tokens"):
         expected_cached_tokens(reqs(A), pool)
     with pytest.raises(TypeError):
