@@ -32,7 +32,8 @@ from kvbench.engine.engine import EngineConfig, HFEngine
 from kvbench.engine.model import LoadedModel
 from kvbench.results.summary import percentile
 from kvbench.run.scenario import Scenario, find_scenario, load_scenario
-from kvbench.sim.replay import SimResult, prepare_prompts, simulate, sweep
+from kvbench.sim.predict import Unbounded, expected_cached_tokens
+from kvbench.sim.replay import SimResult, prepare_prompts, sweep
 from kvbench.workloads.generators import check_ints
 
 EXPERIMENT = "head-first"
@@ -179,15 +180,14 @@ def _engine_runs(loaded: LoadedModel, scenario: Scenario, capacity_blocks: int, 
     is the simulator's prediction for the same order and size."""
     token_requests = scenario.workload_requests().requests[: config.num_engine_requests]
     block_size = scenario.block_size
-    trace = prepare_prompts(token_requests, block_size, scenario.cache.hash)
-    ideal = simulate(trace, CacheConfig(max(trace.num_full_blocks, 1), block_size)).cached_tokens_per_request
+    ideal = expected_cached_tokens(token_requests, Unbounded(block_size, hash=scenario.cache.hash))
     requests = token_run_requests([r.token_ids for r in token_requests], config.max_tokens,
                                   [r.salt or None for r in token_requests])
     runs = []
     for order in ORDERS:
         cache = CacheConfig(capacity_blocks, block_size, release_order=order, hash=scenario.cache.hash)
-        predicted = simulate(trace, cache).cached_tokens_per_request
-        ordered = [replace(r, expected_cached_tokens=int(p)) for r, p in zip(requests, predicted)]
+        predicted = expected_cached_tokens(token_requests, cache)
+        ordered = [replace(r, expected_cached_tokens=p) for r, p in zip(requests, predicted)]
         engine = HFEngine(loaded, EngineConfig(cache=cache))
 
         def hook(request, result, order=order):

@@ -14,11 +14,11 @@ reports the copy as a :class:`BlockCopy` for an engine to execute. The last sequ
 at the old block writes into it in place. A sequence that is freed only drops counts; a block whose
 count reaches zero goes back to the free list.
 
-State is plain ints: ``_ref_counts[block_id]``, ``_free_block_ids`` (a deque, allocation from the
-front, release to the back), ``_block_tables[seq_id]`` and ``_num_tokens[seq_id]``. Block ids are
-handed out lazily: ids never used yet (``len(_ref_counts)`` and up) sit conceptually at the front
-of the free list, so memory grows with the blocks touched, not with the pool (a 1 TiB pool of
-128 KiB blocks is 8 million ids). Derived counts are properties.
+State is plain ints: ref counts and the free list live in a :class:`~kvbench.cache.block_pool.BlockPool`
+(nano-vllm's FIFO: allocation from the front, release to the back, never-used ids first), plus
+``_block_tables[seq_id]`` and ``_num_tokens[seq_id]``. The pool hands ids out lazily, so memory grows
+with the blocks touched, not with the pool (a 1 TiB pool of 128 KiB blocks is 8 million ids).
+Derived counts are properties.
 :meth:`BlockManager.check_invariants` verifies the whole state; randomized tests call it after
 every operation.
 """
@@ -26,15 +26,15 @@ every operation.
 from __future__ import annotations
 
 import math
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Hashable
 from dataclasses import dataclass
 
+from kvbench.cache.block_pool import BlockPool, OutOfBlocksError
+
+__all__ = ["AppendResult", "BlockCopy", "BlockManager", "BlockManagerConfig", "OutOfBlocksError", "SeqId"]
+
 SeqId = Hashable  # any hashable id: request id, (request, sample) pair, ...
-
-
-class OutOfBlocksError(RuntimeError):
-    """An allocate / append / copy needed more free blocks than there are (check ``can_*`` first)."""
 
 
 @dataclass(frozen=True)
@@ -88,8 +88,7 @@ class BlockManager:
 
     def __init__(self, config: BlockManagerConfig) -> None:
         self.config = config
-        self._ref_counts: list[int] = []  # one entry per block id handed out so far
-        self._free_block_ids: deque[int] = deque()  # released blocks, reused after never-used ones
+        self.pool = BlockPool(config.num_blocks, reuse_freed_first=False)  # never-used ids, then released ones
         self._block_tables: dict[SeqId, list[int]] = {}
         self._num_tokens: dict[SeqId, int] = {}
         self.num_copies = 0  # copy-on-write copies made so far
@@ -103,7 +102,7 @@ class BlockManager:
 
     @property
     def num_free_blocks(self) -> int:
-        return self._num_never_used_blocks + len(self._free_block_ids)
+        return self.pool.num_free_blocks
 
     @property
     def num_used_blocks(self) -> int:
@@ -112,7 +111,7 @@ class BlockManager:
     @property
     def num_shared_blocks(self) -> int:
         """Blocks that more than one block table points at (ref count > 1); O(blocks handed out)."""
-        return sum(1 for ref_count in self._ref_counts if ref_count > 1)
+        return sum(1 for block_id in self.pool.used_block_ids() if self.pool.ref_count(block_id) > 1)
 
     @property
     def seq_ids(self) -> tuple[SeqId, ...]:
@@ -132,9 +131,7 @@ class BlockManager:
 
     def ref_count(self, block_id: int) -> int:
         """Tables pointing at ``block_id`` (0 for a free block); raises ``IndexError`` outside the pool."""
-        if not 0 <= block_id < self.config.num_blocks:
-            raise IndexError(f"block {block_id} is outside the pool of {self.config.num_blocks}")
-        return self._ref_counts[block_id] if block_id < len(self._ref_counts) else 0
+        return self.pool.ref_count(block_id)
 
     # -- allocation --------------------------------------------------------------------------------
 
@@ -177,7 +174,7 @@ class BlockManager:
         if self._writes_shared_block(table, length):
             source = table[-1]
             table[-1] = self._take_free_blocks(1)[0]
-            self._ref_counts[source] -= 1  # still > 0: another table points at it
+            self.pool.free([source])  # still pointed at by another table: stays used
             self.num_copies += 1
             copies = (BlockCopy(source, table[-1]),)
         num_new = math.ceil((length + num_tokens) / self.block_size) - len(table)
@@ -191,8 +188,7 @@ class BlockManager:
         if child_id in self._block_tables:
             raise ValueError(f"sequence {child_id!r} already has a block table")
         table = self._table(parent_id)
-        for block_id in table:
-            self._ref_counts[block_id] += 1
+        self.pool.touch(table)
         self._block_tables[child_id] = list(table)
         self._num_tokens[child_id] = self._num_tokens[parent_id]
 
@@ -202,13 +198,7 @@ class BlockManager:
         Blocks are released last block first, the order vLLM uses so that a prefix cache evicts a
         chain's tail before its head."""
         table = self._table(seq_id)
-        ref_counts = self._ref_counts  # a local name: this loop is the replay's hot spot
-        released = []
-        for block_id in reversed(table):
-            ref_counts[block_id] -= 1
-            if not ref_counts[block_id]:
-                released.append(block_id)
-        self._free_block_ids.extend(released)
+        released = self.pool.free(reversed(table))
         del self._block_tables[seq_id]
         del self._num_tokens[seq_id]
         return tuple(released)
@@ -232,20 +222,12 @@ class BlockManager:
                 raise AssertionError(f"sequence {seq_id!r}: {len(table)} blocks for "
                                      f"{self._num_tokens[seq_id]} tokens (expected {expected})")
             pointers.update(table)
-        if pointers and max(pointers) >= len(self._ref_counts):
-            raise AssertionError(f"a table points at block {max(pointers)}, never handed out")
-        for block_id, ref_count in enumerate(self._ref_counts):
+        for block_id in set(pointers) | set(self.pool.used_block_ids()):
+            ref_count = self.pool.ref_count(block_id)
             if ref_count != pointers[block_id]:
                 raise AssertionError(f"block {block_id}: ref count {ref_count}, "
                                      f"{pointers[block_id]} tables point at it")
-        free = set(self._free_block_ids)
-        if len(free) != len(self._free_block_ids):
-            raise AssertionError("a block is on the free list twice")
-        at_zero = {block_id for block_id, ref in enumerate(self._ref_counts) if ref == 0}
-        if free != at_zero:
-            raise AssertionError(f"free list and ref counts disagree: free and referenced "
-                                 f"{sorted(free - at_zero)}, unreferenced but not free "
-                                 f"{sorted(at_zero - free)}")
+        self.pool.check_invariants()
 
     # -- internals ---------------------------------------------------------------------------------
 
@@ -257,28 +239,15 @@ class BlockManager:
 
     def _writes_shared_block(self, table: list[int], length: int) -> bool:
         """Whether the next token lands in a partly filled last block that other tables share."""
-        return length % self.block_size != 0 and self._ref_counts[table[-1]] > 1
+        return length % self.block_size != 0 and self.pool.ref_count(table[-1]) > 1
 
     def _require_free(self, num_blocks: int) -> None:
         if num_blocks > self.num_free_blocks:
             raise OutOfBlocksError(f"need {num_blocks} free blocks, have {self.num_free_blocks}")
 
-    @property
-    def _num_never_used_blocks(self) -> int:
-        return self.config.num_blocks - len(self._ref_counts)
-
     def _take_free_blocks(self, num_blocks: int) -> list[int]:
-        """Take ``num_blocks`` blocks off the front of the free list at ref count 1 (caller checked):
-        never-used ids first, then released blocks in release order."""
-        ref_counts = self._ref_counts
-        num_new = min(num_blocks, self._num_never_used_blocks)
-        block_ids = list(range(len(ref_counts), len(ref_counts) + num_new))
-        ref_counts.extend([1] * num_new)
-        pop = self._free_block_ids.popleft
-        reused = [pop() for _ in range(num_blocks - num_new)]
-        for block_id in reused:
-            ref_counts[block_id] = 1
-        block_ids += reused
+        """Take ``num_blocks`` blocks off the front of the free list at ref count 1 (caller checked)."""
+        block_ids = self.pool.allocate(num_blocks)
         self.peak_used_blocks = max(self.peak_used_blocks, self.num_used_blocks)
         return block_ids
 

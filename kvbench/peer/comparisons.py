@@ -26,7 +26,8 @@ import numpy as np
 
 from kvbench.cache.block_hash import BlockHasher
 from kvbench.request import RequestRecord
-from kvbench.sim.vllm_pool import VllmPoolConfig, simulate_vllm
+from kvbench.sim.predict import expected_cached_tokens
+from kvbench.sim.vllm_pool import VllmPoolConfig
 from kvbench.workloads.conversations import ChatConfig
 from kvbench.workloads.dists import IntDist
 from kvbench.workloads.generators import MultiPrefixTextConfig, SharedPrefixConfig
@@ -111,8 +112,8 @@ def predict(prepared: PreparedComparison, num_gpu_blocks: int, block_size: int) 
     A fresh pool predicts a used one too: earlier comparisons used other salts, so their cached
     blocks can never hit and are popped like empty ones (all blocks are free between comparisons).
     """
-    result = simulate_vllm(prepared.token_requests, VllmPoolConfig(num_gpu_blocks, block_size))
-    return result.cached_tokens
+    predicted = expected_cached_tokens(prepared.token_requests, VllmPoolConfig(num_gpu_blocks, block_size))
+    return np.array(predicted, dtype=np.int64)
 
 
 def reported_cached_tokens(record: RequestRecord) -> int | None:

@@ -30,7 +30,8 @@ from kvbench.run.config import BackendKind, CacheFlags, RunConfig, SweepConfig
 from kvbench.run.execute import (Progress, RunInterrupted, RunOutcome, default_out, execute, new_run_id,
                                  prepared_requests, run_metadata)
 from kvbench.run.loop import LoadConfig
-from kvbench.run.setup import cache_config, cache_metadata, expected_cached_tokens, run_section
+from kvbench.run.setup import cache_config, cache_metadata, run_section
+from kvbench.sim.predict import expected_cached_tokens
 from kvbench.run.source import load_run_source, requests_hash
 
 __all__ = ["RunInterrupted", "RunOutcome", "SweepOutcome", "run", "run_inprocess", "sweep"]

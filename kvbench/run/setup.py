@@ -1,5 +1,6 @@
 """Settings shared by ``kvbench run`` and ``kvbench sweep``: the cache config a run uses, its
-``[run]`` settings after flags, the simulator's per-request prediction, and the cache metadata."""
+``[run]`` settings after flags, and the cache metadata. (The per-request prediction is
+:func:`kvbench.sim.predict.expected_cached_tokens`.)"""
 
 
 from __future__ import annotations
@@ -8,12 +9,10 @@ from dataclasses import fields, replace
 from typing import Any
 
 from kvbench.cache.block_hash import HashConfig
-from kvbench.cache.base import CacheConfig, CacheKind
+from kvbench.cache.base import CacheConfig
 from kvbench.errors import InputError, checked
-from kvbench.request import Request
 from kvbench.run.config import CacheFlags, RunFlags
 from kvbench.run.source import RunSection, RunSource
-from kvbench.sim.replay import prepare_prompts, simulate
 
 
 def parse_cache_size(text: str, bytes_per_block: int) -> int:
@@ -43,18 +42,6 @@ def cache_config(source: RunSource, flags: CacheFlags, bytes_per_block: int, blo
                         flags.hash_bits if flags.hash_bits is not None else section.hash_bits),
         verify_tokens=section.verify_tokens,
     ))
-
-
-def expected_cached_tokens(requests: list[Request], cache: CacheConfig | None) -> list[int | None]:
-    """The simulator's prediction per request for this cache (exact at concurrency 1, no TTL)."""
-    if cache is None:
-        return [0] * len(requests)
-    if cache.ttl_s is not None:
-        return [None] * len(requests)  # the engine's TTL runs on wall time, the simulator's on trace time
-    trace = prepare_prompts(requests, cache.block_size, cache.hash,
-                            keep_tokens=cache.kind is CacheKind.RADIX or cache.verify_tokens)
-    predicted = simulate(trace, cache).cached_tokens_per_request
-    return [int(value) for value in predicted]
 
 
 def run_section(source: RunSource, flags: RunFlags, cache: CacheFlags = CacheFlags()) -> RunSection:

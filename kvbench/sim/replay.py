@@ -26,7 +26,8 @@ import numpy as np
 
 from kvbench.cache.block_hash import BlockHasher, HashConfig, PromptBlocks
 from kvbench.cache.base import CacheConfig, CacheKind, ReleaseOrder, make_cache
-from kvbench.workloads.token_ids import TokenRequest
+from kvbench.request import Request
+from kvbench.sim.bounds import unbounded_capacity_blocks
 
 Progress = Callable[["SimResult", int, int], None]  # (result just finished, configs done, total)
 
@@ -59,15 +60,26 @@ class PreparedTrace:
         return sum(prompt.num_full_blocks for prompt in self.prompts)
 
 
+def prompt_blocks_of(
+    requests: Sequence[Request],
+    block_size: int,
+    hash_config: HashConfig = HashConfig(),
+    keep_tokens: bool = False,
+) -> list[PromptBlocks]:
+    """Every request's full blocks and keys, in request order (salt ``None`` = the public ``""``)."""
+    hasher = BlockHasher(block_size, hash_config)
+    return [hasher.prompt_blocks(r.token_ids, salt=r.salt or "", keep_tokens=keep_tokens) for r in requests]
+
+
 def prepare_prompts(
-    requests: Sequence[TokenRequest],
+    requests: Sequence[Request],
     block_size: int,
     hash_config: HashConfig = HashConfig(),
     keep_tokens: bool = False,
 ) -> PreparedTrace:
-    """Hash every request's full blocks once. ``keep_tokens`` is needed by the radix cache."""
-    hasher = BlockHasher(block_size, hash_config)
-    prompts = [hasher.prompt_blocks(r.token_ids, salt=r.salt or "", keep_tokens=keep_tokens) for r in requests]
+    """Hash every request's full blocks once, in arrival order (stable). ``keep_tokens`` is needed by
+    the radix cache."""
+    prompts = prompt_blocks_of(requests, block_size, hash_config, keep_tokens)
     arrivals = np.array([r.arrival_s for r in requests], dtype=np.float64)
     if arrivals.size > 1 and np.any(np.diff(arrivals) < 0):
         order = np.argsort(arrivals, kind="stable")
@@ -221,5 +233,5 @@ def _sweep_parallel(
 
 def ideal_hit_rate(trace: PreparedTrace, kind: CacheKind = CacheKind.HASH) -> SimResult:
     """Replay through a cache that never evicts (capacity = every full block of the trace)."""
-    capacity = max(trace.num_full_blocks, 1)
+    capacity = unbounded_capacity_blocks((prompt.num_tokens for prompt in trace.prompts), trace.block_size)
     return simulate(trace, CacheConfig(capacity_blocks=capacity, block_size=trace.block_size, kind=kind))

@@ -47,14 +47,14 @@ KV connectors. At concurrency 1 none of them changes which blocks are cached.
 from __future__ import annotations
 
 import itertools
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from kvbench.cache.block_hash import BlockHash, BlockHasher, HashConfig
-from kvbench.workloads.token_ids import TokenRequest
+from kvbench.cache.block_pool import BlockPool
+from kvbench.request import Request
 
 NUM_NULL_BLOCKS = 1  # vLLM's BlockPool reserves block 0 as the null block
 
@@ -86,90 +86,6 @@ class VllmPoolConfig:
     def num_usable_blocks(self) -> int:
         """Blocks that hold KV: the pool minus the null block."""
         return self.num_gpu_blocks - NUM_NULL_BLOCKS
-
-
-class BlockPool:
-    """vLLM v1's block pool over integer block ids: ref counts, a hash table and the free queue.
-
-    The free queue is an ``OrderedDict`` used as vLLM's doubly linked list: pop from the front,
-    O(1) removal of a touched block, append at the end, prepend at the front.
-    """
-
-    def __init__(self, num_usable_blocks: int) -> None:
-        block_ids = range(NUM_NULL_BLOCKS, NUM_NULL_BLOCKS + num_usable_blocks)
-        self.ref_counts = dict.fromkeys(block_ids, 0)
-        self.block_hash: dict[int, BlockHash | None] = dict.fromkeys(block_ids)
-        self.cached: dict[BlockHash, dict[int, None]] = {}  # key -> block ids (duplicates allowed)
-        self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(block_ids)
-        self.num_evicted_blocks = 0
-
-    @property
-    def num_free_blocks(self) -> int:
-        return len(self.free_queue)
-
-    def cached_block(self, key: BlockHash) -> int | None:
-        """Any block holding ``key`` (the first stored), or ``None``."""
-        blocks = self.cached.get(key)
-        return next(iter(blocks)) if blocks else None
-
-    def touch(self, block_ids: Sequence[int]) -> None:
-        """Take hit blocks for a request: ref count + 1, out of the free queue."""
-        for block_id in block_ids:
-            if self.ref_counts[block_id] == 0:
-                del self.free_queue[block_id]
-            self.ref_counts[block_id] += 1
-
-    def get_new_blocks(self, num_blocks: int) -> list[int]:
-        """Pop ``num_blocks`` from the front of the free queue, dropping their hashes (lazy eviction).
-
-        Raises:
-            ValueError: fewer free blocks than asked for.
-        """
-        if num_blocks > self.num_free_blocks:
-            raise ValueError(f"cannot get {num_blocks} free blocks from a pool with {self.num_free_blocks}")
-        popped = [self.free_queue.popitem(last=False)[0] for _ in range(num_blocks)]
-        for block_id in popped:
-            key = self.block_hash[block_id]
-            if key is not None:
-                holders = self.cached[key]
-                del holders[block_id]
-                if not holders:
-                    del self.cached[key]
-                self.block_hash[block_id] = None
-                self.num_evicted_blocks += 1
-            self.ref_counts[block_id] = 1
-        return popped
-
-    def cache_block(self, block_id: int, key: BlockHash) -> None:
-        """Record that full block ``block_id`` holds ``key``."""
-        self.block_hash[block_id] = key
-        self.cached.setdefault(key, {})[block_id] = None
-
-    def free_blocks(self, ordered_block_ids: Sequence[int]) -> None:
-        """Release blocks given in eviction order (a request's blocks reversed: tail first).
-
-        Blocks reaching ref count 0 join the free queue: unhashed ones at the front (reused first,
-        in the given order), cached ones at the end (LRU).
-        """
-        first, last = [], []
-        for block_id in ordered_block_ids:
-            self.ref_counts[block_id] -= 1
-            if self.ref_counts[block_id] == 0:
-                (first if self.block_hash[block_id] is None else last).append(block_id)
-        for block_id in reversed(first):
-            self.free_queue[block_id] = None
-            self.free_queue.move_to_end(block_id, last=False)
-        for block_id in last:
-            self.free_queue[block_id] = None
-
-    def check_invariants(self) -> None:
-        """Raise ``AssertionError`` if ref counts, the free queue and the hash table disagree."""
-        free = {b for b, ref in self.ref_counts.items() if ref == 0}
-        assert free == set(self.free_queue), "free queue != blocks with ref count 0"
-        assert all(ref >= 0 for ref in self.ref_counts.values()), "negative ref count"
-        for key, holders in self.cached.items():
-            assert holders and all(self.block_hash[b] == key for b in holders), "hash table out of sync"
-        assert sum(len(h) for h in self.cached.values()) == sum(k is not None for k in self.block_hash.values())
 
 
 @dataclass
@@ -213,7 +129,8 @@ class VllmSimResult:
 
 
 class VllmSimulator:
-    """Replays requests one at a time through a :class:`BlockPool` (module docstring, rules 1-8).
+    """Replays requests one at a time through a :class:`~kvbench.cache.block_pool.BlockPool` whose ids
+    start after the null block, empty blocks reused first (module docstring, rules 1-8).
 
     Example::
 
@@ -223,11 +140,11 @@ class VllmSimulator:
 
     def __init__(self, config: VllmPoolConfig) -> None:
         self.config = config
-        self.pool = BlockPool(config.num_usable_blocks)
+        self.pool = BlockPool(config.num_usable_blocks, first_block_id=NUM_NULL_BLOCKS)
         self._hasher = BlockHasher(config.block_size, config.hash)
         self._unique_keys = itertools.count()
 
-    def run(self, request: TokenRequest, output_token_ids: Sequence[int] | None = None) -> int:
+    def run(self, request: Request, output_token_ids: Sequence[int] | None = None) -> int:
         """Schedule, run and free one request; returns its predicted ``cached_tokens``.
 
         ``request.output_tokens`` is the exact number of generated tokens (send ``max_tokens`` with
@@ -246,15 +163,15 @@ class VllmSimulator:
         hit = self._lookup(keys, (num_prompt - 1) // block_size)
         num_kv_tokens = num_prompt + num_output - 1  # rule 2: the last sampled token's KV is never computed
         num_blocks = -(-num_kv_tokens // block_size)
-        num_evictable_hits = sum(pool.ref_counts[b] == 0 for b in hit)
+        num_evictable_hits = sum(pool.ref_count(b) == 0 for b in hit)
         if num_blocks - len(hit) + num_evictable_hits > pool.num_free_blocks:
             raise ValueError(f"a request of {num_kv_tokens} tokens needs {num_blocks} blocks; the pool has "
                              f"{self.config.num_usable_blocks} usable blocks ({pool.num_free_blocks} free after hits)")
         pool.touch(hit)
-        blocks = hit + pool.get_new_blocks(num_blocks - len(hit))
+        blocks = hit + pool.allocate(num_blocks - len(hit))
         for index in range(len(hit), num_kv_tokens // block_size):  # rule 3: every full block
-            pool.cache_block(blocks[index], keys[index])
-        pool.free_blocks(blocks[::-1])  # rule 5: tail first
+            pool.cache(blocks[index], keys[index])
+        pool.free(blocks[::-1])  # rule 5: tail first
         return len(hit) * block_size
 
     def _lookup(self, keys: Sequence[BlockHash], max_hit_blocks: int) -> list[int]:
@@ -266,7 +183,7 @@ class VllmSimulator:
             hit.append(block_id)
         return hit
 
-    def _block_keys(self, request: TokenRequest, num_output: int,
+    def _block_keys(self, request: Request, num_output: int,
                     output_token_ids: Sequence[int] | None) -> list[BlockHash]:
         """Keys of every full block of prompt + output; blocks with unknown output tokens are unique."""
         block_size = self.config.block_size
@@ -274,15 +191,15 @@ class VllmSimulator:
             if len(output_token_ids) != num_output:
                 raise ValueError(f"got {len(output_token_ids)} output ids for {num_output} output tokens")
             tokens = np.concatenate((request.token_ids, np.asarray(output_token_ids, dtype=np.uint32)))
-            return self._hasher.block_hashes(tokens, salt=request.salt)
-        keys = self._hasher.block_hashes(request.token_ids, salt=request.salt)
+            return self._hasher.block_hashes(tokens, salt=request.salt or "")
+        keys = self._hasher.block_hashes(request.token_ids, salt=request.salt or "")
         num_total_blocks = (request.num_tokens + num_output) // block_size
         unique = (BlockHash(b"kvbench/output/%d" % next(self._unique_keys))
                   for _ in range(num_total_blocks - len(keys)))
         return keys + list(unique)
 
 
-def simulate_vllm(requests: Sequence[TokenRequest], config: VllmPoolConfig,
+def simulate_vllm(requests: Sequence[Request], config: VllmPoolConfig,
                   output_token_ids: Sequence[Sequence[int] | None] | None = None) -> VllmSimResult:
     """Replay ``requests`` in order (concurrency 1) through a fresh vLLM pool; see the module docstring.
 
@@ -297,5 +214,5 @@ def simulate_vllm(requests: Sequence[TokenRequest], config: VllmPoolConfig,
     return VllmSimResult(
         block_size=config.block_size, num_gpu_blocks=config.num_gpu_blocks, cached_tokens=cached,
         prompt_tokens=prompt, num_evicted_blocks=pool.num_evicted_blocks,
-        num_cached_blocks_at_end=sum(key is not None for key in pool.block_hash.values()),
+        num_cached_blocks_at_end=pool.num_cached_blocks,
     )

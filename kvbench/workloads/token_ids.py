@@ -20,29 +20,6 @@ CL100K_VOCAB_SIZE = 100_277  # tiktoken cl100k_base: 100,256 BPE ranks + special
 DEFAULT_MAX_TOKENS = 64  # budget of token-id requests whose source records no output length
 
 
-@dataclass(frozen=True, eq=False)
-class TokenRequest:
-    """Deprecated: what ``kvbench.sim`` is typed against until its retyping to
-    :class:`kvbench.request.Request` (same attribute names) is merged. Nothing in workloads/ or run/
-    makes one any more; delete this class with that merge.
-
-    Attributes:
-        token_ids: the prompt, shape (num_tokens,), uint32.
-        arrival_s: arrival offset from the start of the trace, seconds.
-        salt: tenant salt (cache namespace); ``""`` is the public namespace.
-        output_tokens: how many tokens the request generates (or may generate), if known.
-    """
-
-    token_ids: np.ndarray
-    arrival_s: float = 0.0
-    salt: str = ""
-    output_tokens: int | None = None
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.token_ids.shape[0])
-
-
 class Popularity(str, Enum):
     ZIPF = "zipf"
     ROUND_ROBIN = "rr"

@@ -113,7 +113,7 @@ def longest_cached_prefixes(requests: Sequence[Request]) -> tuple[np.ndarray, np
     lengths = np.zeros(len(requests), dtype=np.int64)
     for slot, index in enumerate(order):
         request = requests[index]
-        root = roots.setdefault(request.salt, _Node(np.zeros(0, dtype=np.uint32)))
+        root = roots.setdefault(request.salt or "", _Node(np.zeros(0, dtype=np.uint32)))  # None: public
         lcp[slot] = _match_and_insert(root, np.asarray(request.token_ids, dtype=np.uint32))
         lengths[slot] = request.num_tokens
     return lcp, lengths

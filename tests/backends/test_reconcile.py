@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from kvbench.backends.openai.metrics import parse_prefix_cache_counters
-from kvbench.backends.openai.reconcile import expect, possible_cached_tokens, reconcile
+from kvbench.backends.openai.reconcile import expect, reconcile
+from kvbench.sim.bounds import possible_cached_tokens
 from kvbench.request import Request, RequestRecord, Status
 from kvbench.server.metrics import ServerCounters, render_metrics
 

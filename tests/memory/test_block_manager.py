@@ -178,7 +178,7 @@ def test_never_used_blocks_go_first_then_released_ones_in_release_order():
 def test_invariant_check_catches_corruption():
     blocks = manager(num_blocks=4, block_size=4)
     blocks.allocate("a", 5)
-    blocks._ref_counts[blocks.block_table("a")[0]] += 1
+    blocks.pool._ref_counts[blocks.block_table("a")[0]] += 1
     with pytest.raises(AssertionError, match="ref count"):
         blocks.check_invariants()
 

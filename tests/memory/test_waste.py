@@ -140,36 +140,41 @@ def test_config_and_request_validation():
 # -- a reference model, one step at a time ---------------------------------------------------------------
 
 
-def reference_replay(requests, cfg, paged):
+class ReferenceReplay:
     """The rules of kvbench.memory.waste, simulated step by step with no cleverness."""
-    block = cfg.block_size
-    capacity = cfg.num_blocks * block if paged else cfg.pool_tokens
 
-    def need(seq):
-        if paged:
-            return math.ceil((seq["prompt"] + seq["generated"]) / block) * block
+    def __init__(self, requests, cfg, paged):
+        self.cfg, self.paged, self.block = cfg, paged, cfg.block_size
+        self.capacity = cfg.num_blocks * self.block if paged else cfg.pool_tokens
+        seqs = [dict(index=i, prompt=r.prompt_tokens, output=r.output_tokens, generated=0,
+                     slab=cfg.reservation_tokens(r), arrival=math.ceil(r.arrival_ms / cfg.step_ms - 1e-9),
+                     first_admit=None, blocks=0, start=None)
+                for i, r in enumerate(requests) if not cfg.is_too_long(r)]
+        self.pending = deque(sorted((s for s in seqs if self.peak_need(s) <= self.capacity),
+                                    key=lambda s: (s["arrival"], s["index"])))
+        self.cells = [None] * self.capacity  # contiguous address space, one cell per token
+        self.waiting, self.running, self.served = deque(), [], []
+        self.stats = dict(held=0, reserved=0, running=0, stranded=0, blocked=0, peak_held=0, peak_reserved=0,
+                          peak_stranded=0, waste=0, preemptions=0, recomputed=0, peak_running=0)
+
+    def need(self, seq):
+        if self.paged:
+            return math.ceil((seq["prompt"] + seq["generated"]) / self.block) * self.block
         return seq["slab"]
 
-    def peak_need(seq):
+    def peak_need(self, seq):
         held = seq["prompt"] + seq["output"] - 1
-        return math.ceil(held / block) * block if paged else seq["slab"]
+        return math.ceil(held / self.block) * self.block if self.paged else seq["slab"]
 
-    seqs = [dict(index=i, prompt=r.prompt_tokens, output=r.output_tokens, generated=0,
-                 slab=cfg.reservation_tokens(r), arrival=math.ceil(r.arrival_ms / cfg.step_ms - 1e-9),
-                 first_admit=None, blocks=0, start=None)
-            for i, r in enumerate(requests) if not cfg.is_too_long(r)]
-    pending = deque(sorted((s for s in seqs if peak_need(s) <= capacity),
-                           key=lambda s: (s["arrival"], s["index"])))
-    cells = [None] * capacity  # contiguous address space, one cell per token
-    waiting, running, served = deque(), [], []
-    stats = dict(held=0, reserved=0, running=0, stranded=0, blocked=0, peak_held=0, peak_reserved=0,
-                 peak_stranded=0, waste=0, preemptions=0, recomputed=0, peak_running=0)
-    holding = lambda s, t: s["prompt"] + s["generated"] + t - s["admit"]  # noqa: E731
-    used_blocks = lambda: sum(s["blocks"] for s in running)  # noqa: E731
+    def holding(self, seq, step):
+        return seq["prompt"] + seq["generated"] + step - seq["admit"]
 
-    def holes():
+    def used_blocks(self):
+        return sum(s["blocks"] for s in self.running)
+
+    def holes(self):
         runs, start = [], None
-        for i, cell in enumerate(cells + [0]):
+        for i, cell in enumerate(self.cells + [0]):
             if cell is None and start is None:
                 start = i
             if cell is not None and start is not None:
@@ -177,83 +182,105 @@ def reference_replay(requests, cfg, paged):
                 start = None
         return runs
 
-    def release(s):
-        running.remove(s)
-        if paged:
-            s["blocks"] = 0
+    def release(self, seq):
+        self.running.remove(seq)
+        if self.paged:
+            seq["blocks"] = 0
         else:
-            cells[s["start"]:s["start"] + s["slab"]] = [None] * s["slab"]
+            self.cells[seq["start"]:seq["start"] + seq["slab"]] = [None] * seq["slab"]
 
-    def can_admit(s):
-        if paged:
-            return need(s) // block <= cfg.num_blocks - used_blocks()
-        return any(length >= s["slab"] for _, length in holes())
+    def can_admit(self, seq):
+        if self.paged:
+            return self.need(seq) // self.block <= self.cfg.num_blocks - self.used_blocks()
+        return any(length >= seq["slab"] for _, length in self.holes())
 
-    first = pending[0]["arrival"] if pending else 0
-    step = first
-    while pending or waiting or running:
-        for s in [s for s in running if s["admit"] + s["output"] - s["generated"] == step]:
-            release(s)
-            served.append(s)
+    def grow_or_preempt(self, step):
+        """Paged: give every running sequence the blocks it needs now, preempting the newest."""
         preempted = False
-        for s in list(running):
-            while s in running and paged and s["blocks"] * block < holding(s, step):
-                if used_blocks() < cfg.num_blocks:
+        for s in list(self.running):
+            while s in self.running and self.paged and s["blocks"] * self.block < self.holding(s, step):
+                if self.used_blocks() < self.cfg.num_blocks:
                     s["blocks"] += 1
-                    stats["waste"] = max(stats["waste"], s["blocks"] * block - holding(s, step))
+                    self.stats["waste"] = max(self.stats["waste"], s["blocks"] * self.block - self.holding(s, step))
                 else:
-                    victim = running[-1]
-                    release(victim)
+                    victim = self.running[-1]
+                    self.release(victim)
                     victim["generated"] += step - victim["admit"]
-                    stats["preemptions"] += 1
-                    stats["recomputed"] += victim["prompt"] + victim["generated"]
-                    waiting.appendleft(victim)
+                    self.stats["preemptions"] += 1
+                    self.stats["recomputed"] += victim["prompt"] + victim["generated"]
+                    self.waiting.appendleft(victim)
                     preempted = True
-        while pending and pending[0]["arrival"] == step:
-            waiting.append(pending.popleft())
-        while not preempted and waiting and can_admit(waiting[0]):
-            s = waiting.popleft()
-            s["admit"] = step
-            if s["first_admit"] is None:
-                s["first_admit"] = step
-            if paged:
-                s["blocks"] = need(s) // block
-            else:
-                s["start"] = next(start for start, length in holes() if length >= s["slab"])
-                cells[s["start"]:s["start"] + s["slab"]] = [s["index"]] * s["slab"]
-            running.append(s)
-            stats["waste"] = max(stats["waste"], need(s) - holding(s, step) if paged
-                                 else s["slab"] - holding(s, step))
-        if not (pending or waiting or running):
-            break
-        held = sum(holding(s, step) for s in running)
-        reserved = used_blocks() * block if paged else sum(s["slab"] for s in running)
-        free = capacity - reserved
+        return preempted
+
+    def admit(self, seq, step):
+        seq["admit"] = step
+        if seq["first_admit"] is None:
+            seq["first_admit"] = step
+        if self.paged:
+            seq["blocks"] = self.need(seq) // self.block
+        else:
+            seq["start"] = next(start for start, length in self.holes() if length >= seq["slab"])
+            self.cells[seq["start"]:seq["start"] + seq["slab"]] = [seq["index"]] * seq["slab"]
+        self.running.append(seq)
+        self.stats["waste"] = max(self.stats["waste"], self.need(seq) - self.holding(seq, step) if self.paged
+                                  else seq["slab"] - self.holding(seq, step))
+
+    def record(self, step):
+        running, waiting, stats = self.running, self.waiting, self.stats
+        held = sum(self.holding(s, step) for s in running)
+        reserved = self.used_blocks() * self.block if self.paged else sum(s["slab"] for s in running)
+        free = self.capacity - reserved
         stranded = 0
-        if waiting and not paged:
-            smallest = min(need(s) for s in waiting)
-            stranded = sum(length for _, length in holes() if length < smallest)
-        blocked = bool(waiting) and not can_admit(waiting[0]) and need(waiting[0]) <= free
+        if waiting and not self.paged:
+            smallest = min(self.need(s) for s in waiting)
+            stranded = sum(length for _, length in self.holes() if length < smallest)
+        blocked = bool(waiting) and not self.can_admit(waiting[0]) and self.need(waiting[0]) <= free
         for key, value in (("held", held), ("reserved", reserved), ("running", len(running)),
                            ("stranded", stranded), ("blocked", int(blocked))):
             stats[key] += value
         for key, value in (("held", held), ("reserved", reserved), ("stranded", stranded),
                            ("running", len(running))):
             stats[f"peak_{key}"] = max(stats[f"peak_{key}"], value)
-        step += 1
-    span = max(step - first, 1)
-    waits = [s["first_admit"] - s["arrival"] for s in served]
-    return dict(
-        num_served=len(served), peak_running=stats["peak_running"],
-        num_waited=sum(1 for w in waits if w > 0), max_wait_ms=max(waits, default=0) * cfg.step_ms,
-        num_preemptions=stats["preemptions"], num_recomputed_tokens=stats["recomputed"],
-        mean_holding_tokens=stats["held"] / span, peak_holding_tokens=stats["peak_held"],
-        mean_reserved_tokens=stats["reserved"] / span, peak_reserved_tokens=stats["peak_reserved"],
-        mean_stranded_tokens=stats["stranded"] / span, peak_stranded_tokens=stats["peak_stranded"],
-        blocked_by_fragmentation_ms=stats["blocked"] * cfg.step_ms,
-        max_waste_per_seq_tokens=stats["waste"], makespan_ms=(step - first) * cfg.step_ms,
-        mean_waste_per_seq_tokens=(stats["reserved"] - stats["held"]) / max(stats["running"], 1),
-    )
+
+    def run(self):
+        pending, waiting, running = self.pending, self.waiting, self.running
+        first = pending[0]["arrival"] if pending else 0
+        step = first
+        while pending or waiting or running:
+            for s in [s for s in running if s["admit"] + s["output"] - s["generated"] == step]:
+                self.release(s)
+                self.served.append(s)
+            preempted = self.grow_or_preempt(step)
+            while pending and pending[0]["arrival"] == step:
+                waiting.append(pending.popleft())
+            while not preempted and waiting and self.can_admit(waiting[0]):
+                self.admit(waiting.popleft(), step)
+            if not (pending or waiting or running):
+                break
+            self.record(step)
+            step += 1
+        return self.summary(first, step)
+
+    def summary(self, first, step):
+        stats, cfg = self.stats, self.cfg
+        span = max(step - first, 1)
+        waits = [s["first_admit"] - s["arrival"] for s in self.served]
+        return dict(
+            num_served=len(self.served), peak_running=stats["peak_running"],
+            num_waited=sum(1 for w in waits if w > 0), max_wait_ms=max(waits, default=0) * cfg.step_ms,
+            num_preemptions=stats["preemptions"], num_recomputed_tokens=stats["recomputed"],
+            mean_holding_tokens=stats["held"] / span, peak_holding_tokens=stats["peak_held"],
+            mean_reserved_tokens=stats["reserved"] / span, peak_reserved_tokens=stats["peak_reserved"],
+            mean_stranded_tokens=stats["stranded"] / span, peak_stranded_tokens=stats["peak_stranded"],
+            blocked_by_fragmentation_ms=stats["blocked"] * cfg.step_ms,
+            max_waste_per_seq_tokens=stats["waste"], makespan_ms=(step - first) * cfg.step_ms,
+            mean_waste_per_seq_tokens=(stats["reserved"] - stats["held"]) / max(stats["running"], 1),
+        )
+
+
+def reference_replay(requests, cfg, paged):
+    """The rules of kvbench.memory.waste, simulated step by step with no cleverness."""
+    return ReferenceReplay(requests, cfg, paged).run()
 
 
 def random_trace(rng, num_requests):

@@ -9,7 +9,8 @@ from kvbench.cache.base import CacheConfig
 from kvbench.errors import InputError
 from kvbench.sim.replay import ideal_hit_rate, prepare_prompts, simulate, sweep
 from kvbench.workloads.formats.mooncake import read_mooncake
-from kvbench.workloads.token_ids import MultiPrefixConfig, TokenRequest, multi_prefix_requests
+from kvbench.request import Request
+from kvbench.workloads.token_ids import MultiPrefixConfig, multi_prefix_requests
 
 RR_SMALL = MultiPrefixConfig(num_prefixes=2, prefix_tokens=32, unique_tokens=5, num_requests=10, popularity="rr")
 
@@ -87,7 +88,7 @@ def test_hit_rate_grows_with_capacity_up_to_the_ideal(zipf_trace):
 
 def test_ttl_acts_on_arrival_time():
     tokens = np.arange(64, dtype=np.uint32)
-    requests = [TokenRequest(tokens, arrival_s=t) for t in (0.0, 10.0, 100.0)]
+    requests = [Request(i, f"r{i}", f"r{i}", 0, tokens, arrival_s=t) for i, t in enumerate((0.0, 10.0, 100.0))]
     trace = prepare_prompts(requests, block_size=16)
     result = simulate(trace, CacheConfig(capacity_blocks=100, block_size=16, ttl_s=30))
     assert result.cached_tokens_per_request.tolist() == [0, 48, 0]  # idle 90 s > 30 s: expired

@@ -7,14 +7,14 @@ below is the pool minus vLLM's null block.
 import numpy as np
 import pytest
 
-from kvbench.sim.vllm_pool import BlockPool, VllmPoolConfig, VllmSimulator, simulate_vllm
-from kvbench.workloads.token_ids import TokenRequest
+from kvbench.sim.vllm_pool import VllmPoolConfig, VllmSimulator, simulate_vllm
+from kvbench.request import Request
 
 B = 4
 
 
 def req(tokens, output=1, salt=""):
-    return TokenRequest(np.asarray(tokens, dtype=np.uint32), salt=salt, output_tokens=output)
+    return Request(0, "r", "s", 0, np.asarray(tokens, dtype=np.uint32), salt=salt, output_tokens=output)
 
 
 def simulator(num_usable_blocks):
@@ -101,7 +101,7 @@ def test_rule6_free_cached_blocks_hit_until_popped_and_are_touched_before_alloca
     # so the new block is A1's, not A0's.
     assert sim.run(req(A[:4] + [1, 2, 3])) == 4
     assert sim.pool.num_evicted_blocks == 1
-    assert len(sim.pool.cached) == 1  # only A0 is left (the 7-token request's own tail is partial)
+    assert sim.pool.num_cached_blocks == 1  # only A0 is left (the 7-token request's own tail is partial)
     assert sim.run(req(A[:4] + [5])) == 4
 
 
@@ -124,7 +124,7 @@ def test_rule8_counters_and_result():
 
 def test_output_length_is_required():
     with pytest.raises(ValueError, match="output_tokens"):
-        simulator(4).run(TokenRequest(np.asarray(A, dtype=np.uint32)))
+        simulator(4).run(Request(0, "r", "s", 0, np.asarray(A, dtype=np.uint32)))
 
 
 def test_shared_prefix_matches_the_observed_server_numbers():
@@ -147,16 +147,3 @@ def test_random_traces_keep_the_pool_consistent():
         cached = sim.run(prompt)
         assert cached % B == 0 and cached <= (len(tokens) - 1) // B * B
         sim.pool.check_invariants()
-
-
-def test_block_pool_free_queue_order():
-    pool = BlockPool(4)
-    blocks = pool.get_new_blocks(3)
-    assert blocks == [1, 2, 3] and list(pool.free_queue) == [4]
-    pool.cache_block(1, b"k1")
-    pool.cache_block(2, b"k2")
-    pool.free_blocks(blocks[::-1])  # 3 (unhashed) to the front; 2 then 1 to the end
-    assert list(pool.free_queue) == [3, 4, 2, 1]
-    assert pool.get_new_blocks(3) == [3, 4, 2] and pool.num_evicted_blocks == 1
-    assert pool.cached_block(b"k2") is None and pool.cached_block(b"k1") == 1
-    pool.check_invariants()

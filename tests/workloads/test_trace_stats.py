@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from kvbench.sim.replay import ideal_hit_rate, prepare_prompts
 from kvbench.workloads.conversations import ChatConfig
-from kvbench.workloads.token_ids import TokenRequest
+from kvbench.request import Request
 from kvbench.workloads.formats.kvbench_trace_reader import trace_requests
 from kvbench.workloads.kinds import generate_trace
 from kvbench.workloads.trace_stats import Distribution, longest_cached_prefixes, reuse_breakdown, summarize
@@ -38,11 +38,16 @@ PROMPTS = st.lists(
 )
 
 
+def token_request(token_ids, arrival_s=0.0, salt=None):
+    return Request(int(arrival_s), f"r{arrival_s}", f"s{arrival_s}", 0, np.asarray(token_ids, dtype=np.uint32),
+                   arrival_s=arrival_s, salt=salt)
+
+
 def build(specs):
     requests = []
     for index, (stem, cut, tail, salt) in enumerate(specs):
         tokens = STEMS[stem][:cut] + tail or [1]
-        requests.append(TokenRequest(np.asarray(tokens, dtype=np.uint32), arrival_s=float(index), salt=salt))
+        requests.append(token_request(np.asarray(tokens, dtype=np.uint32), arrival_s=float(index), salt=salt))
     return requests
 
 
@@ -69,7 +74,7 @@ def test_capped_block_reuse_is_the_simulators_ideal(specs, block_size):
 
 def test_a_repeated_block_aligned_prompt_loses_a_whole_block_to_the_last_token_rule():
     prompt = np.arange(32, dtype=np.uint32)
-    requests = [TokenRequest(prompt, arrival_s=0.0), TokenRequest(prompt, arrival_s=1.0)]
+    requests = [token_request(prompt, arrival_s=0.0), token_request(prompt, arrival_s=1.0)]
     breakdown = reuse_breakdown(*longest_cached_prefixes(requests), 16)
     assert breakdown.num_reusable_tokens == 32 and breakdown.num_block_tokens_uncapped == 32
     assert breakdown.num_block_tokens_capped == 16  # (32 - 1) // 16 blocks may hit
@@ -78,8 +83,8 @@ def test_a_repeated_block_aligned_prompt_loses_a_whole_block_to_the_last_token_r
 
 
 def test_partial_blocks_lose_the_tail_of_the_shared_prefix():
-    requests = [TokenRequest(np.arange(40, dtype=np.uint32), arrival_s=0.0),
-                TokenRequest(np.concatenate([np.arange(20), [999] * 20]).astype(np.uint32), arrival_s=1.0)]
+    requests = [token_request(np.arange(40, dtype=np.uint32), arrival_s=0.0),
+                token_request(np.concatenate([np.arange(20), [999] * 20]).astype(np.uint32), arrival_s=1.0)]
     breakdown = reuse_breakdown(*longest_cached_prefixes(requests), 16)
     assert breakdown.num_reusable_tokens == 20 and breakdown.num_block_tokens_capped == 16
     assert breakdown.lost_to_partial_blocks == pytest.approx(4 / 80)

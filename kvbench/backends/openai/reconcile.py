@@ -31,14 +31,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import numpy as np
-
 from kvbench.backends.openai.metrics import PrefixCacheCounters
 from kvbench.cache.base import CacheConfig
 from kvbench.cache.block_hash import PromptBlocks
 from kvbench.request import Request, RequestRecord
-from kvbench.sim.replay import prepare_prompts, simulate
-from kvbench.workloads.token_ids import TokenRequest
+from kvbench.sim.bounds import possible_cached_tokens
+from kvbench.sim.predict import Unbounded, expected_cached_tokens
+from kvbench.sim.replay import prompt_blocks_of
 
 MAX_LISTED = 10  # requests listed per flag in the summary
 
@@ -54,46 +53,12 @@ class Expectations:
 
 
 def expect(requests: Sequence[Request], block_size: int, capacity_blocks: int | None = None) -> Expectations:
-    """Replay ``requests`` in order through a hash cache of ``block_size``-token blocks holding
-    ``capacity_blocks`` (``None``: every block of the trace, i.e. never evicting)."""
-    token_requests = [TokenRequest(np.asarray(r.token_ids, dtype=np.uint32), float(position), r.salt or "")
-                      for position, r in enumerate(requests)]  # positions as times: keeps the order
-    trace = prepare_prompts(token_requests, block_size)
-    capacity = capacity_blocks if capacity_blocks is not None else max(trace.num_full_blocks, 1)
-    result = simulate(trace, CacheConfig(capacity_blocks=capacity, block_size=block_size))
-    return Expectations(trace.prompts, [int(v) for v in result.cached_tokens_per_request], block_size,
-                        capacity_blocks)
-
-
-def possible_cached_tokens(prompts: Sequence[PromptBlocks],
-                           windows: Sequence[tuple[float, float] | None]) -> list[int | None]:
-    """The order-free upper bound per request (module docstring); ``None`` for unsent requests.
-    ``windows``: per request, ``(sent_s, ended_s)`` on one clock, or ``None`` when it was not sent.
-
-    Each chained block key names its whole prefix, so a request can hit block b only if another
-    request holding key b was sent before this one ended. Runs in O(total blocks).
-    """
-    earliest: dict[bytes, list[tuple[float, int]]] = {}  # key -> the two earliest (send time, index)
-    for index, (prompt, window) in enumerate(zip(prompts, windows)):
-        if window is None:
-            continue
-        for key in prompt.block_hashes:
-            senders = earliest.setdefault(key, [])
-            senders.append((window[0], index))
-            senders.sort()
-            del senders[2:]
-    bounds: list[int | None] = []
-    for index, (prompt, window) in enumerate(zip(prompts, windows)):
-        if window is None:
-            bounds.append(None)
-            continue
-        num_blocks = 0
-        for key in prompt.block_hashes[: prompt.max_hit_blocks]:
-            if not any(other != index and sent_s < window[1] for sent_s, other in earliest[key]):
-                break
-            num_blocks += 1
-        bounds.append(num_blocks * prompt.block_size)
-    return bounds
+    """The predictor's cached tokens per request (:func:`kvbench.sim.predict.expected_cached_tokens`)
+    for a hash cache of ``block_size``-token blocks holding ``capacity_blocks`` (``None``: never
+    evicting), in request order, plus each request's blocks for the order-free bound."""
+    cache = Unbounded(block_size) if capacity_blocks is None else CacheConfig(capacity_blocks, block_size)
+    return Expectations(prompt_blocks_of(requests, block_size), expected_cached_tokens(requests, cache),
+                        block_size, capacity_blocks)
 
 
 @dataclass(frozen=True)

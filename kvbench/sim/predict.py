@@ -1,0 +1,94 @@
+"""THE expected-cached-tokens predictor: what a server's prefix cache should report per request.
+
+One function, :func:`expected_cached_tokens`, for every caller that needs a prediction (the run's
+``expected_cached_tokens`` column, the OpenAI backend's reconciliation, the break experiments, the
+vLLM peer). The requests are replayed **in request order** (the send loop's order; at concurrency 1
+a correct server serves them so), one at a time, and the model is chosen by the type of ``cache``:
+
+* ``None``: the cache is off; every request is predicted 0.
+* :class:`~kvbench.cache.base.CacheConfig`: kvbench's prefix cache (:func:`kvbench.sim.replay.simulate`:
+  lookup capped at ``(prompt - 1) // block_size`` blocks, insert every full block after the hit,
+  release tail first), hash or radix, of ``capacity_blocks`` blocks. With a TTL the prediction is
+  ``None`` per request: the engine's TTL runs on wall time, which a replay cannot know.
+* :class:`Unbounded`: the same cache large enough never to evict
+  (:func:`kvbench.sim.bounds.unbounded_capacity_blocks`): the ideal.
+* :class:`~kvbench.sim.vllm_pool.VllmPoolConfig`: the vLLM-faithful pool (whole KV pool, output
+  blocks included, lazy eviction; :mod:`kvbench.sim.vllm_pool`); needs each request's exact
+  ``output_tokens``.
+
+A request's ``salt`` is its cache namespace; ``None`` is the public namespace ``""``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kvbench.cache.base import CacheConfig, CacheKind
+from kvbench.cache.block_hash import HashConfig
+from kvbench.request import Request
+from kvbench.sim.bounds import unbounded_capacity_blocks
+from kvbench.sim.replay import PreparedTrace, prompt_blocks_of, simulate
+from kvbench.sim.vllm_pool import VllmPoolConfig, simulate_vllm
+
+
+@dataclass(frozen=True)
+class Unbounded:
+    """A prefix cache that never evicts: its capacity is every full block of the requests replayed.
+
+    Attributes:
+        block_size: tokens per block; positive (16 is vLLM's default).
+        kind: hash table or radix tree (they agree when nothing is evicted).
+        hash: how block keys are computed.
+
+    Raises:
+        ValueError: a non-positive block size or an unknown kind.
+    """
+
+    block_size: int = 16  # vLLM's default block size
+    kind: CacheKind = CacheKind.HASH
+    hash: HashConfig = field(default_factory=HashConfig)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", CacheKind(self.kind))
+        if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size <= 0:
+            raise ValueError(f"block_size must be a positive integer, got {self.block_size!r}")
+
+    def cache_config(self, requests: Sequence[Request]) -> CacheConfig:
+        """The bounded cache this is for ``requests``."""
+        capacity = unbounded_capacity_blocks((r.num_tokens for r in requests), self.block_size)
+        return CacheConfig(capacity_blocks=capacity, block_size=self.block_size, kind=self.kind, hash=self.hash)
+
+
+CacheModel = CacheConfig | Unbounded | VllmPoolConfig | None
+
+
+def expected_cached_tokens(requests: Sequence[Request], cache: CacheModel) -> list[int | None]:
+    """Predicted cached prompt tokens per request, same order as ``requests`` (module docstring).
+
+    ``requests`` need ``token_ids``, ``salt`` and, for the vLLM pool, ``output_tokens``; their
+    ``arrival_s`` is not used (request order is the replay's time). Values are multiples of the block
+    size; ``None`` where the model cannot know (a TTL).
+
+    Raises:
+        ValueError: the vLLM pool without a request's ``output_tokens``, or a request that does not
+            fit in the pool.
+        TypeError: ``cache`` is none of the models above.
+    """
+    if cache is None:
+        return [0] * len(requests)
+    if isinstance(cache, VllmPoolConfig):
+        return [int(value) for value in simulate_vllm(requests, cache).cached_tokens]
+    if isinstance(cache, Unbounded):
+        cache = cache.cache_config(requests)
+    if not isinstance(cache, CacheConfig):
+        raise TypeError(f"cache must be a CacheConfig, Unbounded, VllmPoolConfig or None, got {type(cache).__name__}")
+    if cache.ttl_s is not None:
+        return [None] * len(requests)  # the engine's TTL runs on wall time, a replay's on trace time
+    prompts = prompt_blocks_of(requests, cache.block_size, cache.hash,
+                               keep_tokens=cache.kind is CacheKind.RADIX or cache.verify_tokens)
+    positions = np.arange(len(requests), dtype=np.float64)  # request order as time
+    result = simulate(PreparedTrace(prompts, positions, cache.block_size), cache)
+    return [int(value) for value in result.cached_tokens_per_request]
