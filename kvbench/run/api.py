@@ -30,7 +30,7 @@ from kvbench.run.config import BackendKind, CacheFlags, RunConfig, SweepConfig
 from kvbench.run.execute import (Progress, RunInterrupted, RunOutcome, default_out, execute, new_run_id,
                                  prepared_requests, run_metadata)
 from kvbench.run.loop import LoadConfig
-from kvbench.run.setup import cache_config, cache_metadata, run_section
+from kvbench.run.setup import cache_config, cache_metadata, parse_cache_size, run_section
 from kvbench.sim.predict import expected_cached_tokens
 from kvbench.run.source import load_run_source, requests_hash
 
@@ -67,8 +67,9 @@ def run_inprocess(config: RunConfig, on_progress: Progress | None = None) -> Run
     settings = run_section(source, config.run, config.cache)
     requests = prepared_requests(source, settings)
     block_size = config.cache.block_size or source.block_size
-    cache = (cache_config(source, config.cache, loaded.kv_layout(block_size).bytes_per_block, block_size)
-             if settings.cache == "on" else None)
+    capacity = parse_cache_size(config.cache.cache_size or settings.cache_size,
+                                loaded.kv_layout(block_size).bytes_per_block)
+    cache = cache_config(source.cache, config.cache, capacity, block_size) if settings.cache == "on" else None
     requests = [replace(r, expected_cached_tokens=e) for r, e in zip(requests, expected_cached_tokens(requests, cache))]
     sampling = checked(lambda: SamplingParams(max_tokens=1, temperature=settings.temperature, top_p=settings.top_p,
                                               seed=settings.seed, ignore_eos=settings.ignore_eos))
@@ -124,8 +125,7 @@ def sweep(config: SweepConfig, on_progress: Progress | None = None,
                "trace": {**source.trace_info, "requests_hash": requests_hash(requests)}}
     sampling = SamplingParams(max_tokens=1, ignore_eos=settings.ignore_eos)
     for size in config.cache_sizes:
-        cache = cache_config(source, CacheFlags(cache_size=str(size)), loaded.kv_layout(block_size).bytes_per_block,
-                             block_size)
+        cache = cache_config(source.cache, CacheFlags(), size, block_size)
         context["cache"] = {k: v for k, v in cache_metadata(cache).items() if k != "capacity_blocks"}
         sized = [replace(r, expected_cached_tokens=e) for r, e in zip(requests, expected_cached_tokens(requests, cache))]
         run_id = f"{source.name}-sweep-{size}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -12,6 +12,7 @@ from kvbench.cache.block_hash import HashConfig
 from kvbench.cache.base import CacheConfig
 from kvbench.errors import InputError, checked
 from kvbench.run.config import CacheFlags, RunFlags
+from kvbench.run.scenario import CacheSection
 from kvbench.run.source import RunSection, RunSource
 
 
@@ -29,11 +30,11 @@ def parse_cache_size(text: str, bytes_per_block: int) -> int:
     return blocks
 
 
-def cache_config(source: RunSource, flags: CacheFlags, bytes_per_block: int, block_size: int) -> CacheConfig:
-    """The cache a run uses: ``flags`` over the scenario's ``[cache]``. Raises ``InputError``."""
-    section = source.cache
+def cache_config(section: CacheSection, flags: CacheFlags, capacity_blocks: int, block_size: int) -> CacheConfig:
+    """The cache a command uses: ``flags`` over a scenario's ``[cache]`` section (``CacheSection()``
+    when there is none), of ``capacity_blocks`` blocks of ``block_size`` tokens. Raises ``InputError``."""
     return checked(lambda: CacheConfig(
-        capacity_blocks=parse_cache_size(flags.cache_size or source.run.cache_size, bytes_per_block),
+        capacity_blocks=capacity_blocks,
         block_size=block_size,
         kind=flags.cache_kind or section.kind,
         ttl_s=flags.ttl if flags.ttl is not None else section.ttl_s,
