@@ -31,6 +31,7 @@ from kvbench.engine.engine import EngineConfig, HFEngine
 from kvbench.engine.model import LoadedModel
 from kvbench.request import Request
 from kvbench.results.summary import percentile
+from kvbench.sim.bounds import unbounded_capacity_blocks
 from kvbench.workloads.dists import IntDist
 from kvbench.workloads.generators import OneOffConfig, check_ints, generate_one_off
 from kvbench.workloads.tokenizer import Tokenizer, load_tokenizer
@@ -194,7 +195,8 @@ def run_shared_salt(loaded: LoadedModel, config: SharedSaltConfig = SharedSaltCo
                                           prompt_tokens=IntDist("const", (float(config.prompt_tokens),)),
                                           max_tokens=config.max_tokens, seed=config.seed), tokenizer)
     prompts = trace_run_requests(trace, tokenizer)
-    capacity = sum(p.prompt_tokens // config.block_size + 1 for p in prompts) * 2  # never evicts
+    # never evicts: each tenant's namespace may hold a copy of every block
+    capacity = 2 * unbounded_capacity_blocks((p.num_tokens for p in prompts), config.block_size)
     warm_up(loaded, prompts[0].prompt_tokens)
     runs = []
     for variant, salts in SALTS.items():

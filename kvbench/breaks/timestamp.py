@@ -30,6 +30,7 @@ from kvbench.breaks.common import (
 from kvbench.cache.base import CacheConfig
 from kvbench.engine.engine import EngineConfig, HFEngine
 from kvbench.engine.model import LoadedModel
+from kvbench.sim.bounds import unbounded_capacity_blocks
 from kvbench.workloads.generators import HeaderPlacement, SharedPrefixConfig, check_ints, generate_shared_prefix
 from kvbench.workloads.tokenizer import Tokenizer, load_tokenizer
 
@@ -142,7 +143,7 @@ def run_timestamp(loaded: LoadedModel, config: TimestampConfig = TimestampConfig
             volatile_header=placement), tokenizer)
         requests = trace_run_requests(trace, tokenizer)
         # Room for every block of every request: only the header may cost hits, never capacity.
-        capacity = sum(r.prompt_tokens // config.block_size + 1 for r in requests)
+        capacity = unbounded_capacity_blocks((r.num_tokens for r in requests), config.block_size)
         engine = HFEngine(loaded, EngineConfig(cache=CacheConfig(capacity, config.block_size)))
         previous: list[np.ndarray] = []
 
