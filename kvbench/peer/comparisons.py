@@ -24,9 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from kvbench.cache.block_hash import BlockHasher
 from kvbench.request import RequestRecord
+from kvbench.sim.bounds import possible_cached_tokens
 from kvbench.sim.predict import expected_cached_tokens
+from kvbench.sim.replay import prompt_blocks_of
 from kvbench.sim.vllm_pool import VllmPoolConfig
 from kvbench.workloads.conversations import ChatConfig
 from kvbench.workloads.dists import IntDist
@@ -152,14 +153,11 @@ def agreement_rows(prepared: PreparedComparison, records: Sequence[RequestRecord
 
 def explain_disagreement(prepared: PreparedComparison, index: int, reported: int | None, block_size: int) -> str:
     """A one-line reading of a request whose reported ``cached_tokens`` differs from the prediction:
-    how many leading blocks it shares with any earlier request (the most any cache could give)."""
-    hasher = BlockHasher(block_size)
-    requests = prepared.token_requests
-    keys = hasher.block_hashes(requests[index].token_ids, salt=requests[index].salt)
-    cap = (requests[index].num_tokens - 1) // block_size
-    seen: set = set()
-    for earlier in requests[:index]:
-        seen.update(hasher.block_hashes(earlier.token_ids, salt=earlier.salt))
-    shared = next((i for i, key in enumerate(keys[:cap]) if key not in seen), min(cap, len(keys)))
-    return (f"{prepared.trace.requests[index].id}: reported {reported}, at most {shared * block_size} "
-            f"tokens shared with earlier prompts (cap {cap * block_size})")
+    how many leading tokens it shares with any earlier request (the most any cache could give: the
+    order-free bound of :func:`kvbench.sim.bounds.possible_cached_tokens` with back-to-back requests)."""
+    prompts = prompt_blocks_of(prepared.token_requests, block_size)
+    back_to_back = [(float(i), i + 0.5) for i in range(len(prompts))]
+    shared = possible_cached_tokens(prompts, back_to_back)[index]
+    cap = prompts[index].max_hit_blocks * block_size
+    return (f"{prepared.trace.requests[index].id}: reported {reported}, at most {shared} "
+            f"tokens shared with earlier prompts (cap {cap})")

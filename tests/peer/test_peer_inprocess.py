@@ -58,3 +58,15 @@ def test_agreement_rows_read_records(shared):
     assert rows[1]["output_tokens_reported"] == 3 and rows[1]["prompt_tokens_reported"] == 125
     no_usage = RequestRecord(Status.OK, 10, output_tokens=2, output_tokens_source="tokenizer")
     assert reported_cached_tokens(no_usage) is None
+
+
+def test_a_disagreement_reads_how_much_an_earlier_prompt_shares(shared):
+    # 133-token prompts whose first 108 tokens (system message + the user header) are common:
+    # 6 full blocks of 16 = 96 tokens an earlier prompt can give; the last-token cap is 8 blocks.
+    from kvbench.peer.comparisons import explain_disagreement
+
+    first_id, second_id = (request.id for request in shared.trace.requests[:2])
+    assert explain_disagreement(shared, 0, 16, 16) == \
+        f"{first_id}: reported 16, at most 0 tokens shared with earlier prompts (cap 128)"
+    assert explain_disagreement(shared, 1, 0, 16) == \
+        f"{second_id}: reported 0, at most 96 tokens shared with earlier prompts (cap 128)"
