@@ -43,7 +43,8 @@ def main() -> None:
     jobs = []
     for name in ("multi_prefix_zipf", "multi_prefix_rr"):
         scenario = load_scenario(REPO / "scenarios" / f"{name}.toml")
-        jobs.append((name, lambda s=scenario: s.workload_requests().requests, 16, scenario.sim.sizes, ("tail-first", "head-first")))
+        jobs.append((name, lambda s=scenario: s.workload_requests().requests, 16, scenario.sim.sizes,
+                     ("tail-first", "head-first")))
     if MOONCAKE.exists():
         jobs.append(("mooncake conversation", lambda: read_mooncake(MOONCAKE), 512, (1000, 10000, 1000000),
                      ("tail-first",)))
@@ -54,7 +55,8 @@ def main() -> None:
         medians = [statistics.median(column) for column in zip(*runs)]
         if name.startswith("multi_prefix"):
             multi_prefix_total += medians[3]
-        print(f"{name:<24}" + "".join(f"{value:>9.2f}" for value in medians[:2]) + f"{medians[2]:>10.2f}{medians[3]:>9.2f}")
+        columns = "".join(f"{value:>9.2f}" for value in medians[:2])
+        print(f"{name:<24}{columns}{medians[2]:>10.2f}{medians[3]:>9.2f}")
     print(f"both multi-prefix sweeps: {multi_prefix_total:.2f} s (target < 3 s)")
 
 

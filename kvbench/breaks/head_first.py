@@ -10,8 +10,9 @@ still a usable prefix.
 
 Part 1 replays the multi-prefix Zipf and round-robin scenarios through the simulator with both
 orders at each cache size (always the hash cache, whatever the scenario's ``[cache] kind``: the
-radix cache evicts leaves and has no release order). Part 2 serves the first requests of the scenario with the largest gap on
-the engine, at the size of that gap, with both orders, to show what the lost hits cost in TTFT.
+radix cache evicts leaves and has no release order). Part 2 serves the first requests of the scenario
+with the largest gap on the engine, at the size of that gap, with both orders, to show what the lost
+hits cost in TTFT.
 """
 
 from __future__ import annotations

@@ -65,6 +65,17 @@ def _progress() -> Iterator[Callable[[str, int, int], None]]:
         yield lambda label, done, total: bar.update(task, description=label, completed=done, total=total)
 
 
+def _experiment(experiment: str, run: Callable[[Any, Any, Any], Any], tables: Callable[[Any], list[Table]],
+                model: Path | None, device: str, out: Path | None) -> Any:
+    """Load the model, ``run(loaded, tokenizer, progress)`` under a progress bar, print ``tables(result)``
+    and write the Parquet file(s); returns the result."""
+    loaded, tokenizer = _load(model, device)
+    with _progress() as progress:
+        result = run(loaded, tokenizer, progress)
+    _report(experiment, result, tables(result), out)
+    return result
+
+
 def _report(experiment: str, result: Any, tables: list[Table], out: Path | None) -> None:
     """Print the tables, write the Parquet file(s), say where."""
     from kvbench.breaks.common import default_out_path, write_break_parquet
@@ -114,10 +125,8 @@ def timestamp_command(
 
     config = _config(timestamp.TimestampConfig, num_requests=requests, system_tokens=system_tokens,
                      question_tokens=question_tokens, max_tokens=max_tokens, block_size=block_size, seed=seed)
-    loaded, tokenizer = _load(model, device)
-    with _progress() as progress:
-        result = timestamp.run_timestamp(loaded, config, tokenizer, progress)
-    _report(timestamp.EXPERIMENT, result, [timestamp.timestamp_table(result)], out)
+    _experiment(timestamp.EXPERIMENT, lambda loaded, tokenizer, progress: timestamp.run_timestamp(
+        loaded, config, tokenizer, progress), lambda result: [timestamp.timestamp_table(result)], model, device, out)
 
 
 def head_first_command(
@@ -144,10 +153,8 @@ def head_first_command(
                      sizes_blocks=tuple(parse_int_list(sizes, "--sizes")) if sizes else None,
                      num_sim_requests=sim_requests, num_engine_requests=engine_requests,
                      engine_capacity_blocks=engine_size, max_tokens=max_tokens)
-    loaded, _ = _load(model, device)
-    with _progress() as progress:
-        result = head_first.run_head_first(loaded, config, progress)
-    _report(head_first.EXPERIMENT, result, [head_first.sweep_table(result), head_first.engine_table(result)], out)
+    _experiment(head_first.EXPERIMENT, lambda loaded, _, progress: head_first.run_head_first(loaded, config, progress),
+                lambda result: [head_first.sweep_table(result), head_first.engine_table(result)], model, device, out)
 
 
 def views_command(
@@ -171,10 +178,8 @@ def views_command(
     config = _config(views.ViewsConfig, num_requests=requests, system_tokens=system_tokens,
                      question_tokens=question_tokens, max_tokens=max_tokens, cache_bytes=parse_bytes(cache_size),
                      block_size=block_size, seed=seed)
-    loaded, tokenizer = _load(model, device)
-    with _progress() as progress:
-        result = views.run_views(loaded, config, tokenizer, progress)
-    _report(views.EXPERIMENT, result, [views.views_table(result)], out)
+    result = _experiment(views.EXPERIMENT, lambda loaded, tokenizer, progress: views.run_views(
+        loaded, config, tokenizer, progress), lambda result: [views.views_table(result)], model, device, out)
     if plot is not None:
         make_console().print(f"wrote {views.plot_views(result, plot)}")
 
@@ -198,10 +203,8 @@ def tiny_hash_command(
     config = _config(tiny_hash.TinyHashConfig, hash_bits=bits, num_requests=requests, num_prefixes=prefixes,
                      prefix_tokens=prefix_tokens, unique_tokens=unique_tokens, max_tokens=max_tokens,
                      block_size=block_size, seed=seed)
-    loaded, tokenizer = _load(model, device)
-    with _progress() as progress:
-        result = tiny_hash.run_tiny_hash(loaded, config, tokenizer, progress)
-    _report(tiny_hash.EXPERIMENT, result, [tiny_hash.tiny_hash_table(result)], out)
+    _experiment(tiny_hash.EXPERIMENT, lambda loaded, tokenizer, progress: tiny_hash.run_tiny_hash(
+        loaded, config, tokenizer, progress), lambda result: [tiny_hash.tiny_hash_table(result)], model, device, out)
 
 
 def shared_salt_command(
@@ -220,10 +223,9 @@ def shared_salt_command(
 
     config = _config(shared_salt.SharedSaltConfig, num_trials=trials, prompt_tokens=prompt_tokens,
                      max_tokens=max_tokens, alpha=alpha, block_size=block_size, seed=seed)
-    loaded, tokenizer = _load(model, device)
-    with _progress() as progress:
-        result = shared_salt.run_shared_salt(loaded, config, tokenizer, progress)
-    _report(shared_salt.EXPERIMENT, result, [shared_salt.shared_salt_table(result)], out)
+    _experiment(shared_salt.EXPERIMENT, lambda loaded, tokenizer, progress: shared_salt.run_shared_salt(
+        loaded, config, tokenizer, progress), lambda result: [shared_salt.shared_salt_table(result)],
+        model, device, out)
 
 
 def register(app: typer.Typer) -> None:
