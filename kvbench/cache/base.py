@@ -2,7 +2,7 @@
 
 Two implementations follow :class:`PrefixCache`: ``HashPrefixCache`` (a hash table of chained block
 keys with a free list, after vLLM v1's ``BlockPool``) and ``RadixPrefixCache`` (a radix tree of
-token runs, after SGLang's ``RadixCache``). ``make_cache`` picks one by name from a small registry.
+token runs, after SGLang's ``RadixCache``). ``make_cache`` picks one by kind from a literal mapping.
 
 A request's life in any cache::
 
@@ -226,22 +226,12 @@ def insert_range(
     return start_block, stop
 
 
-_REGISTRY: dict[CacheKind, Callable[..., PrefixCache]] = {}
-
-
-def register_cache(kind: CacheKind) -> Callable[[type], type]:
-    """Class decorator: make ``make_cache`` build this class for ``kind``."""
-
-    def decorate(cls: type) -> type:
-        _REGISTRY[kind] = cls
-        return cls
-
-    return decorate
-
-
 def make_cache(config: CacheConfig, clock: Clock | None = None) -> PrefixCache:
-    """Build the cache ``config.kind`` names. Raises ``ValueError`` for an unsupported setting."""
-    # Importing the implementations registers them.
-    from kvbench.cache import hash_cache, radix_cache  # noqa: F401
+    """Build the cache ``config.kind`` names (a literal mapping; the implementations import this
+    module, so they are imported here). Raises ``ValueError`` for an unsupported setting."""
+    from kvbench.cache.hash_cache import HashPrefixCache
+    from kvbench.cache.radix_cache import RadixPrefixCache
 
-    return _REGISTRY[config.kind](config, clock=clock)
+    classes: dict[CacheKind, Callable[..., PrefixCache]] = {CacheKind.HASH: HashPrefixCache,
+                                                             CacheKind.RADIX: RadixPrefixCache}
+    return classes[config.kind](config, clock=clock)

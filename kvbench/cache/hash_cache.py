@@ -31,14 +31,12 @@ from typing import Any
 from kvbench.cache.block_hash import BlockHash, PromptBlocks
 from kvbench.cache.base import (
     CacheConfig,
-    CacheKind,
     CacheStats,
     Clock,
     InsertResult,
     MatchResult,
     ReleaseOrder,
     insert_range,
-    register_cache,
 )
 from kvbench.errors import CacheBusyError
 
@@ -73,7 +71,6 @@ def _payloads_of(handles: list[CachedBlock], num_hit_blocks: int) -> list[Any]:
     return [block.payload for block in handles]
 
 
-@register_cache(CacheKind.HASH)
 class HashPrefixCache:
     """Hash table of block keys with ref counts, an LRU free list and an optional TTL.
 

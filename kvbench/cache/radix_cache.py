@@ -28,14 +28,12 @@ from typing import Any
 from kvbench.cache.block_hash import PromptBlocks
 from kvbench.cache.base import (
     CacheConfig,
-    CacheKind,
     CacheStats,
     Clock,
     InsertResult,
     MatchResult,
     ReleaseOrder,
     insert_range,
-    register_cache,
 )
 from kvbench.errors import CacheBusyError
 
@@ -69,7 +67,6 @@ def _payloads_of(handles: list[RadixNode], num_hit_blocks: int) -> list[Any]:
     return [payload for run in reversed(runs) for payload in run]
 
 
-@register_cache(CacheKind.RADIX)
 class RadixPrefixCache:
     """Radix tree over block token bytes with lock refs, LRU leaf eviction and an optional TTL."""
 
