@@ -17,23 +17,10 @@ import pytest
 from kvbench.results.parquet import read_metadata
 
 REPO = Path(__file__).resolve().parents[2]
-SCENARIO = """
-[workload]
-kind = "shared-prefix"
-num_requests = 4
-system_tokens = 64
-question_tokens = 16
-max_tokens = 3
-seed = 1
+from tiny_scenarios import PROMPT_TOKENS, SHARED_BLOCK_TOKENS
+from tiny_scenarios import SHARED_PREFIX as SCENARIO
 
-[cache]
-block_size = 16
-
-[run]
-cache_size = "64"
-"""
-SHARED_BLOCK_TOKENS = 64  # see tests/commands/test_run_cli.py: 93-token prompts sharing 4 full blocks
-WHOLE_PROMPT_HIT = (93 - 1) // 16 * 16  # the same 93-token prompt again: 5 blocks, the last token recomputed
+WHOLE_PROMPT_HIT = (PROMPT_TOKENS - 1) // 16 * 16  # the same 93-token prompt again: 5 blocks, the last token recomputed
 
 
 class ServeProcess:
