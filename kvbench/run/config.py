@@ -134,6 +134,8 @@ class RunConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "source", Path(self.source))
         object.__setattr__(self, "backend", BackendKind(self.backend))
+        if self.out is not None:
+            object.__setattr__(self, "out", Path(self.out))
         other = self.server if self.backend is BackendKind.INPROCESS else self.cache
         defaults = type(other)()
         given = [f.name for f in fields(other) if getattr(other, f.name) != getattr(defaults, f.name)]
@@ -154,6 +156,8 @@ class SweepConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "source", Path(self.source))
+        if self.out is not None:
+            object.__setattr__(self, "out", Path(self.out))
         if not self.cache_sizes or any(size <= 0 for size in self.cache_sizes):
             raise ValueError("--cache-sizes: give positive block counts, e.g. 64,256,1024")
         _check_positive(self, ("block_size",))

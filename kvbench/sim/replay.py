@@ -179,6 +179,14 @@ def simulate(trace: PreparedTrace, config: CacheConfig) -> SimResult:
     )
 
 
+def replay(requests: Sequence[Request], config: CacheConfig) -> SimResult:
+    """Replay ``requests`` (in arrival order) through a fresh cache built from ``config``: the
+    cache-only replay of ``kvbench sim`` for one cache. Hashes once; for many caches use
+    :func:`prepare_prompts` and :func:`sweep`."""
+    keep_tokens = config.kind is CacheKind.RADIX or config.verify_tokens
+    return simulate(prepare_prompts(requests, config.block_size, config.hash, keep_tokens), config)
+
+
 def sweep(
     trace: PreparedTrace,
     base: CacheConfig,
