@@ -62,7 +62,7 @@ def run(
     """Replay a scenario or trace through the in-process engine or an OpenAI-compatible server and
     measure TTFT, TPOT, hit rate; with a server, reconcile its cached tokens with what the trace allows."""
     from kvbench.results.writer import http_tables, summary_table
-    from kvbench.run.api import run as run_source
+    from kvbench.run.api import run as run_file
 
     config = build(lambda: RunConfig(
         source, backend, ModelFlags(model, device, dtype),
@@ -71,7 +71,7 @@ def run(
         ServerFlags(base_url, api_key_env, tokenizer, request_rate, burstiness, duration, hygiene, reset_cache,
                     timeout, server_block_size, expected_cache_size),
         salt, out))
-    outcome = run_with_progress(lambda on_progress: run_source(config, on_progress))
+    outcome = run_with_progress(lambda on_progress: run_file(config, on_progress))
     console, err = make_console(), make_console(stderr=True)
     for note in outcome.notes:
         err.print(note, soft_wrap=True)

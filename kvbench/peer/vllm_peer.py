@@ -8,7 +8,7 @@ One run, in order:
 4. replay shared_2k through kvbench's in-process engine (TTFT cold and warm), before any server runs;
 5. start vLLM with the default pool; per comparison: reset the prefix cache, read ``/metrics``, send
    every request (``driver.drive``: the OpenAI backend and the one send loop, concurrency 1), read
-   ``/metrics`` again, predict every request with the pool size the server reports (``sim_vllm``);
+   ``/metrics`` again, predict every request with the pool size the server reports (``kvbench.sim.vllm_pool``);
    stop the server;
 6. the same on a second server with a small pool (``--num-gpu-blocks-override``) for the Zipf trace;
 7. write ``OUT/peer_vllm.parquet`` (one row per request and backend, run metadata in the footer) and

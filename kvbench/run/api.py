@@ -32,7 +32,7 @@ from kvbench.run.execute import (Progress, RunInterrupted, RunOutcome, default_o
 from kvbench.run.loop import LoadConfig
 from kvbench.run.setup import cache_config, cache_metadata, parse_cache_size, run_section
 from kvbench.sim.predict import expected_cached_tokens
-from kvbench.run.source import load_run_source, requests_hash
+from kvbench.run.source import load_source, requests_hash
 
 __all__ = ["RunInterrupted", "RunOutcome", "SweepOutcome", "run", "run_inprocess", "sweep"]
 
@@ -63,7 +63,7 @@ def run_inprocess(config: RunConfig, on_progress: Progress | None = None) -> Run
     flags = config.model
     model_path = Path(flags.path) if flags.path is not None else None
     loaded = load_model(checked(lambda: ModelConfig(path=model_path, device=flags.device, dtype=flags.dtype)))
-    source = load_run_source(config.source, load_tokenizer(flags.path), limit=config.run.num_requests)
+    source = load_source(config.source, load_tokenizer(flags.path), limit=config.run.num_requests)
     settings = run_section(source, config.run, config.cache)
     requests = prepared_requests(source, settings)
     block_size = config.cache.block_size or source.block_size
@@ -114,7 +114,7 @@ def sweep(config: SweepConfig, on_progress: Progress | None = None,
     flags = config.model
     loaded = load_model(checked(lambda: ModelConfig(path=Path(flags.path) if flags.path else None,
                                                     device=flags.device, dtype=flags.dtype)))
-    source = load_run_source(config.source, load_tokenizer(flags.path), limit=config.run.num_requests)
+    source = load_source(config.source, load_tokenizer(flags.path), limit=config.run.num_requests)
     settings = run_section(source, config.run, CacheFlags(cache="on"))
     requests = prepared_requests(source, settings)
     block_size = config.block_size or source.block_size

@@ -20,7 +20,7 @@ from kvbench.run.execute import (Progress, RunOutcome, api_key, default_out, exe
 from kvbench.run.config import DEFAULT_SERVER_BLOCK_SIZE, DEFAULT_TIMEOUT_S, RunConfig
 from kvbench.run.loop import LoadConfig
 from kvbench.run.setup import run_section
-from kvbench.run.source import load_run_source
+from kvbench.run.source import load_source
 
 
 def served_model(config: RunConfig, key: str) -> str:
@@ -76,7 +76,7 @@ def run_openai(config: RunConfig, on_progress: Progress | None = None) -> RunOut
 
     server = config.server
     tokenizer = load_tokenizer(server.tokenizer)
-    source = load_run_source(config.source, tokenizer, limit=config.run.num_requests)
+    source = load_source(config.source, tokenizer, limit=config.run.num_requests)
     settings = run_section(source, config.run)
     key = api_key(server.key_variable)
     model = served_model(config, key)

@@ -163,7 +163,6 @@ def load_source(path: str | Path, tokenizer: Tokenizer | None = None, limit: int
                      trace=trace, description={"trace": str(path), "format": name})
 
 
-load_run_source = load_source  # the name ``kvbench run`` and ``kvbench sweep`` import
 
 
 def limit_requests(requests: list[Request], num_requests: int | None) -> list[Request]:

@@ -101,3 +101,28 @@ def test_the_scenarios_verify_tokens_reaches_the_engines_cache(kvbench, tmp_path
     assert code == 0, stderr
     assert read_metadata(out)["run"]["cache"]["verify_tokens"] is True
     assert [r["cached_prompt_tokens"] for r in read_rows(out)] == [0, SHARED_BLOCK_TOKENS]
+
+
+def test_sigterm_writes_what_was_measured_and_exits_130(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    scenario = tmp_path / "long.toml"
+    scenario.write_text(SCENARIO.replace("num_requests = 4", "num_requests = 400").replace("max_tokens = 3",
+                                                                                          "max_tokens = 30"))
+    out = tmp_path / "term.parquet"
+    repo = Path(__file__).resolve().parents[2]
+    process = subprocess.Popen([sys.executable, "-m", "kvbench.cli", "run", str(scenario), "--out", str(out)],
+                               cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 180
+    while not out.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)  # the first checkpoint is written 10 s into the run
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    rows = read_rows(out)
+    assert 0 < len(rows) < 400 and read_metadata(out)["complete"] is False
+    assert f"interrupted after {len(rows)} of 400 requests" in stderr

@@ -36,7 +36,7 @@ def test_chatml_rendering_is_exactly_the_documented_template(tokenizer):
                 + tokenizer.encode("assistant\n"))
     assert ids == expected
     assert tokenizer.decode(ids) == tokenizer.render_text(request)
-    assert tokenizer.render(request).tolist() == ids  # the method the runner calls
+    assert tokenizer.render(request).tolist() == ids  # the method the send loop's sources call
     assert ids == tokenizer.encode_rendered_text(tokenizer.render_text(request))
 
 

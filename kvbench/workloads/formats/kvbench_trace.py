@@ -15,7 +15,7 @@ Request fields:
 * ``id``: unique within the file; ``session_id``: the conversation / agent / request it belongs to;
   ``turn``: 0-based position in its session (turn k+1's prompt extends turn k's prompt).
 * ``arrival_ms``: earliest send time, milliseconds from the start of the trace. Requests are in
-  arrival order. A runner must also wait for turn k of a session to finish before sending turn k+1.
+  arrival order. A sender must also wait for turn k of a session to finish before sending turn k+1.
 * exactly one of ``messages`` (OpenAI chat format, for ``/v1/chat/completions``) or ``prompt``
   (plain text, for ``/v1/completions``).
 * ``max_tokens``: the output budget. In replay traces (chat, agent) it equals the length of the
