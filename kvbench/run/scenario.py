@@ -108,7 +108,7 @@ class Scenario:
                 rendered to the counts it records (the message names the scenario and the kind).
         """
         try:
-            return workload_requests(self.workload_kind, self.workload, tokenizer, self.path.parent)
+            return workload_requests(self.workload_kind, self.workload, tokenizer, self.path.resolve().parent)
         except ValueError as exc:
             raise InputError(f"{self.path}: workload {self.workload_kind}: {exc}") from None
 
