@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 
 from kvbench import __version__
-from kvbench.errors import KvbenchError
+from kvbench.errors import Interrupted, KvbenchError
 
 try:  # typer >= 0.2x vendors click; its exceptions are not click's
     from typer._click import exceptions as click_exceptions
@@ -71,8 +71,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         code = command.main(args=args, prog_name="kvbench", standalone_mode=False)
     except (typer.Abort, KeyboardInterrupt):
-        err.print("[red]interrupted[/red]")
-        sys.exit(130)
+        _interrupted("")
+    except Interrupted as exc:  # the command wrote what it measured; the message says how far it got
+        _interrupted(str(exc))
     except click_exceptions.ClickException as exc:  # usage errors: bad option values, unknown commands
         exc.show()
         sys.exit(exc.exit_code)
@@ -91,7 +92,15 @@ def main(argv: list[str] | None = None) -> None:
             raise
         err.print(f"[red]error:[/red] {type(exc).__name__}: {exc} [dim](--debug shows the traceback)[/dim]")
         sys.exit(1)
+    if code == 130:  # typer turns a KeyboardInterrupt (Ctrl-C, SIGTERM) into exit code 130
+        _interrupted("")
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _interrupted(detail: str) -> None:
+    """One line (how far the command got, when it knows) and exit 130."""
+    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[red]interrupted[/red] {detail}".rstrip())
+    sys.exit(130)
 
 
 if __name__ == "__main__":

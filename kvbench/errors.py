@@ -39,6 +39,12 @@ class InputError(KvbenchError):
         return cls(f"{where}: {problem}")
 
 
+class Interrupted(KvbenchError):
+    """Ctrl-C or SIGTERM: what was measured is written; the message says how far the work got."""
+
+    exit_code = 130
+
+
 class CacheBusyError(KvbenchError):
     """An operation that needs an idle cache (reset) found pinned blocks."""
 

@@ -8,7 +8,6 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-import typer
 from rich.console import Console
 
 from kvbench.errors import checked
@@ -27,12 +26,23 @@ def make_console(stderr: bool = False) -> Console:
 build = checked  # flags -> a frozen config; its ValueError -> one InputError line
 
 
-@contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """Let SIGTERM unwind like Ctrl-C, so every ``finally`` runs and measured results are written."""
-    def handler(signum, frame):  # noqa: ARG001 - signal handler signature
+class _Terminate:
+    """A SIGTERM handler that raises ``KeyboardInterrupt`` and remembers that it did: a signal that
+    lands inside code which swallows exceptions (a ``__del__``) is still honoured afterwards."""
+
+    def __init__(self) -> None:
+        self.received = False
+
+    def __call__(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
+        self.received = True
         raise KeyboardInterrupt
 
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Let SIGTERM unwind like Ctrl-C, so every ``finally`` runs and measured results are written.
+    (While requests are in flight, :func:`kvbench.run.execute.execute` lets the event loop handle it.)"""
+    handler = _Terminate()
     try:
         previous = signal.signal(signal.SIGTERM, handler)
     except ValueError:  # not the main thread: leave signals alone
@@ -42,13 +52,15 @@ def sigterm_as_interrupt() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+    if handler.received:
+        raise KeyboardInterrupt  # the signal was swallowed on the way: still stop with 130
 
 
 def run_with_progress(body: Callable[[Callable[[list[dict[str, Any]], int], None]], T],
                       on_interrupt: Callable[[Any], None] | None = None) -> T:
-    """Run ``body(on_progress)`` under a live progress line on stderr; SIGTERM acts as Ctrl-C. A
-    :class:`kvbench.run.execute.RunInterrupted` prints its one line (after ``on_interrupt(it)``)
-    and exits 130."""
+    """Run ``body(on_progress)`` under a live progress line on stderr; SIGTERM acts as Ctrl-C. On a
+    :class:`kvbench.run.execute.RunInterrupted`, ``on_interrupt(it)`` runs before it propagates
+    (the CLI prints its one line and exits 130)."""
     from kvbench.results.writer import progress_line
     from kvbench.run.execute import RunInterrupted
 
@@ -59,5 +71,4 @@ def run_with_progress(body: Callable[[Callable[[list[dict[str, Any]], int], None
         except RunInterrupted as interrupted:
             if on_interrupt is not None:
                 on_interrupt(interrupted)
-            err.print(f"[red]interrupted[/red] {str(interrupted).removeprefix('interrupted ')}")
-            raise typer.Exit(130) from None
+            raise

@@ -14,7 +14,7 @@ from rich.table import Table
 from kvbench.commands.common import make_console
 from kvbench.cache.block_hash import HashAlgo
 from kvbench.cache.base import CacheConfig, CacheKind, ReleaseOrder
-from kvbench.errors import InputError
+from kvbench.errors import InputError, Interrupted
 from kvbench.results.parquet import check_output_path, write_rows
 from kvbench.run.scenario import parse_choices, parse_int_list
 from kvbench.run.config import CacheFlags
@@ -103,8 +103,7 @@ def sim(
         write_rows(out, [r.as_row() for r in results], metadata)
         console.print(f"wrote {len(results)} rows to {out}")
     if interrupted:
-        err.print(f"[red]interrupted[/red] after {len(results)} of {len(capacities) * len(orders)} configurations")
-        raise typer.Exit(130)
+        raise Interrupted(f"after {len(results)} of {len(capacities) * len(orders)} configurations")
 
 
 def register(app: typer.Typer) -> None:

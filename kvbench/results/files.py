@@ -57,9 +57,10 @@ class ResultFile:
         return self.run.get("cache") or {}
 
     @property
-    def cache_enabled(self) -> bool:
+    def cache_enabled(self) -> bool | None:
+        """On or off for the in-process engine; ``None`` for a server's cache (an HTTP run cannot know)."""
         if "enabled" in self.cache:
-            return bool(self.cache["enabled"])
+            return None if self.cache["enabled"] is None else bool(self.cache["enabled"])
         return bool(self.rows and self.rows[0].get("cache_enabled"))
 
     @property
@@ -97,6 +98,8 @@ class ResultFile:
         """Short legend label: file name and cache on/off (run files)."""
         if self.kind != "run":
             return self.name
+        if self.cache_enabled is None:
+            return f"{self.name} (server's cache)"
         return f"{self.name} (cache {'on' if self.cache_enabled else 'off'})"
 
 

@@ -174,11 +174,19 @@ def _fit_figures(results: Sequence[ResultFile], out_dir: Path) -> list[Figure]:
     return figures
 
 
+def _caches_in_words(enabled: set[bool | None]) -> str:
+    """``cache off vs on``, ``cache on``, ``cache off`` or ``server's cache`` (HTTP runs)."""
+    if enabled == {True, False}:
+        return "cache off vs on"
+    if enabled <= {None}:
+        return "server's cache"
+    return "cache on" if True in enabled else "cache off"
+
+
 def _run_figures(group: Sequence[ResultFile], index: int, out_dir: Path) -> list[Figure]:
     title = _group_title(group)
     split = {r.label: split_ttft(r.rows) for r in group}
-    on_off = {r.cache_enabled for r in group}
-    cdf_title = f"TTFT CDF, cache {'off vs on' if on_off == {True, False} else 'on' if True in on_off else 'off'}: {title}"
+    cdf_title = f"TTFT CDF, {_caches_in_words({r.cache_enabled for r in group})}: {title}"
     figures = [Figure(plots.plot_ttft_cdf({label: s.warm_ms for label, s in split.items()},
                                           out_dir / f"ttft_cdf_{index}.png", cdf_title),
                       "Measured requests that succeeded; the cold first request of a run without warm-up is left "

@@ -128,8 +128,8 @@ def on_off_note(results: Sequence[ResultFile]) -> str | None:
     trace, preferring a scenario whose name contains ``shared``; ``None`` without such a pair."""
     pairs = []
     for group in group_by_trace(results):
-        off = [r for r in group if not r.cache_enabled and r.summary.p50_ttft_ms is not None]
-        on = [r for r in group if r.cache_enabled and r.summary.p50_ttft_ms is not None]
+        off = [r for r in group if r.cache_enabled is False and r.summary.p50_ttft_ms is not None]
+        on = [r for r in group if r.cache_enabled is True and r.summary.p50_ttft_ms is not None]
         if off and on:
             pairs.append((off[0], on[0]))
     pairs.sort(key=lambda pair: "shared" not in (pair[0].scenario or "").lower())

@@ -1,27 +1,25 @@
-"""What every run shares: the outcome type, the interrupt, metadata, and :func:`execute`.
+"""What every run of :mod:`kvbench.run.api` shares: the outcome, the interrupt, the results
+metadata, and :func:`execute` (requests -> the one send loop -> the results writer).
 
-The library entry points are in :mod:`kvbench.run.api`.
-
-:func:`run` replays a scenario or trace on the in-process engine or an OpenAI-compatible server
-and writes one Parquet row per request; :func:`sweep` runs the engine once per cache size and fits
-TTFT against the miss rate. Both return what they measured; neither prints. Progress goes through
-``on_progress(rows_so_far, total)``. On Ctrl-C (or SIGTERM turned into one by the caller) what was
-measured is written, marked incomplete, and :class:`RunInterrupted` is raised with the outcome.
+Progress goes through ``on_progress(rows_so_far, total)``. On Ctrl-C or SIGTERM what was measured
+is written, marked incomplete, and :class:`RunInterrupted` is raised with the outcome.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from kvbench.backends.base import Backend
-from kvbench.errors import KvbenchError
+from kvbench.errors import Interrupted
 from kvbench.request import Request, RequestRecord
 from kvbench.results.summary import RunSummary, summarize
 from kvbench.results.writer import RunWriter
@@ -57,14 +55,12 @@ class RunOutcome:
         return [row for row in self.rows if row["status"] != "ok"]
 
 
-class RunInterrupted(KvbenchError):
-    """Ctrl-C during a run: the rows so far are written (incomplete); ``outcome`` holds them."""
-
-    exit_code = 130
+class RunInterrupted(Interrupted):
+    """Ctrl-C or SIGTERM during a run: the rows so far are written (incomplete); ``outcome`` holds them."""
 
     def __init__(self, outcome: RunOutcome) -> None:
         written = f"wrote {len(outcome.rows)} rows to {outcome.path}" if outcome.rows else "nothing to write"
-        super().__init__(f"interrupted after {len(outcome.rows)} of {outcome.num_requests} requests; {written}")
+        super().__init__(f"after {len(outcome.rows)} of {outcome.num_requests} requests; {written}")
         self.outcome = outcome
         self.sweep: Any = None  # kvbench.run.api.sweep: the sizes finished before the cut
 
@@ -96,7 +92,7 @@ def execute(requests: Sequence[Request], backend: Backend, load: LoadConfig, wri
     """Send ``requests`` through the one send loop, every record to ``writer``; returns the outcome.
 
     ``backend_context``: an async context manager factory to enter around the run (the HTTP client).
-    Raises :class:`RunInterrupted` on Ctrl-C after writing what was measured.
+    Raises :class:`RunInterrupted` on Ctrl-C or SIGTERM after writing what was measured.
     """
     outcome = RunOutcome(writer.metadata["run"].get("scenario", ""), writer.path, writer.rows, writer.metadata,
                          len(requests))
@@ -107,21 +103,38 @@ def execute(requests: Sequence[Request], backend: Backend, load: LoadConfig, wri
             on_progress(writer.rows, len(requests))
 
     async def send() -> None:
-        if backend_context is None:
-            outcome.records = await send_requests(requests, backend, load, on_record)
-            return
-        async with backend_context():
-            outcome.records = await send_requests(requests, backend, load, on_record)
+        with _sigterm_cancels(asyncio.current_task()):
+            async with backend_context() if backend_context is not None else contextlib.nullcontext():
+                outcome.records = await send_requests(requests, backend, load, on_record)
 
     try:
         asyncio.run(send())
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, asyncio.CancelledError):
         writer.close(complete=False)
         raise RunInterrupted(outcome) from None
     except BaseException:
         writer.close(complete=False)
         raise
     return outcome
+
+
+@contextlib.contextmanager
+def _sigterm_cancels(task: asyncio.Task) -> Iterator[None]:
+    """While the loop runs, SIGTERM cancels ``task`` (as asyncio.run does for Ctrl-C): the signal is
+    handled by the event loop, never raised inside arbitrary code, so it cannot be lost. The
+    handler that was there before is put back afterwards. Off the main thread: nothing changes."""
+    loop = asyncio.get_running_loop()
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signals here
+        yield
+        return
+    try:
+        yield
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, previous)
 
 
 def default_out(kind: str, name: str) -> Path:

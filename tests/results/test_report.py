@@ -159,3 +159,16 @@ def test_describe_cache_in_words():
     words = describe_cache({"enabled": True, "kind": "hash", "block_size": 16, "capacity_blocks": 1024,
                             "ttl_s": 300, "release_order": "tail-first"})
     assert words == "prefix cache (hash), 16-tok blocks, 1,024 blocks, LRU, TTL 300 s"
+
+
+def test_an_http_runs_cache_is_the_servers_not_off(tmp_path):
+    from kvbench.results.files import load_result
+    from kvbench.results.parquet import write_rows
+
+    row = empty_row()
+    row.update(request_index=0, phase="measure", status="ok", turn=0, prompt_tokens=10, cached_prompt_tokens=0,
+               ttft_ms=5.0, backend="openai", cache_enabled=None)
+    path = write_rows(tmp_path / "http.parquet", [row], {"command": "run", "run": {"cache": {"enabled": None}}},
+                      RUN_SCHEMA)
+    result = load_result(path)
+    assert result.cache_enabled is None and result.label == "http (server's cache)"
