@@ -7,8 +7,10 @@ machine, seed) go into the file's key-value metadata (see :mod:`kvbench.results.
 
 Times are milliseconds, measured with ``time.perf_counter``:
 
-* ``queue_ms``: from the request's arrival (or its client becoming free) to the moment it started
-  being served: waiting time, never counted inside TTFT.
+* ``arrival_ms``: the trace's arrival offset; ``sent_ms``: when the send loop actually sent the
+  request (open loop: its due time plus any wait), ms from the start of the run.
+* ``queue_ms``: from the request being due (open loop) or taken by a client (closed loop) to the
+  moment it started being served: waiting time, never counted inside TTFT.
 * ``ttft_ms``: from the start of service to the first output token.
 * ``tpot_ms``: (e2e - ttft) / (output_tokens - 1), vLLM's definition; null with < 2 tokens.
 * ``itl_ms``: the gaps between consecutive output tokens (``output_tokens - 1`` values).
@@ -40,6 +42,7 @@ RUN_SCHEMA = pa.schema([
     pa.field("max_tokens", pa.int64()),
     pa.field("arrival_ms", pa.float64()),
     pa.field("queue_ms", pa.float64()),
+    pa.field("sent_ms", pa.float64()),          # when the send loop sent it, ms from the start of the run
     pa.field("ttft_ms", pa.float64()),
     pa.field("tpot_ms", pa.float64()),
     pa.field("e2e_ms", pa.float64()),

@@ -24,9 +24,12 @@ from kvbench.run.source import load_source
 
 
 def served_model(config: RunConfig, key: str) -> str:
-    """``--model`` or the first model the server lists. Raises ``InputError`` when there is none."""
-    from kvbench.backends.openai.admin import list_models
+    """``--model`` or the first model the server lists. Raises ``InputError`` when nothing answers at
+    ``--base-url`` or the server lists no model."""
+    from kvbench.backends.openai.admin import list_models, unreachable
 
+    if (problem := unreachable(config.server.url, key)) is not None:
+        raise InputError(f"cannot reach the server at {config.server.url}: {problem}")
     if config.model.path:
         return config.model.path
     models, problem = list_models(config.server.url, key)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from kvbench.backends.base import Backend
-from kvbench.errors import Interrupted
+from kvbench.errors import InputError, Interrupted
 from kvbench.request import Request, RequestRecord
 from kvbench.results.summary import RunSummary, summarize
 from kvbench.results.writer import RunWriter
@@ -70,10 +70,17 @@ def new_run_id(name: str) -> str:
 
 
 def prepared_requests(source: RunSource, settings: RunSection) -> list[Request]:
-    """The source's requests cut to ``settings.num_requests``, with ``settings.max_tokens`` applied."""
+    """The source's requests cut to ``settings.num_requests``, with ``settings.max_tokens`` applied.
+
+    Raises:
+        InputError: the warm-up takes every request, so nothing would be measured.
+    """
     requests = limit_requests(source.requests, settings.num_requests)
     if settings.max_tokens is not None:
         requests = [replace(r, max_tokens=settings.max_tokens) for r in requests]
+    if settings.warmup and settings.warmup >= len(requests):
+        raise InputError(f"--warmup {settings.warmup} leaves none of the {len(requests)} requests to measure "
+                         "(warm-up requests are part of --requests)")
     return requests
 
 

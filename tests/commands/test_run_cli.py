@@ -33,6 +33,9 @@ def test_cache_on_hits_the_block_floored_shared_prefix(kvbench, scenario, tmp_pa
     assert all(r["output_matches_reference"] is True for r in rows)
     assert all(r["output_tokens"] == 3 and len(r["itl_ms"]) == 2 for r in rows)
     assert all(0 < r["ttft_ms"] <= r["e2e_ms"] for r in rows)
+    # concurrency 1: each request is sent once the previous one has finished
+    assert rows[0]["sent_ms"] >= 0 and all(b["sent_ms"] >= a["sent_ms"] + a["e2e_ms"] for a, b in zip(rows, rows[1:]))
+    assert all(r["lookup_ms"] > 0 and r["kv_load_ms"] >= 0 and r["insert_ms"] >= 0 for r in rows)
     assert {r["cache_enabled"] for r in rows} == {True} and {r["block_size"] for r in rows} == {16}
     metadata = read_metadata(out)
     assert metadata["complete"] is True and metadata["run"]["cache"]["capacity_blocks"] == 64
@@ -85,6 +88,9 @@ def test_warmup_rows_are_kept_and_marked(kvbench, scenario, tmp_path):
     (["--requests", "0"], "--requests: 0"),
     (["--model", "/nonexistent/checkpoint"], "/nonexistent/checkpoint"),
     (["--device", "tpu"], "device"),
+    (["--warmup", "4"], "--warmup 4 leaves none of the 4 requests to measure"),
+    (["--backend", "openai", "--base-url", "http://127.0.0.1:9/v1"], "cannot reach the server at http://127.0.0.1:9/v1"),
+    (["--backend", "openai", "--base-url", "http://127.0.0.1:9/v1", "--model", "m"], "cannot reach the server"),
 ])
 def test_bad_input_is_one_line_and_exit_2(kvbench, scenario, tmp_path, args, needle):
     code, _, stderr = kvbench("run", scenario, *args, "--out", tmp_path / "x.parquet")

@@ -55,6 +55,13 @@ def list_models(base_url: str, api_key: str, timeout_s: float = 10.0) -> tuple[l
         return [], "GET /v1/models: not an OpenAI model list"
 
 
+def unreachable(base_url: str, api_key: str, timeout_s: float = 10.0) -> str | None:
+    """Why no HTTP response came from ``GET /v1/models`` (refused, unknown host, timeout), or
+    ``None`` when the server answered at all (any status: a server without /models still serves)."""
+    status, body = call(base_url.rstrip("/") + "/models", api_key, timeout_s)
+    return body if status == 0 else None
+
+
 def reset_prefix_cache(base_url: str, api_key: str, timeout_s: float = 30.0) -> tuple[str | None, str]:
     """POST the server's cache-reset endpoint (vLLM's, else SGLang's). Returns ``(endpoint, note)``;
     ``endpoint`` is ``None`` when none answered 2xx (``note`` says what happened)."""
