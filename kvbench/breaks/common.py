@@ -31,9 +31,6 @@ from kvbench.results.rows import result_row
 from kvbench.results.schema import RUN_SCHEMA
 from kvbench.results.summary import RunSummary, summarize
 from kvbench.run.loop import run_requests
-from kvbench.workloads.tokenizer import Tokenizer
-from kvbench.workloads.formats.kvbench_trace import Trace
-from kvbench.workloads.formats.kvbench_trace_reader import trace_requests
 
 Progress = Callable[[str, int, int], None]  # (what is running, requests done, requests in total)
 # Called after each request with the request and the engine's record; returns extra row columns.
@@ -125,15 +122,6 @@ def run_variant(engine: HFEngine, requests: Sequence[Request], experiment: str, 
 
     run_requests(list(requests), backend, on_record=on_record)
     return run
-
-
-def trace_run_requests(trace: Trace, tokenizer: Tokenizer) -> list[Request]:
-    """A text trace rendered with ``tokenizer`` into requests (ids, budgets, salts kept).
-
-    Raises:
-        ValueError: a request renders to a token count other than the trace recorded.
-    """
-    return trace_requests(trace, tokenizer)
 
 
 def token_run_requests(token_ids: Sequence[np.ndarray], max_tokens: int,

@@ -24,7 +24,7 @@ from rich.table import Table
 
 from kvbench.breaks.common import (
     ParquetTable, Progress, VariantRun, break_schema, format_ms, run_variant,
-    trace_run_requests, verdict_table, warm_up,
+    verdict_table, warm_up,
 )
 from kvbench.cache.base import CacheConfig
 from kvbench.engine.engine import EngineConfig, HFEngine
@@ -32,6 +32,7 @@ from kvbench.engine.model import LoadedModel
 from kvbench.request import Request
 from kvbench.results.summary import percentile
 from kvbench.sim.bounds import unbounded_capacity_blocks
+from kvbench.workloads.formats.kvbench_trace_reader import trace_requests
 from kvbench.workloads.dists import IntDist
 from kvbench.workloads.generators import OneOffConfig, check_ints, generate_one_off
 from kvbench.workloads.tokenizer import Tokenizer, load_tokenizer
@@ -194,7 +195,7 @@ def run_shared_salt(loaded: LoadedModel, config: SharedSaltConfig = SharedSaltCo
     trace = generate_one_off(OneOffConfig(num_requests=2 * config.num_trials,
                                           prompt_tokens=IntDist("const", (float(config.prompt_tokens),)),
                                           max_tokens=config.max_tokens, seed=config.seed), tokenizer)
-    prompts = trace_run_requests(trace, tokenizer)
+    prompts = trace_requests(trace, tokenizer)
     # never evicts: each tenant's namespace may hold a copy of every block
     capacity = 2 * unbounded_capacity_blocks((p.num_tokens for p in prompts), config.block_size)
     warm_up(loaded, prompts[0].prompt_tokens)

@@ -25,12 +25,13 @@ from rich.table import Table
 
 from kvbench.breaks.common import (
     ParquetTable, Progress, VariantRun, break_schema, format_ms, format_rate, run_variant,
-    trace_run_requests, verdict_table,
+    verdict_table,
 )
 from kvbench.cache.base import CacheConfig
 from kvbench.engine.engine import EngineConfig, HFEngine
 from kvbench.engine.model import LoadedModel
 from kvbench.sim.bounds import unbounded_capacity_blocks
+from kvbench.workloads.formats.kvbench_trace_reader import trace_requests
 from kvbench.workloads.generators import HeaderPlacement, SharedPrefixConfig, check_ints, generate_shared_prefix
 from kvbench.workloads.tokenizer import Tokenizer, load_tokenizer
 
@@ -141,7 +142,7 @@ def run_timestamp(loaded: LoadedModel, config: TimestampConfig = TimestampConfig
             num_requests=config.num_requests, system_tokens=config.system_tokens,
             question_tokens=config.question_tokens, max_tokens=config.max_tokens, seed=config.seed,
             volatile_header=placement), tokenizer)
-        requests = trace_run_requests(trace, tokenizer)
+        requests = trace_requests(trace, tokenizer)
         # Room for every block of every request: only the header may cost hits, never capacity.
         capacity = unbounded_capacity_blocks((r.num_tokens for r in requests), config.block_size)
         engine = HFEngine(loaded, EngineConfig(cache=CacheConfig(capacity, config.block_size)))

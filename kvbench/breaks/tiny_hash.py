@@ -29,14 +29,14 @@ from rich.markup import escape
 from rich.table import Table
 
 from kvbench.breaks.common import (
-    ParquetTable, Progress, VariantRun, break_schema, run_variant, trace_run_requests,
-    verdict_table,
+    ParquetTable, Progress, VariantRun, break_schema, run_variant, verdict_table,
 )
 from kvbench.cache.block_hash import BlockHash, BlockHasher, HashConfig
 from kvbench.cache.base import CacheConfig, make_cache
 from kvbench.engine.engine import EngineConfig, HFEngine
 from kvbench.engine.model import LoadedModel
 from kvbench.sim.bounds import unbounded_capacity_blocks
+from kvbench.workloads.formats.kvbench_trace_reader import trace_requests
 from kvbench.workloads.generators import MultiPrefixTextConfig, check_ints, generate_multi_prefix
 from kvbench.workloads.tokenizer import Tokenizer, load_tokenizer
 
@@ -207,7 +207,7 @@ def run_tiny_hash(loaded: LoadedModel, config: TinyHashConfig = TinyHashConfig()
     trace = generate_multi_prefix(MultiPrefixTextConfig(
         num_prefixes=config.num_prefixes, prefix_tokens=config.prefix_tokens, unique_tokens=config.unique_tokens,
         num_requests=config.num_requests, max_tokens=config.max_tokens, seed=config.seed), tokenizer)
-    requests = trace_run_requests(trace, tokenizer)
+    requests = trace_requests(trace, tokenizer)
     capacity = unbounded_capacity_blocks((r.num_tokens for r in requests), config.block_size)  # never evicts
     reference = run_variant(HFEngine(loaded), requests, EXPERIMENT, "cache-off", progress=progress)
     reference_ids = [list(result.output_token_ids) for result in reference.results]

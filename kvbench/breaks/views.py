@@ -30,13 +30,14 @@ from rich.table import Table
 
 from kvbench.breaks.common import (
     ParquetTable, Progress, VariantRun, break_schema, format_mib, run_variant,
-    trace_run_requests, verdict_table,
+    verdict_table,
 )
 from kvbench.cache.base import CacheConfig
 from kvbench.engine.engine import EngineConfig, HFEngine
 from kvbench.engine.kv import capacity_blocks_for_bytes
 from kvbench.engine.sampling import SamplingParams
 from kvbench.engine.model import LoadedModel
+from kvbench.workloads.formats.kvbench_trace_reader import trace_requests
 from kvbench.workloads.generators import SharedPrefixConfig, check_ints, generate_shared_prefix
 from kvbench.workloads.tokenizer import Tokenizer, load_tokenizer
 
@@ -126,7 +127,7 @@ def run_views(loaded: LoadedModel, config: ViewsConfig = ViewsConfig(), tokenize
     trace = generate_shared_prefix(SharedPrefixConfig(
         num_requests=config.num_requests, system_tokens=config.system_tokens,
         question_tokens=config.question_tokens, max_tokens=config.max_tokens, seed=config.seed), tokenizer)
-    requests = trace_run_requests(trace, tokenizer)
+    requests = trace_requests(trace, tokenizer)
     layout = loaded.kv_layout(config.block_size)
     capacity = capacity_blocks_for_bytes(config.cache_bytes, layout)
     configured = capacity * layout.bytes_per_block

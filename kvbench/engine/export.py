@@ -4,14 +4,12 @@
 
     config.json               LlamaConfig (8 layers, hidden 512, cl100k vocabulary, fp32)
     model.safetensors         the seeded random weights (tied embeddings stored once)
-    generation_config.json    EOS = the ids the caller names (<|endoftext|> and <|im_end|> for ChatML)
-    tokenizer.json            written by the caller's tokenizer writer
-    tokenizer_config.json     (cl100k + ChatML: ``kvbench.workloads.tokenizer_export``)
+    generation_config.json    EOS = <|endoftext|> or <|im_end|> (ChatML)
+    tokenizer.json            cl100k + ChatML (:mod:`kvbench.engine.tokenizer_export`), checked
+    tokenizer_config.json     against the reference tokenizer the caller passes (kvbench's own)
 
 With ``--model PATH`` the checkpoint is loaded and re-saved with its own tokenizer and template.
-The tokenizer is the caller's to write (engine/ imports nothing from workloads/).
-
-This module imports transformers (for ``save_pretrained``), besides ``model.py`` and ``engine.py``.
+engine/ imports nothing from workloads/, so the reference tokenizer is an argument.
 """
 
 from __future__ import annotations

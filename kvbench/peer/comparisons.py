@@ -89,13 +89,14 @@ class PreparedComparison:
     Attributes:
         comparison: what was generated.
         trace: the text trace (sent as is).
-        token_requests: the rendered prompts, salt set to what the server sees; same order.
+        requests: the trace as requests: ids as kvbench renders them, text form for HTTP, salt set
+            to what the server sees (the comparison's namespace joined with the trace's own); same order.
         salt: the run's namespace for this comparison (vLLM ``cache_salt``).
     """
 
     comparison: Comparison
     trace: Trace
-    token_requests: list[Request]
+    requests: list[Request]
     salt: str
 
 
@@ -113,7 +114,7 @@ def predict(prepared: PreparedComparison, num_gpu_blocks: int, block_size: int) 
     A fresh pool predicts a used one too: earlier comparisons used other salts, so their cached
     blocks can never hit and are popped like empty ones (all blocks are free between comparisons).
     """
-    predicted = expected_cached_tokens(prepared.token_requests, VllmPoolConfig(num_gpu_blocks, block_size))
+    predicted = expected_cached_tokens(prepared.requests, VllmPoolConfig(num_gpu_blocks, block_size))
     return np.array(predicted, dtype=np.int64)
 
 
@@ -131,7 +132,7 @@ def agreement_rows(prepared: PreparedComparison, records: Sequence[RequestRecord
     """One row per request: what kvbench rendered and predicted beside what vLLM reported.
     ``records`` are in trace order (``driver.drive``)."""
     rows = []
-    for index, (request, tokens, record) in enumerate(zip(prepared.trace.requests, prepared.token_requests,
+    for index, (request, tokens, record) in enumerate(zip(prepared.trace.requests, prepared.requests,
                                                          records, strict=True)):
         expected_ids = tokens.token_ids.tolist()
         reported_ids = record.prompt_token_ids
@@ -155,7 +156,7 @@ def explain_disagreement(prepared: PreparedComparison, index: int, reported: int
     """A one-line reading of a request whose reported ``cached_tokens`` differs from the prediction:
     how many leading tokens it shares with any earlier request (the most any cache could give: the
     order-free bound of :func:`kvbench.sim.bounds.possible_cached_tokens` with back-to-back requests)."""
-    prompts = prompt_blocks_of(prepared.token_requests, block_size)
+    prompts = prompt_blocks_of(prepared.requests, block_size)
     back_to_back = [(float(i), i + 0.5) for i in range(len(prompts))]
     shared = possible_cached_tokens(prompts, back_to_back)[index]
     cap = prompts[index].max_hit_blocks * block_size

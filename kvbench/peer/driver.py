@@ -17,25 +17,12 @@ from collections.abc import Sequence
 
 from kvbench.backends.base import Backend
 from kvbench.backends.openai.client import OpenAIBackend, OpenAIConfig
-from kvbench.peer.comparisons import PreparedComparison
 from kvbench.request import Message, Request, RequestRecord
 from kvbench.run.loop import LoadConfig, OnRecord, send_requests
 from kvbench.workloads.tokenizer import Tokenizer
 
 REQUEST_TIMEOUT_S = 600.0  # a cold 2k-token prefill on 2 CPU cores takes seconds, not minutes
 WARM_UP_SALT = "kvbench-warm-up"  # its own namespace: the warm-up never hits or feeds a comparison
-
-
-def comparison_requests(prepared: PreparedComparison) -> list[Request]:
-    """The comparison's trace as requests, in trace order: ``token_ids`` as kvbench renders them and
-    ``salt`` as the server sees it (the comparison's namespace joined with the trace's own salt),
-    the text form (messages or prompt) for HTTP backends."""
-    return [
-        Request(index, request.id, request.session_id, request.turn, tokens.token_ids,
-                arrival_s=request.arrival_ms / 1e3, max_tokens=request.max_tokens, salt=tokens.salt or None,
-                output_tokens=request.output_tokens, messages=request.messages, prompt=request.prompt)
-        for index, (request, tokens) in enumerate(zip(prepared.trace.requests, prepared.token_requests, strict=True))
-    ]
 
 
 def warm_up_request(tokenizer: Tokenizer) -> Request:

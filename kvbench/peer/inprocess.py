@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from kvbench.peer.comparisons import PreparedComparison
-from kvbench.peer.driver import WARM_UP_SALT, comparison_requests, drive
+from kvbench.peer.driver import WARM_UP_SALT, drive
 from kvbench.request import Request, RequestRecord
 
 WARM_UP_TOKENS = 64  # one short request first, so one-time start-up costs do not land on the cold request
@@ -57,7 +57,7 @@ def replay_rows(loaded: Any, prepared: PreparedComparison, block_size: int, cont
     from kvbench.cache.base import CacheConfig
     from kvbench.engine.engine import EngineConfig, HFEngine, SamplingParams
 
-    requests = comparison_requests(prepared)
+    requests = prepared.requests
     capacity = sum(r.num_tokens // block_size + 1 for r in requests) + 1
     engine = HFEngine(loaded, EngineConfig(cache=CacheConfig(capacity_blocks=capacity, block_size=block_size)))
     backend = InProcessBackend(engine, SamplingParams(ignore_eos=True), BACKEND)

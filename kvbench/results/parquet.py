@@ -1,7 +1,8 @@
 """Parquet writing and reading shared by every command: rows + run metadata in the key-value footer.
 
-Metadata values are JSON strings under ``kvbench.*`` keys (``kvbench.config``, ``kvbench.versions``,
-...), so any Parquet reader shows them and :func:`read_metadata` restores them.
+Metadata values are JSON strings under ``kvbench.*`` keys (``kvbench.versions``, ``kvbench.machine``,
+``kvbench.command``, ``kvbench.run``, ``kvbench.summary``, ``kvbench.complete``, ...), so any Parquet
+reader shows them and :func:`read_metadata` restores them.
 """
 
 from __future__ import annotations

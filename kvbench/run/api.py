@@ -38,7 +38,12 @@ __all__ = ["RunInterrupted", "RunOutcome", "SweepOutcome", "run", "run_inprocess
 
 
 def run(config: RunConfig, on_progress: Progress | None = None) -> RunOutcome:
-    """Replay ``config.source`` on the configured backend; write and return the results.
+    """Replay ``config.source`` (a scenario or trace file) on ``config.backend``: the in-process
+    engine or an OpenAI-compatible server (``config.server.base_url``). Writes one Parquet row per
+    request to ``config.out`` (default ``results/run-NAME-TIME.parquet``) and returns the
+    :class:`RunOutcome`: rows, metadata, ``summary`` (TTFT/TPOT/ITL percentiles, hit rate) and, for
+    a server, ``reconciliation`` (reported vs expected vs ``/metrics`` cached tokens).
+    ``on_progress(rows_so_far, total)`` is called after every request. (``kvbench.run_scenario``.)
 
     Raises:
         InputError: a bad flag, file, model or server answer (one line).

@@ -31,7 +31,7 @@ from kvbench.request import Request, RequestRecord, Status
 from kvbench.server.metrics import ServerCounters, render_metrics
 from kvbench.server.schemas import ApiError
 from kvbench.workloads.tokenizer import Tokenizer
-from kvbench.workloads.formats.kvbench_trace import Message
+from kvbench.request import Message
 
 REPLACEMENT = "\ufffd"  # the text of a token id the tokenizer cannot decode (unassigned cl100k ids)
 

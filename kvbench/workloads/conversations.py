@@ -37,7 +37,8 @@ from kvbench.workloads.generators import (
 )
 from kvbench.workloads.text_fit import PieceCounter, fit_text
 from kvbench.workloads.tokenizer import Tokenizer
-from kvbench.workloads.formats.kvbench_trace import Message, Trace
+from kvbench.request import Message
+from kvbench.workloads.formats.kvbench_trace import Trace
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,8 @@ from kvbench.workloads.dists import IntDist
 from kvbench.workloads.text_fit import PieceCounter, fit_text
 from kvbench.workloads.token_ids import Popularity, zipf_weights
 from kvbench.workloads.tokenizer import Tokenizer, render
-from kvbench.workloads.formats.kvbench_trace import Message, Trace, TraceRequest, new_trace
+from kvbench.request import Message
+from kvbench.workloads.formats.kvbench_trace import Trace, TraceRequest, new_trace
 
 ONE_OFF_MAX_TOKENS = 64  # output budget of one-off requests mixed into other traces
 MIN_MESSAGE_TOKENS = 16  # smallest user message / observation: the opening line needs ~10 tokens

@@ -6,7 +6,8 @@ import pytest
 
 from kvbench.memory.trace import read_waste_trace
 from kvbench.errors import InputError
-from kvbench.workloads.formats.kvbench_trace import Message, TraceRequest, new_trace, write_trace
+from kvbench.request import Message
+from kvbench.workloads.formats.kvbench_trace import TraceRequest, new_trace, write_trace
 
 
 def write_lines(path, records):

@@ -1,7 +1,6 @@
 """The peer's requests and its in-process replay: trace order, salts, the one backend and loop."""
 
 from kvbench.peer.comparisons import agreement_rows, predict, reported_cached_tokens
-from kvbench.peer.driver import comparison_requests
 from kvbench.peer.inprocess import replay_rows
 from kvbench.peer.report import ROW_SCHEMA, table_rows, ttft_summary
 from kvbench.request import RequestRecord, Status
@@ -9,18 +8,19 @@ from kvbench.request import RequestRecord, Status
 BLOCK = 16
 
 
-def test_requests_carry_the_servers_salt_and_the_rendered_ids(chat):
-    requests = comparison_requests(chat)
+def test_requests_carry_the_servers_salt_and_the_rendered_ids(chat, tokenizer):
+    requests = chat.requests
     assert [r.index for r in requests] == list(range(len(chat.trace.requests))) and len(requests) == 4
-    assert all(r.salt == t.salt and r.salt.startswith("peer-test-chat") for r, t in zip(requests, chat.token_requests))
-    assert all(list(r.token_ids) == list(t.token_ids) for r, t in zip(requests, chat.token_requests))
-    assert all(r.messages == t.messages and r.max_tokens == t.max_tokens for r, t in zip(requests, chat.trace.requests))
+    assert all(r.salt == "peer-test-chat" for r in requests)  # the trace has no salts of its own
+    for request, line in zip(requests, chat.trace.requests, strict=True):
+        assert request.token_ids.tolist() == tokenizer.render(line).tolist()
+        assert request.messages == line.messages and request.max_tokens == line.max_tokens
 
 
 def test_inprocess_replay_hits_the_shared_prefix_and_rows_fit_the_schema(tiny_model, shared):
     rows = replay_rows(tiny_model, shared, BLOCK, {"run_id": "t", "block_size": BLOCK, "num_gpu_blocks": None})
     assert [r["request_index"] for r in rows] == [0, 1, 2, 3] and all(r["status"] == "ok" for r in rows)
-    shared_tokens = min(r.num_tokens for r in comparison_requests(shared))
+    shared_tokens = min(r.num_tokens for r in shared.requests)
     floor = 100 // BLOCK * BLOCK  # the full blocks of the 100-token system prompt, at least
     assert rows[0]["cached_tokens_reported"] == 0
     assert all(floor <= r["cached_tokens_reported"] < shared_tokens for r in rows[1:])
@@ -46,7 +46,7 @@ def usage_record(cached, ok=True, prompt_ids=None):
 
 
 def test_agreement_rows_read_records(shared):
-    requests = comparison_requests(shared)
+    requests = shared.requests
     predicted = predict(shared, num_gpu_blocks=1024, block_size=BLOCK)
     records = [usage_record(None, prompt_ids=tuple(int(t) for t in requests[0].token_ids)),
                usage_record(int(predicted[1])), usage_record(int(predicted[2]) - BLOCK, prompt_ids=(1, 2)),

@@ -4,7 +4,7 @@ concurrency 1, the admin calls and the /metrics parser) against a live ``kvbench
 from kvbench.backends.openai.admin import fetch_metrics, list_models, reset_prefix_cache
 from kvbench.backends.openai.metrics import parse_prefix_cache_counters
 from kvbench.peer.comparisons import Comparison, agreement_rows, predict, prepare
-from kvbench.peer.driver import comparison_requests, drive, vllm_backend, warm_up_request
+from kvbench.peer.driver import drive, vllm_backend, warm_up_request
 from kvbench.workloads.generators import SharedPrefixConfig
 from kvbench.workloads.tokenizer import load_tokenizer
 
@@ -23,7 +23,7 @@ def test_a_comparison_driven_over_http_agrees_with_the_prediction(live):
     assert reset_prefix_cache(live.url, "EMPTY")[0] == "/reset_prefix_cache"
     before = parse_prefix_cache_counters(fetch_metrics(live.url, "EMPTY"))
     seen = []
-    records = drive(comparison_requests(prepared), backend, lambda request, record: seen.append(request.index))
+    records = drive(prepared.requests, backend, lambda request, record: seen.append(request.index))
     after = parse_prefix_cache_counters(fetch_metrics(live.url, "EMPTY"))
     assert seen == [0, 1, 2] and all(r.ok and r.output_tokens == 3 and r.http_status == 200 for r in records)
     assert all(r.prompt_token_ids is None for r in records)  # kvbench serve ignores return_token_ids

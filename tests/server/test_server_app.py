@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvbench.backends.openai.metrics import parse_prefix_cache_counters
 from kvbench.workloads.tokenizer import load_tokenizer
-from kvbench.workloads.formats.kvbench_trace import Message
+from kvbench.request import Message
 
 MODEL = "tiny"
 PROMPT_IDS = list(range(2000, 2040))  # 40 tokens: (40 - 1) // 16 = 2 blocks = 32 tokens may hit

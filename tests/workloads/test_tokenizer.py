@@ -11,7 +11,8 @@ from kvbench.workloads.tokenizer import (
     CL100K_IM_END_ID, CL100K_IM_START_ID, DEFAULT_TOKENIZER, LINE_BOUNDARY, TiktokenTokenizer,
     Tokenizer, load_tokenizer, render,
 )
-from kvbench.workloads.formats.kvbench_trace import Message, TraceRequest
+from kvbench.request import Message
+from kvbench.workloads.formats.kvbench_trace import TraceRequest
 
 
 def chat(*pairs):

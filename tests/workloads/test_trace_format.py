@@ -5,7 +5,8 @@ import json
 import pytest
 
 from kvbench.errors import InputError
-from kvbench.workloads.formats.kvbench_trace import Message, TraceRequest, content_hash, new_trace, read_trace, write_trace
+from kvbench.request import Message
+from kvbench.workloads.formats.kvbench_trace import TraceRequest, content_hash, new_trace, read_trace, write_trace
 
 
 def small_trace():

@@ -1,7 +1,7 @@
 """Opening a JSONL trace once: the first line decides the format, and the reader continues the file.
 
 :func:`open_jsonl` reads the first non-empty line, parses it and hands the open file (its remaining
-lines) to whichever reader :func:`format_of` names; no file is opened twice. The formats, checked
+lines) to whichever reader :attr:`JsonlFile.format` names; no file is opened twice. The formats, checked
 in order on the first parsed line (a literal table, :data:`FORMATS`):
 
 * ``kvbench-trace``: a header line with ``kvbench_trace`` (:mod:`.kvbench_trace`);
