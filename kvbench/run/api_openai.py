@@ -24,14 +24,15 @@ from kvbench.run.source import load_source
 
 
 def served_model(config: RunConfig, key: str) -> str:
-    """``--model`` or the first model the server lists. Raises ``InputError`` when nothing answers at
-    ``--base-url`` or the server lists no model."""
+    """``--model`` or the first model the server lists. Raises ``InputError`` when the server lists no
+    model, or nothing answers at ``--base-url`` to ask. (With ``--model``, a server that is not there
+    fails every request, each recorded as an error row.)"""
     from kvbench.backends.openai.admin import list_models, unreachable
 
-    if (problem := unreachable(config.server.url, key)) is not None:
-        raise InputError(f"cannot reach the server at {config.server.url}: {problem}")
     if config.model.path:
         return config.model.path
+    if (problem := unreachable(config.server.url, key)) is not None:
+        raise InputError(f"cannot reach the server at {config.server.url}: {problem}")
     models, problem = list_models(config.server.url, key)
     if not models:
         raise InputError(f"--model NAME is needed: {problem or 'the server lists no model'}")
