@@ -187,7 +187,7 @@ def _engine_runs(loaded: LoadedModel, scenario: Scenario, capacity_blocks: int, 
     runs = []
     for order in ORDERS:
         cache = CacheConfig(capacity_blocks, block_size, release_order=order, hash=scenario.cache.hash)
-        predicted = expected_cached_tokens(token_requests, cache)
+        predicted = expected_cached_tokens(requests, cache)  # the engine's budgets: its output blocks
         ordered = [replace(r, expected_cached_tokens=p) for r, p in zip(requests, predicted)]
         engine = HFEngine(loaded, EngineConfig(cache=cache))
 

@@ -19,4 +19,5 @@ Release = Annotated[ReleaseOrder | None, typer.Option(help="Free-list release or
 HashAlgoOption = Annotated[HashAlgo | None, typer.Option(help="Block hash function.")]
 HashBits = Annotated[int | None, typer.Option(help="Keep only N bits of every key (8..256).")]
 MaxTokens = Annotated[int | None, typer.Option(help="Output tokens per request (default: the trace's).")]
+PromptOnly = Annotated[bool, typer.Option("--prompt-only", help="Cache prompt blocks only (default: every full block of prompt + output - 1 tokens, as vLLM).")]
 Requests = Annotated[int | None, typer.Option(help="Run only the first N requests.")]

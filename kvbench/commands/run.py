@@ -54,6 +54,7 @@ def run(
     expected_cache_size: Annotated[int | None, typer.Option(help="openai: expectations from a cache of N blocks (default unbounded).")] = None,
     warmup: Annotated[int | None, typer.Option(help="First N requests are a marked warm-up.")] = None,
     verify: Annotated[bool | None, typer.Option("--verify", help="Re-run each request without the cache and compare outputs.")] = None,
+    prompt_only: opt.PromptOnly = False,
     temperature: Annotated[float | None, typer.Option(help="0 = greedy.")] = None,
     top_p: Annotated[float | None, typer.Option(help="Nucleus sampling mass.")] = None,
     seed: Annotated[int | None, typer.Option(help="Sampling seed (and the open loop's arrivals).")] = None,
@@ -66,7 +67,7 @@ def run(
 
     config = build(lambda: RunConfig(
         source, backend, ModelFlags(model, device, dtype),
-        CacheFlags(cache, cache_kind, block_size, cache_size, ttl, release, hash_algo, hash_bits, verify),
+        CacheFlags(cache, cache_kind, block_size, cache_size, ttl, release, hash_algo, hash_bits, verify, prompt_only),
         RunFlags(requests, concurrency, warmup, max_tokens, ignore_eos, temperature, top_p, seed),
         ServerFlags(base_url, api_key_env, tokenizer, request_rate, burstiness, duration, hygiene, reset_cache,
                     timeout, server_block_size, expected_cache_size),

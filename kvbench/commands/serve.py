@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from kvbench.commands import options as opt
 from kvbench.commands.common import make_console
 from kvbench.cache.base import CacheConfig, CacheKind, ReleaseOrder
 from kvbench.errors import InputError, checked
@@ -29,7 +30,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 def _cache_config(cache: str, kind: CacheKind, block_size: int, cache_size: str, ttl: float | None,
-                  release: ReleaseOrder, bytes_per_block: int) -> CacheConfig | None:
+                  release: ReleaseOrder, bytes_per_block: int, prompt_only: bool = False) -> CacheConfig | None:
     from kvbench.run.config import CacheFlags
     from kvbench.run.scenario import CacheSection
     from kvbench.run.setup import cache_config, parse_cache_size
@@ -38,7 +39,7 @@ def _cache_config(cache: str, kind: CacheKind, block_size: int, cache_size: str,
         raise InputError(f"--cache must be 'on' or 'off', got {cache!r}")
     if cache == "off":
         return None
-    return cache_config(CacheSection(), CacheFlags(cache_kind=kind, ttl=ttl, release=release),
+    return cache_config(CacheSection(), CacheFlags(cache_kind=kind, ttl=ttl, release=release, prompt_only=prompt_only),
                         parse_cache_size(cache_size, bytes_per_block), block_size)
 
 
@@ -80,6 +81,7 @@ def serve(
     cache_size: Annotated[str, typer.Option(help="Capacity in blocks (4096) or bytes (2GiB).")] = "1GiB",
     ttl: Annotated[float | None, typer.Option(help="Expire blocks idle longer than this (s).")] = None,
     release: Annotated[ReleaseOrder, typer.Option(help="Free-list release order.")] = ReleaseOrder.TAIL_FIRST,
+    prompt_only: opt.PromptOnly = False,
     log_level: Annotated[str, typer.Option(help="uvicorn log level (info shows every request).")] = "warning",
 ) -> None:
     """Serve the in-process engine as an OpenAI-compatible API (/v1/completions, /v1/chat/completions,
@@ -98,7 +100,7 @@ def serve(
     sock = bind_socket(host, port)  # before the model loads: a busy port fails at once
     loaded = load_model(model_config)
     cache_config = _cache_config(cache, cache_kind, block_size, cache_size, ttl, release,
-                                 loaded.kv_layout(block_size).bytes_per_block)
+                                 loaded.kv_layout(block_size).bytes_per_block, prompt_only)
     service = _service(loaded, model, cache_config, served_model_name or loaded.name)
     _announce(sock, service.model_name, cache_config)
     config = uvicorn.Config(create_app(service), log_level=log_level, lifespan="off")

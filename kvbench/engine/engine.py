@@ -9,8 +9,10 @@ A request's life (:meth:`HFEngine.generate`; the caller renders and tokenizes, t
    layer;
 4. prefill only the tokens after the hit; the first sampled token stamps TTFT;
 5. decode to ``max_tokens`` (stopping at EOS unless ``ignore_eos``), stamping every token;
-6. copy every newly computed full prompt block out of the KV (``clone``-like: each block gets its own
-   storage, since a slice is a view that keeps the whole request's KV alive) and insert it;
+6. copy every newly computed full block of prompt + output - 1 tokens out of the KV (the last
+   sampled token was never fed forward, so it has no KV; keys chain over the generated ids, as in
+   vLLM v1) and insert it (``clone``-like: each block gets its own storage, since a slice is a view
+   that keeps the whole request's KV alive). ``CacheConfig.prompt_only`` stores prompt blocks only;
 7. release the hit and the new blocks in a ``finally:``, so an exception never leaks a pin.
 
 Block payload layout: one contiguous tensor per block, ``(layers, 2, kv_heads, block_size, head_dim)``
@@ -181,7 +183,8 @@ class HFEngine:
             num_hit_tokens = num_hit_blocks * (self.block_size or 0)
             tokens = self._prefill_and_decode(ids[num_hit_tokens:], kv_cache, sampling, stamps, on_token)
             if cache is not None:
-                num_inserted = self._insert(cache, prompt, num_hit_blocks, kv_cache, handles)
+                stored = self._stored_blocks(prompt, ids, tokens, salt, extra_keys)
+                num_inserted = self._insert(cache, stored, num_hit_blocks, kv_cache, handles)
             stamps.inserted_s = time.perf_counter()
         finally:
             if handles:
@@ -225,9 +228,18 @@ class HFEngine:
         output = self.loaded.model(input_ids=input_ids, **kwargs)
         return output.logits[0, -1]  # (vocab,)
 
+    def _stored_blocks(self, prompt: PromptBlocks, ids: list[int], tokens: list[int], salt: str,
+                       extra_keys: Sequence) -> PromptBlocks:
+        """The blocks step 6 stores: the prompt's, or (the default) those of prompt + output - 1 tokens,
+        whose KV ``kv_cache`` holds after decode; the prompt's keys are their prefix (same chain)."""
+        if self.config.cache.prompt_only or len(tokens) < 2:
+            return prompt
+        return self._hasher.prompt_blocks(ids + tokens[:-1], salt=salt, extra_keys=extra_keys)
+
     def _insert(self, cache: PrefixCache, prompt: PromptBlocks, num_hit_blocks: int,
                 kv_cache: DynamicCache, handles: list) -> int:
-        """Copy the new full prompt blocks out of the KV, insert them, pin them through ``handles``."""
+        """Copy the new full blocks of ``prompt`` (the sequence to store: prompt, or prompt + output - 1)
+        out of the KV, insert them, pin them through ``handles``."""
         if prompt.num_full_blocks <= num_hit_blocks:
             return 0
         blocks = kv_to_blocks(cache_to_kv(kv_cache), num_hit_blocks, prompt.num_full_blocks,

@@ -60,6 +60,7 @@ class CacheFlags:
     hash_algo: HashAlgo | None = None
     hash_bits: int | None = None
     verify: bool | None = None
+    prompt_only: bool | None = None  # cache prompt blocks only (default: generated blocks too)
 
     def __post_init__(self) -> None:
         _check_positive(self, ("block_size",))

@@ -42,6 +42,7 @@ def cache_config(section: CacheSection, flags: CacheFlags, capacity_blocks: int,
         hash=HashConfig(flags.hash_algo or section.hash_algo,
                         flags.hash_bits if flags.hash_bits is not None else section.hash_bits),
         verify_tokens=section.verify_tokens,
+        prompt_only=bool(flags.prompt_only),
     ))
 
 
@@ -61,4 +62,5 @@ def cache_metadata(cache: CacheConfig | None) -> dict[str, Any]:
     return {"enabled": True, "kind": cache.kind.value, "block_size": cache.block_size,
             "capacity_blocks": cache.capacity_blocks, "ttl_s": cache.ttl_s,
             "release_order": cache.release_order.value, "hash_algo": cache.hash.algo.value,
-            "hash_bits": cache.hash.hash_bits, "verify_tokens": cache.verify_tokens}
+            "hash_bits": cache.hash.hash_bits, "verify_tokens": cache.verify_tokens,
+            "prompt_only": cache.prompt_only}

@@ -8,10 +8,13 @@ a correct server serves them so), one at a time, and the model is chosen by the 
 * ``None``: the cache is off; every request is predicted 0.
 * :class:`~kvbench.cache.base.CacheConfig`: kvbench's prefix cache (:func:`kvbench.sim.replay.simulate`:
   lookup capped at ``(prompt - 1) // block_size`` blocks, insert every full block after the hit,
-  release tail first), hash or radix, of ``capacity_blocks`` blocks. With a TTL the prediction is
+  release tail first), hash or radix, of ``capacity_blocks`` blocks. Unless ``prompt_only``, each
+  request stores prompt + output - 1 tokens, as the engine does: the output ids given, else
+  placeholders of the request's output length (:mod:`kvbench.sim.outputs`). With a TTL the prediction is
   ``None`` per request: the engine's TTL runs on wall time, which a replay cannot know.
 * :class:`Unbounded`: the same cache large enough never to evict
-  (:func:`kvbench.sim.bounds.unbounded_capacity_blocks`): the ideal.
+  (:func:`kvbench.sim.bounds.unbounded_capacity_blocks`): the ideal. Generated blocks are stored
+  only where ``outputs`` gives them (placeholders cannot hit and take no room that matters).
 * :class:`~kvbench.sim.vllm_pool.VllmPoolConfig`: the vLLM-faithful pool (whole KV pool, output
   blocks included, lazy eviction; :mod:`kvbench.sim.vllm_pool`); needs each request's exact
   ``output_tokens``.
@@ -30,13 +33,15 @@ from kvbench.cache.base import CacheConfig, CacheKind
 from kvbench.cache.block_hash import HashConfig
 from kvbench.request import Request
 from kvbench.sim.bounds import unbounded_capacity_blocks
+from kvbench.sim.outputs import Outputs, known_outputs, stored_blocks_of
 from kvbench.sim.replay import PreparedTrace, prompt_blocks_of, simulate
 from kvbench.sim.vllm_pool import VllmPoolConfig, simulate_vllm
 
 
 @dataclass(frozen=True)
 class Unbounded:
-    """A prefix cache that never evicts: its capacity is every full block of the requests replayed.
+    """A prefix cache that never evicts: its capacity is every full block of the requests replayed
+    (prompt and output).
 
     Attributes:
         block_size: tokens per block; positive (16 is vLLM's default).
@@ -56,21 +61,29 @@ class Unbounded:
         if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size <= 0:
             raise ValueError(f"block_size must be a positive integer, got {self.block_size!r}")
 
-    def cache_config(self, requests: Sequence[Request]) -> CacheConfig:
-        """The bounded cache this is for ``requests``."""
-        capacity = unbounded_capacity_blocks((r.num_tokens for r in requests), self.block_size)
-        return CacheConfig(capacity_blocks=capacity, block_size=self.block_size, kind=self.kind, hash=self.hash)
+    def cache_config(self, requests: Sequence[Request], outputs: Outputs | None = None) -> CacheConfig:
+        """The bounded cache this is for ``requests``: room for every full block of each prompt, or of
+        prompt + output - 1 tokens where ``outputs`` gives the request's output ids."""
+        lengths = [r.num_tokens for r in requests]
+        if outputs is not None:
+            lengths = [n + max(len(o) - 1, 0) if o is not None else n for n, o in zip(lengths, outputs)]
+        capacity = unbounded_capacity_blocks(lengths, self.block_size)
+        return CacheConfig(capacity_blocks=capacity, block_size=self.block_size, kind=self.kind, hash=self.hash,
+                           prompt_only=outputs is None)
 
 
 CacheModel = CacheConfig | Unbounded | VllmPoolConfig | None
 
 
-def expected_cached_tokens(requests: Sequence[Request], cache: CacheModel) -> list[int | None]:
+def expected_cached_tokens(requests: Sequence[Request], cache: CacheModel,
+                           outputs: Outputs | None = None) -> list[int | None]:
     """Predicted cached prompt tokens per request, same order as ``requests`` (module docstring).
 
     ``requests`` need ``token_ids``, ``salt`` and, for the vLLM pool, ``output_tokens``; their
     ``arrival_s`` is not used (request order is the replay's time). Values are multiples of the block
-    size; ``None`` where the model cannot know (a TTL).
+    size; ``None`` where the model cannot know (a TTL). ``outputs``: per request, the generated ids
+    (from a run, :func:`kvbench.sim.outputs.record_outputs`, or a trace's replies,
+    :func:`~kvbench.sim.outputs.trace_outputs`) or ``None``; unknown ones get placeholders.
 
     Raises:
         ValueError: the vLLM pool without a request's ``output_tokens``, or a request that does not
@@ -80,15 +93,20 @@ def expected_cached_tokens(requests: Sequence[Request], cache: CacheModel) -> li
     if cache is None:
         return [0] * len(requests)
     if isinstance(cache, VllmPoolConfig):
-        return [int(value) for value in simulate_vllm(requests, cache).cached_tokens]
-    if isinstance(cache, Unbounded):
-        cache = cache.cache_config(requests)
+        return [int(value) for value in simulate_vllm(requests, cache, outputs).cached_tokens]
+    ideal = isinstance(cache, Unbounded)
+    if ideal:  # never evicts: only known outputs can change a hit, so no placeholders
+        cache = cache.cache_config(requests, outputs)
     if not isinstance(cache, CacheConfig):
         raise TypeError(f"cache must be a CacheConfig, Unbounded, VllmPoolConfig or None, got {type(cache).__name__}")
     if cache.ttl_s is not None:
         return [None] * len(requests)  # the engine's TTL runs on wall time, a replay's on trace time
-    prompts = prompt_blocks_of(requests, cache.block_size, cache.hash,
-                               keep_tokens=cache.kind is CacheKind.RADIX or cache.verify_tokens)
+    keep_tokens = cache.kind is CacheKind.RADIX or cache.verify_tokens
+    prompts = prompt_blocks_of(requests, cache.block_size, cache.hash, keep_tokens=keep_tokens)
+    stored = None
+    if not cache.prompt_only:
+        given = outputs if ideal else known_outputs(requests, outputs)
+        stored = stored_blocks_of(requests, given, cache.block_size, cache.hash, keep_tokens)
     positions = np.arange(len(requests), dtype=np.float64)  # request order as time
-    result = simulate(PreparedTrace(prompts, positions, cache.block_size), cache)
+    result = simulate(PreparedTrace(prompts, positions, cache.block_size, stored), cache)
     return [int(value) for value in result.cached_tokens_per_request]

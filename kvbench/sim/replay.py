@@ -3,7 +3,9 @@
 Per request, in arrival order (what an engine does around its forward pass, at concurrency 1):
 
 1. ``lookup`` with the last-token cap ``(len - 1) // block_size`` (vLLM, SGLang);
-2. ``insert`` every full block after the hit (the engine computed them);
+2. ``insert`` every full block after the hit (the engine computed them): the prompt's, or, when the
+   replay is given each request's output ids (:mod:`kvbench.sim.outputs`), those of prompt + output
+   - 1 tokens, as the engine stores them by default;
 3. ``release`` everything the request pinned.
 
 The cache's clock reads each request's arrival time, so a TTL acts on trace time.
@@ -28,6 +30,7 @@ from kvbench.cache.block_hash import BlockHasher, HashConfig, PromptBlocks
 from kvbench.cache.base import CacheConfig, CacheKind, ReleaseOrder, make_cache
 from kvbench.request import Request
 from kvbench.sim.bounds import unbounded_capacity_blocks
+from kvbench.sim.outputs import Outputs, stored_blocks_of
 
 Progress = Callable[["SimResult", int, int], None]  # (result just finished, configs done, total)
 
@@ -40,11 +43,14 @@ class PreparedTrace:
         prompts: one :class:`PromptBlocks` per request, in arrival order.
         arrivals_s: arrival offsets, seconds; shape (num_requests,).
         block_size: tokens per block the keys were computed for.
+        stored: per request, the blocks it stores (prompt + output - 1 tokens; their first keys are
+            the prompt's), or ``None`` when each request stores its prompt's blocks only.
     """
 
     prompts: list[PromptBlocks]
     arrivals_s: np.ndarray
     block_size: int
+    stored: list[PromptBlocks] | None = None
 
     @property
     def num_requests(self) -> int:
@@ -76,16 +82,20 @@ def prepare_prompts(
     block_size: int,
     hash_config: HashConfig = HashConfig(),
     keep_tokens: bool = False,
+    outputs: Outputs | None = None,
 ) -> PreparedTrace:
     """Hash every request's full blocks once, in arrival order (stable). ``keep_tokens`` is needed by
-    the radix cache."""
+    the radix cache; ``outputs`` (per request, the generated ids or ``None``) makes each request
+    store its prompt + output - 1 tokens (:func:`kvbench.sim.outputs.stored_blocks_of`)."""
     prompts = prompt_blocks_of(requests, block_size, hash_config, keep_tokens)
+    stored = None if outputs is None else stored_blocks_of(requests, outputs, block_size, hash_config, keep_tokens)
     arrivals = np.array([r.arrival_s for r in requests], dtype=np.float64)
     if arrivals.size > 1 and np.any(np.diff(arrivals) < 0):
         order = np.argsort(arrivals, kind="stable")
         prompts = [prompts[i] for i in order]
+        stored = None if stored is None else [stored[i] for i in order]
         arrivals = arrivals[order]
-    return PreparedTrace(prompts, arrivals, block_size)
+    return PreparedTrace(prompts, arrivals, block_size, stored)
 
 
 @dataclass
@@ -152,10 +162,11 @@ def simulate(trace: PreparedTrace, config: CacheConfig) -> SimResult:
     cache = make_cache(config, clock=lambda: now[0])
     lookup, insert, release = cache.lookup, cache.insert, cache.release
     hit_blocks = np.zeros(trace.num_requests, dtype=np.int64)
+    stored = trace.stored or trace.prompts
     for index, (prompt, arrival_s) in enumerate(zip(trace.prompts, trace.arrivals_s.tolist())):
         now[0] = arrival_s
         match = lookup(prompt, prompt.max_hit_blocks)
-        new = insert(prompt, match.num_hit_blocks)
+        new = insert(stored[index], match.num_hit_blocks)
         release(match.handles + new.handles)
         hit_blocks[index] = match.num_hit_blocks
     stats = cache.stats
@@ -179,12 +190,15 @@ def simulate(trace: PreparedTrace, config: CacheConfig) -> SimResult:
     )
 
 
-def replay(requests: Sequence[Request], config: CacheConfig) -> SimResult:
+def replay(requests: Sequence[Request], config: CacheConfig, outputs: Outputs | None = None) -> SimResult:
     """Replay ``requests`` (in arrival order) through a fresh cache built from ``config``: the
     cache-only replay of ``kvbench sim`` for one cache. Hashes once; for many caches use
-    :func:`prepare_prompts` and :func:`sweep`."""
+    :func:`prepare_prompts` and :func:`sweep`. With ``outputs`` (per request, generated ids or
+    ``None``; ignored when ``config.prompt_only``) each request stores prompt + output - 1 tokens;
+    without, its prompt's blocks only."""
     keep_tokens = config.kind is CacheKind.RADIX or config.verify_tokens
-    return simulate(prepare_prompts(requests, config.block_size, config.hash, keep_tokens), config)
+    outputs = None if config.prompt_only else outputs
+    return simulate(prepare_prompts(requests, config.block_size, config.hash, keep_tokens, outputs), config)
 
 
 def sweep(

@@ -5,6 +5,7 @@ Hand-derived values on block size 4, then agreement with ``sim.replay.simulate``
 and four reconcile capacities over 200 scenario requests.)
 """
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ from kvbench.cache.base import CacheConfig, CacheKind, ReleaseOrder
 from kvbench.request import Request
 from kvbench.run.scenario import load_scenario
 from kvbench.sim.bounds import possible_cached_tokens, unbounded_capacity_blocks
+from kvbench.sim.outputs import placeholder_outputs
 from kvbench.sim.predict import Unbounded, expected_cached_tokens
 from kvbench.sim.replay import prepare_prompts, prompt_blocks_of, simulate
 from kvbench.sim.vllm_pool import VllmPoolConfig, simulate_vllm
@@ -33,8 +35,10 @@ def reqs(*token_lists, **fields):
     return [req(tokens, index=i, **fields) for i, tokens in enumerate(token_lists)]
 
 
-def cache(capacity_blocks, **fields):
-    return CacheConfig(capacity_blocks=capacity_blocks, block_size=B, **fields)
+def cache(capacity_blocks, prompt_only=True, **fields):
+    """The hand-derived cases below count prompt blocks only (``prompt_only``); generated blocks,
+    the default, have their own tests (test_generated_blocks_*)."""
+    return CacheConfig(capacity_blocks=capacity_blocks, block_size=B, prompt_only=prompt_only, **fields)
 
 
 def test_hand_derived_unbounded_cap_floor_and_first_miss():
@@ -110,11 +114,16 @@ def test_agrees_with_simulate_on_a_scenario(name):
     requests = scenario.workload_requests().requests[:300]
     for kind in CacheKind:
         trace = prepare_prompts(requests, 16, keep_tokens=kind is CacheKind.RADIX)
+        with_outputs = prepare_prompts(requests, 16, keep_tokens=kind is CacheKind.RADIX,
+                                       outputs=placeholder_outputs(requests))
         for capacity in (64, 512):
             for order in ReleaseOrder if kind is CacheKind.HASH else (ReleaseOrder.TAIL_FIRST,):
-                config = CacheConfig(capacity, 16, kind=kind, release_order=order)
+                config = CacheConfig(capacity, 16, kind=kind, release_order=order, prompt_only=True)
                 assert expected_cached_tokens(requests, config) == \
                     simulate(trace, config).cached_tokens_per_request.tolist()
+                config = replace(config, prompt_only=False)  # the default: outputs stored too
+                assert expected_cached_tokens(requests, config) == \
+                    simulate(with_outputs, config).cached_tokens_per_request.tolist()
         unbounded = CacheConfig(unbounded_capacity_blocks((r.num_tokens for r in requests), 16), 16, kind=kind)
         assert expected_cached_tokens(requests, Unbounded(16, kind=kind)) == \
             simulate(trace, unbounded).cached_tokens_per_request.tolist()
