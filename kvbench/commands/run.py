@@ -67,7 +67,7 @@ def run(
 
     config = build(lambda: RunConfig(
         source, backend, ModelFlags(model, device, dtype),
-        CacheFlags(cache, cache_kind, block_size, cache_size, ttl, release, hash_algo, hash_bits, verify, prompt_only),
+        CacheFlags(cache, cache_kind, block_size, cache_size, ttl, release, hash_algo, hash_bits, verify, prompt_only or None),
         RunFlags(requests, concurrency, warmup, max_tokens, ignore_eos, temperature, top_p, seed),
         ServerFlags(base_url, api_key_env, tokenizer, request_rate, burstiness, duration, hygiene, reset_cache,
                     timeout, server_block_size, expected_cache_size),

@@ -27,12 +27,13 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from kvbench.cache.block_hash import BlockHasher, HashConfig, PromptBlocks
-from kvbench.cache.base import CacheConfig, CacheKind, ReleaseOrder, make_cache
+from kvbench.cache.base import CacheConfig, CacheKind, InsertResult, MatchResult, ReleaseOrder, make_cache
 from kvbench.request import Request
 from kvbench.sim.bounds import unbounded_capacity_blocks
 from kvbench.sim.outputs import Outputs, stored_blocks_of
 
 Progress = Callable[["SimResult", int, int], None]  # (result just finished, configs done, total)
+Observer = Callable[[int, MatchResult, InsertResult], None]  # (request position, its lookup, its insert)
 
 
 @dataclass(frozen=True, eq=False)
@@ -150,8 +151,10 @@ class SimResult:
         }
 
 
-def simulate(trace: PreparedTrace, config: CacheConfig) -> SimResult:
-    """Replay ``trace`` through a fresh cache built from ``config``.
+def simulate(trace: PreparedTrace, config: CacheConfig, on_request: Observer | None = None) -> SimResult:
+    """Replay ``trace`` through a fresh cache built from ``config``. ``on_request(index, match, new)``
+    (if given) sees every request's lookup and insert results, before the release
+    (``kvbench explain`` reads hits, insert counts and the cache's stats there).
 
     Raises:
         ValueError: ``config.block_size`` differs from the trace's.
@@ -167,6 +170,8 @@ def simulate(trace: PreparedTrace, config: CacheConfig) -> SimResult:
         now[0] = arrival_s
         match = lookup(prompt, prompt.max_hit_blocks)
         new = insert(stored[index], match.num_hit_blocks)
+        if on_request is not None:
+            on_request(index, match, new)
         release(match.handles + new.handles)
         hit_blocks[index] = match.num_hit_blocks
     stats = cache.stats

@@ -1,0 +1,148 @@
+"""``kvbench explain``: why a trace's prefix cache hits what it hits, request by request.
+
+:func:`explain_requests` replays requests (arrival order) through a cache (the one replay loop,
+:func:`kvbench.sim.replay.simulate`) and indexes every stored sequence
+(:mod:`kvbench.explain.prefixes`), which gives each request's waterfall bars
+(:mod:`kvbench.explain.waterfall`) and causes (:mod:`kvbench.explain.causes`).
+:func:`explain_source` does it for a scenario or trace file, :func:`explain_results` for a run's
+Parquet file (what the server reported, against what its cache config allows).
+
+Generated tokens: unless ``config.prompt_only``, each request stores prompt + output - 1 tokens,
+with the trace's own replies as outputs where the session's next turn shows them, else
+placeholders of the request's output length (:mod:`kvbench.sim.outputs`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from kvbench.cache.base import CacheConfig, CacheKind
+from kvbench.explain.causes import Cause, Context, request_causes
+from kvbench.explain.prefixes import PrefixIndex, SharedPrefix, stored_sequences
+from kvbench.explain.replay import replay_details
+from kvbench.explain.waterfall import Breakdown, Waterfall, breakdown, total
+from kvbench.request import Request
+from kvbench.sim.outputs import Outputs, known_outputs, stored_blocks_of, trace_outputs
+from kvbench.sim.replay import prompt_blocks_of
+
+
+@dataclass(frozen=True)
+class RequestExplanation:
+    """One request: ``shared_tokens`` with ``earlier_request_id`` (the best earlier request in its
+    namespace; the divergence is at token ``shared_tokens``), its bars and its causes."""
+
+    request: Request
+    shared_tokens: int
+    earlier_request_id: str | None
+    bars: Breakdown
+    causes: list[Cause]
+
+    @property
+    def hit_tokens(self) -> int:
+        return self.bars.tokens["hit"]
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """Every request's explanation (replay order) and their waterfall."""
+
+    name: str
+    config: CacheConfig
+    requests: list[RequestExplanation]
+    waterfall: Waterfall
+
+
+def explain_requests(requests: Sequence[Request], config: CacheConfig, tokenizer=None,
+                     outputs: Outputs | None = None, reported: Sequence[int | None] | None = None,
+                     min_cacheable_tokens: int | None = None, name: str = "") -> Explanation:
+    """Explain ``requests`` (sorted by arrival, stable) through ``config``'s cache (module docstring).
+
+    ``tokenizer`` (``decode``, optionally ``render_messages``) enables content causes; ``outputs``:
+    per request, generated ids or ``None`` (default: the trace's replies); ``reported``: per request,
+    the server's ``cached_tokens``; ``min_cacheable_tokens``: a provider's minimum prompt length
+    (OpenAI and Anthropic: 1,024), below which a prompt is never cached.
+
+    Raises:
+        ValueError: ``outputs`` or ``reported`` differ in length from ``requests``.
+    """
+    order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_s)
+    ordered = [requests[i] for i in order]
+    if reported is not None:
+        if len(reported) != len(requests):
+            raise ValueError(f"got {len(reported)} reported counts for {len(requests)} requests")
+        reported = [reported[i] for i in order]
+    given = None if config.prompt_only else _outputs(ordered, outputs, order)
+    sequences = stored_sequences([r.token_ids for r in ordered], given or [None] * len(ordered))
+    eligible = [min_cacheable_tokens is None or r.num_tokens >= min_cacheable_tokens for r in ordered]
+    same, any_ = _shared_prefixes(ordered, sequences, config)
+    details, replayed = _replay(ordered, given, eligible, config)
+    positions = sorted(replayed, key=replayed.get)
+    ctx = Context(ordered, sequences, config.block_size, config.capacity_blocks, config.ttl_s,
+                  min_cacheable_tokens, tokenizer)
+    explained = []
+    for p, request in enumerate(ordered):
+        slot = replayed.get(p)
+        hit = None if slot is None else int(details.hit_tokens[slot])
+        ideal_same = min(min(same[p].tokens, any_[p].tokens) // config.block_size,
+                         max(request.num_tokens - 1, 0) // config.block_size) * config.block_size
+        expired = (slot is not None and details.ttl_hit_tokens is not None
+                   and int(details.ttl_hit_tokens[slot]) < ideal_same)
+        bars = breakdown(request.num_tokens, config.block_size, any_[p].tokens, same[p].tokens, hit,
+                         _lost_to(expired, same[p], eligible), not eligible[p], None if reported is None else reported[p])
+        last_use = None if slot is None else details.last_use[slot]
+        if last_use is not None:  # replay slot -> position among all requests
+            last_use = replace(last_use, position=positions[last_use.position])
+        causes = request_causes(ctx, p, bars, same[p], any_[p], last_use, None if reported is None else reported[p])
+        earlier = None if same[p].earlier is None else ordered[same[p].earlier].request_id
+        explained.append(RequestExplanation(request, same[p].tokens, earlier, bars, causes))
+    return Explanation(name, config, explained, total([e.bars for e in explained]))
+
+
+def _lost_to(expired: bool, same: SharedPrefix, eligible: Sequence[bool]) -> str:
+    """The bar for what the replay missed: TTL, a shared prefix only a too-short prompt had (the
+    provider never cached it), else capacity."""
+    if expired:
+        return "ttl"
+    return "provider_minimum" if same.earlier is not None and not eligible[same.earlier] else "capacity"
+
+
+def _outputs(ordered: Sequence[Request], outputs: Outputs | None, order: list[int]) -> list:
+    if outputs is not None:
+        if len(outputs) != len(ordered):
+            raise ValueError(f"got {len(outputs)} outputs for {len(ordered)} requests")
+        return known_outputs(ordered, [outputs[i] for i in order])
+    return known_outputs(ordered, trace_outputs(ordered))
+
+
+def _shared_prefixes(ordered: Sequence[Request], sequences: Sequence[np.ndarray], config: CacheConfig) -> tuple[list[SharedPrefix], list[SharedPrefix]]:
+    """Per request, the longest prefix shared with an earlier stored sequence: in its namespace, in any."""
+    same_index, any_index = PrefixIndex(config.block_size, config.hash), PrefixIndex(config.block_size, config.hash)
+    same, any_ = [], []
+    for position, request in enumerate(ordered):
+        prompt = np.asarray(request.token_ids, dtype=np.int64)
+        same.append(same_index.longest(prompt, request.salt or ""))
+        any_.append(any_index.longest(prompt, ""))
+        same_index.add(position, sequences[position], request.salt or "")  # all: no provider minimum
+        any_index.add(position, sequences[position], "")
+    return same, any_
+
+
+def _replay(ordered: Sequence[Request], outputs: list | None, eligible: Sequence[bool], config: CacheConfig):
+    """The bounded replay of the eligible requests; returns the details and position -> replay slot."""
+    positions = [p for p, ok in enumerate(eligible) if ok]
+    chosen = [ordered[p] for p in positions]
+    keep = config.kind is CacheKind.RADIX or config.verify_tokens
+    prompts = prompt_blocks_of(chosen, config.block_size, config.hash, keep_tokens=keep)
+    stored = prompts if outputs is None else stored_blocks_of(chosen, [outputs[p] for p in positions],
+                                                              config.block_size, config.hash, keep)
+    arrivals = np.array([r.arrival_s for r in chosen], dtype=np.float64)
+    return replay_details(prompts, stored, arrivals, config), {p: slot for slot, p in enumerate(positions)}
+
+
+def unbounded_config(requests: Sequence[Request], config: CacheConfig) -> CacheConfig:
+    """``config`` with room for every full block the requests could store (prompt + output)."""
+    lengths = sum((r.num_tokens + (r.output_tokens or r.max_tokens)) // config.block_size for r in requests)
+    return replace(config, capacity_blocks=max(lengths, 1))

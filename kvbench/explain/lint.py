@@ -1,0 +1,92 @@
+"""``kvbench explain --lint``: prompt-layout rules checked on a trace without running anything.
+
+* **Stable first**: a volatile value (:mod:`kvbench.explain.volatile`; plain counters are left out,
+  numbers are everywhere) anywhere but the prompt's last message (the new turn) sits before content
+  that every later turn resends, so every block after it differs per request. Move it to the end.
+* **Append-only sessions**: turn ``t`` of a session should resend turn ``t - 1``'s whole prompt;
+  the first token where it does not is reported (history rewritten, reasoning dropped, a template
+  that renders earlier turns differently).
+* **Tokens after the first volatile value**: the share of all prompt tokens that sit after the first
+  volatile value of their prompt: what a prefix cache cannot share while that value changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvbench.explain.content import decode, excerpt, last_message_offset
+from kvbench.explain.prefixes import common_prefix_tokens
+from kvbench.explain.volatile import find_volatile, token_offset_of_char
+from kvbench.request import Request
+
+LINT_KINDS = ("uuid", "date", "timestamp", "time", "request id", "hex id")  # not "counter"
+
+
+@dataclass(frozen=True)
+class LintFinding:
+    """One broken rule: ``rule`` (``stable first`` / ``append-only``), the request, the token offset,
+    a one-line ``detail`` and an excerpt around the offset."""
+
+    rule: str
+    request_id: str
+    offset_tokens: int
+    detail: str
+    excerpt: str
+
+
+@dataclass(frozen=True)
+class LintReport:
+    """Findings plus the trace totals: ``num_tokens_after_volatile`` of ``num_prompt_tokens``;
+    ``num_turns_checked`` later turns, ``num_turns_append_only`` of them resend the previous prompt."""
+
+    findings: list[LintFinding]
+    num_prompt_tokens: int
+    num_tokens_after_volatile: int
+    num_turns_checked: int
+    num_turns_append_only: int
+
+    @property
+    def share_after_volatile(self) -> float:
+        return self.num_tokens_after_volatile / self.num_prompt_tokens if self.num_prompt_tokens else 0.0
+
+
+def lint(requests: Sequence[Request], tokenizer) -> LintReport:
+    """Check every request (module docstring); ``tokenizer`` decodes ids (and renders messages)."""
+    findings: list[LintFinding] = []
+    after = 0
+    for request in requests:
+        ids = np.asarray(request.token_ids)
+        spans = find_volatile(decode(tokenizer, ids), LINT_KINDS)
+        if not spans:
+            continue
+        offset = token_offset_of_char(lambda part: decode(tokenizer, np.asarray(part)), ids.tolist(), spans[0].start)
+        after += len(ids) - offset
+        if offset < last_message_offset(tokenizer, request.messages):
+            findings.append(LintFinding("stable first", request.request_id, offset,
+                                        f"{spans[0].kind} {spans[0].text!r} at token {offset:,} of {len(ids):,}, "
+                                        "before content later turns resend: move it to the end",
+                                        excerpt(tokenizer, ids, offset)))
+    checked, append_only = _sessions(requests, tokenizer, findings)
+    return LintReport(findings, sum(r.num_tokens for r in requests), after, checked, append_only)
+
+
+def _sessions(requests: Sequence[Request], tokenizer, findings: list[LintFinding]) -> tuple[int, int]:
+    by_turn = {(r.session_id, r.turn): r for r in requests}
+    checked = append_only = 0
+    for request in requests:
+        previous = by_turn.get((request.session_id, request.turn - 1))
+        if previous is None:
+            continue
+        checked += 1
+        shared = common_prefix_tokens(np.asarray(previous.token_ids), np.asarray(request.token_ids))
+        if shared >= previous.num_tokens:
+            append_only += 1
+            continue
+        findings.append(LintFinding("append-only", request.request_id, shared,
+                                    f"turn {request.turn} resends only {shared:,} of turn {previous.turn}'s "
+                                    f"{previous.num_tokens:,} prompt tokens",
+                                    excerpt(tokenizer, np.asarray(request.token_ids), shared)))
+    return checked, append_only
