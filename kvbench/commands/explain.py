@@ -13,6 +13,9 @@ from kvbench.commands.common import build, make_console
 from kvbench.run.config import CacheFlags
 
 
+PLAIN_NEW = ("never seen", "new tokens", "new message")  # the first cause when nothing was lost to content
+
+
 def explain(
     source: Annotated[Path, typer.Argument(help="Scenario (.toml), trace (.jsonl) or a run's results (.parquet).")],
     cache_size: Annotated[str | None, typer.Option(help="Capacity in blocks (default: room for everything).")] = None,
@@ -70,9 +73,10 @@ def waterfall_table(explanation) -> Table:
 
 
 def requests_table(explanation, show: int) -> Table:
-    """The ``show`` requests that lost most (not counting tokens never sent before), in replay order."""
-    def lost(item) -> int:
-        return item.request.num_tokens - item.hit_tokens - item.bars.tokens["new"]
+    """The ``show`` requests that lost most (not counting plain new content), in replay order."""
+    def lost(item) -> int:  # a content cause (a timestamp, a reordered JSON) counts; plain new content does not
+        plain = item.causes and item.causes[0].kind in PLAIN_NEW
+        return item.request.num_tokens - item.hit_tokens - (item.bars.tokens["new"] if plain else 0)
 
     chosen = sorted(sorted(explanation.requests, key=lost, reverse=True)[:show], key=lambda e: e.request.arrival_s)
     table = Table(title=f"per request: the {len(chosen)} that lost most", show_lines=True)
