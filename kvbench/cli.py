@@ -42,6 +42,7 @@ _COMMAND_MODULES = (
     "kvbench.commands.model",
     "kvbench.commands.peer",
     "kvbench.commands.explain",
+    "kvbench.commands.play",
 )
 
 for _name in _COMMAND_MODULES:

@@ -1,0 +1,1 @@
+"""``kvbench play``: state.py (the exercise on the real caches, no screen), app.py (the Textual app)."""
