@@ -39,6 +39,7 @@ def report(
     out: Annotated[Path | None, typer.Option(help="Folder for the PNGs and report.html "
                                                   "(default results/report-TIME).")] = None,
     title: Annotated[str, typer.Option(help="Title of the HTML page.")] = "kvbench report",
+    explain: Annotated[bool, typer.Option("--explain", help="Add kvbench explain's waterfall and per-request causes for each run.")] = False,
 ) -> None:
     """Summary tables, PNG plots and one self-contained HTML page (plots embedded) from result files.
 
@@ -51,13 +52,19 @@ def report(
         console.print(_rich_table(table))
     out = out or Path("results") / f"report-{time.strftime('%Y%m%d-%H%M%S')}"
     with err.status("drawing plots"):
-        written = build_report(loaded, out, title)
+        written = build_report(loaded, out, title, _explain_sections(loaded, out) if explain else ())
     for note in written.notes:
         err.print(f"[yellow]note:[/yellow] {escape(note)}")
     for figure in written.figures:
         console.print(f"  {escape(str(figure.path))}")
     console.print(f"wrote {len(written.figures)} plots and {escape(str(written.html_path))} "
                   "(self-contained: the plots are embedded)")
+
+
+def _explain_sections(loaded, out: Path) -> list:
+    from kvbench.explain.html import explain_section
+
+    return [explain_section(result.path, out) for result in loaded if result.kind == "run"]
 
 
 def _comparison_table(comparison: Comparison) -> Table:

@@ -220,12 +220,14 @@ def _turn_figure(group: Sequence[ResultFile], title: str, path: Path) -> Figure 
     return Figure(path, "Mean cached prompt tokens per turn (or agent step), against the mean prompt length.")
 
 
-def build_report(results: Sequence[ResultFile], out_dir: str | Path, title: str = "kvbench report") -> Report:
+def build_report(results: Sequence[ResultFile], out_dir: str | Path, title: str = "kvbench report",
+                 extra: Sequence[tuple[Sequence[TableData], Sequence[Figure]]] = ()) -> Report:
     """Write the PNG plots and ``report.html`` (plots embedded as base64 data URIs) into ``out_dir``.
 
     Plots drawn when the inputs allow: hit rate vs cache size (sim, sweep), TTFT p50 vs hit rate with
     the fit (sweep; or 2+ runs of one trace), and per trace group of run files: TTFT CDF (cache off vs
-    on), TTFT per request, cached tokens per turn (multi-turn traces).
+    on), TTFT per request, cached tokens per turn (multi-turn traces). ``extra``: more (tables,
+    figures) sections appended after them (``kvbench report --explain``: :mod:`kvbench.explain.html`).
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -233,6 +235,8 @@ def build_report(results: Sequence[ResultFile], out_dir: str | Path, title: str 
     for index, group in enumerate(group_by_trace(results), start=1):
         figures += _run_figures(group, index, out_dir)
     tables, notes = summary_tables(results), input_notes(results)
+    for extra_tables, extra_figures in extra:
+        tables, figures = [*tables, *extra_tables], [*figures, *extra_figures]
     page = render_html(title, [str(r.path) for r in results], tables, figures, notes)
     html_path = out_dir / "report.html"
     html_path.write_text(page, encoding="utf-8")

@@ -1,0 +1,57 @@
+"""The explain view of ``kvbench report --explain``: per run file, the waterfall (PNG and table) and
+the per-request table with the divergence excerpts, as the report's own table and figure types."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvbench.explain.api import Explanation
+from kvbench.explain.plot import plot_waterfall
+from kvbench.explain.sources import ExplainConfig, explain_file
+from kvbench.results.report import Figure, TableData
+
+MAX_REQUEST_ROWS = 40  # the requests that lost most
+
+
+def explain_section(path: Path, out_dir: Path) -> tuple[list[TableData], list[Figure]]:
+    """Explain one run's Parquet file (:func:`kvbench.explain.sources.explain_file`) for the report.
+
+    Raises:
+        InputError: the file is not a run's results, or its source file cannot be read.
+    """
+    explanation = explain_file(ExplainConfig(Path(path)))
+    title = f"explain: {explanation.name}"
+    png = plot_waterfall(explanation.waterfall, Path(out_dir) / f"explain-{explanation.name}.png", title)
+    caption = ("where the prompt tokens went: an ideal cache's hit, then each loss, down to what the server "
+               "reported; the bars sum exactly")
+    return [waterfall_table(explanation, title), requests_table(explanation)], [Figure(png, caption)]
+
+
+def waterfall_table(explanation: Explanation, title: str) -> TableData:
+    rows = tuple((label, f"{tokens:,}", f"{share:.2%}", f"{left:,}")
+                 for label, tokens, share, left in explanation.waterfall.rows())
+    return TableData(f"{title}: waterfall", ("step", "tokens", "share", "left"), rows,
+                     "share = of all prompt tokens")
+
+
+def requests_table(explanation: Explanation) -> TableData:
+    def lost(item) -> int:
+        return item.request.num_tokens - item.hit_tokens - item.bars.tokens["new"]
+
+    chosen = sorted(sorted(explanation.requests, key=lost, reverse=True)[:MAX_REQUEST_ROWS],
+                    key=lambda item: item.request.arrival_s)
+    rows = []
+    for item in chosen:
+        causes = []
+        for cause in item.causes:
+            at = "" if cause.offset_tokens is None else f" @{cause.offset_tokens:,}"
+            text = f"{cause.kind} {cause.tokens:,}{at}: {cause.detail}"
+            if cause.excerpt:
+                text += f" | this: {cause.excerpt} | earlier: {cause.earlier_excerpt}"
+            causes.append(text)
+        earlier = f"{item.shared_tokens:,} vs {item.earlier_request_id}" if item.earlier_request_id else "-"
+        rows.append((item.request.request_id, f"{item.request.num_tokens:,}", f"{item.hit_tokens:,}", earlier,
+                     " || ".join(causes)))
+    return TableData(f"explain: {explanation.name}: per request (the {len(rows)} that lost most)",
+                     ("request", "prompt", "hit", "diverges at", "causes (tokens, offset; ‖ marks the offset)"),
+                     tuple(rows))
