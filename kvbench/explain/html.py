@@ -51,7 +51,7 @@ def requests_table(explanation: Explanation) -> TableData:
             causes.append(text)
         earlier = f"{item.shared_tokens:,} vs {item.earlier_request_id}" if item.earlier_request_id else "-"
         rows.append((item.request.request_id, f"{item.request.num_tokens:,}", f"{item.hit_tokens:,}", earlier,
-                     " || ".join(causes)))
+                     " || ".join(causes).replace("⏎", "↵")))
     return TableData(f"explain: {explanation.name}: per request (the {len(rows)} that lost most)",
                      ("request", "prompt", "hit", "diverges at", "causes (tokens, offset; ‖ marks the offset)"),
-                     tuple(rows))
+                     tuple(rows), text_columns=(4,))

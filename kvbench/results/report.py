@@ -41,6 +41,7 @@ class TableData:
     columns: tuple[str, ...]
     rows: tuple[tuple[str, ...], ...]
     caption: str = ""
+    text_columns: tuple[int, ...] = ()  # columns of prose, left-aligned in HTML (numbers stay right)
 
 
 RUN_METRICS = (
@@ -245,7 +246,9 @@ def build_report(results: Sequence[ResultFile], out_dir: str | Path, title: str 
 
 def _html_table(table: TableData) -> str:
     head = "".join(f"<th>{html.escape(c)}</th>" for c in table.columns)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>" for row in table.rows)
+    body = "".join("<tr>" + "".join(f"<td style='text-align:left'>{html.escape(cell)}</td>" if i in table.text_columns
+                                    else f"<td>{html.escape(cell)}</td>" for i, cell in enumerate(row)) + "</tr>"
+                   for row in table.rows)
     caption = f"<p class='caption'>{html.escape(table.caption)}</p>" if table.caption else ""
     return f"<h2>{html.escape(table.title)}</h2><table><tr>{head}</tr>{body}</table>{caption}"
 
