@@ -6,12 +6,6 @@ import pytest
 from kvbench.request import Message, Request
 from kvbench.workloads.tokenizer import load_tokenizer
 
-STABLE = ("You are the support assistant of a storage company. Answer in plain words, cite the manual, "
-          "never guess, and keep every answer short. The manual covers quotas, snapshots, replication, "
-          "billing, retention and access control. When a question is about billing, send the user to the "
-          "billing portal. When a question is about access control, explain roles before permissions. "
-          "Snapshots are read only. Replication is asynchronous across regions and synchronous inside one.\n")
-
 
 @pytest.fixture(scope="session")
 def tokenizer():
@@ -29,9 +23,3 @@ def chat(tokenizer):
                        max_tokens=max_tokens, salt=salt, messages=messages)
 
     return make
-
-
-def first_difference(a, b) -> int:
-    n = min(len(a), len(b))
-    different = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
-    return int(different[0]) if different.size else n

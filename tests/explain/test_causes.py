@@ -10,7 +10,7 @@ from kvbench.cache.base import CacheConfig
 from kvbench.explain.api import explain_requests, unbounded_config
 from kvbench.request import Request
 
-from conftest import STABLE, first_difference
+from explain_traces import STABLE, first_difference
 
 B = 16
 

@@ -10,7 +10,7 @@ from kvbench.run.source import load_source
 from kvbench.sim.outputs import trace_outputs
 from kvbench.sim.predict import Unbounded, expected_cached_tokens
 
-from conftest import STABLE, first_difference
+from explain_traces import STABLE, first_difference
 
 
 @pytest.mark.parametrize("name, capacity, kind", [("multi_prefix_zipf", 512, CacheKind.HASH),
