@@ -47,23 +47,25 @@ def explain(
             console.print(table)
         return
     explanation = explain_file(config)
-    console.print(waterfall_table(explanation))
+    roomy = cache_size is None and source.suffix != ".parquet"  # the default: room for everything
+    console.print(waterfall_table(explanation, roomy))
     console.print(requests_table(explanation, show))
     if png is not None:
         from kvbench.explain.plot import plot_waterfall
 
-        console.print(f"wrote {plot_waterfall(explanation.waterfall, png, waterfall_title(explanation))}")
+        console.print(f"wrote {plot_waterfall(explanation.waterfall, png, waterfall_title(explanation, roomy))}")
 
 
-def waterfall_title(explanation) -> str:
+def waterfall_title(explanation, roomy: bool = False) -> str:
     config = explanation.config
     ttl = f", TTL {config.ttl_s:g} s" if config.ttl_s else ""
+    room = " (room for everything)" if roomy else ""
     return (f"kvbench explain: {explanation.name} ({len(explanation.requests):,} requests; {config.kind.value} "
-            f"cache of {config.capacity_blocks:,} blocks of {config.block_size}{ttl})")
+            f"cache of {config.capacity_blocks:,} blocks of {config.block_size}{room}{ttl})")
 
 
-def waterfall_table(explanation) -> Table:
-    table = Table(title=waterfall_title(explanation))
+def waterfall_table(explanation, roomy: bool = False) -> Table:
+    table = Table(title=waterfall_title(explanation, roomy))
     for column in ("step", "tokens", "share", "left"):
         table.add_column(column, justify="left" if column == "step" else "right")
     for label, tokens, share, left in explanation.waterfall.rows():
