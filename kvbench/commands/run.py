@@ -52,6 +52,7 @@ def run(
     timeout: Annotated[float | None, typer.Option(help=f"openai: deadline per request, s (default {DEFAULT_TIMEOUT_S:g}).")] = None,
     server_block_size: Annotated[int | None, typer.Option(help="openai: the server's block size for expectations (default 16).")] = None,
     expected_cache_size: Annotated[int | None, typer.Option(help="openai: expectations from a cache of N blocks (default unbounded).")] = None,
+    schedule: opt.ScheduleOption = None, time_scale: opt.TimeScale = None,
     warmup: Annotated[int | None, typer.Option(help="First N requests are a marked warm-up.")] = None,
     verify: Annotated[bool | None, typer.Option("--verify", help="Re-run each request without the cache and compare outputs.")] = None,
     temperature: Annotated[float | None, typer.Option(help="0 = greedy.")] = None,
@@ -69,7 +70,7 @@ def run(
         CacheFlags(cache, cache_kind, block_size, cache_size, ttl, release, hash_algo, hash_bits, verify),
         RunFlags(requests, concurrency, warmup, max_tokens, ignore_eos, temperature, top_p, seed),
         ServerFlags(base_url, api_key_env, tokenizer, request_rate, burstiness, duration, hygiene, reset_cache,
-                    timeout, server_block_size, expected_cache_size),
+                    timeout, server_block_size, expected_cache_size, schedule, time_scale),
         salt, out))
     outcome = run_with_progress(lambda on_progress: run_file(config, on_progress))
     console, err = make_console(), make_console(stderr=True)

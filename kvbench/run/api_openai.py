@@ -14,6 +14,7 @@ from dataclasses import replace
 from kvbench.backends.openai.hygiene import Hygiene, with_nonce
 from kvbench.errors import InputError, checked
 from kvbench.request import Request
+from kvbench.results.timeline import replay_lag
 from kvbench.results.writer import RunWriter
 from kvbench.run.execute import (Progress, RunOutcome, api_key, default_out, execute, new_run_id,
                                  prepared_requests, run_metadata)
@@ -53,8 +54,11 @@ def _load(config: RunConfig, settings, num_requests: int) -> LoadConfig:
     server = config.server
     rate = server.rate_per_s
     concurrency = config.run.concurrency if rate != float("inf") else settings.concurrency
+    if server.trace_time_scale is not None:  # an open loop at the trace's times; --concurrency caps it
+        concurrency = config.run.concurrency
     return LoadConfig(concurrency, rate, server.burstiness or 1.0, server.duration,
-                      num_warmup=min(settings.warmup, num_requests), seed=settings.seed)
+                      num_warmup=min(settings.warmup, num_requests), seed=settings.seed,
+                      time_scale=server.trace_time_scale)
 
 
 def _run_info(config: RunConfig, run_id: str, client_config, load: LoadConfig, expectations,
@@ -67,7 +71,8 @@ def _run_info(config: RunConfig, run_id: str, client_config, load: LoadConfig, e
                       "expected_capacity_blocks": expectations.capacity_blocks},
             "load": {"concurrency": load.concurrency,
                      "request_rate_per_s": load.request_rate_per_s if load.is_open_loop else None,
-                     "burstiness": load.burstiness, "duration_s": load.duration_s}}
+                     "burstiness": load.burstiness, "duration_s": load.duration_s,
+                     "schedule": "trace" if load.time_scale is not None else "rate", "time_scale": load.time_scale}}
 
 
 def run_openai(config: RunConfig, on_progress: Progress | None = None) -> RunOutcome:
@@ -100,6 +105,8 @@ def run_openai(config: RunConfig, on_progress: Progress | None = None) -> RunOut
     writer = RunWriter(config.out or default_out("run", source.name), metadata, run_id, backend.describe())
     outcome = execute(requests, backend, load, writer, on_progress, backend_context=lambda: backend)
     outcome.notes = notes
+    if load.is_open_loop:
+        outcome.notes.append(replay_lag(outcome.rows).describe())
     after = parse_prefix_cache_counters(fetch_metrics(server.url, key))
     by_index = {request.index: record for request, record in outcome.records}
     outcome.reconciliation = reconcile(writer.rows, requests, expectations, [by_index.get(r.index) for r in requests],

@@ -26,6 +26,14 @@ class BackendKind(str, Enum):
     OPENAI = "openai"
 
 
+class Schedule(str, Enum):
+    """When requests are sent: ``rate`` = closed loop, or ``--request-rate`` arrivals; ``trace`` =
+    at the trace's own arrival times (``--time-scale`` X: X times faster)."""
+
+    RATE = "rate"
+    TRACE = "trace"
+
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -99,10 +107,21 @@ class ServerFlags:
     timeout: float | None = None  # s per request
     server_block_size: int | None = None
     expected_cache_size: int | None = None  # blocks; None = unbounded
+    schedule: Schedule | None = None  # None = rate
+    time_scale: float | None = None  # --schedule trace: speed-up factor (None = 1, real time)
 
     def __post_init__(self) -> None:
         _check_positive(self, ("timeout", "duration", "request_rate", "burstiness", "server_block_size",
-                               "expected_cache_size"))
+                               "expected_cache_size", "time_scale"))
+        if self.time_scale is not None and self.schedule is not Schedule.TRACE:
+            raise ValueError("--time-scale applies to --schedule trace")
+        if self.schedule is Schedule.TRACE and self.request_rate is not None:
+            raise ValueError("--schedule trace replays the trace's own times: drop --request-rate")
+
+    @property
+    def trace_time_scale(self) -> float | None:
+        """The replay's speed-up factor with ``--schedule trace`` (1 by default), else ``None``."""
+        return (self.time_scale or 1.0) if self.schedule is Schedule.TRACE else None
 
     @property
     def url(self) -> str:
