@@ -20,11 +20,12 @@ from kvbench.commands import options as opt
 from kvbench.commands.common import build, make_console, run_with_progress
 from kvbench.run.config import (DEFAULT_BASE_URL, DEFAULT_TIMEOUT_S, BackendKind, CacheFlags, ModelFlags, RunConfig,
                                 RunFlags, ServerFlags)
+from kvbench.run.load_section import load_backend
 
 
 def run(
     source: opt.Source,
-    backend: Annotated[BackendKind, typer.Option(help="inprocess: the engine here; openai: an HTTP endpoint.")] = BackendKind.INPROCESS,
+    backend: Annotated[BackendKind | None, typer.Option(help="inprocess: the engine here (default, or the scenario's [load] backend); openai: an HTTP endpoint.")] = None,
     model: Annotated[str | None, typer.Option(help="inprocess: local checkpoint dir (default: the random Llama); openai: served model name (default: the first of /v1/models).")] = None,
     base_url: Annotated[str | None, typer.Option(help=f"openai: API root with /v1 (default {DEFAULT_BASE_URL}).")] = None,
     api_key_env: Annotated[str | None, typer.Option(help="openai: environment variable holding the API key (default OPENAI_API_KEY).")] = None,
@@ -66,7 +67,7 @@ def run(
     from kvbench.run.api import run as run_file
 
     config = build(lambda: RunConfig(
-        source, backend, ModelFlags(model, device, dtype),
+        source, backend or load_backend(source), ModelFlags(model, device, dtype),
         CacheFlags(cache, cache_kind, block_size, cache_size, ttl, release, hash_algo, hash_bits, verify),
         RunFlags(requests, concurrency, warmup, max_tokens, ignore_eos, temperature, top_p, seed),
         ServerFlags(base_url, api_key_env, tokenizer, request_rate, burstiness, duration, hygiene, reset_cache,

@@ -8,6 +8,7 @@ typed (``--requests: 0 must be positive``), so the CLI prints them as they are.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field, fields
 from enum import Enum
 from pathlib import Path
@@ -125,7 +126,8 @@ class ServerFlags:
 
     @property
     def url(self) -> str:
-        return (self.base_url or DEFAULT_BASE_URL).rstrip("/")
+        """``--base-url``, else ``OPENAI_BASE_URL`` (the OpenAI client's variable), else the default."""
+        return (self.base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
 
     @property
     def key_variable(self) -> str:
