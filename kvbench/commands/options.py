@@ -25,3 +25,5 @@ ScheduleOption = Annotated[Schedule | None, typer.Option(
     "--schedule", help="openai: rate = closed loop or --request-rate (default); trace = at the trace's own arrival times.")]
 TimeScale = Annotated[float | None, typer.Option(
     "--time-scale", help="openai, --schedule trace: replay X times faster (0.5 = half speed; default 1).")]
+PreflightOption = Annotated[bool, typer.Option(
+    "--preflight/--no-preflight", help="openai: check server, model, streaming, cached_tokens and cache_salt first.")]

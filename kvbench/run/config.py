@@ -110,6 +110,7 @@ class ServerFlags:
     expected_cache_size: int | None = None  # blocks; None = unbounded
     schedule: Schedule | None = None  # None = rate
     time_scale: float | None = None  # --schedule trace: speed-up factor (None = 1, real time)
+    preflight: bool = True  # check server, model, streaming, cached_tokens and cache_salt first
 
     def __post_init__(self) -> None:
         _check_positive(self, ("timeout", "duration", "request_rate", "burstiness", "server_block_size",
