@@ -113,7 +113,7 @@ def _run_info(config: RunConfig, run_id: str, client_config, load: LoadConfig, e
             "cache": {"enabled": None, "block_size": expectations.block_size,
                       "expected_capacity_blocks": expectations.capacity_blocks},
             "load": {"concurrency": load.concurrency,
-                     "request_rate_per_s": load.request_rate_per_s if load.is_open_loop else None,
+                     "request_rate_per_s": load.request_rate_per_s if load.request_rate_per_s != float("inf") else None,
                      "burstiness": load.burstiness, "duration_s": load.duration_s,
                      "schedule": "trace" if load.time_scale is not None else "rate", "time_scale": load.time_scale}}
 
