@@ -71,7 +71,7 @@ def with_run_tokenizer(config: RunConfig, model: str, key: str, tokenizer, sourc
 def run_preflight(config: RunConfig, model: str, key: str, tokenizer, settings) -> tuple[RunConfig, list[str], dict]:
     """The preflight (:mod:`kvbench.backends.openai.preflight`) unless ``--no-preflight``: returns the
     config (nonce hygiene when the server ignored cache_salt under salt hygiene), its note lines and
-    its results for the metadata. Raises ``InputError`` when the server or the model is not there."""
+    its results for the metadata. Raises ``InputError`` when the server lists models but not this one."""
     import asyncio
 
     from kvbench.backends.openai.client import OpenAIConfig

@@ -75,11 +75,13 @@ def test_concurrency_caps_a_trace_replay():
 
 
 def test_on_the_wall_clock_a_replay_keeps_its_due_times_within_a_tolerance():
-    records = replay(trace(), 20.0, service_s=0.005, clock=WALL_CLOCK)  # 5 requests over 0.25 s
+    records = replay(trace(), 4.0, service_s=0.005, clock=WALL_CLOCK)  # 5 requests over 1.25 s, gaps >= 25 ms
     lags_ms = [(record.sent_s - record.due_s) * 1e3 for _, record in records]
-    assert all(0 <= lag < 50 for lag in lags_ms), lags_ms  # 2 shared cores: a generous bound
+    assert all(0 <= lag < 100 for lag in lags_ms), lags_ms  # 2 cores shared by 8 agents: a generous bound
     gaps = np.diff([record.due_s for _, record in records])
-    assert gaps == pytest.approx(np.diff(ARRIVALS_S) / 20.0, abs=1e-9)
+    assert gaps == pytest.approx(np.diff(ARRIVALS_S) / 4.0, abs=1e-9)
+    sent_gaps = np.diff([record.sent_s for _, record in records])
+    assert sent_gaps == pytest.approx(gaps, abs=0.1)
 
 
 def test_a_trace_replay_refuses_a_rate_and_a_bad_scale():
