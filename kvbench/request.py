@@ -136,6 +136,8 @@ class RequestRecord:
         phase / queue_ms / sent_s / ended_s: set by the send loop: the phase, the wait from the
             request being due (or taken by a client) to its service starting, and the service window
             in seconds from the run's start.
+        due_s: set by the send loop: when the request was due (open loop, trace replay) or taken by a
+            client (closed loop), seconds from the run's start; ``sent_s - due_s`` is the replay lag.
     """
 
     status: Status
@@ -161,6 +163,7 @@ class RequestRecord:
     queue_ms: float = 0.0
     sent_s: float | None = None
     ended_s: float | None = None
+    due_s: float | None = None
 
     @property
     def ok(self) -> bool:

@@ -9,8 +9,9 @@ import typer
 
 from kvbench.cache.base import CacheKind, ReleaseOrder
 from kvbench.cache.block_hash import HashAlgo
+from kvbench.run.config import Schedule
 
-Source = Annotated[Path, typer.Argument(help="Scenario (.toml) or trace (.jsonl: kvbench or Mooncake).")]
+Source = Annotated[Path, typer.Argument(help="Scenario (.toml) or trace (.jsonl: kvbench, Mooncake, hash-id or prompts; .json: ShareGPT; .csv: BurstGPT).")]
 Device = Annotated[str, typer.Option(help="cpu, cuda, cuda:N or mps.")]
 DTypeName = Annotated[str, typer.Option(help="float32, bfloat16 or float16.")]
 CacheKindOption = Annotated[CacheKind | None, typer.Option(help="Cache structure.")]
@@ -21,3 +22,9 @@ HashBits = Annotated[int | None, typer.Option(help="Keep only N bits of every ke
 MaxTokens = Annotated[int | None, typer.Option(help="Output tokens per request (default: the trace's).")]
 PromptOnly = Annotated[bool, typer.Option("--prompt-only", help="Cache prompt blocks only (default: every full block of prompt + output - 1 tokens, as vLLM).")]
 Requests = Annotated[int | None, typer.Option(help="Run only the first N requests.")]
+ScheduleOption = Annotated[Schedule | None, typer.Option(
+    "--schedule", help="openai: rate = closed loop or --request-rate (default); trace = at the trace's own arrival times.")]
+TimeScale = Annotated[float | None, typer.Option(
+    "--time-scale", help="openai, --schedule trace: replay X times faster (0.5 = half speed; default 1).")]
+PreflightOption = Annotated[bool, typer.Option(
+    "--preflight/--no-preflight", help="openai: check server, model, streaming, cached_tokens and cache_salt first.")]

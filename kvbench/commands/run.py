@@ -20,15 +20,16 @@ from kvbench.commands import options as opt
 from kvbench.commands.common import build, make_console, run_with_progress
 from kvbench.run.config import (DEFAULT_BASE_URL, DEFAULT_TIMEOUT_S, BackendKind, CacheFlags, ModelFlags, RunConfig,
                                 RunFlags, ServerFlags)
+from kvbench.run.load_section import load_backend
 
 
 def run(
     source: opt.Source,
-    backend: Annotated[BackendKind, typer.Option(help="inprocess: the engine here; openai: an HTTP endpoint.")] = BackendKind.INPROCESS,
+    backend: Annotated[BackendKind | None, typer.Option(help="inprocess: the engine here (default, or the scenario's [load] backend); openai: an HTTP endpoint.")] = None,
     model: Annotated[str | None, typer.Option(help="inprocess: local checkpoint dir (default: the random Llama); openai: served model name (default: the first of /v1/models).")] = None,
     base_url: Annotated[str | None, typer.Option(help=f"openai: API root with /v1 (default {DEFAULT_BASE_URL}).")] = None,
     api_key_env: Annotated[str | None, typer.Option(help="openai: environment variable holding the API key (default OPENAI_API_KEY).")] = None,
-    tokenizer: Annotated[str | None, typer.Option(help="openai: local HF tokenizer dir for expectations (default cl100k).")] = None,
+    tokenizer: Annotated[str | None, typer.Option(help="openai: tokenizer for expectations: a local HF dir, cl100k (default) or server (its /tokenize).")] = None,
     device: opt.Device = "cpu",
     dtype: opt.DTypeName = "float32",
     cache: Annotated[str | None, typer.Option(help="Prefix cache on or off.")] = None,
@@ -52,6 +53,7 @@ def run(
     timeout: Annotated[float | None, typer.Option(help=f"openai: deadline per request, s (default {DEFAULT_TIMEOUT_S:g}).")] = None,
     server_block_size: Annotated[int | None, typer.Option(help="openai: the server's block size for expectations (default 16).")] = None,
     expected_cache_size: Annotated[int | None, typer.Option(help="openai: expectations from a cache of N blocks (default unbounded).")] = None,
+    schedule: opt.ScheduleOption = None, time_scale: opt.TimeScale = None, preflight: opt.PreflightOption = True,
     warmup: Annotated[int | None, typer.Option(help="First N requests are a marked warm-up.")] = None,
     verify: Annotated[bool | None, typer.Option("--verify", help="Re-run each request without the cache and compare outputs.")] = None,
     prompt_only: opt.PromptOnly = False,
@@ -66,11 +68,11 @@ def run(
     from kvbench.run.api import run as run_file
 
     config = build(lambda: RunConfig(
-        source, backend, ModelFlags(model, device, dtype),
+        source, backend or load_backend(source), ModelFlags(model, device, dtype),
         CacheFlags(cache, cache_kind, block_size, cache_size, ttl, release, hash_algo, hash_bits, verify, prompt_only or None),
         RunFlags(requests, concurrency, warmup, max_tokens, ignore_eos, temperature, top_p, seed),
         ServerFlags(base_url, api_key_env, tokenizer, request_rate, burstiness, duration, hygiene, reset_cache,
-                    timeout, server_block_size, expected_cache_size),
+                    timeout, server_block_size, expected_cache_size, schedule, time_scale, preflight),
         salt, out))
     outcome = run_with_progress(lambda on_progress: run_file(config, on_progress))
     console, err = make_console(), make_console(stderr=True)

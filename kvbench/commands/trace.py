@@ -1,4 +1,5 @@
-"""``kvbench trace gen KIND ... -o FILE`` and ``kvbench trace stats FILE``: text traces."""
+"""``kvbench trace gen KIND ... -o FILE``, ``kvbench trace import FORMAT SRC -o FILE`` and
+``kvbench trace stats FILE``: text traces."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from kvbench.sim.replay import ideal_hit_rate, prepare_prompts
 from kvbench.workloads.conversations import AgentConfig, ChatConfig
 from kvbench.workloads.generators import HeaderPlacement, MultiPrefixTextConfig, OneOffConfig, SharedPrefixConfig
 from kvbench.workloads.mooncake_text import MooncakeTextConfig
+from kvbench.workloads.formats.importing import ImportConfig, import_trace
 from kvbench.workloads.formats.kvbench_trace import Trace, write_trace
 from kvbench.workloads.kinds import generate_trace
 from kvbench.workloads.token_ids import Popularity
@@ -207,6 +209,50 @@ def gen_mooncake(
         raise InputError(f"{source}: no such file")
     config = _config(MooncakeTextConfig, path=str(source), num_requests=num_requests, seed=seed)
     _generate("mooncake-text", config, out, None)
+
+
+class ImportFormat(str, Enum):
+    JSONL = "jsonl"
+    SHAREGPT = "sharegpt"
+    BURSTGPT = "burstgpt"
+    MOONCAKE = "mooncake"
+    HASH_IDS = "hash-ids"
+
+
+@trace_app.command("import")
+def import_(
+    format: Annotated[ImportFormat, typer.Argument(help="jsonl (prompt or messages per line), sharegpt (JSON array), "
+                                                       "burstgpt (CSV), mooncake (512-token hash ids), hash-ids "
+                                                       "(16-token hash ids with chat_id / parent_chat_id).")],
+    source: Annotated[Path, typer.Argument(help="The file to import.")],
+    out: Out,
+    block_size: Annotated[int | None, typer.Option(
+        help="mooncake / hash-ids: tokens per hash id (default 512 / 16).")] = None,
+    skip_bad: Annotated[bool, typer.Option("--skip-bad", help="Leave malformed rows out and count them.")] = False,
+    num_requests: Annotated[int | None, typer.Option(help="Import only the first N requests.")] = None,
+    conversation_gap_s: Annotated[float, typer.Option(
+        help="sharegpt: seconds between conversation starts (it has no timestamps).")] = ImportConfig.conversation_gap_s,
+    think_time_s: Annotated[float, typer.Option(
+        help="sharegpt: seconds between a conversation's turns.")] = ImportConfig.think_time_s,
+    seed: Seed = 0,
+    tokenizer: TokenizerName = None,
+) -> None:
+    """Import other people's traffic as a kvbench trace; token counts are the tokenizer's."""
+    config = _config(ImportConfig, format=format.value, source=str(source), block_size=block_size, seed=seed,
+                     conversation_gap_s=conversation_gap_s, think_time_s=think_time_s, num_requests=num_requests,
+                     skip_bad=skip_bad)
+    tokenizer_ = load_tokenizer(tokenizer)
+    started = time.perf_counter()
+    with Console(stderr=True).status(f"importing {format.value}"):
+        imported = import_trace(config, tokenizer_)
+    write_trace(imported.trace, out)
+    trace = imported.trace
+    num_tokens = sum(r.expected_prompt_tokens for r in trace.requests)
+    Console().print(f"imported {len(trace.requests):,} requests ({trace.num_sessions:,} sessions, {num_tokens:,} "
+                    f"prompt tokens, {tokenizer_.name}) to {out} in {time.perf_counter() - started:.1f} s")
+    if imported.num_skipped:
+        Console(stderr=True).print(f"skipped {imported.num_skipped:,} bad row(s); first: {imported.first_skipped}",
+                                   soft_wrap=True, markup=False)
 
 
 def _summary_table(path: Path, requests: list[Request], trace: Trace | None) -> Table:

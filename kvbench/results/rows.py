@@ -21,10 +21,14 @@ def result_row(run_id: str, columns: Mapping[str, Any], request: Request, record
         expected_cached_tokens=request.expected_cached_tokens, output_tokens=record.output_tokens,
         output_tokens_source=record.output_tokens_source, max_tokens=request.max_tokens,
         arrival_ms=request.arrival_ms, queue_ms=record.queue_ms,
-        sent_ms=None if record.sent_s is None else record.sent_s * 1e3, ttft_ms=record.ttft_ms,
+        sent_ms=_ms(record.sent_s), due_ms=_ms(record.due_s), end_ms=_ms(record.ended_s), ttft_ms=record.ttft_ms,
         tpot_ms=record.tpot_ms, e2e_ms=record.e2e_ms, prefill_ms=record.prefill_ms,
         lookup_ms=record.lookup_ms, kv_load_ms=record.kv_load_ms, insert_ms=record.insert_ms,
         itl_ms=list(record.itl_ms), status=record.status.value, http_status=record.http_status,
         error=record.error, output_matches_reference=record.output_matches_reference,
     )
     return row
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1e3

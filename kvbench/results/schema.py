@@ -8,7 +8,10 @@ machine, seed) go into the file's key-value metadata (see :mod:`kvbench.results.
 Times are milliseconds, measured with ``time.perf_counter``:
 
 * ``arrival_ms``: the trace's arrival offset; ``sent_ms``: when the send loop actually sent the
-  request (open loop: its due time plus any wait), ms from the start of the run.
+  request (open loop: its due time plus any wait), ms from the start of the run; ``due_ms``: when
+  it was due (open loop, ``--schedule trace``) or taken by a client (closed loop), and ``end_ms``:
+  when its response ended, both ms from the start of the run. ``sent_ms - due_ms`` is the replay
+  lag; ``due_ms``, ``sent_ms``, ``end_ms`` rebuild the run's timeline and throughput.
 * ``queue_ms``: from the request being due (open loop) or taken by a client (closed loop) to the
   moment it started being served: waiting time, never counted inside TTFT.
 * ``ttft_ms``: from the start of service to the first output token.
@@ -43,6 +46,8 @@ RUN_SCHEMA = pa.schema([
     pa.field("arrival_ms", pa.float64()),
     pa.field("queue_ms", pa.float64()),
     pa.field("sent_ms", pa.float64()),          # when the send loop sent it, ms from the start of the run
+    pa.field("due_ms", pa.float64()),           # when it was due (open loop / trace replay) or taken (closed)
+    pa.field("end_ms", pa.float64()),           # when its response ended, ms from the start of the run
     pa.field("ttft_ms", pa.float64()),
     pa.field("tpot_ms", pa.float64()),
     pa.field("e2e_ms", pa.float64()),

@@ -29,6 +29,7 @@ from kvbench.results.summary import summarize
 from kvbench.run.config import BackendKind, CacheFlags, RunConfig, SweepConfig
 from kvbench.run.execute import (Progress, RunInterrupted, RunOutcome, default_out, execute, new_run_id,
                                  prepared_requests, run_metadata)
+from kvbench.run.load_section import with_load_section
 from kvbench.run.loop import LoadConfig
 from kvbench.run.setup import cache_config, cache_metadata, parse_cache_size, run_section
 from kvbench.sim.predict import expected_cached_tokens
@@ -51,6 +52,7 @@ def run(config: RunConfig, on_progress: Progress | None = None) -> RunOutcome:
     """
     if config.out is not None:
         check_output_path(config.out)
+    config = checked(lambda: with_load_section(config))  # the scenario's [load] under the flags
     if config.backend is BackendKind.OPENAI:
         from kvbench.run.api_openai import run_openai
 

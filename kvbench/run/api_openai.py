@@ -14,10 +14,11 @@ from dataclasses import replace
 from kvbench.backends.openai.hygiene import Hygiene, with_nonce
 from kvbench.errors import InputError, checked
 from kvbench.request import Request
+from kvbench.results.timeline import replay_lag
 from kvbench.results.writer import RunWriter
 from kvbench.run.execute import (Progress, RunOutcome, api_key, default_out, execute, new_run_id,
                                  prepared_requests, run_metadata)
-from kvbench.run.config import DEFAULT_SERVER_BLOCK_SIZE, DEFAULT_TIMEOUT_S, RunConfig
+from kvbench.run.config import DEFAULT_TIMEOUT_S, RunConfig
 from kvbench.run.loop import LoadConfig
 from kvbench.run.setup import run_section
 from kvbench.run.source import load_source
@@ -49,12 +50,58 @@ def apply_hygiene(config: RunConfig, requests: list[Request], tokenizer) -> tupl
     return requests, config.salt
 
 
+SERVER_TOKENIZER = "server"  # --tokenizer server: the server's /tokenize
+
+
+def with_run_tokenizer(config: RunConfig, model: str, key: str, tokenizer, source):
+    """``(tokenizer, source)`` for the run: the local one as loaded, or with ``--tokenizer server``
+    the server's (:class:`kvbench.backends.openai.tokenize.ServerTokenizer`) with every text request
+    re-rendered by it, so expectations use the ids the server prefills. Raises ``InputError`` when
+    the server has no ``/tokenize``."""
+    if tokenizer is not None:
+        return tokenizer, source
+    from kvbench.backends.openai.tokenize import ServerTokenizer
+
+    tokenizer = ServerTokenizer(config.server.url, model, key)
+    requests = [replace(r, token_ids=tokenizer.render_messages(r.messages) if r.messages is not None
+                        else tokenizer.render_prompt(r.prompt)) if r.has_text else r for r in source.requests]
+    return tokenizer, replace(source, requests=requests)
+
+
+def run_preflight(config: RunConfig, model: str, key: str, tokenizer, settings) -> tuple[RunConfig, list[str], dict]:
+    """The preflight (:mod:`kvbench.backends.openai.preflight`) unless ``--no-preflight``: returns the
+    config (nonce hygiene when the server ignored cache_salt under salt hygiene), its note lines and
+    its results for the metadata. Raises ``InputError`` when the server lists models but not this one."""
+    import asyncio
+
+    from kvbench.backends.openai.client import OpenAIConfig
+    from kvbench.backends.openai.preflight import preflight
+
+    server = config.server
+    if not server.preflight:
+        return config, ["preflight: skipped (--no-preflight)"], {"skipped": True}
+    salt_hygiene = (server.hygiene or Hygiene.SALT) is Hygiene.SALT and config.salt is None
+    probe_config = checked(lambda: OpenAIConfig(server.url, model, key, server.timeout or DEFAULT_TIMEOUT_S,
+                                                settings.temperature, settings.top_p, settings.seed, settings.ignore_eos))
+    result = asyncio.run(preflight(probe_config, tokenizer, with_salts=salt_hygiene))
+    if result.fatal is not None:
+        raise InputError(f"preflight: {result.fatal}")
+    notes = result.lines()
+    if result.salt_ignored:
+        notes.append("[bold red]WARNING: the server ignores cache_salt: falling back to --hygiene nonce[/bold red]")
+        config = replace(config, server=replace(server, hygiene=Hygiene.NONCE))
+    return config, notes, result.as_dict()
+
+
 def _load(config: RunConfig, settings, num_requests: int) -> LoadConfig:
     server = config.server
     rate = server.rate_per_s
     concurrency = config.run.concurrency if rate != float("inf") else settings.concurrency
+    if server.trace_time_scale is not None:  # an open loop at the trace's times; --concurrency caps it
+        concurrency = config.run.concurrency
     return LoadConfig(concurrency, rate, server.burstiness or 1.0, server.duration,
-                      num_warmup=min(settings.warmup, num_requests), seed=settings.seed)
+                      num_warmup=min(settings.warmup, num_requests), seed=settings.seed,
+                      time_scale=server.trace_time_scale)
 
 
 def _run_info(config: RunConfig, run_id: str, client_config, load: LoadConfig, expectations,
@@ -66,40 +113,51 @@ def _run_info(config: RunConfig, run_id: str, client_config, load: LoadConfig, e
             "cache": {"enabled": None, "block_size": expectations.block_size,
                       "expected_capacity_blocks": expectations.capacity_blocks},
             "load": {"concurrency": load.concurrency,
-                     "request_rate_per_s": load.request_rate_per_s if load.is_open_loop else None,
-                     "burstiness": load.burstiness, "duration_s": load.duration_s}}
+                     "request_rate_per_s": load.request_rate_per_s if load.request_rate_per_s != float("inf") else None,
+                     "burstiness": load.burstiness, "duration_s": load.duration_s,
+                     "schedule": "trace" if load.time_scale is not None else "rate", "time_scale": load.time_scale}}
 
 
 def run_openai(config: RunConfig, on_progress: Progress | None = None) -> RunOutcome:
     """:func:`kvbench.run.api.run` against an OpenAI-compatible server."""
     from kvbench.backends.openai.admin import fetch_metrics, reset_prefix_cache
     from kvbench.backends.openai.client import OpenAIBackend, OpenAIConfig
-    from kvbench.backends.openai.metrics import parse_prefix_cache_counters
-    from kvbench.backends.openai.reconcile import expect, reconcile
+    from kvbench.backends.openai.metrics import detect_cache_settings, parse_prefix_cache_counters
+    from kvbench.backends.openai.reconcile import reconcile
+    from kvbench.backends.openai.server_cache import resolve_server_cache, server_expectations
     from kvbench.workloads.tokenizer import load_tokenizer
 
     server = config.server
-    tokenizer = load_tokenizer(server.tokenizer)
+    tokenizer = None if server.tokenizer == SERVER_TOKENIZER else load_tokenizer(server.tokenizer)
     source = load_source(config.source, tokenizer, limit=config.run.num_requests)
     settings = run_section(source, config.run)
     key = api_key(server.key_variable)
     model = served_model(config, key)
+    tokenizer, source = with_run_tokenizer(config, model, key, tokenizer, source)
+    config, notes, checks = run_preflight(config, model, key, tokenizer, settings)
+    notes += [reset_prefix_cache(server.url, key)[1]] if server.reset_cache else []
+    metrics_text = fetch_metrics(server.url, key)
+    before = parse_prefix_cache_counters(metrics_text)
+    server_cache = resolve_server_cache(detect_cache_settings(metrics_text), server.server_block_size,
+                                        server.expected_cache_size)
+    notes += server_cache.lines()
     requests, run_salt = apply_hygiene(config, prepared_requests(source, settings), tokenizer)
-    expectations = expect(requests, server.server_block_size or DEFAULT_SERVER_BLOCK_SIZE, server.expected_cache_size)
+    expectations = server_expectations(requests, server_cache, settings.ignore_eos)
     requests = [replace(r, expected_cached_tokens=e) for r, e in zip(requests, expectations.expected_cached_tokens)]
     client_config = checked(lambda: OpenAIConfig(server.url, model, key, server.timeout or DEFAULT_TIMEOUT_S,
                                                  settings.temperature, settings.top_p, settings.seed,
                                                  settings.ignore_eos, expectations.block_size))
     load = checked(lambda: _load(config, settings, len(requests)))
-    notes = [reset_prefix_cache(server.url, key)[1]] if server.reset_cache else []
-    before = parse_prefix_cache_counters(fetch_metrics(server.url, key))
     run_id = new_run_id(source.name)
     metadata = run_metadata(source, settings, requests, _run_info(config, run_id, client_config, load, expectations,
                                                                   tokenizer.name), config.source, load.num_warmup)
     backend = OpenAIBackend(client_config, tokenizer, run_salt)
+    metadata["preflight"], metadata["server_cache"] = checks, server_cache.origins
     writer = RunWriter(config.out or default_out("run", source.name), metadata, run_id, backend.describe())
     outcome = execute(requests, backend, load, writer, on_progress, backend_context=lambda: backend)
     outcome.notes = notes
+    if load.is_open_loop:
+        outcome.notes.append(replay_lag(outcome.rows).describe())
     after = parse_prefix_cache_counters(fetch_metrics(server.url, key))
     by_index = {request.index: record for request, record in outcome.records}
     outcome.reconciliation = reconcile(writer.rows, requests, expectations, [by_index.get(r.index) for r in requests],

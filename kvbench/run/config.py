@@ -8,6 +8,7 @@ typed (``--requests: 0 must be positive``), so the CLI prints them as they are.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field, fields
 from enum import Enum
 from pathlib import Path
@@ -24,6 +25,14 @@ DEFAULT_SERVER_BLOCK_SIZE = 16  # vLLM's default block size
 class BackendKind(str, Enum):
     INPROCESS = "inprocess"
     OPENAI = "openai"
+
+
+class Schedule(str, Enum):
+    """When requests are sent: ``rate`` = closed loop, or ``--request-rate`` arrivals; ``trace`` =
+    at the trace's own arrival times (``--time-scale`` X: X times faster)."""
+
+    RATE = "rate"
+    TRACE = "trace"
 
 
 def _flag(name: str) -> str:
@@ -100,14 +109,27 @@ class ServerFlags:
     timeout: float | None = None  # s per request
     server_block_size: int | None = None
     expected_cache_size: int | None = None  # blocks; None = unbounded
+    schedule: Schedule | None = None  # None = rate
+    time_scale: float | None = None  # --schedule trace: speed-up factor (None = 1, real time)
+    preflight: bool = True  # check server, model, streaming, cached_tokens and cache_salt first
 
     def __post_init__(self) -> None:
         _check_positive(self, ("timeout", "duration", "request_rate", "burstiness", "server_block_size",
-                               "expected_cache_size"))
+                               "expected_cache_size", "time_scale"))
+        if self.time_scale is not None and self.schedule is not Schedule.TRACE:
+            raise ValueError("--time-scale applies to --schedule trace")
+        if self.schedule is Schedule.TRACE and self.request_rate is not None:
+            raise ValueError("--schedule trace replays the trace's own times: drop --request-rate")
+
+    @property
+    def trace_time_scale(self) -> float | None:
+        """The replay's speed-up factor with ``--schedule trace`` (1 by default), else ``None``."""
+        return (self.time_scale or 1.0) if self.schedule is Schedule.TRACE else None
 
     @property
     def url(self) -> str:
-        return (self.base_url or DEFAULT_BASE_URL).rstrip("/")
+        """``--base-url``, else ``OPENAI_BASE_URL`` (the OpenAI client's variable), else the default."""
+        return (self.base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
 
     @property
     def key_variable(self) -> str:

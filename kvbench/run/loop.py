@@ -11,6 +11,11 @@ It decides *when* each request is sent; the backend (:mod:`kvbench.backends.base
   renewal process whose gaps are gamma(shape=k, scale=1/(R k)): mean 1/R, k = 1 is Poisson, k < 1
   burstier (vLLM ``bench serve``'s ``--request-rate`` / ``--burstiness``). The first request is due
   at 0. With ``concurrency`` set, at most that many are in flight.
+* **Trace replay** (``time_scale`` X, ``kvbench run --schedule trace``): request i is due at its own
+  ``arrival_s`` minus the first measured request's, divided by X (X = 10 replays ten times faster,
+  0.5 at half speed); otherwise as the open loop. A session's turn still waits for the previous turn
+  to finish, so the trace's think time is kept whenever the server keeps up, and a late turn goes
+  right after its predecessor (its lag, ``sent - due``, says by how much).
 * **Session order**: a session's turn k+1 is sent only after turn k finished (its prompt carries
   turn k's reply), even when it is due earlier or another client is free.
 * **Queue time** (``queue_ms``, never inside TTFT): from the request being taken by a client (closed
@@ -54,6 +59,8 @@ class LoadConfig:
         duration_s: stop sending after this many seconds of the measured phase; ``None`` = all.
         num_warmup: requests sent first as a marked warm-up.
         seed: seeds the arrival gaps.
+        time_scale: replay the trace's own arrival times sped up by this factor (``None``: use the
+            rate); an open loop that ignores ``request_rate_per_s``.
     """
 
     concurrency: int | None = 1  # 1 = exact: no request ever waits for another
@@ -62,8 +69,13 @@ class LoadConfig:
     duration_s: float | None = None
     num_warmup: int = 0
     seed: int = 0
+    time_scale: float | None = None
 
     def __post_init__(self) -> None:
+        if self.time_scale is not None and not (self.time_scale > 0 and math.isfinite(self.time_scale)):
+            raise ValueError(f"--time-scale: {self.time_scale} must be a positive number")
+        if self.time_scale is not None and math.isfinite(self.request_rate_per_s):
+            raise ValueError("--schedule trace replays the trace's own times: drop --request-rate")
         if self.concurrency is None and not self.is_open_loop:
             raise ValueError("a closed loop needs a concurrency (or give a request rate)")
         if self.concurrency is not None and not _is_int_at_least(self.concurrency, 1):
@@ -79,7 +91,15 @@ class LoadConfig:
 
     @property
     def is_open_loop(self) -> bool:
-        return math.isfinite(self.request_rate_per_s)
+        return math.isfinite(self.request_rate_per_s) or self.time_scale is not None
+
+    def due_offsets_s(self, batch: Sequence[Request]) -> np.ndarray:
+        """Due times of an open-loop batch, s from its start, shape (len(batch),): the trace's own
+        times scaled (``time_scale``) or the rate's arrival process."""
+        if self.time_scale is None:
+            return arrival_offsets_s(len(batch), self.request_rate_per_s, self.burstiness, self.seed)
+        arrivals = np.array([request.arrival_s for request in batch], dtype=np.float64)
+        return (arrivals - arrivals.min()) / self.time_scale if len(batch) else arrivals
 
 
 def _is_int_at_least(value: object, minimum: int) -> bool:
@@ -123,7 +143,8 @@ class _Run:
             record = await self.backend.serve(request)
             ended_s = self.clock.now()
             record = replace(record, phase=phase, queue_ms=(sent_s - queued_since_s) * 1e3 + record.queue_ms,
-                             sent_s=sent_s - self.start_s, ended_s=ended_s - self.start_s)
+                             sent_s=sent_s - self.start_s, ended_s=ended_s - self.start_s,
+                             due_s=queued_since_s - self.start_s)
             self.records.append((request, record))
             if self.on_record is not None:
                 self.on_record(request, record)
@@ -151,7 +172,7 @@ async def _closed_loop(run: _Run, batch: Sequence[Request], phase: Phase, concur
 async def _open_loop(run: _Run, batch: Sequence[Request], phase: Phase, load: LoadConfig,
                      deadline_s: float) -> None:
     phase_start_s = run.clock.now()
-    due_s = phase_start_s + arrival_offsets_s(len(batch), load.request_rate_per_s, load.burstiness, load.seed)
+    due_s = phase_start_s + load.due_offsets_s(batch)
     slots = asyncio.Semaphore(load.concurrency) if load.concurrency else None
 
     async def one(request: Request, request_due_s: float) -> None:

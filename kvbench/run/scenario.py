@@ -6,6 +6,7 @@ A scenario has up to four sections::
     [cache]      kind, block_size, ttl_s, release_order, hash_algo, hash_bits, verify_tokens
     [sim]        sizes = [...] (cache capacities in blocks), release = [...] orders to compare
     [run]        engine-run settings (read by ``kvbench run``)
+    [load]       how ``kvbench run --backend openai`` sends (read by :mod:`kvbench.run.load_section`)
 
 Every key is checked: an unknown section or key, or a value of the wrong type, is an ``InputError``
 naming the file, the line and the field.
@@ -113,7 +114,7 @@ class Scenario:
             raise InputError(f"{self.path}: workload {self.workload_kind}: {exc}") from None
 
 
-_SECTIONS = ("workload", "cache", "sim", "run")
+_SECTIONS = ("workload", "cache", "sim", "run", "load")
 
 
 def shipped_scenarios() -> list[str]:

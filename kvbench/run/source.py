@@ -6,8 +6,13 @@
   ``[cache]``, ``[sim]`` and ``[run]`` sections come along (``[run]`` validated here:
   :class:`RunSection`).
 * A trace file: opened once; its first line picks the reader (:mod:`kvbench.workloads.formats`):
-  a kvbench trace (rendered with the given tokenizer, or the one its header names) or Mooncake
-  (token ids). Section defaults apply; the block size is the format's (16; 512 for Mooncake).
+  a kvbench trace (rendered with the given tokenizer, or the one its header names), Mooncake
+  (token ids, 512-token blocks), a 16-token hash-id trace with ``chat_id`` (token ids, sessions), or
+  a plain prompts / messages JSONL. A ``.json`` file is read as ShareGPT, a ``.csv`` one as BurstGPT
+  (its header must name BurstGPT's columns). Plain prompts, ShareGPT and BurstGPT are imported
+  in memory with default options (:mod:`kvbench.workloads.formats.importing`; ``kvbench trace
+  import`` writes the same trace to a file). Section defaults apply; the block size is the
+  format's (16; 512 for Mooncake).
 
 ``kvbench run``, ``kvbench sweep``, ``kvbench sim`` and ``kvbench trace stats`` all load here.
 """
@@ -24,13 +29,17 @@ from typing import Any
 from kvbench.errors import InputError
 from kvbench.request import Request
 from kvbench.run.scenario import CacheSection, SimSection, build_section, find_scenario, load_scenario
-from kvbench.workloads.formats.jsonl import KVBENCH_TRACE, MOONCAKE, open_jsonl
+from kvbench.workloads.formats.hash_ids import HASH_ID_FORMATS, hash_id_records, hash_id_requests
+from kvbench.workloads.formats.importing import ImportConfig, import_trace
+from kvbench.workloads.formats.jsonl import HASH_IDS, KVBENCH_TRACE, MOONCAKE, PROMPTS, open_jsonl
+from kvbench.workloads.formats.rows import BadRows
 from kvbench.workloads.formats.kvbench_trace import Trace
 from kvbench.workloads.formats.kvbench_trace_reader import TraceReader, trace_requests
 from kvbench.workloads.formats.mooncake import read_mooncake_lines
 from kvbench.workloads.tokenizer import Tokenizer, load_tokenizer
 
-BLOCK_SIZES = {KVBENCH_TRACE: 16, MOONCAKE: 512}  # a trace file's default block size, by format
+SHAREGPT, BURSTGPT = "sharegpt", "burstgpt"
+BLOCK_SIZES = {KVBENCH_TRACE: 16, MOONCAKE: 512, HASH_IDS: 16, PROMPTS: 16, SHAREGPT: 16, BURSTGPT: 16}  # by format
 
 
 @dataclass(frozen=True)
@@ -145,24 +154,43 @@ def load_source(path: str | Path, tokenizer: Tokenizer | None = None, limit: int
         raise InputError(f"{path}: no such file")
     if path.suffix == ".toml":
         return _from_scenario(path, tokenizer)
-    trace = None
-    with open_jsonl(path) as file:
-        if file.first_number is None:
-            raise InputError(f"{path}: the file is empty")
-        if file.format == KVBENCH_TRACE:
-            trace = TraceReader(path).read(file, limit)
-        elif file.format == MOONCAKE:
-            requests = read_mooncake_lines(file, limit)
-        else:
-            raise InputError.at(path, file.first_number, None,
-                                "not a known trace format (kvbench trace or Mooncake JSONL)")
-        name = file.format
+    name, trace, requests = _read_trace_file(path, tokenizer, limit)
     if trace is not None:
         requests = _rendered(trace, tokenizer, path)
     return RunSource(path.stem, requests, BLOCK_SIZES[name], trace_info=_trace_info(path, trace), format=name,
                      trace=trace, description={"trace": str(path), "format": name})
 
 
+def other_format(path: Path) -> str | None:
+    """``sharegpt`` for a ``.json`` file, ``burstgpt`` for a ``.csv`` one, else ``None`` (JSONL, whose
+    first line picks the reader). By name, so that the file is still opened once."""
+    return {".json": SHAREGPT, ".csv": BURSTGPT}.get(path.suffix.lower())
+
+
+def _read_trace_file(path: Path, tokenizer: Tokenizer | None, limit: int | None):
+    """``(format, trace or None, token-id requests or None)`` of a trace file."""
+    if (other := other_format(path)) is not None:
+        return other, _imported(other, path, tokenizer, limit), None
+    with open_jsonl(path) as file:
+        if file.first_number is None:
+            raise InputError(f"{path}: the file is empty")
+        if file.format == KVBENCH_TRACE:
+            return KVBENCH_TRACE, TraceReader(path).read(file, limit), None
+        if file.format == MOONCAKE:
+            return MOONCAKE, None, read_mooncake_lines(file, limit)
+        if file.format == HASH_IDS:
+            time_format = HASH_ID_FORMATS[HASH_IDS]
+            records = hash_id_records(file, time_format.block_tokens, BadRows(), limit)
+            return HASH_IDS, None, hash_id_requests(records, time_format)
+        if file.format != PROMPTS:
+            raise InputError.at(path, file.first_number, None,
+                                "not a known trace format (kvbench trace, Mooncake or hash-id JSONL, prompts / "
+                                "messages JSONL, a ShareGPT JSON array or a BurstGPT CSV)")
+    return PROMPTS, _imported(PROMPTS, path, tokenizer, limit), None
+
+
+def _imported(name: str, path: Path, tokenizer: Tokenizer | None, limit: int | None) -> Trace:
+    return import_trace(ImportConfig(name, str(path), num_requests=limit), tokenizer or load_tokenizer()).trace
 
 
 def limit_requests(requests: list[Request], num_requests: int | None) -> list[Request]:

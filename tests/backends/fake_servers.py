@@ -82,16 +82,38 @@ class _Handler(BaseHTTPRequestHandler):
         self.server.release.wait(30)
 
     def _script(self):
+        self._events(self.server.script)
+
+    def _events(self, events):
         self._start_stream()
-        for event in self.server.script:
+        for event in events:
             self._send_chunked(f"data: {json.dumps(event)}\n\n".encode())
         self._send_chunked(b"data: [DONE]\n\n")
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
 
+    def _cached_reply(self, details):
+        """A 2-token reply whose usage reports a hit for a prompt seen before, whatever its cache_salt."""
+        def key(body):
+            return json.dumps(body.get("messages") or body.get("prompt"))
+        *earlier, body = self.server.bodies
+        seen = any(key(b) == key(body) for b in earlier)
+        usage = {"prompt_tokens": 168, "completion_tokens": 2, "total_tokens": 170}
+        if details:
+            usage["prompt_tokens_details"] = {"cached_tokens": 160 if seen else 0}
+        chat = "messages" in body
+        self._events([chunk("ok", chat=chat), chunk(" go", "length", chat=chat), chunk(usage=usage, chat=chat)])
+
+    def _saltless(self):  # a prefix cache that ignores cache_salt
+        self._cached_reply(details=True)
+
+    def _no_details(self):  # a server that does not report cached_tokens (vLLM without the flag)
+        self._cached_reply(details=False)
+
 
 class FakeServer:
-    """``behaviour``: fail (500), cut (stream dropped midway), eof (stream ends early), hang, script."""
+    """``behaviour``: fail (500), cut (stream dropped midway), eof (stream ends early), hang, script,
+    saltless (caches across cache_salts), no_details (no cached_tokens in usage)."""
 
     def __init__(self, behaviour, script=()):
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)

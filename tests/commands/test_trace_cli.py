@@ -162,3 +162,18 @@ def test_scenarios_can_replay_a_trace_file_or_convert_mooncake(kvbench, tmp_path
                                        "--out", tmp_path / "s.parquet")
         assert code == 0, stderr
     assert "block size 512" in stdout and f"{512 / 1624:.4f}" in stdout  # mooncake-text defaults to 512
+
+
+def test_trace_import_writes_a_trace_that_reads_back_and_names_bad_rows(kvbench, tmp_path):
+    source = tmp_path / "b.csv"
+    source.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                      "1.0,ChatGPT,50,5,55,API log\n2.5,ChatGPT,x,5,5,API log\n4.0,ChatGPT,70,7,77,API log\n")
+    out = tmp_path / "t.jsonl"
+    code, _, err = kvbench("trace", "import", "burstgpt", source, "-o", out)
+    assert code == 2 and f"{source}:3: field 'Request tokens'" in err and "Traceback" not in err
+    code, stdout, err = kvbench("trace", "import", "burstgpt", source, "-o", out, "--skip-bad")
+    assert code == 0 and "imported 2 requests" in stdout and "skipped 1 bad row(s)" in err
+    code, stdout, _ = kvbench("trace", "stats", out)
+    assert code == 0 and "120" in stdout  # 50 + 70 prompt tokens
+    code, _, err = kvbench("trace", "import", "jsonl", source, "-o", out, "--block-size", "16")
+    assert code == 2 and "--block-size must not be given for jsonl" in err

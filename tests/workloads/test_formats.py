@@ -79,7 +79,7 @@ def test_a_mooncake_trace_gives_token_id_requests(tmp_path, count_opens):
 @pytest.mark.parametrize("content, message", [
     ("", ": the file is empty"),
     ("{oops\n", ":1: not valid JSON"),
-    ('{"prompt": "x"}\n', ":1: not a known trace format"),
+    ('{"text": "x"}\n', ":1: not a known trace format"),  # a {"prompt": ...} line is a format now (issue 13)
     ("[1, 2]\n", ":1: not a known trace format"),
 ])
 def test_unknown_or_broken_first_lines_are_one_line_errors(tmp_path, content, message):
@@ -104,7 +104,7 @@ def test_open_jsonl_hands_the_first_line_to_the_reader(tmp_path):
     with open_jsonl(path) as file:
         assert file.format == "mooncake" and file.first_number == 1 and file.first["input_length"] == 600
         assert [number for number, _ in file.lines()] == [1, 2]
-    assert list(FORMATS) == ["kvbench-trace", "mooncake", "lengths"]
+    assert list(FORMATS) == ["kvbench-trace", "hash-ids", "mooncake", "jsonl", "lengths"]  # issue 13 added two
 
 
 def test_the_kind_registry_is_literal_and_covers_scenarios_and_trace_gen():

@@ -25,10 +25,13 @@ def server_root(base_url: str) -> str:
     return root[: -len("/v1")] if root.endswith("/v1") else root
 
 
-def call(url: str, api_key: str, timeout_s: float, method: str = "GET") -> tuple[int, str]:
-    """``(HTTP status, body text)`` of one small request (a POST sends an empty body); ``(0, reason)``
-    when no response came. ``api_key`` goes in a bearer header when non-empty."""
-    request = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
+def call(url: str, api_key: str, timeout_s: float, method: str = "GET", json_body: dict | None = None) -> tuple[int, str]:
+    """``(HTTP status, body text)`` of one small request (a POST sends ``json_body`` as JSON, else an
+    empty body); ``(0, reason)`` when no response came. ``api_key`` goes in a bearer header when non-empty."""
+    data = json.dumps(json_body).encode() if json_body is not None else (b"" if method == "POST" else None)
+    request = urllib.request.Request(url, method=method, data=data)
+    if json_body is not None:
+        request.add_header("Content-Type", "application/json")
     if api_key:
         request.add_header("Authorization", f"Bearer {api_key}")
     try:

@@ -7,7 +7,12 @@ project's own Python parser); this module only picks out the samples kvbench rea
   vLLM's deprecated GPU names, which :mod:`kvbench.backends.openai.reconcile` compares with what
   the responses reported;
 * vLLM's pool size, a label of ``vllm:cache_config_info`` (:func:`vllm_num_gpu_blocks`), which
-  the peer harness needs to size its prediction.
+  the peer harness needs to size its prediction;
+* the server's cache settings (:func:`detect_cache_settings`): block size, pool size and whether
+  prefix caching is on, from ``vllm:cache_config_info`` (or ``kvbench serve``'s
+  ``kvbench:cache_config_info``, same labels); SGLang is recognized by its counters
+  (``sglang:cached_tokens_total``, whose ``cache_source`` label splits the hits, and
+  ``sglang:prompt_tokens_total``) and publishes no block size (its default ``page_size`` is 1).
 
 Samples are matched by *sample* name (``vllm:prefix_cache_queries_total``), never by family name, so
 both exposition styles read the same: prometheus_client's (``# TYPE x_total counter``, the family
@@ -22,12 +27,15 @@ from dataclasses import dataclass
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-# Counter families, most specific first: kvbench serve's, vLLM v1's, vLLM's deprecated GPU ones.
+# Counter families, most specific first: kvbench serve's, vLLM v1's, vLLM's deprecated GPU ones, SGLang's
+# (prompt tokens and cached tokens of finished requests: the same ratio).
 QUERY_COUNTERS = ("kvbench:prefix_cache_queries_total", "vllm:prefix_cache_queries_total",
-                  "vllm:gpu_prefix_cache_queries_total")
+                  "vllm:gpu_prefix_cache_queries_total", "sglang:prompt_tokens_total")
 HIT_COUNTERS = ("kvbench:prefix_cache_hits_total", "vllm:prefix_cache_hits_total",
-                "vllm:gpu_prefix_cache_hits_total")
+                "vllm:gpu_prefix_cache_hits_total", "sglang:cached_tokens_total")
 VLLM_CACHE_CONFIG = "vllm:cache_config_info"  # an info gauge whose labels are vLLM's CacheConfig
+CACHE_CONFIG_INFOS = (VLLM_CACHE_CONFIG, "kvbench:cache_config_info")  # kvbench serve's mirrors vLLM's labels
+SGLANG_PAGE_SIZE = 1  # SGLang's default --page-size: the radix tree matches per token
 
 
 def metric_samples(text: str | None) -> list[Sample]:
@@ -86,6 +94,45 @@ def vllm_num_gpu_blocks(text: str | None) -> int | None:
     """The pool size vLLM reports as label ``num_gpu_blocks`` of ``vllm:cache_config_info`` (null
     block included); ``None`` when absent or not a number (vLLM writes ``"None"`` before profiling)."""
     for sample in metric_samples(text):
-        if sample.name == VLLM_CACHE_CONFIG and sample.labels.get("num_gpu_blocks", "").isdigit():
-            return int(sample.labels["num_gpu_blocks"])
+        if sample.name == VLLM_CACHE_CONFIG and (blocks := _label_int(sample.labels, "num_gpu_blocks")) is not None:
+            return blocks
     return None
+
+
+@dataclass(frozen=True)
+class ServerCacheSettings:
+    """What a server's ``/metrics`` says about its prefix cache; ``None`` = not published.
+
+    Attributes:
+        server: ``vllm``, ``kvbench`` or ``sglang`` (whose metrics were found), or ``None``.
+        block_size: tokens per block. num_gpu_blocks: the pool (vLLM: null block included).
+        prefix_caching: whether prefix caching is on.
+    """
+
+    server: str | None = None
+    block_size: int | None = None
+    num_gpu_blocks: int | None = None
+    prefix_caching: bool | None = None
+
+
+def _label_int(labels: dict[str, str], name: str) -> int | None:
+    value = labels.get(name, "")
+    return int(value) if value.isdigit() else None
+
+
+def _label_bool(labels: dict[str, str], name: str) -> bool | None:
+    return {"true": True, "false": False}.get(labels.get(name, "").lower())
+
+
+def detect_cache_settings(text: str | None) -> ServerCacheSettings:
+    """The cache settings in Prometheus text (see the module docstring); every field ``None`` when
+    nothing is published."""
+    samples = metric_samples(text)
+    for sample in samples:
+        if sample.name in CACHE_CONFIG_INFOS:
+            labels = sample.labels
+            return ServerCacheSettings(sample.name.split(":")[0], _label_int(labels, "block_size"),
+                                       _label_int(labels, "num_gpu_blocks"), _label_bool(labels, "enable_prefix_caching"))
+    if sample_sum(samples, "sglang:cached_tokens_total") is not None:
+        return ServerCacheSettings("sglang")
+    return ServerCacheSettings()

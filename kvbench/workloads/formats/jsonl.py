@@ -5,7 +5,9 @@ lines) to whichever reader :attr:`JsonlFile.format` names; no file is opened twi
 in order on the first parsed line (a literal table, :data:`FORMATS`):
 
 * ``kvbench-trace``: a header line with ``kvbench_trace`` (:mod:`.kvbench_trace`);
+* ``hash-ids``: ``hash_ids`` and ``chat_id`` (16-token blocks with sessions: :mod:`.hash_ids`);
 * ``mooncake``: ``hash_ids`` and ``input_length`` (:mod:`.mooncake`);
+* ``jsonl``: a ``prompt`` or ``messages`` field (plain prompts: :mod:`.prompts`);
 * ``lengths``: any other JSON object, the lengths-only lines of :mod:`.lengths` (read only by
   ``kvbench memory waste``, which needs no token ids).
 
@@ -26,6 +28,8 @@ from kvbench.errors import InputError
 
 KVBENCH_TRACE = "kvbench-trace"
 MOONCAKE = "mooncake"
+HASH_IDS = "hash-ids"
+PROMPTS = "jsonl"
 LENGTHS = "lengths"
 
 
@@ -39,9 +43,16 @@ def is_mooncake_record(record: Any) -> bool:
     return isinstance(record, dict) and "hash_ids" in record and "input_length" in record
 
 
+def is_prompt_record(record: Any) -> bool:
+    """Whether a parsed JSON line is a plain prompt line (``prompt`` or ``messages``, no header)."""
+    return isinstance(record, dict) and ("prompt" in record or "messages" in record)
+
+
 FORMATS: MappingProxyType[str, Callable[[Any], bool]] = MappingProxyType({
     KVBENCH_TRACE: is_trace_header,
+    HASH_IDS: lambda record: isinstance(record, dict) and "hash_ids" in record and "chat_id" in record,
     MOONCAKE: is_mooncake_record,
+    PROMPTS: is_prompt_record,
     LENGTHS: lambda record: isinstance(record, dict),
 })
 

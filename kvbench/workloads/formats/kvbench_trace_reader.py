@@ -76,8 +76,9 @@ class TraceReader:
             message = self._messages[key] = Message(role, content)
         return message
 
-    def _payload(self, line_number: int, record: dict) -> dict[str, Any]:
-        """``messages`` or ``prompt``, validated."""
+    def payload(self, line_number: int, record: dict) -> dict[str, Any]:
+        """``{"messages": (Message, ...)}`` or ``{"prompt": str}`` of a line, validated (``InputError``
+        naming the file, line and field). The importers of :mod:`.prompts` use it too."""
         has_messages, has_prompt = record.get("messages") is not None, record.get("prompt") is not None
         if has_messages == has_prompt:
             raise self._error(line_number, "messages", "exactly one of 'messages' and 'prompt' is required")
@@ -111,7 +112,7 @@ class TraceReader:
             raise self._error(line_number, "output_tokens", f"expected an integer in 1..max_tokens, got {output!r}")
         return TraceRequest(record["id"], record["session_id"], record["turn"], float(arrival),
                             record["max_tokens"], record["expected_prompt_tokens"], salt=salt,
-                            output_tokens=output, **self._payload(line_number, record))
+                            output_tokens=output, **self.payload(line_number, record))
 
     def read(self, file: JsonlFile, limit: int | None = None) -> Trace:
         """Read the open file (first ``limit`` requests only, if given). Raises ``InputError``."""
