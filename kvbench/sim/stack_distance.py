@@ -1,0 +1,133 @@
+"""LRU stack distances of a trace's block accesses in one pass (Mattson et al., 1970).
+
+LRU is a *stack algorithm*: a cache of ``C`` blocks always holds the ``C`` most recently used
+distinct keys, so one pass that records, for every access, the key's position in the recency stack
+(its *stack distance*: 1 + distinct keys used since its last use) gives the hit count at every
+capacity at once: an access hits at capacity ``C`` iff its distance is ``<= C``.
+
+Why kvbench's replay (:func:`kvbench.sim.replay.simulate`: hash cache, tail-first release, no TTL,
+full-width keys, concurrency 1) is exactly that, per request with full-block keys ``k_0 .. k_{n-1}``
+and last-token cap ``m = (num_tokens - 1) // block_size``:
+
+1. *Access order.* Every full block is touched (hit or inserted) and released tail first, so the
+   request's accesses, oldest first, are ``k_{n-1}, ..., k_0`` (``k_0`` ends most recent).
+2. *Chain property.* A key names its whole prefix, so every access of ``k_j`` is followed by one of
+   ``k_{j-1}`` in the same request: ``k_{j-1}`` always sits above ``k_j`` in the stack, the cached
+   keys of a prompt are a leading run, and the lookup (which stops at the first miss) hits exactly
+   the leading keys with distance ``<= C`` among the first ``m``.
+3. *Pinned blocks.* While a request runs, its hits are pinned; its inserts evict the least recently
+   used unpinned blocks. Those are never keys of the running request (by 2 its cached keys are the
+   pinned leading run, except ``k_{n-1}`` when the cap stopped the lookup right before it, and that
+   key is the only one inserted then), so the evicted keys are the stack's oldest: the state after
+   the request is again the top ``C`` of the stack.
+4. *Refused inserts.* An insert is refused only when every held block is pinned by the request,
+   i.e. when ``n > C``: the cache then holds ``k_0 .. k_{C-1}``, which is the stack's top ``C`` too,
+   and ``n - C`` blocks are refused.
+
+So distances are taken *before* each request's accesses (its own keys are distinct), against the
+stack as the previous requests left it. Head-first release (1 reverses within the request and the
+refusal rule of 4 then keeps the wrong end), TTL (an expiry is not a capacity effect), truncated keys
+(collisions break 2) and the radix cache (splits at token granularity) are other sequences:
+:func:`kvbench.sim.curve.one_pass_refusal` sends those to the replay.
+
+The order-statistics structure is a Fenwick tree over access times with a 1 at each key's latest
+access: a distance is a suffix count, O(log T) per access for T accesses in all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvbench.cache.block_hash import PromptBlocks
+
+COLD = np.iinfo(np.int64).max  # distance of a key never seen before: a miss at every capacity
+
+
+class FenwickTree:
+    """Counts at positions ``0 .. size - 1`` with O(log size) point updates and prefix sums
+    (Fenwick, "A new data structure for cumulative frequency tables", 1994)."""
+
+    def __init__(self, size: int) -> None:
+        self._tree = [0] * (size + 1)  # 1-based internally
+        self.total = 0
+
+    def add(self, position: int, delta: int) -> None:
+        tree, index, size = self._tree, position + 1, len(self._tree)
+        while index < size:
+            tree[index] += delta
+            index += index & -index
+        self.total += delta
+
+    def prefix_sum(self, position: int) -> int:
+        """Sum of the counts at positions ``0 .. position`` (0 for a negative position)."""
+        tree, index, total = self._tree, position + 1, 0
+        while index > 0:
+            total += tree[index]
+            index -= index & -index
+        return total
+
+
+@dataclass(frozen=True, eq=False)
+class StackDistances:
+    """Per-block stack distances of a trace, flattened in request order.
+
+    Attributes:
+        distances: int64, shape (num_blocks,): for full block ``j`` of request ``r`` (at
+            ``offsets[r] + j``), the largest stack distance among its blocks ``0 .. j`` before the
+            request ran (:data:`COLD` once any of them was never seen). Non-decreasing within a
+            request; block ``j`` is cached at capacity ``C`` iff ``distances <= C``.
+        offsets: int64, shape (num_requests + 1,): request ``r``'s blocks are ``offsets[r]:offsets[r+1]``.
+        max_hit_blocks: int64, shape (num_requests,): the last-token cap of each request.
+        num_distinct_blocks: distinct keys in the trace (the stack's final depth).
+    """
+
+    distances: np.ndarray
+    offsets: np.ndarray
+    max_hit_blocks: np.ndarray
+    num_distinct_blocks: int
+
+    @property
+    def num_full_blocks(self) -> np.ndarray:
+        """Full blocks per request; int64, shape (num_requests,)."""
+        return np.diff(self.offsets)
+
+    def hit_mask(self) -> np.ndarray:
+        """bool, shape (num_blocks,): the blocks the last-token cap lets a lookup hit."""
+        position = np.arange(self.distances.size, dtype=np.int64) - np.repeat(self.offsets[:-1], self.num_full_blocks)
+        return position < np.repeat(self.max_hit_blocks, self.num_full_blocks)
+
+
+def stack_distances(prompts: list[PromptBlocks]) -> StackDistances:
+    """One pass over ``prompts`` (arrival order) recording each block's LRU stack distance.
+
+    Cost: O(T log T) for T full blocks in all; memory: the Fenwick tree (T + 1 ints) and one dict
+    entry per distinct key.
+    """
+    counts = np.fromiter((len(p.block_hashes) for p in prompts), dtype=np.int64, count=len(prompts))
+    offsets = np.zeros(len(prompts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    distances = np.full(int(offsets[-1]), COLD, dtype=np.int64)
+    caps = np.fromiter((p.max_hit_blocks for p in prompts), dtype=np.int64, count=len(prompts))
+    tree = FenwickTree(int(offsets[-1]))
+    add, prefix_sum = tree.add, tree.prefix_sum
+    last_access: dict[bytes, int] = {}
+    now = 0
+    for index, prompt in enumerate(prompts):
+        keys = prompt.block_hashes
+        start, deepest = int(offsets[index]), 0
+        for j, key in enumerate(keys):  # before the request: the stack as earlier requests left it
+            seen = last_access.get(key)
+            if seen is None:
+                break  # a cold key: by the chain property every later one is cold too
+            deepest = max(deepest, tree.total - prefix_sum(seen - 1))
+            distances[start + j] = deepest
+        for key in reversed(keys):  # released tail first: k_0 ends most recent
+            seen = last_access.get(key)
+            if seen is not None:
+                add(seen, -1)
+            add(now, 1)
+            last_access[key] = now
+            now += 1
+    return StackDistances(distances, offsets, caps, len(last_access))
