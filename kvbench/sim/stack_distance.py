@@ -30,8 +30,11 @@ refusal rule of 4 then keeps the wrong end), TTL (an expiry is not a capacity ef
 (collisions break 2) and the radix cache (splits at token granularity) are other sequences:
 :func:`kvbench.sim.curve.one_pass_refusal` sends those to the replay.
 
-The order-statistics structure is a Fenwick tree over access times with a 1 at each key's latest
-access: a distance is a suffix count, O(log T) per access for T accesses in all.
+The order-statistics structure is a Fenwick tree over access times. Every time slot holds one
+access, and a key's *latest* access is live; the distance of a key last used at time ``t`` is the
+number of live accesses at ``>= t``, i.e. ``U - (t - superseded(< t))`` for ``U`` distinct keys so
+far. So the tree counts only the *superseded* accesses: a first access costs a dict entry, a
+re-access one O(log T) query and one O(log T) update, for T accesses in all.
 """
 
 from __future__ import annotations
@@ -110,24 +113,25 @@ def stack_distances(prompts: list[PromptBlocks]) -> StackDistances:
     np.cumsum(counts, out=offsets[1:])
     distances = np.full(int(offsets[-1]), COLD, dtype=np.int64)
     caps = np.fromiter((p.max_hit_blocks for p in prompts), dtype=np.int64, count=len(prompts))
-    tree = FenwickTree(int(offsets[-1]))
-    add, prefix_sum = tree.add, tree.prefix_sum
+    superseded = FenwickTree(int(offsets[-1]))  # 1 at every access a later one of its key replaced
+    add, count_before = superseded.add, superseded.prefix_sum
     last_access: dict[bytes, int] = {}
     now = 0
     for index, prompt in enumerate(prompts):
         keys = prompt.block_hashes
-        start, deepest = int(offsets[index]), 0
-        for j, key in enumerate(keys):  # before the request: the stack as earlier requests left it
+        request_distances, last_seen, deepest, num_live = [], [], 0, len(last_access)
+        for key in keys:  # before the request: the stack as earlier requests left it
             seen = last_access.get(key)
             if seen is None:
                 break  # a cold key: by the chain property every later one is cold too
-            deepest = max(deepest, tree.total - prefix_sum(seen - 1))
-            distances[start + j] = deepest
-        for key in reversed(keys):  # released tail first: k_0 ends most recent
-            seen = last_access.get(key)
-            if seen is not None:
-                add(seen, -1)
-            add(now, 1)
-            last_access[key] = now
-            now += 1
+            deepest = max(deepest, num_live - seen + count_before(seen - 1))
+            request_distances.append(deepest)
+            last_seen.append(seen)
+        if request_distances:
+            start = int(offsets[index])
+            distances[start:start + len(request_distances)] = request_distances
+        for seen in last_seen:  # the request re-accesses its warm keys: their old accesses are superseded
+            add(seen, 1)
+        last_access.update(zip(reversed(keys), range(now, now + len(keys))))  # tail first: k_0 newest
+        now += len(keys)
     return StackDistances(distances, offsets, caps, len(last_access))
