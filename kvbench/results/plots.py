@@ -171,3 +171,25 @@ def plot_cached_per_turn(curves: Sequence[Curve], path: Path, title: str, prompt
     axis.grid(alpha=0.3)
     axis.legend(loc="upper left", fontsize=8)
     return _save(figure, plt, path)
+
+
+def plot_hit_curve(curve: Curve, path: Path, title: str, ideal: float | None = None,
+                   marks: Curve | None = None) -> Path:
+    """Token hit rate (y, 0..1) at every cache capacity (x, blocks, log 2 scale) as a step line (the
+    one-pass LRU curve: the rate is constant between the sizes in ``curve.x``); ``marks`` are drawn
+    as points (sizes also listed in a table), ``ideal`` as a dashed line."""
+    plt = _pyplot()
+    figure, axis = plt.subplots(figsize=_SIZE_IN)
+    axis.step(curve.x, curve.y, where="post", label=curve.label)
+    if marks is not None and marks.x:
+        axis.plot(marks.x, marks.y, "o", label=marks.label)
+    if ideal is not None:
+        axis.axhline(ideal, ls="--", lw=0.9, color="grey", label=f"unbounded cache ({ideal:.3f})")
+    axis.set_xscale("log", base=2)
+    axis.set_ylim(0, 1.02)
+    axis.set_xlabel("cache capacity (blocks, log scale)")
+    axis.set_ylabel("token hit rate (cached / prompt tokens)")
+    axis.set_title(title)
+    axis.grid(alpha=0.3)
+    axis.legend(loc="lower right", fontsize=8)
+    return _save(figure, plt, path)

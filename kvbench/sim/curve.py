@@ -31,7 +31,7 @@ def one_pass_refusal(config: CacheConfig) -> str | None:
     if config.kind is not CacheKind.HASH:
         return "the radix cache splits nodes at token granularity (not a block-key LRU)"
     if config.release_order is not ReleaseOrder.TAIL_FIRST:
-        return "head-first release is not a stack algorithm (a refused insert keeps the wrong end)"
+        return "head-first release puts a chain's tail above its head in the LRU order, so an insert can evict the running request's own blocks"
     if config.ttl_s is not None:
         return "a TTL expires blocks independently of capacity"
     if config.hash.hash_bits is not None or config.verify_tokens:
@@ -119,6 +119,7 @@ class HitCurve:
             num_queried_blocks=int(self.distances.max_hit_blocks.sum()),
             num_expired_blocks=0,
             cached_tokens_per_request=cached,
+            method="one-pass",
             **{key: int(value[i]) for key, value in totals.items()},
         )
 

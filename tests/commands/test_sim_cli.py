@@ -221,3 +221,32 @@ def test_every_shipped_scenario_loads_by_name_and_from_the_scenarios_link(shared
         for spec in (name, f"scenarios/{name}.toml"):
             scenario = load_scenario(find_scenario(spec))
             assert scenario.workload_requests().requests, spec
+
+
+def test_sim_writes_the_exact_curve_and_replay_agrees_at_every_size(kvbench, tmp_path):
+    scenario = write(tmp_path / "small.toml", SMALL_SCENARIO)
+    code, stdout, stderr = kvbench("sim", scenario, "--out", tmp_path / "auto.parquet")
+    assert code == 0, stderr
+    assert "exact curve (one pass)" in stdout
+    curve = pq.read_table(tmp_path / "auto.curve.parquet").to_pylist()
+    assert (tmp_path / "auto.curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert {r["method"] for r in curve} == {"one-pass"} and curve[0]["capacity_blocks"] == 1
+    hits = [r["hit_blocks"] for r in curve]
+    assert hits == sorted(hits) and len(set(hits)) == len(hits)  # a row exactly where the count changes
+    sizes = ",".join(str(r["capacity_blocks"]) for r in curve)
+    code, _, stderr = kvbench("sim", scenario, "--sizes", sizes, "--method", "replay", "--out", tmp_path / "r.parquet")
+    assert code == 0, stderr
+    replayed = pq.read_table(tmp_path / "r.parquet").to_pylist()
+    assert not (tmp_path / "r.curve.parquet").exists()
+    assert [{**r, "method": None} for r in replayed] == [{**r, "method": None} for r in curve]
+    assert read_metadata(tmp_path / "r.parquet")["methods"] == {"tail-first": "replay"}
+
+
+def test_sim_falls_back_to_the_replay_and_says_why(kvbench, tmp_path):
+    scenario = write(tmp_path / "small.toml", SMALL_SCENARIO)
+    code, stdout, stderr = kvbench("sim", scenario, "--ttl", "5", "--out", tmp_path / "ttl.parquet")
+    assert code == 0, stderr
+    assert "one-pass curve not exact" in stderr and "TTL" in stderr and "exact curve" not in stdout
+    assert {r["method"] for r in pq.read_table(tmp_path / "ttl.parquet").to_pylist()} == {"replay"}
+    line = one_line_error(*kvbench("sim", scenario, "--cache", "radix", "--method", "one-pass")[::2])
+    assert "--method one-pass" in line and "radix" in line
