@@ -17,6 +17,7 @@ Where the one pass does not apply (:func:`one_pass_refusal` says why) the caller
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -46,11 +47,28 @@ class HitCurve:
     trace: PreparedTrace
     distances: StackDistances
 
-    @property
+    @cached_property
     def hit_distances(self) -> np.ndarray:
         """Sorted distances of the blocks the cap lets hit (cold ones excluded); int64."""
         distances = self.distances.distances[self.distances.hit_mask()]
         return np.sort(distances[distances != COLD])
+
+    @cached_property
+    def num_prompt_tokens(self) -> int:
+        return self.trace.num_prompt_tokens
+
+    @cached_property
+    def num_queried_blocks(self) -> int:
+        """Blocks the last-token cap lets lookups hit, over the trace (the same at every capacity)."""
+        return int(self.distances.max_hit_blocks.sum())
+
+    @cached_property
+    def _sorted_distances(self) -> np.ndarray:
+        return np.sort(self.distances.distances)
+
+    @cached_property
+    def _sorted_num_full_blocks(self) -> np.ndarray:
+        return np.sort(self.distances.num_full_blocks)
 
     @property
     def ideal_capacity_blocks(self) -> int:
@@ -67,10 +85,10 @@ class HitCurve:
         ``num_inserted_blocks``, ``num_refused_blocks``, ``num_evicted_blocks``; int64 arrays of
         the shape of ``capacities_blocks``."""
         capacities = np.asarray(capacities_blocks, dtype=np.int64)
-        all_distances = np.sort(self.distances.distances)
+        all_distances = self._sorted_distances
         hits = np.searchsorted(self.hit_distances, capacities, side="right")
         cached_before = np.searchsorted(all_distances, capacities, side="right")
-        blocks = np.sort(self.distances.num_full_blocks)
+        blocks = self._sorted_num_full_blocks
         below = np.searchsorted(blocks, capacities, side="right")  # requests with n <= C
         blocks_below = np.concatenate([[0], np.cumsum(blocks)])[below]
         num_above = blocks.size - below
@@ -114,9 +132,9 @@ class HitCurve:
             block_size=self.trace.block_size,
             ttl_s=None,
             num_requests=self.trace.num_requests,
-            num_prompt_tokens=self.trace.num_prompt_tokens,
+            num_prompt_tokens=self.num_prompt_tokens,
             num_cached_tokens=int(totals["num_hit_blocks"][i]) * self.trace.block_size,
-            num_queried_blocks=int(self.distances.max_hit_blocks.sum()),
+            num_queried_blocks=self.num_queried_blocks,
             num_expired_blocks=0,
             cached_tokens_per_request=cached,
             method="one-pass",

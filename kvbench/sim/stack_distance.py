@@ -32,9 +32,12 @@ refusal rule of 4 then keeps the wrong end), TTL (an expiry is not a capacity ef
 
 The order-statistics structure is a Fenwick tree over access times. Every time slot holds one
 access, and a key's *latest* access is live; the distance of a key last used at time ``t`` is the
-number of live accesses at ``>= t``, i.e. ``U - (t - superseded(< t))`` for ``U`` distinct keys so
-far. So the tree counts only the *superseded* accesses: a first access costs a dict entry, a
-re-access one O(log T) query and one O(log T) update, for T accesses in all.
+number of live accesses at ``>= t``, i.e. ``U - t + superseded(< t)`` for ``U`` distinct keys so
+far. So the tree counts only the *superseded* accesses, and a first access costs a dict entry.
+Re-accesses come in runs: a request's warm keys were mostly last used together, by one earlier
+request, at consecutive times (tail first, so ``k_0`` at the highest). A run costs one O(log T)
+range update and one O(log T) query (Fenwick trees with range updates: two trees of
+differences); its other keys step down from there in O(1) through a byte per time slot.
 """
 
 from __future__ import annotations
@@ -70,6 +73,26 @@ class FenwickTree:
             total += tree[index]
             index -= index & -index
         return total
+
+
+class RangeFenwickTree:
+    """Counts at positions ``0 .. size - 1`` with O(log size) *range* updates and prefix sums: two
+    Fenwick trees over the differences ``d_k`` (``sum_{k<=p} count_k = (p + 1) sum d_k - sum k d_k``)."""
+
+    def __init__(self, size: int) -> None:
+        self._differences = FenwickTree(size + 1)
+        self._weighted = FenwickTree(size + 1)
+
+    def add_range(self, first: int, last: int, delta: int) -> None:
+        """Add ``delta`` to every position ``first .. last`` (inclusive)."""
+        self._differences.add(first, delta)
+        self._differences.add(last + 1, -delta)
+        self._weighted.add(first, delta * first)
+        self._weighted.add(last + 1, -delta * (last + 1))
+
+    def prefix_sum(self, position: int) -> int:
+        """Sum of the counts at positions ``0 .. position`` (0 for a negative position)."""
+        return self._differences.prefix_sum(position) * (position + 1) - self._weighted.prefix_sum(position)
 
 
 @dataclass(frozen=True, eq=False)
@@ -113,25 +136,46 @@ def stack_distances(prompts: list[PromptBlocks]) -> StackDistances:
     np.cumsum(counts, out=offsets[1:])
     distances = np.full(int(offsets[-1]), COLD, dtype=np.int64)
     caps = np.fromiter((p.max_hit_blocks for p in prompts), dtype=np.int64, count=len(prompts))
-    superseded = FenwickTree(int(offsets[-1]))  # 1 at every access a later one of its key replaced
-    add, count_before = superseded.add, superseded.prefix_sum
+    superseded = RangeFenwickTree(int(offsets[-1]))  # 1 at every access a later one of its key replaced
+    flags = bytearray(int(offsets[-1]))  # the same, one byte per time slot, for O(1) steps in a run
     last_access: dict[bytes, int] = {}
     now = 0
     for index, prompt in enumerate(prompts):
         keys = prompt.block_hashes
-        request_distances, last_seen, deepest, num_live = [], [], 0, len(last_access)
-        for key in keys:  # before the request: the stack as earlier requests left it
-            seen = last_access.get(key)
-            if seen is None:
-                break  # a cold key: by the chain property every later one is cold too
-            deepest = max(deepest, num_live - seen + count_before(seen - 1))
-            request_distances.append(deepest)
-            last_seen.append(seen)
+        request_distances, runs = _warm_distances(keys, last_access, superseded, flags)
         if request_distances:
             start = int(offsets[index])
             distances[start:start + len(request_distances)] = request_distances
-        for seen in last_seen:  # the request re-accesses its warm keys: their old accesses are superseded
-            add(seen, 1)
+        for first, last in runs:  # the request re-accesses its warm keys: their old accesses are superseded
+            superseded.add_range(first, last, 1)
+            flags[first:last + 1] = b"\x01" * (last + 1 - first)
         last_access.update(zip(reversed(keys), range(now, now + len(keys))))  # tail first: k_0 newest
         now += len(keys)
     return StackDistances(distances, offsets, caps, len(last_access))
+
+
+def _warm_distances(keys, last_access: dict[bytes, int], superseded: RangeFenwickTree,
+                    flags: bytearray) -> tuple[list[int], list[tuple[int, int]]]:
+    """Prefix-max distances of a request's leading warm keys before it runs, and the runs of
+    consecutive times ``(first, last)`` at which those keys were last used."""
+    distances: list[int] = []
+    runs: list[tuple[int, int]] = []
+    num_live, deepest, previous, before, run_last = len(last_access), 0, -2, 0, -1
+    for key in keys:
+        seen = last_access.get(key)
+        if seen is None:
+            break  # a cold key: by the chain property every later one is cold too
+        if seen == previous - 1:  # the run goes on one slot lower
+            before -= flags[seen]
+        else:
+            if run_last >= 0:
+                runs.append((previous, run_last))
+            before, run_last = superseded.prefix_sum(seen - 1), seen
+        previous = seen
+        distance = num_live - seen + before
+        if distance > deepest:
+            deepest = distance
+        distances.append(deepest)
+    if run_last >= 0:
+        runs.append((previous, run_last))
+    return distances, runs

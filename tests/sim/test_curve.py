@@ -129,3 +129,16 @@ def test_result_at_refuses_a_non_positive_capacity():
                                      token_ids=np.arange(9, dtype=np.uint32))], BLOCK)
     with pytest.raises(ValueError, match="positive"):
         hit_curve(trace).result_at(0)
+
+
+def test_range_fenwick_tree_matches_a_running_sum():
+    from kvbench.sim.stack_distance import RangeFenwickTree
+
+    rng = np.random.default_rng(1)
+    counts, tree = np.zeros(41, dtype=np.int64), RangeFenwickTree(41)
+    for _ in range(200):
+        first = int(rng.integers(0, 41))
+        last, delta = int(rng.integers(first, 41)), int(rng.integers(-2, 3))
+        counts[first:last + 1] += delta
+        tree.add_range(first, last, delta)
+        assert [tree.prefix_sum(p) for p in range(-1, 41)] == [0, *np.cumsum(counts).tolist()]
