@@ -14,22 +14,26 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from kvbench.request import Request, RequestRecord
-from kvbench.results.parquet import write_rows
+from kvbench.results.journal import RowJournal
+from kvbench.results.live import RunningStats
+from kvbench.results.parquet import write_table
 from kvbench.results.rows import result_row
 from kvbench.results.schema import RUN_SCHEMA
-from kvbench.results.summary import RunSummary, percentile, summarize
+from kvbench.results.summary import RunSummary, summarize
 
 if TYPE_CHECKING:
     from kvbench.backends.openai.reconcile import Flagged, Reconciliation
 
-CHECKPOINT_EVERY_S = 10.0  # rewrite the Parquet file at most this often while running
+CHECKPOINT_EVERY_S = 10.0  # journal the new rows this often while running (a timer thread)
 STATS_EVERY_S = 0.5  # recompute the live hit rate and TTFT p50 at most this often
 
 
 class RunWriter:
-    """Turns each finished ``(request, record)`` into a row and keeps ``path`` up to date: rewritten
-    every ``CHECKPOINT_EVERY_S`` seconds while running (``complete: false``), and once more at the
-    end, so a crash, an error or Ctrl-C loses at most the requests in flight.
+    """Turns each finished ``(request, record)`` into a row; writes ``path`` once at the end
+    (:meth:`close`, also after an error or Ctrl-C, marked incomplete) and, while running, journals
+    the new rows every ``CHECKPOINT_EVERY_S`` seconds from a background thread
+    (:mod:`kvbench.results.journal`), so a crash loses at most the last seconds of requests and the
+    event loop never stops for a checkpoint.
 
     ``columns``: the backend's fixed result columns (``Backend.describe()``)."""
 
@@ -39,46 +43,44 @@ class RunWriter:
         self.run_id = run_id
         self.columns = columns
         self.rows: list[dict[str, Any]] = []
-        self._written_s = time.monotonic()
+        self.journal = RowJournal(self.path, RUN_SCHEMA, self.rows, CHECKPOINT_EVERY_S, metadata)
 
     def add(self, request: Request, record: RequestRecord) -> None:
         self.rows.append(result_row(self.run_id, self.columns, request, record))
-        if time.monotonic() - self._written_s > CHECKPOINT_EVERY_S:
-            self._write(complete=False)
+        self.journal.start()
 
     def close(self, complete: bool) -> None:
         """Write the final file (nothing when no request finished)."""
+        table = self.journal.close()
         if self.rows:
-            self._write(complete)
-
-    def _write(self, complete: bool) -> None:
-        summary = summarize(self.rows).as_dict()
-        write_rows(self.path, self.rows, {**self.metadata, "summary": summary, "complete": complete}, RUN_SCHEMA)
-        self._written_s = time.monotonic()
+            summary = summarize(self.rows).as_dict()
+            write_table(self.path, table, {**self.metadata, "summary": summary, "complete": complete})
 
 
 @contextlib.contextmanager
 def progress_line(console: Console) -> Iterator[Callable[[list[dict[str, Any]], int], None]]:
-    """A live bar: requests done, hit rate so far, TTFT p50 so far. Yields ``update(rows, total)``."""
+    """A live bar: requests done, hit rate so far, TTFT p50 so far. Yields ``update(rows, total)``.
+
+    Each call reads only the rows added since the last one (:class:`RunningStats`: O(1) per row) and
+    re-renders the statistics at most every ``STATS_EVERY_S`` seconds."""
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), TextColumn("{task.fields[stats]}"), console=console, transient=True)
     task = progress.add_task("requests", total=None, stats="")
-
+    stats = RunningStats()
     last_stats_s = [-math.inf]
 
     def update(rows: list[dict[str, Any]], total: int) -> None:
+        stats.extend(rows)
         now_s = time.monotonic()
-        if now_s - last_stats_s[0] >= STATS_EVERY_S or len(rows) == total:  # O(rows) work, not per row
+        if now_s - last_stats_s[0] >= STATS_EVERY_S or len(rows) == total:
             last_stats_s[0] = now_s
-            ok = [r for r in rows if r["status"] == "ok"]
-            prompt = sum(r["prompt_tokens"] for r in ok)
-            hit = sum(r["cached_prompt_tokens"] or 0 for r in ok) / prompt if prompt else 0.0
-            ttft = percentile((r["ttft_ms"] for r in ok), 50)
-            stats = f"hit rate {hit:.3f}  TTFT p50 {ttft:,.0f} ms" if ttft is not None else ""
-            progress.update(task, stats=stats)
+            ttft = stats.ttft_p50_ms()
+            text = f"hit rate {stats.token_hit_rate:.3f}  TTFT p50 {ttft:,.0f} ms" if ttft is not None else ""
+            progress.update(task, stats=text)
         progress.update(task, completed=len(rows), total=total)
 
     with progress:
+        update.stats = stats  # type: ignore[attr-defined]  # for tests that count the work
         yield update
 
 
