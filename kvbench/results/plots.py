@@ -85,15 +85,19 @@ def plot_hit_rate_vs_size(curves: Sequence[Curve], path: Path, title: str,
 
 def plot_ttft_vs_hit_rate(points: Sequence[Curve], path: Path, title: str, fit: Fit | None = None) -> Path:
     """TTFT p50 (y, ms) against token hit rate (x, 0..1): one marker series per curve, and the fitted
-    line ``a + b x (1 - hit rate)`` over [0, 1] when ``fit`` is given."""
+    line ``a + b x (1 - hit rate)`` over [0, 1] when ``fit`` is given (dotted grey and labelled
+    "not meaningful" when it has a :attr:`~kvbench.results.sweep.Fit.caveat`)."""
     plt = _pyplot()
     figure, axis = plt.subplots(figsize=_SIZE_IN)
     for curve in points:
         axis.plot(curve.x, curve.y, marker="o", ls="none", markersize=7, label=curve.label)
     if fit is not None:
         hits = np.linspace(0.0, 1.0, 50)
-        axis.plot(hits, [fit.predict_ms(h) for h in hits], color="black", lw=1.0, ls="--",
-                  label=f"fit: {fit.a_ms:,.1f} + {fit.b_ms:,.1f} x (1 - hit), R^2 {fit.r_squared:.3f}")
+        meaningful = fit.caveat is None  # a 2-point line or a wrong-sign slope is drawn faint and labelled so
+        axis.plot(hits, [fit.predict_ms(h) for h in hits], color="black" if meaningful else "grey",
+                  lw=1.0, ls="--" if meaningful else ":",
+                  label=(f"fit: {fit.a_ms:,.1f} + {fit.b_ms:,.1f} x (1 - hit), R^2 {fit.r_squared:.3f}"
+                         + ("" if meaningful else " (not meaningful)")))
     axis.set_xlim(-0.02, 1.02)
     axis.set_ylim(bottom=0)
     axis.set_xlabel("token hit rate (cached / prompt tokens)")
