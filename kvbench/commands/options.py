@@ -20,3 +20,5 @@ HashAlgoOption = Annotated[HashAlgo | None, typer.Option(help="Block hash functi
 HashBits = Annotated[int | None, typer.Option(help="Keep only N bits of every key (8..256).")]
 MaxTokens = Annotated[int | None, typer.Option(help="Output tokens per request (default: the trace's).")]
 Requests = Annotated[int | None, typer.Option(help="Run only the first N requests.")]
+Threads = Annotated[int | None, typer.Option(help="Torch intra-op threads (default: torch's, one per core); "
+                                             "fewer on a busy machine.")]

@@ -94,7 +94,9 @@ def write_table(path: str | Path, table: pa.Table, metadata: Mapping[str, Any]) 
     """:func:`write_rows` for rows already in Arrow form (atomic; ``metadata`` in the footer)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    table = table.replace_schema_metadata({**(table.schema.metadata or {}), **encoded_metadata(metadata)})
+    kept = {key.decode() if isinstance(key, bytes) else key: value for key, value in (table.schema.metadata or {}).items()}
+    kept = {key: value for key, value in kept.items() if not key.startswith(_PREFIX)}  # replaced, not merged
+    table = table.replace_schema_metadata({**kept, **encoded_metadata(metadata)})
     partial = path.with_name(path.name + ".partial")
     pq.write_table(table, partial)
     os.replace(partial, path)

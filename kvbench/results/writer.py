@@ -16,6 +16,7 @@ from rich.table import Table
 from kvbench.request import Request, RequestRecord
 from kvbench.results.journal import RowJournal
 from kvbench.results.live import RunningStats
+from kvbench.results.machine_load import load_sample, load_warnings, spread_warning
 from kvbench.results.parquet import write_table
 from kvbench.results.rows import result_row
 from kvbench.results.schema import RUN_SCHEMA
@@ -43,6 +44,7 @@ class RunWriter:
         self.run_id = run_id
         self.columns = columns
         self.rows: list[dict[str, Any]] = []
+        self.metadata["machine_load"] = {"start": load_sample()}
         self.journal = RowJournal(self.path, RUN_SCHEMA, self.rows, CHECKPOINT_EVERY_S, metadata)
 
     def add(self, request: Request, record: RequestRecord) -> None:
@@ -50,8 +52,12 @@ class RunWriter:
         self.journal.start()
 
     def close(self, complete: bool) -> None:
-        """Write the final file (nothing when no request finished)."""
+        """Write the final file (nothing when no request finished), with the machine's load at the start
+        and end and the :mod:`~kvbench.results.machine_load` warnings in the metadata."""
         table = self.journal.close()
+        self.metadata["machine_load"]["end"] = load_sample()
+        spread = spread_warning(self.rows)
+        self.metadata["warnings"] = load_warnings(self.metadata["machine_load"]) + ([spread] if spread else [])
         if self.rows:
             summary = summarize(self.rows).as_dict()
             write_table(self.path, table, {**self.metadata, "summary": summary, "complete": complete})

@@ -100,3 +100,15 @@ def test_the_writer_journals_on_a_timer_without_a_row_finishing(tmp_path, monkey
     assert pq.read_table(tmp_path / "run.parquet").num_rows == 2 and not writer.journal.path.exists()
     metadata = read_metadata(tmp_path / "run.parquet")
     assert metadata["complete"] is True and metadata["summary"]["num_requests"] == 2
+
+
+def test_load_and_spread_warnings():
+    from kvbench.results.machine_load import load_warnings, spread_warning
+
+    busy = {"start": {"load_1m": 5.7, "usable_cpus": 2}, "end": {"load_1m": 1.0, "usable_cpus": 2}}
+    (line,) = load_warnings(busy)
+    assert "machine load 5.7 at the start" in line and "2 usable cores" in line
+    steady = [result_row("run", {}, *pair(i, 100.0 + i)) for i in range(10)]
+    assert spread_warning(steady) is None
+    noisy = [result_row("run", {}, *pair(i, ttft)) for i, ttft in enumerate([54, 60, 70, 80, 900, 1460, 58, 62, 1200, 65])]
+    assert "10 identical requests" in spread_warning(noisy) and "54 to 1,460 ms" in spread_warning(noisy)
