@@ -20,11 +20,12 @@ from kvbench.run.scenario import parse_choices, parse_int_list
 from kvbench.run.config import CacheFlags
 from kvbench.run.setup import cache_config
 from kvbench.run.source import RunSource, limit_requests, load_source
-from kvbench.results.curve_files import write_curve
+from kvbench.results.curve_files import write_curve, write_ttl_curve
 from kvbench.sim.curve import HitCurve
 from kvbench.sim.method import SimMethod, SimOutcome, simulate_sizes
 from kvbench.sim.replay import PreparedTrace, SimResult, ideal_hit_rate, prepare_prompts
 from kvbench.sim.bounds import unbounded_capacity_blocks
+from kvbench.sim.ttl_curve import ttl_curve as ttl_curve_of
 
 def _table(source: RunSource, results: list[SimResult], ideal: SimResult, trace: PreparedTrace) -> Table:
     table = Table(title=f"kvbench sim: {source.name} ({trace.num_requests:,} requests, "
@@ -79,6 +80,19 @@ def _write_curve(console, source: RunSource, curve: HitCurve, out: Path, results
                   f"{curve.ideal_capacity_blocks:,} blocks: {parquet}, {png}")
 
 
+def _write_ttl_curve(console, source: RunSource, trace: PreparedTrace, out: Path) -> None:
+    curve = ttl_curve_of(trace)
+    title = f"{source.name}: token hit rate vs TTL, unbounded cache (block size {trace.block_size})"
+    parquet, png, num_rows = write_ttl_curve(curve, out, title, {"command": "sim", "source": source.description})
+    keeps = ", ".join(f"{int(f * 100)}% {_seconds(curve.ttl_for_fraction_s(f))}" for f in (0.5, 0.9, 0.99))
+    console.print(f"TTL keeping this share of the unbounded cache's hits: {keeps}; {num_rows:,} TTLs where the "
+                  f"hit count changes: {parquet}, {png}")
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f} s" if value >= 10 else f"{value:.3g} s"
+
+
 def sim(
     source: Annotated[Path, typer.Argument(help="Scenario (.toml) or trace (.jsonl: kvbench or Mooncake).")],
     sizes: Annotated[str | None, typer.Option(help="Cache capacities in blocks, e.g. 64,128,256.")] = None,
@@ -93,6 +107,8 @@ def sim(
     workers: Annotated[int, typer.Option(help="Processes for the sweep.")] = min(2, os.cpu_count() or 1),
     method: Annotated[SimMethod, typer.Option(help="auto: the exact one-pass LRU curve where it applies "
                                               "(hash cache, tail-first, no TTL, full keys), else replay.")] = SimMethod.AUTO,
+    ttl_curve: Annotated[bool, typer.Option("--ttl-curve", help="Also the hit rate at every TTL with an unbounded "
+                                            "cache (NAME.ttl-curve.parquet/.png).")] = False,
 ) -> None:
     """Replay token traffic through the prefix cache, no model: hit rates per size, and where the
     one pass applies the exact curve at every size (NAME.curve.parquet and NAME.curve.png)."""
@@ -132,6 +148,8 @@ def sim(
         console.print(f"wrote {len(results)} rows to {out}")
     if curve is not None and not interrupted:
         _write_curve(console, source_info, curve, out, results)
+    if ttl_curve and not interrupted:
+        _write_ttl_curve(console, source_info, trace, out)
     if interrupted:
         raise Interrupted(f"after {len(results)} of {len(capacities) * len(orders)} configurations")
 

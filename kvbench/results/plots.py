@@ -75,7 +75,7 @@ def plot_hit_rate_vs_size(curves: Sequence[Curve], path: Path, title: str,
     if sizes:
         axis.set_xticks(sizes, [f"{int(s):,}" for s in sizes])
     axis.set_ylim(0, 1.02)
-    axis.set_xlabel("cache capacity (blocks, log scale)")
+    axis.set_xlabel(xlabel)
     axis.set_ylabel("token hit rate (cached / prompt tokens)")
     axis.set_title(title)
     axis.grid(alpha=0.3)
@@ -178,10 +178,11 @@ def plot_cached_per_turn(curves: Sequence[Curve], path: Path, title: str, prompt
 
 
 def plot_hit_curve(curve: Curve, path: Path, title: str, ideal: float | None = None,
-                   marks: Curve | None = None) -> Path:
+                   marks: Curve | None = None, xlabel: str = "cache capacity (blocks, log scale)") -> Path:
     """Token hit rate (y, 0..1) at every cache capacity (x, blocks, log 2 scale) as a step line (the
     one-pass LRU curve: the rate is constant between the sizes in ``curve.x``); ``marks`` are drawn
-    as points (sizes also listed in a table), ``ideal`` as a dashed line."""
+    as points (sizes also listed in a table), ``ideal`` as a dashed line. ``xlabel`` names another x
+    (the TTL curve: seconds)."""
     plt = _pyplot()
     figure, axis = plt.subplots(figsize=_SIZE_IN)
     axis.step(curve.x, curve.y, where="post", label=curve.label)
@@ -191,7 +192,7 @@ def plot_hit_curve(curve: Curve, path: Path, title: str, ideal: float | None = N
         axis.axhline(ideal, ls="--", lw=0.9, color="grey", label=f"unbounded cache ({ideal:.3f})")
     axis.set_xscale("log", base=2)
     axis.set_ylim(0, 1.02)
-    axis.set_xlabel("cache capacity (blocks, log scale)")
+    axis.set_xlabel(xlabel)
     axis.set_ylabel("token hit rate (cached / prompt tokens)")
     axis.set_title(title)
     axis.grid(alpha=0.3)

@@ -250,3 +250,26 @@ def test_sim_falls_back_to_the_replay_and_says_why(kvbench, tmp_path):
     assert {r["method"] for r in pq.read_table(tmp_path / "ttl.parquet").to_pylist()} == {"replay"}
     line = one_line_error(*kvbench("sim", scenario, "--cache", "radix", "--method", "one-pass")[::2])
     assert "--method one-pass" in line and "radix" in line
+
+
+def test_sim_ttl_curve_matches_replays_with_that_ttl(kvbench, tmp_path):
+    """A Mooncake-format trace whose prefixes come back after 2 s, 5 s and 20 s (timestamps in ms)."""
+    lines = []
+    for start_ms, gap_ms, first_id in ((0, 2000, 100), (1000, 5000, 200), (2000, 20000, 300)):
+        for turn in range(3):
+            ids = [first_id, first_id + 1, first_id + 2, first_id + 10 + turn]
+            lines.append({"timestamp": start_ms + turn * gap_ms, "input_length": 4 * 512, "output_length": 1,
+                          "hash_ids": ids})
+    lines.sort(key=lambda line: line["timestamp"])
+    trace = write(tmp_path / "gaps.jsonl", "\n".join(json.dumps(line) for line in lines) + "\n")
+    code, stdout, stderr = kvbench("sim", trace, "--ttl-curve", "--out", tmp_path / "t.parquet")
+    assert code == 0, stderr
+    assert "TTL keeping this share of the unbounded cache's hits: 50% 5 s, 90% 20 s" in stdout
+    rows = pq.read_table(tmp_path / "t.ttl-curve.parquet").to_pylist()
+    assert [(r["ttl_s"], r["hit_blocks"]) for r in rows] == [(2.0, 6), (5.0, 12), (20.0, 18)]
+    assert (tmp_path / "t.ttl-curve.png").exists()
+    for ttl, expected in ((1.9, 0), (4.0, 6), (19.0, 12), (60.0, 18)):
+        code, _, stderr = kvbench("sim", trace, "--ttl", str(ttl), "--sizes", "1000", "--out", tmp_path / "r.parquet")
+        assert code == 0, stderr
+        (replayed,) = pq.read_table(tmp_path / "r.parquet").to_pylist()
+        assert replayed["hit_blocks"] == expected
