@@ -75,7 +75,7 @@ def plot_hit_rate_vs_size(curves: Sequence[Curve], path: Path, title: str,
     if sizes:
         axis.set_xticks(sizes, [f"{int(s):,}" for s in sizes])
     axis.set_ylim(0, 1.02)
-    axis.set_xlabel(xlabel)
+    axis.set_xlabel("cache capacity (blocks, log scale)")
     axis.set_ylabel("token hit rate (cached / prompt tokens)")
     axis.set_title(title)
     axis.grid(alpha=0.3)

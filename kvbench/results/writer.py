@@ -14,7 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from kvbench.request import Request, RequestRecord
-from kvbench.results.journal import RowJournal
+from kvbench.results.checkpoint import Checkpointer
 from kvbench.results.live import RunningStats
 from kvbench.results.machine_load import load_sample, load_warnings, spread_warning
 from kvbench.results.parquet import write_table
@@ -25,16 +25,16 @@ from kvbench.results.summary import RunSummary, summarize
 if TYPE_CHECKING:
     from kvbench.backends.openai.reconcile import Flagged, Reconciliation
 
-CHECKPOINT_EVERY_S = 10.0  # journal the new rows this often while running (a timer thread)
+CHECKPOINT_EVERY_S = 10.0  # rewrite the Parquet file this often while running (a timer thread)
 STATS_EVERY_S = 0.5  # recompute the live hit rate and TTFT p50 at most this often
 
 
 class RunWriter:
-    """Turns each finished ``(request, record)`` into a row; writes ``path`` once at the end
-    (:meth:`close`, also after an error or Ctrl-C, marked incomplete) and, while running, journals
-    the new rows every ``CHECKPOINT_EVERY_S`` seconds from a background thread
-    (:mod:`kvbench.results.journal`), so a crash loses at most the last seconds of requests and the
-    event loop never stops for a checkpoint.
+    """Turns each finished ``(request, record)`` into a row and keeps ``path`` up to date: rewritten
+    every ``CHECKPOINT_EVERY_S`` seconds by a timer thread while running (``complete: false``;
+    :mod:`kvbench.results.checkpoint`: each row converted once, never on the event loop), and once
+    more at the end (:meth:`close`, also after an error or Ctrl-C), so a crash loses at most the
+    last seconds of requests.
 
     ``columns``: the backend's fixed result columns (``Backend.describe()``)."""
 
@@ -45,16 +45,16 @@ class RunWriter:
         self.columns = columns
         self.rows: list[dict[str, Any]] = []
         self.metadata["machine_load"] = {"start": load_sample()}
-        self.journal = RowJournal(self.path, RUN_SCHEMA, self.rows, CHECKPOINT_EVERY_S, metadata)
+        self.checkpoints = Checkpointer(self.path, RUN_SCHEMA, self.rows, CHECKPOINT_EVERY_S, metadata)
 
     def add(self, request: Request, record: RequestRecord) -> None:
         self.rows.append(result_row(self.run_id, self.columns, request, record))
-        self.journal.start()
+        self.checkpoints.start()
 
     def close(self, complete: bool) -> None:
         """Write the final file (nothing when no request finished), with the machine's load at the start
         and end and the :mod:`~kvbench.results.machine_load` warnings in the metadata."""
-        table = self.journal.close()
+        table = self.checkpoints.close()
         self.metadata["machine_load"]["end"] = load_sample()
         spread = spread_warning(self.rows)
         self.metadata["warnings"] = load_warnings(self.metadata["machine_load"]) + ([spread] if spread else [])

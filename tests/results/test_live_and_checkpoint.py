@@ -1,4 +1,4 @@
-"""The live progress and the checkpoint journal do work per new row only (work is counted, not timed)."""
+"""The live progress and the checkpoints do work per new row only (work is counted, not timed)."""
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -6,7 +6,7 @@ import pytest
 from rich.console import Console
 
 from kvbench.request import Request, RequestRecord, Status
-from kvbench.results.journal import RowJournal, journal_path, recover
+from kvbench.results.checkpoint import Checkpointer
 from kvbench.results.live import RunningStats
 from kvbench.results.parquet import read_metadata
 from kvbench.results.rows import result_row
@@ -56,49 +56,41 @@ def test_progress_line_reads_each_row_once_over_many_updates():
     assert update.stats.num_rows_read == 3000
 
 
-def test_journal_converts_each_row_once_and_returns_every_row(tmp_path):
-    rows = []
-    journal = RowJournal(tmp_path / "run.parquet", RUN_SCHEMA, rows, every_s=3600, metadata={"command": "run"})
+def test_checkpoints_convert_each_row_once_and_leave_a_valid_incomplete_file(tmp_path):
+    rows, path = [], tmp_path / "run.parquet"
+    checkpoints = Checkpointer(path, RUN_SCHEMA, rows, every_s=3600, metadata={"command": "run"})
     converted = []
     for chunk in range(10):
         rows += rows_of(200, start=chunk * 200)
-        converted.append(journal.flush())
-    assert converted == [200] * 10 and journal.num_rows_converted == 2000  # per checkpoint: the new rows only
-    assert journal_path(tmp_path / "run.parquet").exists()
-    table = journal.close()
-    assert table.num_rows == 2000 and table.column("request_id").to_pylist() == [r["request_id"] for r in rows]
-    assert not journal_path(tmp_path / "run.parquet").exists()
+        converted.append(checkpoints.checkpoint())
+        # what a crash right now would leave: every row so far, in a readable file marked incomplete
+        assert pq.read_table(path).num_rows == len(rows) and read_metadata(path)["complete"] is False
+    assert converted == [200] * 10 and checkpoints.num_rows_converted == 2000  # per checkpoint: the new rows only
+    assert checkpoints.checkpoint() == 0 and checkpoints.num_checkpoints == 10  # nothing new: nothing written
+    rows += rows_of(5, start=2000)
+    table = checkpoints.close()
+    assert table.num_rows == 2005 and table.column("request_id").to_pylist() == [r["request_id"] for r in rows]
 
 
-def test_a_killed_runs_journal_is_recovered_as_an_incomplete_parquet(tmp_path):
-    rows = rows_of(300)
-    journal = RowJournal(tmp_path / "run.parquet", RUN_SCHEMA, rows, every_s=3600, metadata={"command": "run"})
-    journal.flush()
-    rows += rows_of(50, start=300)  # finished after the last checkpoint: lost by a kill
-    path = recover(journal.path)  # the process "died" here: the journal was never closed
-    assert path == tmp_path / "run.parquet"
-    assert pq.read_table(path).column("request_id").to_pylist() == [f"r{i}" for i in range(300)]
-    metadata = read_metadata(path)
-    assert metadata["command"] == "run" and metadata["complete"] is False and "versions" in metadata
-
-
-def test_the_writer_journals_on_a_timer_without_a_row_finishing(tmp_path, monkeypatch):
+def test_the_writer_checkpoints_on_a_timer_without_a_row_finishing(tmp_path, monkeypatch):
     """Issue 19 item 12: the checkpoint comes from a timer, not from the next finished row."""
+    import time
+
     import kvbench.results.writer as writer_module
 
     monkeypatch.setattr(writer_module, "CHECKPOINT_EVERY_S", 0.05)
-    writer = RunWriter(tmp_path / "run.parquet", {"command": "run"}, "run", {})
+    path = tmp_path / "run.parquet"
+    writer = RunWriter(path, {"command": "run"}, "run", {})
     writer.add(*pair(0, 12.0))
     for _ in range(200):  # no further add: only the timer can write
-        if writer.journal.num_rows_converted:
+        if path.exists():
             break
-        import time
         time.sleep(0.02)
-    assert writer.journal.num_rows_converted == 1 and writer.journal.path.exists()
+    assert pq.read_table(path).num_rows == 1 and read_metadata(path)["complete"] is False
     writer.add(*pair(1, 13.0))
     writer.close(complete=True)
-    assert pq.read_table(tmp_path / "run.parquet").num_rows == 2 and not writer.journal.path.exists()
-    metadata = read_metadata(tmp_path / "run.parquet")
+    assert pq.read_table(path).num_rows == 2 and writer.checkpoints.num_rows_converted == 2
+    metadata = read_metadata(path)
     assert metadata["complete"] is True and metadata["summary"]["num_requests"] == 2
 
 
