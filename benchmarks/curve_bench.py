@@ -90,10 +90,10 @@ def seed_sweep(repeats: int, skip_naive: bool, skip_cli: bool) -> list[tuple[str
     return rows
 
 
-def mooncake(repeats: int) -> list[tuple[str, float]]:
-    if not MOONCAKE.exists():
+def mooncake(repeats: int, path: Path) -> list[tuple[str, float]]:
+    if not path.exists():
         return []
-    load = lambda: prepare_prompts(read_mooncake(MOONCAKE), 512)  # noqa: E731
+    load = lambda: prepare_prompts(read_mooncake(path), 512)  # noqa: E731
     load_seconds, trace = cpu_median(load, 1)
     curve_seconds, curve = cpu_median(lambda: hit_curve(trace).results(), repeats)
     replay_seconds, _ = cpu_median(lambda: simulate(trace, CacheConfig(capacity_blocks=10_000, block_size=512)), repeats)
@@ -107,8 +107,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-naive", action="store_true")
     parser.add_argument("--skip-cli", action="store_true")
+    parser.add_argument("--skip-seed", action="store_true", help="only the Mooncake job")
+    parser.add_argument("--mooncake", type=Path, default=MOONCAKE, help="the conversation trace (JSONL)")
     args = parser.parse_args()
-    rows = seed_sweep(args.repeats, args.skip_naive, args.skip_cli) + mooncake(args.repeats)
+    rows = [] if args.skip_seed else seed_sweep(args.repeats, args.skip_naive, args.skip_cli)
+    rows += mooncake(args.repeats, args.mooncake)
     reference = dict(rows).get("naive replay per size")
     print(f"| job (seed sweep: both scenarios, 6 sizes x 2 orders) | CPU s (median of {args.repeats}) | naive / this |")
     print("|---|---:|---:|")
