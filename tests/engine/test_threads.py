@@ -21,3 +21,10 @@ def test_a_non_positive_thread_count_is_one_clear_error(bad):
     with pytest.raises(InputError, match=f"--threads: {bad} is not a positive number of threads"):
         with torch_threads(bad):
             pass
+
+
+@pytest.mark.parametrize("command", [["serve"], ["sweep", "scenarios/multi_prefix_zipf.toml", "--cache-sizes", "64"]])
+def test_serve_and_sweep_refuse_zero_threads_before_any_work(kvbench, command):
+    code, _, stderr = kvbench(*command, "--threads", "0")
+    assert code == 2 and "Traceback" not in stderr
+    assert "--threads: 0 is not a positive number of threads" in stderr
