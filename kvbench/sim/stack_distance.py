@@ -131,17 +131,24 @@ def stack_distances(prompts: list[PromptBlocks]) -> StackDistances:
     Cost: O(T log T) for T full blocks in all; memory: the Fenwick tree (T + 1 ints) and one dict
     entry per distinct key.
     """
-    counts = np.fromiter((len(p.block_hashes) for p in prompts), dtype=np.int64, count=len(prompts))
-    offsets = np.zeros(len(prompts) + 1, dtype=np.int64)
+    distances, offsets, num_distinct = distances_of([p.block_hashes for p in prompts])
+    caps = np.fromiter((p.max_hit_blocks for p in prompts), dtype=np.int64, count=len(prompts))
+    return StackDistances(distances, offsets, caps, num_distinct)
+
+
+def distances_of(key_lists: list[tuple[bytes, ...]]) -> tuple[np.ndarray, np.ndarray, int]:
+    """The pass itself over each request's keys in chain order (any subset of a prompt's keys that
+    keeps their order, e.g. a spatial sample): ``(distances, offsets, num_distinct_keys)`` as in
+    :class:`StackDistances`. Distances count only the keys given."""
+    counts = np.fromiter((len(keys) for keys in key_lists), dtype=np.int64, count=len(key_lists))
+    offsets = np.zeros(len(key_lists) + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
     distances = np.full(int(offsets[-1]), COLD, dtype=np.int64)
-    caps = np.fromiter((p.max_hit_blocks for p in prompts), dtype=np.int64, count=len(prompts))
     superseded = RangeFenwickTree(int(offsets[-1]))  # 1 at every access a later one of its key replaced
     flags = bytearray(int(offsets[-1]))  # the same, one byte per time slot, for O(1) steps in a run
     last_access: dict[bytes, int] = {}
     now = 0
-    for index, prompt in enumerate(prompts):
-        keys = prompt.block_hashes
+    for index, keys in enumerate(key_lists):
         request_distances, runs = _warm_distances(keys, last_access, superseded, flags)
         if request_distances:
             start = int(offsets[index])
@@ -151,7 +158,7 @@ def stack_distances(prompts: list[PromptBlocks]) -> StackDistances:
             flags[first:last + 1] = b"\x01" * (last + 1 - first)
         last_access.update(zip(reversed(keys), range(now, now + len(keys))))  # tail first: k_0 newest
         now += len(keys)
-    return StackDistances(distances, offsets, caps, len(last_access))
+    return distances, offsets, len(last_access)
 
 
 def _warm_distances(keys, last_access: dict[bytes, int], superseded: RangeFenwickTree,
