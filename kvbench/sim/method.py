@@ -67,7 +67,7 @@ def simulate_sizes(
     num_workers: int = 1,
 ) -> SimOutcome:
     """Results at every (capacity, release order), capacities outermost, each order by the method
-    :func:`one_pass_allowed` picks. ``progress`` is called as replays finish (not for the one pass).
+    :func:`one_pass_allowed` picks. ``progress(result, done, total)`` is called as each result is ready.
 
     Raises:
         InputError: see :func:`one_pass_allowed`.
