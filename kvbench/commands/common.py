@@ -57,15 +57,17 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 
 def run_with_progress(body: Callable[[Callable[[list[dict[str, Any]], int], None]], T],
-                      on_interrupt: Callable[[Any], None] | None = None) -> T:
+                      on_interrupt: Callable[[Any], None] | None = None, threads: int | None = None) -> T:
     """Run ``body(on_progress)`` under a live progress line on stderr; SIGTERM acts as Ctrl-C. On a
     :class:`kvbench.run.execute.RunInterrupted`, ``on_interrupt(it)`` runs before it propagates
-    (the CLI prints its one line and exits 130)."""
+    (the CLI prints its one line and exits 130). ``threads``: torch's intra-op threads meanwhile
+    (``--threads``; :func:`kvbench.engine.threads.torch_threads`)."""
+    from kvbench.engine.threads import torch_threads
     from kvbench.results.writer import progress_line
     from kvbench.run.execute import RunInterrupted
 
     err = make_console(stderr=True)
-    with progress_line(err) as update, sigterm_as_interrupt():
+    with torch_threads(threads), progress_line(err) as update, sigterm_as_interrupt():
         try:
             return body(update)
         except RunInterrupted as interrupted:

@@ -28,3 +28,5 @@ TimeScale = Annotated[float | None, typer.Option(
     "--time-scale", help="openai, --schedule trace: replay X times faster (0.5 = half speed; default 1).")]
 PreflightOption = Annotated[bool, typer.Option(
     "--preflight/--no-preflight", help="openai: check server, model, streaming, cached_tokens and cache_salt first.")]
+Threads = Annotated[int | None, typer.Option(help="Torch intra-op threads (default: torch's, one per core); "
+                                             "fewer on a busy machine.")]

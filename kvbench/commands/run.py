@@ -61,6 +61,7 @@ def run(
     top_p: Annotated[float | None, typer.Option(help="Nucleus sampling mass.")] = None,
     seed: Annotated[int | None, typer.Option(help="Sampling seed (and the open loop's arrivals).")] = None,
     out: Annotated[Path | None, typer.Option(help="Parquet file (default results/run-NAME-TIME.parquet).")] = None,
+    threads: opt.Threads = None,
 ) -> None:
     """Replay a scenario or trace through the in-process engine or an OpenAI-compatible server and
     measure TTFT, TPOT, hit rate; with a server, reconcile its cached tokens with what the trace allows."""
@@ -74,9 +75,9 @@ def run(
         ServerFlags(base_url, api_key_env, tokenizer, request_rate, burstiness, duration, hygiene, reset_cache,
                     timeout, server_block_size, expected_cache_size, schedule, time_scale, preflight),
         salt, out))
-    outcome = run_with_progress(lambda on_progress: run_file(config, on_progress))
+    outcome = run_with_progress(lambda on_progress: run_file(config, on_progress), threads=threads)
     console, err = make_console(), make_console(stderr=True)
-    for note in outcome.notes:
+    for note in [*outcome.notes, *outcome.metadata.get("warnings", [])]:
         err.print(note, soft_wrap=True)
     console.print(summary_table(outcome.name, outcome.metadata["run"], outcome.summary))
     if outcome.reconciliation is not None:

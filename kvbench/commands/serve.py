@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from kvbench.commands import options as opt
+
 from kvbench.commands.common import make_console
 from kvbench.cache.base import CacheConfig, CacheKind, ReleaseOrder
 from kvbench.errors import InputError, checked
@@ -83,6 +84,7 @@ def serve(
     release: Annotated[ReleaseOrder, typer.Option(help="Free-list release order.")] = ReleaseOrder.TAIL_FIRST,
     prompt_only: opt.PromptOnly = False,
     log_level: Annotated[str, typer.Option(help="uvicorn log level (info shows every request).")] = "warning",
+    threads: opt.Threads = None,
 ) -> None:
     """Serve the in-process engine as an OpenAI-compatible API (/v1/completions, /v1/chat/completions,
     /v1/models, /health, /reset_prefix_cache, /metrics) until Ctrl-C. One request runs at a time; the
@@ -90,12 +92,14 @@ def serve(
     import uvicorn
 
     from kvbench.engine.model import ModelConfig, load_model
+    from kvbench.engine.threads import check_threads, torch_threads
     from kvbench.server.app import create_app
 
     if not 0 <= port <= 65535:
         raise InputError(f"--port {port}: must be 0..65535")
     if block_size <= 0:
         raise InputError(f"--block-size {block_size}: must be positive")
+    check_threads(threads)
     model_config = checked(lambda: ModelConfig(path=model, device=device, dtype=dtype))
     sock = bind_socket(host, port)  # before the model loads: a busy port fails at once
     loaded = load_model(model_config)
@@ -104,7 +108,8 @@ def serve(
     service = _service(loaded, model, cache_config, served_model_name or loaded.name)
     _announce(sock, service.model_name, cache_config)
     config = uvicorn.Config(create_app(service), log_level=log_level, lifespan="off")
-    uvicorn.Server(config).run(sockets=[sock])
+    with torch_threads(threads):
+        uvicorn.Server(config).run(sockets=[sock])
 
 
 def register(app: typer.Typer) -> None:

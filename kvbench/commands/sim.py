@@ -20,7 +20,12 @@ from kvbench.run.scenario import parse_choices, parse_int_list
 from kvbench.run.config import CacheFlags
 from kvbench.run.setup import cache_config
 from kvbench.run.source import RunSource, limit_requests, load_source
-from kvbench.sim.replay import PreparedTrace, SimResult, ideal_hit_rate, prepare_prompts, sweep
+from kvbench.results.curve_files import write_curve, write_ttl_curve
+from kvbench.sim.curve import HitCurve
+from kvbench.sim.method import SimMethod, SimOutcome, simulate_sizes
+from kvbench.sim.replay import PreparedTrace, SimResult, ideal_hit_rate, prepare_prompts
+from kvbench.sim.bounds import unbounded_capacity_blocks
+from kvbench.sim.ttl_curve import ttl_curve as ttl_curve_of
 
 def _table(source: RunSource, results: list[SimResult], ideal: SimResult, trace: PreparedTrace) -> Table:
     table = Table(title=f"kvbench sim: {source.name} ({trace.num_requests:,} requests, "
@@ -49,6 +54,45 @@ def _base_config(source: RunSource, block_size: int | None, cache: CacheKind | N
     return base
 
 
+def _simulate(trace: PreparedTrace, base: CacheConfig, capacities: list[int], orders: list[str],
+              method: SimMethod, workers: int, err) -> tuple[list[SimResult], SimOutcome, bool]:
+    """:func:`simulate_sizes` under a progress bar; Ctrl-C keeps the results finished so far."""
+    results: list[SimResult] = []
+    outcome, interrupted = SimOutcome(), False
+    with Progress(console=err, transient=True) as progress:
+        task = progress.add_task("simulating", total=len(capacities) * len(orders))
+        try:
+            outcome = simulate_sizes(trace, base, capacities, orders, method, num_workers=workers,
+                                     progress=lambda result, done, total: (results.append(result),
+                                                                           progress.update(task, completed=done)))
+        except KeyboardInterrupt:
+            interrupted = True
+    for note in outcome.notes:
+        err.print(note)
+    return results, outcome, interrupted
+
+
+def _write_curve(console, source: RunSource, curve: HitCurve, out: Path, results: list[SimResult]) -> None:
+    marks = [r for r in results if r.release_order == ReleaseOrder.TAIL_FIRST.value]
+    title = f"{source.name}: token hit rate at every cache size (block size {curve.trace.block_size})"
+    parquet, png, num_rows = write_curve(curve, out, title, {"command": "sim", "source": source.description}, marks)
+    console.print(f"exact curve (one pass): {num_rows:,} sizes where the hit count changes, 1 .. "
+                  f"{curve.ideal_capacity_blocks:,} blocks: {parquet}, {png}")
+
+
+def _write_ttl_curve(console, source: RunSource, trace: PreparedTrace, out: Path) -> None:
+    curve = ttl_curve_of(trace)
+    title = f"{source.name}: token hit rate vs TTL, unbounded cache (block size {trace.block_size})"
+    parquet, png, num_rows = write_ttl_curve(curve, out, title, {"command": "sim", "source": source.description})
+    keeps = ", ".join(f"{int(f * 100)}% {_seconds(curve.ttl_for_fraction_s(f))}" for f in (0.5, 0.9, 0.99))
+    console.print(f"TTL keeping this share of the unbounded cache's hits: {keeps}; {num_rows:,} TTLs where the "
+                  f"hit count changes: {parquet}, {png}")
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f} s" if value >= 10 else f"{value:.3g} s"
+
+
 def sim(
     source: Annotated[Path, typer.Argument(help="Scenario (.toml) or trace (.jsonl: kvbench or Mooncake).")],
     sizes: Annotated[str | None, typer.Option(help="Cache capacities in blocks, e.g. 64,128,256.")] = None,
@@ -61,8 +105,13 @@ def sim(
     requests: Annotated[int | None, typer.Option(help="Replay only the first N requests.")] = None,
     out: Annotated[Path | None, typer.Option(help="Parquet file (default results/sim-NAME-TIME.parquet).")] = None,
     workers: Annotated[int, typer.Option(help="Processes for the sweep.")] = min(2, os.cpu_count() or 1),
+    method: Annotated[SimMethod, typer.Option(help="auto: the exact one-pass LRU curve where it applies "
+                                              "(hash cache, tail-first, no TTL, full keys), else replay.")] = SimMethod.AUTO,
+    ttl_curve: Annotated[bool, typer.Option("--ttl-curve", help="Also the hit rate at every TTL with an unbounded "
+                                            "cache (NAME.ttl-curve.parquet/.png).")] = False,
 ) -> None:
-    """Replay token traffic through the prefix cache at several sizes, no model: hit rates per size."""
+    """Replay token traffic through the prefix cache, no model: hit rates per size, and where the
+    one pass applies the exact curve at every size (NAME.curve.parquet and NAME.curve.png)."""
     if requests is not None and requests <= 0:
         raise InputError(f"--requests: {requests} is not a positive number of requests")
     if block_size is not None and block_size <= 0:
@@ -83,25 +132,24 @@ def sim(
     trace = prepare_prompts(token_requests, base.block_size, hash_config,
                             keep_tokens=kind is CacheKind.RADIX or base.verify_tokens)
     del token_requests  # the token ids are not needed once hashed; forked workers stay small
-    results: list[SimResult] = []
-    interrupted = False
-    with Progress(console=err, transient=True) as progress:
-        task = progress.add_task("replaying", total=len(capacities) * len(orders))
-        try:
-            sweep(trace, base, capacities, orders, num_workers=workers,
-                  progress=lambda result, done, total: (results.append(result), progress.update(task, completed=done)))
-        except KeyboardInterrupt:
-            interrupted = True
+    results, outcome, interrupted = _simulate(trace, base, capacities, orders, method, workers, err)
     order_index = {(c, o): i for i, (c, o) in enumerate((c, o) for c in capacities for o in orders)}
     results.sort(key=lambda r: order_index[(r.capacity_blocks, r.release_order)])
-    ideal = ideal_hit_rate(trace, kind)
+    curve = outcome.curves.get(ReleaseOrder.TAIL_FIRST.value)
+    ideal = (curve.result_at(unbounded_capacity_blocks((p.num_tokens for p in trace.prompts), trace.block_size))
+             if curve is not None else ideal_hit_rate(trace, kind))
     console.print(_table(source_info, results, ideal, trace))
     out = out or Path("results") / f"sim-{source_info.name}-{time.strftime('%Y%m%d-%H%M%S')}.parquet"
     if results:
         metadata = {"command": "sim", "source": source_info.description, "ideal_token_hit_rate": ideal.token_hit_rate,
-                    "complete": not interrupted, "elapsed_s": time.perf_counter() - started}
+                    "complete": not interrupted, "elapsed_s": time.perf_counter() - started,
+                    "methods": outcome.methods}
         write_rows(out, [r.as_row() for r in results], metadata)
         console.print(f"wrote {len(results)} rows to {out}")
+    if curve is not None and not interrupted:
+        _write_curve(console, source_info, curve, out, results)
+    if ttl_curve and not interrupted:
+        _write_ttl_curve(console, source_info, trace, out)
     if interrupted:
         raise Interrupted(f"after {len(results)} of {len(capacities) * len(orders)} configurations")
 

@@ -37,6 +37,7 @@ def sweep(
     device: opt.Device = "cpu",
     dtype: opt.DTypeName = "float32",
     out: Annotated[Path | None, typer.Option(help="Folder for the per-size files and sweep.parquet.")] = None,
+    threads: opt.Threads = None,
 ) -> None:
     """Run the scenario once per cache size (fresh cache each time) and fit TTFT p50 = a + b x (1 - hit rate)."""
     from kvbench.run.api import sweep as sweep_source
@@ -47,7 +48,7 @@ def sweep(
     console, err = make_console(), make_console(stderr=True)
     outcome = run_with_progress(
         lambda on_progress: sweep_source(config, on_progress, lambda size: err.print(f"cache size {size:,} blocks ...")),
-        on_interrupt=lambda interrupted: _print(console, interrupted.sweep))
+        on_interrupt=lambda interrupted: _print(console, interrupted.sweep), threads=threads)
     _print(console, outcome)
 
 

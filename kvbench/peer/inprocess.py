@@ -6,8 +6,7 @@ The requests go through :class:`kvbench.backends.inprocess.InProcessBackend` and
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,22 +29,12 @@ def inprocess_rows(model_dir: Path, prepared: PreparedComparison, block_size: in
     on a 2-core machine; ``None`` keeps torch's default); the previous setting is restored afterwards.
     """
     from kvbench.engine.model import ModelConfig, load_model
+    from kvbench.engine.threads import torch_threads
 
-    with _torch_threads(num_threads):
+    with torch_threads(num_threads):
         return replay_rows(load_model(ModelConfig(path=model_dir)), prepared, block_size, context, log)
 
 
-@contextlib.contextmanager
-def _torch_threads(num_threads: int | None) -> Iterator[None]:
-    import torch  # only to match vLLM's thread count
-
-    previous = torch.get_num_threads()
-    if num_threads is not None:
-        torch.set_num_threads(num_threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
 
 
 def replay_rows(loaded: Any, prepared: PreparedComparison, block_size: int, context: dict[str, Any],

@@ -81,12 +81,22 @@ def write_rows(
 
     ``metadata`` values are stored as JSON; ``versions`` and ``machine`` are added. Returns the path.
     """
+    return write_table(path, pa.Table.from_pylist(list(rows), schema=schema), metadata)
+
+
+def encoded_metadata(metadata: Mapping[str, Any]) -> dict[str, str]:
+    """``metadata`` plus ``versions`` and ``machine``, as the ``kvbench.*`` JSON strings of a footer."""
+    footer = {"versions": versions(), "machine": machine(), **metadata}
+    return {f"{_PREFIX}{key}": json.dumps(value, default=str) for key, value in footer.items()}
+
+
+def write_table(path: str | Path, table: pa.Table, metadata: Mapping[str, Any]) -> Path:
+    """:func:`write_rows` for rows already in Arrow form (atomic; ``metadata`` in the footer)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    table = pa.Table.from_pylist(list(rows), schema=schema)
-    footer = {"versions": versions(), "machine": machine(), **metadata}
-    encoded = {f"{_PREFIX}{key}": json.dumps(value, default=str) for key, value in footer.items()}
-    table = table.replace_schema_metadata({**(table.schema.metadata or {}), **encoded})
+    kept = {key.decode() if isinstance(key, bytes) else key: value for key, value in (table.schema.metadata or {}).items()}
+    kept = {key: value for key, value in kept.items() if not key.startswith(_PREFIX)}  # replaced, not merged
+    table = table.replace_schema_metadata({**kept, **encoded_metadata(metadata)})
     partial = path.with_name(path.name + ".partial")
     pq.write_table(table, partial)
     os.replace(partial, path)

@@ -85,15 +85,19 @@ def plot_hit_rate_vs_size(curves: Sequence[Curve], path: Path, title: str,
 
 def plot_ttft_vs_hit_rate(points: Sequence[Curve], path: Path, title: str, fit: Fit | None = None) -> Path:
     """TTFT p50 (y, ms) against token hit rate (x, 0..1): one marker series per curve, and the fitted
-    line ``a + b x (1 - hit rate)`` over [0, 1] when ``fit`` is given."""
+    line ``a + b x (1 - hit rate)`` over [0, 1] when ``fit`` is given (dotted grey and labelled
+    "not meaningful" when it has a :attr:`~kvbench.results.sweep.Fit.caveat`)."""
     plt = _pyplot()
     figure, axis = plt.subplots(figsize=_SIZE_IN)
     for curve in points:
         axis.plot(curve.x, curve.y, marker="o", ls="none", markersize=7, label=curve.label)
     if fit is not None:
         hits = np.linspace(0.0, 1.0, 50)
-        axis.plot(hits, [fit.predict_ms(h) for h in hits], color="black", lw=1.0, ls="--",
-                  label=f"fit: {fit.a_ms:,.1f} + {fit.b_ms:,.1f} x (1 - hit), R^2 {fit.r_squared:.3f}")
+        meaningful = fit.caveat is None  # a 2-point line or a wrong-sign slope is drawn faint and labelled so
+        axis.plot(hits, [fit.predict_ms(h) for h in hits], color="black" if meaningful else "grey",
+                  lw=1.0, ls="--" if meaningful else ":",
+                  label=(f"fit: {fit.a_ms:,.1f} + {fit.b_ms:,.1f} x (1 - hit), R^2 {fit.r_squared:.3f}"
+                         + ("" if meaningful else " (not meaningful)")))
     axis.set_xlim(-0.02, 1.02)
     axis.set_ylim(bottom=0)
     axis.set_xlabel("token hit rate (cached / prompt tokens)")
@@ -170,4 +174,27 @@ def plot_cached_per_turn(curves: Sequence[Curve], path: Path, title: str, prompt
     axis.set_title(title)
     axis.grid(alpha=0.3)
     axis.legend(loc="upper left", fontsize=8)
+    return _save(figure, plt, path)
+
+
+def plot_hit_curve(curve: Curve, path: Path, title: str, ideal: float | None = None,
+                   marks: Curve | None = None, xlabel: str = "cache capacity (blocks, log scale)") -> Path:
+    """Token hit rate (y, 0..1) at every cache capacity (x, blocks, log 2 scale) as a step line (the
+    one-pass LRU curve: the rate is constant between the sizes in ``curve.x``); ``marks`` are drawn
+    as points (sizes also listed in a table), ``ideal`` as a dashed line. ``xlabel`` names another x
+    (the TTL curve: seconds)."""
+    plt = _pyplot()
+    figure, axis = plt.subplots(figsize=_SIZE_IN)
+    axis.step(curve.x, curve.y, where="post", label=curve.label)
+    if marks is not None and marks.x:
+        axis.plot(marks.x, marks.y, "o", label=marks.label)
+    if ideal is not None:
+        axis.axhline(ideal, ls="--", lw=0.9, color="grey", label=f"unbounded cache ({ideal:.3f})")
+    axis.set_xscale("log", base=2)
+    axis.set_ylim(0, 1.02)
+    axis.set_xlabel(xlabel)
+    axis.set_ylabel("token hit rate (cached / prompt tokens)")
+    axis.set_title(title)
+    axis.grid(alpha=0.3)
+    axis.legend(loc="lower right", fontsize=8)
     return _save(figure, plt, path)

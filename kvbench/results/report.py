@@ -68,11 +68,21 @@ def run_table(runs: Sequence[ResultFile]) -> TableData:
     """One column per run file, one row per number of :data:`RUN_METRICS` (as ``summarize`` gives them)."""
     rows = [("backend", *(str(r.run.get("backend", "?")) for r in runs)),
             ("model", *(str(r.run.get("model", "?")) for r in runs)),
-            ("cache", *(describe_cache(r.cache) for r in runs))]
+            ("cache", *(describe_cache(r.cache) for r in runs)),
+            ("machine load start / end (usable cores)", *(_load_text(r.metadata.get("machine_load")) for r in runs))]
     rows += [(label, *(format_value(getattr(r.summary, key), spec) for r in runs)) for label, key, spec in RUN_METRICS]
     return TableData("Runs", ("", *(r.name for r in runs)), tuple(rows),
                      "token hit = cached / prompt tokens; cold TTFT = the first request of a run without warm-up, "
                      "kept out of the TTFT percentiles")
+
+
+def _load_text(load: dict | None) -> str:
+    """``5.7 / 4.1 (2 cores)`` from a run's ``machine_load`` metadata (``-`` for files without it)."""
+    if not load or "start" not in load:
+        return "-"
+    end = load.get("end") or {}
+    return (f"{format_value(load['start'].get('load_1m'), '.1f')} / {format_value(end.get('load_1m'), '.1f')} "
+            f"({load['start'].get('usable_cpus', '?')} cores)")
 
 
 def sim_table(result: ResultFile) -> TableData:
@@ -115,6 +125,7 @@ def input_notes(results: Sequence[ResultFile]) -> list[str]:
             notes.append(f"{result.path}: interrupted, partial results")
         if result.summary and result.summary.num_errors:
             notes.append(f"{result.path}: {result.summary.num_errors} of {result.summary.num_requests} requests failed")
+        notes += [f"{result.path}: {warning}" for warning in result.metadata.get("warnings") or []]
         if result.summary and result.summary.num_mismatched_outputs:
             notes.append(f"{result.path}: {result.summary.num_mismatched_outputs} outputs differ from the "
                          "reference (a cache bug if the decoding was greedy)")

@@ -43,6 +43,9 @@ SWEEP_SCHEMA = pa.schema([
 ])
 
 
+MIN_MEANINGFUL_POINTS = 3  # two points always sit on a line
+
+
 @dataclass(frozen=True)
 class Fit:
     """Least-squares line ``TTFT p50 = a_ms + b_ms x (1 - hit rate)`` over a sweep's points.
@@ -71,10 +74,26 @@ class Fit:
         """The fitted TTFT p50 (ms) at ``hit_rate`` (0..1)."""
         return self.a_ms + self.b_ms * (1.0 - hit_rate)
 
+    @property
+    def caveat(self) -> str | None:
+        """Why this line is not a finding, or ``None``: fewer than :data:`MIN_MEANINGFUL_POINTS`
+        points (a line through two points fits them exactly, so R^2 says nothing), or a negative
+        slope (TTFT falling as more of each prompt is computed contradicts prefill cost: the
+        timings are noise, e.g. a loaded machine; issue 18)."""
+        if self.num_points < MIN_MEANINGFUL_POINTS:
+            return (f"only {self.num_points} points: a line through {self.num_points} points says nothing "
+                    f"(at least {MIN_MEANINGFUL_POINTS} needed)")
+        if self.b_ms < -1e-9 * max(1.0, abs(self.a_ms)):
+            return ("the slope is negative (TTFT falls as the miss rate rises): the timings are noise, "
+                    "not prefill cost; check the machine's load and rerun")
+        return None
+
     def describe(self) -> str:
-        """One line for tables and captions, e.g. ``TTFT p50 = 41.0 ms + 1,250.3 ms x (1 - hit rate), R^2 0.998``."""
-        return (f"TTFT p50 = {self.a_ms:,.1f} ms + {self.b_ms:,.1f} ms x (1 - hit rate), "
+        """One line for tables and captions, e.g. ``TTFT p50 = 41.0 ms + 1,250.3 ms x (1 - hit rate), R^2 0.998``;
+        a fit with a :attr:`caveat` says it is not meaningful, and why."""
+        line = (f"TTFT p50 = {self.a_ms:,.1f} ms + {self.b_ms:,.1f} ms x (1 - hit rate), "
                 f"R^2 {self.r_squared:.3f} ({self.num_points} points)")
+        return line if self.caveat is None else f"not meaningful: {line}; {self.caveat}"
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

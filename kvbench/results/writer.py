@@ -14,22 +14,27 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from kvbench.request import Request, RequestRecord
-from kvbench.results.parquet import write_rows
+from kvbench.results.checkpoint import Checkpointer
+from kvbench.results.live import RunningStats
+from kvbench.results.machine_load import load_sample, load_warnings, spread_warning
+from kvbench.results.parquet import write_table
 from kvbench.results.rows import result_row
 from kvbench.results.schema import RUN_SCHEMA
-from kvbench.results.summary import RunSummary, percentile, summarize
+from kvbench.results.summary import RunSummary, summarize
 
 if TYPE_CHECKING:
     from kvbench.backends.openai.reconcile import Flagged, Reconciliation
 
-CHECKPOINT_EVERY_S = 10.0  # rewrite the Parquet file at most this often while running
+CHECKPOINT_EVERY_S = 10.0  # rewrite the Parquet file this often while running (a timer thread)
 STATS_EVERY_S = 0.5  # recompute the live hit rate and TTFT p50 at most this often
 
 
 class RunWriter:
     """Turns each finished ``(request, record)`` into a row and keeps ``path`` up to date: rewritten
-    every ``CHECKPOINT_EVERY_S`` seconds while running (``complete: false``), and once more at the
-    end, so a crash, an error or Ctrl-C loses at most the requests in flight.
+    every ``CHECKPOINT_EVERY_S`` seconds by a timer thread while running (``complete: false``;
+    :mod:`kvbench.results.checkpoint`: each row converted once, never on the event loop), and once
+    more at the end (:meth:`close`, also after an error or Ctrl-C), so a crash loses at most the
+    last seconds of requests.
 
     ``columns``: the backend's fixed result columns (``Backend.describe()``)."""
 
@@ -39,46 +44,49 @@ class RunWriter:
         self.run_id = run_id
         self.columns = columns
         self.rows: list[dict[str, Any]] = []
-        self._written_s = time.monotonic()
+        self.metadata["machine_load"] = {"start": load_sample()}
+        self.checkpoints = Checkpointer(self.path, RUN_SCHEMA, self.rows, CHECKPOINT_EVERY_S, metadata)
 
     def add(self, request: Request, record: RequestRecord) -> None:
         self.rows.append(result_row(self.run_id, self.columns, request, record))
-        if time.monotonic() - self._written_s > CHECKPOINT_EVERY_S:
-            self._write(complete=False)
+        self.checkpoints.start()
 
     def close(self, complete: bool) -> None:
-        """Write the final file (nothing when no request finished)."""
+        """Write the final file (nothing when no request finished), with the machine's load at the start
+        and end and the :mod:`~kvbench.results.machine_load` warnings in the metadata."""
+        table = self.checkpoints.close()
+        self.metadata["machine_load"]["end"] = load_sample()
+        spread = spread_warning(self.rows)
+        self.metadata["warnings"] = load_warnings(self.metadata["machine_load"]) + ([spread] if spread else [])
         if self.rows:
-            self._write(complete)
-
-    def _write(self, complete: bool) -> None:
-        summary = summarize(self.rows).as_dict()
-        write_rows(self.path, self.rows, {**self.metadata, "summary": summary, "complete": complete}, RUN_SCHEMA)
-        self._written_s = time.monotonic()
+            summary = summarize(self.rows).as_dict()
+            write_table(self.path, table, {**self.metadata, "summary": summary, "complete": complete})
 
 
 @contextlib.contextmanager
 def progress_line(console: Console) -> Iterator[Callable[[list[dict[str, Any]], int], None]]:
-    """A live bar: requests done, hit rate so far, TTFT p50 so far. Yields ``update(rows, total)``."""
+    """A live bar: requests done, hit rate so far, TTFT p50 so far. Yields ``update(rows, total)``.
+
+    Each call reads only the rows added since the last one (:class:`RunningStats`: O(1) per row) and
+    re-renders the statistics at most every ``STATS_EVERY_S`` seconds."""
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), TextColumn("{task.fields[stats]}"), console=console, transient=True)
     task = progress.add_task("requests", total=None, stats="")
-
+    stats = RunningStats()
     last_stats_s = [-math.inf]
 
     def update(rows: list[dict[str, Any]], total: int) -> None:
+        stats.extend(rows)
         now_s = time.monotonic()
-        if now_s - last_stats_s[0] >= STATS_EVERY_S or len(rows) == total:  # O(rows) work, not per row
+        if now_s - last_stats_s[0] >= STATS_EVERY_S or len(rows) == total:
             last_stats_s[0] = now_s
-            ok = [r for r in rows if r["status"] == "ok"]
-            prompt = sum(r["prompt_tokens"] for r in ok)
-            hit = sum(r["cached_prompt_tokens"] or 0 for r in ok) / prompt if prompt else 0.0
-            ttft = percentile((r["ttft_ms"] for r in ok), 50)
-            stats = f"hit rate {hit:.3f}  TTFT p50 {ttft:,.0f} ms" if ttft is not None else ""
-            progress.update(task, stats=stats)
+            ttft = stats.ttft_p50_ms()
+            text = f"hit rate {stats.token_hit_rate:.3f}  TTFT p50 {ttft:,.0f} ms" if ttft is not None else ""
+            progress.update(task, stats=text)
         progress.update(task, completed=len(rows), total=total)
 
     with progress:
+        update.stats = stats  # type: ignore[attr-defined]  # for tests that count the work
         yield update
 
 

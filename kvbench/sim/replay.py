@@ -118,6 +118,7 @@ class SimResult:
     num_expired_blocks: int
     num_refused_blocks: int
     cached_tokens_per_request: np.ndarray = field(repr=False)
+    method: str = "replay"  # or "one-pass" (kvbench.sim.curve): how these numbers were computed
 
     @property
     def token_hit_rate(self) -> float:
@@ -148,6 +149,7 @@ class SimResult:
             "evictions": self.num_evicted_blocks,
             "expirations": self.num_expired_blocks,
             "refused_inserts": self.num_refused_blocks,
+            "method": self.method,
         }
 
 

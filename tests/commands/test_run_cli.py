@@ -131,3 +131,17 @@ def test_sigterm_writes_what_was_measured_and_exits_130(tmp_path):
     rows = read_rows(out)
     assert 0 < len(rows) < 400 and read_metadata(out)["complete"] is False
     assert f"interrupted after {len(rows)} of 400 requests" in stderr
+
+
+def test_threads_and_the_machines_load_are_recorded(kvbench, scenario, tmp_path):
+    out = tmp_path / "threads.parquet"
+    code, _, stderr = kvbench("run", scenario, "--threads", "1", "--out", out)
+    assert code == 0, stderr
+    load = read_metadata(out)["machine_load"]
+    assert set(load) == {"start", "end"}
+    for sample in load.values():
+        assert sample["torch_threads"] == 1 and sample["usable_cpus"] >= 1 and sample["cpu_count"] >= 1
+        assert sample["load_1m"] is None or sample["load_1m"] >= 0
+    assert isinstance(read_metadata(out)["warnings"], list)
+    code, _, stderr = kvbench("run", scenario, "--threads", "0", "--out", tmp_path / "zero.parquet")
+    assert code == 2 and "--threads: 0 is not a positive number of threads" in stderr and "Traceback" not in stderr

@@ -221,3 +221,55 @@ def test_every_shipped_scenario_loads_by_name_and_from_the_scenarios_link(shared
         for spec in (name, f"scenarios/{name}.toml"):
             scenario = load_scenario(find_scenario(spec))
             assert scenario.workload_requests().requests, spec
+
+
+def test_sim_writes_the_exact_curve_and_replay_agrees_at_every_size(kvbench, tmp_path):
+    scenario = write(tmp_path / "small.toml", SMALL_SCENARIO)
+    code, stdout, stderr = kvbench("sim", scenario, "--out", tmp_path / "auto.parquet")
+    assert code == 0, stderr
+    assert "exact curve (one pass)" in stdout
+    curve = pq.read_table(tmp_path / "auto.curve.parquet").to_pylist()
+    assert (tmp_path / "auto.curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert {r["method"] for r in curve} == {"one-pass"} and curve[0]["capacity_blocks"] == 1
+    hits = [r["hit_blocks"] for r in curve]
+    assert hits == sorted(hits) and len(set(hits)) == len(hits)  # a row exactly where the count changes
+    sizes = ",".join(str(r["capacity_blocks"]) for r in curve)
+    code, _, stderr = kvbench("sim", scenario, "--sizes", sizes, "--method", "replay", "--out", tmp_path / "r.parquet")
+    assert code == 0, stderr
+    replayed = pq.read_table(tmp_path / "r.parquet").to_pylist()
+    assert not (tmp_path / "r.curve.parquet").exists()
+    assert [{**r, "method": None} for r in replayed] == [{**r, "method": None} for r in curve]
+    assert read_metadata(tmp_path / "r.parquet")["methods"] == {"tail-first": "replay"}
+
+
+def test_sim_falls_back_to_the_replay_and_says_why(kvbench, tmp_path):
+    scenario = write(tmp_path / "small.toml", SMALL_SCENARIO)
+    code, stdout, stderr = kvbench("sim", scenario, "--ttl", "5", "--out", tmp_path / "ttl.parquet")
+    assert code == 0, stderr
+    assert "one-pass curve not exact" in stderr and "TTL" in stderr and "exact curve" not in stdout
+    assert {r["method"] for r in pq.read_table(tmp_path / "ttl.parquet").to_pylist()} == {"replay"}
+    line = one_line_error(*kvbench("sim", scenario, "--cache", "radix", "--method", "one-pass")[::2])
+    assert "--method one-pass" in line and "radix" in line
+
+
+def test_sim_ttl_curve_matches_replays_with_that_ttl(kvbench, tmp_path):
+    """A Mooncake-format trace whose prefixes come back after 2 s, 5 s and 20 s (timestamps in ms)."""
+    lines = []
+    for start_ms, gap_ms, first_id in ((0, 2000, 100), (1000, 5000, 200), (2000, 20000, 300)):
+        for turn in range(3):
+            ids = [first_id, first_id + 1, first_id + 2, first_id + 10 + turn]
+            lines.append({"timestamp": start_ms + turn * gap_ms, "input_length": 4 * 512, "output_length": 1,
+                          "hash_ids": ids})
+    lines.sort(key=lambda line: line["timestamp"])
+    trace = write(tmp_path / "gaps.jsonl", "\n".join(json.dumps(line) for line in lines) + "\n")
+    code, stdout, stderr = kvbench("sim", trace, "--ttl-curve", "--out", tmp_path / "t.parquet")
+    assert code == 0, stderr
+    assert "TTL keeping this share of the unbounded cache's hits: 50% 5 s, 90% 20 s" in stdout
+    rows = pq.read_table(tmp_path / "t.ttl-curve.parquet").to_pylist()
+    assert [(r["ttl_s"], r["hit_blocks"]) for r in rows] == [(2.0, 6), (5.0, 12), (20.0, 18)]
+    assert (tmp_path / "t.ttl-curve.png").exists()
+    for ttl, expected in ((1.9, 0), (4.0, 6), (19.0, 12), (60.0, 18)):
+        code, _, stderr = kvbench("sim", trace, "--ttl", str(ttl), "--sizes", "1000", "--out", tmp_path / "r.parquet")
+        assert code == 0, stderr
+        (replayed,) = pq.read_table(tmp_path / "r.parquet").to_pylist()
+        assert replayed["hit_blocks"] == expected
