@@ -9,7 +9,6 @@ from typing import Annotated
 import typer
 
 from kvbench.commands import options as opt
-
 from kvbench.commands.common import make_console
 from kvbench.cache.base import CacheConfig, CacheKind, ReleaseOrder
 from kvbench.errors import InputError, checked
