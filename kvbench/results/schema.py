@@ -8,7 +8,8 @@ machine, seed) go into the file's key-value metadata (see :mod:`kvbench.results.
 Times are milliseconds, measured with ``time.perf_counter``:
 
 * ``arrival_ms``: the trace's arrival offset; ``sent_ms``: when the send loop actually sent the
-  request (open loop: its due time plus any wait), ms from the start of the run.
+  request (open loop: its due time plus any wait), ms from the start of the run; ``ended_ms``: when
+  its record came back, on the same clock (a run's ``duration`` spans first send to last end).
 * ``queue_ms``: from the request being due (open loop) or taken by a client (closed loop) to the
   moment it started being served: waiting time, never counted inside TTFT.
 * ``ttft_ms``: from the start of service to the first output token.
@@ -43,6 +44,7 @@ RUN_SCHEMA = pa.schema([
     pa.field("arrival_ms", pa.float64()),
     pa.field("queue_ms", pa.float64()),
     pa.field("sent_ms", pa.float64()),          # when the send loop sent it, ms from the start of the run
+    pa.field("ended_ms", pa.float64()),         # when its record came back (last token or error), same clock
     pa.field("ttft_ms", pa.float64()),
     pa.field("tpot_ms", pa.float64()),
     pa.field("e2e_ms", pa.float64()),

@@ -97,7 +97,8 @@ def run_openai(config: RunConfig, on_progress: Progress | None = None) -> RunOut
     metadata = run_metadata(source, settings, requests, _run_info(config, run_id, client_config, load, expectations,
                                                                   tokenizer.name), config.source, load.num_warmup)
     backend = OpenAIBackend(client_config, tokenizer, run_salt)
-    writer = RunWriter(config.out or default_out("run", source.name), metadata, run_id, backend.describe())
+    writer = RunWriter(config.out or default_out("run", source.name), metadata, run_id, backend.describe(),
+                       config.summary)
     outcome = execute(requests, backend, load, writer, on_progress, backend_context=lambda: backend)
     outcome.notes = notes
     after = parse_prefix_cache_counters(fetch_metrics(server.url, key))
