@@ -42,13 +42,18 @@ class ResultFlags:
     detailed: bool = False
 
 
+def summary_options(metric_percentiles: str, percentile_metrics: str, goodput: list[str] | None) -> SummaryOptions:
+    """The summary options from their flags. Raises ``ValueError`` naming the flag."""
+    return SummaryOptions(parse_metric_percentiles(metric_percentiles), parse_percentile_metrics(percentile_metrics),
+                          parse_goodput(goodput or ()))
+
+
 def result_flags(metric_percentiles: str, percentile_metrics: str, goodput: list[str] | None,
                  save_result: Path | None, result_dir: Path | None, result_filename: str | None,
                  save_detailed: bool, asserts: list[str] | None, max_error_rate: float | None) -> ResultFlags:
     """The flags checked before the run (bad values and unwritable paths exit 2 here)."""
     def make() -> ResultFlags:
-        options = SummaryOptions(parse_metric_percentiles(metric_percentiles),
-                                 parse_percentile_metrics(percentile_metrics), parse_goodput(goodput or ()))
+        options = summary_options(metric_percentiles, percentile_metrics, goodput)
         return ResultFlags(options, GateConfig.from_flags(asserts, max_error_rate, options), save_result,
                            result_dir, result_filename, save_detailed)
 

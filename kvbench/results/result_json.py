@@ -24,6 +24,7 @@ import math
 import os
 import time
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +40,19 @@ def _seconds(value_ms: float | None) -> float | None:
     return None if value_ms is None else value_ms / 1e3
 
 
+def _run_date(started_at: str | None) -> str:
+    """vLLM's ``date`` format (``20261201-102725``) of when the run started (now, if unknown)."""
+    try:
+        return datetime.strptime(started_at or "", "%Y-%m-%dT%H:%M:%S%z").strftime("%Y%m%d-%H%M%S")
+    except ValueError:
+        return time.strftime("%Y%m%d-%H%M%S")
+
+
 def _header(metadata: Mapping[str, Any], summary: RunSummary) -> dict[str, Any]:
     run = metadata.get("run") or {}
     load = run.get("load") or {}
     rate = load.get("request_rate_per_s")
-    return {"date": time.strftime("%Y%m%d-%H%M%S"),
+    return {"date": _run_date(run.get("started_at")),
             "endpoint_type": "openai" if run.get("backend") == "openai" else "kvbench-inprocess",
             "backend": run.get("backend"), "label": run.get("scenario"), "model_id": run.get("model"),
             "tokenizer_id": run.get("tokenizer") or "cl100k_base", "num_prompts": summary.num_requests,
@@ -84,14 +93,14 @@ def result_dict(summary: RunSummary, metadata: Mapping[str, Any], rows: Sequence
     return result
 
 
-def _finite(value: Any) -> Any:
+def json_ready(value: Any) -> Any:
     """JSON has no NaN or infinity: those become ``null``."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
+        return {k: json_ready(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
+        return [json_ready(v) for v in value]
     return value
 
 
@@ -100,7 +109,7 @@ def write_result(path: str | Path, result: Mapping[str, Any]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(_finite(dict(result)), indent=2, default=str, allow_nan=False) + "\n")
+    partial.write_text(json.dumps(json_ready(dict(result)), indent=2, default=str, allow_nan=False) + "\n")
     os.replace(partial, path)
     return path
 
