@@ -12,6 +12,7 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from kvbench import __version__
 from kvbench.errors import Interrupted, KvbenchError
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
         if debug:
             raise
         message = missing_extra(exc)
-        err.print(f"[red]error:[/red] {message or _unexpected(exc)}")
+        err.print(f"[red]error:[/red] {escape(message) if message else _unexpected(exc)}")
         sys.exit(1 if message is None else 2)
     except Exception as exc:  # an unexpected failure: still one line unless --debug
         if debug:
