@@ -19,4 +19,4 @@ Release = Annotated[ReleaseOrder | None, typer.Option(help="Free-list release or
 HashAlgoOption = Annotated[HashAlgo | None, typer.Option(help="Block hash function.")]
 HashBits = Annotated[int | None, typer.Option(help="Keep only N bits of every key (8..256).")]
 MaxTokens = Annotated[int | None, typer.Option(help="Output tokens per request (default: the trace's).")]
-Requests = Annotated[int | None, typer.Option(help="Run only the first N requests.")]
+Requests = Annotated[int | None, typer.Option("--requests", "--num-prompts", help="Run only the first N requests (--num-prompts: vLLM's spelling).")]

@@ -40,7 +40,7 @@ def _points_table(name: str, points: list[SweepPoint]) -> Table:
 def sweep(
     source: Annotated[Path, typer.Argument(help="Scenario (.toml) or trace (.jsonl).")],
     cache_sizes: Annotated[str | None, typer.Option(help="Engine: cache capacities in blocks, e.g. 64,128,256,512,1024.")] = None,
-    requests: Annotated[int | None, typer.Option(help="Run only the first N requests of the trace.")] = None,
+    requests: opt.Requests = None,
     max_tokens: Annotated[int | None, typer.Option(help="Output tokens per request.")] = None,
     block_size: opt.BlockSize = None,
     model: Annotated[Path | None, typer.Option(help="Local Hugging Face checkpoint (openai: the served name).")] = None,
@@ -48,7 +48,7 @@ def sweep(
     dtype: opt.DTypeName = "float32",
     out: Annotated[Path | None, typer.Option(help="Folder for the per-run files and the sweep summary.")] = None,
     backend: Annotated[BackendKind, typer.Option(help="inprocess: cache-size sweep; openai: load sweep.")] = BackendKind.INPROCESS,
-    concurrency: Annotated[str | None, typer.Option(help="openai: closed-loop clients per point, e.g. 1,2,4,8.")] = None,
+    concurrency: Annotated[str | None, typer.Option("--concurrency", "--max-concurrency", help="openai: closed-loop clients per point, e.g. 1,2,4,8.")] = None,
     request_rate: Annotated[str | None, typer.Option(help="openai: open-loop requests/s per point, e.g. 1,2,4,8.")] = None,
     num_runs: Annotated[int, typer.Option(min=1, help="openai: runs per point (>= 2: bootstrap 95% CI).")] = 1,
     base_url: Annotated[str | None, typer.Option(help="openai: API root with /v1.")] = None,

@@ -1,5 +1,7 @@
 """``kvbench sweep --backend openai --request-rate`` against a real ``kvbench serve``: one point per rate."""
 
+import json
+
 import pyarrow.parquet as pq
 import pytest
 
@@ -34,3 +36,13 @@ def test_two_rates_give_two_points_each_on_a_fresh_cache(kvbench, server, tmp_pa
 def test_bad_sweep_flags_exit_2(kvbench, tmp_path, flags, message):
     code, _, stderr = kvbench("sweep", "chat", "--out", tmp_path / "s", *flags)
     assert code == 2 and message in stderr
+
+
+def test_vllm_spellings_of_run_flags(kvbench, server, tmp_path):
+    saved = tmp_path / "r.json"
+    code, _, stderr = kvbench("run", "chat", "--backend", "openai", "--base-url", server.url, "--num-prompts", "3",
+                              "--max-concurrency", "2", "--num-warmups", "1", "--max-tokens", "2",
+                              "--out", tmp_path / "r.parquet", "--save-result", saved)
+    assert code == 0, stderr
+    result = json.loads(saved.read_text())
+    assert (result["num_prompts"], result["num_warmup"], result["max_concurrency"]) == (2, 1, 2)
