@@ -12,6 +12,7 @@ workloads' tokenizer and the engine's tokenizer export use it, and neither may i
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -35,7 +36,8 @@ def load_ranks(path: Path = RANKS_PATH, sha256: str = RANKS_SHA256) -> dict[byte
         InputError: the file is missing or its SHA-256 differs (a damaged or replaced install).
     """
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as file:  # builtin open, as tiktoken reads its files
+            data = file.read()
     except OSError as exc:
         raise InputError(f"{path}: cannot read the cl100k ranks file ({exc.strerror}); reinstall kvbench") from None
     digest = hashlib.sha256(data).hexdigest()
@@ -44,9 +46,15 @@ def load_ranks(path: Path = RANKS_PATH, sha256: str = RANKS_SHA256) -> dict[byte
     return {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in data.splitlines() if line)}
 
 
+@functools.lru_cache(maxsize=1)
+def _shipped_ranks() -> dict[bytes, int]:
+    """The shipped ranks, read and checked once per process (tiktoken caches its encodings too)."""
+    return load_ranks()
+
+
 def cl100k_encoding(extra_special_tokens: dict[str, int] | None = None, name: str = "cl100k_base") -> tiktoken.Encoding:
     """tiktoken's ``cl100k_base`` from the shipped ranks, plus ``extra_special_tokens`` (e.g. ChatML's)."""
     import tiktoken
 
-    return tiktoken.Encoding(name=name, pat_str=PATTERN, mergeable_ranks=load_ranks(),
+    return tiktoken.Encoding(name=name, pat_str=PATTERN, mergeable_ranks=_shipped_ranks(),
                              special_tokens={**SPECIAL_TOKENS, **(extra_special_tokens or {})})
