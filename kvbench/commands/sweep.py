@@ -61,6 +61,8 @@ def sweep(
     """Engine: run once per cache size and fit TTFT p50 = a + b x (1 - hit rate). Server (--backend openai):
     one run per --concurrency or --request-rate value (a fresh cache namespace each), throughput vs latency."""
     if backend is BackendKind.OPENAI or concurrency or request_rate:
+        if cache_sizes is not None:
+            raise InputError("--cache-sizes sweeps the in-process engine; a load sweep takes --concurrency or --request-rate")
         config = build(lambda: LoadSweepConfig(
             RunConfig(source, backend, ModelFlags(str(model) if model else None),
                       run=RunFlags(num_requests=requests, warmup=warmup, max_tokens=max_tokens),

@@ -32,6 +32,7 @@ def test_two_rates_give_two_points_each_on_a_fresh_cache(kvbench, server, tmp_pa
     (["--backend", "openai", "--concurrency", "1,zero"], "--concurrency 1,zero"),
     (["--backend", "openai", "--request-rate", "0,2"], "must all be positive"),
     ([], "--cache-sizes"),
+    (["--backend", "openai", "--cache-sizes", "64", "--concurrency", "1"], "--cache-sizes sweeps the in-process"),
 ])
 def test_bad_sweep_flags_exit_2(kvbench, tmp_path, flags, message):
     code, _, stderr = kvbench("sweep", "chat", "--out", tmp_path / "s", *flags)
