@@ -12,9 +12,11 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from kvbench import __version__
 from kvbench.errors import Interrupted, KvbenchError
+from kvbench.extras import missing_extra
 
 try:  # typer >= 0.2x vendors click; its exceptions are not click's
     from typer._click import exceptions as click_exceptions
@@ -89,14 +91,24 @@ def main(argv: list[str] | None = None) -> None:
             raise
         err.print(f"[red]error:[/red] {exc}")
         sys.exit(exc.exit_code)
+    except ModuleNotFoundError as exc:  # a command reached a module of an extra that is not installed
+        if debug:
+            raise
+        message = missing_extra(exc)
+        err.print(f"[red]error:[/red] {escape(message) if message else _unexpected(exc)}")
+        sys.exit(1 if message is None else 2)
     except Exception as exc:  # an unexpected failure: still one line unless --debug
         if debug:
             raise
-        err.print(f"[red]error:[/red] {type(exc).__name__}: {exc} [dim](--debug shows the traceback)[/dim]")
+        err.print(f"[red]error:[/red] {_unexpected(exc)}")
         sys.exit(1)
     if code == 130:  # typer turns a KeyboardInterrupt (Ctrl-C, SIGTERM) into exit code 130
         _interrupted("")
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _unexpected(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {exc} [dim](--debug shows the traceback)[/dim]"
 
 
 def _interrupted(detail: str) -> None:

@@ -21,7 +21,7 @@ HashAlgoOption = Annotated[HashAlgo | None, typer.Option(help="Block hash functi
 HashBits = Annotated[int | None, typer.Option(help="Keep only N bits of every key (8..256).")]
 MaxTokens = Annotated[int | None, typer.Option(help="Output tokens per request (default: the trace's).")]
 PromptOnly = Annotated[bool, typer.Option("--prompt-only", help="Cache prompt blocks only (default: every full block of prompt + output - 1 tokens, as vLLM).")]
-Requests = Annotated[int | None, typer.Option(help="Run only the first N requests.")]
+Requests = Annotated[int | None, typer.Option("--requests", "--num-prompts", help="Run only the first N requests (--num-prompts: vLLM's spelling).")]
 ScheduleOption = Annotated[Schedule | None, typer.Option(
     "--schedule", help="openai: rate = closed loop or --request-rate (default); trace = at the trace's own arrival times.")]
 TimeScale = Annotated[float | None, typer.Option(

@@ -10,7 +10,9 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from kvbench.commands.common import make_console
+from kvbench.commands import result_options as res
+from kvbench.commands.common import build, make_console
+from kvbench.results.export import ReportFormat
 from kvbench.results.compare import Comparison, compare_runs
 from kvbench.results.files import describe_cache, load_result, load_results
 from kvbench.results.report import TableData, build_report, summary_tables
@@ -40,6 +42,12 @@ def report(
                                                   "(default results/report-TIME).")] = None,
     title: Annotated[str, typer.Option(help="Title of the HTML page.")] = "kvbench report",
     explain: Annotated[bool, typer.Option("--explain", help="Add kvbench explain's waterfall and per-request causes for each run.")] = False,
+    format: Annotated[ReportFormat, typer.Option(  # noqa: A002 - the flag's name
+        help="html: tables, plots, report.html; csv / json: one summary record per run (vLLM's keys), "
+             "to stdout or OUT/summary.csv|json.")] = ReportFormat.HTML,
+    metric_percentiles: res.MetricPercentiles = "50,90,99",
+    percentile_metrics: res.PercentileMetrics = "ttft,tpot,itl,e2el",
+    goodput: res.Goodput = None,
 ) -> None:
     """Summary tables, PNG plots and one self-contained HTML page (plots embedded) from result files.
 
@@ -48,6 +56,10 @@ def report(
     """
     loaded = load_results(results)
     console, err = make_console(), make_console(stderr=True)
+    if format is not ReportFormat.HTML:
+        options = build(lambda: res.summary_options(metric_percentiles, percentile_metrics, goodput))
+        _export(loaded, format, options, out)
+        return
     for table in summary_tables(loaded):
         console.print(_rich_table(table))
     out = out or Path("results") / f"report-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -65,6 +77,26 @@ def _explain_sections(loaded, out: Path) -> list:
     from kvbench.explain.html import explain_section
 
     return [explain_section(result.path, out) for result in loaded if result.kind == "run"]
+
+
+def _export(loaded, format: ReportFormat, options, out: Path | None) -> None:
+    """Run summaries as CSV or JSON: to stdout, or to ``out/summary.csv|json``."""
+    from kvbench.results.export import run_records, to_csv, to_json
+
+    err = make_console(stderr=True)
+    for result in loaded:
+        if result.kind != "run":
+            err.print(f"[yellow]note:[/yellow] {escape(str(result.path))}: a {result.kind} file; "
+                      f"--format {format.value} exports run files")
+    records = run_records(loaded, options)
+    text = to_csv(records) if format is ReportFormat.CSV else to_json(records)
+    if out is None:
+        typer.echo(text, nl=False)
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"summary.{format.value}"
+    path.write_text(text)
+    make_console().print(f"wrote {len(records)} run record(s) to {escape(str(path))}")
 
 
 def _comparison_table(comparison: Comparison) -> Table:

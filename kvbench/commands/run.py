@@ -17,6 +17,7 @@ import typer
 
 from kvbench.backends.openai.hygiene import Hygiene
 from kvbench.commands import options as opt
+from kvbench.commands import result_options as res
 from kvbench.commands.common import build, make_console, run_with_progress
 from kvbench.run.config import (DEFAULT_BASE_URL, DEFAULT_TIMEOUT_S, BackendKind, CacheFlags, ModelFlags, RunConfig,
                                 RunFlags, ServerFlags)
@@ -44,7 +45,7 @@ def run(
     max_tokens: opt.MaxTokens = None,
     ignore_eos: Annotated[bool | None, typer.Option("--ignore-eos/--stop-at-eos", help="Decode exactly max_tokens (openai: sends vLLM's ignore_eos).")] = None,
     requests: opt.Requests = None,
-    concurrency: Annotated[int | None, typer.Option(help="Closed-loop clients; with --request-rate, the most in flight.")] = None,
+    concurrency: Annotated[int | None, typer.Option("--concurrency", "--max-concurrency", help="Closed-loop clients; with --request-rate, the most in flight.")] = None,
     request_rate: Annotated[float | None, typer.Option(help="openai: open loop, mean requests/s (gamma arrivals; inf = closed loop).")] = None,
     burstiness: Annotated[float | None, typer.Option(help="openai: gamma shape of arrival gaps (1 = Poisson, <1 burstier).")] = None,
     duration: Annotated[float | None, typer.Option(help="openai: stop sending after this many seconds.")] = None,
@@ -54,7 +55,7 @@ def run(
     server_block_size: Annotated[int | None, typer.Option(help="openai: the server's block size for expectations (default 16).")] = None,
     expected_cache_size: Annotated[int | None, typer.Option(help="openai: expectations from a cache of N blocks (default unbounded).")] = None,
     schedule: opt.ScheduleOption = None, time_scale: opt.TimeScale = None, preflight: opt.PreflightOption = True,
-    warmup: Annotated[int | None, typer.Option(help="First N requests are a marked warm-up.")] = None,
+    warmup: Annotated[int | None, typer.Option("--warmup", "--num-warmups", help="First N requests are a marked warm-up.")] = None,
     verify: Annotated[bool | None, typer.Option("--verify", help="Re-run each request without the cache and compare outputs.")] = None,
     prompt_only: opt.PromptOnly = False,
     temperature: Annotated[float | None, typer.Option(help="0 = greedy.")] = None,
@@ -62,40 +63,44 @@ def run(
     seed: Annotated[int | None, typer.Option(help="Sampling seed (and the open loop's arrivals).")] = None,
     out: Annotated[Path | None, typer.Option(help="Parquet file (default results/run-NAME-TIME.parquet).")] = None,
     threads: opt.Threads = None,
+    metric_percentiles: res.MetricPercentiles = "50,90,99",
+    percentile_metrics: res.PercentileMetrics = "ttft,tpot,itl,e2el",
+    goodput: res.Goodput = None,
+    save_result: res.SaveResult = None, result_dir: res.ResultDir = None, result_filename: res.ResultFilename = None,
+    save_detailed: res.SaveDetailed = False,
+    asserts: res.Asserts = None, max_error_rate: res.MaxErrorRate = None,
 ) -> None:
     """Replay a scenario or trace through the in-process engine or an OpenAI-compatible server and
     measure TTFT, TPOT, hit rate; with a server, reconcile its cached tokens with what the trace allows."""
-    from kvbench.results.writer import http_tables, summary_table
     from kvbench.run.api import run as run_file
 
+    results = res.result_flags(metric_percentiles, percentile_metrics, goodput, save_result, result_dir,
+                               result_filename, save_detailed, asserts, max_error_rate)
     config = build(lambda: RunConfig(
         source, backend or load_backend(source), ModelFlags(model, device, dtype),
         CacheFlags(cache, cache_kind, block_size, cache_size, ttl, release, hash_algo, hash_bits, verify, prompt_only or None),
         RunFlags(requests, concurrency, warmup, max_tokens, ignore_eos, temperature, top_p, seed),
         ServerFlags(base_url, api_key_env, tokenizer, request_rate, burstiness, duration, hygiene, reset_cache,
                     timeout, server_block_size, expected_cache_size, schedule, time_scale, preflight),
-        salt, out))
+        salt, out, results.summary))
     outcome = run_with_progress(lambda on_progress: run_file(config, on_progress), threads=threads)
+    show_outcome(outcome)
+    res.finish_run(outcome, results)
+
+
+def show_outcome(outcome) -> None:
+    """The run's notes, summary and latency tables, the HTTP checks, and where the rows went."""
+    from kvbench.results.writer import http_tables, latency_table, summary_table
+
     console, err = make_console(), make_console(stderr=True)
     for note in [*outcome.notes, *outcome.metadata.get("warnings", [])]:
         err.print(note, soft_wrap=True)
     console.print(summary_table(outcome.name, outcome.metadata["run"], outcome.summary))
+    console.print(latency_table(outcome.summary))
     if outcome.reconciliation is not None:
         for table in http_tables(outcome.rows, outcome.reconciliation):
             console.print(table)
     console.print(f"wrote {len(outcome.rows)} rows to {outcome.path}")
-    report_failures(outcome.failed_rows)
-
-
-def report_failures(failed: list[dict]) -> None:
-    """Exit 1 with one line when any request failed (and a hint when a server refused cache_salt)."""
-    if not failed:
-        return
-    err = make_console(stderr=True)
-    err.print(f"[red]{len(failed)} request(s) failed[/red]; first: {failed[0]['error']}", soft_wrap=True)
-    if any("cache_salt" in (row["error"] or "") for row in failed):
-        err.print("the server may not accept cache_salt: try --hygiene nonce")
-    raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:

@@ -8,10 +8,20 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from rich.markup import escape
+
+from kvbench.backends.openai.hygiene import Hygiene
 from kvbench.commands import options as opt
+from kvbench.commands import result_options as res
 from kvbench.commands.common import build, make_console, run_with_progress
+from kvbench.commands.sweep_tables import load_points_table
+from kvbench.errors import InputError
+from kvbench.extras import missing_extra
+from kvbench.results.goodput import parse_goodput
+from kvbench.results.summary import SummaryOptions
 from kvbench.results.sweep import SweepPoint
-from kvbench.run.config import ModelFlags, RunFlags, SweepConfig
+from kvbench.run.config import BackendKind, ModelFlags, RunConfig, RunFlags, ServerFlags, SweepConfig
+from kvbench.run.load_sweep import LoadSweepConfig
 from kvbench.run.scenario import parse_int_list
 
 
@@ -29,17 +39,40 @@ def _points_table(name: str, points: list[SweepPoint]) -> Table:
 
 def sweep(
     source: Annotated[Path, typer.Argument(help="Scenario (.toml) or trace (.jsonl).")],
-    cache_sizes: Annotated[str, typer.Option(help="Cache capacities in blocks, e.g. 64,128,256,512,1024.")],
-    requests: Annotated[int | None, typer.Option(help="Run only the first N requests of the trace.")] = None,
+    cache_sizes: Annotated[str | None, typer.Option(help="Engine: cache capacities in blocks, e.g. 64,128,256,512,1024.")] = None,
+    requests: opt.Requests = None,
     max_tokens: Annotated[int | None, typer.Option(help="Output tokens per request.")] = None,
     block_size: opt.BlockSize = None,
-    model: Annotated[Path | None, typer.Option(help="Local Hugging Face checkpoint.")] = None,
+    model: Annotated[Path | None, typer.Option(help="Local Hugging Face checkpoint (openai: the served name).")] = None,
     device: opt.Device = "cpu",
     dtype: opt.DTypeName = "float32",
-    out: Annotated[Path | None, typer.Option(help="Folder for the per-size files and sweep.parquet.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Folder for the per-run files and the sweep summary.")] = None,
+    backend: Annotated[BackendKind, typer.Option(help="inprocess: cache-size sweep; openai: load sweep.")] = BackendKind.INPROCESS,
+    concurrency: Annotated[str | None, typer.Option("--concurrency", "--max-concurrency", help="openai: closed-loop clients per point, e.g. 1,2,4,8.")] = None,
+    request_rate: Annotated[str | None, typer.Option(help="openai: open-loop requests/s per point, e.g. 1,2,4,8.")] = None,
+    num_runs: Annotated[int, typer.Option(min=1, help="openai: runs per point (>= 2: bootstrap 95% CI).")] = 1,
+    base_url: Annotated[str | None, typer.Option(help="openai: API root with /v1.")] = None,
+    api_key_env: Annotated[str | None, typer.Option(help="openai: variable holding the API key.")] = None,
+    hygiene: Annotated[Hygiene | None, typer.Option(help="openai: a fresh cache namespace per run (salt or nonce).")] = None,
+    reset_cache: Annotated[bool, typer.Option("--reset-cache", help="openai: reset the server's cache before each run.")] = False,
+    warmup: Annotated[int | None, typer.Option(help="openai: first N requests of each run are a warm-up.")] = None,
+    goodput: res.Goodput = None,
     threads: opt.Threads = None,
 ) -> None:
-    """Run the scenario once per cache size (fresh cache each time) and fit TTFT p50 = a + b x (1 - hit rate)."""
+    """Engine: run once per cache size and fit TTFT p50 = a + b x (1 - hit rate). Server (--backend openai):
+    one run per --concurrency or --request-rate value (a fresh cache namespace each), throughput vs latency."""
+    if backend is BackendKind.OPENAI or concurrency or request_rate:
+        if cache_sizes is not None:
+            raise InputError("--cache-sizes sweeps the in-process engine; a load sweep takes --concurrency or --request-rate")
+        config = build(lambda: LoadSweepConfig(
+            RunConfig(source, backend, ModelFlags(str(model) if model else None),
+                      run=RunFlags(num_requests=requests, warmup=warmup, max_tokens=max_tokens),
+                      server=ServerFlags(base_url, api_key_env, hygiene=hygiene, reset_cache=reset_cache),
+                      summary=SummaryOptions(goodput=parse_goodput(goodput or ()))),
+            _values(concurrency, "--concurrency", int), _values(request_rate, "--request-rate", float), num_runs, out))
+        return _load_sweep(config)
+    if cache_sizes is None:
+        raise InputError("give --cache-sizes 64,256,1024 (engine), or --backend openai with --concurrency / --request-rate")
     from kvbench.run.api import sweep as sweep_source
 
     sizes = tuple(parse_int_list(cache_sizes, "--cache-sizes"))
@@ -50,6 +83,34 @@ def sweep(
         lambda on_progress: sweep_source(config, on_progress, lambda size: err.print(f"cache size {size:,} blocks ...")),
         on_interrupt=lambda interrupted: _print(console, interrupted.sweep), threads=threads)
     _print(console, outcome)
+
+
+def _values(text: str | None, option: str, kind: type) -> tuple:
+    if text is None:
+        return ()
+    try:
+        return tuple(kind(item) for item in text.split(","))
+    except ValueError:
+        raise InputError(f"{option} {text}: give a comma-separated list, e.g. 1,2,4,8") from None
+
+
+def _load_sweep(config: LoadSweepConfig) -> None:
+    from kvbench.results.load_sweep import plot_load_sweep
+    from kvbench.run.load_sweep import load_sweep
+
+    console, err = make_console(), make_console(stderr=True)
+    label = "concurrency" if config.concurrencies else "request rate"
+    outcome = run_with_progress(lambda on_progress: load_sweep(
+        config, on_progress, lambda value, repeat: err.print(f"{label} {value:g}, run {repeat + 1} of {config.num_runs} ...")))
+    console.print(load_points_table(outcome))
+    try:
+        figures = plot_load_sweep(outcome.points, outcome.axis, outcome.path.parent)
+    except ModuleNotFoundError as exc:
+        err.print(f"[yellow]note:[/yellow] no PNGs: {escape(missing_extra(exc) or str(exc))}")
+        figures = []
+    for figure in figures:
+        console.print(f"  {figure}")
+    console.print(f"wrote {len(outcome.runs)} run files and {outcome.path}")
 
 
 def _print(console, outcome) -> None:

@@ -29,7 +29,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
-from kvbench.constants import CL100K_IM_END_ID, CL100K_IM_START_ID, CL100K_VOCAB_SIZE, DEFAULT_TOKENIZER, IM_END, IM_START
+from kvbench.cl100k import PATTERN, RANKS_PATH, SPECIAL_TOKENS, load_ranks
+from kvbench.constants import CL100K_IM_END_ID, CL100K_IM_START_ID, CL100K_VOCAB_SIZE, IM_END, IM_START
 from kvbench.errors import KvbenchError
 from kvbench.request import Message
 
@@ -75,11 +76,8 @@ class ExportCheckError(KvbenchError):
 
 def cl100k_special_tokens() -> dict[str, int]:
     """Every special token of the exported vocabulary -> its id (tiktoken's, plus ChatML and fillers)."""
-    import tiktoken
-
-    base = tiktoken.get_encoding(DEFAULT_TOKENIZER)
-    specials = {**base._special_tokens, IM_START: CL100K_IM_START_ID, IM_END: CL100K_IM_END_ID}
-    used = set(base._mergeable_ranks.values()) | set(specials.values())
+    specials = {**SPECIAL_TOKENS, IM_START: CL100K_IM_START_ID, IM_END: CL100K_IM_END_ID}
+    used = set(load_ranks().values()) | set(specials.values())
     for token_id in range(CL100K_VOCAB_SIZE):
         if token_id not in used:
             specials[RESERVED_TOKEN.format(id=token_id)] = token_id
@@ -101,19 +99,17 @@ def oniguruma_pattern(pattern: str) -> str:
 def write_cl100k_tokenizer(out_dir: Path) -> Path:
     """Write ``tokenizer.json`` + ``tokenizer_config.json`` (ChatML template) for cl100k into ``out_dir``.
 
-    The BPE part comes from ``convert_tiktoken_to_fast`` (needs the ``blobfile`` package); the special
+    The BPE part comes from transformers' ``TikTokenConverter`` reading kvbench's ranks file (which is
+    already in tiktoken's format, so nothing needs writing first: no ``blobfile``); the special
     tokens are then pinned to their tiktoken ids (module docstring). Returns ``out_dir``.
     """
-    import tiktoken
     from transformers import PreTrainedTokenizerFast
-    from transformers.integrations.tiktoken import convert_tiktoken_to_fast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
 
-    base = tiktoken.get_encoding(DEFAULT_TOKENIZER)
     specials = cl100k_special_tokens()
-    encoding = tiktoken.Encoding(name="cl100k_im", pat_str=base._pat_str,
-                                 mergeable_ranks=base._mergeable_ranks, special_tokens=specials)
+    converted = TikTokenConverter(vocab_file=str(RANKS_PATH), pattern=PATTERN, extra_special_tokens=specials)
     with tempfile.TemporaryDirectory(prefix="kvbench-tiktoken-") as scratch:
-        convert_tiktoken_to_fast(encoding, scratch)  # also writes a tiktoken/ copy we do not keep
+        converted.converted().save(str(Path(scratch) / "tokenizer.json"))
         data = json.loads((Path(scratch) / "tokenizer.json").read_text(encoding="utf-8"))
     pre_tokenizer = data["pre_tokenizer"]["pretokenizers"][0]  # Split(Regex(pattern)), then ByteLevel
     pre_tokenizer["pattern"]["Regex"] = oniguruma_pattern(pre_tokenizer["pattern"]["Regex"])

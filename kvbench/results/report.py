@@ -57,7 +57,7 @@ RUN_METRICS = (
     ("E2E p50 (ms)", "p50_e2e_ms", ",.1f"),
     ("E2E p99 (ms)", "p99_e2e_ms", ",.1f"),
     ("queue p50 (ms)", "p50_queue_ms", ",.1f"),
-    ("decode (tok/s)", "decode_tok_s", ",.1f"),
+    ("decode per stream (tok/s)", "per_stream_decode_tok_s", ",.1f"),
     ("requests", "num_requests", ",d"),
     ("errors", "num_errors", ",d"),
     ("outputs differing from reference", "num_mismatched_outputs", ",d"),

@@ -209,7 +209,7 @@ def scoreboard_rows(results: Sequence[ResultFile], gpu: Callable[[], str | None]
             date=_run_date(run), machine=machine_cell(run.metadata.get("machine") or {}, gpu_once),
             engine=engine, cache=describe_cache(run.cache), run_id=str(config.get("run_id") or run.name),
             scenario=str(run.scenario or Path((config.get("trace") or {}).get("path") or run.name).stem),
-            ttft_p50=_ttft_cell(run), decode_tok_s=format_value(summary.decode_tok_s),
+            ttft_p50=_ttft_cell(run), decode_tok_s=format_value(summary.per_stream_decode_tok_s),
             e2e_p50=format_value(summary.p50_e2e_ms), token_hit=format_value(summary.token_hit_rate, ".3f"),
             notes=notes_cell(results, run)))
     return rows

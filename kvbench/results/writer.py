@@ -20,7 +20,7 @@ from kvbench.results.machine_load import load_sample, load_warnings, spread_warn
 from kvbench.results.parquet import write_table
 from kvbench.results.rows import result_row
 from kvbench.results.schema import RUN_SCHEMA
-from kvbench.results.summary import RunSummary, summarize
+from kvbench.results.summary import RunSummary, SummaryOptions, percentile, summarize
 
 if TYPE_CHECKING:
     from kvbench.backends.openai.reconcile import Flagged, Reconciliation
@@ -36,10 +36,13 @@ class RunWriter:
     more at the end (:meth:`close`, also after an error or Ctrl-C), so a crash loses at most the
     last seconds of requests.
 
-    ``columns``: the backend's fixed result columns (``Backend.describe()``)."""
+    ``columns``: the backend's fixed result columns (``Backend.describe()``); ``summary_options``: the
+    percentiles and goodput SLOs of the footer's summary (default: vLLM's defaults, no goodput)."""
 
-    def __init__(self, path: Path, metadata: dict[str, Any], run_id: str, columns: dict[str, Any]) -> None:
+    def __init__(self, path: Path, metadata: dict[str, Any], run_id: str, columns: dict[str, Any],
+                 summary_options: SummaryOptions | None = None) -> None:
         self.path = Path(path)
+        self.summary_options = summary_options or SummaryOptions()
         self.metadata = metadata
         self.run_id = run_id
         self.columns = columns
@@ -59,7 +62,7 @@ class RunWriter:
         spread = spread_warning(self.rows)
         self.metadata["warnings"] = load_warnings(self.metadata["machine_load"]) + ([spread] if spread else [])
         if self.rows:
-            summary = summarize(self.rows).as_dict()
+            summary = summarize(self.rows, self.summary_options).as_dict()
             write_table(self.path, table, {**self.metadata, "summary": summary, "complete": complete})
 
 
@@ -116,15 +119,44 @@ def summary_table(name: str, run: dict[str, Any], summary: RunSummary) -> Table:
         ("TTFT p50 / p90 / p99 (ms)", f"{_ms(summary.p50_ttft_ms)} / {_ms(summary.p90_ttft_ms)} / {_ms(summary.p99_ttft_ms)}"),
         ("TPOT p50 (ms)", _ms(summary.p50_tpot_ms)),
         ("ITL p50 (ms)", _ms(summary.p50_itl_ms)),
-        ("decode (tok/s)", "-" if summary.decode_tok_s is None else f"{summary.decode_tok_s:,.1f}"),
+        ("decode per stream (tok/s)", _ms(summary.per_stream_decode_tok_s)),
         ("E2E p50 / p99 (ms)", f"{_ms(summary.p50_e2e_ms)} / {_ms(summary.p99_e2e_ms)}"),
         ("queue p50 (ms)", _ms(summary.p50_queue_ms)),
+        ("duration (s)", "-" if summary.duration is None else f"{summary.duration:,.2f}"),
+        ("throughput: requests/s | output tok/s | total tok/s",
+         f"{_rate(summary.request_throughput)} | {_ms(summary.output_throughput)} | {_ms(summary.total_token_throughput)}"),
+        *_goodput_rows(summary),
     ]
     if run.get("verify"):
         rows.append(("outputs differing from cache-off", str(summary.num_mismatched_outputs)))
     for metric, value in rows:
         table.add_row(metric, value)
     table.caption = "TTFT percentiles exclude the cold first request; token hit rate = cached / prompt tokens"
+    return table
+
+
+def _goodput_rows(summary: RunSummary) -> list[tuple[str, str]]:
+    good = summary.goodput
+    if good is None:
+        return []
+    return [("goodput (req/s): all | cache hits | misses",
+             f"{_rate(good.request_goodput)} | {_rate(good.request_goodput_cache_hit)} | {_rate(good.request_goodput_cache_miss)}"),
+            ("met every SLO: all | cache hits | misses",
+             f"{_rate(good.slo_attainment)} | {_rate(good.slo_attainment_cache_hit)} ({good.num_cache_hit_requests}) | "
+             f"{_rate(good.slo_attainment_cache_miss)} ({good.num_cache_miss_requests})")]
+
+
+def latency_table(summary: RunSummary) -> Table:
+    """vLLM's statistics, one row per metric: mean, median, std and the chosen percentiles (ms)."""
+    metrics = list(dict.fromkeys(key.rsplit("_", 2)[-2] for key in summary.latency))
+    table = Table(title="latency (ms; vLLM's keys, e.g. median_ttft_ms)")
+    table.add_column("metric")
+    stats = [key[:-len(f"_{metrics[0]}_ms")] for key in summary.latency if key.endswith(f"_{metrics[0]}_ms")]
+    for stat in stats:
+        table.add_column(stat, justify="right")
+    for metric in metrics:
+        table.add_row(metric, *(_ms(summary.latency.get(f"{stat}_{metric}_ms")) for stat in stats))
+    table.caption = "ttft: without the cold first request"
     return table
 
 

@@ -87,7 +87,8 @@ def run_inprocess(config: RunConfig, on_progress: Progress | None = None) -> Run
     run_info = {"run_id": run_id, "backend": "inprocess", "model": loaded.name, "cache": cache_metadata(cache),
                 "device": flags.device, "dtype": flags.dtype, "verify": settings.verify}
     metadata = run_metadata(source, settings, requests, run_info, config.source, load.num_warmup)
-    writer = RunWriter(config.out or default_out("run", source.name), metadata, run_id, backend.describe())
+    writer = RunWriter(config.out or default_out("run", source.name), metadata, run_id, backend.describe(),
+                       config.summary)
     outcome = execute(requests, backend, load, writer, on_progress)
     writer.close(complete=True)
     return outcome

@@ -153,7 +153,8 @@ def run_openai(config: RunConfig, on_progress: Progress | None = None) -> RunOut
                                                                   tokenizer.name), config.source, load.num_warmup)
     backend = OpenAIBackend(client_config, tokenizer, run_salt)
     metadata["preflight"], metadata["server_cache"] = checks, server_cache.origins
-    writer = RunWriter(config.out or default_out("run", source.name), metadata, run_id, backend.describe())
+    writer = RunWriter(config.out or default_out("run", source.name), metadata, run_id, backend.describe(),
+                       config.summary)
     outcome = execute(requests, backend, load, writer, on_progress, backend_context=lambda: backend)
     outcome.notes = notes
     if load.is_open_loop:

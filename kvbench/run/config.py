@@ -16,6 +16,7 @@ from pathlib import Path
 from kvbench.backends.openai.hygiene import Hygiene
 from kvbench.cache.base import CacheKind, ReleaseOrder
 from kvbench.cache.block_hash import HashAlgo
+from kvbench.results.summary import SummaryOptions
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"  # `kvbench serve` and vLLM's default port
 DEFAULT_TIMEOUT_S = 300.0
@@ -153,6 +154,7 @@ class RunConfig:
     server: ServerFlags = field(default_factory=ServerFlags)
     salt: str | None = None
     out: Path | None = None
+    summary: SummaryOptions = field(default_factory=SummaryOptions)  # percentiles, goodput SLOs
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "source", Path(self.source))

