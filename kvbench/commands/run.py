@@ -10,80 +10,39 @@ server sends no usage. Options that apply to one backend only are refused with t
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated
+from types import SimpleNamespace
+from typing import Any
 
 import typer
 
-from kvbench.backends.openai.hygiene import Hygiene
 from kvbench.commands import options as opt
 from kvbench.commands import result_options as res
+from kvbench.commands import run_options
 from kvbench.commands.common import build, make_console, run_with_progress
-from kvbench.run.config import (DEFAULT_BASE_URL, DEFAULT_TIMEOUT_S, BackendKind, CacheFlags, ModelFlags, RunConfig,
-                                RunFlags, ServerFlags)
+from kvbench.commands.signature import with_options
+from kvbench.run.config import CacheFlags, ModelFlags, RunConfig, RunFlags, ServerFlags
 from kvbench.run.load_section import load_backend
 
 
-def run(
-    source: opt.Source,
-    backend: Annotated[BackendKind | None, typer.Option(help="inprocess: the engine here (default, or the scenario's [load] backend); openai: an HTTP endpoint.")] = None,
-    model: Annotated[str | None, typer.Option(help="inprocess: local checkpoint dir (default: the random Llama); openai: served model name (default: the first of /v1/models).")] = None,
-    base_url: Annotated[str | None, typer.Option(help=f"openai: API root with /v1 (default {DEFAULT_BASE_URL}).")] = None,
-    api_key_env: Annotated[str | None, typer.Option(help="openai: environment variable holding the API key (default OPENAI_API_KEY).")] = None,
-    tokenizer: Annotated[str | None, typer.Option(help="openai: tokenizer for expectations: a local HF dir, cl100k (default) or server (its /tokenize).")] = None,
-    device: opt.Device = "cpu",
-    dtype: opt.DTypeName = "float32",
-    cache: Annotated[str | None, typer.Option(help="Prefix cache on or off.")] = None,
-    cache_kind: opt.CacheKindOption = None,
-    block_size: opt.BlockSize = None,
-    cache_size: Annotated[str | None, typer.Option(help="Capacity in blocks (4096) or bytes (2GiB).")] = None,
-    ttl: Annotated[float | None, typer.Option(help="Expire blocks idle longer than this (s).")] = None,
-    release: opt.Release = None,
-    hash_algo: opt.HashAlgoOption = None,
-    hash_bits: opt.HashBits = None,
-    salt: Annotated[str | None, typer.Option(help="Salt for the whole run (a trace's own salts are added); openai: the cache_salt instead of a random one.")] = None,
-    max_tokens: opt.MaxTokens = None,
-    ignore_eos: Annotated[bool | None, typer.Option("--ignore-eos/--stop-at-eos", help="Decode exactly max_tokens (openai: sends vLLM's ignore_eos).")] = None,
-    requests: opt.Requests = None,
-    concurrency: Annotated[int | None, typer.Option("--concurrency", "--max-concurrency", help="Closed-loop clients; with --request-rate, the most in flight.")] = None,
-    request_rate: Annotated[float | None, typer.Option(help="openai: open loop, mean requests/s (gamma arrivals; inf = closed loop).")] = None,
-    burstiness: Annotated[float | None, typer.Option(help="openai: gamma shape of arrival gaps (1 = Poisson, <1 burstier).")] = None,
-    duration: Annotated[float | None, typer.Option(help="openai: stop sending after this many seconds.")] = None,
-    hygiene: Annotated[Hygiene | None, typer.Option(help="openai: salt = per-run cache_salt (default); nonce = per-run first prompt line; off.")] = None,
-    reset_cache: Annotated[bool, typer.Option("--reset-cache", help="openai: POST the server's cache reset endpoint first.")] = False,
-    timeout: Annotated[float | None, typer.Option(help=f"openai: deadline per request, s (default {DEFAULT_TIMEOUT_S:g}).")] = None,
-    server_block_size: Annotated[int | None, typer.Option(help="openai: the server's block size for expectations (default 16).")] = None,
-    expected_cache_size: Annotated[int | None, typer.Option(help="openai: expectations from a cache of N blocks (default unbounded).")] = None,
-    schedule: opt.ScheduleOption = None, time_scale: opt.TimeScale = None, preflight: opt.PreflightOption = True,
-    warmup: Annotated[int | None, typer.Option("--warmup", "--num-warmups", help="First N requests are a marked warm-up.")] = None,
-    verify: Annotated[bool | None, typer.Option("--verify", help="Re-run each request without the cache and compare outputs.")] = None,
-    prompt_only: opt.PromptOnly = False,
-    temperature: Annotated[float | None, typer.Option(help="0 = greedy.")] = None,
-    top_p: Annotated[float | None, typer.Option(help="Nucleus sampling mass.")] = None,
-    seed: Annotated[int | None, typer.Option(help="Sampling seed (and the open loop's arrivals).")] = None,
-    out: Annotated[Path | None, typer.Option(help="Parquet file (default results/run-NAME-TIME.parquet).")] = None,
-    threads: opt.Threads = None,
-    metric_percentiles: res.MetricPercentiles = "50,90,99",
-    percentile_metrics: res.PercentileMetrics = "ttft,tpot,itl,e2el",
-    goodput: res.Goodput = None,
-    save_result: res.SaveResult = None, result_dir: res.ResultDir = None, result_filename: res.ResultFilename = None,
-    save_detailed: res.SaveDetailed = False,
-    asserts: res.Asserts = None, max_error_rate: res.MaxErrorRate = None,
-) -> None:
+@with_options(*run_options.ALL)
+def run(source: opt.Source, **flags: Any) -> None:
     """Replay a scenario or trace through the in-process engine or an OpenAI-compatible server and
     measure TTFT, TPOT, hit rate; with a server, reconcile its cached tokens with what the trace allows."""
     from kvbench.run.api import run as run_file
 
-    results = res.result_flags(metric_percentiles, percentile_metrics, goodput, save_result, result_dir,
-                               result_filename, save_detailed, asserts, max_error_rate)
+    f = SimpleNamespace(**flags)
+    results = res.result_flags(f.metric_percentiles, f.percentile_metrics, f.goodput, f.save_result, f.result_dir,
+                               f.result_filename, f.save_detailed, f.asserts, f.max_error_rate)
     config = build(lambda: RunConfig(
-        source, backend or load_backend(source), ModelFlags(model, device, dtype),
-        CacheFlags(cache, cache_kind, block_size, cache_size, ttl, release, hash_algo, hash_bits, verify, prompt_only or None),
-        RunFlags(requests, concurrency, warmup, max_tokens, ignore_eos, temperature, top_p, seed),
-        ServerFlags(base_url, api_key_env, tokenizer, request_rate, burstiness, duration, hygiene, reset_cache,
-                    timeout, server_block_size, expected_cache_size, schedule, time_scale, preflight),
-        salt, out, results.summary))
-    outcome = run_with_progress(lambda on_progress: run_file(config, on_progress), threads=threads)
+        source, f.backend or load_backend(source), ModelFlags(f.model, f.device, f.dtype),
+        CacheFlags(f.cache, f.cache_kind, f.block_size, f.cache_size, f.ttl, f.release, f.hash_algo, f.hash_bits,
+                   f.verify, f.prompt_only or None),
+        RunFlags(f.requests, f.concurrency, f.warmup, f.max_tokens, f.ignore_eos, f.temperature, f.top_p, f.seed),
+        ServerFlags(f.base_url, f.api_key_env, f.tokenizer, f.request_rate, f.burstiness, f.duration, f.hygiene,
+                    f.reset_cache, f.timeout, f.server_block_size, f.expected_cache_size, f.schedule, f.time_scale,
+                    f.preflight),
+        f.salt, f.out, results.summary))
+    outcome = run_with_progress(lambda on_progress: run_file(config, on_progress), threads=f.threads)
     show_outcome(outcome)
     res.finish_run(outcome, results)
 

@@ -1,0 +1,46 @@
+"""Commands with many options: options declared in named groups, one ``--help`` panel per group.
+
+A typer command's options are its function's parameters. ``kvbench run`` has over fifty, which no
+readable function signature holds, so its options live in groups (``{name: (annotation, default)}``,
+the annotation an ``Annotated[type, typer.Option(...)]`` as anywhere else) and :func:`with_options`
+gives the command a signature made of its own parameters plus every group's; typer reads that
+signature (``inspect.signature`` honours ``__signature__``) and passes the options as keywords.
+"""
+
+from __future__ import annotations
+
+import inspect
+from copy import copy
+from typing import Annotated, Any, Callable, get_args
+
+OptionGroup = dict[str, tuple[Any, Any]]  # option name -> (Annotated type, default)
+
+
+def panel(title: str, options: OptionGroup) -> OptionGroup:
+    """The same options shown under ``title`` in ``--help`` (typer's ``rich_help_panel``)."""
+    grouped: OptionGroup = {}
+    for name, (annotation, default) in options.items():
+        base, *infos = get_args(annotation)
+        infos = [copy(info) for info in infos]
+        for info in infos:
+            if getattr(info, "rich_help_panel", None) is None:
+                info.rich_help_panel = title
+        grouped[name] = (Annotated[(base, *infos)], default)
+    return grouped
+
+
+def with_options(*groups: OptionGroup) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorate ``def command(source, **flags)``: typer sees ``source`` and every group's options.
+
+    Raises ``ValueError`` when two groups (or the function) declare the same name."""
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        signature = inspect.signature(func, eval_str=True)
+        own = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+        added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default)
+                 for group in groups for name, (annotation, default) in group.items()]
+        names = [p.name for p in own + added]
+        if len(names) != len(set(names)):
+            raise ValueError(f"options declared twice: {sorted({n for n in names if names.count(n) > 1})}")
+        func.__signature__ = signature.replace(parameters=[*own, *added])  # type: ignore[attr-defined]
+        return func
+    return decorate
