@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from kvbench import __version__
+from kvbench.commands.usage_errors import bad_value_line
 from kvbench.errors import Interrupted, KvbenchError
 from kvbench.extras import missing_extra
 
@@ -29,6 +30,9 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    # Every option also reads KVBENCH_<COMMAND>_<OPTION> (click's auto_envvar_prefix): e.g.
+    # KVBENCH_RUN_BASE_URL, KVBENCH_TRACE_GEN_SEED; a flag on the command line wins over the variable.
+    context_settings={"auto_envvar_prefix": "KVBENCH"},
 )
 
 # Each module has ``register(app)``, which adds its commands or sub-app.
@@ -59,8 +63,10 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+    version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version, allow_from_autoenv=False,
                                  help="Print the version and exit."),
+    debug: bool = typer.Option(False, "--debug", allow_from_autoenv=False, help="Show the traceback of an error instead of one line "
+                               "(anywhere on the line; env KVBENCH_DEBUG=1)."),
 ) -> None:
     """Measure what prefix caching buys an LLM server, and why it is not buying more."""
 
@@ -78,6 +84,13 @@ def main(argv: list[str] | None = None) -> None:
         _interrupted("")
     except Interrupted as exc:  # the command wrote what it measured; the message says how far it got
         _interrupted(str(exc))
+    except click_exceptions.BadParameter as exc:  # a bad option value: one line naming the flag (exit 2)
+        line = bad_value_line(exc, args)
+        if line is None:
+            exc.show()
+        else:
+            err.print(f"[red]error:[/red] {escape(line)}")
+        sys.exit(exc.exit_code)
     except click_exceptions.ClickException as exc:  # usage errors: bad option values, unknown commands
         exc.show()
         sys.exit(exc.exit_code)

@@ -33,9 +33,9 @@ break_app = typer.Typer(
 ModelPath = Annotated[Path | None, typer.Option(
     "--model", help="Local Hugging Face checkpoint (default: the built-in random Llama).")]
 Device = Annotated[str, typer.Option(help="cpu, cuda, cuda:N or mps.")]
-Out = Annotated[Path | None, typer.Option(help="Parquet file (default results/break-NAME-TIME.parquet).")]
+Out = Annotated[Path | None, typer.Option(help="Output FILE: the Parquet file (default results/break-NAME-TIME.parquet).")]
 Seed = Annotated[int, typer.Option(help="Workload seed.")]
-BlockSize = Annotated[int, typer.Option(help="Tokens per cache block.")]
+BlockSize = Annotated[int, typer.Option(min=1, help="Tokens per cache block.")]
 MaxTokens = Annotated[int | None, typer.Option(help="Output tokens per request (default: the experiment's).")]
 
 
@@ -110,7 +110,7 @@ def list_experiments(
 
 
 def timestamp_command(
-    requests: Annotated[int | None, typer.Option(help="Requests per variant (the first is cold).")] = None,
+    requests: Annotated[int | None, typer.Option("--requests", "--num-requests", min=1, help="Requests per variant (the first is cold).")] = None,
     system_tokens: Annotated[int | None, typer.Option(help="Shared system prompt, tokens.")] = None,
     question_tokens: Annotated[int | None, typer.Option(help="Unique question per request, tokens.")] = None,
     max_tokens: MaxTokens = None,
@@ -158,7 +158,7 @@ def head_first_command(
 
 
 def views_command(
-    requests: Annotated[int | None, typer.Option(help="Requests per variant.")] = None,
+    requests: Annotated[int | None, typer.Option("--requests", "--num-requests", min=1, help="Requests per variant.")] = None,
     system_tokens: Annotated[int | None, typer.Option(help="Shared system prompt, tokens.")] = None,
     question_tokens: Annotated[int | None, typer.Option(help="Unique question per request, tokens.")] = None,
     max_tokens: MaxTokens = None,
@@ -186,7 +186,7 @@ def views_command(
 
 def tiny_hash_command(
     bits: Annotated[int | None, typer.Option(help="Bits kept of every block key (8..256).")] = None,
-    requests: Annotated[int | None, typer.Option(help="Requests per run.")] = None,
+    requests: Annotated[int | None, typer.Option("--requests", "--num-requests", min=1, help="Requests per run.")] = None,
     prefixes: Annotated[int | None, typer.Option(help="Shared system prompts (Zipf popularity).")] = None,
     prefix_tokens: Annotated[int | None, typer.Option(help="Tokens per system prompt.")] = None,
     unique_tokens: Annotated[int | None, typer.Option(help="Unique tokens per request.")] = None,

@@ -52,7 +52,7 @@ MaxModelLenOption = Annotated[Optional[int], typer.Option(
 MaxTokensOption = Annotated[Optional[int], typer.Option(
     "--max-tokens", min=1, help="max_tokens for traces without one (Mooncake); default "
                                 "max-model-len - prompt, as vLLM.")]
-LimitOption = Annotated[Optional[int], typer.Option("--limit", min=1, help="Replay the first N requests.")]
+LimitOption = Annotated[Optional[int], typer.Option("--requests", "--num-requests", "--limit", min=1, help="Replay the first N requests.")]
 SamplesOption = Annotated[Optional[int], typer.Option("--n", min=1, help="Parallel samples (default 4).")]
 BeamWidthOption = Annotated[Optional[int], typer.Option(
     "--beam-width", min=1, help="Run beam search of this width instead of parallel sampling.")]

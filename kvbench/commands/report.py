@@ -27,7 +27,8 @@ scoreboard_app = typer.Typer(
 )
 
 
-def _rich_table(data: TableData) -> Table:
+def rich_table(data: TableData) -> Table:
+    """A report table (:class:`TableData`) as a rich table, every cell escaped."""
     table = Table(title=escape(data.title), caption=escape(data.caption) if data.caption else None)
     for index, column in enumerate(data.columns):
         table.add_column(escape(column), justify="left" if index == 0 else "right")
@@ -38,7 +39,7 @@ def _rich_table(data: TableData) -> Table:
 
 def report(
     results: Annotated[list[Path], typer.Argument(help="Result files (.parquet) of kvbench run, sim or sweep.")],
-    out: Annotated[Path | None, typer.Option(help="Folder for the PNGs and report.html "
+    out: Annotated[Path | None, typer.Option(help="Output FOLDER for the PNGs and report.html "
                                                   "(default results/report-TIME).")] = None,
     title: Annotated[str, typer.Option(help="Title of the HTML page.")] = "kvbench report",
     explain: Annotated[bool, typer.Option("--explain", help="Add kvbench explain's waterfall and per-request causes for each run.")] = False,
@@ -61,7 +62,7 @@ def report(
         _export(loaded, format, options, out)
         return
     for table in summary_tables(loaded):
-        console.print(_rich_table(table))
+        console.print(rich_table(table))
     out = out or Path("results") / f"report-{time.strftime('%Y%m%d-%H%M%S')}"
     with err.status("drawing plots"):
         written = build_report(loaded, out, title, _explain_sections(loaded, out) if explain else ())

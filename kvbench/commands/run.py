@@ -35,7 +35,7 @@ def run(source: opt.Source, **flags: Any) -> None:
                                f.result_filename, f.save_detailed, f.asserts, f.max_error_rate)
     config = build(lambda: RunConfig(
         source, f.backend or load_backend(source), ModelFlags(f.model, f.device, f.dtype),
-        CacheFlags(f.cache, f.cache_kind, f.block_size, f.cache_size, f.ttl, f.release, f.hash_algo, f.hash_bits,
+        CacheFlags(f.cache and f.cache.value, f.cache_kind, f.block_size, f.cache_size, f.ttl, f.release, f.hash_algo, f.hash_bits,
                    f.verify, f.prompt_only or None),
         RunFlags(f.requests, f.concurrency, f.warmup, f.max_tokens, f.ignore_eos, f.temperature, f.top_p, f.seed),
         ServerFlags(f.base_url, f.api_key_env, f.tokenizer, f.request_rate, f.burstiness, f.duration, f.hygiene,

@@ -10,6 +10,7 @@ import typer
 from kvbench.backends.openai.hygiene import Hygiene
 from kvbench.commands import options as opt
 from kvbench.commands import result_options as res
+from kvbench.commands.choices import check_positive
 from kvbench.commands.signature import panel
 from kvbench.run.config import DEFAULT_BASE_URL, DEFAULT_TIMEOUT_S, BackendKind
 
@@ -22,11 +23,11 @@ BACKEND = panel("Backend and model", {
 })
 
 CACHE = panel("Cache", {
-    "cache": (Annotated[str | None, typer.Option(help="Prefix cache on or off.")], None),
+    "cache": (opt.CacheOnOff, None),
     "cache_kind": (opt.CacheKindOption, None),
     "block_size": (opt.BlockSize, None),
-    "cache_size": (Annotated[str | None, typer.Option(help="Capacity in blocks (4096) or bytes (2GiB).")], None),
-    "ttl": (Annotated[float | None, typer.Option(help="Expire blocks idle longer than this (s).")], None),
+    "cache_size": (opt.CacheSize, None),
+    "ttl": (Annotated[float | None, typer.Option(callback=check_positive, help="Expire blocks idle longer than this (s, > 0).")], None),
     "release": (opt.Release, None),
     "hash_algo": (opt.HashAlgoOption, None),
     "hash_bits": (opt.HashBits, None),
@@ -39,10 +40,10 @@ REQUESTS = panel("Requests", {
     "requests": (opt.Requests, None),
     "max_tokens": (opt.MaxTokens, None),
     "ignore_eos": (Annotated[bool | None, typer.Option("--ignore-eos/--stop-at-eos", help="Decode exactly max_tokens (openai: sends vLLM's ignore_eos).")], None),
-    "concurrency": (Annotated[int | None, typer.Option("--concurrency", "--max-concurrency", help="Closed-loop clients; with --request-rate, the most in flight.")], None),
-    "warmup": (Annotated[int | None, typer.Option("--warmup", "--num-warmups", help="First N requests are a marked warm-up.")], None),
-    "temperature": (Annotated[float | None, typer.Option(help="0 = greedy.")], None),
-    "top_p": (Annotated[float | None, typer.Option(help="Nucleus sampling mass.")], None),
+    "concurrency": (Annotated[int | None, typer.Option("--concurrency", "--max-concurrency", min=1, help="Closed-loop clients; with --request-rate, the most in flight.")], None),
+    "warmup": (Annotated[int | None, typer.Option("--warmup", "--num-warmups", min=0, help="First N requests are a marked warm-up.")], None),
+    "temperature": (Annotated[float | None, typer.Option(min=0, help="0 = greedy.")], None),
+    "top_p": (Annotated[float | None, typer.Option(max=1, callback=check_positive, help="Nucleus sampling mass, in (0, 1].")], None),
     "seed": (Annotated[int | None, typer.Option(help="Sampling seed (and the open loop's arrivals).")], None),
 })
 
@@ -50,21 +51,21 @@ HTTP = panel("HTTP server (--backend openai)", {
     "base_url": (Annotated[str | None, typer.Option(help=f"API root with /v1 (default OPENAI_BASE_URL, else {DEFAULT_BASE_URL}).")], None),
     "api_key_env": (Annotated[str | None, typer.Option(help="Environment variable holding the API key (default OPENAI_API_KEY).")], None),
     "tokenizer": (Annotated[str | None, typer.Option(help="Tokenizer for expectations: a local HF dir, cl100k (default) or server (its /tokenize).")], None),
-    "request_rate": (Annotated[float | None, typer.Option(help="Open loop, mean requests/s (gamma arrivals; inf = closed loop).")], None),
-    "burstiness": (Annotated[float | None, typer.Option(help="Gamma shape of arrival gaps (1 = Poisson, <1 burstier).")], None),
-    "duration": (Annotated[float | None, typer.Option(help="Stop sending after this many seconds.")], None),
+    "request_rate": (Annotated[float | None, typer.Option(callback=check_positive, help="Open loop, mean requests/s, > 0 (gamma arrivals; inf = closed loop).")], None),
+    "burstiness": (Annotated[float | None, typer.Option(callback=check_positive, help="Gamma shape of arrival gaps, > 0 (1 = Poisson, <1 burstier).")], None),
+    "duration": (Annotated[float | None, typer.Option(callback=check_positive, help="Stop sending after this many seconds (> 0).")], None),
     "schedule": (opt.ScheduleOption, None),
     "time_scale": (opt.TimeScale, None),
     "hygiene": (Annotated[Hygiene | None, typer.Option(help="salt = per-run cache_salt (default); nonce = per-run first prompt line; off.")], None),
     "reset_cache": (Annotated[bool, typer.Option("--reset-cache", help="POST the server's cache reset endpoint first.")], False),
     "preflight": (opt.PreflightOption, True),
-    "timeout": (Annotated[float | None, typer.Option(help=f"Deadline per request, s (default {DEFAULT_TIMEOUT_S:g}).")], None),
-    "server_block_size": (Annotated[int | None, typer.Option(help="The server's block size for expectations (default: detected, else 16).")], None),
-    "expected_cache_size": (Annotated[int | None, typer.Option(help="Expectations from a cache of N blocks (default: detected, else unbounded).")], None),
+    "timeout": (Annotated[float | None, typer.Option(callback=check_positive, help=f"Deadline per request, s, > 0 (default {DEFAULT_TIMEOUT_S:g}).")], None),
+    "server_block_size": (Annotated[int | None, typer.Option(min=1, help="The server's block size for expectations (default: detected, else 16).")], None),
+    "expected_cache_size": (Annotated[int | None, typer.Option(min=1, help="Expectations from a cache of N blocks (default: detected, else unbounded).")], None),
 })
 
 OUTPUT = panel("Output and gate", {
-    "out": (Annotated[Path | None, typer.Option(help="Parquet file (default results/run-NAME-TIME.parquet).")], None),
+    "out": (Annotated[Path | None, typer.Option(help="Output FILE: the Parquet file of rows (default results/run-NAME-TIME.parquet).")], None),
     "metric_percentiles": (res.MetricPercentiles, "50,90,99"),
     "percentile_metrics": (res.PercentileMetrics, "ttft,tpot,itl,e2el"),
     "goodput": (res.Goodput, None),

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from kvbench.commands import options as opt
+from kvbench.commands.choices import CacheSwitch, LogLevel, check_positive
 from kvbench.commands.common import make_console
 from kvbench.cache.base import CacheConfig, CacheKind, ReleaseOrder
 from kvbench.errors import InputError, checked
@@ -73,16 +74,16 @@ def serve(
     port: Annotated[int, typer.Option(help="TCP port; 0 picks a free one (printed at start).")] = DEFAULT_PORT,
     model: Annotated[Path | None, typer.Option(help="Local Hugging Face checkpoint (default: the built-in random Llama).")] = None,
     served_model_name: Annotated[str | None, typer.Option(help="Model name clients send (default: the model's).")] = None,
-    device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or mps.")] = "cpu",
-    dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16.")] = "float32",
-    cache: Annotated[str, typer.Option(help="Prefix cache on or off.")] = "on",
+    device: opt.Device = "cpu",
+    dtype: opt.DTypeName = "float32",
+    cache: Annotated[CacheSwitch, typer.Option(help="Prefix cache on or off.")] = CacheSwitch.ON,
     cache_kind: Annotated[CacheKind, typer.Option(help="Cache structure.")] = CacheKind.HASH,
-    block_size: Annotated[int, typer.Option(help="Tokens per block (vLLM's default).")] = 16,
+    block_size: Annotated[int, typer.Option(min=1, help="Tokens per block (vLLM's default).")] = 16,
     cache_size: Annotated[str, typer.Option(help="Capacity in blocks (4096) or bytes (2GiB).")] = "1GiB",
-    ttl: Annotated[float | None, typer.Option(help="Expire blocks idle longer than this (s).")] = None,
+    ttl: Annotated[float | None, typer.Option(callback=check_positive, help="Expire blocks idle longer than this (s, > 0).")] = None,
     release: Annotated[ReleaseOrder, typer.Option(help="Free-list release order.")] = ReleaseOrder.TAIL_FIRST,
     prompt_only: opt.PromptOnly = False,
-    log_level: Annotated[str, typer.Option(help="uvicorn log level (info shows every request).")] = "warning",
+    log_level: Annotated[LogLevel, typer.Option(help="uvicorn log level (info shows every request).")] = LogLevel.WARNING,
     threads: opt.Threads = None,
 ) -> None:
     """Serve the in-process engine as an OpenAI-compatible API (/v1/completions, /v1/chat/completions,
@@ -102,11 +103,11 @@ def serve(
     model_config = checked(lambda: ModelConfig(path=model, device=device, dtype=dtype))
     sock = bind_socket(host, port)  # before the model loads: a busy port fails at once
     loaded = load_model(model_config)
-    cache_config = _cache_config(cache, cache_kind, block_size, cache_size, ttl, release,
+    cache_config = _cache_config(cache.value, cache_kind, block_size, cache_size, ttl, release,
                                  loaded.kv_layout(block_size).bytes_per_block, prompt_only)
     service = _service(loaded, model, cache_config, served_model_name or loaded.name)
     _announce(sock, service.model_name, cache_config)
-    config = uvicorn.Config(create_app(service), log_level=log_level, lifespan="off")
+    config = uvicorn.Config(create_app(service), log_level=log_level.value, lifespan="off")
     with torch_threads(threads):
         uvicorn.Server(config).run(sockets=[sock])
 

@@ -18,15 +18,18 @@ OptionGroup = dict[str, tuple[Any, Any]]  # option name -> (Annotated type, defa
 
 def panel(title: str, options: OptionGroup) -> OptionGroup:
     """The same options shown under ``title`` in ``--help`` (typer's ``rich_help_panel``)."""
-    grouped: OptionGroup = {}
-    for name, (annotation, default) in options.items():
-        base, *infos = get_args(annotation)
-        infos = [copy(info) for info in infos]
-        for info in infos:
-            if getattr(info, "rich_help_panel", None) is None:
-                info.rich_help_panel = title
-        grouped[name] = (Annotated[(base, *infos)], default)
-    return grouped
+    return {name: (in_panel(title, annotation), default) for name, (annotation, default) in options.items()}
+
+
+def in_panel(title: str, annotation: Any) -> Any:
+    """One ``Annotated[type, typer.Option(...)]`` (e.g. a shared alias of :mod:`kvbench.commands.options`)
+    shown under ``title`` in ``--help``; for an ordinary signature, where a group does not fit."""
+    base, *infos = get_args(annotation)
+    infos = [copy(info) for info in infos]
+    for info in infos:
+        if getattr(info, "rich_help_panel", None) is None:
+            info.rich_help_panel = title
+    return Annotated[(base, *infos)]
 
 
 def with_options(*groups: OptionGroup) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

@@ -11,6 +11,8 @@ import typer
 from rich.progress import Progress
 from rich.table import Table
 
+from kvbench.commands import options as opt
+from kvbench.commands.choices import check_positive
 from kvbench.commands.common import make_console
 from kvbench.cache.block_hash import HashAlgo
 from kvbench.cache.base import CacheConfig, CacheKind, ReleaseOrder
@@ -50,7 +52,7 @@ def _base_config(source: RunSource, block_size: int | None, cache: CacheKind | N
     base = cache_config(source.cache, CacheFlags(cache_kind=cache, ttl=ttl, hash_algo=hash_algo, hash_bits=hash_bits),
                         1, block_size or source.block_size)
     if base.kind is CacheKind.RADIX and ReleaseOrder.HEAD_FIRST.value in orders:
-        raise InputError("head-first release exists only for the hash cache (--cache hash)")
+        raise InputError("head-first release exists only for the hash cache (--cache-kind hash)")
     return base
 
 
@@ -97,14 +99,16 @@ def sim(
     source: Annotated[Path, typer.Argument(help="Scenario (.toml) or trace (.jsonl: kvbench or Mooncake).")],
     sizes: Annotated[str | None, typer.Option(help="Cache capacities in blocks, e.g. 64,128,256.")] = None,
     release: Annotated[str | None, typer.Option(help="Release orders to compare: tail-first,head-first.")] = None,
-    block_size: Annotated[int | None, typer.Option(help="Tokens per block (default: the source's).")] = None,
-    cache: Annotated[CacheKind | None, typer.Option(help="Cache structure.")] = None,
-    ttl: Annotated[float | None, typer.Option(help="Expire blocks idle longer than this (trace seconds).")] = None,
+    block_size: Annotated[int | None, typer.Option(min=1, help="Tokens per block (default: the source's).")] = None,
+    cache_kind: opt.CacheKindOption = None,
+    cache: Annotated[CacheKind | None, typer.Option(hidden=True, help="Deprecated spelling of --cache-kind.")] = None,
+    ttl: Annotated[float | None, typer.Option(callback=check_positive, help="Expire blocks idle longer than this (trace seconds, > 0).")] = None,
     hash_algo: Annotated[HashAlgo | None, typer.Option(help="Block hash function.")] = None,
-    hash_bits: Annotated[int | None, typer.Option(help="Keep only N bits of every key (8..256).")] = None,
-    requests: Annotated[int | None, typer.Option(help="Replay only the first N requests.")] = None,
-    out: Annotated[Path | None, typer.Option(help="Parquet file (default results/sim-NAME-TIME.parquet).")] = None,
-    workers: Annotated[int, typer.Option(help="Processes for the sweep.")] = min(2, os.cpu_count() or 1),
+    hash_bits: opt.HashBits = None,
+    requests: opt.Requests = None,
+    out: Annotated[Path | None, typer.Option(help="Output FILE: the Parquet file of rows; the curve files go beside it "
+                                             "(default results/sim-NAME-TIME.parquet).")] = None,
+    workers: Annotated[int, typer.Option(min=1, help="Processes for the sweep.")] = min(2, os.cpu_count() or 1),
     method: Annotated[SimMethod, typer.Option(help="auto: the exact one-pass LRU curve where it applies "
                                               "(hash cache, tail-first, no TTL, full keys), else replay.")] = SimMethod.AUTO,
     ttl_curve: Annotated[bool, typer.Option("--ttl-curve", help="Also the hit rate at every TTL with an unbounded "
@@ -112,12 +116,6 @@ def sim(
 ) -> None:
     """Replay token traffic through the prefix cache, no model: hit rates per size, and where the
     one pass applies the exact curve at every size (NAME.curve.parquet and NAME.curve.png)."""
-    if requests is not None and requests <= 0:
-        raise InputError(f"--requests: {requests} is not a positive number of requests")
-    if block_size is not None and block_size <= 0:
-        raise InputError(f"--block-size: {block_size} is not a positive number of tokens")
-    if ttl is not None and not ttl > 0:
-        raise InputError(f"--ttl: {ttl} is not a positive number of seconds")
     if out is not None:
         check_output_path(out)
     source_info = load_source(source, limit=requests)
@@ -125,7 +123,7 @@ def sim(
     capacities = parse_int_list(sizes, "--sizes") if sizes else list(source_info.sim.sizes)
     orders = (parse_choices(release, "--release", [o.value for o in ReleaseOrder]) if release
               else [o.value for o in source_info.sim.release])
-    base = _base_config(source_info, block_size, cache, ttl, hash_algo, hash_bits, orders)
+    base = _base_config(source_info, block_size, cache_kind or cache, ttl, hash_algo, hash_bits, orders)
     kind, hash_config = base.kind, base.hash
     console, err = make_console(), make_console(stderr=True)
     started = time.perf_counter()

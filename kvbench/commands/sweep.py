@@ -14,6 +14,7 @@ from kvbench.backends.openai.hygiene import Hygiene
 from kvbench.commands import options as opt
 from kvbench.commands import result_options as res
 from kvbench.commands.common import build, make_console, run_with_progress
+from kvbench.commands.signature import in_panel
 from kvbench.commands.sweep_tables import load_points_table
 from kvbench.errors import InputError
 from kvbench.extras import missing_extra
@@ -23,6 +24,10 @@ from kvbench.results.sweep import SweepPoint
 from kvbench.run.config import BackendKind, ModelFlags, RunConfig, RunFlags, ServerFlags, SweepConfig
 from kvbench.run.load_sweep import LoadSweepConfig
 from kvbench.run.scenario import parse_int_list
+
+
+ENGINE = "Cache-size sweep (in-process engine)"  # --help panels (typer's rich_help_panel)
+LOAD = "Load sweep (--backend openai)"
 
 
 def _points_table(name: str, points: list[SweepPoint]) -> Table:
@@ -39,24 +44,25 @@ def _points_table(name: str, points: list[SweepPoint]) -> Table:
 
 def sweep(
     source: Annotated[Path, typer.Argument(help="Scenario (.toml) or trace (.jsonl).")],
-    cache_sizes: Annotated[str | None, typer.Option(help="Engine: cache capacities in blocks, e.g. 64,128,256,512,1024.")] = None,
+    cache_sizes: Annotated[str | None, typer.Option(rich_help_panel=ENGINE, help="Engine: cache capacities in blocks, e.g. 64,128,256,512,1024.")] = None,
     requests: opt.Requests = None,
-    max_tokens: Annotated[int | None, typer.Option(help="Output tokens per request.")] = None,
-    block_size: opt.BlockSize = None,
+    max_tokens: Annotated[int | None, typer.Option(min=1, help="Output tokens per request.")] = None,
+    block_size: in_panel(ENGINE, opt.BlockSize) = None,
     model: Annotated[Path | None, typer.Option(help="Local Hugging Face checkpoint (openai: the served name).")] = None,
-    device: opt.Device = "cpu",
-    dtype: opt.DTypeName = "float32",
-    out: Annotated[Path | None, typer.Option(help="Folder for the per-run files and the sweep summary.")] = None,
+    device: in_panel(ENGINE, opt.Device) = "cpu",
+    dtype: in_panel(ENGINE, opt.DTypeName) = "float32",
+    out: Annotated[Path | None, typer.Option(help="Output FOLDER for the per-run files and the sweep summary "
+                                             "(sweep.parquet, or load_sweep.parquet and its PNGs).")] = None,
     backend: Annotated[BackendKind, typer.Option(help="inprocess: cache-size sweep; openai: load sweep.")] = BackendKind.INPROCESS,
-    concurrency: Annotated[str | None, typer.Option("--concurrency", "--max-concurrency", help="openai: closed-loop clients per point, e.g. 1,2,4,8.")] = None,
-    request_rate: Annotated[str | None, typer.Option(help="openai: open-loop requests/s per point, e.g. 1,2,4,8.")] = None,
-    num_runs: Annotated[int, typer.Option(min=1, help="openai: runs per point (>= 2: bootstrap 95% CI).")] = 1,
-    base_url: Annotated[str | None, typer.Option(help="openai: API root with /v1.")] = None,
-    api_key_env: Annotated[str | None, typer.Option(help="openai: variable holding the API key.")] = None,
-    hygiene: Annotated[Hygiene | None, typer.Option(help="openai: a fresh cache namespace per run (salt or nonce).")] = None,
-    reset_cache: Annotated[bool, typer.Option("--reset-cache", help="openai: reset the server's cache before each run.")] = False,
-    warmup: Annotated[int | None, typer.Option(help="openai: first N requests of each run are a warm-up.")] = None,
-    goodput: res.Goodput = None,
+    concurrency: Annotated[str | None, typer.Option("--concurrency", "--max-concurrency", rich_help_panel=LOAD, help="openai: closed-loop clients per point, e.g. 1,2,4,8.")] = None,
+    request_rate: Annotated[str | None, typer.Option(rich_help_panel=LOAD, help="openai: open-loop requests/s per point, e.g. 1,2,4,8.")] = None,
+    num_runs: Annotated[int, typer.Option(min=1, rich_help_panel=LOAD, help="openai: runs per point (>= 2: bootstrap 95% CI).")] = 1,
+    base_url: Annotated[str | None, typer.Option(rich_help_panel=LOAD, help="openai: API root with /v1.")] = None,
+    api_key_env: Annotated[str | None, typer.Option(rich_help_panel=LOAD, help="openai: variable holding the API key.")] = None,
+    hygiene: Annotated[Hygiene | None, typer.Option(rich_help_panel=LOAD, help="openai: a fresh cache namespace per run (salt or nonce).")] = None,
+    reset_cache: Annotated[bool, typer.Option("--reset-cache", rich_help_panel=LOAD, help="openai: reset the server's cache before each run.")] = False,
+    warmup: Annotated[int | None, typer.Option("--warmup", "--num-warmups", min=0, rich_help_panel=LOAD, help="openai: first N requests of each run are a warm-up.")] = None,
+    goodput: in_panel(LOAD, res.Goodput) = None,
     threads: opt.Threads = None,
 ) -> None:
     """Engine: run once per cache size and fit TTFT p50 = a + b x (1 - hit rate). Server (--backend openai):
@@ -101,7 +107,8 @@ def _load_sweep(config: LoadSweepConfig) -> None:
     console, err = make_console(), make_console(stderr=True)
     label = "concurrency" if config.concurrencies else "request rate"
     outcome = run_with_progress(lambda on_progress: load_sweep(
-        config, on_progress, lambda value, repeat: err.print(f"{label} {value:g}, run {repeat + 1} of {config.num_runs} ...")))
+        config, on_progress, lambda value, repeat: err.print(f"{label} {value:g}, run {repeat + 1} of {config.num_runs} ...")),
+        on_interrupt=lambda interrupted: _print_interrupted_load(console, interrupted.sweep))
     console.print(load_points_table(outcome))
     try:
         figures = plot_load_sweep(outcome.points, outcome.axis, outcome.path.parent)
@@ -110,6 +117,14 @@ def _load_sweep(config: LoadSweepConfig) -> None:
         figures = []
     for figure in figures:
         console.print(f"  {figure}")
+    console.print(f"wrote {len(outcome.runs)} run files and {outcome.path}")
+
+
+def _print_interrupted_load(console, outcome) -> None:
+    """Ctrl-C during a load sweep: the finished runs' table and where their summary went."""
+    if outcome is None or not outcome.points:
+        return
+    console.print(load_points_table(outcome, complete=False))
     console.print(f"wrote {len(outcome.runs)} run files and {outcome.path}")
 
 

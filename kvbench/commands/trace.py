@@ -38,7 +38,7 @@ class HeaderAt(str, Enum):
     END = "end"
 
 
-Out = Annotated[Path, typer.Option("--out", "-o", help="Trace file to write (JSONL).")]
+Out = Annotated[Path, typer.Option("--out", "-o", help="Output FILE: the trace to write (JSONL).")]
 Seed = Annotated[int, typer.Option(help="Seed: equal parameters and seed give a byte-identical file.")]
 OneOffRatio = Annotated[float, typer.Option(help="Fraction of the trace made of one-off (never repeating) requests.")]
 OneOffTokens = Annotated[int, typer.Option(help="Prompt tokens of each mixed-in one-off request.")]
@@ -81,7 +81,7 @@ def _generate(kind: str, config: Any, out: Path, tokenizer_name: str | None, bas
 @gen_app.command("shared-prefix")
 def gen_shared_prefix(
     out: Out,
-    num_requests: Annotated[int, typer.Option(help="Requests.")] = SharedPrefixConfig.num_requests,
+    num_requests: Annotated[int, typer.Option("--requests", "--num-requests", min=1, help="Requests.")] = SharedPrefixConfig.num_requests,
     system_tokens: Annotated[int, typer.Option(
         help="Tokens of the shared system prompt (S).")] = SharedPrefixConfig.system_tokens,
     question_tokens: Annotated[int, typer.Option(
@@ -108,7 +108,7 @@ def gen_multi_prefix(
         help="Tokens of each system prompt (L).")] = MultiPrefixTextConfig.prefix_tokens,
     unique_tokens: Annotated[int, typer.Option(
         help="Unique tokens per request (U).")] = MultiPrefixTextConfig.unique_tokens,
-    num_requests: Annotated[int, typer.Option(help="Requests.")] = MultiPrefixTextConfig.num_requests,
+    num_requests: Annotated[int, typer.Option("--requests", "--num-requests", min=1, help="Requests.")] = MultiPrefixTextConfig.num_requests,
     popularity: Annotated[Popularity, typer.Option(help="zipf: P(k) ~ 1/k**s; rr: round robin.")] = Popularity.ZIPF,
     zipf_exponent: Annotated[float, typer.Option(help="Zipf exponent s.")] = MultiPrefixTextConfig.zipf_exponent,
     max_tokens: Annotated[int, typer.Option(help="Output budget per request.")] = MultiPrefixTextConfig.max_tokens,
@@ -185,7 +185,7 @@ def gen_agent(
 @gen_app.command("one-off")
 def gen_one_off(
     out: Out,
-    num_requests: Annotated[int, typer.Option(help="Requests.")] = OneOffConfig.num_requests,
+    num_requests: Annotated[int, typer.Option("--requests", "--num-requests", min=1, help="Requests.")] = OneOffConfig.num_requests,
     prompt_tokens: Annotated[str, typer.Option(help="Prompt tokens (distribution).")] = OneOffConfig.prompt_tokens.spec,
     max_tokens: Annotated[int, typer.Option(help="Output budget per request.")] = OneOffConfig.max_tokens,
     request_rate_per_s: Annotated[float, typer.Option(help="Poisson arrival rate.")] = OneOffConfig.request_rate_per_s,
@@ -201,7 +201,7 @@ def gen_one_off(
 def gen_mooncake(
     source: Annotated[Path, typer.Argument(help="Mooncake trace (JSONL with hash_ids of 512-token blocks).")],
     out: Out,
-    num_requests: Annotated[int | None, typer.Option(help="Convert only the first N requests.")] = None,
+    num_requests: Annotated[int | None, typer.Option("--requests", "--num-requests", min=1, help="Convert only the first N requests.")] = None,
     seed: Seed = 0,
 ) -> None:
     """A Mooncake trace as text: equal hash ids become equal 512-token text blocks (exact)."""
@@ -229,7 +229,7 @@ def import_(
     block_size: Annotated[int | None, typer.Option(
         help="mooncake / hash-ids: tokens per hash id (default 512 / 16).")] = None,
     skip_bad: Annotated[bool, typer.Option("--skip-bad", help="Leave malformed rows out and count them.")] = False,
-    num_requests: Annotated[int | None, typer.Option(help="Import only the first N requests.")] = None,
+    num_requests: Annotated[int | None, typer.Option("--requests", "--num-requests", min=1, help="Import only the first N requests.")] = None,
     conversation_gap_s: Annotated[float, typer.Option(
         help="sharegpt: seconds between conversation starts (it has no timestamps).")] = ImportConfig.conversation_gap_s,
     think_time_s: Annotated[float, typer.Option(
@@ -288,7 +288,7 @@ def _reuse_table(requests: list[Request], block_sizes: list[int]) -> Table:
 def stats(
     path: Annotated[Path, typer.Argument(help="Trace file (kvbench JSONL; Mooncake JSONL also works).")],
     block_sizes: Annotated[str, typer.Option(help="Block sizes for the ideal hit rate.")] = "16,64",
-    num_requests: Annotated[int | None, typer.Option(help="Only the first N requests.")] = None,
+    num_requests: Annotated[int | None, typer.Option("--requests", "--num-requests", min=1, help="Only the first N requests.")] = None,
 ) -> None:
     """Requests, sessions, prompt tokens, output budget, and the ideal hit rate with its losses."""
     if not path.exists():

@@ -20,11 +20,12 @@ from kvbench.results.parquet import read_metadata
 from kvbench.results.summary import RunSummary, summarize
 from kvbench.results.sweep import SweepSummary, read_sweep_summary
 
-RESULT_KINDS = ("run", "sim", "sweep")
+RESULT_KINDS = ("run", "sim", "sweep", "load-sweep")  # load-sweep: load_sweep.parquet (results/load_sweep.py)
 _NEEDED_COLUMNS = {
     "run": ("request_index", "phase", "status", "turn", "prompt_tokens", "cached_prompt_tokens", "ttft_ms"),
     "sim": ("capacity_blocks", "token_hit_rate"),
     "sweep": ("capacity_blocks", "token_hit_rate", "p50_ttft_ms"),
+    "load-sweep": ("axis", "value", "repeat", "results_path"),
 }
 
 
@@ -68,6 +69,9 @@ class ResultFile:
         """The scenario name (run, sweep) or scenario/trace file stem (sim), if known."""
         if self.kind == "sweep":
             return (self.metadata.get("sweep") or {}).get("scenario")
+        if self.kind == "load-sweep":
+            source = (self.metadata.get("sweep") or {}).get("source")
+            return Path(source).stem if source else None
         if self.kind == "sim":
             source = self.metadata.get("source") or {}
             where = source.get("scenario") or source.get("trace")
@@ -118,10 +122,11 @@ def load_result(path: str | Path) -> ResultFile:
     metadata = read_metadata(path)
     if not metadata:
         raise InputError(f"{path}: a Parquet file without kvbench metadata "
-                         "(expected the results of kvbench run, sim or sweep)")
+                         "(expected the results of kvbench run, sim or sweep, or a load_sweep.parquet)")
     kind = metadata.get("command")
     if kind not in RESULT_KINDS:
-        raise InputError(f"{path}: results of {kind!r}; expected the results of kvbench run, sim or sweep")
+        raise InputError(f"{path}: results of {kind!r}; expected the results of kvbench run, sim or sweep, "
+                         "or a load_sweep.parquet")
     try:
         table = pq.read_table(path)
     except (OSError, pa.ArrowInvalid) as exc:

@@ -111,9 +111,14 @@ def sweep_table(result: ResultFile) -> TableData:
 
 def summary_tables(results: Sequence[ResultFile]) -> list[TableData]:
     """The report's tables: one for all run files, one per sim file, one per sweep file."""
+    from kvbench.results.load_sweep_report import load_sweep_table, read_points  # it imports this module
+
     runs = [r for r in results if r.kind == "run"]
     tables = [run_table(runs)] if runs else []
-    tables += [sim_table(r) if r.kind == "sim" else sweep_table(r) for r in results if r.kind != "run"]
+    tables += [sim_table(r) if r.kind == "sim" else
+               load_sweep_table(r.scenario or r.name, r.metadata["sweep"]["axis"], read_points(r.metadata),
+                                r.metadata.get("complete", True)) if r.kind == "load-sweep" else
+               sweep_table(r) for r in results if r.kind != "run"]
     return tables
 
 
@@ -232,18 +237,28 @@ def _turn_figure(group: Sequence[ResultFile], title: str, path: Path) -> Figure 
     return Figure(path, "Mean cached prompt tokens per turn (or agent step), against the mean prompt length.")
 
 
+def _load_sweep_figures(results: Sequence[ResultFile], out_dir: Path) -> list[Figure]:
+    from kvbench.results.load_sweep_report import load_sweep_figures, read_points
+
+    sweeps = [r for r in results if r.kind == "load-sweep"]
+    return [figure for index, r in enumerate(sweeps, start=1)
+            for figure in load_sweep_figures(read_points(r.metadata), r.metadata["sweep"]["axis"], out_dir,
+                                             f"load_sweep{index}_" if len(sweeps) > 1 else "")]
+
+
 def build_report(results: Sequence[ResultFile], out_dir: str | Path, title: str = "kvbench report",
                  extra: Sequence[tuple[Sequence[TableData], Sequence[Figure]]] = ()) -> Report:
     """Write the PNG plots and ``report.html`` (plots embedded as base64 data URIs) into ``out_dir``.
 
     Plots drawn when the inputs allow: hit rate vs cache size (sim, sweep), TTFT p50 vs hit rate with
-    the fit (sweep; or 2+ runs of one trace), and per trace group of run files: TTFT CDF (cache off vs
+    the fit (sweep; or 2+ runs of one trace), throughput vs TTFT and goodput per point (a load sweep's
+    ``load_sweep.parquet``), and per trace group of run files: TTFT CDF (cache off vs
     on), TTFT per request, cached tokens per turn (multi-turn traces). ``extra``: more (tables,
     figures) sections appended after them (``kvbench report --explain``: :mod:`kvbench.explain.html`).
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    figures = _hit_rate_figure(results, out_dir) + _fit_figures(results, out_dir)
+    figures = _hit_rate_figure(results, out_dir) + _fit_figures(results, out_dir) + _load_sweep_figures(results, out_dir)
     for index, group in enumerate(group_by_trace(results), start=1):
         figures += _run_figures(group, index, out_dir)
     tables, notes = summary_tables(results), input_notes(results)

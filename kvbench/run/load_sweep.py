@@ -84,7 +84,8 @@ def load_sweep(config: LoadSweepConfig, on_progress: Progress | None = None,
     """Run every point ``config.num_runs`` times against the server; returns the outcome.
 
     ``on_run(value, repeat)`` is called before each run. Raises ``InputError`` (bad flag, file or
-    server answer) and :class:`RunInterrupted` on Ctrl-C, after writing the finished runs' summary.
+    server answer) and :class:`RunInterrupted` on Ctrl-C, after writing the finished runs' summary;
+    its ``sweep`` is then this outcome (the finished runs and their points).
     """
     from kvbench.run.api_openai import run_openai
 
@@ -99,8 +100,9 @@ def load_sweep(config: LoadSweepConfig, on_progress: Progress | None = None,
                 on_run(value, repeat)
             try:
                 run = run_openai(config.point_config(value, folder / _run_name(config.axis, value, repeat)), on_progress)
-            except RunInterrupted:
+            except RunInterrupted as interrupted:
                 _finish(outcome, folder, context, complete=False)
+                interrupted.sweep = outcome  # the CLI prints the finished runs' table before exit 130
                 raise
             summary = {**run.summary.as_dict(), **_server_rates(run)}
             outcome.runs.append(LoadRun(value, repeat, summary, str(run.path)))
