@@ -65,10 +65,12 @@ def _print_version(value: bool) -> None:
 def _root(
     version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version, allow_from_autoenv=False,
                                  help="Print the version and exit."),
-    debug: bool = typer.Option(False, "--debug", allow_from_autoenv=False, help="Show the traceback of an error instead of one line "
-                               "(anywhere on the line; env KVBENCH_DEBUG=1)."),
+    debug: bool = typer.Option(False, "--debug", allow_from_autoenv=False,
+                               help="Show the traceback of an error instead of one line "
+                                    "(anywhere on the line; env KVBENCH_DEBUG=1)."),
 ) -> None:
     """Measure what prefix caching buys an LLM server, and why it is not buying more."""
+    del version, debug  # --version acts in its callback; main() takes --debug off the line before typer parses it
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -47,3 +47,30 @@ def test_vllm_spellings_of_run_flags(kvbench, server, tmp_path):
     assert code == 0, stderr
     result = json.loads(saved.read_text())
     assert (result["num_prompts"], result["num_warmup"], result["max_concurrency"]) == (2, 1, 2)
+
+
+def test_ctrl_c_prints_the_finished_points_and_report_reads_the_sweep(kvbench, server, tmp_path, monkeypatch):
+    from kvbench.run import api_openai
+    from kvbench.run.execute import RunInterrupted
+
+    real, finished = api_openai.run_openai, []
+
+    def second_run_interrupted(config, on_progress=None):
+        if finished:  # Ctrl-C during the second point: it has written nothing
+            raise RunInterrupted(finished[0])
+        finished.append(real(config, on_progress))
+        return finished[0]
+
+    monkeypatch.setattr(api_openai, "run_openai", second_run_interrupted)
+    out = tmp_path / "sweep"
+    code, stdout, stderr = kvbench("sweep", "chat", "--backend", "openai", "--base-url", server.url,
+                                   "--concurrency", "1,2", "--requests", "3", "--max-tokens", "2", "--out", out)
+    assert code == 130, stderr
+    assert "interrupted: finished runs only" in stdout and "wrote 1 run files" in stdout
+    assert read_metadata(out / "load_sweep.parquet")["complete"] is False
+    assert [row["value"] for row in pq.read_table(out / "load_sweep.parquet").to_pylist()] == [1.0]
+    monkeypatch.setenv("COLUMNS", "200")
+    code, stdout, stderr = kvbench("report", out / "load_sweep.parquet", "--out", tmp_path / "report")
+    assert code == 0, stderr
+    assert "kvbench sweep: chat (concurrency)" in stdout and "throughput_vs_ttft.png" in stdout
+    assert (tmp_path / "report" / "throughput_vs_ttft.png").stat().st_size > 1000
