@@ -44,6 +44,9 @@ def test_sim_and_csv_report_need_no_extra(core, tmp_path):
     done = core("sim", "shared_2k", "--sizes", "256,1024", "--out", out)
     assert done.returncode == 0, done.stderr
     assert "wrote 2 rows" in done.stdout and out.exists()
+    words = " ".join(done.stdout.split())  # the console wraps long lines
+    assert "(no PNG: needs the [plots] extra: pip install 'kvbench[plots]')" in words  # the curve's rows still written
+    assert out.with_name("sim.curve.parquet").exists() and not out.with_name("sim.curve.png").exists()
     plots = core("report", out, "--out", tmp_path / "rep")  # the tables print, then plots need [plots]
     assert plots.returncode == 2 and "needs the [plots] extra: pip install 'kvbench[plots]'" in plots.stderr
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
@@ -79,7 +80,7 @@ def _write_curve(console, source: RunSource, curve: HitCurve, out: Path, results
     title = f"{source.name}: token hit rate at every cache size (block size {curve.trace.block_size})"
     parquet, png, num_rows = write_curve(curve, out, title, {"command": "sim", "source": source.description}, marks)
     console.print(f"exact curve (one pass): {num_rows:,} sizes where the hit count changes, 1 .. "
-                  f"{curve.ideal_capacity_blocks:,} blocks: {parquet}, {png}")
+                  f"{curve.ideal_capacity_blocks:,} blocks: {_files(parquet, png)}")
 
 
 def _write_ttl_curve(console, source: RunSource, trace: PreparedTrace, out: Path) -> None:
@@ -88,7 +89,11 @@ def _write_ttl_curve(console, source: RunSource, trace: PreparedTrace, out: Path
     parquet, png, num_rows = write_ttl_curve(curve, out, title, {"command": "sim", "source": source.description})
     keeps = ", ".join(f"{int(f * 100)}% {_seconds(curve.ttl_for_fraction_s(f))}" for f in (0.5, 0.9, 0.99))
     console.print(f"TTL keeping this share of the unbounded cache's hits: {keeps}; {num_rows:,} TTLs where the "
-                  f"hit count changes: {parquet}, {png}")
+                  f"hit count changes: {_files(parquet, png)}")
+
+
+def _files(parquet: Path, png: Path | None) -> str:
+    return escape(f"{parquet}, {png}" if png else f"{parquet} (no PNG: needs the [plots] extra: pip install 'kvbench[plots]')")
 
 
 def _seconds(value: float | None) -> str:

@@ -4,10 +4,11 @@ changes, and its PNG, written beside a ``kvbench sim`` result file (``NAME.parqu
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from kvbench.extras import missing_extra
 from kvbench.results.parquet import write_rows
 from kvbench.results.plots import Curve, plot_hit_curve
 from kvbench.sim.curve import HitCurve
@@ -23,9 +24,10 @@ def curve_paths(out: Path, kind: str = "curve") -> tuple[Path, Path]:
 
 
 def write_curve(curve: HitCurve, out: Path, title: str, metadata: Mapping[str, Any],
-                marks: Sequence[SimResult] = ()) -> tuple[Path, Path, int]:
+                marks: Sequence[SimResult] = ()) -> tuple[Path, Path | None, int]:
     """Write the curve's rows (:meth:`HitCurve.results`, the columns of ``kvbench sim``'s rows) and its
-    PNG (``marks``: the sized results, drawn as points). Returns ``(parquet, png, num_rows)``."""
+    PNG (``marks``: the sized results, drawn as points). Returns ``(parquet, png, num_rows)``; ``png`` is
+    ``None`` without matplotlib."""
     parquet, png = curve_paths(out)
     results = curve.results()
     rows = [result.as_row() for result in results]
@@ -35,11 +37,10 @@ def write_curve(curve: HitCurve, out: Path, title: str, metadata: Mapping[str, A
     points = Curve("one-pass LRU curve (exact)", tuple(r.capacity_blocks for r in results),
                    tuple(r.token_hit_rate for r in results))
     sizes = Curve("sizes in the table", tuple(r.capacity_blocks for r in marks), tuple(r.token_hit_rate for r in marks))
-    plot_hit_curve(points, png, title, ideal=ideal, marks=sizes)
-    return parquet, png, len(rows)
+    return parquet, _plotted(lambda: plot_hit_curve(points, png, title, ideal=ideal, marks=sizes), png), len(rows)
 
 
-def write_ttl_curve(curve: TtlCurve, out: Path, title: str, metadata: Mapping[str, Any]) -> tuple[Path, Path, int]:
+def write_ttl_curve(curve: TtlCurve, out: Path, title: str, metadata: Mapping[str, Any]) -> tuple[Path, Path | None, int]:
     """Write the TTL curve's rows (:meth:`TtlCurve.rows`) and its PNG beside ``out``
     (``NAME.ttl-curve.parquet``, ``NAME.ttl-curve.png``). Returns ``(parquet, png, num_rows)``."""
     parquet, png = curve_paths(out, "ttl-curve")
@@ -47,6 +48,17 @@ def write_ttl_curve(curve: TtlCurve, out: Path, title: str, metadata: Mapping[st
     write_rows(parquet, rows, {**metadata, "curve": "hit rate vs TTL, unbounded cache"})
     points = Curve("unbounded cache, one pass (exact)", tuple(r["ttl_s"] for r in rows),
                    tuple(r["token_hit_rate"] for r in rows))
-    plot_hit_curve(points, png, title, ideal=rows[-1]["token_hit_rate"] if rows else None,
-                   xlabel="TTL (seconds of trace time, log scale)")
-    return parquet, png, len(rows)
+    return parquet, _plotted(lambda: plot_hit_curve(points, png, title, ideal=rows[-1]["token_hit_rate"] if rows else None,
+                                                    xlabel="TTL (seconds of trace time, log scale)"), png), len(rows)
+
+
+def _plotted(draw: Callable[[], Any], png: Path) -> Path | None:
+    """``png`` once ``draw()`` wrote it; ``None`` when matplotlib (the [plots] extra) is not installed,
+    so a core install still writes the curve's Parquet rows."""
+    try:
+        draw()
+    except ModuleNotFoundError as exc:
+        if missing_extra(exc) is None:
+            raise
+        return None
+    return png
