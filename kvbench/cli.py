@@ -41,6 +41,7 @@ _COMMAND_MODULES = (
     "kvbench.commands.break_",
     "kvbench.commands.model",
     "kvbench.commands.peer",
+    "kvbench.commands.route",
 )
 
 for _name in _COMMAND_MODULES:
