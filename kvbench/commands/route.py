@@ -63,6 +63,20 @@ def _service(fit: Path | None, base_ms: float | None, per_token_ms: float | None
     return ServiceModel(**{**model.as_dict(), **{k: v for k, v in given.items() if v is not None}})
 
 
+_FLAGS = {"prefix_tokens": "--prefix-tokens", "epsilon": "--epsilon", "cache_threshold": "--cache-threshold",
+          "balance_abs_threshold": "--balance-abs-threshold", "balance_rel_threshold": "--balance-rel-threshold",
+          "eviction_interval_s": "--eviction-interval", "max_tree_size_tokens": "--max-tree-size"}
+
+
+def _options(factory) -> RouterOptions:
+    """``factory()``; a ``ValueError`` naming a field becomes one line naming its flag."""
+    try:
+        return factory()
+    except ValueError as exc:
+        field, _, problem = str(exc).partition(" ")
+        raise InputError(f"{_FLAGS.get(field, field)}: {problem}") from None
+
+
 def route(
     source: Source,
     replicas: Annotated[int, typer.Option(help="Replicas behind the router.")] = 8,
@@ -100,7 +114,7 @@ def route(
         check_output_path(out)
     policies = _policies(policy)
     service = _service(fit, prefill_base_ms, prefill_ms_per_token, decode_ms_per_token)
-    options = build(lambda: RouterOptions(prefix_tokens, epsilon, seed, CacheAwareConfig(
+    options = _options(lambda: RouterOptions(prefix_tokens, epsilon, seed, CacheAwareConfig(
         cache_threshold, balance_abs_threshold, balance_rel_threshold, eviction_interval, max_tree_size)))
     loaded = load_source(source, limit=requests)
     sizes = sorted(loaded.sim.sizes)
@@ -108,17 +122,21 @@ def route(
                              loaded.block_size)
     trace = prepare_route_trace(limit_requests(loaded.requests, requests), cache_cfg)
     config = build(lambda: ClusterConfig(replicas, cache_cfg, service))
-    console = make_console()
     with make_console(stderr=True).status("routing"):
         results = compare_policies(trace, config, policies, options)
     title = (f"kvbench route: {loaded.name}, {trace.num_requests:,} requests, {replicas} replicas x "
              f"{cache_cfg.capacity_blocks:,} blocks of {cache_cfg.block_size} tokens ({cache_cfg.kind.value})")
-    console.print(_table(title, results))
-    out = out or Path("results") / f"route-{loaded.name}-{time.strftime('%Y%m%d-%H%M%S')}.parquet"
-    metadata = {"command": "route", "source": loaded.description, "service": service.as_dict(),
-                "cache_capacity_blocks": cache_cfg.capacity_blocks, "cache_kind": cache_cfg.kind.value,
-                "block_size": cache_cfg.block_size, "num_replicas": replicas,
-                "decisions": {r.policy: r.decisions for r in results if r.decisions}}
+    make_console().print(_table(title, results))
+    _write(out or Path("results") / f"route-{loaded.name}-{time.strftime('%Y%m%d-%H%M%S')}.parquet", results,
+           title, {"command": "route", "source": loaded.description, "service": service.as_dict(),
+                   "cache_capacity_blocks": cache_cfg.capacity_blocks, "cache_kind": cache_cfg.kind.value,
+                   "block_size": cache_cfg.block_size, "num_replicas": replicas})
+
+
+def _write(out: Path, results: list[PolicyResult], title: str, metadata: dict) -> None:
+    """The Parquet (one row per policy) and the two PNGs beside it."""
+    console = make_console()
+    metadata["decisions"] = {r.policy: r.decisions for r in results if r.decisions}
     write_rows(out, [r.as_row() for r in results], metadata)
     stem = out.with_suffix("")
     for png in (plot_policies(results, stem.with_name(stem.name + "-policies.png"), title),

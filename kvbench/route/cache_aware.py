@@ -45,10 +45,14 @@ class CacheAwareConfig:
     def __post_init__(self) -> None:
         if not 0.0 <= self.cache_threshold <= 1.0:
             raise ValueError(f"cache_threshold must be in [0, 1], got {self.cache_threshold}")
-        if self.balance_abs_threshold < 0 or self.balance_rel_threshold < 1.0:
-            raise ValueError("balance_abs_threshold must be >= 0 and balance_rel_threshold >= 1")
-        if not self.eviction_interval_s > 0 or self.max_tree_size_tokens <= 0:
-            raise ValueError("eviction_interval_s and max_tree_size_tokens must be positive")
+        if self.balance_abs_threshold < 0:
+            raise ValueError(f"balance_abs_threshold must be >= 0, got {self.balance_abs_threshold}")
+        if self.balance_rel_threshold < 1.0:
+            raise ValueError(f"balance_rel_threshold must be >= 1, got {self.balance_rel_threshold}")
+        if not self.eviction_interval_s > 0:
+            raise ValueError(f"eviction_interval_s must be positive, got {self.eviction_interval_s}")
+        if self.max_tree_size_tokens <= 0:
+            raise ValueError(f"max_tree_size_tokens must be positive, got {self.max_tree_size_tokens}")
 
 
 def is_imbalanced(loads: Sequence[int], config: CacheAwareConfig) -> bool:
