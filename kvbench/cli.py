@@ -42,6 +42,7 @@ _COMMAND_MODULES = (
     "kvbench.commands.model",
     "kvbench.commands.peer",
     "kvbench.commands.route",
+    "kvbench.commands.bill",
 )
 
 for _name in _COMMAND_MODULES:
