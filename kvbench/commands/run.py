@@ -24,7 +24,7 @@ from kvbench.run.config import (DEFAULT_BASE_URL, DEFAULT_TIMEOUT_S, BackendKind
 
 def run(
     source: opt.Source,
-    backend: Annotated[BackendKind, typer.Option(help="inprocess: the engine here; openai: an HTTP endpoint.")] = BackendKind.INPROCESS,
+    backend: Annotated[BackendKind, typer.Option(help="inprocess: the engine here; openai: an HTTP endpoint; anthropic: a Messages endpoint (ANTHROPIC_API_KEY).")] = BackendKind.INPROCESS,
     model: Annotated[str | None, typer.Option(help="inprocess: local checkpoint dir (default: the random Llama); openai: served model name (default: the first of /v1/models).")] = None,
     base_url: Annotated[str | None, typer.Option(help=f"openai: API root with /v1 (default {DEFAULT_BASE_URL}).")] = None,
     api_key_env: Annotated[str | None, typer.Option(help="openai: environment variable holding the API key (default OPENAI_API_KEY).")] = None,

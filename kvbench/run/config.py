@@ -24,6 +24,7 @@ DEFAULT_SERVER_BLOCK_SIZE = 16  # vLLM's default block size
 class BackendKind(str, Enum):
     INPROCESS = "inprocess"
     OPENAI = "openai"
+    ANTHROPIC = "anthropic"  # kvbench/backends/anthropic.py: an Anthropic Messages endpoint
 
 
 def _flag(name: str) -> str:

@@ -34,13 +34,15 @@ from kvbench.engine.engine import SamplingParams
 from kvbench.request import RequestRecord
 from kvbench.server.schemas import (DEFAULT_MAX_TOKENS, ApiError, ChatCompletionRequest, CompletionRequest,
                                     chunk_body, response_body, usage)
+from kvbench.server.messages import MIN_CACHE_TOKENS, add_messages_route
 from kvbench.server.service import EngineService, Generation
 
 MAX_SALT_CHARS = 1024  # vLLM's limit on cache_salt
 
 
-def create_app(service: EngineService) -> FastAPI:
-    """The app serving ``service``'s model. Run it with any ASGI server (``kvbench serve`` uses uvicorn)."""
+def create_app(service: EngineService, min_cache_tokens: int = MIN_CACHE_TOKENS) -> FastAPI:
+    """The app serving ``service``'s model. Run it with any ASGI server (``kvbench serve`` uses uvicorn).
+    ``POST /v1/messages`` (Anthropic's shape) is :mod:`kvbench.server.messages`."""
     app = FastAPI(title="kvbench serve", docs_url=None, redoc_url=None, openapi_url=None)
     _add_error_handlers(app)
 
@@ -72,6 +74,7 @@ def create_app(service: EngineService) -> FastAPI:
         token_ids = service.render_chat([(message.role, message.text()) for message in body.messages])
         return await _generate(service, body, token_ids, chat=True)
 
+    add_messages_route(app, service, min_cache_tokens)
     return app
 
 

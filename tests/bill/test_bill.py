@@ -121,7 +121,7 @@ def test_messages_placement_marks_the_system_prompt_and_the_last_stable_turn():
     assert bill.cache_write_tokens == boundaries[0] + (boundaries[2] - boundaries[0])
 
 
-def test_the_cli_prices_a_scenario_and_writes_the_bill(kvbench, tmp_path, shared_data):
+def test_the_cli_prices_a_scenario_and_writes_the_bill(kvbench, tmp_path):
     out = tmp_path / "bill.parquet"
     code, stdout, stderr = kvbench("bill", "scenarios/agent.toml", "--provider", "anthropic", "--requests", 30,
                                    "--out", out)
@@ -129,6 +129,10 @@ def test_the_cli_prices_a_scenario_and_writes_the_bill(kvbench, tmp_path, shared
     row = pq.read_table(out).to_pylist()[0]
     assert row["cache_read_input_tokens"] > row["cache_creation_input_tokens"] > 0
     assert row["total_usd"] < row["no_cache_usd"] and "saving" in stdout
-    code, _, stderr = kvbench("bill", shared_data / "mooncake" / "conversation_trace.jsonl", "--placement",
-                              "messages", "--requests", 5)
+    trace = tmp_path / "mooncake.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 1100, "output_length": 4, "hash_ids": [0, 1, 2]}\n' * 3)
+    code, _, stderr = kvbench("bill", trace, "--placement", "messages")
     assert code == 2 and "--placement messages" in stderr
+    code, stdout, stderr = kvbench("bill", trace, "--provider", "openai", "--model", "gpt-4.1")
+    assert code == 0, stderr  # 1,100 tokens, the same three blocks: requests 2 and 3 read 1,024
+    assert "2,048" in stdout
