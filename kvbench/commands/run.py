@@ -18,6 +18,7 @@ import typer
 from kvbench.backends.openai.hygiene import Hygiene
 from kvbench.commands import options as opt
 from kvbench.commands.common import build, make_console, run_with_progress
+from kvbench.route.policies import PolicyName
 from kvbench.run.config import (DEFAULT_BASE_URL, DEFAULT_TIMEOUT_S, BackendKind, CacheFlags, ModelFlags, RunConfig,
                                 RunFlags, ServerFlags)
 
@@ -26,7 +27,8 @@ def run(
     source: opt.Source,
     backend: Annotated[BackendKind, typer.Option(help="inprocess: the engine here; openai: an HTTP endpoint; anthropic: a Messages endpoint (ANTHROPIC_API_KEY).")] = BackendKind.INPROCESS,
     model: Annotated[str | None, typer.Option(help="inprocess: local checkpoint dir (default: the random Llama); openai: served model name (default: the first of /v1/models).")] = None,
-    base_url: Annotated[str | None, typer.Option(help=f"openai: API root with /v1 (default {DEFAULT_BASE_URL}).")] = None,
+    base_url: Annotated[list[str] | None, typer.Option(help=f"openai: API root with /v1 (default {DEFAULT_BASE_URL}); repeat it for several replicas, routed by --route.")] = None,
+    route: Annotated[PolicyName | None, typer.Option(help="openai, several --base-url: client-side routing policy (default round-robin).")] = None,
     api_key_env: Annotated[str | None, typer.Option(help="openai: environment variable holding the API key (default OPENAI_API_KEY).")] = None,
     tokenizer: Annotated[str | None, typer.Option(help="openai: local HF tokenizer dir for expectations (default cl100k).")] = None,
     device: opt.Device = "cpu",
@@ -61,6 +63,7 @@ def run(
 ) -> None:
     """Replay a scenario or trace through the in-process engine or an OpenAI-compatible server and
     measure TTFT, TPOT, hit rate; with a server, reconcile its cached tokens with what the trace allows."""
+    from kvbench.results.replicas import replica_table
     from kvbench.results.writer import http_tables, summary_table
     from kvbench.run.api import run as run_file
 
@@ -68,8 +71,9 @@ def run(
         source, backend, ModelFlags(model, device, dtype),
         CacheFlags(cache, cache_kind, block_size, cache_size, ttl, release, hash_algo, hash_bits, verify),
         RunFlags(requests, concurrency, warmup, max_tokens, ignore_eos, temperature, top_p, seed),
-        ServerFlags(base_url, api_key_env, tokenizer, request_rate, burstiness, duration, hygiene, reset_cache,
-                    timeout, server_block_size, expected_cache_size),
+        ServerFlags(base_url[0] if base_url else None, api_key_env, tokenizer, request_rate, burstiness, duration,
+                    hygiene, reset_cache, timeout, server_block_size, expected_cache_size,
+                    tuple(base_url) if base_url and len(base_url) > 1 else (), route.value if route else None),
         salt, out))
     outcome = run_with_progress(lambda on_progress: run_file(config, on_progress))
     console, err = make_console(), make_console(stderr=True)
@@ -79,6 +83,9 @@ def run(
     if outcome.reconciliation is not None:
         for table in http_tables(outcome.rows, outcome.reconciliation):
             console.print(table)
+    run_info = outcome.metadata["run"]
+    if (replicas := replica_table(outcome.rows, run_info.get("base_urls", []), run_info.get("route", ""))) is not None:
+        console.print(replicas)
     console.print(f"wrote {len(outcome.rows)} rows to {outcome.path}")
     report_failures(outcome.failed_rows)
 

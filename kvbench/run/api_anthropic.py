@@ -37,6 +37,8 @@ def run_anthropic(config: RunConfig, on_progress: Progress | None = None) -> Run
     from kvbench.workloads.tokenizer import load_tokenizer
 
     server = config.server
+    if server.base_urls:
+        raise InputError("several --base-url endpoints (client-side routing) are for --backend openai")
     if not config.model.path:
         raise InputError("--model NAME is needed with --backend anthropic (e.g. claude-sonnet-4-5)")
     source = load_source(config.source, load_tokenizer(server.tokenizer), limit=config.run.num_requests)

@@ -61,6 +61,8 @@ def _run_info(config: RunConfig, run_id: str, client_config, load: LoadConfig, e
               tokenizer_name: str) -> dict:
     """The run's metadata: the key's variable name, never the key."""
     return {"run_id": run_id, "backend": "openai", "model": client_config.model, "base_url": client_config.base_url,
+            **({"base_urls": list(config.server.base_urls), "route": config.server.route or "round-robin"}
+               if config.server.base_urls else {}),
             "api_key_env": config.server.key_variable, "tokenizer": tokenizer_name,
             "hygiene": (config.server.hygiene or Hygiene.SALT).value, "timeout_s": client_config.timeout_s,
             "cache": {"enabled": None, "block_size": expectations.block_size,
@@ -70,10 +72,28 @@ def _run_info(config: RunConfig, run_id: str, client_config, load: LoadConfig, e
                      "burstiness": load.burstiness, "duration_s": load.duration_s}}
 
 
+def _all_metrics(fetch_metrics, urls, key: str) -> str | None:
+    """Every endpoint's ``/metrics`` text, joined (the counter parser sums samples over them)."""
+    texts = [text for text in (fetch_metrics(url, key) for url in urls) if text is not None]
+    return "\n".join(texts) if texts else None
+
+
+def _backend(client_config, tokenizer, run_salt: str | None, server):
+    """One :class:`OpenAIBackend`, or one per ``--base-url`` behind a client-side router."""
+    from kvbench.backends.openai.client import OpenAIBackend
+    from kvbench.backends.routed import RoutedBackend
+
+    if not server.base_urls:
+        return OpenAIBackend(client_config, tokenizer, run_salt)
+    backends = [OpenAIBackend(replace(client_config, base_url=url.rstrip("/")), tokenizer, run_salt)
+                for url in server.base_urls]
+    return RoutedBackend(backends, server.route or "round-robin", client_config.block_size)
+
+
 def run_openai(config: RunConfig, on_progress: Progress | None = None) -> RunOutcome:
     """:func:`kvbench.run.api.run` against an OpenAI-compatible server."""
     from kvbench.backends.openai.admin import fetch_metrics, reset_prefix_cache
-    from kvbench.backends.openai.client import OpenAIBackend, OpenAIConfig
+    from kvbench.backends.openai.client import OpenAIConfig
     from kvbench.backends.openai.metrics import parse_prefix_cache_counters
     from kvbench.backends.openai.reconcile import expect, reconcile
     from kvbench.workloads.tokenizer import load_tokenizer
@@ -91,16 +111,17 @@ def run_openai(config: RunConfig, on_progress: Progress | None = None) -> RunOut
                                                  settings.temperature, settings.top_p, settings.seed,
                                                  settings.ignore_eos, expectations.block_size))
     load = checked(lambda: _load(config, settings, len(requests)))
-    notes = [reset_prefix_cache(server.url, key)[1]] if server.reset_cache else []
-    before = parse_prefix_cache_counters(fetch_metrics(server.url, key))
+    urls = server.base_urls or (server.url,)
+    notes = [reset_prefix_cache(url, key)[1] for url in urls] if server.reset_cache else []
+    before = parse_prefix_cache_counters(_all_metrics(fetch_metrics, urls, key))
     run_id = new_run_id(source.name)
     metadata = run_metadata(source, settings, requests, _run_info(config, run_id, client_config, load, expectations,
                                                                   tokenizer.name), config.source, load.num_warmup)
-    backend = OpenAIBackend(client_config, tokenizer, run_salt)
+    backend = _backend(client_config, tokenizer, run_salt, server)
     writer = RunWriter(config.out or default_out("run", source.name), metadata, run_id, backend.describe())
     outcome = execute(requests, backend, load, writer, on_progress, backend_context=lambda: backend)
     outcome.notes = notes
-    after = parse_prefix_cache_counters(fetch_metrics(server.url, key))
+    after = parse_prefix_cache_counters(_all_metrics(fetch_metrics, urls, key))
     by_index = {request.index: record for request, record in outcome.records}
     outcome.reconciliation = reconcile(writer.rows, requests, expectations, [by_index.get(r.index) for r in requests],
                                        before, after)

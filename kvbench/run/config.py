@@ -100,10 +100,15 @@ class ServerFlags:
     timeout: float | None = None  # s per request
     server_block_size: int | None = None
     expected_cache_size: int | None = None  # blocks; None = unbounded
+    base_urls: tuple[str, ...] = ()  # two or more endpoints, routed client-side (kvbench/backends/routed.py)
+    route: str | None = None  # the policy over base_urls (kvbench/route/policies.py); None = round-robin
 
     def __post_init__(self) -> None:
         _check_positive(self, ("timeout", "duration", "request_rate", "burstiness", "server_block_size",
                                "expected_cache_size"))
+        object.__setattr__(self, "base_urls", tuple(self.base_urls))
+        if self.route is not None and len(self.base_urls) < 2:
+            raise ValueError("--route needs two or more --base-url endpoints")
 
     @property
     def url(self) -> str:
