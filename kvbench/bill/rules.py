@@ -54,7 +54,8 @@ class CacheRules:
         min_cacheable_tokens: prefixes shorter than this are never cached.
         increment_tokens: OpenAI hits grow in steps of this many tokens (``None`` for Anthropic).
         max_breakpoints: Anthropic's limit of ``cache_control`` marks per request (``None`` for OpenAI).
-        prices: the resolved prices. source / as_of: where and when the numbers were read.
+        prices: the resolved prices. source / as_of: where and when the numbers were read; verified:
+            whether they were checked against the live page then.
     """
 
     provider: Provider
@@ -67,6 +68,7 @@ class CacheRules:
     prices: Prices
     source: str
     as_of: str
+    verified: bool = False  # re-read from the source when the numbers were written down
 
     @property
     def write_multiplier(self) -> float:
@@ -112,7 +114,8 @@ def cache_rules(provider: Provider | str, model: str, retention: str | None = No
         write, read = base * table["write_multiplier"][retention], float(entry["cached_input"])
         minimum, increment, breakpoints = table["min_cacheable_tokens"], table["increment_tokens"], None
     return CacheRules(provider, model, retention, float(table["ttl_s"][retention]), int(minimum), increment,
-                      breakpoints, Prices(base, float(entry["output"]), write, read), entry["source"], entry["as_of"])
+                      breakpoints, Prices(base, float(entry["output"]), write, read), entry["source"], entry["as_of"],
+                      bool(table.get("verified", False)))
 
 
 def with_prices(rules: CacheRules, **overrides: float | None) -> CacheRules:

@@ -8,12 +8,12 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from kvbench.bill.api import bill_requests
+from kvbench.bill.api import bill_requests, bill_results
 from kvbench.bill.invoice import Bill, break_even_reads
 from kvbench.bill.placement import Placement
 from kvbench.bill.rules import Provider, cache_rules, with_prices
 from kvbench.commands.common import build, make_console
-from kvbench.commands.options import Requests, Source
+from kvbench.commands.options import Requests
 from kvbench.errors import InputError
 from kvbench.results.parquet import check_output_path, write_rows
 from kvbench.run.source import limit_requests, load_source
@@ -43,12 +43,13 @@ def _table(source: str, bill: Bill) -> Table:
     table.caption = (f"{bill.num_writes:,} requests wrote to the cache, {bill.num_reads:,} read from it; "
                      f"break-even: a write pays off after {reads} read(s) within the TTL "
                      f"(write {r.write_multiplier:.2f}x, read {r.read_multiplier:.2f}x input); "
-                     f"prices as of {r.as_of}: {r.source}")
+                     f"prices as of {r.as_of}{'' if r.verified else ' (transcribed, not re-read: check)'}: {r.source}")
     return table
 
 
 def bill(
-    source: Source,
+    source: Annotated[Path, typer.Argument(help="Scenario (.toml), trace (.jsonl), or a kvbench run results "
+                                                "file (.parquet: priced from its recorded usage).")],
     provider: Annotated[Provider, typer.Option(help="Whose caching rules and prices.")] = Provider.ANTHROPIC,
     model: Annotated[str | None, typer.Option(help="Model as the provider names it (default: claude-sonnet-4-5 "
                                                    "or gpt-5); prices from kvbench/bill/providers.toml.")] = None,
@@ -73,13 +74,18 @@ def bill(
     rules = cache_rules(provider, model or DEFAULT_MODELS[provider], retention)
     rules = build(lambda: with_prices(rules, input_per_mtok=input_price, output_per_mtok=output_price,
                                       cache_write_per_mtok=cache_write_price, cache_read_per_mtok=cache_read_price))
-    loaded = load_source(source, limit=requests)
-    tokenizer = load_tokenizer(loaded.trace.header.tokenizer) if loaded.trace is not None else None
-    result = bill_requests(limit_requests(loaded.requests, requests), rules, placement, tokenizer, loaded.block_size)
+    if source.suffix == ".parquet":  # a measured run: its recorded usage
+        result, name, description = bill_results(source, rules), source.stem, {"results": str(source)}
+    else:
+        loaded = load_source(source, limit=requests)
+        tokenizer = load_tokenizer(loaded.trace.header.tokenizer) if loaded.trace is not None else None
+        result = bill_requests(limit_requests(loaded.requests, requests), rules, placement, tokenizer,
+                               loaded.block_size)
+        name, description = loaded.name, loaded.description
     console = make_console()
-    console.print(_table(loaded.name, result))
+    console.print(_table(name, result))
     if out is not None:
-        write_rows(out, [result.as_row()], {"command": "bill", "source": loaded.description})
+        write_rows(out, [result.as_row()], {"command": "bill", "source": description})
         console.print(f"wrote {out}")
 
 

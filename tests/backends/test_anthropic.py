@@ -100,6 +100,13 @@ def test_kvbench_run_backend_anthropic_records_the_usage_fields(kvbench, server,
     later = [r for r in rows if r["turn"] > 0]
     assert all(r["cached_prompt_tokens"] > 1200 and 0 < r["cache_creation_input_tokens"] < 200 for r in later)
     assert secret.encode() not in out.read_bytes() and secret not in stdout + stderr
+    bill = tmp_path / "bill.parquet"  # kvbench bill prices the measured run from its recorded usage
+    code, _, stderr = kvbench("bill", out, "--provider", "anthropic", "--out", bill)
+    assert code == 0, stderr
+    priced = pq.read_table(bill).to_pylist()[0]
+    assert priced["cache_read_input_tokens"] == sum(r["cached_prompt_tokens"] for r in rows)
+    assert priced["cache_creation_input_tokens"] == sum(r["cache_creation_input_tokens"] for r in rows)
+    assert priced["prompt_tokens"] == sum(r["prompt_tokens"] for r in rows)
 
 
 MOONCAKE_LINE = '{"timestamp": 0, "input_length": 600, "output_length": 4, "hash_ids": [0, 1]}\n'
