@@ -33,8 +33,12 @@ def run_anthropic(config: RunConfig, on_progress: Progress | None = None) -> Run
     Raises:
         InputError: no ``--model``, a token-id trace, or a bad flag.
     """
-    from kvbench.backends.anthropic import AnthropicBackend, AnthropicConfig
     from kvbench.workloads.tokenizer import load_tokenizer
+
+    try:
+        from kvbench.backends.anthropic import AnthropicBackend, AnthropicConfig
+    except ModuleNotFoundError as exc:
+        raise InputError(f"--backend anthropic needs the anthropic package ({exc}): pip install anthropic") from None
 
     server = config.server
     if server.base_urls:
