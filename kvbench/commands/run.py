@@ -63,7 +63,6 @@ def run(
 ) -> None:
     """Replay a scenario or trace through the in-process engine or an OpenAI-compatible server and
     measure TTFT, TPOT, hit rate; with a server, reconcile its cached tokens with what the trace allows."""
-    from kvbench.results.replicas import replica_table
     from kvbench.results.writer import http_tables, summary_table
     from kvbench.run.api import run as run_file
 
@@ -71,9 +70,8 @@ def run(
         source, backend, ModelFlags(model, device, dtype),
         CacheFlags(cache, cache_kind, block_size, cache_size, ttl, release, hash_algo, hash_bits, verify),
         RunFlags(requests, concurrency, warmup, max_tokens, ignore_eos, temperature, top_p, seed),
-        ServerFlags(base_url[0] if base_url else None, api_key_env, tokenizer, request_rate, burstiness, duration,
-                    hygiene, reset_cache, timeout, server_block_size, expected_cache_size,
-                    tuple(base_url) if base_url and len(base_url) > 1 else (), route.value if route else None),
+        _server_flags(base_url, route, api_key_env, tokenizer, request_rate, burstiness, duration, hygiene,
+                      reset_cache, timeout, server_block_size, expected_cache_size),
         salt, out))
     outcome = run_with_progress(lambda on_progress: run_file(config, on_progress))
     console, err = make_console(), make_console(stderr=True)
@@ -81,13 +79,26 @@ def run(
         err.print(note, soft_wrap=True)
     console.print(summary_table(outcome.name, outcome.metadata["run"], outcome.summary))
     if outcome.reconciliation is not None:
-        for table in http_tables(outcome.rows, outcome.reconciliation):
+        for table in http_tables(outcome.rows, outcome.reconciliation) + _replica_tables(outcome):
             console.print(table)
-    run_info = outcome.metadata["run"]
-    if (replicas := replica_table(outcome.rows, run_info.get("base_urls", []), run_info.get("route", ""))) is not None:
-        console.print(replicas)
     console.print(f"wrote {len(outcome.rows)} rows to {outcome.path}")
     report_failures(outcome.failed_rows)
+
+
+def _server_flags(base_url: list[str] | None, route: PolicyName | None, *rest) -> ServerFlags:
+    """``--base-url`` once: that endpoint; several: the first, plus all of them to route over."""
+    several = tuple(base_url) if base_url and len(base_url) > 1 else ()
+    return ServerFlags(base_url[0] if base_url else None, *rest, base_urls=several,
+                       route=route.value if route else None)
+
+
+def _replica_tables(outcome) -> list:
+    """The per-endpoint table of a routed run (none for one endpoint)."""
+    from kvbench.results.replicas import replica_table
+
+    run_info = outcome.metadata["run"]
+    table = replica_table(outcome.rows, run_info.get("base_urls", []), run_info.get("route", ""))
+    return [] if table is None else [table]
 
 
 def report_failures(failed: list[dict]) -> None:
