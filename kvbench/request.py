@@ -131,6 +131,9 @@ class RequestRecord:
             the forward over the uncached tail; hashing + cache lookup; gathering hit blocks into
             the KV; copying and inserting new blocks after the last token (not in ``e2e_ms``).
         num_inserted_blocks: blocks the request newly stored (engine only).
+        cache_creation_input_tokens: prompt tokens the server says it wrote to its cache (Anthropic's
+            usage field; ``None`` where the server does not report it).
+        replica: which of several ``--base-url`` endpoints served it (0-based), ``None`` with one.
         http_status: the HTTP status of an HTTP backend's response.
         output_matches_reference: with verification: output equal to a cache-off run's?
         phase / queue_ms / sent_s / ended_s: set by the send loop: the phase, the wait from the
@@ -156,6 +159,8 @@ class RequestRecord:
     kv_load_ms: float | None = None
     insert_ms: float | None = None
     num_inserted_blocks: int = 0
+    cache_creation_input_tokens: int | None = None
+    replica: int | None = None
     error: str | None = None
     http_status: int | None = None
     output_matches_reference: bool | None = None

@@ -11,10 +11,11 @@ from kvbench.backends.openai.hygiene import Hygiene
 from kvbench.commands import options as opt
 from kvbench.commands import result_options as res
 from kvbench.commands.signature import panel
+from kvbench.route.policies import PolicyName
 from kvbench.run.config import DEFAULT_BASE_URL, DEFAULT_TIMEOUT_S, BackendKind
 
 BACKEND = panel("Backend and model", {
-    "backend": (Annotated[BackendKind | None, typer.Option(help="inprocess: the engine here (default, or the scenario's \\[load] backend); openai: an HTTP endpoint.")], None),
+    "backend": (Annotated[BackendKind | None, typer.Option(help="inprocess: the engine here (default, or the scenario's \\[load] backend); openai: an HTTP endpoint; anthropic: a Messages endpoint (ANTHROPIC_API_KEY).")], None),
     "model": (Annotated[str | None, typer.Option(help="inprocess: local checkpoint dir (default: the random Llama); openai: served model name (default: the first of /v1/models).")], None),
     "device": (opt.Device, "cpu"),
     "dtype": (opt.DTypeName, "float32"),
@@ -47,7 +48,8 @@ REQUESTS = panel("Requests", {
 })
 
 HTTP = panel("HTTP server (--backend openai)", {
-    "base_url": (Annotated[str | None, typer.Option(help=f"API root with /v1 (default OPENAI_BASE_URL, else {DEFAULT_BASE_URL}).")], None),
+    "base_url": (Annotated[list[str] | None, typer.Option(help=f"API root with /v1 (default OPENAI_BASE_URL, else {DEFAULT_BASE_URL}); repeat it for several replicas, routed by --route.")], None),
+    "route": (Annotated[PolicyName | None, typer.Option(help="Several --base-url: client-side routing policy (default round-robin).")], None),
     "api_key_env": (Annotated[str | None, typer.Option(help="Environment variable holding the API key (default OPENAI_API_KEY).")], None),
     "tokenizer": (Annotated[str | None, typer.Option(help="Tokenizer for expectations: a local HF dir, cl100k (default) or server (its /tokenize).")], None),
     "request_rate": (Annotated[float | None, typer.Option(help="Open loop, mean requests/s (gamma arrivals; inf = closed loop).")], None),

@@ -84,9 +84,10 @@ def serve(
     prompt_only: opt.PromptOnly = False,
     log_level: Annotated[str, typer.Option(help="uvicorn log level (info shows every request).")] = "warning",
     threads: opt.Threads = None,
+    min_cache_tokens: Annotated[int, typer.Option(help="/v1/messages: shortest prefix reported as cached (Anthropic's minimum).")] = 1024,
 ) -> None:
     """Serve the in-process engine as an OpenAI-compatible API (/v1/completions, /v1/chat/completions,
-    /v1/models, /health, /reset_prefix_cache, /metrics) until Ctrl-C. One request runs at a time; the
+    /v1/models, /health, /reset_prefix_cache, /metrics) and Anthropic's /v1/messages until Ctrl-C. One request runs at a time; the
     others queue, and their wait shows in the clients' TTFT."""
     import uvicorn
 
@@ -99,6 +100,8 @@ def serve(
     if block_size <= 0:
         raise InputError(f"--block-size {block_size}: must be positive")
     check_threads(threads)
+    if min_cache_tokens < 1:
+        raise InputError(f"--min-cache-tokens {min_cache_tokens}: must be positive")
     model_config = checked(lambda: ModelConfig(path=model, device=device, dtype=dtype))
     sock = bind_socket(host, port)  # before the model loads: a busy port fails at once
     loaded = load_model(model_config)
@@ -106,7 +109,7 @@ def serve(
                                  loaded.kv_layout(block_size).bytes_per_block, prompt_only)
     service = _service(loaded, model, cache_config, served_model_name or loaded.name)
     _announce(sock, service.model_name, cache_config)
-    config = uvicorn.Config(create_app(service), log_level=log_level, lifespan="off")
+    config = uvicorn.Config(create_app(service, min_cache_tokens), log_level=log_level, lifespan="off")
     with torch_threads(threads):
         uvicorn.Server(config).run(sockets=[sock])
 

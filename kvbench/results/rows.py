@@ -26,6 +26,7 @@ def result_row(run_id: str, columns: Mapping[str, Any], request: Request, record
         lookup_ms=record.lookup_ms, kv_load_ms=record.kv_load_ms, insert_ms=record.insert_ms,
         itl_ms=list(record.itl_ms), status=record.status.value, http_status=record.http_status,
         error=record.error, output_matches_reference=record.output_matches_reference,
+        cache_creation_input_tokens=record.cache_creation_input_tokens, replica=record.replica,
     )
     return row
 

@@ -60,6 +60,8 @@ RUN_SCHEMA = pa.schema([
     pa.field("http_status", pa.int64()),
     pa.field("error", pa.string()),
     pa.field("output_matches_reference", pa.bool_()),
+    pa.field("cache_creation_input_tokens", pa.int64()),  # Anthropic usage: tokens written (null elsewhere)
+    pa.field("replica", pa.int64()),            # which --base-url served it (0-based; null with one endpoint)
 ])
 
 RUN_COLUMNS = tuple(RUN_SCHEMA.names)

@@ -100,8 +100,9 @@ def _ms(value: float | None) -> str:
 def summary_table(name: str, run: dict[str, Any], summary: RunSummary) -> Table:
     """The run's summary as a two-column table (metric, value)."""
     cache = run["cache"]
-    if run["backend"] == "openai":
-        title = f"kvbench run: {name} (openai {run['base_url']}, {run['model']}, hygiene {run['hygiene']})"
+    if run["backend"] in ("openai", "anthropic"):
+        hygiene = f", hygiene {run['hygiene']}" if "hygiene" in run else ""
+        title = f"kvbench run: {name} ({run['backend']} {run['base_url']}, {run['model']}{hygiene})"
     else:
         cache_text = (f"on ({cache['kind']}, {cache['block_size']}-token blocks, {cache['capacity_blocks']:,} blocks)"
                       if cache["enabled"] else "off")

@@ -57,6 +57,10 @@ def run(config: RunConfig, on_progress: Progress | None = None) -> RunOutcome:
         from kvbench.run.api_openai import run_openai
 
         return run_openai(config, on_progress)
+    if config.backend is BackendKind.ANTHROPIC:
+        from kvbench.run.api_anthropic import run_anthropic
+
+        return run_anthropic(config, on_progress)
     return run_inprocess(config, on_progress)
 
 

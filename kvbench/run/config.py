@@ -26,6 +26,7 @@ DEFAULT_SERVER_BLOCK_SIZE = 16  # vLLM's default block size
 class BackendKind(str, Enum):
     INPROCESS = "inprocess"
     OPENAI = "openai"
+    ANTHROPIC = "anthropic"  # kvbench/backends/anthropic.py: an Anthropic Messages endpoint
 
 
 class Schedule(str, Enum):
@@ -113,6 +114,8 @@ class ServerFlags:
     schedule: Schedule | None = None  # None = rate
     time_scale: float | None = None  # --schedule trace: speed-up factor (None = 1, real time)
     preflight: bool = True  # check server, model, streaming, cached_tokens and cache_salt first
+    base_urls: tuple[str, ...] = ()  # two or more endpoints, routed client-side (kvbench/backends/routed.py)
+    route: str | None = None  # the policy over base_urls (kvbench/route/policies.py); None = round-robin
 
     def __post_init__(self) -> None:
         _check_positive(self, ("timeout", "duration", "request_rate", "burstiness", "server_block_size",
@@ -121,6 +124,9 @@ class ServerFlags:
             raise ValueError("--time-scale applies to --schedule trace")
         if self.schedule is Schedule.TRACE and self.request_rate is not None:
             raise ValueError("--schedule trace replays the trace's own times: drop --request-rate")
+        object.__setattr__(self, "base_urls", tuple(self.base_urls))
+        if self.route is not None and len(self.base_urls) < 2:
+            raise ValueError("--route needs two or more --base-url endpoints")
 
     @property
     def trace_time_scale(self) -> float | None:

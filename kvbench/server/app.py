@@ -35,14 +35,16 @@ from kvbench.engine.engine import SamplingParams
 from kvbench.request import RequestRecord
 from kvbench.server.schemas import (DEFAULT_MAX_TOKENS, ApiError, ChatCompletionRequest, CompletionRequest,
                                     chunk_body, response_body, usage)
+from kvbench.server.messages import MIN_CACHE_TOKENS, add_messages_route
 from kvbench.server.service import EngineService, Generation
 from kvbench.server.tokenize_routes import add_tokenize_routes
 
 MAX_SALT_CHARS = 1024  # vLLM's limit on cache_salt
 
 
-def create_app(service: EngineService) -> FastAPI:
-    """The app serving ``service``'s model. Run it with any ASGI server (``kvbench serve`` uses uvicorn)."""
+def create_app(service: EngineService, min_cache_tokens: int = MIN_CACHE_TOKENS) -> FastAPI:
+    """The app serving ``service``'s model. Run it with any ASGI server (``kvbench serve`` uses uvicorn).
+    ``POST /v1/messages`` (Anthropic's shape) is :mod:`kvbench.server.messages`."""
     app = FastAPI(title="kvbench serve", docs_url=None, redoc_url=None, openapi_url=None)
     _add_error_handlers(app)
 
@@ -75,6 +77,7 @@ def create_app(service: EngineService) -> FastAPI:
         return await _generate(service, body, token_ids, chat=True)
 
     add_tokenize_routes(app, service)
+    add_messages_route(app, service, min_cache_tokens)
     return app
 
 
