@@ -20,7 +20,7 @@ from kvbench.results.machine_load import load_sample, load_warnings, spread_warn
 from kvbench.results.parquet import write_table
 from kvbench.results.rows import result_row
 from kvbench.results.schema import RUN_SCHEMA
-from kvbench.results.summary import RunSummary, SummaryOptions, percentile, summarize
+from kvbench.results.summary import RunSummary, SummaryOptions, summarize
 
 if TYPE_CHECKING:
     from kvbench.backends.openai.reconcile import Flagged, Reconciliation
