@@ -31,12 +31,13 @@ def tiny_loaded():
 class LiveServer:
     """uvicorn in a background thread; ``url`` is the API root with /v1."""
 
-    def __init__(self, service: EngineService) -> None:
+    def __init__(self, service: EngineService, guards=None) -> None:
         self.service = service
         sock = bind_socket("127.0.0.1", 0)
         self.port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}/v1"
-        self.server = uvicorn.Server(uvicorn.Config(create_app(service), log_level="warning", lifespan="off"))
+        self.server = uvicorn.Server(uvicorn.Config(create_app(service, guards), log_level="warning",
+                                                    lifespan="off"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 20
