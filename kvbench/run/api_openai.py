@@ -103,7 +103,7 @@ def run_openai(config: RunConfig, on_progress: Progress | None = None) -> RunOut
     after = parse_prefix_cache_counters(fetch_metrics(server.url, key))
     by_index = {request.index: record for request, record in outcome.records}
     outcome.reconciliation = reconcile(writer.rows, requests, expectations, [by_index.get(r.index) for r in requests],
-                                       before, after)
+                                       before, after, ignore_eos=settings.ignore_eos)
     writer.metadata["reconciliation"] = outcome.reconciliation.as_dict()
     writer.close(complete=True)
     return outcome

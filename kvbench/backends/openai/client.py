@@ -147,6 +147,17 @@ class _Reading:
         )
 
 
+def _cause_text(exc: BaseException) -> str:
+    """The innermost non-empty description of a connection failure (httpx errors often have an empty
+    message: then the exception's type names what happened, e.g. ``RemoteProtocolError``)."""
+    texts = []
+    while exc is not None and len(texts) < 8:
+        texts.append(str(exc).strip() or type(exc).__name__)
+        exc = exc.__cause__ or exc.__context__
+    meaningful = [t for t in texts if t not in ("Connection error.", "APIConnectionError")]
+    return (meaningful or texts)[-1] if meaningful else "the connection failed with no reason given"
+
+
 def _extra(part: Any, name: str) -> Any:
     """A field the OpenAI SDK's types do not declare (a server extension), or ``None``."""
     return (getattr(part, "model_extra", None) or {}).get(name)
@@ -232,6 +243,11 @@ class OpenAIBackend:
         endpoint = self._client.chat.completions if chat else self._client.completions
         stream = await endpoint.create(**arguments)
         reading.http_status = stream.response.status_code
+        content_type = stream.response.headers.get("content-type", "")
+        if content_type.startswith("application/json"):
+            await stream.response.aclose()
+            raise _BrokenStream("the server answered the stream request with one JSON body (Content-Type "
+                                f"{content_type}), not an SSE stream: it does not stream this endpoint")
         async with stream:
             async for chunk in stream:
                 reading.add(chunk, chat, time.perf_counter())
@@ -245,8 +261,7 @@ class OpenAIBackend:
         if isinstance(exc, (openai.APITimeoutError, TimeoutError)):
             return None, f"timeout: no complete response within {self.config.timeout_s:g} s"
         if isinstance(exc, openai.APIConnectionError):
-            cause = exc.__cause__ or exc.__context__
-            return None, f"connection error: {cause or exc}"
+            return None, f"connection error: {_cause_text(exc)}"
         if isinstance(exc, openai.APIError):
             return None, f"error event in the stream: {exc.message}"
         if isinstance(exc, _BrokenStream):
