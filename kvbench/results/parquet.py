@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 
 from kvbench import __version__
 from kvbench.errors import InputError
+from kvbench.workloads.formats.atomic import partial_path
 
 _PREFIX = "kvbench."
 
@@ -87,7 +88,7 @@ def write_rows(
     footer = {"versions": versions(), "machine": machine(), **metadata}
     encoded = {f"{_PREFIX}{key}": json.dumps(value, default=str) for key, value in footer.items()}
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), **encoded})
-    partial = path.with_name(path.name + ".partial")
+    partial = partial_path(path)
     pq.write_table(table, partial)
     os.replace(partial, path)
     return path
