@@ -23,6 +23,9 @@ from kvbench.run.setup import run_section
 from kvbench.run.source import load_source
 
 
+MAX_CONNECTION_FAILURES = 5  # consecutive; then the server is taken as gone and the rest is not sent
+
+
 def served_model(config: RunConfig, key: str) -> str:
     """``--model`` or the first model the server lists. Raises ``InputError`` when the server lists no
     model, or nothing answers at ``--base-url`` to ask. (With ``--model``, a server that is not there
@@ -54,7 +57,8 @@ def _load(config: RunConfig, settings, num_requests: int) -> LoadConfig:
     rate = server.rate_per_s
     concurrency = config.run.concurrency if rate != float("inf") else settings.concurrency
     return LoadConfig(concurrency, rate, server.burstiness or 1.0, server.duration,
-                      num_warmup=min(settings.warmup, num_requests), seed=settings.seed)
+                      num_warmup=min(settings.warmup, num_requests), seed=settings.seed,
+                      max_connection_failures=MAX_CONNECTION_FAILURES)
 
 
 def _run_info(config: RunConfig, run_id: str, client_config, load: LoadConfig, expectations,
@@ -78,7 +82,10 @@ def run_openai(config: RunConfig, on_progress: Progress | None = None) -> RunOut
     from kvbench.backends.openai.reconcile import expect, reconcile
     from kvbench.workloads.tokenizer import load_tokenizer
 
+    from kvbench.backends.openai.client import check_base_url
+
     server = config.server
+    checked(lambda: check_base_url(server.url))  # before the tokenizer or any request
     tokenizer = load_tokenizer(server.tokenizer)
     source = load_source(config.source, tokenizer, limit=config.run.num_requests)
     settings = run_section(source, config.run)

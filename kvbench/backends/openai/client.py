@@ -39,7 +39,7 @@ from typing import Any
 import openai
 
 from kvbench.backends.openai.admin import redact
-from kvbench.request import Request, RequestRecord, Status
+from kvbench.request import CONNECTION_ERROR, Request, RequestRecord, Status
 from kvbench.workloads.tokenizer import Tokenizer
 
 MAX_ERROR_CHARS = 300  # one readable line per failed request
@@ -73,14 +73,23 @@ class OpenAIConfig:
     extra_body: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not self.base_url.startswith(("http://", "https://")):
-            raise ValueError(f"base URL must start with http:// or https://, got {self.base_url!r}")
+        check_base_url(self.base_url)
         if not self.model:
             raise ValueError("model name must not be empty")
         if not self.timeout_s > 0:
             raise ValueError(f"timeout must be positive, got {self.timeout_s}")
         if not isinstance(self.block_size, int) or self.block_size <= 0:
             raise ValueError(f"server block size must be a positive integer, got {self.block_size!r}")
+
+
+def check_base_url(url: str) -> None:
+    """Raise ``ValueError`` (naming ``--base-url``) unless ``url`` is an http(s) URL with a host."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"--base-url {url!r}: not an http:// or https:// URL with a host "
+                         "(e.g. http://127.0.0.1:8000/v1)")
 
 
 class _BrokenStream(Exception):
@@ -261,7 +270,7 @@ class OpenAIBackend:
         if isinstance(exc, (openai.APITimeoutError, TimeoutError)):
             return None, f"timeout: no complete response within {self.config.timeout_s:g} s"
         if isinstance(exc, openai.APIConnectionError):
-            return None, f"connection error: {_cause_text(exc)}"
+            return None, f"{CONNECTION_ERROR}: {_cause_text(exc)}"
         if isinstance(exc, openai.APIError):
             return None, f"error event in the stream: {exc.message}"
         if isinstance(exc, _BrokenStream):
