@@ -18,6 +18,7 @@ from kvbench.results.writer import RunWriter
 from kvbench.run.execute import (Progress, RunOutcome, api_key, default_out, execute, new_run_id,
                                  prepared_requests, run_metadata)
 from kvbench.run.config import DEFAULT_SERVER_BLOCK_SIZE, DEFAULT_TIMEOUT_S, RunConfig
+from kvbench.run.checks import requests_note
 from kvbench.run.loop import LoadConfig
 from kvbench.run.setup import run_section
 from kvbench.run.source import load_source
@@ -106,7 +107,7 @@ def run_openai(config: RunConfig, on_progress: Progress | None = None) -> RunOut
     backend = OpenAIBackend(client_config, tokenizer, run_salt)
     writer = RunWriter(config.out or default_out("run", source.name), metadata, run_id, backend.describe())
     outcome = execute(requests, backend, load, writer, on_progress, backend_context=lambda: backend)
-    outcome.notes = notes
+    outcome.notes = notes + requests_note(settings.num_requests, len(source.requests))
     after = parse_prefix_cache_counters(fetch_metrics(server.url, key))
     by_index = {request.index: record for request, record in outcome.records}
     outcome.reconciliation = reconcile(writer.rows, requests, expectations, [by_index.get(r.index) for r in requests],
