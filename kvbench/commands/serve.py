@@ -103,7 +103,7 @@ def serve(
     allowed_host: Annotated[list[str] | None, typer.Option(help="Host header value to accept (repeatable; '*' = any). Default: the bound address (plus localhost on loopback); any for 0.0.0.0.")] = None,
 ) -> None:
     """Serve the in-process engine as an OpenAI-compatible API (/v1/completions, /v1/chat/completions,
-    /v1/models, /health, /reset_prefix_cache, /metrics) until Ctrl-C. One request runs at a time; the
+    /v1/models, /health, /reset_prefix_cache, /metrics, /tokenize, /detokenize) until Ctrl-C. One request runs at a time; the
     others queue, and their wait shows in the clients' TTFT."""
     import uvicorn
 
