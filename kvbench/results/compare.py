@@ -44,8 +44,8 @@ class MetricRow:
 
     def cells(self) -> tuple[str, str, str, str]:
         ratio = self.ratio
-        return (self.name, self.a_text or format_value(self.a, self.spec), self.b_text or format_value(self.b, self.spec),
-                "-" if ratio is None else f"{ratio:.2f}x")
+        return (self.name, self.a_text or format_value(self.a, self.spec),
+                self.b_text or format_value(self.b, self.spec), "-" if ratio is None else f"{ratio:.2f}x")
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import LiveServer, tiny_service
 from kvbench.engine.model import default_llama_config, random_model
+from live_server import LiveServer, tiny_service
 
 SCALARS = st.one_of(st.none(), st.booleans(), st.integers(), st.integers(-3, 40),
                     st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12),

@@ -6,12 +6,13 @@ import json
 
 import pytest
 
-from conftest import LiveServer, tiny_service
 from kvbench.server.guards import GuardConfig
+from live_server import LiveServer, tiny_service
 from kvbench.server.text import TextStream
 from kvbench.workloads.tokenizer import load_tokenizer
 
 MODEL = "tiny"
+
 MULTIBYTE = "emoji 🙂🚀, accents déjà vu, CJK 漢字かな, math ∑∫ — done"
 
 
