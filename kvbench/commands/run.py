@@ -71,8 +71,13 @@ def run(
         ServerFlags(base_url, api_key_env, tokenizer, request_rate, burstiness, duration, hygiene, reset_cache,
                     timeout, server_block_size, expected_cache_size),
         salt, out))
-    outcome = run_with_progress(lambda on_progress: run_file(config, on_progress))
     console, err = make_console(), make_console(stderr=True)
+
+    def kept(interrupted) -> None:  # Ctrl-C / SIGTERM: the summary of what was measured and written
+        kept_outcome = interrupted.outcome
+        console.print(summary_table(kept_outcome.name, kept_outcome.metadata["run"], kept_outcome.summary))
+
+    outcome = run_with_progress(lambda on_progress: run_file(config, on_progress), on_interrupt=kept)
     for note in outcome.notes:
         err.print(note, soft_wrap=True)
     console.print(summary_table(outcome.name, outcome.metadata["run"], outcome.summary))
