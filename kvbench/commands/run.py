@@ -72,12 +72,7 @@ def run(
                     timeout, server_block_size, expected_cache_size),
         salt, out))
     console, err = make_console(), make_console(stderr=True)
-
-    def kept(interrupted) -> None:  # Ctrl-C / SIGTERM: the summary of what was measured and written
-        kept_outcome = interrupted.outcome
-        console.print(summary_table(kept_outcome.name, kept_outcome.metadata["run"], kept_outcome.summary))
-
-    outcome = run_with_progress(lambda on_progress: run_file(config, on_progress), on_interrupt=kept)
+    outcome = run_with_progress(lambda on_progress: run_file(config, on_progress), on_interrupt=print_kept)
     for note in outcome.notes:
         err.print(note, soft_wrap=True)
     console.print(summary_table(outcome.name, outcome.metadata["run"], outcome.summary))
@@ -86,6 +81,14 @@ def run(
             console.print(table)
     console.print(f"wrote {len(outcome.rows)} rows to {outcome.path}")
     report_failures(outcome.failed_rows)
+
+
+def print_kept(interrupted) -> None:
+    """Ctrl-C or SIGTERM during a run: the summary table of the rows that were measured and written."""
+    from kvbench.results.writer import summary_table
+
+    outcome = interrupted.outcome
+    make_console().print(summary_table(outcome.name, outcome.metadata["run"], outcome.summary))
 
 
 def report_failures(failed: list[dict]) -> None:
