@@ -110,6 +110,10 @@ class Request:
         return None if self.messages is None else [m.as_dict() for m in self.messages]
 
 
+CONNECTION_ERROR = "connection error"  # how a backend's error text starts when no connection was made
+NOT_SENT = "not sent"  # how the send loop's error text starts for requests it gave up on
+
+
 @dataclass(frozen=True)
 class RequestRecord:
     """What a backend reports for one request; the send loop adds when and in which phase it ran.
@@ -173,6 +177,13 @@ class RequestRecord:
     @property
     def ok(self) -> bool:
         return self.status is Status.OK
+
+    @property
+    def is_connection_failure(self) -> bool:
+        """No HTTP response came because the connection failed (refused, reset, unknown host): the
+        error text starts with :data:`CONNECTION_ERROR`, as backends write it."""
+        return (self.status is Status.ERROR and self.http_status is None
+                and (self.error or "").startswith(CONNECTION_ERROR))
 
     @classmethod
     def failed(cls, prompt_tokens: int, error: str, http_status: int | None = None) -> RequestRecord:

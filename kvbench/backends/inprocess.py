@@ -47,15 +47,21 @@ class InProcessBackend:
         """The run's sampling with the request's own output budget."""
         return replace(self.sampling, max_tokens=request.max_tokens)
 
-    async def serve(self, request: Request, on_token: Callable[[int], None] | None = None,
-                    sampling: SamplingParams | None = None) -> RequestRecord:
+    async def serve(self, request: Request, on_token: Callable[[int], bool | None] | None = None,
+                    sampling: SamplingParams | None = None,
+                    on_start: Callable[[], None] | None = None) -> RequestRecord:
         """Run ``request`` on the engine; ``on_token(token_id)`` is called from the worker thread
-        with every output token as soon as it is sampled (``kvbench serve`` streams them).
+        with every output token as soon as it is sampled (``kvbench serve`` streams them; see
+        :meth:`HFEngine.generate` for what its return value and exceptions do).
         ``sampling``: this request's own (``kvbench serve``'s per-request body); ``None`` = the
-        backend's with the request's ``max_tokens``."""
+        backend's with the request's ``max_tokens``. ``on_start()`` is called once the request's turn
+        has come, before the engine starts; an exception it raises propagates and nothing runs (a
+        request whose client left while it was queued)."""
         queued_s = time.perf_counter()
         async with self._lock():
             waited_ms = (time.perf_counter() - queued_s) * 1e3
+            if on_start is not None:
+                on_start()
             record = await asyncio.to_thread(self.engine.generate, request.token_ids,
                                              sampling or self.sampling_for(request), salt=request.salt,
                                              on_token=on_token)

@@ -43,7 +43,8 @@ def run(source: opt.Source, **flags: Any) -> None:
                       f.hygiene, f.reset_cache, f.timeout, f.server_block_size, f.expected_cache_size, f.schedule,
                       f.time_scale, f.preflight),
         f.salt, f.out, results.summary))
-    outcome = run_with_progress(lambda on_progress: run_file(config, on_progress), threads=f.threads)
+    outcome = run_with_progress(lambda on_progress: run_file(config, on_progress), threads=f.threads,
+                                on_interrupt=print_kept)
     show_outcome(outcome)
     res.finish_run(outcome, results)
 
@@ -77,6 +78,14 @@ def _replica_tables(outcome) -> list:
     run_info = outcome.metadata["run"]
     table = replica_table(outcome.rows, run_info.get("base_urls", []), run_info.get("route", ""))
     return [] if table is None else [table]
+
+
+def print_kept(interrupted) -> None:
+    """Ctrl-C or SIGTERM during a run: the summary table of the rows that were measured and written."""
+    from kvbench.results.writer import summary_table
+
+    outcome = interrupted.outcome
+    make_console().print(summary_table(outcome.name, outcome.metadata["run"], outcome.summary))
 
 
 def register(app: typer.Typer) -> None:

@@ -43,6 +43,22 @@ def _cache_config(cache: str, kind: CacheKind, block_size: int, cache_size: str,
                         parse_cache_size(cache_size, bytes_per_block), block_size)
 
 
+def _guards(host: str, api_key: str | None, max_body_size: str, allowed_hosts: tuple[str, ...]):
+    """The request guards from the flags. Raises ``InputError`` naming the flag."""
+    from kvbench.memory.layout import parse_bytes
+    from kvbench.server.guards import GuardConfig
+
+    try:
+        max_body_bytes = parse_bytes(max_body_size)
+    except InputError as exc:
+        raise InputError(f"--max-body-size: {exc}") from None
+    if max_body_bytes <= 0:
+        raise InputError(f"--max-body-size {max_body_size}: must be positive")
+    if api_key is not None and not api_key.strip():
+        raise InputError("--api-key: must not be empty")
+    return GuardConfig.for_bind(host, allowed_hosts, max_body_bytes=max_body_bytes, api_key=api_key)
+
+
 def _announce(sock: socket.socket, name: str, cache_config: CacheConfig | None) -> None:
     """One line with the URL clients use (``--port 0`` shows the port it picked)."""
     bound_host, bound_port = sock.getsockname()[:2]
@@ -85,9 +101,13 @@ def serve(
     log_level: Annotated[str, typer.Option(help="uvicorn log level (info shows every request).")] = "warning",
     threads: opt.Threads = None,
     min_cache_tokens: Annotated[int, typer.Option(help="/v1/messages: shortest prefix reported as cached (Anthropic's minimum).")] = 1024,
+    api_key: Annotated[str | None, typer.Option(envvar="KVBENCH_API_KEY", show_envvar=True,
+                                                help="Require 'Authorization: Bearer KEY' on every route but /health (as vllm serve --api-key).")] = None,
+    max_body_size: Annotated[str, typer.Option(help="Largest request body (413 above it), e.g. 32MiB.")] = "32MiB",
+    allowed_host: Annotated[list[str] | None, typer.Option(help="Host header value to accept (repeatable; '*' = any). Default: the bound address (plus localhost on loopback); any for 0.0.0.0.")] = None,
 ) -> None:
     """Serve the in-process engine as an OpenAI-compatible API (/v1/completions, /v1/chat/completions,
-    /v1/models, /health, /reset_prefix_cache, /metrics) and Anthropic's /v1/messages until Ctrl-C. One request runs at a time; the
+    /v1/models, /health, /reset_prefix_cache, /metrics, /tokenize, /detokenize) and Anthropic's /v1/messages until Ctrl-C. One request runs at a time; the
     others queue, and their wait shows in the clients' TTFT."""
     import uvicorn
 
@@ -103,13 +123,14 @@ def serve(
     if min_cache_tokens < 1:
         raise InputError(f"--min-cache-tokens {min_cache_tokens}: must be positive")
     model_config = checked(lambda: ModelConfig(path=model, device=device, dtype=dtype))
+    guards = _guards(host, api_key, max_body_size, tuple(allowed_host or ()))
     sock = bind_socket(host, port)  # before the model loads: a busy port fails at once
     loaded = load_model(model_config)
     cache_config = _cache_config(cache, cache_kind, block_size, cache_size, ttl, release,
                                  loaded.kv_layout(block_size).bytes_per_block, prompt_only)
     service = _service(loaded, model, cache_config, served_model_name or loaded.name)
     _announce(sock, service.model_name, cache_config)
-    config = uvicorn.Config(create_app(service, min_cache_tokens), log_level=log_level, lifespan="off")
+    config = uvicorn.Config(create_app(service, guards, min_cache_tokens), log_level=log_level, lifespan="off")
     with torch_threads(threads):
         uvicorn.Server(config).run(sockets=[sock])
 

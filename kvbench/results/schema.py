@@ -40,6 +40,7 @@ RUN_SCHEMA = pa.schema([
     pa.field("prompt_tokens", pa.int64()),
     pa.field("cached_prompt_tokens", pa.int64()),
     pa.field("expected_cached_tokens", pa.int64()),  # what an ideal cache allows (null if unknown)
+    pa.field("local_prompt_tokens", pa.int64()),     # the prompt by kvbench's tokenizer (expected's units)
     pa.field("output_tokens", pa.int64()),
     pa.field("output_tokens_source", pa.string()),   # "engine", "usage" or "tokenizer"
     pa.field("max_tokens", pa.int64()),

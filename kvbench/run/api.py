@@ -30,6 +30,7 @@ from kvbench.run.config import BackendKind, CacheFlags, RunConfig, SweepConfig
 from kvbench.run.execute import (Progress, RunInterrupted, RunOutcome, default_out, execute, new_run_id,
                                  prepared_requests, run_metadata)
 from kvbench.run.load_section import with_load_section
+from kvbench.run.checks import check_against_model, check_cache_size_text, requests_note
 from kvbench.run.loop import LoadConfig
 from kvbench.run.setup import cache_config, cache_metadata, parse_cache_size, run_section
 from kvbench.sim.predict import expected_cached_tokens
@@ -62,6 +63,16 @@ def run(config: RunConfig, on_progress: Progress | None = None) -> RunOutcome:
 
         return run_anthropic(config, on_progress)
     return run_inprocess(config, on_progress)
+    replacing = config.out is not None and Path(config.out).is_file()
+    if config.backend is BackendKind.OPENAI:
+        from kvbench.run.api_openai import run_openai
+
+        outcome = run_openai(config, on_progress)
+    else:
+        outcome = run_inprocess(config, on_progress)
+    if replacing:
+        outcome.notes.append(f"--out {config.out}: replaced the results file that was there")
+    return outcome
 
 
 def run_inprocess(config: RunConfig, on_progress: Progress | None = None) -> RunOutcome:
@@ -73,11 +84,14 @@ def run_inprocess(config: RunConfig, on_progress: Progress | None = None) -> Run
 
     flags = config.model
     model_path = Path(flags.path) if flags.path is not None else None
-    loaded = load_model(checked(lambda: ModelConfig(path=model_path, device=flags.device, dtype=flags.dtype)))
+    model_config = checked(lambda: ModelConfig(path=model_path, device=flags.device, dtype=flags.dtype))
     source = load_source(config.source, load_tokenizer(flags.path), limit=config.run.num_requests)
     settings = run_section(source, config.run, config.cache)
     requests = prepared_requests(source, settings)
     block_size = config.cache.block_size or source.block_size
+    check_cache_size_text(config.cache.cache_size or settings.cache_size)  # all before torch loads the model
+    loaded = load_model(model_config)
+    check_against_model(requests, block_size, loaded.max_context_tokens)
     capacity = parse_cache_size(config.cache.cache_size or settings.cache_size,
                                 loaded.kv_layout(block_size).bytes_per_block)
     cache = cache_config(source.cache, config.cache, capacity, block_size) if settings.cache == "on" else None
@@ -94,6 +108,7 @@ def run_inprocess(config: RunConfig, on_progress: Progress | None = None) -> Run
     writer = RunWriter(config.out or default_out("run", source.name), metadata, run_id, backend.describe(),
                        config.summary)
     outcome = execute(requests, backend, load, writer, on_progress)
+    outcome.notes += requests_note(settings.num_requests, len(source.requests))
     writer.close(complete=True)
     return outcome
 

@@ -19,9 +19,13 @@ from kvbench.results.writer import RunWriter
 from kvbench.run.execute import (Progress, RunOutcome, api_key, default_out, execute, new_run_id,
                                  prepared_requests, run_metadata)
 from kvbench.run.config import DEFAULT_TIMEOUT_S, RunConfig
+from kvbench.run.checks import requests_note
 from kvbench.run.loop import LoadConfig
 from kvbench.run.setup import run_section
 from kvbench.run.source import load_source
+
+
+MAX_CONNECTION_FAILURES = 5  # consecutive; then the server is taken as gone and the rest is not sent
 
 
 def served_model(config: RunConfig, key: str) -> str:
@@ -101,7 +105,8 @@ def _load(config: RunConfig, settings, num_requests: int) -> LoadConfig:
         concurrency = config.run.concurrency
     return LoadConfig(concurrency, rate, server.burstiness or 1.0, server.duration,
                       num_warmup=min(settings.warmup, num_requests), seed=settings.seed,
-                      time_scale=server.trace_time_scale)
+                      time_scale=server.trace_time_scale,
+                      max_connection_failures=MAX_CONNECTION_FAILURES)
 
 
 def _run_info(config: RunConfig, run_id: str, client_config, load: LoadConfig, expectations,
@@ -147,7 +152,10 @@ def run_openai(config: RunConfig, on_progress: Progress | None = None) -> RunOut
     from kvbench.backends.openai.server_cache import resolve_server_cache, server_expectations
     from kvbench.workloads.tokenizer import load_tokenizer
 
+    from kvbench.backends.openai.client import check_base_url
+
     server = config.server
+    checked(lambda: check_base_url(server.url))  # before the tokenizer or any request
     tokenizer = None if server.tokenizer == SERVER_TOKENIZER else load_tokenizer(server.tokenizer)
     source = load_source(config.source, tokenizer, limit=config.run.num_requests)
     settings = run_section(source, config.run)
@@ -177,13 +185,13 @@ def run_openai(config: RunConfig, on_progress: Progress | None = None) -> RunOut
     writer = RunWriter(config.out or default_out("run", source.name), metadata, run_id, backend.describe(),
                        config.summary)
     outcome = execute(requests, backend, load, writer, on_progress, backend_context=lambda: backend)
-    outcome.notes = notes
+    outcome.notes = notes + requests_note(settings.num_requests, len(source.requests))
     if load.is_open_loop:
         outcome.notes.append(replay_lag(outcome.rows).describe())
     after = parse_prefix_cache_counters(_all_metrics(fetch_metrics, urls, key))
     by_index = {request.index: record for request, record in outcome.records}
     outcome.reconciliation = reconcile(writer.rows, requests, expectations, [by_index.get(r.index) for r in requests],
-                                       before, after)
+                                       before, after, ignore_eos=settings.ignore_eos)
     writer.metadata["reconciliation"] = outcome.reconciliation.as_dict()
     writer.close(complete=True)
     return outcome
