@@ -18,8 +18,8 @@ import typer
 from kvbench.backends.openai.hygiene import Hygiene
 from kvbench.commands import options as opt
 from kvbench.commands.common import build, make_console, run_with_progress
-from kvbench.run.config import (DEFAULT_BASE_URL, DEFAULT_TIMEOUT_S, BackendKind, CacheFlags, ModelFlags, RunConfig,
-                                RunFlags, ServerFlags)
+from kvbench.run.config import (DEFAULT_BASE_URL, DEFAULT_TIMEOUT_S, BackendKind, CacheFlags, EngineFlags, EngineKind,
+                                ModelFlags, RunConfig, RunFlags, ServerFlags)
 
 
 def run(
@@ -58,6 +58,10 @@ def run(
     top_p: Annotated[float | None, typer.Option(help="Nucleus sampling mass.")] = None,
     seed: Annotated[int | None, typer.Option(help="Sampling seed (and the open loop's arrivals).")] = None,
     out: Annotated[Path | None, typer.Option(help="Parquet file (default results/run-NAME-TIME.parquet).")] = None,
+    engine: Annotated[EngineKind, typer.Option(help="inprocess: copy (a tensor per block, one request at a time) or paged (one KV pool, block tables, continuous batching).")] = EngineKind.COPY,
+    max_num_seqs: Annotated[int | None, typer.Option(help="paged: most sequences per step (vLLM's; default 256).")] = None,
+    max_num_batched_tokens: Annotated[int | None, typer.Option(help="paged: most tokens per step, longer prefills are chunked (vLLM's; default 8192).")] = None,
+    batch_invariant: Annotated[bool, typer.Option("--batch-invariant", help="paged: one forward per sequence, outputs exact against concurrency 1.")] = False,
 ) -> None:
     """Replay a scenario or trace through the in-process engine or an OpenAI-compatible server and
     measure TTFT, TPOT, hit rate; with a server, reconcile its cached tokens with what the trace allows."""
@@ -70,7 +74,7 @@ def run(
         RunFlags(requests, concurrency, warmup, max_tokens, ignore_eos, temperature, top_p, seed),
         ServerFlags(base_url, api_key_env, tokenizer, request_rate, burstiness, duration, hygiene, reset_cache,
                     timeout, server_block_size, expected_cache_size),
-        salt, out))
+        salt, out, EngineFlags(engine, max_num_seqs, max_num_batched_tokens, batch_invariant)))
     outcome = run_with_progress(lambda on_progress: run_file(config, on_progress))
     console, err = make_console(), make_console(stderr=True)
     for note in outcome.notes:
