@@ -65,7 +65,6 @@ def run(
 ) -> None:
     """Replay a scenario or trace through the in-process engine or an OpenAI-compatible server and
     measure TTFT, TPOT, hit rate; with a server, reconcile its cached tokens with what the trace allows."""
-    from kvbench.results.writer import http_tables, summary_table
     from kvbench.run.api import run as run_file
 
     config = build(lambda: RunConfig(
@@ -75,7 +74,13 @@ def run(
         ServerFlags(base_url, api_key_env, tokenizer, request_rate, burstiness, duration, hygiene, reset_cache,
                     timeout, server_block_size, expected_cache_size),
         salt, out, EngineFlags(engine, max_num_seqs, max_num_batched_tokens, batch_invariant)))
-    outcome = run_with_progress(lambda on_progress: run_file(config, on_progress))
+    render_outcome(run_with_progress(lambda on_progress: run_file(config, on_progress)))
+
+
+def render_outcome(outcome) -> None:
+    """The run's notes, summary (and HTTP tables), where it went; exit 1 if a request failed."""
+    from kvbench.results.writer import http_tables, summary_table
+
     console, err = make_console(), make_console(stderr=True)
     for note in outcome.notes:
         err.print(note, soft_wrap=True)
