@@ -143,7 +143,7 @@ class PagedEngine:
                                    tail_first=config.pool.release_order.value == "tail-first")
         self._jobs: dict[int, _Job] = {}
         self._seq_ids = itertools.count()
-        self._lock = threading.Condition()
+        self._lock = threading.Lock()
         self._aborted: set[int] = set()
         self._worker: threading.Thread | None = None
         self._reference = None  # the copy engine with the cache off, for verify
@@ -174,10 +174,9 @@ class PagedEngine:
         with self._lock:
             self._jobs[seq.seq_id] = job
             self.scheduler.add(seq)
-            if self._worker is None or not self._worker.is_alive():
+            if self._worker is None:
                 self._worker = threading.Thread(target=self._work, name="kvbench-paged", daemon=True)
                 self._worker.start()
-            self._lock.notify()
         return future
 
     def generate(self, token_ids: Seq[int] | np.ndarray, sampling: SamplingParams = SamplingParams(),
@@ -190,8 +189,8 @@ class PagedEngine:
         if future.seq_id is None:
             return
         with self._lock:
-            self._aborted.add(future.seq_id)
-            self._lock.notify()
+            if future.seq_id in self._jobs:
+                self._aborted.add(future.seq_id)
 
     def reset_prefix_cache(self) -> None:
         """Drop every cached block's key (vLLM's ``reset_prefix_cache``). Raises ``CacheBusyError``
@@ -222,10 +221,13 @@ class PagedEngine:
     # -- the step loop -----------------------------------------------------------------------------
 
     def _work(self) -> None:
+        """The worker thread: steps while there is work, then ends (``submit`` starts a new one), so an
+        idle engine holds no thread and can be garbage-collected with its pool."""
         while True:
             with self._lock:
-                while not self.scheduler.has_work and not self._aborted:
-                    self._lock.wait()
+                if not self.scheduler.has_work and not self._aborted:
+                    self._worker = None
+                    return
             try:
                 self.step()
             except Exception:  # noqa: BLE001 - the step's sequences got the error through their futures
