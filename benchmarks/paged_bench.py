@@ -108,7 +108,8 @@ def throughput(loaded, args) -> list[tuple[str, ...]]:
     rows = []
     for name in ("chat", "agent"):
         source = load_source(REPO / "scenarios" / f"{name}.toml", load_tokenizer(None), limit=args.scenario_requests)
-        settings = run_section(source, RunFlags(max_tokens=args.max_tokens, ignore_eos=True))
+        settings = run_section(source, RunFlags(num_requests=args.scenario_requests, max_tokens=args.max_tokens,
+                                                ignore_eos=True))
         requests = prepared_requests(source, settings)
         sampling = SamplingParams(max_tokens=1, ignore_eos=True)
         results = {}
