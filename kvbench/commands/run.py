@@ -21,7 +21,7 @@ from kvbench.commands import run_options
 from kvbench.commands.common import build, make_console, run_with_progress
 from kvbench.commands.signature import with_options
 from kvbench.route.policies import PolicyName
-from kvbench.run.config import CacheFlags, ModelFlags, RunConfig, RunFlags, ServerFlags
+from kvbench.run.config import CacheFlags, EngineFlags, ModelFlags, RunConfig, RunFlags, ServerFlags
 from kvbench.run.load_section import load_backend
 
 
@@ -42,7 +42,8 @@ def run(source: opt.Source, **flags: Any) -> None:
         _server_flags(f.base_url, f.route, f.api_key_env, f.tokenizer, f.request_rate, f.burstiness, f.duration,
                       f.hygiene, f.reset_cache, f.timeout, f.server_block_size, f.expected_cache_size, f.schedule,
                       f.time_scale, f.preflight),
-        f.salt, f.out, results.summary))
+        f.salt, f.out, results.summary,
+        engine=EngineFlags(f.engine, f.max_num_seqs, f.max_num_batched_tokens, f.batch_invariant)))
     outcome = run_with_progress(lambda on_progress: run_file(config, on_progress), threads=f.threads,
                                 on_interrupt=print_kept)
     show_outcome(outcome)

@@ -12,7 +12,7 @@ from kvbench.commands import options as opt
 from kvbench.commands import result_options as res
 from kvbench.commands.signature import panel
 from kvbench.route.policies import PolicyName
-from kvbench.run.config import DEFAULT_BASE_URL, DEFAULT_TIMEOUT_S, BackendKind
+from kvbench.run.config import DEFAULT_BASE_URL, DEFAULT_TIMEOUT_S, BackendKind, EngineKind
 
 BACKEND = panel("Backend and model", {
     "backend": (Annotated[BackendKind | None, typer.Option(help="inprocess: the engine here (default, or the scenario's \\[load] backend); openai: an HTTP endpoint; anthropic: a Messages endpoint (ANTHROPIC_API_KEY).")], None),
@@ -20,6 +20,10 @@ BACKEND = panel("Backend and model", {
     "device": (opt.Device, "cpu"),
     "dtype": (opt.DTypeName, "float32"),
     "threads": (opt.Threads, None),
+    "engine": (Annotated[EngineKind, typer.Option(help="inprocess: copy (a tensor per block, one request at a time) or paged (one KV pool, block tables, continuous batching).")], EngineKind.COPY),
+    "max_num_seqs": (Annotated[int | None, typer.Option(help="paged: most sequences per step (vLLM's; default 256).")], None),
+    "max_num_batched_tokens": (Annotated[int | None, typer.Option(help="paged: most tokens per step, longer prefills are chunked (vLLM's; default 8192).")], None),
+    "batch_invariant": (Annotated[bool, typer.Option("--batch-invariant", help="paged: one forward per sequence, outputs exact against concurrency 1.")], False),
 })
 
 CACHE = panel("Cache", {

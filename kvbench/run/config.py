@@ -58,6 +58,34 @@ class ModelFlags:
     dtype: str = "float32"  # fp32 keeps cache-on and cache-off greedy outputs identical
 
 
+class EngineKind(str, Enum):
+    """``copy``: the seed's engine (a block per tensor, hits copied into a contiguous cache, one
+    request at a time); ``paged``: one KV pool, block tables, continuous batching
+    (:mod:`kvbench.engine.paged`)."""
+
+    COPY = "copy"
+    PAGED = "paged"
+
+
+@dataclass(frozen=True)
+class EngineFlags:
+    """Which in-process engine, and the paged engine's vLLM-style limits (``None`` = its defaults)."""
+
+    engine: EngineKind = EngineKind.COPY
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    batch_invariant: bool = False  # paged: one forward per sequence, exact against concurrency 1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "engine", EngineKind(self.engine))
+        _check_positive(self, ("max_num_seqs", "max_num_batched_tokens"))
+        if self.engine is EngineKind.COPY:
+            given = [name for name in ("max_num_seqs", "max_num_batched_tokens") if getattr(self, name) is not None]
+            given += ["batch_invariant"] if self.batch_invariant else []
+            if given:
+                raise ValueError(f"{_flag(given[0])} applies to --engine paged only")
+
+
 @dataclass(frozen=True)
 class CacheFlags:
     """The in-process prefix cache, over the scenario's ``[cache]`` and ``[run]`` sections."""
@@ -161,10 +189,13 @@ class RunConfig:
     salt: str | None = None
     out: Path | None = None
     summary: SummaryOptions = field(default_factory=SummaryOptions)  # percentiles, goodput SLOs
+    engine: EngineFlags = field(default_factory=EngineFlags)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "source", Path(self.source))
         object.__setattr__(self, "backend", BackendKind(self.backend))
+        if self.backend is BackendKind.OPENAI and self.engine != EngineFlags():
+            raise ValueError("--engine and its limits apply to --backend inprocess only")
         if self.out is not None:
             object.__setattr__(self, "out", Path(self.out))
         other = self.server if self.backend is BackendKind.INPROCESS else self.cache

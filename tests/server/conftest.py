@@ -27,3 +27,14 @@ def live(tiny_loaded):
     server = LiveServer(service)
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def paged_live(tiny_loaded):
+    """A live server over the paged engine (``--engine paged``): ``(server, engine)``."""
+    from kvbench.engine.paged.engine import PagedConfig, PagedEngine
+
+    engine = PagedEngine(tiny_loaded, PagedConfig(CacheConfig(capacity_blocks=512)))
+    server = LiveServer(EngineService(InProcessBackend(engine, SamplingParams(), MODEL), load_tokenizer()))
+    yield server, engine
+    server.stop()
