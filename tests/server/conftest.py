@@ -2,7 +2,12 @@
 
 import pytest
 
+from kvbench.backends.inprocess import InProcessBackend
+from kvbench.cache.base import CacheConfig
+from kvbench.engine.engine import SamplingParams
 from kvbench.engine.model import default_llama_config, random_model
+from kvbench.server.service import EngineService
+from kvbench.workloads.tokenizer import load_tokenizer
 from live_server import LiveServer, tiny_service
 
 MODEL = "tiny"
