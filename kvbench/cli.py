@@ -49,6 +49,8 @@ _COMMAND_MODULES = (
     "kvbench.commands.peer",
     "kvbench.commands.explain",
     "kvbench.commands.play",
+    "kvbench.commands.route",
+    "kvbench.commands.bill",
 )
 
 for _name in _COMMAND_MODULES:

@@ -110,6 +110,10 @@ class Request:
         return None if self.messages is None else [m.as_dict() for m in self.messages]
 
 
+CONNECTION_ERROR = "connection error"  # how a backend's error text starts when no connection was made
+NOT_SENT = "not sent"  # how the send loop's error text starts for requests it gave up on
+
+
 @dataclass(frozen=True)
 class RequestRecord:
     """What a backend reports for one request; the send loop adds when and in which phase it ran.
@@ -131,6 +135,9 @@ class RequestRecord:
             the forward over the uncached tail; hashing + cache lookup; gathering hit blocks into
             the KV; copying and inserting new blocks after the last token (not in ``e2e_ms``).
         num_inserted_blocks: blocks the request newly stored (engine only).
+        cache_creation_input_tokens: prompt tokens the server says it wrote to its cache (Anthropic's
+            usage field; ``None`` where the server does not report it).
+        replica: which of several ``--base-url`` endpoints served it (0-based), ``None`` with one.
         http_status: the HTTP status of an HTTP backend's response.
         output_matches_reference: with verification: output equal to a cache-off run's?
         phase / queue_ms / sent_s / ended_s: set by the send loop: the phase, the wait from the
@@ -156,6 +163,8 @@ class RequestRecord:
     kv_load_ms: float | None = None
     insert_ms: float | None = None
     num_inserted_blocks: int = 0
+    cache_creation_input_tokens: int | None = None
+    replica: int | None = None
     error: str | None = None
     http_status: int | None = None
     output_matches_reference: bool | None = None
@@ -168,6 +177,13 @@ class RequestRecord:
     @property
     def ok(self) -> bool:
         return self.status is Status.OK
+
+    @property
+    def is_connection_failure(self) -> bool:
+        """No HTTP response came because the connection failed (refused, reset, unknown host): the
+        error text starts with :data:`CONNECTION_ERROR`, as backends write it."""
+        return (self.status is Status.ERROR and self.http_status is None
+                and (self.error or "").startswith(CONNECTION_ERROR))
 
     @classmethod
     def failed(cls, prompt_tokens: int, error: str, http_status: int | None = None) -> RequestRecord:

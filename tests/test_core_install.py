@@ -9,10 +9,11 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+REPO = Path(__file__).resolve().parents[1]
 
 EXTRAS_ONLY = ("torch", "transformers", "fastapi", "uvicorn", "starlette", "matplotlib", "psutil", "jinja2")
 BLOCKER = f"""

@@ -15,6 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from kvbench.engine.engine import HFEngine
+from kvbench.engine.paged.engine import PagedEngine
 from kvbench.engine.sampling import SamplingParams
 from kvbench.request import Request, RequestRecord
 
@@ -26,7 +27,7 @@ class InProcessBackend:
     replaces its budget.
     """
 
-    def __init__(self, engine: HFEngine, sampling: SamplingParams, model_name: str) -> None:
+    def __init__(self, engine: HFEngine | PagedEngine, sampling: SamplingParams, model_name: str) -> None:
         self.engine = engine
         self.sampling = sampling
         self.model_name = model_name
@@ -47,22 +48,47 @@ class InProcessBackend:
         """The run's sampling with the request's own output budget."""
         return replace(self.sampling, max_tokens=request.max_tokens)
 
-    async def serve(self, request: Request, on_token: Callable[[int], None] | None = None,
-                    sampling: SamplingParams | None = None) -> RequestRecord:
+    async def serve(self, request: Request, on_token: Callable[[int], bool | None] | None = None,
+                    sampling: SamplingParams | None = None,
+                    on_start: Callable[[], None] | None = None) -> RequestRecord:
         """Run ``request`` on the engine; ``on_token(token_id)`` is called from the worker thread
-        with every output token as soon as it is sampled (``kvbench serve`` streams them).
+        with every output token as soon as it is sampled (``kvbench serve`` streams them; see
+        :meth:`HFEngine.generate` for what its return value and exceptions do).
         ``sampling``: this request's own (``kvbench serve``'s per-request body); ``None`` = the
-        backend's with the request's ``max_tokens``."""
+        backend's with the request's ``max_tokens``. ``on_start()`` is called once the request's turn
+        has come, before the engine starts; an exception it raises propagates and nothing runs (a
+        request whose client left while it was queued)."""
+        if isinstance(self.engine, PagedEngine):
+            if on_start is not None:
+                on_start()  # the scheduler queues: a client that left is caught by the cancel below
+            return await self._serve_batched(request, on_token, sampling)
         queued_s = time.perf_counter()
         async with self._lock():
             waited_ms = (time.perf_counter() - queued_s) * 1e3
+            if on_start is not None:
+                on_start()
             record = await asyncio.to_thread(self.engine.generate, request.token_ids,
                                              sampling or self.sampling_for(request), salt=request.salt,
                                              on_token=on_token)
         return replace(record, queue_ms=waited_ms)
 
+    async def _serve_batched(self, request: Request, on_token: Callable[[int], bool | None] | None,
+                             sampling: SamplingParams | None) -> RequestRecord:
+        future = self.engine.submit(request.token_ids, sampling or self.sampling_for(request), salt=request.salt,
+                                    on_token=on_token)
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            self.engine.abort(future)
+            raise
+
     async def reset_prefix_cache(self) -> bool:
         """Drop every cached block once no request runs (vLLM's endpoint). ``False`` if the cache is off."""
+        if isinstance(self.engine, PagedEngine):
+            if self.engine.config.cache is None:
+                return False
+            self.engine.reset_prefix_cache()
+            return True
         async with self._lock():
             if self.engine.cache is None:
                 return False

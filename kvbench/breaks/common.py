@@ -11,8 +11,10 @@ variant is served by :func:`kvbench.run.loop.run_requests` through the in-proces
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,9 @@ from kvbench.run.loop import run_requests
 Progress = Callable[[str, int, int], None]  # (what is running, requests done, requests in total)
 # Called after each request with the request and the engine's record; returns extra row columns.
 ResultHook = Callable[[Request, RequestRecord], Mapping[str, Any]]
+
+# The list collect_finished() yields, per context (a ContextVar, not shared state: each command's own).
+_FINISHED: contextvars.ContextVar[list | None] = contextvars.ContextVar("kvbench_break_finished", default=None)
 
 EXPERIMENT_FIELDS = (
     pa.field("experiment", pa.string()),  # "timestamp", "head-first", "views", "tiny-hash", "shared-salt"
@@ -71,6 +76,32 @@ def write_break_parquet(out: Path, experiment: str, tables: Sequence[ParquetTabl
         footer = {"command": "break", "experiment": experiment, **metadata}
         paths.append(write_rows(path, table.rows, footer, table.schema))
     return paths
+
+
+def write_finished(out: Path, experiment: str, finished: Sequence[VariantRun]) -> Path | None:
+    """Write the rows of the variants that finished before an interrupt to ``out`` (``complete:
+    false`` in the footer, so report, compare and scoreboard say "interrupted"); ``None`` if none did.
+    Columns: the break schema plus whatever an experiment's hook added (types inferred)."""
+    rows = [row for run in finished for row in run.rows]
+    if not rows:
+        return None
+    base = break_schema()
+    extra = [name for name in rows[0] if name not in base.names]
+    inferred = pa.Table.from_pylist([{name: row.get(name) for name in extra} for row in rows]).schema if extra else []
+    metadata = {"complete": False, "variants_finished": [run.variant for run in finished]}
+    return write_break_parquet(out, experiment, [ParquetTable(rows, break_schema(list(inferred)))], metadata)[0]
+
+
+@contextlib.contextmanager
+def collect_finished() -> Iterator[list[VariantRun]]:
+    """Within the block, every :func:`run_variant` that completes appends its run to the yielded list
+    (so a command can keep the finished variants when the experiment is interrupted)."""
+    finished: list[VariantRun] = []
+    token = _FINISHED.set(finished)
+    try:
+        yield finished
+    finally:
+        _FINISHED.reset(token)
 
 
 def default_out_path(experiment: str) -> Path:
@@ -121,6 +152,8 @@ def run_variant(engine: HFEngine, requests: Sequence[Request], experiment: str, 
             progress(f"{experiment}: {variant}", len(run.rows), len(requests))
 
     run_requests(list(requests), backend, on_record=on_record)
+    if (finished := _FINISHED.get()) is not None:
+        finished.append(run)
     return run
 
 

@@ -19,7 +19,7 @@ from rich.table import Table
 
 from kvbench.breaks import EXPERIMENTS
 from kvbench.commands.common import make_console
-from kvbench.errors import InputError, checked
+from kvbench.errors import InputError, Interrupted, checked
 from kvbench.run.scenario import parse_int_list
 
 break_app = typer.Typer(
@@ -67,25 +67,37 @@ def _progress() -> Iterator[Callable[[str, int, int], None]]:
 
 def _experiment(experiment: str, run: Callable[[Any, Any, Any], Any], tables: Callable[[Any], list[Table]],
                 model: Path | None, device: str, out: Path | None) -> Any:
-    """Load the model, ``run(loaded, tokenizer, progress)`` under a progress bar, print ``tables(result)``
-    and write the Parquet file(s); returns the result."""
-    loaded, tokenizer = _load(model, device)
-    with _progress() as progress:
-        result = run(loaded, tokenizer, progress)
+    """Check ``out``, load the model, ``run(loaded, tokenizer, progress)`` under a progress bar, print
+    ``tables(result)`` and write the Parquet file(s); returns the result. On Ctrl-C or SIGTERM, the
+    variants that finished are written (``complete: false``) and :class:`Interrupted` says where."""
+    from kvbench.breaks.common import collect_finished, default_out_path, write_finished
+    from kvbench.commands.common import sigterm_as_interrupt
+    from kvbench.results.parquet import check_output_path
+
+    out = check_output_path(out or default_out_path(experiment))  # before minutes of work, not after
+    with sigterm_as_interrupt(), collect_finished() as finished:
+        try:
+            loaded, tokenizer = _load(model, device)
+            with _progress() as progress:
+                result = run(loaded, tokenizer, progress)
+        except KeyboardInterrupt:
+            path = write_finished(out, experiment, finished)
+            kept = (f"kept {len(finished)} finished variant(s), {sum(len(r.rows) for r in finished)} rows, in {path}"
+                    if path else "no variant had finished; nothing written")
+            raise Interrupted(f"kvbench break {experiment}: {kept}") from None
     _report(experiment, result, tables(result), out)
     return result
 
 
-def _report(experiment: str, result: Any, tables: list[Table], out: Path | None) -> None:
+def _report(experiment: str, result: Any, tables: list[Table], out: Path) -> None:
     """Print the tables, write the Parquet file(s), say where."""
-    from kvbench.breaks.common import default_out_path, write_break_parquet
+    from kvbench.breaks.common import write_break_parquet
 
     console = make_console()
     for table in tables:
         console.print(table)
         console.print()
-    paths = write_break_parquet(out or default_out_path(experiment), experiment, result.parquet_tables(),
-                                result.metadata())
+    paths = write_break_parquet(out, experiment, result.parquet_tables(), result.metadata())
     for path, table in zip(paths, [t for t in result.parquet_tables() if t.rows]):
         console.print(f"wrote {len(table.rows)} rows to {path}")
 
@@ -99,7 +111,7 @@ def list_experiments(
         return
     if not list_:
         typer.echo(ctx.get_help())
-        raise typer.Exit()
+        raise typer.Exit(2)  # as bare `kvbench` does: no experiment named is a usage error
     table = Table(title="kvbench break: experiments (kvbench break NAME --help for flags)", title_justify="left")
     for column in ("experiment", "what breaks", "what it shows", "defaults"):
         table.add_column(column)

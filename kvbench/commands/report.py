@@ -12,6 +12,7 @@ from rich.table import Table
 
 from kvbench.commands import result_options as res
 from kvbench.commands.common import build, make_console
+from kvbench.errors import InputError
 from kvbench.results.export import ReportFormat
 from kvbench.results.compare import Comparison, compare_runs
 from kvbench.results.files import describe_cache, load_result, load_results
@@ -119,6 +120,8 @@ def compare(
     force: Annotated[bool, typer.Option(help="Compare even when the runs replayed different traces.")] = False,
 ) -> None:
     """TTFT/TPOT/E2E percentiles and hit rates of two runs of the same trace, side by side with ratios."""
+    if a.exists() and b.exists() and a.resolve() == b.resolve():
+        raise InputError(f"compare: A and B are the same file ({a}); give two runs to compare")
     comparison = compare_runs(load_result(a), load_result(b), force=force)
     console, err = make_console(), make_console(stderr=True)
     for name, result in (("A", comparison.a), ("B", comparison.b)):

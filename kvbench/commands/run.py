@@ -20,7 +20,8 @@ from kvbench.commands import result_options as res
 from kvbench.commands import run_options
 from kvbench.commands.common import build, make_console, run_with_progress
 from kvbench.commands.signature import with_options
-from kvbench.run.config import CacheFlags, ModelFlags, RunConfig, RunFlags, ServerFlags
+from kvbench.route.policies import PolicyName
+from kvbench.run.config import CacheFlags, EngineFlags, ModelFlags, RunConfig, RunFlags, ServerFlags
 from kvbench.run.load_section import load_backend
 
 
@@ -38,11 +39,13 @@ def run(source: opt.Source, **flags: Any) -> None:
         CacheFlags(f.cache and f.cache.value, f.cache_kind, f.block_size, f.cache_size, f.ttl, f.release, f.hash_algo, f.hash_bits,
                    f.verify, f.prompt_only or None),
         RunFlags(f.requests, f.concurrency, f.warmup, f.max_tokens, f.ignore_eos, f.temperature, f.top_p, f.seed),
-        ServerFlags(f.base_url, f.api_key_env, f.tokenizer, f.request_rate, f.burstiness, f.duration, f.hygiene,
-                    f.reset_cache, f.timeout, f.server_block_size, f.expected_cache_size, f.schedule, f.time_scale,
-                    f.preflight),
-        f.salt, f.out, results.summary))
-    outcome = run_with_progress(lambda on_progress: run_file(config, on_progress), threads=f.threads)
+        _server_flags(f.base_url, f.route, f.api_key_env, f.tokenizer, f.request_rate, f.burstiness, f.duration,
+                      f.hygiene, f.reset_cache, f.timeout, f.server_block_size, f.expected_cache_size, f.schedule,
+                      f.time_scale, f.preflight),
+        f.salt, f.out, results.summary,
+        engine=EngineFlags(f.engine, f.max_num_seqs, f.max_num_batched_tokens, f.batch_invariant)))
+    outcome = run_with_progress(lambda on_progress: run_file(config, on_progress), threads=f.threads,
+                                on_interrupt=print_kept)
     show_outcome(outcome)
     res.finish_run(outcome, results)
 
@@ -57,9 +60,33 @@ def show_outcome(outcome) -> None:
     console.print(summary_table(outcome.name, outcome.metadata["run"], outcome.summary))
     console.print(latency_table(outcome.summary))
     if outcome.reconciliation is not None:
-        for table in http_tables(outcome.rows, outcome.reconciliation):
+        for table in http_tables(outcome.rows, outcome.reconciliation) + _replica_tables(outcome):
             console.print(table)
     console.print(f"wrote {len(outcome.rows)} rows to {outcome.path}")
+
+
+def _server_flags(base_url: list[str] | None, route: PolicyName | None, *rest) -> ServerFlags:
+    """``--base-url`` once: that endpoint; several: the first, plus all of them to route over."""
+    several = tuple(base_url) if base_url and len(base_url) > 1 else ()
+    return ServerFlags(base_url[0] if base_url else None, *rest, base_urls=several,
+                       route=route.value if route else None)
+
+
+def _replica_tables(outcome) -> list:
+    """The per-endpoint table of a routed run (none for one endpoint)."""
+    from kvbench.results.replicas import replica_table
+
+    run_info = outcome.metadata["run"]
+    table = replica_table(outcome.rows, run_info.get("base_urls", []), run_info.get("route", ""))
+    return [] if table is None else [table]
+
+
+def print_kept(interrupted) -> None:
+    """Ctrl-C or SIGTERM during a run: the summary table of the rows that were measured and written."""
+    from kvbench.results.writer import summary_table
+
+    outcome = interrupted.outcome
+    make_console().print(summary_table(outcome.name, outcome.metadata["run"], outcome.summary))
 
 
 def register(app: typer.Typer) -> None:

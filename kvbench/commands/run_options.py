@@ -12,14 +12,19 @@ from kvbench.commands import options as opt
 from kvbench.commands import result_options as res
 from kvbench.commands.choices import check_positive
 from kvbench.commands.signature import panel
-from kvbench.run.config import DEFAULT_BASE_URL, DEFAULT_TIMEOUT_S, BackendKind
+from kvbench.route.policies import PolicyName
+from kvbench.run.config import DEFAULT_BASE_URL, DEFAULT_TIMEOUT_S, BackendKind, EngineKind
 
 BACKEND = panel("Backend and model", {
-    "backend": (Annotated[BackendKind | None, typer.Option(help="inprocess: the engine here (default, or the scenario's \\[load] backend); openai: an HTTP endpoint.")], None),
+    "backend": (Annotated[BackendKind | None, typer.Option(help="inprocess: the engine here (default, or the scenario's \\[load] backend); openai: an HTTP endpoint; anthropic: a Messages endpoint (ANTHROPIC_API_KEY).")], None),
     "model": (Annotated[str | None, typer.Option(help="inprocess: local checkpoint dir (default: the random Llama); openai: served model name (default: the first of /v1/models).")], None),
     "device": (opt.Device, "cpu"),
     "dtype": (opt.DTypeName, "float32"),
     "threads": (opt.Threads, None),
+    "engine": (Annotated[EngineKind, typer.Option(help="inprocess: copy (a tensor per block, one request at a time) or paged (one KV pool, block tables, continuous batching).")], EngineKind.COPY),
+    "max_num_seqs": (Annotated[int | None, typer.Option(help="paged: most sequences per step (vLLM's; default 256).")], None),
+    "max_num_batched_tokens": (Annotated[int | None, typer.Option(help="paged: most tokens per step, longer prefills are chunked (vLLM's; default 8192).")], None),
+    "batch_invariant": (Annotated[bool, typer.Option("--batch-invariant", help="paged: one forward per sequence, outputs exact against concurrency 1.")], False),
 })
 
 CACHE = panel("Cache", {
@@ -48,7 +53,8 @@ REQUESTS = panel("Requests", {
 })
 
 HTTP = panel("HTTP server (--backend openai)", {
-    "base_url": (Annotated[str | None, typer.Option(help=f"API root with /v1 (default OPENAI_BASE_URL, else {DEFAULT_BASE_URL}).")], None),
+    "base_url": (Annotated[list[str] | None, typer.Option(help=f"API root with /v1 (default OPENAI_BASE_URL, else {DEFAULT_BASE_URL}); repeat it for several replicas, routed by --route.")], None),
+    "route": (Annotated[PolicyName | None, typer.Option(help="Several --base-url: client-side routing policy (default round-robin).")], None),
     "api_key_env": (Annotated[str | None, typer.Option(help="Environment variable holding the API key (default OPENAI_API_KEY).")], None),
     "tokenizer": (Annotated[str | None, typer.Option(help="Tokenizer for expectations: a local HF dir, cl100k (default) or server (its /tokenize).")], None),
     "request_rate": (Annotated[float | None, typer.Option(callback=check_positive, help="Open loop, mean requests/s, > 0 (gamma arrivals; inf = closed loop).")], None),

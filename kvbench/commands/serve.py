@@ -13,6 +13,7 @@ from kvbench.commands.choices import CacheSwitch, LogLevel, check_positive
 from kvbench.commands.common import make_console
 from kvbench.cache.base import CacheConfig, CacheKind, ReleaseOrder
 from kvbench.errors import InputError, checked
+from kvbench.run.config import EngineFlags, EngineKind
 
 DEFAULT_PORT = 8000  # vLLM's default, so `kvbench run --backend openai` finds it without --base-url
 
@@ -44,6 +45,22 @@ def _cache_config(cache: str, kind: CacheKind, block_size: int, cache_size: str,
                         parse_cache_size(cache_size, bytes_per_block), block_size)
 
 
+def _guards(host: str, api_key: str | None, max_body_size: str, allowed_hosts: tuple[str, ...]):
+    """The request guards from the flags. Raises ``InputError`` naming the flag."""
+    from kvbench.memory.layout import parse_bytes
+    from kvbench.server.guards import GuardConfig
+
+    try:
+        max_body_bytes = parse_bytes(max_body_size)
+    except InputError as exc:
+        raise InputError(f"--max-body-size: {exc}") from None
+    if max_body_bytes <= 0:
+        raise InputError(f"--max-body-size {max_body_size}: must be positive")
+    if api_key is not None and not api_key.strip():
+        raise InputError("--api-key: must not be empty")
+    return GuardConfig.for_bind(host, allowed_hosts, max_body_bytes=max_body_bytes, api_key=api_key)
+
+
 def _announce(sock: socket.socket, name: str, cache_config: CacheConfig | None) -> None:
     """One line with the URL clients use (``--port 0`` shows the port it picked)."""
     bound_host, bound_port = sock.getsockname()[:2]
@@ -56,17 +73,20 @@ def _announce(sock: socket.socket, name: str, cache_config: CacheConfig | None) 
     console.file.flush()
 
 
-def _service(loaded, model: Path | None, cache_config: CacheConfig | None, name: str):
+def _service(loaded, model: Path | None, cache_config: CacheConfig | None, name: str,
+             engine: EngineFlags = EngineFlags(), pool: CacheConfig | None = None):
     """The engine service: the in-process backend, the model's own tokenizer (cl100k for the default
-    model), the cache. Each request brings its own sampling."""
+    model), the cache (``pool``: the paged engine's pool when the cache is off). Each request brings
+    its own sampling."""
     from kvbench.backends.inprocess import InProcessBackend
-    from kvbench.engine.engine import EngineConfig, HFEngine, SamplingParams
+    from kvbench.engine.engine import SamplingParams
+    from kvbench.run.engines import make_engine
     from kvbench.server.service import EngineService
     from kvbench.workloads.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(str(model) if model is not None else None)
-    backend = InProcessBackend(HFEngine(loaded, EngineConfig(cache=cache_config)), SamplingParams(), name)
-    return EngineService(backend, tokenizer)
+    built = make_engine(loaded, engine, cache_config or pool, cache_config is not None, False, "")
+    return EngineService(InProcessBackend(built, SamplingParams(), name), tokenizer)
 
 
 def serve(
@@ -85,10 +105,19 @@ def serve(
     prompt_only: opt.PromptOnly = False,
     log_level: Annotated[LogLevel, typer.Option(help="uvicorn log level (info shows every request).")] = LogLevel.WARNING,
     threads: opt.Threads = None,
+    min_cache_tokens: Annotated[int, typer.Option(help="/v1/messages: shortest prefix reported as cached (Anthropic's minimum).")] = 1024,
+    api_key: Annotated[str | None, typer.Option(envvar="KVBENCH_API_KEY", show_envvar=True,
+                                                help="Require 'Authorization: Bearer KEY' on every route but /health (as vllm serve --api-key).")] = None,
+    max_body_size: Annotated[str, typer.Option(help="Largest request body (413 above it), e.g. 32MiB.")] = "32MiB",
+    allowed_host: Annotated[list[str] | None, typer.Option(help="Host header value to accept (repeatable; '*' = any). Default: the bound address (plus localhost on loopback); any for 0.0.0.0.")] = None,
+    engine: Annotated[EngineKind, typer.Option(help="copy: one request at a time; paged: continuous batching over one KV pool.")] = EngineKind.COPY,
+    max_num_seqs: Annotated[int | None, typer.Option(help="paged: most sequences per step (default 256).")] = None,
+    max_num_batched_tokens: Annotated[int | None, typer.Option(help="paged: most tokens per step (default 8192).")] = None,
 ) -> None:
     """Serve the in-process engine as an OpenAI-compatible API (/v1/completions, /v1/chat/completions,
-    /v1/models, /health, /reset_prefix_cache, /metrics) until Ctrl-C. One request runs at a time; the
-    others queue, and their wait shows in the clients' TTFT."""
+    /v1/models, /health, /reset_prefix_cache, /metrics, /tokenize, /detokenize) and Anthropic's /v1/messages until Ctrl-C. With --engine copy one
+    request runs at a time; the others queue, and their wait shows in the clients' TTFT. With
+    --engine paged concurrent requests are batched (continuous batching over one KV pool)."""
     import uvicorn
 
     from kvbench.engine.model import ModelConfig, load_model
@@ -100,14 +129,20 @@ def serve(
     if block_size <= 0:
         raise InputError(f"--block-size {block_size}: must be positive")
     check_threads(threads)
+    if min_cache_tokens < 1:
+        raise InputError(f"--min-cache-tokens {min_cache_tokens}: must be positive")
     model_config = checked(lambda: ModelConfig(path=model, device=device, dtype=dtype))
+    guards = _guards(host, api_key, max_body_size, tuple(allowed_host or ()))
     sock = bind_socket(host, port)  # before the model loads: a busy port fails at once
     loaded = load_model(model_config)
     cache_config = _cache_config(cache.value, cache_kind, block_size, cache_size, ttl, release,
                                  loaded.kv_layout(block_size).bytes_per_block, prompt_only)
-    service = _service(loaded, model, cache_config, served_model_name or loaded.name)
+    engine_flags = checked(lambda: EngineFlags(engine, max_num_seqs, max_num_batched_tokens))
+    pool = _cache_config("on", cache_kind, block_size, cache_size, ttl, release,
+                         loaded.kv_layout(block_size).bytes_per_block, prompt_only) if engine is EngineKind.PAGED else None
+    service = _service(loaded, model, cache_config, served_model_name or loaded.name, engine_flags, pool)
     _announce(sock, service.model_name, cache_config)
-    config = uvicorn.Config(create_app(service), log_level=log_level.value, lifespan="off")
+    config = uvicorn.Config(create_app(service, guards, min_cache_tokens), log_level=log_level.value, lifespan="off")
     with torch_threads(threads):
         uvicorn.Server(config).run(sockets=[sock])
 

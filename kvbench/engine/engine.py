@@ -129,14 +129,15 @@ class HFEngine:
 
     def generate(self, token_ids: Sequence[int] | np.ndarray, sampling: SamplingParams = SamplingParams(),
                  salt: str | None = None, extra_keys: Sequence[str | bytes | int] = (),
-                 on_token: Callable[[int], None] | None = None) -> RequestRecord:
+                 on_token: Callable[[int], bool | None] | None = None) -> RequestRecord:
         """Run one request. Bad input (empty prompt, id outside the vocabulary, prompt + max_tokens
         beyond the context) gives a result with status ``error``; other exceptions propagate, after
         every pin is released.
 
         ``on_token(token_id)`` is called with every output token as soon as it is sampled (not for
-        the ``verify`` reference run); an exception it raises stops the request, and nothing of the
-        request is cached."""
+        the ``verify`` reference run); when it returns ``True`` the request ends normally after that
+        token (a stop sequence matched; the prompt is cached as usual); an exception it raises stops
+        the request, and nothing of the request is cached."""
         stamps = _Stamps(time.perf_counter())
         ids = np.asarray(token_ids, dtype=np.int64).reshape(-1).tolist()
         problem = self._check_request(ids, sampling)
@@ -165,7 +166,7 @@ class HFEngine:
     @torch.inference_mode()
     def _run(self, ids: list[int], sampling: SamplingParams, salt: str, extra_keys: Sequence,
              stamps: _Stamps, cache: PrefixCache | None,
-             on_token: Callable[[int], None] | None = None) -> RequestRecord:
+             on_token: Callable[[int], bool | None] | None = None) -> RequestRecord:
         """Steps 1-7 of the module docstring; ``cache=None`` is the cache-off path."""
         handles: list = []
         num_hit_blocks = num_inserted = 0
@@ -192,7 +193,7 @@ class HFEngine:
         return _result(len(ids), num_hit_tokens, tokens, stamps, num_inserted, cache is not None)
 
     def _prefill_and_decode(self, tail_ids: list[int], kv_cache: DynamicCache, sampling: SamplingParams,
-                            stamps: _Stamps, on_token: Callable[[int], None] | None = None) -> list[int]:
+                            stamps: _Stamps, on_token: Callable[[int], bool | None] | None = None) -> list[int]:
         generator = None
         if sampling.temperature > 0 and sampling.seed is not None:
             generator = torch.Generator(device=self.loaded.device).manual_seed(sampling.seed)
@@ -200,15 +201,15 @@ class HFEngine:
         stamps.prefilled_s = time.perf_counter()
         tokens = [sample_next_token(logits, sampling, generator)]
         stamps.token_s.append(time.perf_counter())  # TTFT: the first token exists
-        if on_token is not None:
-            on_token(tokens[-1])
+        if on_token is not None and on_token(tokens[-1]):
+            return tokens
         eos = () if sampling.ignore_eos else self.loaded.eos_token_ids
         while len(tokens) < sampling.max_tokens and tokens[-1] not in eos:
             logits = self._decode_step(tokens[-1], kv_cache)  # (vocab,)
             tokens.append(sample_next_token(logits, sampling, generator))
             stamps.token_s.append(time.perf_counter())
-            if on_token is not None:
-                on_token(tokens[-1])
+            if on_token is not None and on_token(tokens[-1]):
+                break
         return tokens
 
     def _prefill(self, tail_ids: list[int], kv_cache: DynamicCache) -> torch.Tensor:

@@ -14,6 +14,7 @@ engine/ imports nothing from workloads/, so the reference tokenizer is an argume
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -77,9 +78,20 @@ def export_model(out_dir: str | Path, loaded: LoadedModel, overwrite: bool = Fal
             checked = export_cl100k_tokenizer(out_dir, reference)
         except OSError as exc:
             raise InputError(f"{out_dir}: cannot write the tokenizer ({exc.strerror or exc})") from None
+    _readable_files(out_dir)
     num_parameters = sum(p.numel() for p in model.parameters())  # parameters() lists a tied weight once
     files = tuple(sorted(p.name for p in out_dir.iterdir()))
     return ExportResult(out_dir, files, num_parameters, checked)
+
+
+def _readable_files(out_dir: Path) -> None:
+    """Give every exported file the mode a plain ``open()`` would (0666 less the umask): safetensors
+    writes its file with mode 0600 (issue 19), which other users and containers then cannot read."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in out_dir.iterdir():
+        if path.is_file():
+            path.chmod(0o666 & ~umask)
 
 
 def _generation_config(loaded: LoadedModel, eos_token_ids: Sequence[int]) -> Any:

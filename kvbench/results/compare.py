@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvbench.errors import InputError
-from kvbench.results.files import ResultFile, format_value
+from kvbench.results.files import NOT_VERIFIED, ResultFile, format_value, summary_cell
 from kvbench.results.report import RUN_METRICS
 
 COMPARED_METRICS = RUN_METRICS  # (row label, RunSummary field, format spec)
@@ -32,6 +32,8 @@ class MetricRow:
     a: float | None
     b: float | None
     spec: str = ",.1f"
+    a_text: str | None = None  # shown instead of the formatted value ("not verified")
+    b_text: str | None = None
 
     @property
     def ratio(self) -> float | None:
@@ -42,8 +44,8 @@ class MetricRow:
 
     def cells(self) -> tuple[str, str, str, str]:
         ratio = self.ratio
-        return (self.name, format_value(self.a, self.spec), format_value(self.b, self.spec),
-                "-" if ratio is None else f"{ratio:.2f}x")
+        return (self.name, self.a_text or format_value(self.a, self.spec),
+                self.b_text or format_value(self.b, self.spec), "-" if ratio is None else f"{ratio:.2f}x")
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,13 @@ def compare_runs(a: ResultFile, b: ResultFile, force: bool = False) -> Compariso
     if a.summary.num_requests != b.summary.num_requests:
         warnings.append(f"{a.path.name} measured {a.summary.num_requests:,} requests, "
                         f"{b.path.name} {b.summary.num_requests:,}: percentiles cover different slices")
-    metrics = tuple(MetricRow(name, getattr(a.summary, key), getattr(b.summary, key), spec)
-                    for name, key, spec in COMPARED_METRICS)
+    metrics = tuple(_metric(name, key, spec, a, b) for name, key, spec in COMPARED_METRICS)
     return Comparison(a=a, b=b, metrics=metrics, trace=trace, warnings=tuple(warnings))
+
+
+def _metric(name: str, key: str, spec: str, a: ResultFile, b: ResultFile) -> MetricRow:
+    """One compared number; a run that never verified its outputs shows "not verified", no ratio."""
+    texts = [summary_cell(r, key, spec) for r in (a, b)]
+    unverified = [text if text == NOT_VERIFIED else None for text in texts]
+    values = [None if text else getattr(r.summary, key) for r, text in zip((a, b), unverified)]
+    return MetricRow(name, values[0], values[1], spec, *unverified)

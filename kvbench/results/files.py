@@ -182,6 +182,18 @@ def split_ttft(rows: Sequence[Mapping[str, Any]]) -> RequestTtft:
                             if r.get("status") == "ok" and r.get("ttft_ms") is not None)))
 
 
+NOT_VERIFIED = "not verified"  # outputs were never compared with a cache-off reference (no --verify)
+
+
+def summary_cell(result: Any, key: str, spec: str) -> str:
+    """One summary number of a result file as a table shows it: ``format_value``, except that the
+    count of outputs differing from the reference reads "not verified" for a run without ``--verify``
+    (the column is all null there; 0 would claim a check that never ran)."""
+    if key == "num_mismatched_outputs" and not result.run.get("verify"):
+        return NOT_VERIFIED
+    return format_value(getattr(result.summary, key), spec)
+
+
 def format_value(value: float | None, spec: str = ",.1f") -> str:
     """``value`` formatted with ``spec``; ``-`` when not measured."""
     return "-" if value is None else format(value, spec)

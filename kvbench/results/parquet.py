@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 
 from kvbench import __version__
 from kvbench.errors import InputError
+from kvbench.workloads.formats.atomic import partial_path
 
 _PREFIX = "kvbench."
 
@@ -97,7 +98,7 @@ def write_table(path: str | Path, table: pa.Table, metadata: Mapping[str, Any]) 
     kept = {key.decode() if isinstance(key, bytes) else key: value for key, value in (table.schema.metadata or {}).items()}
     kept = {key: value for key, value in kept.items() if not key.startswith(_PREFIX)}  # replaced, not merged
     table = table.replace_schema_metadata({**kept, **encoded_metadata(metadata)})
-    partial = path.with_name(path.name + ".partial")
+    partial = partial_path(path)
     pq.write_table(table, partial)
     os.replace(partial, path)
     return path

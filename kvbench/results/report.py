@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvbench.results import plots
-from kvbench.results.files import ResultFile, describe_cache, format_value, group_by_trace, split_ttft
+from kvbench.results.files import (ResultFile, describe_cache, format_value, group_by_trace, split_ttft,
+                                   summary_cell)
 from kvbench.results.sweep import fit_ttft_vs_miss_rate
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ def run_table(runs: Sequence[ResultFile]) -> TableData:
             ("model", *(str(r.run.get("model", "?")) for r in runs)),
             ("cache", *(describe_cache(r.cache) for r in runs)),
             ("machine load start / end (usable cores)", *(_load_text(r.metadata.get("machine_load")) for r in runs))]
-    rows += [(label, *(format_value(getattr(r.summary, key), spec) for r in runs)) for label, key, spec in RUN_METRICS]
+    rows += [(label, *(summary_cell(r, key, spec) for r in runs)) for label, key, spec in RUN_METRICS]
     return TableData("Runs", ("", *(r.name for r in runs)), tuple(rows),
                      "token hit = cached / prompt tokens; cold TTFT = the first request of a run without warm-up, "
                      "kept out of the TTFT percentiles")

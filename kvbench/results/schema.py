@@ -40,6 +40,7 @@ RUN_SCHEMA = pa.schema([
     pa.field("prompt_tokens", pa.int64()),
     pa.field("cached_prompt_tokens", pa.int64()),
     pa.field("expected_cached_tokens", pa.int64()),  # what an ideal cache allows (null if unknown)
+    pa.field("local_prompt_tokens", pa.int64()),     # the prompt by kvbench's tokenizer (expected's units)
     pa.field("output_tokens", pa.int64()),
     pa.field("output_tokens_source", pa.string()),   # "engine", "usage" or "tokenizer"
     pa.field("max_tokens", pa.int64()),
@@ -60,6 +61,8 @@ RUN_SCHEMA = pa.schema([
     pa.field("http_status", pa.int64()),
     pa.field("error", pa.string()),
     pa.field("output_matches_reference", pa.bool_()),
+    pa.field("cache_creation_input_tokens", pa.int64()),  # Anthropic usage: tokens written (null elsewhere)
+    pa.field("replica", pa.int64()),            # which --base-url served it (0-based; null with one endpoint)
 ])
 
 RUN_COLUMNS = tuple(RUN_SCHEMA.names)

@@ -123,9 +123,8 @@ def _size_label(result: ResultFile) -> str:
     return f"{result.scenario or result.name}"
 
 
-def on_off_note(results: Sequence[ResultFile]) -> str | None:
-    """``shared 2k sys prompt TTFT p50: X ms off -> Y ms on`` from a cache-off and a cache-on run of one
-    trace, preferring a scenario whose name contains ``shared``; ``None`` without such a pair."""
+def _on_off_pair(results: Sequence[ResultFile]) -> tuple[ResultFile, ResultFile] | None:
+    """A cache-off and a cache-on run of one trace (preferring a ``shared`` scenario), or ``None``."""
     pairs = []
     for group in group_by_trace(results):
         off = [r for r in group if r.cache_enabled is False and r.summary.p50_ttft_ms is not None]
@@ -133,9 +132,16 @@ def on_off_note(results: Sequence[ResultFile]) -> str | None:
         if off and on:
             pairs.append((off[0], on[0]))
     pairs.sort(key=lambda pair: "shared" not in (pair[0].scenario or "").lower())
-    if not pairs:
+    return pairs[0] if pairs else None
+
+
+def on_off_note(results: Sequence[ResultFile]) -> str | None:
+    """``shared 2k sys prompt TTFT p50: X ms off -> Y ms on`` from a cache-off and a cache-on run of one
+    trace, preferring a scenario whose name contains ``shared``; ``None`` without such a pair."""
+    pair = _on_off_pair(results)
+    if pair is None:
         return None
-    off, on = pairs[0]
+    off, on = pair
     return (f"{_size_label(off)} TTFT p50: {off.summary.p50_ttft_ms:,.0f} ms off -> "
             f"{on.summary.p50_ttft_ms:,.0f} ms on")
 
@@ -172,16 +178,29 @@ def zipf_note(results: Sequence[ResultFile]) -> str | None:
 
 
 def notes_cell(results: Sequence[ResultFile], result: ResultFile) -> str:
-    """The notes of ``result``'s row: the on/off and Zipf sentences when the exported files allow,
-    else what this run shows (hit rate, cold TTFT)."""
-    sentences = [s for s in (on_off_note(results), zipf_note(results)) if s]
-    if sentences:
-        return "; ".join(sentences)
-    summary = result.summary
-    own = [f"{result.scenario or result.name}: token hit {format_value(summary.token_hit_rate, '.3f')}"]
-    if summary.cold_ttft_ms is not None:
-        own.append(f"cold first request TTFT {summary.cold_ttft_ms:,.0f} ms")
-    return ", ".join(own)
+    """The notes of ``result``'s row, each sentence on the row it is about (issue 19: they were
+    repeated on every row): the on/off sentence on the cache-on run of its pair; the Zipf sentence on
+    a Zipf run's row, else beside the on/off sentence, else on the first run's row; otherwise what
+    this run shows (hit rate, cold TTFT). An interrupted run's notes start with "interrupted"."""
+    runs = [r for r in results if r.kind == "run"]
+    pair = _on_off_pair(results)
+    sentences = []
+    if pair is not None and result is pair[1]:
+        sentences.append(on_off_note(results))
+    zipf = zipf_note(results)
+    zipf_runs = [r for r in runs if "zipf" in (r.scenario or "").lower()]
+    zipf_row = zipf_runs[0] if zipf_runs else pair[1] if pair is not None else runs[0] if runs else None
+    if zipf and result is zipf_row:
+        sentences.append(zipf)
+    if not sentences:
+        summary = result.summary
+        own = [f"{result.scenario or result.name}: token hit {format_value(summary.token_hit_rate, '.3f')}"]
+        if summary.cold_ttft_ms is not None:
+            own.append(f"cold first request TTFT {summary.cold_ttft_ms:,.0f} ms")
+        sentences.append(", ".join(own))
+    if result.metadata.get("complete") is False:
+        sentences.insert(0, "interrupted: partial results")
+    return "; ".join(sentences)
 
 
 def scoreboard_rows(results: Sequence[ResultFile], gpu: Callable[[], str | None] = detect_gpu) -> list[ScoreboardRow]:

@@ -128,6 +128,8 @@ class RunSummary:
     total_token_throughput: float | None = None
     latency: dict[str, float | None] = field(default_factory=dict)
     goodput: Goodput | None = None
+    num_cached_unreported: int = 0  # ok requests without cached_tokens (missing, not 0: kept out of the rate)
+    num_cached_impossible: int = 0  # ok requests reporting cached_tokens < 0 or > prompt_tokens (kept out too)
 
     def as_dict(self) -> dict[str, Any]:
         """Every key, flat: the fields, then the latency statistics, then goodput (when asked for)."""
@@ -161,10 +163,13 @@ def summarize(rows: Iterable[Mapping[str, Any]], options: SummaryOptions | None 
     cold = ok[0] if ok and not num_warmup and ok[0] is measured[0] else None
     warm = [r for r in ok if r is not cold]
     prompt = sum(r["prompt_tokens"] or 0 for r in ok)
-    cached = sum(r["cached_prompt_tokens"] or 0 for r in ok)
+    reported = [r for r in ok if r["cached_prompt_tokens"] is not None]
+    counted = [r for r in reported if plausible_cached(r)]
+    cached = sum(r["cached_prompt_tokens"] for r in counted)
+    counted_prompt = sum(r["prompt_tokens"] or 0 for r in counted)
     expected_rows = [r for r in ok if r.get("expected_cached_tokens") is not None]
     expected = sum(r["expected_cached_tokens"] for r in expected_rows)
-    expected_prompt = sum(r["prompt_tokens"] or 0 for r in expected_rows)
+    expected_prompt = sum(local_prompt_tokens(r) for r in expected_rows)  # the expectation's own units
     ttft = [r["ttft_ms"] for r in warm]
     decode_tokens = sum(max((r["output_tokens"] or 0) - 1, 0) for r in ok)
     decode_ms = sum((r["e2e_ms"] - r["ttft_ms"]) for r in ok
@@ -177,7 +182,7 @@ def summarize(rows: Iterable[Mapping[str, Any]], options: SummaryOptions | None 
         num_errors=len(measured) - len(ok),
         prompt_tokens=prompt,
         cached_prompt_tokens=cached,
-        token_hit_rate=cached / prompt if prompt else None,
+        token_hit_rate=cached / counted_prompt if counted_prompt else None,
         expected_hit_rate=expected / expected_prompt if expected_prompt else None,
         cold_ttft_ms=cold["ttft_ms"] if cold else None,
         mean_ttft_ms=float(np.mean(ttft)) if ttft else None,
@@ -197,4 +202,19 @@ def summarize(rows: Iterable[Mapping[str, Any]], options: SummaryOptions | None 
         output_throughput=rates.output_throughput, total_token_throughput=rates.total_token_throughput,
         latency=_latency(ok, warm, options),
         goodput=goodput(ok, options.goodput, rates.duration, options.hit_threshold) if options.goodput else None,
+        num_cached_unreported=len(ok) - len(reported), num_cached_impossible=len(reported) - len(counted),
     )
+
+
+def plausible_cached(row: Mapping[str, Any]) -> bool:
+    """``0 <= cached_prompt_tokens <= prompt_tokens`` (a server reporting more cached tokens than the
+    prompt has, or fewer than none, is wrong about this request; its value is kept in the row but not
+    in any rate)."""
+    return 0 <= row["cached_prompt_tokens"] <= (row["prompt_tokens"] or 0)
+
+
+def local_prompt_tokens(row: Mapping[str, Any]) -> int:
+    """The prompt as kvbench's tokenizer counts it (the units of ``expected_cached_tokens``); the
+    server's ``prompt_tokens`` for rows written before the ``local_prompt_tokens`` column existed."""
+    local = row.get("local_prompt_tokens")
+    return int(local) if local is not None else int(row["prompt_tokens"] or 0)

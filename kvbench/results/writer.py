@@ -20,7 +20,7 @@ from kvbench.results.machine_load import load_sample, load_warnings, spread_warn
 from kvbench.results.parquet import write_table
 from kvbench.results.rows import result_row
 from kvbench.results.schema import RUN_SCHEMA
-from kvbench.results.summary import RunSummary, SummaryOptions, percentile, summarize
+from kvbench.results.summary import RunSummary, SummaryOptions, summarize
 
 if TYPE_CHECKING:
     from kvbench.backends.openai.reconcile import Flagged, Reconciliation
@@ -100,8 +100,9 @@ def _ms(value: float | None) -> str:
 def summary_table(name: str, run: dict[str, Any], summary: RunSummary) -> Table:
     """The run's summary as a two-column table (metric, value)."""
     cache = run["cache"]
-    if run["backend"] == "openai":
-        title = f"kvbench run: {name} (openai {run['base_url']}, {run['model']}, hygiene {run['hygiene']})"
+    if run["backend"] in ("openai", "anthropic"):
+        hygiene = f", hygiene {run['hygiene']}" if "hygiene" in run else ""
+        title = f"kvbench run: {name} ({run['backend']} {run['base_url']}, {run['model']}{hygiene})"
     else:
         cache_text = (f"on ({cache['kind']}, {cache['block_size']}-token blocks, {cache['capacity_blocks']:,} blocks)"
                       if cache["enabled"] else "off")
@@ -113,7 +114,8 @@ def summary_table(name: str, run: dict[str, Any], summary: RunSummary) -> Table:
     expected = "-" if summary.expected_hit_rate is None else f"{summary.expected_hit_rate:.4f}"
     rows = [
         ("requests (measured / warm-up / errors)", f"{summary.num_requests} / {summary.num_warmup} / {summary.num_errors}"),
-        ("prompt tokens / cached", f"{summary.prompt_tokens:,} / {summary.cached_prompt_tokens:,}"),
+        ("prompt tokens / cached", f"{summary.prompt_tokens:,} / "
+                                   + ("-" if summary.token_hit_rate is None else f"{summary.cached_prompt_tokens:,}")),
         ("token hit rate (expected by the simulator)", f"{hit} ({expected})"),
         ("TTFT cold first request (ms)", _ms(summary.cold_ttft_ms)),
         ("TTFT p50 / p90 / p99 (ms)", f"{_ms(summary.p50_ttft_ms)} / {_ms(summary.p90_ttft_ms)} / {_ms(summary.p99_ttft_ms)}"),
@@ -132,6 +134,7 @@ def summary_table(name: str, run: dict[str, Any], summary: RunSummary) -> Table:
     for metric, value in rows:
         table.add_row(metric, value)
     table.caption = "TTFT percentiles exclude the cold first request; token hit rate = cached / prompt tokens"
+    table.caption += cached_tokens_note(summary)
     return table
 
 
@@ -160,6 +163,18 @@ def latency_table(summary: RunSummary) -> Table:
     return table
 
 
+def cached_tokens_note(summary: RunSummary) -> str:
+    """Why the hit rate is missing or leaves requests out ("" when every request counted)."""
+    notes = []
+    if summary.num_cached_unreported:
+        notes.append(f"{summary.num_cached_unreported} requests without cached_tokens (not 0: missing; vLLM "
+                     "reports it with --enable-prompt-tokens-details, SGLang with --enable-cache-report)")
+    if summary.num_cached_impossible:
+        notes.append(f"[red]{summary.num_cached_impossible} requests reported impossible cached_tokens "
+                     "(< 0 or > prompt tokens)[/red]")
+    return "; " + "; ".join(notes) + ", kept out of the hit rate" if notes else ""
+
+
 def _rate(value: float | None) -> str:
     return "-" if value is None else f"{value:.4f}"
 
@@ -180,6 +195,9 @@ def num_multi_token_chunks(rows: list[dict[str, Any]]) -> int:
     """Successful responses whose stream put several tokens in one chunk (fewer ITL gaps than tokens - 1)."""
     return sum(1 for row in rows if row["status"] == "ok" and row["ttft_ms"] is not None
                and len(row["itl_ms"] or ()) < (row["output_tokens"] or 0) - 1)
+
+
+MAX_SHORT_LISTED = 5  # request ids shown for short outputs
 
 
 def _flag_rows(table: Table, label: str, flagged: tuple[Flagged, ...]) -> None:
@@ -218,11 +236,20 @@ def http_tables(rows: list[dict[str, Any]], reconciliation: Reconciliation) -> l
         ("reported > expected (served out of trace order)", str(rec.num_above_expected)),
         ("reported < expected by more than one block", str(len(rec.below_expected))),
         ("server prompt tokens != local count", str(rec.num_prompt_token_mismatches)),
+        ("[red]impossible cached_tokens (< 0 or > prompt), excluded[/red]" if rec.impossible
+         else "impossible cached_tokens (< 0 or > prompt), excluded", str(len(rec.impossible))),
+        ("[red]outputs shorter than max_tokens under ignore_eos[/red]" if rec.short_outputs
+         else "outputs shorter than max_tokens under ignore_eos", str(len(rec.short_outputs))),
     ]
     for check, value in entries:
         table.add_row(check, value)
     _flag_rows(table, "over", rec.over_possible)
     _flag_rows(table, "below", rec.below_expected)
+    _flag_rows(table, "impossible", rec.impossible)
+    if rec.short_outputs:
+        shown = ", ".join(rec.short_outputs[:MAX_SHORT_LISTED])
+        table.add_row("  short", shown + (f" and {len(rec.short_outputs) - MAX_SHORT_LISTED} more"
+                                          if len(rec.short_outputs) > MAX_SHORT_LISTED else ""))
     table.caption = ("all successful requests, warm-up included (as /metrics counts them); hit rate = cached / "
                      "prompt tokens; possible = longest shared prefix with a request sent before this one ended")
     if rec.num_compared == 0 and rec.num_unreported:

@@ -26,10 +26,12 @@ from kvbench.errors import checked
 from kvbench.results.parquet import check_output_path
 from kvbench.results.writer import RunWriter
 from kvbench.results.summary import summarize
-from kvbench.run.config import BackendKind, CacheFlags, RunConfig, SweepConfig
+from kvbench.run.config import BackendKind, CacheFlags, EngineKind, RunConfig, SweepConfig
+from kvbench.run.engines import engine_metadata, make_engine, predicted_cached_tokens
 from kvbench.run.execute import (Progress, RunInterrupted, RunOutcome, default_out, execute, new_run_id,
                                  prepared_requests, run_metadata)
 from kvbench.run.load_section import with_load_section
+from kvbench.run.checks import check_against_model, check_cache_size_text, requests_note
 from kvbench.run.loop import LoadConfig
 from kvbench.run.setup import cache_config, cache_metadata, parse_cache_size, run_section
 from kvbench.sim.predict import expected_cached_tokens
@@ -57,39 +59,61 @@ def run(config: RunConfig, on_progress: Progress | None = None) -> RunOutcome:
         from kvbench.run.api_openai import run_openai
 
         return run_openai(config, on_progress)
+    if config.backend is BackendKind.ANTHROPIC:
+        from kvbench.run.api_anthropic import run_anthropic
+
+        return run_anthropic(config, on_progress)
     return run_inprocess(config, on_progress)
+    replacing = config.out is not None and Path(config.out).is_file()
+    if config.backend is BackendKind.OPENAI:
+        from kvbench.run.api_openai import run_openai
+
+        outcome = run_openai(config, on_progress)
+    else:
+        outcome = run_inprocess(config, on_progress)
+    if replacing:
+        outcome.notes.append(f"--out {config.out}: replaced the results file that was there")
+    return outcome
 
 
 def run_inprocess(config: RunConfig, on_progress: Progress | None = None) -> RunOutcome:
     """:func:`run` on the in-process engine."""
     from kvbench.backends.inprocess import InProcessBackend
-    from kvbench.engine.engine import EngineConfig, HFEngine, SamplingParams
+    from kvbench.engine.engine import SamplingParams
     from kvbench.engine.model import ModelConfig, load_model
     from kvbench.workloads.tokenizer import load_tokenizer
 
     flags = config.model
     model_path = Path(flags.path) if flags.path is not None else None
-    loaded = load_model(checked(lambda: ModelConfig(path=model_path, device=flags.device, dtype=flags.dtype)))
+    model_config = checked(lambda: ModelConfig(path=model_path, device=flags.device, dtype=flags.dtype))
     source = load_source(config.source, load_tokenizer(flags.path), limit=config.run.num_requests)
     settings = run_section(source, config.run, config.cache)
     requests = prepared_requests(source, settings)
     block_size = config.cache.block_size or source.block_size
+    check_cache_size_text(config.cache.cache_size or settings.cache_size)  # all before torch loads the model
+    loaded = load_model(model_config)
+    check_against_model(requests, block_size, loaded.max_context_tokens)
     capacity = parse_cache_size(config.cache.cache_size or settings.cache_size,
                                 loaded.kv_layout(block_size).bytes_per_block)
-    cache = cache_config(source.cache, config.cache, capacity, block_size) if settings.cache == "on" else None
-    requests = [replace(r, expected_cached_tokens=e) for r, e in zip(requests, expected_cached_tokens(requests, cache))]
+    paged = config.engine.engine is EngineKind.PAGED
+    pool = cache_config(source.cache, config.cache, capacity, block_size) if settings.cache == "on" or paged else None
+    cache = pool if settings.cache == "on" else None
+    expected = predicted_cached_tokens(requests, config.engine, cache, settings.concurrency, settings.ignore_eos)
+    requests = [replace(r, expected_cached_tokens=e) for r, e in zip(requests, expected)]
     sampling = checked(lambda: SamplingParams(max_tokens=1, temperature=settings.temperature, top_p=settings.top_p,
                                               seed=settings.seed, ignore_eos=settings.ignore_eos))
     load = checked(lambda: LoadConfig(concurrency=settings.concurrency, num_warmup=min(settings.warmup, len(requests))))
-    engine = HFEngine(loaded, EngineConfig(cache=cache, verify=settings.verify, salt=config.salt or ""))
+    engine = make_engine(loaded, config.engine, pool, cache is not None, settings.verify, config.salt or "")
     backend = InProcessBackend(engine, sampling, loaded.name)
     run_id = new_run_id(source.name)
     run_info = {"run_id": run_id, "backend": "inprocess", "model": loaded.name, "cache": cache_metadata(cache),
-                "device": flags.device, "dtype": flags.dtype, "verify": settings.verify}
+                "device": flags.device, "dtype": flags.dtype, "verify": settings.verify,
+                "engine": engine_metadata(config.engine, engine)}
     metadata = run_metadata(source, settings, requests, run_info, config.source, load.num_warmup)
     writer = RunWriter(config.out or default_out("run", source.name), metadata, run_id, backend.describe(),
                        config.summary)
     outcome = execute(requests, backend, load, writer, on_progress)
+    outcome.notes += requests_note(settings.num_requests, len(source.requests))
     writer.close(complete=True)
     return outcome
 

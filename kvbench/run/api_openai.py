@@ -19,9 +19,13 @@ from kvbench.results.writer import RunWriter
 from kvbench.run.execute import (Progress, RunOutcome, api_key, default_out, execute, new_run_id,
                                  prepared_requests, run_metadata)
 from kvbench.run.config import DEFAULT_TIMEOUT_S, RunConfig
+from kvbench.run.checks import requests_note
 from kvbench.run.loop import LoadConfig
 from kvbench.run.setup import run_section
 from kvbench.run.source import load_source
+
+
+MAX_CONNECTION_FAILURES = 5  # consecutive; then the server is taken as gone and the rest is not sent
 
 
 def served_model(config: RunConfig, key: str) -> str:
@@ -101,13 +105,16 @@ def _load(config: RunConfig, settings, num_requests: int) -> LoadConfig:
         concurrency = config.run.concurrency
     return LoadConfig(concurrency, rate, server.burstiness or 1.0, server.duration,
                       num_warmup=min(settings.warmup, num_requests), seed=settings.seed,
-                      time_scale=server.trace_time_scale)
+                      time_scale=server.trace_time_scale,
+                      max_connection_failures=MAX_CONNECTION_FAILURES)
 
 
 def _run_info(config: RunConfig, run_id: str, client_config, load: LoadConfig, expectations,
               tokenizer_name: str) -> dict:
     """The run's metadata: the key's variable name, never the key."""
     return {"run_id": run_id, "backend": "openai", "model": client_config.model, "base_url": client_config.base_url,
+            **({"base_urls": list(config.server.base_urls), "route": config.server.route or "round-robin"}
+               if config.server.base_urls else {}),
             "api_key_env": config.server.key_variable, "tokenizer": tokenizer_name,
             "hygiene": (config.server.hygiene or Hygiene.SALT).value, "timeout_s": client_config.timeout_s,
             "cache": {"enabled": None, "block_size": expectations.block_size,
@@ -118,16 +125,37 @@ def _run_info(config: RunConfig, run_id: str, client_config, load: LoadConfig, e
                      "schedule": "trace" if load.time_scale is not None else "rate", "time_scale": load.time_scale}}
 
 
+def _all_metrics(fetch_metrics, urls, key: str) -> str | None:
+    """Every endpoint's ``/metrics`` text, joined (the counter parser sums samples over them)."""
+    texts = [text for text in (fetch_metrics(url, key) for url in urls) if text is not None]
+    return "\n".join(texts) if texts else None
+
+
+def _backend(client_config, tokenizer, run_salt: str | None, server):
+    """One :class:`OpenAIBackend`, or one per ``--base-url`` behind a client-side router."""
+    from kvbench.backends.openai.client import OpenAIBackend
+    from kvbench.backends.routed import RoutedBackend
+
+    if not server.base_urls:
+        return OpenAIBackend(client_config, tokenizer, run_salt)
+    backends = [OpenAIBackend(replace(client_config, base_url=url.rstrip("/")), tokenizer, run_salt)
+                for url in server.base_urls]
+    return RoutedBackend(backends, server.route or "round-robin", client_config.block_size)
+
+
 def run_openai(config: RunConfig, on_progress: Progress | None = None) -> RunOutcome:
     """:func:`kvbench.run.api.run` against an OpenAI-compatible server."""
     from kvbench.backends.openai.admin import fetch_metrics, reset_prefix_cache
-    from kvbench.backends.openai.client import OpenAIBackend, OpenAIConfig
+    from kvbench.backends.openai.client import OpenAIConfig
     from kvbench.backends.openai.metrics import detect_cache_settings, parse_prefix_cache_counters
     from kvbench.backends.openai.reconcile import reconcile
     from kvbench.backends.openai.server_cache import resolve_server_cache, server_expectations
     from kvbench.workloads.tokenizer import load_tokenizer
 
+    from kvbench.backends.openai.client import check_base_url
+
     server = config.server
+    checked(lambda: check_base_url(server.url))  # before the tokenizer or any request
     tokenizer = None if server.tokenizer == SERVER_TOKENIZER else load_tokenizer(server.tokenizer)
     source = load_source(config.source, tokenizer, limit=config.run.num_requests)
     settings = run_section(source, config.run)
@@ -135,8 +163,9 @@ def run_openai(config: RunConfig, on_progress: Progress | None = None) -> RunOut
     model = served_model(config, key)
     tokenizer, source = with_run_tokenizer(config, model, key, tokenizer, source)
     config, notes, checks = run_preflight(config, model, key, tokenizer, settings)
-    notes += [reset_prefix_cache(server.url, key)[1]] if server.reset_cache else []
-    metrics_text = fetch_metrics(server.url, key)
+    urls = server.base_urls or (server.url,)
+    notes += [reset_prefix_cache(url, key)[1] for url in urls] if server.reset_cache else []
+    metrics_text = _all_metrics(fetch_metrics, urls, key)
     before = parse_prefix_cache_counters(metrics_text)
     server_cache = resolve_server_cache(detect_cache_settings(metrics_text), server.server_block_size,
                                         server.expected_cache_size)
@@ -151,18 +180,18 @@ def run_openai(config: RunConfig, on_progress: Progress | None = None) -> RunOut
     run_id = new_run_id(source.name)
     metadata = run_metadata(source, settings, requests, _run_info(config, run_id, client_config, load, expectations,
                                                                   tokenizer.name), config.source, load.num_warmup)
-    backend = OpenAIBackend(client_config, tokenizer, run_salt)
+    backend = _backend(client_config, tokenizer, run_salt, server)
     metadata["preflight"], metadata["server_cache"] = checks, server_cache.origins
     writer = RunWriter(config.out or default_out("run", source.name), metadata, run_id, backend.describe(),
                        config.summary)
     outcome = execute(requests, backend, load, writer, on_progress, backend_context=lambda: backend)
-    outcome.notes = notes
+    outcome.notes = notes + requests_note(settings.num_requests, len(source.requests))
     if load.is_open_loop:
         outcome.notes.append(replay_lag(outcome.rows).describe())
-    after = parse_prefix_cache_counters(fetch_metrics(server.url, key))
+    after = parse_prefix_cache_counters(_all_metrics(fetch_metrics, urls, key))
     by_index = {request.index: record for request, record in outcome.records}
     outcome.reconciliation = reconcile(writer.rows, requests, expectations, [by_index.get(r.index) for r in requests],
-                                       before, after)
+                                       before, after, ignore_eos=settings.ignore_eos)
     writer.metadata["reconciliation"] = outcome.reconciliation.as_dict()
     writer.close(complete=True)
     return outcome

@@ -26,6 +26,7 @@ DEFAULT_SERVER_BLOCK_SIZE = 16  # vLLM's default block size
 class BackendKind(str, Enum):
     INPROCESS = "inprocess"
     OPENAI = "openai"
+    ANTHROPIC = "anthropic"  # kvbench/backends/anthropic.py: an Anthropic Messages endpoint
 
 
 class Schedule(str, Enum):
@@ -55,6 +56,34 @@ class ModelFlags:
     path: str | None = None
     device: str = "cpu"
     dtype: str = "float32"  # fp32 keeps cache-on and cache-off greedy outputs identical
+
+
+class EngineKind(str, Enum):
+    """``copy``: the seed's engine (a block per tensor, hits copied into a contiguous cache, one
+    request at a time); ``paged``: one KV pool, block tables, continuous batching
+    (:mod:`kvbench.engine.paged`)."""
+
+    COPY = "copy"
+    PAGED = "paged"
+
+
+@dataclass(frozen=True)
+class EngineFlags:
+    """Which in-process engine, and the paged engine's vLLM-style limits (``None`` = its defaults)."""
+
+    engine: EngineKind = EngineKind.COPY
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    batch_invariant: bool = False  # paged: one forward per sequence, exact against concurrency 1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "engine", EngineKind(self.engine))
+        _check_positive(self, ("max_num_seqs", "max_num_batched_tokens"))
+        if self.engine is EngineKind.COPY:
+            given = [name for name in ("max_num_seqs", "max_num_batched_tokens") if getattr(self, name) is not None]
+            given += ["batch_invariant"] if self.batch_invariant else []
+            if given:
+                raise ValueError(f"{_flag(given[0])} applies to --engine paged only")
 
 
 @dataclass(frozen=True)
@@ -113,6 +142,8 @@ class ServerFlags:
     schedule: Schedule | None = None  # None = rate
     time_scale: float | None = None  # --schedule trace: speed-up factor (None = 1, real time)
     preflight: bool = True  # check server, model, streaming, cached_tokens and cache_salt first
+    base_urls: tuple[str, ...] = ()  # two or more endpoints, routed client-side (kvbench/backends/routed.py)
+    route: str | None = None  # the policy over base_urls (kvbench/route/policies.py); None = round-robin
 
     def __post_init__(self) -> None:
         _check_positive(self, ("timeout", "duration", "request_rate", "burstiness", "server_block_size",
@@ -121,6 +152,9 @@ class ServerFlags:
             raise ValueError("--time-scale applies to --schedule trace")
         if self.schedule is Schedule.TRACE and self.request_rate is not None:
             raise ValueError("--schedule trace replays the trace's own times: drop --request-rate")
+        object.__setattr__(self, "base_urls", tuple(self.base_urls))
+        if self.route is not None and len(self.base_urls) < 2:
+            raise ValueError("--route needs two or more --base-url endpoints")
 
     @property
     def trace_time_scale(self) -> float | None:
@@ -155,10 +189,13 @@ class RunConfig:
     salt: str | None = None
     out: Path | None = None
     summary: SummaryOptions = field(default_factory=SummaryOptions)  # percentiles, goodput SLOs
+    engine: EngineFlags = field(default_factory=EngineFlags)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "source", Path(self.source))
         object.__setattr__(self, "backend", BackendKind(self.backend))
+        if self.backend is BackendKind.OPENAI and self.engine != EngineFlags():
+            raise ValueError("--engine and its limits apply to --backend inprocess only")
         if self.out is not None:
             object.__setattr__(self, "out", Path(self.out))
         other = self.server if self.backend is BackendKind.INPROCESS else self.cache

@@ -26,6 +26,10 @@ It decides *when* each request is sent; the backend (:mod:`kvbench.backends.base
 * **Warm-up**: the first ``num_warmup`` requests run first, closed loop, marked ``warmup``.
 * ``duration_s`` stops *sending* that long after the measured phase began; in-flight requests
   finish, unsent ones leave no record.
+* ``max_connection_failures`` n: after n consecutive records that are connection failures
+  (:attr:`RequestRecord.is_connection_failure`: the server is gone), nothing more is sent; every
+  request left gets an error record "not sent: ..." at once, so a dead server costs n requests, not
+  the whole trace of timeouts and refusals.
 
 ``on_record(request, record)`` sees each record as soon as it exists, so an interrupted run (Ctrl-C,
 an exception) keeps every finished request.
@@ -42,7 +46,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from kvbench.backends.base import Backend
-from kvbench.request import Phase, Request, RequestRecord
+from kvbench.request import NOT_SENT, Phase, Request, RequestRecord
 from kvbench.run.clock import WALL_CLOCK, Clock
 
 OnRecord = Callable[[Request, RequestRecord], None]
@@ -70,6 +74,7 @@ class LoadConfig:
     num_warmup: int = 0
     seed: int = 0
     time_scale: float | None = None
+    max_connection_failures: int | None = None  # None: keep sending whatever happens
 
     def __post_init__(self) -> None:
         if self.time_scale is not None and not (self.time_scale > 0 and math.isfinite(self.time_scale)):
@@ -88,6 +93,8 @@ class LoadConfig:
             raise ValueError(f"burstiness must be a positive number, got {self.burstiness}")
         if self.duration_s is not None and not self.duration_s > 0:
             raise ValueError(f"duration must be positive, got {self.duration_s}")
+        if self.max_connection_failures is not None and not _is_int_at_least(self.max_connection_failures, 1):
+            raise ValueError(f"max_connection_failures must be a positive integer, got {self.max_connection_failures!r}")
 
     @property
     def is_open_loop(self) -> bool:
@@ -118,8 +125,12 @@ class _Run:
     """State of one :func:`send_requests` call: which turn waits for which, and the records."""
 
     def __init__(self, requests: Sequence[Request], backend: Backend, on_record: OnRecord | None,
-                 clock: Clock) -> None:
+                 clock: Clock, max_connection_failures: int | None = None) -> None:
         self.backend, self.on_record, self.clock = backend, on_record, clock
+        self.max_connection_failures = max_connection_failures
+        self.num_connection_failures = 0  # consecutive
+        self.gave_up: str | None = None  # why nothing more is sent
+        self.stopped = asyncio.Event()  # set with gave_up: open-loop requests stop waiting for their due time
         self.start_s = clock.now()
         self.done = {request.index: asyncio.Event() for request in requests}
         self.previous: dict[int, int] = {}
@@ -139,18 +150,41 @@ class _Run:
 
     async def serve(self, request: Request, phase: Phase, queued_since_s: float) -> None:
         try:
+            if self.gave_up is not None:
+                return self._keep(request, replace(RequestRecord.failed(request.prompt_tokens, self.gave_up),
+                                                   phase=phase))
             sent_s = self.clock.now()
             record = await self.backend.serve(request)
             ended_s = self.clock.now()
             record = replace(record, phase=phase, queue_ms=(sent_s - queued_since_s) * 1e3 + record.queue_ms,
                              sent_s=sent_s - self.start_s, ended_s=ended_s - self.start_s,
                              due_s=queued_since_s - self.start_s)
-            self.records.append((request, record))
-            if self.on_record is not None:
-                self.on_record(request, record)
+            self._count_failure(record)
+            self._keep(request, record)
         finally:
             self.done[request.index].set()
         await asyncio.sleep(0)  # let a session's next turn, woken just now, go before a later request
+
+    def _keep(self, request: Request, record: RequestRecord) -> None:
+        self.records.append((request, record))
+        if self.on_record is not None:
+            self.on_record(request, record)
+
+    def _count_failure(self, record: RequestRecord) -> None:
+        self.num_connection_failures = self.num_connection_failures + 1 if record.is_connection_failure else 0
+        limit = self.max_connection_failures
+        if limit is not None and self.num_connection_failures >= limit and self.gave_up is None:
+            self.gave_up = (f"{NOT_SENT}: the send loop stopped after {limit} consecutive connection failures "
+                            f"(last: {record.error})")
+            self.stopped.set()
+
+    async def sleep_unless_stopped(self, seconds: float) -> None:
+        """``clock.sleep(seconds)``, cut short when the run gives up."""
+        sleep = asyncio.ensure_future(self.clock.sleep(seconds))
+        stop = asyncio.ensure_future(self.stopped.wait())
+        await asyncio.wait({sleep, stop}, return_when=asyncio.FIRST_COMPLETED)
+        for task in (sleep, stop):
+            task.cancel()
 
 
 async def _closed_loop(run: _Run, batch: Sequence[Request], phase: Phase, concurrency: int,
@@ -179,7 +213,7 @@ async def _open_loop(run: _Run, batch: Sequence[Request], phase: Phase, load: Lo
         if request_due_s > deadline_s:
             run.skip(request)
             return
-        await run.clock.sleep(request_due_s - run.clock.now())
+        await run.sleep_unless_stopped(request_due_s - run.clock.now())
         await run.previous_turn(request)
         async with slots or contextlib.nullcontext():
             await run.serve(request, phase, request_due_s)
@@ -196,7 +230,7 @@ async def send_requests(requests: Sequence[Request], backend: Backend, load: Loa
     queue time and service window. Cancellation (Ctrl-C) propagates after ``on_record`` has seen
     every finished request.
     """
-    run = _Run(requests, backend, on_record, clock)
+    run = _Run(requests, backend, on_record, clock, load.max_connection_failures)
     num_warmup = min(load.num_warmup, len(requests))
     warmup, measured = requests[:num_warmup], requests[num_warmup:]
     if warmup:

@@ -9,7 +9,9 @@ A scenario has up to four sections::
     [load]       how ``kvbench run --backend openai`` sends (read by :mod:`kvbench.run.load_section`)
 
 Every key is checked: an unknown section or key, or a value of the wrong type, is an ``InputError``
-naming the file, the line and the field.
+naming the file, the line and the field. Types are checked by pydantic against each field's
+annotation, strictly as for JSON (``ttl_s = "abc"`` or ``temperature = "hot"`` is "expected a number",
+never Python's own wording; no string is coerced to a number), before the section's own range checks.
 
 Workload kinds come from the one registry, :data:`kvbench.workloads.kinds.KINDS`; every kind gives
 :class:`kvbench.request.Request` objects, so every kind can run through the simulator.
@@ -18,9 +20,12 @@ Workload kinds come from the one registry, :data:`kvbench.workloads.kinds.KINDS`
 from __future__ import annotations
 
 import dataclasses
+import enum
 import importlib.resources
+import json
 import re
 import tomllib
+import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -151,6 +156,41 @@ def _line_of(text: str, section: str, key: str | None) -> int | None:
     return None
 
 
+_PLAIN_TYPES = (int, float, str, bool, type(None), Path)
+
+
+def _plain(hint: Any) -> bool:
+    """Whether ``hint`` is built only from plain TOML-like types (numbers, strings, booleans, paths,
+    enums, and tuples / lists / unions of them)."""
+    args = typing.get_args(hint)
+    if args:
+        return all(_plain(arg) for arg in args if arg is not Ellipsis)
+    return hint in _PLAIN_TYPES or (isinstance(hint, type) and issubclass(hint, enum.Enum))
+
+
+def _check_types(cls: type, table: dict, path: Path, text: str, section: str) -> None:
+    """Raise ``InputError`` (file:line, field) for the first value of ``table`` whose type does not
+    match its field's annotation (pydantic, strict JSON mode: enums by value, lists for tuples)."""
+    import pydantic
+
+    hints = typing.get_type_hints(cls)
+    for key, value in table.items():
+        if key not in hints or not _plain(hints[key]):
+            continue  # a kvbench type parsed from text (IntDist, ...): the class checks it
+        try:
+            adapter = pydantic.TypeAdapter(hints[key])
+        except (pydantic.PydanticSchemaGenerationError, KeyError, TypeError):
+            continue  # a type pydantic cannot describe: the class checks it
+        try:
+            adapter.validate_json(json.dumps(value, default=str), strict=True)
+        except pydantic.ValidationError as exc:
+            problem = exc.errors()[0]
+            where = "".join(f"[{part}]" for part in problem["loc"] if isinstance(part, int))
+            message = problem["msg"].replace("Input should be", "expected").split(" [type=")[0]
+            raise InputError.at(path, _line_of(text, section, key), f"{section}.{key}{where}",
+                                f"{message}, got {value!r}") from None
+
+
 def build_section(cls: type, table: dict, path: Path, text: str, section: str) -> Any:
     """Instantiate ``cls`` from ``table``; unknown keys and bad values raise ``InputError``."""
     known = {f.name for f in dataclasses.fields(cls)}
@@ -158,6 +198,7 @@ def build_section(cls: type, table: dict, path: Path, text: str, section: str) -
         if key not in known:
             raise InputError.at(path, _line_of(text, section, key), f"{section}.{key}",
                                 f"unknown key (known: {', '.join(sorted(known))})")
+    _check_types(cls, table, path, text, section)
     try:
         return cls(**table)
     except (ValueError, TypeError) as exc:

@@ -3,48 +3,62 @@
 =============================  ====================================================================
 ``POST /v1/completions``       text or token-id prompt; ``stream`` (SSE) or not
 ``POST /v1/chat/completions``  messages rendered with the tokenizer's chat format (ChatML for cl100k)
-``GET /v1/models``             the one served model
-``GET /health``                200 when serving
+``GET /v1/models``             the one served model (with vLLM's ``root`` and ``max_model_len``)
+``GET /health``                200 when serving (never needs the API key)
 ``POST /reset_prefix_cache``   drop every cached block (vLLM's endpoint), after the running request
-``GET /metrics``               Prometheus text (:mod:`kvbench.server.metrics`)
-``POST /tokenize``, ``/detokenize``  vLLM's tokenizer routes (:mod:`kvbench.server.tokenize_routes`)
+``GET|HEAD /metrics``          Prometheus text (:mod:`kvbench.server.metrics`)
+``POST /tokenize``             vLLM's: prompt or messages -> ``tokens``, ``count``, ``max_model_len``
+``POST /detokenize``           vLLM's: ``tokens`` -> ``prompt`` (:mod:`kvbench.server.tokenize`)
+``POST /v1/messages``          Anthropic's Messages shape (:mod:`kvbench.server.messages`)
 =============================  ====================================================================
 
-Streams follow OpenAI: ``data: {chunk}`` events, one per output token (a chat stream starts with an
-empty assistant-role chunk), a chunk with ``finish_reason``, a usage chunk with empty ``choices``
-when ``stream_options.include_usage`` is set, then ``data: [DONE]``. An engine failure after the
-stream started becomes a ``data: {"error": ...}`` event. Refused requests get a 4xx error object
-before anything is queued: malformed JSON or fields (400), unknown model (404), ``max_tokens < 1``
-(400), prompt + ``max_tokens`` beyond the context (400).
+Every request first passes :class:`kvbench.server.guards.Guards` (Host, API key, JSON content type,
+body size). Streams follow OpenAI: ``data: {chunk}`` events, one per output token (a chat stream
+starts with an empty assistant-role chunk; a token that ends inside a multi-byte character carries
+empty text, its character comes whole with the next), a chunk with ``finish_reason``, a usage chunk
+with empty ``choices`` when ``stream_options.include_usage`` is set (with vLLM's
+``continuous_usage_stats``, every chunk carries the usage so far), then ``data: [DONE]``. An engine
+failure after the stream started becomes a ``data: {"error": ...}`` event. Refused requests get a 4xx
+error object before anything is queued: malformed JSON or fields (400, ``param`` naming the field),
+unknown model (404), ``max_tokens < 1`` (400), prompt + ``max_tokens`` beyond the context (400). A
+client that disconnects, streaming or not, stops its request (queued or running).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kvbench.engine.engine import SamplingParams
 from kvbench.request import RequestRecord
+from kvbench.server.guards import GuardConfig, Guards
 from kvbench.server.schemas import (DEFAULT_MAX_TOKENS, ApiError, ChatCompletionRequest, CompletionRequest,
                                     chunk_body, response_body, usage)
+from kvbench.server.messages import MIN_CACHE_TOKENS, add_messages_route
 from kvbench.server.service import EngineService, Generation
-from kvbench.server.tokenize_routes import add_tokenize_routes
+from kvbench.server.tokenize import add_tokenize_routes
+from kvbench.server.validation import invalid_body_error
 
-MAX_SALT_CHARS = 1024  # vLLM's limit on cache_salt
 
-
-def create_app(service: EngineService) -> FastAPI:
-    """The app serving ``service``'s model. Run it with any ASGI server (``kvbench serve`` uses uvicorn)."""
+def create_app(service: EngineService, guards: GuardConfig | None = None,
+               min_cache_tokens: int = MIN_CACHE_TOKENS) -> FastAPI:
+    """The app serving ``service``'s model behind ``guards`` (default: 32 MiB bodies, no key, any Host).
+    Run it with any ASGI server (``kvbench serve`` uses uvicorn). ``POST /v1/messages`` (Anthropic's
+    shape, ``min_cache_tokens`` its minimum cacheable prefix) is :mod:`kvbench.server.messages`."""
     app = FastAPI(title="kvbench serve", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(Guards, config=guards or GuardConfig())
     _add_error_handlers(app)
+    add_tokenize_routes(app, service)
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -53,28 +67,30 @@ def create_app(service: EngineService) -> FastAPI:
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": service.model_name, "object": "model", "created": 0,
-                                            "owned_by": "kvbench", "max_model_len": service.max_context_tokens}]}
+                                            "owned_by": "kvbench", "root": service.model_name, "parent": None,
+                                            "max_model_len": service.max_context_tokens}]}
 
     @app.post("/reset_prefix_cache")
     async def reset_prefix_cache() -> dict[str, Any]:
         return {"status": "ok", "cache_enabled": await service.reset_prefix_cache()}
 
-    @app.get("/metrics")
+    @app.api_route("/metrics", methods=["GET", "HEAD"])
     async def metrics() -> PlainTextResponse:
         return PlainTextResponse(service.metrics_text(), media_type="text/plain; version=0.0.4")
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest):
+    async def completions(http: Request, body: CompletionRequest):
         _check_model(service, body.model)
-        return await _generate(service, body, service.render_prompt(body.single_prompt()), chat=False)
+        prompt = body.single_prompt()
+        return await _generate(http, service, body, lambda: service.render_prompt(prompt), chat=False)
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest):
+    async def chat_completions(http: Request, body: ChatCompletionRequest):
         _check_model(service, body.model)
-        token_ids = service.render_chat([(message.role, message.text()) for message in body.messages])
-        return await _generate(service, body, token_ids, chat=True)
+        messages = [(message.role, message.text()) for message in body.messages]
+        return await _generate(http, service, body, lambda: service.render_chat(messages), chat=True)
 
-    add_tokenize_routes(app, service)
+    add_messages_route(app, service, min_cache_tokens)
     return app
 
 
@@ -85,12 +101,12 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(_: Request, exc: RequestValidationError) -> JSONResponse:
-        problem = exc.errors()[0] if exc.errors() else {}
-        if problem.get("type") == "json_invalid":
-            return JSONResponse(ApiError(400, f"malformed JSON body: {problem.get('msg')}").body(), status_code=400)
-        where = ".".join(str(part) for part in problem.get("loc", ()) if part != "body") or None
-        message = f"{where}: {problem.get('msg')}" if where else str(problem.get("msg", "invalid request body"))
-        return JSONResponse(ApiError(400, message, where).body(), status_code=400)
+        error = invalid_body_error(exc.errors())
+        return JSONResponse(error.body(), status_code=error.status)
+
+    @app.exception_handler(RecursionError)
+    async def too_deep(_: Request, exc: RecursionError) -> JSONResponse:
+        return JSONResponse(ApiError(400, "the JSON body is nested too deeply").body(), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -103,44 +119,37 @@ def _check_model(service: EngineService, model: str) -> None:
                        "model", "model_not_found")
 
 
-def _sampling(body: CompletionRequest | ChatCompletionRequest) -> SamplingParams:
-    """The request's sampling. Raises ``ApiError`` (400) for fields the server cannot honour."""
-    if body.n != 1:
-        raise ApiError(400, f"n must be 1 (one choice per request), got {body.n}", "n")
-    if body.stop:
-        raise ApiError(400, "stop sequences are not supported by kvbench serve", "stop")
-    max_tokens = body.requested_max_tokens()
-    max_tokens = DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
+def _sampling(body: CompletionRequest | ChatCompletionRequest, max_tokens: int) -> SamplingParams:
+    """The request's sampling (its fields are range-checked by the schema). Raises ``ApiError`` (400)."""
     if max_tokens < 1:
-        raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
-    if body.cache_salt is not None and len(body.cache_salt) > MAX_SALT_CHARS:
-        raise ApiError(400, f"cache_salt must be at most {MAX_SALT_CHARS} characters", "cache_salt")
-    try:
-        return SamplingParams(max_tokens=max_tokens, temperature=1.0 if body.temperature is None else body.temperature,
-                              top_p=1.0 if body.top_p is None else body.top_p, seed=body.seed,
-                              ignore_eos=body.ignore_eos)
-    except ValueError as exc:
-        raise ApiError(400, str(exc)) from None
+        name = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) is not None else "max_tokens"
+        raise ApiError(400, f"{name} must be at least 1, got {max_tokens}", name)
+    return SamplingParams(max_tokens=max_tokens, temperature=1.0 if body.temperature is None else body.temperature,
+                          top_p=1.0 if body.top_p is None else body.top_p, seed=body.seed,
+                          ignore_eos=body.ignore_eos)
 
 
-async def _generate(service: EngineService, body: CompletionRequest | ChatCompletionRequest, token_ids,
-                    chat: bool):
-    sampling = _sampling(body)
+async def _generate(http: Request, service: EngineService, body: CompletionRequest | ChatCompletionRequest,
+                    render: Callable[[], np.ndarray], chat: bool):
+    requested = body.requested_max_tokens()
+    if requested is not None:
+        _sampling(body, requested)  # refuse a bad max_tokens before tokenizing
+    token_ids = await asyncio.to_thread(render)  # off the event loop: a large prompt stalls nothing
+    if requested is None:
+        requested = service.default_max_tokens(len(token_ids)) if chat else DEFAULT_MAX_TOKENS
+    sampling = _sampling(body, requested)
     service.check(token_ids, sampling.max_tokens)
-    request = service.request(token_ids, sampling.max_tokens, body.cache_salt or None,
+    request = service.request(token_ids, sampling.max_tokens, body.cache_salt,
                               f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}")
-    generation = service.submit(request, sampling)
+    generation = service.submit(request, sampling, body.stop_sequences)
     header = _Header(chat, request.request_id, int(time.time()), service.model_name)
     if body.stream:
-        return StreamingResponse(_stream(service, generation, header, body.include_usage),
-                                 media_type="text/event-stream")
-    try:
-        result = await _outcome(generation)
-    except BaseException:
-        generation.cancel()
-        raise
-    text = service.decode(result.output_token_ids)
-    return response_body(chat, header.response_id, header.created, header.model, text,
+        return StreamingResponse(_stream(service, generation, header, body), media_type="text/event-stream")
+    result = await _outcome_unless_gone(http, generation)
+    if result is None:
+        return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
+    generation.text.finish()
+    return response_body(chat, header.response_id, header.created, header.model, generation.text.text,
                          _finish_reason(service, generation, result), _usage(result))
 
 
@@ -165,28 +174,59 @@ async def _outcome(generation: Generation) -> RequestRecord:
             raise ApiError(400 if kind == "refused" else 500, str(value or "the request was cancelled"))
 
 
+async def _outcome_unless_gone(http: Request, generation: Generation) -> RequestRecord | None:
+    """The result of a non-streamed request, or ``None`` (and the request cancelled, queued or running)
+    when its client disconnects first."""
+    outcome = asyncio.ensure_future(_outcome(generation))
+    gone = asyncio.ensure_future(_disconnected(http))
+    try:
+        await asyncio.wait({outcome, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not outcome.done():
+            generation.cancel()
+            outcome.cancel()
+    return outcome.result() if not outcome.cancelled() else None
+
+
+async def _disconnected(http: Request) -> None:
+    """Returns when the client has gone (the body was read already, so ``receive`` waits for that)."""
+    while (await http.receive())["type"] != "http.disconnect":
+        pass
+
+
 async def _stream(service: EngineService, generation: Generation, header: _Header,
-                  include_usage: bool) -> AsyncIterator[str]:
-    """The SSE events of one streamed response; cancels the request if the client goes away."""
+                  body: CompletionRequest | ChatCompletionRequest) -> AsyncIterator[str]:
+    """The SSE events of one streamed response; cancels the request if the client goes away. Token
+    events reach the queue before the ``done`` event (both go through the loop's FIFO of callbacks)."""
+    include_usage = body.include_usage
+    continuous = include_usage and body.continuous_usage
+    num_prompt = int(generation.request.token_ids.shape[0])
     num_sent = 0
+
+    def running_usage() -> dict[str, Any] | None:
+        return {"prompt_tokens": num_prompt, "completion_tokens": num_sent,
+                "total_tokens": num_prompt + num_sent} if continuous else None
+
     try:
         if header.chat:
-            yield header.chunk("", first=True, include_usage=include_usage)
+            yield header.chunk("", first=True, include_usage=include_usage, usage_object=running_usage())
         while True:
             kind, value = await generation.events.get()
             if kind == "token":
                 num_sent += 1
-                yield header.chunk(service.decode_token(value), include_usage=include_usage)
+                yield header.chunk(generation.pieces.popleft(), include_usage=include_usage, usage_object=running_usage())
                 continue
             if kind != "done":
                 message = str(value or "the request was cancelled")
                 yield f"data: {json.dumps(ApiError(500, message).body())}\n\n"
                 break
-            for token_id in value.output_token_ids[num_sent:]:
-                yield header.chunk(service.decode_token(token_id), include_usage=include_usage)
-            yield header.chunk("", finish_reason=_finish_reason(service, generation, value), include_usage=include_usage)
+            rest = generation.text.finish()
+            final_usage = _usage(value)
+            yield header.chunk(rest, finish_reason=_finish_reason(service, generation, value),
+                               include_usage=include_usage, usage_object=final_usage if continuous else None)
             if include_usage:
-                yield header.chunk(None, usage_object=_usage(value))
+                yield header.chunk(None, usage_object=final_usage)
             break
         yield "data: [DONE]\n\n"
     finally:
@@ -198,7 +238,8 @@ def _usage(result: RequestRecord) -> dict[str, Any]:
 
 
 def _finish_reason(service: EngineService, generation: Generation, result: RequestRecord) -> str:
-    """``stop`` when the response ended with an EOS the request did not ignore, else ``length``."""
+    """``stop`` when the response ended at a stop string or an EOS the request did not ignore, else
+    ``length``."""
     ids = result.output_token_ids
     ended_by_eos = bool(ids) and not generation.sampling.ignore_eos and ids[-1] in service.engine.loaded.eos_token_ids
-    return "stop" if ended_by_eos else "length"
+    return "stop" if ended_by_eos or generation.text.stopped else "length"

@@ -1,9 +1,17 @@
 """OpenAI wire format for ``kvbench serve``: request bodies, responses, stream chunks, errors.
 
-Requests are pydantic models; unknown fields are accepted and ignored (as vLLM does), except the
-ones whose meaning the server cannot honour (``n > 1``, ``stop``, batched prompts), which get a 400.
-Defaults follow the OpenAI API reference: ``temperature`` 1, ``top_p`` 1; ``max_tokens`` defaults to
-:data:`DEFAULT_MAX_TOKENS` (the legacy completions default) for both endpoints.
+Requests are strict pydantic models: a value of the wrong JSON type is a 400 naming the field, never
+coerced (``max_tokens: true`` or ``"4"``, ``stream: "yes"``), and numbers are range-checked here, so no
+client value reaches the engine to fail there as a 500 (a token id of 2^63, a seed of 2^70, a
+temperature of Infinity). Strings must be valid Unicode text: a lone surrogate (``"\\ud800"``, legal
+JSON but not encodable as UTF-8) is a 400 naming its field. Unknown fields are accepted and ignored
+(as vLLM does), except the OpenAI features this server does not implement (:data:`UNSUPPORTED`), which
+get a 400 saying so when set to anything but their "off" value. ``stop`` is supported.
+
+Defaults follow the OpenAI API reference: ``temperature`` 1, ``top_p`` 1. ``max_tokens`` defaults to
+:data:`DEFAULT_MAX_TOKENS` on ``/v1/completions`` (the legacy completions default, as in vLLM) and to
+the rest of the context on ``/v1/chat/completions`` (OpenAI and vLLM generate to EOS or the limit).
+``cache_salt`` follows vLLM: a non-empty string of at most 1,024 characters.
 
 Responses are plain dicts. Every ``usage`` carries ``prompt_tokens_details.cached_tokens``, 0 on a
 miss (vLLM omits it unless ``--enable-prompt-tokens-details`` is on, and then when it is 0).
@@ -12,11 +20,27 @@ Errors use OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy completions default; keeps accidental CPU runs short
+MAX_SALT_CHARS = 1024  # vLLM's limit on cache_salt
+MAX_STOP_SEQUENCES = 4  # OpenAI's limit
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1  # vLLM's range for seed
+TOKEN_ID_MAX = (1 << 31) - 1  # ids above any vocabulary still fit int32; the vocabulary check follows
+
+# OpenAI features this server does not implement: field -> the values that mean "off" (accepted).
+UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1),
+    "suffix": (None, ""), "logit_bias": (None, {}), "tools": (None, []), "tool_choice": (None, "none"),
+    "functions": (None, []), "function_call": (None, "none"), "response_format": (None, {"type": "text"}),
+    "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0), "audio": (None,),
+    "modalities": (None, ["text"]), "prediction": (None,),
+}
+
+TokenId = Annotated[int, Field(ge=0, le=TOKEN_ID_MAX)]
+Finite = Annotated[float, Field(allow_inf_nan=False)]
 
 
 class ApiError(Exception):
@@ -35,32 +59,83 @@ class ApiError(Exception):
                           "code": self.code or self.status}}
 
 
+def check_text(value: Any, where: str = "") -> None:
+    """Raise ``ApiError`` (400, ``param`` the top field) for the first string inside ``value`` (nested
+    dicts and lists, walked without recursion) that is not encodable as UTF-8 (a lone surrogate)."""
+    stack = [(where, value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise ApiError(400, f"{path or 'body'}: not valid Unicode text (lone surrogate "
+                                    f"{item[exc.start]!r} at character {exc.start})",
+                               path.split(".")[0].split("[")[0] or None) from None
+        elif isinstance(item, dict):
+            stack.extend((f"{path}.{key}" if path else str(key), sub) for key, sub in item.items())
+        elif isinstance(item, list):
+            stack.extend((f"{path}[{i}]", sub) for i, sub in enumerate(item))
+
+
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's extension: usage on every chunk
 
 
 class _GenerationRequest(BaseModel):
     """Fields both endpoints share."""
 
-    model_config = ConfigDict(extra="allow")  # unknown fields are ignored
+    model_config = ConfigDict(extra="allow", strict=True)  # unknown fields are ignored; no coercion
 
     model: str
     max_tokens: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    seed: int | None = None
+    temperature: Annotated[Finite, Field(ge=0)] | None = None
+    top_p: Annotated[Finite, Field(gt=0, le=1)] | None = None
+    seed: Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)] | None = None
     n: int = 1
-    stop: str | list[str] | None = None
+    stop: str | Annotated[list[str], Field(max_length=MAX_STOP_SEQUENCES)] | None = None
     ignore_eos: bool = False  # vLLM's extension: decode exactly max_tokens
     cache_salt: str | None = None  # vLLM's extension: a cache namespace (per tenant, per run)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_text(cls, data: Any) -> Any:
+        check_text(data)
+        return data
+
+    @model_validator(mode="after")
+    def _supported(self) -> _GenerationRequest:
+        """Raise ``ApiError`` (400) for what the server cannot honour (see :data:`UNSUPPORTED`)."""
+        if self.n != 1:
+            raise ApiError(400, f"n must be 1 (one choice per request), got {self.n}", "n")
+        if self.cache_salt is not None and not self.cache_salt:
+            raise ApiError(400, "cache_salt must be a non-empty string if provided", "cache_salt")
+        if self.cache_salt is not None and len(self.cache_salt) > MAX_SALT_CHARS:
+            raise ApiError(400, f"cache_salt must be at most {MAX_SALT_CHARS} characters", "cache_salt")
+        for name, value in (self.model_extra or {}).items():
+            if name in UNSUPPORTED and value not in UNSUPPORTED[name]:
+                raise ApiError(400, f"{name} is not supported by kvbench serve (send it unset or "
+                                    f"{UNSUPPORTED[name][-1]!r})", name)
+        return self
 
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.continuous_usage_stats)
+
+    @property
+    def stop_sequences(self) -> tuple[str, ...]:
+        """The non-empty stop strings (OpenAI: up to 4)."""
+        stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        return tuple(stop for stop in stops if stop)
 
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
@@ -69,7 +144,7 @@ class _GenerationRequest(BaseModel):
 class CompletionRequest(_GenerationRequest):
     """``POST /v1/completions``: ``prompt`` is text or token ids (a list of one of them is accepted)."""
 
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
 
     def single_prompt(self) -> str | list[int]:
         """The one prompt. Raises ``ApiError`` (400) for an empty or batched prompt list."""
@@ -82,7 +157,7 @@ class CompletionRequest(_GenerationRequest):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     role: str
     content: str | list[dict[str, Any]] | None = None

@@ -9,15 +9,24 @@ are :class:`kvbench.backends.inprocess.InProcessBackend`'s (its lock, FIFO, and
 loop through ``call_soon_threadsafe`` into an asyncio queue.
 
 The task is never cancelled: it holds the backend's lock until the engine returns, whatever the
-HTTP side does. A client that disconnects sets ``cancelled``; the next token raises
+HTTP side does. A client that disconnects (streaming or not) sets ``cancelled``; the next token raises
 :class:`StreamCancelled` inside the engine, which releases every pinned block and caches nothing of
-the request, and only then is the lock released. (A request abandoned while still queued is
-stopped at its first token, after its prefill.)
+the request, and only then is the lock released. A request abandoned while still queued never runs:
+the check when its turn comes raises :class:`StreamCancelled` before the engine starts.
+
+Each generation's text is decoded as its tokens arrive (:class:`kvbench.server.text.TextStream`, in
+the engine's thread): multi-byte characters split across tokens come out whole, and a stop sequence
+ends the request there (the engine returns normally; the prompt is cached as usual).
+
+Tokenizing runs in a worker thread (:meth:`EngineService.render` via ``asyncio.to_thread``), so a
+large prompt never stalls the event loop; a prompt whose UTF-8 size alone proves it longer than the
+context (``bytes / max_token_bytes > context``) is refused before it is tokenized.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import threading
 from collections.abc import Sequence
@@ -30,10 +39,12 @@ from kvbench.engine.engine import SamplingParams
 from kvbench.request import Request, RequestRecord, Status
 from kvbench.server.metrics import ServerCounters, cache_config_labels, render_metrics
 from kvbench.server.schemas import ApiError
+from kvbench.server.text import TextStream
 from kvbench.workloads.tokenizer import Tokenizer
 from kvbench.request import Message
 
-REPLACEMENT = "\ufffd"  # the text of a token id the tokenizer cannot decode (unassigned cl100k ids)
+
+DEFAULT_UNBOUNDED_MAX_TOKENS = 4096  # a chat request's budget on a model that states no context limit
 
 
 class StreamCancelled(Exception):
@@ -43,13 +54,17 @@ class StreamCancelled(Exception):
 
 
 class Generation:
-    """One submitted request. ``events`` yields ``("token", id)`` per streamed token, then exactly one
+    """One submitted request. ``events`` yields ``("token", id)`` per output token, then exactly one
     of ``("done", RequestRecord)``, ``("refused", message)`` (the engine rejected the input),
-    ``("error", message)`` (the engine failed) or ``("cancelled", None)``."""
+    ``("error", message)`` (the engine failed) or ``("cancelled", None)``. Each token's text (what
+    may be sent with it, possibly empty) is in ``pieces`` before its event is queued (one
+    ``pieces.popleft()`` per token event); after ``done``, ``text.finish()`` gives the rest."""
 
-    def __init__(self, request: Request, sampling: SamplingParams) -> None:
+    def __init__(self, request: Request, sampling: SamplingParams, text: TextStream) -> None:
         self.request = request
         self.sampling = sampling
+        self.text = text
+        self.pieces: collections.deque[str] = collections.deque()  # appended in the engine's thread
         self.events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         self.cancelled = threading.Event()
         self.task: asyncio.Task | None = None
@@ -87,6 +102,7 @@ class EngineService:
         """``(role, text)`` pairs -> prompt ids with the generation prompt. Raises ``ApiError`` (400)."""
         if not messages:
             raise ApiError(400, "messages must not be empty", "messages")
+        self._check_size(sum(len(text.encode()) for _, text in messages), "messages")
         try:
             return self.tokenizer.render_messages([Message(role, text) for role, text in messages])
         except ValueError as exc:
@@ -95,12 +111,26 @@ class EngineService:
     def render_prompt(self, prompt: str | list[int]) -> np.ndarray:
         """Prompt text (rendered as the trace renders it) or token ids (taken as they are)."""
         if isinstance(prompt, str):
+            self._check_size(len(prompt.encode()), "prompt")
             return self.tokenizer.render_prompt(prompt)
         return np.asarray(prompt, dtype=np.int64)
 
+    def _check_size(self, num_bytes: int, param: str) -> None:
+        """Raise ``ApiError`` (400) when ``num_bytes`` of text cannot fit the context whatever its tokens:
+        every token covers at most ``tokenizer.max_token_bytes`` bytes (where the tokenizer knows it)."""
+        limit, max_token_bytes = self.max_context_tokens, getattr(self.tokenizer, "max_token_bytes", None)
+        if limit is None or not max_token_bytes:
+            return
+        min_tokens = -(-num_bytes // max_token_bytes)
+        if min_tokens >= limit:
+            raise ApiError(400, f"This model's maximum context length is {limit} tokens. However, the {param} "
+                                f"is {num_bytes:,} bytes, at least {min_tokens:,} tokens.", param,
+                           "context_length_exceeded")
+
     def check(self, token_ids: np.ndarray, max_tokens: int) -> None:
         """Raise ``ApiError`` (400) for an empty prompt, ids outside the vocabulary, or a prompt plus
-        ``max_tokens`` beyond the model's context."""
+        ``max_tokens`` beyond the model's context (``param`` is ``prompt`` when the prompt alone
+        leaves no room for one output token, else ``max_tokens``)."""
         num_tokens = int(token_ids.shape[0])
         if num_tokens == 0:
             raise ApiError(400, "the prompt is empty", "prompt")
@@ -111,31 +141,44 @@ class EngineService:
         if limit is not None and num_tokens + max_tokens > limit:
             raise ApiError(400, f"This model's maximum context length is {limit} tokens. However, you requested "
                                 f"{num_tokens + max_tokens} tokens ({num_tokens} in the prompt, {max_tokens} for "
-                                "the completion).", "max_tokens", "context_length_exceeded")
+                                "the completion).", "prompt" if num_tokens >= limit else "max_tokens",
+                           "context_length_exceeded")
+
+    def default_max_tokens(self, num_prompt_tokens: int) -> int:
+        """What a chat request without ``max_tokens`` may generate: the rest of the context (OpenAI and
+        vLLM generate to EOS or the limit); at least 1, so an over-long prompt gets the context error."""
+        limit = self.max_context_tokens
+        return max(limit - num_prompt_tokens, 1) if limit is not None else DEFAULT_UNBOUNDED_MAX_TOKENS
 
     def request(self, token_ids: np.ndarray, max_tokens: int, salt: str | None, request_id: str) -> Request:
         """A checked prompt (:meth:`check`) as a :class:`Request`: its own session, turn 0."""
         return Request(next(self._indexes), request_id, request_id, 0, token_ids.astype(np.uint32),
                        max_tokens=max_tokens, salt=salt)
 
-    def submit(self, request: Request, sampling: SamplingParams) -> Generation:
-        """Queue ``request`` for the engine with its own ``sampling``; returns at once. Must be
-        called on the event loop."""
-        generation = Generation(request, sampling)
+    def submit(self, request: Request, sampling: SamplingParams, stops: Sequence[str] = ()) -> Generation:
+        """Queue ``request`` for the engine with its own ``sampling`` and stop strings; returns at
+        once. Must be called on the event loop."""
+        generation = Generation(request, sampling, TextStream(self.tokenizer, stops))
         generation.task = asyncio.create_task(self._run(generation))
         return generation
 
     async def _run(self, generation: Generation) -> None:
         loop = asyncio.get_running_loop()
 
-        def on_token(token_id: int) -> None:  # in the engine's thread
+        def on_start() -> None:  # the request's turn has come
             if generation.cancelled.is_set():
                 raise StreamCancelled
+
+        def on_token(token_id: int) -> bool:  # in the engine's thread; True ends the request (stop sequence)
+            on_start()
+            generation.pieces.append(generation.text.push(token_id))
             loop.call_soon_threadsafe(generation.events.put_nowait, ("token", token_id))
+            return generation.text.stopped
 
         self.counters.num_in_flight += 1
         try:
-            record = await self.backend.serve(generation.request, on_token=on_token, sampling=generation.sampling)
+            record = await self.backend.serve(generation.request, on_token=on_token, sampling=generation.sampling,
+                                              on_start=on_start)
             generation.events.put_nowait(self._finished(record))
         except StreamCancelled:
             generation.events.put_nowait(("cancelled", None))
@@ -155,19 +198,6 @@ class EngineService:
     async def reset_prefix_cache(self) -> bool:
         """Drop every cached block once no request runs (vLLM's endpoint). ``False`` if the cache is off."""
         return await self.backend.reset_prefix_cache()
-
-    def decode_token(self, token_id: int) -> str:
-        """One token's text, never empty: undecodable or empty tokens read as U+FFFD, so that every
-        streamed token is one non-empty content chunk."""
-        try:
-            return self.tokenizer.decode([token_id]) or REPLACEMENT
-        except (KeyError, ValueError):
-            return REPLACEMENT
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        """The text of ``token_ids``: the concatenation of :meth:`decode_token` (so streamed and
-        whole responses carry the same text)."""
-        return "".join(self.decode_token(int(t)) for t in token_ids)
 
     def metrics_text(self) -> str:
         cache = self.engine.config.cache

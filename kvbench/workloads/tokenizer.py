@@ -32,7 +32,9 @@ starts with a non-whitespace character (:data:`LINE_BOUNDARY`). Tests check it o
 
 from __future__ import annotations
 
+import functools
 import re
+import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -52,6 +54,8 @@ if TYPE_CHECKING:
 
 LINE_BOUNDARY = re.compile(r"(?<=\n)(?=\S)")  # where cl100k tokenization splits exactly (see above)
 _CACHE_ENTRIES = 1 << 16  # cached message / line encodings per tokenizer (bounded memory)
+_CACHE_BYTES = 64 << 20  # ... and at most 64 MiB of memoized text + ids per cache (issue 19: bytes, not entries)
+_MAX_MEMO_CHARS = 1 << 16  # longer texts are encoded every time: one huge (or rejected) text leaves nothing behind
 
 
 @runtime_checkable
@@ -98,23 +102,46 @@ def render(tokenizer: Tokenizer, request: TraceRequest) -> np.ndarray:
 
 
 class _BoundedCache:
-    """A thread-safe dict that stops growing at ``max_entries`` (oldest entries dropped first)."""
+    """A thread-safe memo bounded both in entries and in bytes (oldest entries dropped first).
 
-    def __init__(self, max_entries: int) -> None:
+    An entry's size is its key's text (``sys.getsizeof`` of each string) plus its value's ``nbytes``;
+    keys whose text is longer than :data:`_MAX_MEMO_CHARS` characters are computed and never stored, so
+    a stream of distinct huge texts (a hostile client's rejected requests) cannot grow the memo.
+    """
+
+    def __init__(self, max_entries: int, max_bytes: int = _CACHE_BYTES) -> None:
         self._entries: dict = {}
+        self._sizes: dict = {}
         self._max_entries = max_entries
+        self._max_bytes = max_bytes
+        self.num_bytes = 0  # what the stored entries take, by the rule above
         self._lock = threading.Lock()
 
+    def __len__(self) -> int:
+        return len(self._entries)
+
     def get_or_compute(self, key, compute):
-        """The cached value of ``key``, or ``compute(key)`` (then cached)."""
+        """The cached value of ``key``, or ``compute(key)`` (then cached unless its text is too long)."""
         with self._lock:
             value = self._entries.get(key)
-        if value is None:
-            value = compute(key)
-            with self._lock:
-                if len(self._entries) >= self._max_entries:
-                    self._entries.pop(next(iter(self._entries)))
-                self._entries[key] = value
+        if value is not None:
+            return value
+        value = compute(key)
+        texts = [part for part in (key if isinstance(key, tuple) else (key,)) if isinstance(part, str)]
+        if sum(len(text) for text in texts) > _MAX_MEMO_CHARS:
+            return value
+        size = sum(sys.getsizeof(text) for text in texts) + int(getattr(value, "nbytes", 0))
+        with self._lock:
+            if key in self._entries:
+                return value
+            while self._entries and (len(self._entries) >= self._max_entries
+                                     or self.num_bytes + size > self._max_bytes):
+                oldest = next(iter(self._entries))
+                del self._entries[oldest]
+                self.num_bytes -= self._sizes.pop(oldest)
+            self._entries[key] = value
+            self._sizes[key] = size
+            self.num_bytes += size
         return value
 
 
@@ -143,11 +170,23 @@ class TiktokenTokenizer:
         """Token ids are below this (100,277 for cl100k with its special tokens)."""
         return self._encoding.n_vocab
 
+    @functools.cached_property
+    def max_token_bytes(self) -> int:
+        """The longest token's UTF-8 bytes (128 for cl100k): a text of ``n`` bytes is at least
+        ``ceil(n / max_token_bytes)`` tokens, so a server can refuse one too long for its context
+        without encoding it (issue 19)."""
+        return max(len(token) for token in self._encoding.token_byte_values())
+
     def encode(self, text: str) -> list[int]:
         return self._encoding.encode_ordinary(text)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return self._encoding.decode([int(t) for t in token_ids])
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """One token's bytes (possibly part of a UTF-8 character). Raises ``KeyError`` for an id
+        without bytes (cl100k leaves 100261..100275 unassigned)."""
+        return self._encoding.decode_single_token_bytes(int(token_id))
 
     def _segment(self, key: tuple[str, str | None]) -> np.ndarray:
         """``<|im_start|>role\\ncontent<|im_end|>\\n``, or the generation prompt when content is None."""

@@ -2,6 +2,7 @@
 
 import json
 import socket
+import struct
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -78,6 +79,16 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
         self.close_connection = True
 
+    def _json_reply(self):  # a whole chat.completion JSON body although the request asked to stream
+        self._json(200, {"id": "x", "object": "chat.completion", "created": 0, "model": "m",
+                         "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
+                                      "finish_reason": "stop"}]})
+
+    def _reset(self):  # the connection is reset before any response (SO_LINGER 0, as a crashed proxy)
+        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.connection.close()
+        self.close_connection = True
+
     def _hang(self):
         self.server.release.wait(30)
 
@@ -113,7 +124,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 class FakeServer:
     """``behaviour``: fail (500), cut (stream dropped midway), eof (stream ends early), hang, script,
-    saltless (caches across cache_salts), no_details (no cached_tokens in usage)."""
+    saltless (caches across cache_salts), no_details (no cached_tokens in usage),
+    json_reply (a plain JSON body to a stream request), reset (connection reset, no response)."""
 
     def __init__(self, behaviour, script=()):
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)

@@ -29,3 +29,43 @@ def test_shared_salt_writes_parquet_like_a_run(kvbench, tmp_path, monkeypatch, s
 def test_bad_input_is_one_line_and_exit_2(kvbench):
     code, _, err = kvbench("break", "tiny-hash", "--bits", 4)
     assert code == 2 and "hash_bits" in err and len(err.strip().splitlines()) == 1
+
+
+def test_an_interrupt_keeps_every_finished_variant(kvbench, tmp_path, monkeypatch, small_model):
+    """Issue 19 item 14: Ctrl-C printed one blank line and wrote no Parquet. Here the second of the
+    timestamp experiment's variants is interrupted; the first one's rows are written, marked incomplete."""
+    from kvbench.breaks import common
+
+    monkeypatch.setattr("kvbench.engine.model.load_model", lambda config: small_model)
+    calls = []
+
+    def interrupted_second(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    real = common.run_requests
+    monkeypatch.setattr(common, "run_requests", interrupted_second)
+    out = tmp_path / "ts.parquet"
+    code, _, err = kvbench("break", "timestamp", "--requests", 3, "--system-tokens", 32, "--question-tokens", 16,
+                           "--max-tokens", 1, "--out", out)
+    assert code == 130 and "kept 1 finished variant(s), 3 rows" in err and str(out) in err.replace("\n", "")
+    table = pq.read_table(out)
+    assert table.num_rows == 3 and set(RUN_COLUMNS) <= set(table.column_names)
+    metadata = read_metadata(out)
+    assert metadata["complete"] is False and len(metadata["variants_finished"]) == 1
+
+
+def test_an_unwritable_out_is_refused_before_the_experiment_runs(kvbench, tmp_path, monkeypatch):
+    """Issue 19 item 14: the raw OSError came only after the whole experiment had run."""
+    monkeypatch.setattr("kvbench.engine.model.load_model", lambda config: (_ for _ in ()).throw(AssertionError))
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    code, _, err = kvbench("break", "timestamp", "--out", blocker / "ts.parquet")
+    assert code == 2 and "--out" in err and "is a file" in err and len(err.strip().splitlines()) == 1
+
+
+def test_bare_break_is_a_usage_error_like_bare_kvbench(kvbench):
+    code, out, _ = kvbench("break")
+    assert code == 2 and "timestamp" in out

@@ -126,11 +126,12 @@ def test_sigterm_writes_what_was_measured_and_exits_130(tmp_path):
     while not out.exists() and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)  # the first checkpoint is written 10 s into the run
     process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=120)
+    stdout, stderr = process.communicate(timeout=120)
     assert process.returncode == 130, stderr
     rows = read_rows(out)
     assert 0 < len(rows) < 400 and read_metadata(out)["complete"] is False
     assert f"interrupted after {len(rows)} of 400 requests" in stderr
+    assert "kvbench run: long" in stdout and f"{len(rows)} / 0 / 0" in stdout  # the summary of what was kept
 
 
 def test_threads_and_the_machines_load_are_recorded(kvbench, scenario, tmp_path):

@@ -5,6 +5,7 @@ fits it) to keep the files small; one slow test exports the full default model.
 """
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -123,3 +124,11 @@ def test_default_model_export_round_trip(tmp_path):
     ids = np.arange(1, 2000, 37).tolist()
     assert torch.equal(logits(reloaded, ids), logits(default.model, ids))
     assert result.num_parameters == sum(p.numel() for p in default.model.parameters())
+
+
+def test_exported_files_are_readable_by_others_as_open_would_make_them(exported):
+    """Issue 19: safetensors wrote model.safetensors with mode 0600."""
+    umask = os.umask(0)
+    os.umask(umask)
+    modes = {path.name: path.stat().st_mode & 0o777 for path in exported.path.iterdir()}
+    assert modes["model.safetensors"] == 0o666 & ~umask and set(modes.values()) == {0o666 & ~umask}

@@ -101,3 +101,17 @@ def test_cli_prints_the_table_and_refuses_mismatches_with_exit_2(tmp_path, kvben
     assert code == 2 and "not runs of the same trace" in err and err.strip().count("\n") == 0
     code, out, err = kvbench("compare", off, other, "--force")
     assert code == 0 and "warning" in err
+
+
+def test_runs_without_verify_say_not_verified_in_compare_and_report(tmp_path):
+    """Issue 19 item 15: "outputs differing from reference: 0" was shown for runs that never used --verify."""
+    from kvbench.results.compare import compare_runs
+    from kvbench.results.files import NOT_VERIFIED, load_result
+    from kvbench.results.report import run_table
+
+    a = load_result(write_run(tmp_path / "a.parquet", ttft_ms=10.0))
+    b = load_result(write_run(tmp_path / "b.parquet", ttft_ms=5.0))
+    [row] = [m for m in compare_runs(a, b).metrics if m.name == "outputs differing from reference"]
+    assert row.cells() == ("outputs differing from reference", NOT_VERIFIED, NOT_VERIFIED, "-")
+    [cells] = [r for r in run_table([a, b]).rows if r[0] == "outputs differing from reference"]
+    assert cells[1:] == (NOT_VERIFIED, NOT_VERIFIED)

@@ -1,10 +1,11 @@
 """``kvbench scoreboard export``: one single-line row per run, appended without touching earlier rows."""
 
+import pyarrow.parquet as pq
 import pytest
 
 from kvbench.errors import InputError
 from kvbench.results.parquet import machine as this_machine
-from kvbench.results.parquet import write_rows
+from kvbench.results.parquet import read_metadata, write_rows
 from kvbench.results.files import load_result, load_results
 from kvbench.results.schema import RUN_SCHEMA, empty_row
 from kvbench.results.scoreboard import (
@@ -136,3 +137,20 @@ def test_cli_export_creates_then_appends(tmp_path, kvbench):
     assert "1,310 ms off -> 95 ms on" in board.read_text().splitlines()[-1]
     code, _, err = kvbench("scoreboard", "export", tmp_path / "missing.parquet", "--to", board)
     assert code == 2 and "no such file" in err
+
+
+def test_notes_are_not_repeated_on_every_row_and_interrupted_runs_say_so(tmp_path):
+    """Issue 19 item 15: the shared-2k/Zipf notes were on every row (an agent run's included), and an
+    interrupted run was exported as a normal row."""
+    off = write_run(tmp_path / "off.parquet", enabled=False, ttft_ms=1310.0)
+    on = write_run(tmp_path / "on.parquet", enabled=True, ttft_ms=95.0)
+    agent = write_run(tmp_path / "agent.parquet", enabled=True, ttft_ms=80.0, scenario="agent")
+    metadata = read_metadata(agent)
+    rows = pq.read_table(agent).to_pylist()
+    write_rows(agent, rows, {**metadata, "complete": False}, schema=RUN_SCHEMA)
+    by_name = {row.run_id: row for row in scoreboard_rows(load_results([off, on, agent, write_zipf_sim(
+        tmp_path / "sim.parquet")]), gpu=no_gpu_lookup)}
+    assert by_name["on"].notes.startswith("shared 2k sys prompt TTFT p50") and "Zipf-8" in by_name["on"].notes
+    assert "TTFT p50: 1,310 ms off" not in by_name["off"].notes and "Zipf" not in by_name["off"].notes
+    assert by_name["agent"].notes.startswith("interrupted: partial results; agent: token hit")
+    assert "Zipf" not in by_name["agent"].notes and "shared 2k" not in by_name["agent"].notes

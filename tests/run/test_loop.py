@@ -158,3 +158,47 @@ def test_the_virtual_clock_runs_hours_of_service_exactly():
     _, records = run(requests_of([f"s{i}" for i in range(200)]), LoadConfig(concurrency=1), service_s=10.0)
     assert len(records) == 200 and records[199].ended_s == pytest.approx(2000.0)
     assert records[100].sent_s == pytest.approx(1000.0)
+
+
+class DyingBackend(TimedBackend):
+    """Serves ``num_alive`` requests, then every connection is refused (the server died)."""
+
+    def __init__(self, clock, num_alive):
+        super().__init__(clock)
+        self.num_alive = num_alive
+
+    async def serve(self, request):
+        if len(self.sent) < self.num_alive:
+            return await super().serve(request)
+        self.sent[request.index] = self.clock.now()
+        await asyncio.sleep(0.01)
+        return RequestRecord.failed(request.num_tokens, "connection error: [Errno 111] Connection refused")
+
+
+@pytest.mark.parametrize("load", [LoadConfig(concurrency=2, max_connection_failures=3),
+                                  LoadConfig(concurrency=None, request_rate_per_s=0.01, max_connection_failures=3)])
+def test_a_dead_server_stops_the_loop_after_consecutive_connection_failures(load):
+    """Issue 19 item 16: a run whose server died fired every remaining request into connection errors
+    (and an open loop waited for each one's due time to do it)."""
+    clock = VirtualClock()
+    backend = DyingBackend(clock, num_alive=4)
+    records = clock.run(send_requests(requests_of("abcdefghijklmnopqrst"), backend, load, clock=clock))
+    assert len(records) == 20 and len(backend.sent) <= 4 + 3 + 1  # in flight when the third failure came
+    not_sent = [r for _, r in records if (r.error or "").startswith("not sent")]
+    assert len(not_sent) >= 12 and all(r.sent_s is None and "3 consecutive connection failures" in r.error
+                                       for r in not_sent)
+    assert clock.now() < 1500  # the open loop's mean gap is 100 s: it did not wait out all 20
+
+
+def test_connection_failures_must_be_consecutive():
+    clock = VirtualClock()
+
+    class Flaky(TimedBackend):
+        async def serve(self, request):
+            if request.index % 2:
+                return RequestRecord.failed(request.num_tokens, "connection error: reset")
+            return await super().serve(request)
+
+    records = clock.run(send_requests(requests_of("abcdefghij"), Flaky(clock), LoadConfig(max_connection_failures=2),
+                                      clock=clock))
+    assert not any((r.error or "").startswith("not sent") for _, r in records)

@@ -44,7 +44,7 @@ def metric(live, name):
 def test_chat_stream_follows_openai_and_ends_with_usage(live):
     messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "hello there"}]
     status, events = stream_events(live, "/v1/chat/completions", {
-        "model": MODEL, "messages": messages, "max_tokens": 4, "ignore_eos": True, "stream": True,
+        "model": MODEL, "messages": messages, "max_tokens": 4, "ignore_eos": True, "stream": True, "temperature": 0,
         "stream_options": {"include_usage": True}, "cache_salt": "wire"})
     assert status == 200 and events[-1][1] == "[DONE]"
     chunks = [json.loads(data) for _, data in events[:-1]]

@@ -107,3 +107,22 @@ def test_unknown_tokenizers_are_input_errors(tmp_path):
 
 def test_tiktoken_tokenizer_is_a_fresh_object_each_time():
     assert TiktokenTokenizer() is not TiktokenTokenizer()  # no module-level state behind it
+
+
+def test_memo_is_bounded_in_bytes_and_never_keeps_long_texts():
+    """Issue 19 item 1: 65,536 entries of 2.5 MB each would be 160 GB; the memo now stays under its byte
+    bound, and a text longer than the memo limit is encoded but not kept."""
+    from kvbench.workloads.tokenizer import _MAX_MEMO_CHARS, _BoundedCache
+
+    tokenizer = load_tokenizer()
+    long_text = "word " * (_MAX_MEMO_CHARS // 4)
+    for i in range(5):
+        tokenizer.render_messages([Message("user", f"{i} {long_text}")])
+        tokenizer.render_prompt(f"{i} {long_text}")
+    assert len(tokenizer._segments) == 0 and len(tokenizer._lines) == 0
+    memo = _BoundedCache(max_entries=1000, max_bytes=100_000)
+    for i in range(200):
+        memo.get_or_compute(f"{i:04d}" + "x" * 500, lambda text: np.zeros(100, dtype=np.uint32))
+    assert 0 < memo.num_bytes <= 100_000 and len(memo) < 200
+    assert memo.get_or_compute("0199" + "x" * 500, lambda text: None) is not None  # the newest entry kept
+    assert tokenizer.max_token_bytes == 128

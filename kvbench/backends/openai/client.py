@@ -39,7 +39,7 @@ from typing import Any
 import openai
 
 from kvbench.backends.openai.admin import redact
-from kvbench.request import Request, RequestRecord, Status
+from kvbench.request import CONNECTION_ERROR, Request, RequestRecord, Status
 from kvbench.workloads.tokenizer import Tokenizer
 
 MAX_ERROR_CHARS = 300  # one readable line per failed request
@@ -73,14 +73,23 @@ class OpenAIConfig:
     extra_body: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not self.base_url.startswith(("http://", "https://")):
-            raise ValueError(f"base URL must start with http:// or https://, got {self.base_url!r}")
+        check_base_url(self.base_url)
         if not self.model:
             raise ValueError("model name must not be empty")
         if not self.timeout_s > 0:
             raise ValueError(f"timeout must be positive, got {self.timeout_s}")
         if not isinstance(self.block_size, int) or self.block_size <= 0:
             raise ValueError(f"server block size must be a positive integer, got {self.block_size!r}")
+
+
+def check_base_url(url: str) -> None:
+    """Raise ``ValueError`` (naming ``--base-url``) unless ``url`` is an http(s) URL with a host."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"--base-url {url!r}: not an http:// or https:// URL with a host "
+                         "(e.g. http://127.0.0.1:8000/v1)")
 
 
 class _BrokenStream(Exception):
@@ -145,6 +154,17 @@ class _Reading:
             prompt_token_ids=None if self.prompt_token_ids is None else tuple(self.prompt_token_ids),
             error=error, http_status=self.http_status,
         )
+
+
+def _cause_text(exc: BaseException) -> str:
+    """The innermost non-empty description of a connection failure (httpx errors often have an empty
+    message: then the exception's type names what happened, e.g. ``RemoteProtocolError``)."""
+    texts = []
+    while exc is not None and len(texts) < 8:
+        texts.append(str(exc).strip() or type(exc).__name__)
+        exc = exc.__cause__ or exc.__context__
+    meaningful = [t for t in texts if t not in ("Connection error.", "APIConnectionError")]
+    return (meaningful or texts)[-1] if meaningful else "the connection failed with no reason given"
 
 
 def _extra(part: Any, name: str) -> Any:
@@ -237,6 +257,11 @@ class OpenAIBackend:
         endpoint = self._client.chat.completions if chat else self._client.completions
         stream = await endpoint.create(**arguments)
         reading.http_status = stream.response.status_code
+        content_type = stream.response.headers.get("content-type", "")
+        if content_type.startswith("application/json"):
+            await stream.response.aclose()
+            raise _BrokenStream("the server answered the stream request with one JSON body (Content-Type "
+                                f"{content_type}), not an SSE stream: it does not stream this endpoint")
         async with stream:
             async for chunk in stream:
                 reading.add(chunk, chat, time.perf_counter())
@@ -250,8 +275,7 @@ class OpenAIBackend:
         if isinstance(exc, (openai.APITimeoutError, TimeoutError)):
             return None, f"timeout: no complete response within {self.config.timeout_s:g} s"
         if isinstance(exc, openai.APIConnectionError):
-            cause = exc.__cause__ or exc.__context__
-            return None, f"connection error: {cause or exc}"
+            return None, f"{CONNECTION_ERROR}: {_cause_text(exc)}"
         if isinstance(exc, openai.APIError):
             return None, f"error event in the stream: {exc.message}"
         if isinstance(exc, _BrokenStream):

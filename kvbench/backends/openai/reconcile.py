@@ -22,6 +22,16 @@ Per request, two bounds:
 
 Reported above expected but within possible happens when requests overlap and the server served
 them in another order than the trace's; it is counted, not flagged.
+
+Checked on every successful request, whether it reported ``cached_tokens`` or not (issue 19):
+
+* **impossible** ``cached_tokens`` (negative, or more than the response's own ``prompt_tokens``):
+  flagged and kept out of every rate (the row keeps the value the server sent);
+* the server's ``prompt_tokens`` against the local tokenizer's count (a different tokenizer or chat
+  template on the server: then expected and reported hits are in different units; the expected rate
+  divides by the local count, so it stays in its own units);
+* with ``ignore_eos``, an output shorter than ``max_tokens`` (the server ignored ``ignore_eos`` or
+  stopped early): flagged, since every TPOT and decode-rate figure assumes the full budget.
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ from kvbench.backends.openai.metrics import PrefixCacheCounters
 from kvbench.cache.base import CacheConfig
 from kvbench.cache.block_hash import PromptBlocks
 from kvbench.request import Request, RequestRecord
+from kvbench.results.summary import plausible_cached
 from kvbench.sim.bounds import possible_cached_tokens
 from kvbench.sim.predict import Unbounded, expected_cached_tokens
 from kvbench.sim.replay import prompt_blocks_of
@@ -91,6 +102,8 @@ class Reconciliation:
     num_above_expected: int
     below_expected: tuple[Flagged, ...]
     num_prompt_token_mismatches: int
+    impossible: tuple[Flagged, ...] = ()
+    short_outputs: tuple[str, ...] = ()  # request ids (ignore_eos runs only)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -108,8 +121,9 @@ def _metrics_delta(before: PrefixCacheCounters | None, after: PrefixCacheCounter
 
 def reconcile(rows: Sequence[Mapping[str, Any]], requests: Sequence[Request], expectations: Expectations,
               records: Sequence[RequestRecord | None], before: PrefixCacheCounters | None = None,
-              after: PrefixCacheCounters | None = None) -> Reconciliation:
-    """Compare each ok row's ``cached_prompt_tokens`` with its expectation and bound.
+              after: PrefixCacheCounters | None = None, ignore_eos: bool = False) -> Reconciliation:
+    """Compare each ok row's ``cached_prompt_tokens`` with its expectation and bound, and run the
+    per-request checks of the module docstring (``ignore_eos``: the run asked for full outputs).
 
     ``requests``, ``expectations`` and ``records`` (``None`` for a request never sent) are in the
     same order; rows are matched by ``request_index``.
@@ -119,31 +133,42 @@ def reconcile(rows: Sequence[Mapping[str, Any]], requests: Sequence[Request], ex
     possible = possible_cached_tokens(expectations.prompts, windows)
     block_size = expectations.block_size
     ok = [row for row in rows if row["status"] == "ok" and row["request_index"] in position]
-    compared = [row for row in ok if row["cached_prompt_tokens"] is not None]
+    reported_rows = [row for row in ok if row["cached_prompt_tokens"] is not None]
+    compared = [row for row in reported_rows if plausible_cached(row)]
+    impossible = tuple(_flagged(row, expectations, possible, position) for row in reported_rows
+                       if not plausible_cached(row))
     over, below, num_above = [], [], 0
-    reported = expected = prompt = local_prompt = mismatches = 0
+    reported = expected = prompt = local_prompt = 0
     for row in compared:
         i = position[row["request_index"]]
-        flagged = Flagged(row["request_id"], row["prompt_tokens"], row["cached_prompt_tokens"],
-                          expectations.expected_cached_tokens[i], possible[i])
+        flagged = _flagged(row, expectations, possible, position)
         reported += flagged.reported_tokens
         expected += flagged.expected_tokens
         prompt += row["prompt_tokens"]
         local_prompt += requests[i].prompt_tokens
-        mismatches += row["prompt_tokens"] != requests[i].prompt_tokens
         if possible[i] is not None and flagged.reported_tokens > possible[i]:
             over.append(flagged)
         elif flagged.reported_tokens > flagged.expected_tokens:
             num_above += 1
         elif flagged.expected_tokens - flagged.reported_tokens > block_size:
             below.append(flagged)
+    mismatches = sum(row["prompt_tokens"] != requests[position[row["request_index"]]].prompt_tokens for row in ok)
+    short = tuple(row["request_id"] for row in ok if ignore_eos and row["max_tokens"] is not None
+                  and (row["output_tokens"] or 0) < row["max_tokens"])
     rate, queries, hits, family = _metrics_delta(before, after)
     return Reconciliation(
         block_size=block_size, capacity_blocks=expectations.capacity_blocks, num_compared=len(compared),
-        num_unreported=len(ok) - len(compared),
+        num_unreported=len(ok) - len(reported_rows),
         reported_hit_rate=reported / prompt if prompt else None,
         expected_hit_rate=expected / local_prompt if local_prompt else None,
         metrics_hit_rate=rate, metrics_queries_tokens=queries, metrics_hits_tokens=hits, metrics_family=family,
         over_possible=tuple(over), num_above_expected=num_above, below_expected=tuple(below),
-        num_prompt_token_mismatches=mismatches,
+        num_prompt_token_mismatches=mismatches, impossible=impossible, short_outputs=short,
     )
+
+
+def _flagged(row: Mapping[str, Any], expectations: Expectations, possible: Sequence[int | None],
+             position: Mapping[int, int]) -> Flagged:
+    i = position[row["request_index"]]
+    return Flagged(row["request_id"], row["prompt_tokens"], row["cached_prompt_tokens"],
+                   expectations.expected_cached_tokens[i], possible[i])

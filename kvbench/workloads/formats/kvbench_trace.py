@@ -44,6 +44,7 @@ from typing import Any
 from kvbench import __version__
 from kvbench.errors import InputError
 from kvbench.request import Message
+from kvbench.workloads.formats.atomic import partial_path
 
 TRACE_FORMAT_VERSION = 1
 REQUEST_FIELDS = ("id", "session_id", "turn", "arrival_ms", "messages", "prompt", "max_tokens",
@@ -173,14 +174,14 @@ def new_trace(generator: str, params: dict[str, Any], seed: int | None, tokenize
 
 
 def write_trace(trace: Trace, path: str | Path) -> Path:
-    """Write ``trace`` as JSONL (atomically: ``PATH.partial``, then renamed). Returns the path.
+    """Write ``trace`` as JSONL (atomically: ``.NAME.partial``, then renamed). Returns the path.
 
     Raises:
         InputError: the file cannot be written.
     """
     path = Path(path)
-    partial = path.with_name(path.name + ".partial")
     try:
+        partial = partial_path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         with partial.open("w", encoding="utf-8", newline="\n") as handle:
             handle.write(json.dumps(trace.header.as_record(), ensure_ascii=False, separators=(",", ":")))

@@ -1,0 +1,159 @@
+"""The paged engine against the copy engine (not a test): TTFT vs ideal, pool bytes, throughput.
+
+Measured in one run on the default model, medians over interleaved requests (a noisy machine slows
+all variants alike), ratios between variants of the same run:
+
+1. **warm TTFT vs ideal** (shared_2k's shape: a 2,000-token prefix + unique 50-token suffixes,
+   random ids, greedy, prefix cached): copy engine, paged engine, and the ideal (a forward over the
+   same tail with a ready-made past: no hashing, lookup, concatenation or gather).
+2. **bytes for 8 concurrent requests sharing the prefix**: the paged engine's pool blocks in use or
+   cached at the peak (measured from the block pool while the 8 run), vs the copy engine's block
+   tensors (measured storage) plus the 8 contiguous caches it would build, one per request
+   (``(prompt + output) x KV bytes per token``; the copy engine runs one request at a time, so it
+   never holds them together: that is the point).
+3. **throughput at concurrency 8** on scenarios/chat.toml and scenarios/agent.toml (first
+   ``--num-requests`` requests, ``--max-tokens`` each, EOS ignored) through the one send loop:
+   requests/s and output tokens/s, TTFT p50 and TTFT + queue p50, paged batched vs copy (serial).
+
+Run: ``python benchmarks/paged_bench.py [--num-requests 6] [--threads 1]``. Prints Markdown tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from kvbench.backends.inprocess import InProcessBackend
+from kvbench.cache.base import CacheConfig
+from kvbench.engine.engine import EngineConfig, HFEngine, SamplingParams
+from kvbench.engine.model import load_model
+from kvbench.engine.paged.engine import PagedConfig, PagedEngine
+from kvbench.run.execute import prepared_requests
+from kvbench.run.loop import LoadConfig, run_requests
+from kvbench.run.setup import run_section
+from kvbench.run.source import load_source
+from kvbench.run.config import RunFlags
+from kvbench.workloads.tokenizer import load_tokenizer
+
+REPO = Path(__file__).resolve().parent.parent
+CAPACITY_BLOCKS = 4096  # never evicts here
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--num-requests", type=int, default=6, help="warm requests per variant (part 1)")
+    parser.add_argument("--scenario-requests", type=int, default=16, help="requests per scenario (part 3)")
+    parser.add_argument("--max-tokens", type=int, default=16, help="output tokens per request (part 3)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--skip", default="", help="comma list of parts to skip: ttft,memory,throughput")
+    return parser.parse_args(argv)
+
+
+def ttft_vs_ideal(loaded, num_requests: int) -> list[tuple[str, str, str]]:
+    rng = np.random.default_rng(0)
+    prefix = rng.integers(0, loaded.vocab_size, 2000).tolist()
+    prompts = [prefix + rng.integers(0, loaded.vocab_size, 50).tolist() for _ in range(num_requests + 1)]
+    sampling = SamplingParams(max_tokens=1, ignore_eos=True)
+    copy = HFEngine(loaded, EngineConfig(cache=CacheConfig(CAPACITY_BLOCKS)))
+    paged = PagedEngine(loaded, PagedConfig(CacheConfig(CAPACITY_BLOCKS)))
+    for engine in (copy, paged):
+        engine.generate(prompts[0], sampling)  # caches the prefix
+    past = HFEngine(loaded).compute_kv(prompts[0][:2000])
+    copy_ms, paged_ms, ideal_ms = [], [], []
+    for prompt in prompts[1:]:
+        warm_copy, warm_paged = copy.generate(prompt, sampling), paged.generate(prompt, sampling)
+        assert warm_copy.cached_prompt_tokens == warm_paged.cached_prompt_tokens == 2000
+        assert warm_copy.output_token_ids == warm_paged.output_token_ids
+        copy_ms.append(warm_copy.ttft_ms)
+        paged_ms.append(warm_paged.ttft_ms)
+        ideal_ms.append(HFEngine(loaded).ideal_prefill(past, prompt[2000:], sampling)[1])
+    copy_t, paged_t, ideal_t = map(statistics.median, (copy_ms, paged_ms, ideal_ms))
+    return [("warm TTFT, copy engine", f"{copy_t:.1f} ms", f"copy / ideal = {copy_t / ideal_t:.3f}"),
+            ("warm TTFT, paged engine", f"{paged_t:.1f} ms", f"paged / ideal = {paged_t / ideal_t:.3f}"),
+            ("ideal (forward over the tail, ready past)", f"{ideal_t:.1f} ms", f"paged / copy = {paged_t / copy_t:.3f}")]
+
+
+def bytes_for_eight(loaded) -> list[tuple[str, str, str]]:
+    rng = np.random.default_rng(1)
+    prefix = rng.integers(0, loaded.vocab_size, 2000).tolist()
+    prompts = [prefix + rng.integers(0, loaded.vocab_size, 50).tolist() for _ in range(8)]
+    sampling = SamplingParams(max_tokens=8, ignore_eos=True)
+    layout = loaded.kv_layout(16)
+    paged = PagedEngine(loaded, PagedConfig(CacheConfig(CAPACITY_BLOCKS)))
+    paged.generate(prefix + [1], SamplingParams(max_tokens=1))  # caches the prefix's 125 blocks
+    peak = []
+    futures = [paged.submit(p, sampling, on_token=lambda _: peak.append(paged.held_kv_bytes())) for p in prompts]
+    assert all(f.result().cached_prompt_tokens == 2000 for f in futures)
+    copy = HFEngine(loaded, EngineConfig(cache=CacheConfig(CAPACITY_BLOCKS)))
+    copy.generate(prompts[0], sampling)
+    copy_blocks = copy.held_kv_bytes()
+    contiguous = 8 * layout.bytes_for_tokens(len(prompts[0]) + sampling.max_tokens - 1)
+    one_prefix_plus_tails = layout.bytes_for_tokens(2000) + 8 * layout.bytes_for_tokens(50 + sampling.max_tokens)
+    mib = 2 ** 20
+    return [("paged: pool blocks used or cached, peak", f"{max(peak) / mib:.1f} MiB",
+             f"one prefix + 8 tails = {one_prefix_plus_tails / mib:.1f} MiB (block-rounded: tails fill whole blocks)"),
+            ("copy: block tensors + 8 contiguous caches", f"{(copy_blocks + contiguous) / mib:.1f} MiB",
+             f"blocks {copy_blocks / mib:.1f} MiB (measured) + 8 x {contiguous / 8 / mib:.1f} MiB"),
+            ("ratio copy / paged", f"{(copy_blocks + contiguous) / max(peak):.1f}x", "")]
+
+
+def throughput(loaded, args) -> list[tuple[str, ...]]:
+    rows = []
+    for name in ("chat", "agent"):
+        source = load_source(REPO / "scenarios" / f"{name}.toml", load_tokenizer(None), limit=args.scenario_requests)
+        settings = run_section(source, RunFlags(num_requests=args.scenario_requests, max_tokens=args.max_tokens,
+                                                ignore_eos=True))
+        requests = prepared_requests(source, settings)
+        sampling = SamplingParams(max_tokens=1, ignore_eos=True)
+        results = {}
+        for kind in ("copy", "paged"):
+            cache = CacheConfig(CAPACITY_BLOCKS)
+            engine = (HFEngine(loaded, EngineConfig(cache=cache)) if kind == "copy"
+                      else PagedEngine(loaded, PagedConfig(cache)))
+            records = [rec for _, rec in run_requests(requests, InProcessBackend(engine, sampling, loaded.name),
+                                                       LoadConfig(concurrency=8))]
+            wall_s = max(r.ended_s for r in records)
+            results[kind] = (len(records) / wall_s, sum(r.output_tokens for r in records) / wall_s,
+                             statistics.median(r.ttft_ms for r in records),
+                             statistics.median(r.ttft_ms + r.queue_ms for r in records))
+        (c_rps, c_tps, c_ttft, c_wait), (p_rps, p_tps, p_ttft, p_wait) = results["copy"], results["paged"]
+        rows.append((name, f"{c_rps:.2f} / {p_rps:.2f} ({p_rps / c_rps:.1f}x)", f"{c_tps:.1f} / {p_tps:.1f} ({p_tps / c_tps:.1f}x)",
+                     f"{c_ttft:.0f} / {p_ttft:.0f}", f"{c_wait:.0f} / {p_wait:.0f}"))
+    return rows
+
+
+def print_table(header, rows):
+    print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+    print()
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    skip = set(filter(None, args.skip.split(",")))
+    start_s, load_before = time.perf_counter(), os.getloadavg()[0]
+    loaded = load_model()
+    if "ttft" not in skip:
+        print_table(("shared_2k, concurrency 1", "median", "ratio"), ttft_vs_ideal(loaded, args.num_requests))
+    if "memory" not in skip:
+        print_table(("8 concurrent, 2,000-token shared prefix", "bytes", "note"), bytes_for_eight(loaded))
+    if "throughput" not in skip:
+        print_table((f"concurrency 8, {args.scenario_requests} requests x {args.max_tokens} tokens",
+                     "requests/s copy / paged", "output tok/s copy / paged", "TTFT p50 ms copy / paged",
+                     "TTFT + queue p50 ms copy / paged"), throughput(loaded, args))
+    print(f"{torch.get_num_threads()} torch threads, {os.cpu_count()} CPUs, load average {load_before:.1f} -> "
+          f"{os.getloadavg()[0]:.1f}, run {time.perf_counter() - start_s:.0f} s, {loaded.name}, torch {torch.__version__}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""``kvbench route``: N simulated replicas, each with its own prefix cache, behind one routing policy."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from kvbench.commands.common import build, make_console
+from kvbench.commands.options import CacheKindOption, Requests, Source
+from kvbench.errors import InputError
+from kvbench.results.parquet import check_output_path, write_rows
+from kvbench.route.api import PREFIX_TOKENS, RouterOptions, compare_policies
+from kvbench.route.cache_aware import CacheAwareConfig
+from kvbench.route.cluster import ClusterConfig, prepare_route_trace
+from kvbench.route.plots import plot_load_over_time, plot_policies
+from kvbench.route.policies import PolicyName
+from kvbench.route.result import PolicyResult
+from kvbench.route.service import ServiceModel, fit_service_model
+from kvbench.run.config import CacheFlags
+from kvbench.run.scenario import parse_choices
+from kvbench.run.setup import cache_config
+from kvbench.run.source import limit_requests, load_source
+
+_COLUMNS = ("policy", "hit", "replica hit", "copies", "req imb", "busy imb", "queue p50", "queue p99",
+            "TTFT p50", "TTFT p99")
+
+
+def _table(title: str, results: list[PolicyResult]) -> Table:
+    table = Table(title=title)
+    for column in _COLUMNS:
+        table.add_column(column, justify="left" if column == "policy" else "right", no_wrap=True)
+    for result in results:
+        row = result.as_row()
+        rates = [rate for rate, n in zip(row["replica_token_hit_rates"], row["replica_requests"]) if n] or [0.0]
+        copies = "-" if row["prefix_copies_mean"] is None else f"{row['prefix_copies_mean']:.1f}"
+        table.add_row(result.policy, f"{row['token_hit_rate']:.4f}", f"{min(rates):.2f}..{max(rates):.2f}", copies,
+                      f"{row['requests_max_over_mean']:.2f}", f"{row['busy_max_over_mean']:.2f}",
+                      f"{row['median_queue_ms']:,.0f}", f"{row['p99_queue_ms']:,.0f}",
+                      f"{row['median_ttft_ms']:,.0f}", f"{row['p99_ttft_ms']:,.0f}")
+    table.caption = ("hit = cached / prompt tokens (replica hit: min..max over replicas that served requests); "
+                     "copies = replicas holding each of the most shared prefixes (mean); imb = busiest replica / "
+                     "mean, of requests and of busy time (1 = even); queue and TTFT in ms from the service model")
+    return table
+
+
+def _policies(text: str) -> list[PolicyName]:
+    names = [p.value for p in PolicyName]
+    if text.strip() == "all":
+        return list(PolicyName)
+    return [PolicyName(p) for p in parse_choices(text, "--policy", names + ["all"]) if p != "all"] or list(PolicyName)
+
+
+def _service(fit: Path | None, base_ms: float | None, per_token_ms: float | None, decode_ms: float | None) -> ServiceModel:
+    model = fit_service_model(fit) if fit is not None else ServiceModel()
+    given = {"prefill_base_ms": base_ms, "prefill_ms_per_token": per_token_ms, "decode_ms_per_token": decode_ms}
+    for flag, value in zip(("--prefill-base-ms", "--prefill-ms-per-token", "--decode-ms-per-token"), given.values()):
+        if value is not None and not value >= 0:
+            raise InputError(f"{flag}: {value} is not a non-negative number of milliseconds")
+    return ServiceModel(**{**model.as_dict(), **{k: v for k, v in given.items() if v is not None}})
+
+
+_FLAGS = {"prefix_tokens": "--prefix-tokens", "epsilon": "--epsilon", "cache_threshold": "--cache-threshold",
+          "balance_abs_threshold": "--balance-abs-threshold", "balance_rel_threshold": "--balance-rel-threshold",
+          "eviction_interval_s": "--eviction-interval", "max_tree_size_tokens": "--max-tree-size"}
+
+
+def _options(factory) -> RouterOptions:
+    """``factory()``; a ``ValueError`` naming a field becomes one line naming its flag."""
+    try:
+        return factory()
+    except ValueError as exc:
+        field, _, problem = str(exc).partition(" ")
+        raise InputError(f"{_FLAGS.get(field, field)}: {problem}") from None
+
+
+def route(
+    source: Source,
+    replicas: Annotated[int, typer.Option(help="Replicas behind the router.")] = 8,
+    policy: Annotated[str, typer.Option(help="round-robin, random, least-loaded, session, prefix-hash, "
+                                             "cache-aware, a comma list, or all.")] = "all",
+    capacity: Annotated[int | None, typer.Option(help="Cache blocks per replica (default: the middle of the "
+                                                      "source's [sim] sizes).")] = None,
+    cache: CacheKindOption = None,
+    ttl: Annotated[float | None, typer.Option(help="Expire blocks idle longer than this (trace seconds).")] = None,
+    requests: Requests = None,
+    fit: Annotated[Path | None, typer.Option(help="Fit the service model from a kvbench run results file.")] = None,
+    prefill_base_ms: Annotated[float | None, typer.Option(help="Prefill fixed cost a, ms [10].")] = None,
+    prefill_ms_per_token: Annotated[float | None, typer.Option(help="Prefill cost b per uncached token, ms [0.1].")] = None,
+    decode_ms_per_token: Annotated[float | None, typer.Option(help="Decode time per output token, ms [20].")] = None,
+    prefix_tokens: Annotated[int, typer.Option(help="prefix-hash: hash the blocks of the first N tokens.")] = PREFIX_TOKENS,
+    epsilon: Annotated[float, typer.Option(help="prefix-hash: load bound ceil((1+eps) x mean).")] = 0.25,
+    cache_threshold: Annotated[float, typer.Option(help="cache-aware: match rate above which to follow the match.")] = 0.3,
+    balance_abs_threshold: Annotated[int, typer.Option(help="cache-aware: imbalance when max-min > this.")] = 64,
+    balance_rel_threshold: Annotated[float, typer.Option(help="cache-aware: ... and max > min x this.")] = 1.5,
+    eviction_interval: Annotated[float, typer.Option(help="cache-aware: tree eviction period, trace s.")] = 120.0,
+    max_tree_size: Annotated[int, typer.Option(help="cache-aware: tokens per replica's tree.")] = 2**26,
+    seed: Annotated[int, typer.Option(help="Seed of the random policy.")] = 0,
+    out: Annotated[Path | None, typer.Option(help="Parquet, one row per policy (default results/route-NAME-TIME"
+                                                  ".parquet); the PNGs go beside it.")] = None,
+) -> None:
+    """Route one trace over N simulated replicas, each with its own prefix cache, under each policy:
+    hit rates, copies of popular prefixes, load imbalance, queue and TTFT percentiles."""
+    if replicas < 1:
+        raise InputError(f"--replicas: {replicas} is not a positive number of replicas")
+    if requests is not None and requests <= 0:
+        raise InputError(f"--requests: {requests} is not a positive number of requests")
+    if capacity is not None and capacity <= 0:
+        raise InputError(f"--capacity: {capacity} is not a positive number of blocks")
+    if out is not None:
+        check_output_path(out)
+    policies = _policies(policy)
+    service = _service(fit, prefill_base_ms, prefill_ms_per_token, decode_ms_per_token)
+    options = _options(lambda: RouterOptions(prefix_tokens, epsilon, seed, CacheAwareConfig(
+        cache_threshold, balance_abs_threshold, balance_rel_threshold, eviction_interval, max_tree_size)))
+    loaded = load_source(source, limit=requests)
+    sizes = sorted(loaded.sim.sizes)
+    cache_cfg = cache_config(loaded.cache, CacheFlags(cache_kind=cache, ttl=ttl), capacity or sizes[len(sizes) // 2],
+                             loaded.block_size)
+    trace = prepare_route_trace(limit_requests(loaded.requests, requests), cache_cfg)
+    config = build(lambda: ClusterConfig(replicas, cache_cfg, service))
+    with make_console(stderr=True).status("routing"):
+        results = compare_policies(trace, config, policies, options)
+    title = (f"kvbench route: {loaded.name}, {trace.num_requests:,} requests, {replicas} replicas x "
+             f"{cache_cfg.capacity_blocks:,} blocks of {cache_cfg.block_size} tokens ({cache_cfg.kind.value})")
+    make_console().print(_table(title, results))
+    _write(out or Path("results") / f"route-{loaded.name}-{time.strftime('%Y%m%d-%H%M%S')}.parquet", results,
+           title, {"command": "route", "source": loaded.description, "service": service.as_dict(),
+                   "cache_capacity_blocks": cache_cfg.capacity_blocks, "cache_kind": cache_cfg.kind.value,
+                   "block_size": cache_cfg.block_size, "num_replicas": replicas})
+
+
+def _write(out: Path, results: list[PolicyResult], title: str, metadata: dict) -> None:
+    """The Parquet (one row per policy) and the two PNGs beside it."""
+    console = make_console()
+    metadata["decisions"] = {r.policy: r.decisions for r in results if r.decisions}
+    write_rows(out, [r.as_row() for r in results], metadata)
+    stem = out.with_suffix("")
+    for png in (plot_policies(results, stem.with_name(stem.name + "-policies.png"), title),
+                plot_load_over_time(results, stem.with_name(stem.name + "-load.png"), title)):
+        console.print(f"  {png}")
+    console.print(f"wrote {len(results)} rows to {out}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("route")(route)

@@ -1,0 +1,15 @@
+"""The paged engine (``--engine paged``): one preallocated KV pool, block tables, continuous batching.
+
+The copy engine (:mod:`kvbench.engine.engine`) stores every cached block as its own tensor and
+concatenates a hit into a fresh contiguous cache. This engine does what vLLM does, in small:
+
+* :mod:`.kv_pool`: one K and one V tensor per layer, preallocated, ``(kv_heads, num_blocks + 1,
+  block_size, head_dim)``; block 0 is the null block (never allocated; pads block tables).
+* :mod:`.scheduler`: the block tables, the prefix cache (a :class:`~kvbench.cache.block_pool.BlockPool`
+  whose keys are block hashes: a running sequence's blocks *are* the cache's blocks, pinned) and
+  the continuous-batching scheduler (FCFS, preemption by recompute, tail-first release). Pure Python.
+* :mod:`.attention`: an attention function registered with transformers' ``AttentionInterface``
+  that writes the new tokens' K/V into the pool and reads each sequence's K/V by its block table.
+* :mod:`.engine`: :class:`~kvbench.engine.paged.engine.PagedEngine`, the step loop, records, a
+  worker thread for concurrent callers.
+"""

@@ -1,0 +1,70 @@
+"""The KV pool: one preallocated key tensor and one value tensor per layer, addressed by block id.
+
+Layout per layer and per K/V: ``(kv_heads, num_blocks + 1, block_size, head_dim)``. Block 0 is the
+null block (vLLM reserves it the same way): it is never handed out and pads block tables, so a table
+tensor never needs a sentinel. Heads come first so that a gather by block table,
+``pool[:, block_table]``, is one copy that is already in the ``(kv_heads, seq, head_dim)`` order SDPA
+reads; with vLLM's ``(num_blocks, block_size, kv_heads, head_dim)`` it would take a second copy to
+transpose.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvbench.memory.layout import KvLayout
+
+NULL_BLOCK_ID = 0  # never allocated; pads block tables
+
+
+class KVPool:
+    """``num_blocks`` usable blocks of ``block_size`` tokens for every layer of one model.
+
+    Bytes: ``2 x layers x kv_heads x (num_blocks + 1) x block_size x head_dim x dtype bytes``,
+    allocated once here (``--cache-size`` in blocks or bytes sets ``num_blocks``).
+
+    Raises:
+        ValueError: ``num_blocks`` or ``block_size`` is not positive.
+    """
+
+    def __init__(self, layout: KvLayout, num_blocks: int, device: torch.device, dtype: torch.dtype) -> None:
+        if num_blocks <= 0 or layout.block_size <= 0:
+            raise ValueError(f"a KV pool needs positive num_blocks and block_size, got {num_blocks}, {layout.block_size}")
+        self.layout = layout
+        self.num_blocks = num_blocks
+        self.block_size = layout.block_size
+        shape = (layout.num_kv_heads, num_blocks + 1, layout.block_size, layout.head_dim)
+        self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(layout.num_layers)]
+        self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(layout.num_layers)]
+
+    @property
+    def bytes_per_block(self) -> int:
+        """K and V of one block over every layer."""
+        first = self.keys[0]
+        return 2 * len(self.keys) * first[:, 0].numel() * first.element_size()
+
+    @property
+    def allocated_bytes(self) -> int:
+        """Bytes the pool's tensors hold (the null block included)."""
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+
+    def write(self, layer: int, block_ids: torch.Tensor, offsets: torch.Tensor,
+              keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Store new tokens' K/V. ``block_ids``, ``offsets``: ``(tokens,)`` long; ``keys``,
+        ``values``: ``(kv_heads, tokens, head_dim)``."""
+        self.keys[layer][:, block_ids, offsets] = keys  # (kv_heads, tokens, head_dim)
+        self.values[layer][:, block_ids, offsets] = values
+
+    def gather(self, layer: int, block_table: torch.Tensor, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first ``num_tokens`` tokens of a sequence whose blocks are ``block_table`` (``(blocks,)``
+        long): keys and values, each ``(1, kv_heads, num_tokens, head_dim)`` (one copy each)."""
+        k = self.keys[layer][:, block_table]  # (kv_heads, blocks, block_size, head_dim)
+        v = self.values[layer][:, block_table]
+        k = k.flatten(1, 2)[:, :num_tokens].unsqueeze(0)  # (1, kv_heads, num_tokens, head_dim)
+        v = v.flatten(1, 2)[:, :num_tokens].unsqueeze(0)
+        return k, v
+
+    def block(self, block_id: int) -> torch.Tensor:
+        """A copy of one block, ``(layers, 2, kv_heads, block_size, head_dim)`` (the copy engine's
+        payload layout; for tests)."""
+        return torch.stack([torch.stack((k[:, block_id], v[:, block_id])) for k, v in zip(self.keys, self.values)])

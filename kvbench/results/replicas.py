@@ -1,0 +1,40 @@
+"""Per-endpoint summary of a routed run (rows with a ``replica``): who served how much, at what hit rate."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rich.table import Table
+
+
+def replica_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per replica index (ascending): ``requests``, ``prompt_tokens``, ``cached_prompt_tokens`` and
+    ``token_hit_rate`` over its ok rows; empty when no row has a replica."""
+    totals: dict[int, dict[str, Any]] = {}
+    for row in rows:
+        if row.get("replica") is None or row["status"] != "ok":
+            continue
+        entry = totals.setdefault(row["replica"], {"replica": row["replica"], "requests": 0, "prompt_tokens": 0,
+                                                    "cached_prompt_tokens": 0})
+        entry["requests"] += 1
+        entry["prompt_tokens"] += row["prompt_tokens"]
+        entry["cached_prompt_tokens"] += row["cached_prompt_tokens"] or 0
+    for entry in totals.values():
+        entry["token_hit_rate"] = entry["cached_prompt_tokens"] / entry["prompt_tokens"] if entry["prompt_tokens"] else 0.0
+    return [totals[key] for key in sorted(totals)]
+
+
+def replica_table(rows: Sequence[Mapping[str, Any]], base_urls: Sequence[str], route: str) -> Table | None:
+    """The per-replica table, or ``None`` for an unrouted run."""
+    summary = replica_rows(rows)
+    if not summary:
+        return None
+    table = Table(title=f"replicas (client-side routing: {route})")
+    for column in ("replica", "base URL", "requests", "prompt tokens", "cached", "token hit"):
+        table.add_column(column, justify="left" if column == "base URL" else "right")
+    for entry in summary:
+        url = base_urls[entry["replica"]] if entry["replica"] < len(base_urls) else "?"
+        table.add_row(str(entry["replica"]), url, f"{entry['requests']:,}", f"{entry['prompt_tokens']:,}",
+                      f"{entry['cached_prompt_tokens']:,}", f"{entry['token_hit_rate']:.4f}")
+    return table

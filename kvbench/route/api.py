@@ -1,0 +1,67 @@
+"""Build routers by name and compare policies on one trace: the library call behind ``kvbench route``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from kvbench.route.cache_aware import CacheAware, CacheAwareConfig
+from kvbench.route.cluster import ClusterConfig, RouteTrace, simulate_cluster
+from kvbench.route.policies import (LeastLoaded, PolicyName, PrefixHashBounded, RandomChoice, RoundRobin, Router,
+                                    SessionHash)
+from kvbench.route.result import PolicyResult
+
+PREFIX_TOKENS = 256  # OpenAI routes on about the first 256 tokens (../shared/REFERENCES.md section 6)
+
+
+@dataclass(frozen=True)
+class RouterOptions:
+    """Knobs of the policies that have them.
+
+    Attributes:
+        prefix_tokens: ``prefix-hash`` hashes the first ``max(1, prefix_tokens // block_size)`` blocks.
+        epsilon: ``prefix-hash``'s load bound ``ceil((1 + epsilon) x average)``.
+        seed: ``random``'s seed.
+        cache_aware: the SGLang router's thresholds.
+    """
+
+    prefix_tokens: int = PREFIX_TOKENS
+    epsilon: float = 0.25
+    seed: int = 0
+    cache_aware: CacheAwareConfig = field(default_factory=CacheAwareConfig)
+
+    def __post_init__(self) -> None:
+        if self.prefix_tokens <= 0:
+            raise ValueError(f"prefix_tokens must be positive, got {self.prefix_tokens}")
+        if not self.epsilon > 0:
+            raise ValueError(f"epsilon must be positive, got {self.epsilon}")
+
+
+def make_router(policy: PolicyName | str, num_replicas: int, block_size: int,
+                options: RouterOptions = RouterOptions()) -> Router:
+    """A fresh router for ``policy`` (a literal mapping). Raises ``ValueError`` for an unknown name."""
+    builders: dict[PolicyName, Callable[[], Router]] = {
+        PolicyName.ROUND_ROBIN: lambda: RoundRobin(num_replicas),
+        PolicyName.RANDOM: lambda: RandomChoice(num_replicas, options.seed),
+        PolicyName.LEAST_LOADED: LeastLoaded,
+        PolicyName.SESSION: lambda: SessionHash(num_replicas),
+        PolicyName.PREFIX_HASH: lambda: PrefixHashBounded(
+            num_replicas, max(1, options.prefix_tokens // block_size), options.epsilon),
+        PolicyName.CACHE_AWARE: lambda: CacheAware(num_replicas, block_size, options.cache_aware),
+    }
+    return builders[PolicyName(policy)]()
+
+
+def compare_policies(trace: RouteTrace, config: ClusterConfig, policies: Sequence[PolicyName | str],
+                     options: RouterOptions = RouterOptions(),
+                     progress: Callable[[PolicyResult], None] | None = None) -> list[PolicyResult]:
+    """One :func:`simulate_cluster` per policy, each with fresh replicas and a fresh router, in order."""
+    results = []
+    for policy in policies:
+        router = make_router(policy, config.num_replicas, trace.block_size, options)
+        run = simulate_cluster(trace, router, config)
+        decisions = dict(router.decisions) if isinstance(router, CacheAware) else None
+        results.append(PolicyResult(PolicyName(policy).value, run, decisions))
+        if progress is not None:
+            progress(results[-1])
+    return results

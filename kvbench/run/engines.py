@@ -1,0 +1,64 @@
+"""Building the in-process engine a run asked for (``--engine copy|paged``) and its cached-tokens prediction.
+
+* ``copy``: :class:`kvbench.engine.engine.HFEngine`; predicted by kvbench's cache replay
+  (:func:`kvbench.sim.predict.expected_cached_tokens` with the :class:`CacheConfig`).
+* ``paged``: :class:`kvbench.engine.paged.engine.PagedEngine`, its pool sized by ``--cache-size``
+  (running and cached blocks together, as vLLM's); predicted by the vLLM-faithful pool
+  (:class:`kvbench.sim.vllm_pool.VllmPoolConfig`, the null block added), which is exact at
+  concurrency 1 when every request decodes exactly ``max_tokens`` (``--ignore-eos``). Under
+  concurrency, or when EOS may end a request early, the prediction is ``None``: the blocks held by
+  requests running side by side depend on timing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from kvbench.cache.base import CacheConfig
+from kvbench.errors import checked
+from kvbench.request import Request
+from kvbench.run.config import EngineFlags, EngineKind
+from kvbench.sim.predict import expected_cached_tokens
+from kvbench.sim.vllm_pool import NUM_NULL_BLOCKS, VllmPoolConfig
+
+
+def make_engine(loaded, flags: EngineFlags, pool: CacheConfig, cache_on: bool, verify: bool, salt: str):
+    """The engine ``flags.engine`` names over ``loaded``; ``pool`` is the cache config (used as the
+    paged engine's pool even when the cache is off). Raises ``InputError`` for a bad combination."""
+    from kvbench.engine.engine import EngineConfig, HFEngine
+
+    if flags.engine is EngineKind.COPY:
+        return HFEngine(loaded, EngineConfig(cache=pool if cache_on else None, verify=verify, salt=salt))
+    from kvbench.engine.paged.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, PagedConfig, PagedEngine
+
+    config = checked(lambda: PagedConfig(
+        pool, prefix_caching=cache_on, max_num_seqs=flags.max_num_seqs or DEFAULT_MAX_NUM_SEQS,
+        max_num_batched_tokens=flags.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        batch_invariant=flags.batch_invariant, verify=verify, salt=salt))
+    return PagedEngine(loaded, config)
+
+
+def predicted_cached_tokens(requests: Sequence[Request], flags: EngineFlags, cache: CacheConfig | None,
+                            concurrency: int, ignore_eos: bool) -> list[int | None]:
+    """Per request, the cached prompt tokens the engine should report (module docstring)."""
+    if flags.engine is EngineKind.COPY or cache is None:
+        return expected_cached_tokens(requests, cache)
+    if concurrency != 1 or not ignore_eos:
+        return [None] * len(requests)
+    pool = VllmPoolConfig(cache.capacity_blocks + NUM_NULL_BLOCKS, cache.block_size, cache.hash)
+    exact = [replace(r, output_tokens=r.max_tokens) for r in requests]
+    try:
+        return expected_cached_tokens(exact, pool)
+    except ValueError:  # a request larger than the pool: the engine refuses it too
+        return [None] * len(requests)
+
+
+def engine_metadata(flags: EngineFlags, engine) -> dict:
+    """The ``run.engine`` metadata of a results file: the kind and, for paged, its limits and pool."""
+    if flags.engine is EngineKind.COPY:
+        return {"kind": "copy"}
+    config = engine.config
+    return {"kind": "paged", "max_num_seqs": config.max_num_seqs,
+            "max_num_batched_tokens": config.max_num_batched_tokens, "batch_invariant": config.batch_invariant,
+            "num_pool_blocks": config.pool.capacity_blocks, "pool_bytes": engine.kv_pool.allocated_bytes}

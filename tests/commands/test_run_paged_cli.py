@@ -1,0 +1,57 @@
+"""``kvbench run --engine paged``: the paged engine through the real CLI, Parquet read back."""
+
+import pyarrow.parquet as pq
+import pytest
+
+from kvbench.results.parquet import read_metadata
+from kvbench.results.schema import RUN_COLUMNS
+
+from tiny_scenarios import PROMPT_TOKENS, SHARED_BLOCK_TOKENS
+from tiny_scenarios import SHARED_PREFIX as SCENARIO
+
+
+@pytest.fixture
+def scenario(tmp_path):
+    path = tmp_path / "tiny.toml"
+    path.write_text(SCENARIO)
+    return path
+
+
+def test_paged_at_concurrency_1_matches_the_vllm_prediction_and_cache_off(kvbench, scenario, tmp_path):
+    out = tmp_path / "paged.parquet"
+    code, stdout, stderr = kvbench("run", scenario, "--engine", "paged", "--verify", "--ignore-eos", "--out", out)
+    assert code == 0, stderr
+    rows = pq.read_table(out).to_pylist()
+    assert list(pq.read_schema(out).names) == list(RUN_COLUMNS)
+    assert [r["prompt_tokens"] for r in rows] == [PROMPT_TOKENS] * 4
+    assert [r["cached_prompt_tokens"] for r in rows] == [0] + [SHARED_BLOCK_TOKENS] * 3
+    assert [r["expected_cached_tokens"] for r in rows] == [0] + [SHARED_BLOCK_TOKENS] * 3  # the vLLM pool
+    assert all(r["output_matches_reference"] is True for r in rows)
+    assert all(r["kv_load_ms"] == 0.0 and 0 < r["ttft_ms"] <= r["e2e_ms"] for r in rows)
+    engine = read_metadata(out)["run"]["engine"]
+    assert engine["kind"] == "paged" and engine["num_pool_blocks"] == 64 and engine["max_num_seqs"] == 256
+
+
+def test_paged_concurrency_4_batch_invariant_verifies(kvbench, scenario, tmp_path):
+    out = tmp_path / "paged4.parquet"
+    code, _, stderr = kvbench("run", scenario, "--engine", "paged", "--concurrency", "4", "--batch-invariant",
+                              "--max-num-seqs", "4", "--verify", "--out", out)
+    assert code == 0, stderr
+    rows = pq.read_table(out).to_pylist()
+    assert all(r["output_matches_reference"] is True for r in rows)
+    assert all(r["expected_cached_tokens"] is None for r in rows)  # side by side: not predictable
+    assert read_metadata(out)["run"]["engine"]["batch_invariant"] is True
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--max-num-seqs", "4"], "--max-num-seqs applies to --engine paged only"),
+    (["--engine", "paged", "--max-num-batched-tokens", "0"], "--max-num-batched-tokens: 0 must be positive"),
+    (["--engine", "paged", "--cache-kind", "radix"], "use --cache-kind hash"),
+    (["--engine", "paged", "--ttl", "5"], "does not implement --ttl"),
+    (["--engine", "paged", "--backend", "openai"], "apply to --backend inprocess only"),
+])
+def test_bad_engine_flags_are_one_line_and_exit_2(kvbench, scenario, tmp_path, args, needle):
+    code, _, stderr = kvbench("run", scenario, *args, "--out", tmp_path / "x.parquet")
+    assert code == 2, stderr
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in stderr

@@ -1,0 +1,94 @@
+"""Routing policies on hand-made loads: the rules of round robin, hashing, bounded loads, SGLang's router."""
+
+import pytest
+
+from kvbench.cache.block_hash import BlockHasher
+from kvbench.route.cache_aware import CacheAware, CacheAwareConfig, is_imbalanced
+from kvbench.route.policies import HashRing, LeastLoaded, PrefixHashBounded, RequestView, RoundRobin, SessionHash
+
+HASHER = BlockHasher(4)
+
+
+def view(tokens, session="s", arrival_s=0.0):
+    return RequestView(session, HASHER.prompt_blocks(tokens), arrival_s)
+
+
+SHARED = list(range(40))  # 10 blocks of 4 tokens
+
+
+def test_round_robin_and_least_loaded():
+    router = RoundRobin(3)
+    assert [router.choose(view(SHARED), [0, 0, 0]) for _ in range(5)] == [0, 1, 2, 0, 1]
+    assert LeastLoaded().choose(view(SHARED), [3, 1, 1, 2]) == 1
+
+
+def test_consistent_hashing_moves_few_sessions_when_a_replica_is_added():
+    eight, nine = HashRing(8), HashRing(9)
+    keys = [f"session-{i}".encode() for i in range(2000)]
+    moved = sum(next(eight.walk(k)) != next(nine.walk(k)) for k in keys)
+    assert 0.05 < moved / len(keys) < 0.2  # about 1/9 move, not 8/9 as with modulo hashing
+    owners = [next(eight.walk(k)) for k in keys]
+    assert min(owners.count(r) for r in range(8)) > 150  # 2000 / 8 = 250 each, roughly
+
+
+def test_session_hash_is_sticky():
+    router = SessionHash(8)
+    first = router.choose(view(SHARED, "abc"), [0] * 8)
+    assert all(router.choose(view(SHARED + [i], "abc"), [i] * 8) == first for i in range(10))
+
+
+def test_bounded_loads_walk_the_ring_past_full_replicas():
+    router = PrefixHashBounded(4, prefix_blocks=2, epsilon=0.5)
+    owner = router.choose(view(SHARED), [0, 0, 0, 0])
+    assert router.choose(view(SHARED[:8] + [99] * 8), [0, 0, 0, 0]) == owner  # same first 2 blocks
+    loads = [0, 0, 0, 0]
+    loads[owner] = 3  # bound = ceil(1.5 x (3 + 1) / 4) = 2: the owner is full
+    second = router.choose(view(SHARED), loads)
+    assert second != owner and second == list(router.ring.walk(bytes(HASHER.prompt_blocks(SHARED).block_hashes[1])))[1]
+
+
+def test_imbalance_needs_both_thresholds():
+    config = CacheAwareConfig()  # 64 and 1.5
+    assert is_imbalanced([100, 30], config)  # 70 > 64 and 100 > 45
+    assert not is_imbalanced([100, 70], config)  # 30 <= 64
+    assert not is_imbalanced([200, 134], config)  # 66 > 64 but 200 <= 201
+
+
+def primed(config=CacheAwareConfig()):
+    router = CacheAware(4, 4, config)
+    assert router.choose(view(SHARED), [0, 0, 0, 0]) == 0  # empty tree: the smallest tree, replica 0
+    return router
+
+
+def test_cache_aware_follows_the_longest_match_when_balanced():
+    router = primed()
+    assert router.choose(view(SHARED[:36] + [7] * 4), [10, 0, 3, 5]) == 0  # 36 / 40 = 0.9 > 0.3
+    assert router.decisions == {"balance": 0, "match": 1, "smallest-tree": 1}
+
+
+def test_cache_aware_goes_to_the_smallest_tree_below_the_threshold():
+    router = primed()
+    router.choose(view([500 + i for i in range(20)]), [0, 0, 0, 0])  # no match: smallest tree is 1
+    assert router.tree.size_blocks == [10, 5, 0, 0]
+    assert router.choose(view(SHARED[:8] + [9] * 32), [0, 0, 0, 0]) == 2  # 8 / 40 = 0.2 <= 0.3
+
+
+def test_cache_aware_falls_back_to_the_least_loaded_when_imbalanced():
+    router = primed()
+    assert router.choose(view(SHARED), [100, 30, 0, 50]) == 2  # imbalanced: shortest queue, match ignored
+    assert router.decisions["balance"] == 1
+    assert router.tree.owners[HASHER.prompt_blocks(SHARED).block_hashes[-1]].keys() == {0, 2}  # still recorded
+
+
+def test_cache_aware_tree_eviction_drops_least_recently_used_leaves_first():
+    router = primed(CacheAwareConfig(eviction_interval_s=10.0, max_tree_size_tokens=24))  # 6 blocks of 4
+    router.choose(view(SHARED, arrival_s=1.0), [0, 0, 0, 0])
+    router.choose(view([300] * 40, arrival_s=11.0), [0, 0, 0, 0])  # eviction runs first (t = 11 >= 10)
+    keys = HASHER.prompt_blocks(SHARED).block_hashes
+    assert router.tree.size_blocks[0] == 6
+    assert all(0 in router.tree.owners[k] for k in keys[:6]) and not any(k in router.tree.owners for k in keys[6:])
+
+
+def test_cache_aware_config_is_validated():
+    with pytest.raises(ValueError, match="cache_threshold"):
+        CacheAwareConfig(cache_threshold=1.5)

@@ -1,0 +1,63 @@
+"""A ``kvbench serve`` app in a background thread on a free loopback port (imported by conftest.py and
+by tests that need a server of their own, e.g. with guards)."""
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import uvicorn
+
+from kvbench.backends.inprocess import InProcessBackend
+from kvbench.cache.base import CacheConfig
+from kvbench.commands.serve import bind_socket
+from kvbench.engine.engine import EngineConfig, HFEngine, SamplingParams
+from kvbench.server.app import create_app
+from kvbench.server.service import EngineService
+from kvbench.workloads.tokenizer import load_tokenizer
+
+MODEL = "tiny"
+
+
+class LiveServer:
+    """uvicorn in a background thread; ``url`` is the API root with /v1."""
+
+    def __init__(self, service: EngineService, guards=None) -> None:
+        self.service = service
+        sock = bind_socket("127.0.0.1", 0)
+        self.port = sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        self.server = uvicorn.Server(uvicorn.Config(create_app(service, guards), log_level="warning",
+                                                    lifespan="off"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError("server did not start")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+    def post(self, path: str, body, timeout: float = 60) -> tuple[int, dict]:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        request = urllib.request.Request(self.url.removesuffix("/v1") + path, data=data, method="POST",
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                return response.status, json.loads(response.read() or b"{}")
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+    def get(self, path: str) -> tuple[int, str]:
+        with urllib.request.urlopen(self.url.removesuffix("/v1") + path, timeout=30) as response:
+            return response.status, response.read().decode()
+
+
+def tiny_service(loaded, capacity_blocks: int = 4096) -> EngineService:
+    """The server's service over ``loaded`` with a hash cache of ``capacity_blocks``."""
+    engine = HFEngine(loaded, EngineConfig(cache=CacheConfig(capacity_blocks=capacity_blocks)))
+    return EngineService(InProcessBackend(engine, SamplingParams(), MODEL), load_tokenizer())
