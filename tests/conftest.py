@@ -40,10 +40,10 @@ def kvbench(capsys):
 
 
 class ServeProcess:
-    """``python -m kvbench.cli serve --port 0``; ``url`` waits until it answers /health."""
+    """``python -m kvbench.cli serve --port 0 [serve_args]``; ``url`` waits until it answers /health."""
 
-    def __init__(self) -> None:
-        self.process = subprocess.Popen([sys.executable, "-m", "kvbench.cli", "serve", "--port", "0"], cwd=REPO,
+    def __init__(self, *serve_args: str) -> None:
+        self.process = subprocess.Popen([sys.executable, "-m", "kvbench.cli", "serve", "--port", "0", *serve_args], cwd=REPO,
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.lines: queue.Queue[str] = queue.Queue()
         self.output: list[str] = []

@@ -26,7 +26,7 @@ from kvbench.errors import checked
 from kvbench.results.parquet import check_output_path
 from kvbench.results.writer import RunWriter
 from kvbench.results.summary import summarize
-from kvbench.run.config import BackendKind, CacheFlags, RunConfig, SweepConfig
+from kvbench.run.config import BackendKind, CacheFlags, RunConfig, SweepConfig, TurnMode
 from kvbench.run.execute import (Progress, RunInterrupted, RunOutcome, default_out, execute, new_run_id,
                                  prepared_requests, run_metadata)
 from kvbench.run.load_section import with_load_section
@@ -70,7 +70,8 @@ def run_inprocess(config: RunConfig, on_progress: Progress | None = None) -> Run
     flags = config.model
     model_path = Path(flags.path) if flags.path is not None else None
     loaded = load_model(checked(lambda: ModelConfig(path=model_path, device=flags.device, dtype=flags.dtype)))
-    source = load_source(config.source, load_tokenizer(flags.path), limit=config.run.num_requests)
+    tokenizer = load_tokenizer(flags.path)
+    source = load_source(config.source, tokenizer, limit=config.run.num_requests)
     settings = run_section(source, config.run, config.cache)
     requests = prepared_requests(source, settings)
     block_size = config.cache.block_size or source.block_size
@@ -89,7 +90,15 @@ def run_inprocess(config: RunConfig, on_progress: Progress | None = None) -> Run
     metadata = run_metadata(source, settings, requests, run_info, config.source, load.num_warmup)
     writer = RunWriter(config.out or default_out("run", source.name), metadata, run_id, backend.describe(),
                        config.summary)
-    outcome = execute(requests, backend, load, writer, on_progress)
+    turns = None
+    if config.server.turns is TurnMode.LIVE:
+        from kvbench.run.live_turns import LiveTurns
+
+        turns = LiveTurns(requests, tokenizer, cache)
+        metadata["run"]["turns"] = "live"
+    outcome = execute(requests, backend, load, writer, on_progress, turns=turns)
+    if turns is not None:
+        outcome.notes, writer.metadata["live_turns"] = turns.report.lines(), turns.report.as_dict()
     writer.close(complete=True)
     return outcome
 

@@ -12,7 +12,8 @@
 
 Streams follow OpenAI: ``data: {chunk}`` events, one per output token (a chat stream starts with an
 empty assistant-role chunk), a chunk with ``finish_reason``, a usage chunk with empty ``choices``
-when ``stream_options.include_usage`` is set, then ``data: [DONE]``. An engine failure after the
+when ``stream_options.include_usage`` is set, then ``data: [DONE]``. With vLLM's ``return_token_ids``
+each token's chunk carries ``"token_ids": [id]`` on its choice (``kvbench run --turns live`` reads them). An engine failure after the
 stream started becomes a ``data: {"error": ...}`` event. Refused requests get a 4xx error object
 before anything is queued: malformed JSON or fields (400), unknown model (404), ``max_tokens < 1``
 (400), prompt + ``max_tokens`` beyond the context (400).
@@ -130,7 +131,7 @@ async def _generate(service: EngineService, body: CompletionRequest | ChatComple
     request = service.request(token_ids, sampling.max_tokens, body.cache_salt or None,
                               f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}")
     generation = service.submit(request, sampling)
-    header = _Header(chat, request.request_id, int(time.time()), service.model_name)
+    header = _Header(chat, request.request_id, int(time.time()), service.model_name, body.return_token_ids)
     if body.stream:
         return StreamingResponse(_stream(service, generation, header, body.include_usage),
                                  media_type="text/event-stream")
@@ -147,11 +148,14 @@ async def _generate(service: EngineService, body: CompletionRequest | ChatComple
 class _Header:
     """What every chunk of one response repeats."""
 
-    def __init__(self, chat: bool, response_id: str, created: int, model: str) -> None:
+    def __init__(self, chat: bool, response_id: str, created: int, model: str, token_ids: bool = False) -> None:
         self.chat, self.response_id, self.created, self.model = chat, response_id, created, model
+        self.token_ids = token_ids  # vLLM's return_token_ids: each token chunk's choice has [its id]
 
-    def chunk(self, text: str | None, **kwargs: Any) -> str:
+    def chunk(self, text: str | None, token_id: int | None = None, **kwargs: Any) -> str:
         body = chunk_body(self.chat, self.response_id, self.created, self.model, text, **kwargs)
+        if self.token_ids and token_id is not None:
+            body["choices"][0]["token_ids"] = [token_id]
         return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
 
@@ -176,14 +180,14 @@ async def _stream(service: EngineService, generation: Generation, header: _Heade
             kind, value = await generation.events.get()
             if kind == "token":
                 num_sent += 1
-                yield header.chunk(service.decode_token(value), include_usage=include_usage)
+                yield header.chunk(service.decode_token(value), value, include_usage=include_usage)
                 continue
             if kind != "done":
                 message = str(value or "the request was cancelled")
                 yield f"data: {json.dumps(ApiError(500, message).body())}\n\n"
                 break
             for token_id in value.output_token_ids[num_sent:]:
-                yield header.chunk(service.decode_token(token_id), include_usage=include_usage)
+                yield header.chunk(service.decode_token(token_id), token_id, include_usage=include_usage)
             yield header.chunk("", finish_reason=_finish_reason(service, generation, value), include_usage=include_usage)
             if include_usage:
                 yield header.chunk(None, usage_object=_usage(value))

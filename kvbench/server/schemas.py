@@ -57,6 +57,7 @@ class _GenerationRequest(BaseModel):
     stop: str | list[str] | None = None
     ignore_eos: bool = False  # vLLM's extension: decode exactly max_tokens
     cache_salt: str | None = None  # vLLM's extension: a cache namespace (per tenant, per run)
+    return_token_ids: bool = False  # vLLM's extension: each streamed choice carries its ``token_ids``
 
     @property
     def include_usage(self) -> bool:
