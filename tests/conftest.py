@@ -89,3 +89,11 @@ def server():
     process = ServeProcess()  # boots while the first test runs the in-process engine
     yield process
     process.stop()
+
+
+@pytest.fixture(scope="module")
+def prompt_only_server():
+    """A real ``kvbench serve --prompt-only`` (prompt blocks cached, generated ones not)."""
+    process = ServeProcess("--prompt-only")
+    yield process
+    process.stop()

@@ -8,9 +8,13 @@ agent step's observation). Chat and agent traces and imported ShareGPT have this
 that does not extend its session's previous turn by one assistant message and more (or has no
 messages), or whose previous turn failed, is sent as written and counted.
 
-Expected cached tokens are computed as requests go, in send order, through two caches of the
-server's block size and pool (:class:`kvbench.backends.openai.server_cache.ServerCache`; a vLLM pool
-or an unbounded one is replayed unbounded here):
+Expected cached tokens are computed as requests go, each when it finished, in the order they
+finished, through two caches of the server's block size and pool
+(:class:`kvbench.backends.openai.server_cache.ServerCache`; a vLLM pool or an unbounded one is
+replayed unbounded here). Completion order is the service order of a server that serves one request
+at a time (``kvbench serve``), so there the replay is exact even when an open loop sends requests
+that overlap; send order would miss the blocks of a request that finished while the next one
+waited. (On a batching server, at concurrency above 1, it is an estimate.) The two caches:
 
 * **generated blocks cached** (vLLM v1, ``kvbench serve``): a finished request stores every full block
   of prompt + output - 1 tokens (the last sampled token has no KV; :mod:`kvbench.sim.outputs`), the
@@ -71,32 +75,30 @@ def plan_live_turns(requests: Sequence[Request]) -> dict[int, LivePlan]:
 
 
 class _ExpectCache:
-    """One replayed server cache: look up a prompt when it is sent, store its blocks when it ended."""
+    """One replayed server cache: look up a finished request's prompt, then store its blocks."""
 
     def __init__(self, config: CacheConfig | None, store_outputs: bool) -> None:
         self.config, self.store_outputs = config, store_outputs
         self.cache = make_cache(config) if config is not None else None
         self.hasher = BlockHasher(config.block_size, config.hash) if config is not None else None
         self.keep_tokens = config is not None and (config.kind is CacheKind.RADIX or config.verify_tokens)
-        self.pending: dict[int, Any] = {}  # request index -> its pinned match
 
-    def expect(self, request: Request) -> int:
+    def replay(self, request: Request, output_ids: Sequence[int] | None, store: bool) -> int:
+        """The request's cached tokens (a multiple of the block size); with ``store`` its blocks
+        (prompt + output - 1 tokens, or the prompt's alone) are inserted after the hit."""
         if self.cache is None:
             return 0
         prompt = self.hasher.prompt_blocks(request.token_ids, salt=request.salt or "", keep_tokens=self.keep_tokens)
         match = self.cache.lookup(prompt, prompt.max_hit_blocks)
-        self.pending[request.index] = match
+        new_handles = []
+        if store:
+            ids = request.token_ids.astype(np.uint32)
+            if self.store_outputs and output_ids is not None and len(output_ids) > 1:
+                ids = np.concatenate([ids, np.asarray(output_ids[:-1], dtype=np.uint32)])
+            stored = self.hasher.prompt_blocks(ids, salt=request.salt or "", keep_tokens=self.keep_tokens)
+            new_handles = self.cache.insert(stored, match.num_hit_blocks).handles
+        self.cache.release(match.handles + new_handles)
         return match.num_hit_blocks * self.config.block_size
-
-    def store(self, request: Request, output_ids: Sequence[int] | None) -> None:
-        if self.cache is None or (match := self.pending.pop(request.index, None)) is None:
-            return
-        ids = request.token_ids.astype(np.uint32)
-        if self.store_outputs and output_ids is not None and len(output_ids) > 1:
-            ids = np.concatenate([ids, np.asarray(output_ids[:-1], dtype=np.uint32)])
-        stored = self.hasher.prompt_blocks(ids, salt=request.salt or "", keep_tokens=self.keep_tokens)
-        new = self.cache.insert(stored, match.num_hit_blocks)
-        self.cache.release(match.handles + new.handles)
 
 
 @dataclass
@@ -140,6 +142,8 @@ class LiveReport:
         cached = self.generated_blocks_cached
         if not self.num_compared:
             return "no cached_tokens reported: generated-block caching not checked"
+        if not self.num_live:
+            return "no turn was built from a reply (no chat messages extending a previous turn)"
         if self.expected_with_generated_tokens == self.expected_prompt_only_tokens:
             return "no reply filled a block the next turn could hit: generated-block caching not told apart"
         if cached is None:
@@ -204,11 +208,7 @@ class LiveTurns:
             self.report.num_live += 1
         else:
             self.report.num_as_written += 1
-        expected = self.expected_generated[request.index] = self._generated.expect(request)
-        self.expected_prompt_only[request.index] = self._prompt_only.expect(request)
-        if self.cache is not None and self.cache.prompt_only:  # a cache known to store prompts only
-            expected = self.expected_prompt_only[request.index]
-        request = replace(request, expected_cached_tokens=expected)
+        request = replace(request, expected_cached_tokens=None)  # known when it finished
         self.sent[request.index] = request
         return request
 
@@ -218,18 +218,23 @@ class LiveTurns:
             return record.output_text
         return self.tokenizer.decode(record.output_token_ids) if record.output_token_ids is not None else None
 
-    def finished(self, request: Request, record: RequestRecord) -> None:
-        """Store the request's blocks in both replayed caches and keep its reply for the next turn."""
+    def finished(self, request: Request, record: RequestRecord) -> Request:
+        """Replay the request through both caches (its expectation, then its blocks stored where it
+        succeeded), keep its reply for the next turn; returns it with ``expected_cached_tokens``."""
         self.replies[request.index] = record
         output_ids = self._output_ids(request, record) if record.ok else None
-        self._generated.store(request, output_ids)
-        self._prompt_only.store(request, None)
+        with_generated = self.expected_generated[request.index] = self._generated.replay(request, output_ids, record.ok)
+        prompt_only = self.expected_prompt_only[request.index] = self._prompt_only.replay(request, None, record.ok)
+        known_prompt_only = self.cache is not None and self.cache.prompt_only  # a cache known to store prompts only
+        request = self.sent[request.index] = replace(
+            request, expected_cached_tokens=prompt_only if known_prompt_only else with_generated)
         if record.cached_prompt_tokens is not None and record.ok:
             report = self.report
             report.num_compared += 1
             report.reported_cached_tokens += record.cached_prompt_tokens
-            report.expected_with_generated_tokens += self.expected_generated[request.index]
-            report.expected_prompt_only_tokens += self.expected_prompt_only[request.index]
+            report.expected_with_generated_tokens += with_generated
+            report.expected_prompt_only_tokens += prompt_only
+        return request
 
     def _output_ids(self, request: Request, record: RequestRecord) -> list[int] | None:
         """The generated ids: the server's, else its ``/tokenize`` of the text, else the local encoding;

@@ -33,7 +33,8 @@ an exception) keeps every finished request.
 ``turns`` (:class:`Turns`, e.g. :class:`kvbench.run.live_turns.LiveTurns` for ``--turns live``) builds
 each request at send time: ``prepare(request)`` runs once the request's previous turn finished and
 its concurrency slot is free (its time counts as queue time), and the request it returns is what is
-sent and recorded; ``finished(request, record)`` sees the record before the session's next turn wakes.
+sent; ``finished(request, record)`` sees the record before the session's next turn wakes and returns
+the request to record (with what it learnt, e.g. its expected cached tokens).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class Turns(Protocol):
 
     def prepare(self, request: Request) -> Request: ...
 
-    def finished(self, request: Request, record: RequestRecord) -> None: ...
+    def finished(self, request: Request, record: RequestRecord) -> Request: ...
 
 
 @dataclass(frozen=True)
@@ -163,7 +164,7 @@ class _Run:
                              sent_s=sent_s - self.start_s, ended_s=ended_s - self.start_s,
                              due_s=queued_since_s - self.start_s)
             if self.turns is not None:
-                self.turns.finished(request, record)
+                request = self.turns.finished(request, record)
             self.records.append((request, record))
             if self.on_record is not None:
                 self.on_record(request, record)

@@ -5,13 +5,11 @@ import json
 
 import numpy as np
 import pyarrow.parquet as pq
-import pytest
 
 from kvbench.results.parquet import read_metadata
 from kvbench.run.api import run
 from kvbench.run.config import BackendKind, RunConfig, RunFlags, ServerFlags, TurnMode
 from kvbench.workloads.tokenizer import TiktokenTokenizer
-from conftest import ServeProcess
 
 CHATS = [{"id": "a", "conversations": [
     {"from": "system", "value": "You are a terse assistant for engineers who run inference servers. "
@@ -26,14 +24,6 @@ CHATS = [{"id": "a", "conversations": [
         {"from": "gpt", "value": "Time from sending a request to its first output token."},
         {"from": "human", "value": "And TPOT?"}]}]
 MAX_TOKENS = 20  # > one 16-token block: every reply fills a block the next turn can hit
-
-
-@pytest.fixture(scope="module")
-def prompt_only_server():
-    """A real ``kvbench serve --prompt-only``: it caches prompt blocks only."""
-    process = ServeProcess("--prompt-only")
-    yield process
-    process.stop()
 
 
 def live_run(tmp_path, url):
