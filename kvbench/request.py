@@ -128,6 +128,8 @@ class RequestRecord:
         output_token_ids: the generated ids, EOS included when it ended the response; ``None``
             where the backend sees only text.
         prompt_token_ids: the ids the server says it prefilled (vLLM ``return_token_ids``), else ``None``.
+        output_text: the reply's text as streamed (HTTP backends; ``kvbench run --turns live`` feeds
+            it into the session's next turn), else ``None``.
         ttft_ms: start of service to the first output token; tpot_ms: ``(e2e - ttft) / (output - 1)``
             (vLLM's definition; ``None`` for one token); itl_ms: gaps between output tokens;
             e2e_ms: start of service to the last token.
@@ -154,6 +156,7 @@ class RequestRecord:
     output_tokens_source: str = "engine"
     output_token_ids: tuple[int, ...] | None = None
     prompt_token_ids: tuple[int, ...] | None = None
+    output_text: str | None = None
     ttft_ms: float | None = None
     tpot_ms: float | None = None
     itl_ms: tuple[float, ...] = ()

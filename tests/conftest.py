@@ -40,10 +40,10 @@ def kvbench(capsys):
 
 
 class ServeProcess:
-    """``python -m kvbench.cli serve --port 0``; ``url`` waits until it answers /health."""
+    """``python -m kvbench.cli serve --port 0 [serve_args]``; ``url`` waits until it answers /health."""
 
-    def __init__(self, *args: str) -> None:
-        self.process = subprocess.Popen([sys.executable, "-m", "kvbench.cli", "serve", "--port", "0", *args], cwd=REPO,
+    def __init__(self, *serve_args: str) -> None:
+        self.process = subprocess.Popen([sys.executable, "-m", "kvbench.cli", "serve", "--port", "0", *serve_args], cwd=REPO,
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.lines: queue.Queue[str] = queue.Queue()
         self.output: list[str] = []
@@ -87,5 +87,13 @@ class ServeProcess:
 def server():
     """A real ``kvbench serve`` on a free loopback port (one per test module that asks)."""
     process = ServeProcess()  # boots while the first test runs the in-process engine
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="module")
+def prompt_only_server():
+    """A real ``kvbench serve --prompt-only`` (prompt blocks cached, generated ones not)."""
+    process = ServeProcess("--prompt-only")
     yield process
     process.stop()

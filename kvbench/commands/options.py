@@ -10,7 +10,7 @@ import typer
 from kvbench.cache.base import CacheKind, ReleaseOrder
 from kvbench.commands.choices import CacheSwitch, check_device, check_dtype, check_positive
 from kvbench.cache.block_hash import HashAlgo
-from kvbench.run.config import Schedule
+from kvbench.run.config import Schedule, TurnMode
 
 Source = Annotated[Path, typer.Argument(help="Scenario (.toml) or trace (.jsonl: kvbench, Mooncake, hash-id or prompts; .json: ShareGPT; .csv: BurstGPT).")]
 Device = Annotated[str, typer.Option(callback=check_device, help="cpu, cuda, cuda:N or mps.")]
@@ -30,6 +30,8 @@ ScheduleOption = Annotated[Schedule | None, typer.Option(
     "--schedule", help="openai: rate = closed loop or --request-rate (default); trace = at the trace's own arrival times.")]
 TimeScale = Annotated[float | None, typer.Option(
     "--time-scale", callback=check_positive, help="openai, --schedule trace: replay X times faster, > 0 (0.5 = half speed; default 1).")]
+TurnsOption = Annotated[TurnMode | None, typer.Option(
+    "--turns", help="scripted = a multi-turn trace's own assistant text (default); live = each real reply fed into the session's next turn.")]
 PreflightOption = Annotated[bool, typer.Option(
     "--preflight/--no-preflight", help="openai: check server, model, streaming, cached_tokens and cache_salt first.")]
 Threads = Annotated[int | None, typer.Option(help="Torch intra-op threads (default: torch's, one per core); "

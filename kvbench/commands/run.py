@@ -41,7 +41,7 @@ def run(source: opt.Source, **flags: Any) -> None:
         RunFlags(f.requests, f.concurrency, f.warmup, f.max_tokens, f.ignore_eos, f.temperature, f.top_p, f.seed),
         _server_flags(f.base_url, f.route, f.api_key_env, f.tokenizer, f.request_rate, f.burstiness, f.duration,
                       f.hygiene, f.reset_cache, f.timeout, f.server_block_size, f.expected_cache_size, f.schedule,
-                      f.time_scale, f.preflight),
+                      f.time_scale, f.preflight, f.turns),
         f.salt, f.out, results.summary,
         engine=EngineFlags(f.engine, f.max_num_seqs, f.max_num_batched_tokens, f.batch_invariant)))
     outcome = run_with_progress(lambda on_progress: run_file(config, on_progress), threads=f.threads,

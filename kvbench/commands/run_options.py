@@ -62,6 +62,7 @@ HTTP = panel("HTTP server (--backend openai)", {
     "duration": (Annotated[float | None, typer.Option(callback=check_positive, help="Stop sending after this many seconds (> 0).")], None),
     "schedule": (opt.ScheduleOption, None),
     "time_scale": (opt.TimeScale, None),
+    "turns": (opt.TurnsOption, None),
     "hygiene": (Annotated[Hygiene | None, typer.Option(help="salt = per-run cache_salt (default); nonce = per-run first prompt line; off.")], None),
     "reset_cache": (Annotated[bool, typer.Option("--reset-cache", help="POST the server's cache reset endpoint first.")], False),
     "preflight": (opt.PreflightOption, True),

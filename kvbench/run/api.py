@@ -26,7 +26,7 @@ from kvbench.errors import checked
 from kvbench.results.parquet import check_output_path
 from kvbench.results.writer import RunWriter
 from kvbench.results.summary import summarize
-from kvbench.run.config import BackendKind, CacheFlags, EngineKind, RunConfig, SweepConfig
+from kvbench.run.config import BackendKind, CacheFlags, EngineKind, RunConfig, SweepConfig, TurnMode
 from kvbench.run.engines import engine_metadata, make_engine, predicted_cached_tokens
 from kvbench.run.execute import (Progress, RunInterrupted, RunOutcome, default_out, execute, new_run_id,
                                  prepared_requests, run_metadata)
@@ -86,7 +86,8 @@ def run_inprocess(config: RunConfig, on_progress: Progress | None = None) -> Run
     flags = config.model
     model_path = Path(flags.path) if flags.path is not None else None
     model_config = checked(lambda: ModelConfig(path=model_path, device=flags.device, dtype=flags.dtype))
-    source = load_source(config.source, load_tokenizer(flags.path), limit=config.run.num_requests)
+    tokenizer = load_tokenizer(flags.path)
+    source = load_source(config.source, tokenizer, limit=config.run.num_requests)
     settings = run_section(source, config.run, config.cache)
     requests = prepared_requests(source, settings)
     block_size = config.cache.block_size or source.block_size
@@ -112,10 +113,25 @@ def run_inprocess(config: RunConfig, on_progress: Progress | None = None) -> Run
     metadata = run_metadata(source, settings, requests, run_info, config.source, load.num_warmup)
     writer = RunWriter(config.out or default_out("run", source.name), metadata, run_id, backend.describe(),
                        config.summary)
-    outcome = execute(requests, backend, load, writer, on_progress)
+    turns = _live_turns(config, requests, tokenizer, cache, metadata)
+    outcome = execute(requests, backend, load, writer, on_progress, turns=turns)
     outcome.notes += requests_note(settings.num_requests, len(source.requests))
+    if turns is not None:
+        outcome.notes += turns.report.lines()
+        writer.metadata["live_turns"] = turns.report.as_dict()
     writer.close(complete=True)
     return outcome
+
+
+def _live_turns(config: RunConfig, requests, tokenizer, cache, metadata: dict):
+    """``--turns live``: the hook that builds each session's next turn from the engine's reply (``None``
+    for scripted turns); recorded as ``run.turns`` in the metadata."""
+    if config.server.turns is not TurnMode.LIVE:
+        return None
+    from kvbench.run.live_turns import LiveTurns
+
+    metadata["run"]["turns"] = "live"
+    return LiveTurns(requests, tokenizer, cache)
 
 
 @dataclass

@@ -8,6 +8,7 @@ and after, and :func:`kvbench.backends.openai.reconcile.reconcile` compares the 
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 from dataclasses import replace
 
@@ -18,7 +19,7 @@ from kvbench.results.timeline import replay_lag
 from kvbench.results.writer import RunWriter
 from kvbench.run.execute import (Progress, RunOutcome, api_key, default_out, execute, new_run_id,
                                  prepared_requests, run_metadata)
-from kvbench.run.config import DEFAULT_TIMEOUT_S, RunConfig
+from kvbench.run.config import DEFAULT_TIMEOUT_S, RunConfig, TurnMode
 from kvbench.run.checks import requests_note
 from kvbench.run.loop import LoadConfig
 from kvbench.run.setup import run_section
@@ -97,6 +98,35 @@ def run_preflight(config: RunConfig, model: str, key: str, tokenizer, settings) 
     return config, notes, result.as_dict()
 
 
+def live_turns(config: RunConfig, requests: list[Request], tokenizer, server_cache, model: str, key: str):
+    """The send loop's turn hook for ``--turns live`` (:class:`kvbench.run.live_turns.LiveTurns`), or
+    ``None`` for scripted turns. With a local tokenizer the server's ``/tokenize`` (where it has one)
+    gives reply ids the server does not return."""
+    if config.server.turns is not TurnMode.LIVE:
+        return None
+    from kvbench.backends.openai.tokenize import ServerTokenizer
+    from kvbench.run.live_turns import LiveTurns, live_cache_config
+
+    reference = None
+    if not isinstance(tokenizer, ServerTokenizer):
+        with contextlib.suppress(InputError):
+            reference = ServerTokenizer(config.server.url, model, key)
+    return LiveTurns(requests, tokenizer, live_cache_config(server_cache.model, server_cache.block_size), reference)
+
+
+def _as_sent(turns, requests: list[Request], expectations):
+    """``(requests, expectations)`` for reconciliation: what live turns really sent and expected."""
+    from kvbench.backends.openai.reconcile import Expectations
+    from kvbench.sim.replay import prompt_blocks_of
+
+    if turns is None:
+        return requests, expectations
+    sent = turns.sent_requests(requests)
+    return sent, Expectations(prompt_blocks_of(sent, expectations.block_size),
+                              [r.expected_cached_tokens or 0 for r in sent], expectations.block_size,
+                              expectations.capacity_blocks)
+
+
 def _load(config: RunConfig, settings, num_requests: int) -> LoadConfig:
     server = config.server
     rate = server.rate_per_s
@@ -122,7 +152,8 @@ def _run_info(config: RunConfig, run_id: str, client_config, load: LoadConfig, e
             "load": {"concurrency": load.concurrency,
                      "request_rate_per_s": load.request_rate_per_s if load.request_rate_per_s != float("inf") else None,
                      "burstiness": load.burstiness, "duration_s": load.duration_s,
-                     "schedule": "trace" if load.time_scale is not None else "rate", "time_scale": load.time_scale}}
+                     "schedule": "trace" if load.time_scale is not None else "rate", "time_scale": load.time_scale},
+            "turns": (config.server.turns or TurnMode.SCRIPTED).value}
 
 
 def _all_metrics(fetch_metrics, urls, key: str) -> str | None:
@@ -173,9 +204,11 @@ def run_openai(config: RunConfig, on_progress: Progress | None = None) -> RunOut
     requests, run_salt = apply_hygiene(config, prepared_requests(source, settings), tokenizer)
     expectations = server_expectations(requests, server_cache, settings.ignore_eos)
     requests = [replace(r, expected_cached_tokens=e) for r, e in zip(requests, expectations.expected_cached_tokens)]
+    turns = live_turns(config, requests, tokenizer, server_cache, model, key)
     client_config = checked(lambda: OpenAIConfig(server.url, model, key, server.timeout or DEFAULT_TIMEOUT_S,
                                                  settings.temperature, settings.top_p, settings.seed,
-                                                 settings.ignore_eos, expectations.block_size))
+                                                 settings.ignore_eos, expectations.block_size,
+                                                 {"return_token_ids": True} if turns else {}))
     load = checked(lambda: _load(config, settings, len(requests)))
     run_id = new_run_id(source.name)
     metadata = run_metadata(source, settings, requests, _run_info(config, run_id, client_config, load, expectations,
@@ -184,12 +217,15 @@ def run_openai(config: RunConfig, on_progress: Progress | None = None) -> RunOut
     metadata["preflight"], metadata["server_cache"] = checks, server_cache.origins
     writer = RunWriter(config.out or default_out("run", source.name), metadata, run_id, backend.describe(),
                        config.summary)
-    outcome = execute(requests, backend, load, writer, on_progress, backend_context=lambda: backend)
-    outcome.notes = notes + requests_note(settings.num_requests, len(source.requests))
+    outcome = execute(requests, backend, load, writer, on_progress, backend_context=lambda: backend, turns=turns)
+    outcome.notes = notes + requests_note(settings.num_requests, len(source.requests)) + (turns.report.lines() if turns else [])
     if load.is_open_loop:
         outcome.notes.append(replay_lag(outcome.rows).describe())
     after = parse_prefix_cache_counters(_all_metrics(fetch_metrics, urls, key))
     by_index = {request.index: record for request, record in outcome.records}
+    requests, expectations = _as_sent(turns, requests, expectations)
+    if turns is not None:
+        writer.metadata["live_turns"] = turns.report.as_dict()
     outcome.reconciliation = reconcile(writer.rows, requests, expectations, [by_index.get(r.index) for r in requests],
                                        before, after, ignore_eos=settings.ignore_eos)
     writer.metadata["reconciliation"] = outcome.reconciliation.as_dict()

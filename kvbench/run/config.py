@@ -37,6 +37,15 @@ class Schedule(str, Enum):
     TRACE = "trace"
 
 
+class TurnMode(str, Enum):
+    """How a multi-turn trace's later turns are sent: ``scripted`` = as written, with the trace's own
+    assistant text; ``live`` = built at send time from the server's real replies
+    (:mod:`kvbench.run.live_turns`)."""
+
+    SCRIPTED = "scripted"
+    LIVE = "live"
+
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -142,6 +151,7 @@ class ServerFlags:
     schedule: Schedule | None = None  # None = rate
     time_scale: float | None = None  # --schedule trace: speed-up factor (None = 1, real time)
     preflight: bool = True  # check server, model, streaming, cached_tokens and cache_salt first
+    turns: TurnMode | None = None  # None = scripted
     base_urls: tuple[str, ...] = ()  # two or more endpoints, routed client-side (kvbench/backends/routed.py)
     route: str | None = None  # the policy over base_urls (kvbench/route/policies.py); None = round-robin
 
@@ -150,6 +160,8 @@ class ServerFlags:
                                "expected_cache_size", "time_scale"))
         if self.time_scale is not None and self.schedule is not Schedule.TRACE:
             raise ValueError("--time-scale applies to --schedule trace")
+        if self.turns is not None:
+            object.__setattr__(self, "turns", TurnMode(self.turns))
         if self.schedule is Schedule.TRACE and self.request_rate is not None:
             raise ValueError("--schedule trace replays the trace's own times: drop --request-rate")
         object.__setattr__(self, "base_urls", tuple(self.base_urls))
@@ -200,7 +212,8 @@ class RunConfig:
             object.__setattr__(self, "out", Path(self.out))
         other = self.server if self.backend is BackendKind.INPROCESS else self.cache
         defaults = type(other)()
-        given = [f.name for f in fields(other) if getattr(other, f.name) != getattr(defaults, f.name)]
+        given = [f.name for f in fields(other) if getattr(other, f.name) != getattr(defaults, f.name)
+                 and f.name != "turns"]  # --turns applies to both backends
         if given:
             raise ValueError(f"{_flag(given[0])} does not apply to --backend {self.backend.value}")
 

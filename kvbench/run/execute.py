@@ -23,7 +23,7 @@ from kvbench.errors import InputError, Interrupted
 from kvbench.request import Request, RequestRecord
 from kvbench.results.summary import RunSummary, SummaryOptions, summarize
 from kvbench.results.writer import RunWriter
-from kvbench.run.loop import LoadConfig, send_requests
+from kvbench.run.loop import LoadConfig, Turns, send_requests
 from kvbench.run.source import RunSection, RunSource, limit_requests, requests_hash
 
 Progress = Callable[[list[dict[str, Any]], int], None]  # (rows so far, total requests)
@@ -96,10 +96,12 @@ def run_metadata(source: RunSource, settings: RunSection, requests: Sequence[Req
 
 
 def execute(requests: Sequence[Request], backend: Backend, load: LoadConfig, writer: RunWriter,
-            on_progress: Progress | None, backend_context: Callable[[], Any] | None = None) -> RunOutcome:
+            on_progress: Progress | None, backend_context: Callable[[], Any] | None = None,
+            turns: Turns | None = None) -> RunOutcome:
     """Send ``requests`` through the one send loop, every record to ``writer``; returns the outcome.
 
     ``backend_context``: an async context manager factory to enter around the run (the HTTP client).
+    ``turns``: builds requests at send time (``--turns live``; :class:`kvbench.run.loop.Turns`).
     Raises :class:`RunInterrupted` on Ctrl-C or SIGTERM after writing what was measured.
     """
     outcome = RunOutcome(writer.metadata["run"].get("scenario", ""), writer.path, writer.rows, writer.metadata,
@@ -113,7 +115,7 @@ def execute(requests: Sequence[Request], backend: Backend, load: LoadConfig, wri
     async def send() -> None:
         with _sigterm_cancels(asyncio.current_task()):
             async with backend_context() if backend_context is not None else contextlib.nullcontext():
-                outcome.records = await send_requests(requests, backend, load, on_record)
+                outcome.records = await send_requests(requests, backend, load, on_record, turns=turns)
 
     try:
         asyncio.run(send())

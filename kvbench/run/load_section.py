@@ -14,6 +14,7 @@ Keys (each the flag of the same name; every one optional)::
     hygiene = "salt"              # salt | nonce | off
     schedule = "trace"            # rate | trace
     time_scale = 10.0
+    turns = "live"                # scripted | live
 
 Precedence, highest first: a flag, the ``[load]`` key, the environment (``OPENAI_BASE_URL``,
 ``OPENAI_API_KEY``: the OpenAI client's conventions), kvbench's default. The API key is read from
@@ -29,7 +30,7 @@ from pathlib import Path
 
 from kvbench.backends.openai.hygiene import Hygiene
 from kvbench.errors import InputError
-from kvbench.run.config import BackendKind, RunConfig, Schedule
+from kvbench.run.config import BackendKind, RunConfig, Schedule, TurnMode
 from kvbench.run.scenario import build_section, find_scenario
 
 
@@ -48,9 +49,11 @@ class LoadSection:
     hygiene: Hygiene | None = None
     schedule: Schedule | None = None
     time_scale: float | None = None
+    turns: TurnMode | None = None
 
     def __post_init__(self) -> None:
-        for name, kind in (("backend", BackendKind), ("hygiene", Hygiene), ("schedule", Schedule)):
+        for name, kind in (("backend", BackendKind), ("hygiene", Hygiene), ("schedule", Schedule),
+                           ("turns", TurnMode)):
             value = getattr(self, name)
             if value is not None:
                 try:
@@ -114,6 +117,7 @@ def with_load_section(config: RunConfig) -> RunConfig:
                      burstiness=pick(server.burstiness, section.burstiness),
                      duration=pick(server.duration, section.duration), hygiene=pick(server.hygiene, section.hygiene),
                      schedule=pick(server.schedule, section.schedule),
-                     time_scale=pick(server.time_scale, section.time_scale))
+                     time_scale=pick(server.time_scale, section.time_scale),
+                     turns=pick(server.turns, section.turns))
     return replace(config, server=server, run=replace(run, concurrency=pick(run.concurrency, section.concurrency)),
                    model=replace(model, path=pick(model.path, section.model)))

@@ -33,6 +33,12 @@ It decides *when* each request is sent; the backend (:mod:`kvbench.backends.base
 
 ``on_record(request, record)`` sees each record as soon as it exists, so an interrupted run (Ctrl-C,
 an exception) keeps every finished request.
+
+``turns`` (:class:`Turns`, e.g. :class:`kvbench.run.live_turns.LiveTurns` for ``--turns live``) builds
+each request at send time: ``prepare(request)`` runs once the request's previous turn finished and
+its concurrency slot is free (its time counts as queue time), and the request it returns is what is
+sent; ``finished(request, record)`` sees the record before the session's next turn wakes and returns
+the request to record (with what it learnt, e.g. its expected cached tokens).
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ import contextlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 import numpy as np
 
@@ -50,6 +57,14 @@ from kvbench.request import NOT_SENT, Phase, Request, RequestRecord
 from kvbench.run.clock import WALL_CLOCK, Clock
 
 OnRecord = Callable[[Request, RequestRecord], None]
+
+
+class Turns(Protocol):
+    """Builds requests at send time from what earlier ones returned (module docstring)."""
+
+    def prepare(self, request: Request) -> Request: ...
+
+    def finished(self, request: Request, record: RequestRecord) -> Request: ...
 
 
 @dataclass(frozen=True)
@@ -125,8 +140,8 @@ class _Run:
     """State of one :func:`send_requests` call: which turn waits for which, and the records."""
 
     def __init__(self, requests: Sequence[Request], backend: Backend, on_record: OnRecord | None,
-                 clock: Clock, max_connection_failures: int | None = None) -> None:
-        self.backend, self.on_record, self.clock = backend, on_record, clock
+                 clock: Clock, max_connection_failures: int | None = None, turns: Turns | None = None) -> None:
+        self.backend, self.on_record, self.clock, self.turns = backend, on_record, clock, turns
         self.max_connection_failures = max_connection_failures
         self.num_connection_failures = 0  # consecutive
         self.gave_up: str | None = None  # why nothing more is sent
@@ -149,20 +164,25 @@ class _Run:
         self.done[request.index].set()  # unsent: later turns of its session are past the deadline too
 
     async def serve(self, request: Request, phase: Phase, queued_since_s: float) -> None:
+        index = request.index
         try:
             if self.gave_up is not None:
                 return self._keep(request, replace(RequestRecord.failed(request.prompt_tokens, self.gave_up),
                                                    phase=phase))
+            if self.turns is not None:
+                request = self.turns.prepare(request)
             sent_s = self.clock.now()
             record = await self.backend.serve(request)
             ended_s = self.clock.now()
             record = replace(record, phase=phase, queue_ms=(sent_s - queued_since_s) * 1e3 + record.queue_ms,
                              sent_s=sent_s - self.start_s, ended_s=ended_s - self.start_s,
                              due_s=queued_since_s - self.start_s)
+            if self.turns is not None:
+                request = self.turns.finished(request, record)
             self._count_failure(record)
             self._keep(request, record)
         finally:
-            self.done[request.index].set()
+            self.done[index].set()
         await asyncio.sleep(0)  # let a session's next turn, woken just now, go before a later request
 
     def _keep(self, request: Request, record: RequestRecord) -> None:
@@ -222,15 +242,15 @@ async def _open_loop(run: _Run, batch: Sequence[Request], phase: Phase, load: Lo
 
 
 async def send_requests(requests: Sequence[Request], backend: Backend, load: LoadConfig = LoadConfig(),
-                        on_record: OnRecord | None = None,
-                        clock: Clock = WALL_CLOCK) -> list[tuple[Request, RequestRecord]]:
+                        on_record: OnRecord | None = None, clock: Clock = WALL_CLOCK,
+                        turns: Turns | None = None) -> list[tuple[Request, RequestRecord]]:
     """Send ``requests`` (``load.num_warmup`` first, as warm-up) through ``backend``.
 
-    Returns every ``(request, record)`` in the order they finished; each record carries its phase,
-    queue time and service window. Cancellation (Ctrl-C) propagates after ``on_record`` has seen
-    every finished request.
+    Returns every ``(request, record)`` in the order they finished (the request as ``turns`` built
+    it, where given); each record carries its phase, queue time and service window. Cancellation
+    (Ctrl-C) propagates after ``on_record`` has seen every finished request.
     """
-    run = _Run(requests, backend, on_record, clock, load.max_connection_failures)
+    run = _Run(requests, backend, on_record, clock, load.max_connection_failures, turns)
     num_warmup = min(load.num_warmup, len(requests))
     warmup, measured = requests[:num_warmup], requests[num_warmup:]
     if warmup:

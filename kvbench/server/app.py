@@ -17,7 +17,8 @@ body size). Streams follow OpenAI: ``data: {chunk}`` events, one per output toke
 starts with an empty assistant-role chunk; a token that ends inside a multi-byte character carries
 empty text, its character comes whole with the next), a chunk with ``finish_reason``, a usage chunk
 with empty ``choices`` when ``stream_options.include_usage`` is set (with vLLM's
-``continuous_usage_stats``, every chunk carries the usage so far), then ``data: [DONE]``. An engine
+``continuous_usage_stats``, every chunk carries the usage so far), then ``data: [DONE]``. With vLLM's ``return_token_ids``
+each token's chunk carries ``"token_ids": [id]`` on its choice (``kvbench run --turns live`` reads them). An engine
 failure after the stream started becomes a ``data: {"error": ...}`` event. Refused requests get a 4xx
 error object before anything is queued: malformed JSON or fields (400, ``param`` naming the field),
 unknown model (404), ``max_tokens < 1`` (400), prompt + ``max_tokens`` beyond the context (400). A
@@ -142,7 +143,7 @@ async def _generate(http: Request, service: EngineService, body: CompletionReque
     request = service.request(token_ids, sampling.max_tokens, body.cache_salt,
                               f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}")
     generation = service.submit(request, sampling, body.stop_sequences)
-    header = _Header(chat, request.request_id, int(time.time()), service.model_name)
+    header = _Header(chat, request.request_id, int(time.time()), service.model_name, body.return_token_ids)
     if body.stream:
         return StreamingResponse(_stream(service, generation, header, body), media_type="text/event-stream")
     result = await _outcome_unless_gone(http, generation)
@@ -156,11 +157,14 @@ async def _generate(http: Request, service: EngineService, body: CompletionReque
 class _Header:
     """What every chunk of one response repeats."""
 
-    def __init__(self, chat: bool, response_id: str, created: int, model: str) -> None:
+    def __init__(self, chat: bool, response_id: str, created: int, model: str, token_ids: bool = False) -> None:
         self.chat, self.response_id, self.created, self.model = chat, response_id, created, model
+        self.token_ids = token_ids  # vLLM's return_token_ids: each token chunk's choice has [its id]
 
-    def chunk(self, text: str | None, **kwargs: Any) -> str:
+    def chunk(self, text: str | None, token_id: int | None = None, **kwargs: Any) -> str:
         body = chunk_body(self.chat, self.response_id, self.created, self.model, text, **kwargs)
+        if self.token_ids and token_id is not None:
+            body["choices"][0]["token_ids"] = [token_id]
         return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
 
@@ -215,7 +219,7 @@ async def _stream(service: EngineService, generation: Generation, header: _Heade
             kind, value = await generation.events.get()
             if kind == "token":
                 num_sent += 1
-                yield header.chunk(generation.pieces.popleft(), include_usage=include_usage, usage_object=running_usage())
+                yield header.chunk(generation.pieces.popleft(), value, include_usage=include_usage, usage_object=running_usage())
                 continue
             if kind != "done":
                 message = str(value or "the request was cancelled")

@@ -101,6 +101,7 @@ class _GenerationRequest(BaseModel):
     stop: str | Annotated[list[str], Field(max_length=MAX_STOP_SEQUENCES)] | None = None
     ignore_eos: bool = False  # vLLM's extension: decode exactly max_tokens
     cache_salt: str | None = None  # vLLM's extension: a cache namespace (per tenant, per run)
+    return_token_ids: bool = False  # vLLM's extension: each streamed choice carries its ``token_ids``
 
     @model_validator(mode="before")
     @classmethod

@@ -6,7 +6,7 @@ import pytest
 
 from kvbench.backends.openai.hygiene import Hygiene
 from kvbench.errors import InputError
-from kvbench.run.config import DEFAULT_BASE_URL, BackendKind, RunConfig, RunFlags, Schedule, ServerFlags
+from kvbench.run.config import DEFAULT_BASE_URL, BackendKind, RunConfig, RunFlags, Schedule, ServerFlags, TurnMode
 from kvbench.run.load_section import load_backend, read_load_section, with_load_section
 from kvbench.run.loop import LoadConfig
 
@@ -27,6 +27,7 @@ duration = 30.0
 hygiene = "nonce"
 schedule = "trace"
 time_scale = 10
+turns = "live"
 """
 
 
@@ -45,6 +46,9 @@ def test_the_load_section_fills_what_no_flag_gave(tmp_path):
     assert (server.url, server.key_variable, config.model.path) == ("http://10.0.0.9:8000/v1", "TEAM_KEY", "llama")
     assert config.run.concurrency == 2 and server.hygiene is Hygiene.SALT  # the flags win
     assert (server.duration, server.schedule, server.trace_time_scale) == (30.0, Schedule.TRACE, 10.0)
+    assert server.turns is TurnMode.LIVE
+    flagged = with_load_section(RunConfig(path, BackendKind.OPENAI, server=ServerFlags(turns=TurnMode.SCRIPTED)))
+    assert flagged.server.turns is TurnMode.SCRIPTED  # the flag wins
 
 
 def test_an_in_process_run_ignores_the_load_section(tmp_path):
@@ -57,6 +61,7 @@ def test_an_in_process_run_ignores_the_load_section(tmp_path):
     ('rate = -1', r"s.toml:\d+: field 'load.rate': rate must be a positive number"),
     ('hygiene = "maybe"', r"s.toml:\d+: field 'load.hygiene': hygiene must be one of salt, nonce, off"),
     ('turbo = true', r"s.toml:\d+: field 'load.turbo': unknown key"),
+    ('turns = "replayed"', r"s.toml:\d+: field 'load.turns': turns must be one of scripted, live"),
 ])
 def test_bad_load_keys_are_one_line_errors(tmp_path, extra, message):
     with pytest.raises(InputError, match=message):

@@ -70,6 +70,20 @@ def test_streamed_text_equals_the_whole_response_and_usage_is_only_sent_when_ask
     assert whole["usage"]["completion_tokens"] == 5
 
 
+def test_return_token_ids_puts_each_tokens_id_on_its_chunk(live):
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 5, "ignore_eos": True, "stream": True,
+            "cache_salt": "ids"}
+    _, with_ids = stream_events(live, "/v1/completions", {**body, "return_token_ids": True})
+    _, without = stream_events(live, "/v1/completions", body)
+    chunks = [json.loads(data)["choices"][0] for _, data in with_ids[:-1]]
+    ids = [choice["token_ids"] for choice in chunks if "token_ids" in choice]
+    assert len(ids) == 5 and all(len(one) == 1 for one in ids)  # vLLM's shape: a list per chunk
+    tokenizer = load_tokenizer()
+    texts = [choice["text"] for choice in chunks if "token_ids" in choice]
+    assert [tokenizer.decode(one) or "\ufffd" for one in ids] == texts
+    assert all("token_ids" not in json.loads(data)["choices"][0] for _, data in without[:-1])
+
+
 def test_cached_tokens_always_present_floored_to_blocks_and_separated_by_salt(live):
     def cached(salt):
         body = {"model": MODEL, "prompt": PROMPT_IDS, "max_tokens": 1}

@@ -152,7 +152,7 @@ class _Reading:
             itl_ms=tuple(b - a for a, b in zip(times_ms, times_ms[1:])),
             output_token_ids=None if self.output_token_ids is None else tuple(self.output_token_ids),
             prompt_token_ids=None if self.prompt_token_ids is None else tuple(self.prompt_token_ids),
-            error=error, http_status=self.http_status,
+            output_text="".join(self.texts), error=error, http_status=self.http_status,
         )
 
 
