@@ -55,20 +55,15 @@ def run(config: RunConfig, on_progress: Progress | None = None) -> RunOutcome:
     if config.out is not None:
         check_output_path(config.out)
     config = checked(lambda: with_load_section(config))  # the scenario's [load] under the flags
-    if config.backend is BackendKind.OPENAI:
-        from kvbench.run.api_openai import run_openai
-
-        return run_openai(config, on_progress)
-    if config.backend is BackendKind.ANTHROPIC:
-        from kvbench.run.api_anthropic import run_anthropic
-
-        return run_anthropic(config, on_progress)
-    return run_inprocess(config, on_progress)
     replacing = config.out is not None and Path(config.out).is_file()
     if config.backend is BackendKind.OPENAI:
         from kvbench.run.api_openai import run_openai
 
         outcome = run_openai(config, on_progress)
+    elif config.backend is BackendKind.ANTHROPIC:
+        from kvbench.run.api_anthropic import run_anthropic
+
+        outcome = run_anthropic(config, on_progress)
     else:
         outcome = run_inprocess(config, on_progress)
     if replacing:

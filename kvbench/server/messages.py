@@ -157,7 +157,6 @@ async def _finished(generation: Generation) -> RequestRecord:
 
 
 async def _stream(exchange: _Exchange) -> AsyncIterator[str]:
-    service, sent = exchange.service, 0
     provisional = {"input_tokens": int(exchange.request.num_tokens), "output_tokens": 0}
     try:
         yield _event("message_start", {"message": exchange.message([], None, provisional)})
@@ -165,16 +164,15 @@ async def _stream(exchange: _Exchange) -> AsyncIterator[str]:
         while True:
             kind, value = await exchange.generation.events.get()
             if kind == "token":
-                sent += 1
-                yield _event("content_block_delta", {"index": 0, "delta": {"type": "text_delta",
-                                                                            "text": service.decode_token(value)}})
+                yield _event("content_block_delta", {"index": 0, "delta": {
+                    "type": "text_delta", "text": exchange.generation.pieces.popleft()}})  # UTF-8 whole
                 continue
             if kind != "done":
                 yield _event("error", {"error": {"type": "api_error", "message": str(value or "cancelled")}})
                 return
-            for token_id in value.output_token_ids[sent:]:
-                yield _event("content_block_delta", {"index": 0, "delta": {"type": "text_delta",
-                                                                            "text": service.decode_token(token_id)}})
+            rest = exchange.generation.text.finish()
+            if rest:
+                yield _event("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": rest}})
             yield _event("content_block_stop", {"index": 0})
             yield _event("message_delta", {"delta": {"stop_reason": exchange.stop_reason(value),
                                                      "stop_sequence": None}, "usage": exchange.usage(value)})
@@ -197,5 +195,6 @@ def add_messages_route(app: FastAPI, service: EngineService, min_cache_tokens: i
         except BaseException:
             exchange.generation.cancel()
             raise
-        content = [{"type": "text", "text": service.decode(record.output_token_ids)}]
+        exchange.generation.text.finish()
+        content = [{"type": "text", "text": exchange.generation.text.text}]
         return exchange.message(content, exchange.stop_reason(record), exchange.usage(record))

@@ -2,6 +2,7 @@
 own times with the server's tokenizer, the detected cache settings, and a scenario's ``[load]``."""
 
 import json
+import urllib.request
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -37,7 +38,8 @@ hygiene = "nonce"
 
 
 def test_the_servers_tokenizer_matches_what_it_prefills(server):
-    local, remote = TiktokenTokenizer(), ServerTokenizer(server.url, "any")
+    model = json.loads(urllib.request.urlopen(server.url + "/models", timeout=10).read())["data"][0]["id"]
+    local, remote = TiktokenTokenizer(), ServerTokenizer(server.url, model)  # vLLM checks the model name
     text = "Prefix caching reuses blocks.\nSecond line"
     assert remote.encode(text) == local.encode(text) and remote.decode(local.encode(text)) == text
     messages = (Message("system", "Be brief."), Message("user", "hi"))
