@@ -85,9 +85,20 @@ def write_rows(
     return write_table(path, pa.Table.from_pylist(list(rows), schema=schema), metadata)
 
 
+_COMMAND_LINE: list[str] = []  # set once by the CLI's entry point; empty when kvbench is used as a library
+
+
+def record_command_line(args: Sequence[str]) -> None:
+    """Remember the command line (``["kvbench", "run", ...]``) for every file written from now on
+    (footer key ``command_line``, shown by ``kvbench report``'s HTML page)."""
+    _COMMAND_LINE[:] = list(args)
+
+
 def encoded_metadata(metadata: Mapping[str, Any]) -> dict[str, str]:
-    """``metadata`` plus ``versions`` and ``machine``, as the ``kvbench.*`` JSON strings of a footer."""
-    footer = {"versions": versions(), "machine": machine(), **metadata}
+    """``metadata`` plus ``versions``, ``machine`` (and ``command_line`` when the CLI recorded one), as
+    the ``kvbench.*`` JSON strings of a footer."""
+    footer = {"versions": versions(), "machine": machine(),
+              **({"command_line": list(_COMMAND_LINE)} if _COMMAND_LINE else {}), **metadata}
     return {f"{_PREFIX}{key}": json.dumps(value, default=str) for key, value in footer.items()}
 
 
