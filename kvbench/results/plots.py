@@ -115,7 +115,7 @@ def _legend_below(axis, num_entries: int) -> None:
     """A legend under the axes (outside the data), two columns once there are more than three short entries."""
     longest = max((len(label) for label in axis.get_legend_handles_labels()[1]), default=0)
     legend = axis.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14),
-                         ncol=2 if num_entries > 3 and longest <= 60 else 1, fontsize=8, frameon=False)
+                         ncol=2 if num_entries > 3 and longest <= 40 else 1, fontsize=8, frameon=False)
     legend.set_in_layout(False)  # tight_layout must not shrink the axes for it; the saved bbox takes it in
 
 
