@@ -118,13 +118,15 @@ def sim(
         raise InputError(f"--block-size: {block_size} is not a positive number of tokens")
     if ttl is not None and not ttl > 0:
         raise InputError(f"--ttl: {ttl} is not a positive number of seconds")
+    if workers <= 0:
+        raise InputError(f"--workers: {workers} is not a positive number of processes")
     if out is not None:
         check_output_path(out)
     source_info = load_source(source, limit=requests)
     token_requests = limit_requests(source_info.requests, requests)
-    capacities = parse_int_list(sizes, "--sizes") if sizes else list(source_info.sim.sizes)
-    orders = (parse_choices(release, "--release", [o.value for o in ReleaseOrder]) if release
-              else [o.value for o in source_info.sim.release])
+    capacities = parse_int_list(sizes, "--sizes") if sizes is not None else list(source_info.sim.sizes)
+    orders = (parse_choices(release, "--release", [o.value for o in ReleaseOrder]) if release is not None
+              else [o.value for o in source_info.sim.release])  # an empty --sizes / --release is an error
     base = _base_config(source_info, block_size, cache, ttl, hash_algo, hash_bits, orders)
     kind, hash_config = base.kind, base.hash
     console, err = make_console(), make_console(stderr=True)

@@ -72,6 +72,25 @@ def check_output_path(path: str | Path, option: str = "--out") -> Path:
     return path
 
 
+def check_output_folder(path: str | Path, option: str = "--out") -> Path:
+    """:func:`check_output_path` for a folder of outputs (``kvbench report --out``): ``path`` must be
+    a folder or not exist yet, and its nearest existing ancestor must take a file.
+
+    Raises:
+        InputError: ``path`` or an ancestor is a file, or nothing can be written there.
+    """
+    path = Path(path)
+    existing = next((p for p in (path, *path.parents) if p.exists()), Path("."))
+    if not existing.is_dir():
+        raise InputError(f"{option} {path}: {existing} is a file, not a folder")
+    try:
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".kvbench-probe-"):
+            pass
+    except OSError as exc:
+        raise InputError(f"{option} {path}: cannot write in {existing} ({exc.strerror})") from None
+    return path
+
+
 def write_rows(
     path: str | Path,
     rows: Sequence[Mapping[str, Any]],
