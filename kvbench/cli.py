@@ -80,6 +80,9 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args or os.environ.get("KVBENCH_DEBUG") == "1"
     args = [arg for arg in args if arg != "--debug"]
+    from kvbench.results.parquet import record_command_line
+
+    record_command_line(["kvbench", *args])
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     command = typer.main.get_command(app)
     try:

@@ -6,7 +6,7 @@ Library code raises these (or plain ``ValueError`` for programming errors in con
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
@@ -51,10 +51,22 @@ class CacheBusyError(KvbenchError):
     exit_code = 1
 
 
-def checked(factory: Callable[[], T]) -> T:
+def checked(factory: Callable[[], T], names: Mapping[str, str] | None = None) -> T:
     """``factory()``, typically a frozen config validated in ``__post_init__``, with its ``ValueError``
-    turned into one :class:`InputError` line (the configs' messages name the field or flag)."""
+    turned into one :class:`InputError` line (the configs' messages name the field or flag).
+
+    ``names`` maps a config field to what the user typed (``{"hash_bits": "--bits"}``, or a scenario
+    key such as ``"scenario key cache.ttl_s"``): a message that starts with the field's name starts with that
+    instead (``hash_bits must be ...`` -> ``--bits: must be ...``)."""
     try:
         return factory()
     except ValueError as exc:
-        raise InputError(str(exc)) from None
+        raise InputError(user_named(str(exc), names or {})) from None
+
+
+def user_named(message: str, names: Mapping[str, str]) -> str:
+    """``message`` with a leading config field name replaced by its flag or key (see :func:`checked`)."""
+    for field, name in names.items():
+        if message.startswith(field + " ") or message.startswith(field + ":"):
+            return f"{name}: {message[len(field):].lstrip(': ')}"
+    return message

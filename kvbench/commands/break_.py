@@ -39,9 +39,17 @@ BlockSize = Annotated[int, typer.Option(min=1, help="Tokens per cache block.")]
 MaxTokens = Annotated[int | None, typer.Option(help="Output tokens per request (default: the experiment's).")]
 
 
+_FLAGS = {"hash_bits": "--bits", "num_requests": "--requests", "num_prefixes": "--prefixes", "num_trials": "--trials",
+          "num_sim_requests": "--sim-requests", "num_engine_requests": "--engine-requests",
+          "engine_capacity_blocks": "--engine-size", "sizes_blocks": "--sizes", "cache_bytes": "--cache-size",
+          "scenarios": "--scenarios"}  # config field -> its flag where the names differ
+
+
 def _config(cls: type, **fields: Any) -> Any:
-    """Build an experiment config from options (``None`` = the default); ``ValueError`` -> ``InputError``."""
-    return checked(lambda: cls(**{name: value for name, value in fields.items() if value is not None}))
+    """Build an experiment config from options (``None`` = the default); ``ValueError`` -> ``InputError``
+    naming the flag, not the field (``--bits``, not ``hash_bits``)."""
+    names = {**{name: "--" + name.replace("_", "-") for name in fields}, **_FLAGS}
+    return checked(lambda: cls(**{name: value for name, value in fields.items() if value is not None}), names)
 
 
 def _load(model: Path | None, device: str):
@@ -162,7 +170,7 @@ def head_first_command(
         if not path.exists():
             raise InputError(f"--scenarios: {path}: no such file")
     config = _config(head_first.HeadFirstConfig, scenarios=paths,
-                     sizes_blocks=tuple(parse_int_list(sizes, "--sizes")) if sizes else None,
+                     sizes_blocks=tuple(parse_int_list(sizes, "--sizes")) if sizes is not None else None,
                      num_sim_requests=sim_requests, num_engine_requests=engine_requests,
                      engine_capacity_blocks=engine_size, max_tokens=max_tokens)
     _experiment(head_first.EXPERIMENT, lambda loaded, _, progress: head_first.run_head_first(loaded, config, progress),

@@ -24,6 +24,7 @@ from kvbench.memory.replay import replay_waste
 from kvbench.memory.sharing import SharingConfig, simulate_beam_search, simulate_parallel_sampling
 from kvbench.memory.waste import Reservation, WasteConfig
 from kvbench.errors import InputError
+from kvbench.results.parquet import check_output_path
 
 _MODEL_HELP = f"Preset ({', '.join(PRESETS)}) or a path to a config.json or its folder."
 _DTYPE_HELP = "Weight dtype: fp32, fp16, bf16 or fp8 (default: the model's)."
@@ -103,12 +104,23 @@ def calculator(
     if ctx.invoked_subcommand is not None:
         return
     shape, layout = _model_and_layout(model, dtype, kv_dtype, block_size)
-    fit = fit_in_budget(shape, layout, int(parse_bytes(memory) * utilization))
+    fit = fit_in_budget(shape, layout, int(_positive_bytes(memory, "--memory") * utilization))
     console = make_console()
     console.print(tables.model_table(shape, layout))
     console.print(tables.weights_table(shape))
     console.print(tables.kv_table(shape, layout, prompt_tokens))
     console.print(tables.budget_table(shape, layout, fit, memory, utilization, prompt_tokens))
+
+
+def _positive_bytes(text: str, option: str) -> int:
+    """``parse_bytes(text)``, refused with ``option`` named when it is not a size or not positive."""
+    try:
+        value = parse_bytes(text)
+    except InputError as exc:
+        raise InputError(f"{option}: {exc}") from None
+    if value <= 0:
+        raise InputError(f"{option} {text}: must be a positive size, e.g. 80GiB")
+    return value
 
 
 def waste(
@@ -133,6 +145,8 @@ def waste(
     Paged preempts the newest sequence (recompute) when it runs out of blocks.
     """
     shape, layout = _model_and_layout(model, dtype, kv_dtype, block_size)
+    if plot is not None and not no_plot:
+        check_output_path(plot, "--plot")  # before the replay, not after it
     requests = read_waste_trace(trace, default_max_tokens=max_tokens, limit=limit)
     try:
         config = WasteConfig(pool_bytes=parse_bytes(pool), bytes_per_token=layout.bytes_per_token,
@@ -179,6 +193,8 @@ def sharing(
     if n is not None and beam_width is not None:
         raise InputError("give either --n (parallel sampling) or --beam-width (beam search), not both")
     shape, layout = _model_and_layout(model, dtype, kv_dtype, block_size)
+    if plot is not None and not no_plot:
+        check_output_path(plot, "--plot")
     beam_search = beam_width is not None
     num_sequences = beam_width if beam_search else (n or 4)
     config = SharingConfig(prompt_tokens, max_tokens, num_sequences, block_size, seed)

@@ -16,6 +16,7 @@ from kvbench.errors import InputError
 from kvbench.results.export import ReportFormat
 from kvbench.results.compare import Comparison, compare_runs
 from kvbench.results.files import describe_cache, load_result, load_results
+from kvbench.results.parquet import check_output_folder
 from kvbench.results.report import TableData, build_report, summary_tables
 from kvbench.results.scoreboard import append_rows, scoreboard_rows
 
@@ -56,6 +57,8 @@ def report(
     Plots: hit rate vs cache size (sim, sweep), TTFT p50 vs hit rate with the fitted line, TTFT CDF with
     the cache off vs on (runs of the same trace), TTFT per request, cached tokens per turn (chat, agent).
     """
+    if out is not None:
+        check_output_folder(out)  # before reading or drawing anything
     loaded = load_results(results)
     console, err = make_console(), make_console(stderr=True)
     if format is not ReportFormat.HTML:

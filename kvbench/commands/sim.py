@@ -100,6 +100,18 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:,.0f} s" if value >= 10 else f"{value:.3g} s"
 
 
+def _check_flags(requests: int | None, block_size: int | None, ttl: float | None, workers: int) -> None:
+    """Refuse a non-positive --requests, --block-size, --ttl or --workers (``InputError`` naming it)."""
+    if requests is not None and requests <= 0:
+        raise InputError(f"--requests: {requests} is not a positive number of requests")
+    if block_size is not None and block_size <= 0:
+        raise InputError(f"--block-size: {block_size} is not a positive number of tokens")
+    if ttl is not None and not ttl > 0:
+        raise InputError(f"--ttl: {ttl} is not a positive number of seconds")
+    if workers <= 0:
+        raise InputError(f"--workers: {workers} is not a positive number of processes")
+
+
 def sim(
     source: Annotated[Path, typer.Argument(help="Scenario (.toml) or trace (.jsonl: kvbench or Mooncake).")],
     sizes: Annotated[str | None, typer.Option(help="Cache capacities in blocks, e.g. 64,128,256.")] = None,
@@ -121,13 +133,14 @@ def sim(
 ) -> None:
     """Replay token traffic through the prefix cache, no model: hit rates per size, and where the
     one pass applies the exact curve at every size (NAME.curve.parquet and NAME.curve.png)."""
+    _check_flags(requests, block_size, ttl, workers)
     if out is not None:
         check_output_path(out)
     source_info = load_source(source, limit=requests)
     token_requests = limit_requests(source_info.requests, requests)
-    capacities = parse_int_list(sizes, "--sizes") if sizes else list(source_info.sim.sizes)
-    orders = (parse_choices(release, "--release", [o.value for o in ReleaseOrder]) if release
-              else [o.value for o in source_info.sim.release])
+    capacities = parse_int_list(sizes, "--sizes") if sizes is not None else list(source_info.sim.sizes)
+    orders = (parse_choices(release, "--release", [o.value for o in ReleaseOrder]) if release is not None
+              else [o.value for o in source_info.sim.release])  # an empty --sizes / --release is an error
     base = _base_config(source_info, block_size, cache_kind or cache, ttl, hash_algo, hash_bits, orders)
     kind, hash_config = base.kind, base.hash
     console, err = make_console(), make_console(stderr=True)

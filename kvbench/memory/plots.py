@@ -6,6 +6,7 @@ which draw nothing start fast.
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,12 @@ from kvbench.memory.sharing import SharingResult
 from kvbench.memory.waste import WasteResult, WasteStats
 
 _NUM_SAMPLES = 2000  # points per curve; the table has the exact peaks
+_TITLE_CHARS = 70  # a longer title is wrapped onto more lines rather than cut at the figure's edge
+
+
+def wrapped_title(title: str) -> str:
+    """``title`` broken into lines of at most :data:`_TITLE_CHARS` characters (at commas or spaces)."""
+    return "\n".join(textwrap.wrap(title, _TITLE_CHARS)) or title
 
 
 def _pyplot():
@@ -61,7 +68,7 @@ def plot_waste(result: WasteResult, path: Path, title: str) -> Path:
         axis.set_title(label, fontsize=10)
         axis.set_ylabel(f"KV memory ({unit})")
     axes[1].set_xlabel("time since first arrival (s)")
-    figure.suptitle(title)
+    figure.suptitle(wrapped_title(title))
     handles, labels = axes[0].get_legend_handles_labels()
     figure.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, frameon=False)
     figure.tight_layout(rect=(0, 0.05, 1, 1))  # room for the legend under the panels
@@ -80,14 +87,15 @@ def plot_sharing(result: SharingResult, path: Path, title: str, bytes_per_block:
               color="tab:green", drawstyle="steps-post", label="shared blocks + copy-on-write")
     axis.set_xlabel("decode step (tokens generated per sequence)")
     axis.set_ylabel(f"KV memory in use ({unit})")
-    axis.set_title(title)
-    axis.legend(loc="upper left")
+    axis.set_ylim(bottom=0)
+    axis.set_title(wrapped_title(title))
+    axis.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)  # under the axes: off the lines
     figure.tight_layout()
     return _save(figure, plt, path)
 
 
 def _save(figure, plt, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
+    figure.savefig(path, dpi=110, bbox_inches="tight")  # nothing drawn outside the saved image
     plt.close(figure)
     return path

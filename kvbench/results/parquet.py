@@ -72,6 +72,25 @@ def check_output_path(path: str | Path, option: str = "--out") -> Path:
     return path
 
 
+def check_output_folder(path: str | Path, option: str = "--out") -> Path:
+    """:func:`check_output_path` for a folder of outputs (``kvbench report --out``): ``path`` must be
+    a folder or not exist yet, and its nearest existing ancestor must take a file.
+
+    Raises:
+        InputError: ``path`` or an ancestor is a file, or nothing can be written there.
+    """
+    path = Path(path)
+    existing = next((p for p in (path, *path.parents) if p.exists()), Path("."))
+    if not existing.is_dir():
+        raise InputError(f"{option} {path}: {existing} is a file, not a folder")
+    try:
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".kvbench-probe-"):
+            pass
+    except OSError as exc:
+        raise InputError(f"{option} {path}: cannot write in {existing} ({exc.strerror})") from None
+    return path
+
+
 def write_rows(
     path: str | Path,
     rows: Sequence[Mapping[str, Any]],
@@ -85,9 +104,20 @@ def write_rows(
     return write_table(path, pa.Table.from_pylist(list(rows), schema=schema), metadata)
 
 
+_COMMAND_LINE: list[str] = []  # set once by the CLI's entry point; empty when kvbench is used as a library
+
+
+def record_command_line(args: Sequence[str]) -> None:
+    """Remember the command line (``["kvbench", "run", ...]``) for every file written from now on
+    (footer key ``command_line``, shown by ``kvbench report``'s HTML page)."""
+    _COMMAND_LINE[:] = list(args)
+
+
 def encoded_metadata(metadata: Mapping[str, Any]) -> dict[str, str]:
-    """``metadata`` plus ``versions`` and ``machine``, as the ``kvbench.*`` JSON strings of a footer."""
-    footer = {"versions": versions(), "machine": machine(), **metadata}
+    """``metadata`` plus ``versions``, ``machine`` (and ``command_line`` when the CLI recorded one), as
+    the ``kvbench.*`` JSON strings of a footer."""
+    footer = {"versions": versions(), "machine": machine(),
+              **({"command_line": list(_COMMAND_LINE)} if _COMMAND_LINE else {}), **metadata}
     return {f"{_PREFIX}{key}": json.dumps(value, default=str) for key, value in footer.items()}
 
 

@@ -55,32 +55,68 @@ def _pyplot():
 def _save(figure, plt, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.tight_layout()
-    figure.savefig(path, dpi=_DPI, bbox_inches="tight")  # keeps legends placed outside the axes
+    legends = [axis.get_legend() for axis in figure.axes if axis.get_legend() is not None]
+    figure.savefig(path, dpi=_DPI, bbox_inches="tight",  # keeps legends placed outside the axes
+                   bbox_extra_artists=[*figure.get_default_bbox_extra_artists(), *legends])
     plt.close(figure)
     return path
 
 
 def plot_hit_rate_vs_size(curves: Sequence[Curve], path: Path, title: str,
-                          ideals: Mapping[str, float] | None = None) -> Path:
-    """Token hit rate (y, 0..1) against cache capacity in blocks (x, log 2 scale), one line per curve;
-    ``ideals`` (label -> hit rate of an unbounded cache) are drawn as dashed horizontal lines."""
+                          ideals: Mapping[str, float] | None = None,
+                          xlabel: str = "cache capacity (tokens = blocks x block size, log scale)") -> Path:
+    """Token hit rate (y, 0..1) against cache capacity (x, log 2 scale; in tokens, so that curves of
+    different block sizes share one axis), one line per curve; ``ideals`` (curve label -> hit rate of
+    an unbounded cache) are drawn as dashed horizontal lines in their curve's colour (grey for a label
+    that names no curve). The legend sits under the axes, so it never covers a line."""
     plt = _pyplot()
     figure, axis = plt.subplots(figsize=_SIZE_IN)
+    colors = {}
     for curve in curves:
-        axis.plot(curve.x, curve.y, marker="o", label=curve.label)
+        (line,) = axis.plot(curve.x, curve.y, marker="o", label=curve.label)
+        colors.setdefault(curve.label, line.get_color())
     for label, value in (ideals or {}).items():
-        axis.axhline(value, ls="--", lw=0.9, color="grey", label=f"{label}: unbounded cache ({value:.3f})")
+        axis.axhline(value, ls="--", lw=1.0, color=colors.get(label, "grey"),
+                     label=f"{label}: unbounded cache ({value:.3f})")
     axis.set_xscale("log", base=2)
-    sizes = sorted({x for curve in curves for x in curve.x})
-    if sizes:
-        axis.set_xticks(sizes, [f"{int(s):,}" for s in sizes])
+    ticks = spaced_ticks(sorted({x for curve in curves for x in curve.x}))
+    if ticks:
+        axis.set_xticks(ticks, [_size_text(s) for s in ticks])
+        axis.minorticks_off()
     axis.set_ylim(0, 1.02)
-    axis.set_xlabel("cache capacity (blocks, log scale)")
+    axis.set_xlabel(xlabel)
     axis.set_ylabel("token hit rate (cached / prompt tokens)")
     axis.set_title(title)
     axis.grid(alpha=0.3)
-    axis.legend(loc="lower right", fontsize=8)
+    _legend_below(axis, len(axis.get_legend_handles_labels()[0]))
     return _save(figure, plt, path)
+
+
+def spaced_ticks(values: Sequence[float], min_ratio: float = 1.5, max_ticks: int = 12) -> list[float]:
+    """The values to label on a log axis: each at least ``min_ratio`` times the last kept one (1,000
+    and 1,024 would print on top of each other), thinned to at most ``max_ticks``."""
+    kept: list[float] = []
+    for value in values:
+        if value > 0 and (not kept or value >= kept[-1] * min_ratio):
+            kept.append(value)
+    step = -(-len(kept) // max_ticks) if kept else 1
+    return kept[::step]
+
+
+def _size_text(value: float) -> str:
+    """``512``, ``16K``, ``1.5M``: a short tick label for a size in tokens."""
+    for suffix, scale in (("M", 1e6), ("K", 1e3)):
+        if value >= scale * 10 or (value >= scale and value % scale == 0):
+            return f"{value / scale:,.3g}{suffix}"
+    return f"{int(value):,}"
+
+
+def _legend_below(axis, num_entries: int) -> None:
+    """A legend under the axes (outside the data), two columns once there are more than three short entries."""
+    longest = max((len(label) for label in axis.get_legend_handles_labels()[1]), default=0)
+    legend = axis.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14),
+                         ncol=2 if num_entries > 3 and longest <= 40 else 1, fontsize=8, frameon=False)
+    legend.set_in_layout(False)  # tight_layout must not shrink the axes for it; the saved bbox takes it in
 
 
 def plot_ttft_vs_hit_rate(points: Sequence[Curve], path: Path, title: str, fit: Fit | None = None) -> Path:
@@ -96,15 +132,16 @@ def plot_ttft_vs_hit_rate(points: Sequence[Curve], path: Path, title: str, fit: 
         meaningful = fit.caveat is None  # a 2-point line or a wrong-sign slope is drawn faint and labelled so
         axis.plot(hits, [fit.predict_ms(h) for h in hits], color="black" if meaningful else "grey",
                   lw=1.0, ls="--" if meaningful else ":",
-                  label=(f"fit: {fit.a_ms:,.1f} + {fit.b_ms:,.1f} x (1 - hit), R^2 {fit.r_squared:.3f}"
-                         + ("" if meaningful else " (not meaningful)")))
+                  label=f"fit: {fit.a_ms:,.1f} + {fit.b_ms:,.1f} x (1 - hit), " + (
+                      f"R^2 {fit.r_squared:.3f}" if meaningful  # R^2 of a 2-point line is 1 by construction
+                      else f"{fit.num_points} points (not meaningful)"))
     axis.set_xlim(-0.02, 1.02)
     axis.set_ylim(bottom=0)
     axis.set_xlabel("token hit rate (cached / prompt tokens)")
     axis.set_ylabel("TTFT p50 (ms)")
     axis.set_title(title)
     axis.grid(alpha=0.3)
-    axis.legend(loc="upper right", fontsize=8)
+    _legend_below(axis, len(axis.get_legend_handles_labels()[0]))  # under the axes: never over a point
     return _save(figure, plt, path)
 
 
@@ -152,7 +189,7 @@ def plot_ttft_by_request(series: Sequence[RequestSeries], path: Path, title: str
     axis.set_ylabel("TTFT (ms)")
     axis.set_title(title)
     axis.grid(alpha=0.3)
-    axis.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, fontsize=8, frameon=False)
+    _legend_below(axis, len(axis.get_legend_handles_labels()[0]))  # the axes keep their full height
     return _save(figure, plt, path)
 
 

@@ -72,9 +72,80 @@ def run_table(runs: Sequence[ResultFile]) -> TableData:
             ("cache", *(describe_cache(r.cache) for r in runs)),
             ("machine load start / end (usable cores)", *(_load_text(r.metadata.get("machine_load")) for r in runs))]
     rows += [(label, *(summary_cell(r, key, spec) for r in runs)) for label, key, spec in RUN_METRICS]
-    return TableData("Runs", ("", *(r.name for r in runs)), tuple(rows),
+    names = short_names([r.name for r in runs])
+    legend = _name_legend(names, [r.name for r in runs])
+    return TableData("Runs", ("", *names), tuple(rows),
                      "token hit = cached / prompt tokens; cold TTFT = the first request of a run without warm-up, "
-                     "kept out of the TTFT percentiles")
+                     "kept out of the TTFT percentiles" + legend)
+
+
+def short_names(names: Sequence[str], width: int = 20, fallback: str = "run") -> list[str]:
+    """Column headings for result files (at most ``width`` characters, all distinct): a name that
+    fits and is unique is kept; the others are cut to the last ``_``-separated part that tells them
+    apart (``2026-12-01T10-11-12_chat_run_ab12`` and ``2026-12-01T10-11-13_chat_run_cd34`` ->
+    ``ab12``, ``cd34``), or all their differing parts joined; else ``run 3`` (``fallback`` and the
+    1-based position). A terminal cuts long timestamps to the same text, so two runs would look like one."""
+    keep = [len(n) <= width and names.count(n) == 1 for n in names]
+    long = [i for i, kept in enumerate(keep) if not kept]
+    shorts = list(names)
+    parts = [names[i].split("_") for i in long]
+    choices: list[list[int]] = []
+    if len(long) > 1 and len({len(p) for p in parts}) == 1:
+        differing = [k for k in range(len(parts[0])) if len({p[k] for p in parts}) > 1]
+        choices = [[k] for k in reversed(differing)] + [differing]
+    for choice in choices:
+        cut = ["_".join(p[k] for k in choice) for p in parts]
+        taken = {n for n, kept in zip(names, keep) if kept}
+        if all(cut) and len(set(cut)) == len(cut) and not taken & set(cut) and all(len(c) <= width for c in cut):
+            for i, text in zip(long, cut):
+                shorts[i] = text
+            return shorts
+    for i in long:
+        shorts[i] = f"{fallback} {i + 1}"
+    return shorts
+
+
+def _name_legend(shorts: Sequence[str], names: Sequence[str]) -> str:
+    """``; ab12 = 2026-..._ab12`` for every heading that is not the file's own name."""
+    return "".join(f"; {short} = {name}" for short, name in zip(shorts, names) if short != name)
+
+
+def setup_table(results: Sequence[ResultFile]) -> TableData:
+    """How each input was made, from its Parquet metadata: command (and command line when recorded),
+    machine, library versions and the settings (one column per file; ``-`` where a file lacks it)."""
+    def machine(r: ResultFile) -> str:
+        m = r.metadata.get("machine") or {}
+        return ", ".join(str(v) for v in (m.get("cpu"), m.get("cores") and f"{m['cores']} cores", m.get("gpu"),
+                                          m.get("os")) if v) or "-"
+
+    rows = (("command", *(str(r.metadata.get("command") or r.kind) for r in results)),
+            ("command line", *(" ".join(r.metadata.get("command_line") or ()) or "-" for r in results)),
+            ("machine", *(machine(r) for r in results)),
+            ("versions", *(_flat(r.metadata.get("versions")) for r in results)),
+            ("settings", *(_flat(_settings(r)) for r in results)))
+    names = short_names([r.name for r in results], fallback="file")
+    return TableData("Setup", ("", *names), rows,
+                     "from each file's Parquet metadata" + _name_legend(names, [r.name for r in results]),
+                     text_columns=tuple(range(1, len(results) + 1)))
+
+
+def _settings(result: ResultFile) -> dict:
+    if result.kind == "run":
+        return {k: v for k, v in result.run.items() if k not in ("trace", "cache", "run_id")}
+    if result.kind == "sweep":
+        return dict(result.sweep.context)
+    return result.metadata.get("source") or {}
+
+
+def _flat(values: dict | None) -> str:
+    """``key value, key value`` of the scalar items of ``values`` (nested mappings flattened with ``.``)."""
+    items: list[str] = []
+    for key, value in (values or {}).items():
+        if isinstance(value, dict):
+            items += [f"{key}.{part}" for part in _flat(value).split(", ") if part and part != "-"]
+        elif value is not None and not isinstance(value, (list, tuple)):
+            items.append(f"{key} {value}")
+    return ", ".join(items) or "-"
 
 
 def _load_text(load: dict | None) -> str:
@@ -88,14 +159,14 @@ def _load_text(load: dict | None) -> str:
 
 def sim_table(result: ResultFile) -> TableData:
     """One row per (capacity, release order) of a sim file."""
-    rows = tuple((f"{r['capacity_blocks']:,}",
+    rows = tuple((f"{r['capacity_blocks']:,}", format_value(r.get("block_size"), ",d"),
                   format_value(r["capacity_blocks"] * r["block_size"] if r.get("block_size") else None, ",d"),
                   str(r.get("release_order") or "-"), format_value(r["token_hit_rate"], ".4f"),
                   format_value(r.get("block_hit_rate"), ".4f"), format_value(r.get("evictions"), ",d"))
                  for r in result.rows)
     ideal = result.metadata.get("ideal_token_hit_rate")
     return TableData(f"Sim: {result.scenario or result.name}",
-                     ("blocks", "tokens", "release", "token hit", "block hit", "evicted"), rows,
+                     ("blocks", "block size (tokens)", "tokens", "release", "token hit", "block hit", "evicted"), rows,
                      f"no model; unbounded cache token hit {format_value(ideal, '.4f')}")
 
 
@@ -145,28 +216,42 @@ def _group_title(group: Sequence[ResultFile]) -> str:
 
 
 def _hit_rate_figure(results: Sequence[ResultFile], out_dir: Path) -> list[Figure]:
+    """Hit rate against capacity in tokens (blocks x block size): sims of 16-token and sweeps of
+    512-token blocks compare at the same memory, never at the same block count."""
     curves, ideals = [], {}
     for result in results:
         if result.kind == "sim":
-            orders = sorted({row.get("release_order") or "" for row in result.rows})
-            for order in orders:
-                rows = sorted((r for r in result.rows if (r.get("release_order") or "") == order),
-                              key=lambda r: r["capacity_blocks"])
-                label = f"{result.scenario or result.name} sim" + (f", {order}" if len(orders) > 1 else "")
-                curves.append(plots.Curve(label, tuple(r["capacity_blocks"] for r in rows),
-                                          tuple(r["token_hit_rate"] for r in rows)))
-            if result.metadata.get("ideal_token_hit_rate") is not None:
-                ideals[f"{result.scenario or result.name}"] = result.metadata["ideal_token_hit_rate"]
+            curves += _sim_curves(result, ideals)
         elif result.kind == "sweep":
             points = [p for p in result.sweep.points if p.token_hit_rate is not None]
-            curves.append(plots.Curve(f"{result.sweep.name} engine sweep", tuple(p.capacity_blocks for p in points),
+            block = (result.sweep.context.get("cache") or {}).get("block_size")
+            size = f"{block}-token blocks" if block else "x in blocks: block size not recorded"
+            curves.append(plots.Curve(f"{result.sweep.name} engine sweep ({size})",
+                                      tuple(p.capacity_blocks * (block or 1) for p in points),
                                       tuple(p.token_hit_rate for p in points)))
     if not curves:
         return []
     path = plots.plot_hit_rate_vs_size(curves, out_dir / "hit_rate_vs_cache_size.png",
                                        "Token hit rate vs cache size", ideals)
-    return [Figure(path, "Token hit rate (cached / prompt tokens) at each cache capacity; dashed: an "
-                         "unbounded cache (the trace's ideal).")]
+    return [Figure(path, "Token hit rate (cached / prompt tokens) at each cache capacity in tokens (blocks x "
+                         "block size); dashed, in the series' colour: an unbounded cache (the trace's ideal).")]
+
+
+def _sim_curves(result: ResultFile, ideals: dict[str, float]) -> list[plots.Curve]:
+    """One curve per release order of a sim file; its unbounded-cache rate keyed by the first curve's label."""
+    curves = []
+    orders = sorted({row.get("release_order") or "" for row in result.rows})
+    for order in orders:
+        rows = sorted((r for r in result.rows if (r.get("release_order") or "") == order),
+                      key=lambda r: r["capacity_blocks"])
+        blocks = sorted({r.get("block_size") or 1 for r in rows})
+        label = (f"{result.scenario or result.name} sim" + (f", {order}" if len(orders) > 1 else "")
+                 + f" ({'/'.join(map(str, blocks))}-token blocks)")
+        curves.append(plots.Curve(label, tuple(r["capacity_blocks"] * (r.get("block_size") or 1) for r in rows),
+                                  tuple(r["token_hit_rate"] for r in rows)))
+    if curves and result.metadata.get("ideal_token_hit_rate") is not None:
+        ideals[curves[0].label] = result.metadata["ideal_token_hit_rate"]
+    return curves
 
 
 def _fit_figures(results: Sequence[ResultFile], out_dir: Path) -> list[Figure]:
@@ -265,7 +350,8 @@ def build_report(results: Sequence[ResultFile], out_dir: str | Path, title: str 
     tables, notes = summary_tables(results), input_notes(results)
     for extra_tables, extra_figures in extra:
         tables, figures = [*tables, *extra_tables], [*figures, *extra_figures]
-    page = render_html(title, [str(r.path) for r in results], tables, figures, notes)
+    page = render_html(title, [str(r.path) for r in results], [setup_table(results), *tables] if results else tables,
+                       figures, notes)
     html_path = out_dir / "report.html"
     html_path.write_text(page, encoding="utf-8")
     return Report(html_path, tuple(figures), tuple(tables), tuple(notes))

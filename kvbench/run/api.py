@@ -97,7 +97,9 @@ def run_inprocess(config: RunConfig, on_progress: Progress | None = None) -> Run
     expected = predicted_cached_tokens(requests, config.engine, cache, settings.concurrency, settings.ignore_eos)
     requests = [replace(r, expected_cached_tokens=e) for r, e in zip(requests, expected)]
     sampling = checked(lambda: SamplingParams(max_tokens=1, temperature=settings.temperature, top_p=settings.top_p,
-                                              seed=settings.seed, ignore_eos=settings.ignore_eos))
+                                              seed=settings.seed, ignore_eos=settings.ignore_eos),
+                       {"temperature": "scenario key run.temperature",  # the flags were checked earlier
+                        "top_p": "scenario key run.top_p"})
     load = checked(lambda: LoadConfig(concurrency=settings.concurrency, num_warmup=min(settings.warmup, len(requests))))
     engine = make_engine(loaded, config.engine, pool, cache is not None, settings.verify, config.salt or "")
     backend = InProcessBackend(engine, sampling, loaded.name)

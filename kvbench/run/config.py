@@ -131,6 +131,10 @@ class RunFlags:
         if self.num_requests is not None and not self.num_requests > 0:
             raise ValueError(f"--requests: {self.num_requests} must be positive")
         _check_positive(self, ("concurrency", "max_tokens"))
+        if self.temperature is not None and not 0 <= self.temperature < float("inf"):
+            raise ValueError(f"--temperature: {self.temperature} must be a finite number >= 0")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError(f"--top-p: {self.top_p} must be in (0, 1]")  # the engine's rule (engine/sampling.py)
 
 
 @dataclass(frozen=True)

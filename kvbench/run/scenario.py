@@ -247,8 +247,14 @@ def load_scenario(path: str | Path) -> Scenario:
     )
 
 
+MAX_BLOCKS = 1 << 31  # a capacity above this (2^31 blocks = 32 Gi tokens at 16 per block) is a typo
+
+
 def parse_int_list(text: str, option: str) -> list[int]:
-    """Parse ``"64,128,256"`` into positive ints. Raises ``InputError`` naming ``option``."""
+    """Parse ``"64,128,256"`` into positive ints <= :data:`MAX_BLOCKS`. Raises ``InputError`` naming
+    ``option`` (also for an empty list)."""
+    if not text.strip():
+        raise InputError(f"{option}: empty; give a comma-separated list of positive integers, e.g. 64,128,256")
     values = []
     for part in text.split(","):
         part = part.strip().replace("_", "")
@@ -258,6 +264,8 @@ def parse_int_list(text: str, option: str) -> list[int]:
             raise InputError(f"{option}: {part!r} is not an integer") from None
         if value <= 0:
             raise InputError(f"{option}: {value} is not a positive number of blocks")
+        if value > MAX_BLOCKS:
+            raise InputError(f"{option}: {value:,} blocks is more than any cache holds (at most {MAX_BLOCKS:,})")
         values.append(value)
     return values
 
@@ -269,5 +277,5 @@ def parse_choices(text: str, option: str, choices: Sequence[str]) -> list[str]:
         if value not in choices:
             raise InputError(f"{option}: {value!r} is not one of {', '.join(choices)}")
     if not values:
-        raise InputError(f"{option}: empty")
+        raise InputError(f"{option}: empty; give one or more of {', '.join(choices)}")
     return values

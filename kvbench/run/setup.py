@@ -43,7 +43,8 @@ def cache_config(section: CacheSection, flags: CacheFlags, capacity_blocks: int,
                         flags.hash_bits if flags.hash_bits is not None else section.hash_bits),
         verify_tokens=section.verify_tokens,
         prompt_only=bool(flags.prompt_only),
-    ))
+    ), {"hash_bits": "--hash-bits" if flags.hash_bits is not None else "scenario key cache.hash_bits",
+        "ttl_s": "--ttl" if flags.ttl is not None else "scenario key cache.ttl_s"})
 
 
 def run_section(source: RunSource, flags: RunFlags, cache: CacheFlags = CacheFlags()) -> RunSection:

@@ -118,7 +118,7 @@ def test_bad_scenario_value_names_the_field(kvbench, tmp_path):
     (["--release", "sideways"], "--release: 'sideways'"),
     (["--requests", "0"], "--requests: 0"),
     (["--block-size", "-16"], "--block-size: -16"),
-    (["--hash-bits", "4"], "hash_bits"),
+    (["--hash-bits", "4"], "--hash-bits: must be between 8 and 256"),  # the flag, not the field hash_bits
     (["--cache", "radix", "--release", "head-first"], "head-first"),
 ])
 def test_bad_flags(kvbench, tmp_path, args, needle):
