@@ -72,13 +72,14 @@ MAX_COUNT = 1_000_000  # requests, conversations, prefixes... (any other field b
 def check_ints(config: Any, names: Sequence[str], minimum: int = 1) -> None:
     """Raise ``ValueError`` naming the first field of ``names`` that is not an integer >= ``minimum``,
     or that is larger than generating it could ever finish: :data:`MAX_TEXT_TOKENS` for a
-    ``*_tokens`` field, :data:`MAX_COUNT` for any other but ``seed`` (``system_tokens = 1e8`` hung
+    ``*_tokens`` field, :data:`MAX_COUNT` for any other but ``seed`` and sizes in bytes (``system_tokens = 1e8`` hung
     the generator, ``num_requests = 1e12`` ran out of memory; issue 19)."""
     for name in names:
         value = getattr(config, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-        maximum = None if name == "seed" else MAX_TEXT_TOKENS if name.endswith("_tokens") else MAX_COUNT
+        maximum = (None if name == "seed" or name.endswith("_bytes") else
+                   MAX_TEXT_TOKENS if name.endswith("_tokens") else MAX_COUNT)
         if maximum is not None and value > maximum:
             raise ValueError(f"{name} must be at most {maximum:,}, got {value:,}")
 
