@@ -152,16 +152,7 @@ class HFEngine:
         return result
 
     def _check_request(self, ids: list[int], sampling: SamplingParams) -> str | None:
-        if not ids:
-            return "empty prompt"
-        vocab_size = self.loaded.vocab_size
-        if min(ids) < 0 or max(ids) >= vocab_size:
-            return f"token id outside the model's vocabulary of {vocab_size} ids"
-        limit = self.loaded.max_context_tokens
-        if limit is not None and len(ids) + sampling.max_tokens > limit:
-            return (f"prompt ({len(ids)} tokens) + max_tokens ({sampling.max_tokens}) exceeds the "
-                    f"model's context of {limit} tokens")
-        return None
+        return check_request(self.loaded, ids, sampling)
 
     @torch.inference_mode()
     def _run(self, ids: list[int], sampling: SamplingParams, salt: str, extra_keys: Sequence,
@@ -311,3 +302,18 @@ def _check_attention_only(loaded: LoadedModel) -> None:
     other = sorted(set(layer_types) - {"full_attention", "sliding_attention"})
     if other:
         raise InputError(f"{loaded.name}: layers of type {', '.join(other)} are not supported by the engine")
+
+
+def check_request(loaded, ids: list[int], sampling: SamplingParams) -> str | None:
+    """Why ``loaded`` cannot run ``ids`` with ``sampling`` (empty prompt, an id outside the vocabulary,
+    prompt + ``max_tokens`` beyond the context), or ``None``. Both engines refuse with this message."""
+    if not ids:
+        return "empty prompt"
+    vocab_size = loaded.vocab_size
+    if min(ids) < 0 or max(ids) >= vocab_size:
+        return f"token id outside the model's vocabulary of {vocab_size} ids"
+    limit = loaded.max_context_tokens
+    if limit is not None and len(ids) + sampling.max_tokens > limit:
+        return (f"prompt ({len(ids)} tokens) + max_tokens ({sampling.max_tokens}) exceeds the "
+                f"model's context of {limit} tokens")
+    return None

@@ -34,6 +34,7 @@ import torch
 
 from kvbench.cache.base import CacheConfig, CacheKind
 from kvbench.cache.block_hash import BlockHasher
+from kvbench.engine.engine import check_request
 from kvbench.engine.model import LoadedModel
 from kvbench.engine.paged.attention import PagedForward, SequenceSlice, use_paged_attention
 from kvbench.engine.paged.kv_pool import KVPool
@@ -206,15 +207,9 @@ class PagedEngine:
                 pool.uncache(block_id)
 
     def _check_request(self, ids: list[int], sampling: SamplingParams) -> str | None:
-        if not ids:
-            return "empty prompt"
-        vocab_size = self.loaded.vocab_size
-        if min(ids) < 0 or max(ids) >= vocab_size:
-            return f"token id outside the model's vocabulary of {vocab_size} ids"
-        limit = self.loaded.max_context_tokens
-        if limit is not None and len(ids) + sampling.max_tokens > limit:
-            return (f"prompt ({len(ids)} tokens) + max_tokens ({sampling.max_tokens}) exceeds the "
-                    f"model's context of {limit} tokens")
+        problem = check_request(self.loaded, ids, sampling)  # the copy engine's rules, then the pool's
+        if problem is not None:
+            return problem
         need = blocks_for(len(ids) + sampling.max_tokens - 1, self.block_size)
         if need > self.config.pool.capacity_blocks:
             return (f"prompt + max_tokens need {need} blocks of {self.block_size} tokens; the KV pool has "
