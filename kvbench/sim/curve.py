@@ -11,7 +11,9 @@ full blocks and cap ``m``, and ``U`` distinct keys in the trace:
 * refused: ``max(0, n - C)``; inserted: ``min(n, C)`` minus the cached ones;
 * evicted: inserted in all minus the blocks held at the end, ``min(C, U)`` (nothing expires).
 
-Where the one pass does not apply (:func:`one_pass_refusal` says why) the caller replays.
+Head-first release has its own passes (:mod:`kvbench.sim.head_first`: its access sequence depends
+on the capacity below the longest request). Where no pass applies (:func:`one_pass_refusal` says
+why) the caller replays.
 """
 
 from __future__ import annotations
@@ -27,12 +29,11 @@ from kvbench.sim.stack_distance import COLD, StackDistances, stack_distances
 
 
 def one_pass_refusal(config: CacheConfig) -> str | None:
-    """Why the one-pass curve would differ from the replay under ``config``, or ``None`` if it is
-    exact (the conditions are derived in :mod:`kvbench.sim.stack_distance`). Capacity is ignored."""
+    """Why the one pass would differ from the replay under ``config``, or ``None`` if it is exact
+    (the conditions are derived in :mod:`kvbench.sim.stack_distance` for tail-first release and in
+    :mod:`kvbench.sim.head_first` for head-first release). Capacity is ignored."""
     if config.kind is not CacheKind.HASH:
         return "the radix cache splits nodes at token granularity (not a block-key LRU)"
-    if config.release_order is not ReleaseOrder.TAIL_FIRST:
-        return "head-first release puts a chain's tail above its head in the LRU order, so an insert can evict the running request's own blocks"
     if config.ttl_s is not None:
         return "a TTL expires blocks independently of capacity"
     if config.hash.hash_bits is not None or config.verify_tokens:
@@ -42,10 +43,22 @@ def one_pass_refusal(config: CacheConfig) -> str | None:
 
 @dataclass(frozen=True, eq=False)
 class HitCurve:
-    """Hit counts of one trace at every capacity (hash cache, tail-first, no TTL, concurrency 1)."""
+    """Hit counts of one trace at every capacity (hash cache, tail-first, no TTL, concurrency 1).
+
+    Attributes:
+        trace: the hashed trace.
+        distances: prefix-max stack distances (they decide the hits).
+        release_order: tail-first (:func:`hit_curve`: exact at every capacity) or head-first
+            (:mod:`kvbench.sim.head_first`: exact only at the capacities that module names).
+        touch_distances: int64, shape (num_blocks,): each block's own distance when the request
+            touches it, which decides whether it was held or inserted; ``None``: ``distances``
+            (tail-first, where the held blocks of a prompt are a leading run).
+    """
 
     trace: PreparedTrace
     distances: StackDistances
+    release_order: ReleaseOrder = ReleaseOrder.TAIL_FIRST
+    touch_distances: np.ndarray | None = None
 
     @cached_property
     def hit_distances(self) -> np.ndarray:
@@ -64,7 +77,8 @@ class HitCurve:
 
     @cached_property
     def _sorted_distances(self) -> np.ndarray:
-        return np.sort(self.distances.distances)
+        touched = self.touch_distances
+        return np.sort(self.distances.distances if touched is None else touched)
 
     @cached_property
     def _sorted_num_full_blocks(self) -> np.ndarray:
@@ -87,7 +101,7 @@ class HitCurve:
         capacities = np.asarray(capacities_blocks, dtype=np.int64)
         all_distances = self._sorted_distances
         hits = np.searchsorted(self.hit_distances, capacities, side="right")
-        cached_before = np.searchsorted(all_distances, capacities, side="right")
+        cached_before = np.searchsorted(all_distances, capacities, side="right")  # held when touched
         blocks = self._sorted_num_full_blocks
         below = np.searchsorted(blocks, capacities, side="right")  # requests with n <= C
         blocks_below = np.concatenate([[0], np.cumsum(blocks)])[below]
@@ -127,7 +141,7 @@ class HitCurve:
     def _result(self, capacity: int, totals: dict[str, np.ndarray], i: int, cached: np.ndarray) -> SimResult:
         return SimResult(
             capacity_blocks=capacity,
-            release_order=ReleaseOrder.TAIL_FIRST.value,
+            release_order=self.release_order.value,
             cache_kind=CacheKind.HASH.value,
             block_size=self.trace.block_size,
             ttl_s=None,

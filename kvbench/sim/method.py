@@ -1,7 +1,8 @@
 """Choosing how ``kvbench sim`` computes each release order: the one-pass curve where it is exact,
 the replay per size elsewhere.
 
-``auto`` (the default) takes the one-pass curve (:mod:`kvbench.sim.curve`) whenever
+``auto`` (the default) takes the one-pass curve (:mod:`kvbench.sim.curve`; head-first release:
+:mod:`kvbench.sim.head_first`, one pass per capacity below the longest request) whenever
 :func:`~kvbench.sim.curve.one_pass_refusal` allows it and replays otherwise, saying why; ``one-pass``
 insists (an error names the reason); ``replay`` always replays (to compare, or to time the replay).
 The results are the same either way where both run (``tests/sim/test_curve.py``).
@@ -15,6 +16,7 @@ from enum import Enum
 from kvbench.cache.base import CacheConfig, ReleaseOrder
 from kvbench.errors import InputError
 from kvbench.sim.curve import HitCurve, hit_curve, one_pass_refusal
+from kvbench.sim.head_first import head_first_results
 from kvbench.sim.replay import PreparedTrace, Progress, SimResult, sweep
 
 
@@ -33,7 +35,7 @@ class SimOutcome:
     Attributes:
         results: one :class:`SimResult` per (capacity, release order), capacities outermost.
         methods: release order -> ``"one-pass"`` or ``"replay"``.
-        curves: release order -> its whole curve, for the orders the one pass computed.
+        curves: release order -> its whole curve, for tail-first when the one pass computed it.
         notes: one line per release order that had to be replayed under ``auto``: why.
     """
 
@@ -92,8 +94,12 @@ def simulate_sizes(
                 outcome.notes.append(f"{order}: one-pass curve not exact ({one_pass_refusal(config)}); "
                                      f"replayed {len(capacities_blocks)} sizes")
             continue
-        curve = outcome.curves[order] = hit_curve(trace)
         outcome.methods[order] = SimMethod.ONE_PASS.value
+        if config.release_order is ReleaseOrder.HEAD_FIRST:
+            for result in head_first_results(trace, capacities_blocks):
+                finished(result)
+            continue
+        curve = outcome.curves[order] = hit_curve(trace)
         for capacity in capacities_blocks:
             finished(curve.result_at(capacity))
     if replayed:

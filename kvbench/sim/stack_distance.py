@@ -26,9 +26,10 @@ and last-token cap ``m = (num_tokens - 1) // block_size``:
 
 So distances are taken *before* each request's accesses (its own keys are distinct), against the
 stack as the previous requests left it. Head-first release (1 reverses within the request and the
-refusal rule of 4 then keeps the wrong end), TTL (an expiry is not a capacity effect), truncated keys
-(collisions break 2) and the radix cache (splits at token granularity) are other sequences:
-:func:`kvbench.sim.curve.one_pass_refusal` sends those to the replay.
+refusal rule of 4 then keeps the wrong end) has its own passes in :mod:`kvbench.sim.head_first`.
+TTL (an expiry is not a capacity effect), truncated keys (collisions break 2) and the radix cache
+(splits at token granularity) are other sequences: :func:`kvbench.sim.curve.one_pass_refusal`
+sends those to the replay.
 
 The order-statistics structure is a Fenwick tree over access times. Every time slot holds one
 access, and a key's *latest* access is live; the distance of a key last used at time ``t`` is the

@@ -242,6 +242,27 @@ def test_sim_writes_the_exact_curve_and_replay_agrees_at_every_size(kvbench, tmp
     assert read_metadata(tmp_path / "r.parquet")["methods"] == {"tail-first": "replay"}
 
 
+def test_sim_head_first_in_one_pass_equals_its_replay(kvbench, tmp_path):
+    """8 prefixes and 4 unique blocks per 12-block prompt: 4 blocks is a pass of its own (prompts cut
+    to 4 blocks), 16, 64 and 512 share the uncut pass; head-first loses hits at 16 and 64."""
+    scenario = write(tmp_path / "small.toml", SMALL_SCENARIO.replace("unique_tokens = 10", "unique_tokens = 64")
+                     .replace("num_prefixes = 4", "num_prefixes = 8"))
+    rows, errors = {}, {}
+    for method in ("auto", "replay"):
+        out = tmp_path / f"{method}.parquet"
+        code, _, errors[method] = kvbench("sim", scenario, "--release", "tail-first,head-first", "--sizes", "4,16,64,512",
+                                  "--method", method, "--out", out)
+        assert code == 0, errors[method]
+        rows[method] = pq.read_table(out).to_pylist()
+    assert "not exact" not in errors["auto"]
+    assert read_metadata(tmp_path / "auto.parquet")["methods"] == {"tail-first": "one-pass", "head-first": "one-pass"}
+    assert {r["method"] for r in rows["auto"]} == {"one-pass"} and {r["method"] for r in rows["replay"]} == {"replay"}
+    assert [{**r, "method": None} for r in rows["auto"]] == [{**r, "method": None} for r in rows["replay"]]
+    hits = {(r["capacity_blocks"], r["release_order"]): r["hit_blocks"] for r in rows["auto"]}
+    assert hits[(4, "head-first")] == hits[(4, "tail-first")] and hits[(512, "head-first")] == hits[(512, "tail-first")]
+    assert hits[(16, "head-first")] < hits[(16, "tail-first")] and hits[(64, "head-first")] < hits[(64, "tail-first")]
+
+
 def test_sim_falls_back_to_the_replay_and_says_why(kvbench, tmp_path):
     scenario = write(tmp_path / "small.toml", SMALL_SCENARIO)
     code, stdout, stderr = kvbench("sim", scenario, "--ttl", "5", "--out", tmp_path / "ttl.parquet")

@@ -1,0 +1,79 @@
+"""Head-first release from one pass per truncation equals the head-first replay, request by request."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvbench.cache.base import CacheConfig, ReleaseOrder
+from kvbench.request import Request
+from kvbench.sim.curve import one_pass_refusal
+from kvbench.sim.head_first import head_first_curve, head_first_results
+from kvbench.sim.replay import prepare_prompts, simulate
+
+from tests.sim.test_curve import BLOCK, counts, traces
+
+HEAD_FIRST = ReleaseOrder.HEAD_FIRST
+
+
+def replayed(trace, capacity):
+    return simulate(trace, CacheConfig(capacity_blocks=capacity, block_size=BLOCK, release_order=HEAD_FIRST))
+
+
+def same_result(replay, computed):
+    assert (replay.method, computed.method, computed.release_order) == ("replay", "one-pass", "head-first")
+    assert counts(replay) == counts(computed)
+    assert replay.cached_tokens_per_request.tolist() == computed.cached_tokens_per_request.tolist()
+
+
+@settings(max_examples=60, deadline=None)
+@given(traces())
+def test_head_first_equals_the_replay_at_every_size(requests):
+    trace = prepare_prompts(requests, BLOCK)
+    longest = max(prompt.num_full_blocks for prompt in trace.prompts)
+    capacities = list(range(1, max(longest, trace.num_full_blocks) + 2))
+    for capacity, result in zip(capacities, head_first_results(trace, capacities)):
+        same_result(replayed(trace, capacity), result)
+
+
+@settings(max_examples=100, deadline=None)
+@given(traces(), st.lists(st.integers(1, 60), min_size=1, max_size=6))
+def test_head_first_equals_the_replay_at_random_capacities_in_any_order(requests, capacities):
+    trace = prepare_prompts(requests, BLOCK)
+    for capacity, result in zip(capacities, head_first_results(trace, capacities)):
+        same_result(replayed(trace, capacity), result)
+
+
+def orphan_trace():
+    """Three long prompts sharing a 32-token prefix, round robin: head-first leaves orphaned tails
+    (a chain's head evicted before its tail), which inserts then evict, and the release order changes
+    the hit count (checked against both replays below)."""
+    rng = np.random.default_rng(3)
+    prefixes = [rng.integers(0, 1000, size=32) for _ in range(3)]
+    requests = [Request(index=i, request_id=f"r{i}", session_id="s", turn=0, arrival_s=float(i),
+                        token_ids=np.concatenate([prefixes[i % 3], rng.integers(0, 1000, size=5)]).astype(np.uint32))
+                for i in range(30)]
+    return prepare_prompts(requests, BLOCK)
+
+
+def test_the_uncut_pass_is_exact_from_the_longest_request_up_and_wrong_below():
+    trace = orphan_trace()
+    curve = head_first_curve(trace)  # 9 full blocks per request: exact from 9 blocks on
+    assert [curve.result_at(c).num_hit_blocks for c in range(9, 30)] == \
+        [replayed(trace, c).num_hit_blocks for c in range(9, 30)]
+    assert curve.result_at(8).as_row() != replayed(trace, 8).as_row()  # why smaller sizes get their own pass
+    tail_first = simulate(trace, CacheConfig(capacity_blocks=24, block_size=BLOCK))
+    assert replayed(trace, 24).num_hit_blocks < tail_first.num_hit_blocks
+
+
+def test_head_first_is_not_refused_but_its_ttl_still_is():
+    base = CacheConfig(capacity_blocks=8, block_size=BLOCK, release_order=HEAD_FIRST)
+    assert one_pass_refusal(base) is None
+    assert "TTL" in one_pass_refusal(replace(base, ttl_s=5.0))
+
+
+def test_head_first_results_refuse_a_non_positive_capacity():
+    with pytest.raises(ValueError, match="positive"):
+        head_first_results(orphan_trace(), [4, 0])
