@@ -6,6 +6,7 @@ Ctrl-C exits 130 after the command has written what it measured; ``--debug`` sho
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import sys
@@ -35,26 +36,40 @@ app = typer.Typer(
     context_settings={"auto_envvar_prefix": "KVBENCH"},
 )
 
-# Each module has ``register(app)``, which adds its commands or sub-app.
-_COMMAND_MODULES = (
-    "kvbench.commands.sim",
-    "kvbench.commands.memory",
-    "kvbench.commands.trace",
-    "kvbench.commands.run",
-    "kvbench.commands.sweep",
-    "kvbench.commands.report",
-    "kvbench.commands.serve",
-    "kvbench.commands.break_",
-    "kvbench.commands.model",
-    "kvbench.commands.peer",
-    "kvbench.commands.explain",
-    "kvbench.commands.play",
-    "kvbench.commands.route",
-    "kvbench.commands.bill",
-)
+# Each module has ``register(app)``, which adds its commands or sub-app (the top-level words listed).
+# main() imports only the module of the word on the command line, so ``kvbench sim`` never imports
+# the engine, the server or the report code; the help, or a word not listed, imports them all.
+_COMMAND_MODULES = {
+    "kvbench.commands.sim": ("sim",),
+    "kvbench.commands.memory": ("memory",),
+    "kvbench.commands.trace": ("trace",),
+    "kvbench.commands.run": ("run",),
+    "kvbench.commands.sweep": ("sweep",),
+    "kvbench.commands.report": ("report", "compare", "scoreboard"),
+    "kvbench.commands.serve": ("serve",),
+    "kvbench.commands.break_": ("break",),
+    "kvbench.commands.model": ("model",),
+    "kvbench.commands.peer": ("peer",),
+    "kvbench.commands.explain": ("explain",),
+    "kvbench.commands.play": ("play",),
+    "kvbench.commands.route": ("route",),
+    "kvbench.commands.bill": ("bill",),
+}
 
-for _name in _COMMAND_MODULES:
-    importlib.import_module(_name).register(app)
+
+@functools.cache
+def _register(module: str) -> None:
+    """Add ``module``'s commands to ``app``, once per process (main() may run many times in tests)."""
+    importlib.import_module(module).register(app)
+
+
+def _register_for(args: list[str]) -> None:
+    """Register the one module that owns the command word in ``args`` (the first word not an
+    option: the root has flags only), or every module when there is none or it is unknown."""
+    word = next((arg for arg in args if not arg.startswith("-")), None)
+    modules = [module for module, words in _COMMAND_MODULES.items() if word in words] or list(_COMMAND_MODULES)
+    for module in modules:
+        _register(module)
 
 
 def _print_version(value: bool) -> None:
@@ -84,6 +99,7 @@ def main(argv: list[str] | None = None) -> None:
 
     record_command_line(["kvbench", *args])
     err = Console(stderr=True, highlight=False, soft_wrap=True)
+    _register_for(args)
     command = typer.main.get_command(app)
     try:
         code = command.main(args=args, prog_name="kvbench", standalone_mode=False)

@@ -52,6 +52,17 @@ def _pyplot():
     return plt
 
 
+def _bare_figure():
+    """A figure on the Agg canvas without pyplot (no backend selection, no figure manager): what
+    :func:`plot_hit_curve` draws on, since ``kvbench sim`` writes that PNG on every run."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=_SIZE_IN)
+    FigureCanvasAgg(figure)
+    return figure
+
+
 def _save(figure, plt, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.tight_layout()
@@ -219,9 +230,11 @@ def plot_hit_curve(curve: Curve, path: Path, title: str, ideal: float | None = N
     """Token hit rate (y, 0..1) at every cache capacity (x, blocks, log 2 scale) as a step line (the
     one-pass LRU curve: the rate is constant between the sizes in ``curve.x``); ``marks`` are drawn
     as points (sizes also listed in a table), ``ideal`` as a dashed line. ``xlabel`` names another x
-    (the TTL curve: seconds)."""
-    plt = _pyplot()
-    figure, axis = plt.subplots(figsize=_SIZE_IN)
+    (the TTL curve: seconds). The legend sits inside the axes and the margins are fixed, so the
+    figure is rendered once (no tight layout pass)."""
+    figure = _bare_figure()
+    axis = figure.add_subplot()
+    figure.subplots_adjust(left=0.09, right=0.98, bottom=0.11, top=0.92)
     axis.step(curve.x, curve.y, where="post", label=curve.label)
     if marks is not None and marks.x:
         axis.plot(marks.x, marks.y, "o", label=marks.label)
@@ -234,4 +247,6 @@ def plot_hit_curve(curve: Curve, path: Path, title: str, ideal: float | None = N
     axis.set_title(title)
     axis.grid(alpha=0.3)
     axis.legend(loc="lower right", fontsize=8)
-    return _save(figure, plt, path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=_DPI)
+    return path
