@@ -204,11 +204,13 @@ class BlockHasher:
         return root
 
     def hash_token_bytes(
-        self, token_bytes: bytes, salt: str | bytes = "", extra: bytes = b""
+        self, token_bytes: bytes, salt: str | bytes = "", extra: bytes = b"", parent: BlockHash | None = None
     ) -> list[BlockHash]:
-        """Keys for pre-encoded token bytes (see :func:`encode_token_ids`); full blocks only."""
+        """Keys for pre-encoded token bytes (see :func:`encode_token_ids`); full blocks only. With
+        ``parent`` (the key of the block right before ``token_bytes``) the chain goes on from it
+        instead of the salt's root."""
         step = self.block_size * TOKEN_ID_BYTES
-        parent = self.root(salt)
+        parent = self.root(salt) if parent is None else parent
         keys = []
         if self.config.algo is HashAlgo.SHA256 and self.config.hash_bits is None:
             sha256 = hashlib.sha256  # the hot path of every sweep: no wrapper call per block
@@ -237,14 +239,22 @@ class BlockHasher:
         salt: str | bytes = "",
         extra_keys: Sequence[str | bytes | int] = (),
         keep_tokens: bool = True,
+        known_keys: Sequence[BlockHash] = (),
+        token_bytes: bytes | None = None,
     ) -> PromptBlocks:
-        """Cut ``token_ids`` into full blocks with keys (and, if ``keep_tokens``, their bytes)."""
-        token_bytes = encode_token_ids(token_ids)
+        """Cut ``token_ids`` into full blocks with keys (and, if ``keep_tokens``, their bytes).
+
+        ``known_keys``: the keys of the leading blocks when the caller already has them (a prefix
+        shared with an earlier prompt of the same salt and extra keys); only the rest is hashed.
+        ``token_bytes``: ``encode_token_ids(token_ids)`` when the caller already encoded them.
+        """
+        token_bytes = encode_token_ids(token_ids) if token_bytes is None else token_bytes
         extra = encode_extra_keys(extra_keys)
-        keys = self.hash_token_bytes(token_bytes, salt, extra)
+        step = self.block_size * TOKEN_ID_BYTES
+        keys = [*known_keys, *self.hash_token_bytes(token_bytes[len(known_keys) * step:], salt, extra,
+                                                    known_keys[-1] if known_keys else None)]
         block_tokens = None
         if keep_tokens:
-            step = self.block_size * TOKEN_ID_BYTES
             block_tokens = tuple(token_bytes[i * step : (i + 1) * step] for i in range(len(keys)))
         raw_salt = salt.encode() if isinstance(salt, str) else salt
         namespace = len(raw_salt).to_bytes(4, "little") + raw_salt + extra

@@ -26,11 +26,12 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from kvbench.cache.block_hash import BlockHasher, HashConfig, PromptBlocks
+from kvbench.cache.block_hash import HashConfig, PromptBlocks
 from kvbench.cache.base import CacheConfig, CacheKind, InsertResult, MatchResult, ReleaseOrder, make_cache
 from kvbench.request import Request
 from kvbench.sim.bounds import unbounded_capacity_blocks
 from kvbench.sim.outputs import Outputs, stored_blocks_of
+from kvbench.sim.shared_prefixes import hash_prompts
 
 Progress = Callable[["SimResult", int, int], None]  # (result just finished, configs done, total)
 Observer = Callable[[int, MatchResult, InsertResult], None]  # (request position, its lookup, its insert)
@@ -73,9 +74,9 @@ def prompt_blocks_of(
     hash_config: HashConfig = HashConfig(),
     keep_tokens: bool = False,
 ) -> list[PromptBlocks]:
-    """Every request's full blocks and keys, in request order (salt ``None`` = the public ``""``)."""
-    hasher = BlockHasher(block_size, hash_config)
-    return [hasher.prompt_blocks(r.token_ids, salt=r.salt or "", keep_tokens=keep_tokens) for r in requests]
+    """Every request's full blocks and keys, in request order (salt ``None`` = the public ``""``);
+    a prefix shared with an earlier prompt is not hashed again (:mod:`kvbench.sim.shared_prefixes`)."""
+    return hash_prompts(requests, block_size, hash_config, keep_tokens)
 
 
 def prepare_prompts(
