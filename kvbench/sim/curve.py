@@ -63,8 +63,12 @@ class HitCurve:
     @cached_property
     def hit_distances(self) -> np.ndarray:
         """Sorted distances of the blocks the cap lets hit (cold ones excluded); int64."""
-        distances = self.distances.distances[self.distances.hit_mask()]
+        distances = self.distances.distances[self._hit_mask]
         return np.sort(distances[distances != COLD])
+
+    @cached_property
+    def _hit_mask(self) -> np.ndarray:
+        return self.distances.hit_mask()
 
     @cached_property
     def num_prompt_tokens(self) -> int:
@@ -124,7 +128,7 @@ class HitCurve:
         if capacity_blocks <= 0:
             raise ValueError(f"capacity_blocks must be positive, got {capacity_blocks}")
         offsets = self.distances.offsets
-        hit = self.distances.hit_mask() & (self.distances.distances <= capacity_blocks)
+        hit = self._hit_mask & (self.distances.distances <= capacity_blocks)
         per_request = np.add.reduceat(np.append(hit, False).astype(np.int64), offsets[:-1])
         per_request[offsets[:-1] == offsets[1:]] = 0  # reduceat gives the next element for an empty run
         return self._result(capacity_blocks, self.totals(np.array([capacity_blocks])), 0,
