@@ -6,8 +6,11 @@ Times are CPU seconds (``time.process_time``, and ``RUSAGE_CHILDREN`` for the co
 of ``--repeats`` in one run, so that a loaded machine slows every column alike; ratios are what to
 read. Jobs: the seed's sweep (multi_prefix_zipf and multi_prefix_rr, 2,000 requests, 6 sizes x 2
 release orders) with the naive reference (``naive_replay.py``, rehashing per replay), kvbench's
-replay per size, and ``--method auto`` (tail-first from the one pass, head-first replayed); the
-one pass alone (every size, tail-first); and the Mooncake conversation trace at block 512.
+replay per size, and ``--method auto`` (both release orders from one-pass stack distances:
+:mod:`kvbench.sim.curve`, :mod:`kvbench.sim.head_first`); the one pass alone (every size,
+tail-first); the command line (``kvbench sim``, both scenarios, startup and files included) next to
+its floor (the imports every such process pays, summed over the two processes); and the Mooncake
+conversation trace at block 512.
 """
 
 from __future__ import annotations
@@ -46,21 +49,39 @@ def cpu_median(job, repeats: int) -> tuple[float, object]:
     return statistics.median(times), value
 
 
-def cli_cpu_median(args: list[str], repeats: int) -> float:
+def child_cpu_median(command: list[str], repeats: int) -> float:
+    """Median CPU seconds (user + system) of ``command`` run ``repeats`` times; ``{i}`` in an
+    argument becomes the repeat's number."""
     times = []
-    with tempfile.TemporaryDirectory() as folder:
-        for i in range(repeats):
-            before = resource.getrusage(resource.RUSAGE_CHILDREN)
-            subprocess.run([sys.executable, "-m", "kvbench.cli", "sim", *args, "--workers", "1",
-                            "--out", f"{folder}/{i}.parquet"], check=True, capture_output=True, cwd=REPO)
-            after = resource.getrusage(resource.RUSAGE_CHILDREN)
-            times.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+    for i in range(repeats):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        subprocess.run([arg.replace("{i}", str(i)) for arg in command], check=True, capture_output=True, cwd=REPO)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        times.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
     return statistics.median(times)
+
+
+def cli_cpu_median(args: list[str], repeats: int) -> float:
+    with tempfile.TemporaryDirectory() as folder:
+        return child_cpu_median([sys.executable, "-m", "kvbench.cli", "sim", *args, "--workers", "1",
+                                 "--out", f"{folder}/{{i}}.parquet"], repeats)
+
+
+# What every `kvbench sim` process pays before any work: the interpreter and the libraries it writes
+# with (its floor), and matplotlib for the PNG. Run once per scenario, like the command.
+FLOORS = {
+    "floor: python + numpy, pyarrow, typer, rich imports (per process)":
+        "import numpy, pyarrow.parquet, typer, rich.table, rich.progress",
+    "floor: + matplotlib (Figure, Agg) import":
+        "import numpy, pyarrow.parquet, typer, rich.table, rich.progress, matplotlib.figure, "
+        "matplotlib.backends.backend_agg",
+}
 
 
 def seed_sweep(repeats: int, skip_naive: bool, skip_cli: bool) -> list[tuple[str, float]]:
     rows = []
-    totals = {"naive replay per size": 0.0, "kvbench replay per size": 0.0, "kvbench auto": 0.0,
+    totals = {"naive replay per size": 0.0, "kvbench replay per size": 0.0,
+              "kvbench auto (both orders from one-pass stack distances)": 0.0,
               "kvbench one pass, every size (tail-first)": 0.0}
     for name in SCENARIOS:
         scenario = load_scenario(REPO / "scenarios" / f"{name}.toml")
@@ -71,7 +92,7 @@ def seed_sweep(repeats: int, skip_naive: bool, skip_cli: bool) -> list[tuple[str
         seconds, replay_results = cpu_median(replayed, repeats)
         totals["kvbench replay per size"] += seconds
         seconds, auto_results = cpu_median(auto, repeats)
-        totals["kvbench auto"] += seconds
+        totals["kvbench auto (both orders from one-pass stack distances)"] += seconds
         assert [r.num_hit_blocks for r in auto_results] == [r.num_hit_blocks for r in replay_results]
         totals["kvbench one pass, every size (tail-first)"] += cpu_median(
             lambda: hit_curve(prepare_prompts(requests, 16)).results(), repeats)[0]
@@ -86,6 +107,8 @@ def seed_sweep(repeats: int, skip_naive: bool, skip_cli: bool) -> list[tuple[str
                 key = f"kvbench sim --method {method.value} (command line)"
                 totals[key] = totals.get(key, 0.0) + cli_cpu_median(
                     [f"scenarios/{name}.toml", "--release", ",".join(ORDERS), "--method", method.value], repeats)
+            for key, imports in FLOORS.items():
+                totals[key] = totals.get(key, 0.0) + child_cpu_median([sys.executable, "-c", imports], repeats)
     rows.extend((job, seconds) for job, seconds in totals.items() if seconds)
     return rows
 
