@@ -45,15 +45,21 @@ class SimOutcome:
     notes: list[str] = field(default_factory=list)
 
 
-def one_pass_allowed(config: CacheConfig, method: SimMethod) -> bool:
-    """Whether ``method`` computes ``config`` in one pass.
+def _refusal(config: CacheConfig, trace: PreparedTrace | None) -> str | None:
+    if trace is not None and trace.stored is not None:
+        return "requests also store their generated blocks, and the one pass reads the prompts only"
+    return one_pass_refusal(config)
+
+
+def one_pass_allowed(config: CacheConfig, method: SimMethod, trace: PreparedTrace | None = None) -> bool:
+    """Whether ``method`` computes ``config`` (on ``trace``, when given) in one pass.
 
     Raises:
         InputError: ``method`` is ``one-pass`` but the one pass would not be exact for ``config``.
     """
     if method is SimMethod.REPLAY:
         return False
-    refusal = one_pass_refusal(config)
+    refusal = _refusal(config, trace)
     if refusal is not None and method is SimMethod.ONE_PASS:
         raise InputError(f"--method one-pass: not exact here: {refusal} (use --method replay)")
     return refusal is None
@@ -87,11 +93,11 @@ def simulate_sizes(
     replayed = []
     for order in release_orders:
         config = replace(base, release_order=ReleaseOrder(order))
-        if not one_pass_allowed(config, method):
+        if not one_pass_allowed(config, method, trace):
             replayed.append(order)
             outcome.methods[order] = SimMethod.REPLAY.value
             if method is SimMethod.AUTO:
-                outcome.notes.append(f"{order}: one-pass curve not exact ({one_pass_refusal(config)}); "
+                outcome.notes.append(f"{order}: one-pass curve not exact ({_refusal(config, trace)}); "
                                      f"replayed {len(capacities_blocks)} sizes")
             continue
         outcome.methods[order] = SimMethod.ONE_PASS.value

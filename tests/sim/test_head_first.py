@@ -77,3 +77,21 @@ def test_head_first_is_not_refused_but_its_ttl_still_is():
 def test_head_first_results_refuse_a_non_positive_capacity():
     with pytest.raises(ValueError, match="positive"):
         head_first_results(orphan_trace(), [4, 0])
+
+
+def test_a_trace_that_stores_outputs_is_replayed_and_one_pass_refuses_it():
+    from kvbench.errors import InputError
+    from kvbench.sim.method import SimMethod, simulate_sizes
+    from kvbench.sim.outputs import placeholder_outputs
+
+    requests = [Request(index=i, request_id=f"r{i}", session_id="s", turn=0, arrival_s=float(i), max_tokens=9,
+                        token_ids=np.arange(i, i + 13, dtype=np.uint32) % 5) for i in range(6)]
+    trace = prepare_prompts(requests, BLOCK, outputs=placeholder_outputs(requests))
+    base = CacheConfig(capacity_blocks=1, block_size=BLOCK)
+    outcome = simulate_sizes(trace, base, [3, 8], ["tail-first", "head-first"])
+    assert outcome.methods == {"tail-first": "replay", "head-first": "replay"}
+    assert all("generated blocks" in note for note in outcome.notes) and len(outcome.notes) == 2
+    replay = simulate(trace, CacheConfig(capacity_blocks=3, block_size=BLOCK))
+    assert counts(outcome.results[0]) == counts(replay)
+    with pytest.raises(InputError, match="generated blocks"):
+        simulate_sizes(trace, base, [3], ["tail-first"], SimMethod.ONE_PASS)
