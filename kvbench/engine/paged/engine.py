@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from kvbench.cache.base import CacheConfig, CacheKind
+from kvbench.cache.base import CacheConfig, CacheKind, Clock
 from kvbench.cache.block_hash import BlockHasher
 from kvbench.engine.engine import check_request
 from kvbench.engine.model import LoadedModel
@@ -63,7 +63,8 @@ class PagedConfig:
 
     Raises:
         ValueError: a non-positive limit, or a cache setting the pool does not implement (radix,
-            TTL, verify_tokens, prompt_only).
+            verify_tokens, prompt_only). ``pool.ttl_s`` works as on the copy engine's caches
+            (:class:`kvbench.cache.pool_cache.IdleTimer`).
     """
 
     pool: CacheConfig
@@ -81,8 +82,6 @@ class PagedConfig:
                 raise ValueError(f"--{name.replace('_', '-')}: {value!r} must be a positive integer")
         if self.pool.kind is not CacheKind.HASH:
             raise ValueError("--engine paged keys its pool by block hash: use --cache-kind hash")
-        if self.pool.ttl_s is not None:
-            raise ValueError("--engine paged does not implement --ttl (lazy eviction only, as vLLM)")
         if self.pool.verify_tokens:
             raise ValueError("--engine paged trusts block hashes (verify_tokens is not implemented)")
         if self.pool.prompt_only:
@@ -129,11 +128,14 @@ class PagedEngine:
         engine = PagedEngine(load_model(), PagedConfig(CacheConfig(capacity_blocks=4096)))
         record = engine.generate(token_ids, SamplingParams(max_tokens=32, ignore_eos=True))
 
+    ``clock`` (seconds) is the TTL clock, injectable for tests as the copy engine's; latencies always
+    use ``time.perf_counter``.
+
     Raises:
         InputError: the model's attention does not go through transformers' attention interface.
     """
 
-    def __init__(self, loaded: LoadedModel, config: PagedConfig) -> None:
+    def __init__(self, loaded: LoadedModel, config: PagedConfig, clock: Clock | None = None) -> None:
         if not hasattr(loaded.model, "set_attn_implementation"):
             raise InputError(f"{loaded.name}: the paged engine needs a transformers model")
         use_paged_attention(loaded.model)
@@ -144,7 +146,8 @@ class PagedEngine:
         hasher = BlockHasher(block_size, config.pool.hash) if config.prefix_caching else None
         self.scheduler = Scheduler(config.pool.capacity_blocks, block_size, hasher, config.max_num_seqs,
                                    config.max_num_batched_tokens,
-                                   tail_first=config.pool.release_order.value == "tail-first")
+                                   tail_first=config.pool.release_order.value == "tail-first",
+                                   ttl_s=config.pool.ttl_s, clock=clock)
         self._jobs: dict[int, _Job] = {}
         self._seq_ids = itertools.count()
         self._lock = threading.Lock()
