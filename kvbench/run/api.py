@@ -23,7 +23,7 @@ from kvbench.errors import checked
 from kvbench.results.parquet import check_output_path
 from kvbench.results.writer import RunWriter
 from kvbench.run.config import BackendKind, EngineKind, RunConfig, TurnMode
-from kvbench.run.engines import engine_metadata, make_engine, predicted_cached_tokens
+from kvbench.run.engines import engine_metadata, make_engine, predicted_cached_tokens, verify_metadata
 from kvbench.run.execute import (Progress, RunInterrupted, RunOutcome, default_out, execute, new_run_id,
                                  prepared_requests, run_metadata)
 from kvbench.run.load_section import with_load_section
@@ -109,6 +109,8 @@ def run_inprocess(config: RunConfig, on_progress: Progress | None = None) -> Run
                        config.summary)
     turns = _live_turns(config, requests, tokenizer, cache, metadata)
     outcome = execute(requests, backend, load, writer, on_progress, turns=turns)
+    if (checked_logits := verify_metadata(engine)) is not None:  # --verify on the paged engine
+        writer.metadata["run"]["verify_logits"] = checked_logits
     outcome.notes += requests_note(settings.num_requests, len(source.requests))
     if turns is not None:
         outcome.notes += turns.report.lines()

@@ -56,6 +56,14 @@ def predicted_cached_tokens(requests: Sequence[Request], flags: EngineFlags, cac
         return [None] * len(requests)
 
 
+def verify_metadata(engine) -> dict | None:
+    """The ``run.verify_logits`` metadata after a ``--verify`` run on the paged engine: greedy tokens
+    compared, argmax flips near ties, mismatches, the largest logprob difference and the tie tolerance
+    (:mod:`kvbench.engine.paged.verify`); ``None`` for the copy engine (exact: no tolerance to report)."""
+    report = getattr(engine, "verify_report", None)
+    return report.as_dict() if report is not None and engine.config.verify else None
+
+
 def engine_metadata(flags: EngineFlags, engine) -> dict:
     """The ``run.engine`` metadata of a results file: the kind and, for paged, its limits and pool."""
     if flags.engine is EngineKind.COPY:
