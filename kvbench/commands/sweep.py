@@ -66,8 +66,9 @@ def sweep(
     if backend is BackendKind.OPENAI or concurrency or request_rate:
         if cache_sizes is not None:
             raise InputError("--cache-sizes sweeps the in-process engine; a load sweep takes --concurrency or --request-rate")
-        if engine is not EngineKind.COPY or repeats != 1:
-            raise InputError("--engine and --repeats apply to the engine sweep (--cache-sizes); a load sweep repeats with --num-runs")
+        if engine is not EngineKind.COPY or repeats != 1 or max_num_seqs or max_num_batched_tokens or batch_invariant:
+            raise InputError("--engine, its limits and --repeats apply to the engine sweep (--cache-sizes); "
+                             "a load sweep repeats with --num-runs")
         config = build(lambda: LoadSweepConfig(
             RunConfig(source, backend, ModelFlags(str(model) if model else None),
                       run=RunFlags(num_requests=requests, warmup=warmup, max_tokens=max_tokens),

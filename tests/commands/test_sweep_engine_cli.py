@@ -67,3 +67,6 @@ def test_repeats_write_every_run_the_spread_and_fit_the_medians(kvbench, scenari
 def test_engine_flags_on_a_load_sweep_are_one_line(kvbench, scenario):
     code, _, stderr = kvbench("sweep", scenario, "--backend", "openai", "--concurrency", "1", "--repeats", "2")
     assert code == 2 and "--repeats apply to the engine sweep" in stderr and "Traceback" not in stderr
+    assert len([line for line in stderr.splitlines() if line.strip()]) == 1
+    code, _, stderr = kvbench("sweep", scenario, "--cache-sizes", "8", "--max-num-seqs", "2")
+    assert code == 2 and "--max-num-seqs applies to --engine paged only" in stderr and "Traceback" not in stderr
