@@ -24,6 +24,7 @@ import pyarrow as pa
 from rich.table import Table
 
 from kvbench.backends.inprocess import InProcessBackend
+from kvbench.cache.base import CacheConfig
 from kvbench.engine.engine import HFEngine
 from kvbench.engine.sampling import SamplingParams
 from kvbench.engine.model import LoadedModel
@@ -32,6 +33,8 @@ from kvbench.results.parquet import write_rows
 from kvbench.results.rows import result_row
 from kvbench.results.schema import RUN_SCHEMA
 from kvbench.results.summary import RunSummary, summarize
+from kvbench.run.config import EngineFlags, EngineKind
+from kvbench.run.engines import make_engine, predicted_cached_tokens
 from kvbench.run.loop import run_requests
 
 Progress = Callable[[str, int, int], None]  # (what is running, requests done, requests in total)
@@ -127,6 +130,25 @@ class VariantRun:
 
     def column(self, name: str) -> list[Any]:
         return [row[name] for row in self.rows]
+
+
+def variant_engine(loaded: LoadedModel, cache: CacheConfig, engine: EngineKind = EngineKind.COPY):
+    """The engine a variant runs on (``--engine``, :func:`kvbench.run.engines.make_engine`): ``copy``, an
+    :class:`HFEngine` over ``cache``; ``paged``, a :class:`~kvbench.engine.paged.engine.PagedEngine` whose
+    pool is ``cache`` (running and cached blocks together, as vLLM's, so while a request runs its own
+    blocks take room that the copy engine's cache of the same size would use for other prefixes).
+
+    Raises:
+        InputError: a cache setting the paged engine does not implement (one line naming it).
+    """
+    return make_engine(loaded, EngineFlags(engine), cache, True, False, "")
+
+
+def variant_predictions(requests: Sequence[Request], cache: CacheConfig,
+                        engine: EngineKind = EngineKind.COPY) -> list[int | None]:
+    """Per request, the cached tokens the variant's engine should report at concurrency 1, every request
+    decoding exactly ``max_tokens`` (as :func:`run_variant` serves them); ``None`` where not predicted."""
+    return predicted_cached_tokens(requests, EngineFlags(engine), cache, 1, True)
 
 
 def run_variant(engine: HFEngine, requests: Sequence[Request], experiment: str, variant: str,

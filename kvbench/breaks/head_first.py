@@ -26,10 +26,10 @@ from rich.table import Table
 
 from kvbench.breaks.common import (
     ParquetTable, Progress, VariantRun, break_schema, format_ms, format_rate, run_variant,
-    token_run_requests, verdict_table,
+    token_run_requests, variant_engine, variant_predictions, verdict_table,
 )
 from kvbench.cache.base import CacheConfig, ReleaseOrder
-from kvbench.engine.engine import EngineConfig, HFEngine
+from kvbench.run.config import EngineKind
 from kvbench.engine.model import LoadedModel
 from kvbench.results.summary import percentile
 from kvbench.run.scenario import Scenario, find_scenario, load_scenario
@@ -63,6 +63,7 @@ class HeadFirstConfig:
         num_engine_requests: requests served on the engine per release order (>= 2).
         engine_capacity_blocks: engine cache size; ``None`` = the size with the largest gap.
         max_tokens: output tokens per engine request.
+        engine: the in-process engine every variant runs on (``--engine copy|paged``).
     """
 
     scenarios: tuple[Path, ...] = DEFAULT_SCENARIOS
@@ -71,6 +72,7 @@ class HeadFirstConfig:
     num_engine_requests: int = 16  # round robin over 8 prefixes: 8 cold, then 8 that could hit
     engine_capacity_blocks: int | None = None
     max_tokens: int = 4  # TTFT is the point
+    engine: EngineKind = EngineKind.COPY  # the seed's engine; paged: one KV pool, block tables
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "scenarios", tuple(Path(p) for p in self.scenarios))
@@ -187,9 +189,9 @@ def _engine_runs(loaded: LoadedModel, scenario: Scenario, capacity_blocks: int, 
     runs = []
     for order in ORDERS:
         cache = CacheConfig(capacity_blocks, block_size, release_order=order, hash=scenario.cache.hash)
-        predicted = expected_cached_tokens(requests, cache)  # the engine's budgets: its output blocks
+        predicted = variant_predictions(requests, cache, config.engine)  # the engine's budgets: its output blocks
         ordered = [replace(r, expected_cached_tokens=p) for r, p in zip(requests, predicted)]
-        engine = HFEngine(loaded, EngineConfig(cache=cache))
+        engine = variant_engine(loaded, cache, config.engine)
 
         def hook(request, result, order=order):
             return {"scenario": scenario.name, "release_order": order.value,

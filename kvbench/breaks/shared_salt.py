@@ -23,11 +23,11 @@ import pyarrow as pa
 from rich.table import Table
 
 from kvbench.breaks.common import (
-    ParquetTable, Progress, VariantRun, break_schema, format_ms, run_variant,
+    ParquetTable, Progress, VariantRun, break_schema, format_ms, run_variant, variant_engine,
     verdict_table, warm_up,
 )
 from kvbench.cache.base import CacheConfig
-from kvbench.engine.engine import EngineConfig, HFEngine
+from kvbench.run.config import EngineKind
 from kvbench.engine.model import LoadedModel
 from kvbench.request import Request
 from kvbench.results.summary import percentile
@@ -58,6 +58,7 @@ class SharedSaltConfig:
         block_size: tokens per block.
         alpha: significance level for calling a TTFT difference a leak.
         seed: seeds the prompts and the order of B's guesses.
+        engine: the in-process engine every variant runs on (``--engine copy|paged``).
     """
 
     num_trials: int = 40  # 40 + 40 TTFTs: a large effect is significant far below alpha
@@ -66,6 +67,7 @@ class SharedSaltConfig:
     block_size: int = 16
     alpha: float = 0.01
     seed: int = 0
+    engine: EngineKind = EngineKind.COPY  # the seed's engine; paged: one KV pool, block tables
 
     def __post_init__(self) -> None:
         check_ints(self, ("num_trials", "max_tokens", "block_size"))
@@ -202,7 +204,7 @@ def run_shared_salt(loaded: LoadedModel, config: SharedSaltConfig = SharedSaltCo
     runs = []
     for variant, salts in SALTS.items():
         requests, steps = trial_requests(prompts, config.num_trials, salts, config.seed)
-        engine = HFEngine(loaded, EngineConfig(cache=CacheConfig(capacity, config.block_size)))
+        engine = variant_engine(loaded, CacheConfig(capacity, config.block_size), config.engine)
 
         def hook(request, result, steps=steps):
             step = steps[request.index]

@@ -24,11 +24,11 @@ import pyarrow as pa
 from rich.table import Table
 
 from kvbench.breaks.common import (
-    ParquetTable, Progress, VariantRun, break_schema, format_ms, format_rate, run_variant,
+    ParquetTable, Progress, VariantRun, break_schema, format_ms, format_rate, run_variant, variant_engine,
     verdict_table,
 )
 from kvbench.cache.base import CacheConfig
-from kvbench.engine.engine import EngineConfig, HFEngine
+from kvbench.run.config import EngineKind
 from kvbench.engine.model import LoadedModel
 from kvbench.sim.bounds import unbounded_capacity_blocks
 from kvbench.workloads.formats.kvbench_trace_reader import trace_requests
@@ -58,6 +58,7 @@ class TimestampConfig:
         max_tokens: output tokens per request.
         block_size: tokens per cache block.
         seed: the trace's seed (same trace for every variant).
+        engine: the in-process engine every variant runs on (``--engine copy|paged``).
     """
 
     num_requests: int = 8  # ~1.3 s per cold 2,000-token prefill on 2 CPU cores
@@ -66,6 +67,7 @@ class TimestampConfig:
     max_tokens: int = 8  # TTFT is the point; a few tokens keep decode time small
     block_size: int = 16  # vLLM's default
     seed: int = 0
+    engine: EngineKind = EngineKind.COPY  # the seed's engine; paged: one KV pool, block tables
 
     def __post_init__(self) -> None:
         check_ints(self, ("num_requests",), minimum=2)
@@ -145,7 +147,7 @@ def run_timestamp(loaded: LoadedModel, config: TimestampConfig = TimestampConfig
         requests = trace_requests(trace, tokenizer)
         # Room for every block of every request: only the header may cost hits, never capacity.
         capacity = unbounded_capacity_blocks((r.num_tokens for r in requests), config.block_size)
-        engine = HFEngine(loaded, EngineConfig(cache=CacheConfig(capacity, config.block_size)))
+        engine = variant_engine(loaded, CacheConfig(capacity, config.block_size), config.engine)
         previous: list[np.ndarray] = []
 
         def hook(request, result, placement=placement, previous=previous):

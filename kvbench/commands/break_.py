@@ -20,6 +20,7 @@ from rich.table import Table
 from kvbench.breaks import EXPERIMENTS
 from kvbench.commands.common import make_console
 from kvbench.errors import InputError, Interrupted, checked
+from kvbench.run.config import EngineKind
 from kvbench.run.scenario import parse_int_list
 
 break_app = typer.Typer(
@@ -37,6 +38,20 @@ Out = Annotated[Path | None, typer.Option(help="Output FILE: the Parquet file (d
 Seed = Annotated[int, typer.Option(help="Workload seed.")]
 BlockSize = Annotated[int, typer.Option(min=1, help="Tokens per cache block.")]
 MaxTokens = Annotated[int | None, typer.Option(help="Output tokens per request (default: the experiment's).")]
+Engine = Annotated[EngineKind, typer.Option(help="The in-process engine the variants run on: copy (a tensor per block) or paged (one KV pool, block tables).")]
+# Experiments that cannot run on the paged engine, and why (one line each).
+NOT_ON_PAGED = {
+    "views": "views shows the copy engine's cached blocks as views of a request's whole KV tensor; the paged "
+             "engine's blocks are slots of one preallocated pool, so there is no view to leak",
+    "tiny-hash": "tiny-hash counts false hits with a lockstep replica of the copy engine's cache; on the paged "
+                 "engine running blocks share the pool, which that replica does not model",
+}
+
+
+def _on_engine(experiment: str, engine: EngineKind) -> None:
+    """Refuse ``--engine paged`` for an experiment in :data:`NOT_ON_PAGED`, in one line."""
+    if engine is EngineKind.PAGED and experiment in NOT_ON_PAGED:
+        raise InputError(f"kvbench break {experiment} --engine paged: {NOT_ON_PAGED[experiment]}")
 
 
 _FLAGS = {"hash_bits": "--bits", "num_requests": "--requests", "num_prefixes": "--prefixes", "num_trials": "--trials",
@@ -139,12 +154,14 @@ def timestamp_command(
     model: ModelPath = None,
     device: Device = "cpu",
     out: Out = None,
+    engine: Engine = EngineKind.COPY,
 ) -> None:
     """'Current time: <now>' first in the system prompt vs last vs absent: hit rate and TTFT."""
     from kvbench.breaks import timestamp
 
     config = _config(timestamp.TimestampConfig, num_requests=requests, system_tokens=system_tokens,
-                     question_tokens=question_tokens, max_tokens=max_tokens, block_size=block_size, seed=seed)
+                     question_tokens=question_tokens, max_tokens=max_tokens, block_size=block_size, seed=seed,
+                     engine=engine)
     _experiment(timestamp.EXPERIMENT, lambda loaded, tokenizer, progress: timestamp.run_timestamp(
         loaded, config, tokenizer, progress), lambda result: [timestamp.timestamp_table(result)], model, device, out)
 
@@ -161,6 +178,7 @@ def head_first_command(
     model: ModelPath = None,
     device: Device = "cpu",
     out: Out = None,
+    engine: Engine = EngineKind.COPY,
 ) -> None:
     """Blocks released head before tail: simulated hit rate per size, then TTFT on the engine."""
     from kvbench.breaks import head_first
@@ -172,7 +190,7 @@ def head_first_command(
     config = _config(head_first.HeadFirstConfig, scenarios=paths,
                      sizes_blocks=tuple(parse_int_list(sizes, "--sizes")) if sizes is not None else None,
                      num_sim_requests=sim_requests, num_engine_requests=engine_requests,
-                     engine_capacity_blocks=engine_size, max_tokens=max_tokens)
+                     engine_capacity_blocks=engine_size, max_tokens=max_tokens, engine=engine)
     _experiment(head_first.EXPERIMENT, lambda loaded, _, progress: head_first.run_head_first(loaded, config, progress),
                 lambda result: [head_first.sweep_table(result), head_first.engine_table(result)], model, device, out)
 
@@ -189,8 +207,10 @@ def views_command(
     model: ModelPath = None,
     device: Device = "cpu",
     out: Out = None,
+    engine: Engine = EngineKind.COPY,
 ) -> None:
     """Cached views instead of copies: believed vs really held KV bytes and RSS, per request."""
+    _on_engine("views", engine)
     from kvbench.breaks import views
 
     from kvbench.memory.layout import parse_bytes
@@ -216,8 +236,10 @@ def tiny_hash_command(
     model: ModelPath = None,
     device: Device = "cpu",
     out: Out = None,
+    engine: Engine = EngineKind.COPY,
 ) -> None:
     """Block keys truncated to N bits: false hits and wrong outputs, vs full SHA-256."""
+    _on_engine("tiny-hash", engine)
     from kvbench.breaks import tiny_hash
 
     config = _config(tiny_hash.TinyHashConfig, hash_bits=bits, num_requests=requests, num_prefixes=prefixes,
@@ -237,12 +259,13 @@ def shared_salt_command(
     model: ModelPath = None,
     device: Device = "cpu",
     out: Out = None,
+    engine: Engine = EngineKind.COPY,
 ) -> None:
     """Tenants without salts: B's TTFT reveals whether its guess of A's prompt was cached."""
     from kvbench.breaks import shared_salt
 
     config = _config(shared_salt.SharedSaltConfig, num_trials=trials, prompt_tokens=prompt_tokens,
-                     max_tokens=max_tokens, alpha=alpha, block_size=block_size, seed=seed)
+                     max_tokens=max_tokens, alpha=alpha, block_size=block_size, seed=seed, engine=engine)
     _experiment(shared_salt.EXPERIMENT, lambda loaded, tokenizer, progress: shared_salt.run_shared_salt(
         loaded, config, tokenizer, progress), lambda result: [shared_salt.shared_salt_table(result)],
         model, device, out)

@@ -6,8 +6,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
-
 from rich.markup import escape
 
 from kvbench.backends.openai.hygiene import Hygiene
@@ -15,31 +13,23 @@ from kvbench.commands import options as opt
 from kvbench.commands import result_options as res
 from kvbench.commands.common import build, make_console, run_with_progress
 from kvbench.commands.signature import in_panel
-from kvbench.commands.sweep_tables import load_points_table
+from kvbench.commands.sweep_tables import load_points_table, points_table
 from kvbench.errors import InputError
 from kvbench.extras import missing_extra
 from kvbench.results.goodput import parse_goodput
 from kvbench.results.summary import SummaryOptions
-from kvbench.results.sweep import SweepPoint
-from kvbench.run.config import BackendKind, ModelFlags, RunConfig, RunFlags, ServerFlags, SweepConfig
+from kvbench.commands import run_options as rop
+from kvbench.run.config import BackendKind, EngineFlags, EngineKind, ModelFlags, RunConfig, RunFlags, ServerFlags, SweepConfig
 from kvbench.run.load_sweep import LoadSweepConfig
 from kvbench.run.scenario import parse_int_list
 
 
 ENGINE = "Cache-size sweep (in-process engine)"  # --help panels (typer's rich_help_panel)
 LOAD = "Load sweep (--backend openai)"
-
-
-def _points_table(name: str, points: list[SweepPoint]) -> Table:
-    table = Table(title=f"kvbench sweep: {name}")
-    for column in ("capacity (blocks)", "token hit rate", "TTFT p50 (ms)", "TTFT p90 (ms)", "requests", "errors"):
-        table.add_column(column, justify="right")
-    for point in points:
-        hit = "-" if point.token_hit_rate is None else f"{point.token_hit_rate:.4f}"
-        p50 = "-" if point.p50_ttft_ms is None else f"{point.p50_ttft_ms:,.1f}"
-        p90 = "-" if point.p90_ttft_ms is None else f"{point.p90_ttft_ms:,.1f}"
-        table.add_row(f"{point.capacity_blocks:,}", hit, p50, p90, str(point.num_requests), str(point.num_errors))
-    return table
+# kvbench run's declarations of these options (one spelling and help text for both commands)
+EngineOption, MaxNumSeqs, MaxNumBatchedTokens, BatchInvariant = (
+    rop.BACKEND[name][0] for name in ("engine", "max_num_seqs", "max_num_batched_tokens", "batch_invariant"))
+IgnoreEos = rop.REQUESTS["ignore_eos"][0]
 
 
 def sweep(
@@ -64,12 +54,21 @@ def sweep(
     warmup: Annotated[int | None, typer.Option("--warmup", "--num-warmups", min=0, rich_help_panel=LOAD, help="openai: first N requests of each run are a warm-up.")] = None,
     goodput: in_panel(LOAD, res.Goodput) = None,
     threads: opt.Threads = None,
+    engine: EngineOption = EngineKind.COPY,
+    max_num_seqs: MaxNumSeqs = None,
+    max_num_batched_tokens: MaxNumBatchedTokens = None,
+    batch_invariant: BatchInvariant = False,
+    repeats: Annotated[int, typer.Option(min=1, rich_help_panel=ENGINE, help="Engine: runs per cache size; the table shows the spread of TTFT p50 and the fit uses the medians.")] = 1,
+    ignore_eos: IgnoreEos = None,
 ) -> None:
     """Engine: run once per cache size and fit TTFT p50 = a + b x (1 - hit rate). Server (--backend openai):
     one run per --concurrency or --request-rate value (a fresh cache namespace each), throughput vs latency."""
     if backend is BackendKind.OPENAI or concurrency or request_rate:
         if cache_sizes is not None:
             raise InputError("--cache-sizes sweeps the in-process engine; a load sweep takes --concurrency or --request-rate")
+        if engine is not EngineKind.COPY or repeats != 1 or max_num_seqs or max_num_batched_tokens or batch_invariant:
+            raise InputError("--engine, its limits and --repeats apply to the engine sweep (--cache-sizes); "
+                             "a load sweep repeats with --num-runs")
         config = build(lambda: LoadSweepConfig(
             RunConfig(source, backend, ModelFlags(str(model) if model else None),
                       run=RunFlags(num_requests=requests, warmup=warmup, max_tokens=max_tokens),
@@ -82,8 +81,10 @@ def sweep(
     from kvbench.run.api import sweep as sweep_source
 
     sizes = tuple(parse_int_list(cache_sizes, "--cache-sizes"))
-    config = build(lambda: SweepConfig(source, sizes, ModelFlags(str(model) if model else None, device, dtype),
-                                       block_size, RunFlags(num_requests=requests, max_tokens=max_tokens), out))
+    config = build(lambda: SweepConfig(
+        source, sizes, ModelFlags(str(model) if model else None, device, dtype), block_size,
+        RunFlags(num_requests=requests, max_tokens=max_tokens, ignore_eos=ignore_eos), out,
+        EngineFlags(engine, max_num_seqs, max_num_batched_tokens, batch_invariant), repeats))
     console, err = make_console(), make_console(stderr=True)
     outcome = run_with_progress(
         lambda on_progress: sweep_source(config, on_progress, lambda size: err.print(f"cache size {size:,} blocks ...")),
@@ -131,10 +132,11 @@ def _print_interrupted_load(console, outcome) -> None:
 def _print(console, outcome) -> None:
     if outcome is None or not outcome.points:
         return
-    console.print(_points_table(outcome.name, outcome.points))
+    console.print(points_table(outcome.name, outcome.points))
     fit = outcome.summary.fit
     console.print(fit.describe() if fit else "fit: needs two sizes with different hit rates")
-    console.print(f"wrote {len(outcome.points)} run files and {outcome.path}")
+    num_files = sum(max(len(p.repeat_results_paths), 1) for p in outcome.points)
+    console.print(f"wrote {num_files} run files and {outcome.path}")
 
 
 def register(app: typer.Typer) -> None:

@@ -242,6 +242,20 @@ class HFEngine:
             self._payloads[next(self._payload_ids)] = block
         return inserted.num_inserted_blocks
 
+    @torch.inference_mode()
+    def reference_logprobs(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> torch.Tensor:
+        """Log-probabilities (natural log, float32) the cache-off engine gives each position of
+        ``output_ids`` after ``prompt_ids``, ``(len(output_ids), vocab)``: its prefill over the prompt,
+        then its decode steps fed ``output_ids`` (teacher forcing). Row ``i``'s argmax is the token a
+        greedy cache-off run picks after the same ``i`` outputs, by the same forward calls as the
+        ``verify`` reference run. Raises ``ValueError`` for empty ``prompt_ids`` or ``output_ids``."""
+        if not prompt_ids or not output_ids:
+            raise ValueError("reference_logprobs needs a prompt and at least one output token")
+        kv_cache = kv_to_cache([])
+        rows = [self._prefill([int(t) for t in prompt_ids], kv_cache)]  # each (vocab,)
+        rows += [self._decode_step(int(token), kv_cache) for token in output_ids[:-1]]
+        return torch.log_softmax(torch.stack(rows).float(), dim=-1)  # (outputs, vocab)
+
     # ------------------------------------------------------------ helpers for benchmarks and tests
 
     @torch.inference_mode()

@@ -39,7 +39,12 @@ SWEEP_SCHEMA = pa.schema([
     pa.field("p90_ttft_ms", pa.float64()),
     pa.field("num_requests", pa.int64()),
     pa.field("num_errors", pa.int64()),
-    pa.field("results_path", pa.string()),       # the run's own Parquet file
+    pa.field("results_path", pa.string()),       # the run's own Parquet file (the first repeat's)
+    pa.field("num_repeats", pa.int64()),         # runs at this size (--repeats); p50_ttft_ms is their median
+    pa.field("min_p50_ttft_ms", pa.float64()),   # the spread of the repeats' TTFT p50s
+    pa.field("max_p50_ttft_ms", pa.float64()),
+    pa.field("repeat_p50_ttft_ms", pa.list_(pa.float64())),  # every repeat's TTFT p50, in run order
+    pa.field("repeat_results_paths", pa.list_(pa.string())),
 ])
 
 
@@ -138,6 +143,11 @@ class SweepPoint:
 
     ``token_hit_rate`` and ``p50_ttft_ms`` are ``None`` when no request succeeded (or every one met a
     cold cache); such points are kept in the table but left out of the fit.
+
+    With ``num_repeats`` R > 1 (:meth:`from_repeats`): ``p50_ttft_ms``, ``p90_ttft_ms`` and
+    ``token_hit_rate`` are medians over the repeats (the fit reads ``p50_ttft_ms``, so it fits the
+    medians), ``min_p50_ttft_ms`` / ``max_p50_ttft_ms`` the spread, ``num_requests`` / ``num_errors``
+    totals over the repeats.
     """
 
     capacity_blocks: int
@@ -147,6 +157,11 @@ class SweepPoint:
     p90_ttft_ms: float | None = None
     num_requests: int = 0
     num_errors: int = 0
+    num_repeats: int = 1
+    min_p50_ttft_ms: float | None = None
+    max_p50_ttft_ms: float | None = None
+    repeat_p50_ttft_ms: tuple[float | None, ...] = ()
+    repeat_results_paths: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.capacity_blocks <= 0:
@@ -163,17 +178,42 @@ class SweepPoint:
     @classmethod
     def from_summary(cls, capacity_blocks: int, summary: RunSummary, results_path: str | Path) -> "SweepPoint":
         """The point of one run: its :class:`RunSummary` and the Parquet file it wrote."""
-        return cls(capacity_blocks=capacity_blocks, token_hit_rate=summary.token_hit_rate,
-                   p50_ttft_ms=summary.p50_ttft_ms, results_path=str(results_path),
-                   p90_ttft_ms=summary.p90_ttft_ms, num_requests=summary.num_requests,
-                   num_errors=summary.num_errors)
+        return cls.from_repeats(capacity_blocks, [(summary, results_path)])
+
+    @classmethod
+    def from_repeats(cls, capacity_blocks: int, runs: Sequence[tuple[RunSummary, str | Path]]) -> "SweepPoint":
+        """The point of R >= 1 runs at one size, ``(summary, results file)`` in run order (class docstring).
+
+        Raises:
+            ValueError: no runs.
+        """
+        if not runs:
+            raise ValueError("a sweep point needs at least one run")
+        summaries = [summary for summary, _ in runs]
+        p50s = [s.p50_ttft_ms for s in summaries]
+        measured = [v for v in p50s if v is not None]
+        return cls(capacity_blocks=capacity_blocks, token_hit_rate=_median([s.token_hit_rate for s in summaries]),
+                   p50_ttft_ms=_median(p50s), results_path=str(runs[0][1]),
+                   p90_ttft_ms=_median([s.p90_ttft_ms for s in summaries]),
+                   num_requests=sum(s.num_requests for s in summaries), num_errors=sum(s.num_errors for s in summaries),
+                   num_repeats=len(runs), min_p50_ttft_ms=min(measured) if measured else None,
+                   max_p50_ttft_ms=max(measured) if measured else None, repeat_p50_ttft_ms=tuple(p50s),
+                   repeat_results_paths=tuple(str(path) for _, path in runs))
 
     @property
     def fittable(self) -> bool:
         return self.token_hit_rate is not None and self.p50_ttft_ms is not None
 
     def as_row(self) -> dict[str, Any]:
-        return asdict(self)
+        row = asdict(self)
+        row["repeat_p50_ttft_ms"], row["repeat_results_paths"] = list(self.repeat_p50_ttft_ms), list(self.repeat_results_paths)
+        return row
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    """The median of the values present (``None`` if none is)."""
+    present = [v for v in values if v is not None]
+    return float(np.median(present)) if present else None
 
 
 @dataclass(frozen=True)
@@ -248,4 +288,7 @@ def _point_from_row(row: Mapping[str, Any]) -> SweepPoint:
     return SweepPoint(capacity_blocks=row["capacity_blocks"], token_hit_rate=row.get("token_hit_rate"),
                       p50_ttft_ms=row.get("p50_ttft_ms"), results_path=row.get("results_path") or "",
                       p90_ttft_ms=row.get("p90_ttft_ms"), num_requests=row.get("num_requests") or 0,
-                      num_errors=row.get("num_errors") or 0)
+                      num_errors=row.get("num_errors") or 0, num_repeats=row.get("num_repeats") or 1,
+                      min_p50_ttft_ms=row.get("min_p50_ttft_ms"), max_p50_ttft_ms=row.get("max_p50_ttft_ms"),
+                      repeat_p50_ttft_ms=tuple(row.get("repeat_p50_ttft_ms") or ()),
+                      repeat_results_paths=tuple(row.get("repeat_results_paths") or ()))

@@ -131,6 +131,10 @@ def summary_table(name: str, run: dict[str, Any], summary: RunSummary) -> Table:
     ]
     if run.get("verify"):
         rows.append(("outputs differing from cache-off", str(summary.num_mismatched_outputs)))
+    if logits := run.get("verify_logits"):  # the paged engine: kvbench.engine.paged.verify
+        rows.append((f"argmax flips near ties / mismatches (tol {logits['tie_tolerance_nats']:g} nats)",
+                     f"{logits['num_flips_near_ties']} / {logits['num_mismatches']}"))
+        rows.append(("max |logprob diff| vs cache-off (nats)", f"{logits['max_abs_logprob_diff']:.2e}"))
     for metric, value in rows:
         table.add_row(metric, value)
     table.caption = "TTFT percentiles exclude the cold first request; token hit rate = cached / prompt tokens"

@@ -16,26 +16,23 @@ Example::
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from kvbench.errors import checked
 from kvbench.results.parquet import check_output_path
 from kvbench.results.writer import RunWriter
-from kvbench.results.summary import summarize
-from kvbench.run.config import BackendKind, CacheFlags, EngineKind, RunConfig, SweepConfig, TurnMode
-from kvbench.run.engines import engine_metadata, make_engine, predicted_cached_tokens
+from kvbench.run.config import BackendKind, EngineKind, RunConfig, TurnMode
+from kvbench.run.engines import engine_metadata, make_engine, predicted_cached_tokens, verify_metadata
 from kvbench.run.execute import (Progress, RunInterrupted, RunOutcome, default_out, execute, new_run_id,
                                  prepared_requests, run_metadata)
 from kvbench.run.load_section import with_load_section
 from kvbench.run.checks import check_against_model, check_cache_size_text, requests_note
 from kvbench.run.loop import LoadConfig
 from kvbench.run.setup import cache_config, cache_metadata, parse_cache_size, run_section
-from kvbench.sim.predict import expected_cached_tokens
-from kvbench.run.source import load_source, requests_hash
+from kvbench.run.source import load_source
+
+from kvbench.run.cache_sweep import SweepOutcome, sweep  # the engine sweep lives in its own module
 
 __all__ = ["RunInterrupted", "RunOutcome", "SweepOutcome", "run", "run_inprocess", "sweep"]
 
@@ -112,6 +109,8 @@ def run_inprocess(config: RunConfig, on_progress: Progress | None = None) -> Run
                        config.summary)
     turns = _live_turns(config, requests, tokenizer, cache, metadata)
     outcome = execute(requests, backend, load, writer, on_progress, turns=turns)
+    if (checked_logits := verify_metadata(engine)) is not None:  # --verify on the paged engine
+        writer.metadata["run"]["verify_logits"] = checked_logits
     outcome.notes += requests_note(settings.num_requests, len(source.requests))
     if turns is not None:
         outcome.notes += turns.report.lines()
@@ -129,73 +128,3 @@ def _live_turns(config: RunConfig, requests, tokenizer, cache, metadata: dict):
 
     metadata["run"]["turns"] = "live"
     return LiveTurns(requests, tokenizer, cache)
-
-
-@dataclass
-class SweepOutcome:
-    """One point per finished cache size, the sweep summary (with the TTFT fit) and where it went."""
-
-    name: str
-    points: list = field(default_factory=list)
-    summary: Any = None
-    path: Path | None = None
-
-
-def sweep(config: SweepConfig, on_progress: Progress | None = None,
-          on_size: Callable[[int], None] | None = None) -> SweepOutcome:
-    """Run ``config.source`` on the engine once per cache size (a fresh cache each time), write one
-    results file per size and ``sweep.parquet`` with the fit TTFT p50 = a + b x (1 - hit rate).
-
-    Raises:
-        InputError: a bad flag, file or model.
-        RunInterrupted: Ctrl-C; the finished sizes and the cut one are written.
-    """
-    from kvbench.backends.inprocess import InProcessBackend
-    from kvbench.engine.engine import EngineConfig, HFEngine, SamplingParams
-    from kvbench.engine.model import ModelConfig, load_model
-    from kvbench.results.sweep import SweepPoint
-    from kvbench.workloads.tokenizer import load_tokenizer
-
-    flags = config.model
-    loaded = load_model(checked(lambda: ModelConfig(path=Path(flags.path) if flags.path else None,
-                                                    device=flags.device, dtype=flags.dtype)))
-    source = load_source(config.source, load_tokenizer(flags.path), limit=config.run.num_requests)
-    settings = run_section(source, config.run, CacheFlags(cache="on"))
-    requests = prepared_requests(source, settings)
-    block_size = config.block_size or source.block_size
-    folder = config.out or Path("results") / f"sweep-{source.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    check_output_path(folder / "sweep.parquet")
-    outcome = SweepOutcome(source.name)
-    context = {"scenario": source.name, "backend": "inprocess", "model": loaded.name,
-               "trace": {**source.trace_info, "requests_hash": requests_hash(requests)}}
-    sampling = SamplingParams(max_tokens=1, ignore_eos=settings.ignore_eos)
-    for size in config.cache_sizes:
-        cache = cache_config(source.cache, CacheFlags(), size, block_size)
-        context["cache"] = {k: v for k, v in cache_metadata(cache).items() if k != "capacity_blocks"}
-        sized = [replace(r, expected_cached_tokens=e) for r, e in zip(requests, expected_cached_tokens(requests, cache))]
-        run_id = f"{source.name}-sweep-{size}-{time.strftime('%Y%m%d-%H%M%S')}"
-        metadata = {"command": "run", "run": {**context, "run_id": run_id, "cache": cache_metadata(cache),
-                                              "max_tokens": settings.max_tokens, "concurrency": 1,
-                                              "seed": settings.seed, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}}
-        backend = InProcessBackend(HFEngine(loaded, EngineConfig(cache=cache)), sampling, loaded.name)
-        writer = RunWriter(folder / f"run-{size}.parquet", metadata, run_id, backend.describe())
-        if on_size is not None:
-            on_size(size)
-        try:
-            execute(sized, backend, LoadConfig(), writer, on_progress)
-        except RunInterrupted as interrupted:
-            _finish_sweep(outcome, folder, context, complete=False)
-            interrupted.sweep = outcome
-            raise
-        writer.close(complete=True)
-        outcome.points.append(SweepPoint.from_summary(size, summarize(writer.rows), writer.path))
-    _finish_sweep(outcome, folder, context, complete=True)
-    return outcome
-
-
-def _finish_sweep(outcome: SweepOutcome, folder: Path, context: dict, complete: bool) -> None:
-    from kvbench.results.sweep import build_sweep_summary, write_sweep_summary
-
-    if outcome.points:
-        outcome.summary = build_sweep_summary(outcome.points, context, complete=complete)
-        outcome.path = write_sweep_summary(folder / "sweep.parquet", outcome.summary)

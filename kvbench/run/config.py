@@ -232,6 +232,8 @@ class SweepConfig:
     block_size: int | None = None
     run: RunFlags = field(default_factory=RunFlags)
     out: Path | None = None  # a folder
+    engine: EngineFlags = field(default_factory=EngineFlags)  # --engine copy|paged and the paged limits
+    repeats: int = 1  # runs per size; the point's TTFT p50 is their median
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "source", Path(self.source))
@@ -239,4 +241,4 @@ class SweepConfig:
             object.__setattr__(self, "out", Path(self.out))
         if not self.cache_sizes or any(size <= 0 for size in self.cache_sizes):
             raise ValueError("--cache-sizes: give positive block counts, e.g. 64,256,1024")
-        _check_positive(self, ("block_size",))
+        _check_positive(self, ("block_size", "repeats"))

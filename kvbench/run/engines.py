@@ -7,7 +7,9 @@
   (:class:`kvbench.sim.vllm_pool.VllmPoolConfig`, the null block added), which is exact at
   concurrency 1 when every request decodes exactly ``max_tokens`` (``--ignore-eos``). Under
   concurrency, or when EOS may end a request early, the prediction is ``None``: the blocks held by
-  requests running side by side depend on timing.
+  requests running side by side depend on timing. With ``--ttl`` it is ``None`` too: that pool
+  has no TTL (vLLM has none), and expiry depends on the engine's wall-clock release times; and with
+  ``--release head-first``, which that pool does not model (vLLM releases tail first).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ def predicted_cached_tokens(requests: Sequence[Request], flags: EngineFlags, cac
     """Per request, the cached prompt tokens the engine should report (module docstring)."""
     if flags.engine is EngineKind.COPY or cache is None:
         return expected_cached_tokens(requests, cache)
-    if concurrency != 1 or not ignore_eos:
+    if concurrency != 1 or not ignore_eos or cache.ttl_s is not None or cache.release_order.value != "tail-first":
         return [None] * len(requests)
     pool = VllmPoolConfig(cache.capacity_blocks + NUM_NULL_BLOCKS, cache.block_size, cache.hash)
     exact = [replace(r, output_tokens=r.max_tokens) for r in requests]
@@ -52,6 +54,14 @@ def predicted_cached_tokens(requests: Sequence[Request], flags: EngineFlags, cac
         return expected_cached_tokens(exact, pool)
     except ValueError:  # a request larger than the pool: the engine refuses it too
         return [None] * len(requests)
+
+
+def verify_metadata(engine) -> dict | None:
+    """The ``run.verify_logits`` metadata after a ``--verify`` run on the paged engine: greedy tokens
+    compared, argmax flips near ties, mismatches, the largest logprob difference and the tie tolerance
+    (:mod:`kvbench.engine.paged.verify`); ``None`` for the copy engine (exact: no tolerance to report)."""
+    report = getattr(engine, "verify_report", None)
+    return report.as_dict() if report is not None and engine.config.verify else None
 
 
 def engine_metadata(flags: EngineFlags, engine) -> dict:

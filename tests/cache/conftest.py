@@ -2,6 +2,7 @@ import pytest
 
 from kvbench.cache.block_hash import BlockHasher
 from kvbench.cache.base import CacheConfig, make_cache
+from kvbench.cache.pool_cache import PoolPrefixCache
 
 
 class FakeClock:
@@ -14,19 +15,21 @@ class FakeClock:
         return self.now_s
 
 
-@pytest.fixture(params=["hash", "radix"])
+@pytest.fixture(params=["hash", "radix", "pool"])
 def cache_kind(request):
     return request.param
 
 
 @pytest.fixture
 def build(cache_kind):
-    """build(capacity_blocks, block_size=4, **config) -> (cache, hasher, clock)."""
+    """build(capacity_blocks, block_size=4, **config) -> (cache, hasher, clock). ``pool`` is the paged
+    engine's cache: :class:`PoolPrefixCache` over one block pool (hash keys)."""
 
     def make(capacity_blocks, block_size=4, **config):
         clock = FakeClock()
-        cache = make_cache(CacheConfig(capacity_blocks=capacity_blocks, block_size=block_size,
-                                       kind=cache_kind, **config), clock=clock)
+        kind = "hash" if cache_kind == "pool" else cache_kind
+        config = CacheConfig(capacity_blocks=capacity_blocks, block_size=block_size, kind=kind, **config)
+        cache = PoolPrefixCache(config, clock=clock) if cache_kind == "pool" else make_cache(config, clock=clock)
         return cache, BlockHasher(block_size), clock
 
     return make

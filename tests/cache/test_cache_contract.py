@@ -66,10 +66,13 @@ def test_lru_evicts_the_chains_last_block_first(build):
     assert hits(cache, chain) == 2  # the first two remain; the tail was the victim
 
 
-def test_head_first_release_orphans_the_chain():
+@pytest.mark.parametrize("pool", [False, True], ids=["hash", "pool"])
+def test_head_first_release_orphans_the_chain(pool):
     from kvbench.cache.base import CacheConfig, make_cache
+    from kvbench.cache.pool_cache import PoolPrefixCache
 
-    cache = make_cache(CacheConfig(capacity_blocks=3, block_size=4, release_order="head-first"))
+    config = CacheConfig(capacity_blocks=3, block_size=4, release_order="head-first")
+    cache = PoolPrefixCache(config) if pool else make_cache(config)
     hasher = BlockHasher(4)
     chain = hasher.prompt_blocks(list(range(12)))
     serve(cache, chain)

@@ -6,6 +6,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from kvbench.cache.block_hash import BlockHasher
 from kvbench.cache.base import CacheConfig, make_cache
+from kvbench.cache.pool_cache import PoolPrefixCache
 
 BLOCK_SIZE = 2
 # A small alphabet and short prompts: prompts share prefixes and diverge mid-run often.
@@ -14,6 +15,7 @@ token_lists = st.lists(st.integers(0, 2), min_size=0, max_size=12)
 
 class CacheMachine(RuleBasedStateMachine):
     kind = "hash"
+    factory = staticmethod(make_cache)
 
     def __init__(self):
         super().__init__()
@@ -26,11 +28,9 @@ class CacheMachine(RuleBasedStateMachine):
     def build(self, capacity, ttl_s, release_order):
         if self.kind == "radix":
             release_order = "tail-first"
-        self.cache = make_cache(
-            CacheConfig(capacity_blocks=capacity, block_size=BLOCK_SIZE, kind=self.kind, ttl_s=ttl_s,
-                        release_order=release_order),
-            clock=lambda: self.now_s,
-        )
+        config = CacheConfig(capacity_blocks=capacity, block_size=BLOCK_SIZE, kind=self.kind, ttl_s=ttl_s,
+                             release_order=release_order)
+        self.cache = self.factory(config, clock=lambda: self.now_s)
 
     @rule(tokens=token_lists, cap=st.one_of(st.none(), st.integers(0, 6)), salt=st.sampled_from(["", "t"]),
           stop_short=st.integers(0, 2))
@@ -88,8 +88,15 @@ class RadixMachine(CacheMachine):
     kind = "radix"
 
 
+class PoolMachine(CacheMachine):
+    """The paged engine's cache: one block pool's ids (kvbench.cache.pool_cache)."""
+
+    factory = staticmethod(PoolPrefixCache)
+
+
 TestHashCacheRandom = CacheMachine.TestCase
 TestRadixCacheRandom = RadixMachine.TestCase
-TestHashCacheRandom.settings = TestRadixCacheRandom.settings = settings(
+TestPoolCacheRandom = PoolMachine.TestCase
+TestHashCacheRandom.settings = TestRadixCacheRandom.settings = TestPoolCacheRandom.settings = settings(
     max_examples=150, stateful_step_count=40, deadline=None
 )

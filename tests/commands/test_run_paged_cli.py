@@ -43,11 +43,19 @@ def test_paged_concurrency_4_batch_invariant_verifies(kvbench, scenario, tmp_pat
     assert read_metadata(out)["run"]["engine"]["batch_invariant"] is True
 
 
+def test_paged_ttl_runs_and_is_not_predicted(kvbench, scenario, tmp_path):
+    out = tmp_path / "ttl.parquet"
+    code, _, stderr = kvbench("run", scenario, "--engine", "paged", "--ttl", "600", "--ignore-eos", "--out", out)
+    assert code == 0, stderr
+    rows = pq.read_table(out).to_pylist()
+    assert [r["cached_prompt_tokens"] for r in rows] == [0] + [SHARED_BLOCK_TOKENS] * 3  # nothing idle 600 s
+    assert all(r["expected_cached_tokens"] is None for r in rows)  # the vLLM pool has no TTL
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--max-num-seqs", "4"], "--max-num-seqs applies to --engine paged only"),
     (["--engine", "paged", "--max-num-batched-tokens", "0"], "--max-num-batched-tokens: 0 must be positive"),
     (["--engine", "paged", "--cache-kind", "radix"], "use --cache-kind hash"),
-    (["--engine", "paged", "--ttl", "5"], "does not implement --ttl"),
     (["--engine", "paged", "--backend", "openai"], "apply to --backend inprocess only"),
 ])
 def test_bad_engine_flags_are_one_line_and_exit_2(kvbench, scenario, tmp_path, args, needle):

@@ -32,13 +32,14 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from kvbench.cache.base import CacheConfig, CacheKind
+from kvbench.cache.base import CacheConfig, CacheKind, Clock
 from kvbench.cache.block_hash import BlockHasher
 from kvbench.engine.engine import check_request
 from kvbench.engine.model import LoadedModel
 from kvbench.engine.paged.attention import PagedForward, SequenceSlice, use_paged_attention
 from kvbench.engine.paged.kv_pool import KVPool
 from kvbench.engine.paged.scheduler import Scheduler, Sequence, blocks_for
+from kvbench.engine.paged.verify import VerifyReport, tie_tolerance, verify_greedy
 from kvbench.engine.sampling import SamplingParams, sample_next_token
 from kvbench.errors import CacheBusyError, InputError
 from kvbench.request import RequestRecord, Status
@@ -58,12 +59,16 @@ class PagedConfig:
             ``--no-enable-prefix-caching``); the pool still holds the running sequences.
         max_num_seqs / max_num_batched_tokens: vLLM's per-step limits (sequences, tokens).
         batch_invariant: one forward per sequence, so every output equals its concurrency-1 output.
-        verify: re-run each request on the copy engine with the cache off; ``output_matches_reference``.
+        verify: check each request against the copy engine with the cache off; ``output_matches_reference``.
+            Greedy requests: logits compared, argmax flips near ties told from mismatches
+            (:mod:`kvbench.engine.paged.verify`, counts in ``PagedEngine.verify_report``); sampled
+            ones: a cache-off rerun's tokens compared.
         salt: the run's salt; a request's own salt replaces it.
 
     Raises:
         ValueError: a non-positive limit, or a cache setting the pool does not implement (radix,
-            TTL, verify_tokens, prompt_only).
+            verify_tokens, prompt_only). ``pool.ttl_s`` works as on the copy engine's caches
+            (:class:`kvbench.cache.pool_cache.IdleTimer`).
     """
 
     pool: CacheConfig
@@ -81,8 +86,6 @@ class PagedConfig:
                 raise ValueError(f"--{name.replace('_', '-')}: {value!r} must be a positive integer")
         if self.pool.kind is not CacheKind.HASH:
             raise ValueError("--engine paged keys its pool by block hash: use --cache-kind hash")
-        if self.pool.ttl_s is not None:
-            raise ValueError("--engine paged does not implement --ttl (lazy eviction only, as vLLM)")
         if self.pool.verify_tokens:
             raise ValueError("--engine paged trusts block hashes (verify_tokens is not implemented)")
         if self.pool.prompt_only:
@@ -115,6 +118,7 @@ class _Job:
     admitted_s: float | None = None
     token_s: list[float] = field(default_factory=list)
     prefill_ms: float | None = None
+    chosen_logprobs: list[float] = field(default_factory=list)  # verify: log p of each sampled token, nats
 
     @property
     def num_output_tokens(self) -> int:
@@ -129,11 +133,14 @@ class PagedEngine:
         engine = PagedEngine(load_model(), PagedConfig(CacheConfig(capacity_blocks=4096)))
         record = engine.generate(token_ids, SamplingParams(max_tokens=32, ignore_eos=True))
 
+    ``clock`` (seconds) is the TTL clock, injectable for tests as the copy engine's; latencies always
+    use ``time.perf_counter``.
+
     Raises:
         InputError: the model's attention does not go through transformers' attention interface.
     """
 
-    def __init__(self, loaded: LoadedModel, config: PagedConfig) -> None:
+    def __init__(self, loaded: LoadedModel, config: PagedConfig, clock: Clock | None = None) -> None:
         if not hasattr(loaded.model, "set_attn_implementation"):
             raise InputError(f"{loaded.name}: the paged engine needs a transformers model")
         use_paged_attention(loaded.model)
@@ -144,13 +151,15 @@ class PagedEngine:
         hasher = BlockHasher(block_size, config.pool.hash) if config.prefix_caching else None
         self.scheduler = Scheduler(config.pool.capacity_blocks, block_size, hasher, config.max_num_seqs,
                                    config.max_num_batched_tokens,
-                                   tail_first=config.pool.release_order.value == "tail-first")
+                                   tail_first=config.pool.release_order.value == "tail-first",
+                                   ttl_s=config.pool.ttl_s, clock=clock)
         self._jobs: dict[int, _Job] = {}
         self._seq_ids = itertools.count()
         self._lock = threading.Lock()
         self._aborted: set[int] = set()
         self._worker: threading.Thread | None = None
         self._reference = None  # the copy engine with the cache off, for verify
+        self.verify_report = VerifyReport(tie_tolerance(loaded.dtype))  # verify: flips near ties, mismatches
 
     @property
     def block_size(self) -> int:
@@ -290,6 +299,8 @@ class PagedEngine:
 
     def _sample(self, job: _Job, logits: torch.Tensor) -> None:
         token = sample_next_token(logits, job.sampling, job.generator)
+        if self.config.verify:
+            job.chosen_logprobs.append(float(torch.log_softmax(logits.float(), dim=-1)[token]))
         seq = job.seq
         seq.token_ids.append(token)
         job.token_s.append(time.perf_counter())
@@ -319,9 +330,11 @@ class PagedEngine:
 
     def _complete(self, job: _Job) -> None:
         record = _record(job)
-        if self.config.verify:
-            reference = self._reference_engine().generate(job.seq.token_ids[:job.seq.num_prompt_tokens],
-                                                           job.sampling, salt=job.seq.salt)
+        prompt = job.seq.token_ids[:job.seq.num_prompt_tokens]
+        if self.config.verify and job.sampling.temperature == 0:  # logits and argmax flips (verify.py)
+            record = verify_greedy(self._reference_engine(), prompt, record, job.chosen_logprobs, self.verify_report)
+        elif self.config.verify:
+            reference = self._reference_engine().generate(prompt, job.sampling, salt=job.seq.salt)
             matches = reference.output_token_ids == record.output_token_ids
             record = replace(record, output_matches_reference=matches if job.sampling.is_reproducible else None)
         if not job.future.done():

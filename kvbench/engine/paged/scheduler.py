@@ -13,7 +13,10 @@ there), which is why that simulator predicts this engine's ``cached_tokens`` at 
   ``(prompt + output - 1) // block_size`` blocks end up cached (the last sampled token's KV is never
   computed);
 * **release**: a finished, aborted or preempted sequence frees its blocks tail first (``reversed``
-  block table; vLLM ``SingleTypeKVCacheManager.free``), or head first to demonstrate the bug.
+  block table; vLLM ``SingleTypeKVCacheManager.free``), or head first to demonstrate the bug;
+* **TTL** (``ttl_s``; not in vLLM): before every lookup, free cached blocks released longer than
+  ``ttl_s`` ago lose their key (:class:`kvbench.cache.pool_cache.IdleTimer`, the rule the
+  contract suite checks on :class:`~kvbench.cache.pool_cache.PoolPrefixCache`).
 
 Scheduling, one step (vLLM v1 ``Scheduler.schedule``, simplified): running sequences first, in
 admission order, each with its remaining tokens (1 when decoding; a prefill chunk when the token
@@ -31,7 +34,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from kvbench.cache.block_hash import BlockHash, BlockHasher
+from kvbench.cache.base import Clock
 from kvbench.cache.block_pool import BlockPool
+from kvbench.cache.pool_cache import IdleTimer, cached_prefix
 from kvbench.engine.paged.kv_pool import NULL_BLOCK_ID
 
 
@@ -97,12 +102,15 @@ class Scheduler:
     """FCFS continuous batching over one :class:`BlockPool` (module docstring).
 
     ``hasher`` ``None`` turns prefix caching off (nothing is looked up or keyed). Block ids start at
-    1: block 0 is the pool's null block.
+    1: block 0 is the pool's null block. ``ttl_s`` (seconds on ``clock``, default ``time.monotonic``):
+    see the module docstring; ``None`` = blocks leave only by eviction.
     """
 
     def __init__(self, num_blocks: int, block_size: int, hasher: BlockHasher | None, max_num_seqs: int,
-                 max_num_batched_tokens: int, tail_first: bool = True) -> None:
+                 max_num_batched_tokens: int, tail_first: bool = True, ttl_s: float | None = None,
+                 clock: Clock | None = None) -> None:
         self.pool = BlockPool(num_blocks, first_block_id=NULL_BLOCK_ID + 1)
+        self.timer = IdleTimer(self.pool, ttl_s, clock)
         self.block_size = block_size
         self.hasher = hasher
         self.max_num_seqs = max_num_seqs
@@ -177,13 +185,8 @@ class Scheduler:
     def _lookup(self, seq: Sequence) -> list[int]:
         if self.hasher is None:
             return []
-        hit: list[int] = []
-        for key in self._keys(seq)[: (seq.num_tokens - 1) // self.block_size]:
-            block_id = self.pool.cached_block(key)
-            if block_id is None:
-                break
-            hit.append(block_id)
-        return hit
+        self.timer.sweep()
+        return cached_prefix(self.pool, self._keys(seq)[: (seq.num_tokens - 1) // self.block_size])
 
     def _keys(self, seq: Sequence) -> list[BlockHash]:
         """Keys of every full block of ``seq.token_ids`` (recomputed only when a block has filled)."""
@@ -230,7 +233,7 @@ class Scheduler:
 
     def _free(self, seq: Sequence) -> None:
         table = seq.block_table
-        self.pool.free(reversed(table) if self._tail_first else table)
+        self.timer.released(self.pool.free(reversed(table) if self._tail_first else table))
         seq.block_table = []
         seq._num_keyed_blocks = 0
 

@@ -198,8 +198,6 @@ def test_bad_requests_and_settings_give_clear_errors(loaded):
         PagedConfig(CacheConfig(8), max_num_seqs=0)
     with pytest.raises(ValueError, match="--cache-kind hash"):
         PagedConfig(CacheConfig(8, kind="radix"))
-    with pytest.raises(ValueError, match="--ttl"):
-        PagedConfig(CacheConfig(8, ttl_s=5.0))
 
 
 def test_prefix_caching_off_and_reset(loaded):
@@ -210,3 +208,19 @@ def test_prefix_caching_off_and_reset(loaded):
     cached.generate(prompt, GREEDY)
     cached.reset_prefix_cache()
     assert cached.generate(prompt, GREEDY).cached_prompt_tokens == 0
+
+
+def test_ttl_expires_idle_pool_blocks_and_a_hit_restarts_the_timer(loaded):
+    """--ttl on the paged engine: the copy engine's rule (tests/cache contract), on pool block ids."""
+    now = [0.0]
+    engine = PagedEngine(loaded, PagedConfig(CacheConfig(64, 16, ttl_s=300.0)), clock=lambda: now[0])
+    reference = HFEngine(loaded, EngineConfig(cache=CacheConfig(64, 16, ttl_s=300.0)), clock=lambda: now[0])
+    prompt, sampling = ids(7, 40), SamplingParams(max_tokens=2, ignore_eos=True)  # 41 computed: 2 blocks
+    cached = []
+    for now[0] in (0.0, 200.0, 450.0, 800.0):  # idle 200 s, 250 s (since the hit at 200), then 350 s
+        record, copy = engine.generate(prompt, sampling), reference.generate(prompt, sampling)
+        assert record.output_token_ids == copy.output_token_ids
+        cached.append((record.cached_prompt_tokens, copy.cached_prompt_tokens))
+    assert cached == [(0, 0), (32, 32), (32, 32), (0, 0)]  # paged == copy engine
+    assert engine.scheduler.timer.num_expired_blocks == 2
+    assert_clean(engine)

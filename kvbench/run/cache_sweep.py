@@ -1,0 +1,138 @@
+"""``kvbench sweep`` on the in-process engine: one run per cache size and repeat, then the TTFT fit.
+
+Every (size, repeat) run gets a fresh engine of ``config.engine`` (``--engine copy|paged``, built by
+:func:`kvbench.run.engines.make_engine`, so the results files have the same columns and the
+``run.engine`` metadata ``kvbench run`` writes) over the one loaded model, and its own Parquet file:
+``run-SIZE.parquet``, or ``run-SIZE-rK.parquet`` with ``--repeats`` R > 1. The paged engine's pool
+is the sweep's size (running and cached blocks together, as vLLM's), so a size smaller than one
+request's prompt + output refuses that request (an error row), where the copy engine only caches
+less.
+
+Repeats (issue 18 item 5): a point's TTFT p50 is the **median** of its repeats' p50s (the fit uses
+it), and ``min_p50_ttft_ms`` / ``max_p50_ttft_ms`` / ``repeat_p50_ttft_ms`` keep the spread
+(:meth:`kvbench.results.sweep.SweepPoint.from_repeats`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from kvbench.errors import checked
+from kvbench.results.parquet import check_output_path
+from kvbench.results.summary import summarize
+from kvbench.results.writer import RunWriter
+from kvbench.run.config import CacheFlags, SweepConfig
+from kvbench.run.engines import engine_metadata, make_engine, predicted_cached_tokens
+from kvbench.run.execute import Progress, RunInterrupted, execute, prepared_requests
+from kvbench.run.loop import LoadConfig
+from kvbench.run.setup import cache_config, cache_metadata, run_section
+from kvbench.run.source import load_source, requests_hash
+
+
+@dataclass
+class SweepOutcome:
+    """One point per finished cache size, the sweep summary (with the TTFT fit) and where it went."""
+
+    name: str
+    points: list = field(default_factory=list)
+    summary: Any = None
+    path: Path | None = None
+
+
+def sweep(config: SweepConfig, on_progress: Progress | None = None,
+          on_size: Callable[[int], None] | None = None) -> SweepOutcome:
+    """Run ``config.source`` on the engine ``config.repeats`` times per cache size (a fresh engine and
+    cache each time), write one results file per run and ``sweep.parquet`` with the fit
+    TTFT p50 = a + b x (1 - hit rate) over the points' medians.
+
+    Raises:
+        InputError: a bad flag, file or model.
+        RunInterrupted: Ctrl-C; the finished sizes are written (a cut size's finished repeats too).
+    """
+    from kvbench.engine.model import ModelConfig, load_model
+    from kvbench.workloads.tokenizer import load_tokenizer
+
+    flags = config.model
+    loaded = load_model(checked(lambda: ModelConfig(path=Path(flags.path) if flags.path else None,
+                                                    device=flags.device, dtype=flags.dtype)))
+    source = load_source(config.source, load_tokenizer(flags.path), limit=config.run.num_requests)
+    settings = run_section(source, config.run, CacheFlags(cache="on"))
+    requests = prepared_requests(source, settings)
+    folder = config.out or Path("results") / f"sweep-{source.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    check_output_path(folder / "sweep.parquet")
+    outcome = SweepOutcome(source.name)
+    context = {"scenario": source.name, "backend": "inprocess", "model": loaded.name, "repeats": config.repeats,
+               "engine": config.engine.engine.value,
+               "trace": {**source.trace_info, "requests_hash": requests_hash(requests)}}
+    runner = _SizeRunner(config, loaded, source, settings, requests, folder, context, on_progress)
+    for size in config.cache_sizes:
+        if on_size is not None:
+            on_size(size)
+        try:
+            outcome.points.append(runner.point(size))
+        except RunInterrupted as interrupted:
+            if runner.done:  # the cut size's finished repeats still make a point
+                outcome.points.append(runner.finished_point(size))
+            _finish_sweep(outcome, folder, context, complete=False)
+            interrupted.sweep = outcome
+            raise
+    _finish_sweep(outcome, folder, context, complete=True)
+    return outcome
+
+
+class _SizeRunner:
+    """The runs of one cache size: ``config.repeats`` fresh engines, one results file each."""
+
+    def __init__(self, config: SweepConfig, loaded, source, settings, requests, folder: Path, context: dict,
+                 on_progress: Progress | None) -> None:
+        self.config, self.loaded, self.source, self.settings = config, loaded, source, settings
+        self.requests, self.folder, self.context, self.on_progress = requests, folder, context, on_progress
+        self.block_size = config.block_size or source.block_size
+        self.done: list[tuple[Any, Path]] = []  # (summary, path) of this size's finished repeats
+
+    def point(self, size: int):
+        from kvbench.results.sweep import SweepPoint
+
+        self.done = []
+        cache = cache_config(self.source.cache, CacheFlags(), size, self.block_size)
+        self.context["cache"] = {k: v for k, v in cache_metadata(cache).items() if k != "capacity_blocks"}
+        expected = predicted_cached_tokens(self.requests, self.config.engine, cache, 1, self.settings.ignore_eos)
+        sized = [replace(r, expected_cached_tokens=e) for r, e in zip(self.requests, expected)]
+        for repeat in range(self.config.repeats):
+            self.done.append(self._run(size, repeat, cache, sized))
+        return SweepPoint.from_repeats(size, self.done)
+
+    def finished_point(self, size: int):
+        from kvbench.results.sweep import SweepPoint
+
+        return SweepPoint.from_repeats(size, self.done)
+
+    def _run(self, size: int, repeat: int, cache, sized) -> tuple[Any, Path]:
+        from kvbench.backends.inprocess import InProcessBackend
+        from kvbench.engine.engine import SamplingParams
+
+        settings = self.settings
+        engine = make_engine(self.loaded, self.config.engine, cache, True, False, "")
+        backend = InProcessBackend(engine, SamplingParams(max_tokens=1, ignore_eos=settings.ignore_eos), self.loaded.name)
+        suffix = f"-r{repeat + 1}" if self.config.repeats > 1 else ""
+        run_id = f"{self.source.name}-sweep-{size}{suffix}-{time.strftime('%Y%m%d-%H%M%S')}"
+        metadata = {"command": "run", "run": {
+            **self.context, "run_id": run_id, "cache": cache_metadata(cache), "max_tokens": settings.max_tokens,
+            "concurrency": 1, "seed": settings.seed, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "engine": engine_metadata(self.config.engine, engine), "repeat": repeat + 1}}
+        writer = RunWriter(self.folder / f"run-{size}{suffix}.parquet", metadata, run_id, backend.describe())
+        execute(sized, backend, LoadConfig(), writer, self.on_progress)  # Ctrl-C: RunInterrupted, the rows written
+        writer.close(complete=True)
+        return summarize(writer.rows), writer.path
+
+
+def _finish_sweep(outcome: SweepOutcome, folder: Path, context: dict, complete: bool) -> None:
+    from kvbench.results.sweep import build_sweep_summary, write_sweep_summary
+
+    if outcome.points:
+        outcome.summary = build_sweep_summary(outcome.points, context, complete=complete)
+        outcome.path = write_sweep_summary(folder / "sweep.parquet", outcome.summary)

@@ -1,0 +1,36 @@
+"""``kvbench run --engine paged --verify`` under concurrency: the flips / mismatches row of the run table
+and ``run.verify_logits`` in the Parquet metadata (real default model, file read back)."""
+
+import pyarrow.parquet as pq
+import pytest
+
+from kvbench.results.parquet import read_metadata
+
+from tiny_scenarios import SHARED_PREFIX as SCENARIO
+
+
+@pytest.mark.parametrize("mode", [[], ["--batch-invariant"]])
+def test_batched_verify_reports_flips_and_mismatches(kvbench, tmp_path, mode):
+    scenario = tmp_path / "tiny.toml"
+    scenario.write_text(SCENARIO)
+    out = tmp_path / "verify.parquet"
+    code, stdout, stderr = kvbench("run", scenario, "--engine", "paged", "--concurrency", "4", "--verify",
+                                   "--ignore-eos", *mode, "--out", out)
+    assert code == 0, stderr
+    rows = pq.read_table(out).to_pylist()
+    logits = read_metadata(out)["run"]["verify_logits"]
+    assert logits["num_requests"] == len(rows) == 4
+    assert logits["num_compared_tokens"] == sum(r["output_tokens"] for r in rows)
+    assert logits["tie_tolerance_nats"] == 1e-3 and logits["max_abs_logprob_diff"] < 1e-3
+    assert logits["num_flips_near_ties"] == logits["num_mismatches"] == 0  # fp32; batch-invariant: by construction
+    assert all(r["output_matches_reference"] is True for r in rows)
+    assert "argmax flips near ties / mismatches" in stdout and "0 / 0" in stdout
+
+
+def test_copy_engine_verify_has_no_logit_report(kvbench, tmp_path):
+    scenario = tmp_path / "tiny.toml"
+    scenario.write_text(SCENARIO)
+    out = tmp_path / "copy.parquet"
+    code, stdout, stderr = kvbench("run", scenario, "--verify", "--out", out)
+    assert code == 0, stderr
+    assert "verify_logits" not in read_metadata(out)["run"] and "argmax flips" not in stdout

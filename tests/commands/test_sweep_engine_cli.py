@@ -1,0 +1,72 @@
+"""``kvbench sweep --engine paged`` and ``--repeats``: the real default model, Parquet read back."""
+
+import statistics
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from kvbench.results.parquet import read_metadata
+from kvbench.results.schema import RUN_COLUMNS
+from kvbench.results.summary import summarize
+from kvbench.results.sweep import fit_ttft_vs_miss_rate, read_sweep_summary
+
+from test_sweep_cli import SCENARIO  # 3 prefixes of 64 tokens round robin, 16 unique, 12 requests, 2 outputs
+
+
+@pytest.fixture
+def scenario(tmp_path):
+    path = tmp_path / "rr.toml"
+    path.write_text(SCENARIO)
+    return path
+
+
+def test_paged_sweep_has_the_run_columns_and_the_vllm_prediction(kvbench, scenario, tmp_path):
+    out = tmp_path / "sweep"
+    code, stdout, stderr = kvbench("sweep", scenario, "--cache-sizes", "6,24", "--engine", "paged",
+                                   "--ignore-eos", "--out", out)
+    assert code == 0, stderr
+    small, large = read_sweep_summary(out / "sweep.parquet").points
+    # A request is 80 prompt + 2 output tokens: 6 pool blocks (running blocks count) hold one, so the
+    # next prefix evicts the last; 24 hold all three prefixes: requests 4..12 hit their 4 blocks.
+    assert small.token_hit_rate == 0.0 and large.token_hit_rate == (9 * 64) / (12 * 80)
+    for point in (small, large):
+        assert list(pq.read_schema(point.results_path).names) == list(RUN_COLUMNS)
+        rows = pq.read_table(point.results_path).to_pylist()
+        assert [r["cached_prompt_tokens"] for r in rows] == [r["expected_cached_tokens"] for r in rows]
+        engine = read_metadata(point.results_path)["run"]["engine"]
+        assert engine["kind"] == "paged" and engine["num_pool_blocks"] == point.capacity_blocks
+    assert read_metadata(out / "sweep.parquet")["sweep"]["engine"] == "paged"
+    assert "TTFT p50 =" in stdout
+
+
+def test_repeats_write_every_run_the_spread_and_fit_the_medians(kvbench, scenario, tmp_path):
+    out = tmp_path / "sweep"
+    code, stdout, stderr = kvbench("sweep", scenario, "--cache-sizes", "5,20", "--repeats", "3",
+                                   "--requests", "6", "--out", out)
+    assert code == 0, stderr
+    summary = read_sweep_summary(out / "sweep.parquet")
+    assert "min .. max of 3" in stdout and "wrote 6 run files" in stdout
+    for point in summary.points:
+        assert point.num_repeats == 3 and point.num_requests == 18
+        assert [Path(p).name for p in point.repeat_results_paths] == [
+            f"run-{point.capacity_blocks}-r{k}.parquet" for k in (1, 2, 3)]
+        # every repeat's p50 is its own file's; the point's is their median, the spread their min and max
+        assert list(point.repeat_p50_ttft_ms) == [summarize(pq.read_table(p).to_pylist()).p50_ttft_ms
+                                                  for p in point.repeat_results_paths]
+        assert point.p50_ttft_ms == statistics.median(point.repeat_p50_ttft_ms)
+        assert point.min_p50_ttft_ms == min(point.repeat_p50_ttft_ms)
+        assert point.max_p50_ttft_ms == max(point.repeat_p50_ttft_ms)
+        assert f"{point.min_p50_ttft_ms:,.1f} .. {point.max_p50_ttft_ms:,.1f}" in stdout
+    # round robin over 3 prefixes: 5 blocks never hit, 20 hold all three (requests 4..6 hit 4 blocks)
+    assert [p.token_hit_rate for p in summary.points] == [0.0, (3 * 64) / (6 * 80)]
+    medians = fit_ttft_vs_miss_rate([p.token_hit_rate for p in summary.points], [p.p50_ttft_ms for p in summary.points])
+    assert summary.fit == medians
+
+
+def test_engine_flags_on_a_load_sweep_are_one_line(kvbench, scenario):
+    code, _, stderr = kvbench("sweep", scenario, "--backend", "openai", "--concurrency", "1", "--repeats", "2")
+    assert code == 2 and "--repeats apply to the engine sweep" in stderr and "Traceback" not in stderr
+    assert len([line for line in stderr.splitlines() if line.strip()]) == 1
+    code, _, stderr = kvbench("sweep", scenario, "--cache-sizes", "8", "--max-num-seqs", "2")
+    assert code == 2 and "--max-num-seqs applies to --engine paged only" in stderr and "Traceback" not in stderr

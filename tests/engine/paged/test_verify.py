@@ -1,0 +1,88 @@
+"""``--verify`` on the paged engine (kvbench/engine/paged/verify.py): logits against the cache-off
+engine, argmax flips near ties told from mismatches; real model, real forwards."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from kvbench.cache.base import CacheConfig
+from kvbench.engine.engine import HFEngine
+from kvbench.engine.model import default_llama_config, random_model
+from kvbench.engine.paged.engine import PagedConfig, PagedEngine
+from kvbench.engine.paged.verify import TIE_TOLERANCE_NATS, compare_logprobs
+from kvbench.engine.sampling import SamplingParams
+
+GREEDY = SamplingParams(max_tokens=6, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    return random_model(default_llama_config(vocab_size=1000, hidden_size=128, intermediate_size=256,
+                                             num_hidden_layers=2, num_attention_heads=2, bos_token_id=1,
+                                             eos_token_id=2, max_position_embeddings=1024), seed=1)
+
+
+def prompts(n=8, shared=50):
+    rng = np.random.default_rng(0)
+    prefix = rng.integers(0, 1000, shared).tolist()
+    return [prefix + rng.integers(0, 1000, int(k)).tolist() for k in rng.integers(3, 80, n)]
+
+
+def verified(loaded, **config):
+    return PagedEngine(loaded, PagedConfig(CacheConfig(256, 16), verify=True, **config))
+
+
+def test_compare_logprobs_tells_a_near_tie_from_a_mismatch():
+    logprobs = torch.log_softmax(torch.tensor([[5.0, 5.0 - 4e-4, 0.0],    # token 1 a hair below token 0
+                                               [5.0, 1.0, 0.0],           # token 2 far below
+                                               [0.0, 3.0, 0.0]]), dim=-1)  # (3 positions, vocab 3)
+    chosen = [float(logprobs[0, 1]), float(logprobs[1, 2]) + 0.5, float(logprobs[2, 1])]
+    check = compare_logprobs(logprobs, [1, 2, 1], chosen, tolerance_nats=1e-3)
+    assert (check.num_compared_tokens, check.num_flips_near_ties, check.num_mismatches) == (3, 1, 1)
+    assert check.max_abs_logprob_diff == pytest.approx(0.5, abs=1e-6) and not check.matches
+    assert compare_logprobs(logprobs, [0, 0, 1], [float(logprobs[i, t]) for i, t in enumerate([0, 0, 1])], 1e-3).matches
+    with pytest.raises(ValueError):
+        compare_logprobs(logprobs, [0, 0], [0.0, 0.0], 1e-3)
+
+
+def test_reference_logprobs_argmax_is_the_greedy_cache_off_output(loaded):
+    prompt = prompts(1)[0]
+    output = HFEngine(loaded).generate(prompt, GREEDY).output_token_ids
+    reference = HFEngine(loaded).reference_logprobs(prompt, output)  # (6, vocab)
+    assert reference.shape == (6, 1000) and tuple(reference.argmax(-1).tolist()) == output
+
+
+@pytest.mark.parametrize("batch_invariant", [False, True])
+def test_batched_verify_compares_every_token_and_reports_the_counts(loaded, batch_invariant):
+    engine = verified(loaded, batch_invariant=batch_invariant)
+    records = [f.result() for f in [engine.submit(p, GREEDY) for p in prompts()]]
+    report = engine.verify_report.as_dict()
+    assert report["num_requests"] == 8 and report["num_compared_tokens"] == 8 * 6
+    assert report["tie_tolerance_nats"] == TIE_TOLERANCE_NATS[torch.float32] == 1e-3
+    # fp32 on this model: no flip, no mismatch; batched logits differ from cache-off only in the last bits
+    assert report["num_flips_near_ties"] == report["num_mismatches"] == 0
+    assert all(r.output_matches_reference is True for r in records)
+    assert 0 <= report["max_abs_logprob_diff"] < 1e-4
+
+
+def test_a_corrupted_cached_block_is_a_mismatch_not_a_tie(loaded):
+    engine = verified(loaded)
+    first, second = prompts(2)
+    engine.generate(first, GREEDY)
+    generator = torch.Generator().manual_seed(0)
+    for values in engine.kv_pool.values:  # a wrong past: every pool block's values replaced by noise
+        values.copy_(torch.randn(values.shape, generator=generator) * 100)
+    record = engine.generate(second, GREEDY)  # hits the 3 shared blocks, now wrong
+    assert record.cached_prompt_tokens == 48
+    report = engine.verify_report.totals
+    assert record.output_matches_reference is False and report.num_mismatches >= 1
+    assert report.max_abs_logprob_diff > 1e-2 and math.isfinite(report.max_abs_logprob_diff)
+
+
+def test_sampled_requests_keep_the_token_check(loaded):
+    engine = verified(loaded)
+    record = engine.generate(prompts(1)[0], SamplingParams(max_tokens=4, temperature=1.0, seed=3, ignore_eos=True))
+    assert record.output_matches_reference is True  # seeded sampling: a cache-off rerun gives the same tokens
+    assert engine.verify_report.num_requests == 0  # no argmax to compare
