@@ -28,6 +28,7 @@ from kvbench.results.writer import RunWriter
 from kvbench.results.summary import summarize
 from kvbench.run.config import BackendKind, CacheFlags, EngineKind, RunConfig, SweepConfig, TurnMode
 from kvbench.run.engines import engine_metadata, make_engine, predicted_cached_tokens
+from kvbench.run.kv_memory import kv_memory
 from kvbench.run.execute import (Progress, RunInterrupted, RunOutcome, default_out, execute, new_run_id,
                                  prepared_requests, run_metadata)
 from kvbench.run.load_section import with_load_section
@@ -112,6 +113,7 @@ def run_inprocess(config: RunConfig, on_progress: Progress | None = None) -> Run
                        config.summary)
     turns = _live_turns(config, requests, tokenizer, cache, metadata)
     outcome = execute(requests, backend, load, writer, on_progress, turns=turns)
+    writer.metadata["run"]["kv_memory"] = kv_memory(engine, outcome.records, block_size)
     outcome.notes += requests_note(settings.num_requests, len(source.requests))
     if turns is not None:
         outcome.notes += turns.report.lines()

@@ -3,6 +3,7 @@
 =============================  ====================================================================
 ``POST /v1/completions``       text or token-id prompt; ``stream`` (SSE) or not
 ``POST /v1/chat/completions``  messages rendered with the tokenizer's chat format (ChatML for cl100k)
+                               (both: ``n`` choices on ``--engine paged``, not streamed)
 ``GET /v1/models``             the one served model (with vLLM's ``root`` and ``max_model_len``)
 ``GET /health``                200 when serving (never needs the API key)
 ``POST /reset_prefix_cache``   drop every cached block (vLLM's endpoint), after the running request
@@ -41,10 +42,10 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kvbench.engine.engine import SamplingParams
-from kvbench.request import RequestRecord
+from kvbench.request import Request as EngineRequest, RequestRecord
 from kvbench.server.guards import GuardConfig, Guards
 from kvbench.server.schemas import (DEFAULT_MAX_TOKENS, ApiError, ChatCompletionRequest, CompletionRequest,
-                                    chunk_body, response_body, usage)
+                                    choices_body, chunk_body, response_body, usage)
 from kvbench.server.messages import MIN_CACHE_TOKENS, add_messages_route
 from kvbench.server.service import EngineService, Generation
 from kvbench.server.tokenize import add_tokenize_routes
@@ -132,6 +133,7 @@ def _sampling(body: CompletionRequest | ChatCompletionRequest, max_tokens: int) 
 
 async def _generate(http: Request, service: EngineService, body: CompletionRequest | ChatCompletionRequest,
                     render: Callable[[], np.ndarray], chat: bool):
+    _check_n(service, body)
     requested = body.requested_max_tokens()
     if requested is not None:
         _sampling(body, requested)  # refuse a bad max_tokens before tokenizing
@@ -142,8 +144,10 @@ async def _generate(http: Request, service: EngineService, body: CompletionReque
     service.check(token_ids, sampling.max_tokens)
     request = service.request(token_ids, sampling.max_tokens, body.cache_salt,
                               f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}")
-    generation = service.submit(request, sampling, body.stop_sequences)
     header = _Header(chat, request.request_id, int(time.time()), service.model_name, body.return_token_ids)
+    if body.n > 1:
+        return await _respond_samples(http, service, body, request, sampling, header)
+    generation = service.submit(request, sampling, body.stop_sequences)
     if body.stream:
         return StreamingResponse(_stream(service, generation, header, body), media_type="text/event-stream")
     result = await _outcome_unless_gone(http, generation)
@@ -152,6 +156,34 @@ async def _generate(http: Request, service: EngineService, body: CompletionReque
     generation.text.finish()
     return response_body(chat, header.response_id, header.created, header.model, generation.text.text,
                          _finish_reason(service, generation, result), _usage(result))
+
+
+def _check_n(service: EngineService, body: CompletionRequest | ChatCompletionRequest) -> None:
+    """Refuse (400, ``param`` ``n``) ``n > 1`` on the copy engine and ``n > 1`` streamed."""
+    if body.n > service.max_samples:
+        raise ApiError(400, f"n must be 1 on --engine copy (one sequence per request; serve with --engine paged "
+                            f"for n > 1), got {body.n}", "n")
+    if body.n > 1 and body.stream:
+        raise ApiError(400, f"n > 1 is not streamed by kvbench serve (got n {body.n}): send stream false", "n")
+
+
+async def _respond_samples(http: Request, service: EngineService, body: CompletionRequest | ChatCompletionRequest,
+                           request: EngineRequest, sampling: SamplingParams, header: _Header):
+    """``n`` choices of one request: ``n`` parallel samples on the paged engine (one prefill, the
+    prompt's blocks shared). Usage as vLLM's OpenAI server counts it (``serving_completion`` /
+    ``serving_chat``): ``prompt_tokens`` and ``cached_tokens`` once, ``completion_tokens`` summed over
+    the choices."""
+    generations = service.submit_samples(request, sampling, body.n, body.stop_sequences)
+    results = await _outcomes_unless_gone(http, generations)
+    if results is None:
+        return Response(status_code=499)
+    outputs = []
+    for generation, result in zip(generations, results):
+        generation.text.finish()
+        outputs.append((generation.text.text, _finish_reason(service, generation, result)))
+    first = results[0]
+    usage_object = usage(first.prompt_tokens, sum(result.output_tokens for result in results), first.cached_prompt_tokens)
+    return choices_body(header.chat, header.response_id, header.created, header.model, outputs, usage_object)
 
 
 class _Header:
@@ -181,14 +213,22 @@ async def _outcome(generation: Generation) -> RequestRecord:
 async def _outcome_unless_gone(http: Request, generation: Generation) -> RequestRecord | None:
     """The result of a non-streamed request, or ``None`` (and the request cancelled, queued or running)
     when its client disconnects first."""
-    outcome = asyncio.ensure_future(_outcome(generation))
+    results = await _outcomes_unless_gone(http, [generation])
+    return None if results is None else results[0]
+
+
+async def _outcomes_unless_gone(http: Request, generations: list[Generation]) -> list[RequestRecord] | None:
+    """Every generation's result (:func:`_outcome`), or ``None`` (and every one cancelled) when the
+    client disconnects first."""
+    outcome = asyncio.ensure_future(asyncio.gather(*(_outcome(generation) for generation in generations)))
     gone = asyncio.ensure_future(_disconnected(http))
     try:
         await asyncio.wait({outcome, gone}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         gone.cancel()
         if not outcome.done():
-            generation.cancel()
+            for generation in generations:
+                generation.cancel()
             outcome.cancel()
     return outcome.result() if not outcome.cancelled() else None
 

@@ -208,6 +208,14 @@ class PagedEngine:
             if future.seq_id in self._jobs:
                 self._aborted.add(future.seq_id)
 
+    def wait_idle(self, timeout_s: float | None = None) -> None:
+        """Block until the worker thread has ended (no request left), e.g. before the process exits:
+        a daemon thread still inside torch at interpreter shutdown aborts the process."""
+        with self._lock:
+            worker = self._worker
+        if worker is not None:
+            worker.join(timeout_s)
+
     def reset_prefix_cache(self) -> None:
         """Drop every cached block's key (vLLM's ``reset_prefix_cache``). Raises ``CacheBusyError``
         while any request is in the engine."""
@@ -372,6 +380,12 @@ class PagedEngine:
         pool = self.scheduler.pool
         num_held = pool.num_used_blocks + pool.num_evictable_blocks
         return num_held * self.kv_pool.bytes_per_block
+
+    def num_sequences(self) -> tuple[int, int]:
+        """``(running, waiting)`` sequences in the scheduler now (vLLM's ``num_requests_running`` /
+        ``num_requests_waiting``); samples not yet forked count in neither."""
+        with self._lock:
+            return len(self.scheduler.running), len(self.scheduler.waiting)
 
     def memory_summary(self) -> dict[str, int]:
         """Measured pool bytes of the engine's life so far (:meth:`PoolMeter.summary`): peaks and now."""
