@@ -65,12 +65,15 @@ SeedOption = Annotated[int, typer.Option("--seed", help="Seeds the beam scores (
 
 
 class MeasureEngine(str, enum.Enum):
-    """Where ``kvbench memory sharing`` gets its numbers."""
+    """Where ``kvbench memory sharing`` and ``waste`` get their numbers."""
 
-    REPLAY = "replay"  # the block-manager replay alone (no model runs)
+    REPLAY = "replay"  # the replay alone (no model runs)
     PAGED = "paged"  # the replay, then the paged engine measured on the default model
 
 
+WasteEngineOption = Annotated[MeasureEngine, typer.Option(
+    "--engine", help="replay: the two allocators replayed; paged: also run the trace on the paged engine "
+                     "(default model, real time) and report its measured waste next to the replay.")]
 SharingEngineOption = Annotated[MeasureEngine, typer.Option(
     "--engine", help="replay: the block-manager replay; paged: also run n samples on the paged engine "
                      "(default model) and report its pool's measured blocks next to the replay.")]
@@ -151,13 +154,16 @@ def waste(
     limit: LimitOption = None,
     plot: PlotOption = None,
     no_plot: NoPlotOption = False,
+    engine: WasteEngineOption = MeasureEngine.REPLAY,
 ) -> None:
     """Replay a trace through a contiguous (reserve-per-request) and a paged allocator.
 
     Both see the same arrivals, prompt lengths and real output lengths over one pool.
     Each running sequence emits --decode-tok-s tokens per second; requests wait FIFO.
     Paged preempts the newest sequence (recompute) when it runs out of blocks.
+    With --engine paged, the trace also runs on the paged engine and its pool's waste is measured.
     """
+    _check_measured_model(engine, model, dtype, kv_dtype)
     shape, layout = _model_and_layout(model, dtype, kv_dtype, block_size)
     if plot is not None and not no_plot:
         check_output_path(plot, "--plot")  # before the replay, not after it
@@ -183,6 +189,25 @@ def waste(
         path = plot or _default_plot_path(f"memory_waste_{trace.stem}_{pool}_{reserve.value}")
         plot_waste(result, path, f"KV memory over time: {trace.name}, pool {pool}, {shape.name}")
         console.print(f"plot: {path}")
+    if engine is MeasureEngine.PAGED:
+        _measure_waste(console, result, requests, config)
+
+
+def _check_measured_model(engine: MeasureEngine, model: str, dtype: str | None, kv_dtype: str | None) -> None:
+    """``--engine paged`` runs the default model, so the replay must use its shape to compare."""
+    if engine is MeasureEngine.PAGED and (model != DEFAULT_PRESET or dtype or kv_dtype):
+        raise InputError(f"--engine paged runs the default model: drop --model/--dtype/--kv-dtype "
+                         f"(the replay then uses its shape, {DEFAULT_PRESET})")
+
+
+def _measure_waste(console, replay, requests, config: WasteConfig) -> None:
+    """``--engine paged``: the trace on the paged engine (default model), its pool measured."""
+    from kvbench.engine.model import load_model
+    from kvbench.engine.paged.measure import measure_waste
+
+    with console.status(f"running {len(requests):,} requests on the paged engine at their arrival times"):
+        measured = measure_waste(load_model(), requests, config.pool_bytes, config.block_size)
+    console.print(tables.measured_waste_table(replay, measured))
 
 
 def sharing(
@@ -210,6 +235,7 @@ def sharing(
         raise InputError("give either --n (parallel sampling) or --beam-width (beam search), not both")
     if engine is MeasureEngine.PAGED and beam_width is not None:
         raise InputError("--beam-width: the paged engine does not run beam search (use --engine replay)")
+    _check_measured_model(engine, model, dtype, kv_dtype)
     shape, layout = _model_and_layout(model, dtype, kv_dtype, block_size)
     if plot is not None and not no_plot:
         check_output_path(plot, "--plot")

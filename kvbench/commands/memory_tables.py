@@ -219,3 +219,31 @@ def measured_sharing_table(replay: SharingResult, measured) -> Table:
     table.add_row("measured / replay peak", "", f"{measured.peak_running_blocks / replay.peak_used_blocks:.3f}",
                   "", "", style="bold")
     return table
+
+
+def measured_waste_table(replay: WasteResult, measured) -> Table:
+    """The replay's paged allocator next to the paged engine's measured pool
+    (:class:`kvbench.engine.paged.measure.MeasuredWaste`); means are over time (replay) and over
+    engine steps (measured)."""
+    paged, per_token = replay.paged, measured.bytes_per_token
+    table = Table(title="measured on the paged engine: blocks held by running sequences", caption_justify="left",
+                  caption=f"{format_bytes(per_token)} per token ({measured.model_name}); pool {measured.num_blocks:,} "
+                          f"blocks; {measured.num_steps:,} engine steps in {measured.elapsed_s:.1f} s")
+    table.add_column("metric")
+    table.add_column("replay, paged", justify="right")
+    table.add_column("measured, paged engine", justify="right")
+    rows = [
+        ("requests served / refused", f"{paged.num_served:,} / {paged.num_never_fit:,}",
+         f"{measured.num_served:,} / {measured.num_refused:,}"),
+        ("preemptions", f"{paged.num_preemptions:,}", f"{measured.num_preemptions:,}"),
+        ("blocks held (reserved), mean / peak",
+         f"{format_bytes(paged.mean_reserved_tokens * per_token)} / {format_bytes(paged.peak_reserved_tokens * per_token)}",
+         f"{format_bytes(measured.mean_running_bytes)} / {format_bytes(measured.peak_running_bytes)}"),
+        ("unfilled slots (internal fragmentation), mean", format_bytes(paged.mean_internal_fragmentation_tokens * per_token),
+         format_bytes(measured.mean_unfilled_bytes)),
+        ("unfilled share of the held blocks, mean", f"{100 * paged.internal_fragmentation_fraction:.1f}%",
+         f"{100 * measured.mean_unfilled_bytes / measured.mean_running_bytes:.1f}%" if measured.mean_running_bytes else "-"),
+    ]
+    for row in rows:
+        table.add_row(*row)
+    return table

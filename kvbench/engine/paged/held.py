@@ -58,6 +58,7 @@ class PoolMeter:
         self.bytes_per_block, self.pool_bytes = bytes_per_block, pool_bytes
         self.at_peak = HeldKV(0, 0, 0, 0, pool_bytes)
         self.peak_running_bytes = self.peak_unfilled_bytes = self.peak_copy_engine_bytes = 0
+        self.num_steps = self.sum_running_bytes = self.sum_unfilled_bytes = 0  # for means over steps
 
     def observe(self, scheduler, scheduled: dict[int, int]) -> None:
         """Read ``scheduler``'s pool after a schedule; ``scheduled``: seq_id -> tokens this step writes."""
@@ -67,6 +68,9 @@ class PoolMeter:
         self.peak_running_bytes = max(self.peak_running_bytes, reading.running_bytes)
         self.peak_unfilled_bytes = max(self.peak_unfilled_bytes, reading.unfilled_bytes)
         self.peak_copy_engine_bytes = max(self.peak_copy_engine_bytes, reading.copy_engine_bytes)
+        self.num_steps += 1
+        self.sum_running_bytes += reading.running_bytes
+        self.sum_unfilled_bytes += reading.unfilled_bytes
 
     def now(self, scheduler, scheduled: dict[int, int] | None = None) -> HeldKV:
         """The pool as it is (at the end of a run: what stays cached); ``scheduled`` as in :meth:`observe`."""

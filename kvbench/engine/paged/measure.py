@@ -8,6 +8,9 @@ decoding exactly ``max_tokens`` tokens (``ignore_eos``), as the block-manager re
 ``prompt + max_tokens - 1`` tokens per sample (the last sampled token's is never needed) where the
 replay counts ``prompt + max_tokens``, so the two peaks differ by one block per sample exactly when
 ``(prompt + max_tokens) % block_size == 1``.
+
+:func:`measure_waste` is ``kvbench memory waste --engine paged``: a trace's requests on the paged
+engine, the running blocks and their unfilled slots (internal fragmentation) read every step.
 """
 
 from __future__ import annotations
@@ -87,3 +90,68 @@ def measure_parallel_sampling(loaded: LoadedModel, config: SharingConfig) -> Mea
         peak_held_blocks=memory["peak_held_kv_bytes"] // per_block,
         num_used_blocks_after_free=engine.scheduler.pool.num_used_blocks,
         num_output_tokens=tuple(record.output_tokens for record in records), elapsed_s=elapsed_s)
+
+
+@dataclass(frozen=True)
+class MeasuredWaste:
+    """What a trace held in the paged engine's pool (``kvbench memory waste --engine paged``).
+
+    Attributes:
+        model_name, bytes_per_token: the engine's model and its KV bytes per token.
+        num_blocks: the pool's blocks (``--pool`` bytes // bytes per block).
+        num_served / num_refused: requests that finished / the engine refused (too long for the model
+            or the pool).
+        mean_running_bytes / peak_running_bytes: bytes of blocks running sequences hold (the replay's
+            "reserved"), mean over engine steps and peak.
+        mean_unfilled_bytes / peak_unfilled_bytes: their slots holding no token (internal
+            fragmentation), mean over steps and peak.
+        num_preemptions: sequences preempted and recomputed.
+        num_steps: engine steps; elapsed_s: wall time of the run.
+    """
+
+    model_name: str
+    bytes_per_token: int
+    num_blocks: int
+    num_served: int
+    num_refused: int
+    mean_running_bytes: float
+    peak_running_bytes: int
+    mean_unfilled_bytes: float
+    peak_unfilled_bytes: int
+    num_preemptions: int
+    num_steps: int
+    elapsed_s: float
+
+
+def measure_waste(loaded: LoadedModel, requests, pool_bytes: int, block_size: int, seed: int = 0) -> MeasuredWaste:
+    """Run ``requests`` (:class:`kvbench.memory.waste.WasteRequest`: arrival, prompt and output lengths)
+    on a paged engine whose pool holds ``pool_bytes``: each is submitted at its arrival time (real
+    time from the start; the replay's decode rate stands for this engine's), with random prompt ids of
+    its length, decoding exactly its output length (``ignore_eos``); prefix caching off, so the pool
+    holds only running sequences, as the replay's paged allocator does.
+
+    Raises:
+        InputError: ``pool_bytes`` holds no block of this model.
+    """
+    per_block = loaded.kv_layout(block_size).bytes_per_block
+    num_blocks = pool_bytes // per_block
+    if num_blocks < 1:
+        raise InputError(f"--pool: {pool_bytes:,} bytes hold no {per_block:,}-byte block of {loaded.name}")
+    engine = PagedEngine(loaded, PagedConfig(CacheConfig(num_blocks, block_size), prefix_caching=False))
+    rng = np.random.default_rng(seed)
+    futures, start_s = [], time.perf_counter()
+    for request in sorted(requests, key=lambda r: r.arrival_ms):
+        time.sleep(max(0.0, request.arrival_ms / 1e3 - (time.perf_counter() - start_s)))
+        prompt = rng.integers(0, loaded.vocab_size, request.prompt_tokens)
+        futures.append(engine.submit(prompt, SamplingParams(max_tokens=request.output_tokens, ignore_eos=True)))
+    records = [future.result() for future in futures]
+    engine.wait_idle()
+    meter, steps = engine.meter, max(engine.meter.num_steps, 1)
+    num_served = sum(record.status is Status.OK for record in records)
+    return MeasuredWaste(
+        model_name=loaded.name, bytes_per_token=per_block // block_size, num_blocks=num_blocks,
+        num_served=num_served, num_refused=len(records) - num_served,
+        mean_running_bytes=meter.sum_running_bytes / steps, peak_running_bytes=meter.peak_running_bytes,
+        mean_unfilled_bytes=meter.sum_unfilled_bytes / steps, peak_unfilled_bytes=meter.peak_unfilled_bytes,
+        num_preemptions=engine.scheduler.num_preemptions, num_steps=meter.num_steps,
+        elapsed_s=time.perf_counter() - start_s)
