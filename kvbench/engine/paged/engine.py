@@ -9,10 +9,12 @@ cached blocks and attention reads them in the pool (:mod:`kvbench.engine.paged.a
 
 Callers: :meth:`PagedEngine.submit` (any thread; a worker thread runs the steps while there is work)
 returns a ``concurrent.futures.Future`` of the :class:`~kvbench.request.RequestRecord`;
-:meth:`PagedEngine.generate` is the copy engine's synchronous call. An exception from ``on_token``
-or a cancelled future finishes exactly that sequence and frees its blocks; an exception in a forward
-fails every sequence of that step, all blocks freed. ``on_token`` returning ``True`` ends the request
-normally after that token (a stop sequence matched), as in the copy engine.
+:meth:`PagedEngine.generate` is the copy engine's synchronous call; :meth:`PagedEngine.submit_samples`
+queues ``n`` parallel samples (one prefill, then forks sharing its blocks; copy-on-write copies run
+before the step's forward). An exception from ``on_token`` or a cancelled future finishes exactly
+that sequence and frees its blocks; an exception in a forward fails every sequence of that step, all
+blocks freed. ``on_token`` returning ``True`` ends the request normally after that token (a stop
+sequence matched), as in the copy engine.
 
 Timings (``time.perf_counter``): a record's clock starts when the sequence is first admitted;
 ``queue_ms`` is the wait from ``submit`` until then (as the copy engine reports its lock wait).
