@@ -3,7 +3,7 @@
 =============================  ====================================================================
 ``POST /v1/completions``       text or token-id prompt; ``stream`` (SSE) or not
 ``POST /v1/chat/completions``  messages rendered with the tokenizer's chat format (ChatML for cl100k)
-                               (both: ``n`` choices on ``--engine paged``, not streamed)
+                               (both: ``n`` choices on ``--engine paged``, streamed or not)
 ``GET /v1/models``             the one served model (with vLLM's ``root`` and ``max_model_len``)
 ``GET /health``                200 when serving (never needs the API key)
 ``POST /reset_prefix_cache``   drop every cached block (vLLM's endpoint), after the running request
@@ -159,21 +159,21 @@ async def _generate(http: Request, service: EngineService, body: CompletionReque
 
 
 def _check_n(service: EngineService, body: CompletionRequest | ChatCompletionRequest) -> None:
-    """Refuse (400, ``param`` ``n``) ``n > 1`` on the copy engine and ``n > 1`` streamed."""
+    """Refuse (400, ``param`` ``n``) ``n > 1`` on the copy engine (one sequence per request)."""
     if body.n > service.max_samples:
         raise ApiError(400, f"n must be 1 on --engine copy (one sequence per request; serve with --engine paged "
                             f"for n > 1), got {body.n}", "n")
-    if body.n > 1 and body.stream:
-        raise ApiError(400, f"n > 1 is not streamed by kvbench serve (got n {body.n}): send stream false", "n")
 
 
 async def _respond_samples(http: Request, service: EngineService, body: CompletionRequest | ChatCompletionRequest,
                            request: EngineRequest, sampling: SamplingParams, header: _Header):
     """``n`` choices of one request: ``n`` parallel samples on the paged engine (one prefill, the
-    prompt's blocks shared). Usage as vLLM's OpenAI server counts it (``serving_completion`` /
-    ``serving_chat``): ``prompt_tokens`` and ``cached_tokens`` once, ``completion_tokens`` summed over
-    the choices."""
+    prompt's blocks shared), streamed (:func:`_stream_samples`) or whole. Usage as vLLM's OpenAI server
+    counts it (``serving_completion`` / ``serving_chat``): ``prompt_tokens`` and ``cached_tokens`` once,
+    ``completion_tokens`` summed over the choices."""
     generations = service.submit_samples(request, sampling, body.n, body.stop_sequences)
+    if body.stream:
+        return StreamingResponse(_stream_samples(service, generations, header, body), media_type="text/event-stream")
     results = await _outcomes_unless_gone(http, generations)
     if results is None:
         return Response(status_code=499)
@@ -275,6 +275,61 @@ async def _stream(service: EngineService, generation: Generation, header: _Heade
         yield "data: [DONE]\n\n"
     finally:
         generation.cancel()  # a no-op once the request finished; stops the engine if the client left
+
+
+async def _stream_samples(service: EngineService, generations: list[Generation], header: _Header,
+                          body: CompletionRequest | ChatCompletionRequest) -> AsyncIterator[str]:
+    """The SSE events of ``n`` streamed choices, interleaved as their tokens come, each chunk with its
+    choice's ``index`` (OpenAI's and vLLM's shape): a chat stream opens every choice with a role chunk;
+    each choice ends with its ``finish_reason`` chunk; then one usage chunk (prompt once, tokens of
+    every choice) when asked for, and ``[DONE]``. An engine failure is one error event; a client that
+    leaves cancels every sample."""
+    merged: asyncio.Queue[tuple[int, str, Any]] = asyncio.Queue()
+
+    async def forward(index: int, generation: Generation) -> None:
+        while True:
+            kind, value = await generation.events.get()
+            await merged.put((index, kind, value))
+            if kind != "token":
+                return
+
+    include_usage, num_prompt, num_sent = body.include_usage, int(generations[0].request.token_ids.shape[0]), 0
+    continuous = include_usage and body.continuous_usage
+    forwarders = [asyncio.ensure_future(forward(i, g)) for i, g in enumerate(generations)]
+    results: dict[int, RequestRecord] = {}
+    try:
+        if header.chat:
+            for index in range(len(generations)):
+                yield header.chunk("", first=True, include_usage=include_usage, index=index,
+                                   usage_object=_running_usage(num_prompt, num_sent) if continuous else None)
+        while len(results) < len(generations):
+            index, kind, value = await merged.get()
+            generation = generations[index]
+            if kind == "token":
+                num_sent += 1
+                yield header.chunk(generation.pieces.popleft(), value, include_usage=include_usage, index=index,
+                                   usage_object=_running_usage(num_prompt, num_sent) if continuous else None)
+                continue
+            if kind != "done":
+                yield f"data: {json.dumps(ApiError(500, str(value or 'the request was cancelled')).body())}\n\n"
+                break
+            results[index] = value
+            yield header.chunk(generation.text.finish(), finish_reason=_finish_reason(service, generation, value),
+                               include_usage=include_usage, index=index,
+                               usage_object=_running_usage(num_prompt, num_sent) if continuous else None)
+        if len(results) == len(generations) and include_usage:
+            first = results[0]
+            yield header.chunk(None, usage_object=usage(first.prompt_tokens, num_sent, first.cached_prompt_tokens))
+        yield "data: [DONE]\n\n"
+    finally:
+        for generation, forwarder in zip(generations, forwarders):
+            generation.cancel()  # a no-op once the sample finished; stops it if the client left
+            forwarder.cancel()
+
+
+def _running_usage(num_prompt: int, num_sent: int) -> dict[str, Any]:
+    """vLLM's ``continuous_usage_stats`` usage after ``num_sent`` output tokens."""
+    return {"prompt_tokens": num_prompt, "completion_tokens": num_sent, "total_tokens": num_prompt + num_sent}
 
 
 def _usage(result: RequestRecord) -> dict[str, Any]:

@@ -12,8 +12,8 @@ Defaults follow the OpenAI API reference: ``temperature`` 1, ``top_p`` 1. ``max_
 :data:`DEFAULT_MAX_TOKENS` on ``/v1/completions`` (the legacy completions default, as in vLLM) and to
 the rest of the context on ``/v1/chat/completions`` (OpenAI and vLLM generate to EOS or the limit).
 ``cache_salt`` follows vLLM: a non-empty string of at most 1,024 characters. ``n`` is 1 to 128
-(OpenAI's range); ``n > 1`` runs on ``--engine paged`` only and is not streamed (the app refuses
-the rest with a 400 naming ``n``).
+(OpenAI's range); ``n > 1`` runs on ``--engine paged`` only (the app refuses it on the copy engine
+with a 400 naming ``n``); streamed, each chunk carries its choice's ``index``.
 
 Responses are plain dicts. Every ``usage`` carries ``prompt_tokens_details.cached_tokens``, 0 on a
 miss (vLLM omits it unless ``--enable-prompt-tokens-details`` is on, and then when it is 0).
@@ -219,10 +219,10 @@ def choices_body(chat: bool, response_id: str, created: int, model: str, outputs
 
 def chunk_body(chat: bool, response_id: str, created: int, model: str, text: str | None,
                finish_reason: str | None = None, usage_object: dict[str, Any] | None = None,
-               include_usage: bool = False, first: bool = False) -> dict[str, Any]:
-    """One stream chunk. ``text=None`` with ``usage_object`` is the final usage chunk (no choices);
-    ``first`` adds the assistant role to a chat delta. ``usage`` is ``null`` on other chunks when the
-    client asked for usage (OpenAI's convention)."""
+               include_usage: bool = False, first: bool = False, index: int = 0) -> dict[str, Any]:
+    """One stream chunk of choice ``index``. ``text=None`` with ``usage_object`` is the final usage
+    chunk (no choices); ``first`` adds the assistant role to a chat delta. ``usage`` is ``null`` on
+    other chunks when the client asked for usage (OpenAI's convention)."""
     if text is None and usage_object is not None:
         choices = []
     elif chat:
@@ -231,9 +231,9 @@ def chunk_body(chat: bool, response_id: str, created: int, model: str, text: str
             delta["content"] = text
         elif first:
             delta["content"] = ""
-        choices = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]
+        choices = [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]
     else:
-        choices = [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}]
+        choices = [{"index": index, "text": text or "", "logprobs": None, "finish_reason": finish_reason}]
     body = {"id": response_id, "object": "chat.completion.chunk" if chat else "text_completion",
             "created": created, "model": model, "choices": choices}
     if include_usage or usage_object is not None:

@@ -2,6 +2,8 @@
 counted once for the prompt) through the real ``openai`` client, and /metrics' running / waiting
 gauges under concurrency (the scheduler's real numbers, not min(in flight, 1))."""
 
+import http.client
+import json
 import threading
 import time
 
@@ -61,10 +63,54 @@ def test_n_choices_through_the_openai_client(paged_live):
     engine.check_invariants()
 
 
+def test_n_streamed_choices_interleave_with_their_index(paged_live):
+    server, engine = paged_live
+    client = client_of(server)
+    kwargs = dict(model=MODEL, n=3, max_tokens=7, temperature=1.0, seed=5, extra_body={"ignore_eos": True},
+                  messages=[{"role": "user", "content": "stream three answers"}])
+    whole = client.chat.completions.create(**kwargs)
+    chunks = list(client.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True}))
+    texts, roles, finish, indexes = {}, set(), {}, []
+    for chunk in chunks[:-1]:
+        (choice,) = chunk.choices
+        indexes.append(choice.index)
+        texts[choice.index] = texts.get(choice.index, "") + (choice.delta.content or "")
+        if choice.delta.role:
+            roles.add(choice.index)
+        if choice.finish_reason:
+            finish[choice.index] = choice.finish_reason
+    assert roles == {0, 1, 2} and finish == {0: "length", 1: "length", 2: "length"}
+    assert [texts[i] for i in range(3)] == [choice.message.content for choice in whole.choices]
+    assert indexes != sorted(indexes)  # the choices' tokens interleave, as they are sampled side by side
+    usage = chunks[-1].usage
+    assert chunks[-1].choices == [] and usage.completion_tokens == 21
+    assert usage.prompt_tokens == whole.usage.prompt_tokens
+    engine.check_invariants()
+
+
+def test_a_client_leaving_a_streamed_n_request_frees_every_samples_blocks(paged_live):
+    server, engine = paged_live
+    body = {"model": MODEL, "prompt": "a long story " * 20, "max_tokens": 900, "n": 3, "stream": True,
+            "ignore_eos": True}
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    connection.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    events = []
+    while len(events) < 6 and (line := response.readline()):
+        if line.startswith(b"data: "):
+            events.append(json.loads(line[6:]))
+    connection.close()  # the client leaves after a few tokens of each choice
+    assert response.status == 200 and {event["choices"][0]["index"] for event in events} == {0, 1, 2}
+    deadline = time.monotonic() + 60
+    while engine.scheduler.has_work:
+        assert time.monotonic() < deadline, "the samples were never stopped"
+        time.sleep(0.02)
+    engine.check_invariants()
+    assert engine.scheduler.pool.num_used_blocks == 0
+
+
 def test_n_refused_in_one_line_where_not_served(paged_live, live):
     server, _ = paged_live
-    status, body = server.post("/v1/completions", {"model": MODEL, "prompt": "hi", "n": 2, "stream": True})
-    assert status == 400 and body["error"]["param"] == "n" and "stream false" in body["error"]["message"]
     status, body = server.post("/v1/completions", {"model": MODEL, "prompt": "hi", "n": 129})
     assert status == 400 and "between 1 and 128" in body["error"]["message"]
     status, body = live.post("/v1/chat/completions", {"model": MODEL, "n": 2,
