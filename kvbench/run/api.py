@@ -28,9 +28,9 @@ from kvbench.results.writer import RunWriter
 from kvbench.results.summary import summarize
 from kvbench.run.config import BackendKind, CacheFlags, EngineKind, RunConfig, SweepConfig, TurnMode
 from kvbench.run.engines import engine_metadata, make_engine, predicted_cached_tokens
-from kvbench.run.kv_memory import kv_memory
 from kvbench.run.execute import (Progress, RunInterrupted, RunOutcome, default_out, execute, new_run_id,
                                  prepared_requests, run_metadata)
+from kvbench.run.kv_memory import kv_memory
 from kvbench.run.load_section import with_load_section
 from kvbench.run.checks import check_against_model, check_cache_size_text, requests_note
 from kvbench.run.loop import LoadConfig
