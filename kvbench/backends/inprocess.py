@@ -82,6 +82,26 @@ class InProcessBackend:
             self.engine.abort(future)
             raise
 
+    async def serve_samples(self, request: Request, sampling: SamplingParams, n: int,
+                            on_token: Callable[[int, int], bool | None] | None = None) -> list[RequestRecord | BaseException]:
+        """Run ``n`` parallel samples of ``request`` on the paged engine (one prefill, the prompt's
+        blocks shared: :meth:`PagedEngine.submit_samples`); ``on_token(sample, token_id)`` from the
+        engine's thread. Returns each sample's record, or the exception that ended it
+        (``CancelledError`` when aborted), in sample order; cancelling the caller aborts every sample.
+
+        Raises:
+            ValueError: the engine is the copy engine (it runs one sequence per request).
+        """
+        if not isinstance(self.engine, PagedEngine):
+            raise ValueError("n > 1 needs --engine paged (the copy engine runs one sequence per request)")
+        futures = self.engine.submit_samples(request.token_ids, sampling, n, salt=request.salt, on_token=on_token)
+        try:
+            return await asyncio.gather(*(asyncio.wrap_future(f) for f in futures), return_exceptions=True)
+        except asyncio.CancelledError:
+            for future in futures:
+                self.engine.abort(future)
+            raise
+
     async def reset_prefix_cache(self) -> bool:
         """Drop every cached block once no request runs (vLLM's endpoint). ``False`` if the cache is off."""
         if isinstance(self.engine, PagedEngine):

@@ -4,12 +4,14 @@
   weights, what fits in a memory budget).
 * ``kvbench memory waste TRACE --pool 2GiB``: a trace replayed through a contiguous and a paged
   allocator over the same pool; a table and a PNG of memory over time.
-* ``kvbench memory sharing --n 4`` / ``--beam-width 4``: copy-on-write sharing on the block manager.
+* ``kvbench memory sharing --n 4`` / ``--beam-width 4``: copy-on-write sharing on the block manager;
+  ``--engine paged`` also runs the paged engine and reports its pool's measured blocks next to it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -59,7 +61,22 @@ BeamWidthOption = Annotated[Optional[int], typer.Option(
     "--beam-width", min=1, help="Run beam search of this width instead of parallel sampling.")]
 NewTokensOption = Annotated[int, typer.Option("--max-tokens", min=1,
                                               help="Tokens each sample or beam generates.")]
-SeedOption = Annotated[int, typer.Option("--seed", help="Seeds the beam scores.")]
+SeedOption = Annotated[int, typer.Option("--seed", help="Seeds the beam scores (and --engine paged's prompt and samples).")]
+
+
+class MeasureEngine(str, enum.Enum):
+    """Where ``kvbench memory sharing`` and ``waste`` get their numbers."""
+
+    REPLAY = "replay"  # the replay alone (no model runs)
+    PAGED = "paged"  # the replay, then the paged engine measured on the default model
+
+
+WasteEngineOption = Annotated[MeasureEngine, typer.Option(
+    "--engine", help="replay: the two allocators replayed; paged: also run the trace on the paged engine "
+                     "(default model, real time) and report its measured waste next to the replay.")]
+SharingEngineOption = Annotated[MeasureEngine, typer.Option(
+    "--engine", help="replay: the block-manager replay; paged: also run n samples on the paged engine "
+                     "(default model) and report its pool's measured blocks next to the replay.")]
 
 
 def register(app: typer.Typer) -> None:
@@ -137,13 +154,16 @@ def waste(
     limit: LimitOption = None,
     plot: PlotOption = None,
     no_plot: NoPlotOption = False,
+    engine: WasteEngineOption = MeasureEngine.REPLAY,
 ) -> None:
     """Replay a trace through a contiguous (reserve-per-request) and a paged allocator.
 
     Both see the same arrivals, prompt lengths and real output lengths over one pool.
     Each running sequence emits --decode-tok-s tokens per second; requests wait FIFO.
     Paged preempts the newest sequence (recompute) when it runs out of blocks.
+    With --engine paged, the trace also runs on the paged engine and its pool's waste is measured.
     """
+    _check_measured_model(engine, model, dtype, kv_dtype)
     shape, layout = _model_and_layout(model, dtype, kv_dtype, block_size)
     if plot is not None and not no_plot:
         check_output_path(plot, "--plot")  # before the replay, not after it
@@ -169,6 +189,25 @@ def waste(
         path = plot or _default_plot_path(f"memory_waste_{trace.stem}_{pool}_{reserve.value}")
         plot_waste(result, path, f"KV memory over time: {trace.name}, pool {pool}, {shape.name}")
         console.print(f"plot: {path}")
+    if engine is MeasureEngine.PAGED:
+        _measure_waste(console, result, requests, config)
+
+
+def _check_measured_model(engine: MeasureEngine, model: str, dtype: str | None, kv_dtype: str | None) -> None:
+    """``--engine paged`` runs the default model, so the replay must use its shape to compare."""
+    if engine is MeasureEngine.PAGED and (model != DEFAULT_PRESET or dtype or kv_dtype):
+        raise InputError(f"--engine paged runs the default model: drop --model/--dtype/--kv-dtype "
+                         f"(the replay then uses its shape, {DEFAULT_PRESET})")
+
+
+def _measure_waste(console, replay, requests, config: WasteConfig) -> None:
+    """``--engine paged``: the trace on the paged engine (default model), its pool measured."""
+    from kvbench.engine.model import load_model
+    from kvbench.engine.paged.measure import measure_waste
+
+    with console.status(f"running {len(requests):,} requests on the paged engine at their arrival times"):
+        measured = measure_waste(load_model(), requests, config.pool_bytes, config.block_size)
+    console.print(tables.measured_waste_table(replay, measured))
 
 
 def sharing(
@@ -183,15 +222,20 @@ def sharing(
     seed: SeedOption = 0,
     plot: PlotOption = None,
     no_plot: NoPlotOption = False,
+    engine: SharingEngineOption = MeasureEngine.REPLAY,
 ) -> None:
     """Copy-on-write sharing on the paged block manager: parallel sampling (--n) or beam search.
 
     Samples or beams share the prompt's blocks (ref count = n).
     Before writing into a shared partial block, a sequence copies it (copy-on-write).
     Compares peak blocks with sharing against a private copy per sequence.
+    With --engine paged, n samples also run on the paged engine and its pool's blocks are measured.
     """
     if n is not None and beam_width is not None:
         raise InputError("give either --n (parallel sampling) or --beam-width (beam search), not both")
+    if engine is MeasureEngine.PAGED and beam_width is not None:
+        raise InputError("--beam-width: the paged engine does not run beam search (use --engine replay)")
+    _check_measured_model(engine, model, dtype, kv_dtype)
     shape, layout = _model_and_layout(model, dtype, kv_dtype, block_size)
     if plot is not None and not no_plot:
         check_output_path(plot, "--plot")
@@ -209,3 +253,16 @@ def sharing(
         title = f"KV memory in use: {tables.sharing_title(config, beam_search)}"
         plot_sharing(result, path, title, layout.bytes_per_block)
         console.print(f"plot: {path}")
+    if engine is MeasureEngine.PAGED:
+        _measure_sharing(console, result)
+
+
+def _measure_sharing(console, replay) -> None:
+    """``--engine paged``: the same samples on the paged engine (default model), measured."""
+    from kvbench.engine.model import load_model
+    from kvbench.engine.paged.measure import measure_parallel_sampling
+
+    config = replay.config
+    with console.status(f"running {config.num_sequences} samples of {config.prompt_tokens:,} tokens on the paged engine"):
+        measured = measure_parallel_sampling(load_model(), config)
+    console.print(tables.measured_sharing_table(replay, measured))

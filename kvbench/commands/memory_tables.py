@@ -188,3 +188,62 @@ def sharing_table(result: SharingResult, beam_search: bool, shape: ModelShape, l
             table.add_row(name, f"{value:,}", format_bytes(value * block_bytes))
     table.add_row("memory saved by sharing", f"{100 * result.saved_fraction:.1f}%", "", style="bold")
     return table
+
+
+def measured_sharing_table(replay: SharingResult, measured) -> Table:
+    """The block-manager replay next to the paged engine's measured pool
+    (:class:`kvbench.engine.paged.measure.MeasuredSharing`), both in the engine model's bytes."""
+    block_bytes = measured.bytes_per_block
+    table = Table(title=f"measured on the paged engine: {sharing_title(replay.config, False)}",
+                  caption_justify="left",
+                  caption=f"{format_bytes(block_bytes)} per block ({measured.model_name}); "
+                          f"run {measured.elapsed_s:.1f} s")
+    table.add_column("what")
+    for column in ("replay, blocks", "measured, blocks", "replay", "measured"):
+        table.add_column(column, justify="right")
+    rows = [
+        (f"prompt blocks shared (ref {replay.config.num_sequences}) after the forks", replay.num_shared_prompt_blocks,
+         measured.num_shared_prompt_blocks),
+        ("copy-on-write copies, whole run", replay.num_copies, measured.num_copies),
+        ("peak blocks held (running; nothing cached before the run)", replay.peak_used_blocks,
+         measured.peak_running_blocks),
+        ("blocks in use after every sample finished", replay.num_used_blocks_after_free,
+         measured.num_used_blocks_after_free),
+    ]
+    for name, predicted, actual in rows:
+        table.add_row(name, f"{predicted:,}", f"{actual:,}", format_bytes(predicted * block_bytes),
+                      format_bytes(actual * block_bytes))
+    unshared = replay.peak_unshared_blocks
+    table.add_row("peak blocks, private copy per sequence", f"{unshared:,}", "",
+                  format_bytes(unshared * block_bytes), "")
+    table.add_row("measured / replay peak", "", f"{measured.peak_running_blocks / replay.peak_used_blocks:.3f}",
+                  "", "", style="bold")
+    return table
+
+
+def measured_waste_table(replay: WasteResult, measured) -> Table:
+    """The replay's paged allocator next to the paged engine's measured pool
+    (:class:`kvbench.engine.paged.measure.MeasuredWaste`); means are over time (replay) and over
+    engine steps (measured)."""
+    paged, per_token = replay.paged, measured.bytes_per_token
+    table = Table(title="measured on the paged engine: blocks held by running sequences", caption_justify="left",
+                  caption=f"{format_bytes(per_token)} per token ({measured.model_name}); pool {measured.num_blocks:,} "
+                          f"blocks; {measured.num_steps:,} engine steps in {measured.elapsed_s:.1f} s")
+    table.add_column("metric")
+    table.add_column("replay, paged", justify="right")
+    table.add_column("measured, paged engine", justify="right")
+    rows = [
+        ("requests served / refused", f"{paged.num_served:,} / {paged.num_never_fit:,}",
+         f"{measured.num_served:,} / {measured.num_refused:,}"),
+        ("preemptions", f"{paged.num_preemptions:,}", f"{measured.num_preemptions:,}"),
+        ("blocks held (reserved), mean / peak",
+         f"{format_bytes(paged.mean_reserved_tokens * per_token)} / {format_bytes(paged.peak_reserved_tokens * per_token)}",
+         f"{format_bytes(measured.mean_running_bytes)} / {format_bytes(measured.peak_running_bytes)}"),
+        ("unfilled slots (internal fragmentation), mean", format_bytes(paged.mean_internal_fragmentation_tokens * per_token),
+         format_bytes(measured.mean_unfilled_bytes)),
+        ("unfilled share of the held blocks, mean", f"{100 * paged.internal_fragmentation_fraction:.1f}%",
+         f"{100 * measured.mean_unfilled_bytes / measured.mean_running_bytes:.1f}%" if measured.mean_running_bytes else "-"),
+    ]
+    for row in rows:
+        table.add_row(*row)
+    return table

@@ -17,6 +17,7 @@ from kvbench.request import Request, RequestRecord
 from kvbench.results.checkpoint import Checkpointer
 from kvbench.results.live import RunningStats
 from kvbench.results.machine_load import load_sample, load_warnings, spread_warning
+from kvbench.results.memory_rows import kv_memory_rows
 from kvbench.results.parquet import write_table
 from kvbench.results.rows import result_row
 from kvbench.results.schema import RUN_SCHEMA
@@ -128,6 +129,7 @@ def summary_table(name: str, run: dict[str, Any], summary: RunSummary) -> Table:
         ("throughput: requests/s | output tok/s | total tok/s",
          f"{_rate(summary.request_throughput)} | {_ms(summary.output_throughput)} | {_ms(summary.total_token_throughput)}"),
         *_goodput_rows(summary),
+        *kv_memory_rows(run.get("kv_memory")),
     ]
     if run.get("verify"):
         rows.append(("outputs differing from cache-off", str(summary.num_mismatched_outputs)))

@@ -26,6 +26,7 @@ from kvbench.run.config import BackendKind, EngineKind, RunConfig, TurnMode
 from kvbench.run.engines import engine_metadata, make_engine, predicted_cached_tokens, verify_metadata
 from kvbench.run.execute import (Progress, RunInterrupted, RunOutcome, default_out, execute, new_run_id,
                                  prepared_requests, run_metadata)
+from kvbench.run.kv_memory import kv_memory
 from kvbench.run.load_section import with_load_section
 from kvbench.run.checks import check_against_model, check_cache_size_text, requests_note
 from kvbench.run.loop import LoadConfig
@@ -111,6 +112,7 @@ def run_inprocess(config: RunConfig, on_progress: Progress | None = None) -> Run
     outcome = execute(requests, backend, load, writer, on_progress, turns=turns)
     if (checked_logits := verify_metadata(engine)) is not None:  # --verify on the paged engine
         writer.metadata["run"]["verify_logits"] = checked_logits
+    writer.metadata["run"]["kv_memory"] = kv_memory(engine, outcome.records, block_size)
     outcome.notes += requests_note(settings.num_requests, len(source.requests))
     if turns is not None:
         outcome.notes += turns.report.lines()

@@ -3,6 +3,7 @@
 =============================  ====================================================================
 ``POST /v1/completions``       text or token-id prompt; ``stream`` (SSE) or not
 ``POST /v1/chat/completions``  messages rendered with the tokenizer's chat format (ChatML for cl100k)
+                               (both: ``n`` choices on ``--engine paged``, streamed or not)
 ``GET /v1/models``             the one served model (with vLLM's ``root`` and ``max_model_len``)
 ``GET /health``                200 when serving (never needs the API key)
 ``POST /reset_prefix_cache``   drop every cached block (vLLM's endpoint), after the running request
@@ -41,10 +42,10 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kvbench.engine.engine import SamplingParams
-from kvbench.request import RequestRecord
+from kvbench.request import Request as EngineRequest, RequestRecord
 from kvbench.server.guards import GuardConfig, Guards
 from kvbench.server.schemas import (DEFAULT_MAX_TOKENS, ApiError, ChatCompletionRequest, CompletionRequest,
-                                    chunk_body, response_body, usage)
+                                    choices_body, chunk_body, response_body, usage)
 from kvbench.server.messages import MIN_CACHE_TOKENS, add_messages_route
 from kvbench.server.service import EngineService, Generation
 from kvbench.server.tokenize import add_tokenize_routes
@@ -132,6 +133,7 @@ def _sampling(body: CompletionRequest | ChatCompletionRequest, max_tokens: int) 
 
 async def _generate(http: Request, service: EngineService, body: CompletionRequest | ChatCompletionRequest,
                     render: Callable[[], np.ndarray], chat: bool):
+    _check_n(service, body)
     requested = body.requested_max_tokens()
     if requested is not None:
         _sampling(body, requested)  # refuse a bad max_tokens before tokenizing
@@ -142,8 +144,10 @@ async def _generate(http: Request, service: EngineService, body: CompletionReque
     service.check(token_ids, sampling.max_tokens)
     request = service.request(token_ids, sampling.max_tokens, body.cache_salt,
                               f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}")
-    generation = service.submit(request, sampling, body.stop_sequences)
     header = _Header(chat, request.request_id, int(time.time()), service.model_name, body.return_token_ids)
+    if body.n > 1:
+        return await _respond_samples(http, service, body, request, sampling, header)
+    generation = service.submit(request, sampling, body.stop_sequences)
     if body.stream:
         return StreamingResponse(_stream(service, generation, header, body), media_type="text/event-stream")
     result = await _outcome_unless_gone(http, generation)
@@ -152,6 +156,34 @@ async def _generate(http: Request, service: EngineService, body: CompletionReque
     generation.text.finish()
     return response_body(chat, header.response_id, header.created, header.model, generation.text.text,
                          _finish_reason(service, generation, result), _usage(result))
+
+
+def _check_n(service: EngineService, body: CompletionRequest | ChatCompletionRequest) -> None:
+    """Refuse (400, ``param`` ``n``) ``n > 1`` on the copy engine (one sequence per request)."""
+    if body.n > service.max_samples:
+        raise ApiError(400, f"n must be 1 on --engine copy (one sequence per request; serve with --engine paged "
+                            f"for n > 1), got {body.n}", "n")
+
+
+async def _respond_samples(http: Request, service: EngineService, body: CompletionRequest | ChatCompletionRequest,
+                           request: EngineRequest, sampling: SamplingParams, header: _Header):
+    """``n`` choices of one request: ``n`` parallel samples on the paged engine (one prefill, the
+    prompt's blocks shared), streamed (:func:`_stream_samples`) or whole. Usage as vLLM's OpenAI server
+    counts it (``serving_completion`` / ``serving_chat``): ``prompt_tokens`` and ``cached_tokens`` once,
+    ``completion_tokens`` summed over the choices."""
+    generations = service.submit_samples(request, sampling, body.n, body.stop_sequences)
+    if body.stream:
+        return StreamingResponse(_stream_samples(service, generations, header, body), media_type="text/event-stream")
+    results = await _outcomes_unless_gone(http, generations)
+    if results is None:
+        return Response(status_code=499)
+    outputs = []
+    for generation, result in zip(generations, results):
+        generation.text.finish()
+        outputs.append((generation.text.text, _finish_reason(service, generation, result)))
+    first = results[0]
+    usage_object = usage(first.prompt_tokens, sum(result.output_tokens for result in results), first.cached_prompt_tokens)
+    return choices_body(header.chat, header.response_id, header.created, header.model, outputs, usage_object)
 
 
 class _Header:
@@ -181,14 +213,22 @@ async def _outcome(generation: Generation) -> RequestRecord:
 async def _outcome_unless_gone(http: Request, generation: Generation) -> RequestRecord | None:
     """The result of a non-streamed request, or ``None`` (and the request cancelled, queued or running)
     when its client disconnects first."""
-    outcome = asyncio.ensure_future(_outcome(generation))
+    results = await _outcomes_unless_gone(http, [generation])
+    return None if results is None else results[0]
+
+
+async def _outcomes_unless_gone(http: Request, generations: list[Generation]) -> list[RequestRecord] | None:
+    """Every generation's result (:func:`_outcome`), or ``None`` (and every one cancelled) when the
+    client disconnects first."""
+    outcome = asyncio.ensure_future(asyncio.gather(*(_outcome(generation) for generation in generations)))
     gone = asyncio.ensure_future(_disconnected(http))
     try:
         await asyncio.wait({outcome, gone}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         gone.cancel()
         if not outcome.done():
-            generation.cancel()
+            for generation in generations:
+                generation.cancel()
             outcome.cancel()
     return outcome.result() if not outcome.cancelled() else None
 
@@ -235,6 +275,61 @@ async def _stream(service: EngineService, generation: Generation, header: _Heade
         yield "data: [DONE]\n\n"
     finally:
         generation.cancel()  # a no-op once the request finished; stops the engine if the client left
+
+
+async def _stream_samples(service: EngineService, generations: list[Generation], header: _Header,
+                          body: CompletionRequest | ChatCompletionRequest) -> AsyncIterator[str]:
+    """The SSE events of ``n`` streamed choices, interleaved as their tokens come, each chunk with its
+    choice's ``index`` (OpenAI's and vLLM's shape): a chat stream opens every choice with a role chunk;
+    each choice ends with its ``finish_reason`` chunk; then one usage chunk (prompt once, tokens of
+    every choice) when asked for, and ``[DONE]``. An engine failure is one error event; a client that
+    leaves cancels every sample."""
+    merged: asyncio.Queue[tuple[int, str, Any]] = asyncio.Queue()
+
+    async def forward(index: int, generation: Generation) -> None:
+        while True:
+            kind, value = await generation.events.get()
+            await merged.put((index, kind, value))
+            if kind != "token":
+                return
+
+    include_usage, num_prompt, num_sent = body.include_usage, int(generations[0].request.token_ids.shape[0]), 0
+    continuous = include_usage and body.continuous_usage
+    forwarders = [asyncio.ensure_future(forward(i, g)) for i, g in enumerate(generations)]
+    results: dict[int, RequestRecord] = {}
+    try:
+        if header.chat:
+            for index in range(len(generations)):
+                yield header.chunk("", first=True, include_usage=include_usage, index=index,
+                                   usage_object=_running_usage(num_prompt, num_sent) if continuous else None)
+        while len(results) < len(generations):
+            index, kind, value = await merged.get()
+            generation = generations[index]
+            if kind == "token":
+                num_sent += 1
+                yield header.chunk(generation.pieces.popleft(), value, include_usage=include_usage, index=index,
+                                   usage_object=_running_usage(num_prompt, num_sent) if continuous else None)
+                continue
+            if kind != "done":
+                yield f"data: {json.dumps(ApiError(500, str(value or 'the request was cancelled')).body())}\n\n"
+                break
+            results[index] = value
+            yield header.chunk(generation.text.finish(), finish_reason=_finish_reason(service, generation, value),
+                               include_usage=include_usage, index=index,
+                               usage_object=_running_usage(num_prompt, num_sent) if continuous else None)
+        if len(results) == len(generations) and include_usage:
+            first = results[0]
+            yield header.chunk(None, usage_object=usage(first.prompt_tokens, num_sent, first.cached_prompt_tokens))
+        yield "data: [DONE]\n\n"
+    finally:
+        for generation, forwarder in zip(generations, forwarders):
+            generation.cancel()  # a no-op once the sample finished; stops it if the client left
+            forwarder.cancel()
+
+
+def _running_usage(num_prompt: int, num_sent: int) -> dict[str, Any]:
+    """vLLM's ``continuous_usage_stats`` usage after ``num_sent`` output tokens."""
+    return {"prompt_tokens": num_prompt, "completion_tokens": num_sent, "total_tokens": num_prompt + num_sent}
 
 
 def _usage(result: RequestRecord) -> dict[str, Any]:

@@ -10,8 +10,8 @@ and nobody mistakes this server for vLLM (REFERENCES.md section 1, "Metrics"):
 ``kvbench:generation_tokens_total``        counter  output tokens of finished requests
 ``kvbench:request_success_total``          counter  requests that finished
 ``kvbench:request_failure_total``          counter  requests refused by the engine or failed in it
-``kvbench:num_requests_running``           gauge    0 or 1: the engine serves one request at a time
-``kvbench:num_requests_waiting``           gauge    requests queued for the engine
+``kvbench:num_requests_running``           gauge    sequences in the engine's running batch (copy: 0 or 1)
+``kvbench:num_requests_waiting``           gauge    sequences queued for the engine
 ``kvbench:cache_config_info``              gauge    1, labels as ``vllm:cache_config_info``: ``block_size``,
                                                     ``num_gpu_blocks`` (the cache's blocks), ``enable_prefix_caching``
 =========================================  =======  ==================================================
@@ -25,13 +25,16 @@ vLLM's (``vllm:prefix_cache_queries_total``, ...); see
 The text is written by ``prometheus_client`` itself (:func:`prometheus_client.generate_latest` over a
 registry that holds only this server's collector), so a counter's ``# TYPE`` line names it as its
 samples do (``kvbench:prefix_cache_queries_total``), which is what Prometheus' parsers expect.
-``num_requests_running`` and ``num_requests_waiting`` follow from the requests in flight: the engine
-serves one at a time, so with any in flight one is running and the rest wait.
+``num_requests_running`` and ``num_requests_waiting`` are vLLM's scheduler gauges (its
+``scheduler_stats.num_running_reqs`` / ``num_waiting_reqs``). The paged engine batches: they are its
+scheduler's running and waiting sequences (:meth:`PagedEngine.num_sequences`; each of ``n`` parallel
+samples is one sequence once forked, as each child request is in vLLM v1). The copy engine serves one
+request at a time: with any in flight one is running and the rest wait.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -48,7 +51,7 @@ _COUNTERS = (
     ("request_failure", "num_failed", "Requests refused by the engine or failed in it."),
 )
 _GAUGES = (
-    ("num_requests_running", "num_running", "Requests in the engine (one at a time)."),
+    ("num_requests_running", "num_running", "Requests in the engine's running batch."),
     ("num_requests_waiting", "num_waiting", "Requests waiting for the engine."),
 )
 
@@ -64,13 +67,18 @@ class ServerCounters:
     num_succeeded: int = 0
     num_failed: int = 0
     num_in_flight: int = 0  # submitted and not yet finished, failed or cancelled
+    engine_sequences: Callable[[], tuple[int, int]] | None = None  # a batching engine's (running, waiting)
 
     @property
     def num_running(self) -> int:
-        return min(self.num_in_flight, 1)
+        if self.engine_sequences is not None:
+            return self.engine_sequences()[0]
+        return min(self.num_in_flight, 1)  # one request at a time
 
     @property
     def num_waiting(self) -> int:
+        if self.engine_sequences is not None:
+            return self.engine_sequences()[1]
         return self.num_in_flight - self.num_running
 
     def record_success(self, prompt_tokens: int, cached_tokens: int, output_tokens: int) -> None:

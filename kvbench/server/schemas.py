@@ -11,7 +11,9 @@ get a 400 saying so when set to anything but their "off" value. ``stop`` is supp
 Defaults follow the OpenAI API reference: ``temperature`` 1, ``top_p`` 1. ``max_tokens`` defaults to
 :data:`DEFAULT_MAX_TOKENS` on ``/v1/completions`` (the legacy completions default, as in vLLM) and to
 the rest of the context on ``/v1/chat/completions`` (OpenAI and vLLM generate to EOS or the limit).
-``cache_salt`` follows vLLM: a non-empty string of at most 1,024 characters.
+``cache_salt`` follows vLLM: a non-empty string of at most 1,024 characters. ``n`` is 1 to 128
+(OpenAI's range); ``n > 1`` runs on ``--engine paged`` only (the app refuses it on the copy engine
+with a 400 naming ``n``); streamed, each chunk carries its choice's ``index``.
 
 Responses are plain dicts. Every ``usage`` carries ``prompt_tokens_details.cached_tokens``, 0 on a
 miss (vLLM omits it unless ``--enable-prompt-tokens-details`` is on, and then when it is 0).
@@ -26,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy completions default; keeps accidental CPU runs short
 MAX_SALT_CHARS = 1024  # vLLM's limit on cache_salt
+MAX_N = 128  # OpenAI's documented maximum of ``n`` (choices per request)
 MAX_STOP_SEQUENCES = 4  # OpenAI's limit
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1  # vLLM's range for seed
 TOKEN_ID_MAX = (1 << 31) - 1  # ids above any vocabulary still fit int32; the vocabulary check follows
@@ -112,8 +115,8 @@ class _GenerationRequest(BaseModel):
     @model_validator(mode="after")
     def _supported(self) -> _GenerationRequest:
         """Raise ``ApiError`` (400) for what the server cannot honour (see :data:`UNSUPPORTED`)."""
-        if self.n != 1:
-            raise ApiError(400, f"n must be 1 (one choice per request), got {self.n}", "n")
+        if not 1 <= self.n <= MAX_N:
+            raise ApiError(400, f"n must be between 1 and {MAX_N}, got {self.n}", "n")
         if self.cache_salt is not None and not self.cache_salt:
             raise ApiError(400, "cache_salt must be a non-empty string if provided", "cache_salt")
         if self.cache_salt is not None and len(self.cache_salt) > MAX_SALT_CHARS:
@@ -196,21 +199,30 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
 def response_body(chat: bool, response_id: str, created: int, model: str, text: str, finish_reason: str,
                   usage_object: dict[str, Any]) -> dict[str, Any]:
     """A whole (non-streamed) ``chat.completion`` or ``text_completion``."""
-    if chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                  "finish_reason": finish_reason}
-    else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    return choices_body(chat, response_id, created, model, [(text, finish_reason)], usage_object)
+
+
+def choices_body(chat: bool, response_id: str, created: int, model: str, outputs: list[tuple[str, str]],
+                 usage_object: dict[str, Any]) -> dict[str, Any]:
+    """A whole response with one choice per ``(text, finish_reason)`` of ``outputs``, ``index`` in order
+    (the ``n`` parameter)."""
+    choices = []
+    for index, (text, finish_reason) in enumerate(outputs):
+        if chat:
+            choices.append({"index": index, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                            "finish_reason": finish_reason})
+        else:
+            choices.append({"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason})
     return {"id": response_id, "object": "chat.completion" if chat else "text_completion", "created": created,
-            "model": model, "choices": [choice], "usage": usage_object}
+            "model": model, "choices": choices, "usage": usage_object}
 
 
 def chunk_body(chat: bool, response_id: str, created: int, model: str, text: str | None,
                finish_reason: str | None = None, usage_object: dict[str, Any] | None = None,
-               include_usage: bool = False, first: bool = False) -> dict[str, Any]:
-    """One stream chunk. ``text=None`` with ``usage_object`` is the final usage chunk (no choices);
-    ``first`` adds the assistant role to a chat delta. ``usage`` is ``null`` on other chunks when the
-    client asked for usage (OpenAI's convention)."""
+               include_usage: bool = False, first: bool = False, index: int = 0) -> dict[str, Any]:
+    """One stream chunk of choice ``index``. ``text=None`` with ``usage_object`` is the final usage
+    chunk (no choices); ``first`` adds the assistant role to a chat delta. ``usage`` is ``null`` on
+    other chunks when the client asked for usage (OpenAI's convention)."""
     if text is None and usage_object is not None:
         choices = []
     elif chat:
@@ -219,9 +231,9 @@ def chunk_body(chat: bool, response_id: str, created: int, model: str, text: str
             delta["content"] = text
         elif first:
             delta["content"] = ""
-        choices = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]
+        choices = [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]
     else:
-        choices = [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}]
+        choices = [{"index": index, "text": text or "", "logprobs": None, "finish_reason": finish_reason}]
     body = {"id": response_id, "object": "chat.completion.chunk" if chat else "text_completion",
             "created": created, "model": model, "choices": choices}
     if include_usage or usage_object is not None:

@@ -36,9 +36,10 @@ import numpy as np
 
 from kvbench.backends.inprocess import InProcessBackend
 from kvbench.engine.engine import SamplingParams
+from kvbench.engine.paged.engine import PagedEngine
 from kvbench.request import Request, RequestRecord, Status
 from kvbench.server.metrics import ServerCounters, cache_config_labels, render_metrics
-from kvbench.server.schemas import ApiError
+from kvbench.server.schemas import MAX_N, ApiError
 from kvbench.server.text import TextStream
 from kvbench.workloads.tokenizer import Tokenizer
 from kvbench.request import Message
@@ -87,7 +88,8 @@ class EngineService:
         self.backend = backend
         self.engine = backend.engine
         self.tokenizer = tokenizer
-        self.counters = ServerCounters()
+        batching = isinstance(self.engine, PagedEngine)  # several sequences run at once: its gauges
+        self.counters = ServerCounters(engine_sequences=self.engine.num_sequences if batching else None)
         self._indexes = itertools.count()
 
     @property
@@ -188,6 +190,49 @@ class EngineService:
         finally:
             self.counters.num_in_flight -= 1
 
+    @property
+    def max_samples(self) -> int:
+        """Most choices per request (``n``): 1 on the copy engine, unbounded (the schema's 128) on paged."""
+        return MAX_N if isinstance(self.engine, PagedEngine) else 1
+
+    def submit_samples(self, request: Request, sampling: SamplingParams, n: int,
+                       stops: Sequence[str] = ()) -> list[Generation]:
+        """Queue ``n`` parallel samples of ``request`` (the ``n`` parameter; paged engine only): one
+        :class:`Generation` per sample, in order, each with its own text and stop strings, events as
+        :meth:`submit`'s. Counted as one request (its prompt looked up once, in one prefill): the
+        counters get ``prompt_tokens`` and ``cached_tokens`` once and every sample's output tokens."""
+        generations = [Generation(request, sampling, TextStream(self.tokenizer, stops)) for _ in range(n)]
+        task = asyncio.create_task(self._run_samples(generations))
+        for generation in generations:
+            generation.task = task
+        return generations
+
+    async def _run_samples(self, generations: list[Generation]) -> None:
+        loop = asyncio.get_running_loop()
+
+        def on_token(sample: int, token_id: int) -> bool:  # in the engine's thread
+            generation = generations[sample]
+            if generation.cancelled.is_set():
+                raise StreamCancelled
+            generation.pieces.append(generation.text.push(token_id))
+            loop.call_soon_threadsafe(generation.events.put_nowait, ("token", token_id))
+            return generation.text.stopped
+
+        first = generations[0]
+        self.counters.num_in_flight += 1
+        try:
+            outcomes = await self.backend.serve_samples(first.request, first.sampling, len(generations), on_token)
+        finally:
+            self.counters.num_in_flight -= 1
+        records = [o for o in outcomes if isinstance(o, RequestRecord) and o.status is Status.OK]
+        if records:
+            self.counters.record_success(records[0].prompt_tokens, records[0].cached_prompt_tokens,
+                                         sum(record.output_tokens for record in records))
+        elif any(isinstance(o, RequestRecord) or not _cancelled(o) for o in outcomes):
+            self.counters.num_failed += 1
+        for generation, outcome in zip(generations, outcomes):
+            generation.events.put_nowait(_sample_event(outcome))
+
     def _finished(self, result: RequestRecord) -> tuple[str, Any]:
         if result.status is not Status.OK:
             self.counters.num_failed += 1
@@ -203,3 +248,18 @@ class EngineService:
         cache = self.engine.config.cache
         labels = cache_config_labels(*((cache.block_size, cache.capacity_blocks) if cache is not None else (None, None)))
         return render_metrics(self.counters, self.model_name, labels)
+
+
+def _cancelled(outcome: BaseException) -> bool:
+    return isinstance(outcome, (StreamCancelled, asyncio.CancelledError))
+
+
+def _sample_event(outcome: RequestRecord | BaseException) -> tuple[str, Any]:
+    """One sample's final event (:class:`Generation`)."""
+    if isinstance(outcome, RequestRecord):
+        if outcome.status is Status.OK:
+            return "done", outcome
+        return "refused", outcome.error or "the engine refused the request"
+    if _cancelled(outcome):
+        return "cancelled", None
+    return "error", f"{type(outcome).__name__}: {outcome}"

@@ -7,9 +7,12 @@ concatenates a hit into a fresh contiguous cache. This engine does what vLLM doe
   block_size, head_dim)``; block 0 is the null block (never allocated; pads block tables).
 * :mod:`.scheduler`: the block tables, the prefix cache (a :class:`~kvbench.cache.block_pool.BlockPool`
   whose keys are block hashes: a running sequence's blocks *are* the cache's blocks, pinned) and
-  the continuous-batching scheduler (FCFS, preemption by recompute, tail-first release). Pure Python.
+  the continuous-batching scheduler (FCFS, preemption by recompute, tail-first release), forks for
+  parallel sampling with copy-on-write. Pure Python.
 * :mod:`.attention`: an attention function registered with transformers' ``AttentionInterface``
   that writes the new tokens' K/V into the pool and reads each sequence's K/V by its block table.
 * :mod:`.engine`: :class:`~kvbench.engine.paged.engine.PagedEngine`, the step loop, records, a
-  worker thread for concurrent callers.
+  worker thread for concurrent callers; ``submit_samples`` for ``n`` parallel samples.
+* :mod:`.jobs`: one request as its caller sees it (sequence, sampling, future) and its record.
+* :mod:`.held`: the bytes the pool holds for running and cached blocks, peaks per step.
 """

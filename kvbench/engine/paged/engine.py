@@ -9,10 +9,12 @@ cached blocks and attention reads them in the pool (:mod:`kvbench.engine.paged.a
 
 Callers: :meth:`PagedEngine.submit` (any thread; a worker thread runs the steps while there is work)
 returns a ``concurrent.futures.Future`` of the :class:`~kvbench.request.RequestRecord`;
-:meth:`PagedEngine.generate` is the copy engine's synchronous call. An exception from ``on_token``
-or a cancelled future finishes exactly that sequence and frees its blocks; an exception in a forward
-fails every sequence of that step, all blocks freed. ``on_token`` returning ``True`` ends the request
-normally after that token (a stop sequence matched), as in the copy engine.
+:meth:`PagedEngine.generate` is the copy engine's synchronous call; :meth:`PagedEngine.submit_samples`
+queues ``n`` parallel samples (one prefill, then forks sharing its blocks; copy-on-write copies run
+before the step's forward). An exception from ``on_token`` or a cancelled future finishes exactly
+that sequence and frees its blocks; an exception in a forward fails every sequence of that step, all
+blocks freed. ``on_token`` returning ``True`` ends the request normally after that token (a stop
+sequence matched), as in the copy engine.
 
 Timings (``time.perf_counter``): a record's clock starts when the sequence is first admitted;
 ``queue_ms`` is the wait from ``submit`` until then (as the copy engine reports its lock wait).
@@ -27,7 +29,8 @@ import time
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from concurrent.futures import Future
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
+from functools import partial
 
 import numpy as np
 import torch
@@ -37,12 +40,14 @@ from kvbench.cache.block_hash import BlockHasher
 from kvbench.engine.engine import check_request
 from kvbench.engine.model import LoadedModel
 from kvbench.engine.paged.attention import PagedForward, SequenceSlice, use_paged_attention
+from kvbench.engine.paged.held import PoolMeter
+from kvbench.engine.paged.jobs import Job, job_record, sample_sampling
 from kvbench.engine.paged.kv_pool import KVPool
 from kvbench.engine.paged.scheduler import Scheduler, Sequence, blocks_for
 from kvbench.engine.paged.verify import VerifyReport, tie_tolerance, verify_greedy
 from kvbench.engine.sampling import SamplingParams, sample_next_token
 from kvbench.errors import CacheBusyError, InputError
-from kvbench.request import RequestRecord, Status
+from kvbench.request import RequestRecord
 
 DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default --max-num-seqs
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # vLLM v1's default token budget per step with chunked prefill
@@ -104,27 +109,6 @@ class RequestFuture(Future):
     seq_id: int | None = None
 
 
-@dataclass(eq=False)
-class _Job:
-    """A sequence with what its caller gave and what it will get back."""
-
-    seq: Sequence
-    sampling: SamplingParams
-    future: Future
-    on_token: Callable[[int], bool | None] | None
-    eos: tuple[int, ...]
-    submitted_s: float
-    generator: torch.Generator | None = None
-    admitted_s: float | None = None
-    token_s: list[float] = field(default_factory=list)
-    prefill_ms: float | None = None
-    chosen_logprobs: list[float] = field(default_factory=list)  # verify: log p of each sampled token, nats
-
-    @property
-    def num_output_tokens(self) -> int:
-        return self.seq.num_tokens - self.seq.num_prompt_tokens
-
-
 class PagedEngine:
     """Runs requests of token ids through one model with a paged KV pool and continuous batching.
 
@@ -153,7 +137,8 @@ class PagedEngine:
                                    config.max_num_batched_tokens,
                                    tail_first=config.pool.release_order.value == "tail-first",
                                    ttl_s=config.pool.ttl_s, clock=clock)
-        self._jobs: dict[int, _Job] = {}
+        self.meter = PoolMeter(self.kv_pool.bytes_per_block, self.kv_pool.allocated_bytes)
+        self._jobs: dict[int, Job] = {}
         self._seq_ids = itertools.count()
         self._lock = threading.Lock()
         self._aborted: set[int] = set()
@@ -171,26 +156,54 @@ class PagedEngine:
                salt: str | None = None, on_token: Callable[[int], bool | None] | None = None) -> RequestFuture:
         """Queue one request (any thread); the future gets its :class:`RequestRecord`. Bad input gives
         a record with status ``error`` at once; ``on_token`` runs in the worker thread."""
-        future = RequestFuture()
+        callback = None if on_token is None else (lambda _sample, token_id: on_token(token_id))
+        return self.submit_samples(token_ids, sampling, 1, salt, callback)[0]
+
+    def submit_samples(self, token_ids: Seq[int] | np.ndarray, sampling: SamplingParams, n: int,
+                       salt: str | None = None,
+                       on_token: Callable[[int, int], bool | None] | None = None) -> list[RequestFuture]:
+        """Queue ``n`` parallel samples of one prompt (the OpenAI API's ``n``): one prefill, then ``n``
+        sequences sharing the prompt's blocks, copy-on-write for the partly filled last block
+        (:mod:`kvbench.engine.paged.scheduler`). With a seed, sample ``i`` samples with ``seed + i``
+        (vLLM ``v1/engine/parallel_sampling.py``, ``get_child_sampling_params``), so samples differ
+        and every one is reproducible; sample 0 is what ``n = 1`` gives. ``on_token(sample, token_id)``
+        runs in the worker thread. Returns one future per sample, in sample order; bad input gives
+        every future the same ``error`` record at once.
+
+        Raises:
+            ValueError: ``n`` is not a positive integer.
+        """
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"n must be a positive integer, got {n!r}")
         ids = np.asarray(token_ids, dtype=np.int64).reshape(-1).tolist()
+        futures = [RequestFuture() for _ in range(n)]
         problem = self._check_request(ids, sampling)
         if problem is not None:
-            future.set_result(RequestRecord.failed(len(ids), problem))
-            return future
-        seq = Sequence(next(self._seq_ids), ids, len(ids), self.config.salt if salt is None else salt)
+            for future in futures:
+                future.set_result(RequestRecord.failed(len(ids), problem))
+            return futures
+        salt = self.config.salt if salt is None else salt
+        jobs = [self._job(Sequence(next(self._seq_ids), list(ids), len(ids), salt), sample_sampling(sampling, index),
+                          future, on_token, index) for index, future in enumerate(futures)]
+        jobs[0].forks = jobs[1:]  # forked from sample 0 once its prefill has run
+        with self._lock:
+            for job in jobs:
+                self._jobs[job.seq.seq_id] = job
+            self.scheduler.add(jobs[0].seq)
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._work, name="kvbench-paged", daemon=True)
+                self._worker.start()
+        return futures
+
+    def _job(self, seq: Sequence, sampling: SamplingParams, future: RequestFuture,
+             on_token: Callable[[int, int], bool | None] | None, index: int) -> Job:
         generator = None
         if sampling.temperature > 0 and sampling.seed is not None:
             generator = torch.Generator(device=self.loaded.device).manual_seed(sampling.seed)
         eos = () if sampling.ignore_eos else self.loaded.eos_token_ids
-        job = _Job(seq, sampling, future, on_token, eos, time.perf_counter(), generator)
+        callback = None if on_token is None else partial(on_token, index)
         future.seq_id = seq.seq_id
-        with self._lock:
-            self._jobs[seq.seq_id] = job
-            self.scheduler.add(seq)
-            if self._worker is None:
-                self._worker = threading.Thread(target=self._work, name="kvbench-paged", daemon=True)
-                self._worker.start()
-        return future
+        return Job(seq, sampling, future, callback, eos, time.perf_counter(), generator)
 
     def generate(self, token_ids: Seq[int] | np.ndarray, sampling: SamplingParams = SamplingParams(),
                  salt: str | None = None, on_token: Callable[[int], bool | None] | None = None) -> RequestRecord:
@@ -204,6 +217,14 @@ class PagedEngine:
         with self._lock:
             if future.seq_id in self._jobs:
                 self._aborted.add(future.seq_id)
+
+    def wait_idle(self, timeout_s: float | None = None) -> None:
+        """Block until the worker thread has ended (no request left), e.g. before the process exits:
+        a daemon thread still inside torch at interpreter shutdown aborts the process."""
+        with self._lock:
+            worker = self._worker
+        if worker is not None:
+            worker.join(timeout_s)
 
     def reset_prefix_cache(self) -> None:
         """Drop every cached block's key (vLLM's ``reset_prefix_cache``). Raises ``CacheBusyError``
@@ -249,6 +270,8 @@ class PagedEngine:
                 if seq_id in self._jobs:
                     self._fail(self._jobs[seq_id], None)
             batch = self.scheduler.schedule()
+            self.meter.observe(self.scheduler, {seq.seq_id: num_new for seq, num_new in batch.items})
+        self.kv_pool.copy_blocks(batch.copies)  # copy-on-write, before any forward writes
         now = time.perf_counter()
         for seq, _ in batch.items:
             job = self._jobs[seq.seq_id]
@@ -297,9 +320,22 @@ class PagedEngine:
                                    logits_to_keep=torch.tensor(keep, device=device), kvbench_paged=paged)
         return output.logits[0]  # (sampled sequences, vocab)
 
-    def _sample(self, job: _Job, logits: torch.Tensor) -> None:
-        token = sample_next_token(logits, job.sampling, job.generator)
-        if self.config.verify:
+    def _sample(self, job: Job, logits: torch.Tensor) -> None:
+        if not job.forks:
+            self._accept(job, sample_next_token(logits, job.sampling, job.generator), logits)
+            return
+        samples, job.forks = [job, *job.forks], []  # the prefill has run: fork the other samples
+        tokens = [sample_next_token(logits, sample.sampling, sample.generator) for sample in samples]
+        with self._lock:
+            live = [sample for sample in samples[1:] if sample.seq.seq_id in self._jobs]  # not aborted
+            self.scheduler.fork(job.seq, [sample.seq for sample in live])
+        for sample, token in zip(samples, tokens):
+            if sample is job or sample in live:
+                sample.admitted_s = job.admitted_s
+                self._accept(sample, token, logits)
+
+    def _accept(self, job: Job, token: int, logits: torch.Tensor) -> None:
+        if self.config.verify:  # log p of the sampled token, nats (verify.py)
             job.chosen_logprobs.append(float(torch.log_softmax(logits.float(), dim=-1)[token]))
         seq = job.seq
         seq.token_ids.append(token)
@@ -318,8 +354,12 @@ class PagedEngine:
                 del self._jobs[seq.seq_id]
             self._complete(job)
 
-    def _fail(self, job: _Job, error: BaseException | None) -> None:
-        """Finish ``job`` now, blocks freed; its future raises ``error`` (``None``: cancelled). Lock held."""
+    def _fail(self, job: Job, error: BaseException | None) -> None:
+        """Finish ``job`` now, blocks freed; its future raises ``error`` (``None``: cancelled), as do its
+        samples not yet forked. Lock held."""
+        for sample in job.forks:
+            self._fail(sample, error)
+        job.forks = []
         self.scheduler.finish(job.seq)
         self._jobs.pop(job.seq.seq_id, None)
         if not job.future.done():
@@ -328,8 +368,8 @@ class PagedEngine:
             else:
                 job.future.set_exception(error)
 
-    def _complete(self, job: _Job) -> None:
-        record = _record(job)
+    def _complete(self, job: Job) -> None:
+        record = job_record(job)
         prompt = job.seq.token_ids[:job.seq.num_prompt_tokens]
         if self.config.verify and job.sampling.temperature == 0:  # logits and argmax flips (verify.py)
             record = verify_greedy(self._reference_engine(), prompt, record, job.chosen_logprobs, self.verify_report)
@@ -355,21 +395,18 @@ class PagedEngine:
         num_held = pool.num_used_blocks + pool.num_evictable_blocks
         return num_held * self.kv_pool.bytes_per_block
 
+    def num_sequences(self) -> tuple[int, int]:
+        """``(running, waiting)`` sequences in the scheduler now (vLLM's ``num_requests_running`` /
+        ``num_requests_waiting``); samples not yet forked count in neither."""
+        with self._lock:
+            return len(self.scheduler.running), len(self.scheduler.waiting)
+
+    def memory_summary(self) -> dict[str, int]:
+        """Measured pool bytes of the engine's life so far (:meth:`PoolMeter.summary`): peaks and now."""
+        with self._lock:
+            return self.meter.summary(self.scheduler)
+
     def check_invariants(self) -> None:
         """The scheduler's and pool's invariants (``AssertionError``); for randomized tests."""
         with self._lock:
             self.scheduler.check_invariants(job.seq for job in self._jobs.values())
-
-
-def _record(job: _Job) -> RequestRecord:
-    seq, token_s, start_s = job.seq, job.token_s, job.admitted_s
-    ttft_ms, e2e_ms = (token_s[0] - start_s) * 1e3, (token_s[-1] - start_s) * 1e3
-    tokens = tuple(seq.token_ids[seq.num_prompt_tokens:])
-    return RequestRecord(
-        status=Status.OK, prompt_tokens=seq.num_prompt_tokens, cached_prompt_tokens=seq.num_cached_tokens,
-        output_tokens=len(tokens), output_tokens_source="engine", output_token_ids=tokens,
-        ttft_ms=ttft_ms, tpot_ms=(e2e_ms - ttft_ms) / (len(tokens) - 1) if len(tokens) > 1 else None,
-        itl_ms=tuple((b - a) * 1e3 for a, b in zip(token_s, token_s[1:])), e2e_ms=e2e_ms,
-        prefill_ms=job.prefill_ms, lookup_ms=None, kv_load_ms=0.0, insert_ms=0.0,
-        num_inserted_blocks=seq.num_inserted_blocks, queue_ms=(start_s - job.submitted_s) * 1e3,
-    )

@@ -55,6 +55,18 @@ class KVPool:
         self.keys[layer][:, block_ids, offsets] = keys  # (kv_heads, tokens, head_dim)
         self.values[layer][:, block_ids, offsets] = values
 
+    def copy_blocks(self, copies: tuple[tuple[int, int], ...]) -> None:
+        """Copy-on-write: for every ``(source, destination)`` block id pair, the destination block gets
+        the source's K/V in every layer (one index copy per layer and K/V; every source is read before
+        any destination is written, so the pairs may chain)."""
+        if not copies:
+            return
+        device = self.keys[0].device
+        source = torch.tensor([pair[0] for pair in copies], device=device)  # (copies,)
+        destination = torch.tensor([pair[1] for pair in copies], device=device)  # (copies,)
+        for pool in (*self.keys, *self.values):
+            pool[:, destination] = pool[:, source]  # (kv_heads, copies, block_size, head_dim)
+
     def gather(self, layer: int, block_table: torch.Tensor, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The first ``num_tokens`` tokens of a sequence whose blocks are ``block_table`` (``(blocks,)``
         long): keys and values, each ``(1, kv_heads, num_tokens, head_dim)`` (one copy each)."""

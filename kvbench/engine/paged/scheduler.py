@@ -24,6 +24,16 @@ budget ``max_num_batched_tokens`` runs short); a running sequence that cannot ge
 the most recently admitted one (its blocks are freed and it rejoins the front of the waiting queue
 to be recomputed, vLLM v1's preemption mode). Then, if nothing was preempted, waiting sequences are
 admitted FCFS while the budget, ``max_num_seqs`` and the free blocks allow.
+
+Parallel sampling (``n`` samples of one prompt, vLLM's ``SamplingParams(n=...)``): once the prompt's
+prefill has run, :meth:`Scheduler.fork` gives ``n - 1`` more sequences the same block table (every
+prompt block at ref count ``n``, one prefill). **Copy-on-write**: before a sequence writes into a
+block another table also holds (the prompt's partly filled last block), :meth:`Scheduler.schedule`
+gives it a fresh block and lists ``(source, destination)`` in ``ScheduledBatch.copies`` for the
+engine to copy before the forward; the last sample to write finds the block at ref count 1 and
+writes in place, so a prompt that ends mid-block costs ``n - 1`` copies and one ending on a block
+boundary none (vLLM v0's ``BlockSpaceManager`` ``_cow_block_if_not_appendable``; the same rule as
+the replay in :mod:`kvbench.memory.sharing`). Each sample frees its own table, tail first.
 """
 
 from __future__ import annotations
@@ -60,6 +70,7 @@ class Sequence:
         num_cached_tokens: prompt tokens the first admission found cached; ``None`` until admitted.
         num_inserted_blocks: blocks this sequence gave a new key.
         num_preemptions: times it was preempted and recomputed.
+        num_copied_blocks: copy-on-write copies this sequence made (module docstring).
     """
 
     seq_id: int
@@ -72,6 +83,7 @@ class Sequence:
     num_cached_tokens: int | None = None
     num_inserted_blocks: int = 0
     num_preemptions: int = 0
+    num_copied_blocks: int = 0
     _num_keyed_blocks: int = 0  # leading blocks of the table known to hold their key
     _block_hashes: list[BlockHash] = field(default_factory=list)
 
@@ -87,11 +99,13 @@ class Sequence:
 
 @dataclass(frozen=True)
 class ScheduledBatch:
-    """One step's work: ``(sequence, tokens to compute)`` pairs in admission order, and who was
-    preempted to make room."""
+    """One step's work: ``(sequence, tokens to compute)`` pairs in admission order, who was
+    preempted to make room, and the copy-on-write copies ``(source block, destination block)`` to
+    make before the forward, in order."""
 
     items: tuple[tuple[Sequence, int], ...]
     preempted: tuple[Sequence, ...] = ()
+    copies: tuple[tuple[int, int], ...] = ()
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:
@@ -119,6 +133,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.num_copied_blocks = 0  # copy-on-write copies over the scheduler's life
 
     # -- queue -------------------------------------------------------------------------------------
 
@@ -131,12 +146,12 @@ class Scheduler:
 
     def schedule(self) -> ScheduledBatch:
         """Pick this step's sequences and allocate their blocks (module docstring)."""
-        budget, items, preempted = self.max_num_batched_tokens, [], []
+        budget, items, preempted, copies = self.max_num_batched_tokens, [], [], []
         index = 0
         while index < len(self.running) and budget > 0:
             seq = self.running[index]
             num_new = min(seq.num_pending_tokens, budget)
-            if not self._grow_or_preempt(seq, num_new, preempted):
+            if not self._grow_or_preempt(seq, num_new, preempted, copies):
                 break  # seq preempted itself: it was the last one running
             items.append((seq, num_new))
             budget -= num_new
@@ -148,20 +163,64 @@ class Scheduler:
             self.waiting.popleft()
             items.append(admitted)
             budget -= admitted[1]
-        return ScheduledBatch(tuple(items), tuple(preempted))
+        return ScheduledBatch(tuple(items), tuple(preempted), tuple(copies))
 
-    def _grow_or_preempt(self, seq: Sequence, num_new: int, preempted: list[Sequence]) -> bool:
-        """Give ``seq`` blocks for ``num_new`` more tokens, preempting from the back; ``False`` if
-        ``seq`` itself had to go."""
-        need = blocks_for(seq.num_computed_tokens + num_new, self.block_size) - len(seq.block_table)
-        while not self.pool.can_allocate(need):
+    def _grow_or_preempt(self, seq: Sequence, num_new: int, preempted: list[Sequence],
+                         copies: list[tuple[int, int]]) -> bool:
+        """Give ``seq`` blocks for ``num_new`` more tokens (and a private copy of a shared block it
+        writes into), preempting from the back; ``False`` if ``seq`` itself had to go."""
+        while True:
+            shared = self._shared_write_block(seq)  # a preemption may have left seq its only holder
+            need = blocks_for(seq.num_computed_tokens + num_new, self.block_size) - len(seq.block_table)
+            if self.pool.can_allocate(need + (shared is not None)):
+                break
             victim = self.running[-1]
             self._preempt(victim)
             preempted.append(victim)
             if victim is seq:
                 return False
+        if shared is not None:
+            source = seq.block_table[shared]
+            (destination,) = self.pool.allocate(1)
+            self.pool.free([source])  # one holder less; the others keep it
+            seq.block_table[shared] = destination
+            copies.append((source, destination))
+            seq.num_copied_blocks += 1
+            self.num_copied_blocks += 1
         seq.block_table.extend(self.pool.allocate(need))
         return True
+
+    def _shared_write_block(self, seq: Sequence) -> int | None:
+        """The index in ``seq``'s table of the block its next token goes into, if another table holds
+        it too (ref count > 1: copy before writing); else ``None``."""
+        index = seq.num_computed_tokens // self.block_size
+        if index < len(seq.block_table) and self.pool.ref_count(seq.block_table[index]) > 1:
+            return index
+        return None
+
+    def fork(self, parent: Sequence, children: Iterable[Sequence]) -> None:
+        """Start ``children`` (fresh sequences of ``parent``'s prompt) as parallel samples sharing
+        ``parent``'s blocks: each gets its block table, computed tokens and cached-token count, and
+        one more ref on every block (module docstring). ``parent`` must be running with nothing
+        sampled yet.
+
+        Raises:
+            ValueError: ``parent`` is not running, has output tokens or pending tokens, or a child is
+                not a fresh sequence of the same prompt.
+        """
+        if parent.status is not SequenceStatus.RUNNING or parent.num_pending_tokens or \
+                parent.num_tokens != parent.num_prompt_tokens:
+            raise ValueError(f"sequence {parent.seq_id} must be running with its prompt computed and nothing sampled")
+        for child in children:
+            if child.status is not SequenceStatus.WAITING or child.block_table or child.token_ids != parent.token_ids:
+                raise ValueError(f"sequence {child.seq_id} is not a fresh sample of sequence {parent.seq_id}'s prompt")
+            self.pool.touch(parent.block_table)
+            child.block_table = list(parent.block_table)
+            child.num_computed_tokens = parent.num_computed_tokens
+            child.num_cached_tokens = parent.num_cached_tokens
+            child._num_keyed_blocks, child._block_hashes = parent._num_keyed_blocks, list(parent._block_hashes)
+            child.status = SequenceStatus.RUNNING
+            self.running.append(child)
 
     def _admit(self, seq: Sequence, budget: int) -> tuple[Sequence, int] | None:
         """Look up, pin the hit, allocate the first chunk; ``None`` (changing nothing) if it does not fit."""

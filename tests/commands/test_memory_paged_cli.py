@@ -1,0 +1,59 @@
+"""``kvbench memory sharing|waste --engine paged``: the paged engine measured next to the replay,
+through the real CLI on the default model (short runs)."""
+
+import re
+
+import pytest
+
+
+def row(stdout, label):
+    """The cells of the table row starting with ``label`` (rich box characters stripped)."""
+    line = next(line for line in stdout.splitlines() if label in line)
+    return [cell.strip() for cell in re.split(r"[│┃]", line) if cell.strip()]
+
+
+def test_sharing_measured_equals_the_replay(kvbench):
+    code, stdout, stderr = kvbench("memory", "sharing", "--engine", "paged", "--n", "4", "--prompt-tokens", "40",
+                                   "--max-tokens", "20", "--no-plot")
+    assert code == 0, stderr
+    measured = stdout[stdout.index("measured on the paged engine"):]
+    assert row(measured, "peak blocks held")[1:] == ["10", "10", "1.25 MiB", "1.25 MiB"]
+    assert row(measured, "copy-on-write copies")[1:3] == ["3", "3"]
+    assert row(measured, "prompt blocks shared (ref 4)")[1:3] == ["3", "3"]
+    assert row(measured, "blocks in use after every sample finished")[1:3] == ["0", "0"]
+    assert row(measured, "measured / replay peak")[-1] == "1.000"
+
+
+def test_waste_measured_next_to_the_replay(kvbench, tmp_path):
+    trace = tmp_path / "lengths.jsonl"
+    trace.write_text('{"arrival_ms": 0, "expected_prompt_tokens": 40, "max_tokens": 6}\n'
+                     '{"arrival_ms": 0, "expected_prompt_tokens": 21, "max_tokens": 4}\n')
+    code, stdout, stderr = kvbench("memory", "waste", trace, "--pool", "1MiB", "--engine", "paged", "--no-plot")
+    assert code == 0, stderr
+    measured = stdout[stdout.index("measured on the paged engine"):]
+    assert row(measured, "requests served / refused")[1:] == ["2 / 0", "2 / 0"]
+    held, share = row(measured, "blocks held (reserved)"), row(measured, "unfilled share")
+    assert held[-1].endswith("/ 640 KiB")  # peak: 3 + 2 blocks of 128 KiB while both run
+    assert float(share[-1].rstrip("%")) > 0
+
+
+def test_replay_is_still_the_default(kvbench):
+    code, stdout, _ = kvbench("memory", "sharing", "--n", "2", "--prompt-tokens", "40", "--max-tokens", "4", "--no-plot")
+    assert code == 0 and "measured" not in stdout
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["sharing", "--engine", "paged", "--beam-width", "2"], "--beam-width: the paged engine does not run beam search"),
+    (["sharing", "--engine", "paged", "--model", "llama-3.1-8b"], "--engine paged runs the default model"),
+    (["waste", "missing.jsonl", "--pool", "1MiB", "--engine", "paged", "--kv-dtype", "fp8"],
+     "--engine paged runs the default model"),
+])
+def test_bad_engine_combinations_are_one_line(kvbench, args, needle):
+    code, _, stderr = kvbench("memory", *args, "--no-plot")
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and needle in lines[0] and "Traceback" not in stderr
+
+
+def test_an_unknown_engine_is_refused_by_the_parser(kvbench):
+    code, _, stderr = kvbench("memory", "sharing", "--engine", "bogus", "--no-plot")
+    assert code == 2 and "--engine" in stderr and "Traceback" not in stderr
