@@ -8,8 +8,10 @@ streamed ``/v1/completions`` request at once: the first token immediately, then 
 
 * a bare client: asyncio streams, one HTTP/1.1 keep-alive connection per concurrent stream, a
   timestamp per SSE line (the floor: what any client pays for loopback HTTP and the event loop);
-* ``kvbench run --backend openai`` on the same prompts (the openai SDK over httpx, the send loop,
-  the live progress line, checkpoints, the row per request).
+* ``kvbench run --backend openai --client lean`` (the default) and ``--client sdk`` on the same
+  prompts: the request through the openai SDK over httpx2 either way, the body read as raw
+  server-sent events (lean) or as the SDK's pydantic chunks (sdk); the send loop, the live progress
+  line, checkpoints, the row per request.
 
 The server's own TTFT is ~0 and its ITL exactly ``--itl-ms``, so a client's TTFT p50 is its
 overhead and ``ITL p50 - itl_ms`` its per-chunk overhead. Requests/s counts the send loop's span
@@ -121,13 +123,14 @@ async def _bare(port: int, prompts: list[list[int]], concurrency: int, tokens: i
     return {"ttft": statistics.median(ttft), "itl": statistics.median(itl), "rps": len(times) / span}
 
 
-def _kvbench(port: int, num_requests: int, concurrency: int, tokens: int) -> dict:
+def _kvbench(port: int, num_requests: int, concurrency: int, tokens: int, client: str) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "run.parquet"
         subprocess.run([sys.executable, "-m", "kvbench.cli", "run", "scenarios/multi_prefix_zipf.toml", "--backend",
                         "openai", "--base-url", f"http://127.0.0.1:{port}/v1", "--model", "m", "--requests",
                         str(num_requests), "--concurrency", str(concurrency), "--max-tokens", str(tokens),
-                        "--hygiene", "off", "--out", str(out)], cwd=REPO, check=True, capture_output=True)
+                        "--hygiene", "off", "--client", client, "--out", str(out)], cwd=REPO, check=True,
+                       capture_output=True)
         rows = [r for r in pq.read_table(out).to_pylist() if r["status"] == "ok"]
     span_s = max(r["sent_ms"] + r["e2e_ms"] for r in rows) / 1e3 - min(r["sent_ms"] for r in rows) / 1e3
     return {"ttft": statistics.median(r["ttft_ms"] for r in rows),
@@ -140,6 +143,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--itl-ms", type=float, default=2.0)
     parser.add_argument("--concurrency", default="1,8,32")
+    parser.add_argument("--clients", default="lean,sdk", help="kvbench's --client values to run")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -159,8 +163,11 @@ def main() -> None:
         print("| concurrency | client | TTFT p50 ms | ITL p50 ms | ITL overhead ms | requests/s |")
         print("|---:|---|---:|---:|---:|---:|")
         for concurrency in (int(c) for c in args.concurrency.split(",")):
-            for name, result in (("bare asyncio", asyncio.run(_bare(port, prompts, concurrency, args.tokens))),
-                                 ("kvbench run", _kvbench(port, args.requests, concurrency, args.tokens))):
+            runs = {"bare asyncio": lambda: asyncio.run(_bare(port, prompts, concurrency, args.tokens))}
+            runs.update({f"kvbench --client {client}": lambda client=client: _kvbench(
+                port, args.requests, concurrency, args.tokens, client) for client in args.clients.split(",")})
+            for name, run in runs.items():
+                result = run()
                 print(f"| {concurrency} | {name} | {result['ttft']:.2f} | {result['itl']:.2f} | "
                       f"{result['itl'] - args.itl_ms:.2f} | {result['rps']:.1f} |", flush=True)
     finally:
