@@ -174,7 +174,7 @@ class OpenAIBackend:
         extra.update(config.extra_body)
         prompt = None
         if request.messages is None:
-            prompt = request.prompt if request.prompt is not None else [int(t) for t in request.token_ids]
+            prompt = request.prompt if request.prompt is not None else request.token_ids.tolist()  # Python ints
             if isinstance(prompt, list):  # token ids go in extra_body, which the SDK sends as is: its
                 extra.setdefault("prompt", prompt)  # argument transform walks every id (~0.2-0.4 s for
                 prompt = ""  # 2k ids on a loaded 2-core machine, counted in TTFT; issue 18)
