@@ -5,6 +5,7 @@ import asyncio
 import dataclasses
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -16,6 +17,7 @@ from kvbench.backends.openai.client import OpenAIBackend, OpenAIConfig
 from kvbench.backends.openai.client_kind import ClientKind
 from kvbench.backends.openai.sse import EventSplitter
 from kvbench.request import Message, Request, Status
+from kvbench.results.parquet import read_metadata
 from kvbench.workloads.tokenizer import load_tokenizer
 
 TOKENIZER = load_tokenizer()
@@ -174,3 +176,39 @@ def test_the_splitters_common_case_is_one_whole_event_per_piece():
     assert splitter.feed(b'data: {"a": 1}\n\n') == [b'{"a": 1}']
     assert splitter.feed(b"data: [DONE]\n\ndata: x\n\n") == [b"[DONE]", b"x"]
     assert splitter.feed(b"data: a\r") == [] and splitter.feed(b"\n\r\n") == [b"a"]
+
+
+SCENARIO = """
+[workload]
+kind = "shared-prefix"
+num_requests = 3
+system_tokens = 64
+question_tokens = 16
+max_tokens = 3
+seed = 1
+"""
+
+
+def test_kvbench_run_reads_streams_lean_by_default_and_with_the_sdk_on_request(kvbench, server, tmp_path):
+    """The same scenario against a real kvbench serve, each run under its own random cache_salt."""
+    scenario = tmp_path / "tiny.toml"
+    scenario.write_text(SCENARIO)
+    rows = {}
+    for name, flags in (("lean", ()), ("sdk", ("--client", "sdk"))):
+        out = tmp_path / f"{name}.parquet"
+        code, _, err = kvbench("run", scenario, "--backend", "openai", "--base-url", server.url, "--out", out, *flags)
+        assert code == 0, err
+        assert read_metadata(out)["run"]["client"] == name
+        rows[name] = [{k: row[k] for k in ("request_id", "status", "prompt_tokens", "cached_prompt_tokens",
+                                           "output_tokens", "output_tokens_source")} for row in pq.read_table(out).to_pylist()]
+    assert rows["lean"] == rows["sdk"]
+    assert [r["cached_prompt_tokens"] for r in rows["lean"]][1:] == [64, 64] and rows["lean"][0]["cached_prompt_tokens"] == 0
+
+
+def test_client_is_refused_off_the_openai_backend(kvbench, tmp_path):
+    scenario = tmp_path / "tiny.toml"
+    scenario.write_text(SCENARIO)
+    code, out, err = kvbench("run", scenario, "--client", "sdk")
+    assert code == 2 and "--client does not apply to --backend inprocess" in out + err and "Traceback" not in out + err
+    code, out, err = kvbench("run", scenario, "--backend", "openai", "--client", "fast")
+    assert code == 2 and "error: --client must be 'lean' or 'sdk', got 'fast'" in err
