@@ -147,7 +147,8 @@ def _run_info(config: RunConfig, run_id: str, client_config, load: LoadConfig, e
     return {"run_id": run_id, "backend": "openai", "model": client_config.model, "base_url": client_config.base_url,
             **({"base_urls": list(config.server.base_urls), "route": config.server.route or "round-robin"}
                if config.server.base_urls else {}),
-            "api_key_env": config.server.key_variable, "tokenizer": tokenizer_name, "client": client_config.client.value,
+            "api_key_env": config.server.key_variable, "tokenizer": tokenizer_name,
+            "client": client_config.client.value,
             "hygiene": (config.server.hygiene or Hygiene.SALT).value, "timeout_s": client_config.timeout_s,
             "cache": {"enabled": None, "block_size": expectations.block_size,
                       "expected_capacity_blocks": expectations.capacity_blocks},
