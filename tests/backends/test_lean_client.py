@@ -210,5 +210,7 @@ def test_client_is_refused_off_the_openai_backend(kvbench, tmp_path):
     scenario.write_text(SCENARIO)
     code, out, err = kvbench("run", scenario, "--client", "sdk")
     assert code == 2 and "--client does not apply to --backend inprocess" in out + err and "Traceback" not in out + err
+    code, out, err = kvbench("run", scenario, "--backend", "anthropic", "--client", "lean")
+    assert code == 2 and "--client does not apply to --backend anthropic" in out + err
     code, out, err = kvbench("run", scenario, "--backend", "openai", "--client", "fast")
     assert code == 2 and "error: --client must be 'lean' or 'sdk', got 'fast'" in err
