@@ -159,7 +159,7 @@ class ServerFlags:
     turns: TurnMode | None = None  # None = scripted
     base_urls: tuple[str, ...] = ()  # two or more endpoints, routed client-side (kvbench/backends/routed.py)
     route: str | None = None  # the policy over base_urls (kvbench/route/policies.py); None = round-robin
-    client: ClientKind | None = None  # how stream bodies are read (kvbench/backends/openai/client.py); None = lean
+    client: ClientKind | None = None  # how stream bodies are read (kvbench/backends/openai/client_kind.py); None = lean
 
     def __post_init__(self) -> None:
         _check_positive(self, ("timeout", "duration", "request_rate", "burstiness", "server_block_size",
