@@ -84,6 +84,9 @@ SCRIPTS = {
     "error event": ([chunk("x"), {"error": {"message": "overloaded", "type": "server_error"}}], chat_request()),
     "error without message": ([chunk("x"), {"error": {"code": 3}}], chat_request()),
     "no finish_reason": ([chunk("x"), chunk(usage=USAGE)], chat_request()),
+    "chunk not an object": ([chunk("x"), [1, 2], chunk(finish_reason="stop")], chat_request()),
+    "chunk without choices": ([{"id": "x", "object": "chat.completion.chunk"}, chunk("x"), chunk(finish_reason="stop")],
+                              chat_request()),
 }
 
 
@@ -104,6 +107,10 @@ def test_scripted_streams_give_the_same_records_on_both_paths(fake_server, name)
                 record.output_tokens_source) == expected[name]
     if name == "token ids":
         assert record.output_token_ids == (7, 8, 9) and record.prompt_token_ids == (1, 2, 3)
+    if name == "chunk not an object":
+        assert record.error == "a stream chunk is not a JSON object: [1, 2]" and record.output_text == "x"
+    if name == "chunk without choices":
+        assert record.status is Status.OK and record.output_text == "x"
     if name.startswith("error"):
         assert record.status is Status.ERROR and record.error.startswith("error event in the stream: ")
         assert record.error.endswith("overloaded" if name == "error event" else "An error occurred during streaming")

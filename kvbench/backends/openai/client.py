@@ -44,7 +44,7 @@ import openai
 
 from kvbench.backends.openai.admin import redact
 from kvbench.backends.openai.client_kind import ClientKind
-from kvbench.backends.openai.reading import StreamReading
+from kvbench.backends.openai.reading import ChunkError, StreamReading
 from kvbench.backends.openai.sse import stream_chunks
 from kvbench.request import CONNECTION_ERROR, Request, RequestRecord
 from kvbench.workloads.tokenizer import Tokenizer
@@ -233,6 +233,6 @@ class OpenAIBackend:
             return None, f"{CONNECTION_ERROR}: {_cause_text(exc)}"
         if isinstance(exc, openai.APIError):
             return None, f"error event in the stream: {exc.message}"
-        if isinstance(exc, _BrokenStream):
+        if isinstance(exc, (_BrokenStream, ChunkError)):
             return None, str(exc)
         return None, f"{type(exc).__name__}: {exc}"

@@ -11,6 +11,7 @@ two paths cannot disagree on a rule: TTFT from the start of the call to the firs
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -39,6 +40,13 @@ class Usage(NamedTuple):
         return cls(usage.get("prompt_tokens"), usage.get("completion_tokens"), cached)
 
 
+class ChunkError(ValueError):
+    """A stream chunk that is not a JSON object (a list, a string, a number or null)."""
+
+    def __init__(self, chunk: Any) -> None:
+        super().__init__(f"a stream chunk is not a JSON object: {json.dumps(chunk, default=str)[:80]}")
+
+
 def _extra(part: Any, name: str) -> Any:
     """A field the OpenAI SDK's types do not declare (a server extension), or ``None``."""
     return (getattr(part, "model_extra", None) or {}).get(name)
@@ -58,18 +66,24 @@ class StreamReading:
     output_token_ids: list[int] | None = None
 
     def add(self, chunk: Any, chat: bool, now_s: float) -> None:
-        """One chunk as the SDK parsed it (``ChatCompletionChunk`` or ``Completion``), received at ``now_s``."""
+        """One chunk as the SDK parsed it (``ChatCompletionChunk`` or ``Completion``), received at ``now_s``.
+        Raises :class:`ChunkError` for a chunk that is not a JSON object (the SDK passes those through)."""
+        if chunk is None or isinstance(chunk, (list, str, int, float)):
+            raise ChunkError(chunk)
         if getattr(chunk, "usage", None) is not None:
             self.usage = Usage.of_object(chunk.usage)
         self._take_prompt_ids(_extra(chunk, "prompt_token_ids"))
-        for choice in chunk.choices or ():
+        for choice in getattr(chunk, "choices", None) or ():  # a chunk without choices: none, as in add_data
             self._take_prompt_ids(_extra(choice, "prompt_token_ids"))
             self._take_content(choice.delta.content if chat else choice.text, _extra(choice, "token_ids"),
                                choice.finish_reason, now_s)
 
     def add_data(self, chunk: dict, chat: bool, now_s: float) -> None:
         """One chunk as its decoded JSON (a ``chat.completion.chunk`` or ``text_completion`` object),
-        received at ``now_s``. Reads the same fields as :meth:`add`, and only those."""
+        received at ``now_s``. Reads the same fields as :meth:`add`, and only those. Raises
+        :class:`ChunkError` for a chunk that is not a JSON object."""
+        if not isinstance(chunk, dict):
+            raise ChunkError(chunk)
         if (usage := chunk.get("usage")) is not None:
             self.usage = Usage.of_data(usage)
         self._take_prompt_ids(chunk.get("prompt_token_ids"))
