@@ -8,12 +8,22 @@ streamed ``/v1/completions`` request at once: the first token immediately, then 
 
 * a bare client: asyncio streams, one HTTP/1.1 keep-alive connection per concurrent stream, a
   timestamp per SSE line (the floor: what any client pays for loopback HTTP and the event loop);
-* ``kvbench run --backend openai`` on the same prompts (the openai SDK over httpx, the send loop,
-  the live progress line, checkpoints, the row per request).
+* the SDK's transport alone (its request, the body's bytes read, nothing parsed): the floor of any
+  client that keeps the SDK's request, headers and errors;
+* kvbench's ``OpenAIBackend`` alone (``client=lean`` and ``sdk``), in this process: the client's own
+  cost, with its CPU time per request (``time.process_time``, so a loaded machine changes it little);
+* ``kvbench run --backend openai --client lean`` (the default) and ``--client sdk`` on the same
+  prompts: the request through the openai SDK over httpx2 either way, the body read as raw
+  server-sent events (lean) or as the SDK's pydantic chunks (sdk); the send loop, the live progress
+  line, checkpoints, the row per request.
 
 The server's own TTFT is ~0 and its ITL exactly ``--itl-ms``, so a client's TTFT p50 is its
 overhead and ``ITL p50 - itl_ms`` its per-chunk overhead. Requests/s counts the send loop's span
-(first sent to last ended), startup excluded. Medians in ms; one run, so compare columns, not runs.
+(first sent to last ended), startup excluded. "Streams at pace" is requests/s times the server's own
+time per request (``(tokens - 1) * itl``): how many of the concurrent streams the client keeps at the
+server's pace (at most the concurrency). With two or more usable cores, every client runs pinned to
+one core and the server to another (``--no-pin`` to turn that off). Medians in ms; one run, so
+compare columns, not runs.
 """
 
 from __future__ import annotations
@@ -21,12 +31,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -113,25 +125,78 @@ async def _bare(port: int, prompts: list[list[int]], concurrency: int, tokens: i
             await _bare_one(port, body, connection, times)
         connection[1].close()
 
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
-    span = time.perf_counter() - started
+    span, cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
     ttft = [(arrivals[0] - sent) * 1e3 for sent, arrivals in times]
     itl = [(b - a) * 1e3 for _, arrivals in times for a, b in zip(arrivals, arrivals[1:])]
-    return {"ttft": statistics.median(ttft), "itl": statistics.median(itl), "rps": len(times) / span}
+    return {"ttft": statistics.median(ttft), "itl": statistics.median(itl), "rps": len(times) / span,
+            "cpu_ms": cpu_s / len(times) * 1e3}
 
 
-def _kvbench(port: int, num_requests: int, concurrency: int, tokens: int) -> dict:
+async def _transport(port: int, requests: list, concurrency: int) -> dict:
+    """The floor of any client on the SDK's transport: the openai SDK's request (``with_streaming_response``,
+    httpx2 over httpcore2 and anyio) and its body's bytes read, nothing parsed; TTFT and ITL not taken."""
+    import openai
+
+    times: list[float] = []
+    async with openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="EMPTY", max_retries=0) as client:
+        async def one(request):
+            async with client.completions.with_streaming_response.create(
+                    model="m", prompt="", max_tokens=request.max_tokens, stream=True,
+                    extra_body={"prompt": request.token_ids.tolist()}) as response:
+                async for _ in response.iter_bytes():
+                    pass
+
+        await one(requests[0])
+        queue = list(reversed(requests))
+
+        async def worker():
+            while queue:
+                await one(queue.pop())
+                times.append(time.perf_counter())
+
+        started, cpu_started = time.perf_counter(), time.process_time()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        span, cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
+    return {"ttft": None, "itl": None, "rps": len(times) / span, "cpu_ms": cpu_s / len(times) * 1e3}
+
+
+async def _backend(port: int, requests: list, concurrency: int, client: str) -> dict:
+    """kvbench's ``OpenAIBackend`` alone (no send loop, no CLI), ``concurrency`` workers over ``requests``."""
+    from kvbench.backends.openai.client import OpenAIBackend, OpenAIConfig
+    from kvbench.workloads.tokenizer import load_tokenizer
+
+    config = OpenAIConfig(f"http://127.0.0.1:{port}/v1", "m", ignore_eos=False, client=client)
+    async with OpenAIBackend(config, load_tokenizer()) as backend:
+        await backend.serve(requests[0])  # a connection and the SDK's first-call costs, outside the timing
+        queue, records = list(reversed(requests)), []
+
+        async def worker():
+            while queue:
+                records.append(await backend.serve(queue.pop()))
+
+        started, cpu_started = time.perf_counter(), time.process_time()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        span, cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
+    assert all(r.status == "ok" for r in records), records[0].error
+    return {"ttft": statistics.median(r.ttft_ms for r in records),
+            "itl": statistics.median(x for r in records for x in r.itl_ms), "rps": len(records) / span,
+            "cpu_ms": cpu_s / len(records) * 1e3}
+
+
+def _kvbench(port: int, num_requests: int, concurrency: int, tokens: int, client: str) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "run.parquet"
         subprocess.run([sys.executable, "-m", "kvbench.cli", "run", "scenarios/multi_prefix_zipf.toml", "--backend",
                         "openai", "--base-url", f"http://127.0.0.1:{port}/v1", "--model", "m", "--requests",
                         str(num_requests), "--concurrency", str(concurrency), "--max-tokens", str(tokens),
-                        "--hygiene", "off", "--out", str(out)], cwd=REPO, check=True, capture_output=True)
+                        "--hygiene", "off", "--client", client, "--out", str(out)], cwd=REPO, check=True,
+                       capture_output=True)
         rows = [r for r in pq.read_table(out).to_pylist() if r["status"] == "ok"]
     span_s = max(r["sent_ms"] + r["e2e_ms"] for r in rows) / 1e3 - min(r["sent_ms"] for r in rows) / 1e3
     return {"ttft": statistics.median(r["ttft_ms"] for r in rows),
-            "itl": statistics.median(x for r in rows for x in r["itl_ms"]), "rps": len(rows) / span_s}
+            "itl": statistics.median(x for r in rows for x in r["itl_ms"]), "rps": len(rows) / span_s, "cpu_ms": None}
 
 
 def main() -> None:
@@ -140,6 +205,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--itl-ms", type=float, default=2.0)
     parser.add_argument("--concurrency", default="1,8,32")
+    parser.add_argument("--clients", default="lean,sdk", help="kvbench's --client values to run")
+    parser.add_argument("--no-pin", action="store_true", help="do not pin the clients and the server to cores")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -148,21 +215,40 @@ def main() -> None:
         return
     from kvbench.run.scenario import load_scenario
 
-    requests = load_scenario(REPO / "scenarios" / "multi_prefix_zipf.toml").workload_requests().requests
-    prompts = [[int(t) for t in r.token_ids] for r in requests[: args.requests]]
+    requests = [replace(r, max_tokens=args.tokens) for r in load_scenario(
+        REPO / "scenarios" / "multi_prefix_zipf.toml").workload_requests().requests[: args.requests]]
+    prompts = [[int(t) for t in r.token_ids] for r in requests]
+    cores = sorted(os.sched_getaffinity(0))
+    pin = not args.no_pin and len(cores) >= 2
     server = subprocess.Popen([sys.executable, __file__, "--serve", "--tokens", str(args.tokens), "--itl-ms",
-                               str(args.itl_ms)], stdout=subprocess.PIPE, text=True)
+                               str(args.itl_ms)], stdout=subprocess.PIPE, text=True,
+                              preexec_fn=(lambda: os.sched_setaffinity(0, {cores[-1]})) if pin else None)
+    if pin:
+        os.sched_setaffinity(0, {cores[0]})  # this process and the kvbench runs it starts
+    server_s = (args.tokens - 1) * args.itl_ms / 1e3
     try:
         port = int(server.stdout.readline())
         print(f"fake server: {args.tokens} tokens, ITL {args.itl_ms} ms; {args.requests} requests of "
-              f"{len(prompts[0]):,} prompt tokens; medians")
-        print("| concurrency | client | TTFT p50 ms | ITL p50 ms | ITL overhead ms | requests/s |")
-        print("|---:|---|---:|---:|---:|---:|")
+              f"{len(prompts[0]):,} prompt tokens; clients on "
+              + (f"core {cores[0]}, server on core {cores[-1]}" if pin else "any core") + "; medians")
+        print("| concurrency | client | TTFT p50 ms | ITL p50 ms | ITL - server ms | requests/s | streams at pace "
+              "| client CPU ms/request |")
+        print("|---:|---|---:|---:|---:|---:|---:|---:|")
+        clients = args.clients.split(",")
         for concurrency in (int(c) for c in args.concurrency.split(",")):
-            for name, result in (("bare asyncio", asyncio.run(_bare(port, prompts, concurrency, args.tokens))),
-                                 ("kvbench run", _kvbench(port, args.requests, concurrency, args.tokens))):
-                print(f"| {concurrency} | {name} | {result['ttft']:.2f} | {result['itl']:.2f} | "
-                      f"{result['itl'] - args.itl_ms:.2f} | {result['rps']:.1f} |", flush=True)
+            runs = {"bare asyncio": lambda: asyncio.run(_bare(port, prompts, concurrency, args.tokens))}
+            runs["SDK transport, bytes only"] = lambda: asyncio.run(_transport(port, requests, concurrency))
+            runs.update({f"OpenAIBackend {client}": lambda client=client: asyncio.run(
+                _backend(port, requests, concurrency, client)) for client in clients})
+            runs.update({f"kvbench run --client {client}": lambda client=client: _kvbench(
+                port, args.requests, concurrency, args.tokens, client) for client in clients})
+            for name, run in runs.items():
+                result = run()
+                cpu, ttft, itl, over = (("-" if value is None else f"{value:.2f}") for value in (
+                    result["cpu_ms"], result["ttft"], result["itl"],
+                    None if result["itl"] is None else result["itl"] - args.itl_ms))
+                print(f"| {concurrency} | {name} | {ttft} | {itl} | {over} | {result['rps']:.1f} | "
+                      f"{result['rps'] * server_s:.1f} | {cpu} |", flush=True)
     finally:
         server.terminate()
 

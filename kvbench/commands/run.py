@@ -41,7 +41,7 @@ def run(source: opt.Source, **flags: Any) -> None:
         RunFlags(f.requests, f.concurrency, f.warmup, f.max_tokens, f.ignore_eos, f.temperature, f.top_p, f.seed),
         _server_flags(f.base_url, f.route, f.api_key_env, f.tokenizer, f.request_rate, f.burstiness, f.duration,
                       f.hygiene, f.reset_cache, f.timeout, f.server_block_size, f.expected_cache_size, f.schedule,
-                      f.time_scale, f.preflight, f.turns),
+                      f.time_scale, f.preflight, f.turns, client=f.client),
         f.salt, f.out, results.summary,
         engine=EngineFlags(f.engine, f.max_num_seqs, f.max_num_batched_tokens, f.batch_invariant)))
     outcome = run_with_progress(lambda on_progress: run_file(config, on_progress), threads=f.threads,
@@ -65,11 +65,11 @@ def show_outcome(outcome) -> None:
     console.print(f"wrote {len(outcome.rows)} rows to {outcome.path}")
 
 
-def _server_flags(base_url: list[str] | None, route: PolicyName | None, *rest) -> ServerFlags:
+def _server_flags(base_url: list[str] | None, route: PolicyName | None, *rest, client=None) -> ServerFlags:
     """``--base-url`` once: that endpoint; several: the first, plus all of them to route over."""
     several = tuple(base_url) if base_url and len(base_url) > 1 else ()
     return ServerFlags(base_url[0] if base_url else None, *rest, base_urls=several,
-                       route=route.value if route else None)
+                       route=route.value if route else None, client=client)
 
 
 def _replica_tables(outcome) -> list:

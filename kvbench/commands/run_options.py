@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from kvbench.backends.openai.client_kind import ClientKind
 from kvbench.backends.openai.hygiene import Hygiene
 from kvbench.commands import options as opt
 from kvbench.commands import result_options as res
@@ -66,6 +67,7 @@ HTTP = panel("HTTP server (--backend openai)", {
     "hygiene": (Annotated[Hygiene | None, typer.Option(help="salt = per-run cache_salt (default); nonce = per-run first prompt line; off.")], None),
     "reset_cache": (Annotated[bool, typer.Option("--reset-cache", help="POST the server's cache reset endpoint first.")], False),
     "preflight": (opt.PreflightOption, True),
+    "client": (Annotated[ClientKind | None, typer.Option(help="How streams are read: lean = raw server-sent events, json of the needed fields (default); sdk = the openai SDK's chunk objects (slower per chunk; for comparison).")], None),
     "timeout": (Annotated[float | None, typer.Option(callback=check_positive, help=f"Deadline per request, s, > 0 (default {DEFAULT_TIMEOUT_S:g}).")], None),
     "server_block_size": (Annotated[int | None, typer.Option(min=1, help="The server's block size for expectations (default: detected, else 16).")], None),
     "expected_cache_size": (Annotated[int | None, typer.Option(min=1, help="Expectations from a cache of N blocks (default: detected, else unbounded).")], None),

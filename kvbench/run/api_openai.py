@@ -12,6 +12,7 @@ import contextlib
 import secrets
 from dataclasses import replace
 
+from kvbench.backends.openai.client_kind import ClientKind
 from kvbench.backends.openai.hygiene import Hygiene, with_nonce
 from kvbench.errors import InputError, checked
 from kvbench.request import Request
@@ -87,7 +88,8 @@ def run_preflight(config: RunConfig, model: str, key: str, tokenizer, settings) 
         return config, ["preflight: skipped (--no-preflight)"], {"skipped": True}
     salt_hygiene = (server.hygiene or Hygiene.SALT) is Hygiene.SALT and config.salt is None
     probe_config = checked(lambda: OpenAIConfig(server.url, model, key, server.timeout or DEFAULT_TIMEOUT_S,
-                                                settings.temperature, settings.top_p, settings.seed, settings.ignore_eos))
+                                                settings.temperature, settings.top_p, settings.seed, settings.ignore_eos,
+                                                client=server.client or ClientKind.LEAN))
     result = asyncio.run(preflight(probe_config, tokenizer, with_salts=salt_hygiene))
     if result.fatal is not None:
         raise InputError(f"preflight: {result.fatal}")
@@ -146,6 +148,7 @@ def _run_info(config: RunConfig, run_id: str, client_config, load: LoadConfig, e
             **({"base_urls": list(config.server.base_urls), "route": config.server.route or "round-robin"}
                if config.server.base_urls else {}),
             "api_key_env": config.server.key_variable, "tokenizer": tokenizer_name,
+            "client": client_config.client.value,
             "hygiene": (config.server.hygiene or Hygiene.SALT).value, "timeout_s": client_config.timeout_s,
             "cache": {"enabled": None, "block_size": expectations.block_size,
                       "expected_capacity_blocks": expectations.capacity_blocks},
@@ -208,7 +211,8 @@ def run_openai(config: RunConfig, on_progress: Progress | None = None) -> RunOut
     client_config = checked(lambda: OpenAIConfig(server.url, model, key, server.timeout or DEFAULT_TIMEOUT_S,
                                                  settings.temperature, settings.top_p, settings.seed,
                                                  settings.ignore_eos, expectations.block_size,
-                                                 {"return_token_ids": True} if turns else {}))
+                                                 {"return_token_ids": True} if turns else {},
+                                                 server.client or ClientKind.LEAN))
     load = checked(lambda: _load(config, settings, len(requests)))
     run_id = new_run_id(source.name)
     metadata = run_metadata(source, settings, requests, _run_info(config, run_id, client_config, load, expectations,

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields
 from enum import Enum
 from pathlib import Path
 
+from kvbench.backends.openai.client_kind import ClientKind
 from kvbench.backends.openai.hygiene import Hygiene
 from kvbench.cache.base import CacheKind, ReleaseOrder
 from kvbench.cache.block_hash import HashAlgo
@@ -158,6 +159,7 @@ class ServerFlags:
     turns: TurnMode | None = None  # None = scripted
     base_urls: tuple[str, ...] = ()  # two or more endpoints, routed client-side (kvbench/backends/routed.py)
     route: str | None = None  # the policy over base_urls (kvbench/route/policies.py); None = round-robin
+    client: ClientKind | None = None  # how stream bodies are read (kvbench/backends/openai/client_kind.py); None = lean
 
     def __post_init__(self) -> None:
         _check_positive(self, ("timeout", "duration", "request_rate", "burstiness", "server_block_size",
@@ -220,6 +222,8 @@ class RunConfig:
                  and f.name != "turns"]  # --turns applies to both backends
         if given:
             raise ValueError(f"{_flag(given[0])} does not apply to --backend {self.backend.value}")
+        if self.server.client is not None and self.backend is not BackendKind.OPENAI:
+            raise ValueError(f"--client does not apply to --backend {self.backend.value}")
 
 
 @dataclass(frozen=True)

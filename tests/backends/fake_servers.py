@@ -89,6 +89,12 @@ class _Handler(BaseHTTPRequestHandler):
         self.connection.close()
         self.close_connection = True
 
+    def _not_json(self):  # an event whose data is not JSON (a truncated chunk), then a clean end
+        self._start_stream()
+        self._send_chunked(b'data: {"choices": [\n\n')
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
     def _hang(self):
         self.server.release.wait(30)
 
@@ -125,7 +131,8 @@ class _Handler(BaseHTTPRequestHandler):
 class FakeServer:
     """``behaviour``: fail (500), cut (stream dropped midway), eof (stream ends early), hang, script,
     saltless (caches across cache_salts), no_details (no cached_tokens in usage),
-    json_reply (a plain JSON body to a stream request), reset (connection reset, no response)."""
+    json_reply (a plain JSON body to a stream request), reset (connection reset, no response),
+    not_json (an event whose data is not JSON)."""
 
     def __init__(self, behaviour, script=()):
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)

@@ -6,6 +6,10 @@ a retry would hide a failure and double-count the prompt in the server's cache):
 * chat traces (``messages``) go to ``/v1/chat/completions``; plain prompts to ``/v1/completions``;
   token-id workloads (no text) to ``/v1/completions`` with the ids as the prompt (vLLM accepts them).
 * ``stream_options={"include_usage": True}``; the usage chunk gives prompt, output and cached tokens.
+* The stream's body is read by the lean path by default (raw server-sent events, ``json.loads`` of the
+  fields below only: :mod:`kvbench.backends.openai.sse`), or by the SDK's pydantic chunks with
+  ``client=ClientKind.SDK`` (``--client sdk``); one :class:`~kvbench.backends.openai.reading.StreamReading`
+  makes the record for both, so the tokens, counts and error lines are the same.
 * TTFT: from the start of the call to the first chunk that carries content (a role-only first chunk
   does not count). ITL: the gaps between content chunks. A server may put several tokens in one
   chunk; then ``len(itl_ms) < output_tokens - 1`` in the row, which the summary counts.
@@ -39,7 +43,10 @@ from typing import Any
 import openai
 
 from kvbench.backends.openai.admin import redact
-from kvbench.request import CONNECTION_ERROR, Request, RequestRecord, Status
+from kvbench.backends.openai.client_kind import ClientKind
+from kvbench.backends.openai.reading import ChunkError, StreamReading
+from kvbench.backends.openai.sse import stream_chunks
+from kvbench.request import CONNECTION_ERROR, Request, RequestRecord
 from kvbench.workloads.tokenizer import Tokenizer
 
 MAX_ERROR_CHARS = 300  # one readable line per failed request
@@ -59,6 +66,7 @@ class OpenAIConfig:
         block_size: the server's cache block size as assumed for expectations (result column only).
         extra_body: more fields for every request body (e.g. ``{"return_token_ids": True}``); they
             win over the ones this client sets.
+        client: how stream bodies are read (:class:`ClientKind`; the records are the same).
     """
 
     base_url: str
@@ -71,8 +79,10 @@ class OpenAIConfig:
     ignore_eos: bool = True
     block_size: int = 16  # vLLM's default
     extra_body: Mapping[str, Any] = field(default_factory=dict)
+    client: ClientKind = ClientKind.LEAN
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "client", ClientKind(self.client))
         check_base_url(self.base_url)
         if not self.model:
             raise ValueError("model name must not be empty")
@@ -93,67 +103,17 @@ def check_base_url(url: str) -> None:
 
 
 class _BrokenStream(Exception):
-    """The stream ended without a chunk carrying ``finish_reason``."""
+    """The stream ended without a chunk carrying ``finish_reason``, or was not a stream."""
 
 
-@dataclass
-class _Reading:
-    """What one stream delivered so far; times in ``perf_counter`` seconds."""
-
-    start_s: float
-    content_s: list[float] = field(default_factory=list)
-    texts: list[str] = field(default_factory=list)
-    usage: Any = None
-    finish_reason: str | None = None
-    http_status: int | None = None
-    prompt_token_ids: list[int] | None = None
-    output_token_ids: list[int] | None = None
-
-    def add(self, chunk: Any, chat: bool, now_s: float) -> None:
-        if getattr(chunk, "usage", None) is not None:
-            self.usage = chunk.usage
-        self._take_prompt_ids(chunk)
-        for choice in chunk.choices or ():
-            self._take_prompt_ids(choice)
-            piece = choice.delta.content if chat else choice.text
-            token_ids = _extra(choice, "token_ids")
-            if token_ids is not None:
-                self.output_token_ids = (self.output_token_ids or []) + [int(t) for t in token_ids]
-            if piece or token_ids:
-                self.content_s.append(now_s)
-            if piece:
-                self.texts.append(piece)
-            if choice.finish_reason:
-                self.finish_reason = choice.finish_reason
-
-    def _take_prompt_ids(self, part: Any) -> None:
-        if (ids := _extra(part, "prompt_token_ids")) is not None:
-            self.prompt_token_ids = [int(t) for t in ids]
-
-    def served(self, request: Request, tokenizer: Tokenizer, error: str | None = None) -> RequestRecord:
-        usage = self.usage
-        if usage is not None and usage.completion_tokens is not None:
-            output_tokens, source = int(usage.completion_tokens), "usage"
-        else:
-            output_tokens, source = len(tokenizer.encode("".join(self.texts))) if self.texts else 0, "tokenizer"
-        details = getattr(usage, "prompt_tokens_details", None) if usage is not None else None
-        cached = getattr(details, "cached_tokens", None) if details is not None else None
-        times_ms = [(t - self.start_s) * 1e3 for t in self.content_s]
-        ttft_ms = times_ms[0] if times_ms else None
-        e2e_ms = times_ms[-1] if times_ms else None
-        tpot_ms = (e2e_ms - ttft_ms) / (output_tokens - 1) if times_ms and output_tokens > 1 else None
-        prompt_tokens = usage.prompt_tokens if usage is not None and usage.prompt_tokens is not None else None
-        return RequestRecord(
-            status=Status.OK if error is None else Status.ERROR,
-            prompt_tokens=int(prompt_tokens) if prompt_tokens is not None else request.prompt_tokens,
-            cached_prompt_tokens=int(cached) if cached is not None else None,
-            output_tokens=output_tokens, output_tokens_source=source,
-            ttft_ms=ttft_ms, tpot_ms=tpot_ms, e2e_ms=e2e_ms,
-            itl_ms=tuple(b - a for a, b in zip(times_ms, times_ms[1:])),
-            output_token_ids=None if self.output_token_ids is None else tuple(self.output_token_ids),
-            prompt_token_ids=None if self.prompt_token_ids is None else tuple(self.prompt_token_ids),
-            output_text="".join(self.texts), error=error, http_status=self.http_status,
-        )
+def _check_streams(response: Any, reading: StreamReading) -> None:
+    """Record the HTTP status; raise ``_BrokenStream`` when a 2xx answer is one JSON body, not an SSE
+    stream (a server that does not stream this endpoint)."""
+    reading.http_status = response.status_code
+    content_type = response.headers.get("content-type", "")
+    if content_type.startswith("application/json"):
+        raise _BrokenStream("the server answered the stream request with one JSON body (Content-Type "
+                            f"{content_type}), not an SSE stream: it does not stream this endpoint")
 
 
 def _cause_text(exc: BaseException) -> str:
@@ -165,11 +125,6 @@ def _cause_text(exc: BaseException) -> str:
         exc = exc.__cause__ or exc.__context__
     meaningful = [t for t in texts if t not in ("Connection error.", "APIConnectionError")]
     return (meaningful or texts)[-1] if meaningful else "the connection failed with no reason given"
-
-
-def _extra(part: Any, name: str) -> Any:
-    """A field the OpenAI SDK's types do not declare (a server extension), or ``None``."""
-    return (getattr(part, "model_extra", None) or {}).get(name)
 
 
 class OpenAIBackend:
@@ -219,7 +174,7 @@ class OpenAIBackend:
         extra.update(config.extra_body)
         prompt = None
         if request.messages is None:
-            prompt = request.prompt if request.prompt is not None else [int(t) for t in request.token_ids]
+            prompt = request.prompt if request.prompt is not None else request.token_ids.tolist()  # Python ints
             if isinstance(prompt, list):  # token ids go in extra_body, which the SDK sends as is: its
                 extra.setdefault("prompt", prompt)  # argument transform walks every id (~0.2-0.4 s for
                 prompt = ""  # 2k ids on a loaded 2-core machine, counted in TTFT; issue 18)
@@ -240,7 +195,7 @@ class OpenAIBackend:
         except for cancellation)."""
         if self._client is None:
             raise RuntimeError("OpenAIBackend.serve outside `async with`")
-        reading = _Reading(time.perf_counter())
+        reading = StreamReading(time.perf_counter())
         try:
             async with asyncio.timeout(self.config.timeout_s):
                 await self._stream(request, reading)
@@ -252,19 +207,19 @@ class OpenAIBackend:
             text = redact(message, self.config.api_key).replace("\n", " ")
             return reading.served(request, self.tokenizer, error=text[:MAX_ERROR_CHARS])
 
-    async def _stream(self, request: Request, reading: _Reading) -> None:
+    async def _stream(self, request: Request, reading: StreamReading) -> None:
         chat, arguments = self.request_arguments(request)
         endpoint = self._client.chat.completions if chat else self._client.completions
-        stream = await endpoint.create(**arguments)
-        reading.http_status = stream.response.status_code
-        content_type = stream.response.headers.get("content-type", "")
-        if content_type.startswith("application/json"):
-            await stream.response.aclose()
-            raise _BrokenStream("the server answered the stream request with one JSON body (Content-Type "
-                                f"{content_type}), not an SSE stream: it does not stream this endpoint")
-        async with stream:
-            async for chunk in stream:
-                reading.add(chunk, chat, time.perf_counter())
+        if self.config.client is ClientKind.LEAN:
+            async with endpoint.with_streaming_response.create(**arguments) as response:
+                _check_streams(response.http_response, reading)
+                async for chunk, received_s in stream_chunks(response):
+                    reading.add_data(chunk, chat, received_s)
+        else:
+            async with await endpoint.create(**arguments) as stream:  # closes the response on any exit
+                _check_streams(stream.response, reading)
+                async for chunk in stream:
+                    reading.add(chunk, chat, time.perf_counter())
         if reading.finish_reason is None:
             raise _BrokenStream("the stream ended before its final chunk (no finish_reason)")
 
@@ -278,6 +233,6 @@ class OpenAIBackend:
             return None, f"{CONNECTION_ERROR}: {_cause_text(exc)}"
         if isinstance(exc, openai.APIError):
             return None, f"error event in the stream: {exc.message}"
-        if isinstance(exc, _BrokenStream):
+        if isinstance(exc, (_BrokenStream, ChunkError)):
             return None, str(exc)
         return None, f"{type(exc).__name__}: {exc}"
