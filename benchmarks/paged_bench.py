@@ -13,7 +13,9 @@ all variants alike), ratios between variants of the same run:
    never holds them together: that is the point).
 3. **throughput at concurrency 8** on scenarios/chat.toml and scenarios/agent.toml (first
    ``--num-requests`` requests, ``--max-tokens`` each, EOS ignored) through the one send loop:
-   requests/s and output tokens/s, TTFT p50 and TTFT + queue p50, paged batched vs copy (serial).
+   requests/s and output tokens/s, TTFT p50 and TTFT + queue p50, cached prompt tokens, and the
+   process CPU seconds each engine used (``time.process_time``, all threads): on a shared machine
+   the wall-clock ratio depends on what else runs, the CPU-time ratio much less.
 
 Run: ``python benchmarks/paged_bench.py [--num-requests 6] [--threads 1]``. Prints Markdown tables.
 """
@@ -136,10 +138,13 @@ def throughput(loaded, args) -> list[tuple[str, ...]]:
             cache = CacheConfig(CAPACITY_BLOCKS)
             engine = (HFEngine(loaded, EngineConfig(cache=cache)) if kind == "copy"
                       else PagedEngine(loaded, PagedConfig(cache)))
-            results[kind] = summarize(serve_all(requests, InProcessBackend(engine, sampling, loaded.name)))
-        (c_rps, c_tps, c_ttft, c_wait, c_hit), (p_rps, p_tps, p_ttft, p_wait, p_hit) = results["copy"], results["paged"]
+            cpu_s = time.process_time()
+            records = serve_all(requests, InProcessBackend(engine, sampling, loaded.name))
+            results[kind] = (*summarize(records), time.process_time() - cpu_s)
+        (c_rps, c_tps, c_ttft, c_wait, c_hit, c_cpu), (p_rps, p_tps, p_ttft, p_wait, p_hit, p_cpu) = results["copy"], results["paged"]
         rows.append((name, f"{c_rps:.2f} / {p_rps:.2f} ({p_rps / c_rps:.1f}x)", f"{c_tps:.1f} / {p_tps:.1f} ({p_tps / c_tps:.1f}x)",
-                     f"{c_ttft:.0f} / {p_ttft:.0f}", f"{c_wait:.0f} / {p_wait:.0f}", f"{c_hit:,} / {p_hit:,}"))
+                     f"{c_ttft:.0f} / {p_ttft:.0f}", f"{c_wait:.0f} / {p_wait:.0f}", f"{c_hit:,} / {p_hit:,}",
+                     f"{c_cpu:.1f} / {p_cpu:.1f} ({c_cpu / p_cpu:.1f}x)"))
     return rows
 
 
@@ -164,7 +169,8 @@ def main(argv=None) -> None:
     if "throughput" not in skip:
         print_table((f"concurrency 8, {args.scenario_requests} requests x {args.max_tokens} tokens",
                      "requests/s copy / paged", "output tok/s copy / paged", "TTFT p50 ms copy / paged",
-                     "TTFT + queue p50 ms copy / paged", "cached prompt tokens copy / paged"), throughput(loaded, args))
+                     "TTFT + queue p50 ms copy / paged", "cached prompt tokens copy / paged",
+                     "process CPU s copy / paged"), throughput(loaded, args))
     print(f"{torch.get_num_threads()} torch threads, {os.cpu_count()} CPUs, load average {load_before:.1f} -> "
           f"{os.getloadavg()[0]:.1f}, run {time.perf_counter() - start_s:.0f} s, {loaded.name}, torch {torch.__version__}")
 
