@@ -6,10 +6,20 @@ Registered as ``"kvbench_paged"`` (:func:`use_paged_attention`). A forward that 
 function
 
 1. writes the new tokens' K/V into the pool at their slots (block id, offset);
-2. per sequence, gathers its K/V by block table (one copy, :meth:`KVPool.gather`) and runs
-   transformers' own SDPA path (``sdpa_attention_forward``) with the mask the copy engine gets:
-   none when the queries are the whole sequence (``is_causal``) or one token (decode), else a
-   boolean ``(1, 1, q, kv)`` causal mask shifted by the tokens before the queries.
+2. attends every decoding sequence (one query token) of the forward in **one** SDPA call, when
+   there are two or more: one ``index_select`` over their block tables padded with the null block
+   (:meth:`KVPool.gather_padded`) and a ``(n, 1, 1, kv)`` mask that hides each one's padding
+   (:class:`DecodeBatch`);
+3. attends each other sequence (a prefill chunk, or a lone decode) alone: gathers its K/V by
+   block table (one copy, :meth:`KVPool.gather`) and runs transformers' own SDPA path
+   (``sdpa_attention_forward``) with the mask the copy engine gets: none when the queries are the
+   whole sequence (``is_causal``) or one token (decode), else a boolean ``(1, 1, q, kv)`` causal
+   mask shifted by the tokens before the queries. A forward of one sequence takes only this path,
+   so concurrency 1 and ``--batch-invariant`` stay exact against the copy engine.
+
+The split, the masks and the padded tables are made once per forward (:meth:`PagedForward.plan`)
+and reused by every layer. The engine passes :func:`skip_mask_creation`'s placeholder as the
+forward's ``attention_mask`` so transformers builds no mask of its own.
 
 A forward without ``kvbench_paged`` (the copy engine's, on the same model object) goes straight to
 ``sdpa_attention_forward`` with the SDPA mask (the mask interface maps ``"kvbench_paged"`` to
