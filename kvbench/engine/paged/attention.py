@@ -7,7 +7,7 @@ function
 
 1. writes the new tokens' K/V into the pool at their slots (block id, offset);
 2. attends every decoding sequence (one query token) of the forward in **one** SDPA call, when
-   there are two or more: one ``index_select`` over their block tables padded with the null block
+   there are two or more and the device is not the CPU (:meth:`PagedForward.plan`): one ``index_select`` over their block tables padded with the null block
    (:meth:`KVPool.gather_padded`) and a ``(n, 1, 1, kv)`` mask that hides each one's padding
    (:class:`DecodeBatch`);
 3. attends each other sequence (a prefill chunk, or a lone decode) alone: gathers its K/V by
@@ -107,14 +107,19 @@ class PagedForward:
 
     @classmethod
     def plan(cls, pool: KVPool, slot_block_ids: torch.Tensor, slot_offsets: torch.Tensor,
-             sequences: Sequence[SequenceSlice]) -> PagedForward:
+             sequences: Sequence[SequenceSlice], batch_decodes: bool | None = None) -> PagedForward:
         """Split ``sequences`` once per forward (every layer reuses the split, the masks and the
-        padded block tables): two or more single-token queries form the :class:`DecodeBatch`; the
-        rest run one by one. A forward of one sequence (concurrency 1, ``--batch-invariant``) takes
-        the one-by-one path only, so its outputs are those of the copy engine, bit for bit."""
+        padded block tables): with ``batch_decodes``, two or more single-token queries form the
+        :class:`DecodeBatch`; the rest run one by one. ``None``: batch except on CPU, where one
+        sequence at a time measured 2-4x faster (its gathered K/V, ~0.5 MiB, is still in cache
+        when SDPA reads it; the padded batch's is not; see README "Paged engine speed"). A forward
+        of one sequence (concurrency 1, ``--batch-invariant``) never batches, so its outputs are
+        those of the copy engine, bit for bit."""
         device = slot_block_ids.device
+        if batch_decodes is None:
+            batch_decodes = device.type != "cpu"
         decoding = [seq for seq in sequences if seq.num_query_tokens == 1]
-        decode = DecodeBatch.of(decoding, device) if len(decoding) >= 2 else None
+        decode = DecodeBatch.of(decoding, device) if batch_decodes and len(decoding) >= 2 else None
         alone = [seq for seq in sequences if decode is None or seq.num_query_tokens > 1]
         with_masks = tuple((seq, causal_mask(seq.num_query_tokens, seq.num_context_tokens, device)) for seq in alone)
         return cls(pool, slot_block_ids, slot_offsets, with_masks, decode)

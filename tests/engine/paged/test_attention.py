@@ -41,7 +41,7 @@ def dense(query, keys, values, num_query):
     return out.transpose(0, 1)  # (q, heads, head_dim)
 
 
-def run_mixed(loaded, module, lengths, num_queries, seed=0):
+def run_mixed(loaded, module, lengths, num_queries, batch_decodes=True, seed=0):
     """Sequences of ``lengths`` context tokens whose last ``num_queries`` are new, packed in one row."""
     layout = loaded.kv_layout(BLOCK)
     pool = KVPool(layout, 64, torch.device("cpu"), torch.float32)
@@ -59,7 +59,8 @@ def run_mixed(loaded, module, lengths, num_queries, seed=0):
         positions = torch.arange(past, length)
         slots.append((table[positions // BLOCK], positions % BLOCK))
         refs.append(dense(query, keys, values, num_query))
-    plan = PagedForward.plan(pool, torch.cat([s[0] for s in slots]), torch.cat([s[1] for s in slots]), slices)
+    plan = PagedForward.plan(pool, torch.cat([s[0] for s in slots]), torch.cat([s[1] for s in slots]), slices,
+                             batch_decodes)
     out, _ = paged_attention_forward(module, torch.cat(queries, 1)[None], torch.cat(new_keys, 1)[None],
                                      torch.cat(new_values, 1)[None], skip_mask_creation(torch.device("cpu")),
                                      scaling=dim ** -0.5, kvbench_paged=plan)
@@ -73,6 +74,13 @@ def test_decodes_are_batched_and_match_dense_attention(attention):
     assert plan.decode.mask.shape == (3, 1, 1, 30)  # padded to the longest context
     assert plan.decode.mask.sum(-1).flatten().tolist() == [9, 30, 17]
     assert [seq.num_query_tokens for seq, _ in plan.sequences] == [7]  # the prefill chunk alone
+    assert (out - ref).abs().max().item() < TOLERANCE
+
+
+def test_on_cpu_decodes_run_one_by_one_by_default(attention):
+    loaded, module = attention
+    plan, out, ref = run_mixed(loaded, module, lengths=(9, 23, 30, 17), num_queries=(1, 7, 1, 1), batch_decodes=None)
+    assert plan.decode is None and [seq.query_start for seq, _ in plan.sequences] == [0, 1, 8, 9]
     assert (out - ref).abs().max().item() < TOLERANCE
 
 
