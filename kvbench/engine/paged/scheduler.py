@@ -20,7 +20,9 @@ admission order, each with its remaining tokens (1 when decoding; a prefill chun
 budget ``max_num_batched_tokens`` runs short); a running sequence that cannot get a block preempts
 the most recently admitted one (its blocks are freed and it rejoins the front of the waiting queue
 to be recomputed, vLLM v1's preemption mode). Then, if nothing was preempted, waiting sequences are
-admitted FCFS while the budget, ``max_num_seqs`` and the free blocks allow.
+admitted FCFS while the budget, ``max_num_seqs`` and the free blocks allow, and while the head of the
+queue does not miss a block a running sequence is about to compute (it waits to hit it instead:
+``Scheduler._next_block_in_flight``).
 """
 
 from __future__ import annotations
