@@ -26,7 +26,6 @@ import argparse
 import os
 import statistics
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np

@@ -37,7 +37,8 @@ from kvbench.backends.inprocess import InProcessBackend
 from kvbench.cache.base import CacheConfig
 from kvbench.engine.engine import SamplingParams
 from kvbench.engine.model import load_model
-from kvbench.engine.paged.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS, PagedConfig, PagedEngine
+from kvbench.engine.paged.config import DEFAULT_MAX_NUM_BATCHED_TOKENS, PagedConfig
+from kvbench.engine.paged.engine import PagedEngine
 from kvbench.request import RequestRecord, Status
 
 BLOCK_SIZE = 16  # kvbench's default block; the peer's page_size

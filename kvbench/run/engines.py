@@ -32,7 +32,8 @@ def make_engine(loaded, flags: EngineFlags, pool: CacheConfig, cache_on: bool, v
 
     if flags.engine is EngineKind.COPY:
         return HFEngine(loaded, EngineConfig(cache=pool if cache_on else None, verify=verify, salt=salt))
-    from kvbench.engine.paged.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, PagedConfig, PagedEngine
+    from kvbench.engine.paged.config import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, PagedConfig
+    from kvbench.engine.paged.engine import PagedEngine
 
     config = checked(lambda: PagedConfig(
         pool, prefix_caching=cache_on, max_num_seqs=flags.max_num_seqs or DEFAULT_MAX_NUM_SEQS,

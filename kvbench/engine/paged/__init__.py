@@ -13,6 +13,7 @@ concatenates a hit into a fresh contiguous cache. This engine does what vLLM doe
   that writes the new tokens' K/V into the pool and reads each sequence's K/V by its block table.
 * :mod:`.engine`: :class:`~kvbench.engine.paged.engine.PagedEngine`, the step loop, records, a
   worker thread for concurrent callers; ``submit_samples`` for ``n`` parallel samples.
+* :mod:`.config`: :class:`~kvbench.engine.paged.config.PagedConfig` and vLLM's default step limits.
 * :mod:`.jobs`: one request as its caller sees it (sequence, sampling, future) and its record.
 * :mod:`.held`: the bytes the pool holds for running and cached blocks, peaks per step.
 """

@@ -29,78 +29,25 @@ import time
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from concurrent.futures import Future
-from dataclasses import dataclass, replace
 from functools import partial
 
 import numpy as np
 import torch
 
-from kvbench.cache.base import CacheConfig, CacheKind, Clock
+from kvbench.cache.base import Clock
 from kvbench.cache.block_hash import BlockHasher
 from kvbench.engine.engine import check_request
 from kvbench.engine.model import LoadedModel
 from kvbench.engine.paged.attention import PagedForward, SequenceSlice, skip_mask_creation, use_paged_attention
+from kvbench.engine.paged.config import PagedConfig
 from kvbench.engine.paged.held import PoolMeter
 from kvbench.engine.paged.jobs import Job, job_record, sample_sampling
 from kvbench.engine.paged.kv_pool import KVPool
 from kvbench.engine.paged.scheduler import Scheduler, Sequence, blocks_for
-from kvbench.engine.paged.verify import VerifyReport, tie_tolerance, verify_greedy
+from kvbench.engine.paged.verify import Verifier, VerifyReport
 from kvbench.engine.sampling import SamplingParams, sample_next_token
 from kvbench.errors import CacheBusyError, InputError
 from kvbench.request import RequestRecord
-
-DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default --max-num-seqs
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # vLLM v1's default token budget per step with chunked prefill
-
-
-@dataclass(frozen=True)
-class PagedConfig:
-    """How the paged engine runs.
-
-    Attributes:
-        pool: the pool's size (``capacity_blocks``: running and cached blocks together, as vLLM's
-            ``num_gpu_blocks`` minus the null block), block size, hash and release order.
-        prefix_caching: off = blocks are never keyed or looked up (vLLM's
-            ``--no-enable-prefix-caching``); the pool still holds the running sequences.
-        max_num_seqs / max_num_batched_tokens: vLLM's per-step limits (sequences, tokens).
-        batch_invariant: one forward per sequence, so every output equals its concurrency-1 output.
-        verify: check each request against the copy engine with the cache off; ``output_matches_reference``.
-            Greedy requests: logits compared, argmax flips near ties told from mismatches
-            (:mod:`kvbench.engine.paged.verify`, counts in ``PagedEngine.verify_report``); sampled
-            ones: a cache-off rerun's tokens compared.
-        salt: the run's salt; a request's own salt replaces it.
-
-    Raises:
-        ValueError: a non-positive limit, or a cache setting the pool does not implement (radix,
-            verify_tokens, prompt_only). ``pool.ttl_s`` works as on the copy engine's caches
-            (:class:`kvbench.cache.pool_cache.IdleTimer`).
-    """
-
-    pool: CacheConfig
-    prefix_caching: bool = True
-    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
-    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
-    batch_invariant: bool = False  # batched forwards may differ in the last bits
-    verify: bool = False
-    salt: str = ""
-
-    def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"--{name.replace('_', '-')}: {value!r} must be a positive integer")
-        if self.pool.kind is not CacheKind.HASH:
-            raise ValueError("--engine paged keys its pool by block hash: use --cache-kind hash")
-        if self.pool.verify_tokens:
-            raise ValueError("--engine paged trusts block hashes (verify_tokens is not implemented)")
-        if self.pool.prompt_only:
-            raise ValueError("--engine paged caches generated blocks as vLLM does: --prompt-only applies to --engine copy")
-
-    @property
-    def cache(self) -> CacheConfig | None:
-        """The prefix cache's settings, ``None`` when prefix caching is off (the copy engine's field)."""
-        return self.pool if self.prefix_caching else None
-
 
 class RequestFuture(Future):
     """A future of one request's :class:`RequestRecord`; ``seq_id`` names it for :meth:`PagedEngine.abort`
@@ -143,8 +90,7 @@ class PagedEngine:
         self._lock = threading.Lock()
         self._aborted: set[int] = set()
         self._worker: threading.Thread | None = None
-        self._reference = None  # the copy engine with the cache off, for verify
-        self.verify_report = VerifyReport(tie_tolerance(loaded.dtype))  # verify: flips near ties, mismatches
+        self._verifier = Verifier(loaded) if config.verify else None  # the cache-off copy engine, for verify
 
     @property
     def block_size(self) -> int:
@@ -371,22 +317,11 @@ class PagedEngine:
 
     def _complete(self, job: Job) -> None:
         record = job_record(job)
-        prompt = job.seq.token_ids[:job.seq.num_prompt_tokens]
-        if self.config.verify and job.sampling.temperature == 0:  # logits and argmax flips (verify.py)
-            record = verify_greedy(self._reference_engine(), prompt, record, job.chosen_logprobs, self.verify_report)
-        elif self.config.verify:
-            reference = self._reference_engine().generate(prompt, job.sampling, salt=job.seq.salt)
-            matches = reference.output_token_ids == record.output_token_ids
-            record = replace(record, output_matches_reference=matches if job.sampling.is_reproducible else None)
+        if self._verifier is not None:
+            record = self._verifier.check(record, job.seq.token_ids[:job.seq.num_prompt_tokens], job.sampling,
+                                          job.seq.salt, job.chosen_logprobs)
         if not job.future.done():
             job.future.set_result(record)
-
-    def _reference_engine(self):
-        if self._reference is None:
-            from kvbench.engine.engine import HFEngine
-
-            self._reference = HFEngine(self.loaded)
-        return self._reference
 
     # -- memory ------------------------------------------------------------------------------------
 
@@ -406,6 +341,11 @@ class PagedEngine:
         """Measured pool bytes of the engine's life so far (:meth:`PoolMeter.summary`): peaks and now."""
         with self._lock:
             return self.meter.summary(self.scheduler)
+
+    @property
+    def verify_report(self) -> VerifyReport | None:
+        """``--verify``'s counts (flips near ties, mismatches); ``None`` without verify."""
+        return None if self._verifier is None else self._verifier.report
 
     def check_invariants(self) -> None:
         """The scheduler's and pool's invariants (``AssertionError``); for randomized tests."""

@@ -117,6 +117,33 @@ def tie_tolerance(dtype: torch.dtype) -> float:
     return TIE_TOLERANCE_NATS.get(dtype, DEFAULT_TIE_TOLERANCE_NATS)
 
 
+class Verifier:
+    """``--verify`` for one paged engine: each finished request against the copy engine with the cache
+    off on the same model (built on first use). Greedy requests get the logit check
+    (:func:`verify_greedy`, counted in ``report``); seeded sampled ones the token comparison."""
+
+    def __init__(self, loaded) -> None:
+        self.loaded = loaded
+        self.report = VerifyReport(tie_tolerance(loaded.dtype))
+        self._reference = None
+
+    def reference_engine(self):
+        if self._reference is None:
+            from kvbench.engine.engine import HFEngine
+
+            self._reference = HFEngine(self.loaded)
+        return self._reference
+
+    def check(self, record: RequestRecord, prompt_ids: list[int], sampling, salt: str,
+              chosen_logprobs: list[float]) -> RequestRecord:
+        """``record`` with ``output_matches_reference`` set (``None`` for unseeded sampling)."""
+        if sampling.temperature == 0:
+            return verify_greedy(self.reference_engine(), prompt_ids, record, chosen_logprobs, self.report)
+        reference = self.reference_engine().generate(prompt_ids, sampling, salt=salt)
+        matches = reference.output_token_ids == record.output_token_ids
+        return replace(record, output_matches_reference=matches if sampling.is_reproducible else None)
+
+
 def verify_greedy(reference_engine, prompt_ids: list[int], record: RequestRecord, chosen_logprobs: list[float],
                   report: VerifyReport) -> RequestRecord:
     """``record`` of a greedy request with ``output_matches_reference`` set from the logit check,

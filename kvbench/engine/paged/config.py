@@ -1,0 +1,59 @@
+"""The paged engine's settings (:class:`PagedConfig`) and vLLM's defaults for its per-step limits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvbench.cache.base import CacheConfig, CacheKind
+
+DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default --max-num-seqs
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # vLLM v1's default token budget per step with chunked prefill
+
+
+@dataclass(frozen=True)
+class PagedConfig:
+    """How the paged engine runs.
+
+    Attributes:
+        pool: the pool's size (``capacity_blocks``: running and cached blocks together, as vLLM's
+            ``num_gpu_blocks`` minus the null block), block size, hash and release order.
+        prefix_caching: off = blocks are never keyed or looked up (vLLM's
+            ``--no-enable-prefix-caching``); the pool still holds the running sequences.
+        max_num_seqs / max_num_batched_tokens: vLLM's per-step limits (sequences, tokens).
+        batch_invariant: one forward per sequence, so every output equals its concurrency-1 output.
+        verify: check each request against the copy engine with the cache off; ``output_matches_reference``.
+            Greedy requests: logits compared, argmax flips near ties told from mismatches
+            (:mod:`kvbench.engine.paged.verify`, counts in ``PagedEngine.verify_report``); sampled
+            ones: a cache-off rerun's tokens compared.
+        salt: the run's salt; a request's own salt replaces it.
+
+    Raises:
+        ValueError: a non-positive limit, or a cache setting the pool does not implement (radix,
+            verify_tokens, prompt_only). ``pool.ttl_s`` works as on the copy engine's caches
+            (:class:`kvbench.cache.pool_cache.IdleTimer`).
+    """
+
+    pool: CacheConfig
+    prefix_caching: bool = True
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    batch_invariant: bool = False  # batched forwards may differ in the last bits
+    verify: bool = False
+    salt: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"--{name.replace('_', '-')}: {value!r} must be a positive integer")
+        if self.pool.kind is not CacheKind.HASH:
+            raise ValueError("--engine paged keys its pool by block hash: use --cache-kind hash")
+        if self.pool.verify_tokens:
+            raise ValueError("--engine paged trusts block hashes (verify_tokens is not implemented)")
+        if self.pool.prompt_only:
+            raise ValueError("--engine paged caches generated blocks as vLLM does: --prompt-only applies to --engine copy")
+
+    @property
+    def cache(self) -> CacheConfig | None:
+        """The prefix cache's settings, ``None`` when prefix caching is off (the copy engine's field)."""
+        return self.pool if self.prefix_caching else None
