@@ -15,6 +15,7 @@ from rich.table import Table
 from kvbench.commands import options as opt
 from kvbench.commands.choices import check_positive
 from kvbench.commands.common import make_console
+from kvbench.commands.sim_sampled import run_sampled
 from kvbench.cache.block_hash import HashAlgo
 from kvbench.cache.base import CacheConfig, CacheKind, ReleaseOrder
 from kvbench.errors import InputError, Interrupted
@@ -143,6 +144,10 @@ def sim(
                                               "(hash cache, tail-first, no TTL, full keys), else replay.")] = SimMethod.AUTO,
     ttl_curve: Annotated[bool, typer.Option("--ttl-curve", help="Also the hit rate at every TTL with an unbounded "
                                             "cache (NAME.ttl-curve.parquet/.png).")] = False,
+    sample_rate: Annotated[float | None, typer.Option(help="Sampled LRU curve (SHARDS) instead of the exact one: "
+                                                      "keep this share of the block keys, in (0, 1].")] = None,
+    sample_keys: Annotated[int | None, typer.Option(help="Sampled LRU curve (fixed-size SHARDS): hold at most this "
+                                                    "many keys, lowering the rate as needed.")] = None,
 ) -> None:
     """Replay token traffic through the prefix cache, no model: hit rates per size, and where the
     one pass applies the exact curve at every size (NAME.curve.parquet and NAME.curve.png)."""
@@ -155,6 +160,8 @@ def sim(
               else [o.value for o in source_info.sim.release])  # an empty --sizes / --release is an error
     base = _base_config(source_info, block_size, cache_kind or cache, ttl, hash_algo, hash_bits, orders)
     kind = base.kind
+    if sample_rate is not None or sample_keys is not None:
+        return run_sampled(source, source_info, base, requests, capacities, sample_rate, sample_keys, out)
     console, err = make_console(), make_console(stderr=True)
     started = time.perf_counter()
     trace = _prepared_trace(source, source_info, base, requests)

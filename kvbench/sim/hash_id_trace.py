@@ -9,6 +9,8 @@ trace). On the 12,031-request Mooncake conversation trace at block 512 it replac
 synthesis and SHA-256 by ~0.3 s (``benchmarks/shards_bench.py --reading``).
 
 Where keys from ids would differ (:func:`hash_id_refusal`) the caller reads token ids as before.
+:func:`hash_id_sampled_curve` streams the same keys (mixed, not interned) into the sampled pass of
+:mod:`kvbench.sim.shards`, holding only its sample.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from pathlib import Path
 import numpy as np
 
 from kvbench.cache.base import CacheConfig, CacheKind
+from kvbench.errors import InputError
 from kvbench.sim.replay import PreparedTrace, in_arrival_order
+from kvbench.sim.shards import SampledCurve, ShardsPass, key_hash
 from kvbench.workloads.formats.hash_id_keys import ChainKeys, key_refusal, keyed_lines
 from kvbench.workloads.formats.hash_ids import HASH_ID_FORMATS
 from kvbench.workloads.formats.jsonl import HASH_IDS, MOONCAKE, open_jsonl
@@ -58,3 +62,26 @@ def hash_id_trace(path: str | Path, format_name: str, block_size: int, limit: in
     if format_name == HASH_IDS:  # hash_id_requests puts the first arrival at 0
         arrivals_ms = arrivals_ms - arrivals_ms.min()
     return in_arrival_order(prompts, arrivals_ms / 1000.0, block_size)
+
+
+def hash_id_sampled_curve(path: str | Path, format_name: str, shards: ShardsPass, limit: int | None = None) -> SampledCurve:
+    """The sampled curve of a Mooncake / hash-id trace in bounded memory: one line at a time (a
+    :data:`~kvbench.workloads.formats.hash_id_keys.CHUNK_LINES` chunk), keys mixed from the ids
+    without interning, straight into ``shards`` (its block size is the trace's block size here).
+
+    Raises:
+        InputError: as :func:`hash_id_trace`, and a line that arrives before the line above it (the
+            sampled pass takes the file's order; the exact paths sort).
+    """
+    time_format = HASH_ID_FORMATS[format_name]
+    keys = ChainKeys(shards.block_size, time_format.block_tokens, interned=False)
+    previous_ms = -np.inf
+    with open_jsonl(path) as file:
+        for item in keyed_lines(file, time_format, keys, limit):
+            if item.timestamp_ms < previous_ms:
+                raise InputError.at(path, item.line, "timestamp", "earlier than the line before: the sampled "
+                                    "curve reads the trace in file order (sort it by timestamp)")
+            previous_ms = item.timestamp_ms
+            prompt = item.prompt
+            shards.add([key_hash(key) for key in prompt.block_hashes], prompt.max_hit_blocks, prompt.num_tokens)
+    return shards.curve()

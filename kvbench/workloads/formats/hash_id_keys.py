@@ -54,15 +54,20 @@ def key_refusal(block_size: int, block_tokens: int) -> str | None:
 class ChainKeys:
     """Interned id prefixes -> 8-byte block keys for one block size (see the module docstring).
 
+    ``interned=False`` holds nothing: a node is then ``mix64(parent node, id)``, equal for equal id
+    prefixes and distinct for different ones except with probability ``n**2 / 2**65`` over ``n``
+    distinct prefixes (3e-6 at ten million): what the sampled curve (:mod:`kvbench.sim.shards`)
+    uses to read a trace in bounded memory; the exact paths intern.
+
     Raises:
         ValueError: :func:`key_refusal` refuses ``block_size``.
     """
 
-    def __init__(self, block_size: int, block_tokens: int) -> None:
+    def __init__(self, block_size: int, block_tokens: int, interned: bool = True) -> None:
         refusal = key_refusal(block_size, block_tokens)
         if refusal is not None:
             raise ValueError(refusal)
-        self.block_size = block_size
+        self.block_size, self.interned = block_size, interned
         self._ids_per_block = max(block_size // block_tokens, 1)
         self._blocks_per_id = max(block_tokens // block_size, 1)
         self._nodes: dict[tuple[int, int], int] = {}
@@ -77,15 +82,22 @@ class ChainKeys:
         serials: equal keys); interns the prompt's id prefixes."""
         num_blocks = num_tokens // self.block_size
         per_id, ids_per_block = self._blocks_per_id, self._ids_per_block
-        nodes, parent, intern = self._nodes, -1, self._nodes.setdefault
-        serials = []
-        for hash_id in hash_ids[:-(-num_blocks // per_id) * ids_per_block]:
-            parent = intern((parent, hash_id), len(nodes))
-            serials.append(parent)
+        ids = hash_ids[:-(-num_blocks // per_id) * ids_per_block]
+        serials = self._interned(ids) if self.interned else _mixed(ids)
         if ids_per_block > 1:
             return serials[ids_per_block - 1::ids_per_block]
-        if per_id > 1:
+        if per_id > 1:  # sub-block j % per_id of its id's node (mixed nodes: mixed again, to stay in 64 bits)
+            if not self.interned:
+                return [_mix64(serials[j // per_id] ^ (j % per_id)) for j in range(num_blocks)]
             return [serials[j // per_id] * per_id + j % per_id for j in range(num_blocks)]
+        return serials
+
+    def _interned(self, ids: list[int]) -> list[int]:
+        nodes, parent, intern = self._nodes, -1, self._nodes.setdefault
+        serials = []
+        for hash_id in ids:
+            parent = intern((parent, hash_id), len(nodes))
+            serials.append(parent)
         return serials
 
     def prompt_blocks(self, lines: list[tuple[list[int], int]]) -> list[PromptBlocks]:
@@ -101,6 +113,26 @@ class ChainKeys:
                                         _PUBLIC_NAMESPACE))
             start += len(serials)
         return prompts
+
+
+_MASK = 2**64 - 1
+
+
+def _mix64(value: int) -> int:
+    """splitmix64's finalizer on a Python int, modulo 2**64 (:func:`.mooncake.splitmix64`, one value)."""
+    z = (value + 0x9E3779B97F4A7C15) & _MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return z ^ (z >> 31)
+
+
+def _mixed(ids: list[int]) -> list[int]:
+    """Chained 64-bit nodes of an id prefix, holding nothing: ``mix64(parent * odd + id)``."""
+    parent, serials = 0, []
+    for hash_id in ids:
+        parent = _mix64((parent * 0x100000001B3 + hash_id) & _MASK)
+        serials.append(parent)
+    return serials
 
 
 @dataclass(frozen=True)
