@@ -22,7 +22,10 @@ at ``R = 0.1``. So the first
 ``exact_blocks`` blocks of every prompt (default 1) are sampled at ``min(1, R * 2**32)``: always,
 unless the budget is so small that nothing else is left; they count against ``max_keys`` like any
 key. :attr:`SampledCurve.hit_rate_sd` is that standard deviation estimated from the sample, at the
-unbounded cache.
+unbounded cache; it cannot see a hot key the sample missed (a small sd is no guarantee). A sampled
+key stands for ``1 / R`` blocks, so sizes below ``1 / R`` blocks are coarse: on
+``benchmarks/shards_synthetic.py`` (1M requests, 65,536 keys, R 0.065) the max error is 0.028 at 4
+blocks and 0.0027 from 16 blocks up.
 
 Measured error (max |sampled - exact| token hit rate over 200 log-spaced sizes, mean in brackets;
 ``benchmarks/shards_bench.py``, README "Traces of any size"): fixed-size at 16,384 keys, Mooncake
