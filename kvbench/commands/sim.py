@@ -15,6 +15,7 @@ from rich.table import Table
 from kvbench.commands import options as opt
 from kvbench.commands.choices import check_positive
 from kvbench.commands.common import make_console
+from kvbench.commands.sim_sampled import run_sampled
 from kvbench.cache.block_hash import HashAlgo
 from kvbench.cache.base import CacheConfig, CacheKind, ReleaseOrder
 from kvbench.errors import InputError, Interrupted
@@ -28,6 +29,7 @@ from kvbench.sim.curve import HitCurve
 from kvbench.sim.method import SimMethod, SimOutcome, simulate_sizes
 from kvbench.sim.replay import PreparedTrace, SimResult, ideal_hit_rate, prepare_prompts
 from kvbench.sim.bounds import unbounded_capacity_blocks
+from kvbench.sim.hash_id_trace import HASH_ID_TRACES, hash_id_refusal, hash_id_trace
 from kvbench.sim.ttl_curve import ttl_curve as ttl_curve_of
 
 def _table(source: RunSource, results: list[SimResult], ideal: SimResult, trace: PreparedTrace) -> Table:
@@ -100,6 +102,18 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:,.0f} s" if value >= 10 else f"{value:.3g} s"
 
 
+def _prepared_trace(path: Path, source: RunSource, base: CacheConfig, requests: int | None) -> PreparedTrace:
+    """The source's blocks and keys: from a hash-id trace's ids where that is exact
+    (:func:`hash_id_refusal`), else hashed from the token ids (read now for a hash-id trace)."""
+    if hash_id_refusal(base, source.format) is None:
+        return hash_id_trace(path, source.format, base.block_size, requests)
+    if source.format in HASH_ID_TRACES:
+        source = load_source(path, limit=requests)
+    token_requests = limit_requests(source.requests, requests)  # not kept: forked workers stay small
+    return prepare_prompts(token_requests, base.block_size, base.hash,
+                           keep_tokens=base.kind is CacheKind.RADIX or base.verify_tokens)
+
+
 def _check_flags(requests: int | None, block_size: int | None, ttl: float | None, workers: int) -> None:
     """Refuse a non-positive --requests, --block-size, --ttl or --workers (``InputError`` naming it)."""
     if requests is not None and requests <= 0:
@@ -130,24 +144,27 @@ def sim(
                                               "(hash cache, tail-first, no TTL, full keys), else replay.")] = SimMethod.AUTO,
     ttl_curve: Annotated[bool, typer.Option("--ttl-curve", help="Also the hit rate at every TTL with an unbounded "
                                             "cache (NAME.ttl-curve.parquet/.png).")] = False,
+    sample_rate: Annotated[float | None, typer.Option(help="Sampled LRU curve (SHARDS) instead of the exact one: "
+                                                      "keep this share of the block keys, in (0, 1].")] = None,
+    sample_keys: Annotated[int | None, typer.Option(help="Sampled LRU curve (fixed-size SHARDS): hold at most this "
+                                                    "many keys, lowering the rate as needed.")] = None,
 ) -> None:
     """Replay token traffic through the prefix cache, no model: hit rates per size, and where the
     one pass applies the exact curve at every size (NAME.curve.parquet and NAME.curve.png)."""
     _check_flags(requests, block_size, ttl, workers)
     if out is not None:
         check_output_path(out)
-    source_info = load_source(source, limit=requests)
-    token_requests = limit_requests(source_info.requests, requests)
+    source_info = load_source(source, limit=requests, token_ids=False)  # a hash-id trace: keys from its ids
     capacities = parse_int_list(sizes, "--sizes") if sizes is not None else list(source_info.sim.sizes)
     orders = (parse_choices(release, "--release", [o.value for o in ReleaseOrder]) if release is not None
               else [o.value for o in source_info.sim.release])  # an empty --sizes / --release is an error
     base = _base_config(source_info, block_size, cache_kind or cache, ttl, hash_algo, hash_bits, orders)
-    kind, hash_config = base.kind, base.hash
+    kind = base.kind
+    if sample_rate is not None or sample_keys is not None:
+        return run_sampled(source, source_info, base, requests, capacities, sample_rate, sample_keys, out)
     console, err = make_console(), make_console(stderr=True)
     started = time.perf_counter()
-    trace = prepare_prompts(token_requests, base.block_size, hash_config,
-                            keep_tokens=kind is CacheKind.RADIX or base.verify_tokens)
-    del token_requests  # the token ids are not needed once hashed; forked workers stay small
+    trace = _prepared_trace(source, source_info, base, requests)
     results, outcome, interrupted = _simulate(trace, base, capacities, orders, method, workers, err)
     order_index = {(c, o): i for i, (c, o) in enumerate((c, o) for c in capacities for o in orders)}
     results.sort(key=lambda r: order_index[(r.capacity_blocks, r.release_order)])

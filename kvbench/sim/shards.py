@@ -1,86 +1,268 @@
-"""A sampled hit-rate curve for traces too big for the exact pass: spatial sampling (SHARDS).
+"""A sampled hit-rate curve in bounded memory for traces too big for the exact pass: SHARDS.
 
 SHARDS (Waldspurger et al., "Efficient MRC Construction with SHARDS", FAST 2015) keeps the accesses
-whose key hashes under a threshold, a fixed fraction ``R`` of the keys, runs the stack-distance
-pass over those only, and scales: a sampled distance ``d`` stands for ``d / R`` blocks, a sampled
-hit for ``1 / R`` hits. Block keys are SHA-256 (or xxh3) digests, so their first 8 bytes are
-uniform and the sample is the same keys whatever the trace order. The chain property still holds
-on the sample (a kept key is warm only if every kept key before it in the prompt is), so the pass
-of :mod:`kvbench.sim.stack_distance` runs on it unchanged.
+whose key hashes under a threshold ``T`` (rate ``R = T / 2**64``), runs the LRU stack-distance pass
+over those keys only (counting, per access, the held keys used since: a byte per time slot,
+counted at C speed), and scales: a sampled distance ``d`` stands for ``d / R`` blocks, a sampled hit
+for ``1 / R`` hits. *Fixed-size* SHARDS bounds the memory: when more than ``max_keys`` keys are
+held, ``T`` drops to the largest held hash, the keys above it are dropped, and the histogram so far
+is rescaled by ``R_new / R_old`` (as if sampled at the new rate from the start). Block keys are
+digests (SHA-256 or :mod:`kvbench.workloads.formats.hash_id_keys`' mixed ids), so their first 8 bytes
+are the hash, the same keys whatever the trace order.
 
-This is the fixed-rate variant: memory and time scale with ``R`` (the fixed-memory variant that
-lowers the rate as distinct keys accumulate, and streaming the trace, are not built).
+Prefix chains (issue 18): the chain property holds on any sample (a kept key is warm only if every
+kept key before it in the prompt is), so a request's sampled hits are its leading kept keys whose
+prefix-max scaled distance is ``<= C``, and cold keys end the pass over a request as in
+:mod:`kvbench.sim.stack_distance`. What hurts is where the hits sit: a prefix cache's hits
+concentrate on the keys every request shares (a system prompt's blocks). A key is in the sample or
+not, so the estimate's standard deviation is ``sqrt((1 - R) / R * sum_k h_k**2)`` for ``h_k`` the
+hit rate key ``k``'s hits contribute (its hit tokens / all prompt tokens; Horvitz-Thompson): one key
+contributing 0.045 (the Mooncake conversation trace's shared first block, of its 0.37) gives 0.135
+at ``R = 0.1``. So the first
+``exact_blocks`` blocks of every prompt (default 1) are sampled at ``min(1, R * 2**32)``: always,
+unless the budget is so small that nothing else is left; they count against ``max_keys`` like any
+key. :attr:`SampledCurve.hit_rate_sd` is that standard deviation estimated from the sample, at the
+unbounded cache; it cannot see a hot key the sample missed (a small sd is no guarantee). A sampled
+key stands for ``1 / R`` blocks, so sizes below ``1 / R`` blocks are coarse: on
+``benchmarks/shards_synthetic.py`` (1M requests, 65,536 keys, R 0.065) the max error is 0.028 at 4
+blocks and 0.0027 from 16 blocks up; at 10M requests and 16,384 keys (R 0.0016) 0.0039 from 609
+blocks up, in 58 MiB of peak RSS against 4,684 MiB for the exact pass.
 
-Measured error (max absolute token-hit-rate error over 120 log-spaced sizes; ``tests/sim/test_shards.py``
-and issue 18's note): prefix-cache traces put their hits on few keys (a hot prefix is a handful of
-blocks, every request of it touches the same ones), so the estimate's variance is that of the
-hottest prefixes' sampled keys, far above SHARDS' block-trace figures. At ``R = 0.1``:
-multi_prefix_zipf 0.022, multi_prefix_rr 0.089 (at the cliff), 300 Zipf prefixes 0.119, Mooncake
-conversation 0.044 (one key, the shared first block, carries 4.5 of its 37 points of hit rate);
-at ``R = 0.3`` on the 300 prefixes 0.024. Use it for a first look at traces the exact pass cannot
-hold, not for sizing within a percent.
+Measured error (max |sampled - exact| token hit rate over 200 log-spaced sizes, mean in brackets;
+``benchmarks/shards_bench.py``, README "Traces of any size"): fixed-size at 16,384 keys, Mooncake
+conversation (170,899 distinct keys, final rate 0.096) 0.0033 (0.0009), Mooncake synthetic (rate
+0.39) 0.0085 (0.0022); at 4,096 keys multi_prefix_zipf 0.0039, 300 Zipf prefixes 0.0083, but
+multi_prefix_rr 0.025 and Mooncake conversation 0.013. Observed bound: within 0.01 at every size
+once the budget is at least 16,384 keys and 10% of the distinct keys. Curves with a cliff
+(round-robin prefixes) have their max error at the cliff: a 1% shift of the cliff's capacity is
+the whole jump at the sizes in between (the mean stays ~0.001).
+
+Histogram: scaled distances up to :data:`EXACT_BINS` blocks are binned exactly (so rate 1 gives
+the exact curve); above, in bins 1/1024 wide in log capacity, each counted at its upper edge (the
+estimate at ``C`` then misses hits at most 0.1% below ``C``).
 """
 
 from __future__ import annotations
 
+import heapq
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 
 from kvbench.sim.replay import PreparedTrace
-from kvbench.sim.stack_distance import COLD, distances_of
 
-_HASH_SPACE = 2**64
+HASH_SPACE = 2**64
+EXACT_BINS = 1 << 16  # scaled distances up to here are their own bin (exact at rate 1)
+_LOG_BINS_PER_E = 1024  # above: bins 1/1024 wide in ln(capacity)
+_BOOST = 2**32  # the first exact_blocks blocks of a prompt are sampled at min(1, R * 2**32)
 
 
-def sampled(key: bytes, threshold: int) -> bool:
-    """Whether ``key`` is in the sample whose first 8 bytes (big-endian) fall under ``threshold``."""
-    return int.from_bytes(key[:8], "big") < threshold
+def key_hash(key: bytes) -> int:
+    """A block key's sampling hash: its first 8 bytes, big-endian (uniform for digests)."""
+    return int.from_bytes(key[:8], "big")
+
+
+def _bin(scaled: float) -> int:
+    if scaled <= EXACT_BINS:
+        return math.ceil(scaled)
+    return EXACT_BINS + math.ceil(math.log(scaled / EXACT_BINS) * _LOG_BINS_PER_E)
+
+
+def _bin_edges(num_bins: int) -> np.ndarray:
+    """Upper edge (blocks) of bins ``0 .. num_bins - 1``; float64."""
+    index = np.arange(num_bins, dtype=np.float64)
+    return np.where(index <= EXACT_BINS, index, EXACT_BINS * np.exp((index - EXACT_BINS) / _LOG_BINS_PER_E))
 
 
 @dataclass(frozen=True, eq=False)
 class SampledCurve:
-    """Estimated hit counts from a spatial sample at rate ``rate``.
+    """Estimated hit blocks at every capacity from a (fixed-size) spatial sample.
 
     Attributes:
-        trace: the full trace (its token counts are the denominators).
-        rate: the fraction of keys kept, in (0, 1].
-        scaled_distances: float64, shape (num_eligible_sampled,): sorted ``distance / rate`` of the
-            kept blocks the last-token cap lets hit (cold ones excluded).
+        edges_blocks: float64, shape (num_bins,): ascending capacities where the estimate can change
+            (the last: where it reaches the unbounded cache's estimate).
+        hit_blocks_at_edges: float64, same shape: estimated hit blocks at each edge (cumulative).
+        rate: the final sampling rate, in (0, 1].
+        num_requests / num_prompt_tokens / block_size: of the whole trace (exact).
+        max_keys_held: the most keys the sample held at once (the memory, in keys).
+        hit_rate_sd: estimated standard deviation of the token hit rate at the unbounded cache.
     """
 
-    trace: PreparedTrace
+    edges_blocks: np.ndarray
+    hit_blocks_at_edges: np.ndarray
     rate: float
-    scaled_distances: np.ndarray
+    num_requests: int
+    num_prompt_tokens: int
+    block_size: int
+    max_keys_held: int
+    hit_rate_sd: float
 
-    def hit_blocks(self, capacities_blocks: np.ndarray) -> np.ndarray:
-        """Estimated hit blocks over the trace at each capacity; float64."""
-        counts = np.searchsorted(self.scaled_distances, np.asarray(capacities_blocks, dtype=np.float64), side="right")
-        return counts / self.rate
+    @property
+    def ideal_capacity_blocks(self) -> int:
+        """The smallest capacity (blocks) at which the estimate reaches its unbounded-cache value."""
+        return max(math.ceil(self.edges_blocks[-1]), 1)
 
-    def token_hit_rates(self, capacities_blocks: np.ndarray) -> np.ndarray:
-        """Estimated cached / prompt tokens at each capacity."""
-        tokens = self.trace.num_prompt_tokens
-        return self.hit_blocks(capacities_blocks) * self.trace.block_size / tokens if tokens else \
-            np.zeros(np.shape(capacities_blocks))
+    def hit_blocks(self, capacities_blocks) -> np.ndarray:
+        """Estimated hit blocks over the trace at each capacity (blocks); float64, same shape."""
+        index = np.searchsorted(self.edges_blocks, np.asarray(capacities_blocks, dtype=np.float64), side="right")
+        return np.where(index > 0, self.hit_blocks_at_edges[np.maximum(index - 1, 0)], 0.0)
+
+    def token_hit_rates(self, capacities_blocks) -> np.ndarray:
+        """Estimated cached / prompt tokens at each capacity; float64, same shape."""
+        if not self.num_prompt_tokens:
+            return np.zeros(np.shape(capacities_blocks))
+        return self.hit_blocks(capacities_blocks) * self.block_size / self.num_prompt_tokens
 
 
-def sampled_curve(trace: PreparedTrace, rate: float) -> SampledCurve:
-    """One pass over the keys of ``trace`` that hash under ``rate`` (hash cache, tail-first, no TTL,
-    full keys: the conditions of the exact curve).
+class ShardsPass:
+    """The online pass: :meth:`add` each request's keys in arrival order, then :meth:`curve`.
+
+    Memory: at most ``max_keys`` held keys, plus one request's between its insert and the drop
+    (a dict entry, a heap entry and two one-byte time slots each,
+    time slots renumbered when they reach twice the live ones) plus the histogram's bins.
 
     Raises:
-        ValueError: ``rate`` outside (0, 1].
+        ValueError: ``rate`` outside (0, 1], ``max_keys < 1``, ``exact_blocks < 0``.
     """
-    if not 0 < rate <= 1:
-        raise ValueError(f"rate must be in (0, 1], got {rate}")
-    threshold = int(rate * _HASH_SPACE)
-    key_lists, eligible = [], []
+
+    def __init__(self, block_size: int, rate: float = 1.0, max_keys: int | None = None, exact_blocks: int = 1) -> None:
+        if not 0 < rate <= 1:
+            raise ValueError(f"rate must be in (0, 1], got {rate}")
+        if max_keys is not None and max_keys < 1:
+            raise ValueError(f"max_keys must be positive, got {max_keys}")
+        if exact_blocks < 0:
+            raise ValueError(f"exact_blocks must be >= 0, got {exact_blocks}")
+        self.block_size, self.max_keys, self.exact_blocks = block_size, max_keys, exact_blocks
+        self.threshold = min(int(rate * HASH_SPACE), HASH_SPACE)
+        self._held: dict[int, list] = {}  # sampling hash -> [slot, boosted, num_hits]
+        self._heap: list[tuple[int, int]] = []  # (-effective hash, hash): the next to drop on top
+        self._slots = _Slots(2 * (max_keys or 1 << 16))
+        self._histograms = (np.zeros(EXACT_BINS + 1), np.zeros(EXACT_BINS + 1))  # plain, boosted
+        self._scales = [1.0, 1.0]  # histogram[c] * scales[c] = sampled hits at today's rate (rescaled lazily)
+        self.num_requests = self.num_prompt_tokens = self.max_keys_held = 0
+
+    def rates(self) -> tuple[float, float]:
+        """``(plain, boosted)`` inclusion probabilities now."""
+        rate = self.threshold / HASH_SPACE
+        return rate, min(1.0, rate * _BOOST)
+
+    def add(self, hashes: Iterable[int], max_hit_blocks: int, num_tokens: int) -> None:
+        """One request: the sampling hashes of its full blocks in chain order, its last-token cap
+        and its prompt length in tokens."""
+        self.num_requests += 1
+        self.num_prompt_tokens += num_tokens
+        threshold, boosted_threshold = self.threshold, self.threshold * _BOOST
+        kept = [(j, h) for j, h in enumerate(hashes)
+                if h < (boosted_threshold if j < self.exact_blocks else threshold)]
+        if kept:
+            self._access(kept, max_hit_blocks)
+
+    def _access(self, kept: list[tuple[int, int]], cap: int) -> None:
+        rates, held, slots = self.rates(), self._held, self._slots
+        deepest, warm = 0.0, True
+        for j, h in kept:  # distances before the request, against the sample as the others left it
+            entry = held.get(h) if warm else None
+            if entry is None:
+                warm = False
+                continue
+            plain, boosted = slots.live_at_or_after(entry[0])
+            deepest = max(deepest, plain / rates[0] + boosted / rates[1])
+            if j < cap:
+                self._count(_bin(deepest), entry[1])
+                entry[2] += 1
+        for j, h in reversed(kept):  # tail first: the chain's first key ends most recent
+            entry = held.get(h)
+            boosted = j < self.exact_blocks
+            if entry is None:
+                held[h] = entry = [None, int(boosted), 0]
+                heapq.heappush(self._heap, (-(h // _BOOST if boosted else h), h))
+            else:
+                slots.remove(entry[0], entry[1])
+                entry[0] = None
+            entry[0] = slots.append(entry[1], held)
+        self.max_keys_held = max(self.max_keys_held, len(held))
+        if self.max_keys is not None and len(held) > self.max_keys:
+            self._lower_threshold()
+
+    def _count(self, index: int, boosted: int) -> None:
+        """One sampled hit in bin ``index`` of the plain (0) or boosted (1) histogram, growing both."""
+        if index >= self._histograms[boosted].size:
+            grown = tuple(np.zeros(max(index + 1, 2 * h.size)) for h in self._histograms)
+            for new, old in zip(grown, self._histograms):
+                new[:old.size] = old
+            self._histograms = grown
+        self._histograms[boosted][index] += 1.0 / self._scales[boosted]
+
+    def _lower_threshold(self) -> None:
+        """Fixed-size SHARDS: drop the keys with the largest (effective) hash until ``max_keys`` fit;
+        the threshold becomes the last dropped one's, and the histograms are rescaled."""
+        old = self.rates()
+        while len(self._held) > self.max_keys:
+            effective, h = heapq.heappop(self._heap)
+            entry = self._held.pop(h)
+            self._slots.remove(entry[0], entry[1])
+            self.threshold = max(min(self.threshold, -effective), 1)  # held keys: effective hash < threshold
+        new = self.rates()
+        self._scales = [scale * after / before for scale, before, after in zip(self._scales, old, new)]
+
+    def curve(self) -> SampledCurve:
+        """The estimate so far (hit blocks scaled by ``1 / rate`` per class)."""
+        rates = self.rates()
+        estimate = (self._histograms[0] * (self._scales[0] / rates[0])
+                    + self._histograms[1] * (self._scales[1] / rates[1]))
+        estimate = estimate[:int(np.flatnonzero(estimate)[-1]) + 1 if estimate.any() else 1]  # up to the last hit
+        sd = 0.0
+        if self.num_prompt_tokens:
+            variance = sum((1 - rates[b]) / rates[b] ** 2 * hits * hits for _, b, hits in self._held.values())
+            sd = math.sqrt(variance) * self.block_size / self.num_prompt_tokens
+        return SampledCurve(_bin_edges(estimate.size), np.cumsum(estimate), rates[0], self.num_requests,
+                            self.num_prompt_tokens, self.block_size, self.max_keys_held, sd)
+
+
+class _Slots:
+    """Time slots of the held keys' latest accesses: one byte each (0: superseded or dropped, 1: a
+    plain key, 2: a boosted one), counted with ``bytearray.count`` (C speed: the hot keys' slots are
+    near the end). Renumbered (oldest first) when full, so memory follows the held keys, not the trace."""
+
+    def __init__(self, size: int) -> None:
+        self._classes = bytearray(size)
+        self._size, self._next = size, 0
+
+    def live_at_or_after(self, slot: int) -> tuple[int, int]:
+        """Live (plain, boosted) accesses at slots ``>= slot``."""
+        classes, end = self._classes, self._next
+        return classes.count(1, slot, end), classes.count(2, slot, end)
+
+    def remove(self, slot: int, boosted: int) -> None:
+        self._classes[slot] = 0
+
+    def append(self, boosted: int, held: dict[int, list]) -> int:
+        """The next slot, for a key of ``held`` whose slot is ``None`` now (renumbers ``held``'s
+        slots first when full)."""
+        if self._next == self._size:
+            self._renumber(held)
+        slot, self._next = self._next, self._next + 1
+        self._classes[slot] = 1 + boosted
+        return slot
+
+    def _renumber(self, held: dict[int, list]) -> None:
+        live = sorted((entry[0], h) for h, entry in held.items() if entry[0] is not None)
+        self._size = max(self._size, 2 * len(live) + 2)
+        self._classes = bytearray(self._size)
+        for slot, (_, h) in enumerate(live):
+            entry = held[h]
+            entry[0] = slot
+            self._classes[slot] = 1 + entry[1]
+        self._next = len(live)
+
+
+def sampled_curve(trace: PreparedTrace, rate: float = 1.0, max_keys: int | None = None,
+                  exact_blocks: int = 1) -> SampledCurve:
+    """The sampled curve of an in-memory ``trace`` (hash cache, tail-first, no TTL, full keys: the
+    conditions of the exact curve). See :class:`ShardsPass` for the arguments and errors."""
+    shards = ShardsPass(trace.block_size, rate, max_keys, exact_blocks)
     for prompt in trace.prompts:
-        cap = prompt.max_hit_blocks
-        kept = [(j, key) for j, key in enumerate(prompt.block_hashes) if sampled(key, threshold)]
-        key_lists.append(tuple(key for _, key in kept))
-        eligible.extend(j < cap for j, _ in kept)
-    distances, _, _ = distances_of(key_lists)
-    distances = distances[np.asarray(eligible, dtype=bool)] if distances.size else distances
-    return SampledCurve(trace, rate, np.sort(distances[distances != COLD].astype(np.float64) / rate))
+        shards.add([key_hash(key) for key in prompt.block_hashes], prompt.max_hit_blocks, prompt.num_tokens)
+    return shards.curve()
