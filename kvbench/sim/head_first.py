@@ -37,7 +37,7 @@ import numpy as np
 from kvbench.cache.base import ReleaseOrder
 from kvbench.sim.curve import HitCurve
 from kvbench.sim.replay import PreparedTrace, SimResult
-from kvbench.sim.stack_distance import COLD, RangeFenwickTree, StackDistances
+from kvbench.sim.stack_distance import COLD, RangeFenwickTree, StackDistances, one_pass
 
 
 def head_first_results(trace: PreparedTrace, capacities_blocks: list[int]) -> list[SimResult]:
@@ -92,28 +92,12 @@ def head_first_distances(key_lists: list[tuple[bytes, ...]]) -> tuple[np.ndarray
     at its own access: ``(prefix_max, distances, offsets, num_distinct_keys)``; the first two are
     int64 of shape (num_blocks,), :data:`COLD` for a key never seen before, ``offsets`` as in
     :class:`~kvbench.sim.stack_distance.StackDistances`. O(T log T) for T keys in all."""
-    counts = np.fromiter((len(keys) for keys in key_lists), dtype=np.int64, count=len(key_lists))
-    offsets = np.zeros(len(key_lists) + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    prefix_max = np.full(int(offsets[-1]), COLD, dtype=np.int64)
-    distances = prefix_max.copy()
-    superseded = RangeFenwickTree(int(offsets[-1]))  # 1 at every access a later one of its key replaced
-    flags = bytearray(int(offsets[-1]))  # the same, one byte per time slot, for O(1) steps in a run
-    last_access: dict[bytes, int] = {}
-    now = 0
-    for index, keys in enumerate(key_lists):
-        request_distances, runs = _warm_distances(keys, last_access, superseded, flags)
-        if request_distances:
-            start = int(offsets[index])
-            stop = start + len(request_distances)
-            distances[start:stop] = request_distances
-            prefix_max[start:stop] = np.maximum.accumulate(request_distances)
-        for first, last in runs:  # the request re-accesses its warm keys: their old accesses are superseded
-            superseded.add_range(first, last, 1)
-            flags[first:last + 1] = b"\x01" * (last + 1 - first)
-        last_access.update(zip(keys, range(now, now + len(keys))))  # head first: the tail newest
-        now += len(keys)
-    return prefix_max, distances, offsets, len(last_access)
+    distances, offsets, num_distinct = one_pass(key_lists, _warm_distances, head_first=True)
+    prefix_max = distances.copy()
+    for start, stop in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
+        if stop > start and prefix_max[start] != COLD:  # a cold first key: the whole request is cold
+            np.maximum.accumulate(prefix_max[start:stop], out=prefix_max[start:stop])
+    return prefix_max, distances, offsets, num_distinct
 
 
 def _warm_distances(keys, last_access: dict[bytes, int], superseded: RangeFenwickTree,

@@ -141,6 +141,17 @@ def distances_of(key_lists: list[tuple[bytes, ...]]) -> tuple[np.ndarray, np.nda
     """The pass itself over each request's keys in chain order (any subset of a prompt's keys that
     keeps their order, e.g. a spatial sample): ``(distances, offsets, num_distinct_keys)`` as in
     :class:`StackDistances`. Distances count only the keys given."""
+    return one_pass(key_lists, _warm_distances, head_first=False)
+
+
+def one_pass(key_lists: list[tuple[bytes, ...]], warm_distances, head_first: bool) -> tuple[np.ndarray, np.ndarray, int]:
+    """The one pass both release orders share: ``(distances, offsets, num_distinct_keys)``.
+
+    ``warm_distances(keys, last_access, superseded, flags)`` gives a request's leading warm keys'
+    distances and the runs ``(first, last)`` of time slots their last uses held (superseded now);
+    the request's keys are then used tail first (``k_0`` newest) or, ``head_first``, ``k_0`` first
+    (:mod:`kvbench.sim.head_first`). ``distances`` is int64 of shape (num_keys,), :data:`COLD` past
+    a request's warm keys."""
     counts = np.fromiter((len(keys) for keys in key_lists), dtype=np.int64, count=len(key_lists))
     offsets = np.zeros(len(key_lists) + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
@@ -150,14 +161,15 @@ def distances_of(key_lists: list[tuple[bytes, ...]]) -> tuple[np.ndarray, np.nda
     last_access: dict[bytes, int] = {}
     now = 0
     for index, keys in enumerate(key_lists):
-        request_distances, runs = _warm_distances(keys, last_access, superseded, flags)
+        request_distances, runs = warm_distances(keys, last_access, superseded, flags)
         if request_distances:
             start = int(offsets[index])
             distances[start:start + len(request_distances)] = request_distances
         for first, last in runs:  # the request re-accesses its warm keys: their old accesses are superseded
             superseded.add_range(first, last, 1)
             flags[first:last + 1] = b"\x01" * (last + 1 - first)
-        last_access.update(zip(reversed(keys), range(now, now + len(keys))))  # tail first: k_0 newest
+        order = keys if head_first else reversed(keys)  # head first: the tail newest; tail first: k_0 newest
+        last_access.update(zip(order, range(now, now + len(keys))))
         now += len(keys)
     return distances, offsets, len(last_access)
 
