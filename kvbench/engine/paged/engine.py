@@ -23,9 +23,11 @@ Timings (``time.perf_counter``): a record's clock starts when the sequence is fi
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from concurrent.futures import Future
@@ -48,6 +50,19 @@ from kvbench.engine.paged.verify import Verifier, VerifyReport
 from kvbench.engine.sampling import SamplingParams, sample_next_token
 from kvbench.errors import CacheBusyError, InputError
 from kvbench.request import RequestRecord
+
+_LIVE_ENGINES: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_workers_at_exit() -> None:
+    """A worker thread still inside torch when the interpreter finalizes aborts the process
+    (``terminate called without an active exception``, exit status 134), e.g. a server, benchmark or
+    interrupted run leaving with requests in flight: stop every engine's worker at a step boundary
+    first (atexit handlers run before finalization; a step takes at most one forward)."""
+    for engine in list(_LIVE_ENGINES):
+        engine._stop_worker(timeout_s=60.0)
+
 
 class RequestFuture(Future):
     """A future of one request's :class:`RequestRecord`; ``seq_id`` names it for :meth:`PagedEngine.abort`
@@ -90,6 +105,8 @@ class PagedEngine:
         self._lock = threading.Lock()
         self._aborted: set[int] = set()
         self._worker: threading.Thread | None = None
+        self._stopping = False  # set at interpreter exit: the worker ends after its current step
+        _LIVE_ENGINES.add(self)
         self._verifier = Verifier(loaded) if config.verify else None  # the cache-off copy engine, for verify
 
     @property
@@ -136,7 +153,7 @@ class PagedEngine:
             for job in jobs:
                 self._jobs[job.seq.seq_id] = job
             self.scheduler.add(jobs[0].seq)
-            if self._worker is None:
+            if self._worker is None and not self._stopping:
                 self._worker = threading.Thread(target=self._work, name="kvbench-paged", daemon=True)
                 self._worker.start()
         return futures
@@ -172,6 +189,14 @@ class PagedEngine:
         if worker is not None:
             worker.join(timeout_s)
 
+    def _stop_worker(self, timeout_s: float) -> None:
+        """End the worker after the step it is in (its requests stay unfinished) and wait for it."""
+        with self._lock:
+            self._stopping = True
+            worker = self._worker
+        if worker is not None:
+            worker.join(timeout_s)
+
     def reset_prefix_cache(self) -> None:
         """Drop every cached block's key (vLLM's ``reset_prefix_cache``). Raises ``CacheBusyError``
         while any request is in the engine."""
@@ -199,7 +224,7 @@ class PagedEngine:
         idle engine holds no thread and can be garbage-collected with its pool."""
         while True:
             with self._lock:
-                if not self.scheduler.has_work and not self._aborted:
+                if self._stopping or (not self.scheduler.has_work and not self._aborted):
                     self._worker = None
                     return
             try:
