@@ -89,3 +89,17 @@ def test_modules_and_functions_stay_small(root):
 def test_no_options_dict_from_locals():
     offenders = [str(path.relative_to(REPO)) for path in SOURCES if "dict(locals())" in path.read_text(encoding="utf-8")]
     assert offenders == []
+
+
+def test_tests_never_import_the_tests_folder_as_a_package():
+    """``tests`` has no ``__init__.py``: ``from tests.x import y`` works only where the repository
+    root happens to be on ``sys.path`` (a dev ``PYTHONPATH``), not under CI's plain ``pytest``. Shared
+    helpers live in a non-test module imported by its bare name (tests/server/live_server.py)."""
+    offenders = []
+    for path in (REPO / "tests").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else (
+                [alias.name for alias in node.names] if isinstance(node, ast.Import) else [])
+            offenders += [f"{path.relative_to(REPO)}:{node.lineno}" for name in names
+                          if name == "tests" or name.startswith("tests.")]
+    assert offenders == []

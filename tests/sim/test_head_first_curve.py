@@ -13,7 +13,7 @@ from kvbench.sim.curve import one_pass_refusal
 from kvbench.sim.head_first import head_first_curve, head_first_results
 from kvbench.sim.replay import prepare_prompts, simulate
 
-from tests.sim.test_curve import BLOCK, counts, traces
+from curve_traces import BLOCK, counts, traces
 
 HEAD_FIRST = ReleaseOrder.HEAD_FIRST
 

@@ -9,7 +9,7 @@ from kvbench.cache.block_hash import BlockHasher, HashConfig
 from kvbench.request import Request
 from kvbench.sim.shared_prefixes import hash_prompts, shared_full_blocks
 
-from tests.sim.test_curve import BLOCK, traces
+from curve_traces import BLOCK, traces
 
 
 def fields(prompts):

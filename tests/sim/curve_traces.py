@@ -1,0 +1,37 @@
+"""Random traces for the one-pass curve tests (tests/sim), and the result columns they compare.
+
+Imported by its bare name (the test folder is on ``sys.path`` under pytest's rootdir conftest
+import mode, as tests/server/live_server.py is); ``tests`` itself is not a package.
+"""
+
+import numpy as np
+from hypothesis import strategies as st
+
+from kvbench.request import Request
+
+BLOCK = 4
+
+
+@st.composite
+def traces(draw):
+    """Prompts built from a few shared prefixes (random lengths, some exact multiples of the block,
+    some shorter than one block) plus random suffixes, a few salted; random arrival order."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    prefixes = [rng.integers(0, 50, size=int(rng.integers(0, 6 * BLOCK + 1))) for _ in range(draw(st.integers(1, 5)))]
+    requests = []
+    for index in range(draw(st.integers(1, 40))):
+        prefix = prefixes[int(rng.integers(len(prefixes)))]
+        prefix = prefix[: int(rng.integers(prefix.size + 1))] if rng.random() < 0.3 else prefix
+        suffix = rng.integers(0, 50, size=int(rng.integers(0, 3 * BLOCK + 1)))
+        tokens = np.concatenate([prefix, suffix]).astype(np.uint32)
+        requests.append(Request(index=index, request_id=f"r{index}", session_id=f"s{index}", turn=0,
+                                token_ids=tokens, arrival_s=float(rng.integers(0, 5)),
+                                salt="tenant" if rng.random() < 0.1 else None))
+    return requests
+
+
+def counts(result):
+    """Every Parquet column but ``method`` (which says how the numbers were computed)."""
+    row = result.as_row()
+    assert row.pop("method") == result.method
+    return row
