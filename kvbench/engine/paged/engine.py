@@ -289,7 +289,8 @@ class PagedEngine:
         output = self.loaded.model(input_ids=torch.tensor([ids], device=device),  # (1, tokens)
                                    position_ids=position_tensor[None], use_cache=False,
                                    attention_mask=skip_mask_creation(device),
-                                   logits_to_keep=torch.tensor(keep, device=device), kvbench_paged=paged)
+                                   logits_to_keep=torch.tensor(keep, dtype=torch.long, device=device),  # (sampled,)
+                                   kvbench_paged=paged)
         return output.logits[0]  # (sampled sequences, vocab)
 
     def _sample(self, job: Job, logits: torch.Tensor) -> None:
