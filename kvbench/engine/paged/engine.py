@@ -51,17 +51,22 @@ from kvbench.engine.sampling import SamplingParams, sample_next_token
 from kvbench.errors import CacheBusyError, InputError
 from kvbench.request import RequestRecord
 
-_LIVE_ENGINES: weakref.WeakSet = weakref.WeakSet()
+_WORKERS: dict[threading.Thread, weakref.ref] = {}  # every worker thread not known to have ended -> its engine
 
 
 @atexit.register
 def _stop_workers_at_exit() -> None:
-    """A worker thread still inside torch when the interpreter finalizes aborts the process
-    (``terminate called without an active exception``, exit status 134), e.g. a server, benchmark or
-    interrupted run leaving with requests in flight: stop every engine's worker at a step boundary
-    first (atexit handlers run before finalization; a step takes at most one forward)."""
-    for engine in list(_LIVE_ENGINES):
-        engine._stop_worker(timeout_s=60.0)
+    """A worker thread still inside torch, or still tearing down its thread state, when the
+    interpreter finalizes aborts the process (``terminate called without an active exception``,
+    exit status 134): seen when a server, benchmark or interrupted run leaves with requests in
+    flight, and after an interrupt even once the engine was collected. Stop every live engine's
+    worker at a step boundary and join every worker thread (atexit handlers run before
+    finalization; a step takes at most one forward)."""
+    for engine in [ref() for ref in list(_WORKERS.values())]:
+        if engine is not None:
+            engine._stopping = True
+    for thread in list(_WORKERS):
+        thread.join(timeout=60.0)
 
 
 class RequestFuture(Future):
@@ -106,7 +111,6 @@ class PagedEngine:
         self._aborted: set[int] = set()
         self._worker: threading.Thread | None = None
         self._stopping = False  # set at interpreter exit: the worker ends after its current step
-        _LIVE_ENGINES.add(self)
         self._verifier = Verifier(loaded) if config.verify else None  # the cache-off copy engine, for verify
 
     @property
@@ -155,6 +159,9 @@ class PagedEngine:
             self.scheduler.add(jobs[0].seq)
             if self._worker is None and not self._stopping:
                 self._worker = threading.Thread(target=self._work, name="kvbench-paged", daemon=True)
+                for ended in [thread for thread in _WORKERS if not thread.is_alive()]:
+                    del _WORKERS[ended]
+                _WORKERS[self._worker] = weakref.ref(self)
                 self._worker.start()
         return futures
 
@@ -185,14 +192,6 @@ class PagedEngine:
         """Block until the worker thread has ended (no request left), e.g. before the process exits:
         a daemon thread still inside torch at interpreter shutdown aborts the process."""
         with self._lock:
-            worker = self._worker
-        if worker is not None:
-            worker.join(timeout_s)
-
-    def _stop_worker(self, timeout_s: float) -> None:
-        """End the worker after the step it is in (its requests stay unfinished) and wait for it."""
-        with self._lock:
-            self._stopping = True
             worker = self._worker
         if worker is not None:
             worker.join(timeout_s)
