@@ -126,6 +126,12 @@ def _check_flags(requests: int | None, block_size: int | None, ttl: float | None
         raise InputError(f"--workers: {workers} is not a positive number of processes")
 
 
+_SAMPLE_RATE_HELP = ("Sampled LRU curve (SHARDS) instead of the exact one: keep this share of the block keys, "
+                     "in (0, 1] (with --sample-keys: the starting rate).")
+_SAMPLE_KEYS_HELP = ("Sampled LRU curve (fixed-size SHARDS): hold at most this many keys between requests, "
+                     "lowering the rate as needed (from --sample-rate if given, else from 1).")
+
+
 def sim(
     source: Annotated[Path, typer.Argument(help="Scenario (.toml) or trace (.jsonl: kvbench or Mooncake).")],
     sizes: Annotated[str | None, typer.Option(help="Cache capacities in blocks, e.g. 64,128,256.")] = None,
@@ -144,10 +150,8 @@ def sim(
                                               "(hash cache, tail-first, no TTL, full keys), else replay.")] = SimMethod.AUTO,
     ttl_curve: Annotated[bool, typer.Option("--ttl-curve", help="Also the hit rate at every TTL with an unbounded "
                                             "cache (NAME.ttl-curve.parquet/.png).")] = False,
-    sample_rate: Annotated[float | None, typer.Option(help="Sampled LRU curve (SHARDS) instead of the exact one: "
-                                                      "keep this share of the block keys, in (0, 1].")] = None,
-    sample_keys: Annotated[int | None, typer.Option(help="Sampled LRU curve (fixed-size SHARDS): hold at most this "
-                                                    "many keys, lowering the rate as needed.")] = None,
+    sample_rate: Annotated[float | None, typer.Option(help=_SAMPLE_RATE_HELP)] = None,
+    sample_keys: Annotated[int | None, typer.Option(help=_SAMPLE_KEYS_HELP)] = None,
 ) -> None:
     """Replay token traffic through the prefix cache, no model: hit rates per size, and where the
     one pass applies the exact curve at every size (NAME.curve.parquet and NAME.curve.png)."""
@@ -161,7 +165,8 @@ def sim(
     base = _base_config(source_info, block_size, cache_kind or cache, ttl, hash_algo, hash_bits, orders)
     kind = base.kind
     if sample_rate is not None or sample_keys is not None:
-        return run_sampled(source, source_info, base, requests, capacities, sample_rate, sample_keys, out)
+        return run_sampled(source, source_info, base, requests, capacities, sample_rate, sample_keys, out, orders,
+                           method, ttl_curve)
     console, err = make_console(), make_console(stderr=True)
     started = time.perf_counter()
     trace = _prepared_trace(source, source_info, base, requests)
