@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Annotated
 
+import numpy as np
 import typer
 from rich.markup import escape
 from rich.progress import Progress
@@ -114,6 +115,15 @@ def _prepared_trace(path: Path, source: RunSource, base: CacheConfig, requests: 
                            keep_tokens=base.kind is CacheKind.RADIX or base.verify_tokens)
 
 
+def _warn_untimed_ttl(err, trace: PreparedTrace, ttl: float | None, ttl_curve: bool) -> None:
+    """One warning line for ``--ttl`` / ``--ttl-curve`` on a trace whose requests all arrive at 0 s
+    (a generated workload without a request rate): the cache's clock never moves, so nothing expires."""
+    flags = [flag for flag, given in (("--ttl", ttl is not None), ("--ttl-curve", ttl_curve)) if given]
+    if flags and trace.num_requests and not np.any(trace.arrivals_s != 0):
+        err.print("warning: the trace has no arrival times: every request arrives at 0 s, so a TTL never expires "
+                  f"({', '.join(flags)})", soft_wrap=True, markup=False)
+
+
 def _check_flags(requests: int | None, block_size: int | None, ttl: float | None, workers: int) -> None:
     """Refuse a non-positive --requests, --block-size, --ttl or --workers (``InputError`` naming it)."""
     if requests is not None and requests <= 0:
@@ -170,6 +180,7 @@ def sim(
     console, err = make_console(), make_console(stderr=True)
     started = time.perf_counter()
     trace = _prepared_trace(source, source_info, base, requests)
+    _warn_untimed_ttl(err, trace, ttl, ttl_curve)
     results, outcome, interrupted = _simulate(trace, base, capacities, orders, method, workers, err)
     order_index = {(c, o): i for i, (c, o) in enumerate((c, o) for c in capacities for o in orders)}
     results.sort(key=lambda r: order_index[(r.capacity_blocks, r.release_order)])
