@@ -113,8 +113,9 @@ def _keys_held(curve: SampledCurve) -> str:
     budget, first blocks included) and the peak while one request's new keys are inserted."""
     if curve.max_keys is None:
         return f"at most {curve.max_keys_held:,} keys held"
-    return (f"budget {curve.max_keys:,} keys: at most {curve.max_keys_kept:,} keys held between requests, "
-            f"{curve.max_keys_held:,} at peak (one request's new keys before the drop)")
+    peak = (f", {curve.max_keys_held:,} at peak (one request's new keys before the drop)"
+            if curve.max_keys_held > curve.max_keys_kept else "")
+    return f"budget {curve.max_keys:,}: at most {curve.max_keys_kept:,} keys held between requests{peak}"
 
 
 def coarse_warning(rate: float, capacities: list[int], curve_sizes: np.ndarray) -> str | None:
