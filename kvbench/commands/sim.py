@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Annotated
 
+import numpy as np
 import typer
 from rich.markup import escape
 from rich.progress import Progress
@@ -114,6 +115,15 @@ def _prepared_trace(path: Path, source: RunSource, base: CacheConfig, requests: 
                            keep_tokens=base.kind is CacheKind.RADIX or base.verify_tokens)
 
 
+def _warn_untimed_ttl(err, trace: PreparedTrace, ttl: float | None, ttl_curve: bool) -> None:
+    """One warning line for ``--ttl`` / ``--ttl-curve`` on a trace whose requests all arrive at 0 s
+    (a generated workload without a request rate): the cache's clock never moves, so nothing expires."""
+    flags = [flag for flag, given in (("--ttl", ttl is not None), ("--ttl-curve", ttl_curve)) if given]
+    if flags and trace.num_requests and not np.any(trace.arrivals_s != 0):
+        err.print("warning: the trace has no arrival times: every request arrives at 0 s, so a TTL never expires "
+                  f"({', '.join(flags)})", soft_wrap=True, markup=False)
+
+
 def _check_flags(requests: int | None, block_size: int | None, ttl: float | None, workers: int) -> None:
     """Refuse a non-positive --requests, --block-size, --ttl or --workers (``InputError`` naming it)."""
     if requests is not None and requests <= 0:
@@ -124,6 +134,12 @@ def _check_flags(requests: int | None, block_size: int | None, ttl: float | None
         raise InputError(f"--ttl: {ttl} is not a positive number of seconds")
     if workers <= 0:
         raise InputError(f"--workers: {workers} is not a positive number of processes")
+
+
+_SAMPLE_RATE_HELP = ("Sampled LRU curve (SHARDS) instead of the exact one: keep this share of the block keys, "
+                     "in (0, 1] (with --sample-keys: the starting rate).")
+_SAMPLE_KEYS_HELP = ("Sampled LRU curve (fixed-size SHARDS): hold at most this many keys between requests, "
+                     "lowering the rate as needed (from --sample-rate if given, else from 1).")
 
 
 def sim(
@@ -144,10 +160,8 @@ def sim(
                                               "(hash cache, tail-first, no TTL, full keys), else replay.")] = SimMethod.AUTO,
     ttl_curve: Annotated[bool, typer.Option("--ttl-curve", help="Also the hit rate at every TTL with an unbounded "
                                             "cache (NAME.ttl-curve.parquet/.png).")] = False,
-    sample_rate: Annotated[float | None, typer.Option(help="Sampled LRU curve (SHARDS) instead of the exact one: "
-                                                      "keep this share of the block keys, in (0, 1].")] = None,
-    sample_keys: Annotated[int | None, typer.Option(help="Sampled LRU curve (fixed-size SHARDS): hold at most this "
-                                                    "many keys, lowering the rate as needed.")] = None,
+    sample_rate: Annotated[float | None, typer.Option(help=_SAMPLE_RATE_HELP)] = None,
+    sample_keys: Annotated[int | None, typer.Option(help=_SAMPLE_KEYS_HELP)] = None,
 ) -> None:
     """Replay token traffic through the prefix cache, no model: hit rates per size, and where the
     one pass applies the exact curve at every size (NAME.curve.parquet and NAME.curve.png)."""
@@ -161,10 +175,12 @@ def sim(
     base = _base_config(source_info, block_size, cache_kind or cache, ttl, hash_algo, hash_bits, orders)
     kind = base.kind
     if sample_rate is not None or sample_keys is not None:
-        return run_sampled(source, source_info, base, requests, capacities, sample_rate, sample_keys, out)
+        return run_sampled(source, source_info, base, requests, capacities, sample_rate, sample_keys, out, orders,
+                           method, ttl_curve)
     console, err = make_console(), make_console(stderr=True)
     started = time.perf_counter()
     trace = _prepared_trace(source, source_info, base, requests)
+    _warn_untimed_ttl(err, trace, ttl, ttl_curve)
     results, outcome, interrupted = _simulate(trace, base, capacities, orders, method, workers, err)
     order_index = {(c, o): i for i, (c, o) in enumerate((c, o) for c in capacities for o in orders)}
     results.sort(key=lambda r: order_index[(r.capacity_blocks, r.release_order)])

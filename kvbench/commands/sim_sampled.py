@@ -12,13 +12,14 @@ import numpy as np
 from rich.markup import escape
 from rich.table import Table
 
-from kvbench.cache.base import CacheConfig
+from kvbench.cache.base import CacheConfig, ReleaseOrder
 from kvbench.commands.common import make_console
 from kvbench.errors import InputError
 from kvbench.results.parquet import write_rows
 from kvbench.run.source import RunSource, limit_requests, load_source
 from kvbench.sim.curve import one_pass_refusal
 from kvbench.sim.hash_id_trace import HASH_ID_TRACES, hash_id_refusal, hash_id_sampled_curve
+from kvbench.sim.method import SimMethod
 from kvbench.sim.replay import prepare_prompts
 from kvbench.sim.shards import SampledCurve, ShardsPass, key_hash
 
@@ -26,30 +27,43 @@ NUM_CURVE_ROWS = 400  # log-spaced sizes written to NAME.sampled-curve.parquet
 
 
 def run_sampled(path: Path, source: RunSource, config: CacheConfig, requests: int | None, capacities: list[int],
-                rate: float | None, max_keys: int | None, out: Path | None) -> None:
+                rate: float | None, max_keys: int | None, out: Path | None, orders: list[str] = (),
+                method: SimMethod = SimMethod.AUTO, ttl_curve: bool = False) -> None:
     """The whole ``--sample-rate`` / ``--sample-keys`` run: check, sample, print, write (``out``:
-    the result file whose name the curve takes; default ``results/sim-NAME-TIME.parquet``).
+    the result file whose name the curve takes; default ``results/sim-NAME-TIME.parquet``). Both
+    flags: a fixed-size sample of ``max_keys`` keys that starts at rate ``rate`` (not 1).
 
     Raises:
         InputError: see :func:`check_sampling`; unreadable or malformed sources.
     """
-    check_sampling(rate, max_keys, config)
+    check_sampling(rate, max_keys, config, orders, method, ttl_curve)
     curve = sampled_curve_of(path, source, config, requests, rate, max_keys)
     out = out or Path("results") / f"sim-{source.name}-{time.strftime('%Y%m%d-%H%M%S')}.parquet"
-    show_sampled(make_console(), source.name, curve, capacities, out, {"command": "sim", "source": source.description})
+    show_sampled(make_console(), source.name, curve, capacities, out, {"command": "sim", "source": source.description},
+                 make_console(stderr=True))
 
 
-def check_sampling(rate: float | None, max_keys: int | None, config: CacheConfig) -> None:
-    """Refuse a rate outside (0, 1], a non-positive key budget, or a cache the LRU stack curve does
-    not describe (``InputError`` naming the flag)."""
+def check_sampling(rate: float | None, max_keys: int | None, config: CacheConfig, orders: list[str] = (),
+                   method: SimMethod = SimMethod.AUTO, ttl_curve: bool = False) -> None:
+    """Refuse a rate outside (0, 1], a non-positive key budget, a cache the LRU stack curve does
+    not describe (radix, TTL, truncated or verified keys, head-first ``orders``), and the flags the
+    sampled curve would ignore (``--method one-pass|replay``, ``--ttl-curve``): ``InputError``
+    naming the flags."""
     if rate is not None and not 0 < rate <= 1:
         raise InputError(f"--sample-rate: {rate} is not in (0, 1]")
     if max_keys is not None and max_keys < 1:
         raise InputError(f"--sample-keys: {max_keys} is not a positive number of keys")
+    flag = "--sample-rate" if rate is not None else "--sample-keys"
     refusal = one_pass_refusal(config)
+    if refusal is None and ReleaseOrder.HEAD_FIRST.value in orders:
+        refusal = "--release head-first frees a prompt's first block first (tail-first only)"
     if refusal is not None:
-        flag = "--sample-rate" if rate is not None else "--sample-keys"
         raise InputError(f"{flag}: the sampled curve is an LRU stack curve, not exact here: {refusal}")
+    if method is not SimMethod.AUTO:
+        raise InputError(f"{flag} with --method {method.value}: the sampled curve is its own method (drop --method)")
+    if ttl_curve:
+        raise InputError(f"{flag} with --ttl-curve: the TTL curve needs the whole trace in memory "
+                         "(run --ttl-curve without sampling)")
 
 
 def sampled_curve_of(path: Path, source: RunSource, config: CacheConfig, requests: int | None,
@@ -67,22 +81,52 @@ def sampled_curve_of(path: Path, source: RunSource, config: CacheConfig, request
     return shards.curve()
 
 
-def show_sampled(console, name: str, curve: SampledCurve, capacities: list[int], out: Path, metadata: dict) -> None:
-    """Print the estimate at ``capacities`` and write its curve (``NAME.sampled-curve.parquet``)."""
+def show_sampled(console, name: str, curve: SampledCurve, capacities: list[int], out: Path, metadata: dict,
+                 err=None) -> None:
+    """Print the estimate at ``capacities`` and write its curve (``NAME.sampled-curve.parquet``);
+    on ``err``, one warning line when sizes fall below ``1 / rate`` blocks (:func:`coarse_warning`)."""
     table = Table(title=f"kvbench sim (sampled): {name} ({curve.num_requests:,} requests, "
                         f"{curve.num_prompt_tokens:,} prompt tokens, block size {curve.block_size})")
     for column in ("blocks", "tokens", "token hit (estimate)"):
         table.add_column(column, justify="right")
     for capacity, rate in zip(capacities, curve.token_hit_rates(np.array(capacities)).tolist()):
         table.add_row(f"{capacity:,}", f"{capacity * curve.block_size:,}", f"{rate:.4f}")
-    table.caption = (f"SHARDS sample: rate {curve.rate:.4g}, at most {curve.max_keys_held:,} keys held; sampling "
+    table.caption = (f"SHARDS sample: rate {curve.rate:.4g}, {_keys_held(curve)}; sampling "
                      f"error (1 sd, unbounded cache) {curve.hit_rate_sd:.4f}")
     console.print(table)
     sizes = np.unique(np.geomspace(1, curve.ideal_capacity_blocks, NUM_CURVE_ROWS).astype(np.int64))
+    warning = coarse_warning(curve.rate, capacities, sizes)
+    if warning is not None and err is not None:
+        err.print(f"warning: {escape(warning)}", soft_wrap=True)
     rows = [{"capacity_blocks": int(c), "capacity_tokens": int(c) * curve.block_size, "block_size": curve.block_size,
              "token_hit_rate": float(r), "method": "sampled"} for c, r in zip(sizes, curve.token_hit_rates(sizes))]
     path = out.with_name(out.name.removesuffix(".parquet") + ".sampled-curve.parquet")
     write_rows(path, rows, {**metadata, "sample_rate": curve.rate, "max_keys_held": curve.max_keys_held,
+                            "max_keys_kept": curve.max_keys_kept, "coarse_below_blocks": round(1 / curve.rate),
                             "hit_rate_sd": curve.hit_rate_sd, "num_requests": curve.num_requests,
                             "prompt_tokens": curve.num_prompt_tokens})
     console.print(f"wrote the sampled curve ({len(rows)} sizes) to {escape(str(path))}")
+
+
+def _keys_held(curve: SampledCurve) -> str:
+    """The memory in keys, honestly: with a budget, the most held between requests (at most the
+    budget, first blocks included) and the peak while one request's new keys are inserted."""
+    if curve.max_keys is None:
+        return f"at most {curve.max_keys_held:,} keys held"
+    peak = (f", {curve.max_keys_held:,} at peak (one request's new keys before the drop)"
+            if curve.max_keys_held > curve.max_keys_kept else "")
+    return f"budget {curve.max_keys:,}: at most {curve.max_keys_kept:,} keys held between requests{peak}"
+
+
+def coarse_warning(rate: float, capacities: list[int], curve_sizes: np.ndarray) -> str | None:
+    """One line when sizes fall below ``1 / rate`` blocks, where the estimate is coarse (a sampled
+    key stands for ``1 / rate`` blocks; README "Sampled curves in bounded memory"), else ``None``."""
+    coarse = round(1 / rate)
+    small = [c for c in capacities if c < coarse]
+    num_rows = int(np.count_nonzero(curve_sizes < coarse))
+    if not small and not num_rows:
+        return None
+    where = [f"--sizes {', '.join(f'{c:,}' for c in small)}"] if small else []
+    where += [f"the curve's first {num_rows} of {curve_sizes.size} rows"] if num_rows else []
+    return (f"rate {rate:.4g}: a sampled key stands for {coarse:,} blocks, so the estimate below {coarse:,} "
+            f"blocks is coarse ({'; '.join(where)}); raise --sample-keys / --sample-rate for small sizes")

@@ -86,8 +86,12 @@ class SampledCurve:
         hit_blocks_at_edges: float64, same shape: estimated hit blocks at each edge (cumulative).
         rate: the final sampling rate, in (0, 1].
         num_requests / num_prompt_tokens / block_size: of the whole trace (exact).
-        max_keys_held: the most keys the sample held at once (the memory, in keys).
+        max_keys_held: the most keys the sample held at once (the memory, in keys): the peak, while
+            one request's new keys are inserted before the drop back to the budget.
         hit_rate_sd: estimated standard deviation of the token hit rate at the unbounded cache.
+        max_keys_kept: the most keys held between requests (after the drop): at most the budget
+            ``max_keys``, first blocks included.
+        max_keys: the key budget (``None``: a fixed rate).
     """
 
     edges_blocks: np.ndarray
@@ -98,6 +102,8 @@ class SampledCurve:
     block_size: int
     max_keys_held: int
     hit_rate_sd: float
+    max_keys_kept: int = 0
+    max_keys: int | None = None
 
     @property
     def ideal_capacity_blocks(self) -> int:
@@ -141,7 +147,7 @@ class ShardsPass:
         self._slots = _Slots(2 * (max_keys or 1 << 16))
         self._histograms = (np.zeros(EXACT_BINS + 1), np.zeros(EXACT_BINS + 1))  # plain, boosted
         self._scales = [1.0, 1.0]  # histogram[c] * scales[c] = sampled hits at today's rate (rescaled lazily)
-        self.num_requests = self.num_prompt_tokens = self.max_keys_held = 0
+        self.num_requests = self.num_prompt_tokens = self.max_keys_held = self.max_keys_kept = 0
 
     def rates(self) -> tuple[float, float]:
         """``(plain, boosted)`` inclusion probabilities now."""
@@ -185,6 +191,7 @@ class ShardsPass:
         self.max_keys_held = max(self.max_keys_held, len(held))
         if self.max_keys is not None and len(held) > self.max_keys:
             self._lower_threshold()
+        self.max_keys_kept = max(self.max_keys_kept, len(held))
 
     def _count(self, index: int, boosted: int) -> None:
         """One sampled hit in bin ``index`` of the plain (0) or boosted (1) histogram, growing both."""
@@ -218,7 +225,8 @@ class ShardsPass:
             variance = sum((1 - rates[b]) / rates[b] ** 2 * hits * hits for _, b, hits in self._held.values())
             sd = math.sqrt(variance) * self.block_size / self.num_prompt_tokens
         return SampledCurve(_bin_edges(estimate.size), np.cumsum(estimate), rates[0], self.num_requests,
-                            self.num_prompt_tokens, self.block_size, self.max_keys_held, sd)
+                            self.num_prompt_tokens, self.block_size, self.max_keys_held, sd, self.max_keys_kept,
+                            self.max_keys)
 
 
 class _Slots:

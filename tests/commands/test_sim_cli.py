@@ -294,3 +294,24 @@ def test_sim_ttl_curve_matches_replays_with_that_ttl(kvbench, tmp_path):
         assert code == 0, stderr
         (replayed,) = pq.read_table(tmp_path / "r.parquet").to_pylist()
         assert replayed["hit_blocks"] == expected
+
+
+NO_ARRIVALS = "the trace has no arrival times: every request arrives at 0 s, so a TTL never expires"
+
+
+def test_a_ttl_on_a_trace_without_arrival_times_warns(kvbench, tmp_path):
+    scenario = write(tmp_path / "small.toml", SMALL_SCENARIO)  # a generated workload with no request rate
+    code, _, stderr = kvbench("sim", scenario, "--ttl", "5", "--out", tmp_path / "ttl.parquet")
+    assert code == 0 and [line for line in stderr.splitlines() if "warning" in line] == [f"warning: {NO_ARRIVALS} (--ttl)"]
+    assert {r["expirations"] for r in pq.read_table(tmp_path / "ttl.parquet").to_pylist()} == {0}
+    code, _, stderr = kvbench("sim", scenario, "--ttl-curve", "--out", tmp_path / "curve.parquet")
+    assert code == 0 and f"warning: {NO_ARRIVALS} (--ttl-curve)" in stderr
+    code, _, stderr = kvbench("sim", scenario, "--out", tmp_path / "plain.parquet")
+    assert code == 0 and "warning" not in stderr
+
+
+def test_a_ttl_on_a_timed_trace_does_not_warn(kvbench, tmp_path, shared_data):
+    lines = (shared_data / "mooncake" / "conversation_trace.jsonl").read_text().splitlines()[:200]
+    trace = write(tmp_path / "conv.jsonl", "\n".join(lines) + "\n")
+    code, _, stderr = kvbench("sim", trace, "--ttl", "5", "--ttl-curve", "--sizes", "1000", "--out", tmp_path / "t.parquet")
+    assert code == 0 and "warning" not in stderr

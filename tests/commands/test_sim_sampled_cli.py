@@ -1,9 +1,13 @@
 """``kvbench sim --sample-rate / --sample-keys`` end to end: the sampled curve's table and Parquet file
 (read back, against the exact curve's), and one-line errors."""
 
+from pathlib import Path
+
 import pyarrow.parquet as pq
 
 from kvbench.results.parquet import read_metadata
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def mooncake_head(shared_data, tmp_path, num_lines=2000):
@@ -54,3 +58,49 @@ def test_bad_sampling_flags_are_one_line_errors(kvbench, tmp_path, shared_data):
     assert "--sample-keys: 0 is not a positive" in one_line_error(*kvbench("sim", trace, "--sample-keys", "0")[::2])
     message = one_line_error(*kvbench("sim", trace, "--sample-rate", "0.5", "--cache-kind", "radix")[::2])
     assert "--sample-rate" in message and "radix" in message
+
+
+ZIPF = REPO / "scenarios" / "multi_prefix_zipf.toml"
+
+
+def test_sampling_refuses_head_first_release(kvbench, tmp_path):
+    # before: it printed the tail-first estimate (0.3365 / 0.6010) for head-first (exact 0.1850 / 0.4905)
+    for release in ("head-first", "tail-first,head-first"):
+        message = one_line_error(*kvbench("sim", ZIPF, "--sample-keys", "65536", "--release", release, "--sizes",
+                                          "256,512", "--out", tmp_path / "s.parquet")[::2])
+        assert "--release" in message and "head-first" in message and "--sample-keys" in message
+
+
+def test_sampling_refuses_flags_it_would_ignore(kvbench, tmp_path):
+    out = tmp_path / "s.parquet"
+    message = one_line_error(*kvbench("sim", ZIPF, "--sample-keys", "4096", "--method", "replay", "--out", out)[::2])
+    assert "--sample-keys" in message and "--method replay" in message
+    message = one_line_error(*kvbench("sim", ZIPF, "--sample-rate", "0.5", "--ttl-curve", "--out", out)[::2])
+    assert "--sample-rate" in message and "--ttl-curve" in message
+    assert not (tmp_path / "s.sampled-curve.parquet").exists()
+
+
+def test_a_rate_with_a_key_budget_starts_at_the_rate(kvbench, tmp_path, shared_data):
+    trace = mooncake_head(shared_data, tmp_path)
+    code, _, _ = kvbench("sim", trace, "--sample-rate", "0.5", "--sample-keys", "1000000", "--out", tmp_path / "a.parquet")
+    assert code == 0  # a budget the trace never fills: the rate stays R
+    assert read_metadata(tmp_path / "a.sampled-curve.parquet")["sample_rate"] == 0.5
+    code, _, _ = kvbench("sim", trace, "--sample-rate", "0.5", "--sample-keys", "2000", "--out", tmp_path / "b.parquet")
+    assert code == 0 and read_metadata(tmp_path / "b.sampled-curve.parquet")["sample_rate"] < 0.2
+
+
+def test_a_tiny_budget_warns_that_small_sizes_are_coarse_and_reports_keys_honestly(kvbench, tmp_path, shared_data):
+    trace = mooncake_head(shared_data, tmp_path)
+    code, stdout, stderr = kvbench("sim", trace, "--sample-keys", "64", "--sizes", "1,100000", "--out",
+                                   tmp_path / "s.parquet")
+    assert code == 0
+    metadata = read_metadata(tmp_path / "s.sampled-curve.parquet")
+    coarse = metadata["coarse_below_blocks"]
+    assert coarse == round(1 / metadata["sample_rate"]) and coarse > 100
+    warnings = [line for line in stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and f"{coarse:,} blocks" in warnings[0] and "--sizes 1" in warnings[0]
+    assert metadata["max_keys_kept"] <= 64 < metadata["max_keys_held"]  # kept between requests vs the peak
+    assert f"at most {metadata['max_keys_kept']:,} keys held between requests" in " ".join(stdout.split())
+    assert f"{metadata['max_keys_held']:,} at peak" in " ".join(stdout.split())
+    code, _, stderr = kvbench("sim", trace, "--sample-keys", "1000000", "--out", tmp_path / "exact.parquet")
+    assert code == 0 and "warning" not in stderr  # rate 1: no size is coarse

@@ -64,6 +64,7 @@ def test_fixed_size_sampling_within_its_documented_error(many_prefixes):
     curve = sampled_curve(many_prefixes, max_keys=4096)
     assert 0.3 < curve.rate < 0.7
     assert curve.max_keys_held <= 4096 + max(p.num_full_blocks for p in many_prefixes.prompts)
+    assert curve.max_keys_kept == 4096 < curve.max_keys_held and curve.max_keys == 4096  # between requests: the budget
     assert errors_of(many_prefixes, curve).max() < 0.015
 
 
@@ -100,6 +101,7 @@ def test_the_shared_first_block_is_why_plain_sampling_misses_mooncake(shared_dat
     assert errors_of(trace, streamed).max() < 0.01
     assert streamed.hit_rate_sd < 0.01
     assert streamed.max_keys_held <= 16_384 + max(p.num_full_blocks for p in trace.prompts)
+    assert streamed.max_keys_kept == 16_384
 
 
 def test_the_arguments_are_checked():
