@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     from kvbench.results.parquet import record_command_line
 
     record_command_line(["kvbench", *args])
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    err = _error_console()
     _register_for(args)
     command = typer.main.get_command(app)
     try:
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
     except KvbenchError as exc:
         if debug:
             raise
-        err.print(f"[red]error:[/red] {exc}")
+        err.print(f"[red]error:[/red] {escape(str(exc))}")
         sys.exit(exc.exit_code)
     except ModuleNotFoundError as exc:  # a command reached a module of an extra that is not installed
         if debug:
@@ -143,13 +143,19 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(code if isinstance(code, int) else 0)
 
 
+def _error_console() -> Console:
+    """stderr for the one error line: the message is printed as written (escaped, no emoji codes:
+    a Rich console turned ``trace.jsonl:100: field`` into ``trace.jsonl💯 field``)."""
+    return Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
+
+
 def _unexpected(exc: Exception) -> str:
-    return f"{type(exc).__name__}: {exc} [dim](--debug shows the traceback)[/dim]"
+    return f"{escape(type(exc).__name__ + ': ' + str(exc))} [dim](--debug shows the traceback)[/dim]"
 
 
 def _interrupted(detail: str) -> None:
     """One line (how far the command got, when it knows) and exit 130."""
-    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[red]interrupted[/red] {detail}".rstrip())
+    _error_console().print(f"[red]interrupted[/red] {escape(detail)}".rstrip())
     sys.exit(130)
 
 

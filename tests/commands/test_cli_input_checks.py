@@ -109,3 +109,15 @@ def test_checked_renames_a_leading_field_only():
         "scenario key run.top_p: 2 is out of range")
     assert user_named("the hash_bits are fine", {"hash_bits": "--bits"}) == "the hash_bits are fine"
     assert user_named("hash_bitsy", {"hash_bits": "--bits"}) == "hash_bitsy"
+
+
+def test_an_error_line_keeps_line_numbers_and_brackets_as_written(kvbench, tmp_path):
+    """Rich rendered ``:100:`` as an emoji (``trace.jsonl💯 field``) and would eat ``[...]`` as
+    markup; the error console prints the message as written (cli._error_console)."""
+    rows = [f'{{"timestamp": {i}, "input_length": 10, "output_length": 1, "hash_ids": [1]}}' for i in range(99)]
+    rows.append('{"timestamp": 100, "input_length": "x", "output_length": 1, "hash_ids": [1]}')
+    trace = tmp_path / "t[1].jsonl"
+    trace.write_text("\n".join(rows) + "\n")
+    code, _, err = kvbench("sim", str(trace))
+    assert code == 2
+    assert f"{trace}:100: field 'input_length'" in " ".join(err.split())  # soft-wrapped on a narrow terminal
