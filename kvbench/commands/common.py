@@ -19,10 +19,11 @@ T = TypeVar("T")
 
 
 def make_console(stderr: bool = False) -> Console:
-    """A rich console; 120 columns wide when writing to a pipe or file instead of 80."""
+    """A rich console; 120 columns wide when writing to a pipe or file instead of 80. No emoji codes:
+    file names and ``path:100:`` locations print as written."""
     stream = sys.stderr if stderr else sys.stdout
     width = None if stream.isatty() else PIPE_WIDTH
-    return Console(file=stream, width=width, highlight=False)
+    return Console(file=stream, width=width, highlight=False, emoji=False)
 
 
 build = checked  # flags -> a frozen config; its ValueError -> one InputError line
