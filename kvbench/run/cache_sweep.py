@@ -6,7 +6,9 @@ Every (size, repeat) run gets a fresh engine of ``config.engine`` (``--engine co
 ``run-SIZE.parquet``, or ``run-SIZE-rK.parquet`` with ``--repeats`` R > 1. The paged engine's pool
 is the sweep's size (running and cached blocks together, as vLLM's), so a size smaller than one
 request's prompt + output refuses that request (an error row), where the copy engine only caches
-less.
+less; each size's first error reason is kept in ``SweepOutcome.first_errors`` for the command to
+print. Every run file carries ``run.kv_memory`` (:func:`kvbench.run.kv_memory.kv_memory`, as
+``kvbench run``'s).
 
 Repeats (issue 18 item 5): a point's TTFT p50 is the **median** of its repeats' p50s (the fit uses
 it), and ``min_p50_ttft_ms`` / ``max_p50_ttft_ms`` / ``repeat_p50_ttft_ms`` keep the spread
