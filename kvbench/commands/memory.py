@@ -242,6 +242,7 @@ def sharing(
     beam_search = beam_width is not None
     num_sequences = beam_width if beam_search else (n or 4)
     config = SharingConfig(prompt_tokens, max_tokens, num_sequences, block_size, seed)
+    loaded = _paged_model(config) if engine is MeasureEngine.PAGED else None  # refuses before the replay prints
     result = (simulate_beam_search if beam_search else simulate_parallel_sampling)(config)
     console = make_console()
     console.print(tables.sharing_table(result, beam_search, shape, layout))
@@ -253,16 +254,25 @@ def sharing(
         title = f"KV memory in use: {tables.sharing_title(config, beam_search)}"
         plot_sharing(result, path, title, layout.bytes_per_block)
         console.print(f"plot: {path}")
-    if engine is MeasureEngine.PAGED:
-        _measure_sharing(console, result)
+    if loaded is not None:
+        _measure_sharing(console, result, loaded)
 
 
-def _measure_sharing(console, replay) -> None:
-    """``--engine paged``: the same samples on the paged engine (default model), measured."""
+def _paged_model(config: SharingConfig):
+    """``--engine paged``: the default model, once the samples are known to fit its context."""
     from kvbench.engine.model import load_model
+    from kvbench.engine.paged.measure import check_fits
+
+    loaded = load_model()
+    check_fits(loaded, config)
+    return loaded
+
+
+def _measure_sharing(console, replay, loaded) -> None:
+    """``--engine paged``: the same samples on the paged engine (default model), measured."""
     from kvbench.engine.paged.measure import measure_parallel_sampling
 
     config = replay.config
     with console.status(f"running {config.num_sequences} samples of {config.prompt_tokens:,} tokens on the paged engine"):
-        measured = measure_parallel_sampling(load_model(), config)
+        measured = measure_parallel_sampling(loaded, config)
     console.print(tables.measured_sharing_table(replay, measured))

@@ -133,6 +133,8 @@ def _print(console, outcome) -> None:
     if outcome is None or not outcome.points:
         return
     console.print(points_table(outcome.name, outcome.points))
+    for size, reason in outcome.first_errors.items():
+        console.print(f"[red]cache size {size:,} blocks: errors, the first:[/red] {escape(reason)}")
     fit = outcome.summary.fit
     console.print(fit.describe() if fit else "fit: needs two sizes with different hit rates")
     num_files = sum(max(len(p.repeat_results_paths), 1) for p in outcome.points)

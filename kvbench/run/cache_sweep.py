@@ -6,7 +6,9 @@ Every (size, repeat) run gets a fresh engine of ``config.engine`` (``--engine co
 ``run-SIZE.parquet``, or ``run-SIZE-rK.parquet`` with ``--repeats`` R > 1. The paged engine's pool
 is the sweep's size (running and cached blocks together, as vLLM's), so a size smaller than one
 request's prompt + output refuses that request (an error row), where the copy engine only caches
-less.
+less; each size's first error reason is kept in ``SweepOutcome.first_errors`` for the command to
+print. Every run file carries ``run.kv_memory`` (:func:`kvbench.run.kv_memory.kv_memory`, as
+``kvbench run``'s).
 
 Repeats (issue 18 item 5): a point's TTFT p50 is the **median** of its repeats' p50s (the fit uses
 it), and ``min_p50_ttft_ms`` / ``max_p50_ttft_ms`` / ``repeat_p50_ttft_ms`` keep the spread
@@ -15,6 +17,7 @@ it), and ``min_p50_ttft_ms`` / ``max_p50_ttft_ms`` / ``repeat_p50_ttft_ms`` keep
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -28,6 +31,8 @@ from kvbench.results.writer import RunWriter
 from kvbench.run.config import CacheFlags, SweepConfig
 from kvbench.run.engines import engine_metadata, make_engine, predicted_cached_tokens
 from kvbench.run.execute import Progress, RunInterrupted, execute, prepared_requests
+from kvbench.request import Status
+from kvbench.run.kv_memory import kv_memory
 from kvbench.run.loop import LoadConfig
 from kvbench.run.setup import cache_config, cache_metadata, run_section
 from kvbench.run.source import load_source, requests_hash
@@ -35,10 +40,13 @@ from kvbench.run.source import load_source, requests_hash
 
 @dataclass
 class SweepOutcome:
-    """One point per finished cache size, the sweep summary (with the TTFT fit) and where it went."""
+    """One point per finished cache size, the sweep summary (with the TTFT fit) and where it went;
+    ``first_errors`` the first error reason of each size that had failed requests (its run file has all),
+    with ``--cache-size`` spelled as the sweep's ``--cache-sizes``."""
 
     name: str
     points: list = field(default_factory=list)
+    first_errors: dict[int, str] = field(default_factory=dict)  # cache size -> its first failed request's reason
     summary: Any = None
     path: Path | None = None
 
@@ -68,7 +76,8 @@ def sweep(config: SweepConfig, on_progress: Progress | None = None,
     context = {"scenario": source.name, "backend": "inprocess", "model": loaded.name, "repeats": config.repeats,
                "engine": config.engine.engine.value,
                "trace": {**source.trace_info, "requests_hash": requests_hash(requests)}}
-    runner = _SizeRunner(config, loaded, source, settings, requests, folder, context, on_progress)
+    runner = _SizeRunner(config, loaded, source, settings, requests, folder, context, on_progress,
+                         outcome.first_errors)
     for size in config.cache_sizes:
         if on_size is not None:
             on_size(size)
@@ -88,9 +97,10 @@ class _SizeRunner:
     """The runs of one cache size: ``config.repeats`` fresh engines, one results file each."""
 
     def __init__(self, config: SweepConfig, loaded, source, settings, requests, folder: Path, context: dict,
-                 on_progress: Progress | None) -> None:
+                 on_progress: Progress | None, first_errors: dict[int, str]) -> None:
         self.config, self.loaded, self.source, self.settings = config, loaded, source, settings
         self.requests, self.folder, self.context, self.on_progress = requests, folder, context, on_progress
+        self.first_errors = first_errors
         self.block_size = config.block_size or source.block_size
         self.done: list[tuple[Any, Path]] = []  # (summary, path) of this size's finished repeats
 
@@ -125,9 +135,18 @@ class _SizeRunner:
             "concurrency": 1, "seed": settings.seed, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "engine": engine_metadata(self.config.engine, engine), "repeat": repeat + 1}}
         writer = RunWriter(self.folder / f"run-{size}{suffix}.parquet", metadata, run_id, backend.describe())
-        execute(sized, backend, LoadConfig(), writer, self.on_progress)  # Ctrl-C: RunInterrupted, the rows written
+        done = execute(sized, backend, LoadConfig(), writer, self.on_progress)  # Ctrl-C: RunInterrupted, the rows written
+        writer.metadata["run"]["kv_memory"] = kv_memory(engine, done.records, self.block_size)  # as kvbench run's
         writer.close(complete=True)
+        if size not in self.first_errors and (reason := _first_error(done.records)):
+            self.first_errors[size] = reason
         return summarize(writer.rows), writer.path
+
+
+def _first_error(records) -> str | None:
+    """The first failed request's reason, its ``--cache-size`` hint as the sweep's ``--cache-sizes``."""
+    reason = next((record.error for _, record in records if record.status is Status.ERROR and record.error), None)
+    return None if reason is None else re.sub(r"--cache-size\b(?!s)", "--cache-sizes", reason)
 
 
 def _finish_sweep(outcome: SweepOutcome, folder: Path, context: dict, complete: bool) -> None:

@@ -245,4 +245,7 @@ class SweepConfig:
             object.__setattr__(self, "out", Path(self.out))
         if not self.cache_sizes or any(size <= 0 for size in self.cache_sizes):
             raise ValueError("--cache-sizes: give positive block counts, e.g. 64,256,1024")
+        if repeated := sorted({size for size in self.cache_sizes if self.cache_sizes.count(size) > 1}):
+            raise ValueError(f"--cache-sizes: {', '.join(map(str, repeated))} given more than once (each size "
+                             "writes run-SIZE.parquet); for more runs per size use --repeats")
         _check_positive(self, ("block_size", "repeats"))

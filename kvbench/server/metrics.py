@@ -51,8 +51,10 @@ _COUNTERS = (
     ("request_failure", "num_failed", "Requests refused by the engine or failed in it."),
 )
 _GAUGES = (
-    ("num_requests_running", "num_running", "Requests in the engine's running batch."),
-    ("num_requests_waiting", "num_waiting", "Requests waiting for the engine."),
+    ("num_requests_running", "num_running",
+     "Sequences in the engine's running batch (each of n parallel samples counts once forked; copy engine: 0 or 1)."),
+    ("num_requests_waiting", "num_waiting",
+     "Sequences waiting for the engine (each of n parallel samples counts once forked)."),
 )
 
 

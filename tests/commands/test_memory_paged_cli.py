@@ -57,3 +57,24 @@ def test_bad_engine_combinations_are_one_line(kvbench, args, needle):
 def test_an_unknown_engine_is_refused_by_the_parser(kvbench):
     code, _, stderr = kvbench("memory", "sharing", "--engine", "bogus", "--no-plot")
     assert code == 2 and "--engine" in stderr and "Traceback" not in stderr
+
+
+def test_sharing_beyond_the_context_is_refused_before_the_replay_prints(kvbench, tmp_path):
+    plot = tmp_path / "sharing.png"
+    code, stdout, stderr = kvbench("memory", "sharing", "--engine", "paged", "--prompt-tokens", "9000",
+                                   "--plot", plot)
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in stderr
+    assert "--prompt-tokens 9000 --max-tokens 256" in lines[0] and "context of 8192 tokens" in lines[0]
+    assert stdout.strip() == "" and not plot.exists()  # no replay table, no PNG
+
+
+def test_one_sample_shares_no_block_in_the_replay_or_the_engine(kvbench):
+    """n = 1: the prompt's 3 blocks sit at ref count 1; shared means ref count > 1 (vLLM copies on
+    write only then), so both columns say 0."""
+    code, stdout, stderr = kvbench("memory", "sharing", "--engine", "paged", "--n", "1", "--prompt-tokens", "40",
+                                   "--max-tokens", "4", "--no-plot")
+    assert code == 0, stderr
+    measured = stdout[stdout.index("measured on the paged engine"):]
+    assert row(measured, "prompt blocks shared (ref 1)")[1:3] == ["0", "0"]
+    assert row(measured, "peak blocks held")[1:3] == ["3", "3"]

@@ -34,3 +34,17 @@ def test_copy_engine_verify_has_no_logit_report(kvbench, tmp_path):
     code, stdout, stderr = kvbench("run", scenario, "--verify", "--out", out)
     assert code == 0, stderr
     assert "verify_logits" not in read_metadata(out)["run"] and "argmax flips" not in stdout
+
+
+def test_sampled_only_verify_says_nothing_was_compared(kvbench, tmp_path):
+    scenario = tmp_path / "tiny.toml"
+    scenario.write_text(SCENARIO)
+    out = tmp_path / "sampled.parquet"
+    code, stdout, stderr = kvbench("run", scenario, "--engine", "paged", "--verify", "--temperature", "0.8",
+                                   "--out", out)
+    assert code == 0, stderr
+    logits = read_metadata(out)["run"]["verify_logits"]
+    assert logits["num_compared_tokens"] == 0 and logits["num_requests"] == 0  # metadata kept as it was
+    lines = [line for line in stdout.splitlines() if "argmax flips" in line or "max |logprob diff|" in line]
+    assert len(lines) == 2 and all("n/a (no greedy requests)" in line for line in lines), stdout
+    assert not any("0 / 0" in line or "0.00e+00" in line for line in lines)

@@ -2,6 +2,7 @@
 
 import pyarrow.parquet as pq
 
+from kvbench.results.parquet import read_metadata
 from kvbench.results.sweep import read_sweep_summary
 
 SCENARIO = """
@@ -39,6 +40,8 @@ def test_sweep_writes_runs_summary_and_fit(kvbench, tmp_path):
         assert len(rows) == 12 and {r["capacity_blocks"] for r in rows} == {point.capacity_blocks}
         assert [r["cached_prompt_tokens"] for r in rows] == [r["expected_cached_tokens"] for r in rows]
     assert summary.fit is not None and summary.fit.num_points == 2
+    memory = read_metadata(summary.points[0].results_path)["run"]["kv_memory"]  # as kvbench run writes it
+    assert memory["engine"] == "copy" and memory["peak_contiguous_kv_bytes"] == (80 + 2 - 1) * 2 * 8 * 2 * 64 * 4
     assert "TTFT p50 =" in stdout
 
 
@@ -47,3 +50,12 @@ def test_sweep_rejects_bad_sizes(kvbench, tmp_path):
     scenario.write_text(SCENARIO)
     code, _, stderr = kvbench("sweep", scenario, "--cache-sizes", "5,0")
     assert code == 2 and "--cache-sizes: 0" in stderr
+
+
+def test_sweep_refuses_a_size_given_twice(kvbench, tmp_path):
+    scenario = tmp_path / "rr.toml"
+    scenario.write_text(SCENARIO)
+    out = tmp_path / "sweep"
+    code, _, stderr = kvbench("sweep", scenario, "--cache-sizes", "16,8,16", "--out", out)
+    assert code == 2 and "Traceback" not in stderr and not out.exists()
+    assert "--cache-sizes: 16 given more than once" in stderr and "--repeats" in stderr

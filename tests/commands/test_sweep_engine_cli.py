@@ -70,3 +70,27 @@ def test_engine_flags_on_a_load_sweep_are_one_line(kvbench, scenario):
     assert len([line for line in stderr.splitlines() if line.strip()]) == 1
     code, _, stderr = kvbench("sweep", scenario, "--cache-sizes", "8", "--max-num-seqs", "2")
     assert code == 2 and "--max-num-seqs applies to --engine paged only" in stderr and "Traceback" not in stderr
+
+
+BLOCK_BYTES = 2 * 8 * 2 * 16 * 64 * 4  # K and V x 8 layers x 2 KV heads x 16 tokens x head dim 64 x fp32
+
+
+def test_paged_sweep_names_each_failing_sizes_reason_and_writes_kv_memory(kvbench, scenario, tmp_path):
+    out = tmp_path / "sweep"
+    code, stdout, stderr = kvbench("sweep", scenario, "--cache-sizes", "3,24", "--engine", "paged",
+                                   "--ignore-eos", "--out", out)
+    assert code == 0, stderr
+    small, large = read_sweep_summary(out / "sweep.parquet").points
+    assert small.num_errors == 12 and large.num_errors == 0
+    # 80 prompt + 2 output tokens need 6 blocks of 16; a pool of 3 refuses every request, once per size in stdout
+    reason = "prompt + max_tokens need 6 blocks of 16 tokens; the KV pool has 3 (raise --cache-sizes)"
+    flat = " ".join(stdout.split())  # rich wraps long lines
+    assert flat.count("cache size 3 blocks: errors, the first:") == 1 and reason in flat
+    assert "cache size 24 blocks: errors" not in flat
+    row_error = pq.read_table(small.results_path).to_pylist()[0]["error"]
+    assert row_error == reason.replace("--cache-sizes", "--cache-size")  # the run file keeps the engine's words
+    small_memory, large_memory = (read_metadata(p.results_path)["run"]["kv_memory"] for p in (small, large))
+    assert small_memory["engine"] == large_memory["engine"] == "paged"
+    assert small_memory["pool_bytes"] == (3 + 1) * BLOCK_BYTES and small_memory["peak_held_kv_bytes"] == 0
+    assert large_memory["pool_bytes"] == (24 + 1) * BLOCK_BYTES  # + the null block
+    assert large_memory["peak_running_kv_bytes"] == 6 * BLOCK_BYTES  # one request at a time: 81 tokens with K/V

@@ -186,3 +186,11 @@ def test_a_client_that_leaves_stops_its_request(live):
     assert status == 200 and time.perf_counter() - start < 20
     assert metric(live, "request_success_total") == succeeded + 1  # the abandoned request never finished
     assert metric(live, "num_requests_running") == 0
+
+
+def test_scheduler_gauges_help_says_they_count_sequences(live):
+    """vLLM's gauges count scheduler sequences: each of n parallel samples is one once forked."""
+    families = {family.name: family for family in text_string_to_metric_families(live.get("/metrics")[1])}
+    for name in ("num_requests_running", "num_requests_waiting"):
+        help_text = families[f"kvbench:{name}"].documentation
+        assert help_text.startswith("Sequences ") and "each of n parallel samples counts once forked" in help_text

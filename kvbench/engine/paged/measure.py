@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvbench.cache.base import CacheConfig
+from kvbench.engine.engine import check_request
 from kvbench.engine.model import LoadedModel
 from kvbench.engine.paged.engine import PagedConfig, PagedEngine
 from kvbench.engine.sampling import SamplingParams
@@ -36,8 +37,9 @@ class MeasuredSharing:
     Attributes:
         config: prompt length, tokens per sample, ``n`` (``num_sequences``), block size, seed.
         model_name: the engine's model; ``bytes_per_block``: its K and V of one block, every layer.
-        num_shared_prompt_blocks: prompt blocks at ref count ``n`` right after the fork (read in the
-            engine when sample 0's first token arrives).
+        num_shared_prompt_blocks: prompt blocks at ref count > 1 right after the fork (read in the
+            engine when sample 0's first token arrives): shared as the replay's
+            ``BlockManager.num_shared_blocks`` and vLLM's copy-on-write count it, so 0 for ``n = 1``.
         num_copies: copy-on-write copies (``n - 1`` when the prompt ends mid-block, else 0).
         peak_running_blocks / peak_held_blocks: the pool's running blocks and running + cached blocks
             at their step peaks (:class:`~kvbench.engine.paged.held.PoolMeter`).
@@ -65,6 +67,7 @@ def measure_parallel_sampling(loaded: LoadedModel, config: SharingConfig) -> Mea
     Raises:
         InputError: the engine refused the request (prompt + max_tokens beyond the model's context).
     """
+    check_fits(loaded, config)
     n = config.num_sequences
     engine = PagedEngine(loaded, PagedConfig(CacheConfig(config.num_unshared_peak_blocks, config.block_size)))
     prompt = np.random.default_rng(config.seed).integers(0, loaded.vocab_size, config.prompt_tokens)
@@ -74,7 +77,7 @@ def measure_parallel_sampling(loaded: LoadedModel, config: SharingConfig) -> Mea
     def on_token(sample: int, _token_id: int) -> None:  # the worker thread, right after the fork
         if sample == 0 and not shared:
             parent, pool = engine.scheduler.running[0], engine.scheduler.pool
-            shared.append(sum(pool.ref_count(block_id) == n for block_id in parent.block_table))
+            shared.append(sum(pool.ref_count(block_id) > 1 for block_id in parent.block_table))
 
     start_s = time.perf_counter()
     records = [future.result() for future in engine.submit_samples(prompt, sampling, n, on_token=on_token)]
@@ -90,6 +93,18 @@ def measure_parallel_sampling(loaded: LoadedModel, config: SharingConfig) -> Mea
         peak_held_blocks=memory["peak_held_kv_bytes"] // per_block,
         num_used_blocks_after_free=engine.scheduler.pool.num_used_blocks,
         num_output_tokens=tuple(record.output_tokens for record in records), elapsed_s=elapsed_s)
+
+
+def check_fits(loaded: LoadedModel, config: SharingConfig) -> None:
+    """Refuse, before anything runs or prints, a request the engine would refuse: prompt + max_tokens
+    beyond ``loaded``'s context (:func:`kvbench.engine.engine.check_request`, both engines' rule).
+
+    Raises:
+        InputError: naming --prompt-tokens and --max-tokens.
+    """
+    problem = check_request(loaded, [0] * config.prompt_tokens, SamplingParams(max_tokens=config.max_tokens))
+    if problem is not None:
+        raise InputError(f"--prompt-tokens {config.prompt_tokens} --max-tokens {config.max_tokens}: {problem}")
 
 
 @dataclass(frozen=True)
