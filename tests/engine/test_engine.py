@@ -16,7 +16,7 @@ from kvbench.engine.engine import EngineConfig, HFEngine
 from kvbench.engine.kv import (blocks_to_kv, cache_to_kv, capacity_blocks_for_bytes, forward_argument_names,
                                kv_to_blocks, kv_to_cache, storage_bytes)
 from kvbench.engine.sampling import SamplingParams
-from kvbench.engine.model import default_llama_config, load_model, random_model
+from kvbench.engine.model import load_model
 from kvbench.errors import InputError
 from kvbench.request import Status
 
@@ -28,14 +28,6 @@ BLOCK = 16
 def default():
     """The default model: 8 layers, hidden 512, cl100k vocabulary, fp32."""
     return load_model()
-
-
-@pytest.fixture(scope="module")
-def loaded():
-    """A small random Llama with the same head layout (2 KV heads of 64) and a 1,000-id vocabulary."""
-    return random_model(default_llama_config(vocab_size=1000, hidden_size=128, intermediate_size=256,
-                                             num_hidden_layers=2, num_attention_heads=2, bos_token_id=1,
-                                             eos_token_id=2, max_position_embeddings=1024), seed=1)
 
 
 def random_ids(seed: int, num_tokens: int, vocab_size: int = 1000) -> list[int]:

@@ -10,7 +10,6 @@ import pytest
 
 from kvbench.cache.base import CacheConfig, CacheKind
 from kvbench.engine.engine import EngineConfig, HFEngine
-from kvbench.engine.model import default_llama_config, random_model
 from kvbench.engine.sampling import SamplingParams
 from kvbench.request import Request
 from kvbench.sim.outputs import record_outputs
@@ -18,14 +17,6 @@ from kvbench.sim.predict import expected_cached_tokens
 
 B = 4
 FIVE = SamplingParams(max_tokens=5, ignore_eos=True)
-
-
-@pytest.fixture(scope="module")
-def loaded():
-    """A small random Llama (2 layers, 1,000-id vocabulary): the mechanics, fast on 2 cores."""
-    return random_model(default_llama_config(vocab_size=1000, hidden_size=128, intermediate_size=256,
-                                             num_hidden_layers=2, num_attention_heads=2, bos_token_id=1,
-                                             eos_token_id=2, max_position_embeddings=1024), seed=1)
 
 
 def engine(loaded, **cache_fields):

@@ -12,18 +12,10 @@ import pytest
 
 from kvbench.cache.base import CacheConfig
 from kvbench.engine.engine import EngineConfig, HFEngine
-from kvbench.engine.model import default_llama_config, random_model
 from kvbench.engine.paged.engine import PagedConfig, PagedEngine
 from kvbench.engine.sampling import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=5, ignore_eos=True)
-
-
-@pytest.fixture(scope="module")
-def loaded():
-    return random_model(default_llama_config(vocab_size=1000, hidden_size=128, intermediate_size=256,
-                                             num_hidden_layers=2, num_attention_heads=2, bos_token_id=1,
-                                             eos_token_id=2, max_position_embeddings=1024), seed=1)
 
 
 def prompt(seed, n):

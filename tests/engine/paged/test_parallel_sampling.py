@@ -13,7 +13,6 @@ import torch
 
 from kvbench.cache.base import CacheConfig
 from kvbench.cache.block_hash import BlockHasher
-from kvbench.engine.model import default_llama_config, random_model
 from kvbench.engine.paged.engine import PagedConfig, PagedEngine
 from kvbench.engine.paged.scheduler import Scheduler, Sequence, SequenceStatus
 from kvbench.engine.sampling import SamplingParams
@@ -133,13 +132,6 @@ def test_randomized_forks_with_preemption_leak_no_pin(seed):
 
 
 # -- the engine ------------------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def loaded():
-    return random_model(default_llama_config(vocab_size=1000, hidden_size=128, intermediate_size=256,
-                                             num_hidden_layers=2, num_attention_heads=2, bos_token_id=1,
-                                             eos_token_id=2, max_position_embeddings=1024), seed=1)
-
 
 def prompt_ids(n, seed=3):
     return random.Random(seed).choices(range(1000), k=n)
