@@ -81,6 +81,17 @@ def check_text(value: Any, where: str = "") -> None:
             stack.extend((f"{path}[{i}]", sub) for i, sub in enumerate(item))
 
 
+class TextCheckedRequest(BaseModel):
+    """A request body whose strings are checked by :func:`check_text` before any field is parsed
+    (the generation endpoints and ``/tokenize`` share it)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_text(cls, data: Any) -> Any:
+        check_text(data)
+        return data
+
+
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
 
@@ -88,7 +99,7 @@ class StreamOptions(BaseModel):
     continuous_usage_stats: bool = False  # vLLM's extension: usage on every chunk
 
 
-class _GenerationRequest(BaseModel):
+class _GenerationRequest(TextCheckedRequest):
     """Fields both endpoints share."""
 
     model_config = ConfigDict(extra="allow", strict=True)  # unknown fields are ignored; no coercion
@@ -105,12 +116,6 @@ class _GenerationRequest(BaseModel):
     ignore_eos: bool = False  # vLLM's extension: decode exactly max_tokens
     cache_salt: str | None = None  # vLLM's extension: a cache namespace (per tenant, per run)
     return_token_ids: bool = False  # vLLM's extension: each streamed choice carries its ``token_ids``
-
-    @model_validator(mode="before")
-    @classmethod
-    def _valid_text(cls, data: Any) -> Any:
-        check_text(data)
-        return data
 
     @model_validator(mode="after")
     def _supported(self) -> _GenerationRequest:

@@ -21,11 +21,11 @@ from typing import Any
 from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from kvbench.server.schemas import ApiError, ChatMessage, TokenId, check_text
+from kvbench.server.schemas import ApiError, ChatMessage, TextCheckedRequest, TokenId
 from kvbench.server.text import TextStream
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(TextCheckedRequest):
     """Either ``prompt`` or ``messages``."""
 
     model_config = ConfigDict(extra="allow", strict=True)
@@ -35,12 +35,6 @@ class TokenizeRequest(BaseModel):
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
-
-    @model_validator(mode="before")
-    @classmethod
-    def _valid_text(cls, data: Any) -> Any:
-        check_text(data)
-        return data
 
     @model_validator(mode="after")
     def _one_input(self) -> TokenizeRequest:
