@@ -27,6 +27,7 @@ from typing import Any
 
 import anthropic
 
+from kvbench.backends.base import SdkClientBackend
 from kvbench.backends.openai.admin import redact
 from kvbench.request import Request, RequestRecord, Status
 
@@ -101,22 +102,16 @@ class _Reading:
             error=error, http_status=self.http_status)
 
 
-class AnthropicBackend:
+class AnthropicBackend(SdkClientBackend):
     """Serves run requests on an Anthropic Messages endpoint; use as ``async with``."""
 
     def __init__(self, config: AnthropicConfig) -> None:
         self.config = config
         self._client: anthropic.AsyncAnthropic | None = None
 
-    async def __aenter__(self) -> AnthropicBackend:
-        self._client = anthropic.AsyncAnthropic(base_url=self.config.base_url, api_key=self.config.api_key,
-                                                max_retries=0, timeout=self.config.timeout_s)
-        return self
-
-    async def __aexit__(self, *exc_info: Any) -> None:
-        if self._client is not None:
-            await self._client.close()
-            self._client = None
+    def new_client(self) -> anthropic.AsyncAnthropic:
+        return anthropic.AsyncAnthropic(base_url=self.config.base_url, api_key=self.config.api_key,
+                                        max_retries=0, timeout=self.config.timeout_s)
 
     def describe(self) -> dict[str, Any]:
         return {"backend": "anthropic", "model": self.config.model, "cache_enabled": None, "cache_kind": None,

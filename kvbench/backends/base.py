@@ -8,7 +8,7 @@ may raise for a broken backend (a bug, a lost model), which stops the run after 
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
 from kvbench.request import Request, RequestRecord
 
@@ -20,3 +20,23 @@ class Backend(Protocol):
     async def serve(self, request: Request) -> RequestRecord: ...
 
     def describe(self) -> dict[str, Any]: ...
+
+
+class SdkClientBackend:
+    """The ``async with`` lifecycle of a backend over a provider SDK's async client (openai,
+    anthropic): the client is made on entry by :meth:`new_client` (no retries: a failed request is a
+    measured failure) and closed on exit."""
+
+    _client: Any = None
+
+    def new_client(self) -> Any:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        self._client = self.new_client()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None

@@ -42,6 +42,7 @@ from typing import Any
 
 import openai
 
+from kvbench.backends.base import SdkClientBackend
 from kvbench.backends.openai.admin import redact
 from kvbench.backends.openai.client_kind import ClientKind
 from kvbench.backends.openai.reading import ChunkError, StreamReading
@@ -127,7 +128,7 @@ def _cause_text(exc: BaseException) -> str:
     return (meaningful or texts)[-1] if meaningful else "the connection failed with no reason given"
 
 
-class OpenAIBackend:
+class OpenAIBackend(SdkClientBackend):
     """Serves run requests on an OpenAI-compatible endpoint. Use as ``async with``: the client
     lives on the event loop that runs the requests.
 
@@ -143,15 +144,9 @@ class OpenAIBackend:
         self.run_salt = run_salt
         self._client: openai.AsyncOpenAI | None = None
 
-    async def __aenter__(self) -> OpenAIBackend:
-        self._client = openai.AsyncOpenAI(base_url=self.config.base_url, api_key=self.config.api_key,
-                                          max_retries=0, timeout=self.config.timeout_s)
-        return self
-
-    async def __aexit__(self, *exc_info: Any) -> None:
-        if self._client is not None:
-            await self._client.close()
-            self._client = None
+    def new_client(self) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=self.config.base_url, api_key=self.config.api_key,
+                                  max_retries=0, timeout=self.config.timeout_s)
 
     def describe(self) -> dict[str, Any]:
         return {"backend": "openai", "model": self.config.model, "cache_enabled": None, "cache_kind": None,
