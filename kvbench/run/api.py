@@ -109,16 +109,23 @@ def run_inprocess(config: RunConfig, on_progress: Progress | None = None) -> Run
     writer = RunWriter(config.out or default_out("run", source.name), metadata, run_id, backend.describe(),
                        config.summary)
     turns = _live_turns(config, requests, tokenizer, cache, metadata)
-    outcome = execute(requests, backend, load, writer, on_progress, turns=turns)
-    if (checked_logits := verify_metadata(engine)) is not None:  # --verify on the paged engine
-        writer.metadata["run"]["verify_logits"] = checked_logits
-    writer.metadata["run"]["kv_memory"] = kv_memory(engine, outcome.records, block_size)
+    outcome = execute(requests, backend, load, writer, on_progress, turns=turns,
+                      on_end=lambda records: _end_metadata(writer.metadata, engine, records, block_size, turns))
     outcome.notes += requests_note(settings.num_requests, len(source.requests))
     if turns is not None:
         outcome.notes += turns.report.lines()
-        writer.metadata["live_turns"] = turns.report.as_dict()
     writer.close(complete=True)
     return outcome
+
+
+def _end_metadata(metadata: dict, engine, records, block_size: int, turns) -> None:
+    """What an in-process run knows only once it has ended (also when Ctrl-C or SIGTERM cut it):
+    ``run.kv_memory``, ``run.verify_logits`` (``--verify`` on the paged engine) and ``live_turns``."""
+    if (checked_logits := verify_metadata(engine)) is not None:
+        metadata["run"]["verify_logits"] = checked_logits
+    metadata["run"]["kv_memory"] = kv_memory(engine, records, block_size)
+    if turns is not None:
+        metadata["live_turns"] = turns.report.as_dict()
 
 
 def _live_turns(config: RunConfig, requests, tokenizer, cache, metadata: dict):

@@ -221,15 +221,14 @@ def run_openai(config: RunConfig, on_progress: Progress | None = None) -> RunOut
     metadata["preflight"], metadata["server_cache"] = checks, server_cache.origins
     writer = RunWriter(config.out or default_out("run", source.name), metadata, run_id, backend.describe(),
                        config.summary)
-    outcome = execute(requests, backend, load, writer, on_progress, backend_context=lambda: backend, turns=turns)
+    outcome = execute(requests, backend, load, writer, on_progress, backend_context=lambda: backend, turns=turns,
+                      on_end=None if turns is None else lambda _: writer.metadata.update(live_turns=turns.report.as_dict()))
     outcome.notes = notes + requests_note(settings.num_requests, len(source.requests)) + (turns.report.lines() if turns else [])
     if load.is_open_loop:
         outcome.notes.append(replay_lag(outcome.rows).describe())
     after = parse_prefix_cache_counters(_all_metrics(fetch_metrics, urls, key))
     by_index = {request.index: record for request, record in outcome.records}
     requests, expectations = _as_sent(turns, requests, expectations)
-    if turns is not None:
-        writer.metadata["live_turns"] = turns.report.as_dict()
     outcome.reconciliation = reconcile(writer.rows, requests, expectations, [by_index.get(r.index) for r in requests],
                                        before, after, ignore_eos=settings.ignore_eos)
     writer.metadata["reconciliation"] = outcome.reconciliation.as_dict()

@@ -135,8 +135,9 @@ class _SizeRunner:
             "concurrency": 1, "seed": settings.seed, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "engine": engine_metadata(self.config.engine, engine), "repeat": repeat + 1}}
         writer = RunWriter(self.folder / f"run-{size}{suffix}.parquet", metadata, run_id, backend.describe())
-        done = execute(sized, backend, LoadConfig(), writer, self.on_progress)  # Ctrl-C: RunInterrupted, the rows written
-        writer.metadata["run"]["kv_memory"] = kv_memory(engine, done.records, self.block_size)  # as kvbench run's
+        done = execute(sized, backend, LoadConfig(), writer, self.on_progress,  # Ctrl-C: RunInterrupted, rows written
+                       on_end=lambda records: writer.metadata["run"].update(  # as kvbench run's, a cut size's too
+                           kv_memory=kv_memory(engine, records, self.block_size)))
         writer.close(complete=True)
         if size not in self.first_errors and (reason := _first_error(done.records)):
             self.first_errors[size] = reason

@@ -2,7 +2,8 @@
 metadata, and :func:`execute` (requests -> the one send loop -> the results writer).
 
 Progress goes through ``on_progress(rows_so_far, total)``. On Ctrl-C or SIGTERM what was measured
-is written, marked incomplete, and :class:`RunInterrupted` is raised with the outcome.
+is written, marked incomplete, with the metadata known only at the end (``execute``'s ``on_end``), and
+:class:`RunInterrupted` is raised with the outcome.
 """
 
 from __future__ import annotations
@@ -95,19 +96,27 @@ def run_metadata(source: RunSource, settings: RunSection, requests: Sequence[Req
         "warmup": num_warmup, "seed": settings.seed, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}}
 
 
+OnEnd = Callable[[list[tuple[Request, RequestRecord]]], None]  # the records finished -> metadata added
+
+
 def execute(requests: Sequence[Request], backend: Backend, load: LoadConfig, writer: RunWriter,
             on_progress: Progress | None, backend_context: Callable[[], Any] | None = None,
-            turns: Turns | None = None) -> RunOutcome:
+            turns: Turns | None = None, on_end: OnEnd | None = None) -> RunOutcome:
     """Send ``requests`` through the one send loop, every record to ``writer``; returns the outcome.
 
     ``backend_context``: an async context manager factory to enter around the run (the HTTP client).
     ``turns``: builds requests at send time (``--turns live``; :class:`kvbench.run.loop.Turns`).
+    ``on_end(records)``: called once the send loop has ended however it ended (finished, Ctrl-C,
+    SIGTERM, an error), with every ``(request, record)`` finished so far, before the writer's last
+    write: what is known only at the end of a run (``run.kv_memory``, ``run.verify_logits``) goes
+    into ``writer.metadata`` there, so an interrupted run's file has it too.
     Raises :class:`RunInterrupted` on Ctrl-C or SIGTERM after writing what was measured.
     """
     outcome = RunOutcome(writer.metadata["run"].get("scenario", ""), writer.path, writer.rows, writer.metadata,
                          len(requests), summary_options=writer.summary_options)
 
     def on_record(request: Request, record: RequestRecord) -> None:
+        outcome.records.append((request, record))  # the send loop's records, kept when it is cut short
         writer.add(request, record)
         if on_progress is not None:
             on_progress(writer.rows, len(requests))
@@ -115,17 +124,29 @@ def execute(requests: Sequence[Request], backend: Backend, load: LoadConfig, wri
     async def send() -> None:
         with _sigterm_cancels(asyncio.current_task()):
             async with backend_context() if backend_context is not None else contextlib.nullcontext():
-                outcome.records = await send_requests(requests, backend, load, on_record, turns=turns)
+                await send_requests(requests, backend, load, on_record, turns=turns)
 
     try:
         asyncio.run(send())
     except (KeyboardInterrupt, asyncio.CancelledError):
-        writer.close(complete=False)
+        _close_cut_run(writer, outcome, on_end)
         raise RunInterrupted(outcome) from None
     except BaseException:
-        writer.close(complete=False)
+        _close_cut_run(writer, outcome, on_end)
         raise
+    if on_end is not None:
+        on_end(outcome.records)
     return outcome
+
+
+def _close_cut_run(writer: RunWriter, outcome: RunOutcome, on_end: OnEnd | None) -> None:
+    """A run cut short: ``on_end``'s metadata, then the rows so far, written incomplete (even when
+    ``on_end`` fails: the rows come first)."""
+    try:
+        if on_end is not None:
+            on_end(outcome.records)
+    finally:
+        writer.close(complete=False)
 
 
 @contextlib.contextmanager
