@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvbench.results import plots
+from kvbench.results.engine_rows import engine_report_rows
 from kvbench.results.files import (ResultFile, describe_cache, format_value, group_by_trace, split_ttft,
                                    summary_cell)
 from kvbench.results.sweep import fit_ttft_vs_miss_rate
@@ -66,12 +67,16 @@ RUN_METRICS = (
 
 
 def run_table(runs: Sequence[ResultFile]) -> TableData:
-    """One column per run file, one row per number of :data:`RUN_METRICS` (as ``summarize`` gives them)."""
+    """One column per run file, one row per number of :data:`RUN_METRICS` (as ``summarize`` gives them),
+    the engine (``run.engine``) and, where a file has them, its KV memory and ``--verify`` counts
+    (:func:`kvbench.results.engine_rows.engine_report_rows`)."""
+    engine, *engine_facts = engine_report_rows([r.run for r in runs])  # "-" where a file lacks them
     rows = [("backend", *(str(r.run.get("backend", "?")) for r in runs)),
             ("model", *(str(r.run.get("model", "?")) for r in runs)),
-            ("cache", *(describe_cache(r.cache) for r in runs)),
+            ("cache", *(describe_cache(r.cache) for r in runs)), engine,
             ("machine load start / end (usable cores)", *(_load_text(r.metadata.get("machine_load")) for r in runs))]
     rows += [(label, *(summary_cell(r, key, spec) for r in runs)) for label, key, spec in RUN_METRICS]
+    rows += engine_facts  # KV memory (run.kv_memory) and --verify's logit counts (run.verify_logits)
     names = short_names([r.name for r in runs])
     legend = _name_legend(names, [r.name for r in runs])
     return TableData("Runs", ("", *names), tuple(rows),
@@ -206,6 +211,9 @@ def input_notes(results: Sequence[ResultFile]) -> list[str]:
         if result.summary and result.summary.num_mismatched_outputs:
             notes.append(f"{result.path}: {result.summary.num_mismatched_outputs} outputs differ from the "
                          "reference (a cache bug if the decoding was greedy)")
+        if mismatches := (result.run.get("verify_logits") or {}).get("num_mismatches"):
+            notes.append(f"{result.path}: --verify: {mismatches} output positions differ from the cache-off "
+                         "engine's argmax by more than the tie tolerance")
     return notes
 
 

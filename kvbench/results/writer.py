@@ -15,6 +15,7 @@ from rich.table import Table
 
 from kvbench.request import Request, RequestRecord
 from kvbench.results.checkpoint import Checkpointer
+from kvbench.results.engine_rows import verify_logit_rows
 from kvbench.results.live import RunningStats
 from kvbench.results.machine_load import load_sample, load_warnings, spread_warning
 from kvbench.results.memory_rows import kv_memory_rows
@@ -134,22 +135,12 @@ def summary_table(name: str, run: dict[str, Any], summary: RunSummary) -> Table:
     if run.get("verify"):
         rows.append(("outputs differing from cache-off", str(summary.num_mismatched_outputs)))
     if logits := run.get("verify_logits"):  # the paged engine: kvbench.engine.paged.verify
-        rows.extend(_verify_logit_rows(logits))
+        rows.extend(verify_logit_rows(logits))
     for metric, value in rows:
         table.add_row(metric, value)
     table.caption = "TTFT percentiles exclude the cold first request; token hit rate = cached / prompt tokens"
     table.caption += cached_tokens_note(summary)
     return table
-
-
-def _verify_logit_rows(logits: dict[str, Any]) -> list[tuple[str, str]]:
-    """The paged engine's ``run.verify_logits`` as table rows; "n/a (no greedy requests)" when no output
-    position was compared (only greedy requests are compared: sampled ones have no single reference)."""
-    compared = logits["num_compared_tokens"] > 0
-    none = "n/a (no greedy requests)"
-    return [(f"argmax flips near ties / mismatches (tol {logits['tie_tolerance_nats']:g} nats)",
-             f"{logits['num_flips_near_ties']} / {logits['num_mismatches']}" if compared else none),
-            ("max |logprob diff| vs cache-off (nats)", f"{logits['max_abs_logprob_diff']:.2e}" if compared else none)]
 
 
 def _goodput_rows(summary: RunSummary) -> list[tuple[str, str]]:
