@@ -14,7 +14,7 @@ from kvbench.commands import result_options as res
 from kvbench.commands.common import build, make_console, run_with_progress
 from kvbench.commands.signature import in_panel
 from kvbench.commands.sweep_tables import load_points_table, points_table
-from kvbench.errors import InputError
+from kvbench.errors import InputError, KvbenchError
 from kvbench.extras import missing_extra
 from kvbench.results.goodput import parse_goodput
 from kvbench.results.summary import SummaryOptions
@@ -61,8 +61,8 @@ def sweep(
     repeats: Annotated[int, typer.Option(min=1, rich_help_panel=ENGINE, help="Engine: runs per cache size; the table shows the spread of TTFT p50 and the fit uses the medians.")] = 1,
     ignore_eos: IgnoreEos = None,
 ) -> None:
-    """Engine: run once per cache size and fit TTFT p50 = a + b x (1 - hit rate). Server (--backend openai):
-    one run per --concurrency or --request-rate value (a fresh cache namespace each), throughput vs latency."""
+    """Engine: run once per cache size, fit TTFT p50 = a + b x (1 - hit rate); exit 1 if every size failed. Server
+    (--backend openai): one run per --concurrency or --request-rate value (a fresh cache namespace each)."""
     if backend is BackendKind.OPENAI or concurrency or request_rate:
         if cache_sizes is not None:
             raise InputError("--cache-sizes sweeps the in-process engine; a load sweep takes --concurrency or --request-rate")
@@ -90,6 +90,8 @@ def sweep(
         lambda on_progress: sweep_source(config, on_progress, lambda size: err.print(f"cache size {size:,} blocks ...")),
         on_interrupt=lambda interrupted: _print(console, interrupted.sweep), threads=threads)
     _print(console, outcome)
+    if outcome.failure is not None:  # nothing was measured at any size: a failed sweep, exit 1
+        raise KvbenchError(outcome.failure)
 
 
 def _values(text: str | None, option: str, kind: type) -> tuple:

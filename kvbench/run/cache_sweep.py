@@ -7,8 +7,9 @@ Every (size, repeat) run gets a fresh engine of ``config.engine`` (``--engine co
 is the sweep's size (running and cached blocks together, as vLLM's), so a size smaller than one
 request's prompt + output refuses that request (an error row), where the copy engine only caches
 less; each size's first error reason is kept in ``SweepOutcome.first_errors`` for the command to
-print. Every run file carries ``run.kv_memory`` (:func:`kvbench.run.kv_memory.kv_memory`, as
-``kvbench run``'s).
+print; when every size failed (no request succeeded anywhere), ``SweepOutcome.failure`` says so in one
+line with the first reason (``kvbench sweep`` exits 1). Every run file carries ``run.kv_memory``
+(:func:`kvbench.run.kv_memory.kv_memory`, as ``kvbench run``'s).
 
 Repeats (issue 18 item 5): a point's TTFT p50 is the **median** of its repeats' p50s (the fit uses
 it), and ``min_p50_ttft_ms`` / ``max_p50_ttft_ms`` / ``repeat_p50_ttft_ms`` keep the spread
@@ -49,6 +50,17 @@ class SweepOutcome:
     first_errors: dict[int, str] = field(default_factory=dict)  # cache size -> its first failed request's reason
     summary: Any = None
     path: Path | None = None
+
+    @property
+    def failure(self) -> str | None:
+        """One line when every cache size failed (no request succeeded at any size), with the first
+        size's first error reason; ``None`` when some size measured a request (its failing sizes keep
+        their reasons in ``first_errors``, and the sweep is a result) or no size finished."""
+        if not self.points or any(p.num_errors < p.num_requests for p in self.points):
+            return None
+        first = next(iter(self.first_errors.items()), None)
+        reason = f"the first error, at {first[0]:,} blocks: {first[1]}" if first else "no error reason was recorded"
+        return f"every cache size failed ({len(self.points)} of {len(self.points)}, no request succeeded); {reason}"
 
 
 def sweep(config: SweepConfig, on_progress: Progress | None = None,

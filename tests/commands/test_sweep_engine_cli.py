@@ -94,3 +94,17 @@ def test_paged_sweep_names_each_failing_sizes_reason_and_writes_kv_memory(kvbenc
     assert small_memory["pool_bytes"] == (3 + 1) * BLOCK_BYTES and small_memory["peak_held_kv_bytes"] == 0
     assert large_memory["pool_bytes"] == (24 + 1) * BLOCK_BYTES  # + the null block
     assert large_memory["peak_running_kv_bytes"] == 6 * BLOCK_BYTES  # one request at a time: 81 tokens with K/V
+
+
+def test_a_sweep_where_every_size_fails_exits_1_with_the_first_reason(kvbench, scenario, tmp_path):
+    """Sizes 3 and 5 refuse every request (6 blocks needed); a sweep where only some sizes fail exits 0
+    (the test above: 3,24)."""
+    out = tmp_path / "sweep"
+    code, stdout, stderr = kvbench("sweep", scenario, "--cache-sizes", "3,5", "--engine", "paged",
+                                   "--ignore-eos", "--out", out)
+    assert code == 1 and "Traceback" not in stderr
+    [line] = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert line == ("error: every cache size failed (2 of 2, no request succeeded); the first error, at 3 blocks: "
+                    "prompt + max_tokens need 6 blocks of 16 tokens; the KV pool has 3 (raise --cache-sizes)")
+    points = read_sweep_summary(out / "sweep.parquet").points  # what ran is still written
+    assert [(p.capacity_blocks, p.num_errors) for p in points] == [(3, 12), (5, 12)]
