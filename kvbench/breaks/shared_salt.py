@@ -9,7 +9,10 @@ B's keys never match A's, B gets 0 cached tokens and both kinds of guesses cost 
 
 Each trial uses a fresh private prompt and a fresh wrong guess, and B sends the two guesses in a
 seeded random order. The TTFTs of correct and wrong guesses are compared with a one-sided
-Mann-Whitney U test (normal approximation with tie correction; no scipy needed).
+Mann-Whitney U test (:mod:`kvbench.breaks.rank_test`). The verdict says what the trials can show: a
+p below alpha is a leak; with too few trials to reach alpha at all (3 trials: p >= 0.040 whatever the
+TTFTs) it is "inconclusive" with the trials that could; otherwise not significant, with the effect
+size measured, P(correct faster), and Noether's trials to detect it with 80% power.
 """
 
 from __future__ import annotations
@@ -25,6 +28,10 @@ from rich.table import Table
 from kvbench.breaks.common import (
     ParquetTable, Progress, VariantRun, break_schema, format_ms, run_variant, variant_engine,
     verdict_table, warm_up,
+)
+from kvbench.breaks.rank_test import (
+    POWER, detectable_effect, mann_whitney_less, probability_first_smaller, smallest_p_value, trials_for_effect,
+    trials_to_reach,
 )
 from kvbench.cache.base import CacheConfig
 from kvbench.run.config import EngineKind
@@ -77,41 +84,19 @@ class SharedSaltConfig:
             raise ValueError(f"alpha must be in (0, 1), got {self.alpha!r}")
 
 
-def mann_whitney_less(first: Sequence[float], second: Sequence[float]) -> tuple[float, float]:
-    """One-sided Mann-Whitney U test that ``first`` tends to be smaller than ``second``.
-
-    Returns ``(u, p)``: ``u`` counts pairs with ``first > second`` (ties count one half), ``p`` is
-    P(U <= u) under the null hypothesis by the normal approximation with tie correction and a
-    continuity correction (Mann & Whitney 1947; the formulas of ``scipy.stats.mannwhitneyu``).
-
-    Raises:
-        ValueError: either sample is empty.
-    """
-    x, y = np.asarray(first, dtype=np.float64), np.asarray(second, dtype=np.float64)
-    n1, n2 = x.size, y.size
-    if not n1 or not n2:
-        raise ValueError("both samples need at least one value")
-    values, inverse, counts = np.unique(np.concatenate([x, y]), return_inverse=True, return_counts=True)
-    mean_ranks = np.cumsum(counts) - (counts - 1) / 2.0  # average rank of each distinct value
-    u = float(mean_ranks[inverse[:n1]].sum() - n1 * (n1 + 1) / 2.0)
-    n = n1 + n2
-    tie_term = float((counts**3 - counts).sum()) / (n * (n - 1)) if n > 1 else 0.0
-    sigma = math.sqrt(n1 * n2 / 12.0 * ((n + 1) - tie_term))
-    if sigma == 0:
-        return u, 1.0
-    z = (u + 0.5 - n1 * n2 / 2.0) / sigma
-    return u, 0.5 * math.erfc(-z / math.sqrt(2.0))
-
-
 @dataclass(frozen=True)
 class ChannelTest:
-    """B's guesses in one variant: TTFT medians, cached tokens and the test's p-value."""
+    """B's guesses in one variant: TTFT medians, cached tokens and the one-sided Mann-Whitney U test
+    (:mod:`kvbench.breaks.rank_test`): its p-value, the smallest p these numbers of TTFTs can give,
+    and P(correct faster), the share of (correct, wrong) pairs where the correct guess was faster."""
 
     p50_correct_ttft_ms: float
     p50_wrong_ttft_ms: float
     p_value: float
     max_correct_cached_tokens: int
     max_wrong_cached_tokens: int
+    smallest_p_value: float = 0.0
+    prob_correct_faster: float = math.nan
 
     @property
     def ttft_ratio(self) -> float:
@@ -123,10 +108,11 @@ def channel_test(run: VariantRun) -> ChannelTest:
     """Compare the TTFTs of B's correct and wrong guesses in ``run``."""
     correct = [row for row in run.rows if row["probe"] == CORRECT]
     wrong = [row for row in run.rows if row["probe"] == WRONG]
-    _, p_value = mann_whitney_less([r["ttft_ms"] for r in correct], [r["ttft_ms"] for r in wrong])
+    u, p_value = mann_whitney_less([r["ttft_ms"] for r in correct], [r["ttft_ms"] for r in wrong])
     return ChannelTest(percentile((r["ttft_ms"] for r in correct), 50), percentile((r["ttft_ms"] for r in wrong), 50),
                        p_value, max(r["cached_prompt_tokens"] for r in correct),
-                       max(r["cached_prompt_tokens"] for r in wrong))
+                       max(r["cached_prompt_tokens"] for r in wrong), smallest_p_value(len(correct), len(wrong)),
+                       probability_first_smaller(u, len(correct), len(wrong)))
 
 
 @dataclass(eq=False)
@@ -143,14 +129,45 @@ class SharedSaltResult:
         """Correct guesses are significantly faster (p < alpha)."""
         return self.test(variant).p_value < self.config.alpha
 
+    def can_reach_alpha(self, variant: str) -> bool:
+        """Whether any TTFTs of this many trials could give p < alpha (``False``: too few trials)."""
+        return self.test(variant).smallest_p_value < self.config.alpha
+
+    def leak_text(self, variant: str) -> str:
+        """The table's leak column: ``yes`` (p < alpha), ``no``, or ``inconclusive`` when too few trials."""
+        return "yes" if self.leaks(variant) else "no" if self.can_reach_alpha(variant) else "inconclusive"
+
     @property
     def verdict(self) -> str:
-        shared, salted = self.test("unsalted"), self.test("salted")
-        return (f"unsalted: correct guesses come back {shared.ttft_ratio:.1f}x faster (p = {shared.p_value:.1e}), "
-                f"so B {'learns' if self.leaks('unsalted') else 'cannot tell'} whether A sent that prompt; "
-                f"per-tenant salts: {salted.ttft_ratio:.2f}x (p = {salted.p_value:.2f}) and "
-                f"{salted.max_correct_cached_tokens} cached tokens for B: "
-                f"{'still a difference' if self.leaks('salted') else 'nothing leaks'}")
+        return f"unsalted: {self._unsalted_verdict()}; per-tenant salts: {self._salted_verdict()}"
+
+    def _unsalted_verdict(self) -> str:
+        test, alpha, trials = self.test("unsalted"), self.config.alpha, self.config.num_trials
+        faster = f"correct guesses come back {test.ttft_ratio:.1f}x faster"
+        if self.leaks("unsalted"):
+            return f"{faster} (p = {test.p_value:.1e} < {alpha:g}), so B learns whether A sent that prompt"
+        if not self.can_reach_alpha("unsalted"):
+            return (f"{faster}, but inconclusive: {trials} trials cannot reach p < {alpha:g} whatever the TTFTs "
+                    f"(the smallest p of a one-sided Mann-Whitney U test over {trials} + {trials} TTFTs is "
+                    f"{test.smallest_p_value:.3f}, every correct guess faster); --trials {trials_to_reach(alpha)} "
+                    f"or more can")
+        effect = test.prob_correct_faster
+        needed = trials_for_effect(effect, alpha)
+        power = (f"Noether's formula: ~{needed:,} trials detect an effect this size with {POWER:.0%} power"
+                 if needed is not None else "no sign that correct guesses are faster")
+        return (f"{faster} (p = {test.p_value:.2f} >= {alpha:g}): not shown at {trials} trials, "
+                f"P(correct faster) = {effect:.2f} ({power}; {trials} trials detect P >= "
+                f"{detectable_effect(trials, alpha):.2f})")
+
+    def _salted_verdict(self) -> str:
+        test = self.test("salted")
+        timing = f"{test.ttft_ratio:.2f}x (p = {test.p_value:.2f}, {self.leak_text('salted')})"
+        if test.max_correct_cached_tokens:
+            return (f"{timing}, but B still got {test.max_correct_cached_tokens} cached tokens of A's: "
+                    "the salts did not separate them")
+        if self.leaks("salted"):
+            return f"{timing} with 0 cached tokens for B: a difference that is not the cache's"
+        return f"{timing} and 0 cached tokens for B: A's blocks are out of B's reach, nothing leaks through the cache"
 
     def parquet_tables(self) -> list[ParquetTable]:
         return [ParquetTable([row for run in self.runs for row in run.rows], break_schema(EXTRA_FIELDS))]
@@ -221,12 +238,14 @@ def shared_salt_table(result: SharedSaltResult) -> Table:
         test = channel_test(run)
         rows.append((run.variant, f"{test.max_correct_cached_tokens} / {test.max_wrong_cached_tokens}",
                      format_ms(test.p50_correct_ttft_ms), format_ms(test.p50_wrong_ttft_ms), f"{test.ttft_ratio:.2f}",
-                     f"{test.p_value:.1e}", "yes" if result.leaks(run.variant) else "no"))
+                     f"{test.p_value:.1e}", result.leak_text(run.variant)))
     config = result.config
+    smallest = channel_test(result.runs[0]).smallest_p_value
     notes = [f"{config.num_trials} trials: A sends a private {config.prompt_tokens}-token prompt, then B sends a "
              f"correct and a wrong guess (random order); fresh prompts every trial",
              f"cached tokens: most B got on a correct / wrong guess; p: one-sided Mann-Whitney U (correct faster "
-             f"than wrong), leak = p < {config.alpha}"]
+             f"than wrong), leak = p < {config.alpha}; the smallest p {config.num_trials} trials can give is "
+             f"{smallest:.2g} (inconclusive when it is >= {config.alpha})"]
     return verdict_table("kvbench break shared-salt: a TTFT side channel between tenants", (
         "namespace", "B cached tokens", "correct guess TTFT p50 (ms)", "wrong guess TTFT p50 (ms)",
         "wrong / correct", "p", "leak"), rows, result.verdict, notes)

@@ -1,6 +1,7 @@
 """``kvbench break``: the list, one small experiment end to end, bad input."""
 
 import pyarrow.parquet as pq
+import pytest
 
 from kvbench.results.parquet import read_metadata
 from kvbench.results.schema import RUN_COLUMNS
@@ -24,6 +25,20 @@ def test_shared_salt_writes_parquet_like_a_run(kvbench, tmp_path, monkeypatch, s
     assert table.num_rows == 2 * 2 * 3
     metadata = read_metadata(out)
     assert metadata["command"] == "break" and metadata["experiment"] == "shared-salt"
+
+
+def test_shared_salt_with_three_trials_is_inconclusive_not_cannot_tell(kvbench, tmp_path, monkeypatch, small_model):
+    """3 trials cannot reach p < 0.01 whatever the TTFTs (smallest one-sided Mann-Whitney U p: 0.040)."""
+    monkeypatch.setattr("kvbench.engine.model.load_model", lambda config: small_model)
+    out = tmp_path / "salt.parquet"
+    code, stdout, err = kvbench("break", "shared-salt", "--trials", 3, "--prompt-tokens", 16, "--out", out)
+    assert code == 0, err
+    flat = " ".join(stdout.split())
+    assert "cannot tell" not in flat and "but inconclusive: 3 trials cannot reach p < 0.01 whatever the TTFTs" in flat
+    assert "--trials 5 or more can" in flat and "the smallest p 3 trials can give is 0.04" in flat
+    tests = read_metadata(out)["tests"]
+    assert tests["unsalted"]["smallest_p_value"] == tests["salted"]["smallest_p_value"] == pytest.approx(0.0404, abs=1e-4)
+    assert tests["unsalted"]["p_value"] >= tests["unsalted"]["smallest_p_value"]
 
 
 def test_bad_input_is_one_line_and_exit_2(kvbench):
