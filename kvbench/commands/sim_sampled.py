@@ -1,7 +1,8 @@
 """``kvbench sim --sample-rate R / --sample-keys N``: the sampled (SHARDS) LRU curve, for traces too
 big for the exact one-pass curve (:mod:`kvbench.sim.shards`). A Mooncake / hash-id trace streams in
 bounded memory (:func:`kvbench.sim.hash_id_trace.hash_id_sampled_curve`); other sources are built
-in memory first, as for the exact curve."""
+in memory first, as for the exact curve. Written: ``--out`` with the estimates at ``--sizes`` in the
+exact path's columns, and ``NAME.sampled-curve.parquet`` beside it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 from rich.markup import escape
 from rich.table import Table
 
@@ -29,18 +31,53 @@ NUM_CURVE_ROWS = 400  # log-spaced sizes written to NAME.sampled-curve.parquet
 def run_sampled(path: Path, source: RunSource, config: CacheConfig, requests: int | None, capacities: list[int],
                 rate: float | None, max_keys: int | None, out: Path | None, orders: list[str] = (),
                 method: SimMethod = SimMethod.AUTO, ttl_curve: bool = False) -> None:
-    """The whole ``--sample-rate`` / ``--sample-keys`` run: check, sample, print, write (``out``:
-    the result file whose name the curve takes; default ``results/sim-NAME-TIME.parquet``). Both
+    """The whole ``--sample-rate`` / ``--sample-keys`` run: check, sample, print, write (``out``: the
+    result file of the estimates at ``capacities``, the exact path's columns (:func:`sampled_rows`), whose
+    name the curve takes; default ``results/sim-NAME-TIME.parquet``). Both
     flags: a fixed-size sample of ``max_keys`` keys that starts at rate ``rate`` (not 1).
 
     Raises:
         InputError: see :func:`check_sampling`; unreadable or malformed sources.
     """
     check_sampling(rate, max_keys, config, orders, method, ttl_curve)
+    started = time.perf_counter()
     curve = sampled_curve_of(path, source, config, requests, rate, max_keys)
     out = out or Path("results") / f"sim-{source.name}-{time.strftime('%Y%m%d-%H%M%S')}.parquet"
-    show_sampled(make_console(), source.name, curve, capacities, out, {"command": "sim", "source": source.description},
-                 make_console(stderr=True))
+    console, metadata = make_console(), {"command": "sim", "source": source.description}
+    show_sampled(console, source.name, curve, capacities, out, metadata, make_console(stderr=True))
+    write_rows(out, sampled_rows(curve, capacities, config), {
+        **metadata, "ideal_token_hit_rate": float(curve.token_hit_rates(curve.ideal_capacity_blocks)),
+        "complete": True, "elapsed_s": time.perf_counter() - started,
+        "methods": {ReleaseOrder.TAIL_FIRST.value: "sampled"}, "sample_rate": curve.rate,
+        "hit_rate_sd": curve.hit_rate_sd}, schema=SAMPLED_ROW_SCHEMA)
+    console.print(f"wrote {len(capacities)} rows to {escape(str(out))}")
+
+
+# The exact path's row columns (kvbench.sim.replay.SimResult.as_row), typed: a column the sample does not
+# estimate is null (block hit rate, inserts, evictions: the sample sees a fraction of the keys).
+SAMPLED_ROW_SCHEMA = pa.schema([
+    ("capacity_blocks", pa.int64()), ("release_order", pa.string()), ("cache_kind", pa.string()),
+    ("block_size", pa.int64()), ("ttl_s", pa.float64()), ("num_requests", pa.int64()), ("prompt_tokens", pa.int64()),
+    ("cached_prompt_tokens", pa.int64()), ("token_hit_rate", pa.float64()), ("block_hit_rate", pa.float64()),
+    ("hit_blocks", pa.int64()), ("queried_blocks", pa.int64()), ("inserted_blocks", pa.int64()),
+    ("evictions", pa.int64()), ("expirations", pa.int64()), ("refused_inserts", pa.int64()), ("method", pa.string())])
+
+
+def sampled_rows(curve: SampledCurve, capacities: list[int], config: CacheConfig) -> list[dict]:
+    """One row per ``--sizes`` capacity (blocks), in the columns of the exact path's result file:
+    ``token_hit_rate`` and ``hit_blocks`` / ``cached_prompt_tokens`` estimated (rounded to whole
+    blocks / tokens), ``num_requests`` and ``prompt_tokens`` exact, ``method`` ``"sampled"``; the
+    counts the sample cannot estimate are null (:data:`SAMPLED_ROW_SCHEMA`). Tail-first release, no TTL
+    (:func:`check_sampling` refuses the rest)."""
+    hit_blocks = curve.hit_blocks(np.array(capacities, dtype=np.int64)).tolist()
+    rates = curve.token_hit_rates(np.array(capacities, dtype=np.int64)).tolist()
+    return [{"capacity_blocks": capacity, "release_order": ReleaseOrder.TAIL_FIRST.value,
+             "cache_kind": config.kind.value, "block_size": curve.block_size, "ttl_s": None,
+             "num_requests": curve.num_requests, "prompt_tokens": curve.num_prompt_tokens,
+             "cached_prompt_tokens": round(hits * curve.block_size), "token_hit_rate": rate, "block_hit_rate": None,
+             "hit_blocks": round(hits), "queried_blocks": None, "inserted_blocks": None, "evictions": None,
+             "expirations": None, "refused_inserts": None, "method": "sampled"}
+            for capacity, hits, rate in zip(capacities, hit_blocks, rates)]
 
 
 def check_sampling(rate: float | None, max_keys: int | None, config: CacheConfig, orders: list[str] = (),

@@ -36,6 +36,32 @@ def test_a_key_budget_above_the_trace_gives_the_exact_curve(kvbench, tmp_path, s
     assert metadata["sample_rate"] == 1.0 and metadata["num_requests"] == 2000 and metadata["hit_rate_sd"] == 0.0
 
 
+def test_the_sampled_run_writes_the_table_at_sizes_in_the_exact_columns(kvbench, tmp_path, shared_data):
+    """--out holds the estimates at --sizes (as the exact path's file does), not only the curve beside it."""
+    from kvbench.results.files import load_result
+    from kvbench.results.report import sim_table
+
+    trace = mooncake_head(shared_data, tmp_path)
+    sizes = ("--sizes", "100,1000,5000")
+    assert kvbench("sim", trace, *sizes, "--out", tmp_path / "exact.parquet")[0] == 0
+    code, stdout, _ = kvbench("sim", trace, "--sample-keys", "1000000", *sizes, "--out", tmp_path / "sampled.parquet")
+    assert code == 0 and "wrote 3 rows to" in stdout
+    exact, sampled = (pq.read_table(tmp_path / f"{name}.parquet") for name in ("exact", "sampled"))
+    assert sampled.column_names == exact.column_names
+    for want, got in zip(exact.to_pylist(), sampled.to_pylist()):  # a budget above the trace: rate 1, exact
+        for key in ("capacity_blocks", "block_size", "num_requests", "prompt_tokens", "cached_prompt_tokens",
+                    "token_hit_rate", "hit_blocks", "release_order", "cache_kind"):
+            assert got[key] == want[key], key
+        assert got["method"] == "sampled" and got["evictions"] is None and got["block_hit_rate"] is None
+    assert [r["capacity_blocks"] for r in sampled.to_pylist()] == [100, 1000, 5000]
+    assert 0 < sampled.column("token_hit_rate")[0].as_py() < sampled.column("token_hit_rate")[2].as_py()
+    metadata = read_metadata(tmp_path / "sampled.parquet")
+    assert metadata["methods"] == {"tail-first": "sampled"} and metadata["sample_rate"] == 1.0
+    assert metadata["ideal_token_hit_rate"] == read_metadata(tmp_path / "exact.parquet")["ideal_token_hit_rate"]
+    table = sim_table(load_result(tmp_path / "sampled.parquet"))  # kvbench report reads it as a sim file
+    assert [row[0] for row in table.rows] == ["100", "1,000", "5,000"] and table.rows[0][5] == "-"
+
+
 def test_a_small_budget_samples_and_says_how_much(kvbench, tmp_path, shared_data):
     trace = mooncake_head(shared_data, tmp_path)
     code, stdout, _ = kvbench("sim", trace, "--sample-keys", "2000", "--out", tmp_path / "s.parquet")
