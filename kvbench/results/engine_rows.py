@@ -49,10 +49,15 @@ def engine_report_rows(runs: Sequence[Mapping[str, Any]]) -> list[tuple[str, ...
     """``kvbench report``'s rows for the ``run`` metadata of each file: the engine, then every KV memory
     and ``--verify`` row any of them has (one cell per run, ``-`` where a run lacks that row). No
     memory or verify rows when no run has them; the engine row always (``-`` for files without it)."""
-    per_run = [dict([*kv_memory_rows(run.get("kv_memory")), *_verify_rows(run)]) for run in runs]
-    labels = list(dict.fromkeys(label for rows in per_run for label in rows))
-    return [("engine", *(engine_text(run.get("engine")) for run in runs)),
-            *((label, *(rows.get(label, MISSING) for rows in per_run)) for label in labels)]
+    memory = _aligned([dict(kv_memory_rows(run.get("kv_memory"))) for run in runs])
+    verify = _aligned([dict(_verify_rows(run)) for run in runs])
+    return [("engine", *(engine_text(run.get("engine")) for run in runs)), *memory, *verify]
+
+
+def _aligned(per_run: Sequence[Mapping[str, str]]) -> list[tuple[str, ...]]:
+    """One row per label any run has (first seen first), a cell per run (``-`` where it lacks the label)."""
+    labels = dict.fromkeys(label for rows in per_run for label in rows)
+    return [(label, *(rows.get(label, MISSING) for rows in per_run)) for label in labels]
 
 
 def _verify_rows(run: Mapping[str, Any]) -> list[tuple[str, str]]:
