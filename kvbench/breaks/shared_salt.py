@@ -143,7 +143,8 @@ class SharedSaltResult:
 
     def _unsalted_verdict(self) -> str:
         test, alpha, trials = self.test("unsalted"), self.config.alpha, self.config.num_trials
-        faster = f"correct guesses come back {test.ttft_ratio:.1f}x faster"
+        faster = (f"correct guesses come back {test.ttft_ratio:.1f}x faster" if not test.ttft_ratio < 1 else
+                  f"correct guesses come back slower, median TTFT wrong / correct {test.ttft_ratio:.2f}")
         if self.leaks("unsalted"):
             return f"{faster} (p = {test.p_value:.1e} < {alpha:g}), so B learns whether A sent that prompt"
         if not self.can_reach_alpha("unsalted"):
@@ -161,7 +162,8 @@ class SharedSaltResult:
 
     def _salted_verdict(self) -> str:
         test = self.test("salted")
-        timing = f"{test.ttft_ratio:.2f}x (p = {test.p_value:.2f}, {self.leak_text('salted')})"
+        timing = f"{test.ttft_ratio:.2f}x (p = {test.p_value:.2f}" + (
+            ")" if self.can_reach_alpha("salted") else ", too few trials for the timing alone)")
         if test.max_correct_cached_tokens:
             return (f"{timing}, but B still got {test.max_correct_cached_tokens} cached tokens of A's: "
                     "the salts did not separate them")
