@@ -61,8 +61,8 @@ def sweep(
     repeats: Annotated[int, typer.Option(min=1, rich_help_panel=ENGINE, help="Engine: runs per cache size; the table shows the spread of TTFT p50 and the fit uses the medians.")] = 1,
     ignore_eos: IgnoreEos = None,
 ) -> None:
-    """Engine: run once per cache size, fit TTFT p50 = a + b x (1 - hit rate); exit 1 if every size failed. Server
-    (--backend openai): one run per --concurrency or --request-rate value (a fresh cache namespace each)."""
+    """Engine: one run per cache size, fit TTFT p50 = a + b x (1 - hit rate); exit 1 if every size failed. Server
+    (--backend openai): a run per --concurrency or --request-rate value (fresh cache each), throughput vs latency."""
     if backend is BackendKind.OPENAI or concurrency or request_rate:
         if cache_sizes is not None:
             raise InputError("--cache-sizes sweeps the in-process engine; a load sweep takes --concurrency or --request-rate")

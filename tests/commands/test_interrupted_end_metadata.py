@@ -24,11 +24,12 @@ def cut(args: list[str], checkpoint: Path, sig: int) -> tuple[int, str, str]:
     10 s into a run, so requests have finished and others are in the engine), and wait."""
     process = subprocess.Popen([sys.executable, "-m", "kvbench.cli", *args], cwd=REPO, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + 600  # a loaded machine (2 cores shared) can take minutes to the first checkpoint
     while not checkpoint.exists() and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
+    assert checkpoint.exists(), "no checkpoint written before the signal"
     process.send_signal(sig)
-    stdout, stderr = process.communicate(timeout=180)
+    stdout, stderr = process.communicate(timeout=300)
     return process.returncode, stdout, stderr
 
 
