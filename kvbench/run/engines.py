@@ -49,7 +49,7 @@ def predicted_cached_tokens(requests: Sequence[Request], flags: EngineFlags, cac
         return expected_cached_tokens(requests, cache)
     if concurrency != 1 or not ignore_eos or cache.ttl_s is not None or cache.release_order.value != "tail-first":
         return [None] * len(requests)
-    pool = VllmPoolConfig(cache.capacity_blocks + NUM_NULL_BLOCKS, cache.block_size, cache.hash)
+    pool = VllmPoolConfig(cache.capacity_blocks + NUM_NULL_BLOCKS, cache.block_size, cache.hash, cache.kind)
     exact = [replace(r, output_tokens=r.max_tokens) for r in requests]
     try:
         return expected_cached_tokens(exact, pool)
