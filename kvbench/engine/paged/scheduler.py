@@ -140,7 +140,6 @@ class Scheduler:
         self.pool = BlockPool(num_blocks, first_block_id=NULL_BLOCK_ID + 1)
         self.timer = IdleTimer(self.pool, ttl_s, clock)
         self.block_size = block_size
-        self.hasher = hasher
         self.index = PoolIndex(self.pool, hasher, kind) if hasher is not None else None
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
