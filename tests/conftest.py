@@ -92,6 +92,14 @@ def server():
 
 
 @pytest.fixture(scope="module")
+def paged_radix_server():
+    """A real ``kvbench serve --engine paged --cache-kind radix`` (the radix tree over the KV pool)."""
+    process = ServeProcess("--engine", "paged", "--cache-kind", "radix")
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="module")
 def prompt_only_server():
     """A real ``kvbench serve --prompt-only`` (prompt blocks cached, generated ones not)."""
     process = ServeProcess("--prompt-only")

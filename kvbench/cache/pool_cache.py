@@ -2,11 +2,15 @@
 :class:`~kvbench.cache.base.PrefixCache`, plus the TTL both share.
 
 The paged engine (:mod:`kvbench.engine.paged.scheduler`) keeps its prefix cache in the pool itself, as
-vLLM v1 does: a cached block is a pool block id holding a key (its chained block hash), pinned while a
-block table points at it, findable after release until an allocation evicts it (lazy eviction; LRU;
-a chain's tail first). :class:`PoolPrefixCache` exposes exactly those operations through the
-protocol the hash and radix caches implement, so the one contract suite (``tests/cache``) checks the
-engine's cache rules: pinned never evicted, tail-first release, salts, the last-token cap, TTL.
+vLLM v1 does: a cached block is a pool block id holding a key (its chained block hash, or for the
+radix kind ``(parent block, token bytes)``: :mod:`kvbench.cache.block_index`), pinned while a block
+table points at it, findable after release until an allocation evicts it (lazy eviction; LRU; a
+chain's tail first, for radix the LRU leaf). :class:`PoolPrefixCache` exposes exactly those
+operations through the protocol the hash and radix caches implement, so the one contract suite
+(``tests/cache``) checks the engine's cache rules: pinned never evicted, tail-first release, salts,
+the last-token cap, TTL. For radix an insert's handles pin the whole path from block 0 (SGLang's
+``inc_lock_ref`` walks to the root), so a caller releasing its hit first never leaves a pinned block
+under a free parent.
 
 TTL (:class:`IdleTimer`, used by this adapter and by the scheduler): a free cached block idle for
 longer than ``ttl_s`` since its release is not a hit; the sweep before every lookup drops its key
@@ -27,7 +31,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from kvbench.cache.base import CacheConfig, CacheKind, CacheStats, Clock, InsertResult, MatchResult, ReleaseOrder, insert_range
-from kvbench.cache.block_hash import BlockHash, PromptBlocks
+from kvbench.cache.block_hash import BlockHasher, PromptBlocks
+from kvbench.cache.block_index import HEAD_FIRST_RADIX_ERROR, PoolIndex
 from kvbench.cache.block_pool import BlockPool
 from kvbench.errors import CacheBusyError
 
@@ -69,33 +74,24 @@ class IdleTimer:
         return len(expired)
 
 
-def cached_prefix(pool: BlockPool, keys: Sequence[BlockHash]) -> list[int]:
-    """Block ids of the longest leading run of ``keys`` the pool holds (stops at the first miss); not pinned."""
-    hit: list[int] = []
-    for key in keys:
-        block_id = pool.cached_block(key)
-        if block_id is None:
-            break
-        hit.append(block_id)
-    return hit
-
-
 class PoolPrefixCache:
     """A :class:`~kvbench.cache.base.PrefixCache` whose blocks are ids of one :class:`BlockPool` of
-    ``config.capacity_blocks`` blocks (module docstring). Handles are block ids.
+    ``config.capacity_blocks`` blocks (module docstring), keyed by ``config.kind``. Handles are block ids.
 
-    Raises (constructor): ``ValueError`` for a setting the pool does not implement: the radix kind
-    and ``verify_tokens`` (the pool keeps keys, not token ids, as vLLM's).
+    Raises (constructor): ``ValueError`` for head-first release with the radix kind, and for
+    ``verify_tokens`` (hash keys are trusted, as vLLM's; radix keys are the tokens themselves).
     """
 
     def __init__(self, config: CacheConfig, clock: Clock | None = None) -> None:
-        if config.kind is not CacheKind.HASH:
-            raise ValueError("a pool-backed cache is keyed by block hash: kind must be hash")
+        if config.kind is CacheKind.RADIX and config.release_order is not ReleaseOrder.TAIL_FIRST:
+            raise ValueError(HEAD_FIRST_RADIX_ERROR)
         if config.verify_tokens:
-            raise ValueError("a pool-backed cache trusts block hashes: verify_tokens is not implemented")
+            raise ValueError("a pool-backed cache does not implement verify_tokens (hash trusts keys; radix compares tokens)")
         self.config = config
         self.stats = CacheStats(block_size=config.block_size)
         self.pool = BlockPool(config.capacity_blocks)
+        self.index = PoolIndex(self.pool, BlockHasher(config.block_size, config.hash), config.kind)
+        self._radix = config.kind is CacheKind.RADIX
         self.timer = IdleTimer(self.pool, config.ttl_s, clock)
         self._tail_first = config.release_order is ReleaseOrder.TAIL_FIRST
         self._payloads: dict[int, Any] = {}
@@ -111,10 +107,10 @@ class PoolPrefixCache:
     def lookup(self, prompt: PromptBlocks, max_hit_blocks: int | None = None) -> MatchResult:
         """Sweep expired blocks, then pin and return the longest cached prefix (at most ``max_hit_blocks``)."""
         expired = self.sweep()
-        keys = prompt.block_hashes
+        keys, namespace = self._keys(prompt)
         if max_hit_blocks is not None and max_hit_blocks < len(keys):
             keys = keys[: max(max_hit_blocks, 0)]
-        hit = cached_prefix(self.pool, keys)
+        hit = self.index.cached_prefix(keys, namespace)
         self.pool.touch(hit)
         self.stats.num_lookups += 1
         self.stats.num_queried_blocks += len(keys)
@@ -125,16 +121,25 @@ class PoolPrefixCache:
                stop_block: int | None = None) -> InsertResult:
         """Store blocks ``start_block .. stop_block`` pinned: a key the pool holds is pinned instead; a new
         one takes the free queue's front block (evicting its key); none free = the rest is refused.
+        Radix: the handles also pin blocks ``0 .. start_block`` again (module docstring).
 
         Raises:
-            ValueError: the range is outside the prompt, or ``payloads`` has the wrong length.
+            ValueError: the range is outside the prompt, ``payloads`` has the wrong length, or (radix)
+                a block before ``start_block`` is not cached.
         """
         start, stop = insert_range(prompt, start_block, payloads, stop_block)
-        pool, handles = self.pool, []
+        pool, index_ = self.pool, self.index
+        keys, namespace = self._keys(prompt)
+        path = index_.cached_prefix(keys[:start], namespace) if self._radix else []
+        if len(path) < start and self._radix:
+            raise ValueError(f"blocks before start_block {start} must be cached (the caller's pinned hit); "
+                             f"only {len(path)} are")
+        pool.touch(path)
+        handles, parent = list(path), path[-1] if path else None
         num_existing = num_refused = 0
         evicted_before = pool.num_evicted_blocks
         for index in range(start, stop):
-            key = prompt.block_hashes[index]
+            key = index_.key(parent, keys, index, namespace)
             block_id = pool.cached_block(key)
             if block_id is not None:
                 pool.touch([block_id])
@@ -147,7 +152,8 @@ class PoolPrefixCache:
                 num_refused = stop - index
                 break
             handles.append(block_id)
-        num_inserted = len(handles) - num_existing
+            parent = block_id
+        num_inserted = len(handles) - len(path) - num_existing
         self.stats.num_evicted_blocks += pool.num_evicted_blocks - evicted_before
         self.stats.num_inserted_blocks += num_inserted
         self.stats.num_refused_blocks += num_refused
@@ -175,9 +181,18 @@ class PoolPrefixCache:
             self.pool.uncache(block_id)
         self._payloads.clear()
 
+    def _keys(self, prompt: PromptBlocks) -> tuple[Sequence[Any], bytes]:
+        """The prompt's block keys for this kind (:class:`PoolIndex`) and its namespace."""
+        if not self._radix:
+            return prompt.block_hashes, prompt.namespace
+        if prompt.block_tokens is None:
+            raise ValueError("the radix kind needs prompts built with their token bytes")
+        return prompt.block_tokens, prompt.namespace
+
     def check_invariants(self) -> None:
-        """The pool's invariants; every used block holds a key (the adapter pins only cached blocks)."""
-        self.pool.check_invariants()
+        """The pool's and the index's invariants; every used block holds a key (the adapter pins only
+        cached blocks)."""
+        self.index.check_invariants()
         for block_id in self.pool.used_block_ids():
             if self.pool.block_key(block_id) is None:
                 raise AssertionError(f"used block {block_id} holds no key")

@@ -4,7 +4,8 @@
   (:func:`kvbench.sim.predict.expected_cached_tokens` with the :class:`CacheConfig`).
 * ``paged``: :class:`kvbench.engine.paged.engine.PagedEngine`, its pool sized by ``--cache-size``
   (running and cached blocks together, as vLLM's); predicted by the vLLM-faithful pool
-  (:class:`kvbench.sim.vllm_pool.VllmPoolConfig`, the null block added), which is exact at
+  (:class:`kvbench.sim.vllm_pool.VllmPoolConfig`, the null block added; its radix mode for
+  ``--cache-kind radix``), which is exact at
   concurrency 1 when every request decodes exactly ``max_tokens`` (``--ignore-eos``). Under
   concurrency, or when EOS may end a request early, the prediction is ``None``: the blocks held by
   requests running side by side depend on timing. With ``--ttl`` it is ``None`` too: that pool
@@ -49,7 +50,7 @@ def predicted_cached_tokens(requests: Sequence[Request], flags: EngineFlags, cac
         return expected_cached_tokens(requests, cache)
     if concurrency != 1 or not ignore_eos or cache.ttl_s is not None or cache.release_order.value != "tail-first":
         return [None] * len(requests)
-    pool = VllmPoolConfig(cache.capacity_blocks + NUM_NULL_BLOCKS, cache.block_size, cache.hash)
+    pool = VllmPoolConfig(cache.capacity_blocks + NUM_NULL_BLOCKS, cache.block_size, cache.hash, cache.kind)
     exact = [replace(r, output_tokens=r.max_tokens) for r in requests]
     try:
         return expected_cached_tokens(exact, pool)

@@ -39,6 +39,16 @@ checked against vLLM 0.32.0 and against a live server, see ``kvbench/peer``):
 8. **Counters**: ``vllm:prefix_cache_queries`` grows by the prompt length and ``..._hits`` by the
    hit, per request (``KVCacheManager.record_prefix_cache_stats``).
 
+**Radix mode** (``kind="radix"``): the same pool keyed as a radix tree over token ids, as the paged
+engine's ``--cache-kind radix`` (:mod:`kvbench.cache.block_index`, the one index class both use): a
+block's key is ``(parent block, token bytes)``, and a block computed a second time is deduplicated
+when keyed (the table switches to the tree's block, the copy is freed: SGLang's
+``cache_unfinished_req``); eviction is still the pool's, which is then the LRU unpinned leaf. The
+replay keys and allocates block by block in the engine's order (prefill, then one decode token at a
+time), because a deduplicated block is free again for the next allocation. Output blocks of unknown
+ids get placeholder contents derived from the whole prompt: equal prompts give equal outputs (greedy
+or seeded decoding), so their output blocks deduplicate too, as they do on the engine.
+
 Not modelled: concurrent requests (batching order, preemption, the admission watermark), chunked
 prefill interleaving other requests, hybrid (sliding-window, Mamba) models, speculative decoding and
 KV connectors. At concurrency 1 none of them changes which blocks are cached.
@@ -46,13 +56,16 @@ KV connectors. At concurrency 1 none of them changes which blocks are cached.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvbench.cache.base import CacheKind
 from kvbench.cache.block_hash import BlockHash, BlockHasher, HashConfig
+from kvbench.cache.block_index import PoolIndex
 from kvbench.cache.block_pool import BlockPool
 from kvbench.request import Request
 
@@ -69,13 +82,16 @@ class VllmPoolConfig:
         block_size: tokens per block (``--block-size``).
         hash: how kvbench computes prompt block keys; any collision-free hash predicts vLLM's
             (only equality of keys matters).
+        kind: ``hash`` (vLLM) or ``radix`` (the paged engine's radix mode; module docstring).
     """
 
     num_gpu_blocks: int
     block_size: int = 16  # vLLM's default --block-size (the CPU backend needs a multiple of 32)
     hash: HashConfig = field(default_factory=HashConfig)
+    kind: CacheKind = CacheKind.HASH
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", CacheKind(self.kind))
         if isinstance(self.num_gpu_blocks, bool) or not isinstance(self.num_gpu_blocks, int) \
                 or self.num_gpu_blocks <= NUM_NULL_BLOCKS:
             raise ValueError(f"num_gpu_blocks must be an integer > {NUM_NULL_BLOCKS}, got {self.num_gpu_blocks!r}")
@@ -142,6 +158,7 @@ class VllmSimulator:
         self.config = config
         self.pool = BlockPool(config.num_usable_blocks, first_block_id=NUM_NULL_BLOCKS)
         self._hasher = BlockHasher(config.block_size, config.hash)
+        self.index = PoolIndex(self.pool, self._hasher, config.kind)
         self._unique_keys = itertools.count()
 
     def run(self, request: Request, output_token_ids: Sequence[int] | None = None) -> int:
@@ -160,7 +177,7 @@ class VllmSimulator:
         block_size, pool = self.config.block_size, self.pool
         num_prompt = request.num_tokens
         keys = self._block_keys(request, num_output, output_token_ids)
-        hit = self._lookup(keys, (num_prompt - 1) // block_size)
+        hit = self._lookup(keys, (num_prompt - 1) // block_size, request.salt or "")
         num_kv_tokens = num_prompt + num_output - 1  # rule 2: the last sampled token's KV is never computed
         num_blocks = -(-num_kv_tokens // block_size)
         num_evictable_hits = sum(pool.ref_count(b) == 0 for b in hit)
@@ -168,34 +185,36 @@ class VllmSimulator:
             raise ValueError(f"a request of {num_kv_tokens} tokens needs {num_blocks} blocks; the pool has "
                              f"{self.config.num_usable_blocks} usable blocks ({pool.num_free_blocks} free after hits)")
         pool.touch(hit)
-        blocks = hit + pool.allocate(num_blocks - len(hit))
-        for index in range(len(hit), num_kv_tokens // block_size):  # rule 3: every full block
-            pool.cache(blocks[index], keys[index])
+        blocks = hit + pool.allocate(-(-num_prompt // block_size) - len(hit))  # the prefill's blocks
+        for index in range(len(hit), num_prompt // block_size):  # rule 3: every full block
+            self.index.key_block(blocks, index, keys, request.salt or "")
+        for position in range(num_prompt, num_kv_tokens):  # decode: a block when one starts, a key when full
+            if position % block_size == 0:
+                blocks += pool.allocate(1)
+            if (position + 1) % block_size == 0:
+                self.index.key_block(blocks, position // block_size, keys, request.salt or "")
         pool.free(blocks[::-1])  # rule 5: tail first
         return len(hit) * block_size
 
-    def _lookup(self, keys: Sequence[BlockHash], max_hit_blocks: int) -> list[int]:
-        hit: list[int] = []
-        for key in keys[:max_hit_blocks]:
-            block_id = self.pool.cached_block(key)
-            if block_id is None:
-                break
-            hit.append(block_id)
-        return hit
+    def _lookup(self, keys: Sequence[Hashable], max_hit_blocks: int, salt: str) -> list[int]:
+        return self.index.cached_prefix(keys[:max_hit_blocks], salt)
 
     def _block_keys(self, request: Request, num_output: int,
-                    output_token_ids: Sequence[int] | None) -> list[BlockHash]:
-        """Keys of every full block of prompt + output; blocks with unknown output tokens are unique."""
-        block_size = self.config.block_size
+                    output_token_ids: Sequence[int] | None) -> list[Hashable]:
+        """Keys of every full block of prompt + output (:meth:`PoolIndex.block_keys`); blocks with
+        unknown output tokens get unique keys (hash) or contents derived from the prompt (radix)."""
+        block_size, salt = self.config.block_size, request.salt or ""
         if output_token_ids is not None:
             if len(output_token_ids) != num_output:
                 raise ValueError(f"got {len(output_token_ids)} output ids for {num_output} output tokens")
             tokens = np.concatenate((request.token_ids, np.asarray(output_token_ids, dtype=np.uint32)))
-            return self._hasher.block_hashes(tokens, salt=request.salt or "")
-        keys = self._hasher.block_hashes(request.token_ids, salt=request.salt or "")
-        num_total_blocks = (request.num_tokens + num_output) // block_size
-        unique = (BlockHash(b"kvbench/output/%d" % next(self._unique_keys))
-                  for _ in range(num_total_blocks - len(keys)))
+            return self.index.block_keys(tokens, salt)
+        keys = self.index.block_keys(request.token_ids, salt)
+        num_unknown = (request.num_tokens + num_output) // block_size - len(keys)
+        if self.config.kind is CacheKind.RADIX:
+            prompt_digest = hashlib.sha256(np.asarray(request.token_ids, dtype=np.uint32).tobytes()).digest()
+            return keys + [("output", prompt_digest, index) for index in range(num_unknown)]
+        unique = (BlockHash(b"kvbench/output/%d" % next(self._unique_keys)) for _ in range(num_unknown))
         return keys + list(unique)
 
 

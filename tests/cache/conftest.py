@@ -15,7 +15,7 @@ class FakeClock:
         return self.now_s
 
 
-@pytest.fixture(params=["hash", "radix", "pool"])
+@pytest.fixture(params=["hash", "radix", "pool", "pool-radix"])
 def cache_kind(request):
     return request.param
 
@@ -23,13 +23,15 @@ def cache_kind(request):
 @pytest.fixture
 def build(cache_kind):
     """build(capacity_blocks, block_size=4, **config) -> (cache, hasher, clock). ``pool`` is the paged
-    engine's cache: :class:`PoolPrefixCache` over one block pool (hash keys)."""
+    engine's cache: :class:`PoolPrefixCache` over one block pool, hash keys (``pool``) or radix keys
+    (``pool-radix``: parent block + token bytes)."""
 
     def make(capacity_blocks, block_size=4, **config):
         clock = FakeClock()
-        kind = "hash" if cache_kind == "pool" else cache_kind
+        pool = cache_kind.startswith("pool")
+        kind = {"pool": "hash", "pool-radix": "radix"}.get(cache_kind, cache_kind)
         config = CacheConfig(capacity_blocks=capacity_blocks, block_size=block_size, kind=kind, **config)
-        cache = PoolPrefixCache(config, clock=clock) if cache_kind == "pool" else make_cache(config, clock=clock)
+        cache = PoolPrefixCache(config, clock=clock) if pool else make_cache(config, clock=clock)
         return cache, BlockHasher(block_size), clock
 
     return make

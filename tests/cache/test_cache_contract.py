@@ -81,11 +81,13 @@ def test_head_first_release_orphans_the_chain(pool):
     assert cache.num_cached_blocks == 3
 
 
-def test_radix_refuses_head_first():
+@pytest.mark.parametrize("pool", [False, True], ids=["radix", "pool-radix"])
+def test_radix_refuses_head_first(pool):
     from kvbench.cache.base import CacheConfig, make_cache
+    from kvbench.cache.pool_cache import PoolPrefixCache
 
     with pytest.raises(ValueError, match="head-first"):
-        make_cache(CacheConfig(capacity_blocks=3, kind="radix", release_order="head-first"))
+        (PoolPrefixCache if pool else make_cache)(CacheConfig(capacity_blocks=3, kind="radix", release_order="head-first"))
 
 
 def test_ttl_expires_idle_blocks_and_hits_refresh_the_timer(build):

@@ -94,9 +94,15 @@ class PoolMachine(CacheMachine):
     factory = staticmethod(PoolPrefixCache)
 
 
+class PoolRadixMachine(PoolMachine):
+    """The paged engine's radix cache: the pool's blocks keyed by (parent block, token bytes)."""
+
+    kind = "radix"
+
+
 TestHashCacheRandom = CacheMachine.TestCase
 TestRadixCacheRandom = RadixMachine.TestCase
 TestPoolCacheRandom = PoolMachine.TestCase
-TestHashCacheRandom.settings = TestRadixCacheRandom.settings = TestPoolCacheRandom.settings = settings(
-    max_examples=150, stateful_step_count=40, deadline=None
-)
+TestPoolRadixCacheRandom = PoolRadixMachine.TestCase
+TestHashCacheRandom.settings = TestRadixCacheRandom.settings = TestPoolCacheRandom.settings = \
+    TestPoolRadixCacheRandom.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)

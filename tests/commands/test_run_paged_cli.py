@@ -32,6 +32,20 @@ def test_paged_at_concurrency_1_matches_the_vllm_prediction_and_cache_off(kvbenc
     assert engine["kind"] == "paged" and engine["num_pool_blocks"] == 64 and engine["max_num_seqs"] == 256
 
 
+def test_paged_radix_end_to_end_matches_its_prediction_and_cache_off(kvbench, scenario, tmp_path):
+    """``--cache-kind radix`` on the pool: the radix-mode pool simulator predicts every row."""
+    out = tmp_path / "radix.parquet"
+    code, _, stderr = kvbench("run", scenario, "--engine", "paged", "--cache-kind", "radix", "--verify",
+                              "--ignore-eos", "--out", out)
+    assert code == 0, stderr
+    rows = pq.read_table(out).to_pylist()
+    assert [r["cached_prompt_tokens"] for r in rows] == [0] + [SHARED_BLOCK_TOKENS] * 3
+    assert [r["expected_cached_tokens"] for r in rows] == [0] + [SHARED_BLOCK_TOKENS] * 3  # the pool's radix mode
+    assert all(r["output_matches_reference"] is True for r in rows)
+    assert {r["cache_kind"] for r in rows} == {"radix"}
+    assert read_metadata(out)["run"]["engine"]["kind"] == "paged"
+
+
 def test_paged_concurrency_4_batch_invariant_verifies(kvbench, scenario, tmp_path):
     out = tmp_path / "paged4.parquet"
     code, _, stderr = kvbench("run", scenario, "--engine", "paged", "--concurrency", "4", "--batch-invariant",
@@ -55,7 +69,8 @@ def test_paged_ttl_runs_and_is_not_predicted(kvbench, scenario, tmp_path):
 @pytest.mark.parametrize("args,needle", [
     (["--max-num-seqs", "4"], "--max-num-seqs applies to --engine paged only"),
     (["--engine", "paged", "--max-num-batched-tokens", "0"], "--max-num-batched-tokens: 0 must be positive"),
-    (["--engine", "paged", "--cache-kind", "radix"], "use --cache-kind hash"),
+    (["--engine", "paged", "--cache-kind", "radix", "--release", "head-first"],
+     "head-first release exists only for the hash cache"),
     (["--engine", "paged", "--backend", "openai"], "apply to --backend inprocess only"),
 ])
 def test_bad_engine_flags_are_one_line_and_exit_2(kvbench, scenario, tmp_path, args, needle):

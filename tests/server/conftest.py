@@ -34,12 +34,13 @@ def live(tiny_loaded):
     server.stop()
 
 
-@pytest.fixture(scope="module")
-def paged_live(tiny_loaded):
-    """A live server over the paged engine (``--engine paged``): ``(server, engine)``."""
+@pytest.fixture(scope="module", params=["hash", "radix"])
+def paged_live(tiny_loaded, request):
+    """A live server over the paged engine (``--engine paged``), its pool keyed by block hash or as a
+    radix tree (``--cache-kind radix``): ``(server, engine)``."""
     from kvbench.engine.paged.engine import PagedConfig, PagedEngine
 
-    engine = PagedEngine(tiny_loaded, PagedConfig(CacheConfig(capacity_blocks=512)))
+    engine = PagedEngine(tiny_loaded, PagedConfig(CacheConfig(capacity_blocks=512, kind=request.param)))
     server = LiveServer(EngineService(InProcessBackend(engine, SamplingParams(), MODEL), load_tokenizer()))
     yield server, engine
     server.stop()

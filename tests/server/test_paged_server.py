@@ -5,6 +5,7 @@ import http.client
 import json
 import threading
 import time
+import urllib.request
 
 import openai
 
@@ -81,3 +82,39 @@ def test_a_client_that_leaves_mid_stream_frees_its_blocks(paged_live):
     engine.check_invariants()
     assert engine.scheduler.pool.num_used_blocks == 0
     assert server.service.counters.num_succeeded == succeeded  # stopped, not finished
+
+
+def test_kvbench_serve_paged_radix_under_concurrent_openai_clients(paged_radix_server):
+    """The real command (default model) with the radix tree over the pool: 8 concurrent chat clients
+    sharing a system prompt; /metrics grows by exactly the summed usage, and the prompt is shared."""
+    url = paged_radix_server.url
+
+    def counters():
+        with urllib.request.urlopen(url.removesuffix("/v1") + "/metrics", timeout=30) as response:
+            return parse_prefix_cache_counters(response.read().decode())
+
+    before = counters()
+    client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=300)
+    model = client.models.list().data[0].id
+    system = "You are a helpful assistant who answers briefly. " * 8
+    usages, errors = [], []
+
+    def one(i):
+        try:
+            response = client.chat.completions.create(
+                model=model, max_tokens=3, extra_body={"ignore_eos": True},
+                messages=[{"role": "system", "content": system}, {"role": "user", "content": f"question {i}"}])
+            usages.append(response.usage)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert errors == [] and len(usages) == 8
+    after = counters()
+    assert after.queries_tokens - before.queries_tokens == sum(u.prompt_tokens for u in usages)
+    assert after.hits_tokens - before.hits_tokens == sum(u.prompt_tokens_details.cached_tokens for u in usages)
+    assert sum(u.prompt_tokens_details.cached_tokens > 0 for u in usages) >= 7  # the system prompt computed once

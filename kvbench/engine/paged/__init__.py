@@ -6,7 +6,8 @@ concatenates a hit into a fresh contiguous cache. This engine does what vLLM doe
 * :mod:`.kv_pool`: one K and one V tensor per layer, preallocated, ``(kv_heads, num_blocks + 1,
   block_size, head_dim)``; block 0 is the null block (never allocated; pads block tables).
 * :mod:`.scheduler`: the block tables, the prefix cache (a :class:`~kvbench.cache.block_pool.BlockPool`
-  whose keys are block hashes: a running sequence's blocks *are* the cache's blocks, pinned) and
+  whose keys are block hashes or radix-tree nodes, :mod:`kvbench.cache.block_index`: a running
+  sequence's blocks *are* the cache's blocks, pinned) and
   the continuous-batching scheduler (FCFS, preemption by recompute, tail-first release), forks for
   parallel sampling with copy-on-write. Pure Python.
 * :mod:`.attention`: an attention function registered with transformers' ``AttentionInterface``

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvbench.cache.base import CacheConfig, CacheKind
+from kvbench.cache.base import CacheConfig, CacheKind, ReleaseOrder
+from kvbench.cache.block_index import HEAD_FIRST_RADIX_ERROR
 
 DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default --max-num-seqs
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # vLLM v1's default token budget per step with chunked prefill
@@ -28,9 +29,10 @@ class PagedConfig:
         salt: the run's salt; a request's own salt replaces it.
 
     Raises:
-        ValueError: a non-positive limit, or a cache setting the pool does not implement (radix,
-            verify_tokens, prompt_only). ``pool.ttl_s`` works as on the copy engine's caches
-            (:class:`kvbench.cache.pool_cache.IdleTimer`).
+        ValueError: a non-positive limit, head-first release with the radix kind, or a cache
+            setting the pool does not implement (verify_tokens, prompt_only). ``pool.kind`` picks the
+            pool's block keys (hash or radix, :mod:`kvbench.cache.block_index`); ``pool.ttl_s`` works
+            as on the copy engine's caches (:class:`kvbench.cache.pool_cache.IdleTimer`).
     """
 
     pool: CacheConfig
@@ -46,8 +48,8 @@ class PagedConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"--{name.replace('_', '-')}: {value!r} must be a positive integer")
-        if self.pool.kind is not CacheKind.HASH:
-            raise ValueError("--engine paged keys its pool by block hash: use --cache-kind hash")
+        if self.pool.kind is CacheKind.RADIX and self.pool.release_order is not ReleaseOrder.TAIL_FIRST:
+            raise ValueError(f"--engine paged --cache-kind radix: {HEAD_FIRST_RADIX_ERROR}")
         if self.pool.verify_tokens:
             raise ValueError("--engine paged trusts block hashes (verify_tokens is not implemented)")
         if self.pool.prompt_only:

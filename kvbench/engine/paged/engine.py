@@ -103,7 +103,7 @@ class PagedEngine:
         self.scheduler = Scheduler(config.pool.capacity_blocks, block_size, hasher, config.max_num_seqs,
                                    config.max_num_batched_tokens,
                                    tail_first=config.pool.release_order.value == "tail-first",
-                                   ttl_s=config.pool.ttl_s, clock=clock)
+                                   ttl_s=config.pool.ttl_s, clock=clock, kind=config.pool.kind)
         self.meter = PoolMeter(self.kv_pool.bytes_per_block, self.kv_pool.allocated_bytes)
         self._jobs: dict[int, Job] = {}
         self._seq_ids = itertools.count()
@@ -296,15 +296,14 @@ class PagedEngine:
         if not job.forks:
             self._accept(job, sample_next_token(logits, job.sampling, job.generator), logits)
             return
-        samples, job.forks = [job, *job.forks], []  # the prefill has run: fork the other samples
-        tokens = [sample_next_token(logits, sample.sampling, sample.generator) for sample in samples]
+        forks, job.forks = job.forks, []  # the prefill has run: fork the other samples
         with self._lock:
-            live = [sample for sample in samples[1:] if sample.seq.seq_id in self._jobs]  # not aborted
-            self.scheduler.fork(job.seq, [sample.seq for sample in live])
-        for sample, token in zip(samples, tokens):
-            if sample is job or sample in live:
-                sample.admitted_s = job.admitted_s
-                self._accept(sample, token, logits)
+            live = [sample for sample in forks if sample.seq.seq_id in self._jobs]  # not aborted
+            started = {seq.seq_id for seq in self.scheduler.fork(job.seq, [sample.seq for sample in live])}
+        # samples past --max-num-seqs wait in the queue and sample from their own prefill later
+        for sample in [job, *(sample for sample in live if sample.seq.seq_id in started)]:
+            sample.admitted_s = job.admitted_s
+            self._accept(sample, sample_next_token(logits, sample.sampling, sample.generator), logits)
 
     def _accept(self, job: Job, token: int, logits: torch.Tensor) -> None:
         if self.config.verify:  # log p of the sampled token, nats (verify.py)

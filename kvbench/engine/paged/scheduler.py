@@ -1,9 +1,12 @@
 """Block tables, the prefix cache over one block pool, and the continuous-batching scheduler (pure Python).
 
 One :class:`~kvbench.cache.block_pool.BlockPool` owns every block, as vLLM v1's does: a running
-sequence's blocks are ref-counted pool blocks; a full block gets its chained hash as its key
-(``BlockPool.cache``) and stays findable after release until an allocation evicts it (lazy
-eviction, LRU, a chain's tail first). The rules are those of :mod:`kvbench.sim.vllm_pool` (sources
+sequence's blocks are ref-counted pool blocks; a full block gets its key (``BlockPool.cache``) and
+stays findable after release until an allocation evicts it (lazy eviction, LRU, a chain's tail
+first). The key is the cache kind's (:class:`~kvbench.cache.block_index.PoolIndex`): the chained
+block hash (``hash``, vLLM) or ``(parent block, token bytes)``, a radix tree over the pool's blocks
+(``radix``, SGLang: duplicates deduplicated when keyed, eviction = LRU unpinned leaf); everything
+else below is one scheduler for both. The rules are those of :mod:`kvbench.sim.vllm_pool` (sources
 there), which is why that simulator predicts this engine's ``cached_tokens`` at concurrency 1:
 
 * **lookup** at admission: the longest prefix of the sequence's block hashes held by the pool, capped
@@ -29,7 +32,9 @@ queue does not miss a block a running sequence is about to compute (it waits to 
 
 Parallel sampling (``n`` samples of one prompt, vLLM's ``SamplingParams(n=...)``): once the prompt's
 prefill has run, :meth:`Scheduler.fork` gives ``n - 1`` more sequences the same block table (every
-prompt block at ref count ``n``, one prefill). **Copy-on-write**: before a sequence writes into a
+prompt block at ref count ``n``, one prefill). Each sample counts against ``max_num_seqs`` (vLLM v1
+makes each sample its own request): samples beyond the cap wait at the front of the queue and are
+admitted later as fresh sequences, hitting the prompt's cached blocks. **Copy-on-write**: before a sequence writes into a
 block another table also holds (the prompt's partly filled last block), :meth:`Scheduler.schedule`
 gives it a fresh block and lists ``(source, destination)`` in ``ScheduledBatch.copies`` for the
 engine to copy before the forward; the last sample to write finds the block at ref count 1 and
@@ -42,13 +47,15 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 
-from kvbench.cache.block_hash import BlockHash, BlockHasher
-from kvbench.cache.base import Clock
+
+from kvbench.cache.block_hash import BlockHasher
+from kvbench.cache.base import CacheKind, Clock
+from kvbench.cache.block_index import HEAD_FIRST_RADIX_ERROR, PoolIndex
 from kvbench.cache.block_pool import BlockPool
-from kvbench.cache.pool_cache import IdleTimer, cached_prefix
+from kvbench.cache.pool_cache import IdleTimer
 from kvbench.engine.paged.kv_pool import NULL_BLOCK_ID
 
 
@@ -87,7 +94,7 @@ class Sequence:
     num_preemptions: int = 0
     num_copied_blocks: int = 0
     _num_keyed_blocks: int = 0  # leading blocks of the table known to hold their key
-    _block_hashes: list[BlockHash] = field(default_factory=list)
+    _block_keys: list[Hashable] = field(default_factory=list)  # PoolIndex.block_keys of the full blocks
 
     @property
     def num_tokens(self) -> int:
@@ -117,18 +124,23 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
 class Scheduler:
     """FCFS continuous batching over one :class:`BlockPool` (module docstring).
 
-    ``hasher`` ``None`` turns prefix caching off (nothing is looked up or keyed). Block ids start at
+    ``hasher`` ``None`` turns prefix caching off (nothing is looked up or keyed); ``kind`` picks the
+    block keys (hash or radix, :class:`~kvbench.cache.block_index.PoolIndex`). Block ids start at
     1: block 0 is the pool's null block. ``ttl_s`` (seconds on ``clock``, default ``time.monotonic``):
     see the module docstring; ``None`` = blocks leave only by eviction.
+
+    Raises (constructor): ``ValueError`` for head-first release with the radix kind.
     """
 
     def __init__(self, num_blocks: int, block_size: int, hasher: BlockHasher | None, max_num_seqs: int,
                  max_num_batched_tokens: int, tail_first: bool = True, ttl_s: float | None = None,
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None, kind: CacheKind = CacheKind.HASH) -> None:
+        if CacheKind(kind) is CacheKind.RADIX and not tail_first:
+            raise ValueError(HEAD_FIRST_RADIX_ERROR)
         self.pool = BlockPool(num_blocks, first_block_id=NULL_BLOCK_ID + 1)
         self.timer = IdleTimer(self.pool, ttl_s, clock)
         self.block_size = block_size
-        self.hasher = hasher
+        self.index = PoolIndex(self.pool, hasher, kind) if hasher is not None else None
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self._tail_first = tail_first
@@ -200,11 +212,13 @@ class Scheduler:
             return index
         return None
 
-    def fork(self, parent: Sequence, children: Iterable[Sequence]) -> None:
+    def fork(self, parent: Sequence, children: Iterable[Sequence]) -> list[Sequence]:
         """Start ``children`` (fresh sequences of ``parent``'s prompt) as parallel samples sharing
         ``parent``'s blocks: each gets its block table, computed tokens and cached-token count, and
         one more ref on every block (module docstring). ``parent`` must be running with nothing
-        sampled yet.
+        sampled yet. Children beyond ``max_num_seqs`` running wait at the front of the queue, in order.
+
+        Returns the children started now (the others run their own prefill once admitted).
 
         Raises:
             ValueError: ``parent`` is not running, has output tokens or pending tokens, or a child is
@@ -213,16 +227,21 @@ class Scheduler:
         if parent.status is not SequenceStatus.RUNNING or parent.num_pending_tokens or \
                 parent.num_tokens != parent.num_prompt_tokens:
             raise ValueError(f"sequence {parent.seq_id} must be running with its prompt computed and nothing sampled")
+        children = list(children)
         for child in children:
             if child.status is not SequenceStatus.WAITING or child.block_table or child.token_ids != parent.token_ids:
                 raise ValueError(f"sequence {child.seq_id} is not a fresh sample of sequence {parent.seq_id}'s prompt")
+        started = children[: max(self.max_num_seqs - len(self.running), 0)]
+        for child in started:
             self.pool.touch(parent.block_table)
             child.block_table = list(parent.block_table)
             child.num_computed_tokens = parent.num_computed_tokens
             child.num_cached_tokens = parent.num_cached_tokens
-            child._num_keyed_blocks, child._block_hashes = parent._num_keyed_blocks, list(parent._block_hashes)
+            child._num_keyed_blocks, child._block_keys = parent._num_keyed_blocks, list(parent._block_keys)
             child.status = SequenceStatus.RUNNING
             self.running.append(child)
+        self.waiting.extendleft(reversed(children[len(started):]))
+        return started
 
     def _admit(self, seq: Sequence, budget: int) -> tuple[Sequence, int] | None:
         """Look up, pin the hit, allocate the first chunk; ``None`` (changing nothing) if it does not fit."""
@@ -252,40 +271,39 @@ class Scheduler:
         otherwise each prefill all of it (vLLM v1 does; SGLang's in-batch prefix caching,
         ``schedule_policy.py`` ``IN_BATCH_PREFIX_CACHING_*``, defers such requests the same way).
         Never at concurrency 1 (nothing runs at admission), so the vLLM-faithful prediction holds."""
-        if self.hasher is None or not self.running or num_hit_blocks >= (seq.num_tokens - 1) // self.block_size:
+        index, wanted = self.index, num_hit_blocks
+        if index is None or not self.running or wanted >= (seq.num_tokens - 1) // self.block_size:
             return False
-        wanted = self._keys(seq)[num_hit_blocks]
-        return any(wanted in self._keys(other)[other._num_keyed_blocks:] for other in self.running)
+        keys = self._keys(seq)
+        return any(other.salt == seq.salt and other._num_keyed_blocks <= wanted < other.num_tokens // self.block_size
+                   and index.same_prefix(keys, self._keys(other), wanted) for other in self.running)
 
     def _lookup(self, seq: Sequence) -> list[int]:
-        if self.hasher is None:
+        if self.index is None:
             return []
         self.timer.sweep()
-        return cached_prefix(self.pool, self._keys(seq)[: (seq.num_tokens - 1) // self.block_size])
+        return self.index.cached_prefix(self._keys(seq)[: (seq.num_tokens - 1) // self.block_size], seq.salt)
 
-    def _keys(self, seq: Sequence) -> list[BlockHash]:
+    def _keys(self, seq: Sequence) -> list[Hashable]:
         """Keys of every full block of ``seq.token_ids`` (recomputed only when a block has filled)."""
         num_full = seq.num_tokens // self.block_size
-        if len(seq._block_hashes) < num_full:
-            seq._block_hashes = self.hasher.block_hashes(seq.token_ids[: num_full * self.block_size], salt=seq.salt)
-        return seq._block_hashes
+        if len(seq._block_keys) < num_full:
+            seq._block_keys = self.index.block_keys(seq.token_ids[: num_full * self.block_size], seq.salt)
+        return seq._block_keys
 
     # -- after a forward ---------------------------------------------------------------------------
 
     def computed(self, seq: Sequence, num_new: int) -> None:
         """``num_new`` more tokens of ``seq`` now have K/V in the pool: key its newly full blocks."""
         seq.num_computed_tokens += num_new
-        if self.hasher is None:
+        if self.index is None:
             return
         num_full = seq.num_computed_tokens // self.block_size
         if num_full <= seq._num_keyed_blocks:
             return
         keys = self._keys(seq)
         for index in range(seq._num_keyed_blocks, num_full):
-            block_id = seq.block_table[index]
-            if self.pool.block_key(block_id) is None:
-                self.pool.cache(block_id, keys[index])
-                seq.num_inserted_blocks += 1
+            seq.num_inserted_blocks += self.index.key_block(seq.block_table, index, keys, seq.salt)
         seq._num_keyed_blocks = num_full
 
     def finish(self, seq: Sequence) -> None:
@@ -317,8 +335,8 @@ class Scheduler:
     def check_invariants(self, live: Iterable[Sequence] = ()) -> None:
         """Raise ``AssertionError`` unless the pool agrees with the block tables: every block's ref
         count is the number of running tables holding it (no leaked or missing pin), waiting and
-        finished sequences hold nothing, and the pool's own invariants hold."""
-        self.pool.check_invariants()
+        finished sequences hold nothing, and the pool's (and the index's) own invariants hold."""
+        (self.index or self.pool).check_invariants()
         expected: dict[int, int] = {}
         for seq in self.running:
             if seq.status is not SequenceStatus.RUNNING:
