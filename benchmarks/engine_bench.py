@@ -102,7 +102,7 @@ def measure(args: argparse.Namespace, loaded):
 
 
 def print_table(args, loaded, warm, cold, ideal_ms, firsts) -> None:
-    w16, w64 = warm[16], warm[64]
+    w16 = warm[16]
     warm_ttft = median(r.ttft_ms for r in w16)
     cold_ttft = median(r.ttft_ms for r in cold)
     ideal = median(ideal_ms)

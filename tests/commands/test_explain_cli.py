@@ -29,7 +29,7 @@ def test_explain_a_scenario_prints_a_waterfall_that_sums_and_writes_a_png(kvbenc
     code, stdout, stderr = kvbench("explain", scenario, "--png", tmp_path / "w.png")
     assert code == 0, stderr
     total = 4 * PROMPT_TOKENS
-    assert waterfall_line(stdout, "prompt tokens") == [f"prompt tokens", f"{total}", "100.00%", f"{total}"]
+    assert waterfall_line(stdout, "prompt tokens") == ["prompt tokens", f"{total}", "100.00%", f"{total}"]
     assert waterfall_line(stdout, "hit")[1] == f"{3 * SHARED_BLOCK_TOKENS}"
     floor = int(waterfall_line(stdout, "lost to partial blocks")[1])  # >= 72 shared tokens, 64 in full blocks
     assert floor % 3 == 0 and 3 * (72 - SHARED_BLOCK_TOKENS) <= floor < 3 * 16

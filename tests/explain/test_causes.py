@@ -4,7 +4,6 @@ waterfall summing exactly (kvbench/explain/)."""
 import json
 
 import numpy as np
-import pytest
 
 from kvbench.cache.base import CacheConfig
 from kvbench.explain.api import explain_requests, unbounded_config
