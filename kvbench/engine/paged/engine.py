@@ -19,6 +19,9 @@ sequence matched), as in the copy engine.
 Timings (``time.perf_counter``): a record's clock starts when the sequence is first admitted;
 ``queue_ms`` is the wait from ``submit`` until then (as the copy engine reports its lock wait).
 ``kv_load_ms`` is 0: nothing is copied before the forward (the gather happens inside attention).
+Under ``--verify`` the cache-off reference passes run only while no sequence is running or waiting
+(a finished request's future resolves then), so no step waits on one and no TTFT, ITL or E2E
+includes one; ``queue_ms`` of a request submitted during a pass does include the wait.
 """
 
 from __future__ import annotations
@@ -112,6 +115,7 @@ class PagedEngine:
         self._worker: threading.Thread | None = None
         self._stopping = False  # set at interpreter exit: the worker ends after its current step
         self._verifier = Verifier(loaded) if config.verify else None  # the cache-off copy engine, for verify
+        self._unverified: list[tuple[Job, RequestRecord]] = []  # finished under verify, checked when idle
 
     @property
     def block_size(self) -> int:
@@ -219,13 +223,19 @@ class PagedEngine:
     # -- the step loop -----------------------------------------------------------------------------
 
     def _work(self) -> None:
-        """The worker thread: steps while there is work, then ends (``submit`` starts a new one), so an
-        idle engine holds no thread and can be garbage-collected with its pool."""
+        """The worker thread: steps while there is work, then runs the deferred ``--verify`` checks
+        one at a time (each re-checks for new work first), then ends (``submit`` starts a new one), so
+        an idle engine holds no thread and can be garbage-collected with its pool."""
         while True:
             with self._lock:
-                if self._stopping or (not self.scheduler.has_work and not self._aborted):
+                idle = not self.scheduler.has_work and not self._aborted
+                if self._stopping or (idle and not self._unverified):
                     self._worker = None
                     return
+                deferred = self._unverified.pop(0) if idle else None
+            if deferred is not None:
+                self._verify(*deferred)
+                continue
             try:
                 self.step()
             except Exception:  # noqa: BLE001 - the step's sequences got the error through their futures
@@ -341,10 +351,25 @@ class PagedEngine:
                 job.future.set_exception(error)
 
     def _complete(self, job: Job) -> None:
+        """Hand ``job``'s record to its future; under ``--verify`` the check waits in ``_unverified``
+        until no sequence is running or waiting (``_work``), so no measured step ever waits on a
+        reference pass and the record's TTFT, ITL and E2E never include one."""
         record = job_record(job)
         if self._verifier is not None:
+            self._unverified.append((job, record))
+        elif not job.future.done():
+            job.future.set_result(record)
+
+    def _verify(self, job: Job, record: RequestRecord) -> None:
+        """Run ``--verify``'s reference pass for one finished request and resolve its future (worker
+        thread, engine idle); an error in the pass goes to that future only."""
+        try:
             record = self._verifier.check(record, job.seq.token_ids[:job.seq.num_prompt_tokens], job.sampling,
                                           job.seq.salt, job.chosen_logprobs)
+        except Exception as error:  # noqa: BLE001 - the caller gets it through the future
+            if not job.future.done():
+                job.future.set_exception(error)
+            return
         if not job.future.done():
             job.future.set_result(record)
 
