@@ -115,7 +115,6 @@ class PagedEngine:
         self._worker: threading.Thread | None = None
         self._stopping = False  # set at interpreter exit: the worker ends after its current step
         self._verifier = Verifier(loaded) if config.verify else None  # the cache-off copy engine, for verify
-        self._unverified: list[tuple[Job, RequestRecord]] = []  # finished under verify, checked when idle
 
     @property
     def block_size(self) -> int:
@@ -229,12 +228,12 @@ class PagedEngine:
         while True:
             with self._lock:
                 idle = not self.scheduler.has_work and not self._aborted
-                if self._stopping or (idle and not self._unverified):
+                checks = idle and self._verifier is not None and self._verifier.num_deferred > 0
+                if self._stopping or (idle and not checks):
                     self._worker = None
                     return
-                deferred = self._unverified.pop(0) if idle else None
-            if deferred is not None:
-                self._verify(*deferred)
+            if checks:
+                self._verifier.run_deferred()  # one reference pass, then look for new work again
                 continue
             try:
                 self.step()
@@ -351,26 +350,13 @@ class PagedEngine:
                 job.future.set_exception(error)
 
     def _complete(self, job: Job) -> None:
-        """Hand ``job``'s record to its future; under ``--verify`` the check waits in ``_unverified``
-        until no sequence is running or waiting (``_work``), so no measured step ever waits on a
-        reference pass and the record's TTFT, ITL and E2E never include one."""
+        """Hand ``job``'s record to its future; under ``--verify`` the check is deferred until no
+        sequence is running or waiting (``_work``; :meth:`Verifier.defer`)."""
         record = job_record(job)
         if self._verifier is not None:
-            self._unverified.append((job, record))
+            self._verifier.defer(job.future, record, job.seq.token_ids[:job.seq.num_prompt_tokens], job.sampling,
+                                 job.seq.salt, job.chosen_logprobs)
         elif not job.future.done():
-            job.future.set_result(record)
-
-    def _verify(self, job: Job, record: RequestRecord) -> None:
-        """Run ``--verify``'s reference pass for one finished request and resolve its future (worker
-        thread, engine idle); an error in the pass goes to that future only."""
-        try:
-            record = self._verifier.check(record, job.seq.token_ids[:job.seq.num_prompt_tokens], job.sampling,
-                                          job.seq.salt, job.chosen_logprobs)
-        except Exception as error:  # noqa: BLE001 - the caller gets it through the future
-            if not job.future.done():
-                job.future.set_exception(error)
-            return
-        if not job.future.done():
             job.future.set_result(record)
 
     # -- memory ------------------------------------------------------------------------------------
