@@ -124,20 +124,25 @@ def bytes_for_eight(loaded) -> list[tuple[str, str, str]]:
             ("ratio copy / paged", f"{(copy_blocks + contiguous) / max(peak):.1f}x", "")]
 
 
-def scenario_requests(name: str, args) -> list:
-    """Part 3's requests of scenarios/NAME.toml (module docstring, ``--setup``), EOS ignored."""
-    path = REPO / "scenarios" / f"{name}.toml"
-    if args.setup == "first-n":
-        source = load_source(path, load_tokenizer(None), limit=args.scenario_requests)
-        flags = RunFlags(num_requests=args.scenario_requests, max_tokens=args.max_tokens, ignore_eos=True)
-        return prepared_requests(source, run_section(source, flags))
-    source = load_source(path, load_tokenizer(None))
+def scenario_requests(name: str, num_requests: int, max_tokens: int) -> list:
+    """The first ``num_requests`` requests of scenarios/NAME.toml, ``max_tokens`` each, EOS ignored
+    (``--setup first-n``; also benchmarks/paged_peer_bench.py's requests)."""
+    source = load_source(REPO / "scenarios" / f"{name}.toml", load_tokenizer(None), limit=num_requests)
+    settings = run_section(source, RunFlags(num_requests=num_requests, max_tokens=max_tokens, ignore_eos=True))
+    return prepared_requests(source, settings)
+
+
+def session_requests(name: str, num_sessions: int, num_turns: int) -> list:
+    """The first ``num_turns`` turns of each of the first ``num_sessions`` sessions of
+    scenarios/NAME.toml, round-robin by turn, each with its own ``max_tokens``, EOS ignored
+    (``--setup sessions``, module docstring)."""
+    source = load_source(REPO / "scenarios" / f"{name}.toml", load_tokenizer(None))
     every = prepared_requests(source, run_section(source, RunFlags(num_requests=len(source.requests), ignore_eos=True)))
     by_session: dict[str, list] = {}
     for request in every:
         by_session.setdefault(request.session_id, []).append(request)
-    sessions = list(by_session.values())[:args.sessions]
-    return [turns[t] for t in range(args.turns) for turns in sessions if t < len(turns)]
+    sessions = list(by_session.values())[:num_sessions]
+    return [turns[t] for t in range(num_turns) for turns in sessions if t < len(turns)]
 
 
 def serve_all(requests, backend, concurrency: int = 8) -> list:
@@ -194,7 +199,8 @@ def one_engine(loaded, kind: str, requests) -> tuple:
 def throughput(loaded, args) -> list[tuple[str, ...]]:
     rows = []
     for name in ("chat", "agent"):
-        requests = scenario_requests(name, args)
+        requests = (session_requests(name, args.sessions, args.turns) if args.setup == "sessions"
+                    else scenario_requests(name, args.scenario_requests, args.max_tokens))
         copy, paged = one_engine(loaded, "copy", requests), one_engine(loaded, "paged", requests)
         (c_rps, c_tps, c_ttft, c_wait, c_hit, c_cpu, _), (p_rps, p_tps, p_ttft, p_wait, p_hit, p_cpu, fill) = copy, paged
         rows.append((f"{name}: {len(requests)} requests, {len({r.session_id for r in requests})} sessions, "
