@@ -66,14 +66,21 @@ CAPACITY_BLOCKS = 4096  # never evicts here
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-requests", type=int, default=6, help="warm requests per variant (part 1)")
-    parser.add_argument("--setup", choices=("sessions", "first-n"), default="sessions", help="part 3's requests")
+    parser.add_argument("--setup", choices=("sessions", "first-n"), default=None,
+                        help="part 3's requests (default: first-n if --scenario-requests or --max-tokens is given)")
     parser.add_argument("--sessions", type=int, default=8, help="sessions per scenario (part 3, sessions)")
     parser.add_argument("--turns", type=int, default=3, help="turns per session (part 3, sessions)")
-    parser.add_argument("--scenario-requests", type=int, default=16, help="requests per scenario (part 3, first-n)")
-    parser.add_argument("--max-tokens", type=int, default=16, help="output tokens per request (part 3, first-n)")
+    parser.add_argument("--scenario-requests", type=int, default=None, help="requests per scenario (first-n; 16)")
+    parser.add_argument("--max-tokens", type=int, default=None, help="output tokens per request (first-n; 16)")
     parser.add_argument("--threads", default="default", help="comma list of torch thread counts; 'default' = torch's")
     parser.add_argument("--skip", default="", help="comma list of parts to skip: ttft,memory,throughput")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    first_n_flags = args.scenario_requests is not None or args.max_tokens is not None
+    if args.setup == "sessions" and first_n_flags:
+        parser.error("--scenario-requests / --max-tokens belong to --setup first-n")
+    args.setup = args.setup or ("first-n" if first_n_flags else "sessions")
+    args.scenario_requests, args.max_tokens = args.scenario_requests or 16, args.max_tokens or 16
+    return args
 
 
 def ttft_vs_ideal(loaded, num_requests: int) -> list[tuple[str, str, str]]:
