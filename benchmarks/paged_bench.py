@@ -153,8 +153,11 @@ def session_requests(name: str, num_sessions: int, num_turns: int) -> list:
 
 
 def serve_all(requests, backend, concurrency: int = 8) -> list:
-    """The records of ``requests`` sent through the one send loop (closed loop, ``concurrency``)."""
-    return [record for _, record in run_requests(requests, backend, LoadConfig(concurrency=concurrency))]
+    """The records of ``requests`` sent through the one send loop (closed loop, ``concurrency``), in
+    request order (the loop returns them in the order they finished, which differs between engines:
+    comparing two engines' outputs row by row needs the request order)."""
+    pairs = run_requests(requests, backend, LoadConfig(concurrency=concurrency))
+    return [record for _, record in sorted(pairs, key=lambda pair: pair[0].index)]
 
 
 def summarize(records) -> tuple[float, float, float, float, int]:
