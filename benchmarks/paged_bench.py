@@ -11,13 +11,29 @@ all variants alike), ratios between variants of the same run:
    tensors (measured storage) plus the 8 contiguous caches it would build, one per request
    (``(prompt + output) x KV bytes per token``; the copy engine runs one request at a time, so it
    never holds them together: that is the point).
-3. **throughput at concurrency 8** on scenarios/chat.toml and scenarios/agent.toml (first
-   ``--num-requests`` requests, ``--max-tokens`` each, EOS ignored) through the one send loop:
-   requests/s and output tokens/s, TTFT p50 and TTFT + queue p50, cached prompt tokens, and the
-   process CPU seconds each engine used (``time.process_time``, all threads): on a shared machine
-   the wall-clock ratio depends on what else runs, the CPU-time ratio much less.
+3. **throughput at concurrency 8** on scenarios/chat.toml and scenarios/agent.toml through the one
+   send loop, closed loop, both engines on the same requests in one run, per torch thread setting
+   (``--threads 1,default``). Two ways to pick the requests (``--setup``):
 
-Run: ``python benchmarks/paged_bench.py [--num-requests 6] [--threads 1]``. Prints Markdown tables.
+   - ``sessions`` (default, the representative one): every one of the first ``--sessions`` K
+     sessions' first ``--turns`` T turns, sent round-robin by turn (turn 1 of each session, then
+     turn 2, ...), each with the scenario's own ``max_tokens`` (chat: the reply's length, lognormal
+     median 180; agent: the tool call's, ~26, and 200 for a final step), EOS ignored. A session's
+     next turn waits for its previous one (the send loop's rule), so in trace order the first
+     requests cover few sessions (chat's first 16: 9 conversations; agent's: 3 runs) and the batch
+     never fills; round-robin keeps ~8 sessions in flight until the last turns drain.
+   - ``first-n``: the first ``--scenario-requests`` requests in trace order, ``--max-tokens`` each
+     (the setup of the first version of this benchmark).
+
+   Reported: requests/s and output tokens/s (over the run's wall time), TTFT p50 and TTFT + queue
+   p50, cached prompt tokens, the process CPU seconds each engine used (``time.process_time``, all
+   threads: on a shared machine the wall-clock ratio depends on what else runs, the CPU-time ratio
+   much less), and how full the paged engine's batches were: sequences per step, decoding
+   sequences per step that decodes, and the decode batch the average output token was sampled in
+   (the copy engine's is 1).
+
+Run: ``python benchmarks/paged_bench.py [--num-requests 6] [--threads 1,default] [--skip ttft,memory]``.
+Prints Markdown tables. The decode-step ceiling: ``benchmarks/paged_decode_scaling.py``.
 """
 
 from __future__ import annotations
@@ -50,11 +66,21 @@ CAPACITY_BLOCKS = 4096  # never evicts here
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-requests", type=int, default=6, help="warm requests per variant (part 1)")
-    parser.add_argument("--scenario-requests", type=int, default=16, help="requests per scenario (part 3)")
-    parser.add_argument("--max-tokens", type=int, default=16, help="output tokens per request (part 3)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--setup", choices=("sessions", "first-n"), default=None,
+                        help="part 3's requests (default: first-n if --scenario-requests or --max-tokens is given)")
+    parser.add_argument("--sessions", type=int, default=8, help="sessions per scenario (part 3, sessions)")
+    parser.add_argument("--turns", type=int, default=3, help="turns per session (part 3, sessions)")
+    parser.add_argument("--scenario-requests", type=int, default=None, help="requests per scenario (first-n; 16)")
+    parser.add_argument("--max-tokens", type=int, default=None, help="output tokens per request (first-n; 16)")
+    parser.add_argument("--threads", default="default", help="comma list of torch thread counts; 'default' = torch's")
     parser.add_argument("--skip", default="", help="comma list of parts to skip: ttft,memory,throughput")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    first_n_flags = args.scenario_requests is not None or args.max_tokens is not None
+    if args.setup == "sessions" and first_n_flags:
+        parser.error("--scenario-requests / --max-tokens belong to --setup first-n")
+    args.setup = args.setup or ("first-n" if first_n_flags else "sessions")
+    args.scenario_requests, args.max_tokens = args.scenario_requests or 16, args.max_tokens or 16
+    return args
 
 
 def ttft_vs_ideal(loaded, num_requests: int) -> list[tuple[str, str, str]]:
@@ -106,15 +132,32 @@ def bytes_for_eight(loaded) -> list[tuple[str, str, str]]:
 
 
 def scenario_requests(name: str, num_requests: int, max_tokens: int) -> list:
-    """The first ``num_requests`` requests of scenarios/NAME.toml, ``max_tokens`` each, EOS ignored."""
+    """The first ``num_requests`` requests of scenarios/NAME.toml, ``max_tokens`` each, EOS ignored
+    (``--setup first-n``; also benchmarks/paged_peer_bench.py's requests)."""
     source = load_source(REPO / "scenarios" / f"{name}.toml", load_tokenizer(None), limit=num_requests)
     settings = run_section(source, RunFlags(num_requests=num_requests, max_tokens=max_tokens, ignore_eos=True))
     return prepared_requests(source, settings)
 
 
+def session_requests(name: str, num_sessions: int, num_turns: int) -> list:
+    """The first ``num_turns`` turns of each of the first ``num_sessions`` sessions of
+    scenarios/NAME.toml, round-robin by turn, each with its own ``max_tokens``, EOS ignored
+    (``--setup sessions``, module docstring)."""
+    source = load_source(REPO / "scenarios" / f"{name}.toml", load_tokenizer(None))
+    every = prepared_requests(source, run_section(source, RunFlags(num_requests=len(source.requests), ignore_eos=True)))
+    by_session: dict[str, list] = {}
+    for request in every:
+        by_session.setdefault(request.session_id, []).append(request)
+    sessions = list(by_session.values())[:num_sessions]
+    return [turns[t] for t in range(num_turns) for turns in sessions if t < len(turns)]
+
+
 def serve_all(requests, backend, concurrency: int = 8) -> list:
-    """The records of ``requests`` sent through the one send loop (closed loop, ``concurrency``)."""
-    return [record for _, record in run_requests(requests, backend, LoadConfig(concurrency=concurrency))]
+    """The records of ``requests`` sent through the one send loop (closed loop, ``concurrency``), in
+    request order (the loop returns them in the order they finished, which differs between engines:
+    comparing two engines' outputs row by row needs the request order)."""
+    pairs = run_requests(requests, backend, LoadConfig(concurrency=concurrency))
+    return [record for _, record in sorted(pairs, key=lambda pair: pair[0].index)]
 
 
 def summarize(records) -> tuple[float, float, float, float, int]:
@@ -127,23 +170,54 @@ def summarize(records) -> tuple[float, float, float, float, int]:
             sum(r.cached_prompt_tokens or 0 for r in records))
 
 
+class BatchStats:
+    """How full a paged engine's steps were: wraps its scheduler's ``schedule`` and counts, per
+    step, the scheduled sequences and the decoding ones (one new token after an output token)."""
+
+    def __init__(self, engine: PagedEngine) -> None:
+        self.steps: list[tuple[int, int]] = []  # (sequences, decoding sequences)
+        schedule = engine.scheduler.schedule
+
+        def counted():
+            batch = schedule()
+            decodes = sum(1 for seq, num_new in batch.items if num_new == 1 and seq.num_tokens > seq.num_prompt_tokens)
+            self.steps.append((len(batch.items), decodes))
+            return batch
+
+        engine.scheduler.schedule = counted
+
+    def summary(self) -> str:
+        """``sequences per step / decodes per decoding step / decode batch per output token``."""
+        steps = [s for s in self.steps if s[0]]
+        decoding = [d for _, d in steps if d]
+        per_token = sum(d * d for d in decoding) / sum(decoding)  # each decode step samples d tokens in a batch of d
+        return (f"{statistics.mean(n for n, _ in steps):.1f} / {statistics.mean(decoding):.1f} / {per_token:.1f}"
+                f" ({len(steps)} steps)")
+
+
+def one_engine(loaded, kind: str, requests) -> tuple:
+    """One engine's run of ``requests``: :func:`summarize`'s numbers, CPU seconds, batch fill."""
+    cache = CacheConfig(CAPACITY_BLOCKS)
+    engine = HFEngine(loaded, EngineConfig(cache=cache)) if kind == "copy" else PagedEngine(loaded, PagedConfig(cache))
+    stats = BatchStats(engine) if kind == "paged" else None
+    cpu_s = time.process_time()
+    records = serve_all(requests, InProcessBackend(engine, SamplingParams(max_tokens=1, ignore_eos=True), loaded.name))
+    assert all(r.status.value == "ok" for r in records), [r.error for r in records if r.error][:1]
+    return (*summarize(records), time.process_time() - cpu_s, "1" if stats is None else stats.summary())
+
+
 def throughput(loaded, args) -> list[tuple[str, ...]]:
     rows = []
     for name in ("chat", "agent"):
-        requests = scenario_requests(name, args.scenario_requests, args.max_tokens)
-        sampling = SamplingParams(max_tokens=1, ignore_eos=True)
-        results = {}
-        for kind in ("copy", "paged"):
-            cache = CacheConfig(CAPACITY_BLOCKS)
-            engine = (HFEngine(loaded, EngineConfig(cache=cache)) if kind == "copy"
-                      else PagedEngine(loaded, PagedConfig(cache)))
-            cpu_s = time.process_time()
-            records = serve_all(requests, InProcessBackend(engine, sampling, loaded.name))
-            results[kind] = (*summarize(records), time.process_time() - cpu_s)
-        (c_rps, c_tps, c_ttft, c_wait, c_hit, c_cpu), (p_rps, p_tps, p_ttft, p_wait, p_hit, p_cpu) = results["copy"], results["paged"]
-        rows.append((name, f"{c_rps:.2f} / {p_rps:.2f} ({p_rps / c_rps:.1f}x)", f"{c_tps:.1f} / {p_tps:.1f} ({p_tps / c_tps:.1f}x)",
+        requests = (session_requests(name, args.sessions, args.turns) if args.setup == "sessions"
+                    else scenario_requests(name, args.scenario_requests, args.max_tokens))
+        copy, paged = one_engine(loaded, "copy", requests), one_engine(loaded, "paged", requests)
+        (c_rps, c_tps, c_ttft, c_wait, c_hit, c_cpu, _), (p_rps, p_tps, p_ttft, p_wait, p_hit, p_cpu, fill) = copy, paged
+        rows.append((f"{name}: {len(requests)} requests, {len({r.session_id for r in requests})} sessions, "
+                     f"{sum(r.max_tokens for r in requests):,} output tokens",
+                     f"{c_rps:.3f} / {p_rps:.3f} ({p_rps / c_rps:.2f}x)", f"{c_tps:.1f} / {p_tps:.1f} ({p_tps / c_tps:.2f}x)",
                      f"{c_ttft:.0f} / {p_ttft:.0f}", f"{c_wait:.0f} / {p_wait:.0f}", f"{c_hit:,} / {p_hit:,}",
-                     f"{c_cpu:.1f} / {p_cpu:.1f} ({c_cpu / p_cpu:.1f}x)"))
+                     f"{c_cpu:.1f} / {p_cpu:.1f} ({c_cpu / p_cpu:.2f}x)", fill))
     return rows
 
 
@@ -156,22 +230,26 @@ def print_table(header, rows):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     skip = set(filter(None, args.skip.split(",")))
-    start_s, load_before = time.perf_counter(), os.getloadavg()[0]
-    loaded = load_model()
-    if "ttft" not in skip:
-        print_table(("shared_2k, concurrency 1", "median", "ratio"), ttft_vs_ideal(loaded, args.num_requests))
-    if "memory" not in skip:
-        print_table(("8 concurrent, 2,000-token shared prefix", "bytes", "note"), bytes_for_eight(loaded))
-    if "throughput" not in skip:
-        print_table((f"concurrency 8, {args.scenario_requests} requests x {args.max_tokens} tokens",
-                     "requests/s copy / paged", "output tok/s copy / paged", "TTFT p50 ms copy / paged",
-                     "TTFT + queue p50 ms copy / paged", "cached prompt tokens copy / paged",
-                     "process CPU s copy / paged"), throughput(loaded, args))
-    print(f"{torch.get_num_threads()} torch threads, {os.cpu_count()} CPUs, load average {load_before:.1f} -> "
-          f"{os.getloadavg()[0]:.1f}, run {time.perf_counter() - start_s:.0f} s, {loaded.name}, torch {torch.__version__}")
+    loaded, default_threads = load_model(), torch.get_num_threads()
+    for threads in args.threads.split(","):
+        torch.set_num_threads(default_threads if threads == "default" else int(threads))
+        start_s, load_before = time.perf_counter(), os.getloadavg()[0]
+        if "ttft" not in skip:
+            print_table(("shared_2k, concurrency 1", "median", "ratio"), ttft_vs_ideal(loaded, args.num_requests))
+        if "memory" not in skip:
+            print_table(("8 concurrent, 2,000-token shared prefix", "bytes", "note"), bytes_for_eight(loaded))
+        if "throughput" not in skip:
+            setup = (f"{args.sessions} sessions x {args.turns} turns round-robin, own max_tokens"
+                     if args.setup == "sessions" else f"first {args.scenario_requests} requests x {args.max_tokens} tokens")
+            print_table((f"concurrency 8, {setup}", "requests/s copy / paged", "output tok/s copy / paged",
+                         "TTFT p50 ms copy / paged", "TTFT + queue p50 ms copy / paged",
+                         "cached prompt tokens copy / paged", "process CPU s copy / paged",
+                         "paged: seqs per step / decodes per decode step / decode batch per output token"),
+                        throughput(loaded, args))
+        print(f"{torch.get_num_threads()} torch threads, {os.cpu_count()} CPUs, load average {load_before:.1f} -> "
+              f"{os.getloadavg()[0]:.1f}, run {time.perf_counter() - start_s:.0f} s, {loaded.name}, "
+              f"torch {torch.__version__}\n", flush=True)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,9 @@ sequence matched), as in the copy engine.
 Timings (``time.perf_counter``): a record's clock starts when the sequence is first admitted;
 ``queue_ms`` is the wait from ``submit`` until then (as the copy engine reports its lock wait).
 ``kv_load_ms`` is 0: nothing is copied before the forward (the gather happens inside attention).
+Under ``--verify`` the cache-off reference passes run only while no sequence is running or waiting
+(a finished request's future resolves then), so no step waits on one and no TTFT, ITL or E2E
+includes one; ``queue_ms`` of a request submitted during a pass does include the wait.
 """
 
 from __future__ import annotations
@@ -219,13 +222,19 @@ class PagedEngine:
     # -- the step loop -----------------------------------------------------------------------------
 
     def _work(self) -> None:
-        """The worker thread: steps while there is work, then ends (``submit`` starts a new one), so an
-        idle engine holds no thread and can be garbage-collected with its pool."""
+        """The worker thread: steps while there is work, then runs the deferred ``--verify`` checks
+        one at a time (each re-checks for new work first), then ends (``submit`` starts a new one), so
+        an idle engine holds no thread and can be garbage-collected with its pool."""
         while True:
             with self._lock:
-                if self._stopping or (not self.scheduler.has_work and not self._aborted):
+                idle = not self.scheduler.has_work and not self._aborted
+                checks = idle and self._verifier is not None and self._verifier.num_deferred > 0
+                if self._stopping or (idle and not checks):
                     self._worker = None
                     return
+            if checks:
+                self._verifier.run_deferred()  # one reference pass, then look for new work again
+                continue
             try:
                 self.step()
             except Exception:  # noqa: BLE001 - the step's sequences got the error through their futures
@@ -340,11 +349,13 @@ class PagedEngine:
                 job.future.set_exception(error)
 
     def _complete(self, job: Job) -> None:
+        """Hand ``job``'s record to its future; under ``--verify`` the check is deferred until no
+        sequence is running or waiting (``_work``; :meth:`Verifier.defer`)."""
         record = job_record(job)
         if self._verifier is not None:
-            record = self._verifier.check(record, job.seq.token_ids[:job.seq.num_prompt_tokens], job.sampling,
-                                          job.seq.salt, job.chosen_logprobs)
-        if not job.future.done():
+            self._verifier.defer(job.future, record, job.seq.token_ids[:job.seq.num_prompt_tokens], job.sampling,
+                                 job.seq.salt, job.chosen_logprobs)
+        elif not job.future.done():
             job.future.set_result(record)
 
     # -- memory ------------------------------------------------------------------------------------

@@ -28,6 +28,8 @@ forward per sequence, so it reports 0 flips and 0 mismatches.
 from __future__ import annotations
 
 import threading
+from collections import deque
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from dataclasses import replace
 
@@ -120,12 +122,15 @@ def tie_tolerance(dtype: torch.dtype) -> float:
 class Verifier:
     """``--verify`` for one paged engine: each finished request against the copy engine with the cache
     off on the same model (built on first use). Greedy requests get the logit check
-    (:func:`verify_greedy`, counted in ``report``); seeded sampled ones the token comparison."""
+    (:func:`verify_greedy`, counted in ``report``); seeded sampled ones the token comparison. The
+    engine hands finished requests to :meth:`defer` and calls :meth:`run_deferred` when idle."""
 
     def __init__(self, loaded) -> None:
         self.loaded = loaded
         self.report = VerifyReport(tie_tolerance(loaded.dtype))
         self._reference = None
+        self._lock = threading.Lock()
+        self._deferred: deque[tuple] = deque()  # (future, record, prompt ids, sampling, salt, logprobs)
 
     def reference_engine(self):
         if self._reference is None:
@@ -133,6 +138,36 @@ class Verifier:
 
             self._reference = HFEngine(self.loaded)
         return self._reference
+
+    def defer(self, future: Future, record: RequestRecord, prompt_ids: list[int], sampling, salt: str,
+              chosen_logprobs: list[float]) -> None:
+        """Queue one finished request's check; :meth:`run_deferred` runs it and resolves ``future``.
+        The engine runs deferred checks only while no sequence is running or waiting, so no measured
+        step waits on a reference pass (issue 17: before, every request's TTFT and ITL in a verify
+        run included other requests' passes)."""
+        with self._lock:
+            self._deferred.append((future, record, prompt_ids, sampling, salt, chosen_logprobs))
+
+    @property
+    def num_deferred(self) -> int:
+        return len(self._deferred)
+
+    def run_deferred(self) -> None:
+        """Check the oldest deferred request and resolve its future with the checked record (an
+        error in the reference pass goes to that future only; a future cancelled meanwhile is
+        skipped, uncounted)."""
+        with self._lock:
+            future, record, *args = self._deferred.popleft()
+        if future.done():  # cancelled meanwhile: nobody reads the check
+            return
+        try:
+            record = self.check(record, *args)
+        except Exception as error:  # noqa: BLE001 - the caller gets it through the future
+            if not future.done():
+                future.set_exception(error)
+            return
+        if not future.done():
+            future.set_result(record)
 
     def check(self, record: RequestRecord, prompt_ids: list[int], sampling, salt: str,
               chosen_logprobs: list[float]) -> RequestRecord:

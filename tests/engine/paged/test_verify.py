@@ -2,6 +2,7 @@
 engine, argmax flips near ties told from mismatches; real model, real forwards."""
 
 import math
+import time
 
 import numpy as np
 import pytest
@@ -78,3 +79,31 @@ def test_sampled_requests_keep_the_token_check(loaded):
     record = engine.generate(prompts(1)[0], SamplingParams(max_tokens=4, temperature=1.0, seed=3, ignore_eos=True))
     assert record.output_matches_reference is True  # seeded sampling: a cache-off rerun gives the same tokens
     assert engine.verify_report.num_requests == 0  # no argmax to compare
+
+
+def test_reference_passes_run_only_when_the_engine_is_idle(loaded, monkeypatch):
+    """Issue 17: a verify run's TTFT / ITL must not include other requests' reference passes. No
+    reference pass (timed by wrapping the real ``Verifier.check``) falls between any request's first
+    and last token, so no measured step waited on one; without the deferral the first finished
+    request's pass ran while 7 others were mid-decode (this test fails then)."""
+    engine = verified(loaded)
+    passes, token_s = [], {}
+    real_check = type(engine._verifier).check
+
+    def timed_check(self, *args):
+        start_s = time.perf_counter()
+        result = real_check(self, *args)
+        passes.append((start_s, time.perf_counter()))
+        return result
+
+    monkeypatch.setattr(type(engine._verifier), "check", timed_check)
+    lengths = (2, 4, 6, 8, 10, 12, 14, 16)  # requests finish at different steps: most are still running
+    futures = [engine.submit(p, SamplingParams(max_tokens=n, ignore_eos=True),
+                             on_token=lambda _t, i=i: token_s.setdefault(i, []).append(time.perf_counter()))
+               for i, (p, n) in enumerate(zip(prompts(), lengths))]
+    records = [f.result() for f in futures]
+    assert len(passes) == 8 and all(r.output_matches_reference is True for r in records)
+    assert [r.output_tokens for r in records] == list(lengths)
+    for stamps in token_s.values():  # no pass between any request's first and last token
+        assert all(end <= stamps[0] or start >= stamps[-1] for start, end in passes)
+    assert min(start for start, _ in passes) > max(stamps[-1] for stamps in token_s.values())
