@@ -50,7 +50,6 @@ from collections import deque
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 
-
 from kvbench.cache.block_hash import BlockHasher
 from kvbench.cache.base import CacheKind, Clock
 from kvbench.cache.block_index import HEAD_FIRST_RADIX_ERROR, PoolIndex
