@@ -3,8 +3,6 @@
 them (written before the keys existed) still reports, ``-`` in those rows."""
 
 import html
-import shutil
-import subprocess
 
 import pyarrow.parquet as pq
 import pytest
@@ -13,6 +11,7 @@ from kvbench.results.files import load_results
 from kvbench.results.parquet import read_metadata, write_table
 from kvbench.results.report import summary_tables
 
+from browser import assert_renders_in_chromium
 from tiny_scenarios import SHARED_PREFIX
 
 
@@ -71,10 +70,4 @@ def test_report_command_and_page_show_them_in_a_browser(kvbench, runs, tmp_path)
     assert f"<td>engine</td><td>{html.escape(f'paged: max_num_seqs {seqs:,}')}" in page
     assert "<td>copy</td><td>-</td></tr>" in page  # the copy run's engine, and the older file's missing one
     assert "max |logprob diff| vs cache-off (nats)" in page
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium:  # the page renders in a real browser (headless); the screenshot is not blank
-        shot = tmp_path / "page.png"
-        subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1280,2400",
-                        f"--screenshot={shot}", (tmp_path / "report" / "report.html").as_uri()],
-                       capture_output=True, timeout=120, check=True)
-        assert shot.stat().st_size > 50_000
+    assert_renders_in_chromium((tmp_path / "report" / "report.html"), tmp_path)  # a real browser renders the page

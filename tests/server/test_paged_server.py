@@ -34,25 +34,9 @@ def test_sixteen_concurrent_clients_are_batched_and_metrics_reconcile(paged_live
     engine.scheduler.schedule = recording_schedule
     before = parse_prefix_cache_counters(server.get("/metrics")[1])
     client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
-    system = "You are a helpful assistant. " * 12
-    usages, errors = [], []
-
-    def one(i):
-        try:
-            response = client.chat.completions.create(
-                model=MODEL, max_tokens=8, extra_body={"ignore_eos": True},
-                messages=[{"role": "system", "content": system}, {"role": "user", "content": f"question {i}"}])
-            usages.append(response.usage)
-        except Exception as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(16)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
+    usages = concurrent_chat_usages(client, MODEL, "You are a helpful assistant. " * 12, 16, max_tokens=8,
+                                    timeout_s=120)
     engine.scheduler.schedule = schedule
-    assert errors == [] and len(usages) == 16
     after = parse_prefix_cache_counters(server.get("/metrics")[1])
     assert after.queries_tokens - before.queries_tokens == sum(u.prompt_tokens for u in usages)
     assert after.hits_tokens - before.hits_tokens == sum(u.prompt_tokens_details.cached_tokens for u in usages)
@@ -96,25 +80,32 @@ def test_kvbench_serve_paged_radix_under_concurrent_openai_clients(paged_radix_s
     before = counters()
     client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=300)
     model = client.models.list().data[0].id
-    system = "You are a helpful assistant who answers briefly. " * 8
+    usages = concurrent_chat_usages(client, model, "You are a helpful assistant who answers briefly. " * 8, 8,
+                                    max_tokens=3, timeout_s=300)
+    after = counters()
+    assert after.queries_tokens - before.queries_tokens == sum(u.prompt_tokens for u in usages)
+    assert after.hits_tokens - before.hits_tokens == sum(u.prompt_tokens_details.cached_tokens for u in usages)
+    assert sum(u.prompt_tokens_details.cached_tokens > 0 for u in usages) >= 7  # the system prompt computed once
+
+
+def concurrent_chat_usages(client, model: str, system: str, count: int, max_tokens: int, timeout_s: float) -> list:
+    """``count`` chat requests at once from threads, one shared ``system`` prompt and a distinct user
+    message each; the usages of all of them (asserts that none failed)."""
     usages, errors = [], []
 
     def one(i):
         try:
             response = client.chat.completions.create(
-                model=model, max_tokens=3, extra_body={"ignore_eos": True},
+                model=model, max_tokens=max_tokens, extra_body={"ignore_eos": True},
                 messages=[{"role": "system", "content": system}, {"role": "user", "content": f"question {i}"}])
             usages.append(response.usage)
         except Exception as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(timeout=300)
-    assert errors == [] and len(usages) == 8
-    after = counters()
-    assert after.queries_tokens - before.queries_tokens == sum(u.prompt_tokens for u in usages)
-    assert after.hits_tokens - before.hits_tokens == sum(u.prompt_tokens_details.cached_tokens for u in usages)
-    assert sum(u.prompt_tokens_details.cached_tokens > 0 for u in usages) >= 7  # the system prompt computed once
+        thread.join(timeout=timeout_s)
+    assert errors == [] and len(usages) == count
+    return usages
