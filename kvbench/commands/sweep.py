@@ -38,6 +38,7 @@ def sweep(
     requests: opt.Requests = None,
     max_tokens: Annotated[int | None, typer.Option(min=1, help="Output tokens per request.")] = None,
     block_size: in_panel(ENGINE, opt.BlockSize) = None,
+    cache_kind: in_panel(ENGINE, opt.CacheKindOption) = None,
     model: Annotated[Path | None, typer.Option(help="Local Hugging Face checkpoint (openai: the served name).")] = None,
     device: in_panel(ENGINE, opt.Device) = "cpu",
     dtype: in_panel(ENGINE, opt.DTypeName) = "float32",
@@ -66,9 +67,8 @@ def sweep(
     if backend is BackendKind.OPENAI or concurrency or request_rate:
         if cache_sizes is not None:
             raise InputError("--cache-sizes sweeps the in-process engine; a load sweep takes --concurrency or --request-rate")
-        if engine is not EngineKind.COPY or repeats != 1 or max_num_seqs or max_num_batched_tokens or batch_invariant:
-            raise InputError("--engine, its limits and --repeats apply to the engine sweep (--cache-sizes); "
-                             "a load sweep repeats with --num-runs")
+        _refuse_engine_flags(engine is not EngineKind.COPY, repeats != 1, max_num_seqs, max_num_batched_tokens,
+                             batch_invariant, cache_kind)
         config = build(lambda: LoadSweepConfig(
             RunConfig(source, backend, ModelFlags(str(model) if model else None),
                       run=RunFlags(num_requests=requests, warmup=warmup, max_tokens=max_tokens),
@@ -84,7 +84,7 @@ def sweep(
     config = build(lambda: SweepConfig(
         source, sizes, ModelFlags(str(model) if model else None, device, dtype), block_size,
         RunFlags(num_requests=requests, max_tokens=max_tokens, ignore_eos=ignore_eos), out,
-        EngineFlags(engine, max_num_seqs, max_num_batched_tokens, batch_invariant), repeats))
+        EngineFlags(engine, max_num_seqs, max_num_batched_tokens, batch_invariant), repeats, cache_kind))
     console, err = make_console(), make_console(stderr=True)
     outcome = run_with_progress(
         lambda on_progress: sweep_source(config, on_progress, lambda size: err.print(f"cache size {size:,} blocks ...")),
@@ -92,6 +92,14 @@ def sweep(
     _print(console, outcome)
     if outcome.failure is not None:  # nothing was measured at any size: a failed sweep, exit 1
         raise KvbenchError(outcome.failure)
+
+
+def _refuse_engine_flags(*given) -> None:
+    """A load sweep given any engine-sweep flag (``--engine``, its limits, ``--cache-kind``, ``--repeats``):
+    one line. Raises ``InputError``."""
+    if any(given):
+        raise InputError("--engine, its limits, --cache-kind and --repeats apply to the engine sweep (--cache-sizes); "
+                         "a load sweep repeats with --num-runs")
 
 
 def _values(text: str | None, option: str, kind: type) -> tuple:

@@ -120,7 +120,7 @@ class _SizeRunner:
         from kvbench.results.sweep import SweepPoint
 
         self.done = []
-        cache = cache_config(self.source.cache, CacheFlags(), size, self.block_size)
+        cache = cache_config(self.source.cache, CacheFlags(cache_kind=self.config.cache_kind), size, self.block_size)
         self.context["cache"] = {k: v for k, v in cache_metadata(cache).items() if k != "capacity_blocks"}
         expected = predicted_cached_tokens(self.requests, self.config.engine, cache, 1, self.settings.ignore_eos)
         sized = [replace(r, expected_cached_tokens=e) for r, e in zip(self.requests, expected)]

@@ -238,6 +238,7 @@ class SweepConfig:
     out: Path | None = None  # a folder
     engine: EngineFlags = field(default_factory=EngineFlags)  # --engine copy|paged and the paged limits
     repeats: int = 1  # runs per size; the point's TTFT p50 is their median
+    cache_kind: CacheKind | None = None  # --cache-kind hash|radix (None: the scenario's [cache] kind)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "source", Path(self.source))

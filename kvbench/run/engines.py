@@ -51,11 +51,12 @@ def predicted_cached_tokens(requests: Sequence[Request], flags: EngineFlags, cac
     if concurrency != 1 or not ignore_eos or cache.ttl_s is not None or cache.release_order.value != "tail-first":
         return [None] * len(requests)
     pool = VllmPoolConfig(cache.capacity_blocks + NUM_NULL_BLOCKS, cache.block_size, cache.hash, cache.kind)
-    exact = [replace(r, output_tokens=r.max_tokens) for r in requests]
-    try:
-        return expected_cached_tokens(exact, pool)
-    except ValueError:  # a request larger than the pool: the engine refuses it too
-        return [None] * len(requests)
+    # a request larger than the pool is refused by the engine before it touches a block (an error row,
+    # no prediction); the others are predicted as if it had not been sent
+    fits = [-(-(r.num_tokens + r.max_tokens - 1) // cache.block_size) <= cache.capacity_blocks for r in requests]
+    exact = [replace(r, output_tokens=r.max_tokens) for r, fit in zip(requests, fits) if fit]
+    predicted = iter(expected_cached_tokens(exact, pool))
+    return [next(predicted) if fit else None for fit in fits]
 
 
 def verify_metadata(engine) -> dict | None:

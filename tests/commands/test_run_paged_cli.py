@@ -78,3 +78,16 @@ def test_bad_engine_flags_are_one_line_and_exit_2(kvbench, scenario, tmp_path, a
     assert code == 2, stderr
     lines = [line for line in stderr.strip().splitlines() if line.strip()]
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in stderr
+
+
+def test_a_request_larger_than_the_pool_leaves_the_others_predicted(kvbench, tmp_path):
+    """Shipped chat at 40 blocks, concurrency 1: two turns need more blocks than the pool (error rows, no
+    prediction); every request that ran is still predicted exactly (it was null for the whole run)."""
+    out = tmp_path / "chat.parquet"
+    code, _, stderr = kvbench("run", "chat", "--engine", "paged", "--cache-size", "40", "--concurrency", "1",
+                              "--requests", "5", "--max-tokens", "2", "--ignore-eos", "--out", out)
+    assert code == 1 and "2 request(s) failed" in stderr  # failed requests exit 1; the rows are written
+    rows = pq.read_table(out).to_pylist()
+    assert [r["status"] for r in rows] == ["ok", "ok", "error", "ok", "error"]
+    assert [r["expected_cached_tokens"] for r in rows] == [r["cached_prompt_tokens"] for r in rows]
+    assert rows[3]["cached_prompt_tokens"] > 0  # after a refused request, the shared system prompt still hits

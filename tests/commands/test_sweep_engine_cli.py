@@ -108,3 +108,22 @@ def test_a_sweep_where_every_size_fails_exits_1_with_the_first_reason(kvbench, s
                     "prompt + max_tokens need 6 blocks of 16 tokens; the KV pool has 3 (raise --cache-sizes)")
     points = read_sweep_summary(out / "sweep.parquet").points  # what ran is still written
     assert [(p.capacity_blocks, p.num_errors) for p in points] == [(3, 12), (5, 12)]
+
+
+def test_cache_kind_radix_sweeps_the_pool_keyed_as_a_radix_tree(kvbench, scenario, tmp_path):
+    """``--cache-kind`` overrides the scenario's ``[cache] kind`` (hash here) as in ``kvbench run``; the
+    radix-mode pool simulator predicts every row."""
+    out = tmp_path / "sweep"
+    code, _, stderr = kvbench("sweep", scenario, "--cache-sizes", "6,24", "--engine", "paged", "--cache-kind", "radix",
+                              "--ignore-eos", "--out", out)
+    assert code == 0, stderr
+    points = read_sweep_summary(out / "sweep.parquet").points
+    assert [p.token_hit_rate for p in points] == [0.0, (9 * 64) / (12 * 80)]
+    for point in points:
+        rows = pq.read_table(point.results_path).to_pylist()
+        assert {r["cache_kind"] for r in rows} == {"radix"}
+        assert [r["cached_prompt_tokens"] for r in rows] == [r["expected_cached_tokens"] for r in rows]
+        assert read_metadata(point.results_path)["run"]["cache"]["kind"] == "radix"
+    assert read_metadata(out / "sweep.parquet")["sweep"]["cache"]["kind"] == "radix"
+    code, _, stderr = kvbench("sweep", scenario, "--backend", "openai", "--concurrency", "1", "--cache-kind", "radix")
+    assert code == 2 and "--cache-kind" in stderr and "Traceback" not in stderr
