@@ -79,7 +79,8 @@ class InProcessBackend:
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
-            self.engine.abort(future)
+            if (measured := self.engine.abort(future)) is not None:
+                return measured  # finished, only its --verify check was pending: keep the row (Ctrl-C)
             raise
 
     async def serve_samples(self, request: Request, sampling: SamplingParams, n: int,

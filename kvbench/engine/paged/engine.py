@@ -183,10 +183,14 @@ class PagedEngine:
         """Run one request and wait for it (the copy engine's call); ``on_token`` errors propagate."""
         return self.submit(token_ids, sampling, salt, on_token).result()
 
-    def abort(self, future: RequestFuture) -> None:
-        """Finish the request behind ``future`` at the next step, freeing its blocks (a client left)."""
+    def abort(self, future: RequestFuture) -> RequestRecord | None:
+        """Finish the request behind ``future`` at the next step, freeing its blocks (a client left).
+        Returns its record if it had already finished and only its ``--verify`` check was pending
+        (the check is dropped; the caller keeps what was measured), else ``None``."""
         if future.seq_id is None:
-            return
+            return None
+        if self._verifier is not None and (record := self._verifier.take_unchecked(future)) is not None:
+            return record
         with self._lock:
             if future.seq_id in self._jobs:
                 self._aborted.add(future.seq_id)

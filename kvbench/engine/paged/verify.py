@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import asdict, dataclass
 from dataclasses import replace
 
@@ -152,22 +152,39 @@ class Verifier:
     def num_deferred(self) -> int:
         return len(self._deferred)
 
+    def take_unchecked(self, future: Future) -> RequestRecord | None:
+        """The record behind ``future`` if its request has finished and its check has not run yet,
+        taken off the queue (its check never runs, ``output_matches_reference`` stays ``None``);
+        ``None`` otherwise. For a caller cut short (Ctrl-C, SIGTERM) that still writes what was
+        measured."""
+        with self._lock:
+            for entry in self._deferred:
+                if entry[0] is future:
+                    self._deferred.remove(entry)
+                    return entry[1]
+        return None
+
     def run_deferred(self) -> None:
         """Check the oldest deferred request and resolve its future with the checked record (an
         error in the reference pass goes to that future only; a future cancelled meanwhile is
-        skipped, uncounted)."""
+        skipped, uncounted). Never raises: the engine's worker calls it."""
         with self._lock:
+            if not self._deferred:
+                return
             future, record, *args = self._deferred.popleft()
         if future.done():  # cancelled meanwhile: nobody reads the check
             return
         try:
-            record = self.check(record, *args)
+            outcome = self.check(record, *args)
         except Exception as error:  # noqa: BLE001 - the caller gets it through the future
-            if not future.done():
-                future.set_exception(error)
-            return
-        if not future.done():
-            future.set_result(record)
+            outcome = error
+        try:
+            if isinstance(outcome, Exception):
+                future.set_exception(outcome)
+            else:
+                future.set_result(outcome)
+        except InvalidStateError:  # cancelled between the check and now: nobody reads it
+            pass
 
     def check(self, record: RequestRecord, prompt_ids: list[int], sampling, salt: str,
               chosen_logprobs: list[float]) -> RequestRecord:

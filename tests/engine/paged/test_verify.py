@@ -1,6 +1,7 @@
 """``--verify`` on the paged engine (kvbench/engine/paged/verify.py): logits against the cache-off
 engine, argmax flips near ties told from mismatches; real model, real forwards."""
 
+import asyncio
 import math
 import time
 
@@ -8,11 +9,13 @@ import numpy as np
 import pytest
 import torch
 
+from kvbench.backends.inprocess import InProcessBackend
 from kvbench.cache.base import CacheConfig
 from kvbench.engine.engine import HFEngine
 from kvbench.engine.paged.engine import PagedConfig, PagedEngine
 from kvbench.engine.paged.verify import TIE_TOLERANCE_NATS, compare_logprobs
 from kvbench.engine.sampling import SamplingParams
+from kvbench.request import Request
 
 GREEDY = SamplingParams(max_tokens=6, ignore_eos=True)
 
@@ -107,3 +110,47 @@ def test_reference_passes_run_only_when_the_engine_is_idle(loaded, monkeypatch):
     for stamps in token_s.values():  # no pass between any request's first and last token
         assert all(end <= stamps[0] or start >= stamps[-1] for start, end in passes)
     assert min(start for start, _ in passes) > max(stamps[-1] for stamps in token_s.values())
+
+
+def test_aborting_a_request_whose_check_is_pending_returns_what_was_measured(loaded):
+    """Ctrl-C during a verify run must not lose a request that finished generating while its check
+    waited for the engine to go idle: ``abort`` hands its record back (unchecked, so
+    ``output_matches_reference`` is ``None`` and it is not counted), the others are still checked."""
+    engine = verified(loaded)
+    short_prompt, long_prompt = prompts(2)
+    long = engine.submit(long_prompt, SamplingParams(max_tokens=400, ignore_eos=True))
+    short = engine.submit(short_prompt, SamplingParams(max_tokens=3, ignore_eos=True))
+    deadline = time.monotonic() + 120
+    while engine._verifier.num_deferred == 0 and not long.done() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert not long.done() and not short.done()  # short finished generating; its check waits
+    record = engine.abort(short)
+    assert record is not None and record.output_tokens == 3 and record.output_matches_reference is None
+    assert engine.abort(short) is None  # taken once
+    assert long.result(timeout=300).output_matches_reference is True
+    report = engine.verify_report
+    assert (report.num_requests, report.totals.num_compared_tokens) == (1, 400)  # only the long one checked
+    engine.wait_idle(60)
+    engine.check_invariants()
+    assert engine.scheduler.pool.num_used_blocks == 0
+
+
+def test_a_cancelled_client_keeps_a_finished_request_whose_check_was_pending(loaded):
+    """The backend side of the test above (what Ctrl-C does to a run's send loop): cancelling the
+    task that awaits a request finished but unchecked returns its record instead of raising."""
+    engine = verified(loaded)
+    backend = InProcessBackend(engine, SamplingParams(ignore_eos=True), "default")
+    short_prompt, long_prompt = prompts(2)
+    long = engine.submit(long_prompt, SamplingParams(max_tokens=400, ignore_eos=True))
+
+    async def cut_after_generation():
+        task = asyncio.ensure_future(backend._serve_batched(Request(index=0, request_id='0', session_id='0', turn=0,
+                                                        token_ids=np.array(short_prompt, dtype=np.uint32), max_tokens=3), None, None))
+        while engine._verifier.num_deferred == 0 and not long.done():
+            await asyncio.sleep(0.001)
+        task.cancel()
+        return await task
+
+    record = asyncio.run(cut_after_generation())
+    assert not long.done() and record.output_tokens == 3 and record.output_matches_reference is None
+    assert long.result(timeout=300).output_matches_reference is True
