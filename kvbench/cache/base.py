@@ -25,6 +25,10 @@ from kvbench.cache.block_hash import HashConfig, PromptBlocks
 Clock = Callable[[], float]  # returns seconds; injectable so TTL tests need no sleeping
 
 
+HEAD_FIRST_RADIX_ERROR = ("the radix cache evicts leaves only, so a chain head can never go before its "
+                          "tail: head-first release exists only for the hash cache")
+
+
 class ReleaseOrder(str, Enum):
     """Order in which a finished request's blocks join the free list.
 
@@ -63,6 +67,10 @@ class CacheConfig:
             hashes a block as soon as decode fills it, ``BlockPool.cache_full_blocks``), so the next
             turn of a chat that resends the reply hits it. The cache classes ignore it; the engine
             and the simulators read it.
+
+    Raises:
+        ValueError: a non-positive capacity or block size, a bad TTL, or head-first release with the
+            radix kind (its eviction takes leaves only: :data:`HEAD_FIRST_RADIX_ERROR`).
     """
 
     capacity_blocks: int
@@ -83,6 +91,8 @@ class CacheConfig:
             raise ValueError(f"block_size must be a positive integer, got {self.block_size}")
         if self.ttl_s is not None and not (self.ttl_s > 0 and math.isfinite(self.ttl_s)):
             raise ValueError(f"ttl_s must be a positive number of seconds or None, got {self.ttl_s}")
+        if self.kind is CacheKind.RADIX and self.release_order is not ReleaseOrder.TAIL_FIRST:
+            raise ValueError(f"--cache-kind radix --release head-first: {HEAD_FIRST_RADIX_ERROR}")
 
 
 @dataclass

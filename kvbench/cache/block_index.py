@@ -34,9 +34,6 @@ from kvbench.cache.base import CacheKind
 from kvbench.cache.block_hash import TOKEN_ID_BYTES, BlockHasher, encode_token_ids
 from kvbench.cache.block_pool import BlockPool
 
-HEAD_FIRST_RADIX_ERROR = ("the radix cache evicts leaves only, so a chain head can never go before its "
-                          "tail: head-first release exists only for the hash cache")
-
 
 class PoolIndex:
     """The keys of ``pool``'s blocks for one cache kind (module docstring).

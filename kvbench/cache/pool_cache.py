@@ -32,7 +32,7 @@ from typing import Any
 
 from kvbench.cache.base import CacheConfig, CacheKind, CacheStats, Clock, InsertResult, MatchResult, ReleaseOrder, insert_range
 from kvbench.cache.block_hash import BlockHasher, PromptBlocks
-from kvbench.cache.block_index import HEAD_FIRST_RADIX_ERROR, PoolIndex
+from kvbench.cache.block_index import PoolIndex
 from kvbench.cache.block_pool import BlockPool
 from kvbench.errors import CacheBusyError
 
@@ -78,13 +78,10 @@ class PoolPrefixCache:
     """A :class:`~kvbench.cache.base.PrefixCache` whose blocks are ids of one :class:`BlockPool` of
     ``config.capacity_blocks`` blocks (module docstring), keyed by ``config.kind``. Handles are block ids.
 
-    Raises (constructor): ``ValueError`` for head-first release with the radix kind, and for
-    ``verify_tokens`` (hash keys are trusted, as vLLM's; radix keys are the tokens themselves).
+    Raises (constructor): ``ValueError`` for ``verify_tokens`` (hash keys are trusted, as vLLM's; radix keys are the tokens themselves).
     """
 
     def __init__(self, config: CacheConfig, clock: Clock | None = None) -> None:
-        if config.kind is CacheKind.RADIX and config.release_order is not ReleaseOrder.TAIL_FIRST:
-            raise ValueError(HEAD_FIRST_RADIX_ERROR)
         if config.verify_tokens:
             raise ValueError("a pool-backed cache does not implement verify_tokens (hash trusts keys; radix compares tokens)")
         self.config = config

@@ -14,7 +14,7 @@ Eviction: least-recently-used leaves with ``lock_ref == 0``, from a heap (SGLang
 trims a leaf from its tail one block at a time instead of dropping it whole, so capacity is managed
 per block, like the hash cache, and a parent is only ever evicted after its children: the radix
 equivalent of tail-first release. Because only leaves are evicted, head-first release cannot exist
-here and is refused.
+here: ``CacheConfig`` refuses it for the radix kind.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from kvbench.cache.base import (
     Clock,
     InsertResult,
     MatchResult,
-    ReleaseOrder,
     insert_range,
 )
 from kvbench.errors import CacheBusyError
@@ -71,11 +70,6 @@ class RadixPrefixCache:
     """Radix tree over block token bytes with lock refs, LRU leaf eviction and an optional TTL."""
 
     def __init__(self, config: CacheConfig, clock: Clock | None = None) -> None:
-        if config.release_order is not ReleaseOrder.TAIL_FIRST:
-            raise ValueError(
-                "the radix cache evicts leaves only, so a chain head can never go before its tail: "
-                "head-first release exists only for the hash cache"
-            )
         if config.verify_tokens:
             raise ValueError("the radix cache always compares tokens; verify_tokens is for 'hash'")
         self.config = config

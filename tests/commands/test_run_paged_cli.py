@@ -70,7 +70,9 @@ def test_paged_ttl_runs_and_is_not_predicted(kvbench, scenario, tmp_path):
     (["--max-num-seqs", "4"], "--max-num-seqs applies to --engine paged only"),
     (["--engine", "paged", "--max-num-batched-tokens", "0"], "--max-num-batched-tokens: 0 must be positive"),
     (["--engine", "paged", "--cache-kind", "radix", "--release", "head-first"],
-     "head-first release exists only for the hash cache"),
+     "--cache-kind radix --release head-first: the radix cache evicts leaves only"),
+    (["--cache-kind", "radix", "--release", "head-first"],  # the copy engine: was "error: ValueError: ..."
+     "--cache-kind radix --release head-first: the radix cache evicts leaves only"),
     (["--engine", "paged", "--backend", "openai"], "apply to --backend inprocess only"),
 ])
 def test_bad_engine_flags_are_one_line_and_exit_2(kvbench, scenario, tmp_path, args, needle):

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvbench.cache.base import CacheConfig, CacheKind, ReleaseOrder
-from kvbench.cache.block_index import HEAD_FIRST_RADIX_ERROR
+from kvbench.cache.base import CacheConfig
 
 DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default --max-num-seqs
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # vLLM v1's default token budget per step with chunked prefill
@@ -29,7 +28,7 @@ class PagedConfig:
         salt: the run's salt; a request's own salt replaces it.
 
     Raises:
-        ValueError: a non-positive limit, head-first release with the radix kind, or a cache
+        ValueError: a non-positive limit, or a cache
             setting the pool does not implement (verify_tokens, prompt_only). ``pool.kind`` picks the
             pool's block keys (hash or radix, :mod:`kvbench.cache.block_index`); ``pool.ttl_s`` works
             as on the copy engine's caches (:class:`kvbench.cache.pool_cache.IdleTimer`).
@@ -48,8 +47,6 @@ class PagedConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"--{name.replace('_', '-')}: {value!r} must be a positive integer")
-        if self.pool.kind is CacheKind.RADIX and self.pool.release_order is not ReleaseOrder.TAIL_FIRST:
-            raise ValueError(f"--engine paged --cache-kind radix: {HEAD_FIRST_RADIX_ERROR}")
         if self.pool.verify_tokens:
             raise ValueError("--engine paged trusts block hashes (verify_tokens is not implemented)")
         if self.pool.prompt_only:

@@ -51,8 +51,8 @@ from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 
 from kvbench.cache.block_hash import BlockHasher
-from kvbench.cache.base import CacheKind, Clock
-from kvbench.cache.block_index import HEAD_FIRST_RADIX_ERROR, PoolIndex
+from kvbench.cache.base import HEAD_FIRST_RADIX_ERROR, CacheKind, Clock
+from kvbench.cache.block_index import PoolIndex
 from kvbench.cache.block_pool import BlockPool
 from kvbench.cache.pool_cache import IdleTimer
 from kvbench.engine.paged.kv_pool import NULL_BLOCK_ID

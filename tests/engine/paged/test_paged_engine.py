@@ -189,8 +189,8 @@ def test_bad_requests_and_settings_give_clear_errors(loaded):
     assert "vocabulary" in engine.generate([5000], GREEDY).error
     with pytest.raises(ValueError, match="--max-num-seqs"):
         PagedConfig(CacheConfig(8), max_num_seqs=0)
-    with pytest.raises(ValueError, match="--cache-kind radix: .*head-first release exists only for the hash cache"):
-        PagedConfig(CacheConfig(8, kind="radix", release_order="head-first"))
+    with pytest.raises(ValueError, match="--cache-kind radix --release head-first: .*exists only for the hash cache"):
+        CacheConfig(8, kind="radix", release_order="head-first")  # refused for every engine and cache
 
 
 def test_prefix_caching_off_and_reset(loaded):
