@@ -1,6 +1,7 @@
 """A ``kvbench serve`` app in a background thread on a free loopback port (imported by conftest.py and
 by tests that need a server of their own, e.g. with guards)."""
 
+import http.client
 import json
 import threading
 import time
@@ -51,6 +52,20 @@ class LiveServer:
                 return response.status, json.loads(response.read() or b"{}")
         except urllib.error.HTTPError as exc:
             return exc.code, json.loads(exc.read())
+
+    def leave_stream(self, body: dict, num_events: int) -> tuple[int, list[dict]]:
+        """POST a streamed ``body`` to /v1/completions, read ``num_events`` SSE data events, then close
+        the connection (a client that leaves mid-stream); the status and the events read."""
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        connection.request("POST", "/v1/completions", json.dumps({**body, "stream": True}),
+                           {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        events = []
+        while len(events) < num_events and (line := response.readline()):
+            if line.startswith(b"data: "):
+                events.append(json.loads(line[6:]))
+        connection.close()
+        return response.status, events
 
     def get(self, path: str) -> tuple[int, str]:
         with urllib.request.urlopen(self.url.removesuffix("/v1") + path, timeout=30) as response:

@@ -2,8 +2,6 @@
 counted once for the prompt) through the real ``openai`` client, and /metrics' running / waiting
 gauges under concurrency (the scheduler's real numbers, not min(in flight, 1))."""
 
-import http.client
-import json
 import threading
 import time
 
@@ -92,15 +90,8 @@ def test_a_client_leaving_a_streamed_n_request_frees_every_samples_blocks(paged_
     server, engine = paged_live
     body = {"model": MODEL, "prompt": "a long story " * 20, "max_tokens": 900, "n": 3, "stream": True,
             "ignore_eos": True}
-    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
-    connection.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
-    response = connection.getresponse()
-    events = []
-    while len(events) < 6 and (line := response.readline()):
-        if line.startswith(b"data: "):
-            events.append(json.loads(line[6:]))
-    connection.close()  # the client leaves after a few tokens of each choice
-    assert response.status == 200 and {event["choices"][0]["index"] for event in events} == {0, 1, 2}
+    status, events = server.leave_stream(body, 6)  # the client leaves after a few tokens of each choice
+    assert status == 200 and {event["choices"][0]["index"] for event in events} == {0, 1, 2}
     deadline = time.monotonic() + 60
     while engine.scheduler.has_work:
         assert time.monotonic() < deadline, "the samples were never stopped"

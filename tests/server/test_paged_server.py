@@ -1,8 +1,6 @@
 """``kvbench serve --engine paged`` over the tiny model: 16 concurrent clients batched for real, the
 /metrics counters equal to the per-request usage, a vanished client freeing its blocks."""
 
-import http.client
-import json
 import threading
 import time
 import urllib.request
@@ -53,15 +51,8 @@ def test_a_client_that_leaves_mid_stream_frees_its_blocks(paged_live):
     succeeded = server.service.counters.num_succeeded
     body = {"model": MODEL, "prompt": "a long story " * 20, "max_tokens": 900, "stream": True,
             "ignore_eos": True}
-    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
-    connection.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
-    response = connection.getresponse()
-    events = []
-    while len(events) < 2 and (line := response.readline()):
-        if line.startswith(b"data: "):
-            events.append(line)
-    connection.close()  # the client leaves after two tokens
-    assert response.status == 200 and len(events) == 2
+    status, events = server.leave_stream(body, 2)  # the client leaves after two tokens
+    assert status == 200 and len(events) == 2
     wait_until_idle(engine)
     engine.check_invariants()
     assert engine.scheduler.pool.num_used_blocks == 0
