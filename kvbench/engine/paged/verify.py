@@ -131,6 +131,8 @@ class Verifier:
         self._reference = None
         self._lock = threading.Lock()
         self._deferred: deque[tuple] = deque()  # (future, record, prompt ids, sampling, salt, logprobs)
+        self._running: tuple | None = None  # the entry being checked now
+        self._running_taken = False  # take_unchecked handed its record back meanwhile
 
     def reference_engine(self):
         if self._reference is None:
@@ -162,6 +164,9 @@ class Verifier:
                 if entry[0] is future:
                     self._deferred.remove(entry)
                     return entry[1]
+            if self._running is not None and self._running[0] is future:  # mid-check: it will not count
+                self._running_taken = True
+                return self._running[1]
         return None
 
     def run_deferred(self) -> None:
@@ -171,13 +176,19 @@ class Verifier:
         with self._lock:
             if not self._deferred:
                 return
-            future, record, *args = self._deferred.popleft()
-        if future.done():  # cancelled meanwhile: nobody reads the check
-            return
+            self._running, self._running_taken = self._deferred.popleft(), False
+        future, record, *args = self._running
+        scratch = VerifyReport(self.report.tolerance_nats)  # counted only if the record is handed over
         try:
-            outcome = self.check(record, *args)
+            outcome = None if future.done() else self.check(record, *args, report=scratch)
         except Exception as error:  # noqa: BLE001 - the caller gets it through the future
             outcome = error
+        with self._lock:
+            taken, self._running = self._running_taken, None
+        if outcome is None or taken:  # cancelled, or taken unchecked (take_unchecked): nobody reads it
+            return
+        if scratch.num_requests:
+            self.report.add(scratch.totals)
         try:
             if isinstance(outcome, Exception):
                 future.set_exception(outcome)
@@ -187,10 +198,12 @@ class Verifier:
             pass
 
     def check(self, record: RequestRecord, prompt_ids: list[int], sampling, salt: str,
-              chosen_logprobs: list[float]) -> RequestRecord:
-        """``record`` with ``output_matches_reference`` set (``None`` for unseeded sampling)."""
+              chosen_logprobs: list[float], report: VerifyReport | None = None) -> RequestRecord:
+        """``record`` with ``output_matches_reference`` set (``None`` for unseeded sampling); a greedy
+        check is counted in ``report`` (default: ``self.report``)."""
         if sampling.temperature == 0:
-            return verify_greedy(self.reference_engine(), prompt_ids, record, chosen_logprobs, self.report)
+            return verify_greedy(self.reference_engine(), prompt_ids, record, chosen_logprobs,
+                                 self.report if report is None else report)
         reference = self.reference_engine().generate(prompt_ids, sampling, salt=salt)
         matches = reference.output_token_ids == record.output_token_ids
         return replace(record, output_matches_reference=matches if sampling.is_reproducible else None)
