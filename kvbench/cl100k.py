@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvbench.errors import InputError
+from kvbench.extras import install_command
 
 if TYPE_CHECKING:
     import tiktoken
@@ -27,6 +28,8 @@ RANKS_SHA256 = "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7
 PATTERN = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
 SPECIAL_TOKENS = {"<|endoftext|>": 100257, "<|fim_prefix|>": 100258, "<|fim_middle|>": 100259,
                   "<|fim_suffix|>": 100260, "<|endofprompt|>": 100276}
+
+_REINSTALL = f"reinstall kvbench (from a checkout: {install_command(None)})"
 
 
 def load_ranks(path: Path = RANKS_PATH, sha256: str = RANKS_SHA256) -> dict[bytes, int]:
@@ -39,10 +42,10 @@ def load_ranks(path: Path = RANKS_PATH, sha256: str = RANKS_SHA256) -> dict[byte
         with open(path, "rb") as file:  # builtin open, as tiktoken reads its files
             data = file.read()
     except OSError as exc:
-        raise InputError(f"{path}: cannot read the cl100k ranks file ({exc.strerror}); reinstall kvbench") from None
+        raise InputError(f"{path}: cannot read the cl100k ranks file ({exc.strerror}); {_REINSTALL}") from None
     digest = hashlib.sha256(data).hexdigest()
     if digest != sha256:
-        raise InputError(f"{path}: SHA-256 {digest} is not cl100k_base's {sha256}; reinstall kvbench")
+        raise InputError(f"{path}: SHA-256 {digest} is not cl100k_base's {sha256}; {_REINSTALL}")
     return {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in data.splitlines() if line)}
 
 

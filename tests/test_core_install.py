@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+CPU_PIP = "pip install -c constraints-cpu.txt -e"  # the install hint keeps constraints-cpu.txt's CPU torch
 
-EXTRAS_ONLY = ("torch", "transformers", "fastapi", "uvicorn", "starlette", "matplotlib", "psutil", "jinja2")
+EXTRAS_ONLY = ("torch", "transformers", "fastapi", "uvicorn", "starlette", "matplotlib", "psutil", "jinja2", "textual")
 BLOCKER = f"""
 import importlib.abc, sys
 class _ExtrasMissing(importlib.abc.MetaPathFinder):
@@ -46,19 +47,21 @@ def test_sim_and_csv_report_need_no_extra(core, tmp_path):
     assert done.returncode == 0, done.stderr
     assert "wrote 2 rows" in done.stdout and out.exists()
     words = " ".join(done.stdout.split())  # the console wraps long lines
-    assert "(no PNG: needs the [plots] extra: pip install 'kvbench[plots]')" in words  # the curve's rows still written
+    assert f"(no PNG: needs the [plots] extra; from a checkout: {CPU_PIP} '.[plots]')" in words  # rows still written
     assert out.with_name("sim.curve.parquet").exists() and not out.with_name("sim.curve.png").exists()
     plots = core("report", out, "--out", tmp_path / "rep")  # the tables print, then plots need [plots]
-    assert plots.returncode == 2 and "needs the [plots] extra: pip install 'kvbench[plots]'" in plots.stderr
+    assert plots.returncode == 2 and f"needs the [plots] extra; from a checkout: {CPU_PIP} '.[plots]'" in plots.stderr
 
 
 def test_in_process_run_and_serve_name_their_extra(core):
     run = core("run", "shared_2k", "--requests", "1")
     assert run.returncode == 2
-    assert run.stderr.strip() == ("error: needs the [engine] extra: pip install 'kvbench[engine]' "
+    assert run.stderr.strip() == (f"error: needs the [engine] extra; from a checkout: {CPU_PIP} '.[engine]' "
                                   "(No module named 'torch')")
     serve = core("serve", "--port", "0")
-    assert serve.returncode == 2 and "pip install 'kvbench[serve]'" in serve.stderr
+    assert serve.returncode == 2 and f"{CPU_PIP} '.[serve]'" in serve.stderr
+    play = core("play")
+    assert play.returncode == 2 and f"kvbench play needs the [play] extra; from a checkout: {CPU_PIP} '.[play]'" in play.stderr
 
 
 def test_http_run_needs_no_extra(core, server, tmp_path):

@@ -6,7 +6,8 @@
 #
 # Exit codes are kvbench run's: 0 ok, 1 requests failed, 2 bad input, 3 an assertion failed,
 # 130 interrupted. Point --base-url at your own server (vLLM, SGLang) to gate it instead; drop the
-# serve step then. Needs `pip install 'kvbench[serve]'` (plus [plots] for the report's PNGs).
+# serve step then. Needs the [serve] extra (plus [plots] for the report's PNGs): from a checkout,
+# pip install -c constraints-cpu.txt -e '.[serve,plots]'.
 set -euo pipefail
 out=${1:-results/ci}
 port=${KVBENCH_CI_PORT:-8765}

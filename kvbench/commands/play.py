@@ -8,6 +8,7 @@ import typer
 
 from kvbench.cache.base import CacheKind
 from kvbench.errors import InputError
+from kvbench.extras import needs_extra
 
 
 def play(
@@ -18,7 +19,7 @@ def play(
     try:
         from kvbench.play.app import PlayApp
     except ImportError as exc:
-        raise InputError(f"kvbench play needs Textual ({exc}); install it with: pip install 'kvbench[play]'") from None
+        raise InputError(f"kvbench play {needs_extra('play', exc)}") from None
     PlayApp(cache_kind).run()
 
 

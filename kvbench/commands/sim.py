@@ -20,6 +20,7 @@ from kvbench.commands.sim_sampled import run_sampled
 from kvbench.cache.block_hash import HashAlgo
 from kvbench.cache.base import CacheConfig, CacheKind, ReleaseOrder
 from kvbench.errors import InputError, Interrupted
+from kvbench.extras import needs_extra
 from kvbench.results.parquet import check_output_path, write_rows
 from kvbench.run.scenario import parse_choices, parse_int_list
 from kvbench.run.config import CacheFlags
@@ -96,7 +97,7 @@ def _write_ttl_curve(console, source: RunSource, trace: PreparedTrace, out: Path
 
 
 def _files(parquet: Path, png: Path | None) -> str:
-    return escape(f"{parquet}, {png}" if png else f"{parquet} (no PNG: needs the [plots] extra: pip install 'kvbench[plots]')")
+    return escape(f"{parquet}, {png}" if png else f"{parquet} (no PNG: {needs_extra('plots')})")
 
 
 def _seconds(value: float | None) -> str:

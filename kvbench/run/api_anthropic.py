@@ -11,6 +11,7 @@ and reconciliation are OpenAI-server features and are not applied.
 from __future__ import annotations
 
 from kvbench.errors import InputError, checked
+from kvbench.extras import install_command
 from kvbench.results.writer import RunWriter
 from kvbench.run.api_openai import _load
 from kvbench.run.config import DEFAULT_SERVER_BLOCK_SIZE, DEFAULT_TIMEOUT_S, RunConfig
@@ -38,7 +39,8 @@ def run_anthropic(config: RunConfig, on_progress: Progress | None = None) -> Run
     try:
         from kvbench.backends.anthropic import AnthropicBackend, AnthropicConfig
     except ModuleNotFoundError as exc:
-        raise InputError(f"--backend anthropic needs the anthropic package ({exc}): pip install anthropic") from None
+        raise InputError(f"--backend anthropic needs the anthropic package, a core dependency ({exc}); "
+                         f"reinstall from a checkout: {install_command(None)}") from None
 
     server = config.server
     if server.base_urls:
