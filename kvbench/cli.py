@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from kvbench import __version__
+from kvbench.commands import help_layout
 from kvbench.commands.usage_errors import bad_value_line
 from kvbench.errors import Interrupted, KvbenchError
 from kvbench.extras import missing_extra
@@ -25,6 +26,7 @@ try:  # typer >= 0.2x vendors click; its exceptions are not click's
 except ImportError:  # pragma: no cover - older typer on real click
     from click import exceptions as click_exceptions
 
+help_layout.install()  # option names whole in --help at 80 columns and through a pipe
 app = typer.Typer(
     name="kvbench",
     help="Measure what prefix caching buys an LLM server, and why it is not buying more.",

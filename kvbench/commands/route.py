@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from kvbench.commands.signature import in_panel
 from kvbench.commands.common import build, make_console
 from kvbench.commands.options import CacheKindOption, Requests, Source
 from kvbench.errors import InputError
@@ -79,27 +80,27 @@ def _options(factory) -> RouterOptions:
 
 def route(
     source: Source,
-    replicas: Annotated[int, typer.Option(help="Replicas behind the router.")] = 8,
-    policy: Annotated[str, typer.Option(help="round-robin, random, least-loaded, session, prefix-hash, "
+    replicas: Annotated[int, typer.Option(rich_help_panel="Replicas and cache", help="Replicas behind the router.")] = 8,
+    policy: Annotated[str, typer.Option(rich_help_panel="Replicas and cache", help="round-robin, random, least-loaded, session, prefix-hash, "
                                              "cache-aware, a comma list, or all.")] = "all",
-    capacity: Annotated[int | None, typer.Option(help="Cache blocks per replica (default: the middle of the "
+    capacity: Annotated[int | None, typer.Option(rich_help_panel="Replicas and cache", help="Cache blocks per replica (default: the middle of the "
                                                       "source's [sim] sizes).")] = None,
-    cache: CacheKindOption = None,
-    ttl: Annotated[float | None, typer.Option(help="Expire blocks idle longer than this (trace seconds).")] = None,
-    requests: Requests = None,
-    fit: Annotated[Path | None, typer.Option(help="Fit the service model from a kvbench run results file.")] = None,
-    prefill_base_ms: Annotated[float | None, typer.Option(help="Prefill fixed cost a, ms [10].")] = None,
-    prefill_ms_per_token: Annotated[float | None, typer.Option(help="Prefill cost b per uncached token, ms [0.1].")] = None,
-    decode_ms_per_token: Annotated[float | None, typer.Option(help="Decode time per output token, ms [20].")] = None,
-    prefix_tokens: Annotated[int, typer.Option(help="prefix-hash: hash the blocks of the first N tokens.")] = PREFIX_TOKENS,
-    epsilon: Annotated[float, typer.Option(help="prefix-hash: load bound ceil((1+eps) x mean).")] = 0.25,
-    cache_threshold: Annotated[float, typer.Option(help="cache-aware: match rate above which to follow the match.")] = 0.3,
-    balance_abs_threshold: Annotated[int, typer.Option(help="cache-aware: imbalance when max-min > this.")] = 64,
-    balance_rel_threshold: Annotated[float, typer.Option(help="cache-aware: ... and max > min x this.")] = 1.5,
-    eviction_interval: Annotated[float, typer.Option(help="cache-aware: tree eviction period, trace s.")] = 120.0,
-    max_tree_size: Annotated[int, typer.Option(help="cache-aware: tokens per replica's tree.")] = 2**26,
-    seed: Annotated[int, typer.Option(help="Seed of the random policy.")] = 0,
-    out: Annotated[Path | None, typer.Option(help="Parquet, one row per policy (default results/route-NAME-TIME"
+    cache: in_panel("Replicas and cache", CacheKindOption) = None,
+    ttl: Annotated[float | None, typer.Option(rich_help_panel="Replicas and cache", help="Expire blocks idle longer than this (trace seconds).")] = None,
+    requests: in_panel("Replicas and cache", Requests) = None,
+    fit: Annotated[Path | None, typer.Option(rich_help_panel="Service model", help="Fit the service model from a kvbench run results file.")] = None,
+    prefill_base_ms: Annotated[float | None, typer.Option(rich_help_panel="Service model", help="Prefill fixed cost a, ms [10].")] = None,
+    prefill_ms_per_token: Annotated[float | None, typer.Option(rich_help_panel="Service model", help="Prefill cost b per uncached token, ms [0.1].")] = None,
+    decode_ms_per_token: Annotated[float | None, typer.Option(rich_help_panel="Service model", help="Decode time per output token, ms [20].")] = None,
+    prefix_tokens: Annotated[int, typer.Option(rich_help_panel="Policy settings", help="prefix-hash: hash the blocks of the first N tokens.")] = PREFIX_TOKENS,
+    epsilon: Annotated[float, typer.Option(rich_help_panel="Policy settings", help="prefix-hash: load bound ceil((1+eps) x mean).")] = 0.25,
+    cache_threshold: Annotated[float, typer.Option(rich_help_panel="Policy settings", help="cache-aware: match rate above which to follow the match.")] = 0.3,
+    balance_abs_threshold: Annotated[int, typer.Option(rich_help_panel="Policy settings", help="cache-aware: imbalance when max-min > this.")] = 64,
+    balance_rel_threshold: Annotated[float, typer.Option(rich_help_panel="Policy settings", help="cache-aware: ... and max > min x this.")] = 1.5,
+    eviction_interval: Annotated[float, typer.Option(rich_help_panel="Policy settings", help="cache-aware: tree eviction period, trace s.")] = 120.0,
+    max_tree_size: Annotated[int, typer.Option(rich_help_panel="Policy settings", help="cache-aware: tokens per replica's tree.")] = 2**26,
+    seed: Annotated[int, typer.Option(rich_help_panel="Replicas and cache", help="Seed of the random policy.")] = 0,
+    out: Annotated[Path | None, typer.Option(rich_help_panel="Replicas and cache", help="Parquet, one row per policy (default results/route-NAME-TIME"
                                                   ".parquet); the PNGs go beside it.")] = None,
 ) -> None:
     """Route one trace over N simulated replicas, each with its own prefix cache, under each policy:

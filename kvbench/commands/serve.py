@@ -10,6 +10,7 @@ import typer
 
 from kvbench.commands import options as opt
 from kvbench.commands.choices import CacheSwitch, LogLevel, check_positive
+from kvbench.commands.signature import in_panel
 from kvbench.commands.common import make_console
 from kvbench.cache.base import CacheConfig, CacheKind, ReleaseOrder
 from kvbench.errors import InputError, checked
@@ -90,29 +91,29 @@ def _service(loaded, model: Path | None, cache_config: CacheConfig | None, name:
 
 
 def serve(
-    host: Annotated[str, typer.Option(help="Address to bind (loopback by default; 0.0.0.0 exposes it).")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port; 0 picks a free one (printed at start).")] = DEFAULT_PORT,
-    model: Annotated[Path | None, typer.Option(help="Local Hugging Face checkpoint (default: the built-in random Llama).")] = None,
-    served_model_name: Annotated[str | None, typer.Option(help="Model name clients send (default: the model's).")] = None,
-    device: opt.Device = "cpu",
-    dtype: opt.DTypeName = "float32",
-    cache: Annotated[CacheSwitch, typer.Option(help="Prefix cache on or off.")] = CacheSwitch.ON,
-    cache_kind: Annotated[CacheKind, typer.Option(help="Cache structure.")] = CacheKind.HASH,
-    block_size: Annotated[int, typer.Option(min=1, help="Tokens per block (vLLM's default).")] = 16,
-    cache_size: Annotated[str, typer.Option(help="Capacity in blocks (4096) or bytes (2GiB).")] = "1GiB",
-    ttl: Annotated[float | None, typer.Option(callback=check_positive, help="Expire blocks idle longer than this (s, > 0).")] = None,
-    release: Annotated[ReleaseOrder, typer.Option(help="Free-list release order.")] = ReleaseOrder.TAIL_FIRST,
-    prompt_only: opt.PromptOnly = False,
-    log_level: Annotated[LogLevel, typer.Option(help="uvicorn log level (info shows every request).")] = LogLevel.WARNING,
-    threads: opt.Threads = None,
-    min_cache_tokens: Annotated[int, typer.Option(help="/v1/messages: shortest prefix reported as cached (Anthropic's minimum).")] = 1024,
-    api_key: Annotated[str | None, typer.Option(envvar="KVBENCH_API_KEY", show_envvar=True,
+    host: Annotated[str, typer.Option(rich_help_panel="Server", help="Address to bind (loopback by default; 0.0.0.0 exposes it).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(rich_help_panel="Server", help="TCP port; 0 picks a free one (printed at start).")] = DEFAULT_PORT,
+    model: Annotated[Path | None, typer.Option(rich_help_panel="Model", help="Local Hugging Face checkpoint (default: the built-in random Llama).")] = None,
+    served_model_name: Annotated[str | None, typer.Option(rich_help_panel="Model", help="Model name clients send (default: the model's).")] = None,
+    device: in_panel("Model", opt.Device) = "cpu",
+    dtype: in_panel("Model", opt.DTypeName) = "float32",
+    cache: Annotated[CacheSwitch, typer.Option(rich_help_panel="Cache", help="Prefix cache on or off.")] = CacheSwitch.ON,
+    cache_kind: Annotated[CacheKind, typer.Option(rich_help_panel="Cache", help="Cache structure.")] = CacheKind.HASH,
+    block_size: Annotated[int, typer.Option(rich_help_panel="Cache", min=1, help="Tokens per block (vLLM's default).")] = 16,
+    cache_size: Annotated[str, typer.Option(rich_help_panel="Cache", help="Capacity in blocks (4096) or bytes (2GiB).")] = "1GiB",
+    ttl: Annotated[float | None, typer.Option(rich_help_panel="Cache", callback=check_positive, help="Expire blocks idle longer than this (s, > 0).")] = None,
+    release: Annotated[ReleaseOrder, typer.Option(rich_help_panel="Cache", help="Free-list release order.")] = ReleaseOrder.TAIL_FIRST,
+    prompt_only: in_panel("Cache", opt.PromptOnly) = False,
+    log_level: Annotated[LogLevel, typer.Option(rich_help_panel="Server", help="uvicorn log level (info shows every request).")] = LogLevel.WARNING,
+    threads: in_panel("Server", opt.Threads) = None,
+    min_cache_tokens: Annotated[int, typer.Option(rich_help_panel="Server", help="/v1/messages: shortest prefix reported as cached (Anthropic's minimum).")] = 1024,
+    api_key: Annotated[str | None, typer.Option(rich_help_panel="Server", envvar="KVBENCH_API_KEY", show_envvar=True,
                                                 help="Require 'Authorization: Bearer KEY' on every route but /health (as vllm serve --api-key).")] = None,
-    max_body_size: Annotated[str, typer.Option(help="Largest request body (413 above it), e.g. 32MiB.")] = "32MiB",
-    allowed_host: Annotated[list[str] | None, typer.Option(help="Host header value to accept (repeatable; '*' = any). Default: the bound address (plus localhost on loopback); any for 0.0.0.0.")] = None,
-    engine: Annotated[EngineKind, typer.Option(help="copy: one request at a time; paged: continuous batching over one KV pool.")] = EngineKind.COPY,
-    max_num_seqs: Annotated[int | None, typer.Option(help="paged: most sequences per step (default 256).")] = None,
-    max_num_batched_tokens: Annotated[int | None, typer.Option(help="paged: most tokens per step (default 8192).")] = None,
+    max_body_size: Annotated[str, typer.Option(rich_help_panel="Server", help="Largest request body (413 above it), e.g. 32MiB.")] = "32MiB",
+    allowed_host: Annotated[list[str] | None, typer.Option(rich_help_panel="Server", help="Host header value to accept (repeatable; '*' = any). Default: the bound address (plus localhost on loopback); any for 0.0.0.0.")] = None,
+    engine: Annotated[EngineKind, typer.Option(rich_help_panel="Engine", help="copy: one request at a time; paged: continuous batching over one KV pool.")] = EngineKind.COPY,
+    max_num_seqs: Annotated[int | None, typer.Option(rich_help_panel="Engine", help="paged: most sequences per step (default 256).")] = None,
+    max_num_batched_tokens: Annotated[int | None, typer.Option(rich_help_panel="Engine", help="paged: most tokens per step (default 8192).")] = None,
 ) -> None:
     """Serve the in-process engine as an OpenAI-compatible API (/v1/completions, /v1/chat/completions,
     /v1/models, /health, /reset_prefix_cache, /metrics, /tokenize, /detokenize) and Anthropic's /v1/messages until Ctrl-C. With --engine copy one

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from kvbench.commands import options as opt
 from kvbench.commands.choices import check_positive
+from kvbench.commands.signature import in_panel
 from kvbench.commands.common import make_console
 from kvbench.commands.sim_sampled import run_sampled
 from kvbench.cache.block_hash import HashAlgo
@@ -145,24 +146,24 @@ _SAMPLE_KEYS_HELP = ("Sampled LRU curve (fixed-size SHARDS): hold at most this m
 
 def sim(
     source: Annotated[Path, typer.Argument(help="Scenario (.toml) or trace (.jsonl: kvbench or Mooncake).")],
-    sizes: Annotated[str | None, typer.Option(help="Cache capacities in blocks, e.g. 64,128,256.")] = None,
-    release: Annotated[str | None, typer.Option(help="Release orders to compare: tail-first,head-first.")] = None,
-    block_size: Annotated[int | None, typer.Option(min=1, help="Tokens per block (default: the source's).")] = None,
-    cache_kind: opt.CacheKindOption = None,
+    sizes: Annotated[str | None, typer.Option(rich_help_panel="Sizes and output", help="Cache capacities in blocks, e.g. 64,128,256.")] = None,
+    release: Annotated[str | None, typer.Option(rich_help_panel="Sizes and output", help="Release orders to compare: tail-first,head-first.")] = None,
+    block_size: Annotated[int | None, typer.Option(rich_help_panel="Cache", min=1, help="Tokens per block (default: the source's).")] = None,
+    cache_kind: in_panel("Cache", opt.CacheKindOption) = None,
     cache: Annotated[CacheKind | None, typer.Option(hidden=True, help="Deprecated spelling of --cache-kind.")] = None,
-    ttl: Annotated[float | None, typer.Option(callback=check_positive, help="Expire blocks idle longer than this (trace seconds, > 0).")] = None,
-    hash_algo: Annotated[HashAlgo | None, typer.Option(help="Block hash function.")] = None,
-    hash_bits: opt.HashBits = None,
-    requests: opt.Requests = None,
-    out: Annotated[Path | None, typer.Option(help="Output FILE: the Parquet file of rows; the curve files go beside it "
+    ttl: Annotated[float | None, typer.Option(rich_help_panel="Cache", callback=check_positive, help="Expire blocks idle longer than this (trace seconds, > 0).")] = None,
+    hash_algo: Annotated[HashAlgo | None, typer.Option(rich_help_panel="Cache", help="Block hash function.")] = None,
+    hash_bits: in_panel("Cache", opt.HashBits) = None,
+    requests: in_panel("Sizes and output", opt.Requests) = None,
+    out: Annotated[Path | None, typer.Option(rich_help_panel="Sizes and output", help="Output FILE: the Parquet file of rows; the curve files go beside it "
                                              "(default results/sim-NAME-TIME.parquet).")] = None,
-    workers: Annotated[int, typer.Option(min=1, help="Processes for the sweep.")] = min(2, os.cpu_count() or 1),
-    method: Annotated[SimMethod, typer.Option(help="auto: the exact one-pass LRU curve where it applies "
+    workers: Annotated[int, typer.Option(rich_help_panel="Sizes and output", min=1, help="Processes for the sweep.")] = min(2, os.cpu_count() or 1),
+    method: Annotated[SimMethod, typer.Option(rich_help_panel="Sizes and output", help="auto: the exact one-pass LRU curve where it applies "
                                               "(hash cache, tail-first, no TTL, full keys), else replay.")] = SimMethod.AUTO,
-    ttl_curve: Annotated[bool, typer.Option("--ttl-curve", help="Also the hit rate at every TTL with an unbounded "
+    ttl_curve: Annotated[bool, typer.Option("--ttl-curve", rich_help_panel="Sizes and output", help="Also the hit rate at every TTL with an unbounded "
                                             "cache (NAME.ttl-curve.parquet/.png).")] = False,
-    sample_rate: Annotated[float | None, typer.Option(help=_SAMPLE_RATE_HELP)] = None,
-    sample_keys: Annotated[int | None, typer.Option(help=_SAMPLE_KEYS_HELP)] = None,
+    sample_rate: Annotated[float | None, typer.Option(rich_help_panel="Sampled curves (SHARDS)", help=_SAMPLE_RATE_HELP)] = None,
+    sample_keys: Annotated[int | None, typer.Option(rich_help_panel="Sampled curves (SHARDS)", help=_SAMPLE_KEYS_HELP)] = None,
 ) -> None:
     """Replay token traffic through the prefix cache, no model: hit rates per size, and where the
     one pass applies the exact curve at every size (NAME.curve.parquet and NAME.curve.png)."""
