@@ -69,31 +69,30 @@ class _Levels:
 def _serve(levels: _Levels, prompt: PromptBlocks, hits: np.ndarray, column: int) -> None:
     """One request through ``levels``; its hit blocks per level go into ``hits[:, column]``."""
     keys = prompt.block_hashes
-    served: list[int] = []
     for key in keys[:prompt.max_hit_blocks]:
         index = levels.holder(key)
         if index is None:
             break
-        served.append(index)
         hits[index, column] += 1
-    pinned = {keys[j] for j, index in enumerate(served) if index == 0}
-    for j, key in enumerate(keys):
-        if j < len(served) and served[j] == 0:
+    gpu, pinned = levels.levels[0], set()
+    for key in keys:
+        if key in gpu:  # a GPU hit, or a block held beyond the lookup's cap: pinned where it is
+            pinned.add(key)
             continue
-        if j < len(served) and levels.exclusive:
-            del levels.levels[served[j]][key]  # promoted: it leaves its tier
+        holder = levels.holder(key) if levels.exclusive else None
+        if holder is not None:
+            del levels.levels[holder][key]  # promoted: it leaves its tier
         if levels.store_in_gpu(key, pinned):
             pinned.add(key)
-        elif j < len(served) and levels.exclusive:
-            levels.put_below(served[j], key)  # the GPU refused it: it stays where it was
+        elif holder is not None:
+            levels.put_below(holder, key)  # the GPU refused it: it stays where it was
     if not levels.exclusive:
         for key in reversed(keys):
             for index in range(1, len(levels.levels)):
                 levels.put_below(index, key)
-    gpu = levels.levels[0]
     for key in reversed(keys):
         if key in pinned:
-            gpu.move_to_end(key, last=False) if False else gpu.move_to_end(key)
+            gpu.move_to_end(key)
 
 
 def replay_tiers(prompts: list[PromptBlocks], gpu_blocks: int, tiers: tuple[Tier, ...], policy: TierPolicy,

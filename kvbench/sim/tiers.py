@@ -34,7 +34,7 @@ it a contiguous run. The same hash-cache conditions as the exact curve apply
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
 import numpy as np
@@ -43,10 +43,12 @@ from kvbench.errors import InputError
 from kvbench.memory.layout import format_bytes, parse_bytes
 from kvbench.sim.stack_distance import COLD, StackDistances
 
-# Bandwidths used when a --tier gives none (bytes/s): assumptions, printed as such. Host: a PCIe 4.0
-# x16 link moves ~25 GB/s in practice (32 GB/s raw); disk: a PCIe 4.0 NVMe SSD reads ~3-7 GB/s
-# sequentially, 3 GB/s is the conservative end.
+# Used when a --tier gives none: assumptions, printed as such. Bandwidth (bytes/s): a PCIe 4.0 x16
+# link moves ~25 GB/s in practice (32 GB/s raw); a PCIe 4.0 NVMe SSD reads ~3-7 GB/s sequentially, 3
+# GB/s is the conservative end. Latency per load (ms): ~10 us to launch a host-to-device copy; ~100 us
+# for an NVMe read.
 DEFAULT_BANDWIDTHS_BYTES_PER_S = {"host": 25e9, "cpu": 25e9, "disk": 3e9, "ssd": 3e9}
+DEFAULT_LATENCIES_MS = {"host": 0.01, "cpu": 0.01, "disk": 0.1, "ssd": 0.1}
 
 
 class TierPolicy(str, Enum):
@@ -64,23 +66,27 @@ class Tier:
         name: what the user called it (``host``, ``disk``, ...).
         capacity_blocks: blocks it holds; >= 0 (0: the tier is off).
         bandwidth_bytes_per_s: load bandwidth into the GPU, bytes per second; > 0.
-        bandwidth_assumed: ``True`` when the bandwidth is :data:`DEFAULT_BANDWIDTHS_BYTES_PER_S`'s,
-            not the user's.
+        latency_ms: fixed cost of each load (a request's hits in this tier), ms; >= 0.
+        assumed: ``True`` when bandwidth and latency are :data:`DEFAULT_BANDWIDTHS_BYTES_PER_S`'s and
+            :data:`DEFAULT_LATENCIES_MS`'s, not the user's.
     """
 
     name: str
     capacity_blocks: int
     bandwidth_bytes_per_s: float
-    bandwidth_assumed: bool = False
+    latency_ms: float = 0.0
+    assumed: bool = False
 
     def __post_init__(self) -> None:
         if self.capacity_blocks < 0:
             raise ValueError(f"tier {self.name}: capacity must be >= 0 blocks, got {self.capacity_blocks}")
         if not self.bandwidth_bytes_per_s > 0:
             raise ValueError(f"tier {self.name}: bandwidth must be > 0, got {self.bandwidth_bytes_per_s}")
+        if not self.latency_ms >= 0:
+            raise ValueError(f"tier {self.name}: latency must be >= 0 ms, got {self.latency_ms}")
 
     def with_capacity(self, capacity_blocks: int) -> "Tier":
-        return Tier(self.name, capacity_blocks, self.bandwidth_bytes_per_s, self.bandwidth_assumed)
+        return replace(self, capacity_blocks=capacity_blocks)
 
 
 _BANDWIDTH = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*(k|m|g|t)?b(?:ps|/s)\s*$", re.IGNORECASE)
@@ -102,31 +108,45 @@ def parse_bandwidth(text: str) -> float:
     return value
 
 
+def parse_latency_ms(text: str) -> float:
+    """``"0.05ms"`` / ``"20us"`` / ``"0.1"`` (ms) -> milliseconds.
+
+    Raises:
+        InputError: not a non-negative duration.
+    """
+    match = re.match(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*(ms|us|s)?\s*$", text, re.IGNORECASE)
+    if match is None:
+        raise InputError(f"{text!r} is not a latency: write e.g. 0.05ms or 20us")
+    return float(match.group(1)) * {"ms": 1.0, None: 1.0, "us": 1e-3, "s": 1e3}[(match.group(2) or "ms").lower()]
+
+
 def parse_tier(text: str, bytes_per_block: int) -> Tier:
-    """``NAME:SIZE[:BANDWIDTH]`` -> :class:`Tier`. SIZE is blocks (a bare integer) or bytes with a unit
-    (``64GiB``, turned into whole blocks of ``bytes_per_block``); BANDWIDTH as :func:`parse_bandwidth`,
-    default :data:`DEFAULT_BANDWIDTHS_BYTES_PER_S` for the name.
+    """``NAME:SIZE[:BANDWIDTH[:LATENCY]]`` -> :class:`Tier`. SIZE is blocks (a bare integer) or bytes
+    with a unit (``64GiB``, turned into whole blocks of ``bytes_per_block``); BANDWIDTH as
+    :func:`parse_bandwidth`, LATENCY as :func:`parse_latency_ms`; without them the name's defaults
+    (:data:`DEFAULT_BANDWIDTHS_BYTES_PER_S`, :data:`DEFAULT_LATENCIES_MS`), marked assumed.
 
     Raises:
         InputError: a malformed spec, an unknown name without a bandwidth, a negative size.
     """
-    parts = text.split(":")
-    if len(parts) not in (2, 3) or not parts[0].strip() or not parts[1].strip():
-        raise InputError(f"--tier {text!r}: write NAME:SIZE[:BANDWIDTH], e.g. host:64GiB:25GBps or host:4096 (blocks)")
-    name, size = parts[0].strip(), parts[1].strip()
+    parts = [part.strip() for part in text.split(":")]
+    if len(parts) not in (2, 3, 4) or not all(parts):
+        raise InputError(f"--tier {text!r}: write NAME:SIZE[:BANDWIDTH[:LATENCY]], e.g. host:64GiB:25GBps, "
+                         "host:4096 (blocks)")
+    name, size, key = parts[0], parts[1], parts[0].lower()
     capacity = int(size) if size.isdigit() else parse_bytes(size) // bytes_per_block
-    if len(parts) == 3:
-        return Tier(name, capacity, parse_bandwidth(parts[2]))
-    if name.lower() not in DEFAULT_BANDWIDTHS_BYTES_PER_S:
+    if len(parts) == 2 and key not in DEFAULT_BANDWIDTHS_BYTES_PER_S:
         raise InputError(f"--tier {text!r}: no default bandwidth for {name!r}; add one, e.g. {name}:{size}:10GBps")
-    return Tier(name, capacity, DEFAULT_BANDWIDTHS_BYTES_PER_S[name.lower()], bandwidth_assumed=True)
+    bandwidth = parse_bandwidth(parts[2]) if len(parts) > 2 else DEFAULT_BANDWIDTHS_BYTES_PER_S[key]
+    latency = parse_latency_ms(parts[3]) if len(parts) > 3 else DEFAULT_LATENCIES_MS.get(key, 0.0)
+    return Tier(name, capacity, bandwidth, latency, assumed=len(parts) < 4)
 
 
 def describe_tier(tier: Tier, bytes_per_block: int) -> str:
-    """``host: 4,096 blocks (2.0 GiB), 25 GB/s (assumed)``."""
-    assumed = " (assumed)" if tier.bandwidth_assumed else ""
+    """``host: 4,096 blocks (2.0 GiB), 25 GB/s, 0.01 ms per load (defaults assumed)``."""
+    assumed = " (defaults assumed)" if tier.assumed else ""
     return (f"{tier.name}: {tier.capacity_blocks:,} blocks ({format_bytes(tier.capacity_blocks * bytes_per_block)}), "
-            f"{tier.bandwidth_bytes_per_s / 1e9:g} GB/s{assumed}")
+            f"{tier.bandwidth_bytes_per_s / 1e9:g} GB/s, {tier.latency_ms:g} ms per load{assumed}")
 
 
 @dataclass(frozen=True, eq=False)

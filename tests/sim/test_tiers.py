@@ -80,8 +80,8 @@ def test_exclusive_one_pass_is_refused_when_a_request_exceeds_the_gpu():
 
 
 def test_tier_specs_parse_blocks_bytes_and_bandwidth():
-    assert parse_tier("host:4096", 1 << 20) == Tier("host", 4096, 25e9, bandwidth_assumed=True)
-    assert parse_tier("host:64GiB:10GBps", 1 << 20) == Tier("host", 65536, 10e9)
+    assert parse_tier("host:4096", 1 << 20) == Tier("host", 4096, 25e9, 0.01, assumed=True)
+    assert parse_tier("host:64GiB:10GBps", 1 << 20) == Tier("host", 65536, 10e9, 0.01, assumed=True)
     assert parse_tier("disk:1TiB", 1 << 21).bandwidth_bytes_per_s == 3e9
     assert parse_bandwidth("800MB/s") == 8e8
 
