@@ -91,3 +91,32 @@ def test_tier_specs_parse_blocks_bytes_and_bandwidth():
 def test_bad_tier_specs_are_refused_in_one_line(text, needle):
     with pytest.raises(InputError, match=needle):
         parse_tier(text, 1 << 20)
+
+
+def mooncake(shared_data, limit):
+    from kvbench.sim.hash_id_trace import hash_id_trace
+
+    return hash_id_trace(shared_data / "mooncake" / "conversation_trace.jsonl", "mooncake", 512, limit)
+
+
+@pytest.mark.parametrize("policy", list(TierPolicy))
+def test_on_the_mooncake_trace_the_one_pass_equals_the_replay_request_by_request(shared_data, policy):
+    trace = mooncake(shared_data, 4000)
+    gpu = max(p.num_full_blocks for p in trace.prompts)  # every request fits: exact for both policies
+    tiers = (host(gpu), host(3 * gpu, "disk")) if policy is TierPolicy.EXCLUSIVE else (host(2 * gpu), host(5 * gpu, "disk"))
+    distances, split = split_of(trace, gpu, tiers, policy)
+    replayed = replay_tiers(trace.prompts, gpu, tiers, policy, 512)
+    assert split.hit_blocks.tolist() == replayed.hit_blocks.tolist()
+    assert split.hit_blocks[1].sum() > 0 and split.hit_blocks[2].sum() > 0  # both tiers serve something
+
+
+@pytest.mark.parametrize("scenario", ["multi_prefix_rr", "multi_prefix_zipf"])
+@pytest.mark.parametrize("policy", list(TierPolicy))
+def test_on_the_multi_prefix_scenarios_the_one_pass_equals_the_replay(scenario, policy):
+    from kvbench.run.source import load_source
+
+    trace = prepare_prompts(load_source(f"scenarios/{scenario}.toml").requests, 16)
+    tiers = (host(1024),)
+    distances, split = split_of(trace, 256, tiers, policy)
+    assert split.hit_blocks.tolist() == replay_tiers(trace.prompts, 256, tiers, policy, 16).hit_blocks.tolist()
+    assert split.hit_blocks[1].sum() > 0
