@@ -307,7 +307,7 @@ class Scheduler:
     def _load_from_host(self, seq: Sequence, slots: list[int]) -> None:
         """The blocks after ``seq``'s GPU hit get the host tier's K/V (copied before the forward) and
         their keys, so they are GPU-cached from now on."""
-        keys = self._keys(seq)
+        keys = self._keys(seq) if slots else []
         for slot in slots:
             index = seq._num_keyed_blocks
             self._host_loads.append((slot, seq.block_table[index]))
