@@ -142,8 +142,8 @@ class Scheduler:
                  clock: Clock | None = None, kind: CacheKind = CacheKind.HASH, host_tier_blocks: int = 0) -> None:
         if CacheKind(kind) is CacheKind.RADIX and not tail_first:
             raise ValueError(HEAD_FIRST_RADIX_ERROR)
-        if host_tier_blocks and (CacheKind(kind) is CacheKind.RADIX or hasher is None):
-            raise ValueError("--host-tier needs the hash cache on (radix keys are not whole prefixes)")
+        if host_tier_blocks and (CacheKind(kind) is CacheKind.RADIX or hasher is None):  # radix keys: no prefix
+            raise ValueError("--host-tier needs the hash prefix cache on (--cache on --cache-kind hash)")
         self.pool = BlockPool(num_blocks, first_block_id=NULL_BLOCK_ID + 1)
         self.timer = IdleTimer(self.pool, ttl_s, clock)
         self.block_size = block_size
@@ -156,6 +156,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_copied_blocks = 0  # copy-on-write copies over the scheduler's life
         self.host = HostTierIndex(host_tier_blocks) if host_tier_blocks else None
+        self.num_host_queried_tokens = self.num_host_hit_tokens = 0  # first admissions
         self._host_stores: list[tuple[int, int]] = []  # (GPU block, host slot) of released blocks, not yet copied
         self._host_loads: list[tuple[int, int]] = []  # (host slot, GPU block) of this schedule's admissions
 
@@ -273,7 +274,10 @@ class Scheduler:
         self._load_from_host(seq, slots)
         if seq.num_cached_tokens is None:
             seq.num_cached_tokens = num_hit_tokens
-            seq.num_host_cached_tokens = len(slots) * self.block_size if self.host is not None else None
+            if self.host is not None:
+                seq.num_host_cached_tokens = len(slots) * self.block_size
+                self.num_host_queried_tokens += seq.num_prompt_tokens
+                self.num_host_hit_tokens += seq.num_host_cached_tokens
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
         return seq, num_new
@@ -298,15 +302,17 @@ class Scheduler:
         self.timer.sweep()
         return self.index.cached_prefix(self._keys(seq)[: (seq.num_tokens - 1) // self.block_size], seq.salt)
 
+    def host_tier_counters(self) -> tuple[int, int] | None:
+        """``(queried, hit)`` host-tier prompt tokens (every admitted one is queried); ``None`` without a tier."""
+        return None if self.host is None else (self.num_host_queried_tokens, self.num_host_hit_tokens)
+
     def _host_prefix(self, seq: Sequence, num_hit_blocks: int) -> list[int]:
         """Host-tier slots of the blocks that continue ``seq``'s GPU hit, up to the last-token cap."""
-        if self.host is None:
-            return []
-        return self.host.cached_prefix(self._keys(seq)[num_hit_blocks: (seq.num_tokens - 1) // self.block_size])
+        cap = (seq.num_tokens - 1) // self.block_size
+        return [] if self.host is None else self.host.cached_prefix(self._keys(seq)[num_hit_blocks:cap])
 
     def _load_from_host(self, seq: Sequence, slots: list[int]) -> None:
-        """The blocks after ``seq``'s GPU hit get the host tier's K/V (copied before the forward) and
-        their keys, so they are GPU-cached from now on."""
+        """The blocks after ``seq``'s GPU hit get the tier's K/V (copied before the forward) and keys."""
         keys = self._keys(seq) if slots else []
         for slot in slots:
             index = seq._num_keyed_blocks
@@ -315,8 +321,8 @@ class Scheduler:
             seq._num_keyed_blocks = index + 1
 
     def _store_in_host(self, seq: Sequence) -> None:
-        """Write-through at release: every keyed block of ``seq`` into the host tier, last block first
-        (block 0 ends most recent); a block the tier holds is only refreshed (nothing copied)."""
+        """Write-through at release: ``seq``'s keyed blocks into the tier, last first (block 0 ends most
+        recent); a block the tier holds is only refreshed."""
         keys = seq._block_keys
         for index in reversed(range(min(seq._num_keyed_blocks, len(keys)))):
             slot = self.host.store(keys[index])
