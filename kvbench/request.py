@@ -137,6 +137,8 @@ class RequestRecord:
             the forward over the uncached tail; hashing + cache lookup; gathering hit blocks into
             the KV; copying and inserting new blocks after the last token (not in ``e2e_ms``).
         num_inserted_blocks: blocks the request newly stored (engine only).
+        host_cached_tokens: of ``cached_prompt_tokens``, those loaded from the paged engine's host KV
+            tier (``--host-tier``); ``None`` without one.
         cache_creation_input_tokens: prompt tokens the server says it wrote to its cache (Anthropic's
             usage field; ``None`` where the server does not report it).
         replica: which of several ``--base-url`` endpoints served it (0-based), ``None`` with one.
@@ -167,6 +169,7 @@ class RequestRecord:
     insert_ms: float | None = None
     num_inserted_blocks: int = 0
     cache_creation_input_tokens: int | None = None
+    host_cached_tokens: int | None = None
     replica: int | None = None
     error: str | None = None
     http_status: int | None = None

@@ -43,7 +43,7 @@ def run(source: opt.Source, **flags: Any) -> None:
                       f.hygiene, f.reset_cache, f.timeout, f.server_block_size, f.expected_cache_size, f.schedule,
                       f.time_scale, f.preflight, f.turns, client=f.client),
         f.salt, f.out, results.summary,
-        engine=EngineFlags(f.engine, f.max_num_seqs, f.max_num_batched_tokens, f.batch_invariant)))
+        engine=EngineFlags(f.engine, f.max_num_seqs, f.max_num_batched_tokens, f.batch_invariant, f.host_tier)))
     outcome = run_with_progress(lambda on_progress: run_file(config, on_progress), threads=f.threads,
                                 on_interrupt=print_kept)
     show_outcome(outcome)

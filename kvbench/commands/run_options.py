@@ -26,6 +26,7 @@ BACKEND = panel("Backend and model", {
     "max_num_seqs": (Annotated[int | None, typer.Option(help="paged: most sequences per step (vLLM's; default 256).")], None),
     "max_num_batched_tokens": (Annotated[int | None, typer.Option(help="paged: most tokens per step, longer prefills are chunked (vLLM's; default 8192).")], None),
     "batch_invariant": (Annotated[bool, typer.Option("--batch-invariant", help="paged: one forward per sequence, outputs exact against concurrency 1.")], False),
+    "host_tier": (Annotated[str | None, typer.Option(help="paged: a host-memory KV tier below the pool, in blocks or bytes (2GiB): released blocks written through, GPU misses loaded back from it.")], None),
 })
 
 CACHE = panel("Cache", {

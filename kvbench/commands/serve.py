@@ -114,6 +114,7 @@ def serve(
     engine: Annotated[EngineKind, typer.Option(rich_help_panel="Engine", help="copy: one request at a time; paged: continuous batching over one KV pool.")] = EngineKind.COPY,
     max_num_seqs: Annotated[int | None, typer.Option(rich_help_panel="Engine", help="paged: most sequences per step (default 256).")] = None,
     max_num_batched_tokens: Annotated[int | None, typer.Option(rich_help_panel="Engine", help="paged: most tokens per step (default 8192).")] = None,
+    host_tier: Annotated[str | None, typer.Option(rich_help_panel="Engine", help="paged: a host KV tier below the pool, blocks or bytes (write-through; misses loaded back).")] = None,
 ) -> None:
     """Serve the in-process engine as an OpenAI-compatible API (/v1/completions, /v1/chat/completions,
     /v1/models, /health, /reset_prefix_cache, /metrics, /tokenize, /detokenize) and Anthropic's /v1/messages until Ctrl-C. With --engine copy one
@@ -138,7 +139,7 @@ def serve(
     loaded = load_model(model_config)
     cache_config = _cache_config(cache.value, cache_kind, block_size, cache_size, ttl, release,
                                  loaded.kv_layout(block_size).bytes_per_block, prompt_only)
-    engine_flags = checked(lambda: EngineFlags(engine, max_num_seqs, max_num_batched_tokens))
+    engine_flags = checked(lambda: EngineFlags(engine, max_num_seqs, max_num_batched_tokens, host_tier=host_tier))
     pool = _cache_config("on", cache_kind, block_size, cache_size, ttl, release,
                          loaded.kv_layout(block_size).bytes_per_block, prompt_only) if engine is EngineKind.PAGED else None
     service = _service(loaded, model, cache_config, served_model_name or loaded.name, engine_flags, pool)

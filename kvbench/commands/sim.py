@@ -18,6 +18,8 @@ from kvbench.commands.choices import check_positive
 from kvbench.commands.signature import in_panel
 from kvbench.commands.common import make_console
 from kvbench.commands.sim_sampled import run_sampled
+from kvbench.commands.sim_tiers import (FitOption, ModelShapeOption, PrefillMsPerToken, TierFlags, TierPolicyOption,
+                                       TierSpecs, TtftBaseMs, run_tiers)
 from kvbench.cache.block_hash import HashAlgo
 from kvbench.cache.base import CacheConfig, CacheKind, ReleaseOrder
 from kvbench.errors import InputError, Interrupted
@@ -33,6 +35,7 @@ from kvbench.sim.method import SimMethod, SimOutcome, simulate_sizes
 from kvbench.sim.replay import PreparedTrace, SimResult, ideal_hit_rate, prepare_prompts
 from kvbench.sim.bounds import unbounded_capacity_blocks
 from kvbench.sim.hash_id_trace import HASH_ID_TRACES, hash_id_refusal, hash_id_trace
+from kvbench.sim.tiers import TierPolicy
 from kvbench.sim.ttl_curve import ttl_curve as ttl_curve_of
 
 def _table(source: RunSource, results: list[SimResult], ideal: SimResult, trace: PreparedTrace) -> Table:
@@ -164,6 +167,12 @@ def sim(
                                             "cache (NAME.ttl-curve.parquet/.png).")] = False,
     sample_rate: Annotated[float | None, typer.Option(rich_help_panel="Sampled curves (SHARDS)", help=_SAMPLE_RATE_HELP)] = None,
     sample_keys: Annotated[int | None, typer.Option(rich_help_panel="Sampled curves (SHARDS)", help=_SAMPLE_KEYS_HELP)] = None,
+    tier: TierSpecs = None,
+    tier_policy: TierPolicyOption = TierPolicy.INCLUSIVE,
+    model_shape: ModelShapeOption = "kvbench-default",
+    fit: FitOption = None,
+    prefill_ms_per_token: PrefillMsPerToken = None,
+    ttft_base_ms: TtftBaseMs = None,
 ) -> None:
     """Replay token traffic through the prefix cache, no model: hit rates per size, and where the
     one pass applies the exact curve at every size (NAME.curve.parquet and NAME.curve.png)."""
@@ -182,6 +191,9 @@ def sim(
     console, err = make_console(), make_console(stderr=True)
     started = time.perf_counter()
     trace = _prepared_trace(source, source_info, base, requests)
+    if tier:
+        return run_tiers(trace, source_info, base, capacities, orders, _default_out(out, source_info),
+                         TierFlags(tuple(tier), tier_policy, model_shape, fit, prefill_ms_per_token, ttft_base_ms))
     _warn_untimed_ttl(err, trace, ttl, ttl_curve)
     results, outcome, interrupted = _simulate(trace, base, capacities, orders, method, workers, err)
     order_index = {(c, o): i for i, (c, o) in enumerate((c, o) for c in capacities for o in orders)}
@@ -190,19 +202,29 @@ def sim(
     ideal = (curve.result_at(unbounded_capacity_blocks((p.num_tokens for p in trace.prompts), trace.block_size))
              if curve is not None else ideal_hit_rate(trace, kind))
     console.print(_table(source_info, results, ideal, trace))
-    out = out or Path("results") / f"sim-{source_info.name}-{time.strftime('%Y%m%d-%H%M%S')}.parquet"
+    _write_outputs(console, source_info, trace, _default_out(out, source_info), results, outcome, interrupted,
+                   ideal, time.perf_counter() - started, ttl_curve)
+    if interrupted:
+        raise Interrupted(f"after {len(results)} of {len(capacities) * len(orders)} configurations")
+
+
+def _write_outputs(console, source_info: RunSource, trace: PreparedTrace, out: Path, results: list[SimResult],
+                   outcome: SimOutcome, interrupted: bool, ideal: SimResult, elapsed_s: float, ttl_curve: bool) -> None:
+    """The result rows, then (when the run finished) the exact curve and the TTL curve beside them."""
     if results:
         metadata = {"command": "sim", "source": source_info.description, "ideal_token_hit_rate": ideal.token_hit_rate,
-                    "complete": not interrupted, "elapsed_s": time.perf_counter() - started,
-                    "methods": outcome.methods}
+                    "complete": not interrupted, "elapsed_s": elapsed_s, "methods": outcome.methods}
         write_rows(out, [r.as_row() for r in results], metadata)
         console.print(f"wrote {len(results)} rows to {out}")
+    curve = outcome.curves.get(ReleaseOrder.TAIL_FIRST.value)
     if curve is not None and not interrupted:
         _write_curve(console, source_info, curve, out, results)
     if ttl_curve and not interrupted:
         _write_ttl_curve(console, source_info, trace, out)
-    if interrupted:
-        raise Interrupted(f"after {len(results)} of {len(capacities) * len(orders)} configurations")
+
+
+def _default_out(out: Path | None, source: RunSource) -> Path:
+    return out or Path("results") / f"sim-{source.name}-{time.strftime('%Y%m%d-%H%M%S')}.parquet"
 
 
 def register(app: typer.Typer) -> None:

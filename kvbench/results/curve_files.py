@@ -37,7 +37,7 @@ def write_curve(curve: HitCurve, out: Path, title: str, metadata: Mapping[str, A
     points = Curve("one-pass LRU curve (exact)", tuple(r.capacity_blocks for r in results),
                    tuple(r.token_hit_rate for r in results))
     sizes = Curve("sizes in the table", tuple(r.capacity_blocks for r in marks), tuple(r.token_hit_rate for r in marks))
-    return parquet, _plotted(lambda: plot_hit_curve(points, png, title, ideal=ideal, marks=sizes), png), len(rows)
+    return parquet, plotted_or_none(lambda: plot_hit_curve(points, png, title, ideal=ideal, marks=sizes), png), len(rows)
 
 
 def write_ttl_curve(curve: TtlCurve, out: Path, title: str, metadata: Mapping[str, Any]) -> tuple[Path, Path | None, int]:
@@ -48,11 +48,11 @@ def write_ttl_curve(curve: TtlCurve, out: Path, title: str, metadata: Mapping[st
     write_rows(parquet, rows, {**metadata, "curve": "hit rate vs TTL, unbounded cache"})
     points = Curve("unbounded cache, one pass (exact)", tuple(r["ttl_s"] for r in rows),
                    tuple(r["token_hit_rate"] for r in rows))
-    return parquet, _plotted(lambda: plot_hit_curve(points, png, title, ideal=rows[-1]["token_hit_rate"] if rows else None,
+    return parquet, plotted_or_none(lambda: plot_hit_curve(points, png, title, ideal=rows[-1]["token_hit_rate"] if rows else None,
                                                     xlabel="TTL (seconds of trace time, log scale)"), png), len(rows)
 
 
-def _plotted(draw: Callable[[], Any], png: Path) -> Path | None:
+def plotted_or_none(draw: Callable[[], Any], png: Path) -> Path | None:
     """``png`` once ``draw()`` wrote it; ``None`` when matplotlib (the [plots] extra) is not installed,
     so a core install still writes the curve's Parquet rows."""
     try:

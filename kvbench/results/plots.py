@@ -11,10 +11,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from kvbench.results.sweep import Fit
+
+if TYPE_CHECKING:
+    from kvbench.sim.tier_ttft import TierPoint
 
 _DPI = 110
 _SIZE_IN = (8.0, 4.8)  # width, height in inches: 880 x 528 px at _DPI
@@ -250,3 +254,33 @@ def plot_hit_curve(curve: Curve, path: Path, title: str, ideal: float | None = N
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=_DPI)
     return path
+
+
+def plot_tier_sweep(points: Sequence["TierPoint"], path: Path, title: str, tier_name: str) -> Path:
+    """Hit rate over all levels (left axis, 0..1) and, where estimated, TTFT p50 / p99 (right axis, ms)
+    against the tier's size in blocks (linear: the sweep starts at 0, the tier off). Raises
+    ``ModuleNotFoundError`` without matplotlib (the [plots] extra)."""
+    plt = _pyplot()
+    figure, axis = plt.subplots(figsize=(7.5, 4.5))
+    sizes = [p.tier_blocks for p in points]
+    axis.plot(sizes, [p.total_hit_rate for p in points], marker="o", label="token hit rate, all levels")
+    axis.plot(sizes, [p.token_hit_rates[0] for p in points], ls=":", color="grey", label="from the GPU")
+    axis.set_ylim(0, 1.02)
+    positive = [size for size in sizes if size > 0]
+    if positive:  # 0 (the tier off) stays on the axis, the sizes above it spread out
+        axis.set_xscale("symlog", linthresh=min(positive))
+    axis.set_xlabel(f"{tier_name} tier size (blocks, log scale above {min(positive, default=0):,})")
+    axis.set_ylabel("token hit rate (cached / prompt tokens)")
+    axis.grid(alpha=0.3)
+    handles, labels = axis.get_legend_handles_labels()
+    if points and points[0].ttft_p50_ms is not None:
+        other = axis.twinx()
+        other.plot(sizes, [p.ttft_p50_ms for p in points], color="tab:red", marker=".", label="TTFT p50 (estimate)")
+        other.plot(sizes, [p.ttft_p99_ms for p in points], color="tab:red", ls="--", label="TTFT p99 (estimate)")
+        other.set_ylabel("TTFT estimate (ms)")
+        other.set_ylim(bottom=0)
+        more_handles, more_labels = other.get_legend_handles_labels()
+        handles, labels = handles + more_handles, labels + more_labels
+    axis.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
+    axis.set_title(title)
+    return _save(figure, plt, path)

@@ -62,6 +62,7 @@ RUN_SCHEMA = pa.schema([
     pa.field("error", pa.string()),
     pa.field("output_matches_reference", pa.bool_()),
     pa.field("cache_creation_input_tokens", pa.int64()),  # Anthropic usage: tokens written (null elsewhere)
+    pa.field("host_cached_tokens", pa.int64()),  # paged --host-tier: cached tokens loaded from the host tier
     pa.field("replica", pa.int64()),            # which --base-url served it (0-based; null with one endpoint)
 ])
 

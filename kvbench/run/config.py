@@ -85,12 +85,14 @@ class EngineFlags:
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     batch_invariant: bool = False  # paged: one forward per sequence, exact against concurrency 1
+    host_tier: str | None = None  # paged: a host KV tier, blocks ("4096") or bytes ("2GiB")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "engine", EngineKind(self.engine))
         _check_positive(self, ("max_num_seqs", "max_num_batched_tokens"))
         if self.engine is EngineKind.COPY:
-            given = [name for name in ("max_num_seqs", "max_num_batched_tokens") if getattr(self, name) is not None]
+            given = [name for name in ("max_num_seqs", "max_num_batched_tokens", "host_tier")
+                     if getattr(self, name) is not None]
             given += ["batch_invariant"] if self.batch_invariant else []
             if given:
                 raise ValueError(f"{_flag(given[0])} applies to --engine paged only")

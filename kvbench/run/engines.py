@@ -20,6 +20,7 @@ from dataclasses import replace
 
 from kvbench.cache.base import CacheConfig
 from kvbench.errors import checked
+from kvbench.memory.layout import parse_bytes
 from kvbench.request import Request
 from kvbench.run.config import EngineFlags, EngineKind
 from kvbench.sim.predict import expected_cached_tokens
@@ -39,8 +40,20 @@ def make_engine(loaded, flags: EngineFlags, pool: CacheConfig, cache_on: bool, v
     config = checked(lambda: PagedConfig(
         pool, prefix_caching=cache_on, max_num_seqs=flags.max_num_seqs or DEFAULT_MAX_NUM_SEQS,
         max_num_batched_tokens=flags.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
-        batch_invariant=flags.batch_invariant, verify=verify, salt=salt))
+        batch_invariant=flags.batch_invariant, verify=verify, salt=salt,
+        host_tier_blocks=host_tier_blocks(flags.host_tier, loaded.kv_layout(pool.block_size).bytes_per_block)))
     return PagedEngine(loaded, config)
+
+
+def host_tier_blocks(text: str | None, bytes_per_block: int) -> int:
+    """``--host-tier``: blocks (a bare integer) or bytes with a unit (``2GiB``) -> whole blocks; 0 when absent.
+
+    Raises:
+        InputError: not a size.
+    """
+    if text is None:
+        return 0
+    return int(text) if text.strip().isdigit() else parse_bytes(text) // bytes_per_block
 
 
 def predicted_cached_tokens(requests: Sequence[Request], flags: EngineFlags, cache: CacheConfig | None,
@@ -48,6 +61,8 @@ def predicted_cached_tokens(requests: Sequence[Request], flags: EngineFlags, cac
     """Per request, the cached prompt tokens the engine should report (module docstring)."""
     if flags.engine is EngineKind.COPY or cache is None:
         return expected_cached_tokens(requests, cache)
+    if flags.host_tier is not None:  # the pool simulator has no host tier (kvbench sim --tier models one)
+        return [None] * len(requests)
     if concurrency != 1 or not ignore_eos or cache.ttl_s is not None or cache.release_order.value != "tail-first":
         return [None] * len(requests)
     pool = VllmPoolConfig(cache.capacity_blocks + NUM_NULL_BLOCKS, cache.block_size, cache.hash, cache.kind)
@@ -74,4 +89,6 @@ def engine_metadata(flags: EngineFlags, engine) -> dict:
     config = engine.config
     return {"kind": "paged", "max_num_seqs": config.max_num_seqs,
             "max_num_batched_tokens": config.max_num_batched_tokens, "batch_invariant": config.batch_invariant,
-            "num_pool_blocks": config.pool.capacity_blocks, "pool_bytes": engine.kv_pool.allocated_bytes}
+            "num_pool_blocks": config.pool.capacity_blocks, "pool_bytes": engine.kv_pool.allocated_bytes,
+            "host_tier_blocks": config.host_tier_blocks,
+            "host_tier_bytes": engine.host_kv.allocated_bytes if engine.host_kv is not None else 0}

@@ -14,7 +14,13 @@ and nobody mistakes this server for vLLM (REFERENCES.md section 1, "Metrics"):
 ``kvbench:num_requests_waiting``           gauge    sequences queued for the engine
 ``kvbench:cache_config_info``              gauge    1, labels as ``vllm:cache_config_info``: ``block_size``,
                                                     ``num_gpu_blocks`` (the cache's blocks), ``enable_prefix_caching``
+``kvbench:external_prefix_cache_queries``  counter  paged ``--host-tier`` only: prompt tokens admitted
+``kvbench:external_prefix_cache_hits``     counter  paged ``--host-tier`` only: of them, loaded from the tier
 =========================================  =======  ==================================================
+
+The two ``external_`` counters (``_total`` samples) are vLLM's names for KV-connector hits (its CPU
+offloading connector among them); ``prefix_cache_hits`` counts GPU and host hits together, as vLLM's
+``num_cached_tokens`` does.
 
 As in vLLM, per finished request ``queries += prompt_tokens`` and ``hits += cached_tokens``, so
 ``hits / queries`` is the token hit rate and 100% is unreachable (the last prompt token is always
@@ -70,6 +76,7 @@ class ServerCounters:
     num_failed: int = 0
     num_in_flight: int = 0  # submitted and not yet finished, failed or cancelled
     engine_sequences: Callable[[], tuple[int, int]] | None = None  # a batching engine's (running, waiting)
+    engine_host_tier: Callable[[], tuple[int, int] | None] | None = None  # its host tier's (queried, hit) tokens
 
     @property
     def num_running(self) -> int:
@@ -115,10 +122,22 @@ class _Collector:
             family = GaugeMetricFamily(PREFIX + name, help_text, labels=["model_name"])
             family.add_metric([self.model_name], float(getattr(self.counters, attribute)))
             yield family
+        yield from self._host_tier()
         if self.cache_labels is not None:
             names = ["model_name", *self.cache_labels]
             family = GaugeMetricFamily(PREFIX + "cache_config_info", "Prefix cache settings.", labels=names)
             family.add_metric([self.model_name, *self.cache_labels.values()], 1.0)
+            yield family
+
+
+    def _host_tier(self) -> Iterator[Metric]:
+        counts = self.counters.engine_host_tier() if self.counters.engine_host_tier is not None else None
+        if counts is None:
+            return
+        for name, value, help_text in (("queries", counts[0], "Host KV tier queries, in prompt tokens."),
+                                       ("hits", counts[1], "Host KV tier hits (loaded back), in prompt tokens.")):
+            family = CounterMetricFamily(PREFIX + "external_prefix_cache_" + name, help_text, labels=["model_name"])
+            family.add_metric([self.model_name], float(value))
             yield family
 
 

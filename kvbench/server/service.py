@@ -89,7 +89,8 @@ class EngineService:
         self.engine = backend.engine
         self.tokenizer = tokenizer
         batching = isinstance(self.engine, PagedEngine)  # several sequences run at once: its gauges
-        self.counters = ServerCounters(engine_sequences=self.engine.num_sequences if batching else None)
+        self.counters = ServerCounters(engine_sequences=self.engine.num_sequences if batching else None,
+                                       engine_host_tier=self.engine.scheduler.host_tier_counters if batching else None)
         self._indexes = itertools.count()
 
     @property

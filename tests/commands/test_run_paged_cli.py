@@ -93,3 +93,18 @@ def test_a_request_larger_than_the_pool_leaves_the_others_predicted(kvbench, tmp
     assert [r["status"] for r in rows] == ["ok", "ok", "error", "ok", "error"]
     assert [r["expected_cached_tokens"] for r in rows] == [r["cached_prompt_tokens"] for r in rows]
     assert rows[3]["cached_prompt_tokens"] > 0  # after a refused request, the shared system prompt still hits
+
+
+def test_a_host_tier_is_sized_in_bytes_recorded_and_refused_on_the_copy_engine(kvbench, scenario, tmp_path):
+    out = tmp_path / "host.parquet"
+    code, _, stderr = kvbench("run", scenario, "--engine", "paged", "--host-tier", "2MiB", "--ignore-eos", "--out", out)
+    assert code == 0, stderr
+    rows = pq.read_table(out).to_pylist()
+    # the pool keeps the shared system prompt: every hit is on the GPU, none loaded from the host tier
+    assert [(r["cached_prompt_tokens"], r["host_cached_tokens"]) for r in rows] == [(0, 0)] + [(SHARED_BLOCK_TOKENS, 0)] * 3
+    assert [r["expected_cached_tokens"] for r in rows] == [None] * 4  # the pool predictor has no host tier
+    engine = read_metadata(out)["run"]["engine"]
+    assert engine["host_tier_blocks"] == 2 * 2**20 // (16 * 8192)  # 16 blocks of 128 KiB (default model, fp32)
+    assert engine["host_tier_bytes"] == 16 * 16 * 8192
+    code, _, stderr = kvbench("run", scenario, "--host-tier", "64", "--out", tmp_path / "copy.parquet")
+    assert code == 2 and "--host-tier applies to --engine paged only" in stderr

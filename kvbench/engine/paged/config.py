@@ -26,6 +26,9 @@ class PagedConfig:
             (:mod:`kvbench.engine.paged.verify`, counts in ``PagedEngine.verify_report``); sampled
             ones: a cache-off rerun's tokens compared.
         salt: the run's salt; a request's own salt replaces it.
+        host_tier_blocks: blocks of a host-memory KV tier below the pool (0: none): released blocks are
+            written through to it, a GPU miss continues the lookup there and loads the hits back
+            (:mod:`kvbench.cache.host_tier`; the inclusive policy of :mod:`kvbench.sim.tiers`).
 
     Raises:
         ValueError: a non-positive limit, or a cache
@@ -41,6 +44,7 @@ class PagedConfig:
     batch_invariant: bool = False  # batched forwards may differ in the last bits
     verify: bool = False
     salt: str = ""
+    host_tier_blocks: int = 0
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens"):
@@ -49,6 +53,10 @@ class PagedConfig:
                 raise ValueError(f"--{name.replace('_', '-')}: {value!r} must be a positive integer")
         if self.pool.verify_tokens:
             raise ValueError("--engine paged trusts block hashes (verify_tokens is not implemented)")
+        if isinstance(self.host_tier_blocks, bool) or not isinstance(self.host_tier_blocks, int) or self.host_tier_blocks < 0:
+            raise ValueError(f"--host-tier: {self.host_tier_blocks!r} must be a number of blocks >= 0")
+        if self.host_tier_blocks and (not self.prefix_caching or self.pool.kind.value != "hash"):
+            raise ValueError("--host-tier needs the hash prefix cache on (--cache on --cache-kind hash)")
         if self.pool.prompt_only:
             raise ValueError("--engine paged caches generated blocks as vLLM does: --prompt-only applies to --engine copy")
 

@@ -47,7 +47,7 @@ from kvbench.engine.paged.attention import PagedForward, SequenceSlice, skip_mas
 from kvbench.engine.paged.config import PagedConfig
 from kvbench.engine.paged.held import PoolMeter
 from kvbench.engine.paged.jobs import Job, job_record, sample_sampling
-from kvbench.engine.paged.kv_pool import KVPool
+from kvbench.engine.paged.kv_pool import HostKV, KVPool
 from kvbench.engine.paged.scheduler import Scheduler, Sequence, blocks_for
 from kvbench.engine.paged.verify import Verifier, VerifyReport
 from kvbench.engine.sampling import SamplingParams, sample_next_token
@@ -106,7 +106,9 @@ class PagedEngine:
         self.scheduler = Scheduler(config.pool.capacity_blocks, block_size, hasher, config.max_num_seqs,
                                    config.max_num_batched_tokens,
                                    tail_first=config.pool.release_order.value == "tail-first",
-                                   ttl_s=config.pool.ttl_s, clock=clock, kind=config.pool.kind)
+                                   ttl_s=config.pool.ttl_s, clock=clock, kind=config.pool.kind,
+                                   host_tier_blocks=config.host_tier_blocks)
+        self.host_kv = HostKV(self.kv_pool, config.host_tier_blocks) if config.host_tier_blocks else None
         self.meter = PoolMeter(self.kv_pool.bytes_per_block, self.kv_pool.allocated_bytes)
         self._jobs: dict[int, Job] = {}
         self._seq_ids = itertools.count()
@@ -212,6 +214,8 @@ class PagedEngine:
             pool = self.scheduler.pool
             for block_id in list(pool.evictable_block_ids()):
                 pool.uncache(block_id)
+            if self.scheduler.host is not None:
+                self.scheduler.host.clear()
 
     def _check_request(self, ids: list[int], sampling: SamplingParams) -> str | None:
         problem = check_request(self.loaded, ids, sampling)  # the copy engine's rules, then the pool's
@@ -254,6 +258,9 @@ class PagedEngine:
                     self._fail(self._jobs[seq_id], None)
             batch = self.scheduler.schedule()
             self.meter.observe(self.scheduler, {seq.seq_id: num_new for seq, num_new in batch.items})
+        if self.host_kv is not None:  # released blocks out before reused ones are written, then the loads
+            self.host_kv.store(self.kv_pool, batch.host_stores)
+            self.host_kv.load(self.kv_pool, batch.host_loads)
         self.kv_pool.copy_blocks(batch.copies)  # copy-on-write, before any forward writes
         now = time.perf_counter()
         for seq, _ in batch.items:

@@ -54,4 +54,5 @@ def job_record(job: Job) -> RequestRecord:
         itl_ms=tuple((b - a) * 1e3 for a, b in zip(token_s, token_s[1:])), e2e_ms=e2e_ms,
         prefill_ms=job.prefill_ms, lookup_ms=None, kv_load_ms=0.0, insert_ms=0.0,
         num_inserted_blocks=seq.num_inserted_blocks, queue_ms=(start_s - job.submitted_s) * 1e3,
+        host_cached_tokens=seq.num_host_cached_tokens,
     )

@@ -96,3 +96,34 @@ class KVPool:
         """A copy of one block, ``(layers, 2, kv_heads, block_size, head_dim)`` (the copy engine's
         payload layout; for tests)."""
         return torch.stack([torch.stack((k[:, block_id], v[:, block_id])) for k, v in zip(self.keys, self.values)])
+
+
+class HostKV:
+    """The host tier's K/V: per layer and K/V a ``(kv_heads, capacity_blocks, block_size, head_dim)``
+    tensor in CPU memory, addressed by the slots of :class:`kvbench.cache.host_tier.HostTierIndex`."""
+
+    def __init__(self, pool: KVPool, capacity_blocks: int) -> None:
+        first = pool.keys[0]
+        shape = (first.shape[0], capacity_blocks, first.shape[2], first.shape[3])
+        self.keys = [torch.zeros(shape, dtype=first.dtype) for _ in pool.keys]
+        self.values = [torch.zeros(shape, dtype=first.dtype) for _ in pool.values]
+
+    @property
+    def allocated_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+
+    def store(self, pool: KVPool, pairs: tuple[tuple[int, int], ...]) -> None:
+        """Copy GPU blocks into host slots, ``(block id, slot)`` pairs (every layer, K and V)."""
+        if pairs:
+            blocks = torch.tensor([pair[0] for pair in pairs], device=pool.keys[0].device)  # (pairs,)
+            slots = torch.tensor([pair[1] for pair in pairs])  # (pairs,)
+            for host, device in zip((*self.keys, *self.values), (*pool.keys, *pool.values)):
+                host[:, slots] = device[:, blocks].cpu()  # (kv_heads, pairs, block_size, head_dim)
+
+    def load(self, pool: KVPool, pairs: tuple[tuple[int, int], ...]) -> None:
+        """Copy host slots back into GPU blocks, ``(slot, block id)`` pairs."""
+        if pairs:
+            slots = torch.tensor([pair[0] for pair in pairs])  # (pairs,)
+            blocks = torch.tensor([pair[1] for pair in pairs], device=pool.keys[0].device)  # (pairs,)
+            for host, device in zip((*self.keys, *self.values), (*pool.keys, *pool.values)):
+                device[:, blocks] = host[:, slots].to(device.device)  # (kv_heads, pairs, block_size, head_dim)

@@ -54,6 +54,7 @@ from kvbench.cache.block_hash import BlockHasher
 from kvbench.cache.base import HEAD_FIRST_RADIX_ERROR, CacheKind, Clock
 from kvbench.cache.block_index import PoolIndex
 from kvbench.cache.block_pool import BlockPool
+from kvbench.cache.host_tier import HostTierIndex
 from kvbench.cache.pool_cache import IdleTimer
 from kvbench.engine.paged.kv_pool import NULL_BLOCK_ID
 
@@ -79,6 +80,7 @@ class Sequence:
         num_inserted_blocks: blocks this sequence gave a new key.
         num_preemptions: times it was preempted and recomputed.
         num_copied_blocks: copy-on-write copies this sequence made (module docstring).
+        num_host_cached_tokens: of ``num_cached_tokens``, the tokens loaded from the host tier.
     """
 
     seq_id: int
@@ -92,6 +94,7 @@ class Sequence:
     num_inserted_blocks: int = 0
     num_preemptions: int = 0
     num_copied_blocks: int = 0
+    num_host_cached_tokens: int | None = None
     _num_keyed_blocks: int = 0  # leading blocks of the table known to hold their key
     _block_keys: list[Hashable] = field(default_factory=list)  # PoolIndex.block_keys of the full blocks
 
@@ -108,12 +111,15 @@ class Sequence:
 @dataclass(frozen=True)
 class ScheduledBatch:
     """One step's work: ``(sequence, tokens to compute)`` pairs in admission order, who was
-    preempted to make room, and the copy-on-write copies ``(source block, destination block)`` to
-    make before the forward, in order."""
+    preempted to make room, and the copies to make before the forward, in this order: host-tier
+    stores ``(GPU block, host slot)`` of released blocks, host-tier loads ``(host slot, GPU block)``
+    of admitted hits, copy-on-write copies ``(source block, destination block)``."""
 
     items: tuple[tuple[Sequence, int], ...]
     preempted: tuple[Sequence, ...] = ()
     copies: tuple[tuple[int, int], ...] = ()
+    host_stores: tuple[tuple[int, int], ...] = ()
+    host_loads: tuple[tuple[int, int], ...] = ()
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:
@@ -133,9 +139,11 @@ class Scheduler:
 
     def __init__(self, num_blocks: int, block_size: int, hasher: BlockHasher | None, max_num_seqs: int,
                  max_num_batched_tokens: int, tail_first: bool = True, ttl_s: float | None = None,
-                 clock: Clock | None = None, kind: CacheKind = CacheKind.HASH) -> None:
+                 clock: Clock | None = None, kind: CacheKind = CacheKind.HASH, host_tier_blocks: int = 0) -> None:
         if CacheKind(kind) is CacheKind.RADIX and not tail_first:
             raise ValueError(HEAD_FIRST_RADIX_ERROR)
+        if host_tier_blocks and (CacheKind(kind) is CacheKind.RADIX or hasher is None):  # radix keys: no prefix
+            raise ValueError("--host-tier needs the hash prefix cache on (--cache on --cache-kind hash)")
         self.pool = BlockPool(num_blocks, first_block_id=NULL_BLOCK_ID + 1)
         self.timer = IdleTimer(self.pool, ttl_s, clock)
         self.block_size = block_size
@@ -147,6 +155,10 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self.num_copied_blocks = 0  # copy-on-write copies over the scheduler's life
+        self.host = HostTierIndex(host_tier_blocks) if host_tier_blocks else None
+        self.num_host_queried_tokens = self.num_host_hit_tokens = 0  # first admissions
+        self._host_stores: list[tuple[int, int]] = []  # (GPU block, host slot) of released blocks, not yet copied
+        self._host_loads: list[tuple[int, int]] = []  # (host slot, GPU block) of this schedule's admissions
 
     # -- queue -------------------------------------------------------------------------------------
 
@@ -176,7 +188,8 @@ class Scheduler:
             self.waiting.popleft()
             items.append(admitted)
             budget -= admitted[1]
-        return ScheduledBatch(tuple(items), tuple(preempted), tuple(copies))
+        stores, loads, self._host_stores, self._host_loads = tuple(self._host_stores), tuple(self._host_loads), [], []
+        return ScheduledBatch(tuple(items), tuple(preempted), tuple(copies), stores, loads)
 
     def _grow_or_preempt(self, seq: Sequence, num_new: int, preempted: list[Sequence],
                          copies: list[tuple[int, int]]) -> bool:
@@ -245,9 +258,10 @@ class Scheduler:
     def _admit(self, seq: Sequence, budget: int) -> tuple[Sequence, int] | None:
         """Look up, pin the hit, allocate the first chunk; ``None`` (changing nothing) if it does not fit."""
         hit = self._lookup(seq)
-        if self._next_block_in_flight(seq, len(hit)):
+        slots = self._host_prefix(seq, len(hit))
+        if self._next_block_in_flight(seq, len(hit) + len(slots)):
             return None
-        num_hit_tokens = len(hit) * self.block_size
+        num_hit_tokens = (len(hit) + len(slots)) * self.block_size
         num_new = min(seq.num_tokens - num_hit_tokens, budget)
         need = blocks_for(num_hit_tokens + num_new, self.block_size) - len(hit)
         num_evictable_hits = sum(self.pool.ref_count(b) == 0 for b in hit)
@@ -257,8 +271,13 @@ class Scheduler:
         seq.block_table = hit + self.pool.allocate(need)
         seq.num_computed_tokens = num_hit_tokens
         seq._num_keyed_blocks = len(hit)
+        self._load_from_host(seq, slots)
         if seq.num_cached_tokens is None:
             seq.num_cached_tokens = num_hit_tokens
+            if self.host is not None:
+                seq.num_host_cached_tokens = len(slots) * self.block_size
+                self.num_host_queried_tokens += seq.num_prompt_tokens
+                self.num_host_hit_tokens += seq.num_host_cached_tokens
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
         return seq, num_new
@@ -282,6 +301,33 @@ class Scheduler:
             return []
         self.timer.sweep()
         return self.index.cached_prefix(self._keys(seq)[: (seq.num_tokens - 1) // self.block_size], seq.salt)
+
+    def host_tier_counters(self) -> tuple[int, int] | None:
+        """``(queried, hit)`` host-tier prompt tokens (every admitted one is queried); ``None`` without a tier."""
+        return None if self.host is None else (self.num_host_queried_tokens, self.num_host_hit_tokens)
+
+    def _host_prefix(self, seq: Sequence, num_hit_blocks: int) -> list[int]:
+        """Host-tier slots of the blocks that continue ``seq``'s GPU hit, up to the last-token cap."""
+        cap = (seq.num_tokens - 1) // self.block_size
+        return [] if self.host is None else self.host.cached_prefix(self._keys(seq)[num_hit_blocks:cap])
+
+    def _load_from_host(self, seq: Sequence, slots: list[int]) -> None:
+        """The blocks after ``seq``'s GPU hit get the tier's K/V (copied before the forward) and keys."""
+        keys = self._keys(seq) if slots else []
+        for slot in slots:
+            index = seq._num_keyed_blocks
+            self._host_loads.append((slot, seq.block_table[index]))
+            seq.num_inserted_blocks += self.index.key_block(seq.block_table, index, keys, seq.salt)
+            seq._num_keyed_blocks = index + 1
+
+    def _store_in_host(self, seq: Sequence) -> None:
+        """Write-through at release: ``seq``'s keyed blocks into the tier, last first (block 0 ends most
+        recent); a block the tier holds is only refreshed."""
+        keys = seq._block_keys
+        for index in reversed(range(min(seq._num_keyed_blocks, len(keys)))):
+            slot = self.host.store(keys[index])
+            if slot is not None:
+                self._host_stores.append((seq.block_table[index], slot))
 
     def _keys(self, seq: Sequence) -> list[Hashable]:
         """Keys of every full block of ``seq.token_ids`` (recomputed only when a block has filled)."""
@@ -324,6 +370,8 @@ class Scheduler:
         self.waiting.appendleft(seq)
 
     def _free(self, seq: Sequence) -> None:
+        if self.host is not None:
+            self._store_in_host(seq)
         table = seq.block_table
         self.timer.released(self.pool.free(reversed(table) if self._tail_first else table))
         seq.block_table = []
