@@ -39,7 +39,7 @@ def explain(
     requests: opt.Requests = None,
     min_cacheable_tokens: Annotated[int | None, typer.Option(help="A provider's minimum cacheable prompt (OpenAI, Anthropic: 1024).")] = None,
     lint: Annotated[bool, typer.Option("--lint", help="Check the prompt layout rules only (no replay).")] = False,
-    show: Annotated[int, typer.Option(help="Per-request rows to print (the requests that lost most).")] = 12,
+    show: Annotated[int, typer.Option(min=0, help="Per-request rows (the requests that lost most) or --lint findings to print.")] = 12,
     png: Annotated[Path | None, typer.Option(help="Write the waterfall as a PNG here.")] = None,
     format: Annotated[ExplainFormat, typer.Option(help="table (default) or json: the waterfall and the fixes.")] = ExplainFormat.TABLE,  # noqa: A002
     replicas: Annotated[int, typer.Option(min=1, help="Replicas for the routing fix (kvbench route's policies).")] = 1,
@@ -59,7 +59,7 @@ def explain(
                                          salt, requests, min_cacheable_tokens))
     console = make_console()
     if lint:
-        for table in tables.lint_tables(lint_file(config)):
+        for table in tables.lint_tables(lint_file(config), show):
             console.print(table)
         return
     rules = cache_rules(provider, DEFAULT_MODELS[provider])

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from kvbench.cache.base import CacheConfig, CacheKind
-from kvbench.explain.causes import Cause, Context, request_causes
+from kvbench.explain.causes import OWN_NEW_KINDS, Cause, Context, request_causes
 from kvbench.explain.prefixes import PrefixIndex, SharedPrefix, stored_sequences
 from kvbench.explain.replay import replay_details
 from kvbench.explain.waterfall import Breakdown, Waterfall, breakdown, total
@@ -43,6 +43,14 @@ class RequestExplanation:
     @property
     def hit_tokens(self) -> int:
         return self.bars.tokens["hit"]
+
+    @property
+    def num_lost_tokens(self) -> int:
+        """Tokens lost beyond the request's own new content: every bar but the hit, less the ``new``
+        bar when its cause names nothing (:data:`~kvbench.explain.causes.OWN_NEW_KINDS`); a content
+        cause (a timestamp, a reordered JSON) counts its new bar. 0: it lost only its own new tokens."""
+        own = bool(self.causes) and self.causes[0].kind in OWN_NEW_KINDS
+        return self.request.num_tokens - self.hit_tokens - (self.bars.tokens["new"] if own else 0)
 
 
 @dataclass(frozen=True)

@@ -55,10 +55,9 @@ def waterfall_table(explanation: Explanation, title: str) -> TableData:
 
 
 def requests_table(explanation: Explanation) -> TableData:
-    def lost(item) -> int:
-        return item.request.num_tokens - item.hit_tokens - item.bars.tokens["new"]
-
-    chosen = sorted(sorted(explanation.requests, key=lost, reverse=True)[:MAX_REQUEST_ROWS],
+    """The requests that lost most beyond their own new tokens (the rest: one count in the caption)."""
+    losing = [item for item in explanation.requests if item.num_lost_tokens > 0]
+    chosen = sorted(sorted(losing, key=lambda e: e.num_lost_tokens, reverse=True)[:MAX_REQUEST_ROWS],
                     key=lambda item: item.request.arrival_s)
     rows = []
     for item in chosen:
@@ -72,6 +71,8 @@ def requests_table(explanation: Explanation) -> TableData:
         earlier = f"{item.shared_tokens:,} vs {item.earlier_request_id}" if item.earlier_request_id else "-"
         rows.append((item.request.request_id, f"{item.request.num_tokens:,}", f"{item.hit_tokens:,}", earlier,
                      " || ".join(causes).replace("⏎", "↵")))
+    only_new = len(explanation.requests) - len(losing)
+    caption = f"{only_new:,} requests lost only their own new tokens (not listed)" if only_new else ""
     return TableData(f"explain: {explanation.name}: per request (the {len(rows)} that lost most)",
                      ("request", "prompt", "hit", "diverges at", "causes (tokens, offset; ‖ marks the offset)"),
-                     tuple(rows), text_columns=(4,))
+                     tuple(rows), caption, text_columns=(4,))
