@@ -63,15 +63,23 @@ def explain(
             console.print(table)
         return
     rules = cache_rules(provider, DEFAULT_MODELS[provider])
-    explanation, fixes = explain_and_fix(config, build(lambda: FixConfig(model_shape, ttft_fit, rules, replicas)))
+    fixed = explain_and_fix(config, build(lambda: FixConfig(model_shape, ttft_fit, rules, replicas)))
     roomy = cache_size is None and source.suffix != ".parquet"  # the default: room for everything
     if format is ExplainFormat.JSON:
-        typer.echo(json.dumps(explanation_json(explanation, fixes, roomy), indent=2))
+        typer.echo(json.dumps(explanation_json(fixed, roomy), indent=2))
         return
+    _print_tables(console, fixed, roomy, show, png)
+
+
+def _print_tables(console, fixed, roomy: bool, show: int, png: Path | None) -> None:
+    """The waterfall, the fix list (and where its TTFT estimates come from), the per-request rows."""
+    explanation = fixed.explanation
     console.print(tables.waterfall_table(explanation, roomy))
     console.print("[bold]what to change[/bold] (each change replayed; ranked by gain):")
-    for line in tables.fix_lines(fixes):
+    for line in tables.fix_lines(fixed.fixes):
         console.print(f"  {escape(line)}")
+    if fixed.ttft_note and fixed.fixes:
+        console.print(f"  {escape(fixed.ttft_note)}")
     console.print(tables.requests_table(explanation, show))
     if png is not None:
         from kvbench.explain.plot import plot_waterfall
@@ -79,12 +87,13 @@ def explain(
         console.print(f"wrote {plot_waterfall(explanation.waterfall, png, tables.waterfall_title(explanation, roomy))}")
 
 
-def explanation_json(explanation, fixes, roomy: bool = False) -> dict:
-    """The ``--format json`` document: title, waterfall rows and the ranked fixes."""
+def explanation_json(fixed, roomy: bool = False) -> dict:
+    """The ``--format json`` document: title, waterfall rows, the ranked fixes and the TTFT fit used."""
+    explanation = fixed.explanation
     rows = [{"step": label, "tokens": tokens, "share": share, "left": left}
             for label, tokens, share, left in explanation.waterfall.rows()]
-    return {"title": tables.waterfall_title(explanation, roomy), "waterfall": rows,
-            "fixes": [{"rank": rank, **fix.as_dict()} for rank, fix in enumerate(fixes, start=1)]}
+    return {"title": tables.waterfall_title(explanation, roomy), "waterfall": rows, "ttft_fit": fixed.ttft_note,
+            "fixes": [{"rank": rank, **fix.as_dict()} for rank, fix in enumerate(fixed.fixes, start=1)]}
 
 
 def register(app: typer.Typer) -> None:

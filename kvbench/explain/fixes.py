@@ -51,14 +51,13 @@ class FixOptions:
 
     Attributes:
         model_shapes: the shapes the capacity fix gives bytes for (the run's model first).
-        fit: TTFT p50 against the miss rate (``None``: no TTFT column); fit_source: where it came from.
+        fit: TTFT p50 against the miss rate (``None``: no TTFT column).
         rules: a provider's prices for the bill columns (``None``: no bill).
         num_replicas: > 1 adds the routing fix.
     """
 
     model_shapes: tuple[ModelShape, ...] = ()
     fit: Fit | None = None
-    fit_source: str = ""
     rules: CacheRules | None = None
     num_replicas: int = 1
 

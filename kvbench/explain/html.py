@@ -22,16 +22,18 @@ def explain_section(path: Path, out_dir: Path, rules: CacheRules | None = None) 
     Raises:
         InputError: the file is not a run's results, or its source file cannot be read.
     """
-    explanation, fixes = explain_and_fix(ExplainConfig(Path(path)), FixConfig(rules=rules))
+    fixed = explain_and_fix(ExplainConfig(Path(path)), FixConfig(rules=rules))
+    explanation, fixes = fixed.explanation, fixed.fixes
     title = f"explain: {explanation.name}"
     png = plot_waterfall(explanation.waterfall, Path(out_dir) / f"explain-{explanation.name}.png", title)
     caption = ("where the prompt tokens went: an ideal cache's hit, then each loss, down to what the server "
                "reported; the bars sum exactly")
-    tables = [waterfall_table(explanation, title), fixes_table(fixes, title), requests_table(explanation)]
+    tables = [waterfall_table(explanation, title), fixes_table(fixes, title, fixed.ttft_note),
+              requests_table(explanation)]
     return tables, [Figure(png, caption)]
 
 
-def fixes_table(fixes: list[Fix], title: str) -> TableData:
+def fixes_table(fixes: list[Fix], title: str, ttft_note: str | None = None) -> TableData:
     """The ranked fixes: the change, its gain and hit rates, prompt tokens saved, TTFT and bill."""
     def money(value: float | None) -> str:
         return "-" if value is None else f"${value:,.4f}"
@@ -43,7 +45,7 @@ def fixes_table(fixes: list[Fix], title: str) -> TableData:
                  for rank, fix in enumerate(fixes, start=1))
     return TableData(f"{title}: what to change", ("rank", "change", "points", "hit before", "hit after",
                                                   "prompt tokens saved", "TTFT p50 ms (estimate)", "bill", "cost"),
-                     rows, "each change replayed through the run's cache; TTFT from a fit of the run's own rows",
+                     rows, "each change replayed through the run's cache; " + (ttft_note or "no TTFT fit"),
                      text_columns=(1, 8))
 
 

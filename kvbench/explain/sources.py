@@ -93,7 +93,17 @@ def explain_file(config: ExplainConfig) -> Explanation:
     return _explained(config).explanation
 
 
-def explain_and_fix(config: ExplainConfig, fix: FixConfig = FixConfig()) -> tuple[Explanation, list[Fix]]:
+@dataclass(frozen=True)
+class FixedExplanation:
+    """:func:`explain_and_fix`'s answer: the explanation, its ranked fixes, and ``ttft_note``: where
+    the TTFT estimates come from (the fit's line and file), ``None`` without a fit."""
+
+    explanation: Explanation
+    fixes: list[Fix]
+    ttft_note: str | None = None
+
+
+def explain_and_fix(config: ExplainConfig, fix: FixConfig = FixConfig()) -> FixedExplanation:
     """:func:`explain_file` and its ranked fixes (:func:`kvbench.explain.fix_kinds.fix_list`).
 
     Raises:
@@ -106,10 +116,11 @@ def explain_and_fix(config: ExplainConfig, fix: FixConfig = FixConfig()) -> tupl
         shapes.insert(0, run_model)
     fit_path = fix.ttft_fit or explained.run_path
     fit = None if fit_path is None else ttft_fit(fit_path)
-    options = FixOptions(tuple(shapes), fit, str(fit_path) if fit else "", fix.rules, fix.num_replicas)
+    options = FixOptions(tuple(shapes), fit, fix.rules, fix.num_replicas)
     fixes = fix_list(explained.explanation, explained.requests, explained.tokenizer, config.min_cacheable_tokens,
                      options)
-    return explained.explanation, fixes
+    note = None if fit is None else f"TTFT estimates: {fit.describe()}, fitted on {fit_path}"
+    return FixedExplanation(explained.explanation, fixes, note)
 
 
 def _explained(config: ExplainConfig) -> Explained:
@@ -178,15 +189,44 @@ def _cache(source: RunSource, flags: CacheFlags, requests: list[Request], block_
     return config if size else unbounded_config(requests, config)
 
 
+def _refuse_other_files(path: Path) -> None:
+    """One line saying what explain needs, for a results file that is not a run's.
+
+    Raises:
+        InputError: a sweep or load sweep summary (its run files, named), a break file (its traffic was
+            generated in memory), a sim curve (the scenario or trace it replayed).
+    """
+    import pyarrow.parquet as pq
+
+    from kvbench.results.parquet import read_metadata
+
+    metadata = read_metadata(path) if path.is_file() else {}
+    kind = metadata.get("command")
+    if kind in ("sweep", "load-sweep"):
+        runs = [Path(row["results_path"]).name for row in pq.read_table(path, columns=["results_path"]).to_pylist()
+                if row["results_path"]]
+        raise InputError(f"{path}: a {'load ' if kind == 'load-sweep' else ''}sweep summary; explain one of its run "
+                         f"files (beside it: {', '.join(runs) or 'none written'})")
+    if kind == "break":
+        raise InputError(f"{path}: results of kvbench break {metadata.get('experiment', '')}: its traffic was generated "
+                         "in memory, not read from a file; write the same traffic with kvbench trace gen (e.g. "
+                         "shared-prefix --volatile-header) and run kvbench explain TRACE.jsonl")
+    if kind == "sim":
+        source = metadata.get("source") or {}
+        where = source.get("scenario") or source.get("trace") or "SCENARIO_OR_TRACE"
+        raise InputError(f"{path}: a kvbench sim curve; explain the source it replayed: kvbench explain {where} "
+                         "--cache-size N")
+
+
 def _explain_results(config: ExplainConfig, tokenizer) -> Explained:
     from kvbench.results.files import load_result
 
+    _refuse_other_files(Path(config.source))
     result = load_result(config.source)
-    if result.kind != "run":
-        raise InputError(f"{config.source}: results of kvbench {result.kind}; explain reads kvbench run results")
     run = result.run
     if not run.get("source"):
-        raise InputError(f"{config.source}: the run's metadata names no source file")
+        raise InputError(f"{config.source}: the run's metadata names no source file (explain needs the scenario or "
+                         "trace the run replayed: kvbench explain SCENARIO_OR_TRACE --cache-size N)")
     source = load_source(run["source"], tokenizer)
     rows = [row for row in result.rows if row["status"] == "ok"][:config.num_requests]
     by_index = {r.index: r for r in source.requests}
