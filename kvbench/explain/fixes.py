@@ -162,6 +162,11 @@ def priced(measured: Measured, ctx: Context) -> Fix:
                measured.setting, ttft, *bills)
 
 
+INFORMATIONAL = ("last token",)  # listed with no gain: no setting recovers the loss
+
+
 def rank(fixes: Sequence[Fix]) -> list[Fix]:
-    """Largest gain first (stable)."""
-    return sorted(fixes, key=lambda fix: -fix.gain_points)
+    """Largest gain first (stable), without the changes that gain nothing or lose (smaller blocks
+    on a trace whose shared prefixes are whole blocks), except the :data:`INFORMATIONAL` ones."""
+    useful = [fix for fix in fixes if fix.gain_points > 1e-9 or fix.kind in INFORMATIONAL]
+    return sorted(useful, key=lambda fix: -fix.gain_points)

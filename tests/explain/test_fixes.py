@@ -10,7 +10,7 @@ from kvbench.cache.base import CacheConfig, CacheKind
 from kvbench.explain.api import explain_requests, replay_requests, unbounded_config
 from kvbench.explain.capacity import capacity_targets, kv_bytes
 from kvbench.explain.fix_kinds import fix_list
-from kvbench.explain.fixes import FixOptions
+from kvbench.explain.fixes import Fix, FixOptions, rank
 from kvbench.memory.presets import PRESETS
 from kvbench.request import Request
 from kvbench.results.sweep import Fit
@@ -219,3 +219,12 @@ def test_on_an_agent_trace_stamped_at_the_top_the_first_fix_moves_the_timestamp(
     assert first["gain_points"] > 50 and first["hit_rate_before"] < 0.05 and first["bill_after_usd"] < first["bill_before_usd"]
     code, out, _ = kvbench("explain", trace)
     assert code == 0 and "\n  1. move the timestamp (it differs from token" in out
+
+
+def test_the_list_drops_changes_that_gain_nothing_or_lose_but_keeps_the_unrecoverable_loss():
+    def fix(kind, after):
+        return Fix(kind, kind, "", 0.25, after, 0)
+
+    ranked = rank([fix("block size", 0.249), fix("salt", 0.5), fix("last token", 0.25), fix("ttl", 0.25),
+                   fix("capacity", 0.9)])
+    assert [f.kind for f in ranked] == ["capacity", "salt", "last token"]
