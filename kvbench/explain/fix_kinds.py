@@ -1,5 +1,5 @@
 """The fix of each loss (the table in :mod:`kvbench.explain.fixes`), each a function of the
-:class:`~kvbench.explain.fixes.Context` that returns the changes it measured (none when its loss is
+:class:`~kvbench.explain.fixes.FixContext` that returns the changes it measured (none when its loss is
 absent), and :func:`fix_list`, which runs them all and ranks the priced fixes."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from kvbench.cache.base import CacheConfig
 from kvbench.explain import rewrite
 from kvbench.explain.api import Explanation, replay_requests
 from kvbench.explain.capacity import capacity_targets, headline, kv_bytes
-from kvbench.explain.fixes import Context, Fix, FixOptions, Measured, priced, rank
+from kvbench.explain.fixes import Fix, FixContext, FixOptions, Measured, priced, rank
 from kvbench.memory.layout import format_bytes
 from kvbench.request import Request
 
@@ -23,17 +23,17 @@ HISTORY_FIXES = {  # content cause -> (rewrite, the change in words)
 }
 
 
-def _measured(ctx: Context, kind: str, change: str, cost: str, requests=None, config=None, minimum="same",
-              setting=None) -> Measured:
-    after = ctx.replay(requests, config, minimum)
+def _measured(ctx: FixContext, kind: str, change: str, cost: str, requests=None, config=None,
+              without_minimum: bool = False, setting=None) -> Measured:
+    after = ctx.replay(requests, config, without_minimum)
     return Measured(kind, change, cost, (after.requests, after.hit_tokens), setting=setting or {})
 
 
-def _bar(ctx: Context, key: str) -> int:
+def _bar(ctx: FixContext, key: str) -> int:
     return ctx.explanation.waterfall.tokens[key]
 
 
-def capacity_fix(ctx: Context) -> list[Measured]:
+def capacity_fix(ctx: FixContext) -> list[Measured]:
     if not _bar(ctx, "capacity"):
         return []
     targets = capacity_targets(ctx.base.trace, ctx.config)
@@ -53,11 +53,11 @@ def capacity_fix(ctx: Context) -> list[Measured]:
                       setting={"cache_size": chosen.capacity_blocks, "sizes": sizes})]
 
 
-def _causes(ctx: Context, prefix: str) -> list:
+def _causes(ctx: FixContext, prefix: str) -> list:
     return [c for item in ctx.explanation.requests for c in item.causes if c.kind.startswith(prefix) and c.tokens]
 
 
-def volatile_fix(ctx: Context) -> list[Measured]:
+def volatile_fix(ctx: FixContext) -> list[Measured]:
     found = _causes(ctx, "volatile value")
     moved = rewrite.move_volatile(ctx.requests, ctx.tokenizer) if found else None
     if moved is None:
@@ -71,7 +71,7 @@ def volatile_fix(ctx: Context) -> list[Measured]:
     return [measured]
 
 
-def history_fixes(ctx: Context) -> list[Measured]:
+def history_fixes(ctx: FixContext) -> list[Measured]:
     fixes = []
     for kind, (name, change) in HISTORY_FIXES.items():
         if not _causes(ctx, kind):
@@ -87,7 +87,7 @@ def history_fixes(ctx: Context) -> list[Measured]:
     return fixes
 
 
-def salt_fix(ctx: Context) -> list[Measured]:
+def salt_fix(ctx: FixContext) -> list[Measured]:
     if not _bar(ctx, "salt"):
         return []
     salts = sorted({r.salt or "" for r in ctx.requests})
@@ -97,7 +97,7 @@ def salt_fix(ctx: Context) -> list[Measured]:
                       "cache_salt)", unsalted, setting={"salt": None})]
 
 
-def block_size_fix(ctx: Context) -> list[Measured]:
+def block_size_fix(ctx: FixContext) -> list[Measured]:
     block = ctx.config.block_size
     if not _bar(ctx, "block_floor") or block == 1:
         return []
@@ -112,7 +112,7 @@ def block_size_fix(ctx: Context) -> list[Measured]:
     return [best]
 
 
-def ttl_fix(ctx: Context) -> list[Measured]:
+def ttl_fix(ctx: FixContext) -> list[Measured]:
     if not _bar(ctx, "ttl"):
         return []
     return [_measured(ctx, "ttl", f"drop the TTL of {ctx.config.ttl_s:g} s (keep blocks until capacity evicts them)",
@@ -120,7 +120,7 @@ def ttl_fix(ctx: Context) -> list[Measured]:
                       config=replace(ctx.config, ttl_s=None), setting={"ttl": None})]
 
 
-def provider_minimum_fix(ctx: Context) -> list[Measured]:
+def provider_minimum_fix(ctx: FixContext) -> list[Measured]:
     if not _bar(ctx, "provider_minimum"):
         return []
     minimum = ctx.min_cacheable_tokens
@@ -128,17 +128,17 @@ def provider_minimum_fix(ctx: Context) -> list[Measured]:
     padding = sum(minimum - r.num_tokens for r in short)
     return [_measured(ctx, "provider minimum", f"pad the {len(short):,} prompts below {minimum:,} tokens up to it "
                       "(measured as if the minimum did not apply)", f"{padding:,} padding tokens billed as input",
-                      minimum=None, setting={"min_cacheable_tokens": None, "padding_tokens": padding})]
+                      without_minimum=True, setting={"min_cacheable_tokens": None, "padding_tokens": padding})]
 
 
-def last_token_fix(ctx: Context) -> list[Measured]:
+def last_token_fix(ctx: FixContext) -> list[Measured]:
     if not _bar(ctx, "last_token"):
         return []
     return [Measured("last token", "none: no setting recovers the last-token loss (vLLM and SGLang always "
                      "recompute the last prompt token)", f"{_bar(ctx, 'last_token'):,} tokens stay lost", None)]
 
 
-def routing_fix(ctx: Context) -> list[Measured]:
+def routing_fix(ctx: FixContext) -> list[Measured]:
     replicas = ctx.options.num_replicas
     if replicas <= 1:
         return []
@@ -159,7 +159,7 @@ def routing_fix(ctx: Context) -> list[Measured]:
                       **{f"{r.policy}_token_hit_rate": r.token_hit_rate for r in results}})]
 
 
-FIX_KINDS: tuple[Callable[[Context], list[Measured]], ...] = (
+FIX_KINDS: tuple[Callable[[FixContext], list[Measured]], ...] = (
     capacity_fix, volatile_fix, history_fixes, salt_fix, block_size_fix, ttl_fix, provider_minimum_fix,
     last_token_fix, routing_fix)
 
@@ -170,5 +170,5 @@ def fix_list(explanation: Explanation, requests: Sequence[Request], tokenizer=No
     ordered = sorted(requests, key=lambda r: r.arrival_s)
     config: CacheConfig = explanation.config
     base = replay_requests(ordered, config, None, min_cacheable_tokens)
-    ctx = Context(ordered, config, tokenizer, min_cacheable_tokens, base, explanation, options)
+    ctx = FixContext(ordered, config, tokenizer, min_cacheable_tokens, base, explanation, options)
     return rank([priced(measured, ctx) for kind in FIX_KINDS for measured in kind(ctx)])

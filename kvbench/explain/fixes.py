@@ -63,7 +63,7 @@ class FixOptions:
 
 
 @dataclass(frozen=True)
-class Context:
+class FixContext:
     """What every fix is measured against: the explained requests (arrival order), their cache, the
     baseline replay and the explanation."""
 
@@ -76,8 +76,10 @@ class Context:
     options: FixOptions
 
     def replay(self, requests: Sequence[Request] | None = None, config: CacheConfig | None = None,
-               min_cacheable_tokens: int | None | str = "same") -> Replayed:
-        minimum = self.min_cacheable_tokens if min_cacheable_tokens == "same" else min_cacheable_tokens
+               without_minimum: bool = False) -> Replayed:
+        """The explain replay of ``requests`` (default: the explained ones) through ``config`` (default:
+        theirs), with the provider minimum unless ``without_minimum``."""
+        minimum = None if without_minimum else self.min_cacheable_tokens
         return replay_requests(list(requests or self.requests), config or self.config, None, minimum)
 
 
@@ -149,7 +151,7 @@ def bill_usd(requests: Sequence[Request], hits: np.ndarray, rules: CacheRules) -
     return make_bill(usages, rules).total_usd
 
 
-def priced(measured: Measured, ctx: Context) -> Fix:
+def priced(measured: Measured, ctx: FixContext) -> Fix:
     """A measured change with its rates, saved tokens, TTFT estimate and bill."""
     before = measured.before or (ctx.base.requests, ctx.base.hit_tokens)
     after = measured.after or before
