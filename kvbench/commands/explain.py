@@ -5,15 +5,25 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-import typer
-from rich.table import Table
+import json
+from enum import Enum
 
+import typer
+from rich.markup import escape
+
+from kvbench.bill.rules import Provider, cache_rules
+from kvbench.commands import explain_tables as tables
 from kvbench.commands import options as opt
+from kvbench.commands.bill import DEFAULT_MODELS
 from kvbench.commands.common import build, make_console
 from kvbench.run.config import CacheFlags
 
 
-PLAIN_NEW = ("never seen", "new tokens", "new message")  # the first cause when nothing was lost to content
+class ExplainFormat(str, Enum):
+    """``--format``: rich tables, or one JSON document (waterfall and fixes)."""
+
+    TABLE = "table"
+    JSON = "json"
 
 
 def explain(
@@ -29,13 +39,19 @@ def explain(
     requests: opt.Requests = None,
     min_cacheable_tokens: Annotated[int | None, typer.Option(help="A provider's minimum cacheable prompt (OpenAI, Anthropic: 1024).")] = None,
     lint: Annotated[bool, typer.Option("--lint", help="Check the prompt layout rules only (no replay).")] = False,
-    show: Annotated[int, typer.Option(help="Per-request rows to print (the requests that lost most).")] = 12,
+    show: Annotated[int, typer.Option(min=0, help="Per-request rows (the requests that lost most) or --lint findings to print.")] = 12,
     png: Annotated[Path | None, typer.Option(help="Write the waterfall as a PNG here.")] = None,
+    format: Annotated[ExplainFormat, typer.Option(help="table (default) or json: the waterfall and the fixes.")] = ExplainFormat.TABLE,  # noqa: A002
+    replicas: Annotated[int, typer.Option(min=1, help="Replicas for the routing fix (kvbench route's policies).")] = 1,
+    model_shape: Annotated[str, typer.Option(help="A model shape (preset or config.json) the capacity fix sizes in bytes too.")] = "llama-3.1-8b",
+    ttft_fit: Annotated[Path | None, typer.Option(help="Estimate TTFT from this sweep summary or run (default: a run file's own rows).")] = None,
+    provider: Annotated[Provider, typer.Option(help="Price each fix's bill at this provider's default model.")] = Provider.OPENAI,
 ) -> None:
     """Why the cache is not buying more: all prompt tokens -> what an ideal cache could hit -> each
-    loss (block floor, last token, salt, capacity, TTL, server) -> hit, and per request the first
-    token where it diverges from the best earlier request and the cause of every miss."""
-    from kvbench.explain.sources import ExplainConfig, explain_file, lint_file
+    loss (block floor, last token, salt, capacity, TTL, server) -> hit; the ranked fixes, each
+    replayed (hit rate, prompt tokens saved, TTFT estimate, bill); and per request the first token
+    where it diverges from the best earlier request and the cause of every miss."""
+    from kvbench.explain.sources import ExplainConfig, FixConfig, explain_and_fix, lint_file
 
     config = build(lambda: ExplainConfig(source, CacheFlags(cache_kind=cache_kind, block_size=block_size,
                                                             cache_size=cache_size, ttl=ttl, release=release,
@@ -43,77 +59,41 @@ def explain(
                                          salt, requests, min_cacheable_tokens))
     console = make_console()
     if lint:
-        for table in lint_tables(lint_file(config)):
+        for table in tables.lint_tables(lint_file(config), show):
             console.print(table)
         return
-    explanation = explain_file(config)
+    rules = cache_rules(provider, DEFAULT_MODELS[provider])
+    fixed = explain_and_fix(config, build(lambda: FixConfig(model_shape, ttft_fit, rules, replicas)))
     roomy = cache_size is None and source.suffix != ".parquet"  # the default: room for everything
-    console.print(waterfall_table(explanation, roomy))
-    console.print(requests_table(explanation, show))
+    if format is ExplainFormat.JSON:
+        typer.echo(json.dumps(explanation_json(fixed, roomy), indent=2))
+        return
+    _print_tables(console, fixed, roomy, show, png)
+
+
+def _print_tables(console, fixed, roomy: bool, show: int, png: Path | None) -> None:
+    """The waterfall, the fix list (and where its TTFT estimates come from), the per-request rows."""
+    explanation = fixed.explanation
+    console.print(tables.waterfall_table(explanation, roomy))
+    console.print("[bold]what to change[/bold] (each change replayed; ranked by gain):")
+    for line in tables.fix_lines(fixed.fixes):
+        console.print(f"  {escape(line)}")
+    if fixed.ttft_note and fixed.fixes:
+        console.print(f"  {escape(fixed.ttft_note)}")
+    console.print(tables.requests_table(explanation, show))
     if png is not None:
         from kvbench.explain.plot import plot_waterfall
 
-        console.print(f"wrote {plot_waterfall(explanation.waterfall, png, waterfall_title(explanation, roomy))}")
+        console.print(f"wrote {plot_waterfall(explanation.waterfall, png, tables.waterfall_title(explanation, roomy))}")
 
 
-def waterfall_title(explanation, roomy: bool = False) -> str:
-    config = explanation.config
-    ttl = f", TTL {config.ttl_s:g} s" if config.ttl_s else ""
-    room = " (room for everything)" if roomy else ""
-    return (f"kvbench explain: {explanation.name} ({len(explanation.requests):,} requests; {config.kind.value} "
-            f"cache of {config.capacity_blocks:,} blocks of {config.block_size}{room}{ttl})")
-
-
-def waterfall_table(explanation, roomy: bool = False) -> Table:
-    table = Table(title=waterfall_title(explanation, roomy))
-    for column in ("step", "tokens", "share", "left"):
-        table.add_column(column, justify="left" if column == "step" else "right")
-    for label, tokens, share, left in explanation.waterfall.rows():
-        table.add_row(label, f"{tokens:,}", f"{share:.2%}", f"{left:,}")
-    table.caption = "share = of all prompt tokens; the losses and the hit sum to the ideal, the ideal and 'never sent before' to the total"
-    return table
-
-
-def requests_table(explanation, show: int) -> Table:
-    """The ``show`` requests that lost most (not counting plain new content), in replay order."""
-    def lost(item) -> int:  # a content cause (a timestamp, a reordered JSON) counts; plain new content does not
-        plain = item.causes and item.causes[0].kind in PLAIN_NEW
-        return item.request.num_tokens - item.hit_tokens - (item.bars.tokens["new"] if plain else 0)
-
-    chosen = sorted(sorted(explanation.requests, key=lost, reverse=True)[:show], key=lambda e: e.request.arrival_s)
-    table = Table(title=f"per request: the {len(chosen)} that lost most", show_lines=True)
-    for column in ("request", "prompt", "hit", "diverges at", "causes (tokens, offset)"):
-        table.add_column(column, justify="left" if column in ("request", "causes (tokens, offset)") else "right")
-    for item in chosen:
-        earlier = f"{item.shared_tokens:,} vs {item.earlier_request_id}" if item.earlier_request_id else "-"
-        lines = []
-        for cause in item.causes:
-            at = "" if cause.offset_tokens is None else f" @{cause.offset_tokens:,}"
-            lines.append(f"[bold]{cause.kind}[/bold] {cause.tokens:,}{at}: {cause.detail}")
-            if cause.excerpt:
-                lines.append(f"  this:    {cause.excerpt}")
-                lines.append(f"  earlier: {cause.earlier_excerpt}")
-        table.add_row(item.request.request_id, f"{item.request.num_tokens:,}", f"{item.hit_tokens:,}", earlier,
-                      "\n".join(lines).replace("[", "\\[").replace("\\[bold]", "[bold]").replace("\\[/bold]", "[/bold]"))
-    return table
-
-
-def lint_tables(report) -> list[Table]:
-    summary = Table(title="kvbench explain --lint")
-    summary.add_column("check")
-    summary.add_column("result", justify="right")
-    summary.add_row("prompt tokens after the first volatile value",
-                    f"{report.num_tokens_after_volatile:,} of {report.num_prompt_tokens:,} ({report.share_after_volatile:.1%})")
-    summary.add_row("later turns that resend the previous prompt whole",
-                    f"{report.num_turns_append_only:,} of {report.num_turns_checked:,}")
-    summary.add_row("findings", f"{len(report.findings):,}")
-    findings = Table(title="findings", show_lines=True)
-    for column in ("rule", "request", "offset", "detail"):
-        findings.add_column(column, justify="right" if column == "offset" else "left")
-    for finding in report.findings[:50]:
-        findings.add_row(finding.rule, finding.request_id, f"{finding.offset_tokens:,}",
-                         f"{finding.detail}\n{finding.excerpt}".replace("[", "\\["))
-    return [summary, findings]
+def explanation_json(fixed, roomy: bool = False) -> dict:
+    """The ``--format json`` document: title, waterfall rows, the ranked fixes and the TTFT fit used."""
+    explanation = fixed.explanation
+    rows = [{"step": label, "tokens": tokens, "share": share, "left": left}
+            for label, tokens, share, left in explanation.waterfall.rows()]
+    return {"title": tables.waterfall_title(explanation, roomy), "waterfall": rows, "ttft_fit": fixed.ttft_note,
+            "fixes": [{"rank": rank, **fix.as_dict()} for rank, fix in enumerate(fixed.fixes, start=1)]}
 
 
 def register(app: typer.Typer) -> None:

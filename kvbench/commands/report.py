@@ -79,9 +79,12 @@ def report(
 
 
 def _explain_sections(loaded, out: Path) -> list:
+    from kvbench.bill.rules import Provider, cache_rules
+    from kvbench.commands.bill import DEFAULT_MODELS
     from kvbench.explain.html import explain_section
 
-    return [explain_section(result.path, out) for result in loaded if result.kind == "run"]
+    rules = cache_rules(Provider.OPENAI, DEFAULT_MODELS[Provider.OPENAI])
+    return [explain_section(result.path, out, rules) for result in loaded if result.kind == "run"]
 
 
 def _export(loaded, format: ReportFormat, options, out: Path | None) -> None:

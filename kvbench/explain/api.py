@@ -20,13 +20,13 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from kvbench.cache.base import CacheConfig, CacheKind
-from kvbench.explain.causes import Cause, Context, request_causes
+from kvbench.explain.causes import OWN_NEW_KINDS, Cause, Context, request_causes
 from kvbench.explain.prefixes import PrefixIndex, SharedPrefix, stored_sequences
 from kvbench.explain.replay import replay_details
 from kvbench.explain.waterfall import Breakdown, Waterfall, breakdown, total
 from kvbench.request import Request
 from kvbench.sim.outputs import Outputs, known_outputs, stored_blocks_of, trace_outputs
-from kvbench.sim.replay import prompt_blocks_of
+from kvbench.sim.replay import PreparedTrace, prompt_blocks_of, simulate
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,14 @@ class RequestExplanation:
     @property
     def hit_tokens(self) -> int:
         return self.bars.tokens["hit"]
+
+    @property
+    def num_lost_tokens(self) -> int:
+        """Tokens lost beyond the request's own new content: every bar but the hit, less the ``new``
+        bar when its cause names nothing (:data:`~kvbench.explain.causes.OWN_NEW_KINDS`); a content
+        cause (a timestamp, a reordered JSON) counts its new bar. 0: it lost only its own new tokens."""
+        own = bool(self.causes) and self.causes[0].kind in OWN_NEW_KINDS
+        return self.request.num_tokens - self.hit_tokens - (self.bars.tokens["new"] if own else 0)
 
 
 @dataclass(frozen=True)
@@ -76,7 +84,7 @@ def explain_requests(requests: Sequence[Request], config: CacheConfig, tokenizer
         reported = [reported[i] for i in order]
     given = None if config.prompt_only else _outputs(ordered, outputs, order)
     sequences = stored_sequences([r.token_ids for r in ordered], given or [None] * len(ordered))
-    eligible = [min_cacheable_tokens is None or r.num_tokens >= min_cacheable_tokens for r in ordered]
+    eligible = _eligible(ordered, min_cacheable_tokens)
     same, any_ = _shared_prefixes(ordered, sequences, config)
     details, replayed = _replay(ordered, given, eligible, config)
     positions = sorted(replayed, key=replayed.get)
@@ -99,6 +107,48 @@ def explain_requests(requests: Sequence[Request], config: CacheConfig, tokenizer
         earlier = None if same[p].earlier is None else ordered[same[p].earlier].request_id
         explained.append(RequestExplanation(request, same[p].tokens, earlier, bars, causes))
     return Explanation(name, config, explained, total([e.bars for e in explained]))
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """The explain replay of some requests (arrival order): ``hit_tokens`` per request (0 for a prompt
+    below the provider minimum, never looked up) and the outputs each request stored."""
+
+    requests: list[Request]
+    hit_tokens: np.ndarray
+    outputs: list | None
+    trace: PreparedTrace  # the replayed (eligible) requests, :func:`eligible_trace`
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return sum(r.num_tokens for r in self.requests)
+
+    @property
+    def num_hit_tokens(self) -> int:
+        return int(self.hit_tokens.sum())
+
+    @property
+    def hit_rate(self) -> float:
+        """Cached prompt tokens / prompt tokens (0 for no tokens)."""
+        return self.num_hit_tokens / self.num_prompt_tokens if self.num_prompt_tokens else 0.0
+
+
+def replay_requests(requests: Sequence[Request], config: CacheConfig, outputs: Outputs | None = None,
+                    min_cacheable_tokens: int | None = None) -> Replayed:
+    """The bounded replay :func:`explain_requests` takes its hits from, without the causes: what a
+    fix (:mod:`kvbench.explain.fixes`) is measured with. Same arguments and errors."""
+    order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_s)
+    ordered = [requests[i] for i in order]
+    given = None if config.prompt_only else _outputs(ordered, outputs, order)
+    eligible = _eligible(ordered, min_cacheable_tokens)
+    trace, positions = eligible_trace(ordered, given, eligible, config)
+    hits = np.zeros(len(ordered), dtype=np.int64)
+    hits[positions] = simulate(trace, config).cached_tokens_per_request
+    return Replayed(ordered, hits, given, trace)
+
+
+def _eligible(ordered: Sequence[Request], min_cacheable_tokens: int | None) -> list[bool]:
+    return [min_cacheable_tokens is None or r.num_tokens >= min_cacheable_tokens for r in ordered]
 
 
 def _lost_to(expired: bool, same: SharedPrefix, eligible: Sequence[bool]) -> str:
@@ -132,6 +182,16 @@ def _shared_prefixes(ordered: Sequence[Request], sequences: Sequence[np.ndarray]
 
 def _replay(ordered: Sequence[Request], outputs: list | None, eligible: Sequence[bool], config: CacheConfig):
     """The bounded replay of the eligible requests; returns the details and position -> replay slot."""
+    trace, positions = eligible_trace(ordered, outputs, eligible, config)
+    details = replay_details(trace.prompts, trace.stored, trace.arrivals_s, config)
+    return details, {p: slot for slot, p in enumerate(positions)}
+
+
+def eligible_trace(ordered: Sequence[Request], outputs: list | None, eligible: Sequence[bool],
+                   config: CacheConfig) -> tuple[PreparedTrace, list[int]]:
+    """The trace the explain replay runs (the eligible requests, in the order given, hashed for
+    ``config``; ``stored`` is the prompts' blocks when ``outputs`` is ``None``) and each replayed
+    request's position in ``ordered``."""
     positions = [p for p, ok in enumerate(eligible) if ok]
     chosen = [ordered[p] for p in positions]
     keep = config.kind is CacheKind.RADIX or config.verify_tokens
@@ -139,7 +199,7 @@ def _replay(ordered: Sequence[Request], outputs: list | None, eligible: Sequence
     stored = prompts if outputs is None else stored_blocks_of(chosen, [outputs[p] for p in positions],
                                                               config.block_size, config.hash, keep)
     arrivals = np.array([r.arrival_s for r in chosen], dtype=np.float64)
-    return replay_details(prompts, stored, arrivals, config), {p: slot for slot, p in enumerate(positions)}
+    return PreparedTrace(prompts, arrivals, config.block_size, stored), positions
 
 
 def unbounded_config(requests: Sequence[Request], config: CacheConfig) -> CacheConfig:

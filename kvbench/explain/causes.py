@@ -23,6 +23,7 @@ from kvbench.request import Request
 
 
 FRAGILE_KINDS = ("content differs", "volatile value")  # in the last message, these are just the new turn
+OWN_NEW_KINDS = ("never seen", "new tokens", "new message", "content differs")  # new content, no named cause
 
 
 @dataclass(frozen=True)

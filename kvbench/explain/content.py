@@ -35,6 +35,8 @@ from kvbench.sim.outputs import PLACEHOLDER_BASE
 WINDOW_TOKENS = 24  # tokens decoded on each side of the divergence for the text detectors
 JSON_WINDOW_TOKENS = 384  # how far JSON detection looks back and ahead
 EXCERPT_TOKENS = 8
+EXCERPT_CHARS = 32  # each side of an excerpt at most; random-token text decodes to long runs
+CUT = "✂"  # marks an excerpt side cut at EXCERPT_CHARS
 REASONING = re.compile(r"\s*<(think|thinking|reasoning)>.*?</\1>\s*", re.S)
 
 
@@ -73,11 +75,18 @@ def _decode(tokenizer, ids: list[int]) -> str:
         return "".join(parts)
 
 
-def excerpt(tokenizer, ids: np.ndarray, offset: int, width: int = EXCERPT_TOKENS) -> str:
-    """``…before‖after…`` around token ``offset``, newlines shown as ``⏎``."""
-    before = decode(tokenizer, ids[max(offset - width, 0):offset])
-    after = decode(tokenizer, ids[offset:offset + width])
-    return f"…{before}‖{after}…".replace("\n", "⏎")
+def excerpt(tokenizer, ids: np.ndarray, offset: int, width: int = EXCERPT_TOKENS,
+            max_chars: int = EXCERPT_CHARS) -> str:
+    """``…before‖after…`` around token ``offset`` (``width`` tokens each side), newlines shown as
+    ``⏎``; a side longer than ``max_chars`` characters is cut to them, the cut marked ``✂``
+    (``…✂re the cut‖after the c✂…``)."""
+    before = decode(tokenizer, ids[max(offset - width, 0):offset]).replace("\n", "⏎")
+    after = decode(tokenizer, ids[offset:offset + width]).replace("\n", "⏎")
+    if len(before) > max_chars:
+        before = CUT + before[-max_chars:]
+    if len(after) > max_chars:
+        after = after[:max_chars] + CUT
+    return f"…{before}‖{after}…"
 
 
 def detect(tokenizer, prompt: np.ndarray, earlier: np.ndarray, offset: int,
@@ -161,7 +170,8 @@ def _volatile(left: str, mine: str, theirs: str) -> tuple[str, str] | None:
         other = spans_theirs.get((span.kind, span.start))
         if other is not None and other.text != span.text:
             return f"volatile value ({span.kind})", f"{span.text!r} here, {other.text!r} before"
-    if spans_mine:
-        span = spans_mine[0]
+    named = [s for s in spans_mine if s.kind != "counter"]  # a lone number is any text's, not a volatile value
+    if named:
+        span = named[0]
         return f"volatile value ({span.kind})", f"{span.text!r} here differs from the earlier text"
     return None

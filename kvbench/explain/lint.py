@@ -28,13 +28,15 @@ LINT_KINDS = ("uuid", "date", "timestamp", "time", "request id", "hex id")  # no
 @dataclass(frozen=True)
 class LintFinding:
     """One broken rule: ``rule`` (``stable first`` / ``append-only``), the request, the token offset,
-    a one-line ``detail`` and an excerpt around the offset."""
+    a one-line ``detail``, an excerpt around the offset, and ``kind``: the volatile value's kind
+    (``timestamp``, ``date``...) for ``stable first``, ``history rewritten`` for ``append-only``."""
 
     rule: str
     request_id: str
     offset_tokens: int
     detail: str
     excerpt: str
+    kind: str = ""
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,14 @@ class LintReport:
     def share_after_volatile(self) -> float:
         return self.num_tokens_after_volatile / self.num_prompt_tokens if self.num_prompt_tokens else 0.0
 
+    def by_kind(self) -> list[tuple[str, str, int, str]]:
+        """Per (rule, kind), in order of first appearance: ``(rule, kind, findings, first request id)``."""
+        counts: dict[tuple[str, str], list] = {}
+        for finding in self.findings:
+            entry = counts.setdefault((finding.rule, finding.kind), [0, finding.request_id])
+            entry[0] += 1
+        return [(rule, kind, count, first) for (rule, kind), (count, first) in counts.items()]
+
 
 def lint(requests: Sequence[Request], tokenizer) -> LintReport:
     """Check every request (module docstring); ``tokenizer`` decodes ids (and renders messages)."""
@@ -68,7 +78,7 @@ def lint(requests: Sequence[Request], tokenizer) -> LintReport:
             findings.append(LintFinding("stable first", request.request_id, offset,
                                         f"{spans[0].kind} {spans[0].text!r} at token {offset:,} of {len(ids):,}, "
                                         "before content later turns resend: move it to the end",
-                                        excerpt(tokenizer, ids, offset)))
+                                        excerpt(tokenizer, ids, offset), spans[0].kind))
     checked, append_only = _sessions(requests, tokenizer, findings)
     return LintReport(findings, sum(r.num_tokens for r in requests), after, checked, append_only)
 
@@ -88,5 +98,5 @@ def _sessions(requests: Sequence[Request], tokenizer, findings: list[LintFinding
         findings.append(LintFinding("append-only", request.request_id, shared,
                                     f"turn {request.turn} resends only {shared:,} of turn {previous.turn}'s "
                                     f"{previous.num_tokens:,} prompt tokens",
-                                    excerpt(tokenizer, np.asarray(request.token_ids), shared)))
+                                    excerpt(tokenizer, np.asarray(request.token_ids), shared), "history rewritten"))
     return checked, append_only

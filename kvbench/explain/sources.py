@@ -11,7 +11,13 @@ from pathlib import Path
 from kvbench.cache.base import CacheConfig
 from kvbench.errors import InputError, checked
 from kvbench.explain.api import Explanation, explain_requests, unbounded_config
+from kvbench.bill.rules import CacheRules
+from kvbench.explain.fix_kinds import fix_list
+from kvbench.explain.fixes import Fix, FixOptions
 from kvbench.explain.lint import LintReport, lint
+from kvbench.memory.layout import ModelShape
+from kvbench.memory.presets import DEFAULT_PRESET, resolve_model
+from kvbench.results.sweep import Fit, fit_ttft_vs_miss_rate
 from kvbench.request import Request
 from kvbench.run.config import CacheFlags
 from kvbench.run.setup import cache_config
@@ -44,20 +50,120 @@ class ExplainConfig:
                 raise ValueError(f"--{name.replace('_', '-')}: {value} must be positive")
 
 
+@dataclass(frozen=True)
+class FixConfig:
+    """How :func:`explain_and_fix` sizes and prices the fixes.
+
+    Attributes:
+        model_shape: a named model shape the capacity fix gives bytes for too (a preset of
+            :data:`kvbench.memory.presets.PRESETS` or a ``config.json``), besides the run's model.
+        ttft_fit: a sweep summary or a run's results to fit TTFT on (a run's results file explains
+            with its own fit by default).
+        rules: a provider's rules and prices for the bill columns (``None``: no bill).
+        num_replicas: > 1 adds the routing fix (:mod:`kvbench.route`).
+    """
+
+    model_shape: str = "llama-3.1-8b"
+    ttft_fit: Path | None = None
+    rules: CacheRules | None = None
+    num_replicas: int = 1
+
+    def __post_init__(self) -> None:
+        if self.num_replicas < 1:
+            raise ValueError(f"--replicas: {self.num_replicas} must be positive")
+
+
+@dataclass(frozen=True)
+class Explained:
+    """A file's explanation, the requests it explains (arrival order) and the model it ran on."""
+
+    explanation: Explanation
+    requests: list[Request]
+    tokenizer: object
+    model: str | None
+    run_path: Path | None = None
+
+
 def explain_file(config: ExplainConfig) -> Explanation:
     """Explain ``config.source`` (see the module docstring).
 
     Raises:
         InputError: a bad file or flag (one line naming it).
     """
+    return _explained(config).explanation
+
+
+@dataclass(frozen=True)
+class FixedExplanation:
+    """:func:`explain_and_fix`'s answer: the explanation, its ranked fixes, and ``ttft_note``: where
+    the TTFT estimates come from (the fit's line and file), ``None`` without a fit."""
+
+    explanation: Explanation
+    fixes: list[Fix]
+    ttft_note: str | None = None
+
+
+def explain_and_fix(config: ExplainConfig, fix: FixConfig = FixConfig()) -> FixedExplanation:
+    """:func:`explain_file` and its ranked fixes (:func:`kvbench.explain.fix_kinds.fix_list`).
+
+    Raises:
+        InputError: a bad file or flag, an unknown model shape, an unreadable ``ttft_fit`` file.
+    """
+    explained = _explained(config)
+    shapes = [resolve_model(fix.model_shape)]
+    run_model = _model_shape(explained.model)
+    if run_model is not None and run_model.name != shapes[0].name:
+        shapes.insert(0, run_model)
+    fit_path = fix.ttft_fit or explained.run_path
+    fit = None if fit_path is None else ttft_fit(fit_path)
+    options = FixOptions(tuple(shapes), fit, fix.rules, fix.num_replicas)
+    fixes = fix_list(explained.explanation, explained.requests, explained.tokenizer, config.min_cacheable_tokens,
+                     options)
+    note = None if fit is None else f"TTFT estimates: {fit.describe()}, fitted on {fit_path}"
+    return FixedExplanation(explained.explanation, fixes, note)
+
+
+def _explained(config: ExplainConfig) -> Explained:
     tokenizer = load_tokenizer()
     if Path(config.source).suffix == ".parquet":
         return _explain_results(config, tokenizer)
     source = load_source(config.source, tokenizer, limit=config.num_requests)
     requests = _salted(limit_requests(source.requests, config.num_requests), config.salt)
     cache = _cache(source, config.cache, requests, source.block_size)
-    return explain_requests(requests, cache, tokenizer, min_cacheable_tokens=config.min_cacheable_tokens,
-                            name=source.name)
+    explanation = explain_requests(requests, cache, tokenizer, min_cacheable_tokens=config.min_cacheable_tokens,
+                                   name=source.name)
+    return Explained(explanation, requests, tokenizer, DEFAULT_PRESET)
+
+
+def _model_shape(model: str | None) -> ModelShape | None:
+    """The run's model as a shape (``None`` when it is no preset and no readable config)."""
+    try:
+        return None if not model else resolve_model(model)
+    except InputError:
+        return None
+
+
+def ttft_fit(path: Path) -> Fit | None:
+    """The TTFT fit of a sweep summary, or of a run's rows (TTFT against each request's miss rate);
+    ``None`` when the file holds fewer than 2 distinct hit rates.
+
+    Raises:
+        InputError: not a sweep summary or run results file.
+    """
+    from kvbench.results.files import load_result
+
+    result = load_result(path)
+    if result.kind == "sweep":
+        return result.sweep.fit if result.sweep is not None else None
+    if result.kind != "run":
+        raise InputError(f"--ttft-fit {path}: a {result.kind} file; give a sweep summary or a run's results")
+    rows = [r for r in result.rows if r.get("status") == "ok" and r.get("ttft_ms") is not None
+            and r.get("prompt_tokens") and r.get("phase", "measure") == "measure"]
+    try:
+        return fit_ttft_vs_miss_rate([(r["cached_prompt_tokens"] or 0) / r["prompt_tokens"] for r in rows],
+                                     [r["ttft_ms"] for r in rows])
+    except ValueError:
+        return None
 
 
 def lint_file(config: ExplainConfig) -> LintReport:
@@ -83,15 +189,44 @@ def _cache(source: RunSource, flags: CacheFlags, requests: list[Request], block_
     return config if size else unbounded_config(requests, config)
 
 
-def _explain_results(config: ExplainConfig, tokenizer) -> Explanation:
+def _refuse_other_files(path: Path) -> None:
+    """One line saying what explain needs, for a results file that is not a run's.
+
+    Raises:
+        InputError: a sweep or load sweep summary (its run files, named), a break file (its traffic was
+            generated in memory), a sim curve (the scenario or trace it replayed).
+    """
+    import pyarrow.parquet as pq
+
+    from kvbench.results.parquet import read_metadata
+
+    metadata = read_metadata(path) if path.is_file() else {}
+    kind = metadata.get("command")
+    if kind in ("sweep", "load-sweep"):
+        runs = [Path(row["results_path"]).name for row in pq.read_table(path, columns=["results_path"]).to_pylist()
+                if row["results_path"]]
+        raise InputError(f"{path}: a {'load ' if kind == 'load-sweep' else ''}sweep summary; explain one of its run "
+                         f"files (beside it: {', '.join(runs) or 'none written'})")
+    if kind == "break":
+        raise InputError(f"{path}: results of kvbench break {metadata.get('experiment', '')}: its traffic was generated "
+                         "in memory, not read from a file; write the same traffic with kvbench trace gen (e.g. "
+                         "shared-prefix --volatile-header) and run kvbench explain TRACE.jsonl")
+    if kind == "sim":
+        source = metadata.get("source") or {}
+        where = source.get("scenario") or source.get("trace") or "SCENARIO_OR_TRACE"
+        raise InputError(f"{path}: a kvbench sim curve; explain the source it replayed: kvbench explain {where} "
+                         "--cache-size N")
+
+
+def _explain_results(config: ExplainConfig, tokenizer) -> Explained:
     from kvbench.results.files import load_result
 
+    _refuse_other_files(Path(config.source))
     result = load_result(config.source)
-    if result.kind != "run":
-        raise InputError(f"{config.source}: results of kvbench {result.kind}; explain reads kvbench run results")
     run = result.run
     if not run.get("source"):
-        raise InputError(f"{config.source}: the run's metadata names no source file")
+        raise InputError(f"{config.source}: the run's metadata names no source file (explain needs the scenario or "
+                         "trace the run replayed: kvbench explain SCENARIO_OR_TRACE --cache-size N)")
     source = load_source(run["source"], tokenizer)
     rows = [row for row in result.rows if row["status"] == "ok"][:config.num_requests]
     by_index = {r.index: r for r in source.requests}
@@ -109,5 +244,6 @@ def _explain_results(config: ExplainConfig, tokenizer) -> Explanation:
     capacity = cache_info.get("capacity_blocks") if cache_info.get("enabled") else None
     cache = checked(lambda: _cache(source, flags, requests, 16 if not cache_info.get("block_size") else
                                    cache_info["block_size"], capacity))
-    return explain_requests(requests, cache, tokenizer, reported=[row["cached_prompt_tokens"] for row in rows],
-                            min_cacheable_tokens=config.min_cacheable_tokens, name=result.name)
+    explanation = explain_requests(requests, cache, tokenizer, reported=[row["cached_prompt_tokens"] for row in rows],
+                                   min_cacheable_tokens=config.min_cacheable_tokens, name=result.name)
+    return Explained(explanation, requests, tokenizer, run.get("model"), Path(config.source))

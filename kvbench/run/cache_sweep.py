@@ -85,7 +85,8 @@ def sweep(config: SweepConfig, on_progress: Progress | None = None,
     folder = config.out or Path("results") / f"sweep-{source.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     check_output_path(folder / "sweep.parquet")
     outcome = SweepOutcome(source.name)
-    context = {"scenario": source.name, "backend": "inprocess", "model": loaded.name, "repeats": config.repeats,
+    context = {"scenario": source.name, "source": str(config.source),  # explain re-reads the requests from it
+               "backend": "inprocess", "model": loaded.name, "repeats": config.repeats,
                "engine": config.engine.engine.value,
                "trace": {**source.trace_info, "requests_hash": requests_hash(requests)}}
     runner = _SizeRunner(config, loaded, source, settings, requests, folder, context, on_progress,
