@@ -7,13 +7,17 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from kvbench.cache.base import CacheConfig
+import numpy as np
+
+from kvbench.cache.base import CacheConfig, ReleaseOrder
 from kvbench.explain import rewrite
 from kvbench.explain.api import Explanation, replay_requests
-from kvbench.explain.capacity import capacity_targets, headline, kv_bytes
+from kvbench.explain.capacity import capacity_targets, headline, kv_bytes, stored_curve
 from kvbench.explain.fixes import Fix, FixContext, FixOptions, Measured, priced, rank
 from kvbench.memory.layout import format_bytes
 from kvbench.request import Request
+from kvbench.sim.curve import one_pass_refusal
+from kvbench.sim.tiers import DEFAULT_BANDWIDTHS_BYTES_PER_S, Tier, TierPolicy, tier_split
 
 HISTORY_FIXES = {  # content cause -> (rewrite, the change in words)
     "JSON key order": ("sort_json_keys", "serialize tool-call JSON with sorted keys"),
@@ -51,6 +55,33 @@ def capacity_fix(ctx: FixContext) -> list[Measured]:
     return [_measured(ctx, "capacity", change, f"{chosen.capacity_blocks - ctx.config.capacity_blocks:,} more "
                       f"blocks of KV memory ({steps})", config=replace(ctx.config, capacity_blocks=chosen.capacity_blocks),
                       setting={"cache_size": chosen.capacity_blocks, "sizes": sizes})]
+
+
+def host_tier_fix(ctx: FixContext) -> list[Measured]:
+    """The capacity loss recovered by host memory instead of GPU memory: an inclusive (write-through)
+    host KV tier of the capacity fix's size below the cache as it is (:mod:`kvbench.sim.tiers`, one pass;
+    vLLM's CPU offloading connector), its hits loaded instead of recomputed. Only where the one pass
+    is exact and no provider minimum applies."""
+    if not _bar(ctx, "capacity") or ctx.min_cacheable_tokens is not None or one_pass_refusal(ctx.config) \
+            or ctx.config.release_order is not ReleaseOrder.TAIL_FIRST:
+        return []
+    targets = capacity_targets(ctx.base.trace, ctx.config)
+    if not targets:
+        return []
+    host = headline(targets).capacity_blocks
+    trace, block = ctx.base.trace, ctx.config.block_size
+    tokens = np.array([p.num_tokens for p in trace.prompts], dtype=np.int64)
+    split = tier_split(stored_curve(trace).distances, ctx.config.capacity_blocks,
+                       (Tier("host", host, DEFAULT_BANDWIDTHS_BYTES_PER_S["host"]),), TierPolicy.INCLUSIVE, block, tokens)
+    hits = split.hit_tokens.sum(axis=0)
+    recovered = (int(hits.sum()) - int(ctx.base.hit_tokens.sum())) / _bar(ctx, "capacity")
+    weights = ", ".join(f"{format_bytes(kv_bytes(host, block, s))} for {s.name}" for s in ctx.options.model_shapes)
+    change = (f"keep the cache and add a host KV tier of >= {host:,} blocks" + (f" ({weights})" if weights else "")
+              + f", write-through: it recovers {recovered:.0%} of the capacity loss")
+    cost = (f"host memory; {int(split.hit_tokens[1].sum()):,} prompt tokens loaded from it (at "
+            f"{DEFAULT_BANDWIDTHS_BYTES_PER_S['host'] / 1e9:g} GB/s over PCIe) instead of recomputed")
+    return [Measured("host tier", change, cost, (ctx.base.requests, hits),
+                     setting={"host_tier_blocks": host, "recovered_share_of_capacity_loss": recovered})]
 
 
 def _causes(ctx: FixContext, prefix: str) -> list:
@@ -160,7 +191,7 @@ def routing_fix(ctx: FixContext) -> list[Measured]:
 
 
 FIX_KINDS: tuple[Callable[[FixContext], list[Measured]], ...] = (
-    capacity_fix, volatile_fix, history_fixes, salt_fix, block_size_fix, ttl_fix, provider_minimum_fix,
+    capacity_fix, host_tier_fix, volatile_fix, history_fixes, salt_fix, block_size_fix, ttl_fix, provider_minimum_fix,
     last_token_fix, routing_fix)
 
 

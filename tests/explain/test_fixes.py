@@ -228,3 +228,26 @@ def test_the_list_drops_changes_that_gain_nothing_or_lose_but_keeps_the_unrecove
     ranked = rank([fix("block size", 0.249), fix("salt", 0.5), fix("last token", 0.25), fix("ttl", 0.25),
                    fix("capacity", 0.9)])
     assert [f.kind for f in ranked] == ["capacity", "salt", "last token"]
+
+
+def test_a_host_tier_of_the_capacity_fix_size_recovers_the_capacity_loss_from_host_memory(chat, tokenizer):
+    from kvbench.sim.tier_replay import replay_tiers
+    from kvbench.sim.tiers import Tier, TierPolicy
+
+    requests = round_robin(chat)
+    explanation, fixes = fixes_of(requests, tokenizer, capacity=40, options=FixOptions((PRESETS["llama-3.1-8b"],)))
+    capacity, host = of_kind(fixes, "capacity"), of_kind(fixes, "host tier")
+    size = host.setting["host_tier_blocks"]
+    assert size == capacity.setting["cache_size"] and host.setting["recovered_share_of_capacity_loss"] == 1.0
+    assert host.change.startswith(f"keep the cache and add a host KV tier of >= {size:,} blocks (")
+    assert "recovers 100% of the capacity loss" in host.change
+    assert host.hit_rate_after == pytest.approx(capacity.hit_rate_after)
+    # the explicit two-level replay of what each request stores, its prompt's cap: the same hits
+    from dataclasses import replace
+    from kvbench.sim.replay import prepare_prompts
+    from kvbench.sim.outputs import output_length
+    ordered = sorted(requests, key=lambda r: r.arrival_s)
+    trace = prepare_prompts(ordered, B, outputs=[list(range(output_length(r))) for r in ordered])
+    lookups = [replace(s, num_tokens=p.num_tokens) for p, s in zip(trace.prompts, trace.stored)]
+    replayed = replay_tiers(lookups, 40, (Tier("host", size, 25e9),), TierPolicy.INCLUSIVE, B)
+    assert int(replayed.hit_tokens.sum()) == host.num_saved_tokens + explanation.waterfall.tokens["hit"]
