@@ -193,7 +193,7 @@ def run_openai(config: RunConfig, on_progress: Progress | None = None) -> RunOut
     tokenizer = None if server.tokenizer == SERVER_TOKENIZER else load_tokenizer(server.tokenizer)
     source = load_source(config.source, tokenizer, limit=config.run.num_requests)
     settings = run_section(source, config.run)
-    key = api_key(server.key_variable)
+    key = api_key(server.key_variable, explicit=server.api_key_env is not None)
     model = served_model(config, key)
     tokenizer, source = with_run_tokenizer(config, model, key, tokenizer, source)
     config, notes, checks = run_preflight(config, model, key, tokenizer, settings)

@@ -22,6 +22,7 @@ from typing import Any
 from kvbench.backends.base import Backend
 from kvbench.errors import InputError, Interrupted
 from kvbench.request import Request, RequestRecord
+from kvbench.results.secrets import looks_like_key
 from kvbench.results.summary import RunSummary, SummaryOptions, summarize
 from kvbench.results.writer import RunWriter
 from kvbench.run.loop import LoadConfig, Turns, send_requests
@@ -172,6 +173,12 @@ def default_out(kind: str, name: str) -> Path:
     return Path("results") / f"{kind}-{name}-{time.strftime('%Y%m%d-%H%M%S')}.parquet"
 
 
-def api_key(variable: str) -> str:
-    """The API key from the environment (``EMPTY`` when unset, as vLLM's clients send)."""
-    return os.environ.get(variable) or "EMPTY"
+def api_key(variable: str, explicit: bool = False) -> str:
+    """The API key from the environment (``EMPTY`` when the default variable is unset, as vLLM's
+    clients send). Raises ``InputError`` when ``explicit`` (``--api-key-env`` named it) and the
+    variable is unset: a typo there would otherwise send no key without a word (issue 32.8)."""
+    value = os.environ.get(variable)
+    if explicit and value is None:
+        shown = "the variable given" if looks_like_key(variable) else variable
+        raise InputError(f"--api-key-env {shown}: no such environment variable is set (export it first)")
+    return value or "EMPTY"
