@@ -58,14 +58,14 @@ def spreadsheet_safe(value: Any) -> Any:
 
 
 def to_csv(records: Sequence[dict[str, Any]]) -> str:
-    """The records' scalar keys as CSV, a header line first; an empty cell is a value not measured.
-    Every cell goes through :func:`spreadsheet_safe`."""
+    """The records' scalar keys as CSV (RFC 4180: CRLF line ends), a header line first; an empty cell
+    is a value not measured. Every cell goes through :func:`spreadsheet_safe`."""
     columns: dict[str, None] = {}
     for record in records:
         columns.update((key, None) for key, value in record.items() if not isinstance(value, (dict, list)))
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=[spreadsheet_safe(c) for c in columns], extrasaction="ignore",
-                            lineterminator="\n")
+                            lineterminator="\r\n")  # RFC 4180; with "\n" a cell holding "\r" went unquoted
     writer.writeheader()
     writer.writerows({spreadsheet_safe(k): spreadsheet_safe(v) for k, v in record.items()} for record in records)
     return buffer.getvalue()
