@@ -19,6 +19,7 @@ from kvbench.results.engine_rows import verify_logit_rows
 from kvbench.results.live import RunningStats
 from kvbench.results.machine_load import load_sample, load_warnings, spread_warning
 from kvbench.results.memory_rows import kv_memory_rows
+from kvbench.results.out_lock import OutLock
 from kvbench.results.parquet import write_table
 from kvbench.results.rows import result_row
 from kvbench.results.schema import RUN_SCHEMA
@@ -36,7 +37,8 @@ class RunWriter:
     every ``CHECKPOINT_EVERY_S`` seconds by a timer thread while running (``complete: false``;
     :mod:`kvbench.results.checkpoint`: each row converted once, never on the event loop), and once
     more at the end (:meth:`close`, also after an error or Ctrl-C), so a crash loses at most the
-    last seconds of requests.
+    last seconds of requests. From construction to :meth:`close` it holds ``path``'s lock
+    (:mod:`kvbench.results.out_lock`): a second live run on the same file is refused.
 
     ``columns``: the backend's fixed result columns (``Backend.describe()``); ``summary_options``: the
     percentiles and goodput SLOs of the footer's summary (default: vLLM's defaults, no goodput)."""
@@ -49,6 +51,8 @@ class RunWriter:
         self.run_id = run_id
         self.columns = columns
         self.rows: list[dict[str, Any]] = []
+        self.lock = OutLock(self.path)  # one live run per file (issue 32.7); InputError when held
+        self.lock.acquire()
         self.metadata["machine_load"] = {"start": load_sample()}
         self.checkpoints = Checkpointer(self.path, RUN_SCHEMA, self.rows, CHECKPOINT_EVERY_S, metadata)
 
@@ -59,13 +63,16 @@ class RunWriter:
     def close(self, complete: bool) -> None:
         """Write the final file (nothing when no request finished), with the machine's load at the start
         and end and the :mod:`~kvbench.results.machine_load` warnings in the metadata."""
-        table = self.checkpoints.close()
-        self.metadata["machine_load"]["end"] = load_sample()
-        spread = spread_warning(self.rows)
-        self.metadata["warnings"] = load_warnings(self.metadata["machine_load"]) + ([spread] if spread else [])
-        if self.rows:
-            summary = summarize(self.rows, self.summary_options).as_dict()
-            write_table(self.path, table, {**self.metadata, "summary": summary, "complete": complete})
+        try:
+            table = self.checkpoints.close()
+            self.metadata["machine_load"]["end"] = load_sample()
+            spread = spread_warning(self.rows)
+            self.metadata["warnings"] = load_warnings(self.metadata["machine_load"]) + ([spread] if spread else [])
+            if self.rows:
+                summary = summarize(self.rows, self.summary_options).as_dict()
+                write_table(self.path, table, {**self.metadata, "summary": summary, "complete": complete})
+        finally:
+            self.lock.release()
 
 
 @contextlib.contextmanager
