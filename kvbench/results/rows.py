@@ -28,6 +28,7 @@ def result_row(run_id: str, columns: Mapping[str, Any], request: Request, record
         itl_ms=list(record.itl_ms), status=record.status.value, http_status=record.http_status,
         error=record.error, output_matches_reference=record.output_matches_reference,
         cache_creation_input_tokens=record.cache_creation_input_tokens, replica=record.replica,
+        num_retries=record.num_retries,
     )
     return row
 

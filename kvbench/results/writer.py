@@ -232,10 +232,11 @@ def http_tables(rows: list[dict[str, Any]], reconciliation: Reconciliation) -> l
     table = Table(title=f"cached tokens: reported vs expected (ideal cache: {rec.block_size}-token blocks, {size})")
     table.add_column("check")
     table.add_column("value", justify="right")
-    metrics = "- (no prefix-cache counters at /metrics)"
+    metrics = f"- ({rec.metrics_scope or 'no prefix-cache counters at /metrics'})"
     if rec.metrics_family is not None:
+        scope = f"; {rec.metrics_scope}" if rec.metrics_scope else ""
         metrics = (f"{_rate(rec.metrics_hit_rate)} ({rec.metrics_hits_tokens:,.0f} / {rec.metrics_queries_tokens:,.0f} "
-                   f"tokens, {rec.metrics_family.rsplit('_', 1)[0]})")
+                   f"tokens, {rec.metrics_family.rsplit('_', 1)[0]}{scope})")
     entries = [
         ("failed requests", error_kinds(rows) or "0"),
         ("responses with several tokens in a chunk", str(num_multi_token_chunks(rows))),

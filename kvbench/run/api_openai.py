@@ -159,10 +159,30 @@ def _run_info(config: RunConfig, run_id: str, client_config, load: LoadConfig, e
             "turns": (config.server.turns or TurnMode.SCRIPTED).value}
 
 
-def _all_metrics(fetch_metrics, urls, key: str) -> str | None:
-    """Every endpoint's ``/metrics`` text, joined (the counter parser sums samples over them)."""
-    texts = [text for text in (fetch_metrics(url, key) for url in urls) if text is not None]
-    return "\n".join(texts) if texts else None
+def _finish(outcome: RunOutcome, writer: RunWriter, backend, metrics_before: list, urls, key: str, reconciled) -> None:
+    """After the send loop: the ``/metrics`` delta over the endpoints that answered both times
+    (labelled when not all did), ``reconciled(before, after)``, ejected replicas, and the file
+    closed, incomplete when requests were never sent (issue 32.9)."""
+    from kvbench.backends.openai.admin import fetch_metrics
+    from kvbench.backends.openai.metrics import parse_prefix_cache_counters
+    from kvbench.request import NOT_SENT
+    from kvbench.run.http_metrics import joined, metrics_scope, scrape
+
+    metrics_after = scrape(fetch_metrics, urls, key)
+    both, scope = metrics_scope(metrics_before, metrics_after)
+    reconciliation = reconciled(parse_prefix_cache_counters(joined(metrics_before, both)),
+                                parse_prefix_cache_counters(joined(metrics_after, both)))
+    outcome.reconciliation = replace(reconciliation, metrics_scope=scope)
+    writer.metadata["reconciliation"] = outcome.reconciliation.as_dict()
+    events = getattr(backend, "events", [])
+    outcome.notes += events
+    writer.metadata["run"]["ejected_replicas"] = sorted(getattr(backend, "ejected", ()))
+    num_unsent = sum(1 for _, record in outcome.records if (record.error or "").startswith(NOT_SENT))
+    writer.metadata["run"]["num_unsent"] = num_unsent
+    if num_unsent:
+        outcome.notes.append(f"{num_unsent} request(s) were never sent (the server stopped answering): "
+                             "the file is marked incomplete")
+    writer.close(complete=num_unsent == 0)
 
 
 def _backend(client_config, tokenizer, run_salt: str | None, server):
@@ -181,9 +201,10 @@ def run_openai(config: RunConfig, on_progress: Progress | None = None) -> RunOut
     """:func:`kvbench.run.api.run` against an OpenAI-compatible server."""
     from kvbench.backends.openai.admin import fetch_metrics, reset_prefix_cache
     from kvbench.backends.openai.client import OpenAIConfig
-    from kvbench.backends.openai.metrics import detect_cache_settings, parse_prefix_cache_counters
+    from kvbench.backends.openai.metrics import detect_cache_settings
     from kvbench.backends.openai.reconcile import reconcile
     from kvbench.backends.openai.server_cache import resolve_server_cache, server_expectations
+    from kvbench.run.http_metrics import joined, scrape
     from kvbench.workloads.tokenizer import load_tokenizer
 
     from kvbench.backends.openai.client import check_base_url
@@ -199,9 +220,8 @@ def run_openai(config: RunConfig, on_progress: Progress | None = None) -> RunOut
     config, notes, checks = run_preflight(config, model, key, tokenizer, settings)
     urls = server.base_urls or (server.url,)
     notes += [reset_prefix_cache(url, key)[1] for url in urls] if server.reset_cache else []
-    metrics_text = _all_metrics(fetch_metrics, urls, key)
-    before = parse_prefix_cache_counters(metrics_text)
-    server_cache = resolve_server_cache(detect_cache_settings(metrics_text), server.server_block_size,
+    metrics_before = scrape(fetch_metrics, urls, key)
+    server_cache = resolve_server_cache(detect_cache_settings(joined(metrics_before)), server.server_block_size,
                                         server.expected_cache_size)
     notes += server_cache.lines()
     requests, run_salt = apply_hygiene(config, prepared_requests(source, settings), tokenizer)
@@ -226,11 +246,9 @@ def run_openai(config: RunConfig, on_progress: Progress | None = None) -> RunOut
     outcome.notes = notes + requests_note(settings.num_requests, len(source.requests)) + (turns.report.lines() if turns else [])
     if load.is_open_loop:
         outcome.notes.append(replay_lag(outcome.rows).describe())
-    after = parse_prefix_cache_counters(_all_metrics(fetch_metrics, urls, key))
     by_index = {request.index: record for request, record in outcome.records}
     requests, expectations = _as_sent(turns, requests, expectations)
-    outcome.reconciliation = reconcile(writer.rows, requests, expectations, [by_index.get(r.index) for r in requests],
-                                       before, after, ignore_eos=settings.ignore_eos)
-    writer.metadata["reconciliation"] = outcome.reconciliation.as_dict()
-    writer.close(complete=True)
+    _finish(outcome, writer, backend, metrics_before, urls, key, lambda before, after: reconcile(
+        writer.rows, requests, expectations, [by_index.get(r.index) for r in requests], before, after,
+        ignore_eos=settings.ignore_eos))
     return outcome
