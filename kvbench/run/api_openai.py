@@ -159,6 +159,15 @@ def _run_info(config: RunConfig, run_id: str, client_config, load: LoadConfig, e
             "turns": (config.server.turns or TurnMode.SCRIPTED).value}
 
 
+def _check_body_sizes(backend, requests: list[Request], key: str) -> None:
+    """Raise ``InputError`` with the server's own answer when it refuses the largest request's body
+    size (:mod:`kvbench.backends.openai.body_limit`; the first endpoint stands for all when routed)."""
+    from kvbench.backends.openai.body_limit import oversized_body
+
+    if (problem := oversized_body(getattr(backend, "backends", [backend])[0], requests, key)) is not None:
+        raise InputError(problem)
+
+
 def _finish(outcome: RunOutcome, writer: RunWriter, backend, metrics_before: list, urls, key: str, reconciled) -> None:
     """After the send loop: the ``/metrics`` delta over the endpoints that answered both times
     (labelled when not all did), ``reconciled(before, after)``, ejected replicas, and the file
@@ -238,6 +247,7 @@ def run_openai(config: RunConfig, on_progress: Progress | None = None) -> RunOut
     metadata = run_metadata(source, settings, requests, _run_info(config, run_id, client_config, load, expectations,
                                                                   tokenizer.name), config.source, load.num_warmup)
     backend = _backend(client_config, tokenizer, run_salt, server)
+    _check_body_sizes(backend, requests, key)
     metadata["preflight"], metadata["server_cache"] = checks, server_cache.origins
     writer = RunWriter(config.out or default_out("run", source.name), metadata, run_id, backend.describe(),
                        config.summary)
