@@ -25,6 +25,7 @@ from kvbench.run.checks import requests_note
 from kvbench.run.loop import LoadConfig
 from kvbench.run.setup import run_section
 from kvbench.run.source import load_source
+from kvbench.run.trace_replay import replay_plan
 
 
 MAX_CONNECTION_FAILURES = 5  # consecutive; then the server is taken as gone and the rest is not sent
@@ -243,6 +244,8 @@ def run_openai(config: RunConfig, on_progress: Progress | None = None) -> RunOut
                                                  {"return_token_ids": True} if turns else {},
                                                  server.client or ClientKind.LEAN))
     load = checked(lambda: _load(config, settings, len(requests)))
+    if load.time_scale is not None:  # before any request: what the replay will take (issue 32.10)
+        notes.append(replay_plan(requests[load.num_warmup:], load.time_scale))
     run_id = new_run_id(source.name)
     metadata = run_metadata(source, settings, requests, _run_info(config, run_id, client_config, load, expectations,
                                                                   tokenizer.name), config.source, load.num_warmup)
