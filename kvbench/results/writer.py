@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from kvbench.words import counted
 from kvbench.request import Request, RequestRecord
 from kvbench.results.checkpoint import Checkpointer
 from kvbench.results.engine_rows import verify_logit_rows
@@ -97,8 +98,8 @@ def progress_line(console: Console) -> Iterator[Callable[[list[dict[str, Any]], 
             progress.update(task, stats=text)
         progress.update(task, completed=len(rows), total=total)
 
-    with progress:
-        update.stats = stats  # type: ignore[attr-defined]  # for tests that count the work
+    with progress if console.is_terminal else contextlib.nullcontext():  # a pipe: no live display, whose
+        update.stats = stats  # stop printed a blank line before an error line (issue 30.7)  # type: ignore[attr-defined]  # for tests that count the work
         yield update
 
 
@@ -179,7 +180,7 @@ def cached_tokens_note(summary: RunSummary) -> str:
     """Why the hit rate is missing or leaves requests out ("" when every request counted)."""
     notes = []
     if summary.num_cached_unreported:
-        notes.append(f"{summary.num_cached_unreported} requests without cached_tokens (not 0: missing; vLLM "
+        notes.append(f"{counted(summary.num_cached_unreported, 'request')} without cached_tokens (not 0: missing; vLLM "
                      "reports it with --enable-prompt-tokens-details, SGLang with --enable-cache-report)")
     if summary.num_cached_impossible:
         notes.append(f"[red]{summary.num_cached_impossible} requests reported impossible cached_tokens "

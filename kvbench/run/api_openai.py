@@ -15,7 +15,7 @@ from dataclasses import replace
 from kvbench.backends.openai.client_kind import ClientKind
 from kvbench.backends.openai.hygiene import Hygiene, with_nonce
 from kvbench.errors import InputError, checked
-from kvbench.request import Request
+from kvbench.request import NOT_SENT, Request
 from kvbench.results.timeline import replay_lag
 from kvbench.results.writer import RunWriter
 from kvbench.run.execute import (Progress, RunOutcome, api_key, default_out, execute, new_run_id,
@@ -175,7 +175,6 @@ def _finish(outcome: RunOutcome, writer: RunWriter, backend, metrics_before: lis
     closed, incomplete when requests were never sent (issue 32.9)."""
     from kvbench.backends.openai.admin import fetch_metrics
     from kvbench.backends.openai.metrics import parse_prefix_cache_counters
-    from kvbench.request import NOT_SENT
     from kvbench.run.http_metrics import joined, metrics_scope, scrape
 
     metrics_after = scrape(fetch_metrics, urls, key)
@@ -256,7 +255,9 @@ def run_openai(config: RunConfig, on_progress: Progress | None = None) -> RunOut
                        config.summary)
     outcome = execute(requests, backend, load, writer, on_progress, backend_context=lambda: backend, turns=turns,
                       on_end=None if turns is None else lambda _: writer.metadata.update(live_turns=turns.report.as_dict()))
-    outcome.notes = notes + requests_note(settings.num_requests, len(source.requests)) + (turns.report.lines() if turns else [])
+    num_sent = sum(1 for _, record in outcome.records if not (record.error or "").startswith(NOT_SENT))
+    outcome.notes = (notes + requests_note(settings.num_requests, len(source.requests), num_sent)
+                     + (turns.report.lines() if turns else []))
     if load.is_open_loop:
         outcome.notes.append(replay_lag(outcome.rows).describe())
     by_index = {request.index: record for request, record in outcome.records}

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from kvbench.words import counted
 from kvbench.backends.base import Backend
 from kvbench.errors import InputError, Interrupted
 from kvbench.request import Request, RequestRecord
@@ -62,8 +63,8 @@ class RunInterrupted(Interrupted):
     """Ctrl-C or SIGTERM during a run: the rows so far are written (incomplete); ``outcome`` holds them."""
 
     def __init__(self, outcome: RunOutcome) -> None:
-        written = f"wrote {len(outcome.rows)} rows to {outcome.path}" if outcome.rows else "nothing to write"
-        super().__init__(f"after {len(outcome.rows)} of {outcome.num_requests} requests; {written}")
+        written = f"wrote {counted(len(outcome.rows), 'row')} to {outcome.path}" if outcome.rows else "nothing to write"
+        super().__init__(f"after {len(outcome.rows)} of {counted(outcome.num_requests, 'request')}; {written}")
         self.outcome = outcome
         self.sweep: Any = None  # kvbench.run.api.sweep: the sizes finished before the cut
 
