@@ -86,8 +86,9 @@ class RoutedBackend:
                                f"failures (last: {record.error}); its traffic goes to the others")
 
     async def serve(self, request: Request) -> RequestRecord:
-        replica = self._next_live(self.choose(request), set())
-        replica = self.choose(request) if replica is None else replica
+        chosen = self.choose(request)  # once: the router records its decision
+        live = self._next_live(chosen, set())  # the chosen one, or the next not ejected
+        replica = chosen if live is None else live
         tried: set[int] = set()
         num_retries = 0
         while True:

@@ -6,21 +6,11 @@ import pytest
 from kvbench.results.parquet import read_metadata
 from kvbench.results.secrets import REDACTED, looks_like_key, scrub, scrub_arguments
 
+from test_import_replay_http import SCENARIO  # a one-off [load] scenario: backend openai, base_url
+
 pytestmark = [pytest.mark.server]
 
 KEY = "sk-proj-7Hq2ZfLw9XcVb3NmKp4RtYu8Ae1Sd6Gh"  # the shape of an OpenAI project key (made up)
-SCENARIO = """
-[workload]
-kind = "one-off"
-num_requests = 2
-prompt_tokens = 40
-max_tokens = 2
-
-[load]
-backend = "openai"
-base_url = "{url}"
-concurrency = 1
-"""
 
 
 @pytest.fixture
