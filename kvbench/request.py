@@ -112,6 +112,7 @@ class Request:
 
 CONNECTION_ERROR = "connection error"  # how a backend's error text starts when no connection was made
 NOT_SENT = "not sent"  # how the send loop's error text starts for requests it gave up on
+NOTHING_SENT = f"{CONNECTION_ERROR}: nothing sent"  # no connection was made: safe to send elsewhere
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,8 @@ class RequestRecord:
         cache_creation_input_tokens: prompt tokens the server says it wrote to its cache (Anthropic's
             usage field; ``None`` where the server does not report it).
         replica: which of several ``--base-url`` endpoints served it (0-based), ``None`` with one.
+        num_retries: attempts beyond the first (HTTP backends): a failure before any response byte
+            was retried, on the same endpoint or, routed, on another one.
         http_status: the HTTP status of an HTTP backend's response.
         output_matches_reference: with verification: output equal to a cache-off run's?
         phase / queue_ms / sent_s / ended_s: set by the send loop: the phase, the wait from the
@@ -171,6 +174,7 @@ class RequestRecord:
     cache_creation_input_tokens: int | None = None
     host_cached_tokens: int | None = None
     replica: int | None = None
+    num_retries: int = 0
     error: str | None = None
     http_status: int | None = None
     output_matches_reference: bool | None = None
@@ -190,6 +194,12 @@ class RequestRecord:
         error text starts with :data:`CONNECTION_ERROR`, as backends write it."""
         return (self.status is Status.ERROR and self.http_status is None
                 and (self.error or "").startswith(CONNECTION_ERROR))
+
+    @property
+    def nothing_sent(self) -> bool:
+        """A connection failure before any byte of the request went out (refused, unknown host): the
+        error text starts with :data:`NOTHING_SENT`. Sending it elsewhere cannot count it twice."""
+        return self.is_connection_failure and (self.error or "").startswith(NOTHING_SENT)
 
     @classmethod
     def failed(cls, prompt_tokens: int, error: str, http_status: int | None = None) -> RequestRecord:

@@ -49,8 +49,11 @@ def test_sim_and_csv_report_need_no_extra(core, tmp_path):
     words = " ".join(done.stdout.split())  # the console wraps long lines
     assert f"(no PNG: needs the [plots] extra; from a checkout: {CPU_PIP} '.[plots]')" in words  # rows still written
     assert out.with_name("sim.curve.parquet").exists() and not out.with_name("sim.curve.png").exists()
-    plots = core("report", out, "--out", tmp_path / "rep")  # the tables print, then plots need [plots]
-    assert plots.returncode == 2 and f"needs the [plots] extra; from a checkout: {CPU_PIP} '.[plots]'" in plots.stderr
+    plots = core("report", out, "--out", tmp_path / "rep")  # the tables print, a note, exit 0 (issue 30.8)
+    assert plots.returncode == 0, plots.stderr
+    assert "Sim: shared_2k" in plots.stdout and "token hit 0.9690" in plots.stdout  # the summary table
+    assert plots.stderr.strip() == f"note: no PNG plots or report.html: needs the [plots] extra; from a checkout: {CPU_PIP} '.[plots]'"
+    assert not (tmp_path / "rep").exists()  # no empty folder left behind
 
 
 def test_in_process_run_and_serve_name_their_extra(core):

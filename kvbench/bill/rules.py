@@ -13,6 +13,7 @@ from enum import Enum
 from importlib import resources
 from typing import Any
 
+from kvbench.words import with_article
 from kvbench.errors import InputError
 
 
@@ -100,7 +101,7 @@ def cache_rules(provider: Provider | str, model: str, retention: str | None = No
     table = provider_table()[provider.value]
     models = table["models"]
     if model not in models:
-        raise InputError(f"--model: {model!r} is not a {provider.value} model in providers.toml "
+        raise InputError(f"--model: {model!r} is not {with_article(provider.value)} model in providers.toml "
                          f"(known: {', '.join(models)}; or pass every price with --input-price etc.)")
     retention = retention or DEFAULT_RETENTION[provider]
     if retention not in table["ttl_s"]:

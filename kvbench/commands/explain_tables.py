@@ -5,11 +5,13 @@ from __future__ import annotations
 from rich.markup import escape
 from rich.table import Table
 
+from kvbench.words import counted
+
 def waterfall_title(explanation, roomy: bool = False) -> str:
     config = explanation.config
     ttl = f", TTL {config.ttl_s:g} s" if config.ttl_s else ""
     room = " (room for everything)" if roomy else ""
-    return (f"kvbench explain: {explanation.name} ({len(explanation.requests):,} requests; {config.kind.value} "
+    return (f"kvbench explain: {explanation.name} ({counted(len(explanation.requests), 'request')}; {config.kind.value} "
             f"cache of {config.capacity_blocks:,} blocks of {config.block_size}{room}{ttl})")
 
 

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from kvbench.commands import result_options as res
 from kvbench.commands.common import build, make_console
+from kvbench.extras import needs_extra
 from kvbench.errors import InputError
 from kvbench.results.export import ReportFormat
 from kvbench.results.compare import Comparison, compare_runs
@@ -67,6 +68,9 @@ def report(
         return
     for table in summary_tables(loaded):
         console.print(rich_table(table))
+    if not _plots_installed():  # as kvbench sim: the tables, a note, exit 0, no empty folder (issue 30.8)
+        err.print(f"[yellow]note:[/yellow] {escape(NO_PLOTS_NOTE)}")
+        return
     out = out or Path("results") / f"report-{time.strftime('%Y%m%d-%H%M%S')}"
     with err.status("drawing plots"):
         written = build_report(loaded, out, title, _explain_sections(loaded, out) if explain else ())
@@ -76,6 +80,18 @@ def report(
         console.print(f"  {escape(str(figure.path))}")
     console.print(f"wrote {len(written.figures)} plots and {escape(str(written.html_path))} "
                   "(self-contained: the plots are embedded)")
+
+
+NO_PLOTS_NOTE = f"no PNG plots or report.html: {needs_extra('plots')}"
+
+
+def _plots_installed() -> bool:
+    """Whether matplotlib imports (the [plots] extra)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _explain_sections(loaded, out: Path) -> list:

@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from kvbench.commands.signature import in_panel
+from kvbench.words import counted
 from kvbench.commands.common import build, make_console
 from kvbench.commands.options import CacheKindOption, Requests, Source
 from kvbench.errors import InputError
@@ -125,7 +126,7 @@ def route(
     config = build(lambda: ClusterConfig(replicas, cache_cfg, service))
     with make_console(stderr=True).status("routing"):
         results = compare_policies(trace, config, policies, options)
-    title = (f"kvbench route: {loaded.name}, {trace.num_requests:,} requests, {replicas} replicas x "
+    title = (f"kvbench route: {loaded.name}, {counted(trace.num_requests, 'request')}, {replicas} replicas x "
              f"{cache_cfg.capacity_blocks:,} blocks of {cache_cfg.block_size} tokens ({cache_cfg.kind.value})")
     make_console().print(_table(title, results))
     _write(out or Path("results") / f"route-{loaded.name}-{time.strftime('%Y%m%d-%H%M%S')}.parquet", results,

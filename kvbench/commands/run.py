@@ -15,6 +15,7 @@ from typing import Any
 
 import typer
 
+from kvbench.words import counted
 from kvbench.commands import options as opt
 from kvbench.commands import result_options as res
 from kvbench.commands import run_options
@@ -62,7 +63,7 @@ def show_outcome(outcome) -> None:
     if outcome.reconciliation is not None:
         for table in http_tables(outcome.rows, outcome.reconciliation) + _replica_tables(outcome):
             console.print(table)
-    console.print(f"wrote {len(outcome.rows)} rows to {outcome.path}")
+    console.print(f"wrote {counted(len(outcome.rows), 'row')} to {outcome.path}")
 
 
 def _server_flags(base_url: list[str] | None, route: PolicyName | None, *rest, client=None) -> ServerFlags:

@@ -25,6 +25,7 @@ from kvbench.cache.base import CacheConfig, CacheKind, ReleaseOrder
 from kvbench.errors import InputError, Interrupted
 from kvbench.extras import needs_extra
 from kvbench.results.parquet import check_output_path, write_rows
+from kvbench.run.checks import requests_note
 from kvbench.run.scenario import parse_choices, parse_int_list
 from kvbench.run.config import CacheFlags
 from kvbench.run.setup import cache_config
@@ -37,9 +38,10 @@ from kvbench.sim.bounds import unbounded_capacity_blocks
 from kvbench.sim.hash_id_trace import HASH_ID_TRACES, hash_id_refusal, hash_id_trace
 from kvbench.sim.tiers import TierPolicy
 from kvbench.sim.ttl_curve import ttl_curve as ttl_curve_of
+from kvbench.words import counted
 
 def _table(source: RunSource, results: list[SimResult], ideal: SimResult, trace: PreparedTrace) -> Table:
-    table = Table(title=f"kvbench sim: {source.name} ({trace.num_requests:,} requests, "
+    table = Table(title=f"kvbench sim: {source.name} ({counted(trace.num_requests, 'request')}, "
                         f"{trace.num_prompt_tokens:,} prompt tokens, block size {trace.block_size})")
     for column in ("blocks", "tokens", "release", "token hit", "block hit", "evicted", "expired",
                    "refused"):
@@ -87,7 +89,7 @@ def _write_curve(console, source: RunSource, curve: HitCurve, out: Path, results
     marks = [r for r in results if r.release_order == ReleaseOrder.TAIL_FIRST.value]
     title = f"{source.name}: token hit rate at every cache size (block size {curve.trace.block_size})"
     parquet, png, num_rows = write_curve(curve, out, title, {"command": "sim", "source": source.description}, marks)
-    console.print(f"exact curve (one pass): {num_rows:,} sizes where the hit count changes, 1 .. "
+    console.print(f"exact curve (one pass): {counted(num_rows, 'size')} where the hit count changes, 1 .. "
                   f"{curve.ideal_capacity_blocks:,} blocks: {_files(parquet, png)}")
 
 
@@ -96,7 +98,7 @@ def _write_ttl_curve(console, source: RunSource, trace: PreparedTrace, out: Path
     title = f"{source.name}: token hit rate vs TTL, unbounded cache (block size {trace.block_size})"
     parquet, png, num_rows = write_ttl_curve(curve, out, title, {"command": "sim", "source": source.description})
     keeps = ", ".join(f"{int(f * 100)}% {_seconds(curve.ttl_for_fraction_s(f))}" for f in (0.5, 0.9, 0.99))
-    console.print(f"TTL keeping this share of the unbounded cache's hits: {keeps}; {num_rows:,} TTLs where the "
+    console.print(f"TTL keeping this share of the unbounded cache's hits: {keeps}; {counted(num_rows, 'TTL')} where the "
                   f"hit count changes: {_files(parquet, png)}")
 
 
@@ -202,6 +204,8 @@ def sim(
     ideal = (curve.result_at(unbounded_capacity_blocks((p.num_tokens for p in trace.prompts), trace.block_size))
              if curve is not None else ideal_hit_rate(trace, kind))
     console.print(_table(source_info, results, ideal, trace))
+    for note in requests_note(requests, trace.num_requests, done="simulated"):
+        err.print(note, soft_wrap=True)
     _write_outputs(console, source_info, trace, _default_out(out, source_info), results, outcome, interrupted,
                    ideal, time.perf_counter() - started, ttl_curve)
     if interrupted:
@@ -214,8 +218,7 @@ def _write_outputs(console, source_info: RunSource, trace: PreparedTrace, out: P
     if results:
         metadata = {"command": "sim", "source": source_info.description, "ideal_token_hit_rate": ideal.token_hit_rate,
                     "complete": not interrupted, "elapsed_s": elapsed_s, "methods": outcome.methods}
-        write_rows(out, [r.as_row() for r in results], metadata)
-        console.print(f"wrote {len(results)} rows to {out}")
+        _write_results(console, out, [r.as_row() for r in results], metadata)
     curve = outcome.curves.get(ReleaseOrder.TAIL_FIRST.value)
     if curve is not None and not interrupted:
         _write_curve(console, source_info, curve, out, results)
@@ -225,6 +228,14 @@ def _write_outputs(console, source_info: RunSource, trace: PreparedTrace, out: P
 
 def _default_out(out: Path | None, source: RunSource) -> Path:
     return out or Path("results") / f"sim-{source.name}-{time.strftime('%Y%m%d-%H%M%S')}.parquet"
+
+
+def _write_results(console, out: Path, rows: list[dict], metadata: dict) -> None:
+    """Write the rows; say so, and that a file was replaced when one was there (as ``run`` does)."""
+    replacing = out.is_file()
+    write_rows(out, rows, metadata)
+    console.print(f"wrote {counted(len(rows), 'row')} to {escape(str(out))}"
+                  + (" (replaced the file that was there)" if replacing else ""))
 
 
 def register(app: typer.Typer) -> None:

@@ -14,6 +14,7 @@ import pyarrow as pa
 from rich.markup import escape
 from rich.table import Table
 
+from kvbench.words import counted
 from kvbench.cache.base import CacheConfig, ReleaseOrder
 from kvbench.commands.common import make_console
 from kvbench.errors import InputError
@@ -122,7 +123,7 @@ def show_sampled(console, name: str, curve: SampledCurve, capacities: list[int],
                  err=None) -> None:
     """Print the estimate at ``capacities`` and write its curve (``NAME.sampled-curve.parquet``);
     on ``err``, one warning line when sizes fall below ``1 / rate`` blocks (:func:`coarse_warning`)."""
-    table = Table(title=f"kvbench sim (sampled): {name} ({curve.num_requests:,} requests, "
+    table = Table(title=f"kvbench sim (sampled): {name} ({counted(curve.num_requests, 'request')}, "
                         f"{curve.num_prompt_tokens:,} prompt tokens, block size {curve.block_size})")
     for column in ("blocks", "tokens", "token hit (estimate)"):
         table.add_column(column, justify="right")
@@ -142,7 +143,7 @@ def show_sampled(console, name: str, curve: SampledCurve, capacities: list[int],
                             "max_keys_kept": curve.max_keys_kept, "coarse_below_blocks": round(1 / curve.rate),
                             "hit_rate_sd": curve.hit_rate_sd, "num_requests": curve.num_requests,
                             "prompt_tokens": curve.num_prompt_tokens})
-    console.print(f"wrote the sampled curve ({len(rows)} sizes) to {escape(str(path))}")
+    console.print(f"wrote the sampled curve ({counted(len(rows), 'size')}) to {escape(str(path))}")
 
 
 def _keys_held(curve: SampledCurve) -> str:

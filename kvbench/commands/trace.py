@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from kvbench.words import counted
 from kvbench.errors import InputError, checked
 from kvbench.request import Request
 from kvbench.run.scenario import parse_int_list
@@ -66,16 +67,25 @@ def _config(cls: type, **fields: Any) -> Any:
         raise InputError(message) from None
 
 
+def _write(trace: Trace, out: Path) -> str:
+    """Write ``trace`` to ``out``; ``" (replaced the file that was there)"`` when one was, else ``""``
+    (``sim --out`` and ``trace import -o`` overwrote silently where ``run`` said so; issue 30.7)."""
+    replacing = out.is_file()
+    write_trace(trace, out)
+    return " (replaced the file that was there)" if replacing else ""
+
+
 def _generate(kind: str, config: Any, out: Path, tokenizer_name: str | None, base_dir: Path = Path(".")) -> None:
     console, err = Console(), Console(stderr=True)
     tokenizer = load_tokenizer(tokenizer_name)
     started = time.perf_counter()
     with err.status(f"generating {kind} trace"):
         trace = checked(lambda: generate_trace(kind, config, tokenizer, base_dir))
-    write_trace(trace, out)
+    replaced = _write(trace, out)
     num_tokens = sum(r.expected_prompt_tokens for r in trace.requests)
-    console.print(f"wrote {len(trace.requests):,} requests ({trace.num_sessions:,} sessions, {num_tokens:,} prompt "
-                  f"tokens, {tokenizer.name}) to {out} in {time.perf_counter() - started:.1f} s")
+    console.print(f"wrote {counted(len(trace.requests), 'request')} ({counted(trace.num_sessions, 'session')}, "
+                  f"{num_tokens:,} prompt tokens, {tokenizer.name}) to {out}{replaced} in "
+                  f"{time.perf_counter() - started:.1f} s", markup=False)
 
 
 @gen_app.command("shared-prefix")
@@ -245,11 +255,12 @@ def import_(
     started = time.perf_counter()
     with Console(stderr=True).status(f"importing {format.value}"):
         imported = import_trace(config, tokenizer_)
-    write_trace(imported.trace, out)
+    replaced = _write(imported.trace, out)
     trace = imported.trace
     num_tokens = sum(r.expected_prompt_tokens for r in trace.requests)
-    Console().print(f"imported {len(trace.requests):,} requests ({trace.num_sessions:,} sessions, {num_tokens:,} "
-                    f"prompt tokens, {tokenizer_.name}) to {out} in {time.perf_counter() - started:.1f} s")
+    Console().print(f"imported {counted(len(trace.requests), 'request')} ({counted(trace.num_sessions, 'session')}, "
+                    f"{num_tokens:,} prompt tokens, {tokenizer_.name}) to {out}{replaced} in "
+                    f"{time.perf_counter() - started:.1f} s", markup=False)
     if imported.num_skipped:
         Console(stderr=True).print(f"skipped {imported.num_skipped:,} bad row(s); first: {imported.first_skipped}",
                                    soft_wrap=True, markup=False)
@@ -258,7 +269,7 @@ def import_(
 def _summary_table(path: Path, requests: list[Request], trace: Trace | None) -> Table:
     summary = summarize(requests, trace)
     sessions = f", {summary.num_sessions:,} sessions" if summary.num_sessions is not None else ""
-    table = Table(title=f"kvbench trace stats: {path.name} ({summary.num_requests:,} requests{sessions})")
+    table = Table(title=f"kvbench trace stats: {path.name} ({counted(summary.num_requests, 'request')}{sessions})")
     for column in ("tokens", "mean", "p50", "p99", "total"):
         table.add_column(column, justify="right")
     for label, values in (("prompt", summary.prompt_tokens), ("output budget", summary.output_budget_tokens)):

@@ -58,7 +58,8 @@ SAMPLE_TEXTS = (
     "def f(x):\n    return x ** 2  # squares\n\n\nclass A:\n\tpass\n",
     "Ünïcödé, 中文字符, emoji 🙂🚀, numbers 1234567 3.14159, tabs\tand  double  spaces   .",
     "  leading spaces, trailing newlines\n\n",
-    "<|im_start|> inside text stays text; <|endoftext|> too.",
+    "<|im_start|> inside text is the control token; <|endoftext|> too.",
+    "a<|im_end|>b",  # [64, 100265, 65] (issue 30.2)
     "JSON: {\"tool\": \"grep\", \"args\": [\"-n\", \"KV cache\"]}\r\nCRLF line\r\n",
 )
 SAMPLE_MESSAGES = (
@@ -135,8 +136,8 @@ def check_cl100k_tokenizer(path: Path, reference: ReferenceTokenizer, texts: Seq
                            conversations: Sequence[Sequence[Message]] = SAMPLE_MESSAGES) -> int:
     """Check that the tokenizer in ``path`` gives tiktoken's ids and kvbench's chat rendering.
 
-    For every text: ``encode(text, add_special_tokens=False)`` (special tokens *not* parsed, as
-    kvbench treats message text) equals tiktoken's ``encode_ordinary``; every special token encodes to
+    For every text: ``encode(text, add_special_tokens=False)`` (special tokens in the text parsed, the
+    transformers default, as kvbench does) equals ``reference.encode``; every special token encodes to
     its id; every conversation rendered with the checkpoint's chat template and encoded as vLLM does
     (template text, no added special tokens) equals ``TiktokenTokenizer.render_messages``.
     Returns the number of texts and conversations checked.
@@ -148,7 +149,7 @@ def check_cl100k_tokenizer(path: Path, reference: ReferenceTokenizer, texts: Seq
 
     exported = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     for text in texts:
-        got = exported(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        got = exported(text, add_special_tokens=False)["input_ids"]
         _compare(f"text {text[:30]!r}", list(got), reference.encode(text))
     for token, token_id in cl100k_special_tokens().items():
         _compare(f"special token {token}", exported.encode(token, add_special_tokens=False), [token_id])

@@ -180,6 +180,7 @@ def _run_server(config: PeerConfig, model_dir: Path, tokenizer: Any, pool: str, 
         if blocks is None:
             raise PeerError(f"{server.url}/metrics reports no num_gpu_blocks; cannot size the prediction")
         backend = vllm_backend(server.base_url, server_config.served_model_name, tokenizer, config.block_size)
+        context = {**context, "special_tokens": _check_special_tokens(server, server_config, tokenizer, log)}
         drive([warm_up_request(tokenizer)], backend)
         for prepared in chosen:
             new_rows, summary = _compare(backend, prepared, VllmPoolShape(blocks, config.block_size),
@@ -187,6 +188,17 @@ def _run_server(config: PeerConfig, model_dir: Path, tokenizer: Any, pool: str, 
             rows += new_rows
             summaries.append(summary)
     return rows, summaries
+
+
+def _check_special_tokens(server, server_config, tokenizer, log: Log) -> str:
+    """The server's rule for special-token text against kvbench's (logged; for the metadata)."""
+    from kvbench.backends.openai.tokenize import ServerTokenizer
+    from kvbench.peer.special_tokens import special_token_problem
+
+    problem = special_token_problem(ServerTokenizer(server.base_url, server_config.served_model_name, API_KEY).encode,
+                                    tokenizer)
+    log(f"special-token text: {problem or 'parsed by the server, as by kvbench'}")
+    return problem or "parsed, as kvbench"
 
 
 @dataclass(frozen=True)

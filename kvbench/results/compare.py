@@ -43,8 +43,13 @@ class MetricRow:
         return self.b / self.a
 
     def cells(self) -> tuple[str, str, str, str]:
+        """The row as shown. No ratio where A shows as zero at the row's precision: "0.0 / 0.0 ->
+        0.77x" compared noise below what the table shows (issue 30.7)."""
         ratio = self.ratio
-        return (self.name, self.a_text or format_value(self.a, self.spec),
+        a_shown = format_value(self.a, self.spec)
+        if a_shown.strip("0.,-") == "":
+            ratio = None
+        return (self.name, self.a_text or a_shown,
                 self.b_text or format_value(self.b, self.spec), "-" if ratio is None else f"{ratio:.2f}x")
 
 

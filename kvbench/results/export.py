@@ -44,13 +44,28 @@ def to_json(records: Sequence[dict[str, Any]]) -> str:
     return json.dumps(json_ready(list(records)), indent=2, default=str, allow_nan=False) + "\n"
 
 
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")  # OWASP "CSV Injection": what a spreadsheet evaluates
+
+
+def spreadsheet_safe(value: Any) -> Any:
+    """``value`` as a CSV cell a spreadsheet shows rather than evaluates: a string that begins with
+    ``=``, ``+``, ``-``, ``@``, tab or carriage return gets a leading ``'`` (OWASP's CSV-injection
+    rule; a trace named ``=cmd|' -C calc'!A0`` or a server's model id ``=HYPERLINK(...)``, issue
+    32.6). Numbers, booleans and ``None`` pass unchanged: ``-1.5`` in a numeric column is a number."""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
 def to_csv(records: Sequence[dict[str, Any]]) -> str:
-    """The records' scalar keys as CSV, a header line first; an empty cell is a value not measured."""
+    """The records' scalar keys as CSV (RFC 4180: CRLF line ends), a header line first; an empty cell
+    is a value not measured. Every cell goes through :func:`spreadsheet_safe`."""
     columns: dict[str, None] = {}
     for record in records:
         columns.update((key, None) for key, value in record.items() if not isinstance(value, (dict, list)))
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(columns), extrasaction="ignore", lineterminator="\n")
+    writer = csv.DictWriter(buffer, fieldnames=[spreadsheet_safe(c) for c in columns], extrasaction="ignore",
+                            lineterminator="\r\n")  # RFC 4180; with "\n" a cell holding "\r" went unquoted
     writer.writeheader()
-    writer.writerows(records)
+    writer.writerows({spreadsheet_safe(k): spreadsheet_safe(v) for k, v in record.items()} for record in records)
     return buffer.getvalue()

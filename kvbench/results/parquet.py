@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 
 from kvbench import __version__
 from kvbench.errors import InputError
+from kvbench.results.secrets import environment_secrets, scrub, scrub_arguments
 from kvbench.workloads.formats.atomic import partial_path
 
 _PREFIX = "kvbench."
@@ -115,9 +116,11 @@ def record_command_line(args: Sequence[str]) -> None:
 
 def encoded_metadata(metadata: Mapping[str, Any]) -> dict[str, str]:
     """``metadata`` plus ``versions``, ``machine`` (and ``command_line`` when the CLI recorded one), as
-    the ``kvbench.*`` JSON strings of a footer."""
-    footer = {"versions": versions(), "machine": machine(),
-              **({"command_line": list(_COMMAND_LINE)} if _COMMAND_LINE else {}), **metadata}
+    the ``kvbench.*`` JSON strings of a footer, every value that looks like an API key redacted
+    (:mod:`kvbench.results.secrets`)."""
+    known = environment_secrets()
+    command_line = {"command_line": scrub_arguments(_COMMAND_LINE, known)} if _COMMAND_LINE else {}
+    footer = scrub({"versions": versions(), "machine": machine(), **command_line, **metadata}, known)
     return {f"{_PREFIX}{key}": json.dumps(value, default=str) for key, value in footer.items()}
 
 

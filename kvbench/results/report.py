@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvbench.words import counted
 from kvbench.results import plots
 from kvbench.results.engine_rows import engine_report_rows
 from kvbench.results.files import (ResultFile, describe_cache, format_value, group_by_trace, split_ttft,
@@ -206,7 +207,7 @@ def input_notes(results: Sequence[ResultFile]) -> list[str]:
         if result.metadata.get("complete") is False:
             notes.append(f"{result.path}: interrupted, partial results")
         if result.summary and result.summary.num_errors:
-            notes.append(f"{result.path}: {result.summary.num_errors} of {result.summary.num_requests} requests failed")
+            notes.append(f"{result.path}: {result.summary.num_errors} of {counted(result.summary.num_requests, 'request')} failed")
         notes += [f"{result.path}: {warning}" for warning in result.metadata.get("warnings") or []]
         if result.summary and result.summary.num_mismatched_outputs:
             notes.append(f"{result.path}: {result.summary.num_mismatched_outputs} outputs differ from the "

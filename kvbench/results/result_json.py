@@ -30,6 +30,7 @@ from typing import Any
 
 from kvbench.errors import InputError
 from kvbench.results.parquet import check_output_path, machine, versions
+from kvbench.results.secrets import environment_secrets, scrub
 from kvbench.results.summary import RunSummary
 
 DETAILED_KEYS = ("input_lens", "output_lens", "ttfts", "itls", "start_times", "errors")  # vLLM's
@@ -109,7 +110,8 @@ def write_result(path: str | Path, result: Mapping[str, Any]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(json_ready(dict(result)), indent=2, default=str, allow_nan=False) + "\n")
+    result = scrub(json_ready(dict(result)), environment_secrets())  # no API key in a results file (issue 32.8)
+    partial.write_text(json.dumps(result, indent=2, default=str, allow_nan=False) + "\n")
     os.replace(partial, path)
     return path
 

@@ -29,6 +29,7 @@ def result_row(run_id: str, columns: Mapping[str, Any], request: Request, record
         error=record.error, output_matches_reference=record.output_matches_reference,
         cache_creation_input_tokens=record.cache_creation_input_tokens, replica=record.replica,
         host_cached_tokens=record.host_cached_tokens,
+        num_retries=record.num_retries,
     )
     return row
 

@@ -64,6 +64,7 @@ RUN_SCHEMA = pa.schema([
     pa.field("cache_creation_input_tokens", pa.int64()),  # Anthropic usage: tokens written (null elsewhere)
     pa.field("host_cached_tokens", pa.int64()),  # paged --host-tier: cached tokens loaded from the host tier
     pa.field("replica", pa.int64()),            # which --base-url served it (0-based; null with one endpoint)
+    pa.field("num_retries", pa.int64()),        # HTTP attempts beyond the first (nothing received, retried)
 ])
 
 RUN_COLUMNS = tuple(RUN_SCHEMA.names)

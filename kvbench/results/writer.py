@@ -13,12 +13,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from kvbench.words import counted
 from kvbench.request import Request, RequestRecord
 from kvbench.results.checkpoint import Checkpointer
 from kvbench.results.engine_rows import verify_logit_rows
 from kvbench.results.live import RunningStats
 from kvbench.results.machine_load import load_sample, load_warnings, spread_warning
 from kvbench.results.memory_rows import kv_memory_rows
+from kvbench.results.out_lock import OutLock
 from kvbench.results.parquet import write_table
 from kvbench.results.rows import result_row
 from kvbench.results.schema import RUN_SCHEMA
@@ -36,7 +38,8 @@ class RunWriter:
     every ``CHECKPOINT_EVERY_S`` seconds by a timer thread while running (``complete: false``;
     :mod:`kvbench.results.checkpoint`: each row converted once, never on the event loop), and once
     more at the end (:meth:`close`, also after an error or Ctrl-C), so a crash loses at most the
-    last seconds of requests.
+    last seconds of requests. From construction to :meth:`close` it holds ``path``'s lock
+    (:mod:`kvbench.results.out_lock`): a second live run on the same file is refused.
 
     ``columns``: the backend's fixed result columns (``Backend.describe()``); ``summary_options``: the
     percentiles and goodput SLOs of the footer's summary (default: vLLM's defaults, no goodput)."""
@@ -49,6 +52,8 @@ class RunWriter:
         self.run_id = run_id
         self.columns = columns
         self.rows: list[dict[str, Any]] = []
+        self.lock = OutLock(self.path)  # one live run per file (issue 32.7); InputError when held
+        self.lock.acquire()
         self.metadata["machine_load"] = {"start": load_sample()}
         self.checkpoints = Checkpointer(self.path, RUN_SCHEMA, self.rows, CHECKPOINT_EVERY_S, metadata)
 
@@ -59,13 +64,16 @@ class RunWriter:
     def close(self, complete: bool) -> None:
         """Write the final file (nothing when no request finished), with the machine's load at the start
         and end and the :mod:`~kvbench.results.machine_load` warnings in the metadata."""
-        table = self.checkpoints.close()
-        self.metadata["machine_load"]["end"] = load_sample()
-        spread = spread_warning(self.rows)
-        self.metadata["warnings"] = load_warnings(self.metadata["machine_load"]) + ([spread] if spread else [])
-        if self.rows:
-            summary = summarize(self.rows, self.summary_options).as_dict()
-            write_table(self.path, table, {**self.metadata, "summary": summary, "complete": complete})
+        try:
+            table = self.checkpoints.close()
+            self.metadata["machine_load"]["end"] = load_sample()
+            spread = spread_warning(self.rows)
+            self.metadata["warnings"] = load_warnings(self.metadata["machine_load"]) + ([spread] if spread else [])
+            if self.rows:
+                summary = summarize(self.rows, self.summary_options).as_dict()
+                write_table(self.path, table, {**self.metadata, "summary": summary, "complete": complete})
+        finally:
+            self.lock.release()
 
 
 @contextlib.contextmanager
@@ -90,8 +98,8 @@ def progress_line(console: Console) -> Iterator[Callable[[list[dict[str, Any]], 
             progress.update(task, stats=text)
         progress.update(task, completed=len(rows), total=total)
 
-    with progress:
-        update.stats = stats  # type: ignore[attr-defined]  # for tests that count the work
+    with progress if console.is_terminal else contextlib.nullcontext():  # a pipe: no live display, whose
+        update.stats = stats  # stop printed a blank line before an error line (issue 30.7)  # type: ignore[attr-defined]  # for tests that count the work
         yield update
 
 
@@ -172,7 +180,7 @@ def cached_tokens_note(summary: RunSummary) -> str:
     """Why the hit rate is missing or leaves requests out ("" when every request counted)."""
     notes = []
     if summary.num_cached_unreported:
-        notes.append(f"{summary.num_cached_unreported} requests without cached_tokens (not 0: missing; vLLM "
+        notes.append(f"{counted(summary.num_cached_unreported, 'request')} without cached_tokens (not 0: missing; vLLM "
                      "reports it with --enable-prompt-tokens-details, SGLang with --enable-cache-report)")
     if summary.num_cached_impossible:
         notes.append(f"[red]{summary.num_cached_impossible} requests reported impossible cached_tokens "
@@ -225,10 +233,11 @@ def http_tables(rows: list[dict[str, Any]], reconciliation: Reconciliation) -> l
     table = Table(title=f"cached tokens: reported vs expected (ideal cache: {rec.block_size}-token blocks, {size})")
     table.add_column("check")
     table.add_column("value", justify="right")
-    metrics = "- (no prefix-cache counters at /metrics)"
+    metrics = f"- ({rec.metrics_scope or 'no prefix-cache counters at /metrics'})"
     if rec.metrics_family is not None:
+        scope = f"; {rec.metrics_scope}" if rec.metrics_scope else ""
         metrics = (f"{_rate(rec.metrics_hit_rate)} ({rec.metrics_hits_tokens:,.0f} / {rec.metrics_queries_tokens:,.0f} "
-                   f"tokens, {rec.metrics_family.rsplit('_', 1)[0]})")
+                   f"tokens, {rec.metrics_family.rsplit('_', 1)[0]}{scope})")
     entries = [
         ("failed requests", error_kinds(rows) or "0"),
         ("responses with several tokens in a chunk", str(num_multi_token_chunks(rows))),

@@ -53,7 +53,8 @@ def run_anthropic(config: RunConfig, on_progress: Progress | None = None) -> Run
     if requests and requests[0].messages is None:
         raise InputError(f"{config.source}: --backend anthropic sends chat messages; this source has token ids only")
     variable = server.api_key_env or KEY_VARIABLE
-    client_config = checked(lambda: AnthropicConfig(anthropic_root(server.url), config.model.path, api_key(variable),
+    client_config = checked(lambda: AnthropicConfig(anthropic_root(server.url), config.model.path,
+                                                    api_key(variable, explicit=server.api_key_env is not None),
                                                     server.timeout or DEFAULT_TIMEOUT_S, settings.temperature,
                                                     None if settings.top_p == 1.0 else settings.top_p,
                                                     server.server_block_size or DEFAULT_SERVER_BLOCK_SIZE))

@@ -15,7 +15,7 @@ from dataclasses import replace
 from kvbench.backends.openai.client_kind import ClientKind
 from kvbench.backends.openai.hygiene import Hygiene, with_nonce
 from kvbench.errors import InputError, checked
-from kvbench.request import Request
+from kvbench.request import NOT_SENT, Request
 from kvbench.results.timeline import replay_lag
 from kvbench.results.writer import RunWriter
 from kvbench.run.execute import (Progress, RunOutcome, api_key, default_out, execute, new_run_id,
@@ -25,6 +25,7 @@ from kvbench.run.checks import requests_note
 from kvbench.run.loop import LoadConfig
 from kvbench.run.setup import run_section
 from kvbench.run.source import load_source
+from kvbench.run.trace_replay import replay_plan
 
 
 MAX_CONNECTION_FAILURES = 5  # consecutive; then the server is taken as gone and the rest is not sent
@@ -159,10 +160,38 @@ def _run_info(config: RunConfig, run_id: str, client_config, load: LoadConfig, e
             "turns": (config.server.turns or TurnMode.SCRIPTED).value}
 
 
-def _all_metrics(fetch_metrics, urls, key: str) -> str | None:
-    """Every endpoint's ``/metrics`` text, joined (the counter parser sums samples over them)."""
-    texts = [text for text in (fetch_metrics(url, key) for url in urls) if text is not None]
-    return "\n".join(texts) if texts else None
+def _check_body_sizes(backend, requests: list[Request], key: str) -> None:
+    """Raise ``InputError`` with the server's own answer when it refuses the largest request's body
+    size (:mod:`kvbench.backends.openai.body_limit`; the first endpoint stands for all when routed)."""
+    from kvbench.backends.openai.body_limit import oversized_body
+
+    if (problem := oversized_body(getattr(backend, "backends", [backend])[0], requests, key)) is not None:
+        raise InputError(problem)
+
+
+def _finish(outcome: RunOutcome, writer: RunWriter, backend, metrics_before: list, urls, key: str, reconciled) -> None:
+    """After the send loop: the ``/metrics`` delta over the endpoints that answered both times
+    (labelled when not all did), ``reconciled(before, after)``, ejected replicas, and the file
+    closed, incomplete when requests were never sent (issue 32.9)."""
+    from kvbench.backends.openai.admin import fetch_metrics
+    from kvbench.backends.openai.metrics import parse_prefix_cache_counters
+    from kvbench.run.http_metrics import joined, metrics_scope, scrape
+
+    metrics_after = scrape(fetch_metrics, urls, key)
+    both, scope = metrics_scope(metrics_before, metrics_after)
+    reconciliation = reconciled(parse_prefix_cache_counters(joined(metrics_before, both)),
+                                parse_prefix_cache_counters(joined(metrics_after, both)))
+    outcome.reconciliation = replace(reconciliation, metrics_scope=scope)
+    writer.metadata["reconciliation"] = outcome.reconciliation.as_dict()
+    events = getattr(backend, "events", [])
+    outcome.notes += events
+    writer.metadata["run"]["ejected_replicas"] = sorted(getattr(backend, "ejected", ()))
+    num_unsent = sum(1 for _, record in outcome.records if (record.error or "").startswith(NOT_SENT))
+    writer.metadata["run"]["num_unsent"] = num_unsent
+    if num_unsent:
+        outcome.notes.append(f"{num_unsent} request(s) were never sent (the server stopped answering): "
+                             "the file is marked incomplete")
+    writer.close(complete=num_unsent == 0)
 
 
 def _backend(client_config, tokenizer, run_salt: str | None, server):
@@ -181,9 +210,10 @@ def run_openai(config: RunConfig, on_progress: Progress | None = None) -> RunOut
     """:func:`kvbench.run.api.run` against an OpenAI-compatible server."""
     from kvbench.backends.openai.admin import fetch_metrics, reset_prefix_cache
     from kvbench.backends.openai.client import OpenAIConfig
-    from kvbench.backends.openai.metrics import detect_cache_settings, parse_prefix_cache_counters
+    from kvbench.backends.openai.metrics import detect_cache_settings
     from kvbench.backends.openai.reconcile import reconcile
     from kvbench.backends.openai.server_cache import resolve_server_cache, server_expectations
+    from kvbench.run.http_metrics import joined, scrape
     from kvbench.workloads.tokenizer import load_tokenizer
 
     from kvbench.backends.openai.client import check_base_url
@@ -193,15 +223,14 @@ def run_openai(config: RunConfig, on_progress: Progress | None = None) -> RunOut
     tokenizer = None if server.tokenizer == SERVER_TOKENIZER else load_tokenizer(server.tokenizer)
     source = load_source(config.source, tokenizer, limit=config.run.num_requests)
     settings = run_section(source, config.run)
-    key = api_key(server.key_variable)
+    key = api_key(server.key_variable, explicit=server.api_key_env is not None)
     model = served_model(config, key)
     tokenizer, source = with_run_tokenizer(config, model, key, tokenizer, source)
     config, notes, checks = run_preflight(config, model, key, tokenizer, settings)
     urls = server.base_urls or (server.url,)
     notes += [reset_prefix_cache(url, key)[1] for url in urls] if server.reset_cache else []
-    metrics_text = _all_metrics(fetch_metrics, urls, key)
-    before = parse_prefix_cache_counters(metrics_text)
-    server_cache = resolve_server_cache(detect_cache_settings(metrics_text), server.server_block_size,
+    metrics_before = scrape(fetch_metrics, urls, key)
+    server_cache = resolve_server_cache(detect_cache_settings(joined(metrics_before)), server.server_block_size,
                                         server.expected_cache_size)
     notes += server_cache.lines()
     requests, run_salt = apply_hygiene(config, prepared_requests(source, settings), tokenizer)
@@ -214,23 +243,26 @@ def run_openai(config: RunConfig, on_progress: Progress | None = None) -> RunOut
                                                  {"return_token_ids": True} if turns else {},
                                                  server.client or ClientKind.LEAN))
     load = checked(lambda: _load(config, settings, len(requests)))
+    if load.time_scale is not None:  # before any request: what the replay will take (issue 32.10)
+        notes.append(replay_plan(requests[load.num_warmup:], load.time_scale))
     run_id = new_run_id(source.name)
     metadata = run_metadata(source, settings, requests, _run_info(config, run_id, client_config, load, expectations,
                                                                   tokenizer.name), config.source, load.num_warmup)
     backend = _backend(client_config, tokenizer, run_salt, server)
+    _check_body_sizes(backend, requests, key)
     metadata["preflight"], metadata["server_cache"] = checks, server_cache.origins
     writer = RunWriter(config.out or default_out("run", source.name), metadata, run_id, backend.describe(),
                        config.summary)
     outcome = execute(requests, backend, load, writer, on_progress, backend_context=lambda: backend, turns=turns,
                       on_end=None if turns is None else lambda _: writer.metadata.update(live_turns=turns.report.as_dict()))
-    outcome.notes = notes + requests_note(settings.num_requests, len(source.requests)) + (turns.report.lines() if turns else [])
+    num_sent = sum(1 for _, record in outcome.records if not (record.error or "").startswith(NOT_SENT))
+    outcome.notes = (notes + requests_note(settings.num_requests, len(source.requests), num_sent)
+                     + (turns.report.lines() if turns else []))
     if load.is_open_loop:
         outcome.notes.append(replay_lag(outcome.rows).describe())
-    after = parse_prefix_cache_counters(_all_metrics(fetch_metrics, urls, key))
     by_index = {request.index: record for request, record in outcome.records}
     requests, expectations = _as_sent(turns, requests, expectations)
-    outcome.reconciliation = reconcile(writer.rows, requests, expectations, [by_index.get(r.index) for r in requests],
-                                       before, after, ignore_eos=settings.ignore_eos)
-    writer.metadata["reconciliation"] = outcome.reconciliation.as_dict()
-    writer.close(complete=True)
+    _finish(outcome, writer, backend, metrics_before, urls, key, lambda before, after: reconcile(
+        writer.rows, requests, expectations, [by_index.get(r.index) for r in requests], before, after,
+        ignore_eos=settings.ignore_eos))
     return outcome

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from kvbench.words import counted
 from kvbench.errors import InputError
 from kvbench.request import Request
 
@@ -44,8 +45,14 @@ def check_against_model(requests: Sequence[Request], block_size: int, max_contex
                              "(lower --max-tokens or shorten the workload)")
 
 
-def requests_note(num_asked: int | None, num_available: int) -> list[str]:
-    """A note when ``--requests`` asked for more than the source has."""
-    if num_asked is not None and num_asked > num_available:
-        return [f"--requests {num_asked:,}: the source has only {num_available:,} requests; all of them were run"]
-    return []
+def requests_note(num_asked: int | None, num_available: int, num_done: int | None = None,
+                  done: str = "run") -> list[str]:
+    """A note when ``--requests`` asked for more than the source has. ``num_done``: how many were
+    really sent (``--duration`` or a dead server can stop sending early; default all), ``done`` the
+    verb ("run", "simulated")."""
+    if num_asked is None or num_asked <= num_available:
+        return []
+    head = f"--requests {num_asked:,}: the source has only {counted(num_available, 'request')}"
+    if num_done is None or num_done >= num_available:
+        return [f"{head}; all of them were {done}"]
+    return [f"{head}; {num_done:,} of them were {done} before sending stopped"]

@@ -17,11 +17,14 @@ from kvbench.backends.openai.client_kind import ClientKind
 from kvbench.backends.openai.hygiene import Hygiene
 from kvbench.cache.base import CacheKind, ReleaseOrder
 from kvbench.cache.block_hash import HashAlgo
+from kvbench.results.secrets import VARIABLE_NAME
 from kvbench.results.summary import SummaryOptions
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"  # `kvbench serve` and vLLM's default port
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_SERVER_BLOCK_SIZE = 16  # vLLM's default block size
+KEY_VARIABLE_RULE = ("--api-key-env takes the name of the environment variable that holds the key (letters, "
+                     "digits and _, e.g. MY_API_KEY), not the key itself; the value given is not a variable name")
 
 
 class BackendKind(str, Enum):
@@ -166,6 +169,8 @@ class ServerFlags:
     def __post_init__(self) -> None:
         _check_positive(self, ("timeout", "duration", "request_rate", "burstiness", "server_block_size",
                                "expected_cache_size", "time_scale"))
+        if self.api_key_env is not None and not VARIABLE_NAME.fullmatch(self.api_key_env):
+            raise ValueError(KEY_VARIABLE_RULE)  # never the value: it may be the key itself (issue 32.8)
         if self.time_scale is not None and self.schedule is not Schedule.TRACE:
             raise ValueError("--time-scale applies to --schedule trace")
         if self.turns is not None:

@@ -19,9 +19,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from kvbench.words import counted
 from kvbench.backends.base import Backend
 from kvbench.errors import InputError, Interrupted
 from kvbench.request import Request, RequestRecord
+from kvbench.results.secrets import looks_like_key
 from kvbench.results.summary import RunSummary, SummaryOptions, summarize
 from kvbench.results.writer import RunWriter
 from kvbench.run.loop import LoadConfig, Turns, send_requests
@@ -61,8 +63,8 @@ class RunInterrupted(Interrupted):
     """Ctrl-C or SIGTERM during a run: the rows so far are written (incomplete); ``outcome`` holds them."""
 
     def __init__(self, outcome: RunOutcome) -> None:
-        written = f"wrote {len(outcome.rows)} rows to {outcome.path}" if outcome.rows else "nothing to write"
-        super().__init__(f"after {len(outcome.rows)} of {outcome.num_requests} requests; {written}")
+        written = f"wrote {counted(len(outcome.rows), 'row')} to {outcome.path}" if outcome.rows else "nothing to write"
+        super().__init__(f"after {len(outcome.rows)} of {counted(outcome.num_requests, 'request')}; {written}")
         self.outcome = outcome
         self.sweep: Any = None  # kvbench.run.api.sweep: the sizes finished before the cut
 
@@ -172,6 +174,12 @@ def default_out(kind: str, name: str) -> Path:
     return Path("results") / f"{kind}-{name}-{time.strftime('%Y%m%d-%H%M%S')}.parquet"
 
 
-def api_key(variable: str) -> str:
-    """The API key from the environment (``EMPTY`` when unset, as vLLM's clients send)."""
-    return os.environ.get(variable) or "EMPTY"
+def api_key(variable: str, explicit: bool = False) -> str:
+    """The API key from the environment (``EMPTY`` when the default variable is unset, as vLLM's
+    clients send). Raises ``InputError`` when ``explicit`` (``--api-key-env`` named it) and the
+    variable is unset: a typo there would otherwise send no key without a word (issue 32.8)."""
+    value = os.environ.get(variable)
+    if explicit and value is None:
+        shown = "the variable given" if looks_like_key(variable) else variable
+        raise InputError(f"--api-key-env {shown}: no such environment variable is set (export it first)")
+    return value or "EMPTY"

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from kvbench.backends.openai.hygiene import Hygiene
 from kvbench.errors import InputError
+from kvbench.results.secrets import VARIABLE_NAME
 from kvbench.run.config import BackendKind, RunConfig, Schedule, TurnMode
 from kvbench.run.scenario import build_section, find_scenario
 
@@ -64,6 +65,9 @@ class LoadSection:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+        if isinstance(self.api_key_env, str) and not VARIABLE_NAME.fullmatch(self.api_key_env):
+            raise ValueError("api_key_env must be an environment variable's name (letters, digits and _), "
+                             "not a key; the value given is not one")
         for name in ("rate", "burstiness", "duration", "time_scale"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))

@@ -128,6 +128,14 @@ def shipped_scenarios() -> list[str]:
     return sorted(item.name.removesuffix(".toml") for item in folder.iterdir() if item.name.endswith(".toml"))
 
 
+def missing_source(path: Path) -> str:
+    """The one line for a source that is neither a file nor a shipped scenario: the shipped names
+    are listed when ``path`` looks like a scenario name (no folder, ``.toml`` or no suffix)."""
+    if len(path.parts) > 1 or path.suffix not in ("", ".toml"):
+        return f"{path}: no such file"
+    return f"{path}: no such file or shipped scenario (shipped: {', '.join(shipped_scenarios())})"
+
+
 def find_scenario(spec: str | Path) -> Path:
     """``spec`` itself when it exists; else a shipped scenario it names: a bare name (``shared_2k``,
     ``shared_2k.toml``) or ``scenarios/NAME.toml`` typed outside the repository. Otherwise ``spec``

@@ -28,7 +28,8 @@ from typing import Any
 
 from kvbench.errors import InputError
 from kvbench.request import Request
-from kvbench.run.scenario import CacheSection, SimSection, build_section, find_scenario, load_scenario
+from kvbench.run.scenario import (CacheSection, SimSection, build_section, find_scenario, load_scenario,
+                                  missing_source)
 from kvbench.workloads.formats.hash_ids import HASH_ID_FORMATS, hash_id_records, hash_id_requests
 from kvbench.workloads.formats.importing import ImportConfig, import_trace
 from kvbench.workloads.formats.jsonl import HASH_IDS, KVBENCH_TRACE, MOONCAKE, PROMPTS, open_jsonl
@@ -154,7 +155,7 @@ def load_source(path: str | Path, tokenizer: Tokenizer | None = None, limit: int
     """
     path = find_scenario(path)
     if not path.exists():
-        raise InputError(f"{path}: no such file")
+        raise InputError(missing_source(path))
     if path.suffix == ".toml":
         return _from_scenario(path, tokenizer)
     name, trace, requests = _read_trace_file(path, tokenizer, limit, token_ids)

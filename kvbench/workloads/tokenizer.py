@@ -17,9 +17,13 @@ template)::
 For cl100k, ``<|im_start|>`` = 100264 and ``<|im_end|>`` = 100265, the ids OpenAI's ChatML gives
 them (tiktoken README, "Extending tiktoken": ``cl100k_im``). ``cl100k_base`` itself leaves ids
 100261..100275 unassigned, and both ids are below the default model's vocabulary size (100,277).
-Message text is encoded as *ordinary* text: a literal ``<|im_start|>`` inside a message is text,
-not a control token, so trace content cannot forge a turn boundary. Plain prompts (``prompt``) are
-encoded as ordinary text with nothing added (no BOS).
+**Special tokens in text are parsed** (issue 30.2): a literal ``<|im_end|>`` inside a message or a
+prompt is the control token 100265, as Hugging Face tokenizers, and so vLLM, SGLang and
+transformers on ``kvbench model export``'s ``tokenizer.json``, encode it (their default; a server
+renders the chat template to text and encodes that text whole). ``a<|im_end|>b`` is
+``[64, 100265, 65]`` everywhere: here, ``kvbench serve``'s ``/tokenize`` and prefill, the export,
+and ``kvbench peer vllm`` checks the vLLM it runs against (``kvbench.peer.special_tokens``). So trace
+text *can* end a turn early, as it can on those servers; nothing is added to plain prompts (no BOS).
 
 Why per-piece caching is exact for cl100k: the ChatML control tokens split the text into chunks
 that are encoded independently, so a message's tokens do not depend on its neighbours. Inside a
@@ -178,7 +182,8 @@ class TiktokenTokenizer:
         return max(len(token) for token in self._encoding.token_byte_values())
 
     def encode(self, text: str) -> list[int]:
-        return self._encoding.encode_ordinary(text)
+        """Text -> token ids, special tokens in it parsed (module docstring), nothing added."""
+        return self._encoding.encode(text, allowed_special="all")
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return self._encoding.decode([int(t) for t in token_ids])
@@ -191,7 +196,7 @@ class TiktokenTokenizer:
     def _segment(self, key: tuple[str, str | None]) -> np.ndarray:
         """``<|im_start|>role\\ncontent<|im_end|>\\n``, or the generation prompt when content is None."""
         role, content = key
-        body = self._encoding.encode_ordinary(f"{role}\n{content if content is not None else ''}")
+        body = self.encode(f"{role}\n{content if content is not None else ''}")
         if content is None:
             return np.asarray([CL100K_IM_START_ID, *body], dtype=np.uint32)
         return np.asarray([CL100K_IM_START_ID, *body, CL100K_IM_END_ID, *self._newline.tolist()], dtype=np.uint32)
@@ -209,7 +214,7 @@ class TiktokenTokenizer:
         return render(self, request)
 
     def _encode_array(self, text: str) -> np.ndarray:
-        return np.asarray(self._encoding.encode_ordinary(text), dtype=np.uint32)
+        return np.asarray(self.encode(text), dtype=np.uint32)
 
     def render_text(self, request: TraceRequest) -> str:
         """The rendered prompt as one string with ChatML markers (for checks and debugging)."""
@@ -220,7 +225,7 @@ class TiktokenTokenizer:
 
     def encode_rendered_text(self, text: str) -> list[int]:
         """Encode a :meth:`render_text` string in one call, ChatML markers as control tokens."""
-        return self._encoding.encode(text, allowed_special={IM_START, IM_END}, disallowed_special=())
+        return self.encode(text)
 
 
 def load_tokenizer(name: str | None = None) -> Tokenizer:

@@ -38,7 +38,15 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         length = int(self.headers.get("Content-Length", 0))
         self.server.bodies.append(json.loads(self.rfile.read(length) or b"{}"))
+        self.num_posts = getattr(self, "num_posts", 0) + 1  # one handler per connection
         getattr(self, f"_{self.server.behaviour}")()
+
+    def _close_reused(self):  # answers a connection's first request, closes it unanswered on the next
+        if self.num_posts > 1:  # (a keep-alive connection the server dropped while the client reused it)
+            self.close_connection = True
+            return
+        self._events([chunk("ok"), chunk(" go", "length"),
+                      chunk(usage={"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7})])
 
     def _json(self, status, body):
         data = json.dumps(body).encode()
@@ -132,7 +140,8 @@ class FakeServer:
     """``behaviour``: fail (500), cut (stream dropped midway), eof (stream ends early), hang, script,
     saltless (caches across cache_salts), no_details (no cached_tokens in usage),
     json_reply (a plain JSON body to a stream request), reset (connection reset, no response),
-    not_json (an event whose data is not JSON)."""
+    not_json (an event whose data is not JSON), close_reused (a reused keep-alive connection closed
+    without an answer)."""
 
     def __init__(self, behaviour, script=()):
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)

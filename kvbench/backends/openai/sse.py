@@ -36,6 +36,7 @@ try:
 except ImportError:  # pragma: no cover - older SDKs use httpx
     import httpx as _http
 
+HTTP_LIBRARY = _http  # the openai SDK's HTTP library (httpx2, or httpx): its exception types
 DONE = b"[DONE]"
 DRAIN_TIMEOUT_S = 0.1  # the SDK's _DRAIN_TIMEOUT (openai/_streaming_cleanup.py)
 TIMEOUT_ERRORS = (_http.TimeoutException,)

@@ -68,7 +68,8 @@ class ServerTokenizer:
         return found
 
     def encode(self, text: str) -> list[int]:
-        """Ordinary text, no special tokens added."""
+        """Text as the server's ``/tokenize`` encodes it (special tokens in it parsed on vLLM and
+        ``kvbench serve``), no special tokens added."""
         return self._tokens({"prompt": text, "add_special_tokens": False})
 
     def decode(self, token_ids: Sequence[int]) -> str:
