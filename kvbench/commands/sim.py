@@ -186,7 +186,6 @@ def sim(
     orders = (parse_choices(release, "--release", [o.value for o in ReleaseOrder]) if release is not None
               else [o.value for o in source_info.sim.release])  # an empty --sizes / --release is an error
     base = _base_config(source_info, block_size, cache_kind or cache, ttl, hash_algo, hash_bits, orders)
-    kind = base.kind
     if sample_rate is not None or sample_keys is not None:
         return run_sampled(source, source_info, base, requests, capacities, sample_rate, sample_keys, out, orders,
                            method, ttl_curve)
@@ -202,7 +201,7 @@ def sim(
     results.sort(key=lambda r: order_index[(r.capacity_blocks, r.release_order)])
     curve = outcome.curves.get(ReleaseOrder.TAIL_FIRST.value)
     ideal = (curve.result_at(unbounded_capacity_blocks((p.num_tokens for p in trace.prompts), trace.block_size))
-             if curve is not None else ideal_hit_rate(trace, kind))
+             if curve is not None else ideal_hit_rate(trace, base.kind))
     console.print(_table(source_info, results, ideal, trace))
     for note in requests_note(requests, trace.num_requests, done="simulated"):
         err.print(note, soft_wrap=True)
