@@ -20,6 +20,7 @@ from kvbench.commands import help_layout
 from kvbench.commands.usage_errors import bad_value_line
 from kvbench.errors import Interrupted, KvbenchError
 from kvbench.extras import missing_extra
+from kvbench.workloads.formats import lines
 
 try:  # typer >= 0.2x vendors click; its exceptions are not click's
     from typer._click import exceptions as click_exceptions
@@ -82,14 +83,21 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def _root(
+    ctx: typer.Context,
     version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version, allow_from_autoenv=False,
                                  help="Print the version and exit."),
     debug: bool = typer.Option(False, "--debug", allow_from_autoenv=False,
                                help="Show the traceback of an error instead of one line "
                                     "(anywhere on the line; env KVBENCH_DEBUG=1)."),
+    max_line_bytes: int = typer.Option(
+        lines.DEFAULT_MAX_LINE_BYTES, "--max-line-bytes", min=1,
+        help="Refuse a line of an input file (JSONL, CSV row, ShareGPT conversation) longer than this many "
+             "bytes; memory stays proportional to one line (env KVBENCH_MAX_LINE_BYTES)."),
 ) -> None:
     """Measure what prefix caching buys an LLM server, and why it is not buying more."""
     del version, debug  # --version acts in its callback; main() takes --debug off the line before typer parses it
+    token = lines.set_max_line_bytes(max_line_bytes)  # for this command only: reset when its context closes
+    ctx.call_on_close(lambda: lines.reset_max_line_bytes(token))
 
 
 def main(argv: list[str] | None = None) -> None:

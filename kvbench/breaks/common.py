@@ -29,10 +29,12 @@ from kvbench.engine.engine import HFEngine
 from kvbench.engine.sampling import SamplingParams
 from kvbench.engine.model import LoadedModel
 from kvbench.request import Request, RequestRecord
+from kvbench.errors import KvbenchError
 from kvbench.results.parquet import write_rows
 from kvbench.results.rows import result_row
 from kvbench.results.schema import RUN_SCHEMA
 from kvbench.results.summary import RunSummary, summarize
+from kvbench.results.writer import CHECKPOINT_EVERY_S
 from kvbench.run.config import EngineFlags, EngineKind
 from kvbench.run.engines import make_engine, predicted_cached_tokens
 from kvbench.run.loop import run_requests
@@ -41,8 +43,8 @@ Progress = Callable[[str, int, int], None]  # (what is running, requests done, r
 # Called after each request with the request and the engine's record; returns extra row columns.
 ResultHook = Callable[[Request, RequestRecord], Mapping[str, Any]]
 
-# The list collect_finished() yields, per context (a ContextVar, not shared state: each command's own).
-_FINISHED: contextvars.ContextVar[list | None] = contextvars.ContextVar("kvbench_break_finished", default=None)
+# What collect_finished() yields, per context (a ContextVar, not shared state: each command's own).
+_FINISHED: contextvars.ContextVar[Collected | None] = contextvars.ContextVar("kvbench_break_finished", default=None)
 
 EXPERIMENT_FIELDS = (
     pa.field("experiment", pa.string()),  # "timestamp", "head-first", "views", "tiny-hash", "shared-salt"
@@ -81,28 +83,61 @@ def write_break_parquet(out: Path, experiment: str, tables: Sequence[ParquetTabl
     return paths
 
 
-def write_finished(out: Path, experiment: str, finished: Sequence[VariantRun]) -> Path | None:
-    """Write the rows of the variants that finished before an interrupt to ``out`` (``complete:
-    false`` in the footer, so report, compare and scoreboard say "interrupted"); ``None`` if none did.
-    Columns: the break schema plus whatever an experiment's hook added (types inferred)."""
-    rows = [row for run in finished for row in run.rows]
+def write_finished(out: Path, experiment: str, finished: Sequence[VariantRun],
+                   running: VariantRun | None = None) -> Path | None:
+    """Write the rows of the variants that finished, and those the running one has so far, to ``out``
+    (``complete: false`` in the footer, so report, compare and scoreboard say "interrupted"; a row of
+    the cut variant has ``variant_complete`` false, and the footer names it in ``variant_partial``);
+    ``None`` if there is no row. Columns: the break schema, ``variant_complete``, and whatever an
+    experiment's hook added (types inferred)."""
+    partial = list(running.rows) if running is not None else []
+    rows = [{**row, "variant_complete": True} for run in finished for row in run.rows]
+    rows += [{**row, "variant_complete": False} for row in partial]
     if not rows:
         return None
     base = break_schema()
     extra = [name for name in rows[0] if name not in base.names]
     inferred = pa.Table.from_pylist([{name: row.get(name) for name in extra} for row in rows]).schema if extra else []
-    metadata = {"complete": False, "variants_finished": [run.variant for run in finished]}
+    metadata = {"complete": False, "variants_finished": [run.variant for run in finished],
+                "variant_partial": running.variant if partial else None, "num_partial_rows": len(partial)}
     return write_break_parquet(out, experiment, [ParquetTable(rows, break_schema(list(inferred)))], metadata)[0]
 
 
+@dataclass(eq=False)
+class Collected:
+    """What an experiment has served so far (:func:`collect_finished`): the variants that finished,
+    the one running, and the checkpoints of both to ``out`` (after the first row, then every
+    ``every_s`` seconds, so even SIGKILL leaves a file; ``out`` ``None``: no checkpoints)."""
+
+    finished: list[VariantRun] = field(default_factory=list)
+    running: VariantRun | None = None
+    out: Path | None = None
+    experiment: str = ""
+    every_s: float = CHECKPOINT_EVERY_S
+    num_checkpoints: int = 0
+    _last_s: float | None = None
+
+    def row_added(self) -> None:
+        """Checkpoint when the first row came or ``every_s`` passed since the last checkpoint."""
+        now_s = time.monotonic()
+        if self.out is None or (self._last_s is not None and now_s - self._last_s < self.every_s):
+            return
+        self._last_s = now_s
+        with contextlib.suppress(KvbenchError, OSError):  # a failed checkpoint never stops the experiment
+            write_finished(self.out, self.experiment, self.finished, self.running)
+            self.num_checkpoints += 1
+
+
 @contextlib.contextmanager
-def collect_finished() -> Iterator[list[VariantRun]]:
-    """Within the block, every :func:`run_variant` that completes appends its run to the yielded list
-    (so a command can keep the finished variants when the experiment is interrupted)."""
-    finished: list[VariantRun] = []
-    token = _FINISHED.set(finished)
+def collect_finished(out: Path | None = None, experiment: str = "",
+                     every_s: float = CHECKPOINT_EVERY_S) -> Iterator[Collected]:
+    """Within the block, every :func:`run_variant` registers its run while it runs and appends it to
+    ``finished`` when it completes, so a command can keep the rows served before an interrupt; with
+    ``out``, they are checkpointed there (:class:`Collected`)."""
+    collected = Collected(out=out, experiment=experiment, every_s=every_s)
+    token = _FINISHED.set(collected)
     try:
-        yield finished
+        yield collected
     finally:
         _FINISHED.reset(token)
 
@@ -163,6 +198,10 @@ def run_variant(engine: HFEngine, requests: Sequence[Request], experiment: str, 
     run = VariantRun(variant)
     run_id = f"break-{experiment}-{variant}-{time.strftime('%Y%m%d-%H%M%S')}"
 
+    collected = _FINISHED.get()
+    if collected is not None:
+        collected.running = run
+
     def on_record(request: Request, record: RequestRecord) -> None:
         row = result_row(run_id, columns, request, record)
         row.update(experiment=experiment, variant=variant)
@@ -170,12 +209,15 @@ def run_variant(engine: HFEngine, requests: Sequence[Request], experiment: str, 
             row.update(hook(request, record))
         run.rows.append(row)
         run.results.append(record)
+        if collected is not None:
+            collected.row_added()
         if progress is not None:
             progress(f"{experiment}: {variant}", len(run.rows), len(requests))
 
     run_requests(list(requests), backend, on_record=on_record)
-    if (finished := _FINISHED.get()) is not None:
-        finished.append(run)
+    if collected is not None:
+        collected.finished.append(run)
+        collected.running = None
     return run
 
 

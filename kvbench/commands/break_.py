@@ -91,22 +91,26 @@ def _progress() -> Iterator[Callable[[str, int, int], None]]:
 def _experiment(experiment: str, run: Callable[[Any, Any, Any], Any], tables: Callable[[Any], list[Table]],
                 model: Path | None, device: str, out: Path | None) -> Any:
     """Check ``out``, load the model, ``run(loaded, tokenizer, progress)`` under a progress bar, print
-    ``tables(result)`` and write the Parquet file(s); returns the result. On Ctrl-C or SIGTERM, the
-    variants that finished are written (``complete: false``) and :class:`Interrupted` says where."""
+    ``tables(result)`` and write the Parquet file(s); returns the result. While it runs, the rows so
+    far are checkpointed to ``out`` (``complete: false``; a SIGKILL leaves them). On Ctrl-C or SIGTERM,
+    the variants that finished and the cut one's rows are written (those marked ``variant_complete``
+    false) and :class:`Interrupted` says where."""
     from kvbench.breaks.common import collect_finished, default_out_path, write_finished
     from kvbench.commands.common import sigterm_as_interrupt
     from kvbench.results.parquet import check_output_path
 
     out = check_output_path(out or default_out_path(experiment))  # before minutes of work, not after
-    with sigterm_as_interrupt(), collect_finished() as finished:
+    with sigterm_as_interrupt(), collect_finished(out, experiment) as collected:
         try:
             loaded, tokenizer = _load(model, device)
             with _progress() as progress:
                 result = run(loaded, tokenizer, progress)
         except KeyboardInterrupt:
-            path = write_finished(out, experiment, finished)
-            kept = (f"kept {len(finished)} finished variant(s), {sum(len(r.rows) for r in finished)} rows, in {path}"
-                    if path else "no variant had finished; nothing written")
+            finished, running = collected.finished, collected.running
+            path = write_finished(out, experiment, finished, running)
+            partial = f" and {len(running.rows)} rows of the cut variant {running.variant}" if running and running.rows else ""
+            kept = (f"kept {len(finished)} finished variant(s), {sum(len(r.rows) for r in finished)} rows{partial}, "
+                    f"in {path}" if path else "no request had finished; nothing written")
             raise Interrupted(f"kvbench break {experiment}: {kept}") from None
     _report(experiment, result, tables(result), out)
     return result

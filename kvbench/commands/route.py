@@ -11,9 +11,9 @@ from rich.table import Table
 
 from kvbench.commands.signature import in_panel
 from kvbench.words import counted
-from kvbench.commands.common import build, make_console
+from kvbench.commands.common import build, make_console, sigterm_as_interrupt
 from kvbench.commands.options import CacheKindOption, Requests, Source
-from kvbench.errors import InputError
+from kvbench.errors import InputError, Interrupted
 from kvbench.results.parquet import check_output_path, write_rows
 from kvbench.route.api import PREFIX_TOKENS, RouterOptions, compare_policies
 from kvbench.route.cache_aware import CacheAwareConfig
@@ -124,22 +124,53 @@ def route(
                              loaded.block_size)
     trace = prepare_route_trace(limit_requests(loaded.requests, requests), cache_cfg)
     config = build(lambda: ClusterConfig(replicas, cache_cfg, service))
-    with make_console(stderr=True).status("routing"):
-        results = compare_policies(trace, config, policies, options)
+    out = out or Path("results") / f"route-{loaded.name}-{time.strftime('%Y%m%d-%H%M%S')}.parquet"
+    metadata = {"command": "route", "source": loaded.description, "service": service.as_dict(),
+                "cache_capacity_blocks": cache_cfg.capacity_blocks, "cache_kind": cache_cfg.kind.value,
+                "block_size": cache_cfg.block_size, "num_replicas": replicas}
+    results = _route_all(trace, config, policies, options, out, metadata)
     title = (f"kvbench route: {loaded.name}, {counted(trace.num_requests, 'request')}, {replicas} replicas x "
              f"{cache_cfg.capacity_blocks:,} blocks of {cache_cfg.block_size} tokens ({cache_cfg.kind.value})")
     make_console().print(_table(title, results))
-    _write(out or Path("results") / f"route-{loaded.name}-{time.strftime('%Y%m%d-%H%M%S')}.parquet", results,
-           title, {"command": "route", "source": loaded.description, "service": service.as_dict(),
-                   "cache_capacity_blocks": cache_cfg.capacity_blocks, "cache_kind": cache_cfg.kind.value,
-                   "block_size": cache_cfg.block_size, "num_replicas": replicas})
+    _write(out, results, title, metadata)
+
+
+def _rows_file(out: Path, results: list[PolicyResult], metadata: dict, complete: bool) -> Path:
+    """The Parquet file: one row per policy done; ``complete: false`` names the policies done."""
+    footer = {**metadata, "decisions": {r.policy: r.decisions for r in results if r.decisions}, "complete": complete}
+    if not complete:
+        footer["policies_finished"] = [r.policy for r in results]
+    return write_rows(out, [r.as_row() for r in results], footer)
+
+
+def _route_all(trace, config: ClusterConfig, policies: list[PolicyName], options: RouterOptions, out: Path,
+               metadata: dict) -> list[PolicyResult]:
+    """:func:`compare_policies`, checkpointing the policies done to ``out`` after each (``complete:
+    false``: a SIGKILL keeps them). Ctrl-C or SIGTERM: they are written and :class:`Interrupted` says
+    which policy was cut (its partial simulation is no row: a row sums a whole trace)."""
+    done: list[PolicyResult] = []
+
+    def checkpoint(result: PolicyResult) -> None:
+        done.append(result)
+        if len(done) < len(policies):
+            _rows_file(out, done, metadata, complete=False)
+
+    with sigterm_as_interrupt():
+        try:
+            with make_console(stderr=True).status("routing"):
+                return compare_policies(trace, config, policies, options, progress=checkpoint)
+        except KeyboardInterrupt:
+            cut = policies[len(done)].value if len(done) < len(policies) else None
+            kept = (f"kept {len(done)} finished policies ({', '.join(r.policy for r in done)}) in "
+                    f"{_rows_file(out, done, {**metadata, 'policy_partial': cut}, complete=False)}"
+                    if done else "no policy had finished; nothing written")
+            raise Interrupted(f"kvbench route: interrupted during policy {cut}; {kept}") from None
 
 
 def _write(out: Path, results: list[PolicyResult], title: str, metadata: dict) -> None:
     """The Parquet (one row per policy) and the two PNGs beside it."""
     console = make_console()
-    metadata["decisions"] = {r.policy: r.decisions for r in results if r.decisions}
-    write_rows(out, [r.as_row() for r in results], metadata)
+    _rows_file(out, results, metadata, complete=True)
     stem = out.with_suffix("")
     for png in (plot_policies(results, stem.with_name(stem.name + "-policies.png"), title),
                 plot_load_over_time(results, stem.with_name(stem.name + "-load.png"), title)):

@@ -24,6 +24,8 @@ from typing import Any
 
 from kvbench.memory.layout import DType, ModelShape, parse_dtype
 from kvbench.errors import InputError
+from kvbench.workloads.formats.jsonl import TOO_DEEP
+from kvbench.workloads.formats.lines import bounded_text
 
 DEFAULT_PRESET = "kvbench-default"
 
@@ -89,11 +91,11 @@ def read_config_json(path: str | Path) -> ModelShape:
     """
     path = Path(path)
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
+        config = json.loads(bounded_text(path))
     except json.JSONDecodeError as exc:
         raise InputError.at(path, exc.lineno, None, f"not valid JSON ({exc.msg})") from None
+    except RecursionError:
+        raise InputError(f"{path}: {TOO_DEEP}") from None
     if not isinstance(config, dict):
         raise InputError(f"{path}: expected a JSON object")
     _refuse_unsupported(path, config)

@@ -24,7 +24,6 @@ the environment only and never written anywhere (results record the variable's n
 from __future__ import annotations
 
 import math
-import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -32,7 +31,8 @@ from kvbench.backends.openai.hygiene import Hygiene
 from kvbench.errors import InputError
 from kvbench.results.secrets import VARIABLE_NAME
 from kvbench.run.config import BackendKind, RunConfig, Schedule, TurnMode
-from kvbench.run.scenario import build_section, find_scenario
+from kvbench.run.scenario import build_section, find_scenario, parse_toml
+from kvbench.workloads.formats.lines import bounded_text
 
 
 @dataclass(frozen=True)
@@ -89,9 +89,9 @@ def read_load_section(source: str | Path) -> LoadSection:
     if path.suffix != ".toml" or not path.is_file():
         return LoadSection()
     try:
-        text = path.read_text(encoding="utf-8")
-        table = tomllib.loads(text).get("load", {})
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        text = bounded_text(path)
+        table = parse_toml(path, text).get("load", {})
+    except InputError:
         return LoadSection()  # load_scenario reports a broken file with its own message
     if "api_key" in table:
         raise InputError(f"{path}: field 'load.api_key': a key never goes in a file; set OPENAI_API_KEY "

@@ -34,6 +34,7 @@ from typing import Any
 from kvbench.cache.block_hash import HashAlgo, HashConfig
 from kvbench.cache.base import CacheConfig, CacheKind, ReleaseOrder
 from kvbench.errors import InputError
+from kvbench.workloads.formats.lines import bounded_text
 from kvbench.workloads.kinds import KINDS, Workload, workload_requests
 from kvbench.workloads.tokenizer import Tokenizer
 
@@ -218,23 +219,27 @@ def build_section(cls: type, table: dict, path: Path, text: str, section: str) -
         raise InputError.at(path, line, field_name, str(exc)) from None
 
 
+def parse_toml(path: Path, text: str) -> dict[str, Any]:
+    """``text`` (the file ``path``) as TOML. Raises ``InputError``: invalid, or nested too deeply
+    (``tomllib`` is recursive: 100,000 nested arrays raised ``RecursionError``, issue 32 item 12)."""
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(f"{path}: invalid TOML ({exc})") from None
+    except RecursionError:
+        raise InputError(f"{path}: invalid TOML (nested too deeply)") from None
+
+
 def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario file.
 
     Raises:
-        InputError: missing file, invalid TOML, unknown section/key/kind, or a bad value.
+        InputError: missing file, larger than the line bound (:func:`bounded_text`), invalid TOML,
+            unknown section/key/kind, or a bad value.
     """
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
-    except UnicodeDecodeError:
-        raise InputError(f"{path}: not UTF-8 text") from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"{path}: invalid TOML ({exc})") from None
+    text = bounded_text(path)
+    data = parse_toml(path, text)
     for section in data:
         if section not in _SECTIONS or not isinstance(data[section], dict):
             raise InputError.at(path, _line_of(text, section, None), section,

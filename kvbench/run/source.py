@@ -31,6 +31,7 @@ from kvbench.request import Request
 from kvbench.run.scenario import (CacheSection, SimSection, build_section, find_scenario, load_scenario,
                                   missing_source)
 from kvbench.workloads.formats.hash_ids import HASH_ID_FORMATS, hash_id_records, hash_id_requests
+from kvbench.workloads.formats.lines import bounded_text
 from kvbench.workloads.formats.importing import ImportConfig, import_trace
 from kvbench.workloads.formats.jsonl import HASH_IDS, KVBENCH_TRACE, MOONCAKE, PROMPTS, open_jsonl
 from kvbench.workloads.formats.rows import BadRows
@@ -127,7 +128,7 @@ def _rendered(trace: Trace, tokenizer: Tokenizer | None, path: Path) -> list[Req
 
 def _from_scenario(path: Path, tokenizer: Tokenizer | None) -> RunSource:
     scenario = load_scenario(path)
-    run = build_section(RunSection, scenario.run, path, path.read_text(encoding="utf-8"), "run")
+    run = build_section(RunSection, scenario.run, path, bounded_text(path), "run")
     workload = scenario.workload_requests(tokenizer)
     requests = workload.requests
     if workload.trace is None and run.max_tokens is not None:  # token ids: the budget is the run's

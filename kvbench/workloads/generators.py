@@ -37,7 +37,7 @@ from kvbench.workloads import text
 from kvbench.workloads.dists import IntDist
 from kvbench.workloads.text_fit import PieceCounter, fit_text
 from kvbench.workloads.token_ids import Popularity, zipf_weights
-from kvbench.workloads.tokenizer import Tokenizer, render
+from kvbench.workloads.tokenizer import Tokenizer, render_all
 from kvbench.request import Message
 from kvbench.workloads.formats.kvbench_trace import Trace, TraceRequest, new_trace
 
@@ -242,12 +242,10 @@ def finish_trace(generator: str, config: Any, tokenizer: Tokenizer, drafts: list
     """Sort drafts by arrival (stable), number them ``r000000``.., count their rendered tokens."""
     ordered = sorted(drafts, key=lambda d: d.arrival_ms)
     requests = []
-    for index, draft in enumerate(ordered):
-        request = TraceRequest(f"r{index:06d}", draft.session_id, draft.turn, draft.arrival_ms, draft.max_tokens,
-                               1, messages=draft.messages, prompt=draft.prompt, salt=draft.salt,
-                               output_tokens=draft.output_tokens)
-        count = int(render(tokenizer, request).shape[0])
-        requests.append(dataclasses.replace(request, expected_prompt_tokens=count))
+    for index, (draft, token_ids) in enumerate(zip(ordered, render_all(tokenizer, ordered))):
+        requests.append(TraceRequest(f"r{index:06d}", draft.session_id, draft.turn, draft.arrival_ms,
+                                     draft.max_tokens, int(token_ids.shape[0]), messages=draft.messages,
+                                     prompt=draft.prompt, salt=draft.salt, output_tokens=draft.output_tokens))
     return new_trace(generator, config_params(config), getattr(config, "seed", None), tokenizer.name,
                      tokenizer.chat_format, requests)
 

@@ -128,3 +128,20 @@ def test_memo_is_bounded_in_bytes_and_never_keeps_long_texts():
     assert 0 < memo.num_bytes <= 100_000 and len(memo) < 200
     assert memo.get_or_compute("0199" + "x" * 500, lambda text: None) is not None  # the newest entry kept
     assert tokenizer.max_token_bytes == 128
+
+
+def test_batch_rendering_equals_one_request_at_a_time(tokenizer, monkeypatch):
+    """render_all (batch prompts, issue 31 item 3) gives render's arrays, in order, across chunks."""
+    import kvbench.workloads.tokenizer as tokenizer_module
+    from kvbench.workloads.formats.kvbench_trace import TraceRequest
+    from kvbench.workloads.tokenizer import render, render_all
+
+    monkeypatch.setattr(tokenizer_module, "_RENDER_CHUNK", 3)
+    prompts = ["Hi", "two\nlines\n", "Hi", "  lead\n\nspace\n x", "é 世界\n", "a\nb", "Hi", "\n\n", "tail\n"]
+    requests = [TraceRequest(f"r{i}", "s", i, 0.0, 1, 1, prompt=p) for i, p in enumerate(prompts)]
+    requests.insert(4, TraceRequest("m", "s", 0, 0.0, 1, 1, messages=(Message("user", "Hi\nthere"),)))
+    batch = list(render_all(tokenizer, requests))
+    assert len(batch) == len(requests)
+    for request, ids in zip(requests, batch):
+        assert ids.dtype == np.uint32 and np.array_equal(ids, render(tokenizer, request)), request
+    assert tokenizer.render_prompts([]) == [] and tokenizer.render_prompts([""])[0].shape == (0,)

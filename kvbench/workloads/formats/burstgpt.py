@@ -21,6 +21,7 @@ import numpy as np
 
 from kvbench.errors import InputError
 from kvbench.workloads import text
+from kvbench.workloads.formats.lines import numbered_lines, open_binary
 from kvbench.workloads.formats.rows import BadRows
 from kvbench.workloads.generators import Draft, one_off_text
 from kvbench.workloads.text_fit import PieceCounter, filler_line, fit_text
@@ -79,15 +80,17 @@ def read_burstgpt_drafts(path: Path, counter: PieceCounter, bad: BadRows, seed: 
                          limit: int | None = None) -> list[Draft]:
     """The drafts of a BurstGPT CSV, in file order (at most ``limit``).
 
+    Rows are read through :func:`.lines.numbered_lines` (each line bounded in size).
+
     Raises:
-        InputError: unreadable file, a missing column, or (without ``bad.skip``) a malformed row
-            (names the file, the row's line and the column).
+        InputError: unreadable file, a line over the bound or not UTF-8, a missing column, or
+            (without ``bad.skip``) a malformed row (names the file, the row's line and the column).
     """
     drafts: list[Draft] = []
     sessions: dict[str, _Session] = {}
-    try:
-        with path.open(newline="", encoding="utf-8") as handle:
-            reader = csv.DictReader(handle)
+    with open_binary(path) as handle:
+        reader = csv.DictReader(text for _, text in numbered_lines(handle, path, keep_ends=True))
+        try:
             _columns(path, reader)
             for values in reader:
                 row = reader.line_num
@@ -102,10 +105,8 @@ def read_burstgpt_drafts(path: Path, counter: PieceCounter, bad: BadRows, seed: 
                 drafts.append(_draft(counter, seed, row, values, parsed, sessions))
                 if limit is not None and len(drafts) >= limit:
                     break
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
-    except UnicodeDecodeError:
-        raise InputError(f"{path}: not UTF-8 text") from None
+        except csv.Error as exc:  # a quoted field over csv's field_size_limit, a NUL byte, ...
+            raise InputError.at(path, reader.line_num, None, f"not a valid CSV row ({exc})") from None
     return drafts
 
 

@@ -123,6 +123,7 @@ def import_trace(config: ImportConfig, tokenizer: Tokenizer) -> Imported:
     if not drafts:
         raise InputError(f"{path}: no requests to import" + (f" ({bad.count} bad rows skipped)" if bad.count else ""))
     origin_ms = min(draft.arrival_ms for draft in drafts)
-    drafts = [dataclasses.replace(d, arrival_ms=round(d.arrival_ms - origin_ms, 3)) for d in drafts]
+    if any(d.arrival_ms != round(d.arrival_ms - origin_ms, 3) for d in drafts):  # most files start at 0
+        drafts = [dataclasses.replace(d, arrival_ms=round(d.arrival_ms - origin_ms, 3)) for d in drafts]
     trace = finish_trace(f"import-{config.format}", config, tokenizer, drafts)
     return Imported(trace, bad.count, bad.first)

@@ -22,15 +22,17 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, BinaryIO
 
 from kvbench.errors import InputError
+from kvbench.workloads.formats.lines import numbered_lines, open_binary
 
 KVBENCH_TRACE = "kvbench-trace"
 MOONCAKE = "mooncake"
 HASH_IDS = "hash-ids"
 PROMPTS = "jsonl"
 LENGTHS = "lengths"
+TOO_DEEP = "not valid JSON (nested too deeply: Python's JSON reader stops near 1,000 levels)"
 
 
 def is_trace_header(record: Any) -> bool:
@@ -102,11 +104,12 @@ def _parse(path: Path, line_number: int, text: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise InputError.at(path, line_number, None, f"not valid JSON ({exc.msg})") from None
+    except RecursionError:
+        raise InputError.at(path, line_number, None, TOO_DEEP) from None
 
 
-def _numbered(handle: Any) -> Iterator[tuple[int, str]]:
-    for number, line in enumerate(handle, start=1):
-        line = line.rstrip("\r\n")
+def _numbered(handle: BinaryIO, path: Path) -> Iterator[tuple[int, str]]:
+    for number, line in numbered_lines(handle, path):
         if line.strip():
             yield number, line
 
@@ -115,22 +118,18 @@ def _numbered(handle: Any) -> Iterator[tuple[int, str]]:
 def open_jsonl(path: str | Path) -> Iterator[JsonlFile]:
     """Open ``path`` and read its first non-empty line (see :class:`JsonlFile`).
 
+    Lines are read through :func:`.lines.numbered_lines`: one at a time, each at most
+    :func:`.lines.max_line_bytes` long.
+
     Raises:
-        InputError: the file cannot be read, is not UTF-8 text (anywhere in it), or its first line
-            is not valid JSON.
+        InputError: the file cannot be read, or (also later, while ``rest`` is read) a line is longer
+            than the bound or not UTF-8 text; its first line is not valid JSON.
     """
     path = Path(path)
-    try:
-        handle = path.open(encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
-    try:
-        with handle:
-            lines = _numbered(handle)
-            first = next(lines, None)
-            if first is None:
-                yield JsonlFile(path, None, None, None, iter(()))
-            else:
-                yield JsonlFile(path, first[0], first[1], _parse(path, *first), lines)
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at {exc.start})") from None
+    with open_binary(path) as handle:
+        lines = _numbered(handle, path)
+        first = next(lines, None)
+        if first is None:
+            yield JsonlFile(path, None, None, None, iter(()))
+        else:
+            yield JsonlFile(path, first[0], first[1], _parse(path, *first), lines)

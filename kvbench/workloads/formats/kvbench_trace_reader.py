@@ -18,9 +18,9 @@ from kvbench.errors import InputError
 from kvbench.request import MESSAGE_ROLES, Message, Request
 from kvbench.workloads.formats.jsonl import JsonlFile, json_object, open_jsonl
 from kvbench.workloads.formats.kvbench_trace import (
-    HEADER_FIELDS, REQUEST_FIELDS, TRACE_FORMAT_VERSION, Trace, TraceHeader, TraceRequest, content_hash,
+    HEADER_FIELDS, REQUEST_FIELDS, TRACE_FORMAT_VERSION, ContentHash, Trace, TraceHeader, TraceRequest,
 )
-from kvbench.workloads.tokenizer import Tokenizer, render
+from kvbench.workloads.tokenizer import Tokenizer, render_all
 
 
 def _is_int(value: Any, minimum: int) -> bool:
@@ -122,16 +122,16 @@ class TraceReader:
             raise self._error(file.first_number, None, "expected a JSON object")
         header = self.header(file.first_number, file.first)
         requests: list[TraceRequest] = []
-        lines: list[str] = []
+        digest = ContentHash()  # of the lines as read, not the lines kept: memory of one line
         ids: set[str] = set()
         for line_number, line in file.rest:
             record = json_object(self.path, line_number, line)
             requests.append(self._checked(line_number, self.request(line_number, record), requests, ids))
-            lines.append(line)
+            digest.add(line)
             if limit is not None and len(requests) >= limit:
                 break
         if limit is None or len(requests) < limit:
-            self._check_totals(header, requests, lines)
+            self._check_totals(header, requests, digest.value)
         return Trace(header, tuple(requests))
 
     def _checked(self, line_number: int, request: TraceRequest, earlier: list[TraceRequest],
@@ -146,11 +146,11 @@ class TraceReader:
                               "(requests must be in arrival order)")
         return request
 
-    def _check_totals(self, header: TraceHeader, requests: list[TraceRequest], lines: list[str]) -> None:
+    def _check_totals(self, header: TraceHeader, requests: list[TraceRequest], lines_hash: str) -> None:
         if header.num_requests != len(requests):
             raise InputError.at(self.path, 1, "num_requests",
                                 f"the header says {header.num_requests}, the file has {len(requests)} requests")
-        if header.content_hash is not None and content_hash(lines) != header.content_hash:
+        if header.content_hash is not None and lines_hash != header.content_hash:
             raise InputError.at(self.path, 1, "content_hash",
                                 "does not match the request lines (edited after generation? "
                                 "set it to null to accept edits)")
@@ -175,8 +175,7 @@ def trace_requests(trace: Trace | Sequence[TraceRequest], tokenizer: Tokenizer, 
     """
     requests = trace.requests if isinstance(trace, Trace) else trace
     converted = []
-    for index, request in enumerate(requests):
-        token_ids = render(tokenizer, request)
+    for index, (request, token_ids) in enumerate(zip(requests, render_all(tokenizer, requests))):
         if check and token_ids.shape[0] != request.expected_prompt_tokens:
             raise ValueError(f"request {request.id}: renders to {token_ids.shape[0]} tokens with "
                              f"{tokenizer.name}, expected_prompt_tokens says {request.expected_prompt_tokens}")

@@ -15,13 +15,13 @@ due ``t * think_time_s`` later (both options of the import).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 from kvbench.errors import InputError
 from kvbench.request import Message
+from kvbench.workloads.formats.json_array import json_array_items
 from kvbench.workloads.formats.rows import BadRows
 from kvbench.workloads.generators import Draft
 from kvbench.workloads.token_ids import DEFAULT_MAX_TOKENS
@@ -29,21 +29,6 @@ from kvbench.workloads.tokenizer import Tokenizer
 
 ROLES = MappingProxyType({"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
                           "chatgpt": "assistant", "bing": "assistant", "bard": "assistant", "system": "system"})
-
-
-def load_json_array(path: Path) -> list[Any]:
-    """The file's top-level JSON array. Raises ``InputError`` (unreadable, not JSON, not an array)."""
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
-    except UnicodeDecodeError:
-        raise InputError(f"{path}: not UTF-8 text") from None
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
-    if not isinstance(value, list):
-        raise InputError(f"{path}: expected a JSON array of conversations, got a {type(value).__name__}")
-    return value
 
 
 def _messages(path: Path, index: int, item: Any) -> list[Message]:
@@ -83,13 +68,14 @@ def _conversation(messages: list[Message], session: str, start_ms: float, think_
 def read_sharegpt_drafts(path: Path, tokenizer: Tokenizer, bad: BadRows, conversation_gap_s: float,
                          think_time_s: float, limit: int | None = None) -> list[Draft]:
     """The drafts of a ShareGPT file, conversation by conversation (at most ``limit`` requests).
+    The array is streamed (:func:`.json_array.json_array_items`): one conversation in memory at a time.
 
     Raises:
-        InputError: the file is not a JSON array, or (without ``bad.skip``) a conversation is
+        InputError: the file is not a JSON array, a conversation is longer than the line bound, or (without ``bad.skip``) a conversation is
             malformed (names the file, the conversation's index and the field).
     """
     drafts: list[Draft] = []
-    for index, item in enumerate(load_json_array(path)):
+    for index, item in json_array_items(path, "conversations"):
         messages = bad.guard(lambda: _messages(path, index, item))
         if messages is None:
             continue

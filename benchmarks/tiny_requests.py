@@ -1,0 +1,79 @@
+"""Many tiny requests (issue 31 item 3): a generator of N one-line prompts, and the four commands it
+times (``trace import jsonl``, ``trace stats``, ``sim``, ``bill``).
+
+    python benchmarks/tiny_requests.py gen /tmp/tiny.jsonl --requests 1000000
+    python benchmarks/tiny_requests.py commands /tmp/tiny.jsonl   # the command lines to time
+    python benchmarks/tiny_requests.py time /tmp/tiny.jsonl       # each 3 times: median wall, cpu, peak RSS
+
+Each prompt is a few tokens (``Q<i mod 1000>: tell me about item <i>``), every request its own
+session, arrivals 1 ms apart; a tenth of the prompts repeat an earlier one exactly, so the cache
+has something to hit. Time each printed command as a whole process (median of >= 3 runs, with peak
+RSS, e.g. ``/usr/bin/time -v``), before and after a change; the results must be equal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def write_tiny(path: Path, num_requests: int) -> Path:
+    """``num_requests`` prompt lines (module docstring) to ``path``; returns it."""
+    with path.open("w", encoding="utf-8") as handle:
+        for index in range(num_requests):
+            item = index - index % 10 if index % 10 == 9 else index  # every tenth repeats an earlier prompt
+            handle.write(json.dumps({"prompt": f"Q{item % 1000}: tell me about item {item}",
+                                     "arrival_ms": index, "max_tokens": 4}) + "\n")
+    return path
+
+
+def commands(source: Path) -> list[str]:
+    """The four command lines timed, on ``source`` and the trace imported from it."""
+    trace = source.with_name(source.stem + "-trace.jsonl")
+    return [f"kvbench trace import jsonl {source} -o {trace}", f"kvbench trace stats {trace}",
+            f"kvbench sim {trace} --sizes 1024 --out {source.with_name(source.stem + '-sim.parquet')}", f"kvbench bill {trace}"]
+
+
+def time_command(command: str, num_runs: int = 3) -> dict[str, float]:
+    """Median wall and cpu seconds and peak RSS (MiB) of ``command`` (a ``kvbench ...`` line, run as
+    ``python -m kvbench.cli ...``) over ``num_runs`` whole-process runs (``os.wait4``'s usage)."""
+    walls, cpus, peaks = [], [], []
+    for _ in range(num_runs):
+        started = time.perf_counter()
+        child = subprocess.Popen([sys.executable, "-m", "kvbench.cli", *shlex.split(command)[1:]],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _, status, usage = os.wait4(child.pid, 0)
+        if status != 0:
+            raise SystemExit(f"{command}: exit status {os.waitstatus_to_exitcode(status)}")
+        walls.append(time.perf_counter() - started)
+        cpus.append(usage.ru_utime + usage.ru_stime)
+        peaks.append(usage.ru_maxrss / 1024)
+    return {"wall_s": statistics.median(walls), "cpu_s": statistics.median(cpus), "peak_mib": max(peaks)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("what", choices=("gen", "commands", "time"))
+    parser.add_argument("path", type=Path)
+    parser.add_argument("--requests", type=int, default=1_000_000)
+    args = parser.parse_args()
+    if args.what == "gen":
+        print(write_tiny(args.path, args.requests))
+    elif args.what == "commands":
+        print("\n".join(commands(args.path)))
+    else:
+        for command in commands(args.path):
+            figures = time_command(command)
+            print(f"{command}: wall {figures['wall_s']:.1f} s, cpu {figures['cpu_s']:.1f} s, "
+                  f"peak {figures['peak_mib']:.0f} MiB (median of 3)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
