@@ -9,9 +9,9 @@ as ``hit_curve(hash_id_trace(...))``, every request's cached tokens included
 
 Ids as keys: two prompts share block ``i`` iff their first ids up to it are equal. When every id
 of the trace always follows the same id (or always starts a prompt), as Mooncake's prefix-chained
-ids do, equal ids already mean equal prefixes, and a key is the id's rank. A trace whose ids
+ids do, equal ids already mean equal prefixes, and a key is the id itself. A trace whose ids
 do not keep that promise gives ``None`` here, and the caller interns id prefixes with
-``ChainKeys`` as before. Keys are then the ids themselves (``nodes`` below).
+``ChainKeys`` as before.
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ distance rises by one a key. So only each run's first key needs ``s_r(p)``, and 
 supersedes one range of slots: ``s_r(p)`` is a sum over the runs of earlier requests, a
 two-dimensional dominance count (earlier request, lower slot) answered offline for all runs at once
 by divide and conquer over request numbers (:func:`earlier_sums`: one sort per level, log2(requests)
-levels). Cost: two sorts of the accesses (keys, then runs) and O(R log R) for R runs; memory: a few
-int32 / int64 arrays of the accesses' length.
+levels). Cost: one sort of the accesses (by key) and one sort of the runs per level, O(R log^2 R)
+for R runs; memory: a few int32 / int64 arrays of the accesses' length.
 """
 
 from __future__ import annotations
