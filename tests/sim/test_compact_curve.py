@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 
 from big_traces import big_trace_file
-from curve_traces import BLOCK, traces
+from curve_traces import BLOCK, chat_trace_file, traces
 from kvbench.results.curve_files import MAX_DRAWN_POINTS, _drawn, curve_table
 from kvbench.sim.compact_curve import compact_hit_curve
 from kvbench.sim.compact_distances import compact_distances, earlier_sums
@@ -63,17 +63,7 @@ def test_the_mooncake_trace_gives_todays_curve(shared_data, block_size, limit):
 
 def test_a_hash_id_trace_with_late_lines_gives_todays_curve(tmp_path):
     """16-token ids in seconds, out of order (both sort stably), chats extending their parents."""
-    rng = np.random.default_rng(3)
-    lines, histories = [], {}
-    for chat in range(300):
-        parent = int(rng.integers(-1, chat)) if chat and rng.random() < 0.6 else -1
-        ids = histories.get(parent, [0, 1]) + [1000 + chat * 10 + k for k in range(int(rng.integers(0, 5)))]
-        histories[chat] = ids
-        lines.append({"chat_id": chat, "parent_chat_id": parent, "timestamp": float(chat // 3 + rng.integers(0, 3)),
-                      "input_length": max(len(ids) * 16 - int(rng.integers(0, 16)), 1), "output_length": 4,
-                      "hash_ids": ids})
-    path = tmp_path / "chats.jsonl"
-    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    path = chat_trace_file(tmp_path / "chats.jsonl", 300)
     for block_size in (16, 32):
         assert_same_curve(compact_hit_curve(path, "hash-ids", block_size), hit_curve(hash_id_trace(path, "hash-ids", block_size)))
 
