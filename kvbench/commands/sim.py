@@ -31,14 +31,16 @@ from kvbench.run.config import CacheFlags
 from kvbench.run.setup import cache_config
 from kvbench.run.source import RunSource, limit_requests, load_source
 from kvbench.results.curve_files import write_curve, write_ttl_curve
-from kvbench.sim.curve import HitCurve
+from kvbench.sim.compact_curve import compact_hit_curve
+from kvbench.sim.curve import HitCurve, one_pass_refusal
 from kvbench.sim.method import SimMethod, SimOutcome, simulate_sizes
 from kvbench.sim.replay import PreparedTrace, SimResult, ideal_hit_rate, prepare_prompts
-from kvbench.sim.bounds import unbounded_capacity_blocks
 from kvbench.sim.hash_id_trace import HASH_ID_TRACES, hash_id_refusal, hash_id_trace
 from kvbench.sim.tiers import TierPolicy
 from kvbench.sim.ttl_curve import ttl_curve as ttl_curve_of
 from kvbench.words import counted
+
+TAIL_FIRST = ReleaseOrder.TAIL_FIRST.value
 
 def _table(source: RunSource, results: list[SimResult], ideal: SimResult, trace: PreparedTrace) -> Table:
     table = Table(title=f"kvbench sim: {source.name} ({counted(trace.num_requests, 'request')}, "
@@ -110,9 +112,17 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:,.0f} s" if value >= 10 else f"{value:.3g} s"
 
 
-def _prepared_trace(path: Path, source: RunSource, base: CacheConfig, requests: int | None) -> PreparedTrace:
+def _prepared_trace(path: Path, source: RunSource, base: CacheConfig, requests: int | None, err,
+                    ttl: float | None, ttl_curve: bool) -> PreparedTrace:
     """The source's blocks and keys: from a hash-id trace's ids where that is exact
-    (:func:`hash_id_refusal`), else hashed from the token ids (read now for a hash-id trace)."""
+    (:func:`hash_id_refusal`), else hashed from the token ids (read now for a hash-id trace); with
+    :func:`_warn_untimed_ttl`'s warning on ``err``."""
+    trace = _token_trace(path, source, base, requests)
+    _warn_untimed_ttl(err, trace, ttl, ttl_curve)
+    return trace
+
+
+def _token_trace(path: Path, source: RunSource, base: CacheConfig, requests: int | None) -> PreparedTrace:
     if hash_id_refusal(base, source.format) is None:
         return hash_id_trace(path, source.format, base.block_size, requests)
     if source.format in HASH_ID_TRACES:
@@ -120,6 +130,30 @@ def _prepared_trace(path: Path, source: RunSource, base: CacheConfig, requests: 
     token_requests = limit_requests(source.requests, requests)  # not kept: forked workers stay small
     return prepare_prompts(token_requests, base.block_size, base.hash,
                            keep_tokens=base.kind is CacheKind.RADIX or base.verify_tokens)
+
+
+def _computed(path: Path, source: RunSource, base: CacheConfig, requests: int | None, capacities: list[int],
+              orders: list[str], method: SimMethod, workers: int, ttls: tuple[float | None, bool], err):
+    """``(trace, results, outcome, interrupted)``: from a hash-id trace held as arrays where
+    :func:`_compact_curve` applies (the exact curve at any size, issue 25.4), else prepared and simulated."""
+    compact = _compact_curve(path, source, base, requests, orders, method, ttls[1])
+    if compact is not None:
+        outcome = SimOutcome(methods={TAIL_FIRST: SimMethod.ONE_PASS.value}, curves={TAIL_FIRST: compact})
+        return compact.trace, [compact.result_at(c) for c in capacities], outcome, False
+    trace = _prepared_trace(path, source, base, requests, err, *ttls)
+    return (trace, *_simulate(trace, base, capacities, orders, method, workers, err))
+
+
+def _compact_curve(path: Path, source: RunSource, base: CacheConfig, requests: int | None, orders: list[str],
+                   method: SimMethod, ttl_curve: bool) -> HitCurve | None:
+    """The exact tail-first curve from a hash-id trace read as arrays (:mod:`kvbench.sim.compact_curve`)
+    where that is the whole job (tail-first only, the one pass exact, no TTL curve), else ``None``
+    (also when the arrays' reader leaves the file to the line reader)."""
+    if orders != [TAIL_FIRST] or method is SimMethod.REPLAY or ttl_curve:
+        return None
+    if hash_id_refusal(base, source.format) is not None or one_pass_refusal(base) is not None:
+        return None
+    return compact_hit_curve(path, source.format, base.block_size, requests)
 
 
 def _warn_untimed_ttl(err, trace: PreparedTrace, ttl: float | None, ttl_curve: bool) -> None:
@@ -191,16 +225,16 @@ def sim(
                            method, ttl_curve)
     console, err = make_console(), make_console(stderr=True)
     started = time.perf_counter()
-    trace = _prepared_trace(source, source_info, base, requests)
     if tier:
-        return run_tiers(trace, source_info, base, capacities, orders, _default_out(out, source_info),
+        return run_tiers(_token_trace(source, source_info, base, requests), source_info, base, capacities, orders,
+                         _default_out(out, source_info),
                          TierFlags(tuple(tier), tier_policy, model_shape, fit, prefill_ms_per_token, ttft_base_ms))
-    _warn_untimed_ttl(err, trace, ttl, ttl_curve)
-    results, outcome, interrupted = _simulate(trace, base, capacities, orders, method, workers, err)
+    trace, results, outcome, interrupted = _computed(source, source_info, base, requests, capacities, orders,
+                                                     method, workers, (ttl, ttl_curve), err)
     order_index = {(c, o): i for i, (c, o) in enumerate((c, o) for c in capacities for o in orders)}
     results.sort(key=lambda r: order_index[(r.capacity_blocks, r.release_order)])
-    curve = outcome.curves.get(ReleaseOrder.TAIL_FIRST.value)
-    ideal = (curve.result_at(unbounded_capacity_blocks((p.num_tokens for p in trace.prompts), trace.block_size))
+    curve = outcome.curves.get(TAIL_FIRST)
+    ideal = (curve.result_at(max(int(curve.distances.offsets[-1]), 1))  # every full block: unbounded_capacity_blocks
              if curve is not None else ideal_hit_rate(trace, base.kind))
     console.print(_table(source_info, results, ideal, trace))
     for note in requests_note(requests, trace.num_requests, done="simulated"):

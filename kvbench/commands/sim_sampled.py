@@ -129,7 +129,8 @@ def show_sampled(console, name: str, curve: SampledCurve, capacities: list[int],
         table.add_column(column, justify="right")
     for capacity, rate in zip(capacities, curve.token_hit_rates(np.array(capacities)).tolist()):
         table.add_row(f"{capacity:,}", f"{capacity * curve.block_size:,}", f"{rate:.4f}")
-    table.caption = (f"SHARDS sample: rate {curve.rate:.4g}, {_keys_held(curve)}; sampling "
+    table.caption = (f"SHARDS sample: rate {curve.rate:.4g} (first blocks {curve.first_block_rate:.4g}), "
+                     f"{_keys_held(curve)}; sampling "
                      f"error (1 sd, unbounded cache) {curve.hit_rate_sd:.4f}")
     console.print(table)
     sizes = np.unique(np.geomspace(1, curve.ideal_capacity_blocks, NUM_CURVE_ROWS).astype(np.int64))
@@ -139,7 +140,8 @@ def show_sampled(console, name: str, curve: SampledCurve, capacities: list[int],
     rows = [{"capacity_blocks": int(c), "capacity_tokens": int(c) * curve.block_size, "block_size": curve.block_size,
              "token_hit_rate": float(r), "method": "sampled"} for c, r in zip(sizes, curve.token_hit_rates(sizes))]
     path = out.with_name(out.name.removesuffix(".parquet") + ".sampled-curve.parquet")
-    write_rows(path, rows, {**metadata, "sample_rate": curve.rate, "max_keys_held": curve.max_keys_held,
+    write_rows(path, rows, {**metadata, "sample_rate": curve.rate, "first_block_sample_rate": curve.first_block_rate,
+                            "max_keys_held": curve.max_keys_held,
                             "max_keys_kept": curve.max_keys_kept, "coarse_below_blocks": round(1 / curve.rate),
                             "hit_rate_sd": curve.hit_rate_sd, "num_requests": curve.num_requests,
                             "prompt_tokens": curve.num_prompt_tokens})

@@ -64,7 +64,9 @@ class HitCurve:
     def hit_distances(self) -> np.ndarray:
         """Sorted distances of the blocks the cap lets hit (cold ones excluded); int64."""
         distances = self.distances.distances[self._hit_mask]
-        return np.sort(distances[distances != COLD])
+        distances = distances[distances != COLD]
+        distances.sort()  # in place: one copy of the trace's distances at a time
+        return distances
 
     @cached_property
     def _hit_mask(self) -> np.ndarray:
@@ -81,8 +83,12 @@ class HitCurve:
 
     @cached_property
     def _sorted_distances(self) -> np.ndarray:
-        touched = self.touch_distances
-        return np.sort(self.distances.distances if touched is None else touched)
+        """Sorted touch distances of the blocks that were ever seen (a cold block is held at no
+        capacity, so leaving the COLD ones out changes no count and saves their memory)."""
+        touched = self.distances.distances if self.touch_distances is None else self.touch_distances
+        warm = touched[touched != COLD]
+        warm.sort()
+        return warm
 
     @cached_property
     def _sorted_num_full_blocks(self) -> np.ndarray:
@@ -129,7 +135,7 @@ class HitCurve:
             raise ValueError(f"capacity_blocks must be positive, got {capacity_blocks}")
         offsets = self.distances.offsets
         hit = self._hit_mask & (self.distances.distances <= capacity_blocks)
-        per_request = np.add.reduceat(np.append(hit, False).astype(np.int64), offsets[:-1])
+        per_request = np.add.reduceat(np.append(hit, False), offsets[:-1], dtype=np.int64)
         per_request[offsets[:-1] == offsets[1:]] = 0  # reduceat gives the next element for an empty run
         return self._result(capacity_blocks, self.totals(np.array([capacity_blocks])), 0,
                             per_request * self.trace.block_size)

@@ -122,8 +122,9 @@ class StackDistances:
 
     def hit_mask(self) -> np.ndarray:
         """bool, shape (num_blocks,): the blocks the last-token cap lets a lookup hit."""
-        position = np.arange(self.distances.size, dtype=np.int64) - np.repeat(self.offsets[:-1], self.num_full_blocks)
-        return position < np.repeat(self.max_hit_blocks, self.num_full_blocks)
+        num_blocks = self.num_full_blocks
+        hit = np.minimum(self.max_hit_blocks, num_blocks)  # each request: its first `hit` blocks, then the rest
+        return np.repeat(np.tile(np.array([True, False]), num_blocks.size), np.stack([hit, num_blocks - hit], axis=1).ravel())
 
 
 def stack_distances(prompts: list[PromptBlocks]) -> StackDistances:

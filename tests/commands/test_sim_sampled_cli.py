@@ -24,7 +24,7 @@ def test_a_key_budget_above_the_trace_gives_the_exact_curve(kvbench, tmp_path, s
     code, stdout, _ = kvbench("sim", trace, "--sample-keys", "1000000", "--sizes", "100,1000", "--out",
                               tmp_path / "sampled.parquet")
     assert code == 0
-    assert "kvbench sim (sampled)" in stdout and "rate 1," in stdout
+    assert "kvbench sim (sampled)" in stdout and "rate 1 (first blocks 1)," in stdout
     exact = {r["capacity_blocks"]: r["token_hit_rate"] for r in pq.read_table(tmp_path / "exact.curve.parquet").to_pylist()}
     sampled = pq.read_table(tmp_path / "sampled.sampled-curve.parquet").to_pylist()
     assert len(sampled) > 100 and {r["method"] for r in sampled} == {"sampled"}

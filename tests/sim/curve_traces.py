@@ -4,6 +4,8 @@ Imported by its bare name (the test folder is on ``sys.path`` under pytest's roo
 import mode, as tests/server/live_server.py is); ``tests`` itself is not a package.
 """
 
+import json
+
 import numpy as np
 from hypothesis import strategies as st
 
@@ -28,6 +30,23 @@ def traces(draw):
                                 token_ids=tokens, arrival_s=float(rng.integers(0, 5)),
                                 salt="tenant" if rng.random() < 0.1 else None))
     return requests
+
+
+def chat_trace_file(path, num_chats):
+    """A hash-id trace (16-token ids, timestamps in seconds, out of order) of ``num_chats`` chats,
+    each extending a random earlier one's ids (a shared system prompt ``[0, 1]`` at the root), some
+    prompts shorter than a block or cut mid-id. Returns ``path``."""
+    rng = np.random.default_rng(3)
+    lines, histories = [], {}
+    for chat in range(num_chats):
+        parent = int(rng.integers(-1, chat)) if chat and rng.random() < 0.6 else -1
+        ids = histories.get(parent, [0, 1]) + [1000 + chat * 10 + k for k in range(int(rng.integers(0, 5)))]
+        histories[chat] = ids
+        length = max(len(ids) * 16 - int(rng.integers(0, 16)), 1)
+        lines.append({"chat_id": chat, "parent_chat_id": parent, "timestamp": float(chat // 3 + rng.integers(0, 3)),
+                      "input_length": length, "output_length": 4, "hash_ids": ids})
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
 
 
 def counts(result):

@@ -1,10 +1,9 @@
 """Keys from a hash-id trace's ids give the same trace as synthesizing tokens and hashing them."""
 
-import json
-
 import numpy as np
 import pytest
 
+from curve_traces import chat_trace_file
 from kvbench.cache.base import CacheConfig, CacheKind
 from kvbench.cache.block_hash import HashConfig
 from kvbench.errors import InputError
@@ -39,17 +38,7 @@ def test_the_mooncake_conversation_trace_reads_the_same(shared_data, block_size,
 def test_a_hash_id_trace_with_sessions_and_late_lines_reads_the_same(tmp_path):
     """16-token ids, timestamps in seconds, out of order (both paths sort stably), a shared system
     prompt, multi-turn chats, a prompt shorter than a block and one cut mid-id."""
-    rng = np.random.default_rng(3)
-    lines, histories = [], {}
-    for chat in range(200):
-        parent = int(rng.integers(-1, chat)) if chat and rng.random() < 0.6 else -1
-        ids = histories.get(parent, [0, 1]) + [1000 + chat * 10 + k for k in range(int(rng.integers(0, 5)))]
-        histories[chat] = ids
-        length = max(len(ids) * 16 - int(rng.integers(0, 16)), 1)
-        lines.append({"chat_id": chat, "parent_chat_id": parent, "timestamp": float(chat // 3 + rng.integers(0, 3)),
-                      "input_length": length, "output_length": 4, "hash_ids": ids})
-    path = tmp_path / "chats.jsonl"
-    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    path = chat_trace_file(tmp_path / "chats.jsonl", 200)
     for block_size in (16, 32):
         fast = hash_id_trace(path, "hash-ids", block_size)
         assert_same_trace(fast, prepare_prompts(load_source(path).requests, block_size))
