@@ -47,6 +47,7 @@ from kvbench.server.guards import GuardConfig, Guards
 from kvbench.server.schemas import (DEFAULT_MAX_TOKENS, ApiError, ChatCompletionRequest, CompletionRequest,
                                     choices_body, chunk_body, response_body, usage)
 from kvbench.server.messages import MIN_CACHE_TOKENS, add_messages_route
+from kvbench.server.outcome import CLIENT_CLOSED_REQUEST, outcomes_unless_gone
 from kvbench.server.service import EngineService, Generation
 from kvbench.server.tokenize import add_tokenize_routes
 from kvbench.server.validation import invalid_body_error
@@ -150,9 +151,10 @@ async def _generate(http: Request, service: EngineService, body: CompletionReque
     generation = service.submit(request, sampling, body.stop_sequences)
     if body.stream:
         return StreamingResponse(_stream(service, generation, header, body), media_type="text/event-stream")
-    result = await _outcome_unless_gone(http, generation)
-    if result is None:
-        return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
+    results = await outcomes_unless_gone(http, [generation])
+    if results is None:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    result = results[0]
     generation.text.finish()
     return response_body(chat, header.response_id, header.created, header.model, generation.text.text,
                          _finish_reason(service, generation, result), _usage(result))
@@ -174,9 +176,9 @@ async def _respond_samples(http: Request, service: EngineService, body: Completi
     generations = service.submit_samples(request, sampling, body.n, body.stop_sequences)
     if body.stream:
         return StreamingResponse(_stream_samples(service, generations, header, body), media_type="text/event-stream")
-    results = await _outcomes_unless_gone(http, generations)
+    results = await outcomes_unless_gone(http, generations)
     if results is None:
-        return Response(status_code=499)
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
     outputs = []
     for generation, result in zip(generations, results):
         generation.text.finish()
@@ -198,45 +200,6 @@ class _Header:
         if self.token_ids and token_id is not None:
             body["choices"][0]["token_ids"] = [token_id]
         return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
-
-
-async def _outcome(generation: Generation) -> RequestRecord:
-    """Wait for the request's result. Raises ``ApiError``: 400 if the engine refused it, 500 if it failed."""
-    while True:
-        kind, value = await generation.events.get()
-        if kind == "done":
-            return value
-        if kind in ("refused", "error", "cancelled"):
-            raise ApiError(400 if kind == "refused" else 500, str(value or "the request was cancelled"))
-
-
-async def _outcome_unless_gone(http: Request, generation: Generation) -> RequestRecord | None:
-    """The result of a non-streamed request, or ``None`` (and the request cancelled, queued or running)
-    when its client disconnects first."""
-    results = await _outcomes_unless_gone(http, [generation])
-    return None if results is None else results[0]
-
-
-async def _outcomes_unless_gone(http: Request, generations: list[Generation]) -> list[RequestRecord] | None:
-    """Every generation's result (:func:`_outcome`), or ``None`` (and every one cancelled) when the
-    client disconnects first."""
-    outcome = asyncio.ensure_future(asyncio.gather(*(_outcome(generation) for generation in generations)))
-    gone = asyncio.ensure_future(_disconnected(http))
-    try:
-        await asyncio.wait({outcome, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone.cancel()
-        if not outcome.done():
-            for generation in generations:
-                generation.cancel()
-            outcome.cancel()
-    return outcome.result() if not outcome.cancelled() else None
-
-
-async def _disconnected(http: Request) -> None:
-    """Returns when the client has gone (the body was read already, so ``receive`` waits for that)."""
-    while (await http.receive())["type"] != "http.disconnect":
-        pass
 
 
 async def _stream(service: EngineService, generation: Generation, header: _Header,

@@ -27,12 +27,13 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import FastAPI
-from fastapi.responses import StreamingResponse
+from fastapi import FastAPI, Request
+from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict
 
 from kvbench.engine.engine import SamplingParams
 from kvbench.request import Message, RequestRecord
+from kvbench.server.outcome import CLIENT_CLOSED_REQUEST, outcomes_unless_gone
 from kvbench.server.schemas import ApiError
 from kvbench.server.service import EngineService, Generation
 
@@ -147,15 +148,6 @@ class _Exchange:
         return "end_turn" if ids and not self.generation.sampling.ignore_eos and ids[-1] in eos else "max_tokens"
 
 
-async def _finished(generation: Generation) -> RequestRecord:
-    while True:
-        kind, value = await generation.events.get()
-        if kind == "done":
-            return value
-        if kind != "token":
-            raise ApiError(400 if kind == "refused" else 500, str(value or "the request was cancelled"))
-
-
 async def _stream(exchange: _Exchange) -> AsyncIterator[str]:
     provisional = {"input_tokens": int(exchange.request.num_tokens), "output_tokens": 0}
     try:
@@ -186,15 +178,14 @@ def add_messages_route(app: FastAPI, service: EngineService, min_cache_tokens: i
     """Register ``POST /v1/messages`` on ``app``."""
 
     @app.post("/v1/messages")
-    async def messages(body: MessagesRequest):
+    async def messages(http: Request, body: MessagesRequest):
         exchange = _Exchange(service, body, min_cache_tokens)
         if body.stream:
             return StreamingResponse(_stream(exchange), media_type="text/event-stream")
-        try:
-            record = await _finished(exchange.generation)
-        except BaseException:
-            exchange.generation.cancel()
-            raise
+        records = await outcomes_unless_gone(http, [exchange.generation])  # the OpenAI routes' wait
+        if records is None:
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
+        record = records[0]
         exchange.generation.text.finish()
         content = [{"type": "text", "text": exchange.generation.text.text}]
         return exchange.message(content, exchange.stop_reason(record), exchange.usage(record))

@@ -8,11 +8,15 @@ are :class:`kvbench.backends.inprocess.InProcessBackend`'s (its lock, FIFO, and
 ``backend.serve(request, on_token=...)``, whose tokens travel from the engine's thread to the event
 loop through ``call_soon_threadsafe`` into an asyncio queue.
 
-The task is never cancelled: it holds the backend's lock until the engine returns, whatever the
-HTTP side does. A client that disconnects (streaming or not) sets ``cancelled``; the next token raises
-:class:`StreamCancelled` inside the engine, which releases every pinned block and caches nothing of
-the request, and only then is the lock released. A request abandoned while still queued never runs:
-the check when its turn comes raises :class:`StreamCancelled` before the engine starts.
+On the copy engine the task is never cancelled: it holds the backend's lock until the engine
+returns, whatever the HTTP side does. A client that disconnects (streaming or not) sets
+``cancelled``; the next token raises :class:`StreamCancelled` inside the engine, which releases every
+pinned block and caches nothing of the request, and only then is the lock released. A request
+abandoned while still queued never runs: the check when its turn comes raises
+:class:`StreamCancelled` before the engine starts. On the paged engine (no lock; its scheduler
+queues) a cancel also cancels the task, which aborts the request in the engine at its next step,
+waiting or running (:meth:`PagedEngine.abort`), so an abandoned queued request is never prefilled.
+Either way the request is counted once in ``counters.num_aborted``.
 
 Each generation's text is decoded as its tokens arrive (:class:`kvbench.server.text.TextStream`, in
 the engine's thread): multi-byte characters split across tokens come out whole, and a stop sequence
@@ -69,10 +73,14 @@ class Generation:
         self.events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         self.cancelled = threading.Event()
         self.task: asyncio.Task | None = None
+        self.abort_task = False  # paged engine: cancel() also cancels the task (the engine aborts it)
 
     def cancel(self) -> None:
-        """Stop at the next token; the engine releases its blocks."""
+        """Stop at the next token (or, on the paged engine, at its next step, queued or running); the
+        engine releases its blocks. A no-op once the request has finished. Call on the event loop."""
         self.cancelled.set()
+        if self.abort_task and self.task is not None:
+            self.task.cancel()
 
 
 class EngineService:
@@ -88,8 +96,8 @@ class EngineService:
         self.backend = backend
         self.engine = backend.engine
         self.tokenizer = tokenizer
-        batching = isinstance(self.engine, PagedEngine)  # several sequences run at once: its gauges
-        self.counters = ServerCounters(engine_sequences=self.engine.num_sequences if batching else None)
+        self.batching = isinstance(self.engine, PagedEngine)  # several sequences run at once: its gauges
+        self.counters = ServerCounters(engine_sequences=self.engine.num_sequences if self.batching else None)
         self._indexes = itertools.count()
 
     @property
@@ -162,6 +170,7 @@ class EngineService:
         once. Must be called on the event loop."""
         generation = Generation(request, sampling, TextStream(self.tokenizer, stops))
         generation.task = asyncio.create_task(self._run(generation))
+        generation.abort_task = self.batching
         return generation
 
     async def _run(self, generation: Generation) -> None:
@@ -182,7 +191,8 @@ class EngineService:
             record = await self.backend.serve(generation.request, on_token=on_token, sampling=generation.sampling,
                                               on_start=on_start)
             generation.events.put_nowait(self._finished(record))
-        except StreamCancelled:
+        except (StreamCancelled, asyncio.CancelledError):  # its client left (Generation.cancel)
+            self.counters.num_aborted += 1
             generation.events.put_nowait(("cancelled", None))
         except Exception as exc:  # the engine failed: this request errors, the server keeps serving
             self.counters.num_failed += 1
@@ -193,7 +203,7 @@ class EngineService:
     @property
     def max_samples(self) -> int:
         """Most choices per request (``n``): 1 on the copy engine, unbounded (the schema's 128) on paged."""
-        return MAX_N if isinstance(self.engine, PagedEngine) else 1
+        return MAX_N if self.batching else 1
 
     def submit_samples(self, request: Request, sampling: SamplingParams, n: int,
                        stops: Sequence[str] = ()) -> list[Generation]:
@@ -204,7 +214,7 @@ class EngineService:
         generations = [Generation(request, sampling, TextStream(self.tokenizer, stops)) for _ in range(n)]
         task = asyncio.create_task(self._run_samples(generations))
         for generation in generations:
-            generation.task = task
+            generation.task, generation.abort_task = task, True  # cancelling one sample aborts them all
         return generations
 
     async def _run_samples(self, generations: list[Generation]) -> None:
@@ -222,6 +232,8 @@ class EngineService:
         self.counters.num_in_flight += 1
         try:
             outcomes = await self.backend.serve_samples(first.request, first.sampling, len(generations), on_token)
+        except asyncio.CancelledError:  # the client left: every sample was aborted
+            outcomes = [asyncio.CancelledError() for _ in generations]
         finally:
             self.counters.num_in_flight -= 1
         records = [o for o in outcomes if isinstance(o, RequestRecord) and o.status is Status.OK]
@@ -230,6 +242,8 @@ class EngineService:
                                          sum(record.output_tokens for record in records))
         elif any(isinstance(o, RequestRecord) or not _cancelled(o) for o in outcomes):
             self.counters.num_failed += 1
+        else:
+            self.counters.num_aborted += 1
         for generation, outcome in zip(generations, outcomes):
             generation.events.put_nowait(_sample_event(outcome))
 

@@ -3,6 +3,7 @@ by tests that need a server of their own, e.g. with guards)."""
 
 import http.client
 import json
+import socket
 import threading
 import time
 import urllib.error
@@ -66,6 +67,28 @@ class LiveServer:
                 events.append(json.loads(line[6:]))
         connection.close()
         return response.status, events
+
+    def send_and_leave(self, path: str, body: dict, leave_after_s: float) -> None:
+        """POST ``body`` to ``path`` on a raw socket and close it after ``leave_after_s`` without
+        reading the answer (a client timeout, ``curl -m``)."""
+        payload = json.dumps(body).encode()
+        sock = socket.create_connection(("127.0.0.1", self.port))
+        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+        time.sleep(leave_after_s)
+        sock.close()
+
+    def metric(self, name: str) -> float:
+        """The value of ``kvbench:NAME`` at /metrics (its one sample)."""
+        line = next(line for line in self.get("/metrics")[1].splitlines() if line.startswith(f"kvbench:{name}"))
+        return float(line.split()[-1])
+
+    def wait_for_metric(self, name: str, value: float, timeout_s: float = 60) -> None:
+        """Poll /metrics until ``kvbench:NAME`` reaches ``value`` (AssertionError after ``timeout_s``)."""
+        deadline = time.monotonic() + timeout_s
+        while (now := self.metric(name)) < value:
+            assert time.monotonic() < deadline, f"kvbench:{name} stayed at {now}, expected {value}"
+            time.sleep(0.05)
 
     def get(self, path: str) -> tuple[int, str]:
         with urllib.request.urlopen(self.url.removesuffix("/v1") + path, timeout=30) as response:

@@ -29,11 +29,6 @@ def raw_post(live, path: str, payload: bytes, content_type: str = "application/j
     return response.status, json.loads(body) if body else {}
 
 
-def metric(live, name):
-    line = next(line for line in live.get("/metrics")[1].splitlines() if line.startswith(f"kvbench:{name}"))
-    return float(line.split()[-1])
-
-
 def test_distinct_rejected_huge_requests_do_not_grow_memory(live):
     """Was +9.3 MB kept per rejected 2.5 MB chat request (the memo stored every message)."""
     def send(i):
@@ -106,38 +101,28 @@ def test_a_50_mb_body_is_refused_with_413_and_health_keeps_answering(live):
     assert live.post("/v1/completions", {"model": MODEL, "prompt": "still here", "max_tokens": 1})[0] == 200
 
 
-def _send_and_leave(live, body: dict, leave_after_s: float) -> None:
-    """POST ``body`` on a raw socket and close it after ``leave_after_s`` without reading (``curl -m``)."""
-    payload = json.dumps(body).encode()
-    sock = socket.create_connection(("127.0.0.1", live.port))
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                 + f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
-    time.sleep(leave_after_s)
-    sock.close()
-
-
 def test_a_non_stream_client_that_leaves_frees_the_engine(live):
     """Was: ``curl -m 2`` on a long completion left the engine generating, counted as a success."""
-    succeeded = metric(live, "request_success_total")
-    _send_and_leave(live, {"model": MODEL, "prompt": "long", "max_tokens": 8000, "ignore_eos": True}, 0.5)
+    succeeded = live.metric("request_success_total")
+    live.send_and_leave("/v1/completions", {"model": MODEL, "prompt": "long", "max_tokens": 8000, "ignore_eos": True}, 0.5)
     start = time.perf_counter()
     status, _ = live.post("/v1/completions", {"model": MODEL, "prompt": "next", "max_tokens": 1})
     assert status == 200 and time.perf_counter() - start < 1.5
-    assert metric(live, "request_success_total") == succeeded + 1
-    assert metric(live, "num_requests_running") == 0
+    assert live.metric("request_success_total") == succeeded + 1
+    assert live.metric("num_requests_running") == 0
 
 
 def test_a_request_abandoned_while_queued_never_runs(live):
     """Was: a queued request whose client had left ran when its turn came."""
-    succeeded = metric(live, "request_success_total")
-    running = threading.Thread(target=_send_and_leave, args=(live, {
+    succeeded = live.metric("request_success_total")
+    running = threading.Thread(target=live.send_and_leave, args=("/v1/completions", {
         "model": MODEL, "prompt": "holds the engine", "max_tokens": 8000, "ignore_eos": True}, 1.5))
     running.start()
     time.sleep(0.3)
-    _send_and_leave(live, {"model": MODEL, "prompt": "queued", "max_tokens": 50, "ignore_eos": True}, 0.3)
+    live.send_and_leave("/v1/completions", {"model": MODEL, "prompt": "queued", "max_tokens": 50, "ignore_eos": True}, 0.3)
     running.join()
     assert live.post("/v1/completions", {"model": MODEL, "prompt": "next", "max_tokens": 1})[0] == 200
-    assert metric(live, "request_success_total") == succeeded + 1  # only "next"
+    assert live.metric("request_success_total") == succeeded + 1  # only "next"
 
 
 BIG = 2**63
