@@ -6,7 +6,8 @@
                                (both: ``n`` choices on ``--engine paged``, streamed or not)
 ``GET /v1/models``             the one served model (with vLLM's ``root`` and ``max_model_len``)
 ``GET /health``                200 when serving (never needs the API key)
-``POST /reset_prefix_cache``   drop every cached block (vLLM's endpoint), after the running request
+``POST /reset_prefix_cache``   drop every cached block (vLLM's endpoint) once every request submitted
+                               before it has finished; later requests wait for it (both engines)
 ``GET|HEAD /metrics``          Prometheus text (:mod:`kvbench.server.metrics`)
 ``POST /tokenize``             vLLM's: prompt or messages -> ``tokens``, ``count``, ``max_model_len``
 ``POST /detokenize``           vLLM's: ``tokens`` -> ``prompt`` (:mod:`kvbench.server.tokenize`)

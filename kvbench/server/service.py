@@ -33,7 +33,9 @@ import asyncio
 import collections
 import itertools
 import threading
+import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -41,6 +43,7 @@ import numpy as np
 from kvbench.backends.inprocess import InProcessBackend
 from kvbench.engine.engine import SamplingParams
 from kvbench.engine.paged.engine import PagedEngine
+from kvbench.errors import CacheBusyError
 from kvbench.request import Request, RequestRecord, Status
 from kvbench.server.metrics import ServerCounters, cache_config_labels, render_metrics
 from kvbench.server.schemas import MAX_N, ApiError
@@ -50,6 +53,7 @@ from kvbench.request import Message
 
 
 DEFAULT_UNBOUNDED_MAX_TOKENS = 4096  # a chat request's budget on a model that states no context limit
+RESET_POLL_S = 0.01  # how often a reset waiting for the paged engine to drain looks again
 
 
 class StreamCancelled(Exception):
@@ -99,6 +103,7 @@ class EngineService:
         self.batching = isinstance(self.engine, PagedEngine)  # several sequences run at once: its gauges
         self.counters = ServerCounters(engine_sequences=self.engine.num_sequences if self.batching else None)
         self._indexes = itertools.count()
+        self._reset_done: asyncio.Event | None = None  # set when the pending reset (paged engine) is done
 
     @property
     def model_name(self) -> str:
@@ -188,8 +193,10 @@ class EngineService:
 
         self.counters.num_in_flight += 1
         try:
+            waited_s = await self._wait_for_reset()
             record = await self.backend.serve(generation.request, on_token=on_token, sampling=generation.sampling,
                                               on_start=on_start)
+            record = replace(record, queue_ms=record.queue_ms + waited_s * 1e3)
             generation.events.put_nowait(self._finished(record))
         except (StreamCancelled, asyncio.CancelledError):  # its client left (Generation.cancel)
             self.counters.num_aborted += 1
@@ -231,6 +238,7 @@ class EngineService:
         first = generations[0]
         self.counters.num_in_flight += 1
         try:
+            await self._wait_for_reset()
             outcomes = await self.backend.serve_samples(first.request, first.sampling, len(generations), on_token)
         except asyncio.CancelledError:  # the client left: every sample was aborted
             outcomes = [asyncio.CancelledError() for _ in generations]
@@ -255,8 +263,33 @@ class EngineService:
         return "done", result
 
     async def reset_prefix_cache(self) -> bool:
-        """Drop every cached block once no request runs (vLLM's endpoint). ``False`` if the cache is off."""
-        return await self.backend.reset_prefix_cache()
+        """Drop every cached block (vLLM's endpoint) as a barrier, the same on both engines: the reset
+        runs once every request submitted before it has finished (or was cancelled), and requests
+        submitted meanwhile wait for it (their wait is queue time). The copy engine's FIFO lock does
+        this by itself; on the paged engine, which refuses a reset while any request is in it
+        (``CacheBusyError``), new requests are held at :meth:`_wait_for_reset` while the engine drains.
+        Returns ``False`` if the cache is off."""
+        if not self.batching:
+            return await self.backend.reset_prefix_cache()
+        while self._reset_done is not None:  # one reset at a time, in order
+            await self._reset_done.wait()
+        self._reset_done = done = asyncio.Event()
+        try:
+            while True:
+                try:
+                    return await self.backend.reset_prefix_cache()
+                except CacheBusyError:  # requests submitted before the reset still run
+                    await asyncio.sleep(RESET_POLL_S)
+        finally:
+            self._reset_done = None
+            done.set()
+
+    async def _wait_for_reset(self) -> float:
+        """Wait while a reset drains the paged engine; the seconds waited."""
+        start_s = time.perf_counter()
+        while self._reset_done is not None:
+            await self._reset_done.wait()
+        return time.perf_counter() - start_s
 
     def metrics_text(self) -> str:
         cache = self.engine.config.cache
