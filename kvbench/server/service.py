@@ -143,9 +143,10 @@ class EngineService:
                            "context_length_exceeded")
 
     def check(self, token_ids: np.ndarray, max_tokens: int) -> None:
-        """Raise ``ApiError`` (400) for an empty prompt, ids outside the vocabulary, or a prompt plus
-        ``max_tokens`` beyond the model's context (``param`` is ``prompt`` when the prompt alone
-        leaves no room for one output token, else ``max_tokens``)."""
+        """Raise ``ApiError`` (400) for an empty prompt, ids outside the vocabulary, a prompt plus
+        ``max_tokens`` beyond the model's context, or (paged engine) beyond what its KV pool can ever
+        hold (``param`` is ``prompt`` when the prompt alone leaves no room for one output token, else
+        ``max_tokens``)."""
         num_tokens = int(token_ids.shape[0])
         if num_tokens == 0:
             raise ApiError(400, "the prompt is empty", "prompt")
@@ -158,6 +159,9 @@ class EngineService:
                                 f"{num_tokens + max_tokens} tokens ({num_tokens} in the prompt, {max_tokens} for "
                                 "the completion).", "prompt" if num_tokens >= limit else "max_tokens",
                            "context_length_exceeded")
+        if self.batching and (problem := self.engine.pool_refusal(num_tokens, max_tokens)) is not None:
+            param = "prompt" if self.engine.pool_refusal(num_tokens, 1) is not None else "max_tokens"
+            raise ApiError(400, problem, param)  # before a stream starts: never an error event after a 200
 
     def default_max_tokens(self, num_prompt_tokens: int) -> int:
         """What a chat request without ``max_tokens`` may generate: the rest of the context (OpenAI and

@@ -215,9 +215,12 @@ class PagedEngine:
 
     def _check_request(self, ids: list[int], sampling: SamplingParams) -> str | None:
         problem = check_request(self.loaded, ids, sampling)  # the copy engine's rules, then the pool's
-        if problem is not None:
-            return problem
-        need = blocks_for(len(ids) + sampling.max_tokens - 1, self.block_size)
+        return problem if problem is not None else self.pool_refusal(len(ids), sampling.max_tokens)
+
+    def pool_refusal(self, num_prompt_tokens: int, max_tokens: int) -> str | None:
+        """Why a request of ``num_prompt_tokens`` + ``max_tokens`` can never fit the pool (its sequence
+        needs more blocks than the pool has), or ``None``; such a request is refused at submit."""
+        need = blocks_for(num_prompt_tokens + max_tokens - 1, self.block_size)
         if need > self.config.pool.capacity_blocks:
             return (f"prompt + max_tokens need {need} blocks of {self.block_size} tokens; the KV pool has "
                     f"{self.config.pool.capacity_blocks} (raise --cache-size)")
