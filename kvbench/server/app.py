@@ -91,7 +91,8 @@ def create_app(service: EngineService, guards: GuardConfig | None = None,
     @app.post("/v1/chat/completions")
     async def chat_completions(http: Request, body: ChatCompletionRequest):
         _check_model(service, body.model)
-        messages = [(message.role, message.text()) for message in body.messages]
+        messages = [(message.role, message.text(f"messages[{index}].content"))
+                    for index, message in enumerate(body.messages)]
         return await _generate(http, service, body, lambda: service.render_chat(messages), chat=True)
 
     add_messages_route(app, service, min_cache_tokens)
@@ -143,7 +144,7 @@ async def _generate(http: Request, service: EngineService, body: CompletionReque
     if requested is None:
         requested = service.default_max_tokens(len(token_ids)) if chat else DEFAULT_MAX_TOKENS
     sampling = _sampling(body, requested)
-    service.check(token_ids, sampling.max_tokens)
+    service.check(token_ids, sampling.max_tokens, "messages" if chat else "prompt")
     request = service.request(token_ids, sampling.max_tokens, body.cache_salt,
                               f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}")
     header = _Header(chat, request.request_id, int(time.time()), service.model_name, body.return_token_ids)

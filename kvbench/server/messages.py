@@ -22,80 +22,24 @@ Streaming sends Anthropic's events: ``message_start`` (usage provisional: the pr
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict
 
 from kvbench.engine.engine import SamplingParams
 from kvbench.request import Message, RequestRecord
+from kvbench.server.messages_schema import MessagesRequest, rendered_messages
 from kvbench.server.outcome import CLIENT_CLOSED_REQUEST, outcomes_unless_gone
 from kvbench.server.schemas import ApiError
 from kvbench.server.service import EngineService, Generation
 
 MIN_CACHE_TOKENS = 1024  # Claude Sonnet 4.x's minimum cacheable prompt (../shared/REFERENCES.md section 6)
-
-
-class _Block(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    type: str
-    text: str | None = None
-    cache_control: dict[str, Any] | None = None
-
-
-class _AnthropicMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    role: str
-    content: str | list[_Block]
-
-
-class MessagesRequest(BaseModel):
-    """``POST /v1/messages`` body (unknown fields are ignored)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    model: str
-    max_tokens: int
-    messages: list[_AnthropicMessage]
-    system: str | list[_Block] | None = None
-    stream: bool = False
-    temperature: float | None = None
-    top_p: float | None = None
-
-
-def _text(content: str | list[_Block], where: str) -> tuple[str, bool]:
-    """The content's text and whether any block carries ``cache_control``. Raises ``ApiError``."""
-    if isinstance(content, str):
-        return content, False
-    for block in content:
-        if block.type != "text" or block.text is None:
-            raise ApiError(400, f"{where}: only text blocks are supported, got type {block.type!r}", where)
-    return "".join(b.text or "" for b in content), any(b.cache_control is not None for b in content)
-
-
-def rendered_messages(body: MessagesRequest) -> tuple[list[Message], list[int]]:
-    """ChatML messages (system first) and the indexes of the messages that end at a breakpoint."""
-    messages, marked = [], []
-    if body.system:
-        text, cached = _text(body.system, "system")
-        messages.append(Message("system", text))
-        marked += [0] if cached else []
-    for index, message in enumerate(body.messages):
-        if message.role not in ("user", "assistant"):
-            raise ApiError(400, f"messages.{index}.role: must be user or assistant, got {message.role!r}",
-                           f"messages.{index}.role")
-        text, cached = _text(message.content, f"messages.{index}.content")
-        marked += [len(messages)] if cached else []
-        messages.append(Message(message.role, text))
-    if not body.messages:
-        raise ApiError(400, "messages: must not be empty", "messages")
-    return messages, marked
 
 
 def anthropic_usage(record: RequestRecord, breakpoint_tokens: int, block_size: int,
@@ -109,31 +53,41 @@ def anthropic_usage(record: RequestRecord, breakpoint_tokens: int, block_size: i
             "cache_read_input_tokens": read, "output_tokens": record.output_tokens}
 
 
+def _render(service: EngineService, messages: list[Message], marked: list[int]) -> tuple[np.ndarray, int]:
+    """The prompt's ids and the last breakpoint's position in tokens (0: no breakpoint)."""
+    token_ids = service.render_chat([(message.role, message.content) for message in messages])
+    if not marked:
+        return token_ids, 0
+    tokenizer = service.tokenizer
+    return token_ids, len(tokenizer.render_messages(messages[:marked[-1] + 1])) - len(tokenizer.render_messages([]))
+
+
 def _event(kind: str, body: dict[str, Any]) -> str:
     return f"event: {kind}\ndata: {json.dumps({'type': kind, **body}, ensure_ascii=False)}\n\n"
 
 
 class _Exchange:
-    """One request's ids, breakpoint, engine generation and response header."""
+    """One request's ids, breakpoint, engine generation and response header (:meth:`start`)."""
 
-    def __init__(self, service: EngineService, body: MessagesRequest, min_cache_tokens: int) -> None:
-        if body.model != service.model_name:
-            raise ApiError(404, f"model: {body.model} (this server serves {service.model_name})", "model")
-        if body.max_tokens < 1:
-            raise ApiError(400, f"max_tokens must be at least 1, got {body.max_tokens}", "max_tokens")
-        messages, marked = rendered_messages(body)
-        token_ids = service.tokenizer.render_messages(messages)
-        self.breakpoint_tokens = (len(service.tokenizer.render_messages(messages[:marked[-1] + 1]))
-                                  - len(service.tokenizer.render_messages([]))) if marked else 0
-        try:
-            sampling = SamplingParams(max_tokens=body.max_tokens, temperature=1.0 if body.temperature is None
-                                      else body.temperature, top_p=1.0 if body.top_p is None else body.top_p)
-        except ValueError as exc:
-            raise ApiError(400, str(exc)) from None
-        service.check(token_ids, sampling.max_tokens)
+    def __init__(self, service: EngineService, body: MessagesRequest, token_ids: np.ndarray,
+                 breakpoint_tokens: int, min_cache_tokens: int) -> None:
+        sampling = SamplingParams(max_tokens=body.max_tokens, temperature=1.0 if body.temperature is None
+                                  else body.temperature, top_p=1.0 if body.top_p is None else body.top_p)
+        service.check(token_ids, sampling.max_tokens, prompt_param="messages")
         self.request = service.request(token_ids, sampling.max_tokens, None, f"msg_{uuid.uuid4().hex}")
-        self.service, self.min_cache_tokens = service, min_cache_tokens
+        self.service, self.min_cache_tokens, self.breakpoint_tokens = service, min_cache_tokens, breakpoint_tokens
         self.generation: Generation = service.submit(self.request, sampling)
+
+    @classmethod
+    async def start(cls, service: EngineService, body: MessagesRequest, min_cache_tokens: int) -> _Exchange:
+        """Check, render (off the event loop, as the OpenAI routes do) and submit ``body``. Raises
+        ``ApiError`` (404 for another model, 400 for the rest)."""
+        if body.model != service.model_name:
+            raise ApiError(404, f"model: {body.model} (this server serves {service.model_name})", "model",
+                           "model_not_found")
+        messages, marked = rendered_messages(body)
+        token_ids, breakpoint_tokens = await asyncio.to_thread(_render, service, messages, marked)
+        return cls(service, body, token_ids, breakpoint_tokens, min_cache_tokens)
 
     def usage(self, record: RequestRecord) -> dict[str, int]:
         block_size = self.service.backend.describe().get("block_size") or 16
@@ -179,7 +133,7 @@ def add_messages_route(app: FastAPI, service: EngineService, min_cache_tokens: i
 
     @app.post("/v1/messages")
     async def messages(http: Request, body: MessagesRequest):
-        exchange = _Exchange(service, body, min_cache_tokens)
+        exchange = await _Exchange.start(service, body, min_cache_tokens)
         if body.stream:
             return StreamingResponse(_stream(exchange), media_type="text/event-stream")
         records = await outcomes_unless_gone(http, [exchange.generation])  # the OpenAI routes' wait

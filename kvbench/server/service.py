@@ -142,25 +142,25 @@ class EngineService:
                                 f"is {num_bytes:,} bytes, at least {min_tokens:,} tokens.", param,
                            "context_length_exceeded")
 
-    def check(self, token_ids: np.ndarray, max_tokens: int) -> None:
+    def check(self, token_ids: np.ndarray, max_tokens: int, prompt_param: str = "prompt") -> None:
         """Raise ``ApiError`` (400) for an empty prompt, ids outside the vocabulary, a prompt plus
         ``max_tokens`` beyond the model's context, or (paged engine) beyond what its KV pool can ever
-        hold (``param`` is ``prompt`` when the prompt alone leaves no room for one output token, else
-        ``max_tokens``)."""
+        hold (``param`` is ``prompt_param``, the field the prompt came in (``prompt``, ``messages``),
+        when the prompt alone leaves no room for one output token, else ``max_tokens``)."""
         num_tokens = int(token_ids.shape[0])
         if num_tokens == 0:
-            raise ApiError(400, "the prompt is empty", "prompt")
+            raise ApiError(400, "the prompt is empty", prompt_param)
         vocab_size = self.engine.loaded.vocab_size
         if int(token_ids.min()) < 0 or int(token_ids.max()) >= vocab_size:
-            raise ApiError(400, f"token id outside the model's vocabulary of {vocab_size} ids", "prompt")
+            raise ApiError(400, f"token id outside the model's vocabulary of {vocab_size} ids", prompt_param)
         limit = self.max_context_tokens
         if limit is not None and num_tokens + max_tokens > limit:
             raise ApiError(400, f"This model's maximum context length is {limit} tokens. However, you requested "
                                 f"{num_tokens + max_tokens} tokens ({num_tokens} in the prompt, {max_tokens} for "
-                                "the completion).", "prompt" if num_tokens >= limit else "max_tokens",
+                                "the completion).", prompt_param if num_tokens >= limit else "max_tokens",
                            "context_length_exceeded")
         if self.batching and (problem := self.engine.pool_refusal(num_tokens, max_tokens)) is not None:
-            param = "prompt" if self.engine.pool_refusal(num_tokens, 1) is not None else "max_tokens"
+            param = prompt_param if self.engine.pool_refusal(num_tokens, 1) is not None else "max_tokens"
             raise ApiError(400, problem, param)  # before a stream starts: never an error event after a 200
 
     def default_max_tokens(self, num_prompt_tokens: int) -> int:

@@ -68,6 +68,15 @@ class LiveServer:
         connection.close()
         return response.status, events
 
+    def post_raw(self, path: str, payload: bytes, content_type: str = "application/json") -> tuple[int, dict]:
+        """``(status, parsed body)`` of one POST with exactly ``payload`` as its body (invalid JSON too)."""
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        connection.request("POST", path, payload, {"Content-Type": content_type})
+        response = connection.getresponse()
+        body = response.read()
+        connection.close()
+        return response.status, json.loads(body) if body else {}
+
     def send_and_leave(self, path: str, body: dict, leave_after_s: float) -> None:
         """POST ``body`` to ``path`` on a raw socket and close it after ``leave_after_s`` without
         reading the answer (a client timeout, ``curl -m``)."""

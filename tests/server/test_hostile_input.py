@@ -19,16 +19,6 @@ def rss_bytes() -> int:
         return int(statm.read().split()[1]) * 4096
 
 
-def raw_post(live, path: str, payload: bytes, content_type: str = "application/json", headers=None):
-    """``(status, parsed body)`` of one POST with exactly ``payload`` as its body."""
-    connection = http.client.HTTPConnection("127.0.0.1", live.port, timeout=60)
-    connection.request("POST", path, payload, {"Content-Type": content_type, **(headers or {})})
-    response = connection.getresponse()
-    body = response.read()
-    connection.close()
-    return response.status, json.loads(body) if body else {}
-
-
 def test_distinct_rejected_huge_requests_do_not_grow_memory(live):
     """Was +9.3 MB kept per rejected 2.5 MB chat request (the memo stored every message)."""
     def send(i):
@@ -159,7 +149,7 @@ CLIENT_MISTAKES = [  # (raw JSON body, param); each was a 500, a silent coercion
 @pytest.mark.parametrize("payload,param", CLIENT_MISTAKES, ids=[str(i) for i in range(len(CLIENT_MISTAKES))])
 def test_every_client_mistake_is_a_400_naming_its_field(live, payload, param):
     path = "/v1/chat/completions" if '"messages"' in payload else "/v1/completions"
-    status, body = raw_post(live, path, payload.encode())
+    status, body = live.post_raw(path, payload.encode())
     assert status == 400, body
     assert set(body["error"]) == {"message", "type", "param", "code"} and body["error"]["param"] == param
     assert body["error"]["type"] == "invalid_request_error" and "Traceback" not in body["error"]["message"]
