@@ -44,6 +44,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kvbench.engine.engine import SamplingParams
 from kvbench.request import Request as EngineRequest, RequestRecord
+from kvbench.server.body import read_body
 from kvbench.server.guards import GuardConfig, Guards
 from kvbench.server.schemas import (DEFAULT_MAX_TOKENS, ApiError, ChatCompletionRequest, CompletionRequest,
                                     choices_body, chunk_body, response_body, usage)
@@ -83,13 +84,15 @@ def create_app(service: EngineService, guards: GuardConfig | None = None,
         return PlainTextResponse(service.metrics_text(), media_type="text/plain; version=0.0.4")
 
     @app.post("/v1/completions")
-    async def completions(http: Request, body: CompletionRequest):
+    async def completions(http: Request):
+        body = await read_body(http, CompletionRequest, service.max_body_objects)
         _check_model(service, body.model)
         prompt = body.single_prompt()
         return await _generate(http, service, body, lambda: service.render_prompt(prompt), chat=False)
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(http: Request, body: ChatCompletionRequest):
+    async def chat_completions(http: Request):
+        body = await read_body(http, ChatCompletionRequest, service.max_body_objects)
         _check_model(service, body.model)
         messages = [(message.role, message.text(f"messages[{index}].content"))
                     for index, message in enumerate(body.messages)]

@@ -34,6 +34,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from kvbench.engine.engine import SamplingParams
 from kvbench.request import Message, RequestRecord
+from kvbench.server.body import read_body
 from kvbench.server.messages_schema import MessagesRequest, rendered_messages
 from kvbench.server.outcome import CLIENT_CLOSED_REQUEST, outcomes_unless_gone
 from kvbench.server.schemas import ApiError
@@ -132,7 +133,8 @@ def add_messages_route(app: FastAPI, service: EngineService, min_cache_tokens: i
     """Register ``POST /v1/messages`` on ``app``."""
 
     @app.post("/v1/messages")
-    async def messages(http: Request, body: MessagesRequest):
+    async def messages(http: Request):
+        body = await read_body(http, MessagesRequest, service.max_body_objects)
         exchange = await _Exchange.start(service, body, min_cache_tokens)
         if body.stream:
             return StreamingResponse(_stream(exchange), media_type="text/event-stream")

@@ -45,6 +45,7 @@ from kvbench.engine.engine import SamplingParams
 from kvbench.engine.paged.engine import PagedEngine
 from kvbench.errors import CacheBusyError
 from kvbench.request import Request, RequestRecord, Status
+from kvbench.server.body import OBJECT_SLACK
 from kvbench.server.metrics import ServerCounters, cache_config_labels, render_metrics
 from kvbench.server.schemas import MAX_N, ApiError
 from kvbench.server.text import TextStream
@@ -53,6 +54,7 @@ from kvbench.request import Message
 
 
 DEFAULT_UNBOUNDED_MAX_TOKENS = 4096  # a chat request's budget on a model that states no context limit
+DEFAULT_UNBOUNDED_CONTEXT_TOKENS = 131_072  # bounds a body's objects on a model that states no context limit
 RESET_POLL_S = 0.01  # how often a reset waiting for the paged engine to drain looks again
 
 
@@ -112,6 +114,12 @@ class EngineService:
     @property
     def max_context_tokens(self) -> int | None:
         return self.engine.loaded.max_context_tokens
+
+    @property
+    def max_body_objects(self) -> int:
+        """Most JSON objects a generation body may hold (:mod:`kvbench.server.body`): the context in
+        tokens (each message costs at least one) plus ``OBJECT_SLACK``."""
+        return (self.max_context_tokens or DEFAULT_UNBOUNDED_CONTEXT_TOKENS) + OBJECT_SLACK
 
     def render_chat(self, messages: Sequence[tuple[str, str]]) -> np.ndarray:
         """``(role, text)`` pairs -> prompt ids with the generation prompt. Raises ``ApiError`` (400)."""
