@@ -16,6 +16,7 @@ from kvbench.cache.base import CacheConfig
 from kvbench.commands.serve import bind_socket
 from kvbench.engine.engine import EngineConfig, HFEngine, SamplingParams
 from kvbench.server.app import create_app
+from kvbench.server.connections import ConnectionLimits, server_config
 from kvbench.server.service import EngineService
 from kvbench.workloads.tokenizer import load_tokenizer
 
@@ -25,13 +26,12 @@ MODEL = "tiny"
 class LiveServer:
     """uvicorn in a background thread; ``url`` is the API root with /v1."""
 
-    def __init__(self, service: EngineService, guards=None) -> None:
+    def __init__(self, service: EngineService, guards=None, limits: ConnectionLimits = ConnectionLimits()) -> None:
         self.service = service
         sock = bind_socket("127.0.0.1", 0)
         self.port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}/v1"
-        self.server = uvicorn.Server(uvicorn.Config(create_app(service, guards), log_level="warning",
-                                                    lifespan="off"))
+        self.server = uvicorn.Server(server_config(create_app(service, guards), "warning", limits))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 20
