@@ -16,8 +16,9 @@
 
 Every request first passes :class:`kvbench.server.guards.Guards` (Host, API key, JSON content type,
 body size). Streams follow OpenAI: ``data: {chunk}`` events, one per output token (a chat stream
-starts with an empty assistant-role chunk; a token that ends inside a multi-byte character carries
-empty text, its character comes whole with the next), a chunk with ``finish_reason``, a usage chunk
+starts with an empty assistant-role chunk, sent with the first token as vLLM does, never before the
+prefill; a token that ends inside a multi-byte character carries empty text, its character comes
+whole with the next), a chunk with ``finish_reason``, a usage chunk
 with empty ``choices`` when ``stream_options.include_usage`` is set (with vLLM's
 ``continuous_usage_stats``, every chunk carries the usage so far), then ``data: [DONE]``. With vLLM's ``return_token_ids``
 each token's chunk carries ``"token_ids": [id]`` on its choice (``kvbench run --turns live`` reads them). An engine
@@ -220,11 +221,13 @@ async def _stream(service: EngineService, generation: Generation, header: _Heade
         return {"prompt_tokens": num_prompt, "completion_tokens": num_sent,
                 "total_tokens": num_prompt + num_sent} if continuous else None
 
+    role_due = header.chat  # the role chunk goes out with the first token, as vLLM's (never before prefill)
     try:
-        if header.chat:
-            yield header.chunk("", first=True, include_usage=include_usage, usage_object=running_usage())
         while True:
             kind, value = await generation.events.get()
+            if role_due and kind in ("token", "done"):
+                role_due = False
+                yield header.chunk("", first=True, include_usage=include_usage, usage_object=running_usage())
             if kind == "token":
                 num_sent += 1
                 yield header.chunk(generation.pieces.popleft(), value, include_usage=include_usage, usage_object=running_usage())
@@ -250,8 +253,8 @@ async def _stream_samples(service: EngineService, generations: list[Generation],
     """The SSE events of ``n`` streamed choices, interleaved as their tokens come, each chunk with its
     choice's ``index`` (OpenAI's and vLLM's shape): a chat stream opens every choice with a role chunk;
     each choice ends with its ``finish_reason`` chunk; then one usage chunk (prompt once, tokens of
-    every choice) when asked for, and ``[DONE]``. An engine failure is one error event; a client that
-    leaves cancels every sample."""
+    every choice) when asked for, and ``[DONE]``. Each choice's role chunk goes with its first token.
+    An engine failure is one error event; a client that leaves cancels every sample."""
     merged: asyncio.Queue[tuple[int, str, Any]] = asyncio.Queue()
 
     async def forward(index: int, generation: Generation) -> None:
@@ -265,14 +268,15 @@ async def _stream_samples(service: EngineService, generations: list[Generation],
     continuous = include_usage and body.continuous_usage
     forwarders = [asyncio.ensure_future(forward(i, g)) for i, g in enumerate(generations)]
     results: dict[int, RequestRecord] = {}
+    roles_due = set(range(len(generations))) if header.chat else set()  # each choice's, with its first token
     try:
-        if header.chat:
-            for index in range(len(generations)):
-                yield header.chunk("", first=True, include_usage=include_usage, index=index,
-                                   usage_object=_running_usage(num_prompt, num_sent) if continuous else None)
         while len(results) < len(generations):
             index, kind, value = await merged.get()
             generation = generations[index]
+            if index in roles_due and kind in ("token", "done"):
+                roles_due.discard(index)
+                yield header.chunk("", first=True, include_usage=include_usage, index=index,
+                                   usage_object=_running_usage(num_prompt, num_sent) if continuous else None)
             if kind == "token":
                 num_sent += 1
                 yield header.chunk(generation.pieces.popleft(), value, include_usage=include_usage, index=index,
