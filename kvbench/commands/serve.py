@@ -134,6 +134,8 @@ def serve(
     /v1/models, /health, /reset_prefix_cache, /metrics, /tokenize, /detokenize) and Anthropic's /v1/messages until Ctrl-C. With --engine copy one
     request runs at a time; the others queue, and their wait shows in the clients' TTFT. With
     --engine paged concurrent requests are batched (continuous batching over one KV pool)."""
+    import uvicorn
+
     from kvbench.engine.model import ModelConfig, load_model
     from kvbench.engine.threads import check_threads, torch_threads
     from kvbench.server.app import create_app
