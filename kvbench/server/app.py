@@ -46,6 +46,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from kvbench.engine.engine import SamplingParams
 from kvbench.request import Request as EngineRequest, RequestRecord
 from kvbench.server.body import read_body
+from kvbench.server.breakpoint_cache import BreakpointCache
 from kvbench.server.guards import GuardConfig, Guards
 from kvbench.server.schemas import (DEFAULT_MAX_TOKENS, ApiError, ChatCompletionRequest, CompletionRequest,
                                     choices_body, chunk_body, response_body, usage)
@@ -76,9 +77,13 @@ def create_app(service: EngineService, guards: GuardConfig | None = None,
                                             "owned_by": "kvbench", "root": service.model_name, "parent": None,
                                             "max_model_len": service.max_context_tokens}]}
 
+    breakpoints = BreakpointCache(min_cache_tokens)  # /v1/messages: Anthropic's cache rules
+
     @app.post("/reset_prefix_cache")
     async def reset_prefix_cache() -> dict[str, Any]:
-        return {"status": "ok", "cache_enabled": await service.reset_prefix_cache()}
+        enabled = await service.reset_prefix_cache()
+        breakpoints.clear()
+        return {"status": "ok", "cache_enabled": enabled}
 
     @app.api_route("/metrics", methods=["GET", "HEAD"])
     async def metrics() -> PlainTextResponse:
@@ -99,7 +104,7 @@ def create_app(service: EngineService, guards: GuardConfig | None = None,
                     for index, message in enumerate(body.messages)]
         return await _generate(http, service, body, lambda: service.render_chat(messages), chat=True)
 
-    add_messages_route(app, service, min_cache_tokens)
+    add_messages_route(app, service, breakpoints)
     return app
 
 
