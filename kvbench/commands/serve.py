@@ -61,6 +61,16 @@ def _guards(host: str, api_key: str | None, max_body_size: str, allowed_hosts: t
     return GuardConfig.for_bind(host, allowed_hosts, max_body_bytes=max_body_bytes, api_key=api_key)
 
 
+def _check_numbers(port: int, block_size: int, min_cache_tokens: int) -> None:
+    """Raise ``InputError`` naming the flag for a port outside 0..65535 or a non-positive size."""
+    if not 0 <= port <= 65535:
+        raise InputError(f"--port {port}: must be 0..65535")
+    if block_size <= 0:
+        raise InputError(f"--block-size {block_size}: must be positive")
+    if min_cache_tokens < 1:
+        raise InputError(f"--min-cache-tokens {min_cache_tokens}: must be positive")
+
+
 def _limits(max_connections: int | None, header_timeout_s: float, keep_alive_s: float):
     """The connection limits from the flags. Raises ``InputError`` naming the flag."""
     from kvbench.server.connections import ConnectionLimits, connection_cap
@@ -141,13 +151,8 @@ def serve(
     from kvbench.server.app import create_app
     from kvbench.server.connections import server_config
 
-    if not 0 <= port <= 65535:
-        raise InputError(f"--port {port}: must be 0..65535")
-    if block_size <= 0:
-        raise InputError(f"--block-size {block_size}: must be positive")
+    _check_numbers(port, block_size, min_cache_tokens)
     check_threads(threads)
-    if min_cache_tokens < 1:
-        raise InputError(f"--min-cache-tokens {min_cache_tokens}: must be positive")
     model_config = checked(lambda: ModelConfig(path=model, device=device, dtype=dtype))
     guards = _guards(host, api_key, max_body_size, tuple(allowed_host or ()))
     limits = _limits(max_connections, header_timeout, keep_alive_timeout)

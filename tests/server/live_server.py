@@ -68,6 +68,16 @@ class LiveServer:
         connection.close()
         return response.status, events
 
+    def health_latencies_s(self, stop: threading.Event) -> list[float]:
+        """Seconds each ``GET /health`` took, polled every 20 ms until ``stop`` is set."""
+        latencies = []
+        while not stop.is_set():
+            start = time.perf_counter()
+            assert self.get("/health")[0] == 200
+            latencies.append(time.perf_counter() - start)
+            time.sleep(0.02)
+        return latencies
+
     def post_raw(self, path: str, payload: bytes, content_type: str = "application/json") -> tuple[int, dict]:
         """``(status, parsed body)`` of one POST with exactly ``payload`` as its body (invalid JSON too)."""
         connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)

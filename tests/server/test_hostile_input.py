@@ -37,16 +37,6 @@ def test_distinct_rejected_huge_requests_do_not_grow_memory(live):
     assert len(live.service.tokenizer._segments) < 10
 
 
-def _health_latencies(live, stop: threading.Event) -> list[float]:
-    latencies = []
-    while not stop.is_set():
-        start = time.perf_counter()
-        assert live.get("/health")[0] == 200
-        latencies.append(time.perf_counter() - start)
-        time.sleep(0.02)
-    return latencies
-
-
 def _declared_upload(live, num_bytes: int) -> tuple[int, dict]:
     """Declare a ``num_bytes`` JSON body, send its first MiB and read the answer (as ``curl`` does
     with ``Expect: 100-continue``, a client learns the limit before sending the rest)."""
@@ -78,7 +68,7 @@ def _chunked_upload(live, num_bytes: int) -> int | None:
 def test_a_50_mb_body_is_refused_with_413_and_health_keeps_answering(live):
     """Was: no body limit; a 50 MB prompt stalled /health for 4.6 s (tokenized on the event loop)."""
     stop, latencies = threading.Event(), []
-    watcher = threading.Thread(target=lambda: latencies.extend(_health_latencies(live, stop)))
+    watcher = threading.Thread(target=lambda: latencies.extend(live.health_latencies_s(stop)))
     watcher.start()
     status, body = _declared_upload(live, 50 << 20)
     chunked = _chunked_upload(live, 50 << 20)

@@ -14,22 +14,12 @@ MODEL = "tiny"
 NUM_MESSAGES = 300_000  # ~9.9 MB: stalled /health for seconds before; a third of the body
 
 
-def _health_latencies_s(server, stop: threading.Event) -> list[float]:
-    latencies = []
-    while not stop.is_set():
-        start = time.perf_counter()
-        assert server.get("/health")[0] == 200
-        latencies.append(time.perf_counter() - start)
-        time.sleep(0.02)
-    return latencies
-
-
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
 def test_many_empty_messages_never_stall_health(live, path):
     payload = json.dumps({"model": MODEL, "max_tokens": 1,
                           "messages": [{"role": "user", "content": ""}] * NUM_MESSAGES}).encode()
     stop, latencies = threading.Event(), []
-    watcher = threading.Thread(target=lambda: latencies.extend(_health_latencies_s(live, stop)))
+    watcher = threading.Thread(target=lambda: latencies.extend(live.health_latencies_s(stop)))
     watcher.start()
     time.sleep(0.2)
     status, answer = live.post_raw(path, payload)
