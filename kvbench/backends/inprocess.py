@@ -104,7 +104,13 @@ class InProcessBackend:
             raise
 
     async def reset_prefix_cache(self) -> bool:
-        """Drop every cached block once no request runs (vLLM's endpoint). ``False`` if the cache is off."""
+        """Drop every cached block (vLLM's endpoint). ``False`` if the cache is off. The copy engine's
+        reset takes the FIFO lock: it runs after every request queued before it, and requests queued
+        after it wait for it. The paged engine's refuses at once while any request is in it.
+
+        Raises:
+            CacheBusyError: paged engine only, a request is in the engine (running or waiting).
+        """
         if isinstance(self.engine, PagedEngine):
             if self.engine.config.cache is None:
                 return False

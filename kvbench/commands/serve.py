@@ -62,6 +62,29 @@ def _guards(host: str, api_key: str | None, max_body_size: str, allowed_hosts: t
     return GuardConfig.for_bind(host, allowed_hosts, max_body_bytes=max_body_bytes, api_key=api_key)
 
 
+def _check_numbers(port: int, block_size: int, min_cache_tokens: int) -> None:
+    """Raise ``InputError`` naming the flag for a port outside 0..65535 or a non-positive size."""
+    if not 0 <= port <= 65535:
+        raise InputError(f"--port {port}: must be 0..65535")
+    if block_size <= 0:
+        raise InputError(f"--block-size {block_size}: must be positive")
+    if min_cache_tokens < 1:
+        raise InputError(f"--min-cache-tokens {min_cache_tokens}: must be positive")
+
+
+def _limits(max_connections: int | None, header_timeout_s: float, keep_alive_s: float):
+    """The connection limits from the flags. Raises ``InputError`` naming the flag."""
+    from kvbench.server.connections import ConnectionLimits, connection_cap
+
+    if max_connections is not None and max_connections < 1:
+        raise InputError(f"--max-connections {max_connections}: must be positive")
+    try:
+        cap = connection_cap(max_connections)
+    except ValueError as exc:
+        raise InputError(f"--max-connections {exc}") from None
+    return ConnectionLimits(cap, header_timeout_s, keep_alive_s)
+
+
 def _announce(sock: socket.socket, name: str, cache_config: CacheConfig | None) -> None:
     """One line with the URL clients use (``--port 0`` shows the port it picked)."""
     bound_host, bound_port = sock.getsockname()[:2]
@@ -115,6 +138,9 @@ def serve(
     max_num_seqs: Annotated[int | None, typer.Option(rich_help_panel="Engine", help="paged: most sequences per step (default 256).")] = None,
     max_num_batched_tokens: Annotated[int | None, typer.Option(rich_help_panel="Engine", help="paged: most tokens per step (default 8192).")] = None,
     host_tier: Annotated[str | None, typer.Option(rich_help_panel="Engine", help="paged: a host KV tier below the pool, blocks or bytes (write-through; misses loaded back).")] = None,
+    max_connections: Annotated[int | None, typer.Option(rich_help_panel="Server", help="Most open connections; at the cap a new one closes the oldest idle one (default 1024, below ulimit -n).")] = None,
+    header_timeout: Annotated[float, typer.Option(rich_help_panel="Server", callback=check_positive, help="Close a connection that sent no whole request head within this many seconds.")] = 10.0,
+    keep_alive_timeout: Annotated[float, typer.Option(rich_help_panel="Server", callback=check_positive, help="Close a keep-alive connection idle this many seconds.")] = 5.0,
 ) -> None:
     """Serve the in-process engine as an OpenAI-compatible API (/v1/completions, /v1/chat/completions,
     /v1/models, /health, /reset_prefix_cache, /metrics, /tokenize, /detokenize) and Anthropic's /v1/messages until Ctrl-C. With --engine copy one
@@ -125,16 +151,13 @@ def serve(
     from kvbench.engine.model import ModelConfig, load_model
     from kvbench.engine.threads import check_threads, torch_threads
     from kvbench.server.app import create_app
+    from kvbench.server.connections import server_config
 
-    if not 0 <= port <= 65535:
-        raise InputError(f"--port {port}: must be 0..65535")
-    if block_size <= 0:
-        raise InputError(f"--block-size {block_size}: must be positive")
+    _check_numbers(port, block_size, min_cache_tokens)
     check_threads(threads)
-    if min_cache_tokens < 1:
-        raise InputError(f"--min-cache-tokens {min_cache_tokens}: must be positive")
     model_config = checked(lambda: ModelConfig(path=model, device=device, dtype=dtype))
     guards = _guards(host, api_key, max_body_size, tuple(allowed_host or ()))
+    limits = _limits(max_connections, header_timeout, keep_alive_timeout)
     sock = bind_socket(host, port)  # before the model loads: a busy port fails at once
     loaded = load_model(model_config)
     cache_config = _cache_config(cache.value, cache_kind, block_size, cache_size, ttl, release,
@@ -144,7 +167,7 @@ def serve(
                          loaded.kv_layout(block_size).bytes_per_block, prompt_only) if engine is EngineKind.PAGED else None
     service = _service(loaded, model, cache_config, served_model_name or loaded.name, engine_flags, pool)
     _announce(sock, service.model_name, cache_config)
-    config = uvicorn.Config(create_app(service, guards, min_cache_tokens), log_level=log_level.value, lifespan="off")
+    config = server_config(create_app(service, guards, min_cache_tokens), log_level.value, limits)
     with torch_threads(threads):
         uvicorn.Server(config).run(sockets=[sock])
 

@@ -6,7 +6,8 @@
                                (both: ``n`` choices on ``--engine paged``, streamed or not)
 ``GET /v1/models``             the one served model (with vLLM's ``root`` and ``max_model_len``)
 ``GET /health``                200 when serving (never needs the API key)
-``POST /reset_prefix_cache``   drop every cached block (vLLM's endpoint), after the running request
+``POST /reset_prefix_cache``   drop every cached block (vLLM's endpoint) once every request submitted
+                               before it has finished; later requests wait for it (both engines)
 ``GET|HEAD /metrics``          Prometheus text (:mod:`kvbench.server.metrics`)
 ``POST /tokenize``             vLLM's: prompt or messages -> ``tokens``, ``count``, ``max_model_len``
 ``POST /detokenize``           vLLM's: ``tokens`` -> ``prompt`` (:mod:`kvbench.server.tokenize`)
@@ -15,8 +16,9 @@
 
 Every request first passes :class:`kvbench.server.guards.Guards` (Host, API key, JSON content type,
 body size). Streams follow OpenAI: ``data: {chunk}`` events, one per output token (a chat stream
-starts with an empty assistant-role chunk; a token that ends inside a multi-byte character carries
-empty text, its character comes whole with the next), a chunk with ``finish_reason``, a usage chunk
+starts with an empty assistant-role chunk, sent with the first token as vLLM does, never before the
+prefill; a token that ends inside a multi-byte character carries empty text, its character comes
+whole with the next), a chunk with ``finish_reason``, a usage chunk
 with empty ``choices`` when ``stream_options.include_usage`` is set (with vLLM's
 ``continuous_usage_stats``, every chunk carries the usage so far), then ``data: [DONE]``. With vLLM's ``return_token_ids``
 each token's chunk carries ``"token_ids": [id]`` on its choice (``kvbench run --turns live`` reads them). An engine
@@ -43,10 +45,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kvbench.engine.engine import SamplingParams
 from kvbench.request import Request as EngineRequest, RequestRecord
+from kvbench.server.body import read_body
+from kvbench.server.breakpoint_cache import BreakpointCache
 from kvbench.server.guards import GuardConfig, Guards
 from kvbench.server.schemas import (DEFAULT_MAX_TOKENS, ApiError, ChatCompletionRequest, CompletionRequest,
                                     choices_body, chunk_body, response_body, usage)
 from kvbench.server.messages import MIN_CACHE_TOKENS, add_messages_route
+from kvbench.server.outcome import CLIENT_CLOSED_REQUEST, outcomes_unless_gone
 from kvbench.server.service import EngineService, Generation
 from kvbench.server.tokenize import add_tokenize_routes
 from kvbench.server.validation import invalid_body_error
@@ -72,27 +77,34 @@ def create_app(service: EngineService, guards: GuardConfig | None = None,
                                             "owned_by": "kvbench", "root": service.model_name, "parent": None,
                                             "max_model_len": service.max_context_tokens}]}
 
+    breakpoints = BreakpointCache(min_cache_tokens)  # /v1/messages: Anthropic's cache rules
+
     @app.post("/reset_prefix_cache")
     async def reset_prefix_cache() -> dict[str, Any]:
-        return {"status": "ok", "cache_enabled": await service.reset_prefix_cache()}
+        enabled = await service.reset_prefix_cache()
+        breakpoints.clear()
+        return {"status": "ok", "cache_enabled": enabled}
 
     @app.api_route("/metrics", methods=["GET", "HEAD"])
     async def metrics() -> PlainTextResponse:
         return PlainTextResponse(service.metrics_text(), media_type="text/plain; version=0.0.4")
 
     @app.post("/v1/completions")
-    async def completions(http: Request, body: CompletionRequest):
+    async def completions(http: Request):
+        body = await read_body(http, CompletionRequest, service.max_body_objects)
         _check_model(service, body.model)
         prompt = body.single_prompt()
         return await _generate(http, service, body, lambda: service.render_prompt(prompt), chat=False)
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(http: Request, body: ChatCompletionRequest):
+    async def chat_completions(http: Request):
+        body = await read_body(http, ChatCompletionRequest, service.max_body_objects)
         _check_model(service, body.model)
-        messages = [(message.role, message.text()) for message in body.messages]
+        messages = [(message.role, message.text(f"messages[{index}].content"))
+                    for index, message in enumerate(body.messages)]
         return await _generate(http, service, body, lambda: service.render_chat(messages), chat=True)
 
-    add_messages_route(app, service, min_cache_tokens)
+    add_messages_route(app, service, breakpoints)
     return app
 
 
@@ -141,7 +153,7 @@ async def _generate(http: Request, service: EngineService, body: CompletionReque
     if requested is None:
         requested = service.default_max_tokens(len(token_ids)) if chat else DEFAULT_MAX_TOKENS
     sampling = _sampling(body, requested)
-    service.check(token_ids, sampling.max_tokens)
+    service.check(token_ids, sampling.max_tokens, "messages" if chat else "prompt")
     request = service.request(token_ids, sampling.max_tokens, body.cache_salt,
                               f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}")
     header = _Header(chat, request.request_id, int(time.time()), service.model_name, body.return_token_ids)
@@ -150,9 +162,10 @@ async def _generate(http: Request, service: EngineService, body: CompletionReque
     generation = service.submit(request, sampling, body.stop_sequences)
     if body.stream:
         return StreamingResponse(_stream(service, generation, header, body), media_type="text/event-stream")
-    result = await _outcome_unless_gone(http, generation)
-    if result is None:
-        return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
+    results = await outcomes_unless_gone(http, [generation])
+    if results is None:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    result = results[0]
     generation.text.finish()
     return response_body(chat, header.response_id, header.created, header.model, generation.text.text,
                          _finish_reason(service, generation, result), _usage(result))
@@ -174,9 +187,9 @@ async def _respond_samples(http: Request, service: EngineService, body: Completi
     generations = service.submit_samples(request, sampling, body.n, body.stop_sequences)
     if body.stream:
         return StreamingResponse(_stream_samples(service, generations, header, body), media_type="text/event-stream")
-    results = await _outcomes_unless_gone(http, generations)
+    results = await outcomes_unless_gone(http, generations)
     if results is None:
-        return Response(status_code=499)
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
     outputs = []
     for generation, result in zip(generations, results):
         generation.text.finish()
@@ -200,45 +213,6 @@ class _Header:
         return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
 
-async def _outcome(generation: Generation) -> RequestRecord:
-    """Wait for the request's result. Raises ``ApiError``: 400 if the engine refused it, 500 if it failed."""
-    while True:
-        kind, value = await generation.events.get()
-        if kind == "done":
-            return value
-        if kind in ("refused", "error", "cancelled"):
-            raise ApiError(400 if kind == "refused" else 500, str(value or "the request was cancelled"))
-
-
-async def _outcome_unless_gone(http: Request, generation: Generation) -> RequestRecord | None:
-    """The result of a non-streamed request, or ``None`` (and the request cancelled, queued or running)
-    when its client disconnects first."""
-    results = await _outcomes_unless_gone(http, [generation])
-    return None if results is None else results[0]
-
-
-async def _outcomes_unless_gone(http: Request, generations: list[Generation]) -> list[RequestRecord] | None:
-    """Every generation's result (:func:`_outcome`), or ``None`` (and every one cancelled) when the
-    client disconnects first."""
-    outcome = asyncio.ensure_future(asyncio.gather(*(_outcome(generation) for generation in generations)))
-    gone = asyncio.ensure_future(_disconnected(http))
-    try:
-        await asyncio.wait({outcome, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone.cancel()
-        if not outcome.done():
-            for generation in generations:
-                generation.cancel()
-            outcome.cancel()
-    return outcome.result() if not outcome.cancelled() else None
-
-
-async def _disconnected(http: Request) -> None:
-    """Returns when the client has gone (the body was read already, so ``receive`` waits for that)."""
-    while (await http.receive())["type"] != "http.disconnect":
-        pass
-
-
 async def _stream(service: EngineService, generation: Generation, header: _Header,
                   body: CompletionRequest | ChatCompletionRequest) -> AsyncIterator[str]:
     """The SSE events of one streamed response; cancels the request if the client goes away. Token
@@ -252,11 +226,13 @@ async def _stream(service: EngineService, generation: Generation, header: _Heade
         return {"prompt_tokens": num_prompt, "completion_tokens": num_sent,
                 "total_tokens": num_prompt + num_sent} if continuous else None
 
+    role_due = header.chat  # the role chunk goes out with the first token, as vLLM's (never before prefill)
     try:
-        if header.chat:
-            yield header.chunk("", first=True, include_usage=include_usage, usage_object=running_usage())
         while True:
             kind, value = await generation.events.get()
+            if role_due and kind in ("token", "done"):
+                role_due = False
+                yield header.chunk("", first=True, include_usage=include_usage, usage_object=running_usage())
             if kind == "token":
                 num_sent += 1
                 yield header.chunk(generation.pieces.popleft(), value, include_usage=include_usage, usage_object=running_usage())
@@ -282,8 +258,8 @@ async def _stream_samples(service: EngineService, generations: list[Generation],
     """The SSE events of ``n`` streamed choices, interleaved as their tokens come, each chunk with its
     choice's ``index`` (OpenAI's and vLLM's shape): a chat stream opens every choice with a role chunk;
     each choice ends with its ``finish_reason`` chunk; then one usage chunk (prompt once, tokens of
-    every choice) when asked for, and ``[DONE]``. An engine failure is one error event; a client that
-    leaves cancels every sample."""
+    every choice) when asked for, and ``[DONE]``. Each choice's role chunk goes with its first token.
+    An engine failure is one error event; a client that leaves cancels every sample."""
     merged: asyncio.Queue[tuple[int, str, Any]] = asyncio.Queue()
 
     async def forward(index: int, generation: Generation) -> None:
@@ -297,14 +273,15 @@ async def _stream_samples(service: EngineService, generations: list[Generation],
     continuous = include_usage and body.continuous_usage
     forwarders = [asyncio.ensure_future(forward(i, g)) for i, g in enumerate(generations)]
     results: dict[int, RequestRecord] = {}
+    roles_due = set(range(len(generations))) if header.chat else set()  # each choice's, with its first token
     try:
-        if header.chat:
-            for index in range(len(generations)):
-                yield header.chunk("", first=True, include_usage=include_usage, index=index,
-                                   usage_object=_running_usage(num_prompt, num_sent) if continuous else None)
         while len(results) < len(generations):
             index, kind, value = await merged.get()
             generation = generations[index]
+            if index in roles_due and kind in ("token", "done"):
+                roles_due.discard(index)
+                yield header.chunk("", first=True, include_usage=include_usage, index=index,
+                                   usage_object=_running_usage(num_prompt, num_sent) if continuous else None)
             if kind == "token":
                 num_sent += 1
                 yield header.chunk(generation.pieces.popleft(), value, include_usage=include_usage, index=index,

@@ -2,19 +2,20 @@
 
 Request: ``model``, ``max_tokens`` (required), ``system`` (a string or text blocks), ``messages``
 (``user``/``assistant``, string or text-block content), ``stream``, ``temperature``, ``top_p``,
-``metadata`` (ignored). A text block may carry ``cache_control: {"type": "ephemeral"}``; its
-breakpoint is the end of the message holding it (messages are rendered one ChatML segment each).
+``cache_control`` (automatic caching), ``metadata`` (ignored); validated as the OpenAI routes are
+(:mod:`kvbench.server.messages_schema`). A text block may carry ``cache_control: {"type":
+"ephemeral", "ttl": "5m" | "1h"}``; its breakpoint is the end of the message holding it (messages are
+rendered one ChatML segment each).
 
-Usage, in the Anthropic fields, over the engine's own prefix cache (which caches every full block
-as it always does; the fields are what an Anthropic bill would see):
+Usage follows Anthropic's caching rules (:mod:`kvbench.server.breakpoint_cache`): reads and writes
+only at breakpoints, never a read past the last one, nothing below the minimum cacheable length
+(``min_cache_tokens``, 1,024 by default as for Claude Sonnet), ``cache_creation_input_tokens`` from
+the read to the last breakpoint, ``input_tokens`` the rest. The engine's own hit (its block cache
+caches every full block as always) is the ``x-kvbench-cached-tokens`` header of a whole response
+and ``kvbench:prefix_cache_hits_total`` at /metrics.
 
-* ``cache_read_input_tokens``: the engine's hit, when it reaches the minimum cacheable length
-  (``min_cache_tokens``, 1,024 by default as for Claude Sonnet); a shorter hit is reported as input;
-* ``cache_creation_input_tokens``: the tokens newly cached up to the last breakpoint, i.e. from the
-  hit to the breakpoint rounded down to a full block, when the breakpoint reaches the minimum; else 0;
-* ``input_tokens``: the rest of the prompt.
-
-Streaming sends Anthropic's events: ``message_start`` (usage provisional: the prompt as input),
+Streaming sends Anthropic's events: ``message_start`` (usage with the three input counts, known
+before generation, and ``output_tokens`` 0),
 ``content_block_start``, one ``content_block_delta`` (``text_delta``) per output token,
 ``content_block_stop``, ``message_delta`` (stop reason and the final usage, which the SDK merges) and
 ``message_stop``. Errors use the server's one error shape (HTTP status and ``error.message``).
@@ -22,90 +23,43 @@ Streaming sends Anthropic's events: ``message_start`` (usage provisional: the pr
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import asdict
 from typing import Any
 
-from fastapi import FastAPI
-from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from kvbench.engine.engine import SamplingParams
 from kvbench.request import Message, RequestRecord
+from kvbench.server.body import read_body
+from kvbench.server.breakpoint_cache import LOOKBACK_BLOCKS, Breakpoint, BreakpointCache, CacheUsage
+from kvbench.server.messages_schema import MessagesRequest, rendered_messages
+from kvbench.server.outcome import CLIENT_CLOSED_REQUEST, outcomes_unless_gone
 from kvbench.server.schemas import ApiError
 from kvbench.server.service import EngineService, Generation
 
 MIN_CACHE_TOKENS = 1024  # Claude Sonnet 4.x's minimum cacheable prompt (../shared/REFERENCES.md section 6)
+ENGINE_CACHED_HEADER = "x-kvbench-cached-tokens"  # the engine's real prefix-cache hit, in tokens
 
 
-class _Block(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    type: str
-    text: str | None = None
-    cache_control: dict[str, Any] | None = None
-
-
-class _AnthropicMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    role: str
-    content: str | list[_Block]
-
-
-class MessagesRequest(BaseModel):
-    """``POST /v1/messages`` body (unknown fields are ignored)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    model: str
-    max_tokens: int
-    messages: list[_AnthropicMessage]
-    system: str | list[_Block] | None = None
-    stream: bool = False
-    temperature: float | None = None
-    top_p: float | None = None
-
-
-def _text(content: str | list[_Block], where: str) -> tuple[str, bool]:
-    """The content's text and whether any block carries ``cache_control``. Raises ``ApiError``."""
-    if isinstance(content, str):
-        return content, False
-    for block in content:
-        if block.type != "text" or block.text is None:
-            raise ApiError(400, f"{where}: only text blocks are supported, got type {block.type!r}", where)
-    return "".join(b.text or "" for b in content), any(b.cache_control is not None for b in content)
-
-
-def rendered_messages(body: MessagesRequest) -> tuple[list[Message], list[int]]:
-    """ChatML messages (system first) and the indexes of the messages that end at a breakpoint."""
-    messages, marked = [], []
-    if body.system:
-        text, cached = _text(body.system, "system")
-        messages.append(Message("system", text))
-        marked += [0] if cached else []
-    for index, message in enumerate(body.messages):
-        if message.role not in ("user", "assistant"):
-            raise ApiError(400, f"messages.{index}.role: must be user or assistant, got {message.role!r}",
-                           f"messages.{index}.role")
-        text, cached = _text(message.content, f"messages.{index}.content")
-        marked += [len(messages)] if cached else []
-        messages.append(Message(message.role, text))
-    if not body.messages:
-        raise ApiError(400, "messages: must not be empty", "messages")
-    return messages, marked
-
-
-def anthropic_usage(record: RequestRecord, breakpoint_tokens: int, block_size: int,
-                    min_cache_tokens: int) -> dict[str, int]:
-    """The usage object (module docstring) for one finished request."""
-    hit = record.cached_prompt_tokens or 0
-    read = hit if hit >= min_cache_tokens else 0
-    cached_end = breakpoint_tokens // block_size * block_size
-    created = max(cached_end - hit, 0) if breakpoint_tokens >= min_cache_tokens else 0
-    return {"input_tokens": record.prompt_tokens - read - created, "cache_creation_input_tokens": created,
-            "cache_read_input_tokens": read, "output_tokens": record.output_tokens}
+def _render(service: EngineService, messages: list[Message],
+            marked: list[tuple[int, float]]) -> tuple[np.ndarray, list[Breakpoint], list[int]]:
+    """The prompt's ids, its breakpoints in tokens, and the message ends a read may stop at (those up
+    to :data:`LOOKBACK_BLOCKS` before a breakpoint)."""
+    token_ids = service.render_chat([(message.role, message.content) for message in messages])
+    tokenizer = service.tokenizer
+    num_generation = len(tokenizer.render_messages([]))
+    ends: dict[int, int] = {}
+    for index, _ in marked:
+        for before in range(max(index - LOOKBACK_BLOCKS, 0), index + 1):
+            if before not in ends:
+                ends[before] = len(tokenizer.render_messages(messages[:before + 1])) - num_generation
+    return token_ids, [Breakpoint(ends[index], ttl_s) for index, ttl_s in marked], sorted(ends.values())
 
 
 def _event(kind: str, body: dict[str, Any]) -> str:
@@ -113,30 +67,31 @@ def _event(kind: str, body: dict[str, Any]) -> str:
 
 
 class _Exchange:
-    """One request's ids, breakpoint, engine generation and response header."""
+    """One request's ids, Anthropic usage, engine generation and response header (:meth:`start`)."""
 
-    def __init__(self, service: EngineService, body: MessagesRequest, min_cache_tokens: int) -> None:
-        if body.model != service.model_name:
-            raise ApiError(404, f"model: {body.model} (this server serves {service.model_name})", "model")
-        if body.max_tokens < 1:
-            raise ApiError(400, f"max_tokens must be at least 1, got {body.max_tokens}", "max_tokens")
-        messages, marked = rendered_messages(body)
-        token_ids = service.tokenizer.render_messages(messages)
-        self.breakpoint_tokens = (len(service.tokenizer.render_messages(messages[:marked[-1] + 1]))
-                                  - len(service.tokenizer.render_messages([]))) if marked else 0
-        try:
-            sampling = SamplingParams(max_tokens=body.max_tokens, temperature=1.0 if body.temperature is None
-                                      else body.temperature, top_p=1.0 if body.top_p is None else body.top_p)
-        except ValueError as exc:
-            raise ApiError(400, str(exc)) from None
-        service.check(token_ids, sampling.max_tokens)
+    def __init__(self, service: EngineService, body: MessagesRequest, token_ids: np.ndarray,
+                 cache_usage: CacheUsage) -> None:
+        """``token_ids`` checked (:meth:`EngineService.check`); submits the request."""
+        sampling = SamplingParams(max_tokens=body.max_tokens, temperature=1.0 if body.temperature is None
+                                  else body.temperature, top_p=1.0 if body.top_p is None else body.top_p)
         self.request = service.request(token_ids, sampling.max_tokens, None, f"msg_{uuid.uuid4().hex}")
-        self.service, self.min_cache_tokens = service, min_cache_tokens
+        self.service, self.cache_usage = service, cache_usage
         self.generation: Generation = service.submit(self.request, sampling)
 
-    def usage(self, record: RequestRecord) -> dict[str, int]:
-        block_size = self.service.backend.describe().get("block_size") or 16
-        return anthropic_usage(record, self.breakpoint_tokens, int(block_size), self.min_cache_tokens)
+    @classmethod
+    async def start(cls, service: EngineService, body: MessagesRequest, cache: BreakpointCache) -> _Exchange:
+        """Check, render (off the event loop, as the OpenAI routes do), account in ``cache`` and
+        submit ``body``. Raises ``ApiError`` (404 for another model, 400 for the rest)."""
+        if body.model != service.model_name:
+            raise ApiError(404, f"model: {body.model} (this server serves {service.model_name})", "model",
+                           "model_not_found")
+        messages, marked = rendered_messages(body)
+        token_ids, breakpoints, boundaries = await asyncio.to_thread(_render, service, messages, marked)
+        service.check(token_ids, body.max_tokens, prompt_param="messages")  # refused before it counts as a write
+        return cls(service, body, token_ids, cache.account(token_ids, breakpoints, boundaries))
+
+    def usage(self, output_tokens: int) -> dict[str, int]:
+        return {**asdict(self.cache_usage), "output_tokens": output_tokens}
 
     def message(self, content: list[dict[str, Any]], stop_reason: str | None, usage: dict[str, int]) -> dict:
         return {"id": self.request.request_id, "type": "message", "role": "assistant", "content": content,
@@ -147,19 +102,9 @@ class _Exchange:
         return "end_turn" if ids and not self.generation.sampling.ignore_eos and ids[-1] in eos else "max_tokens"
 
 
-async def _finished(generation: Generation) -> RequestRecord:
-    while True:
-        kind, value = await generation.events.get()
-        if kind == "done":
-            return value
-        if kind != "token":
-            raise ApiError(400 if kind == "refused" else 500, str(value or "the request was cancelled"))
-
-
 async def _stream(exchange: _Exchange) -> AsyncIterator[str]:
-    provisional = {"input_tokens": int(exchange.request.num_tokens), "output_tokens": 0}
     try:
-        yield _event("message_start", {"message": exchange.message([], None, provisional)})
+        yield _event("message_start", {"message": exchange.message([], None, exchange.usage(0))})
         yield _event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
         while True:
             kind, value = await exchange.generation.events.get()
@@ -175,26 +120,27 @@ async def _stream(exchange: _Exchange) -> AsyncIterator[str]:
                 yield _event("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": rest}})
             yield _event("content_block_stop", {"index": 0})
             yield _event("message_delta", {"delta": {"stop_reason": exchange.stop_reason(value),
-                                                     "stop_sequence": None}, "usage": exchange.usage(value)})
+                                                     "stop_sequence": None}, "usage": exchange.usage(value.output_tokens)})
             yield _event("message_stop", {})
             return
     finally:
         exchange.generation.cancel()
 
 
-def add_messages_route(app: FastAPI, service: EngineService, min_cache_tokens: int = MIN_CACHE_TOKENS) -> None:
-    """Register ``POST /v1/messages`` on ``app``."""
+def add_messages_route(app: FastAPI, service: EngineService, cache: BreakpointCache) -> None:
+    """Register ``POST /v1/messages`` on ``app``, its usage accounted in ``cache``."""
 
     @app.post("/v1/messages")
-    async def messages(body: MessagesRequest):
-        exchange = _Exchange(service, body, min_cache_tokens)
+    async def messages(http: Request):
+        body = await read_body(http, MessagesRequest, service.max_body_objects)
+        exchange = await _Exchange.start(service, body, cache)
         if body.stream:
             return StreamingResponse(_stream(exchange), media_type="text/event-stream")
-        try:
-            record = await _finished(exchange.generation)
-        except BaseException:
-            exchange.generation.cancel()
-            raise
+        records = await outcomes_unless_gone(http, [exchange.generation])  # the OpenAI routes' wait
+        if records is None:
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
+        record = records[0]
         exchange.generation.text.finish()
         content = [{"type": "text", "text": exchange.generation.text.text}]
-        return exchange.message(content, exchange.stop_reason(record), exchange.usage(record))
+        message = exchange.message(content, exchange.stop_reason(record), exchange.usage(record.output_tokens))
+        return JSONResponse(message, headers={ENGINE_CACHED_HEADER: str(record.cached_prompt_tokens or 0)})

@@ -10,6 +10,7 @@ and nobody mistakes this server for vLLM (REFERENCES.md section 1, "Metrics"):
 ``kvbench:generation_tokens_total``        counter  output tokens of finished requests
 ``kvbench:request_success_total``          counter  requests that finished
 ``kvbench:request_failure_total``          counter  requests refused by the engine or failed in it
+``kvbench:request_abort_total``            counter  requests whose client left first (queued or running)
 ``kvbench:num_requests_running``           gauge    sequences in the engine's running batch (copy: 0 or 1)
 ``kvbench:num_requests_waiting``           gauge    sequences queued for the engine
 ``kvbench:cache_config_info``              gauge    1, labels as ``vllm:cache_config_info``: ``block_size``,
@@ -24,7 +25,9 @@ offloading connector among them); ``prefix_cache_hits`` counts GPU and host hits
 
 As in vLLM, per finished request ``queries += prompt_tokens`` and ``hits += cached_tokens``, so
 ``hits / queries`` is the token hit rate and 100% is unreachable (the last prompt token is always
-recomputed). Every sample carries a ``model_name`` label. kvbench's client reads these names or
+recomputed). An aborted request (its client left) adds to ``request_abort_total`` only; vLLM v1
+counts it as ``vllm:request_success_total{finished_reason="abort"}``. Every sample carries a
+``model_name`` label. kvbench's client reads these names or
 vLLM's (``vllm:prefix_cache_queries_total``, ...); see
 :func:`kvbench.backends.openai.metrics.parse_prefix_cache_counters`.
 
@@ -55,6 +58,7 @@ _COUNTERS = (
     ("generation_tokens", "num_generation_tokens", "Output tokens of finished requests."),
     ("request_success", "num_succeeded", "Requests that finished."),
     ("request_failure", "num_failed", "Requests refused by the engine or failed in it."),
+    ("request_abort", "num_aborted", "Requests stopped because their client left (queued or running)."),
 )
 _GAUGES = (
     ("num_requests_running", "num_running",
@@ -74,6 +78,7 @@ class ServerCounters:
     num_generation_tokens: int = 0
     num_succeeded: int = 0
     num_failed: int = 0
+    num_aborted: int = 0  # the client left before the request finished (vLLM's finished_reason "abort")
     num_in_flight: int = 0  # submitted and not yet finished, failed or cancelled
     engine_sequences: Callable[[], tuple[int, int]] | None = None  # a batching engine's (running, waiting)
     engine_host_tier: Callable[[], tuple[int, int] | None] | None = None  # its host tier's (queried, hit) tokens

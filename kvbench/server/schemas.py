@@ -171,15 +171,19 @@ class ChatMessage(BaseModel):
     role: str
     content: str | list[dict[str, Any]] | None = None
 
-    def text(self) -> str:
-        """The message text; content parts must all be ``{"type": "text", "text": ...}``."""
+    def text(self, where: str = "messages") -> str:
+        """The message text; content parts must all be ``{"type": "text", "text": ...}``. Raises
+        ``ApiError`` (400, ``param`` the part's field under ``where``, e.g. ``messages[0].content``)."""
         if self.content is None or isinstance(self.content, str):
             return self.content or ""
         texts = []
-        for part in self.content:
-            if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise ApiError(400, f"only text content parts are supported, got type {part.get('type')!r}",
-                               "messages")
+        for index, part in enumerate(self.content):
+            if part.get("type") != "text":
+                raise ApiError(400, f"{where}[{index}].type: only text content parts are supported, got type "
+                                    f"{part.get('type')!r}", f"{where}[{index}].type")
+            if not isinstance(part.get("text"), str):
+                raise ApiError(400, f"{where}[{index}].text: a text part needs its text (a string)",
+                               f"{where}[{index}].text")
             texts.append(part["text"])
         return "".join(texts)
 

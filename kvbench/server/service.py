@@ -8,11 +8,15 @@ are :class:`kvbench.backends.inprocess.InProcessBackend`'s (its lock, FIFO, and
 ``backend.serve(request, on_token=...)``, whose tokens travel from the engine's thread to the event
 loop through ``call_soon_threadsafe`` into an asyncio queue.
 
-The task is never cancelled: it holds the backend's lock until the engine returns, whatever the
-HTTP side does. A client that disconnects (streaming or not) sets ``cancelled``; the next token raises
-:class:`StreamCancelled` inside the engine, which releases every pinned block and caches nothing of
-the request, and only then is the lock released. A request abandoned while still queued never runs:
-the check when its turn comes raises :class:`StreamCancelled` before the engine starts.
+On the copy engine the task is never cancelled: it holds the backend's lock until the engine
+returns, whatever the HTTP side does. A client that disconnects (streaming or not) sets
+``cancelled``; the next token raises :class:`StreamCancelled` inside the engine, which releases every
+pinned block and caches nothing of the request, and only then is the lock released. A request
+abandoned while still queued never runs: the check when its turn comes raises
+:class:`StreamCancelled` before the engine starts. On the paged engine (no lock; its scheduler
+queues) a cancel also cancels the task, which aborts the request in the engine at its next step,
+waiting or running (:meth:`PagedEngine.abort`), so an abandoned queued request is never prefilled.
+Either way the request is counted once in ``counters.num_aborted``.
 
 Each generation's text is decoded as its tokens arrive (:class:`kvbench.server.text.TextStream`, in
 the engine's thread): multi-byte characters split across tokens come out whole, and a stop sequence
@@ -29,7 +33,9 @@ import asyncio
 import collections
 import itertools
 import threading
+import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -37,7 +43,9 @@ import numpy as np
 from kvbench.backends.inprocess import InProcessBackend
 from kvbench.engine.engine import SamplingParams
 from kvbench.engine.paged.engine import PagedEngine
+from kvbench.errors import CacheBusyError
 from kvbench.request import Request, RequestRecord, Status
+from kvbench.server.body import OBJECT_SLACK
 from kvbench.server.metrics import ServerCounters, cache_config_labels, render_metrics
 from kvbench.server.schemas import MAX_N, ApiError
 from kvbench.server.text import TextStream
@@ -46,6 +54,8 @@ from kvbench.request import Message
 
 
 DEFAULT_UNBOUNDED_MAX_TOKENS = 4096  # a chat request's budget on a model that states no context limit
+DEFAULT_UNBOUNDED_CONTEXT_TOKENS = 131_072  # bounds a body's objects on a model that states no context limit
+RESET_POLL_S = 0.01  # how often a reset waiting for the paged engine to drain looks again
 
 
 class StreamCancelled(Exception):
@@ -69,10 +79,14 @@ class Generation:
         self.events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         self.cancelled = threading.Event()
         self.task: asyncio.Task | None = None
+        self.abort_task = False  # paged engine: cancel() also cancels the task (the engine aborts it)
 
     def cancel(self) -> None:
-        """Stop at the next token; the engine releases its blocks."""
+        """Stop at the next token (or, on the paged engine, at its next step, queued or running); the
+        engine releases its blocks. A no-op once the request has finished. Call on the event loop."""
         self.cancelled.set()
+        if self.abort_task and self.task is not None:
+            self.task.cancel()
 
 
 class EngineService:
@@ -88,10 +102,11 @@ class EngineService:
         self.backend = backend
         self.engine = backend.engine
         self.tokenizer = tokenizer
-        batching = isinstance(self.engine, PagedEngine)  # several sequences run at once: its gauges
-        self.counters = ServerCounters(engine_sequences=self.engine.num_sequences if batching else None,
-                                       engine_host_tier=self.engine.scheduler.host_tier_counters if batching else None)
+        self.batching = isinstance(self.engine, PagedEngine)  # several sequences run at once: its gauges
+        self.counters = ServerCounters(engine_sequences=self.engine.num_sequences if self.batching else None,
+                                       engine_host_tier=self.engine.scheduler.host_tier_counters if self.batching else None)
         self._indexes = itertools.count()
+        self._reset_done: asyncio.Event | None = None  # set when the pending reset (paged engine) is done
 
     @property
     def model_name(self) -> str:
@@ -100,6 +115,12 @@ class EngineService:
     @property
     def max_context_tokens(self) -> int | None:
         return self.engine.loaded.max_context_tokens
+
+    @property
+    def max_body_objects(self) -> int:
+        """Most JSON objects a generation body may hold (:mod:`kvbench.server.body`): the context in
+        tokens (each message costs at least one) plus ``OBJECT_SLACK``."""
+        return (self.max_context_tokens or DEFAULT_UNBOUNDED_CONTEXT_TOKENS) + OBJECT_SLACK
 
     def render_chat(self, messages: Sequence[tuple[str, str]]) -> np.ndarray:
         """``(role, text)`` pairs -> prompt ids with the generation prompt. Raises ``ApiError`` (400)."""
@@ -130,22 +151,26 @@ class EngineService:
                                 f"is {num_bytes:,} bytes, at least {min_tokens:,} tokens.", param,
                            "context_length_exceeded")
 
-    def check(self, token_ids: np.ndarray, max_tokens: int) -> None:
-        """Raise ``ApiError`` (400) for an empty prompt, ids outside the vocabulary, or a prompt plus
-        ``max_tokens`` beyond the model's context (``param`` is ``prompt`` when the prompt alone
-        leaves no room for one output token, else ``max_tokens``)."""
+    def check(self, token_ids: np.ndarray, max_tokens: int, prompt_param: str = "prompt") -> None:
+        """Raise ``ApiError`` (400) for an empty prompt, ids outside the vocabulary, a prompt plus
+        ``max_tokens`` beyond the model's context, or (paged engine) beyond what its KV pool can ever
+        hold (``param`` is ``prompt_param``, the field the prompt came in (``prompt``, ``messages``),
+        when the prompt alone leaves no room for one output token, else ``max_tokens``)."""
         num_tokens = int(token_ids.shape[0])
         if num_tokens == 0:
-            raise ApiError(400, "the prompt is empty", "prompt")
+            raise ApiError(400, "the prompt is empty", prompt_param)
         vocab_size = self.engine.loaded.vocab_size
         if int(token_ids.min()) < 0 or int(token_ids.max()) >= vocab_size:
-            raise ApiError(400, f"token id outside the model's vocabulary of {vocab_size} ids", "prompt")
+            raise ApiError(400, f"token id outside the model's vocabulary of {vocab_size} ids", prompt_param)
         limit = self.max_context_tokens
         if limit is not None and num_tokens + max_tokens > limit:
             raise ApiError(400, f"This model's maximum context length is {limit} tokens. However, you requested "
                                 f"{num_tokens + max_tokens} tokens ({num_tokens} in the prompt, {max_tokens} for "
-                                "the completion).", "prompt" if num_tokens >= limit else "max_tokens",
+                                "the completion).", prompt_param if num_tokens >= limit else "max_tokens",
                            "context_length_exceeded")
+        if self.batching and (problem := self.engine.pool_refusal(num_tokens, max_tokens)) is not None:
+            param = prompt_param if self.engine.pool_refusal(num_tokens, 1) is not None else "max_tokens"
+            raise ApiError(400, problem, param)  # before a stream starts: never an error event after a 200
 
     def default_max_tokens(self, num_prompt_tokens: int) -> int:
         """What a chat request without ``max_tokens`` may generate: the rest of the context (OpenAI and
@@ -163,6 +188,7 @@ class EngineService:
         once. Must be called on the event loop."""
         generation = Generation(request, sampling, TextStream(self.tokenizer, stops))
         generation.task = asyncio.create_task(self._run(generation))
+        generation.abort_task = self.batching
         return generation
 
     async def _run(self, generation: Generation) -> None:
@@ -180,10 +206,13 @@ class EngineService:
 
         self.counters.num_in_flight += 1
         try:
+            waited_s = await self._wait_for_reset()
             record = await self.backend.serve(generation.request, on_token=on_token, sampling=generation.sampling,
                                               on_start=on_start)
+            record = replace(record, queue_ms=record.queue_ms + waited_s * 1e3)
             generation.events.put_nowait(self._finished(record))
-        except StreamCancelled:
+        except (StreamCancelled, asyncio.CancelledError):  # its client left (Generation.cancel)
+            self.counters.num_aborted += 1
             generation.events.put_nowait(("cancelled", None))
         except Exception as exc:  # the engine failed: this request errors, the server keeps serving
             self.counters.num_failed += 1
@@ -194,7 +223,7 @@ class EngineService:
     @property
     def max_samples(self) -> int:
         """Most choices per request (``n``): 1 on the copy engine, unbounded (the schema's 128) on paged."""
-        return MAX_N if isinstance(self.engine, PagedEngine) else 1
+        return MAX_N if self.batching else 1
 
     def submit_samples(self, request: Request, sampling: SamplingParams, n: int,
                        stops: Sequence[str] = ()) -> list[Generation]:
@@ -205,7 +234,7 @@ class EngineService:
         generations = [Generation(request, sampling, TextStream(self.tokenizer, stops)) for _ in range(n)]
         task = asyncio.create_task(self._run_samples(generations))
         for generation in generations:
-            generation.task = task
+            generation.task, generation.abort_task = task, True  # cancelling one sample aborts them all
         return generations
 
     async def _run_samples(self, generations: list[Generation]) -> None:
@@ -222,7 +251,10 @@ class EngineService:
         first = generations[0]
         self.counters.num_in_flight += 1
         try:
+            await self._wait_for_reset()
             outcomes = await self.backend.serve_samples(first.request, first.sampling, len(generations), on_token)
+        except asyncio.CancelledError:  # the client left: every sample was aborted
+            outcomes = [asyncio.CancelledError() for _ in generations]
         finally:
             self.counters.num_in_flight -= 1
         records = [o for o in outcomes if isinstance(o, RequestRecord) and o.status is Status.OK]
@@ -231,6 +263,8 @@ class EngineService:
                                          sum(record.output_tokens for record in records))
         elif any(isinstance(o, RequestRecord) or not _cancelled(o) for o in outcomes):
             self.counters.num_failed += 1
+        else:
+            self.counters.num_aborted += 1
         for generation, outcome in zip(generations, outcomes):
             generation.events.put_nowait(_sample_event(outcome))
 
@@ -242,8 +276,33 @@ class EngineService:
         return "done", result
 
     async def reset_prefix_cache(self) -> bool:
-        """Drop every cached block once no request runs (vLLM's endpoint). ``False`` if the cache is off."""
-        return await self.backend.reset_prefix_cache()
+        """Drop every cached block (vLLM's endpoint) as a barrier, the same on both engines: the reset
+        runs once every request submitted before it has finished (or was cancelled), and requests
+        submitted meanwhile wait for it (their wait is queue time). The copy engine's FIFO lock does
+        this by itself; on the paged engine, which refuses a reset while any request is in it
+        (``CacheBusyError``), new requests are held at :meth:`_wait_for_reset` while the engine drains.
+        Returns ``False`` if the cache is off."""
+        if not self.batching:
+            return await self.backend.reset_prefix_cache()
+        while self._reset_done is not None:  # one reset at a time, in order
+            await self._reset_done.wait()
+        self._reset_done = done = asyncio.Event()
+        try:
+            while True:
+                try:
+                    return await self.backend.reset_prefix_cache()
+                except CacheBusyError:  # requests submitted before the reset still run
+                    await asyncio.sleep(RESET_POLL_S)
+        finally:
+            self._reset_done = None
+            done.set()
+
+    async def _wait_for_reset(self) -> float:
+        """Wait while a reset drains the paged engine; the seconds waited."""
+        start_s = time.perf_counter()
+        while self._reset_done is not None:
+            await self._reset_done.wait()
+        return time.perf_counter() - start_s
 
     def metrics_text(self) -> str:
         cache = self.engine.config.cache

@@ -44,3 +44,21 @@ def paged_live(tiny_loaded, request):
     server = LiveServer(EngineService(InProcessBackend(engine, SamplingParams(), MODEL), load_tokenizer()))
     yield server, engine
     server.stop()
+
+
+@pytest.fixture(scope="module", params=["copy", "paged-hash", "paged-radix"])
+def each_engine(tiny_loaded, request):
+    """A live server on each engine: copy, paged with a hash or a radix pool. The paged engine runs one
+    sequence at a time (``max_num_seqs=1``), so a second request waits in its scheduler as it would in
+    the copy engine's queue: ``(server, engine)``."""
+    from kvbench.engine.paged.engine import PagedConfig, PagedEngine
+
+    if request.param == "copy":
+        service = tiny_service(tiny_loaded)
+    else:
+        kind = request.param.removeprefix("paged-")
+        engine = PagedEngine(tiny_loaded, PagedConfig(CacheConfig(capacity_blocks=1024, kind=kind), max_num_seqs=1))
+        service = EngineService(InProcessBackend(engine, SamplingParams(), MODEL), load_tokenizer())
+    server = LiveServer(service)
+    yield server, service.engine
+    server.stop()

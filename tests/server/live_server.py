@@ -3,6 +3,7 @@ by tests that need a server of their own, e.g. with guards)."""
 
 import http.client
 import json
+import socket
 import threading
 import time
 import urllib.error
@@ -15,6 +16,7 @@ from kvbench.cache.base import CacheConfig
 from kvbench.commands.serve import bind_socket
 from kvbench.engine.engine import EngineConfig, HFEngine, SamplingParams
 from kvbench.server.app import create_app
+from kvbench.server.connections import ConnectionLimits, server_config
 from kvbench.server.service import EngineService
 from kvbench.workloads.tokenizer import load_tokenizer
 
@@ -24,13 +26,12 @@ MODEL = "tiny"
 class LiveServer:
     """uvicorn in a background thread; ``url`` is the API root with /v1."""
 
-    def __init__(self, service: EngineService, guards=None) -> None:
+    def __init__(self, service: EngineService, guards=None, limits: ConnectionLimits = ConnectionLimits()) -> None:
         self.service = service
         sock = bind_socket("127.0.0.1", 0)
         self.port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}/v1"
-        self.server = uvicorn.Server(uvicorn.Config(create_app(service, guards), log_level="warning",
-                                                    lifespan="off"))
+        self.server = uvicorn.Server(server_config(create_app(service, guards), "warning", limits))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 20
@@ -66,6 +67,47 @@ class LiveServer:
                 events.append(json.loads(line[6:]))
         connection.close()
         return response.status, events
+
+    def health_latencies_s(self, stop: threading.Event) -> list[float]:
+        """Seconds each ``GET /health`` took, polled every 20 ms until ``stop`` is set."""
+        latencies = []
+        while not stop.is_set():
+            start = time.perf_counter()
+            assert self.get("/health")[0] == 200
+            latencies.append(time.perf_counter() - start)
+            time.sleep(0.02)
+        return latencies
+
+    def post_raw(self, path: str, payload: bytes, content_type: str = "application/json") -> tuple[int, dict]:
+        """``(status, parsed body)`` of one POST with exactly ``payload`` as its body (invalid JSON too)."""
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        connection.request("POST", path, payload, {"Content-Type": content_type})
+        response = connection.getresponse()
+        body = response.read()
+        connection.close()
+        return response.status, json.loads(body) if body else {}
+
+    def send_and_leave(self, path: str, body: dict, leave_after_s: float) -> None:
+        """POST ``body`` to ``path`` on a raw socket and close it after ``leave_after_s`` without
+        reading the answer (a client timeout, ``curl -m``)."""
+        payload = json.dumps(body).encode()
+        sock = socket.create_connection(("127.0.0.1", self.port))
+        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+        time.sleep(leave_after_s)
+        sock.close()
+
+    def metric(self, name: str) -> float:
+        """The value of ``kvbench:NAME`` at /metrics (its one sample)."""
+        line = next(line for line in self.get("/metrics")[1].splitlines() if line.startswith(f"kvbench:{name}"))
+        return float(line.split()[-1])
+
+    def wait_for_metric(self, name: str, value: float, timeout_s: float = 60) -> None:
+        """Poll /metrics until ``kvbench:NAME`` reaches ``value`` (AssertionError after ``timeout_s``)."""
+        deadline = time.monotonic() + timeout_s
+        while (now := self.metric(name)) < value:
+            assert time.monotonic() < deadline, f"kvbench:{name} stayed at {now}, expected {value}"
+            time.sleep(0.05)
 
     def get(self, path: str) -> tuple[int, str]:
         with urllib.request.urlopen(self.url.removesuffix("/v1") + path, timeout=30) as response:

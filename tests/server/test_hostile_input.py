@@ -19,21 +19,6 @@ def rss_bytes() -> int:
         return int(statm.read().split()[1]) * 4096
 
 
-def raw_post(live, path: str, payload: bytes, content_type: str = "application/json", headers=None):
-    """``(status, parsed body)`` of one POST with exactly ``payload`` as its body."""
-    connection = http.client.HTTPConnection("127.0.0.1", live.port, timeout=60)
-    connection.request("POST", path, payload, {"Content-Type": content_type, **(headers or {})})
-    response = connection.getresponse()
-    body = response.read()
-    connection.close()
-    return response.status, json.loads(body) if body else {}
-
-
-def metric(live, name):
-    line = next(line for line in live.get("/metrics")[1].splitlines() if line.startswith(f"kvbench:{name}"))
-    return float(line.split()[-1])
-
-
 def test_distinct_rejected_huge_requests_do_not_grow_memory(live):
     """Was +9.3 MB kept per rejected 2.5 MB chat request (the memo stored every message)."""
     def send(i):
@@ -50,16 +35,6 @@ def test_distinct_rejected_huge_requests_do_not_grow_memory(live):
     growth_mb = (rss_bytes() - before) / 2**20
     assert growth_mb < 40, f"RSS grew {growth_mb:.0f} MB over 20 rejected requests"
     assert len(live.service.tokenizer._segments) < 10
-
-
-def _health_latencies(live, stop: threading.Event) -> list[float]:
-    latencies = []
-    while not stop.is_set():
-        start = time.perf_counter()
-        assert live.get("/health")[0] == 200
-        latencies.append(time.perf_counter() - start)
-        time.sleep(0.02)
-    return latencies
 
 
 def _declared_upload(live, num_bytes: int) -> tuple[int, dict]:
@@ -93,7 +68,7 @@ def _chunked_upload(live, num_bytes: int) -> int | None:
 def test_a_50_mb_body_is_refused_with_413_and_health_keeps_answering(live):
     """Was: no body limit; a 50 MB prompt stalled /health for 4.6 s (tokenized on the event loop)."""
     stop, latencies = threading.Event(), []
-    watcher = threading.Thread(target=lambda: latencies.extend(_health_latencies(live, stop)))
+    watcher = threading.Thread(target=lambda: latencies.extend(live.health_latencies_s(stop)))
     watcher.start()
     status, body = _declared_upload(live, 50 << 20)
     chunked = _chunked_upload(live, 50 << 20)
@@ -106,38 +81,28 @@ def test_a_50_mb_body_is_refused_with_413_and_health_keeps_answering(live):
     assert live.post("/v1/completions", {"model": MODEL, "prompt": "still here", "max_tokens": 1})[0] == 200
 
 
-def _send_and_leave(live, body: dict, leave_after_s: float) -> None:
-    """POST ``body`` on a raw socket and close it after ``leave_after_s`` without reading (``curl -m``)."""
-    payload = json.dumps(body).encode()
-    sock = socket.create_connection(("127.0.0.1", live.port))
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                 + f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
-    time.sleep(leave_after_s)
-    sock.close()
-
-
 def test_a_non_stream_client_that_leaves_frees_the_engine(live):
     """Was: ``curl -m 2`` on a long completion left the engine generating, counted as a success."""
-    succeeded = metric(live, "request_success_total")
-    _send_and_leave(live, {"model": MODEL, "prompt": "long", "max_tokens": 8000, "ignore_eos": True}, 0.5)
+    succeeded = live.metric("request_success_total")
+    live.send_and_leave("/v1/completions", {"model": MODEL, "prompt": "long", "max_tokens": 8000, "ignore_eos": True}, 0.5)
     start = time.perf_counter()
     status, _ = live.post("/v1/completions", {"model": MODEL, "prompt": "next", "max_tokens": 1})
     assert status == 200 and time.perf_counter() - start < 1.5
-    assert metric(live, "request_success_total") == succeeded + 1
-    assert metric(live, "num_requests_running") == 0
+    assert live.metric("request_success_total") == succeeded + 1
+    assert live.metric("num_requests_running") == 0
 
 
 def test_a_request_abandoned_while_queued_never_runs(live):
     """Was: a queued request whose client had left ran when its turn came."""
-    succeeded = metric(live, "request_success_total")
-    running = threading.Thread(target=_send_and_leave, args=(live, {
+    succeeded = live.metric("request_success_total")
+    running = threading.Thread(target=live.send_and_leave, args=("/v1/completions", {
         "model": MODEL, "prompt": "holds the engine", "max_tokens": 8000, "ignore_eos": True}, 1.5))
     running.start()
     time.sleep(0.3)
-    _send_and_leave(live, {"model": MODEL, "prompt": "queued", "max_tokens": 50, "ignore_eos": True}, 0.3)
+    live.send_and_leave("/v1/completions", {"model": MODEL, "prompt": "queued", "max_tokens": 50, "ignore_eos": True}, 0.3)
     running.join()
     assert live.post("/v1/completions", {"model": MODEL, "prompt": "next", "max_tokens": 1})[0] == 200
-    assert metric(live, "request_success_total") == succeeded + 1  # only "next"
+    assert live.metric("request_success_total") == succeeded + 1  # only "next"
 
 
 BIG = 2**63
@@ -174,7 +139,7 @@ CLIENT_MISTAKES = [  # (raw JSON body, param); each was a 500, a silent coercion
 @pytest.mark.parametrize("payload,param", CLIENT_MISTAKES, ids=[str(i) for i in range(len(CLIENT_MISTAKES))])
 def test_every_client_mistake_is_a_400_naming_its_field(live, payload, param):
     path = "/v1/chat/completions" if '"messages"' in payload else "/v1/completions"
-    status, body = raw_post(live, path, payload.encode())
+    status, body = live.post_raw(path, payload.encode())
     assert status == 400, body
     assert set(body["error"]) == {"message", "type", "param", "code"} and body["error"]["param"] == param
     assert body["error"]["type"] == "invalid_request_error" and "Traceback" not in body["error"]["message"]

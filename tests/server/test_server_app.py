@@ -36,11 +36,6 @@ def counters(live):
     return parse_prefix_cache_counters(live.get("/metrics")[1])
 
 
-def metric(live, name):
-    line = next(line for line in live.get("/metrics")[1].splitlines() if line.startswith(f"kvbench:{name}"))
-    return float(line.split()[-1])
-
-
 def test_chat_stream_follows_openai_and_ends_with_usage(live):
     messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "hello there"}]
     status, events = stream_events(live, "/v1/chat/completions", {
@@ -144,18 +139,19 @@ def test_metrics_parse_with_prometheus_own_parser_as_typed_families(live):
     families = {family.name: family for family in text_string_to_metric_families(live.get("/metrics")[1])}
     counters = {name for name, family in families.items() if family.type == "counter"}
     assert counters == {f"kvbench:{name}" for name in ("prefix_cache_queries", "prefix_cache_hits", "prompt_tokens",
-                                                        "generation_tokens", "request_success", "request_failure")}
+                                                        "generation_tokens", "request_success", "request_failure",
+                                                        "request_abort")}
     assert {families[f"kvbench:{name}"].type for name in ("num_requests_running", "num_requests_waiting")} == {"gauge"}
     assert all(family.type != "unknown" and len(family.samples) == 1 for family in families.values())
     [queries] = families["kvbench:prefix_cache_queries"].samples
     [hits] = families["kvbench:prefix_cache_hits"].samples
     assert queries.name == "kvbench:prefix_cache_queries_total" and queries.labels == {"model_name": MODEL}
     assert hits.name == "kvbench:prefix_cache_hits_total"
-    assert (queries.value, hits.value) == (metric(live, "prefix_cache_queries_total"),
-                                           metric(live, "prefix_cache_hits_total"))
+    assert (queries.value, hits.value) == (live.metric("prefix_cache_queries_total"),
+                                           live.metric("prefix_cache_hits_total"))
     assert queries.value >= 80 and hits.value >= 32  # this test's two requests: 40 + 40 queried, 32 hit
     [success] = families["kvbench:request_success"].samples
-    assert success.value == metric(live, "request_success_total") >= 2
+    assert success.value == live.metric("request_success_total") >= 2
 
 
 def test_one_request_at_a_time_so_concurrent_streams_do_not_overlap(live):
@@ -177,15 +173,15 @@ def test_one_request_at_a_time_so_concurrent_streams_do_not_overlap(live):
 
 
 def test_a_client_that_leaves_stops_its_request(live):
-    succeeded = metric(live, "request_success_total")
+    succeeded = live.metric("request_success_total")
     body = {"model": MODEL, "prompt": "a long one", "max_tokens": 8000, "ignore_eos": True, "stream": True}
     status, events = stream_events(live, "/v1/completions", body, stop_after=3)
     assert status == 200 and len(events) == 3
     start = time.perf_counter()
     status, response = live.post("/v1/completions", {"model": MODEL, "prompt": "next", "max_tokens": 1})
     assert status == 200 and time.perf_counter() - start < 20
-    assert metric(live, "request_success_total") == succeeded + 1  # the abandoned request never finished
-    assert metric(live, "num_requests_running") == 0
+    assert live.metric("request_success_total") == succeeded + 1  # the abandoned request never finished
+    assert live.metric("num_requests_running") == 0
 
 
 def test_scheduler_gauges_help_says_they_count_sequences(live):

@@ -16,12 +16,10 @@ that sequence and frees its blocks; an exception in a forward fails every sequen
 blocks freed. ``on_token`` returning ``True`` ends the request normally after that token (a stop
 sequence matched), as in the copy engine.
 
-Timings (``time.perf_counter``): a record's clock starts when the sequence is first admitted;
-``queue_ms`` is the wait from ``submit`` until then (as the copy engine reports its lock wait).
-``kv_load_ms`` is 0: nothing is copied before the forward (the gather happens inside attention).
-Under ``--verify`` the cache-off reference passes run only while no sequence is running or waiting
-(a finished request's future resolves then), so no step waits on one and no TTFT, ITL or E2E
-includes one; ``queue_ms`` of a request submitted during a pass does include the wait.
+Timings (``time.perf_counter``): a record's clock starts at its first admission; ``queue_ms`` is the
+wait from ``submit`` until then. ``kv_load_ms`` is 0 (GPU hits are read in place by attention;
+``--host-tier`` loads are copied within the step). Under ``--verify`` the cache-off reference passes
+run only while nothing runs or waits, so no TTFT, ITL or E2E includes one (``queue_ms`` can).
 """
 
 from __future__ import annotations
@@ -219,9 +217,12 @@ class PagedEngine:
 
     def _check_request(self, ids: list[int], sampling: SamplingParams) -> str | None:
         problem = check_request(self.loaded, ids, sampling)  # the copy engine's rules, then the pool's
-        if problem is not None:
-            return problem
-        need = blocks_for(len(ids) + sampling.max_tokens - 1, self.block_size)
+        return problem if problem is not None else self.pool_refusal(len(ids), sampling.max_tokens)
+
+    def pool_refusal(self, num_prompt_tokens: int, max_tokens: int) -> str | None:
+        """Why a request of ``num_prompt_tokens`` + ``max_tokens`` can never fit the pool (its sequence
+        needs more blocks than the pool has), or ``None``; such a request is refused at submit."""
+        need = blocks_for(num_prompt_tokens + max_tokens - 1, self.block_size)
         if need > self.config.pool.capacity_blocks:
             return (f"prompt + max_tokens need {need} blocks of {self.block_size} tokens; the KV pool has "
                     f"{self.config.pool.capacity_blocks} (raise --cache-size)")

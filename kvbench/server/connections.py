@@ -1,0 +1,137 @@
+"""Connection limits of ``kvbench serve``: a flood of connections never exhausts file descriptors.
+
+uvicorn accepts every connection and times out only idle keep-alive ones: a client that dribbles its
+request headers (slowloris) holds a descriptor for ever, and a flood of them ended in 118,697 log lines
+of ``OSError: [Errno 24] Too many open files`` from the accept loop (issue 31.1). Here, in front of
+uvicorn's own HTTP protocol (:func:`server_config`):
+
+* **header timeout**: a connection that has not sent a whole request head within
+  ``header_timeout_s`` of connecting is closed (nginx's ``client_header_timeout``);
+* **idle keep-alive**: uvicorn's ``timeout_keep_alive``, ``keep_alive_s``;
+* **a cap on open connections**: at ``max_connections``, each new connection closes the oldest
+  connection that has no request in progress (a slow or idle client); when every one is busy, the new
+  one gets a 503 and is closed. The cap stays below the process's open-file limit, so ``accept``
+  never fails;
+* **one log line per condition** (uvicorn's ``uvicorn.error`` logger, a warning): when the cap is
+  first reached (again once the connections fell under half of it) and when a slow client is first
+  closed, never one line per connection.
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+DEFAULT_MAX_CONNECTIONS = 1024  # far above 128 concurrent streaming clients; see connection_cap()
+DEFAULT_HEADER_TIMEOUT_S = 10.0  # a real client sends its request head in milliseconds
+DEFAULT_KEEP_ALIVE_S = 5.0  # uvicorn's default timeout_keep_alive
+RESERVED_DESCRIPTORS = 64  # kept for the model's files, logs and the listening socket
+_SERVICE_UNAVAILABLE = b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+logger = logging.getLogger("uvicorn.error")
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """Attributes: ``max_connections`` open at once (positive); ``header_timeout_s`` to send a request
+    head after connecting and ``keep_alive_s`` idle between requests (seconds, positive)."""
+
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
+    keep_alive_s: float = DEFAULT_KEEP_ALIVE_S
+
+    def __post_init__(self) -> None:
+        if self.max_connections < 1:
+            raise ValueError(f"max_connections must be positive, got {self.max_connections}")
+        if not (self.header_timeout_s > 0 and self.keep_alive_s > 0):
+            raise ValueError("the header and keep-alive timeouts must be positive seconds")
+
+
+def connection_cap(requested: int | None) -> int:
+    """The cap for ``--max-connections`` (``None``: :data:`DEFAULT_MAX_CONNECTIONS`), at most the
+    soft open-file limit minus :data:`RESERVED_DESCRIPTORS`. Raises ``ValueError`` if ``requested``
+    is above that limit."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    room = max(soft - RESERVED_DESCRIPTORS, 1) if soft != resource.RLIM_INFINITY else DEFAULT_MAX_CONNECTIONS
+    if requested is None:
+        return min(DEFAULT_MAX_CONNECTIONS, room)
+    if requested > room:
+        raise ValueError(f"{requested} is above this process's open-file limit (ulimit -n {soft}) "
+                         f"minus {RESERVED_DESCRIPTORS}: at most {room}")
+    return requested
+
+
+class _Watch:
+    """One server's open connections (oldest first) and which conditions were logged."""
+
+    def __init__(self, limits: ConnectionLimits) -> None:
+        self.limits = limits
+        self.open: dict[Any, None] = {}  # insertion-ordered: the oldest connection first
+        self.logged: set[str] = set()
+
+    def once(self, condition: str, message: str) -> None:
+        if condition not in self.logged:
+            self.logged.add(condition)
+            logger.warning("kvbench serve: %s", message)
+
+    def opened(self, connection: Any) -> bool:
+        """Track ``connection``; ``False`` if it must be refused (every open one is busy)."""
+        self.open[connection] = None
+        if len(self.open) <= self.limits.max_connections:
+            return True
+        self.once("cap", f"{self.limits.max_connections:,} open connections (--max-connections): each new one "
+                         "closes the oldest idle or slow one (logged once)")
+        idle = next((c for c in self.open if c is not connection and _idle(c)), None)
+        if idle is None:
+            del self.open[connection]
+            return False
+        del self.open[idle]
+        idle.transport.close()
+        return True
+
+    def closed(self, connection: Any) -> None:
+        self.open.pop(connection, None)
+        if len(self.open) < self.limits.max_connections // 2:
+            self.logged.discard("cap")
+
+
+def _idle(connection: Any) -> bool:
+    """No request in progress: none started yet (a slow request head) or the last one answered."""
+    return connection.cycle is None or connection.cycle.response_complete
+
+
+def _protocol(watch: _Watch) -> type:
+    """uvicorn's HTTP protocol class with ``watch``'s limits (the module docstring)."""
+
+    class LimitedProtocol(AutoHTTPProtocol):
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            if not watch.opened(self):
+                transport.write(_SERVICE_UNAVAILABLE)
+                transport.close()
+                return
+            self.head_timer = self.loop.call_later(watch.limits.header_timeout_s, self.head_overdue)
+
+        def head_overdue(self) -> None:
+            if self.cycle is None and not self.transport.is_closing():
+                watch.once("slow", f"closing connections that sent no whole request head within "
+                                   f"{watch.limits.header_timeout_s:g} s (--header-timeout; logged once)")
+                self.transport.close()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            watch.closed(self)
+            if (timer := getattr(self, "head_timer", None)) is not None:
+                timer.cancel()
+            super().connection_lost(exc)
+
+    return LimitedProtocol
+
+
+def server_config(app: Any, log_level: str, limits: ConnectionLimits = ConnectionLimits()) -> uvicorn.Config:
+    """The uvicorn config every ``kvbench serve`` runs with (the command and the tests' servers)."""
+    return uvicorn.Config(app, log_level=log_level, lifespan="off", http=_protocol(_Watch(limits)),
+                          timeout_keep_alive=limits.keep_alive_s)  # type: ignore[arg-type]
