@@ -75,7 +75,9 @@ def test_return_token_ids_puts_each_tokens_id_on_its_chunk(live):
     assert len(ids) == 5 and all(len(one) == 1 for one in ids)  # vLLM's shape: a list per chunk
     tokenizer = load_tokenizer()
     texts = [choice["text"] for choice in chunks if "token_ids" in choice]
-    assert [tokenizer.decode(one) or "\ufffd" for one in ids] == texts
+    # a token that ends inside a multi-byte character streams no text until the character completes
+    # (sampled at temperature 1, so such tokens come and go): the chunks' text adds up to the ids' text
+    assert "".join(texts) == tokenizer.decode([i for one in ids for i in one])
     assert all("token_ids" not in json.loads(data)["choices"][0] for _, data in without[:-1])
 
 
