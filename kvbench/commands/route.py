@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from kvbench.commands.common import build, make_console
+from kvbench.commands.common import Heartbeat, build, make_console, status_printer
 from kvbench.commands.options import CacheKindOption, Requests, Source
 from kvbench.errors import InputError
 from kvbench.results.parquet import check_output_path, write_rows
@@ -77,6 +77,22 @@ def _options(factory) -> RouterOptions:
         raise InputError(f"{_FLAGS.get(field, field)}: {problem}") from None
 
 
+def _compare(trace, config: ClusterConfig, policies, options: RouterOptions) -> list[PolicyResult]:
+    """:func:`compare_policies` under a spinner; outside a terminal, a status line as each policy
+    finishes and a :class:`Heartbeat` meanwhile (issue 30 item 6)."""
+    err = make_console(stderr=True)
+    say = status_printer(err)
+    finished: list[str] = []
+    with err.status("routing"), Heartbeat(err) as heartbeat:
+        def done(result: PolicyResult) -> None:
+            finished.append(result.policy)
+            heartbeat.set(f"{len(finished)} of {len(policies)} policies routed")
+            if not err.is_terminal:
+                say(f"routed: {result.policy} ({len(finished)} of {len(policies)} policies)")
+
+        return compare_policies(trace, config, policies, options, progress=done)
+
+
 def route(
     source: Source,
     replicas: Annotated[int, typer.Option(help="Replicas behind the router.")] = 8,
@@ -122,8 +138,7 @@ def route(
                              loaded.block_size)
     trace = prepare_route_trace(limit_requests(loaded.requests, requests), cache_cfg)
     config = build(lambda: ClusterConfig(replicas, cache_cfg, service))
-    with make_console(stderr=True).status("routing"):
-        results = compare_policies(trace, config, policies, options)
+    results = _compare(trace, config, policies, options)
     title = (f"kvbench route: {loaded.name}, {trace.num_requests:,} requests, {replicas} replicas x "
              f"{cache_cfg.capacity_blocks:,} blocks of {cache_cfg.block_size} tokens ({cache_cfg.kind.value})")
     make_console().print(_table(title, results))
