@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 from pathlib import Path
 
@@ -79,13 +80,14 @@ def run_inprocess(config: RunConfig, on_progress: Progress | None = None, on_sta
 
     notes: list[str] = []
     say = status_sink(on_status, notes)
-    with chosen_threads(config.model.threads, say) as threads:
-        outcome = _run_inprocess(config, on_progress, say, threads)
+    with contextlib.ExitStack() as stack:  # the threads are chosen once the input is checked, kept to the end
+        outcome = _run_inprocess(config, on_progress, say,
+                                 lambda: stack.enter_context(chosen_threads(config.model.threads, say)))
     outcome.notes[:0] = notes
     return outcome
 
 
-def _run_inprocess(config: RunConfig, on_progress: Progress | None, say: OnStatus, threads) -> RunOutcome:
+def _run_inprocess(config: RunConfig, on_progress: Progress | None, say: OnStatus, choose_threads) -> RunOutcome:
     from kvbench.backends.inprocess import InProcessBackend
     from kvbench.engine.engine import SamplingParams
     from kvbench.engine.model import ModelConfig, load_model
@@ -100,6 +102,7 @@ def _run_inprocess(config: RunConfig, on_progress: Progress | None, say: OnStatu
     requests = prepared_requests(source, settings)
     block_size = config.cache.block_size or source.block_size
     check_cache_size_text(config.cache.cache_size or settings.cache_size)  # all before torch loads the model
+    threads = choose_threads()  # bad input above stays one line: no status line before it
     say(loading_line(flags.path, flags.device))
     loaded = load_model(model_config)
     check_against_model(requests, block_size, loaded.max_context_tokens)

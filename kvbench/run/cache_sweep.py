@@ -18,6 +18,7 @@ it), and ``min_p50_ttft_ms`` / ``max_p50_ttft_ms`` / ``repeat_p50_ttft_ms`` keep
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from collections.abc import Callable
@@ -81,24 +82,27 @@ def sweep(config: SweepConfig, on_progress: Progress | None = None,
 
     outcome = SweepOutcome(Path(config.source).stem)
     say = status_sink(on_status, outcome.notes)
-    with chosen_threads(config.model.threads, say) as threads:
-        return _sweep(config, on_progress, on_size, say, threads, outcome)
+    with contextlib.ExitStack() as stack:  # the threads are chosen once the input is checked, kept to the end
+        return _sweep(config, on_progress, on_size, say, outcome,
+                      lambda: stack.enter_context(chosen_threads(config.model.threads, say)))
 
 
 def _sweep(config: SweepConfig, on_progress: Progress | None, on_size: Callable[[int], None] | None, say: OnStatus,
-           threads, outcome: SweepOutcome) -> SweepOutcome:
+           outcome: SweepOutcome, choose_threads) -> SweepOutcome:
     from kvbench.engine.model import ModelConfig, load_model
     from kvbench.workloads.tokenizer import load_tokenizer
 
     flags = config.model
-    say(loading_line(flags.path, flags.device))
-    loaded = load_model(checked(lambda: ModelConfig(path=Path(flags.path) if flags.path else None,
-                                                    device=flags.device, dtype=flags.dtype)))
+    model_config = checked(lambda: ModelConfig(path=Path(flags.path) if flags.path else None,
+                                               device=flags.device, dtype=flags.dtype))
     source = load_source(config.source, load_tokenizer(flags.path), limit=config.run.num_requests)
     settings = run_section(source, config.run, CacheFlags(cache="on"))
     requests = prepared_requests(source, settings)
     folder = config.out or Path("results") / f"sweep-{source.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     check_output_path(folder / "sweep.parquet")
+    threads = choose_threads()  # bad input above stays one line: no status line before it
+    say(loading_line(flags.path, flags.device))
+    loaded = load_model(model_config)
     outcome.name = source.name
     context = {"scenario": source.name, "backend": "inprocess", "model": loaded.name, "repeats": config.repeats,
                "engine": config.engine.engine.value, "threads": threads.as_dict(),
