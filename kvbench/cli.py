@@ -18,6 +18,7 @@ from rich.markup import escape
 from kvbench import __version__
 from kvbench.commands import help_layout
 from kvbench.commands.usage_errors import bad_value_line
+from kvbench.engine.threads import set_wait_policy
 from kvbench.errors import Interrupted, KvbenchError
 from kvbench.extras import missing_extra
 from kvbench.workloads.formats import lines
@@ -102,6 +103,7 @@ def _root(
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: run the app and map errors to one line and an exit code."""
+    set_wait_policy()  # OpenMP threads that sleep, not spin, while they wait: before anything loads torch
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args or os.environ.get("KVBENCH_DEBUG") == "1"
     args = [arg for arg in args if arg != "--debug"]

@@ -18,7 +18,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from kvbench.breaks import EXPERIMENTS
-from kvbench.commands.common import make_console
+from kvbench.commands import options as opt
+from kvbench.commands.common import Heartbeat, make_console, status_printer
 from kvbench.errors import InputError, Interrupted, checked
 from kvbench.run.config import EngineKind
 from kvbench.run.scenario import parse_int_list
@@ -67,44 +68,57 @@ def _config(cls: type, **fields: Any) -> Any:
     return checked(lambda: cls(**{name: value for name, value in fields.items() if value is not None}), names)
 
 
-def _load(model: Path | None, device: str):
+def _load(model: Path | None, device: str, say: Callable[[str], None]):
     """The model and its tokenizer, warmed up so that the first measured request is not special."""
     from kvbench.breaks.common import warm_up
     from kvbench.engine.model import ModelConfig, load_model
+    from kvbench.run.execute import loading_line
     from kvbench.workloads.tokenizer import load_tokenizer
 
+    say(loading_line(str(model) if model is not None else None, device))
     loaded = load_model(checked(lambda: ModelConfig(path=model, device=device)))
     warm_up(loaded)
     return loaded, load_tokenizer(str(model) if model is not None else None)
 
 
 @contextlib.contextmanager
-def _progress() -> Iterator[Callable[[str, int, int], None]]:
-    """A transient progress bar on stderr; yields the experiments' ``progress(label, done, total)``."""
+def _progress(heartbeat: Heartbeat) -> Iterator[Callable[[str, int, int], None]]:
+    """A transient progress bar on stderr; yields the experiments' ``progress(label, done, total)``,
+    which also gives ``heartbeat`` its text (outside a terminal, the bar shows nothing until the end)."""
     bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   console=make_console(stderr=True), transient=True)
+                   console=heartbeat.console, transient=True)
     task = bar.add_task("starting", total=None)
+
+    def progress(label: str, done: int, total: int) -> None:
+        bar.update(task, description=label, completed=done, total=total)
+        heartbeat.set(f"{label}: {done:,}/{total:,} requests")
+
     with bar:
-        yield lambda label, done, total: bar.update(task, description=label, completed=done, total=total)
+        yield progress
 
 
 def _experiment(experiment: str, run: Callable[[Any, Any, Any], Any], tables: Callable[[Any], list[Table]],
-                model: Path | None, device: str, out: Path | None) -> Any:
-    """Check ``out``, load the model, ``run(loaded, tokenizer, progress)`` under a progress bar, print
-    ``tables(result)`` and write the Parquet file(s); returns the result. While it runs, the rows so
-    far are checkpointed to ``out`` (``complete: false``; a SIGKILL leaves them). On Ctrl-C or SIGTERM,
-    the variants that finished and the cut one's rows are written (those marked ``variant_complete``
-    false) and :class:`Interrupted` says where."""
+                model: Path | None, device: str, out: Path | None, threads: int | None = None) -> Any:
+    """Check ``out``, load the model at the threads :func:`~kvbench.engine.threads.chosen_threads`
+    picks (``threads``: ``--threads``), ``run(loaded, tokenizer, progress)`` under a progress bar and a
+    :class:`Heartbeat`, print ``tables(result)`` and write the Parquet file(s) (the choice as their
+    ``threads`` metadata); returns the result. While it runs, the rows so far are checkpointed to
+    ``out`` (``complete: false``; a SIGKILL leaves them). On Ctrl-C or SIGTERM, the variants that
+    finished and the cut one's rows are written (those marked ``variant_complete`` false) and
+    :class:`Interrupted` says where."""
     from kvbench.breaks.common import collect_finished, default_out_path, write_finished
     from kvbench.commands.common import sigterm_as_interrupt
+    from kvbench.engine.threads import chosen_threads
     from kvbench.results.parquet import check_output_path
 
     out = check_output_path(out or default_out_path(experiment))  # before minutes of work, not after
-    with sigterm_as_interrupt(), collect_finished(out, experiment) as collected:
+    err = make_console(stderr=True)
+    with sigterm_as_interrupt(), collect_finished(out, experiment) as collected, Heartbeat(err) as heartbeat:
         try:
-            loaded, tokenizer = _load(model, device)
-            with _progress() as progress:
-                result = run(loaded, tokenizer, progress)
+            with chosen_threads(threads, status_printer(err)) as choice:
+                loaded, tokenizer = _load(model, device, status_printer(err))
+                with _progress(heartbeat) as progress:
+                    result = run(loaded, tokenizer, progress)
         except KeyboardInterrupt:
             finished, running = collected.finished, collected.running
             path = write_finished(out, experiment, finished, running)
@@ -112,19 +126,19 @@ def _experiment(experiment: str, run: Callable[[Any, Any, Any], Any], tables: Ca
             kept = (f"kept {len(finished)} finished variant(s), {sum(len(r.rows) for r in finished)} rows{partial}, "
                     f"in {path}" if path else "no request had finished; nothing written")
             raise Interrupted(f"kvbench break {experiment}: {kept}") from None
-    _report(experiment, result, tables(result), out)
+    _report(experiment, result, tables(result), out, {"threads": choice.as_dict()})
     return result
 
 
-def _report(experiment: str, result: Any, tables: list[Table], out: Path) -> None:
-    """Print the tables, write the Parquet file(s), say where."""
+def _report(experiment: str, result: Any, tables: list[Table], out: Path, context: dict[str, Any]) -> None:
+    """Print the tables, write the Parquet file(s) (``context`` added to their metadata), say where."""
     from kvbench.breaks.common import write_break_parquet
 
     console = make_console()
     for table in tables:
         console.print(table)
         console.print()
-    paths = write_break_parquet(out, experiment, result.parquet_tables(), result.metadata())
+    paths = write_break_parquet(out, experiment, result.parquet_tables(), {**result.metadata(), **context})
     for path, table in zip(paths, [t for t in result.parquet_tables() if t.rows]):
         console.print(f"wrote {len(table.rows)} rows to {path}")
 
@@ -159,6 +173,7 @@ def timestamp_command(
     device: Device = "cpu",
     out: Out = None,
     engine: Engine = EngineKind.COPY,
+    threads: opt.Threads = None,
 ) -> None:
     """'Current time: <now>' first in the system prompt vs last vs absent: hit rate and TTFT."""
     from kvbench.breaks import timestamp
@@ -167,7 +182,7 @@ def timestamp_command(
                      question_tokens=question_tokens, max_tokens=max_tokens, block_size=block_size, seed=seed,
                      engine=engine)
     _experiment(timestamp.EXPERIMENT, lambda loaded, tokenizer, progress: timestamp.run_timestamp(
-        loaded, config, tokenizer, progress), lambda result: [timestamp.timestamp_table(result)], model, device, out)
+        loaded, config, tokenizer, progress), lambda result: [timestamp.timestamp_table(result)], model, device, out, threads)
 
 
 def head_first_command(
@@ -183,6 +198,7 @@ def head_first_command(
     device: Device = "cpu",
     out: Out = None,
     engine: Engine = EngineKind.COPY,
+    threads: opt.Threads = None,
 ) -> None:
     """Blocks released head before tail: simulated hit rate per size, then TTFT on the engine."""
     from kvbench.breaks import head_first
@@ -196,7 +212,7 @@ def head_first_command(
                      num_sim_requests=sim_requests, num_engine_requests=engine_requests,
                      engine_capacity_blocks=engine_size, max_tokens=max_tokens, engine=engine)
     _experiment(head_first.EXPERIMENT, lambda loaded, _, progress: head_first.run_head_first(loaded, config, progress),
-                lambda result: [head_first.sweep_table(result), head_first.engine_table(result)], model, device, out)
+                lambda result: [head_first.sweep_table(result), head_first.engine_table(result)], model, device, out, threads)
 
 
 def views_command(
@@ -212,6 +228,7 @@ def views_command(
     device: Device = "cpu",
     out: Out = None,
     engine: Engine = EngineKind.COPY,
+    threads: opt.Threads = None,
 ) -> None:
     """Cached views instead of copies: believed vs really held KV bytes and RSS, per request."""
     _on_engine("views", engine)
@@ -223,7 +240,7 @@ def views_command(
                      question_tokens=question_tokens, max_tokens=max_tokens, cache_bytes=parse_bytes(cache_size),
                      block_size=block_size, seed=seed)
     result = _experiment(views.EXPERIMENT, lambda loaded, tokenizer, progress: views.run_views(
-        loaded, config, tokenizer, progress), lambda result: [views.views_table(result)], model, device, out)
+        loaded, config, tokenizer, progress), lambda result: [views.views_table(result)], model, device, out, threads)
     if plot is not None:
         make_console().print(f"wrote {views.plot_views(result, plot)}")
 
@@ -241,6 +258,7 @@ def tiny_hash_command(
     device: Device = "cpu",
     out: Out = None,
     engine: Engine = EngineKind.COPY,
+    threads: opt.Threads = None,
 ) -> None:
     """Block keys truncated to N bits: false hits and wrong outputs, vs full SHA-256."""
     _on_engine("tiny-hash", engine)
@@ -250,7 +268,7 @@ def tiny_hash_command(
                      prefix_tokens=prefix_tokens, unique_tokens=unique_tokens, max_tokens=max_tokens,
                      block_size=block_size, seed=seed)
     _experiment(tiny_hash.EXPERIMENT, lambda loaded, tokenizer, progress: tiny_hash.run_tiny_hash(
-        loaded, config, tokenizer, progress), lambda result: [tiny_hash.tiny_hash_table(result)], model, device, out)
+        loaded, config, tokenizer, progress), lambda result: [tiny_hash.tiny_hash_table(result)], model, device, out, threads)
 
 
 def shared_salt_command(
@@ -264,6 +282,7 @@ def shared_salt_command(
     device: Device = "cpu",
     out: Out = None,
     engine: Engine = EngineKind.COPY,
+    threads: opt.Threads = None,
 ) -> None:
     """Tenants without salts: B's TTFT reveals whether its guess of A's prompt was cached."""
     from kvbench.breaks import shared_salt
@@ -272,7 +291,7 @@ def shared_salt_command(
                      max_tokens=max_tokens, alpha=alpha, block_size=block_size, seed=seed, engine=engine)
     _experiment(shared_salt.EXPERIMENT, lambda loaded, tokenizer, progress: shared_salt.run_shared_salt(
         loaded, config, tokenizer, progress), lambda result: [shared_salt.shared_salt_table(result)],
-        model, device, out)
+        model, device, out, threads)
 
 
 def register(app: typer.Typer) -> None:

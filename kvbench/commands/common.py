@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -83,23 +85,87 @@ def plain_progress(console: Console, update: Callable[[list[dict[str, Any]], int
     return plain
 
 
-def run_with_progress(body: Callable[[Callable[[list[dict[str, Any]], int], None]], T],
-                      on_interrupt: Callable[[Any], None] | None = None, threads: int | None = None) -> T:
-    """Run ``body(on_progress)`` under a live progress line on stderr; SIGTERM acts as Ctrl-C. On a
-    :class:`kvbench.run.execute.RunInterrupted`, ``on_interrupt(it)`` runs before it propagates
-    (the CLI prints its one line and exits 130). ``threads``: torch's intra-op threads meanwhile
-    (``--threads``; :func:`kvbench.engine.threads.torch_threads`)."""
-    from kvbench.engine.threads import torch_threads
+def progress_every_s() -> float:
+    """Seconds between plain progress lines and heartbeats outside a terminal: ``KVBENCH_PROGRESS_EVERY_S``
+    (for tests and impatient logs; > 0) or :data:`PLAIN_PROGRESS_EVERY_S`."""
+    try:
+        value = float(os.environ.get("KVBENCH_PROGRESS_EVERY_S", PLAIN_PROGRESS_EVERY_S))
+    except ValueError:
+        return PLAIN_PROGRESS_EVERY_S
+    return value if value > 0 else PLAIN_PROGRESS_EVERY_S
+
+
+def status_printer(console: Console) -> Callable[[str], None]:
+    """A library's ``on_status(line)``: the line on ``console`` at once, flushed (a pipe or a file gets
+    it when it happens, not when the command ends; issue 30 item 6)."""
+
+    def say(line: str) -> None:
+        console.print(line, soft_wrap=True, highlight=False)
+        console.file.flush()
+
+    return say
+
+
+class Heartbeat:
+    """Outside a terminal, a timer thread prints one line every ``every_s`` seconds while nothing else
+    tells the reader the command is alive: ``working: 1m00s, TEXT`` (``TEXT`` from :meth:`set`; before
+    any, "no request finished yet"). In a terminal it prints nothing (the live bar shows the time)."""
+
+    def __init__(self, console: Console, every_s: float | None = None) -> None:
+        self.console, self.every_s = console, progress_every_s() if every_s is None else every_s
+        self.text = "no request finished yet"
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="kvbench-heartbeat", daemon=True)
+
+    def set(self, text: str) -> None:
+        self.text = text
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _beat(self) -> None:
+        started_s = time.monotonic()
+        while not self._stopped.wait(self.every_s):
+            elapsed = int(time.monotonic() - started_s)
+            status_printer(self.console)(f"working: {elapsed // 60}m{elapsed % 60:02d}s, {self.text}")
+
+    def __enter__(self) -> "Heartbeat":
+        if not self.console.is_terminal:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+
+def run_with_progress(body: Callable[[Callable[[list[dict[str, Any]], int], None], Callable[[str], None]], T],
+                      on_interrupt: Callable[[Any], None] | None = None) -> T:
+    """Run ``body(on_progress, on_status)`` under a live progress line on stderr; SIGTERM acts as Ctrl-C.
+    ``on_status`` prints a status line at once (:func:`status_printer`). Outside a terminal, a
+    :class:`Heartbeat` until the first request finishes, then a plain progress line every
+    :func:`progress_every_s`. On a :class:`kvbench.run.execute.RunInterrupted`, ``on_interrupt(it)``
+    runs before it propagates (the CLI prints its one line and exits 130)."""
     from kvbench.results.writer import progress_line
     from kvbench.run.execute import RunInterrupted
 
     err = make_console(stderr=True)
-    with torch_threads(threads), progress_line(err) as update, sigterm_as_interrupt():
+    with progress_line(err) as update, sigterm_as_interrupt(), Heartbeat(err) as heartbeat:
         if not err.is_terminal:
-            update = plain_progress(err, update)
+            update = _after_first(heartbeat.stop, plain_progress(err, update, progress_every_s()))
         try:
-            return body(update)
+            return body(update, status_printer(err))
         except RunInterrupted as interrupted:
             if on_interrupt is not None:
                 on_interrupt(interrupted)
             raise
+
+
+def _after_first(first: Callable[[], None], update: Callable[[list[dict[str, Any]], int], None]
+                 ) -> Callable[[list[dict[str, Any]], int], None]:
+    """``update``, calling ``first()`` before it every time (stopping a heartbeat is idempotent)."""
+
+    def both(rows: list[dict[str, Any]], total: int) -> None:
+        first()
+        update(rows, total)
+
+    return both

@@ -34,5 +34,5 @@ TurnsOption = Annotated[TurnMode | None, typer.Option(
     "--turns", help="scripted = a multi-turn trace's own assistant text (default); live = each real reply fed into the session's next turn.")]
 PreflightOption = Annotated[bool, typer.Option(
     "--preflight/--no-preflight", help="openai: check server, model, streaming, cached_tokens and cache_salt first.")]
-Threads = Annotated[int | None, typer.Option(help="Torch intra-op threads (default: torch's, one per core); "
-                                             "fewer on a busy machine.")]
+Threads = Annotated[int | None, typer.Option(help="Torch intra-op threads (default: the usable cores left free by the "
+                                             "load at start, at least 1, at most torch's one per core).")]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -11,7 +12,7 @@ from rich.table import Table
 
 from kvbench.commands.signature import in_panel
 from kvbench.words import counted
-from kvbench.commands.common import build, make_console, sigterm_as_interrupt
+from kvbench.commands.common import Heartbeat, build, make_console, sigterm_as_interrupt, status_printer
 from kvbench.commands.options import CacheKindOption, Requests, Source
 from kvbench.errors import InputError, Interrupted
 from kvbench.results.parquet import check_output_path, write_rows
@@ -77,6 +78,24 @@ def _options(factory) -> RouterOptions:
     except ValueError as exc:
         field, _, problem = str(exc).partition(" ")
         raise InputError(f"{_FLAGS.get(field, field)}: {problem}") from None
+
+
+def _compare(trace, config: ClusterConfig, policies, options: RouterOptions,
+             on_policy: Callable[[PolicyResult], None]) -> list[PolicyResult]:
+    """:func:`compare_policies` under a spinner, ``on_policy`` after each policy; outside a terminal, a
+    status line as each policy finishes and a :class:`Heartbeat` meanwhile (issue 30 item 6)."""
+    err = make_console(stderr=True)
+    say = status_printer(err)
+    finished: list[str] = []
+    with err.status("routing"), Heartbeat(err) as heartbeat:
+        def done(result: PolicyResult) -> None:
+            on_policy(result)
+            finished.append(result.policy)
+            heartbeat.set(f"{len(finished)} of {len(policies)} policies routed")
+            if not err.is_terminal:
+                say(f"routed: {result.policy} ({len(finished)} of {len(policies)} policies)")
+
+        return compare_policies(trace, config, policies, options, progress=done)
 
 
 def route(
@@ -157,8 +176,7 @@ def _route_all(trace, config: ClusterConfig, policies: list[PolicyName], options
 
     with sigterm_as_interrupt():
         try:
-            with make_console(stderr=True).status("routing"):
-                return compare_policies(trace, config, policies, options, progress=checkpoint)
+            return _compare(trace, config, policies, options, checkpoint)
         except KeyboardInterrupt:
             cut = policies[len(done)].value if len(done) < len(policies) else None
             kept = (f"kept {len(done)} finished policies ({', '.join(r.policy for r in done)}) in "

@@ -36,7 +36,7 @@ def run(source: opt.Source, **flags: Any) -> None:
     results = res.result_flags(f.metric_percentiles, f.percentile_metrics, f.goodput, f.save_result, f.result_dir,
                                f.result_filename, f.save_detailed, f.asserts, f.max_error_rate)
     config = build(lambda: RunConfig(
-        source, f.backend or load_backend(source), ModelFlags(f.model, f.device, f.dtype),
+        source, f.backend or load_backend(source), ModelFlags(f.model, f.device, f.dtype, f.threads),
         CacheFlags(f.cache and f.cache.value, f.cache_kind, f.block_size, f.cache_size, f.ttl, f.release, f.hash_algo, f.hash_bits,
                    f.verify, f.prompt_only or None),
         RunFlags(f.requests, f.concurrency, f.warmup, f.max_tokens, f.ignore_eos, f.temperature, f.top_p, f.seed),
@@ -45,7 +45,7 @@ def run(source: opt.Source, **flags: Any) -> None:
                       f.time_scale, f.preflight, f.turns, client=f.client),
         f.salt, f.out, results.summary,
         engine=EngineFlags(f.engine, f.max_num_seqs, f.max_num_batched_tokens, f.batch_invariant, f.host_tier)))
-    outcome = run_with_progress(lambda on_progress: run_file(config, on_progress), threads=f.threads,
+    outcome = run_with_progress(lambda on_progress, on_status: run_file(config, on_progress, on_status),
                                 on_interrupt=print_kept)
     show_outcome(outcome)
     res.finish_run(outcome, results)

@@ -11,7 +11,7 @@ import typer
 from kvbench.commands import options as opt
 from kvbench.commands.choices import CacheSwitch, LogLevel, check_positive
 from kvbench.commands.signature import in_panel
-from kvbench.commands.common import make_console
+from kvbench.commands.common import Heartbeat, make_console, status_printer
 from kvbench.cache.base import CacheConfig, CacheKind, ReleaseOrder
 from kvbench.errors import InputError, checked
 from kvbench.run.config import EngineFlags, EngineKind
@@ -148,8 +148,8 @@ def serve(
     --engine paged concurrent requests are batched (continuous batching over one KV pool)."""
     import uvicorn
 
-    from kvbench.engine.model import ModelConfig, load_model
-    from kvbench.engine.threads import check_threads, torch_threads
+    from kvbench.engine.model import ModelConfig
+    from kvbench.engine.threads import check_threads, chosen_threads
     from kvbench.server.app import create_app
     from kvbench.server.connections import server_config
 
@@ -159,18 +159,29 @@ def serve(
     guards = _guards(host, api_key, max_body_size, tuple(allowed_host or ()))
     limits = _limits(max_connections, header_timeout, keep_alive_timeout)
     sock = bind_socket(host, port)  # before the model loads: a busy port fails at once
-    loaded = load_model(model_config)
-    cache_config = _cache_config(cache.value, cache_kind, block_size, cache_size, ttl, release,
-                                 loaded.kv_layout(block_size).bytes_per_block, prompt_only)
-    engine_flags = checked(lambda: EngineFlags(engine, max_num_seqs, max_num_batched_tokens, host_tier=host_tier))
-    pool = _cache_config("on", cache_kind, block_size, cache_size, ttl, release,
-                         loaded.kv_layout(block_size).bytes_per_block, prompt_only) if engine is EngineKind.PAGED else None
-    service = _service(loaded, model, cache_config, served_model_name or loaded.name, engine_flags, pool)
-    _announce(sock, service.model_name, cache_config)
-    config = server_config(create_app(service, guards, min_cache_tokens), log_level.value, limits)
-    with torch_threads(threads):
+    with chosen_threads(threads, status_printer(make_console(stderr=True))):
+        loaded = _load_announced(model_config)
+        cache_config = _cache_config(cache.value, cache_kind, block_size, cache_size, ttl, release,
+                                     loaded.kv_layout(block_size).bytes_per_block, prompt_only)
+        engine_flags = checked(lambda: EngineFlags(engine, max_num_seqs, max_num_batched_tokens, host_tier=host_tier))
+        pool = _cache_config("on", cache_kind, block_size, cache_size, ttl, release,
+                             loaded.kv_layout(block_size).bytes_per_block, prompt_only) if engine is EngineKind.PAGED else None
+        service = _service(loaded, model, cache_config, served_model_name or loaded.name, engine_flags, pool)
+        _announce(sock, service.model_name, cache_config)
+        config = server_config(create_app(service, guards, min_cache_tokens), log_level.value, limits)
         uvicorn.Server(config).run(sockets=[sock])
 
+
+def _load_announced(model_config):
+    """The model, with a status line before it loads and, outside a terminal, a heartbeat while it does."""
+    from kvbench.engine.model import load_model
+    from kvbench.run.execute import loading_line
+
+    err = make_console(stderr=True)
+    status_printer(err)(loading_line(str(model_config.path) if model_config.path else None, model_config.device))
+    with Heartbeat(err) as heartbeat:
+        heartbeat.set("loading the model")
+        return load_model(model_config)
 
 def register(app: typer.Typer) -> None:
     app.command("serve")(serve)

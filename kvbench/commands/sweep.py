@@ -82,16 +82,20 @@ def sweep(
 
     sizes = tuple(parse_int_list(cache_sizes, "--cache-sizes"))
     config = build(lambda: SweepConfig(
-        source, sizes, ModelFlags(str(model) if model else None, device, dtype), block_size,
+        source, sizes, ModelFlags(str(model) if model else None, device, dtype, threads), block_size,
         RunFlags(num_requests=requests, max_tokens=max_tokens, ignore_eos=ignore_eos), out,
         EngineFlags(engine, max_num_seqs, max_num_batched_tokens, batch_invariant), repeats, cache_kind))
-    console, err = make_console(), make_console(stderr=True)
-    outcome = run_with_progress(
-        lambda on_progress: sweep_source(config, on_progress, lambda size: err.print(f"cache size {size:,} blocks ...")),
-        on_interrupt=lambda interrupted: _print(console, interrupted.sweep), threads=threads)
+    console = make_console()
+    outcome = run_with_progress(lambda on_progress, say: sweep_source(config, on_progress, _size_line(say), say),
+                                on_interrupt=lambda interrupted: _print(console, interrupted.sweep))
     _print(console, outcome)
     if outcome.failure is not None:  # nothing was measured at any size: a failed sweep, exit 1
         raise KvbenchError(outcome.failure)
+
+
+def _size_line(say):
+    """``on_size``: a status line as each cache size starts."""
+    return lambda size: say(f"cache size {size:,} blocks ...")
 
 
 def _refuse_engine_flags(*given) -> None:
@@ -117,8 +121,8 @@ def _load_sweep(config: LoadSweepConfig) -> None:
 
     console, err = make_console(), make_console(stderr=True)
     label = "concurrency" if config.concurrencies else "request rate"
-    outcome = run_with_progress(lambda on_progress: load_sweep(
-        config, on_progress, lambda value, repeat: err.print(f"{label} {value:g}, run {repeat + 1} of {config.num_runs} ...")),
+    outcome = run_with_progress(lambda on_progress, on_status: load_sweep(
+        config, on_progress, lambda value, repeat: on_status(f"{label} {value:g}, run {repeat + 1} of {config.num_runs} ...")),
         on_interrupt=lambda interrupted: _print_interrupted_load(console, interrupted.sweep))
     console.print(load_points_table(outcome))
     try:

@@ -16,16 +16,13 @@ from typing import Any
 
 import numpy as np
 
+from kvbench.engine.threads import usable_cores
+
 SPREAD_RATIO = 3.0  # warn when identical requests' TTFT p90 / p10 exceeds this
 MIN_IDENTICAL = 5  # ... among at least this many identical requests
 
 
-def usable_cpus() -> int:
-    """CPUs this process may run on (its affinity mask; ``os.cpu_count()`` where there is none)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+usable_cpus = usable_cores  # CPUs this process may run on (its affinity mask); one rule, in engine/threads.py
 
 
 def load_sample() -> dict[str, Any]:

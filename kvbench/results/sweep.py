@@ -48,7 +48,8 @@ SWEEP_SCHEMA = pa.schema([
 ])
 
 
-MIN_MEANINGFUL_POINTS = 3  # two points always sit on a line
+MIN_MEANINGFUL_POINTS = 3  # two points always sit on a line: 2 coefficients leave 0 degrees of freedom
+INTERVAL = "95%, coefficient +- t(0.975, n - 2) x its OLS standard error"  # kvbench.results.ols
 
 
 @dataclass(frozen=True)
@@ -60,12 +61,16 @@ class Fit:
         b_ms: what the uncached prefill adds at hit rate 0 (``a_ms + b_ms`` = full-prefill TTFT).
         r_squared: coefficient of determination, <= 1 (1.0 when every TTFT is equal and the line is flat).
         num_points: points fitted (>= 2).
+        a_se_ms, b_se_ms: the coefficients' OLS standard errors (``None`` with 2 points, or in files
+            written before they were recorded); :attr:`a_ci_ms` / :attr:`b_ci_ms` are the 95% intervals.
     """
 
     a_ms: float
     b_ms: float
     r_squared: float
     num_points: int
+    a_se_ms: float | None = None
+    b_se_ms: float | None = None
 
     def __post_init__(self) -> None:
         if self.num_points < 2:
@@ -75,37 +80,82 @@ class Fit:
         if self.r_squared > 1 + 1e-9:
             raise ValueError(f"r_squared must be <= 1, got {self.r_squared}")
 
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> "Fit":
+        """A fit from :meth:`as_dict` (its derived keys, ``caveats`` and the intervals, are recomputed)."""
+        names = ("a_ms", "b_ms", "r_squared", "num_points", "a_se_ms", "b_se_ms")
+        return cls(**{name: values[name] for name in names if name in values})
+
     def predict_ms(self, hit_rate: float) -> float:
         """The fitted TTFT p50 (ms) at ``hit_rate`` (0..1)."""
         return self.a_ms + self.b_ms * (1.0 - hit_rate)
 
     @property
-    def caveat(self) -> str | None:
-        """Why this line is not a finding, or ``None``: fewer than :data:`MIN_MEANINGFUL_POINTS`
-        points (a line through two points fits them exactly, so R^2 says nothing), or a negative
-        slope (TTFT falling as more of each prompt is computed contradicts prefill cost: the
-        timings are noise, e.g. a loaded machine; issue 18)."""
+    def a_ci_ms(self) -> tuple[float, float] | None:
+        return self._interval(self.a_ms, self.a_se_ms)
+
+    @property
+    def b_ci_ms(self) -> tuple[float, float] | None:
+        return self._interval(self.b_ms, self.b_se_ms)
+
+    def _interval(self, value: float, se: float | None) -> tuple[float, float] | None:
+        from kvbench.results.ols import interval_95
+
+        return interval_95(value, se, self.num_points)
+
+    @property
+    def caveats(self) -> list[str]:
+        """Why this line cannot be a finding (empty when none holds): too few points for its two
+        coefficients (a line through two points fits them exactly, so R^2 says nothing), a negative
+        slope (TTFT falling as more of each prompt is computed contradicts prefill cost), or a
+        negative TTFT anywhere on hit rates [0, 1] (issue 25: ``-1,298.7 ms + 6,056.6 ms x (1 - hit
+        rate)`` reaches 0 ms at hit rate 0.79). The timings are then noise, e.g. a loaded machine."""
+        reasons = []
         if self.num_points < MIN_MEANINGFUL_POINTS:
-            return (f"only {self.num_points} points: a line through {self.num_points} points says nothing "
-                    f"(at least {MIN_MEANINGFUL_POINTS} needed)")
+            reasons.append(f"only {self.num_points} points: a line through {self.num_points} points says nothing "
+                           f"(at least {MIN_MEANINGFUL_POINTS} needed)")
         if self.b_ms < -1e-9 * max(1.0, abs(self.a_ms)):
-            return ("the slope is negative (TTFT falls as the miss rate rises): the timings are noise, "
-                    "not prefill cost; check the machine's load and rerun")
-        return None
+            reasons.append("the slope is negative (TTFT falls as the miss rate rises): the timings are noise, "
+                           "not prefill cost; check the machine's load and rerun")
+        if (negative := self._negative_time()) is not None:
+            reasons.append(negative)
+        return reasons
+
+    def _negative_time(self) -> str | None:
+        """The line's lowest TTFT on hit rates [0, 1] when it is below 0 ms (at hit rate 1 or 0), in words."""
+        low_hit, low_ms = min(((1.0, self.a_ms), (0.0, self.a_ms + self.b_ms)), key=lambda point: point[1])
+        if low_ms >= 0:
+            return None
+        zero_hit = 1.0 + self.a_ms / self.b_ms if self.b_ms != 0 else math.nan
+        crossing = f", 0 ms at hit rate {zero_hit:.2f}" if 0.0 <= zero_hit <= 1.0 else ""
+        return (f"the line gives a negative TTFT ({low_ms:,.1f} ms at hit rate {low_hit:.0f}{crossing}): no time is "
+                f"negative, so the points do not lie on a line of prefill cost; check the machine's load and rerun")
+
+    @property
+    def caveat(self) -> str | None:
+        """:attr:`caveats` as one line, or ``None``."""
+        return "; ".join(self.caveats) or None
 
     def describe(self) -> str:
-        """One line for tables and captions, e.g. ``TTFT p50 = 41.0 ms + 1,250.3 ms x (1 - hit rate), R^2 0.998``;
-        a fit with a :attr:`caveat` says it is not meaningful, and why."""
+        """One line for tables and captions, e.g. ``TTFT p50 = 41.0 ms + 1,250.3 ms x (1 - hit rate), R^2 0.998
+        (5 points); 95% CI a [35.2, 46.8] ms, b [1,201.0, 1,299.6] ms``; a fit with :attr:`caveats` says it
+        is not meaningful, and why."""
         line = (f"TTFT p50 = {self.a_ms:,.1f} ms + {self.b_ms:,.1f} ms x (1 - hit rate), "
                 f"R^2 {self.r_squared:.3f} ({self.num_points} points)")
+        if self.a_ci_ms is not None and self.b_ci_ms is not None:
+            line += (f"; 95% CI a [{self.a_ci_ms[0]:,.1f}, {self.a_ci_ms[1]:,.1f}] ms, "
+                     f"b [{self.b_ci_ms[0]:,.1f}, {self.b_ci_ms[1]:,.1f}] ms")
         return line if self.caveat is None else f"not meaningful: {line}; {self.caveat}"
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The coefficients, their standard errors and 95% intervals (``interval`` says how), and the
+        ``caveats`` (a list of reasons; empty when the line can be true)."""
+        return {**asdict(self), "a_ci_ms": self.a_ci_ms, "b_ci_ms": self.b_ci_ms, "interval": INTERVAL,
+                "caveats": self.caveats}
 
 
 def fit_ttft_vs_miss_rate(hit_rates: Sequence[float], ttft_p50_ms: Sequence[float]) -> Fit:
-    """Fit ``TTFT p50 = a + b x (1 - hit rate)`` by ordinary least squares.
+    """Fit ``TTFT p50 = a + b x (1 - hit rate)`` by ordinary least squares (:func:`kvbench.results.ols.ols_line`).
 
     Args:
         hit_rates: token hit rates, fractions in [0, 1], one per run.
@@ -115,6 +165,8 @@ def fit_ttft_vs_miss_rate(hit_rates: Sequence[float], ttft_p50_ms: Sequence[floa
         ValueError: different lengths, fewer than 2 points, a missing or non-finite value, a hit rate
             outside [0, 1], or fewer than 2 distinct hit rates (the slope is then undefined).
     """
+    from kvbench.results.ols import ols_line
+
     if len(hit_rates) != len(ttft_p50_ms):
         raise ValueError(f"{len(hit_rates)} hit rates but {len(ttft_p50_ms)} TTFT values")
     if any(v is None for v in (*hit_rates, *ttft_p50_ms)):
@@ -127,14 +179,11 @@ def fit_ttft_vs_miss_rate(hit_rates: Sequence[float], ttft_p50_ms: Sequence[floa
         raise ValueError("hit rates and TTFT values must be finite")
     if ((hits < 0) | (hits > 1)).any():
         raise ValueError(f"hit rates must lie in [0, 1], got {hits.tolist()}")
-    miss = 1.0 - hits
-    if np.ptp(miss) == 0:
+    if np.ptp(hits) == 0:
         raise ValueError("a fit needs at least 2 distinct hit rates")
-    slope, intercept = np.polyfit(miss, ttft, 1)
-    residual = float(((ttft - (intercept + slope * miss)) ** 2).sum())
-    total = float(((ttft - ttft.mean()) ** 2).sum())
-    r_squared = 1.0 - residual / total if total > 0 else 1.0
-    return Fit(a_ms=float(intercept), b_ms=float(slope), r_squared=r_squared, num_points=int(hits.size))
+    line = ols_line(1.0 - hits, ttft)
+    return Fit(a_ms=line.intercept, b_ms=line.slope, r_squared=line.r_squared, num_points=line.num_points,
+               a_se_ms=line.intercept_se, b_se_ms=line.slope_se)
 
 
 @dataclass(frozen=True)
@@ -277,7 +326,7 @@ def read_sweep_summary(path: str | Path) -> SweepSummary:
                          f"{metadata.get('command')!r}, expected 'sweep')")
     try:
         points = tuple(_point_from_row(row) for row in pq.read_table(path).to_pylist())
-        fit = Fit(**metadata["fit"]) if metadata.get("fit") else None
+        fit = Fit.from_dict(metadata["fit"]) if metadata.get("fit") else None
         return SweepSummary(points=points, fit=fit, context=metadata.get("sweep") or {},
                             complete=bool(metadata.get("complete", True)))
     except (TypeError, ValueError, KeyError) as exc:

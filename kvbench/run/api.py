@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,8 +25,8 @@ from kvbench.results.parquet import check_output_path
 from kvbench.results.writer import RunWriter
 from kvbench.run.config import BackendKind, EngineKind, RunConfig, TurnMode
 from kvbench.run.engines import engine_metadata, make_engine, predicted_cached_tokens, verify_metadata
-from kvbench.run.execute import (Progress, RunInterrupted, RunOutcome, default_out, execute, new_run_id,
-                                 prepared_requests, run_metadata)
+from kvbench.run.execute import (Progress, RunInterrupted, RunOutcome, OnStatus, default_out, execute, loading_line,
+                                 new_run_id, prepared_requests, run_metadata, status_sink)
 from kvbench.run.kv_memory import kv_memory
 from kvbench.run.load_section import with_load_section
 from kvbench.run.checks import check_against_model, check_cache_size_text, requests_note
@@ -38,13 +39,15 @@ from kvbench.run.cache_sweep import SweepOutcome, sweep  # the engine sweep live
 __all__ = ["RunInterrupted", "RunOutcome", "SweepOutcome", "run", "run_inprocess", "sweep"]
 
 
-def run(config: RunConfig, on_progress: Progress | None = None) -> RunOutcome:
+def run(config: RunConfig, on_progress: Progress | None = None, on_status: OnStatus | None = None) -> RunOutcome:
     """Replay ``config.source`` (a scenario or trace file) on ``config.backend``: the in-process
     engine or an OpenAI-compatible server (``config.server.base_url``). Writes one Parquet row per
     request to ``config.out`` (default ``results/run-NAME-TIME.parquet``) and returns the
     :class:`RunOutcome`: rows, metadata, ``summary`` (TTFT/TPOT/ITL percentiles, hit rate) and, for
     a server, ``reconciliation`` (reported vs expected vs ``/metrics`` cached tokens).
-    ``on_progress(rows_so_far, total)`` is called after every request. (``kvbench.run_scenario``.)
+    ``on_progress(rows_so_far, total)`` is called after every request; ``on_status(line)`` with each
+    status line when it happens (model loading, threads, preflight, server cache; without it they
+    end up in ``outcome.notes``). (``kvbench.run_scenario``.)
 
     Raises:
         InputError: a bad flag, file, model or server answer (one line).
@@ -57,20 +60,34 @@ def run(config: RunConfig, on_progress: Progress | None = None) -> RunOutcome:
     if config.backend is BackendKind.OPENAI:
         from kvbench.run.api_openai import run_openai
 
-        outcome = run_openai(config, on_progress)
+        outcome = run_openai(config, on_progress, on_status)
     elif config.backend is BackendKind.ANTHROPIC:
         from kvbench.run.api_anthropic import run_anthropic
 
-        outcome = run_anthropic(config, on_progress)
+        outcome = run_anthropic(config, on_progress, on_status)
     else:
-        outcome = run_inprocess(config, on_progress)
+        outcome = run_inprocess(config, on_progress, on_status)
     if replacing:
         outcome.notes.append(f"--out {config.out}: replaced the results file that was there")
     return outcome
 
 
-def run_inprocess(config: RunConfig, on_progress: Progress | None = None) -> RunOutcome:
-    """:func:`run` on the in-process engine."""
+def run_inprocess(config: RunConfig, on_progress: Progress | None = None, on_status: OnStatus | None = None) -> RunOutcome:
+    """:func:`run` on the in-process engine, at the torch threads
+    :func:`~kvbench.engine.threads.chosen_threads` picks (``config.model.threads`` wins), recorded
+    in the metadata as ``run.threads``."""
+    from kvbench.engine.threads import chosen_threads
+
+    notes: list[str] = []
+    say = status_sink(on_status, notes)
+    with contextlib.ExitStack() as stack:  # the threads are chosen once the input is checked, kept to the end
+        outcome = _run_inprocess(config, on_progress, say,
+                                 lambda: stack.enter_context(chosen_threads(config.model.threads, say)))
+    outcome.notes[:0] = notes
+    return outcome
+
+
+def _run_inprocess(config: RunConfig, on_progress: Progress | None, say: OnStatus, choose_threads) -> RunOutcome:
     from kvbench.backends.inprocess import InProcessBackend
     from kvbench.engine.engine import SamplingParams
     from kvbench.engine.model import ModelConfig, load_model
@@ -85,6 +102,8 @@ def run_inprocess(config: RunConfig, on_progress: Progress | None = None) -> Run
     requests = prepared_requests(source, settings)
     block_size = config.cache.block_size or source.block_size
     check_cache_size_text(config.cache.cache_size or settings.cache_size)  # all before torch loads the model
+    threads = choose_threads()  # bad input above stays one line: no status line before it
+    say(loading_line(flags.path, flags.device))
     loaded = load_model(model_config)
     check_against_model(requests, block_size, loaded.max_context_tokens)
     capacity = parse_cache_size(config.cache.cache_size or settings.cache_size,
@@ -104,7 +123,7 @@ def run_inprocess(config: RunConfig, on_progress: Progress | None = None) -> Run
     run_id = new_run_id(source.name)
     run_info = {"run_id": run_id, "backend": "inprocess", "model": loaded.name, "cache": cache_metadata(cache),
                 "device": flags.device, "dtype": flags.dtype, "verify": settings.verify,
-                "engine": engine_metadata(config.engine, engine)}
+                "engine": engine_metadata(config.engine, engine), "threads": threads.as_dict()}
     metadata = run_metadata(source, settings, requests, run_info, config.source, load.num_warmup)
     writer = RunWriter(config.out or default_out("run", source.name), metadata, run_id, backend.describe(),
                        config.summary)

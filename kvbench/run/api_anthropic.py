@@ -15,7 +15,7 @@ from kvbench.extras import install_command
 from kvbench.results.writer import RunWriter
 from kvbench.run.api_openai import _load
 from kvbench.run.config import DEFAULT_SERVER_BLOCK_SIZE, DEFAULT_TIMEOUT_S, RunConfig
-from kvbench.run.execute import Progress, RunOutcome, api_key, default_out, execute, new_run_id, prepared_requests, run_metadata
+from kvbench.run.execute import Progress, RunOutcome, OnStatus, api_key, default_out, execute, new_run_id, prepared_requests, run_metadata
 from kvbench.run.setup import run_section
 from kvbench.run.source import load_source
 
@@ -28,14 +28,16 @@ def anthropic_root(url: str) -> str:
     return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
-def run_anthropic(config: RunConfig, on_progress: Progress | None = None) -> RunOutcome:
-    """:func:`kvbench.run.api.run` against an Anthropic Messages endpoint.
+def run_anthropic(config: RunConfig, on_progress: Progress | None = None, on_status: OnStatus | None = None) -> RunOutcome:
+    """:func:`kvbench.run.api.run` against an Anthropic Messages endpoint (no status lines of its own:
+    ``on_status`` is accepted for the one signature).
 
     Raises:
         InputError: no ``--model``, a token-id trace, or a bad flag.
     """
     from kvbench.workloads.tokenizer import load_tokenizer
 
+    del on_status
     try:
         from kvbench.backends.anthropic import AnthropicBackend, AnthropicConfig
     except ModuleNotFoundError as exc:

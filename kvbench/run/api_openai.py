@@ -18,8 +18,8 @@ from kvbench.errors import InputError, checked
 from kvbench.request import NOT_SENT, Request
 from kvbench.results.timeline import replay_lag
 from kvbench.results.writer import RunWriter
-from kvbench.run.execute import (Progress, RunOutcome, api_key, default_out, execute, new_run_id,
-                                 prepared_requests, run_metadata)
+from kvbench.run.execute import (Progress, RunOutcome, OnStatus, api_key, default_out, execute, new_run_id,
+                                 prepared_requests, run_metadata, status_sink)
 from kvbench.run.config import DEFAULT_TIMEOUT_S, RunConfig, TurnMode
 from kvbench.run.checks import requests_note
 from kvbench.run.loop import LoadConfig
@@ -206,14 +206,32 @@ def _backend(client_config, tokenizer, run_salt: str | None, server):
     return RoutedBackend(backends, server.route or "round-robin", client_config.block_size)
 
 
-def run_openai(config: RunConfig, on_progress: Progress | None = None) -> RunOutcome:
-    """:func:`kvbench.run.api.run` against an OpenAI-compatible server."""
+def _server_state(config: RunConfig, urls, key: str, say: OnStatus):
+    """Reset the servers' caches (``--reset-cache``), read their prefix-cache counters and what their
+    ``/metrics`` says of their cache; each line to ``say`` as it is known. Returns (the scrape of each
+    endpoint, server cache)."""
     from kvbench.backends.openai.admin import fetch_metrics, reset_prefix_cache
-    from kvbench.backends.openai.client import OpenAIConfig
     from kvbench.backends.openai.metrics import detect_cache_settings
-    from kvbench.backends.openai.reconcile import reconcile
-    from kvbench.backends.openai.server_cache import resolve_server_cache, server_expectations
+    from kvbench.backends.openai.server_cache import resolve_server_cache
     from kvbench.run.http_metrics import joined, scrape
+
+    server = config.server
+    for url in urls if server.reset_cache else ():
+        say(reset_prefix_cache(url, key)[1])
+    metrics_before = scrape(fetch_metrics, urls, key)
+    server_cache = resolve_server_cache(detect_cache_settings(joined(metrics_before)), server.server_block_size,
+                                        server.expected_cache_size)
+    for line in server_cache.lines():
+        say(line)
+    return metrics_before, server_cache
+
+
+def run_openai(config: RunConfig, on_progress: Progress | None = None, on_status: OnStatus | None = None) -> RunOutcome:
+    """:func:`kvbench.run.api.run` against an OpenAI-compatible server; the preflight's and the
+    server cache's lines go to ``on_status`` when they are known (else to ``outcome.notes``)."""
+    from kvbench.backends.openai.client import OpenAIConfig
+    from kvbench.backends.openai.reconcile import reconcile
+    from kvbench.backends.openai.server_cache import server_expectations
     from kvbench.workloads.tokenizer import load_tokenizer
 
     from kvbench.backends.openai.client import check_base_url
@@ -226,13 +244,13 @@ def run_openai(config: RunConfig, on_progress: Progress | None = None) -> RunOut
     key = api_key(server.key_variable, explicit=server.api_key_env is not None)
     model = served_model(config, key)
     tokenizer, source = with_run_tokenizer(config, model, key, tokenizer, source)
-    config, notes, checks = run_preflight(config, model, key, tokenizer, settings)
+    notes: list[str] = []
+    say = status_sink(on_status, notes)
+    config, preflight_lines, checks = run_preflight(config, model, key, tokenizer, settings)
+    for line in preflight_lines:
+        say(line)
     urls = server.base_urls or (server.url,)
-    notes += [reset_prefix_cache(url, key)[1] for url in urls] if server.reset_cache else []
-    metrics_before = scrape(fetch_metrics, urls, key)
-    server_cache = resolve_server_cache(detect_cache_settings(joined(metrics_before)), server.server_block_size,
-                                        server.expected_cache_size)
-    notes += server_cache.lines()
+    metrics_before, server_cache = _server_state(config, urls, key, say)
     requests, run_salt = apply_hygiene(config, prepared_requests(source, settings), tokenizer)
     expectations = server_expectations(requests, server_cache, settings.ignore_eos)
     requests = [replace(r, expected_cached_tokens=e) for r, e in zip(requests, expectations.expected_cached_tokens)]

@@ -18,6 +18,7 @@ it), and ``min_p50_ttft_ms`` / ``max_p50_ttft_ms`` / ``repeat_p50_ttft_ms`` keep
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from collections.abc import Callable
@@ -31,7 +32,7 @@ from kvbench.results.summary import summarize
 from kvbench.results.writer import RunWriter
 from kvbench.run.config import CacheFlags, SweepConfig
 from kvbench.run.engines import engine_metadata, make_engine, predicted_cached_tokens
-from kvbench.run.execute import Progress, RunInterrupted, execute, prepared_requests
+from kvbench.run.execute import OnStatus, Progress, RunInterrupted, execute, loading_line, prepared_requests, status_sink
 from kvbench.request import Status
 from kvbench.run.kv_memory import kv_memory
 from kvbench.run.loop import LoadConfig
@@ -50,6 +51,7 @@ class SweepOutcome:
     first_errors: dict[int, str] = field(default_factory=dict)  # cache size -> its first failed request's reason
     summary: Any = None
     path: Path | None = None
+    notes: list[str] = field(default_factory=list)  # status lines, when the caller gave no on_status
 
     @property
     def failure(self) -> str | None:
@@ -64,30 +66,47 @@ class SweepOutcome:
 
 
 def sweep(config: SweepConfig, on_progress: Progress | None = None,
-          on_size: Callable[[int], None] | None = None) -> SweepOutcome:
+          on_size: Callable[[int], None] | None = None, on_status: OnStatus | None = None) -> SweepOutcome:
     """Run ``config.source`` on the engine ``config.repeats`` times per cache size (a fresh engine and
     cache each time), write one results file per run and ``sweep.parquet`` with the fit
-    TTFT p50 = a + b x (1 - hit rate) over the points' medians.
+    TTFT p50 = a + b x (1 - hit rate) over the points' medians. Torch's threads are
+    :func:`~kvbench.engine.threads.chosen_threads`'s (``config.model.threads`` wins), recorded as
+    ``sweep.threads`` and in every run file's ``run.threads``; ``on_status(line)`` gets the status
+    lines when they happen (else they go to ``outcome.notes``).
 
     Raises:
         InputError: a bad flag, file or model.
         RunInterrupted: Ctrl-C; the finished sizes are written (a cut size's finished repeats too).
     """
+    from kvbench.engine.threads import chosen_threads
+
+    outcome = SweepOutcome(Path(config.source).stem)
+    say = status_sink(on_status, outcome.notes)
+    with contextlib.ExitStack() as stack:  # the threads are chosen once the input is checked, kept to the end
+        return _sweep(config, on_progress, on_size, say, outcome,
+                      lambda: stack.enter_context(chosen_threads(config.model.threads, say)))
+
+
+def _sweep(config: SweepConfig, on_progress: Progress | None, on_size: Callable[[int], None] | None, say: OnStatus,
+           outcome: SweepOutcome, choose_threads) -> SweepOutcome:
     from kvbench.engine.model import ModelConfig, load_model
     from kvbench.workloads.tokenizer import load_tokenizer
 
     flags = config.model
-    loaded = load_model(checked(lambda: ModelConfig(path=Path(flags.path) if flags.path else None,
-                                                    device=flags.device, dtype=flags.dtype)))
+    model_config = checked(lambda: ModelConfig(path=Path(flags.path) if flags.path else None,
+                                               device=flags.device, dtype=flags.dtype))
     source = load_source(config.source, load_tokenizer(flags.path), limit=config.run.num_requests)
     settings = run_section(source, config.run, CacheFlags(cache="on"))
     requests = prepared_requests(source, settings)
     folder = config.out or Path("results") / f"sweep-{source.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     check_output_path(folder / "sweep.parquet")
-    outcome = SweepOutcome(source.name)
+    threads = choose_threads()  # bad input above stays one line: no status line before it
+    say(loading_line(flags.path, flags.device))
+    loaded = load_model(model_config)
+    outcome.name = source.name
     context = {"scenario": source.name, "source": str(config.source),  # explain re-reads the requests from it
                "backend": "inprocess", "model": loaded.name, "repeats": config.repeats,
-               "engine": config.engine.engine.value,
+               "engine": config.engine.engine.value, "threads": threads.as_dict(),
                "trace": {**source.trace_info, "requests_hash": requests_hash(requests)}}
     runner = _SizeRunner(config, loaded, source, settings, requests, folder, context, on_progress,
                          outcome.first_errors)

@@ -22,6 +22,8 @@ def check_cache_size_text(text: str) -> None:
 
     text = str(text).strip()
     if text.replace("_", "").isdigit():
+        if int(text.replace("_", "")) == 0:  # no model needed to know 0 blocks hold nothing
+            raise InputError("--cache-size 0: holds no block (give a block count >= 1, or bytes: 2GiB)")
         return
     try:
         parse_bytes(text)

@@ -17,6 +17,7 @@ from kvbench.backends.openai.client_kind import ClientKind
 from kvbench.backends.openai.hygiene import Hygiene
 from kvbench.cache.base import CacheKind, ReleaseOrder
 from kvbench.cache.block_hash import HashAlgo
+from kvbench.engine.threads import check_threads
 from kvbench.results.secrets import VARIABLE_NAME
 from kvbench.results.summary import SummaryOptions
 
@@ -69,6 +70,10 @@ class ModelFlags:
     path: str | None = None
     device: str = "cpu"
     dtype: str = "float32"  # fp32 keeps cache-on and cache-off greedy outputs identical
+    threads: int | None = None  # --threads; None: chosen from the usable cores and the load (kvbench.engine.threads)
+
+    def __post_init__(self) -> None:
+        check_threads(self.threads)  # InputError naming --threads
 
 
 class EngineKind(str, Enum):

@@ -30,6 +30,18 @@ from kvbench.run.loop import LoadConfig, Turns, send_requests
 from kvbench.run.source import RunSection, RunSource, limit_requests, requests_hash
 
 Progress = Callable[[list[dict[str, Any]], int], None]  # (rows so far, total requests)
+OnStatus = Callable[[str], None]  # one status line, when it happens (the CLI prints it at once; issue 30 item 6)
+
+
+def status_sink(on_status: OnStatus | None, notes: list[str]) -> OnStatus:
+    """Where a run's status lines go: ``on_status`` (the CLI's, printed when they happen), or, for a
+    caller that gave none, ``notes`` (:attr:`RunOutcome.notes`, read after the run)."""
+    return on_status if on_status is not None else notes.append
+
+
+def loading_line(model_path: str | None, device: str) -> str:
+    """The status line before a model loads (seconds on a CPU, minutes for a large checkpoint)."""
+    return f"loading the model ({model_path or 'the built-in random Llama'}, {device}) ..."
 
 
 @dataclass

@@ -17,7 +17,8 @@ def test_list_describes_every_experiment(kvbench):
 def test_shared_salt_writes_parquet_like_a_run(kvbench, tmp_path, monkeypatch, small_model):
     monkeypatch.setattr("kvbench.engine.model.load_model", lambda config: small_model)  # fast, same path
     out = tmp_path / "salt.parquet"
-    code, stdout, err = kvbench("break", "shared-salt", "--trials", 2, "--prompt-tokens", 16, "--out", out)
+    code, stdout, err = kvbench("break", "shared-salt", "--trials", 2, "--prompt-tokens", 16, "--threads", 1,
+                                "--out", out)
     assert code == 0, err
     assert "verdict" in stdout and f"to {out}" in stdout.replace("\n", "")
     table = pq.read_table(out)
@@ -25,6 +26,8 @@ def test_shared_salt_writes_parquet_like_a_run(kvbench, tmp_path, monkeypatch, s
     assert table.num_rows == 2 * 2 * 3
     metadata = read_metadata(out)
     assert metadata["command"] == "break" and metadata["experiment"] == "shared-salt"
+    assert metadata["threads"]["num_threads"] == 1 and metadata["threads"]["reason"] == "--threads 1"  # issue 25
+    assert "threads: 1 (--threads 1;" in err and "loading the model" in err
 
 
 def test_shared_salt_with_three_trials_is_inconclusive_not_cannot_tell(kvbench, tmp_path, monkeypatch, small_model):

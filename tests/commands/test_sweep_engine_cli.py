@@ -24,7 +24,7 @@ def scenario(tmp_path):
 def test_paged_sweep_has_the_run_columns_and_the_vllm_prediction(kvbench, scenario, tmp_path):
     out = tmp_path / "sweep"
     code, stdout, stderr = kvbench("sweep", scenario, "--cache-sizes", "6,24", "--engine", "paged",
-                                   "--ignore-eos", "--out", out)
+                                   "--ignore-eos", "--threads", "1", "--out", out)
     assert code == 0, stderr
     small, large = read_sweep_summary(out / "sweep.parquet").points
     # A request is 80 prompt + 2 output tokens: 6 pool blocks (running blocks count) hold one, so the
@@ -36,7 +36,10 @@ def test_paged_sweep_has_the_run_columns_and_the_vllm_prediction(kvbench, scenar
         assert [r["cached_prompt_tokens"] for r in rows] == [r["expected_cached_tokens"] for r in rows]
         engine = read_metadata(point.results_path)["run"]["engine"]
         assert engine["kind"] == "paged" and engine["num_pool_blocks"] == point.capacity_blocks
+        assert read_metadata(point.results_path)["run"]["threads"]["reason"] == "--threads 1"
     assert read_metadata(out / "sweep.parquet")["sweep"]["engine"] == "paged"
+    assert read_metadata(out / "sweep.parquet")["sweep"]["threads"]["num_threads"] == 1  # issue 25 part 1
+    assert "threads: 1 (--threads 1;" in stderr
     assert "TTFT p50 =" in stdout
 
 

@@ -38,6 +38,9 @@ def test_route_all_policies_writes_one_row_per_policy(kvbench, scenario, tmp_pat
     assert "8 replicas x 256 blocks of 16 tokens" in stdout  # the middle of [sim] sizes
     table = pq.read_table(out).to_pydict()
     assert table["policy"] == ["round-robin", "random", "least-loaded", "session", "prefix-hash", "cache-aware"]
+    # not a terminal: a status line as each policy finishes (issue 30 item 6), in order
+    assert [line.split()[1] for line in stderr.splitlines() if line.startswith("routed: ")] == table["policy"]
+    assert "routed: cache-aware (6 of 6 policies)" in stderr
     rates = dict(zip(table["policy"], table["token_hit_rate"]))
     assert rates["session"] > 2 * rates["round-robin"] > 0
     assert all(len(r) == 8 for r in table["replica_token_hit_rates"])
