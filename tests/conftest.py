@@ -1,15 +1,9 @@
-import queue
-import re
-import subprocess
-import sys
-import threading
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from kvbench.cli import main
+from serve_process import ServeProcess
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -37,50 +31,6 @@ def kvbench(capsys):
         return code, captured.out, captured.err
 
     return run
-
-
-class ServeProcess:
-    """``python -m kvbench.cli serve --port 0 [serve_args]``; ``url`` waits until it answers /health."""
-
-    def __init__(self, *serve_args: str) -> None:
-        self.process = subprocess.Popen([sys.executable, "-m", "kvbench.cli", "serve", "--port", "0", *serve_args], cwd=REPO,
-                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.lines: queue.Queue[str] = queue.Queue()
-        self.output: list[str] = []
-        threading.Thread(target=self._drain, daemon=True).start()
-        self._url = None
-
-    def _drain(self) -> None:
-        for line in self.process.stdout:
-            self.output.append(line)
-            self.lines.put(line)
-
-    @property
-    def url(self) -> str:
-        deadline = time.monotonic() + 180  # model build on 2 busy cores
-        while self._url is None:
-            try:
-                line = self.lines.get(timeout=max(deadline - time.monotonic(), 0.1))
-            except queue.Empty:
-                raise RuntimeError(f"kvbench serve did not start: {''.join(self.output)}") from None
-            if match := re.search(r"http://127\.0\.0\.1:\d+/v1", line):
-                self._url = match.group(0)
-        while True:
-            try:
-                with urllib.request.urlopen(self._url.removesuffix("/v1") + "/health", timeout=5):
-                    return self._url
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-
-    def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ by tests that need a server of their own, e.g. with guards)."""
 import http.client
 import json
 import threading
-import time
 import urllib.error
 import urllib.request
 
@@ -17,6 +16,7 @@ from kvbench.engine.engine import EngineConfig, HFEngine, SamplingParams
 from kvbench.server.app import create_app
 from kvbench.server.service import EngineService
 from kvbench.workloads.tokenizer import load_tokenizer
+from readiness import thread_ended, wait_until
 
 MODEL = "tiny"
 
@@ -33,11 +33,7 @@ class LiveServer:
                                                     lifespan="off"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            if time.monotonic() > deadline:
-                raise RuntimeError("server did not start")
-            time.sleep(0.02)
+        wait_until(lambda: self.server.started, f"uvicorn on {self.url}", ended=thread_ended(self.thread))
 
     def stop(self) -> None:
         self.server.should_exit = True
@@ -70,6 +66,11 @@ class LiveServer:
     def get(self, path: str) -> tuple[int, str]:
         with urllib.request.urlopen(self.url.removesuffix("/v1") + path, timeout=30) as response:
             return response.status, response.read().decode()
+
+
+def wait_until_idle(engine) -> None:
+    """Wait until the paged ``engine``'s scheduler has no work left (requests finished or stopped)."""
+    wait_until(lambda: not engine.scheduler.has_work, "the paged engine going idle")
 
 
 def tiny_service(loaded, capacity_blocks: int = 4096) -> EngineService:
