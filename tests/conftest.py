@@ -3,9 +3,16 @@ from pathlib import Path
 import pytest
 
 from kvbench.cli import main
+from kinds import mark_by_kind
 from serve_process import ServeProcess
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own hook deselects by -m
+def pytest_collection_modifyitems(items):
+    """Mark every test ``engine`` / ``server`` / ``slow`` by its fixtures and module (tests/kinds.py)."""
+    mark_by_kind(items)
 
 
 @pytest.fixture(scope="session")

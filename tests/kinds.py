@@ -1,0 +1,107 @@
+"""Every test marked by kind, in one place: ``engine`` (loads the torch model), ``server`` (starts
+``kvbench serve`` or another HTTP server), ``slow`` (> ~5 s on a quiet 2-core machine, or a
+``kvbench serve`` child process). tests/conftest.py calls :func:`mark_by_kind` from
+``pytest_collection_modifyitems``; marks put on by hand stay.
+
+The fast loop is ``pytest -m "not slow"`` (<= 3 min on 2 cores, issue 27); ``pytest`` runs all.
+A test gets a kind from the fixtures it uses (directly or through other fixtures) or from its module
+(or its node id) in the lists below: modules whose tests build a model, start a server or a child
+process in the test body. When a new module does that, add it here; tests/test_kinds.py checks
+that every entry names a file and every test of a kvbench-serve fixture is deselected by "not slow".
+
+Imported by its bare name (tests/ is on ``sys.path`` through tests/conftest.py)."""
+
+import pytest
+
+# A kvbench serve child process: imports torch and builds the default 8-layer model (10-60 s).
+SERVE_FIXTURES = frozenset({"server", "serve_session", "paged_radix_server", "prompt_only_server"})
+# In-process HTTP servers: uvicorn over the tiny model (tests/server), the fake servers (tests/backends).
+HTTP_FIXTURES = frozenset({"live", "paged_live", "two_seq_server", "guarded", "fake_server", "failing_run"})
+# Models: the engine tests' 2-layer one, the tiny one (server, peer, run checks), the breaks' and export's
+# small ones, the default one.
+MODEL_FIXTURES = frozenset({"loaded", "tiny_loaded", "small_model", "default_model"})
+
+# Modules whose tests load the default model in the body, mostly through an in-process `kvbench run`.
+ENGINE_MODULES = frozenset({
+    "tests/breaks/test_break_cli.py",
+    "tests/breaks/test_breaks_paged.py",
+    "tests/commands/test_cli_input_checks.py",
+    "tests/commands/test_explain_cli.py",
+    "tests/commands/test_interrupted_end_metadata.py",
+    "tests/commands/test_memory_cli.py",
+    "tests/commands/test_memory_paged_cli.py",
+    "tests/commands/test_report_engine_cli.py",
+    "tests/commands/test_result_cli.py",
+    "tests/commands/test_run_checks.py",
+    "tests/commands/test_run_cli.py",
+    "tests/commands/test_run_kv_memory.py",
+    "tests/commands/test_run_paged_cli.py",
+    "tests/commands/test_run_paged_verify_cli.py",
+    "tests/commands/test_serve_and_http.py",
+    "tests/commands/test_sweep_cli.py",
+    "tests/commands/test_sweep_engine_cli.py",
+    "tests/engine/paged/test_attention.py",
+    "tests/engine/paged/test_exit_with_work.py",
+    "tests/engine/paged/test_in_flight_prefix.py",
+    "tests/engine/test_model.py",
+    "tests/engine/test_threads.py",
+    "tests/results/test_report.py",
+    "tests/results/test_report_export.py",
+    "tests/test_readme_api.py",
+})
+# Modules that start a server of their own in the body (ServeProcess, LiveServer, FakeServer).
+SERVER_MODULES = frozenset({
+    "tests/backends/test_routed.py",
+    "tests/server/test_fuzz_endpoints.py",
+    "tests/server/test_guards_and_interop.py",
+    "tests/test_core_install.py",
+    "tests/test_readiness.py",
+})
+# Slow for another reason than a kvbench serve fixture (measured; see docs/_incoming/tests.md).
+SLOW_MODULES = frozenset({
+    "tests/test_core_install.py",  # a fresh venv and pip install of the core
+    "tests/test_cli_startup.py",  # interpreter start-up timed in child processes
+    "tests/commands/test_interrupted_end_metadata.py",  # 400-request runs cut by a signal after 10 s
+    "tests/engine/paged/test_exit_with_work.py",  # a child process left with work in flight
+    "tests/results/test_atomic_writes.py::test_sigkill_during_a_write_leaves_only_a_hidden_partial",
+    "tests/commands/test_run_cli.py::test_sigterm_writes_what_was_measured_and_exits_130",
+})
+
+
+def _in(item: pytest.Item, entries: frozenset[str]) -> bool:
+    module = item.nodeid.split("::", 1)[0]
+    return module in entries or item.nodeid.split("[", 1)[0] in entries
+
+
+def kinds_of(item: pytest.Item) -> set[str]:
+    """The kinds of ``item`` ({"engine", "server", "slow"} or fewer), from its fixtures and the lists."""
+    fixtures = set(getattr(item, "fixturenames", ()))
+    kinds = set()
+    if fixtures & MODEL_FIXTURES or _in(item, ENGINE_MODULES):
+        kinds.add("engine")
+    if fixtures & (SERVE_FIXTURES | HTTP_FIXTURES) or _in(item, SERVER_MODULES):
+        kinds.add("server")
+    if fixtures & SERVE_FIXTURES or _in(item, SLOW_MODULES):
+        kinds.add("slow")
+    if fixtures & SERVE_FIXTURES:
+        kinds.add("engine")  # the serve process builds the default model
+    return kinds
+
+
+def xdist_group_of(item: pytest.Item) -> str:
+    """The worker group under ``pytest -n N --dist loadgroup``: every test of the session's kvbench
+    serve on one worker (one serve process in all), the rest by module (module fixtures built once)."""
+    if "serve_session" in getattr(item, "fixturenames", ()):
+        return "kvbench-serve"
+    return item.nodeid.split("::", 1)[0]
+
+
+def mark_by_kind(items: list[pytest.Item]) -> None:
+    """Add the ``engine`` / ``server`` / ``slow`` marks :func:`kinds_of` finds (hand marks stay), and
+    an ``xdist_group`` mark (:func:`xdist_group_of`) where a test has none."""
+    for item in items:
+        present = {mark.name for mark in item.iter_markers()}
+        for kind in sorted(kinds_of(item) - present):
+            item.add_marker(getattr(pytest.mark, kind))
+        if "xdist_group" not in present:
+            item.add_marker(pytest.mark.xdist_group(xdist_group_of(item)))
