@@ -55,6 +55,13 @@ class ServeProcess:
                                    ended=process_ended(self.process), log=self.log)
         return self._url
 
+    def reset_prefix_cache(self) -> None:
+        """``POST /reset_prefix_cache`` (vLLM's endpoint): every cached block dropped, once it answers."""
+        request = urllib.request.Request(self.url.removesuffix("/v1") + "/reset_prefix_cache", data=b"",
+                                         method="POST")
+        with urllib.request.urlopen(request, timeout=60) as response:
+            assert response.status == 200, response.read()
+
     def stop(self) -> None:
         self.process.terminate()
         try:
