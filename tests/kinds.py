@@ -55,22 +55,39 @@ SERVER_MODULES = frozenset({
     "tests/server/test_fuzz_endpoints.py",
     "tests/server/test_guards_and_interop.py",
     "tests/test_core_install.py",
-    "tests/test_readiness.py",
 })
-# Slow for another reason than a kvbench serve fixture (measured; see docs/_incoming/tests.md).
+# Slow for another reason than a kvbench serve fixture: CPU seconds per test measured under
+# `pytest -p rectime` (docs/_incoming/tests.md), here when > ~2 s or a module's many runs add up.
 SLOW_MODULES = frozenset({
     "tests/test_core_install.py",  # a fresh venv and pip install of the core
-    "tests/test_cli_startup.py",  # interpreter start-up timed in child processes
     "tests/commands/test_interrupted_end_metadata.py",  # 400-request runs cut by a signal after 10 s
     "tests/engine/paged/test_exit_with_work.py",  # a child process left with work in flight
     "tests/results/test_atomic_writes.py::test_sigkill_during_a_write_leaves_only_a_hidden_partial",
     "tests/commands/test_run_cli.py::test_sigterm_writes_what_was_measured_and_exits_130",
+    # randomized state machines (hypothesis, 150-300 examples x 40 steps); the contract tests stay fast
+    "tests/cache/test_cache_random.py",  # 8.5 s CPU
+    "tests/cache/test_pool_radix_equivalence.py",  # 5.6 s
+    "tests/cache/test_block_pool.py::TestBlockPoolRandomized",  # 2.0 s
+    # many in-process runs of the default model each; test_run_cli's runs stay in the fast loop
+    "tests/commands/test_run_paged_cli.py",  # 11.5 s CPU (10 tests)
+    "tests/commands/test_run_paged_verify_cli.py",  # 9.5 s
+    "tests/commands/test_memory_paged_cli.py",  # 5.4 s
+    "tests/commands/test_report_engine_cli.py",  # 5.4 s, and a browser
+    "tests/commands/test_sweep_engine_cli.py",  # 5.2 s
+    "tests/commands/test_sweep_cli.py",  # 4.2 s
+    "tests/commands/test_run_kv_memory.py",  # 2.9 s
+    "tests/commands/test_sim_sampled_cli.py",  # 5.7 s (test_sim_cli keeps the sim command in)
+    "tests/breaks/test_breaks_paged.py",  # 4.5 s
+    "tests/breaks/test_views.py",  # 2.1 s
+    "tests/commands/test_live_turns_http.py::test_an_in_process_run_takes_turns_live_too",  # 5.4 s
+    "tests/commands/test_result_cli.py::test_json_gate_pass_and_fail",  # 3.1 s
 })
 
 
 def _in(item: pytest.Item, entries: frozenset[str]) -> bool:
-    module = item.nodeid.split("::", 1)[0]
-    return module in entries or item.nodeid.split("[", 1)[0] in entries
+    """Whether ``item``'s module, or a node id that is ``item``'s or a parent of it, is in ``entries``."""
+    parts = item.nodeid.split("[", 1)[0].split("::")
+    return any("::".join(parts[:end]) in entries for end in range(1, len(parts) + 1))
 
 
 def kinds_of(item: pytest.Item) -> set[str]:
