@@ -105,20 +105,8 @@ def kinds_of(item: pytest.Item) -> set[str]:
     return kinds
 
 
-def xdist_group_of(item: pytest.Item) -> str:
-    """The worker group under ``pytest -n N --dist loadgroup``: every test of the session's kvbench
-    serve on one worker (one serve process in all), the rest by module (module fixtures built once)."""
-    if "serve_session" in getattr(item, "fixturenames", ()):
-        return "kvbench-serve"
-    return item.nodeid.split("::", 1)[0]
-
-
 def mark_by_kind(items: list[pytest.Item]) -> None:
-    """Add the ``engine`` / ``server`` / ``slow`` marks :func:`kinds_of` finds (hand marks stay), and
-    an ``xdist_group`` mark (:func:`xdist_group_of`) where a test has none."""
+    """Add the ``engine`` / ``server`` / ``slow`` marks :func:`kinds_of` finds (hand marks stay)."""
     for item in items:
-        present = {mark.name for mark in item.iter_markers()}
-        for kind in sorted(kinds_of(item) - present):
+        for kind in sorted(kinds_of(item) - {mark.name for mark in item.iter_markers()}):
             item.add_marker(getattr(pytest.mark, kind))
-        if "xdist_group" not in present:
-            item.add_marker(pytest.mark.xdist_group(xdist_group_of(item)))
