@@ -3,7 +3,8 @@
 ``kvbench serve`` child process). tests/conftest.py calls :func:`mark_by_kind` from
 ``pytest_collection_modifyitems``; marks put on by hand stay.
 
-The fast loop is ``pytest -m "not slow"`` (<= 3 min on 2 cores, issue 27); ``pytest`` runs all.
+The fast loop is ``pytest -m "not slow"`` (its target: <= 3 min on a quiet 2-core machine, issue 27);
+``pytest`` runs all.
 A test gets a kind from the fixtures it uses (directly or through other fixtures) or from its module
 (or its node id) in the lists below: modules whose tests build a model, start a server or a child
 process in the test body. When a new module does that, add it here; tests/test_kinds.py checks
@@ -81,6 +82,14 @@ SLOW_MODULES = frozenset({
     "tests/breaks/test_views.py",  # 2.1 s
     "tests/commands/test_live_turns_http.py::test_an_in_process_run_takes_turns_live_too",  # 5.4 s
     "tests/commands/test_result_cli.py::test_json_gate_pass_and_fail",  # 3.1 s
+    # the default 8-layer model through both engines, and whole shipped traces
+    "tests/engine/paged/test_paged_engine.py::test_default_model_outputs_equal_copy_engine_and_cache_off",  # 18 s x2
+    "tests/engine/paged/test_paged_engine.py::test_preemption_by_recompute_keeps_outputs",  # 6.5 s
+    "tests/engine/paged/test_paged_engine.py::test_concurrent_requests_batched_agree_with_serial",  # 5.5 s
+    "tests/engine/paged/test_paged_engine.py::test_concurrent_requests_batch_invariant_are_exact",  # 5.0 s
+    "tests/commands/test_sim_cli.py::test_every_shipped_scenario_loads_by_name_and_from_the_scenarios_link",  # 8.2 s
+    "tests/sim/test_hash_id_trace.py::test_the_mooncake_conversation_trace_reads_the_same",  # 5.7 + 2.0 s
+    "tests/breaks/test_tiny_hash.py::test_few_bits_give_false_hits_and_wrong_outputs_sha256_none",  # 3.2 s
 })
 
 
