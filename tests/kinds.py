@@ -84,6 +84,7 @@ SLOW_MODULES = frozenset({
     "tests/commands/test_result_cli.py::test_json_gate_pass_and_fail",  # 3.1 s
     # the default 8-layer model through both engines, and whole shipped traces
     "tests/engine/paged/test_paged_engine.py::test_default_model_outputs_equal_copy_engine_and_cache_off",  # 18 s x2
+    "tests/engine/paged/test_radix_engine.py::test_default_model_radix_outputs_equal_copy_radix_and_cache_off",  # 23 s
     "tests/engine/paged/test_paged_engine.py::test_preemption_by_recompute_keeps_outputs",  # 6.5 s
     "tests/engine/paged/test_paged_engine.py::test_concurrent_requests_batched_agree_with_serial",  # 5.5 s
     "tests/engine/paged/test_paged_engine.py::test_concurrent_requests_batch_invariant_are_exact",  # 5.0 s
