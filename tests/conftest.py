@@ -1,17 +1,18 @@
-import queue
-import re
-import subprocess
-import sys
-import threading
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from kvbench.cli import main
+from kinds import mark_by_kind
+from serve_process import ServeProcess
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own hook deselects by -m
+def pytest_collection_modifyitems(items):
+    """Mark every test ``engine`` / ``server`` / ``slow`` by its fixtures and module (tests/kinds.py)."""
+    mark_by_kind(items)
 
 
 @pytest.fixture(scope="session")
@@ -23,9 +24,40 @@ def shared_data():
     return path
 
 
+@pytest.fixture(scope="session")
+def tiny_loaded():
+    """A random Llama with cl100k's vocabulary (the tokenizer's ids must be valid), everything else
+    tiny (2 layers, hidden 64): one per session for the server, peer and run-check tests."""
+    from kvbench.engine.model import default_llama_config, random_model
+
+    return random_model(default_llama_config(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                             num_attention_heads=4, num_key_value_heads=2, head_dim=16))
+
+
+@pytest.fixture(scope="session")
+def default_model_once():
+    """``load_model`` that builds the default random model (no ``--model``) once per session and hands
+    the same one to every in-process run: its weights depend only on its config (seed, device, dtype;
+    the key here) and no engine changes them (kvbench/engine/model.py). A checkpoint loads each time."""
+    from kvbench.engine import model
+
+    load, built = model.load_model, {}
+
+    def load_model(config: model.ModelConfig = model.ModelConfig()) -> model.LoadedModel:
+        if config.path is not None:
+            return load(config)
+        if config not in built:
+            built[config] = load(config)
+        return built[config]
+
+    return load_model
+
+
 @pytest.fixture
-def kvbench(capsys):
-    """kvbench(*args) -> (exit_code, stdout, stderr), run in-process through the real entry point."""
+def kvbench(capsys, monkeypatch, default_model_once):
+    """kvbench(*args) -> (exit_code, stdout, stderr), run in-process through the real entry point (the
+    default model built once per session: ``default_model_once``)."""
+    monkeypatch.setattr("kvbench.engine.model.load_model", default_model_once)
 
     def run(*args):
         try:
@@ -39,56 +71,22 @@ def kvbench(capsys):
     return run
 
 
-class ServeProcess:
-    """``python -m kvbench.cli serve --port 0 [serve_args]``; ``url`` waits until it answers /health."""
-
-    def __init__(self, *serve_args: str) -> None:
-        self.process = subprocess.Popen([sys.executable, "-m", "kvbench.cli", "serve", "--port", "0", *serve_args], cwd=REPO,
-                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.lines: queue.Queue[str] = queue.Queue()
-        self.output: list[str] = []
-        threading.Thread(target=self._drain, daemon=True).start()
-        self._url = None
-
-    def _drain(self) -> None:
-        for line in self.process.stdout:
-            self.output.append(line)
-            self.lines.put(line)
-
-    @property
-    def url(self) -> str:
-        deadline = time.monotonic() + 180  # model build on 2 busy cores
-        while self._url is None:
-            try:
-                line = self.lines.get(timeout=max(deadline - time.monotonic(), 0.1))
-            except queue.Empty:
-                raise RuntimeError(f"kvbench serve did not start: {''.join(self.output)}") from None
-            if match := re.search(r"http://127\.0\.0\.1:\d+/v1", line):
-                self._url = match.group(0)
-        while True:
-            try:
-                with urllib.request.urlopen(self._url.removesuffix("/v1") + "/health", timeout=5):
-                    return self._url
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-
-    def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+@pytest.fixture(scope="session")
+def serve_session():
+    """One real ``kvbench serve`` (default model, hash cache) on a free loopback port for the session
+    (for each xdist worker); tests take it through ``server``."""
+    process = ServeProcess()
+    yield process
+    process.stop()
 
 
 @pytest.fixture(scope="module")
-def server():
-    """A real ``kvbench serve`` on a free loopback port (one per test module that asks)."""
-    process = ServeProcess()  # boots while the first test runs the in-process engine
-    yield process
-    process.stop()
+def server(serve_session):
+    """The session's ``kvbench serve`` with its prefix cache emptied (``/reset_prefix_cache``) for each
+    test module that asks: the cache state a server of the module's own had. Its /metrics counters go
+    on from earlier modules, so tests read deltas."""
+    serve_session.reset_prefix_cache()
+    return serve_session
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from readiness import LIMIT_S
 
 REPO = Path(__file__).resolve().parents[1]
 CPU_PIP = "pip install -c constraints-cpu.txt -e"  # the install hint keeps constraints-cpu.txt's CPU torch
@@ -36,7 +37,7 @@ def core(tmp_path_factory):
 
     def run(*args):
         return subprocess.run([sys.executable, "-m", "kvbench.cli", *map(str, args)], cwd=REPO, env=env,
-                              capture_output=True, text=True, timeout=600)
+                              capture_output=True, text=True, timeout=LIMIT_S)
 
     return run
 

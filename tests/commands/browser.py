@@ -3,6 +3,7 @@
 import shutil
 import subprocess
 from pathlib import Path
+from readiness import LIMIT_S
 
 
 def assert_renders_in_chromium(page: Path, tmp_path: Path) -> None:
@@ -12,5 +13,5 @@ def assert_renders_in_chromium(page: Path, tmp_path: Path) -> None:
     if chromium:
         shot = tmp_path / "page.png"
         subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1280,2400",
-                        f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=120, check=True)
+                        f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=LIMIT_S, check=True)
         assert shot.stat().st_size > 50_000

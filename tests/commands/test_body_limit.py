@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from conftest import ServeProcess
+from serve_process import ServeProcess
 from kvbench.backends.openai.body_limit import PROBE_ABOVE_BYTES
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]

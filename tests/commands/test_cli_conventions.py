@@ -9,6 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from kvbench.results.parquet import read_metadata
+from readiness import LIMIT_S
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIO = REPO / "scenarios" / "chat.toml"
@@ -18,7 +19,7 @@ def test_a_bad_range_exits_2_before_torch_is_imported():
     probe = ("import atexit, sys; atexit.register(lambda: print('torch loaded:', 'torch' in sys.modules, "
              "file=sys.stderr)); from kvbench.cli import main; main(['run', sys.argv[1], '--concurrency', '0'])")
     done = subprocess.run([sys.executable, "-c", probe, str(SCENARIO)], cwd=REPO, capture_output=True, text=True,
-                          timeout=120)
+                          timeout=LIMIT_S)
     assert done.returncode == 2, done.stderr
     assert done.stderr.splitlines() == ["error: --concurrency: 0: must be >= 1", "torch loaded: False"]
 

@@ -5,13 +5,13 @@ and a sweep's cut size its ``run.kv_memory`` (``kvbench.run.execute.execute``'s 
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
 from kvbench.results.parquet import read_metadata
 
+from readiness import communicate, process_ended, process_log, wait_until
 from tiny_scenarios import SHARED_PREFIX
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,12 +24,10 @@ def cut(args: list[str], checkpoint: Path, sig: int) -> tuple[int, str, str]:
     10 s into a run, so requests have finished and others are in the engine), and wait."""
     process = subprocess.Popen([sys.executable, "-m", "kvbench.cli", *args], cwd=REPO, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 600  # a loaded machine (2 cores shared) can take minutes to the first checkpoint
-    while not checkpoint.exists() and process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert checkpoint.exists(), "no checkpoint written before the signal"
+    wait_until(checkpoint.exists, "the first checkpoint", ended=process_ended(process),
+               log=process_log(process), poll_s=0.2)  # minutes on a loaded machine
     process.send_signal(sig)
-    stdout, stderr = process.communicate(timeout=300)
+    stdout, stderr = communicate(process)
     return process.returncode, stdout, stderr
 
 

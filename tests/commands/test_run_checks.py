@@ -3,7 +3,6 @@
 import pyarrow.parquet as pq
 import pytest
 
-from kvbench.engine.model import default_llama_config, random_model
 from tiny_scenarios import SHARED_PREFIX
 
 
@@ -12,12 +11,6 @@ def scenario(tmp_path):
     path = tmp_path / "tiny.toml"
     path.write_text(SHARED_PREFIX)
     return path
-
-
-@pytest.fixture(scope="module")
-def small_model():
-    return random_model(default_llama_config(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                             num_attention_heads=4, num_key_value_heads=2, head_dim=16))
 
 
 def no_model(config):
@@ -34,18 +27,18 @@ def test_a_bad_cache_size_is_refused_before_the_model_loads(kvbench, scenario, m
     (("--max-tokens", 100_000), "100,000 exceed the model's context of 8,192 tokens"),
     (("--block-size", 100_000), "--block-size 100000: longer than the model's context"),
 ])
-def test_settings_no_request_can_meet_are_refused_up_front(kvbench, scenario, monkeypatch, small_model, tmp_path,
+def test_settings_no_request_can_meet_are_refused_up_front(kvbench, scenario, monkeypatch, tiny_loaded, tmp_path,
                                                            flags, needle):
     """Was: --max-tokens 100000 failed every request; --block-size 100000 ran with "1 blocks"."""
-    monkeypatch.setattr("kvbench.engine.model.load_model", lambda config: small_model)
+    monkeypatch.setattr("kvbench.engine.model.load_model", lambda config: tiny_loaded)
     out = tmp_path / "never.parquet"
     code, _, err = kvbench("run", scenario, *flags, "--out", out)
     assert code == 2 and needle in err and len(err.strip().splitlines()) == 1 and not out.exists()
 
 
-def test_more_requests_than_the_source_and_a_replaced_out_are_said(kvbench, scenario, monkeypatch, small_model,
+def test_more_requests_than_the_source_and_a_replaced_out_are_said(kvbench, scenario, monkeypatch, tiny_loaded,
                                                                     tmp_path):
-    monkeypatch.setattr("kvbench.engine.model.load_model", lambda config: small_model)
+    monkeypatch.setattr("kvbench.engine.model.load_model", lambda config: tiny_loaded)
     out = tmp_path / "run.parquet"
     out.write_bytes(b"an older run")
     code, _, err = kvbench("run", scenario, "--requests", 99_999_999, "--out", out)

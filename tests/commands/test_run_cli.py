@@ -5,6 +5,7 @@ import pytest
 
 from kvbench.results.parquet import read_metadata
 from kvbench.results.schema import RUN_COLUMNS
+from readiness import communicate, process_ended, process_log, wait_until
 
 from tiny_scenarios import PROMPT_TOKENS, SHARED_BLOCK_TOKENS
 from tiny_scenarios import SHARED_PREFIX as SCENARIO
@@ -112,7 +113,6 @@ def test_sigterm_writes_what_was_measured_and_exits_130(tmp_path):
     import signal
     import subprocess
     import sys
-    import time
     from pathlib import Path
 
     scenario = tmp_path / "long.toml"
@@ -122,11 +122,10 @@ def test_sigterm_writes_what_was_measured_and_exits_130(tmp_path):
     repo = Path(__file__).resolve().parents[2]
     process = subprocess.Popen([sys.executable, "-m", "kvbench.cli", "run", str(scenario), "--out", str(out)],
                                cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 180
-    while not out.exists() and process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.2)  # the first checkpoint is written 10 s into the run
+    wait_until(out.exists, "the first checkpoint (10 s into the run)", ended=process_ended(process),
+               log=process_log(process), poll_s=0.2)
     process.send_signal(signal.SIGTERM)
-    stdout, stderr = process.communicate(timeout=120)
+    stdout, stderr = communicate(process)
     assert process.returncode == 130, stderr
     rows = read_rows(out)
     assert 0 < len(rows) < 400 and read_metadata(out)["complete"] is False

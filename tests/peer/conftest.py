@@ -1,8 +1,8 @@
-"""Small comparisons (the harness's trace kinds, cut down) and a tiny model for the peer's in-process path."""
+"""Small comparisons (the harness's trace kinds, cut down); the peer's in-process path runs on
+``tiny_loaded`` (tests/conftest.py)."""
 
 import pytest
 
-from kvbench.engine.model import default_llama_config, random_model
 from kvbench.peer.comparisons import Comparison, prepare
 from kvbench.workloads.conversations import ChatConfig
 from kvbench.workloads.dists import IntDist
@@ -13,13 +13,6 @@ from kvbench.workloads.tokenizer import load_tokenizer
 @pytest.fixture(scope="session")
 def tokenizer():
     return load_tokenizer()
-
-
-@pytest.fixture(scope="session")
-def tiny_model():
-    """cl100k's vocabulary, everything else tiny."""
-    return random_model(default_llama_config(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                             num_attention_heads=4, num_key_value_heads=2, head_dim=16))
 
 
 @pytest.fixture

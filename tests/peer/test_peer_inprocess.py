@@ -17,8 +17,8 @@ def test_requests_carry_the_servers_salt_and_the_rendered_ids(chat, tokenizer):
         assert request.messages == line.messages and request.max_tokens == line.max_tokens
 
 
-def test_inprocess_replay_hits_the_shared_prefix_and_rows_fit_the_schema(tiny_model, shared):
-    rows = replay_rows(tiny_model, shared, BLOCK, {"run_id": "t", "block_size": BLOCK, "num_gpu_blocks": None})
+def test_inprocess_replay_hits_the_shared_prefix_and_rows_fit_the_schema(tiny_loaded, shared):
+    rows = replay_rows(tiny_loaded, shared, BLOCK, {"run_id": "t", "block_size": BLOCK, "num_gpu_blocks": None})
     assert [r["request_index"] for r in rows] == [0, 1, 2, 3] and all(r["status"] == "ok" for r in rows)
     shared_tokens = min(r.num_tokens for r in shared.requests)
     floor = 100 // BLOCK * BLOCK  # the full blocks of the 100-token system prompt, at least
@@ -31,8 +31,8 @@ def test_inprocess_replay_hits_the_shared_prefix_and_rows_fit_the_schema(tiny_mo
     assert ttft_summary("kvbench-inprocess", rows) is not None
 
 
-def test_chat_turns_hit_their_previous_turns_prompt(tiny_model, chat):
-    rows = replay_rows(tiny_model, chat, BLOCK, {"run_id": "t", "block_size": BLOCK, "num_gpu_blocks": None})
+def test_chat_turns_hit_their_previous_turns_prompt(tiny_loaded, chat):
+    rows = replay_rows(tiny_loaded, chat, BLOCK, {"run_id": "t", "block_size": BLOCK, "num_gpu_blocks": None})
     second_turns = [r for r in rows if r["turn"] == 1]
     assert len(second_turns) == 2 and all(r["cached_tokens_reported"] >= 2 * BLOCK for r in second_turns)
     predicted = predict(chat, num_gpu_blocks=1024, block_size=BLOCK)

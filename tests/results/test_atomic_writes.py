@@ -4,11 +4,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pyarrow.parquet as pq
 
 from kvbench.results.parquet import write_rows
+from readiness import process_ended, wait_until
 
 
 def test_a_stale_partial_from_a_killed_write_is_removed_by_the_next_write(tmp_path):
@@ -26,9 +26,8 @@ def test_sigkill_during_a_write_leaves_only_a_hidden_partial(tmp_path):
             f"[write_rows({str(out)!r}, [{{'x': i, 'text': 'y' * 200}} for i in range(300_000)], {{}}) "
             "for _ in range(50)]")
     process = subprocess.Popen([sys.executable, "-c", code], env={**os.environ})
-    deadline = time.monotonic() + 60
-    while not (tmp_path / ".big.parquet.partial").exists() and time.monotonic() < deadline:
-        time.sleep(0.005)
+    wait_until((tmp_path / ".big.parquet.partial").exists, "a partial file", ended=process_ended(process),
+               poll_s=0.005)
     process.send_signal(signal.SIGKILL)
     process.wait()
     visible = [p.name for p in tmp_path.iterdir() if not p.name.startswith(".")]

@@ -1,23 +1,16 @@
-"""A live ``kvbench serve`` app on a free loopback port, over a tiny random model (fast to build)."""
+"""A live ``kvbench serve`` app on a free loopback port, over the tiny random model (``tiny_loaded``,
+tests/conftest.py: fast to build)."""
 
 import pytest
 
 from kvbench.backends.inprocess import InProcessBackend
 from kvbench.cache.base import CacheConfig
 from kvbench.engine.engine import SamplingParams
-from kvbench.engine.model import default_llama_config, random_model
 from kvbench.server.service import EngineService
 from kvbench.workloads.tokenizer import load_tokenizer
 from live_server import LiveServer, tiny_service
 
 MODEL = "tiny"
-
-
-@pytest.fixture(scope="session")
-def tiny_loaded():
-    """cl100k's vocabulary (the tokenizer's ids must be valid), everything else tiny."""
-    return random_model(default_llama_config(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                             num_attention_heads=4, num_key_value_heads=2, head_dim=16))
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ import http.client
 import json
 import socket
 import threading
-import time
 import urllib.error
 import urllib.request
 
@@ -19,6 +18,7 @@ from kvbench.server.app import create_app
 from kvbench.server.connections import ConnectionLimits, server_config
 from kvbench.server.service import EngineService
 from kvbench.workloads.tokenizer import load_tokenizer
+from readiness import thread_ended, wait_until
 
 MODEL = "tiny"
 
@@ -34,11 +34,7 @@ class LiveServer:
         self.server = uvicorn.Server(server_config(create_app(service, guards), "warning", limits))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            if time.monotonic() > deadline:
-                raise RuntimeError("server did not start")
-            time.sleep(0.02)
+        wait_until(lambda: self.server.started, f"uvicorn on {self.url}", ended=thread_ended(self.thread))
 
     def stop(self) -> None:
         self.server.should_exit = True
@@ -112,6 +108,11 @@ class LiveServer:
     def get(self, path: str) -> tuple[int, str]:
         with urllib.request.urlopen(self.url.removesuffix("/v1") + path, timeout=30) as response:
             return response.status, response.read().decode()
+
+
+def wait_until_idle(engine) -> None:
+    """Wait until the paged ``engine``'s scheduler has no work left (requests finished or stopped)."""
+    wait_until(lambda: not engine.scheduler.has_work, "the paged engine going idle")
 
 
 def tiny_service(loaded, capacity_blocks: int = 4096) -> EngineService:

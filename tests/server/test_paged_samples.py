@@ -15,7 +15,8 @@ from kvbench.engine.engine import SamplingParams
 from kvbench.engine.paged.engine import PagedConfig, PagedEngine
 from kvbench.server.service import EngineService
 from kvbench.workloads.tokenizer import load_tokenizer
-from live_server import LiveServer
+from live_server import LiveServer, wait_until_idle
+from readiness import LIMIT_S
 
 MODEL = "tiny"
 
@@ -92,10 +93,7 @@ def test_a_client_leaving_a_streamed_n_request_frees_every_samples_blocks(paged_
             "ignore_eos": True}
     status, events = server.leave_stream(body, 6)  # the client leaves after a few tokens of each choice
     assert status == 200 and {event["choices"][0]["index"] for event in events} == {0, 1, 2}
-    deadline = time.monotonic() + 60
-    while engine.scheduler.has_work:
-        assert time.monotonic() < deadline, "the samples were never stopped"
-        time.sleep(0.02)
+    wait_until_idle(engine)  # the samples were stopped
     engine.check_invariants()
     assert engine.scheduler.pool.num_used_blocks == 0
 
@@ -129,13 +127,13 @@ def test_running_and_waiting_gauges_are_the_schedulers_under_concurrency(two_seq
     threads = [threading.Thread(target=one, args=(i,)) for i in range(5)]
     for thread in threads:
         thread.start()
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + LIMIT_S
     while any(thread.is_alive() for thread in threads) and time.monotonic() < deadline:
         text = server.get("/metrics")[1]
         seen.append((gauge(text, "num_requests_running"), gauge(text, "num_requests_waiting")))
         time.sleep(0.01)
     for thread in threads:
-        thread.join(timeout=60)
+        thread.join(timeout=LIMIT_S)
     assert max(running for running, _ in seen) == 2  # several at once, never above --max-num-seqs
     assert max(waiting for _, waiting in seen) >= 1
     assert all(running <= 2 and running + waiting <= 5 for running, waiting in seen)

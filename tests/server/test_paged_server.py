@@ -2,21 +2,14 @@
 /metrics counters equal to the per-request usage, a vanished client freeing its blocks."""
 
 import threading
-import time
 import urllib.request
 
 import openai
 
 from kvbench.backends.openai.metrics import parse_prefix_cache_counters
+from live_server import wait_until_idle
 
 MODEL = "tiny"
-
-
-def wait_until_idle(engine, timeout_s=30.0):
-    deadline = time.monotonic() + timeout_s
-    while engine.scheduler.has_work:
-        assert time.monotonic() < deadline, "the engine never went idle"
-        time.sleep(0.02)
 
 
 def test_sixteen_concurrent_clients_are_batched_and_metrics_reconcile(paged_live):

@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvbench.backends.openai.metrics import parse_prefix_cache_counters
 from kvbench.workloads.tokenizer import load_tokenizer
 from kvbench.request import Message
+from readiness import LIMIT_S
 
 MODEL = "tiny"
 PROMPT_IDS = list(range(2000, 2040))  # 40 tokens: (40 - 1) // 16 = 2 blocks = 32 tokens may hit
@@ -169,7 +170,7 @@ def test_one_request_at_a_time_so_concurrent_streams_do_not_overlap(live):
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(timeout=60)
+        thread.join(timeout=LIMIT_S)
     (a_first, a_last), (b_first, b_last) = spans["a"], spans["b"]
     assert a_last <= b_first or b_last <= a_first  # the second waited (queueing shows in its TTFT)
 

@@ -14,6 +14,7 @@ from kvbench.cache.base import CacheConfig
 from kvbench.engine.engine import EngineConfig, HFEngine
 from kvbench.engine.paged.engine import PagedConfig, PagedEngine
 from kvbench.engine.sampling import SamplingParams
+from readiness import LIMIT_S
 
 GREEDY = SamplingParams(max_tokens=5, ignore_eos=True)
 
@@ -30,7 +31,7 @@ def test_a_prompt_longer_than_the_token_budget_is_prefilled_in_chunks(loaded, bu
     engine = PagedEngine(loaded, PagedConfig(CacheConfig(capacity_blocks=64, block_size=16),
                                              max_num_batched_tokens=budget))
     futures = [engine.submit(p, GREEDY) for p in prompts]  # both at once: chunks of two sequences share steps
-    records = [future.result(timeout=300) for future in futures]
+    records = [future.result(timeout=LIMIT_S) for future in futures]
     assert [r.output_token_ids for r in records] == expected
     assert [r.prompt_tokens for r in records] == [150, 90]
     engine.wait_idle()

@@ -9,6 +9,7 @@ leaving with requests in flight).
 import subprocess
 import sys
 import textwrap
+from readiness import LIMIT_S
 
 LEAVE = textwrap.dedent("""
     import time
@@ -31,7 +32,7 @@ LEAVE = textwrap.dedent("""
 
 
 def test_exit_while_the_worker_is_mid_step_is_clean():
-    done = subprocess.run([sys.executable, "-c", LEAVE], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", LEAVE], capture_output=True, text=True, timeout=LIMIT_S)
     assert "terminate called" not in done.stderr
     assert done.returncode == 0, done.stderr[-2000:]
     assert "leaving with 4 requests in flight" in done.stdout

@@ -15,6 +15,7 @@ from kvbench.engine.paged.engine import PagedConfig, PagedEngine
 from kvbench.engine.sampling import SamplingParams
 from kvbench.request import Request, Status
 from kvbench.sim.vllm_pool import VllmPoolConfig, simulate_vllm
+from readiness import LIMIT_S
 
 GREEDY = SamplingParams(max_tokens=6, ignore_eos=True)
 
@@ -157,7 +158,7 @@ def test_on_token_error_and_abort_free_exactly_that_request(loaded):
     slow = engine.submit(prompts[2], SamplingParams(max_tokens=200, ignore_eos=True))
     engine.abort(slow)
     with pytest.raises(BaseException):
-        slow.result(timeout=60)
+        slow.result(timeout=LIMIT_S)
     assert slow.cancelled()
     engine.generate(prompts[2], GREEDY)  # still serving
     assert_clean(engine)

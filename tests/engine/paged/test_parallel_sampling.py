@@ -18,6 +18,7 @@ from kvbench.engine.paged.scheduler import Scheduler, Sequence, SequenceStatus
 from kvbench.engine.sampling import SamplingParams
 from kvbench.memory.sharing import SharingConfig, simulate_parallel_sampling
 from kvbench.request import Status
+from readiness import LIMIT_S
 
 BLOCK = 4
 
@@ -161,7 +162,7 @@ def test_greedy_samples_equal_the_n1_output_with_one_prefill(loaded, prompt_toke
 
     original = engine._forward
     engine._forward = lambda group: (prefill_tokens.append(sum(n for _, n in group)), original(group))[1]
-    records = [f.result(timeout=120) for f in engine.submit_samples(prompt, sampling, n, on_token=on_token)]
+    records = [f.result(timeout=LIMIT_S) for f in engine.submit_samples(prompt, sampling, n, on_token=on_token)]
     assert [r.output_token_ids for r in records] == [alone.output_token_ids] * n
     assert all(r.status is Status.OK and r.prompt_tokens == prompt_tokens for r in records)
     assert prefill_tokens[0] == prompt_tokens and prefill_tokens[1:] == [n] * (len(prefill_tokens) - 1)
@@ -189,8 +190,8 @@ def test_seeded_samples_differ_are_reproducible_and_sample_i_uses_seed_plus_i(lo
     prompt = prompt_ids(37, seed=5)
     sampling = SamplingParams(max_tokens=10, temperature=1.0, seed=7, ignore_eos=True)
     engine = paged(loaded, batch_invariant=True)  # one forward per sequence: exact against n = 1
-    first = [f.result(timeout=120).output_token_ids for f in engine.submit_samples(prompt, sampling, 3)]
-    again = [f.result(timeout=120).output_token_ids for f in engine.submit_samples(prompt, sampling, 3)]
+    first = [f.result(timeout=LIMIT_S).output_token_ids for f in engine.submit_samples(prompt, sampling, 3)]
+    again = [f.result(timeout=LIMIT_S).output_token_ids for f in engine.submit_samples(prompt, sampling, 3)]
     assert first == again and len(set(first)) == 3
     for index, tokens in enumerate(first):
         seeded = SamplingParams(max_tokens=10, temperature=1.0, seed=7 + index, ignore_eos=True)
@@ -202,9 +203,9 @@ def test_aborting_one_sample_frees_its_blocks_and_the_others_finish(loaded):
     engine = paged(loaded)
     futures = engine.submit_samples(prompt_ids(30), SamplingParams(max_tokens=60, ignore_eos=True), 3)
     engine.abort(futures[1])
-    assert futures[0].result(timeout=120).output_tokens == 60 == futures[2].result(timeout=120).output_tokens
+    assert futures[0].result(timeout=LIMIT_S).output_tokens == 60 == futures[2].result(timeout=LIMIT_S).output_tokens
     with pytest.raises(BaseException):
-        futures[1].result(timeout=60)
+        futures[1].result(timeout=LIMIT_S)
     assert futures[1].cancelled()
     assert_clean(engine)
 
@@ -221,7 +222,7 @@ def test_measured_peak_equals_the_sharing_replay(loaded):
     """4 samples of a 40-token prompt (2 full blocks of 16 + 8 tokens), 20 tokens each: the pool's
     peak is what the block-manager replay (kvbench memory sharing) predicts."""
     engine = paged(loaded)
-    records = [f.result(timeout=120) for f in
+    records = [f.result(timeout=LIMIT_S) for f in
                engine.submit_samples(prompt_ids(40), SamplingParams(max_tokens=20, ignore_eos=True), 4)]
     assert all(r.output_tokens == 20 for r in records)
     replay = simulate_parallel_sampling(SharingConfig(40, 20, 4, 16))

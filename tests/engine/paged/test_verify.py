@@ -16,6 +16,7 @@ from kvbench.engine.paged.engine import PagedConfig, PagedEngine
 from kvbench.engine.paged.verify import TIE_TOLERANCE_NATS, compare_logprobs
 from kvbench.engine.sampling import SamplingParams
 from kvbench.request import Request
+from readiness import LIMIT_S, wait_until
 
 GREEDY = SamplingParams(max_tokens=6, ignore_eos=True)
 
@@ -120,14 +121,12 @@ def test_aborting_a_request_whose_check_is_pending_returns_what_was_measured(loa
     short_prompt, long_prompt = prompts(2)
     long = engine.submit(long_prompt, SamplingParams(max_tokens=400, ignore_eos=True))
     short = engine.submit(short_prompt, SamplingParams(max_tokens=3, ignore_eos=True))
-    deadline = time.monotonic() + 120
-    while engine._verifier.num_deferred == 0 and not long.done() and time.monotonic() < deadline:
-        time.sleep(0.001)
+    wait_until(lambda: engine._verifier.num_deferred > 0 or long.done(), "short's check deferred", poll_s=0.001)
     assert not long.done() and not short.done()  # short finished generating; its check waits
     record = engine.abort(short)
     assert record is not None and record.output_tokens == 3 and record.output_matches_reference is None
     assert engine.abort(short) is None  # taken once
-    assert long.result(timeout=300).output_matches_reference is True
+    assert long.result(timeout=LIMIT_S).output_matches_reference is True
     report = engine.verify_report
     assert (report.num_requests, report.totals.num_compared_tokens) == (1, 400)  # only the long one checked
     engine.wait_idle(60)
@@ -153,4 +152,4 @@ def test_a_cancelled_client_keeps_a_finished_request_whose_check_was_pending(loa
 
     record = asyncio.run(cut_after_generation())
     assert not long.done() and record.output_tokens == 3 and record.output_matches_reference is None
-    assert long.result(timeout=300).output_matches_reference is True
+    assert long.result(timeout=LIMIT_S).output_matches_reference is True
