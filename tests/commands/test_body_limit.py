@@ -31,7 +31,7 @@ def test_an_over_long_prompt_is_refused_with_the_servers_413(kvbench, small_limi
     code, _, err = kvbench("run", trace, "--backend", "openai", "--base-url", small_limit_server.url,
                            "--no-preflight", "--max-tokens", "1", "--out", out)
     assert code == 2 and not out.exists()
-    line = " ".join(err.split())
+    line = " ".join(err[err.index("error: "):].split())  # after the status lines (preflight, server cache)
     assert line.startswith("error: request ") and "bytes and the server refuses that size before the run: HTTP 413:" in line
     assert "larger than this server's limit of 131,072 bytes" in line and "reset" not in line
 
