@@ -102,6 +102,8 @@ def _run_inprocess(config: RunConfig, on_progress: Progress | None, say: OnStatu
     requests = prepared_requests(source, settings)
     block_size = config.cache.block_size or source.block_size
     check_cache_size_text(config.cache.cache_size or settings.cache_size)  # all before torch loads the model
+    if settings.cache == "on" or config.engine.engine is EngineKind.PAGED:  # the cache's rules, at a stand-in size
+        cache_config(source.cache, config.cache, 1, block_size)
     threads = choose_threads()  # bad input above stays one line: no status line before it
     say(loading_line(flags.path, flags.device))
     loaded = load_model(model_config)
