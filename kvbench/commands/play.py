@@ -19,16 +19,16 @@ def play(
     watch hits, pins, evictions (tail first) and TTL expiry happen. Needs a terminal: with stdin or
     stdout not a TTY (a pipe, a file, CI) it refuses in one line (exit 2) instead of writing escape
     codes until killed (issue 30.9)."""
+    try:  # the extra first: without it, a terminal would not help
+        from kvbench.play.app import PlayApp
+    except ImportError as exc:
+        raise InputError(f"kvbench play {needs_extra('play', exc)}") from None
     not_tty = [name for name, stream in (("stdin", sys.stdin), ("stdout", sys.stdout))
                if stream is None or not stream.isatty()]
     if not_tty:
         raise InputError(f"kvbench play is an interactive terminal app: {' and '.join(not_tty)} "
                          f"{'is' if len(not_tty) == 1 else 'are'} not a terminal (run it in one, without pipes "
                          "or redirects)")
-    try:
-        from kvbench.play.app import PlayApp
-    except ImportError as exc:
-        raise InputError(f"kvbench play {needs_extra('play', exc)}") from None
     PlayApp(cache_kind).run()
 
 
