@@ -67,6 +67,43 @@ def test_the_checker_sees_function_level_imports(tmp_path):
     assert {"kvbench.commands.run", "kvbench.commands.run.run", "torch"} <= imported_modules(source)
 
 
+ENGINE_CLASSES = frozenset({"HFEngine", "PagedEngine"})
+# Outside this change's folders (issue 26 part 3 works in kvbench/peer/): builds its replay engine
+# directly; it moves to kvbench.engine.factory.make_engine when that work is merged.
+ENGINE_CLASS_USERS_TO_MOVE = frozenset({"kvbench/peer/inprocess.py"})
+
+
+def engine_type_uses(path: Path) -> list[str]:
+    """Where ``path`` imports an engine class or asks ``isinstance(x, <engine class>)`` (DESIGN.md: code
+    outside engine/ never asks which engine it holds; it builds one with ``make_engine``)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("kvbench.engine"):
+            found += [f"{node.lineno}: imports {alias.name}" for alias in node.names if alias.name in ENGINE_CLASSES]
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance" and len(node.args) == 2:
+            kinds = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
+            named = {getattr(kind, "id", None) or getattr(kind, "attr", None) for kind in kinds}
+            found += [f"{node.lineno}: isinstance(..., {name})" for name in sorted(named & ENGINE_CLASSES)]
+    return found
+
+
+def test_no_module_outside_engine_asks_which_engine_it_holds():
+    problems = [f"{path.relative_to(REPO)}:{use}" for path in SOURCES
+                if not path.relative_to(PACKAGE).parts[0] == "engine"
+                and str(path.relative_to(REPO)) not in ENGINE_CLASS_USERS_TO_MOVE
+                for use in engine_type_uses(path)]
+    assert problems == []
+
+
+def test_the_engine_type_check_sees_isinstance_and_imports(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text("from kvbench.engine.paged.engine import PagedEngine\nimport kvbench.engine.engine as e\n"
+                      "def f(x):\n    return isinstance(x, (int, e.HFEngine)) or isinstance(x, PagedEngine)\n"
+                      "from kvbench.engine.factory import make_engine\n")
+    assert engine_type_uses(source) == ["1: imports PagedEngine", "4: isinstance(..., HFEngine)",
+                                        "4: isinstance(..., PagedEngine)"]
+
+
 def function_lengths(path: Path):
     tree = ast.parse(path.read_text(encoding="utf-8"))
     for node in ast.walk(tree):

@@ -25,7 +25,7 @@ from rich.table import Table
 
 from kvbench.backends.inprocess import InProcessBackend
 from kvbench.cache.base import CacheConfig
-from kvbench.engine.engine import HFEngine
+from kvbench.engine.factory import make_engine
 from kvbench.engine.sampling import SamplingParams
 from kvbench.engine.model import LoadedModel
 from kvbench.request import Request, RequestRecord
@@ -36,7 +36,7 @@ from kvbench.results.schema import RUN_SCHEMA
 from kvbench.results.summary import RunSummary, summarize
 from kvbench.results.writer import CHECKPOINT_EVERY_S
 from kvbench.run.config import EngineFlags, EngineKind
-from kvbench.run.engines import make_engine, predicted_cached_tokens
+from kvbench.run.engines import build_backend, predicted_cached_tokens
 from kvbench.run.loop import run_requests
 
 Progress = Callable[[str, int, int], None]  # (what is running, requests done, requests in total)
@@ -167,16 +167,19 @@ class VariantRun:
         return [row[name] for row in self.rows]
 
 
-def variant_engine(loaded: LoadedModel, cache: CacheConfig, engine: EngineKind = EngineKind.COPY):
-    """The engine a variant runs on (``--engine``, :func:`kvbench.run.engines.make_engine`): ``copy``, an
-    :class:`HFEngine` over ``cache``; ``paged``, a :class:`~kvbench.engine.paged.engine.PagedEngine` whose
-    pool is ``cache`` (running and cached blocks together, as vLLM's, so while a request runs its own
-    blocks take room that the copy engine's cache of the same size would use for other prefixes).
+def variant_backend(loaded: LoadedModel, cache: CacheConfig | None, engine: EngineKind = EngineKind.COPY,
+                    store_views: bool = False) -> InProcessBackend:
+    """The engine a variant runs on behind its backend (``--engine``, :func:`kvbench.run.engines.build_backend`),
+    greedy with EOS ignored: ``copy``, the copy engine over ``cache`` (``None``: cache off;
+    ``store_views``: the views break's memory bug); ``paged``, the paged engine whose pool is ``cache``
+    (running and cached blocks together, as vLLM's, so while a request runs its own blocks take room
+    that the copy engine's cache of the same size would use for other prefixes).
 
     Raises:
         InputError: a cache setting the paged engine does not implement (one line naming it).
     """
-    return make_engine(loaded, EngineFlags(engine), cache, True, False, "")
+    return build_backend(loaded, EngineFlags(engine), cache, sampling=SamplingParams(ignore_eos=True),
+                         store_views=store_views)
 
 
 def variant_predictions(requests: Sequence[Request], cache: CacheConfig,
@@ -186,14 +189,14 @@ def variant_predictions(requests: Sequence[Request], cache: CacheConfig,
     return predicted_cached_tokens(requests, EngineFlags(engine), cache, 1, True)
 
 
-def run_variant(engine: HFEngine, requests: Sequence[Request], experiment: str, variant: str,
+def run_variant(backend: InProcessBackend, requests: Sequence[Request], experiment: str, variant: str,
                 hook: ResultHook | None = None, progress: Progress | None = None) -> VariantRun:
-    """Serve ``requests`` in order on ``engine`` (concurrency 1, greedy, exactly ``max_tokens`` each).
+    """Serve ``requests`` in order on ``backend`` (:func:`variant_backend`: concurrency 1, greedy,
+    exactly ``max_tokens`` each).
 
     ``hook(request, record)`` runs right after each request, before the next one starts (the
     moment to measure memory or inspect the cache); its dict is merged into that request's row.
     """
-    backend = InProcessBackend(engine, SamplingParams(max_tokens=1, ignore_eos=True), engine.loaded.name)
     columns = backend.describe()
     run = VariantRun(variant)
     run_id = f"break-{experiment}-{variant}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -238,7 +241,7 @@ def warm_up(loaded: LoadedModel, num_tokens: int = 32) -> None:
     """Serve one throwaway request (cache off) so that the first measured TTFT does not include
     torch's one-time start-up (kernel selection, allocator growth)."""
     ids = np.arange(1000, 1000 + num_tokens) % loaded.vocab_size
-    HFEngine(loaded).generate(ids, SamplingParams(max_tokens=2, ignore_eos=True))
+    make_engine(loaded).generate(ids, SamplingParams(max_tokens=2, ignore_eos=True))
 
 
 # ---------------------------------------------------------------- formatting

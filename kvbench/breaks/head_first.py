@@ -26,7 +26,7 @@ from rich.table import Table
 
 from kvbench.breaks.common import (
     ParquetTable, Progress, VariantRun, break_schema, format_ms, format_rate, run_variant,
-    token_run_requests, variant_engine, variant_predictions, verdict_table,
+    token_run_requests, variant_backend, variant_predictions, verdict_table,
 )
 from kvbench.cache.base import CacheConfig, ReleaseOrder
 from kvbench.run.config import EngineKind
@@ -191,13 +191,13 @@ def _engine_runs(loaded: LoadedModel, scenario: Scenario, capacity_blocks: int, 
         cache = CacheConfig(capacity_blocks, block_size, release_order=order, hash=scenario.cache.hash)
         predicted = variant_predictions(requests, cache, config.engine)  # the engine's budgets: its output blocks
         ordered = [replace(r, expected_cached_tokens=p) for r, p in zip(requests, predicted)]
-        engine = variant_engine(loaded, cache, config.engine)
+        backend = variant_backend(loaded, cache, config.engine)
 
         def hook(request, result, order=order):
             return {"scenario": scenario.name, "release_order": order.value,
                     "repeat_request": bool(ideal[request.index] > 0)}
 
-        runs.append(run_variant(engine, ordered, EXPERIMENT, order.value, hook, progress))
+        runs.append(run_variant(backend, ordered, EXPERIMENT, order.value, hook, progress))
     return runs
 
 

@@ -26,7 +26,7 @@ import pyarrow as pa
 from rich.table import Table
 
 from kvbench.breaks.common import (
-    ParquetTable, Progress, VariantRun, break_schema, format_ms, run_variant, variant_engine,
+    ParquetTable, Progress, VariantRun, break_schema, format_ms, run_variant, variant_backend,
     verdict_table, warm_up,
 )
 from kvbench.breaks.rank_test import (
@@ -223,13 +223,13 @@ def run_shared_salt(loaded: LoadedModel, config: SharedSaltConfig = SharedSaltCo
     runs = []
     for variant, salts in SALTS.items():
         requests, steps = trial_requests(prompts, config.num_trials, salts, config.seed)
-        engine = variant_engine(loaded, CacheConfig(capacity, config.block_size), config.engine)
+        backend = variant_backend(loaded, CacheConfig(capacity, config.block_size), config.engine)
 
         def hook(request, result, steps=steps):
             step = steps[request.index]
             return {"tenant": step.tenant, "probe": step.probe, "trial": step.trial}
 
-        runs.append(run_variant(engine, requests, EXPERIMENT, variant, hook, progress))
+        runs.append(run_variant(backend, requests, EXPERIMENT, variant, hook, progress))
     return SharedSaltResult(config, runs)
 
 

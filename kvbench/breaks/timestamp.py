@@ -24,7 +24,7 @@ import pyarrow as pa
 from rich.table import Table
 
 from kvbench.breaks.common import (
-    ParquetTable, Progress, VariantRun, break_schema, format_ms, format_rate, run_variant, variant_engine,
+    ParquetTable, Progress, VariantRun, break_schema, format_ms, format_rate, run_variant, variant_backend,
     verdict_table,
 )
 from kvbench.cache.base import CacheConfig
@@ -147,7 +147,7 @@ def run_timestamp(loaded: LoadedModel, config: TimestampConfig = TimestampConfig
         requests = trace_requests(trace, tokenizer)
         # Room for every block of every request: only the header may cost hits, never capacity.
         capacity = unbounded_capacity_blocks((r.num_tokens for r in requests), config.block_size)
-        engine = variant_engine(loaded, CacheConfig(capacity, config.block_size), config.engine)
+        backend = variant_backend(loaded, CacheConfig(capacity, config.block_size), config.engine)
         previous: list[np.ndarray] = []
 
         def hook(request, result, placement=placement, previous=previous):
@@ -155,7 +155,7 @@ def run_timestamp(loaded: LoadedModel, config: TimestampConfig = TimestampConfig
             previous.append(request.token_ids)
             return {"header_placement": placement.value, "first_difference_token": difference}
 
-        run = run_variant(engine, requests, EXPERIMENT, placement.value, hook, progress)
+        run = run_variant(backend, requests, EXPERIMENT, placement.value, hook, progress)
         variants.append(TimestampVariant(placement, run, run.rows[1]["first_difference_token"],
                                          config.block_size))
     return TimestampResult(config, variants)

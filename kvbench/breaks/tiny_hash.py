@@ -29,11 +29,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from kvbench.breaks.common import (
-    ParquetTable, Progress, VariantRun, break_schema, run_variant, verdict_table,
+    ParquetTable, Progress, VariantRun, break_schema, run_variant, variant_backend, verdict_table,
 )
 from kvbench.cache.block_hash import BlockHash, BlockHasher, HashConfig
 from kvbench.cache.base import CacheConfig, make_cache
-from kvbench.engine.engine import EngineConfig, HFEngine
 from kvbench.engine.model import LoadedModel
 from kvbench.sim.bounds import unbounded_capacity_blocks
 from kvbench.workloads.formats.kvbench_trace_reader import trace_requests
@@ -209,7 +208,7 @@ def run_tiny_hash(loaded: LoadedModel, config: TinyHashConfig = TinyHashConfig()
         num_requests=config.num_requests, max_tokens=config.max_tokens, seed=config.seed), tokenizer)
     requests = trace_requests(trace, tokenizer)
     capacity = unbounded_capacity_blocks((r.num_tokens for r in requests), config.block_size)  # never evicts
-    reference = run_variant(HFEngine(loaded), requests, EXPERIMENT, "cache-off", progress=progress)
+    reference = run_variant(variant_backend(loaded, None), requests, EXPERIMENT, "cache-off", progress=progress)
     reference_ids = [list(result.output_token_ids) for result in reference.results]
     for row, ids in zip(reference.rows, reference_ids):
         row.update(output_token_ids=ids, reference_output_token_ids=ids, output_matches_reference=True)
@@ -229,7 +228,7 @@ def run_tiny_hash(loaded: LoadedModel, config: TinyHashConfig = TinyHashConfig()
                     "output_matches_reference": list(result.output_token_ids) == expected}
 
         variant = "sha256" if hash_bits is None else f"{hash_bits}-bit"
-        runs.append(run_variant(HFEngine(loaded, EngineConfig(cache=cache)), requests, EXPERIMENT, variant,
+        runs.append(run_variant(variant_backend(loaded, cache), requests, EXPERIMENT, variant,
                                 hook, progress))
     return TinyHashResult(config, reference, runs, tokenizer)
 

@@ -29,11 +29,11 @@ import pyarrow as pa
 from rich.table import Table
 
 from kvbench.breaks.common import (
-    ParquetTable, Progress, VariantRun, break_schema, format_mib, run_variant,
+    ParquetTable, Progress, VariantRun, break_schema, format_mib, run_variant, variant_backend,
     verdict_table,
 )
 from kvbench.cache.base import CacheConfig
-from kvbench.engine.engine import EngineConfig, HFEngine
+from kvbench.engine.factory import make_engine
 from kvbench.engine.kv import capacity_blocks_for_bytes
 from kvbench.engine.sampling import SamplingParams
 from kvbench.engine.model import LoadedModel
@@ -134,12 +134,12 @@ def run_views(loaded: LoadedModel, config: ViewsConfig = ViewsConfig(), tokenize
     process = psutil.Process()
     # One request of the same shape, cache off: the allocator's growth for prefill activations is
     # then paid before the first variant's "RSS before", not counted as that variant's KV.
-    HFEngine(loaded).generate(requests[0].token_ids, SamplingParams(max_tokens=config.max_tokens, ignore_eos=True))
+    make_engine(loaded).generate(requests[0].token_ids, SamplingParams(max_tokens=config.max_tokens, ignore_eos=True))
     runs = []
     for variant in VARIANTS:
         gc.collect()  # the previous variant's engine and its KV are gone before this one starts
-        engine = HFEngine(loaded, EngineConfig(cache=CacheConfig(capacity, config.block_size),
-                                               store_views=variant == "views"))
+        backend = variant_backend(loaded, CacheConfig(capacity, config.block_size), store_views=variant == "views")
+        engine = backend.engine
         rss_before = process.memory_info().rss
 
         def hook(request, result, engine=engine, rss_before=rss_before):
@@ -147,8 +147,9 @@ def run_views(loaded: LoadedModel, config: ViewsConfig = ViewsConfig(), tokenize
                     "held_kv_bytes": engine.held_kv_bytes(), "rss_bytes": process.memory_info().rss,
                     "rss_before_bytes": rss_before}
 
-        runs.append(run_variant(engine, requests, EXPERIMENT, variant, hook, progress))
-        del engine, hook
+        runs.append(run_variant(backend, requests, EXPERIMENT, variant, hook, progress))
+        engine.wait_idle()  # its worker thread has let go of it: the next variant starts without this KV
+        del backend, engine, hook
     return ViewsResult(config, configured, runs)
 
 

@@ -102,15 +102,12 @@ def _service(loaded, model: Path | None, cache_config: CacheConfig | None, name:
     """The engine service: the in-process backend, the model's own tokenizer (cl100k for the default
     model), the cache (``pool``: the paged engine's pool when the cache is off). Each request brings
     its own sampling."""
-    from kvbench.backends.inprocess import InProcessBackend
-    from kvbench.engine.engine import SamplingParams
-    from kvbench.run.engines import make_engine
+    from kvbench.run.engines import build_backend
     from kvbench.server.service import EngineService
     from kvbench.workloads.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(str(model) if model is not None else None)
-    built = make_engine(loaded, engine, cache_config or pool, cache_config is not None, False, "")
-    return EngineService(InProcessBackend(built, SamplingParams(), name), tokenizer)
+    return EngineService(build_backend(loaded, engine, cache_config, pool, name=name), tokenizer)
 
 
 def serve(

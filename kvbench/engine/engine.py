@@ -50,16 +50,18 @@ from kvbench.cache.base import CacheConfig, Clock, PrefixCache, make_cache
 from kvbench.engine.kv import (LayerKV, blocks_to_kv, cache_to_kv, forward_argument_names, kv_to_blocks, kv_to_cache,
                                storage_bytes)
 from kvbench.engine.model import LoadedModel
+from kvbench.engine.request_check import check_attention_only, check_request
+from kvbench.engine.serial import SerialCalls
 from kvbench.engine.sampling import SamplingParams, sample_next_token  # SamplingParams: part of this API
-from kvbench.errors import InputError
 from kvbench.request import RequestRecord, Status
 
 # ---------------------------------------------------------------- configs and results
 
 
 @dataclass(frozen=True)
-class EngineConfig:
-    """How the engine runs.
+class CopyConfig:
+    """How the copy engine runs (:func:`kvbench.engine.factory.make_engine` builds it from an
+    :class:`~kvbench.engine.factory.EngineConfig`).
 
     Attributes:
         cache: the prefix cache's settings (capacity, block size, kind, TTL, release order, hash);
@@ -94,27 +96,33 @@ class _Stamps:
         return (end_s - (self.start_s if start_s is None else start_s)) * 1e3
 
 
+EngineConfig = CopyConfig  # the old name: kvbench.peer.inprocess still imports it; drop once it calls make_engine
+
+
 # ---------------------------------------------------------------- the engine
 
 
-class HFEngine:
+class HFEngine(SerialCalls):
     """Runs requests of token ids through one model and (optionally) one prefix cache, one at a time.
 
+    The :class:`kvbench.engine.protocol.Engine` interface: :meth:`generate` runs in the caller's
+    thread; ``submit`` queues requests for one FIFO worker thread (:mod:`kvbench.engine.serial`).
     ``clock`` (seconds) is the cache's TTL clock, injectable for tests; latencies always use
     ``time.perf_counter``.
 
     Example::
 
-        engine = HFEngine(load_model(), EngineConfig(cache=CacheConfig(capacity_blocks=4096)))
+        engine = make_engine(load_model(), EngineConfig(cache=CacheConfig(capacity_blocks=4096)))
         result = engine.generate(token_ids, SamplingParams(max_tokens=32, ignore_eos=True))
 
     Raises:
         InputError: the model has layers whose KV is not a per-token key/value sequence.
     """
 
-    def __init__(self, loaded: LoadedModel, config: EngineConfig = EngineConfig(),
+    def __init__(self, loaded: LoadedModel, config: CopyConfig = CopyConfig(),
                  clock: Clock | None = None) -> None:
-        _check_attention_only(loaded)
+        check_attention_only(loaded)
+        super().__init__()
         self.loaded = loaded
         self.config = config
         self.cache: PrefixCache | None = make_cache(config.cache, clock) if config.cache else None
@@ -126,6 +134,10 @@ class HFEngine:
     @property
     def block_size(self) -> int | None:
         return self.config.cache.block_size if self.config.cache else None
+
+    @property
+    def cache_config(self) -> CacheConfig | None:
+        return self.config.cache
 
     def generate(self, token_ids: Sequence[int] | np.ndarray, sampling: SamplingParams = SamplingParams(),
                  salt: str | None = None, extra_keys: Sequence[str | bytes | int] = (),
@@ -308,26 +320,3 @@ def _result(prompt_tokens: int, cached_tokens: int, tokens: list[int], stamps: _
         insert_ms=stamps.ms(stamps.inserted_s, token_s[-1]) if cache_on else None,
         num_inserted_blocks=num_inserted,
     )
-
-
-def _check_attention_only(loaded: LoadedModel) -> None:
-    """Raise ``InputError`` for models with non-attention layers (their state is not per-token KV)."""
-    layer_types = getattr(loaded.model.config.get_text_config(), "layer_types", None) or ()
-    other = sorted(set(layer_types) - {"full_attention", "sliding_attention"})
-    if other:
-        raise InputError(f"{loaded.name}: layers of type {', '.join(other)} are not supported by the engine")
-
-
-def check_request(loaded, ids: list[int], sampling: SamplingParams) -> str | None:
-    """Why ``loaded`` cannot run ``ids`` with ``sampling`` (empty prompt, an id outside the vocabulary,
-    prompt + ``max_tokens`` beyond the context), or ``None``. Both engines refuse with this message."""
-    if not ids:
-        return "empty prompt"
-    vocab_size = loaded.vocab_size
-    if min(ids) < 0 or max(ids) >= vocab_size:
-        return f"token id outside the model's vocabulary of {vocab_size} ids"
-    limit = loaded.max_context_tokens
-    if limit is not None and len(ids) + sampling.max_tokens > limit:
-        return (f"prompt ({len(ids)} tokens) + max_tokens ({sampling.max_tokens}) exceeds the "
-                f"model's context of {limit} tokens")
-    return None

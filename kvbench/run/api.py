@@ -24,10 +24,9 @@ from kvbench.errors import checked
 from kvbench.results.parquet import check_output_path
 from kvbench.results.writer import RunWriter
 from kvbench.run.config import BackendKind, EngineKind, RunConfig, TurnMode
-from kvbench.run.engines import engine_metadata, make_engine, predicted_cached_tokens, verify_metadata
+from kvbench.run.engines import build_backend, predicted_cached_tokens, verify_metadata
 from kvbench.run.execute import (Progress, RunInterrupted, RunOutcome, OnStatus, default_out, execute, loading_line,
                                  new_run_id, prepared_requests, run_metadata, status_sink)
-from kvbench.run.kv_memory import kv_memory
 from kvbench.run.load_section import with_load_section
 from kvbench.run.checks import check_against_model, check_cache_size_text, requests_note
 from kvbench.run.loop import LoadConfig
@@ -88,9 +87,8 @@ def run_inprocess(config: RunConfig, on_progress: Progress | None = None, on_sta
 
 
 def _run_inprocess(config: RunConfig, on_progress: Progress | None, say: OnStatus, choose_threads) -> RunOutcome:
-    from kvbench.backends.inprocess import InProcessBackend
-    from kvbench.engine.engine import SamplingParams
     from kvbench.engine.model import ModelConfig, load_model
+    from kvbench.engine.sampling import SamplingParams
     from kvbench.workloads.tokenizer import load_tokenizer
 
     flags = config.model
@@ -115,23 +113,23 @@ def _run_inprocess(config: RunConfig, on_progress: Progress | None, say: OnStatu
     cache = pool if settings.cache == "on" else None
     expected = predicted_cached_tokens(requests, config.engine, cache, settings.concurrency, settings.ignore_eos)
     requests = [replace(r, expected_cached_tokens=e) for r, e in zip(requests, expected)]
-    sampling = checked(lambda: SamplingParams(max_tokens=1, temperature=settings.temperature, top_p=settings.top_p,
+    sampling = checked(lambda: SamplingParams(temperature=settings.temperature, top_p=settings.top_p,
                                               seed=settings.seed, ignore_eos=settings.ignore_eos),
                        {"temperature": "scenario key run.temperature",  # the flags were checked earlier
                         "top_p": "scenario key run.top_p"})
     load = checked(lambda: LoadConfig(concurrency=settings.concurrency, num_warmup=min(settings.warmup, len(requests))))
-    engine = make_engine(loaded, config.engine, pool, cache is not None, settings.verify, config.salt or "")
-    backend = InProcessBackend(engine, sampling, loaded.name)
+    backend = build_backend(loaded, config.engine, cache, pool, sampling, settings.verify, config.salt or "")
+    engine = backend.engine
     run_id = new_run_id(source.name)
     run_info = {"run_id": run_id, "backend": "inprocess", "model": loaded.name, "cache": cache_metadata(cache),
                 "device": flags.device, "dtype": flags.dtype, "verify": settings.verify,
-                "engine": engine_metadata(config.engine, engine), "threads": threads.as_dict()}
+                "engine": engine.describe(), "threads": threads.as_dict()}
     metadata = run_metadata(source, settings, requests, run_info, config.source, load.num_warmup)
     writer = RunWriter(config.out or default_out("run", source.name), metadata, run_id, backend.describe(),
                        config.summary)
     turns = _live_turns(config, requests, tokenizer, cache, metadata)
     outcome = execute(requests, backend, load, writer, on_progress, turns=turns,
-                      on_end=lambda records: _end_metadata(writer.metadata, engine, records, block_size, turns))
+                      on_end=lambda records: _end_metadata(writer.metadata, engine, records, turns))
     outcome.notes += requests_note(settings.num_requests, len(source.requests))
     if turns is not None:
         outcome.notes += turns.report.lines()
@@ -139,12 +137,12 @@ def _run_inprocess(config: RunConfig, on_progress: Progress | None, say: OnStatu
     return outcome
 
 
-def _end_metadata(metadata: dict, engine, records, block_size: int, turns) -> None:
+def _end_metadata(metadata: dict, engine, records, turns) -> None:
     """What an in-process run knows only once it has ended (also when Ctrl-C or SIGTERM cut it):
     ``run.kv_memory``, ``run.verify_logits`` (``--verify`` on the paged engine) and ``live_turns``."""
     if (checked_logits := verify_metadata(engine)) is not None:
         metadata["run"]["verify_logits"] = checked_logits
-    metadata["run"]["kv_memory"] = kv_memory(engine, records, block_size)
+    metadata["run"]["kv_memory"] = engine.memory(records)
     if turns is not None:
         metadata["live_turns"] = turns.report.as_dict()
 

@@ -1,7 +1,7 @@
 """``kvbench sweep`` on the in-process engine: one run per cache size and repeat, then the TTFT fit.
 
 Every (size, repeat) run gets a fresh engine of ``config.engine`` (``--engine copy|paged``, built by
-:func:`kvbench.run.engines.make_engine`, so the results files have the same columns and the
+:func:`kvbench.run.engines.build_backend`, so the results files have the same columns and the
 ``run.engine`` metadata ``kvbench run`` writes) over the one loaded model, and its own Parquet file:
 ``run-SIZE.parquet``, or ``run-SIZE-rK.parquet`` with ``--repeats`` R > 1. The paged engine's pool
 is the sweep's size (running and cached blocks together, as vLLM's), so a size smaller than one
@@ -9,7 +9,7 @@ request's prompt + output refuses that request (an error row), where the copy en
 less; each size's first error reason is kept in ``SweepOutcome.first_errors`` for the command to
 print; when every size failed (no request succeeded anywhere), ``SweepOutcome.failure`` says so in one
 line with the first reason (``kvbench sweep`` exits 1). Every run file carries ``run.kv_memory``
-(:func:`kvbench.run.kv_memory.kv_memory`, as ``kvbench run``'s).
+(``Engine.memory``, as ``kvbench run``'s).
 
 Repeats (issue 18 item 5): a point's TTFT p50 is the **median** of its repeats' p50s (the fit uses
 it), and ``min_p50_ttft_ms`` / ``max_p50_ttft_ms`` / ``repeat_p50_ttft_ms`` keep the spread
@@ -31,10 +31,9 @@ from kvbench.results.parquet import check_output_path
 from kvbench.results.summary import summarize
 from kvbench.results.writer import RunWriter
 from kvbench.run.config import CacheFlags, SweepConfig
-from kvbench.run.engines import engine_metadata, make_engine, predicted_cached_tokens
+from kvbench.run.engines import build_backend, predicted_cached_tokens
 from kvbench.run.execute import OnStatus, Progress, RunInterrupted, execute, loading_line, prepared_requests, status_sink
 from kvbench.request import Status
-from kvbench.run.kv_memory import kv_memory
 from kvbench.run.loop import LoadConfig
 from kvbench.run.setup import cache_config, cache_metadata, run_section
 from kvbench.run.source import load_source, requests_hash
@@ -154,22 +153,21 @@ class _SizeRunner:
         return SweepPoint.from_repeats(size, self.done)
 
     def _run(self, size: int, repeat: int, cache, sized) -> tuple[Any, Path]:
-        from kvbench.backends.inprocess import InProcessBackend
-        from kvbench.engine.engine import SamplingParams
+        from kvbench.engine.sampling import SamplingParams
 
         settings = self.settings
-        engine = make_engine(self.loaded, self.config.engine, cache, True, False, "")
-        backend = InProcessBackend(engine, SamplingParams(max_tokens=1, ignore_eos=settings.ignore_eos), self.loaded.name)
+        backend = build_backend(self.loaded, self.config.engine, cache, sampling=SamplingParams(ignore_eos=settings.ignore_eos))
+        engine = backend.engine
         suffix = f"-r{repeat + 1}" if self.config.repeats > 1 else ""
         run_id = f"{self.source.name}-sweep-{size}{suffix}-{time.strftime('%Y%m%d-%H%M%S')}"
         metadata = {"command": "run", "run": {
             **self.context, "run_id": run_id, "cache": cache_metadata(cache), "max_tokens": settings.max_tokens,
             "concurrency": 1, "seed": settings.seed, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "engine": engine_metadata(self.config.engine, engine), "repeat": repeat + 1}}
+            "engine": engine.describe(), "repeat": repeat + 1}}
         writer = RunWriter(self.folder / f"run-{size}{suffix}.parquet", metadata, run_id, backend.describe())
         done = execute(sized, backend, LoadConfig(), writer, self.on_progress,  # Ctrl-C: RunInterrupted, rows written
                        on_end=lambda records: writer.metadata["run"].update(  # as kvbench run's, a cut size's too
-                           kv_memory=kv_memory(engine, records, self.block_size)))
+                           kv_memory=engine.memory(records)))
         writer.close(complete=True)
         if size not in self.first_errors and (reason := _first_error(done.records)):
             self.first_errors[size] = reason

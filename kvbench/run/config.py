@@ -17,6 +17,7 @@ from kvbench.backends.openai.client_kind import ClientKind
 from kvbench.backends.openai.hygiene import Hygiene
 from kvbench.cache.base import CacheKind, ReleaseOrder
 from kvbench.cache.block_hash import HashAlgo
+from kvbench.engine.factory import EngineKind  # noqa: F401 - part of this module's API (the --engine choices)
 from kvbench.engine.threads import check_threads
 from kvbench.results.secrets import VARIABLE_NAME
 from kvbench.results.summary import SummaryOptions
@@ -74,15 +75,6 @@ class ModelFlags:
 
     def __post_init__(self) -> None:
         check_threads(self.threads)  # InputError naming --threads
-
-
-class EngineKind(str, Enum):
-    """``copy``: the seed's engine (a block per tensor, hits copied into a contiguous cache, one
-    request at a time); ``paged``: one KV pool, block tables, continuous batching
-    (:mod:`kvbench.engine.paged`)."""
-
-    COPY = "copy"
-    PAGED = "paged"
 
 
 @dataclass(frozen=True)

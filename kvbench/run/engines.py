@@ -1,4 +1,5 @@
-"""Building the in-process engine a run asked for (``--engine copy|paged``) and its cached-tokens prediction.
+"""Building the in-process engine a run asked for (``--engine copy|paged``) behind its backend
+(:func:`build_backend`, the one assembly path) and its cached-tokens prediction.
 
 * ``copy``: :class:`kvbench.engine.engine.HFEngine`; predicted by kvbench's cache replay
   (:func:`kvbench.sim.predict.expected_cached_tokens` with the :class:`CacheConfig`).
@@ -17,8 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from kvbench.cache.base import CacheConfig
+from kvbench.engine.paged.config import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
 from kvbench.errors import checked
 from kvbench.memory.layout import parse_bytes
 from kvbench.request import Request
@@ -26,23 +29,36 @@ from kvbench.run.config import EngineFlags, EngineKind
 from kvbench.sim.predict import expected_cached_tokens
 from kvbench.sim.vllm_pool import NUM_NULL_BLOCKS, VllmPoolConfig
 
+if TYPE_CHECKING:
+    from kvbench.engine.sampling import SamplingParams
 
-def make_engine(loaded, flags: EngineFlags, pool: CacheConfig, cache_on: bool, verify: bool, salt: str):
-    """The engine ``flags.engine`` names over ``loaded``; ``pool`` is the cache config (used as the
-    paged engine's pool even when the cache is off). Raises ``InputError`` for a bad combination."""
-    from kvbench.engine.engine import EngineConfig, HFEngine
 
-    if flags.engine is EngineKind.COPY:
-        return HFEngine(loaded, EngineConfig(cache=pool if cache_on else None, verify=verify, salt=salt))
-    from kvbench.engine.paged.config import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, PagedConfig
-    from kvbench.engine.paged.engine import PagedEngine
+def build_backend(loaded, flags: EngineFlags, cache: CacheConfig | None, pool: CacheConfig | None = None,
+                  sampling: SamplingParams | None = None, verify: bool = False, salt: str = "",
+                  name: str | None = None, store_views: bool = False):
+    """The engine ``flags.engine`` names over ``loaded`` (:func:`kvbench.engine.factory.make_engine`)
+    behind the in-process backend: the one assembly path of ``run``, ``sweep``, ``break`` and ``serve``.
+    ``cache`` ``None`` = prefix caching off; ``pool``: the paged engine's pool (default ``cache``;
+    needed when the cache is off). ``sampling``: the run's temperature / top-p / seed / ignore_eos
+    (each request brings its own ``max_tokens``; default greedy). ``name``: the model name the backend
+    reports (default ``loaded.name``). The run's ``run.engine`` metadata is ``backend.engine.describe()``.
 
-    config = checked(lambda: PagedConfig(
-        pool, prefix_caching=cache_on, max_num_seqs=flags.max_num_seqs or DEFAULT_MAX_NUM_SEQS,
+    Raises:
+        InputError: a bad combination or an unsupported setting (one line naming the flag).
+    """
+    from kvbench.backends.inprocess import InProcessBackend
+    from kvbench.engine.factory import EngineConfig, make_engine
+    from kvbench.engine.sampling import SamplingParams
+
+    sized = pool or cache
+    host_tier = host_tier_blocks(flags.host_tier, loaded.kv_layout(sized.block_size).bytes_per_block) if sized else 0
+    config = checked(lambda: EngineConfig(
+        flags.engine, cache=cache, pool=pool, verify=verify, salt=salt,
+        max_num_seqs=flags.max_num_seqs or DEFAULT_MAX_NUM_SEQS,
         max_num_batched_tokens=flags.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
-        batch_invariant=flags.batch_invariant, verify=verify, salt=salt,
-        host_tier_blocks=host_tier_blocks(flags.host_tier, loaded.kv_layout(pool.block_size).bytes_per_block)))
-    return PagedEngine(loaded, config)
+        batch_invariant=flags.batch_invariant, host_tier_blocks=host_tier, store_views=store_views))
+    engine = checked(lambda: make_engine(loaded, config))
+    return InProcessBackend(engine, sampling or SamplingParams(), name or loaded.name)
 
 
 def host_tier_blocks(text: str | None, bytes_per_block: int) -> int:
@@ -78,17 +94,5 @@ def verify_metadata(engine) -> dict | None:
     """The ``run.verify_logits`` metadata after a ``--verify`` run on the paged engine: greedy tokens
     compared, argmax flips near ties, mismatches, the largest logprob difference and the tie tolerance
     (:mod:`kvbench.engine.paged.verify`); ``None`` for the copy engine (exact: no tolerance to report)."""
-    report = getattr(engine, "verify_report", None)
-    return report.as_dict() if report is not None and engine.config.verify else None
-
-
-def engine_metadata(flags: EngineFlags, engine) -> dict:
-    """The ``run.engine`` metadata of a results file: the kind and, for paged, its limits and pool."""
-    if flags.engine is EngineKind.COPY:
-        return {"kind": "copy"}
-    config = engine.config
-    return {"kind": "paged", "max_num_seqs": config.max_num_seqs,
-            "max_num_batched_tokens": config.max_num_batched_tokens, "batch_invariant": config.batch_invariant,
-            "num_pool_blocks": config.pool.capacity_blocks, "pool_bytes": engine.kv_pool.allocated_bytes,
-            "host_tier_blocks": config.host_tier_blocks,
-            "host_tier_bytes": engine.host_kv.allocated_bytes if engine.host_kv is not None else 0}
+    report = engine.verify_report
+    return report.as_dict() if report is not None else None

@@ -1,21 +1,22 @@
 """The engine behind ``kvbench serve``: requests go through the in-process backend, tokens as events.
 
-Why this shape: the engine is not thread-safe and runs one request at a time, but the server must
-keep accepting connections while it works, so that queueing shows up in clients' timings (as on a
-busy real server, a queued request's wait lands in its TTFT). Serialization and the worker thread
-are :class:`kvbench.backends.inprocess.InProcessBackend`'s (its lock, FIFO, and
-``asyncio.to_thread``); each request becomes a :class:`Generation`: an asyncio task awaiting
-``backend.serve(request, on_token=...)``, whose tokens travel from the engine's thread to the event
-loop through ``call_soon_threadsafe`` into an asyncio queue.
+Why this shape: the server must keep accepting connections while the engine works, so that
+queueing shows up in clients' timings (as on a busy real server, a queued request's wait lands in its
+TTFT). The engine runs requests in its own worker thread (:class:`kvbench.engine.protocol.Engine`:
+the copy engine one at a time, first in first out; the paged engine batched) and
+:class:`kvbench.backends.inprocess.InProcessBackend` awaits its future; each request becomes a
+:class:`Generation`: an asyncio task awaiting ``backend.serve(request, on_token=...)``, whose tokens
+travel from the engine's thread to the event loop through ``call_soon_threadsafe`` into an asyncio
+queue.
 
-On the copy engine the task is never cancelled: it holds the backend's lock until the engine
-returns, whatever the HTTP side does. A client that disconnects (streaming or not) sets
-``cancelled``; the next token raises :class:`StreamCancelled` inside the engine, which releases every
-pinned block and caches nothing of the request, and only then is the lock released. A request
-abandoned while still queued never runs: the check when its turn comes raises
-:class:`StreamCancelled` before the engine starts. On the paged engine (no lock; its scheduler
-queues) a cancel also cancels the task, which aborts the request in the engine at its next step,
-waiting or running (:meth:`PagedEngine.abort`), so an abandoned queued request is never prefilled.
+On the copy engine the task is never cancelled: it waits until the engine returns, whatever the
+HTTP side does. A client that disconnects (streaming or not) sets ``cancelled``; the next token
+raises :class:`StreamCancelled` inside the engine, which releases every pinned block and caches
+nothing of the request, and only then does the next queued request start. A request abandoned while
+still queued never runs: the check when its turn comes (``on_start``) raises :class:`StreamCancelled`
+before the engine starts. On a batching engine (paged; its scheduler queues) a cancel also cancels
+the task, which aborts the request in the engine at its next step, waiting or running
+(``Engine.abort``), so an abandoned queued request is never prefilled.
 Either way the request is counted once in ``counters.num_aborted``.
 
 Each generation's text is decoded as its tokens arrive (:class:`kvbench.server.text.TextStream`, in
@@ -42,7 +43,6 @@ import numpy as np
 
 from kvbench.backends.inprocess import InProcessBackend
 from kvbench.engine.engine import SamplingParams
-from kvbench.engine.paged.engine import PagedEngine
 from kvbench.errors import CacheBusyError
 from kvbench.request import Request, RequestRecord, Status
 from kvbench.server.body import OBJECT_SLACK
@@ -93,7 +93,7 @@ class EngineService:
     """Tokenizes, validates and submits requests to one :class:`InProcessBackend`.
 
     Args:
-        backend: the engine behind its lock (the engine's cache, if any, is the one
+        backend: the engine behind it (the engine's cache, if any, is the one
             ``/reset_prefix_cache`` clears; its ``model_name`` is the one requests may ask for).
         tokenizer: renders chat messages and prompts exactly as kvbench's traces count them.
     """
@@ -102,9 +102,9 @@ class EngineService:
         self.backend = backend
         self.engine = backend.engine
         self.tokenizer = tokenizer
-        self.batching = isinstance(self.engine, PagedEngine)  # several sequences run at once: its gauges
+        self.batching = self.engine.batching  # several sequences run at once: its gauges
         self.counters = ServerCounters(engine_sequences=self.engine.num_sequences if self.batching else None,
-                                       engine_host_tier=self.engine.scheduler.host_tier_counters if self.batching else None)
+                                       engine_host_tier=self.engine.host_tier_counters if self.batching else None)
         self._indexes = itertools.count()
         self._reset_done: asyncio.Event | None = None  # set when the pending reset (paged engine) is done
 
@@ -168,7 +168,7 @@ class EngineService:
                                 f"{num_tokens + max_tokens} tokens ({num_tokens} in the prompt, {max_tokens} for "
                                 "the completion).", prompt_param if num_tokens >= limit else "max_tokens",
                            "context_length_exceeded")
-        if self.batching and (problem := self.engine.pool_refusal(num_tokens, max_tokens)) is not None:
+        if (problem := self.engine.pool_refusal(num_tokens, max_tokens)) is not None:
             param = prompt_param if self.engine.pool_refusal(num_tokens, 1) is not None else "max_tokens"
             raise ApiError(400, problem, param)  # before a stream starts: never an error event after a 200
 
@@ -278,12 +278,11 @@ class EngineService:
     async def reset_prefix_cache(self) -> bool:
         """Drop every cached block (vLLM's endpoint) as a barrier, the same on both engines: the reset
         runs once every request submitted before it has finished (or was cancelled), and requests
-        submitted meanwhile wait for it (their wait is queue time). The copy engine's FIFO lock does
-        this by itself; on the paged engine, which refuses a reset while any request is in it
-        (``CacheBusyError``), new requests are held at :meth:`_wait_for_reset` while the engine drains.
+        submitted meanwhile wait for it (their wait is queue time). New requests are held at
+        :meth:`_wait_for_reset` while the engine drains: the copy engine's reset waits in its FIFO
+        queue; the paged engine's refuses while any request is in it (``CacheBusyError``) and is
+        tried again every ``RESET_POLL_S``.
         Returns ``False`` if the cache is off."""
-        if not self.batching:
-            return await self.backend.reset_prefix_cache()
         while self._reset_done is not None:  # one reset at a time, in order
             await self._reset_done.wait()
         self._reset_done = done = asyncio.Event()
@@ -298,14 +297,14 @@ class EngineService:
             done.set()
 
     async def _wait_for_reset(self) -> float:
-        """Wait while a reset drains the paged engine; the seconds waited."""
+        """Wait while a reset drains the engine; the seconds waited."""
         start_s = time.perf_counter()
         while self._reset_done is not None:
             await self._reset_done.wait()
         return time.perf_counter() - start_s
 
     def metrics_text(self) -> str:
-        cache = self.engine.config.cache
+        cache = self.engine.cache_config
         labels = cache_config_labels(*((cache.block_size, cache.capacity_blocks) if cache is not None else (None, None)))
         return render_metrics(self.counters, self.model_name, labels)
 

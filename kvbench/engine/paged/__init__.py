@@ -12,8 +12,10 @@ concatenates a hit into a fresh contiguous cache. This engine does what vLLM doe
   parallel sampling with copy-on-write. Pure Python.
 * :mod:`.attention`: an attention function registered with transformers' ``AttentionInterface``
   that writes the new tokens' K/V into the pool and reads each sequence's K/V by its block table.
-* :mod:`.engine`: :class:`~kvbench.engine.paged.engine.PagedEngine`, the step loop, records, a
-  worker thread for concurrent callers; ``submit_samples`` for ``n`` parallel samples.
+* :mod:`.engine`: :class:`~kvbench.engine.paged.engine.PagedEngine`, the step loop and records, on
+  a worker thread (:mod:`kvbench.engine.worker`) for concurrent callers.
+* :mod:`.calls`: the engine's calls from other threads (the :class:`kvbench.engine.protocol.Engine`
+  interface): submit, ``submit_samples`` for ``n`` parallel samples, abort, reset, describe, memory.
 * :mod:`.config`: :class:`~kvbench.engine.paged.config.PagedConfig` and vLLM's default step limits.
 * :mod:`.jobs`: one request as its caller sees it (sequence, sampling, future) and its record.
 * :mod:`.held`: the bytes the pool holds for running and cached blocks, peaks per step.

@@ -7,8 +7,9 @@ blocks, sample one token for every sequence whose pending tokens are all compute
 ``max_tokens`` or EOS (blocks freed tail first). A hit costs no copy: the block table points at the
 cached blocks and attention reads them in the pool (:mod:`kvbench.engine.paged.attention`).
 
-Callers: :meth:`PagedEngine.submit` (any thread; a worker thread runs the steps while there is work)
-returns a ``concurrent.futures.Future`` of the :class:`~kvbench.request.RequestRecord`;
+Callers (:mod:`kvbench.engine.paged.calls`, the :class:`kvbench.engine.protocol.Engine` interface):
+:meth:`PagedEngine.submit` (any thread; a worker thread, :mod:`kvbench.engine.worker`, runs the steps
+while there is work) returns a ``concurrent.futures.Future`` of the :class:`~kvbench.request.RequestRecord`;
 :meth:`PagedEngine.generate` is the copy engine's synchronous call; :meth:`PagedEngine.submit_samples`
 queues ``n`` parallel samples (one prefill, then forks sharing its blocks; copy-on-write copies run
 before the step's forward). An exception from ``on_token`` or a cancelled future finishes exactly
@@ -24,60 +25,28 @@ run only while nothing runs or waits, so no TTFT, ITL or E2E includes one (``que
 
 from __future__ import annotations
 
-import atexit
 import itertools
 import threading
 import time
-import weakref
-from collections.abc import Callable
-from collections.abc import Sequence as Seq
-from concurrent.futures import Future
-from functools import partial
 
-import numpy as np
 import torch
 
 from kvbench.cache.base import Clock
 from kvbench.cache.block_hash import BlockHasher
-from kvbench.engine.engine import check_request
 from kvbench.engine.model import LoadedModel
 from kvbench.engine.paged.attention import PagedForward, SequenceSlice, skip_mask_creation, use_paged_attention
+from kvbench.engine.paged.calls import PagedCalls
 from kvbench.engine.paged.config import PagedConfig
 from kvbench.engine.paged.held import PoolMeter
-from kvbench.engine.paged.jobs import Job, job_record, sample_sampling
+from kvbench.engine.paged.jobs import Job, job_record
 from kvbench.engine.paged.kv_pool import HostKV, KVPool
-from kvbench.engine.paged.scheduler import Scheduler, Sequence, blocks_for
-from kvbench.engine.paged.verify import Verifier, VerifyReport
-from kvbench.engine.sampling import SamplingParams, sample_next_token
-from kvbench.errors import CacheBusyError, InputError
-from kvbench.request import RequestRecord
+from kvbench.engine.paged.scheduler import Scheduler, Sequence
+from kvbench.engine.paged.verify import Verifier
+from kvbench.engine.sampling import sample_next_token
+from kvbench.engine.worker import RequestFuture, Task, Worker  # RequestFuture: part of this API
+from kvbench.errors import InputError
 
-_WORKERS: dict[threading.Thread, weakref.ref] = {}  # every worker thread not known to have ended -> its engine
-
-
-@atexit.register
-def _stop_workers_at_exit() -> None:
-    """A worker thread still inside torch, or still tearing down its thread state, when the
-    interpreter finalizes aborts the process (``terminate called without an active exception``,
-    exit status 134): seen when a server, benchmark or interrupted run leaves with requests in
-    flight, and after an interrupt even once the engine was collected. Stop every live engine's
-    worker at a step boundary and join every worker thread (atexit handlers run before
-    finalization; a step takes at most one forward)."""
-    for engine in [ref() for ref in list(_WORKERS.values())]:
-        if engine is not None:
-            engine._stopping = True
-    for thread in list(_WORKERS):
-        thread.join(timeout=60.0)
-
-
-class RequestFuture(Future):
-    """A future of one request's :class:`RequestRecord`; ``seq_id`` names it for :meth:`PagedEngine.abort`
-    (``None``: refused at submit)."""
-
-    seq_id: int | None = None
-
-
-class PagedEngine:
+class PagedEngine(PagedCalls):
     """Runs requests of token ids through one model with a paged KV pool and continuous batching.
 
     Example::
@@ -112,142 +81,21 @@ class PagedEngine:
         self._seq_ids = itertools.count()
         self._lock = threading.Lock()
         self._aborted: set[int] = set()
-        self._worker: threading.Thread | None = None
-        self._stopping = False  # set at interpreter exit: the worker ends after its current step
+        self._worker = Worker(self._lock, self._next_task, "kvbench-paged")
         self._verifier = Verifier(loaded) if config.verify else None  # the cache-off copy engine, for verify
-
-    @property
-    def block_size(self) -> int:
-        return self.config.pool.block_size
-
-    # -- callers -----------------------------------------------------------------------------------
-
-    def submit(self, token_ids: Seq[int] | np.ndarray, sampling: SamplingParams = SamplingParams(),
-               salt: str | None = None, on_token: Callable[[int], bool | None] | None = None) -> RequestFuture:
-        """Queue one request (any thread); the future gets its :class:`RequestRecord`. Bad input gives
-        a record with status ``error`` at once; ``on_token`` runs in the worker thread."""
-        callback = None if on_token is None else (lambda _sample, token_id: on_token(token_id))
-        return self.submit_samples(token_ids, sampling, 1, salt, callback)[0]
-
-    def submit_samples(self, token_ids: Seq[int] | np.ndarray, sampling: SamplingParams, n: int,
-                       salt: str | None = None,
-                       on_token: Callable[[int, int], bool | None] | None = None) -> list[RequestFuture]:
-        """Queue ``n`` parallel samples of one prompt (the OpenAI API's ``n``): one prefill, then ``n``
-        sequences sharing the prompt's blocks, copy-on-write for the partly filled last block
-        (:mod:`kvbench.engine.paged.scheduler`). With a seed, sample ``i`` samples with ``seed + i``
-        (vLLM ``v1/engine/parallel_sampling.py``, ``get_child_sampling_params``), so samples differ
-        and every one is reproducible; sample 0 is what ``n = 1`` gives. ``on_token(sample, token_id)``
-        runs in the worker thread. Returns one future per sample, in sample order; bad input gives
-        every future the same ``error`` record at once.
-
-        Raises:
-            ValueError: ``n`` is not a positive integer.
-        """
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"n must be a positive integer, got {n!r}")
-        ids = np.asarray(token_ids, dtype=np.int64).reshape(-1).tolist()
-        futures = [RequestFuture() for _ in range(n)]
-        problem = self._check_request(ids, sampling)
-        if problem is not None:
-            for future in futures:
-                future.set_result(RequestRecord.failed(len(ids), problem))
-            return futures
-        salt = self.config.salt if salt is None else salt
-        jobs = [self._job(Sequence(next(self._seq_ids), list(ids), len(ids), salt), sample_sampling(sampling, index),
-                          future, on_token, index) for index, future in enumerate(futures)]
-        jobs[0].forks = jobs[1:]  # forked from sample 0 once its prefill has run
-        with self._lock:
-            for job in jobs:
-                self._jobs[job.seq.seq_id] = job
-            self.scheduler.add(jobs[0].seq)
-            if self._worker is None and not self._stopping:
-                self._worker = threading.Thread(target=self._work, name="kvbench-paged", daemon=True)
-                for ended in [thread for thread in _WORKERS if not thread.is_alive()]:
-                    del _WORKERS[ended]
-                _WORKERS[self._worker] = weakref.ref(self)
-                self._worker.start()
-        return futures
-
-    def _job(self, seq: Sequence, sampling: SamplingParams, future: RequestFuture,
-             on_token: Callable[[int, int], bool | None] | None, index: int) -> Job:
-        generator = None
-        if sampling.temperature > 0 and sampling.seed is not None:
-            generator = torch.Generator(device=self.loaded.device).manual_seed(sampling.seed)
-        eos = () if sampling.ignore_eos else self.loaded.eos_token_ids
-        callback = None if on_token is None else partial(on_token, index)
-        future.seq_id = seq.seq_id
-        return Job(seq, sampling, future, callback, eos, time.perf_counter(), generator)
-
-    def generate(self, token_ids: Seq[int] | np.ndarray, sampling: SamplingParams = SamplingParams(),
-                 salt: str | None = None, on_token: Callable[[int], bool | None] | None = None) -> RequestRecord:
-        """Run one request and wait for it (the copy engine's call); ``on_token`` errors propagate."""
-        return self.submit(token_ids, sampling, salt, on_token).result()
-
-    def abort(self, future: RequestFuture) -> RequestRecord | None:
-        """Finish the request behind ``future`` at the next step, freeing its blocks (a client left).
-        Returns its record if it had already finished and only its ``--verify`` check was pending
-        (the check is dropped; the caller keeps what was measured), else ``None``."""
-        if future.seq_id is None:
-            return None
-        if self._verifier is not None and (record := self._verifier.take_unchecked(future)) is not None:
-            return record
-        with self._lock:
-            if future.seq_id in self._jobs:
-                self._aborted.add(future.seq_id)
-
-    def wait_idle(self, timeout_s: float | None = None) -> None:
-        """Block until the worker thread has ended (no request left), e.g. before the process exits:
-        a daemon thread still inside torch at interpreter shutdown aborts the process."""
-        with self._lock:
-            worker = self._worker
-        if worker is not None:
-            worker.join(timeout_s)
-
-    def reset_prefix_cache(self) -> None:
-        """Drop every cached block's key (vLLM's ``reset_prefix_cache``). Raises ``CacheBusyError``
-        while any request is in the engine."""
-        with self._lock:
-            if self.scheduler.has_work:
-                raise CacheBusyError(f"cannot reset: {len(self._jobs)} requests are in the engine")
-            pool = self.scheduler.pool
-            for block_id in list(pool.evictable_block_ids()):
-                pool.uncache(block_id)
-            if self.scheduler.host is not None:
-                self.scheduler.host.clear()
-
-    def _check_request(self, ids: list[int], sampling: SamplingParams) -> str | None:
-        problem = check_request(self.loaded, ids, sampling)  # the copy engine's rules, then the pool's
-        return problem if problem is not None else self.pool_refusal(len(ids), sampling.max_tokens)
-
-    def pool_refusal(self, num_prompt_tokens: int, max_tokens: int) -> str | None:
-        """Why a request of ``num_prompt_tokens`` + ``max_tokens`` can never fit the pool (its sequence
-        needs more blocks than the pool has), or ``None``; such a request is refused at submit."""
-        need = blocks_for(num_prompt_tokens + max_tokens - 1, self.block_size)
-        if need > self.config.pool.capacity_blocks:
-            return (f"prompt + max_tokens need {need} blocks of {self.block_size} tokens; the KV pool has "
-                    f"{self.config.pool.capacity_blocks} (raise --cache-size)")
-        return None
 
     # -- the step loop -----------------------------------------------------------------------------
 
-    def _work(self) -> None:
-        """The worker thread: steps while there is work, then runs the deferred ``--verify`` checks
-        one at a time (each re-checks for new work first), then ends (``submit`` starts a new one), so
-        an idle engine holds no thread and can be garbage-collected with its pool."""
-        while True:
-            with self._lock:
-                idle = not self.scheduler.has_work and not self._aborted
-                checks = idle and self._verifier is not None and self._verifier.num_deferred > 0
-                if self._stopping or (idle and not checks):
-                    self._worker = None
-                    return
-            if checks:
-                self._verifier.run_deferred()  # one reference pass, then look for new work again
-                continue
-            try:
-                self.step()
-            except Exception:  # noqa: BLE001 - the step's sequences got the error through their futures
-                continue
+    def _next_task(self) -> Task | None:
+        """The worker thread's next task (lock held): a step while there is work, then the deferred
+        ``--verify`` checks one at a time (each re-checks for new work first), then ``None``: the thread
+        ends (``submit`` starts a new one), so an idle engine holds no thread and can be
+        garbage-collected with its pool."""
+        if self.scheduler.has_work or self._aborted:
+            return self.step  # an exception in it reached the step's sequences through their futures
+        if self._verifier is not None and self._verifier.num_deferred > 0:
+            return self._verifier.run_deferred  # one reference pass, then look for new work again
+        return None
 
     @torch.inference_mode()
     def step(self) -> int:
@@ -369,32 +217,3 @@ class PagedEngine:
                                  job.seq.salt, job.chosen_logprobs)
         elif not job.future.done():
             job.future.set_result(record)
-
-    # -- memory ------------------------------------------------------------------------------------
-
-    def held_kv_bytes(self) -> int:
-        """Bytes of the pool's blocks that hold K/V someone can use: running and cached blocks."""
-        pool = self.scheduler.pool
-        num_held = pool.num_used_blocks + pool.num_evictable_blocks
-        return num_held * self.kv_pool.bytes_per_block
-
-    def num_sequences(self) -> tuple[int, int]:
-        """``(running, waiting)`` sequences in the scheduler now (vLLM's ``num_requests_running`` /
-        ``num_requests_waiting``); samples not yet forked count in neither."""
-        with self._lock:
-            return len(self.scheduler.running), len(self.scheduler.waiting)
-
-    def memory_summary(self) -> dict[str, int]:
-        """Measured pool bytes of the engine's life so far (:meth:`PoolMeter.summary`): peaks and now."""
-        with self._lock:
-            return self.meter.summary(self.scheduler)
-
-    @property
-    def verify_report(self) -> VerifyReport | None:
-        """``--verify``'s counts (flips near ties, mismatches); ``None`` without verify."""
-        return None if self._verifier is None else self._verifier.report
-
-    def check_invariants(self) -> None:
-        """The scheduler's and pool's invariants (``AssertionError``); for randomized tests."""
-        with self._lock:
-            self.scheduler.check_invariants(job.seq for job in self._jobs.values())

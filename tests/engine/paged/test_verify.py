@@ -143,8 +143,8 @@ def test_a_cancelled_client_keeps_a_finished_request_whose_check_was_pending(loa
     long = engine.submit(long_prompt, SamplingParams(max_tokens=400, ignore_eos=True))
 
     async def cut_after_generation():
-        task = asyncio.ensure_future(backend._serve_batched(Request(index=0, request_id='0', session_id='0', turn=0,
-                                                        token_ids=np.array(short_prompt, dtype=np.uint32), max_tokens=3), None, None))
+        task = asyncio.ensure_future(backend.serve(Request(index=0, request_id='0', session_id='0', turn=0,
+                                                           token_ids=np.array(short_prompt, dtype=np.uint32), max_tokens=3)))
         while engine._verifier.num_deferred == 0 and not long.done():
             await asyncio.sleep(0.001)
         task.cancel()
