@@ -12,6 +12,7 @@ concatenates a hit into a fresh contiguous cache. This engine does what vLLM doe
   parallel sampling with copy-on-write. Pure Python.
 * :mod:`.attention`: an attention function registered with transformers' ``AttentionInterface``
   that writes the new tokens' K/V into the pool and reads each sequence's K/V by its block table.
+* :mod:`.sequence`: one request's sequence (tokens, block table, counts) and one step's work.
 * :mod:`.engine`: :class:`~kvbench.engine.paged.engine.PagedEngine`, the step loop and records, on
   a worker thread (:mod:`kvbench.engine.worker`) for concurrent callers.
 * :mod:`.calls`: the engine's calls from other threads (the :class:`kvbench.engine.protocol.Engine`
