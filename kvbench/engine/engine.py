@@ -105,8 +105,9 @@ EngineConfig = CopyConfig  # the old name: kvbench.peer.inprocess still imports 
 class HFEngine(SerialCalls):
     """Runs requests of token ids through one model and (optionally) one prefix cache, one at a time.
 
-    The :class:`kvbench.engine.protocol.Engine` interface: :meth:`generate` runs in the caller's
-    thread; ``submit`` queues requests for one FIFO worker thread (:mod:`kvbench.engine.serial`).
+    The :class:`kvbench.engine.protocol.Engine` interface: ``submit`` queues requests for one FIFO
+    worker thread (:mod:`kvbench.engine.serial`), which runs each through :meth:`run_request`;
+    ``generate`` is ``submit(...).result()``.
     ``clock`` (seconds) is the cache's TTL clock, injectable for tests; latencies always use
     ``time.perf_counter``.
 
@@ -139,10 +140,11 @@ class HFEngine(SerialCalls):
     def cache_config(self) -> CacheConfig | None:
         return self.config.cache
 
-    def generate(self, token_ids: Sequence[int] | np.ndarray, sampling: SamplingParams = SamplingParams(),
-                 salt: str | None = None, extra_keys: Sequence[str | bytes | int] = (),
-                 on_token: Callable[[int], bool | None] | None = None) -> RequestRecord:
-        """Run one request. Bad input (empty prompt, id outside the vocabulary, prompt + max_tokens
+    def run_request(self, token_ids: Sequence[int] | np.ndarray, sampling: SamplingParams = SamplingParams(),
+                    salt: str | None = None, extra_keys: Sequence[str | bytes | int] = (),
+                    on_token: Callable[[int], bool | None] | None = None) -> RequestRecord:
+        """Run one request in the calling thread (the queue's worker calls it: use ``submit`` or
+        ``generate``, which queue behind the requests before them). Bad input (empty prompt, id outside the vocabulary, prompt + max_tokens
         beyond the context) gives a result with status ``error``; other exceptions propagate, after
         every pin is released.
 

@@ -77,9 +77,8 @@ class Engine(Protocol):
 
     def generate(self, token_ids: TokenIds, sampling: SamplingParams = SamplingParams(), salt: str | None = None,
                  on_token: OnToken | None = None) -> RequestRecord:
-        """Run one request in the calling thread's time and return its record (``on_token`` errors
-        propagate). Copy engine: runs in the calling thread, outside the queue (do not mix with
-        ``submit`` from other threads); paged: ``submit(...).result()``."""
+        """``submit(...).result()``: run one request (behind those queued before it) and wait for its
+        record; ``on_token``'s errors propagate."""
         ...
 
     def abort(self, future: RequestFuture) -> RequestRecord | None:
@@ -120,7 +119,8 @@ class Engine(Protocol):
 
     def memory(self, records: Sequence[tuple[Request, RequestRecord]]) -> dict[str, int | str]:
         """The ``run.kv_memory`` metadata (bytes) after a run of ``records``
-        (docs/results-reference.md lists the keys; the copy engine's in :meth:`kvbench.engine.serial.SerialCalls.memory`, the paged engine's in :meth:`kvbench.engine.paged.calls.PagedCalls.memory`); waits at most a minute for running work to end."""
+        (docs/results-reference.md lists the keys; each engine's ``memory`` docstring says how it
+        measures them); waits at most a minute for running work to end."""
         ...
 
     @property

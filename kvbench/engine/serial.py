@@ -3,7 +3,7 @@
 :meth:`SerialQueue.submit` queues a request and returns a :class:`~kvbench.engine.worker.RequestFuture`
 at once (any thread); the worker thread (:class:`~kvbench.engine.worker.Worker`) runs the queued
 requests in submission order, each through the engine's synchronous ``generate``. The rules are those
-of the asyncio lock the in-process backend held before (a busy server's queue, as vLLM's):
+of the asyncio lock the in-process backend held before (a busy server's queue):
 
 * ``queue_ms`` of a record is the wait from ``submit`` until its request started;
 * ``on_start()`` runs in the worker thread when the request's turn has come, before the engine
@@ -32,7 +32,7 @@ from kvbench.request import Request, RequestRecord, Status
 
 T = TypeVar("T")
 
-Generate = Callable[..., RequestRecord]  # (token_ids, sampling, salt, on_token) -> record: the engine's generate
+Generate = Callable[..., RequestRecord]  # (token_ids, sampling, salt, on_token=) -> record: one request, synchronous
 
 
 class _Aborted(Exception):
@@ -143,8 +143,8 @@ class SerialQueue:
 class SerialCalls:
     """The :class:`kvbench.engine.protocol.Engine` calls of an engine that runs one request at a time
     through its synchronous ``generate`` (the copy engine): a :class:`SerialQueue` over it. The class
-    it is mixed into has ``loaded``, ``cache`` (a prefix cache or ``None``), ``generate`` and
-    ``held_kv_bytes()``."""
+    it is mixed into has ``loaded``, ``cache`` (a prefix cache or ``None``), ``run_request`` (one
+    request, synchronous) and ``held_kv_bytes()``."""
 
     batching = False  # one sequence at a time
 
@@ -155,7 +155,15 @@ class SerialCalls:
                on_token: Callable[[int], bool | None] | None = None,
                on_start: Callable[[], None] | None = None) -> RequestFuture:
         """Queue one request behind those submitted before it (:class:`SerialQueue`, the protocol's contract)."""
-        return self._queue.submit(self.generate, (token_ids, sampling, salt), on_token, on_start)
+        return self._queue.submit(self.run_request, (token_ids, sampling, salt), on_token, on_start)
+
+    def generate(self, token_ids, sampling: SamplingParams = SamplingParams(), salt: str | None = None,
+                 on_token: Callable[[int], bool | None] | None = None,
+                 extra_keys: Sequence[str | bytes | int] = ()) -> RequestRecord:
+        """Run one request behind those queued before it and wait for it; ``on_token``'s errors
+        propagate. ``extra_keys`` (copy engine only): more block-key inputs (an adapter id, image hashes)."""
+        args = (token_ids, sampling, salt, tuple(extra_keys))
+        return self._queue.submit(self.run_request, args, on_token).result()
 
     def submit_samples(self, token_ids, sampling: SamplingParams, n: int, salt: str | None = None,
                        on_token: Callable[[int, int], bool | None] | None = None) -> list[RequestFuture]:
