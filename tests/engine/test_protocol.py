@@ -2,6 +2,7 @@
 abort, reset, describe and memory through the protocol."""
 
 import threading
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -134,3 +135,34 @@ def test_engine_config_names_what_an_engine_cannot_take():
     with pytest.raises(ValueError, match="apply to --engine paged only"):
         EngineConfig(EngineKind.COPY, cache=CACHE, batch_invariant=True)
     assert EngineConfig("paged", cache=CACHE).kind is EngineKind.PAGED
+
+
+@pytest.mark.parametrize("kind", list(EngineKind))
+def test_cancelling_a_backend_request_aborts_it_in_the_engine_on_either_engine(loaded, kind):
+    """One backend path (submit, await, abort on cancel): before it, a cancelled copy-engine request
+    kept running in its thread after the backend's lock was released."""
+    import asyncio
+
+    from kvbench.backends.inprocess import InProcessBackend
+
+    engine = make_engine(loaded, EngineConfig(kind, cache=CACHE))
+    backend = InProcessBackend(engine, SamplingParams(ignore_eos=True), "tiny")
+    first_token = threading.Event()
+    request = Request(0, "r0", "s0", 0, np.asarray(prompt(0), dtype=np.uint32), max_tokens=200)
+
+    async def cut_after_the_first_token():
+        task = asyncio.ensure_future(backend.serve(request, on_token=lambda _: first_token.set()))
+        while not first_token.is_set():
+            await asyncio.sleep(0.001)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return await backend.serve(replace(request, token_ids=np.asarray(prompt(500), dtype=np.uint32), max_tokens=4))
+
+    after = asyncio.run(cut_after_the_first_token())
+    engine.wait_idle(60)
+    assert after.status is Status.OK and after.queue_ms < 1_000  # the cut request did not run on to 200 tokens
+    num_held_blocks = engine.memory([])["end_held_kv_bytes"] // loaded.kv_layout(16).bytes_per_block
+    # run to the end, the cut request alone would leave (40 + 200 - 1) // 16 = 14 blocks cached; the copy
+    # engine caches nothing of a stopped request, the paged one keeps the blocks it had computed
+    assert num_held_blocks == 2 if kind is EngineKind.COPY else 4 <= num_held_blocks < 8
