@@ -1,6 +1,6 @@
 """Table rows for what an in-process run's engine was and did, from its results file's metadata:
 ``run.engine`` (``--engine copy|paged`` and the paged engine's limits:
-:func:`kvbench.run.engines.engine_metadata`), ``run.kv_memory`` (:mod:`kvbench.run.kv_memory`) and
+the engine's ``describe()``), ``run.kv_memory`` (its ``memory(records)``: :mod:`kvbench.engine.protocol`) and
 ``run.verify_logits`` (``--verify`` on the paged engine: :mod:`kvbench.engine.paged.verify`).
 
 ``kvbench run``'s summary table shows one run (:func:`verify_logit_rows`,
