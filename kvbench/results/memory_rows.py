@@ -1,6 +1,6 @@
-"""The summary table's rows for a run's ``run.kv_memory`` metadata (written by
-the engine's ``memory(records)``, :mod:`kvbench.engine.protocol`: measured pool bytes of the paged engine, or the copy engine's blocks and
-contiguous copy)."""
+"""The summary table's rows for a run's ``run.kv_memory`` metadata (written by the engine's
+``memory(records)``, :mod:`kvbench.engine.protocol`: measured pool bytes of the paged engine, or the
+copy engine's blocks and contiguous copy)."""
 
 from __future__ import annotations
 
