@@ -144,8 +144,8 @@ class HFEngine(SerialCalls):
                     salt: str | None = None, extra_keys: Sequence[str | bytes | int] = (),
                     on_token: Callable[[int], bool | None] | None = None) -> RequestRecord:
         """Run one request in the calling thread (the queue's worker calls it: use ``submit`` or
-        ``generate``, which queue behind the requests before them). Bad input (empty prompt, id outside the vocabulary, prompt + max_tokens
-        beyond the context) gives a result with status ``error``; other exceptions propagate, after
+        ``generate``, which queue behind the requests before them). Bad input (empty prompt, id
+        outside the vocabulary, prompt + max_tokens beyond the context) gives a result with status ``error``; other exceptions propagate, after
         every pin is released.
 
         ``on_token(token_id)`` is called with every output token as soon as it is sampled (not for
