@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from kvbench.cache.base import CacheConfig
-from kvbench.engine.engine import EngineConfig, HFEngine, SamplingParams
+from kvbench.engine.engine import CopyConfig, HFEngine, SamplingParams
 from kvbench.request import RequestRecord
 from kvbench.engine.model import load_model
 
@@ -76,7 +76,7 @@ def measure(args: argparse.Namespace, loaded):
     capacity_blocks = 2 * len(prompts[0]) * (args.num_requests + 1) // 16  # never evicts here
     off = HFEngine(loaded)
     def cached(block_size: int) -> HFEngine:
-        return HFEngine(loaded, EngineConfig(cache=CacheConfig(capacity_blocks, block_size=block_size)))
+        return HFEngine(loaded, CopyConfig(cache=CacheConfig(capacity_blocks, block_size=block_size)))
 
     on = {bs: cached(bs) for bs in (16, 64)}
     first = cached(16)  # its cache is reset before each of its requests

@@ -49,7 +49,7 @@ import torch
 
 from kvbench.backends.inprocess import InProcessBackend
 from kvbench.cache.base import CacheConfig
-from kvbench.engine.engine import EngineConfig, HFEngine, SamplingParams
+from kvbench.engine.engine import CopyConfig, HFEngine, SamplingParams
 from kvbench.engine.model import load_model
 from kvbench.engine.paged.engine import PagedConfig, PagedEngine
 from kvbench.run.execute import prepared_requests
@@ -88,7 +88,7 @@ def ttft_vs_ideal(loaded, num_requests: int) -> list[tuple[str, str, str]]:
     prefix = rng.integers(0, loaded.vocab_size, 2000).tolist()
     prompts = [prefix + rng.integers(0, loaded.vocab_size, 50).tolist() for _ in range(num_requests + 1)]
     sampling = SamplingParams(max_tokens=1, ignore_eos=True)
-    copy = HFEngine(loaded, EngineConfig(cache=CacheConfig(CAPACITY_BLOCKS)))
+    copy = HFEngine(loaded, CopyConfig(cache=CacheConfig(CAPACITY_BLOCKS)))
     paged = PagedEngine(loaded, PagedConfig(CacheConfig(CAPACITY_BLOCKS)))
     for engine in (copy, paged):
         engine.generate(prompts[0], sampling)  # caches the prefix
@@ -118,7 +118,7 @@ def bytes_for_eight(loaded) -> list[tuple[str, str, str]]:
     peak = []
     futures = [paged.submit(p, sampling, on_token=lambda _: peak.append(paged.held_kv_bytes())) for p in prompts]
     assert all(f.result().cached_prompt_tokens == 2000 for f in futures)
-    copy = HFEngine(loaded, EngineConfig(cache=CacheConfig(CAPACITY_BLOCKS)))
+    copy = HFEngine(loaded, CopyConfig(cache=CacheConfig(CAPACITY_BLOCKS)))
     copy.generate(prompts[0], sampling)
     copy_blocks = copy.held_kv_bytes()
     contiguous = 8 * layout.bytes_for_tokens(len(prompts[0]) + sampling.max_tokens - 1)
@@ -198,7 +198,7 @@ class BatchStats:
 def one_engine(loaded, kind: str, requests) -> tuple:
     """One engine's run of ``requests``: :func:`summarize`'s numbers, CPU seconds, batch fill."""
     cache = CacheConfig(CAPACITY_BLOCKS)
-    engine = HFEngine(loaded, EngineConfig(cache=cache)) if kind == "copy" else PagedEngine(loaded, PagedConfig(cache))
+    engine = HFEngine(loaded, CopyConfig(cache=cache)) if kind == "copy" else PagedEngine(loaded, PagedConfig(cache))
     stats = BatchStats(engine) if kind == "paged" else None
     cpu_s = time.process_time()
     records = serve_all(requests, InProcessBackend(engine, SamplingParams(max_tokens=1, ignore_eos=True), loaded.name))

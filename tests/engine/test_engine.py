@@ -12,7 +12,7 @@ import torch
 
 from kvbench.cache.block_hash import HashConfig
 from kvbench.cache.base import CacheConfig
-from kvbench.engine.engine import EngineConfig, HFEngine
+from kvbench.engine.engine import CopyConfig, HFEngine
 from kvbench.engine.kv import (blocks_to_kv, cache_to_kv, capacity_blocks_for_bytes, forward_argument_names,
                                kv_to_blocks, kv_to_cache, storage_bytes)
 from kvbench.engine.sampling import SamplingParams
@@ -43,7 +43,7 @@ def engine_with_cache(loaded, capacity_blocks=256, **config) -> HFEngine:
     cache_fields = {k: config.pop(k) for k in ("kind", "block_size", "hash", "ttl_s") if k in config}
     cache = CacheConfig(capacity_blocks=capacity_blocks, block_size=cache_fields.pop("block_size", BLOCK),
                         **cache_fields)
-    return HFEngine(loaded, EngineConfig(cache=cache, **config))
+    return HFEngine(loaded, CopyConfig(cache=cache, **config))
 
 
 def held_payloads(engine: HFEngine, prompt: list[int]) -> list[torch.Tensor]:
@@ -267,7 +267,7 @@ def test_configs_reject_bad_values(loaded):
     with pytest.raises(ValueError):
         SamplingParams(temperature=-1)
     with pytest.raises(ValueError):
-        EngineConfig(cache=4096)
+        CopyConfig(cache=4096)
     layout = loaded.kv_layout(BLOCK)
     assert layout.bytes_per_block == 16 * 2 * 2 * 2 * 64 * 4  # tokens x K,V x layers x heads x dim x fp32
     assert capacity_blocks_for_bytes(2**20, layout) == 32  # 1 MiB / 32 KiB blocks
@@ -277,7 +277,7 @@ def test_configs_reject_bad_values(loaded):
 
 def test_ttl_expires_blocks_on_the_injected_clock(loaded):
     now_s = [0.0]
-    config = EngineConfig(cache=CacheConfig(capacity_blocks=64, ttl_s=10.0))
+    config = CopyConfig(cache=CacheConfig(capacity_blocks=64, ttl_s=10.0))
     engine = HFEngine(loaded, config, clock=lambda: now_s[0])
     prompt = random_ids(21, 40)
     engine.generate(prompt, GREEDY)

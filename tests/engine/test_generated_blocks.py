@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from kvbench.cache.base import CacheConfig, CacheKind
-from kvbench.engine.engine import EngineConfig, HFEngine
+from kvbench.engine.engine import CopyConfig, HFEngine
 from kvbench.engine.sampling import SamplingParams
 from kvbench.request import Request
 from kvbench.sim.outputs import record_outputs
@@ -20,7 +20,7 @@ FIVE = SamplingParams(max_tokens=5, ignore_eos=True)
 
 
 def engine(loaded, **cache_fields):
-    return HFEngine(loaded, EngineConfig(cache=CacheConfig(capacity_blocks=64, block_size=B, **cache_fields)))
+    return HFEngine(loaded, CopyConfig(cache=CacheConfig(capacity_blocks=64, block_size=B, **cache_fields)))
 
 
 def two_rounds(engine: HFEngine, prompt: list[int], new: list[int]):
@@ -71,7 +71,7 @@ def test_generated_blocks_cost_capacity_as_the_prediction_says(loaded):
                 for i, ids in enumerate(prompts)]
     for prompt_only, hits in ((False, 8), (True, 12)):
         config = CacheConfig(capacity_blocks=5, block_size=B, prompt_only=prompt_only)
-        on = HFEngine(loaded, EngineConfig(cache=config))
+        on = HFEngine(loaded, CopyConfig(cache=config))
         cached = [on.generate(ids, FIVE).cached_prompt_tokens for ids in prompts]
         assert cached == expected_cached_tokens(requests, config) == [0, 0, hits]
         on.cache.check_invariants()

@@ -14,7 +14,7 @@ import uvicorn
 from kvbench.backends.inprocess import InProcessBackend
 from kvbench.cache.base import CacheConfig
 from kvbench.commands.serve import bind_socket
-from kvbench.engine.engine import EngineConfig, HFEngine, SamplingParams
+from kvbench.engine.engine import CopyConfig, HFEngine, SamplingParams
 from kvbench.server.app import create_app
 from kvbench.server.connections import ConnectionLimits, server_config
 from kvbench.server.service import EngineService
@@ -118,5 +118,5 @@ def wait_until_idle(engine) -> None:
 
 def tiny_service(loaded, capacity_blocks: int = 4096) -> EngineService:
     """The server's service over ``loaded`` with a hash cache of ``capacity_blocks``."""
-    engine = HFEngine(loaded, EngineConfig(cache=CacheConfig(capacity_blocks=capacity_blocks)))
+    engine = HFEngine(loaded, CopyConfig(cache=CacheConfig(capacity_blocks=capacity_blocks)))
     return EngineService(InProcessBackend(engine, SamplingParams(), MODEL), load_tokenizer())

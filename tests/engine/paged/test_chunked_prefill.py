@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from kvbench.cache.base import CacheConfig
-from kvbench.engine.engine import EngineConfig, HFEngine
+from kvbench.engine.engine import CopyConfig, HFEngine
 from kvbench.engine.paged.engine import PagedConfig, PagedEngine
 from kvbench.engine.sampling import SamplingParams
 from readiness import LIMIT_S
@@ -26,7 +26,7 @@ def prompt(seed, n):
 @pytest.mark.parametrize("budget", [16, 37])
 def test_a_prompt_longer_than_the_token_budget_is_prefilled_in_chunks(loaded, budget):
     prompts = [prompt(1, 150), prompt(2, 90)]
-    reference = HFEngine(loaded, EngineConfig(cache=None))
+    reference = HFEngine(loaded, CopyConfig(cache=None))
     expected = [reference.generate(p, GREEDY).output_token_ids for p in prompts]
     engine = PagedEngine(loaded, PagedConfig(CacheConfig(capacity_blocks=64, block_size=16),
                                              max_num_batched_tokens=budget))

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from kvbench.cache.base import CacheConfig
-from kvbench.engine.engine import EngineConfig, HFEngine
+from kvbench.engine.engine import CopyConfig, HFEngine
 from kvbench.engine.model import load_model
 from kvbench.engine.paged.engine import PagedConfig, PagedEngine
 from kvbench.engine.sampling import SamplingParams
@@ -46,7 +46,7 @@ def assert_clean(engine):
 @pytest.mark.parametrize("block_size", [16, 64])
 def test_default_model_outputs_equal_copy_engine_and_cache_off(default, block_size):
     engine = paged(default, block_size=block_size)  # registers paged attention on the shared model first
-    copy = HFEngine(default, EngineConfig(cache=CacheConfig(256, block_size)))
+    copy = HFEngine(default, CopyConfig(cache=CacheConfig(256, block_size)))
     off = HFEngine(default)
     sampling = SamplingParams(max_tokens=3, ignore_eos=True)
     prompts = prompts_sharing(140, (13, 40, 70), default.vocab_size)
@@ -208,7 +208,7 @@ def test_ttl_expires_idle_pool_blocks_and_a_hit_restarts_the_timer(loaded):
     """--ttl on the paged engine: the copy engine's rule (tests/cache contract), on pool block ids."""
     now = [0.0]
     engine = PagedEngine(loaded, PagedConfig(CacheConfig(64, 16, ttl_s=300.0)), clock=lambda: now[0])
-    reference = HFEngine(loaded, EngineConfig(cache=CacheConfig(64, 16, ttl_s=300.0)), clock=lambda: now[0])
+    reference = HFEngine(loaded, CopyConfig(cache=CacheConfig(64, 16, ttl_s=300.0)), clock=lambda: now[0])
     prompt, sampling = ids(7, 40), SamplingParams(max_tokens=2, ignore_eos=True)  # 41 computed: 2 blocks
     cached = []
     for now[0] in (0.0, 200.0, 450.0, 800.0):  # idle 200 s, 250 s (since the hit at 200), then 350 s

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from kvbench.cache.base import CacheConfig
-from kvbench.engine.engine import EngineConfig, HFEngine
+from kvbench.engine.engine import CopyConfig, HFEngine
 from kvbench.engine.model import load_model
 from kvbench.engine.paged.engine import PagedConfig, PagedEngine
 from kvbench.engine.sampling import SamplingParams
@@ -37,7 +37,7 @@ def assert_clean(engine):
 def test_default_model_radix_outputs_equal_copy_radix_and_cache_off():
     default = load_model()
     engine = paged(default)  # registers paged attention on the model first
-    copy, off = HFEngine(default, EngineConfig(cache=CacheConfig(256, 16, kind="radix"))), HFEngine(default)
+    copy, off = HFEngine(default, CopyConfig(cache=CacheConfig(256, 16, kind="radix"))), HFEngine(default)
     sampling = SamplingParams(max_tokens=3, ignore_eos=True)
     shared = ids(0, 140, default.vocab_size)
     prompts = [shared + ids(1 + i, n, default.vocab_size) for i, n in enumerate((13, 40, 70))]
