@@ -10,7 +10,8 @@ of the asyncio lock the in-process backend held before (a busy server's queue):
   starts; an exception it raises becomes the future's and nothing runs (a client that left while its
   request was queued);
 * :meth:`SerialQueue.abort` cancels a queued request (it never runs) or stops a running one at its
-  next token (every pinned block released, nothing of it cached; the future is cancelled);
+  next token (every pinned block released, nothing of it cached; the future is cancelled); at
+  interpreter exit the running request stops at its next token too (:mod:`kvbench.engine.worker`);
 * :meth:`SerialQueue.after_queued` runs a call (the prefix-cache reset) once every request queued
   before it has finished; requests queued after it wait for it.
 """
@@ -133,9 +134,8 @@ class SerialQueue:
                 else:
                     item.future.set_result(outcome)
 
-    @staticmethod
-    def _on_token(item: _Queued, token_id: int) -> bool | None:
-        if item.future.cancelled():
+    def _on_token(self, item: _Queued, token_id: int) -> bool | None:
+        if item.future.cancelled() or self._worker.stopping:  # aborted, or the interpreter is exiting
             raise _Aborted
         return item.on_token(token_id) if item.on_token is not None else None
 
