@@ -83,7 +83,8 @@ def verify_metadata(engine) -> dict | None:
 
 
 def engine_metadata(flags: EngineFlags, engine) -> dict:
-    """The ``run.engine`` metadata of a results file: the kind and, for paged, its limits and pool."""
+    """The ``run.engine`` metadata of a results file: the kind and, for paged, its limits, pool and
+    attention kernel."""
     if flags.engine is EngineKind.COPY:
         return {"kind": "copy"}
     config = engine.config
@@ -91,4 +92,6 @@ def engine_metadata(flags: EngineFlags, engine) -> dict:
             "max_num_batched_tokens": config.max_num_batched_tokens, "batch_invariant": config.batch_invariant,
             "num_pool_blocks": config.pool.capacity_blocks, "pool_bytes": engine.kv_pool.allocated_bytes,
             "host_tier_blocks": config.host_tier_blocks,
-            "host_tier_bytes": engine.host_kv.allocated_bytes if engine.host_kv is not None else 0}
+            "host_tier_bytes": engine.host_kv.allocated_bytes if engine.host_kv is not None else 0,
+            "attention_kernel": engine.attention_kernel.kernel.value,  # engine/paged/kernels.py
+            "attention_kernel_reason": engine.attention_kernel.reason}

@@ -16,10 +16,10 @@ that sequence and frees its blocks; an exception in a forward fails every sequen
 blocks freed. ``on_token`` returning ``True`` ends the request normally after that token (a stop
 sequence matched), as in the copy engine.
 
-Timings (``time.perf_counter``): a record's clock starts at its first admission; ``queue_ms`` is the
-wait from ``submit`` until then. ``kv_load_ms`` is 0 (GPU hits are read in place by attention;
-``--host-tier`` loads are copied within the step). Under ``--verify`` the cache-off reference passes
-run only while nothing runs or waits, so no TTFT, ITL or E2E includes one (``queue_ms`` can).
+Timings (``perf_counter``; token stamps after the device finished, :mod:`kvbench.engine.stamps`): a
+record's clock starts at its first admission; ``queue_ms`` is the wait from ``submit``. ``kv_load_ms``
+is 0 (GPU hits are read in place; ``--host-tier`` loads are copied within the step). Under ``--verify``
+the reference passes run only while nothing runs or waits (no TTFT, ITL or E2E includes one).
 """
 
 from __future__ import annotations
@@ -29,8 +29,7 @@ import itertools
 import threading
 import time
 import weakref
-from collections.abc import Callable
-from collections.abc import Sequence as Seq
+from collections.abc import Callable, Sequence as Seq
 from concurrent.futures import Future
 from functools import partial
 
@@ -45,10 +44,12 @@ from kvbench.engine.paged.attention import PagedForward, SequenceSlice, skip_mas
 from kvbench.engine.paged.config import PagedConfig
 from kvbench.engine.paged.held import PoolMeter
 from kvbench.engine.paged.jobs import Job, job_record, sample_sampling
+from kvbench.engine.paged.kernels import start_kernel
 from kvbench.engine.paged.kv_pool import HostKV, KVPool
 from kvbench.engine.paged.scheduler import Scheduler, Sequence, blocks_for
 from kvbench.engine.paged.verify import Verifier, VerifyReport
 from kvbench.engine.sampling import SamplingParams, sample_next_token
+from kvbench.engine.stamps import stamp_s
 from kvbench.errors import CacheBusyError, InputError
 from kvbench.request import RequestRecord
 
@@ -57,12 +58,11 @@ _WORKERS: dict[threading.Thread, weakref.ref] = {}  # every worker thread not kn
 
 @atexit.register
 def _stop_workers_at_exit() -> None:
-    """A worker thread still inside torch, or still tearing down its thread state, when the
-    interpreter finalizes aborts the process (``terminate called without an active exception``,
-    exit status 134): seen when a server, benchmark or interrupted run leaves with requests in
-    flight, and after an interrupt even once the engine was collected. Stop every live engine's
-    worker at a step boundary and join every worker thread (atexit handlers run before
-    finalization; a step takes at most one forward)."""
+    """A worker thread still inside torch, or still tearing down its thread state, when the interpreter
+    finalizes aborts the process (``terminate called without an active exception``, exit status 134):
+    seen when a server, benchmark or interrupted run leaves with requests in flight, and after an
+    interrupt even once the engine was collected. Stop every live engine's worker at a step boundary
+    and join every worker thread (atexit handlers run before finalization; a step is one forward)."""
     for engine in [ref() for ref in list(_WORKERS.values())]:
         if engine is not None:
             engine._stopping = True
@@ -85,8 +85,7 @@ class PagedEngine:
         engine = PagedEngine(load_model(), PagedConfig(CacheConfig(capacity_blocks=4096)))
         record = engine.generate(token_ids, SamplingParams(max_tokens=32, ignore_eos=True))
 
-    ``clock`` (seconds) is the TTL clock, injectable for tests as the copy engine's; latencies always
-    use ``time.perf_counter``.
+    ``clock`` (seconds) is the TTL clock, injectable for tests; latencies always use ``perf_counter``.
 
     Raises:
         InputError: the model's attention does not go through transformers' attention interface.
@@ -100,6 +99,7 @@ class PagedEngine:
         self.config = config
         block_size = config.pool.block_size
         self.kv_pool = KVPool(loaded.kv_layout(block_size), config.pool.capacity_blocks, loaded.device, loaded.dtype)
+        self.attention_kernel, self._decode_kernel = start_kernel(self.kv_pool, config.attention_kernel)
         hasher = BlockHasher(block_size, config.pool.hash) if config.prefix_caching else None
         self.scheduler = Scheduler(config.pool.capacity_blocks, block_size, hasher, config.max_num_seqs,
                                    config.max_num_batched_tokens,
@@ -305,7 +305,7 @@ class PagedEngine:
                 keep.append(len(ids) - 1)
         position_tensor = torch.tensor(positions, device=device)  # (tokens,)
         paged = PagedForward.plan(self.kv_pool, torch.tensor(slot_blocks, device=device),  # (tokens,)
-                                  position_tensor % block_size, slices)
+                                  position_tensor % block_size, slices, kernel=self._decode_kernel)
         output = self.loaded.model(input_ids=torch.tensor([ids], device=device),  # (1, tokens)
                                    position_ids=position_tensor[None], use_cache=False,
                                    attention_mask=skip_mask_creation(device),
@@ -331,7 +331,7 @@ class PagedEngine:
             job.chosen_logprobs.append(float(torch.log_softmax(logits.float(), dim=-1)[token]))
         seq = job.seq
         seq.token_ids.append(token)
-        job.token_s.append(time.perf_counter())
+        job.token_s.append(stamp_s(self.loaded.device))  # after the device finished (engine/stamps.py)
         if job.prefill_ms is None:
             job.prefill_ms = (job.token_s[0] - job.admitted_s) * 1e3
         try:
