@@ -37,7 +37,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
-from kvbench.engine.paged.kernels import PageTables
+from kvbench.engine.paged.kernels import DecodeKernel, PageTables
 from kvbench.engine.paged.kv_pool import NULL_BLOCK_ID, KVPool
 
 ATTENTION_NAME = "kvbench_paged"
@@ -83,7 +83,7 @@ class DecodeBatch:
         for i, seq in enumerate(sequences):
             tables[i, :len(seq.block_table)] = seq.block_table
         lengths = torch.tensor([seq.num_context_tokens for seq in sequences], device=device)  # (n,)
-        key_positions = torch.arange(int(lengths.max()), device=device)  # (kv,)
+        key_positions = torch.arange(max(seq.num_context_tokens for seq in sequences), device=device)  # (kv,), no sync
         mask = (key_positions[None, :] < lengths[:, None])[:, None, None]  # (n, 1, 1, kv)
         rows = torch.tensor([seq.query_start for seq in sequences], device=device)  # (n,)
         return cls(rows, tables.flatten(), mask)  # tables: (n * max_blocks,)
@@ -108,13 +108,13 @@ class PagedForward:
     slot_offsets: torch.Tensor
     sequences: tuple[tuple[SequenceSlice, torch.Tensor | None], ...]
     decode: DecodeBatch | None = None
-    kernel: object | None = None
+    kernel: DecodeKernel | None = None
     page_tables: PageTables | None = None
 
     @classmethod
     def plan(cls, pool: KVPool, slot_block_ids: torch.Tensor, slot_offsets: torch.Tensor,
              sequences: Sequence[SequenceSlice], batch_decodes: bool | None = None,
-             kernel: object | None = None) -> PagedForward:
+             kernel: DecodeKernel | None = None) -> PagedForward:
         """Split ``sequences`` once per forward (every layer reuses the split, the masks and the
         padded block tables): with ``batch_decodes``, two or more single-token queries form the
         :class:`DecodeBatch`; the rest run one by one. ``None``: batch except on CPU, where one

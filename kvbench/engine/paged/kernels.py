@@ -216,16 +216,17 @@ class FlashAttnDecode:
     def attend(self, layer: int, query: torch.Tensor, tables: PageTables, scaling: float | None) -> torch.Tensor:
         """``query`` ``(n, heads, head_dim)`` -> ``(n, heads, head_dim)``."""
         keys, values = nhd_pages(self.pool, layer)
-        out = self._call(query[:, None].contiguous(), keys, values, cache_seqlens=tables.lengths, block_table=tables.block_tables,
-                         softmax_scale=scaling, causal=True)  # (n, 1, heads, head_dim)
+        out = self._call(query[:, None].contiguous(), keys, values, cache_seqlens=tables.lengths,
+                         block_table=tables.block_tables, softmax_scale=scaling, causal=True)  # (n, 1, heads, head_dim)
         return out[:, 0]
 
 
+DecodeKernel = FlashInferDecode | FlashAttnDecode  # ``attend(layer, query, tables, scaling)``
 DECODE_KERNELS = {AttentionKernel.FLASHINFER: FlashInferDecode, AttentionKernel.FLASH_ATTN: FlashAttnDecode}
 
 
 def start_kernel(pool: KVPool, requested: AttentionKernel = AttentionKernel.AUTO,
-                 probe: Callable[[str], bool] | None = None) -> tuple[KernelChoice, FlashInferDecode | FlashAttnDecode | None]:
+                 probe: Callable[[str], bool] | None = None) -> tuple[KernelChoice, DecodeKernel | None]:
     """:func:`choose_kernel` for ``pool`` and the kernel object (``None`` for ``sdpa-gathered``)."""
     first = pool.keys[0]
     choice = choose_kernel(first.device, first.dtype, pool.block_size, pool.layout.head_dim, requested, probe)
