@@ -42,6 +42,7 @@ ENGINE_MODULES = frozenset({
     "tests/commands/test_sweep_cli.py",
     "tests/commands/test_sweep_engine_cli.py",
     "tests/engine/paged/test_attention.py",
+    "tests/engine/paged/test_cuda.py",  # skipped without CUDA
     "tests/engine/paged/test_exit_with_work.py",
     "tests/engine/paged/test_in_flight_prefix.py",
     "tests/engine/test_model.py",

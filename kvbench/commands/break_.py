@@ -34,7 +34,7 @@ break_app = typer.Typer(
 
 ModelPath = Annotated[Path | None, typer.Option(
     "--model", help="Local Hugging Face checkpoint (default: the built-in random Llama).")]
-Device = Annotated[str, typer.Option(help="cpu, cuda, cuda:N or mps.")]
+Device = opt.Device  # checked while the flags are parsed, as run's
 Out = Annotated[Path | None, typer.Option(help="Output FILE: the Parquet file (default results/break-NAME-TIME.parquet).")]
 Seed = Annotated[int, typer.Option(help="Workload seed.")]
 BlockSize = Annotated[int, typer.Option(min=1, help="Tokens per cache block.")]
@@ -108,10 +108,12 @@ def _experiment(experiment: str, run: Callable[[Any, Any, Any], Any], tables: Ca
     :class:`Interrupted` says where."""
     from kvbench.breaks.common import collect_finished, default_out_path, write_finished
     from kvbench.commands.common import sigterm_as_interrupt
+    from kvbench.engine.model import resolve_device
     from kvbench.engine.threads import chosen_threads
     from kvbench.results.parquet import check_output_path
 
     out = check_output_path(out or default_out_path(experiment))  # before minutes of work, not after
+    resolve_device(device)  # no such GPU: one line, before the threads line
     err = make_console(stderr=True)
     with sigterm_as_interrupt(), collect_finished(out, experiment) as collected, Heartbeat(err) as heartbeat:
         try:

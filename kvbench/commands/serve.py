@@ -145,7 +145,7 @@ def serve(
     --engine paged concurrent requests are batched (continuous batching over one KV pool)."""
     import uvicorn
 
-    from kvbench.engine.model import ModelConfig
+    from kvbench.engine.model import ModelConfig, resolve_device
     from kvbench.engine.threads import check_threads, chosen_threads
     from kvbench.server.app import create_app
     from kvbench.server.connections import server_config
@@ -153,6 +153,7 @@ def serve(
     _check_numbers(port, block_size, min_cache_tokens)
     check_threads(threads)
     model_config = checked(lambda: ModelConfig(path=model, device=device, dtype=dtype))
+    resolve_device(model_config.device)  # no such GPU: one line, before the port is bound
     guards = _guards(host, api_key, max_body_size, tuple(allowed_host or ()))
     limits = _limits(max_connections, header_timeout, keep_alive_timeout)
     sock = bind_socket(host, port)  # before the model loads: a busy port fails at once

@@ -18,8 +18,9 @@ A request's life (:meth:`HFEngine.generate`; the caller renders and tokenizes, t
 Block payload layout: one contiguous tensor per block, ``(layers, 2, kv_heads, block_size, head_dim)``
 (dimension 1: 0 = keys, 1 = values), so a hit is one ``torch.cat`` along dimension 3.
 
-Timestamps are ``time.perf_counter`` readings relative to the call's start; the send loop adds queue
-time. The engine records ``lookup_ms`` (hashing + lookup), ``kv_load_ms`` (gathering hit blocks),
+Timestamps are ``time.perf_counter`` readings relative to the call's start, taken once the device
+has finished (:func:`kvbench.engine.stamps.stamp_s`: on CUDA after ``torch.cuda.synchronize``); the
+send loop adds queue time. The engine records ``lookup_ms`` (hashing + lookup), ``kv_load_ms`` (gathering hit blocks),
 ``prefill_ms`` and ``insert_ms`` (after the last token) in its :class:`kvbench.request.RequestRecord`. TPOT follows vLLM's benchmark: ``(e2e - ttft) / (output_tokens - 1)``, undefined for one token.
 
 Numerics: cache-on greedy outputs must equal cache-off ones token for token. The two paths do not
@@ -53,6 +54,7 @@ from kvbench.engine.model import LoadedModel
 from kvbench.engine.request_check import check_attention_only, check_request
 from kvbench.engine.serial import SerialCalls
 from kvbench.engine.sampling import SamplingParams, sample_next_token  # SamplingParams: part of this API
+from kvbench.engine.stamps import stamp_s
 from kvbench.request import RequestRecord, Status
 
 # ---------------------------------------------------------------- configs and results
@@ -129,6 +131,7 @@ class HFEngine(SerialCalls):
         self.cache: PrefixCache | None = make_cache(config.cache, clock) if config.cache else None
         self._hasher = BlockHasher(config.cache.block_size, config.cache.hash) if config.cache else None
         self._cache_arg, self._logits_arg = forward_argument_names(loaded.model)
+        self._device = loaded.device  # stamps wait for it (engine/stamps.py)
         self._payloads: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
         self._payload_ids = itertools.count()
 
@@ -182,16 +185,16 @@ class HFEngine(SerialCalls):
                 match = cache.lookup(prompt, prompt.max_hit_blocks)
                 handles.extend(match.handles)
                 num_hit_blocks = match.num_hit_blocks
-                stamps.looked_up_s = time.perf_counter()
+                stamps.looked_up_s = stamp_s(self._device)
                 past = blocks_to_kv(match.payloads) if num_hit_blocks else []
-            stamps.kv_loaded_s = time.perf_counter()
+            stamps.kv_loaded_s = stamp_s(self._device)
             kv_cache = kv_to_cache(past)
             num_hit_tokens = num_hit_blocks * (self.block_size or 0)
             tokens = self._prefill_and_decode(ids[num_hit_tokens:], kv_cache, sampling, stamps, on_token)
             if cache is not None:
                 stored = self._stored_blocks(prompt, ids, tokens, salt, extra_keys)
                 num_inserted = self._insert(cache, stored, num_hit_blocks, kv_cache, handles)
-            stamps.inserted_s = time.perf_counter()
+            stamps.inserted_s = stamp_s(self._device)
         finally:
             if handles:
                 cache.release(handles)
@@ -203,16 +206,16 @@ class HFEngine(SerialCalls):
         if sampling.temperature > 0 and sampling.seed is not None:
             generator = torch.Generator(device=self.loaded.device).manual_seed(sampling.seed)
         logits = self._prefill(tail_ids, kv_cache)  # (vocab,)
-        stamps.prefilled_s = time.perf_counter()
+        stamps.prefilled_s = stamp_s(self._device)
         tokens = [sample_next_token(logits, sampling, generator)]
-        stamps.token_s.append(time.perf_counter())  # TTFT: the first token exists
+        stamps.token_s.append(stamp_s(self._device))  # TTFT: the first token exists
         if on_token is not None and on_token(tokens[-1]):
             return tokens
         eos = () if sampling.ignore_eos else self.loaded.eos_token_ids
         while len(tokens) < sampling.max_tokens and tokens[-1] not in eos:
             logits = self._decode_step(tokens[-1], kv_cache)  # (vocab,)
             tokens.append(sample_next_token(logits, sampling, generator))
-            stamps.token_s.append(time.perf_counter())
+            stamps.token_s.append(stamp_s(self._device))
             if on_token is not None and on_token(tokens[-1]):
                 break
         return tokens
@@ -285,10 +288,10 @@ class HFEngine(SerialCalls):
         """The best a cache hit can do: first token id and ms for the forward over ``tail_ids`` with a
         ready-made ``past`` (no hashing, no lookup, no concatenation), plus sampling."""
         kv_cache = kv_to_cache(past)
-        start_s = time.perf_counter()
+        start_s = stamp_s(self._device)
         logits = self._prefill([int(t) for t in tail_ids], kv_cache)
         token = sample_next_token(logits, sampling, None)
-        return token, (time.perf_counter() - start_s) * 1e3
+        return token, (stamp_s(self._device) - start_s) * 1e3
 
     def held_kv_bytes(self) -> int:
         """Bytes the cached payloads really keep alive (distinct storages; a view counts its base)."""

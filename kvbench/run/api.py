@@ -87,7 +87,7 @@ def run_inprocess(config: RunConfig, on_progress: Progress | None = None, on_sta
 
 
 def _run_inprocess(config: RunConfig, on_progress: Progress | None, say: OnStatus, choose_threads) -> RunOutcome:
-    from kvbench.engine.model import ModelConfig, load_model
+    from kvbench.engine.model import ModelConfig, load_model, resolve_device
     from kvbench.engine.sampling import SamplingParams
     from kvbench.workloads.tokenizer import load_tokenizer
 
@@ -102,6 +102,7 @@ def _run_inprocess(config: RunConfig, on_progress: Progress | None, say: OnStatu
     check_cache_size_text(config.cache.cache_size or settings.cache_size)  # all before torch loads the model
     if settings.cache == "on" or config.engine.engine is EngineKind.PAGED:  # the cache's rules, at a stand-in size
         cache_config(source.cache, config.cache, 1, block_size)
+    resolve_device(flags.device)  # no such GPU: one line, before the threads line
     threads = choose_threads()  # bad input above stays one line: no status line before it
     say(loading_line(flags.path, flags.device))
     loaded = load_model(model_config)

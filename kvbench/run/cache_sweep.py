@@ -88,7 +88,7 @@ def sweep(config: SweepConfig, on_progress: Progress | None = None,
 
 def _sweep(config: SweepConfig, on_progress: Progress | None, on_size: Callable[[int], None] | None, say: OnStatus,
            outcome: SweepOutcome, choose_threads) -> SweepOutcome:
-    from kvbench.engine.model import ModelConfig, load_model
+    from kvbench.engine.model import ModelConfig, load_model, resolve_device
     from kvbench.workloads.tokenizer import load_tokenizer
 
     flags = config.model
@@ -99,6 +99,7 @@ def _sweep(config: SweepConfig, on_progress: Progress | None, on_size: Callable[
     requests = prepared_requests(source, settings)
     folder = config.out or Path("results") / f"sweep-{source.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     check_output_path(folder / "sweep.parquet")
+    resolve_device(flags.device)  # no such GPU: one line, before the threads line
     threads = choose_threads()  # bad input above stays one line: no status line before it
     say(loading_line(flags.path, flags.device))
     loaded = load_model(model_config)

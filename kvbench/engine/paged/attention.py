@@ -9,7 +9,8 @@ function
 2. attends every decoding sequence (one query token) of the forward in **one** SDPA call, when
    there are two or more and the device is not the CPU (:meth:`PagedForward.plan`): one ``index_select`` over their block tables padded with the null block
    (:meth:`KVPool.gather_padded`) and a ``(n, 1, 1, kv)`` mask that hides each one's padding
-   (:class:`DecodeBatch`);
+   (:class:`DecodeBatch`); or, with a paged-KV kernel (FlashInfer, FlashAttention on CUDA:
+   :mod:`kvbench.engine.paged.kernels`), one kernel call that reads the blocks in the pool;
 3. attends each other sequence (a prefill chunk, or a lone decode) alone: gathers its K/V by
    block table (one copy, :meth:`KVPool.gather`) and runs transformers' own SDPA path
    (``sdpa_attention_forward``) with the mask the copy engine gets: none when the queries are the
@@ -36,6 +37,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
+from kvbench.engine.paged.kernels import DecodeKernel, PageTables
 from kvbench.engine.paged.kv_pool import NULL_BLOCK_ID, KVPool
 
 ATTENTION_NAME = "kvbench_paged"
@@ -81,7 +83,7 @@ class DecodeBatch:
         for i, seq in enumerate(sequences):
             tables[i, :len(seq.block_table)] = seq.block_table
         lengths = torch.tensor([seq.num_context_tokens for seq in sequences], device=device)  # (n,)
-        key_positions = torch.arange(int(lengths.max()), device=device)  # (kv,)
+        key_positions = torch.arange(max(seq.num_context_tokens for seq in sequences), device=device)  # (kv,), no sync
         mask = (key_positions[None, :] < lengths[:, None])[:, None, None]  # (n, 1, 1, kv)
         rows = torch.tensor([seq.query_start for seq in sequences], device=device)  # (n,)
         return cls(rows, tables.flatten(), mask)  # tables: (n * max_blocks,)
@@ -97,6 +99,8 @@ class PagedForward:
         sequences: the sequences attended one at a time (prefill chunks, or a lone decode), in
             row order, each with its mask (:func:`causal_mask`).
         decode: the decoding sequences attended together, ``None`` when fewer than two decode.
+        kernel / page_tables: the paged-KV kernel that attends ``decode`` and its page tables
+            (:mod:`kvbench.engine.paged.kernels`); ``None``: SDPA over the gathered blocks.
     """
 
     pool: KVPool
@@ -104,17 +108,20 @@ class PagedForward:
     slot_offsets: torch.Tensor
     sequences: tuple[tuple[SequenceSlice, torch.Tensor | None], ...]
     decode: DecodeBatch | None = None
+    kernel: DecodeKernel | None = None
+    page_tables: PageTables | None = None
 
     @classmethod
     def plan(cls, pool: KVPool, slot_block_ids: torch.Tensor, slot_offsets: torch.Tensor,
-             sequences: Sequence[SequenceSlice], batch_decodes: bool | None = None) -> PagedForward:
+             sequences: Sequence[SequenceSlice], batch_decodes: bool | None = None,
+             kernel: DecodeKernel | None = None) -> PagedForward:
         """Split ``sequences`` once per forward (every layer reuses the split, the masks and the
         padded block tables): with ``batch_decodes``, two or more single-token queries form the
         :class:`DecodeBatch`; the rest run one by one. ``None``: batch except on CPU, where one
         sequence at a time measured 2-4x faster (its gathered K/V, ~0.5 MiB, is still in cache
         when SDPA reads it; the padded batch's is not; see README "Paged engine speed"). A forward
         of one sequence (concurrency 1, ``--batch-invariant``) never batches, so its outputs are
-        those of the copy engine, bit for bit."""
+        those of the copy engine, bit for bit. ``kernel`` (``start_kernel``'s) attends the batch."""
         device = slot_block_ids.device
         if batch_decodes is None:
             batch_decodes = device.type != "cpu"
@@ -122,7 +129,11 @@ class PagedForward:
         decode = DecodeBatch.of(decoding, device) if batch_decodes and len(decoding) >= 2 else None
         alone = [seq for seq in sequences if decode is None or seq.num_query_tokens > 1]
         with_masks = tuple((seq, causal_mask(seq.num_query_tokens, seq.num_context_tokens, device)) for seq in alone)
-        return cls(pool, slot_block_ids, slot_offsets, with_masks, decode)
+        if decode is None or kernel is None:
+            return cls(pool, slot_block_ids, slot_offsets, with_masks, decode)
+        padded = decode.block_tables.view(len(decoding), -1).tolist()  # one device-to-host copy per forward
+        tables = PageTables.of(padded, [seq.num_context_tokens for seq in decoding], pool.block_size, device)
+        return cls(pool, slot_block_ids, slot_offsets, with_masks, decode, kernel, tables)
 
 
 def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -144,7 +155,10 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
                                         scaling=scaling)  # (1, q, heads, head_dim)
         output[:, lo:hi] = out
     decode = kvbench_paged.decode
-    if decode is not None:
+    if decode is not None and kvbench_paged.kernel is not None:  # the blocks read in place
+        decode_query = query[0][:, decode.rows].transpose(0, 1)  # (n, heads, head_dim)
+        output[0, decode.rows] = kvbench_paged.kernel.attend(layer, decode_query, kvbench_paged.page_tables, scaling)
+    elif decode is not None:
         num_context = decode.mask.shape[-1]
         keys, values = pool.gather_padded(layer, decode.block_tables, len(decode.rows), num_context)  # (n, kv_heads, kv, head_dim)
         decode_query = query[0][:, decode.rows].transpose(0, 1)[:, :, None]  # (n, heads, 1, head_dim)

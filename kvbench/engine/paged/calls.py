@@ -161,13 +161,16 @@ class PagedCalls:
         return self.scheduler.host_tier_counters()
 
     def describe(self) -> dict[str, Any]:
-        """``run.engine``: the kind, the per-step limits and the pool (blocks, bytes, host tier)."""
+        """``run.engine``: the kind, the per-step limits, the pool (blocks, bytes, host tier) and the
+        attention kernel of the batched decode (:mod:`kvbench.engine.paged.kernels`)."""
         config = self.config
         return {"kind": "paged", "max_num_seqs": config.max_num_seqs,
                 "max_num_batched_tokens": config.max_num_batched_tokens, "batch_invariant": config.batch_invariant,
                 "num_pool_blocks": config.pool.capacity_blocks, "pool_bytes": self.kv_pool.allocated_bytes,
                 "host_tier_blocks": config.host_tier_blocks,
-                "host_tier_bytes": self.host_kv.allocated_bytes if self.host_kv is not None else 0}
+                "host_tier_bytes": self.host_kv.allocated_bytes if self.host_kv is not None else 0,
+                "attention_kernel": self.attention_kernel.kernel.value,
+                "attention_kernel_reason": self.attention_kernel.reason}
 
     def memory(self, records: Seq[tuple[Request, RequestRecord]] = ()) -> dict[str, int | str]:
         """``run.kv_memory``, measured on the pool (:class:`kvbench.engine.paged.held.PoolMeter`): the

@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 from kvbench.cache.base import CacheConfig
 
 DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default --max-num-seqs
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # vLLM v1's default token budget per step with chunked prefill
+
+
+class AttentionKernel(str, Enum):
+    """The batched decode's attention kernel (:mod:`kvbench.engine.paged.kernels`); ``auto`` picks at start."""
+
+    AUTO = "auto"
+    SDPA_GATHERED = "sdpa-gathered"
+    FLASHINFER = "flashinfer"
+    FLASH_ATTN = "flash-attn"
 
 
 @dataclass(frozen=True)
@@ -29,6 +39,8 @@ class PagedConfig:
         host_tier_blocks: blocks of a host-memory KV tier below the pool (0: none): released blocks are
             written through to it, a GPU miss continues the lookup there and loads the hits back
             (:mod:`kvbench.cache.host_tier`; the inclusive policy of :mod:`kvbench.sim.tiers`).
+        attention_kernel: the batched decode's kernel, an :class:`AttentionKernel` or its value;
+            ``auto`` = a paged-KV kernel on CUDA where installed, else SDPA over gathered blocks.
 
     Raises:
         ValueError: a non-positive limit, or a cache
@@ -45,8 +57,13 @@ class PagedConfig:
     verify: bool = False
     salt: str = ""
     host_tier_blocks: int = 0
+    attention_kernel: AttentionKernel | str = AttentionKernel.AUTO
 
     def __post_init__(self) -> None:
+        kernels = [kernel.value for kernel in AttentionKernel]
+        if self.attention_kernel not in kernels:
+            raise ValueError(f"attention_kernel: {self.attention_kernel!r} is not one of {', '.join(kernels)}")
+        object.__setattr__(self, "attention_kernel", AttentionKernel(self.attention_kernel))
         for name in ("max_num_seqs", "max_num_batched_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:

@@ -17,10 +17,10 @@ that sequence and frees its blocks; an exception in a forward fails every sequen
 blocks freed. ``on_token`` returning ``True`` ends the request normally after that token (a stop
 sequence matched), as in the copy engine.
 
-Timings (``time.perf_counter``): a record's clock starts at its first admission; ``queue_ms`` is the
-wait from ``submit`` until then. ``kv_load_ms`` is 0 (GPU hits are read in place by attention;
-``--host-tier`` loads are copied within the step). Under ``--verify`` the cache-off reference passes
-run only while nothing runs or waits, so no TTFT, ITL or E2E includes one (``queue_ms`` can).
+Timings (``perf_counter``; token stamps after the device finished, :mod:`kvbench.engine.stamps`): a
+record's clock starts at its first admission; ``queue_ms`` is the wait from ``submit``. ``kv_load_ms``
+is 0 (GPU hits are read in place; ``--host-tier`` loads are copied within the step). Under ``--verify``
+the reference passes run only while nothing runs or waits (no TTFT, ITL or E2E includes one).
 """
 
 from __future__ import annotations
@@ -39,10 +39,12 @@ from kvbench.engine.paged.calls import PagedCalls
 from kvbench.engine.paged.config import PagedConfig
 from kvbench.engine.paged.held import PoolMeter
 from kvbench.engine.paged.jobs import Job, job_record
+from kvbench.engine.paged.kernels import start_kernel
 from kvbench.engine.paged.kv_pool import HostKV, KVPool
 from kvbench.engine.paged.scheduler import Scheduler, Sequence
 from kvbench.engine.paged.verify import Verifier
 from kvbench.engine.sampling import sample_next_token
+from kvbench.engine.stamps import stamp_s
 from kvbench.engine.worker import RequestFuture, Task, Worker  # RequestFuture: part of this API
 from kvbench.errors import InputError
 
@@ -69,6 +71,7 @@ class PagedEngine(PagedCalls):
         self.config = config
         block_size = config.pool.block_size
         self.kv_pool = KVPool(loaded.kv_layout(block_size), config.pool.capacity_blocks, loaded.device, loaded.dtype)
+        self.attention_kernel, self._decode_kernel = start_kernel(self.kv_pool, config.attention_kernel)
         hasher = BlockHasher(block_size, config.pool.hash) if config.prefix_caching else None
         self.scheduler = Scheduler(config.pool.capacity_blocks, block_size, hasher, config.max_num_seqs,
                                    config.max_num_batched_tokens,
@@ -153,7 +156,7 @@ class PagedEngine(PagedCalls):
                 keep.append(len(ids) - 1)
         position_tensor = torch.tensor(positions, device=device)  # (tokens,)
         paged = PagedForward.plan(self.kv_pool, torch.tensor(slot_blocks, device=device),  # (tokens,)
-                                  position_tensor % block_size, slices)
+                                  position_tensor % block_size, slices, kernel=self._decode_kernel)
         output = self.loaded.model(input_ids=torch.tensor([ids], device=device),  # (1, tokens)
                                    position_ids=position_tensor[None], use_cache=False,
                                    attention_mask=skip_mask_creation(device),
@@ -179,7 +182,7 @@ class PagedEngine(PagedCalls):
             job.chosen_logprobs.append(float(torch.log_softmax(logits.float(), dim=-1)[token]))
         seq = job.seq
         seq.token_ids.append(token)
-        job.token_s.append(time.perf_counter())
+        job.token_s.append(stamp_s(self.loaded.device))  # after the device finished (engine/stamps.py)
         if job.prefill_ms is None:
             job.prefill_ms = (job.token_s[0] - job.admitted_s) * 1e3
         try:

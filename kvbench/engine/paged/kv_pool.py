@@ -100,13 +100,16 @@ class KVPool:
 
 class HostKV:
     """The host tier's K/V: per layer and K/V a ``(kv_heads, capacity_blocks, block_size, head_dim)``
-    tensor in CPU memory, addressed by the slots of :class:`kvbench.cache.host_tier.HostTierIndex`."""
+    tensor in CPU memory (page-locked when the pool is on CUDA, so copies to and from it are DMA
+    transfers; vLLM pins its CPU swap space the same way), addressed by the slots of
+    :class:`kvbench.cache.host_tier.HostTierIndex`."""
 
     def __init__(self, pool: KVPool, capacity_blocks: int) -> None:
         first = pool.keys[0]
         shape = (first.shape[0], capacity_blocks, first.shape[2], first.shape[3])
-        self.keys = [torch.zeros(shape, dtype=first.dtype) for _ in pool.keys]
-        self.values = [torch.zeros(shape, dtype=first.dtype) for _ in pool.values]
+        pinned = first.is_cuda  # pin_memory needs CUDA; a CPU pool's tier is ordinary memory
+        self.keys = [torch.zeros(shape, dtype=first.dtype, pin_memory=pinned) for _ in pool.keys]
+        self.values = [torch.zeros(shape, dtype=first.dtype, pin_memory=pinned) for _ in pool.values]
 
     @property
     def allocated_bytes(self) -> int:
