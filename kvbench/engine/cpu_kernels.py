@@ -1,0 +1,103 @@
+"""Two CPU fixes the engines' forwards need to run at the speed of the hardware (issue 26).
+
+1. **Freed activations stay in the process** (:func:`keep_freed_memory`). glibc serves an
+   allocation above its mmap threshold (128 KiB, raised adaptively up to 32 MiB) with a fresh
+   ``mmap`` and returns it to the kernel on free, so every forward faults in its activations again,
+   page by page: measured on the default model, a 2,000-token prefill took 47k-116k minor faults and
+   105-266 ms of system time per forward (of ~1,450 ms). ``mallopt(M_MMAP_THRESHOLD, 1 GiB)`` and
+   ``mallopt(M_TRIM_THRESHOLD, 2 GiB)`` keep such buffers in the heap for reuse, and
+   ``mallopt(M_ARENA_MAX, 1)`` makes the paged engine's worker thread use that heap too (a thread's
+   own arena is at most 64 MiB, so its larger buffers were mmapped whatever the threshold): from the
+   second forward on, 0-342 faults and 0-19 ms of system time. (PyTorch's own advice for CPU inference is the same, through jemalloc or
+   tcmalloc in ``LD_PRELOAD``; vLLM's CPU backend asks for tcmalloc.) Applied once, on Linux with
+   glibc; a no-op elsewhere. It changes no value that is computed.
+2. **The LM head over a few rows** (:class:`SmallBatchLinear`). The LM head of a decode step over
+   ``n`` sequences is an ``(n, hidden) x (hidden, vocab)`` GEMM: memory bound, one pass over the
+   vocab x hidden weight. MKL's sgemm packs that weight again at every call when ``n`` is small but
+   above 2, so it reads and writes it several times (default model, 100,277 x 512 fp32, 1 thread,
+   CPU ms, medians of 7: n=1 24, n=4 58, n=8 88, n=16 64), while oneDNN's matmul reads it in place
+   (n=4 40, n=8 40, n=16 48). The head of a model whose weight exceeds
+   :data:`SMALL_BATCH_MIN_WEIGHT_BYTES` uses oneDNN for ``SMALL_BATCH_ROWS`` rows, MKL otherwise, so
+   a forward that samples one sequence (every copy-engine forward, the paged engine at
+   concurrency 1, ``--batch-invariant``) computes exactly what it did before. A batched decode's
+   logits differ from the one-row ones in the last bits, as every packed forward's already may
+   (``--verify`` tells the resulting argmax flips near ties from mismatches).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import sys
+
+import torch
+from torch import nn
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8  # glibc malloc.h
+MMAP_THRESHOLD_BYTES = 1 << 30  # allocations below this come from the heap and are reused after free
+TRIM_THRESHOLD_BYTES = (1 << 31) - 1  # free heap kept before glibc trims it back to the kernel
+SMALL_BATCH_ROWS = range(3, 49)  # measured: MKL is as fast for 1-2 rows and from ~64 rows on
+SMALL_BATCH_MIN_WEIGHT_BYTES = 16 << 20  # beyond any core's share of the caches: the LM head of a large vocabulary
+
+_memory_kept = False
+
+
+def keep_freed_memory() -> bool:
+    """Keep freed large buffers in the heap (module docstring, item 1); once per process.
+    Returns whether glibc accepted both settings (``False`` off Linux or without glibc)."""
+    global _memory_kept
+    if _memory_kept:
+        return True
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # musl and others have no mallopt
+        return False
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    settings = ((M_ARENA_MAX, 1), (M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES), (M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES))
+    _memory_kept = all([bool(mallopt(option, value)) for option, value in settings])
+    return _memory_kept
+
+
+def onednn_linear_available() -> bool:
+    """Whether this torch build has oneDNN's fused linear (``torch.ops.mkldnn._linear_pointwise``, the
+    op inductor emits for CPU linears) and it runs on a tiny input."""
+    if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        return False
+    try:
+        with torch.inference_mode():
+            torch.ops.mkldnn._linear_pointwise(torch.ones(3, 4), torch.ones(2, 4), None, "none", [None], "")
+    except (RuntimeError, NotImplementedError):
+        return False
+    return True
+
+
+class SmallBatchLinear(nn.Linear):
+    """An ``nn.Linear`` whose forward over :data:`SMALL_BATCH_ROWS` rows runs oneDNN's matmul (module
+    docstring, item 2); same parameters, same state dict. Made by :func:`use_small_batch_lm_head`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        num_rows = x.numel() // self.in_features if self.in_features else 0
+        if num_rows not in SMALL_BATCH_ROWS or x.device.type != "cpu" or x.dtype != self.weight.dtype:
+            return nn.functional.linear(x, self.weight, self.bias)
+        out = torch.ops.mkldnn._linear_pointwise(x.reshape(num_rows, self.in_features), self.weight, self.bias,
+                                                 "none", [None], "")
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+
+def use_small_batch_lm_head(model: nn.Module) -> bool:
+    """Make ``model``'s output embedding a :class:`SmallBatchLinear` in place (its class only: the
+    weight, tied or not, and the state dict stay) when it is an ``nn.Linear`` on the CPU whose weight
+    exceeds :data:`SMALL_BATCH_MIN_WEIGHT_BYTES` and oneDNN's linear is available. Idempotent;
+    returns whether the head is one now."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if isinstance(head, SmallBatchLinear):
+        return True
+    if type(head) is not nn.Linear or head.weight.device.type != "cpu":
+        return False
+    if head.weight.numel() * head.weight.element_size() < SMALL_BATCH_MIN_WEIGHT_BYTES or not onednn_linear_available():
+        return False
+    head.__class__ = SmallBatchLinear
+    return True

@@ -1,0 +1,69 @@
+"""engine/cpu_kernels.py: the kept heap and the LM head over a few rows, on a model whose head qualifies."""
+
+import pytest
+import torch
+
+from kvbench.cache.base import CacheConfig
+from kvbench.engine.cpu_kernels import (SMALL_BATCH_MIN_WEIGHT_BYTES, SMALL_BATCH_ROWS, SmallBatchLinear,
+                                        keep_freed_memory, onednn_linear_available)
+from kvbench.engine.model import CL100K_VOCAB_SIZE, default_llama_config, random_model
+from kvbench.engine.paged.config import PagedConfig
+from kvbench.engine.paged.engine import PagedEngine
+from kvbench.engine.sampling import SamplingParams
+
+pytestmark = pytest.mark.skipif(not onednn_linear_available(), reason="this torch build has no oneDNN linear")
+
+
+@pytest.fixture(scope="module")
+def wide():
+    """Two small layers under the default model's full cl100k head: 100,277 x 64 fp32 = 25.7 MB."""
+    return random_model(default_llama_config(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                             num_attention_heads=2, head_dim=32, max_position_embeddings=512), seed=3)
+
+
+def test_the_default_sized_head_becomes_a_small_batch_linear_and_keeps_its_weight_and_keys(wide):
+    head = wide.model.get_output_embeddings()
+    assert head.weight.numel() * 4 > SMALL_BATCH_MIN_WEIGHT_BYTES
+    assert type(head) is SmallBatchLinear
+    assert head.weight is wide.model.get_input_embeddings().weight  # still tied
+    assert "lm_head.weight" in wide.model.state_dict()
+
+
+def test_a_small_head_stays_a_plain_linear():
+    small = random_model(default_llama_config(vocab_size=1000, hidden_size=64, intermediate_size=128,
+                                              num_hidden_layers=1, num_attention_heads=2, head_dim=32), seed=1)
+    assert type(small.model.get_output_embeddings()) is torch.nn.Linear
+
+
+@pytest.mark.parametrize("num_rows", [1, 2, 3, 8, 48, 49, 64])
+def test_every_row_count_gives_the_plain_linear_s_values_and_one_or_two_rows_its_bits(wide, num_rows):
+    head = wide.model.get_output_embeddings()
+    x = torch.randn(1, num_rows, head.in_features, generator=torch.Generator().manual_seed(num_rows))
+    with torch.inference_mode():
+        got, plain = head(x), torch.nn.functional.linear(x, head.weight)
+    assert got.shape == (1, num_rows, CL100K_VOCAB_SIZE)
+    if num_rows in SMALL_BATCH_ROWS:
+        torch.testing.assert_close(got, plain, rtol=1e-4, atol=1e-4)
+    else:
+        assert torch.equal(got, plain)  # MKL, as before: the copy engine's one-row forwards are unchanged
+
+
+def test_a_batched_decode_on_the_paged_engine_still_matches_the_cache_off_reference(wide):
+    engine = PagedEngine(wide, PagedConfig(CacheConfig(capacity_blocks=256, block_size=16), verify=True))
+    prompts = [[(7 * i + 11 * j) % 5000 + 10 for j in range(40 + 5 * i)] for i in range(6)]
+    futures = [engine.submit(p, SamplingParams(max_tokens=8, ignore_eos=True)) for p in prompts]
+    records = [f.result(timeout=300) for f in futures]
+    engine.wait_idle(60)
+    assert [r.output_tokens for r in records] == [8] * 6
+    assert all(r.output_matches_reference for r in records)
+    totals = engine.verify_report.totals
+    assert totals.num_compared_tokens == 6 * 8 and totals.num_mismatches == 0
+
+
+def test_keeping_freed_memory_is_accepted_by_glibc_and_idempotent():
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("mallopt is glibc's")
+    assert keep_freed_memory() is True
+    assert keep_freed_memory() is True
