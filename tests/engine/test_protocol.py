@@ -41,7 +41,9 @@ def test_describe_gives_the_run_engine_metadata(loaded):
     assert paged.describe() == {"kind": "paged", "max_num_seqs": 4, "max_num_batched_tokens": 8192,
                                 "batch_invariant": False, "num_pool_blocks": 64,
                                 "pool_bytes": (64 + 1) * bytes_per_block, "host_tier_blocks": 0,
-                                "host_tier_bytes": 0}
+                                "host_tier_bytes": 0, "attention_kernel": "sdpa-gathered",
+                                "attention_kernel_reason": paged.describe()["attention_kernel_reason"]}
+    assert paged.describe()["attention_kernel_reason"]  # why the kernel was chosen, in words
     assert paged.cache_config is None and paged.reset_prefix_cache() is False  # prefix caching off
 
 
