@@ -89,6 +89,15 @@ class TraceRequest:
         if self.output_tokens is not None and not 1 <= self.output_tokens <= self.max_tokens:
             raise ValueError(f"output_tokens must be in 1..max_tokens ({self.max_tokens}), got {self.output_tokens!r}")
 
+    @classmethod
+    def of_checked(cls, fields: dict[str, Any]) -> "TraceRequest":
+        """A request from ``fields`` (every field by name, ``messages`` a tuple or ``None``) that the
+        caller has already checked as ``__post_init__`` does (the trace reader's column checks,
+        :mod:`.trace_columns`): no second check, a third of a tiny request's construction."""
+        request = object.__new__(cls)
+        request.__dict__.update(fields)
+        return request
+
     @property
     def openai_messages(self) -> list[dict[str, str]] | None:
         """The ``messages`` list for ``/v1/chat/completions``, or ``None`` for a plain prompt."""
@@ -171,7 +180,11 @@ class ContentHash:
         self._separator = b""
 
     def add(self, line: str) -> None:
-        self._digest.update(self._separator + line.encode("utf-8"))
+        self.add_bytes(line.encode("utf-8"))
+
+    def add_bytes(self, lines: bytes) -> None:
+        """Add one line, or several already joined by ``\\n``, as UTF-8 bytes (no final newline)."""
+        self._digest.update(self._separator + lines)
         self._separator = b"\n"
 
     @property
