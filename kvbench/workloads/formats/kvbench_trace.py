@@ -37,7 +37,7 @@ import hashlib
 import json
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -90,12 +90,14 @@ class TraceRequest:
             raise ValueError(f"output_tokens must be in 1..max_tokens ({self.max_tokens}), got {self.output_tokens!r}")
 
     @classmethod
-    def of_checked(cls, fields: dict[str, Any]) -> "TraceRequest":
-        """A request from ``fields`` (every field by name, ``messages`` a tuple or ``None``) that the
+    def of_checked(cls, values: Sequence[Any]) -> "TraceRequest":
+        """A request from its field values in field order (``messages`` a tuple or ``None``) that the
         caller has already checked as ``__post_init__`` does (the trace reader's column checks,
-        :mod:`.trace_columns`): no second check, a third of a tiny request's construction."""
+        :mod:`.trace_columns`): no second check, a third of a tiny request's construction. Set one by
+        one, as ``__init__`` does, so the instance keeps CPython's compact attribute storage."""
         request = object.__new__(cls)
-        request.__dict__.update(fields)
+        for name, value in zip(_FIELD_NAMES, values):
+            object.__setattr__(request, name, value)
         return request
 
     @property
@@ -116,6 +118,9 @@ class TraceRequest:
             record["output_tokens"] = self.output_tokens
         record.update(salt=self.salt, expected_prompt_tokens=self.expected_prompt_tokens)
         return record
+
+
+_FIELD_NAMES = tuple(f.name for f in fields(TraceRequest))
 
 
 @dataclass(frozen=True)

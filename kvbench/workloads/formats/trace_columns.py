@@ -16,6 +16,8 @@ the :class:`~.kvbench_trace.Trace` and the error lines it gave before
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -37,6 +39,7 @@ _SCHEMA = pa.schema([("id", pa.string()), ("session_id", pa.string()), ("turn", 
                      ("expected_prompt_tokens", pa.int64())])  # the fields of kvbench_trace.REQUEST_FIELDS
 _OPTIONS = pa_json.ParseOptions(explicit_schema=_SCHEMA, unexpected_field_behavior="error")
 _ROLES = pa.array(MESSAGE_ROLES)
+_FIELD_ORDER = tuple(field.name for field in dataclasses.fields(TraceRequest))  # of_checked's order
 
 
 @dataclass(frozen=True, eq=False)
@@ -127,16 +130,16 @@ def _valid_messages(messages: pa.ChunkedArray) -> bool:
 
 def _requests(table: pa.Table, shared: dict[tuple[str, str], Message]) -> list[TraceRequest]:
     """The rows as :class:`TraceRequest` objects; ``shared`` interns equal messages across blocks."""
-    names = [name for name in _SCHEMA.names if name != "messages"]
-    rows = zip(*(table.column(name).to_pylist() for name in names))
-    if table.column("messages").null_count == table.num_rows:
-        return [TraceRequest.of_checked({"messages": None, **dict(zip(names, row))}) for row in rows]
-    requests = []
-    for row, items in zip(rows, table.column("messages").to_pylist()):
-        messages = None if items is None else tuple(
+    names = [name for name in _FIELD_ORDER if name != "messages"]
+    columns = dict(zip(names, (table.column(name).to_pylist() for name in names)))
+    messages = table.column("messages")
+    if messages.null_count == table.num_rows:
+        columns["messages"] = itertools.repeat(None, table.num_rows)
+    else:
+        columns["messages"] = [None if items is None else tuple(
             shared.setdefault((m["role"], m["content"]), Message(m["role"], m["content"])) for m in items)
-        requests.append(TraceRequest.of_checked({"messages": messages, **dict(zip(names, row))}))
-    return requests
+            for items in messages.to_pylist()]
+    return [TraceRequest.of_checked(row) for row in zip(*(columns[name] for name in _FIELD_ORDER))]
 
 
 def trace_columns(handle: BinaryIO, limit: int | None = None) -> TraceColumns | None:
@@ -159,7 +162,8 @@ def trace_columns(handle: BinaryIO, limit: int | None = None) -> TraceColumns | 
         if num_lines is None:
             return None
         try:
-            table = pa_json.read_json(pa.BufferReader(block), parse_options=_OPTIONS)
+            table = pa_json.read_json(pa.BufferReader(block), parse_options=_OPTIONS, read_options=pa_json.ReadOptions(
+                use_threads=False, block_size=len(block) + 1))  # one parse of the whole block: a line may be long
         except pa.ArrowException:
             return None
         if table.num_rows != num_lines:
@@ -173,6 +177,8 @@ def trace_columns(handle: BinaryIO, limit: int | None = None) -> TraceColumns | 
             last_arrival_ms = arrivals[-1]
         _add_lines(digest, block, wanted, num_lines)
         requests.extend(_requests(table, shared))
+        del table
+        pa.default_memory_pool().release_unused()  # the parsed block's buffers, back to the system
         if limit is not None and len(requests) >= limit:
             break
     if len({request.id for request in requests}) != len(requests):
