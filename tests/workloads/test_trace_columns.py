@@ -7,7 +7,7 @@ import pytest
 
 from kvbench.errors import InputError
 from kvbench.request import Message
-from kvbench.workloads.formats import kvbench_trace_reader
+from kvbench.workloads.formats import trace_columns as trace_columns_module
 from kvbench.workloads.formats.kvbench_trace import TraceRequest, new_trace, read_trace, write_trace
 from kvbench.workloads.formats.lines import line_bound
 from kvbench.workloads.formats.trace_columns import trace_columns as columns_of_handle
@@ -36,7 +36,7 @@ def mixed_trace(num_plain=50):
 
 
 def line_reader_only(monkeypatch):
-    monkeypatch.setattr(kvbench_trace_reader, "trace_columns", lambda *args, **kwargs: None)
+    monkeypatch.setattr(trace_columns_module, "trace_columns", lambda *args, **kwargs: None)
 
 
 def both_paths(monkeypatch, path, limit=None):
@@ -71,9 +71,7 @@ def test_a_limit_gives_the_same_first_requests(tmp_path, monkeypatch, limit):
 
 
 def test_many_blocks_keep_order_and_hash(tmp_path, monkeypatch):
-    from kvbench.workloads.formats import trace_columns as module
-
-    monkeypatch.setattr(module, "BLOCK_BYTES", 300)  # a block of one or two lines: every seam crossed
+    monkeypatch.setattr(trace_columns_module, "BLOCK_BYTES", 300)  # a block of one or two lines: every seam crossed
     path = write_trace(mixed_trace(200), tmp_path / "t.jsonl")
     assert trace_columns(path) is not None
     fast, lines = both_paths(monkeypatch, path)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -20,8 +20,10 @@ from kvbench.workloads.formats.jsonl import JsonlFile, json_object, open_jsonl
 from kvbench.workloads.formats.kvbench_trace import (
     HEADER_FIELDS, REQUEST_FIELDS, TRACE_FORMAT_VERSION, ContentHash, Trace, TraceHeader, TraceRequest,
 )
-from kvbench.workloads.formats.trace_columns import TraceColumns, trace_columns
 from kvbench.workloads.tokenizer import Tokenizer, render_all
+
+if TYPE_CHECKING:
+    from kvbench.workloads.formats.trace_columns import TraceColumns
 
 
 def _is_int(value: Any, minimum: int) -> bool:
@@ -164,7 +166,10 @@ class TraceReader:
 
 def _columns(file: JsonlFile, limit: int | None) -> TraceColumns | None:
     """The request lines as columns (:func:`.trace_columns.trace_columns`) when the header is line 1
-    of a seekable file and the columns vouch for every line; else ``None``, the file back where it was."""
+    of a seekable file and the columns vouch for every line; else ``None``, the file back where it was.
+    Imported here: pyarrow's JSON reader costs ~0.4 s to import, which ``trace import`` never needs."""
+    from kvbench.workloads.formats.trace_columns import trace_columns
+
     handle = file.handle
     if file.first_number != 1 or handle is None or not handle.seekable():
         return None
