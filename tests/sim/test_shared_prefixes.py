@@ -65,3 +65,23 @@ def test_the_shared_prefix_is_not_hashed_again():
 ])
 def test_shared_full_blocks(a, b, expected):
     assert shared_full_blocks(np.array(a, dtype=np.uint32), np.array(b, dtype=np.uint32), BLOCK) == expected
+
+
+def test_batches_and_keyless_prompts_give_the_keys_of_one_prompt_at_a_time(monkeypatch):
+    """Batches of a few tokens (every seam crossed) and many prompts under one block (shared objects)
+    give each request the keys and bytes hashed from scratch; a bad id still raises."""
+    import kvbench.sim.shared_prefixes as module
+
+    rng = np.random.default_rng(1)
+    lengths = [0, 1, BLOCK - 1, BLOCK, BLOCK + 1, 3 * BLOCK, 2, 2, BLOCK - 1, 5 * BLOCK + 3]
+    requests = [Request(index=i, request_id=f"r{i}", session_id="s", turn=0, salt=[None, "a"][i % 2],
+                        token_ids=rng.integers(0, 50, size=n).astype(np.uint32)) for i, n in enumerate(lengths * 3)]
+    for batch_tokens in (1, 7, module.BATCH_TOKENS):
+        monkeypatch.setattr(module, "BATCH_TOKENS", batch_tokens)
+        for keep_tokens in (False, True):
+            prompts = hash_prompts(requests, BLOCK, HashConfig(), keep_tokens)
+            assert fields(prompts) == from_scratch(requests, HashConfig(), keep_tokens)
+    assert prompts[6] is prompts[26] and prompts[6] is not prompts[7]  # 2 tokens: one object per salt
+    bad = [*requests[:3], Request(index=3, request_id="x", session_id="s", turn=0, token_ids=np.array([1, -1]))]
+    with pytest.raises(ValueError, match=r"token ids must be in \[0, 2\*\*32\)"):
+        hash_prompts(bad, BLOCK)

@@ -68,6 +68,9 @@ class JsonlFile:
         first_number / first_text / first: that line's 1-based number, its text (no newline) and its
             parsed value (any JSON value); all ``None`` for a file with no non-empty line.
         rest: the following non-empty lines as ``(line_number, text)``, read lazily from the file.
+        handle: the open file, just past the first non-empty line until ``rest`` is read, for a
+            reader that takes the rest a block at a time (:mod:`.trace_columns`; it must leave the
+            position where it found it when it gives the file back to ``rest``).
     """
 
     path: Path
@@ -75,6 +78,7 @@ class JsonlFile:
     first_text: str | None
     first: Any
     rest: Iterator[tuple[int, str]]
+    handle: BinaryIO | None = None
 
     @property
     def format(self) -> str | None:
@@ -132,4 +136,4 @@ def open_jsonl(path: str | Path) -> Iterator[JsonlFile]:
         if first is None:
             yield JsonlFile(path, None, None, None, iter(()))
         else:
-            yield JsonlFile(path, first[0], first[1], _parse(path, *first), lines)
+            yield JsonlFile(path, first[0], first[1], _parse(path, *first), lines, handle)

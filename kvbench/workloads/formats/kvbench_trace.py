@@ -37,7 +37,7 @@ import hashlib
 import json
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +89,17 @@ class TraceRequest:
         if self.output_tokens is not None and not 1 <= self.output_tokens <= self.max_tokens:
             raise ValueError(f"output_tokens must be in 1..max_tokens ({self.max_tokens}), got {self.output_tokens!r}")
 
+    @classmethod
+    def of_checked(cls, values: Sequence[Any]) -> "TraceRequest":
+        """A request from its field values in field order (``messages`` a tuple or ``None``) that the
+        caller has already checked as ``__post_init__`` does (the trace reader's column checks,
+        :mod:`.trace_columns`): no second check, a third of a tiny request's construction. Set one by
+        one, as ``__init__`` does, so the instance keeps CPython's compact attribute storage."""
+        request = object.__new__(cls)
+        for name, value in zip(_FIELD_NAMES, values):
+            object.__setattr__(request, name, value)
+        return request
+
     @property
     def openai_messages(self) -> list[dict[str, str]] | None:
         """The ``messages`` list for ``/v1/chat/completions``, or ``None`` for a plain prompt."""
@@ -107,6 +118,9 @@ class TraceRequest:
             record["output_tokens"] = self.output_tokens
         record.update(salt=self.salt, expected_prompt_tokens=self.expected_prompt_tokens)
         return record
+
+
+_FIELD_NAMES = tuple(f.name for f in fields(TraceRequest))
 
 
 @dataclass(frozen=True)
@@ -171,7 +185,11 @@ class ContentHash:
         self._separator = b""
 
     def add(self, line: str) -> None:
-        self._digest.update(self._separator + line.encode("utf-8"))
+        self.add_bytes(line.encode("utf-8"))
+
+    def add_bytes(self, lines: bytes) -> None:
+        """Add one line, or several already joined by ``\\n``, as UTF-8 bytes (no final newline)."""
+        self._digest.update(self._separator + lines)
         self._separator = b"\n"
 
     @property
