@@ -126,6 +126,7 @@ class Measured:
     summaries: list[ComparisonSummary] = field(default_factory=list)
     engines: list[EngineServer] = field(default_factory=list)
     rounds: list[Any] = field(default_factory=list)  # engines.RoundRecords
+    special_tokens: str | None = None  # the server's rule for special-token text (special_tokens.py)
 
 
 def run_peer(config: PeerConfig, log: Log = lambda line: None) -> PeerReport:
@@ -198,7 +199,7 @@ def _run_server(config: PeerConfig, model_dir: Path, tokenizer: Any, pool: str, 
         if blocks is None:
             raise PeerError(f"{server.url}/metrics reports no num_gpu_blocks; cannot size the prediction")
         backend = vllm_backend(server.base_url, server_config.served_model_name, tokenizer, config.block_size)
-        context = {**context, "special_tokens": _check_special_tokens(server, server_config, tokenizer, log)}
+        measured.special_tokens = _check_special_tokens(server, server_config, tokenizer, log)
         drive([warm_up_request(tokenizer)], backend)
         for prepared in chosen:
             new_rows, summary = _compare(backend, prepared, VllmPoolShape(blocks, config.block_size),
@@ -300,7 +301,7 @@ def _write(config: PeerConfig, measured: Measured, prepared: dict[str, PreparedC
     rows = measured.rows + engine_rows(measured.rounds, workload, {"run_id": config.run_id,
                                                                    "block_size": config.block_size})
     header = {"run_id": config.run_id, "vllm_version": vllm_version(config.venv), "model": model_name,
-              "complete": complete}
+              "complete": complete, "special_tokens": measured.special_tokens}
     text = markdown(measured.summaries, engine_markdown(engines, table, config.rounds), header)
     markdown_path = config.out_dir / "peer_vllm.md"
     markdown_path.write_text(text, encoding="utf-8")

@@ -33,6 +33,7 @@ def test_a_rounds_values_come_from_its_records():
     assert measures["tpot_p50_ms"] == 17.0  # median(20, 16, 17) over the ok requests
     assert measures["output_tokens_per_s"] == pytest.approx(64 / 4.0)  # ok tokens / (5.0 - 1.0 s)
     assert measures["shared_cached_tokens"] == 3 * 1984 and measures["chat_cached_tokens"] == 300
+    assert measures["num_failed"] == 2
     failed_cold = round_measures([record(900.0, ok=False), record(70.0)], [])
     assert failed_cold["cold_ttft_ms"] is None and failed_cold["output_tokens_per_s"] is None
     assert failed_cold["chat_cached_tokens"] is None
@@ -88,8 +89,9 @@ def test_every_server_gets_the_same_requests_in_interleaved_rounds(shared, chat,
 
     assert sent(vllm) == sent(kvbench) and len(vllm.seen) == 1 + 2 * (4 + 4)  # a warm-up, then 2 rounds
     salts = {r.salt for r in vllm.seen[1:]}
-    assert salts == {"peer-test-shared/round-0", "peer-test-chat/round-0", "peer-test-shared/round-1",
-                     "peer-test-chat/round-1"}  # each round in a namespace of its own: its cold request is cold
+    assert salts == {"peer-test-shared-round-0", "peer-test-chat-round-0", "peer-test-shared-round-1",
+                     "peer-test-chat-round-1"}  # each round in a namespace of its own: its cold request is cold
+    assert all(r.ok for result in rounds for r in result.shared + result.chat)  # salts vLLM accepts (no "/")
     assert all(r.max_tokens == ENGINE_MAX_TOKENS for r in vllm.seen[1:])
     assert 1 < vllm.most_in_flight <= CHAT_CONCURRENCY  # the chat runs concurrently, shared_2k one at a time
     rows = engine_rows(rounds, workload, {"run_id": "t", "block_size": 16})
