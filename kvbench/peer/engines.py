@@ -213,9 +213,10 @@ def _cell(median: float | None, values: Sequence[float | None]) -> str:
 
 
 def _number(value: float | None) -> str:
+    """1 decimal below 100 (TPOT, tok/s, seconds), none above or for whole counts."""
     if value is None:
         return "n/a"
-    return f"{value:,.1f}" if abs(value) < 100 else f"{value:,.0f}"
+    return f"{value:,.1f}" if abs(value) < 100 and not float(value).is_integer() else f"{value:,.0f}"
 
 
 def engine_rows(rounds: Sequence[RoundRecords], workload: EngineWorkload,

@@ -67,7 +67,7 @@ def test_the_table_takes_medians_over_rounds_and_divides_by_vllm():
     assert rows["startup_s"].ratio("kvbench-paged") == 0.25
     assert rows["shared_cached_tokens"].ratio("kvbench-paged") is None  # 0 cached on vLLM: no ratio
     lines = engine_markdown(servers(), list(rows.values()), 2)
-    assert "| kvbench-paged | 1 (as vLLM) | float32 | 30.0 s |" in lines
+    assert "| kvbench-paged | 1 (as vLLM) | float32 | 30 s |" in lines
     assert "| shared_2k: cold TTFT (ms) | 1,000 (900 / 1,100) | 2,200 (2,000 / 2,400) | 2.20x | lower |" in lines
     summary = engine_summary(list(rows.values()))
     assert summary.startswith("kvbench-paged / vllm: cold TTFT 2.20x, warm TTFT 1.87x, TPOT 1.00x, chat tok/s 0.32x")
@@ -82,7 +82,7 @@ def test_every_server_gets_the_same_requests_in_interleaved_rounds(shared, chat,
                               order.append))
     assert [(r.server, r.round_index) for r in rounds] == [("vllm", 0), ("kvbench-copy", 0), ("vllm", 1),
                                                            ("kvbench-copy", 1)]
-    assert len(order) == 4 and order[0].startswith("round 1/2 vllm: cold_ttft_ms 1.0")
+    assert len(order) == 4 and order[0].startswith("round 1/2 vllm: cold_ttft_ms 1, warm_ttft_p50_ms 1")
 
     def sent(server):
         return [(r.request_id, r.salt, r.max_tokens, r.token_ids.tolist()) for r in server.seen]
@@ -120,3 +120,9 @@ def test_kvbench_serve_is_started_on_the_same_checkpoint_blocks_threads_and_dtyp
                      "--engine": "paged", "--block-size": "32", "--dtype": "bfloat16", "--threads": "1"}
     with pytest.raises(ValueError, match="engine must be 'copy' or 'paged'"):
         KvbenchServerConfig(tmp_path, tmp_path / "x.log", "fast")
+
+
+def test_a_dtype_both_sides_cannot_run_is_one_error_line_and_exit_2(kvbench, tmp_path):
+    code, out, err = kvbench("peer", "vllm", "--dtype", "fp8", "--out", tmp_path / "peer")
+    assert code == 2 and "--dtype must be one of float32, bfloat16, got 'fp8'" in err
+    assert "Traceback" not in err + out and not (tmp_path / "peer").exists()  # nothing started
