@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # kvbench against a real vLLM on this machine (issue 8): a thin wrapper around `kvbench peer vllm`.
 #
-#   benchmarks/peer_vllm.sh [--out DIR] [--skip-install] [--only shared_2k,chat,zipf] ...
+#   benchmarks/peer_vllm.sh [--out DIR] [--skip-install] [--only shared_2k,chat,zipf] [--rounds 2] ...
+#
+# Beside the agreement check, the engine table: the same checkpoint on kvbench serve (copy, paged) at
+# vLLM's thread count, the same requests and client, rounds interleaved (docs/commands/peer.md).
 #
 # vLLM lives in its own virtual environment (never kvbench's): $KVBENCH_VLLM_VENV, by default
 # ../vllm-venv beside this checkout; `kvbench peer vllm` creates it when missing

@@ -55,6 +55,7 @@ ENGINE_MODULES = frozenset({
 # Modules that start a server of their own in the body (ServeProcess, LiveServer, FakeServer).
 SERVER_MODULES = frozenset({
     "tests/backends/test_routed.py",
+    "tests/peer/test_kvbench_server.py",
     "tests/server/test_fuzz_endpoints.py",
     "tests/server/test_guards_and_interop.py",
     "tests/test_core_install.py",
@@ -65,6 +66,7 @@ SLOW_MODULES = frozenset({
     "tests/test_core_install.py",  # a fresh venv and pip install of the core
     "tests/commands/test_interrupted_end_metadata.py",  # 400-request runs cut by a signal after 10 s
     "tests/engine/paged/test_exit_with_work.py",  # a child process left with work in flight
+    "tests/peer/test_kvbench_server.py",  # a kvbench serve child process on an exported checkpoint
     "tests/results/test_atomic_writes.py::test_sigkill_during_a_write_leaves_only_a_hidden_partial",
     "tests/commands/test_run_cli.py::test_sigterm_writes_what_was_measured_and_exits_130",
     # randomized state machines (hypothesis, 150-300 examples x 40 steps); the contract tests stay fast

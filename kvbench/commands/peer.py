@@ -29,16 +29,23 @@ def vllm(
     block_size: Annotated[int, typer.Option(help="vLLM --block-size and the prediction's (multiple of 32).")] = 32,
     kv_cache_space_gib: Annotated[int, typer.Option(help="VLLM_CPU_KVCACHE_SPACE of the main server.")] = 2,
     small_pool_blocks: Annotated[int, typer.Option(help="--num-gpu-blocks-override of the zipf server.")] = 40,
-    inprocess_threads: Annotated[int, typer.Option(help="Torch threads of the in-process TTFT run "
-                                                        "(0 = torch's default; vLLM's CPU engine uses 1 here).")] = 1,
+    rounds: Annotated[int, typer.Option(min=0, help="Rounds of the engine table (vLLM, kvbench serve copy and "
+                                                    "paged, interleaved; 0 = no engine table).")] = 2,
+    threads: Annotated[int, typer.Option(min=0, help="kvbench serve --threads in the engine table "
+                                                     "(0 = as many as vLLM's OpenMP threads, from its log).")] = 0,
+    dtype: Annotated[str, typer.Option(help="--dtype of every server: float32 or bfloat16.")] = "float32",
     startup_timeout_s: Annotated[float, typer.Option(help="Seconds to wait for vLLM's /health.")] = 900.0,
 ) -> None:
     """Serve kvbench's model with vLLM on 127.0.0.1 and check every cached_tokens it reports.
 
-    Replays shared_2k, chat and zipf traces; writes peer_vllm.parquet and peer_vllm.md.
+    Replays shared_2k, chat and zipf traces; then, beside the same vLLM, kvbench serve (copy and
+    paged engines, as many threads as vLLM) for the engine table: TTFT, TPOT, chat tok/s at
+    concurrency 8, cached tokens and start-up, rounds interleaved. Writes peer_vllm.parquet and
+    peer_vllm.md.
 
-    About 10 minutes on 2 CPU cores (two vLLM start-ups of 2-3 minutes); the first run installs vLLM.
+    About 15 minutes on 2 CPU cores (two vLLM start-ups of 2-3 minutes); the first run installs vLLM.
     """
+    from kvbench.peer.engines import engine_summary
     from kvbench.peer.vllm_peer import PeerConfig, run_peer
 
     console = make_console()
@@ -47,10 +54,12 @@ def vllm(
             install=not skip_install, model_path=model,
             comparisons=tuple(name.strip() for name in only.split(",") if name.strip()),
             block_size=block_size, kv_cache_space_gib=kv_cache_space_gib, small_pool_blocks=small_pool_blocks,
-            inprocess_threads=inprocess_threads or None, startup_timeout_s=startup_timeout_s))
+            rounds=rounds, kvbench_threads=threads or None, dtype=dtype, startup_timeout_s=startup_timeout_s))
     with sigterm_as_interrupt():
         report = run_peer(config, log=lambda line: console.print(f"[dim]{escape(line)}[/dim]"))
     console.print(Markdown(report.markdown))
+    if report.engine_rows:
+        console.print(escape(engine_summary(report.engine_rows)))
 
 
 def register(app: typer.Typer) -> None:

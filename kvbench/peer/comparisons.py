@@ -104,7 +104,8 @@ def prepare(comparison: Comparison, tokenizer: Tokenizer, salt: str) -> Prepared
     """Generate the trace and render every request (salt joined as the driver joins it)."""
     trace = generate_trace(comparison.kind, comparison.config, tokenizer)
     requests = trace_requests(trace, tokenizer)
-    salted = [dataclasses.replace(r, salt=f"{salt}/{r.salt}" if r.salt else salt) for r in requests]
+    # "-", not "/": vLLM 0.32 refuses a cache_salt with "/" (kvbench.peer.engines.round_requests)
+    salted = [dataclasses.replace(r, salt=f"{salt}-{r.salt}" if r.salt else salt) for r in requests]
     return PreparedComparison(comparison, trace, salted, salt)
 
 

@@ -1,12 +1,12 @@
-"""How the peer harness sends a comparison: its trace as kvbench :class:`Request` s, one at a time,
-through a backend and the one send loop (:func:`kvbench.run.loop.send_requests`, concurrency 1).
+"""How the peer harness sends a comparison: its trace as kvbench :class:`Request` s, through a backend
+and the one send loop (:func:`kvbench.run.loop.send_requests`; concurrency 1 unless asked).
 
 The harness has no client or loop of its own. Against vLLM the backend is
 :class:`kvbench.backends.openai.client.OpenAIBackend` (:func:`vllm_backend`): streamed, with
 ``stream_options.include_usage``, ``ignore_eos`` (output lengths are exactly ``max_tokens``, which the
 simulator needs), each request's ``cache_salt``, and vLLM's ``return_token_ids``, so the record
-carries the prompt ids vLLM prefilled and a tokenization difference is caught per request. On the
-in-process engine it is :class:`kvbench.backends.inprocess.InProcessBackend`.
+carries the prompt ids vLLM prefilled and a tokenization difference is caught per request. The
+engine comparison drives ``kvbench serve`` with the same backend (it ignores ``return_token_ids``).
 """
 
 from __future__ import annotations
@@ -41,9 +41,11 @@ def vllm_backend(base_url: str, model: str, tokenizer: Tokenizer, block_size: in
     return OpenAIBackend(config, tokenizer)
 
 
-def drive(requests: Sequence[Request], backend: Backend, on_record: OnRecord | None = None) -> list[RequestRecord]:
-    """Send ``requests`` in order, each after the previous one finished (the send loop at
-    concurrency 1, on the wall clock); one record per request, in request order.
+def drive(requests: Sequence[Request], backend: Backend, on_record: OnRecord | None = None,
+          concurrency: int = 1) -> list[RequestRecord]:
+    """Send ``requests`` in order through the send loop's closed loop on the wall clock: at
+    ``concurrency`` 1 each after the previous one finished, else up to ``concurrency`` in flight;
+    one record per request, in request order (``sent_s`` / ``ended_s`` from the loop's start).
 
     A backend that is an async context manager (the OpenAI client) is entered around the run.
     A failed request is a record with status ``error``; it never stops the comparison.
@@ -51,7 +53,7 @@ def drive(requests: Sequence[Request], backend: Backend, on_record: OnRecord | N
     async def run() -> list[tuple[Request, RequestRecord]]:
         entered = backend if hasattr(backend, "__aenter__") else contextlib.nullcontext()
         async with entered:
-            return await send_requests(requests, backend, LoadConfig(concurrency=1), on_record)
+            return await send_requests(requests, backend, LoadConfig(concurrency=concurrency), on_record)
 
     by_index = {request.index: record for request, record in asyncio.run(run())}
     return [by_index[request.index] for request in requests]

@@ -1,8 +1,8 @@
-"""Summaries and the Markdown report of a peer run (agreement, hit rates, reconciliation, TTFT)."""
+"""Summaries and the Markdown report of a peer run (agreement, hit rates, reconciliation; the engine
+table's lines come from :mod:`kvbench.peer.engines`)."""
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -11,8 +11,9 @@ import pyarrow as pa
 
 from kvbench.backends.openai.metrics import PrefixCacheCounters
 
-# One row per request and backend (``comparisons.agreement_rows``, ``inprocess.inprocess_rows``); the
-# in-process rows leave the vLLM-only columns empty. Units: tokens unless the name says otherwise.
+# One row per request and backend: the agreement check's (``comparisons.agreement_rows``, round and
+# concurrency empty) and the engine comparison's (``engines.engine_rows``, one per server and round,
+# the prediction columns empty). Units: tokens unless the name says otherwise.
 ROW_SCHEMA = pa.schema([
     ("run_id", pa.string()), ("comparison", pa.string()), ("backend", pa.string()),
     ("block_size", pa.int64()), ("num_gpu_blocks", pa.int64()), ("request_index", pa.int64()),
@@ -21,6 +22,8 @@ ROW_SCHEMA = pa.schema([
     ("output_tokens", pa.int64()), ("output_tokens_reported", pa.int64()),
     ("cached_tokens_predicted", pa.int64()), ("cached_tokens_reported", pa.int64()), ("agrees", pa.bool_()),
     ("ttft_ms", pa.float64()), ("e2e_ms", pa.float64()), ("status", pa.string()), ("error", pa.string()),
+    ("round", pa.int64()), ("concurrency", pa.int64()), ("tpot_ms", pa.float64()), ("sent_s", pa.float64()),
+    ("ended_s", pa.float64()),
 ])
 
 
@@ -108,33 +111,13 @@ def summarize(name: str, rows: Sequence[dict[str, Any]], metrics: PrefixCacheCou
     )
 
 
-@dataclass(frozen=True)
-class TtftSummary:
-    """Cold (first request) and warm (median of the rest) TTFT of one backend on one trace, ms."""
-
-    backend: str
-    cold_ms: float
-    warm_ms: float
-
-    @property
-    def cold_over_warm(self) -> float:
-        return self.cold_ms / self.warm_ms if self.warm_ms else float("nan")
-
-
-def ttft_summary(backend: str, rows: Sequence[dict[str, Any]]) -> TtftSummary | None:
-    """``None`` unless the rows have a cold request and at least one warm one, all with a TTFT."""
-    ttfts = [r["ttft_ms"] for r in sorted(rows, key=lambda r: r["request_index"])]
-    if len(ttfts) < 2 or any(t is None for t in ttfts):
-        return None
-    return TtftSummary(backend, ttfts[0], statistics.median(ttfts[1:]))
-
-
-def markdown(summaries: Sequence[ComparisonSummary], ttfts: Sequence[TtftSummary], header: dict[str, Any]) -> str:
-    """The run's report: agreement and hit rates, reconciliation, TTFT ratios, disagreements."""
+def markdown(summaries: Sequence[ComparisonSummary], engine_lines: Sequence[str], header: dict[str, Any]) -> str:
+    """The run's report: agreement and hit rates, reconciliation, the engine table
+    (``engines.engine_markdown``'s lines), disagreements."""
     incomplete = "" if header.get("complete", True) else " - INCOMPLETE (stopped early)"
     lines = [f"# kvbench vs vLLM {header.get('vllm_version', '?')} (run {header.get('run_id', '?')}){incomplete}", "",
-             f"Model: {header.get('model', '?')}; concurrency 1; every request sent with `ignore_eos` and a "
-             f"per-comparison `cache_salt`.", "", "## Agreement: predicted vs reported `cached_tokens`", "",
+             f"Model: {header.get('model', '?')}; agreement at concurrency 1; every request sent with `ignore_eos` "
+             f"and a per-comparison `cache_salt`.", "", "## Agreement: predicted vs reported `cached_tokens`", "",
              "| comparison | requests | pool blocks | block size | exact | agreement | vLLM hit rate | "
              "kvbench hit rate | prompt ids identical |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -152,25 +135,11 @@ def markdown(summaries: Sequence[ComparisonSummary], ttfts: Sequence[TtftSummary
         lines.append(f"| {s.name} | {s.predicted_hits_tokens:,} | {s.reported_hits_tokens:,} | "
                      f"{_count(m.hits_tokens if m else None)} | {s.prompt_tokens:,} | {s.reported_prompt_tokens:,} | "
                      f"{_count(m.queries_tokens if m else None)} |")
-    lines += _ttft_lines(ttfts)
+    lines += engine_lines
     lines += ["", "## Disagreements", ""]
     found = [f"- {s.name}: {line}" for s in summaries for line in s.disagreements]
     lines += found or ["None: every request's reported `cached_tokens` equals kvbench's prediction."]
     return "\n".join(lines) + "\n"
-
-
-def _ttft_lines(ttfts: Sequence[TtftSummary]) -> list[str]:
-    if not ttfts:
-        return []
-    lines = ["", "## TTFT on shared_2k (ms; cold = first request, warm = median of the others)", "",
-             "| backend | cold | warm | cold / warm |", "|---|---:|---:|---:|"]
-    lines += [f"| {t.backend} | {t.cold_ms:,.0f} | {t.warm_ms:,.0f} | {t.cold_over_warm:.1f}x |" for t in ttfts]
-    by_name = {t.backend: t for t in ttfts}
-    if {"vllm", "kvbench-inprocess"} <= by_name.keys():
-        v, k = by_name["vllm"], by_name["kvbench-inprocess"]
-        lines += ["", f"vLLM / kvbench in-process: cold {v.cold_ms / k.cold_ms:.2f}x, "
-                      f"warm {v.warm_ms / k.warm_ms:.2f}x."]
-    return lines
 
 
 def _count(value: float | None) -> str:

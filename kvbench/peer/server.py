@@ -1,4 +1,5 @@
-"""A vLLM server on loopback for the peer harness: its own virtual environment, start, health, stop.
+"""The peer harness's servers on loopback: vLLM in its own virtual environment, and ``kvbench serve``;
+start, health, stop.
 
 What works on a CPU-only machine (vLLM 0.32.0, checked 2026-11):
 
@@ -12,7 +13,10 @@ What works on a CPU-only machine (vLLM 0.32.0, checked 2026-11):
   the KV pool; ``--num-gpu-blocks-override`` sets the block count exactly. Start-up takes 2-3 minutes
   on 2 cores (most of it compiling).
 
-The server runs in its own process group (``start_new_session``), so :meth:`VllmServer.stop` ends
+The same checkpoint is served by ``kvbench serve`` (:class:`KvbenchServer`) for the engine
+comparison; both kinds are a :class:`ServerProcess`.
+
+Each server runs in its own process group (``start_new_session``), so :meth:`ServerProcess.stop` ends
 the API server and every engine process it forked. Use it as a context manager: the ``finally`` of
 ``with`` runs on exceptions and Ctrl-C; an ``atexit`` hook covers an interpreter exiting otherwise.
 """
@@ -40,6 +44,10 @@ UNUSED_PACKAGES = ("torchvision", "torchaudio", "torchcodec")  # torchvision bre
 STOP_GRACE_S = 20.0  # SIGTERM, then SIGKILL after this long
 _HEALTH_POLL_S = 2.0
 _ERROR_LINE = re.compile(r"\b\w*(Error|Exception): ")
+DTYPES = ("float32", "bfloat16")  # what both vLLM CPU and kvbench serve take
+# vLLM's CPU worker logs its OpenMP binding (vllm/utils/ompmultiprocessing.py): "local_rank=0, core ids=[0]"
+_OMP_CORES_LINE = re.compile(r"local_rank=0, core ids=\[([0-9, ]*)\]")
+_KVBENCH_URL = re.compile(r"http://127\.0\.0\.1:(\d+)/v1")  # the line `kvbench serve` prints once bound
 
 Log = Callable[[str], None]
 
@@ -61,6 +69,7 @@ class VllmServerConfig:
         kv_cache_space_gib: ``VLLM_CPU_KVCACHE_SPACE``, GiB of KV pool.
         num_gpu_blocks: ``--num-gpu-blocks-override`` (blocks, null block included), or ``None``
             to size the pool from ``kv_cache_space_gib``.
+        dtype: ``--dtype`` (``float32`` or ``bfloat16``).
         startup_timeout_s: how long to wait for ``/health``.
         log_path: where the server's stdout and stderr go.
     """
@@ -73,6 +82,7 @@ class VllmServerConfig:
     max_model_len: int = 4096
     kv_cache_space_gib: int = 2
     num_gpu_blocks: int | None = None
+    dtype: str = "float32"  # kvbench's model is fp32; bfloat16 where both sides run it
     startup_timeout_s: float = 900.0  # ~2-3 min is normal on 2 cores; compilation can take longer
 
     def __post_init__(self) -> None:
@@ -81,6 +91,8 @@ class VllmServerConfig:
                              f"got {self.block_size}")
         if self.num_gpu_blocks is not None and self.num_gpu_blocks < 2:
             raise ValueError(f"num_gpu_blocks must be >= 2 (one is vLLM's null block), got {self.num_gpu_blocks}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
         if self.max_model_len <= 0 or self.kv_cache_space_gib <= 0 or self.startup_timeout_s <= 0:
             raise ValueError("max_model_len, kv_cache_space_gib and startup_timeout_s must be positive")
 
@@ -136,8 +148,10 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-class VllmServer:
-    """One vLLM OpenAI server process group on 127.0.0.1 (module docstring).
+class ServerProcess:
+    """One OpenAI-compatible server process group on 127.0.0.1 (module docstring): what the subclasses
+    give is the command, the environment and where the URL comes from (:class:`VllmServer`,
+    :class:`KvbenchServer`).
 
     Example::
 
@@ -146,10 +160,15 @@ class VllmServer:
             ...requests to server.base_url...
     """
 
-    def __init__(self, config: VllmServerConfig, port: int | None = None) -> None:
-        self.config = config
-        self.port = port or free_port()
+    name = "server"  # in error lines
+
+    def __init__(self, log_path: Path, startup_timeout_s: float, port: int | None = None) -> None:
+        self.log_path = log_path
+        self.startup_timeout_s = startup_timeout_s
+        self.port = port
+        self.startup_s: float | None = None
         self._process: subprocess.Popen | None = None
+        self._started_s = 0.0
 
     @property
     def url(self) -> str:
@@ -161,50 +180,45 @@ class VllmServer:
         return f"{self.url}/v1"
 
     def command(self) -> list[str]:
-        c = self.config
-        command = [str(venv_python(c.venv)), "-m", "vllm.entrypoints.openai.api_server",
-                   "--model", str(c.model_dir), "--served-model-name", c.served_model_name,
-                   "--dtype", "float32", "--max-model-len", str(c.max_model_len),
-                   "--enable-prefix-caching", "--enable-prompt-tokens-details",
-                   "--block-size", str(c.block_size), "--host", "127.0.0.1", "--port", str(self.port)]
-        if c.num_gpu_blocks is not None:
-            command += ["--num-gpu-blocks-override", str(c.num_gpu_blocks)]
-        return command
+        raise NotImplementedError
 
     def environment(self) -> dict[str, str]:
-        """The server's environment: KV pool size, offline, no usage reports, dev endpoints on."""
-        return {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(self.config.kv_cache_space_gib),
-                "VLLM_SERVER_DEV_MODE": "1",  # enables POST /reset_prefix_cache (loopback only)
-                "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        return dict(os.environ)
+
+    def _find_port(self) -> int | None:
+        """The port once it is known (fixed before start here; read from the log where it is ``0``)."""
+        return self.port
 
     def start(self) -> None:
         """Launch the server in a new process group (returns at once; see :meth:`wait_healthy`)."""
-        self.config.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.config.log_path.open("w", encoding="utf-8") as log:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("w", encoding="utf-8") as log:
             log.write(f"$ {' '.join(self.command())}\n")
             log.flush()
+            self._started_s = time.monotonic()
             self._process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
                                              stdin=subprocess.DEVNULL, env=self.environment(),
                                              start_new_session=True)
         atexit.register(self.stop)
 
     def wait_healthy(self) -> float:
-        """Poll ``/health`` until it answers 200; returns the seconds waited.
+        """Poll ``/health`` until it answers 200; returns the start-up time (s from process start to
+        that answer), also kept as :attr:`startup_s`.
 
         Raises:
             PeerError: the server exited or did not become healthy in time (with its last log lines).
         """
-        start_s = time.monotonic()
-        while time.monotonic() - start_s < self.config.startup_timeout_s:
+        while time.monotonic() - self._started_s < self.startup_timeout_s:
             if self._process is None or self._process.poll() is not None:
-                raise PeerError(f"vLLM exited during start-up; last lines of {self.config.log_path}:\n"
+                raise PeerError(f"{self.name} exited during start-up; last lines of {self.log_path}:\n"
                                 f"{self.log_tail()}")
-            if call(f"{self.url}/health", "", timeout_s=5)[0] == 200:
-                return time.monotonic() - start_s
+            self.port = self._find_port()
+            if self.port is not None and call(f"{self.url}/health", "", timeout_s=5)[0] == 200:
+                self.startup_s = time.monotonic() - self._started_s
+                return self.startup_s
             time.sleep(_HEALTH_POLL_S)
-        raise PeerError(f"vLLM not healthy after {self.config.startup_timeout_s:.0f} s; "
-                        f"last lines of {self.config.log_path}:\n{self.log_tail()}")
+        raise PeerError(f"{self.name} not healthy after {self.startup_timeout_s:.0f} s; "
+                        f"last lines of {self.log_path}:\n{self.log_tail()}")
 
     def stop(self) -> None:
         """End the whole process group: SIGTERM, then SIGKILL after :data:`STOP_GRACE_S`. Idempotent."""
@@ -220,22 +234,134 @@ class VllmServer:
         _signal_group(process.pid, signal.SIGKILL)  # engine workers may outlive the API server
         process.wait()
 
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
     def log_tail(self, num_lines: int = 12) -> str:
         """The log's last lines, preceded by its last ``...Error: ...`` line (the cause, usually)."""
-        try:
-            lines = self.config.log_path.read_text(errors="replace").splitlines()
-        except OSError:
+        lines = self.log_text().splitlines()
+        if not lines:
             return "(no log)"
         errors = [line for line in lines if _ERROR_LINE.search(line)]
         tail = lines[-num_lines:]
         return "\n".join(([errors[-1]] if errors and errors[-1] not in tail else []) + tail)
 
-    def __enter__(self) -> "VllmServer":
+    def __enter__(self) -> "ServerProcess":
         self.start()
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+class VllmServer(ServerProcess):
+    """vLLM's OpenAI API server (``python -m vllm.entrypoints.openai.api_server``) on a free port."""
+
+    name = "vLLM"
+
+    def __init__(self, config: VllmServerConfig, port: int | None = None) -> None:
+        super().__init__(config.log_path, config.startup_timeout_s, port or free_port())
+        self.config = config
+
+    def command(self) -> list[str]:
+        c = self.config
+        command = [str(venv_python(c.venv)), "-m", "vllm.entrypoints.openai.api_server",
+                   "--model", str(c.model_dir), "--served-model-name", c.served_model_name,
+                   "--dtype", c.dtype, "--max-model-len", str(c.max_model_len),
+                   "--enable-prefix-caching", "--enable-prompt-tokens-details",
+                   "--block-size", str(c.block_size), "--host", "127.0.0.1", "--port", str(self.port)]
+        if c.num_gpu_blocks is not None:
+            command += ["--num-gpu-blocks-override", str(c.num_gpu_blocks)]
+        return command
+
+    def environment(self) -> dict[str, str]:
+        """The server's environment: KV pool size, offline, no usage reports, dev endpoints on."""
+        return {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(self.config.kv_cache_space_gib),
+                "VLLM_SERVER_DEV_MODE": "1",  # enables POST /reset_prefix_cache (loopback only)
+                "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+    def num_threads(self) -> tuple[int | None, str]:
+        """The OpenMP threads vLLM's CPU worker runs on and their source (:func:`vllm_omp_threads`
+        over its log and the environment it was started with)."""
+        return vllm_omp_threads(self.log_text(), self.environment().get("VLLM_CPU_OMP_THREADS_BIND", "auto"))
+
+
+@dataclass(frozen=True)
+class KvbenchServerConfig:
+    """One ``kvbench serve`` of the same checkpoint, the second kind of peer server.
+
+    Attributes:
+        model_dir: the checkpoint vLLM serves (``kvbench model export``).
+        log_path: where its stdout and stderr go.
+        engine: ``copy`` or ``paged`` (``kvbench serve --engine``).
+        block_size: ``--block-size``, tokens (vLLM's, so both caches keep the same blocks).
+        num_threads: ``--threads`` (torch intra-op threads); ``None`` = kvbench's default.
+        dtype: ``--dtype``.
+        served_model_name: the name requests use (vLLM's, so one client config fits both).
+    """
+
+    model_dir: Path
+    log_path: Path
+    engine: str = "copy"
+    block_size: int = 32
+    num_threads: int | None = None
+    dtype: str = "float32"
+    served_model_name: str = "kvbench-default"
+    startup_timeout_s: float = 900.0
+
+    def __post_init__(self) -> None:
+        if self.engine not in ("copy", "paged"):
+            raise ValueError(f"engine must be 'copy' or 'paged', got {self.engine!r}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1 or None, got {self.num_threads}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
+
+
+class KvbenchServer(ServerProcess):
+    """``python -m kvbench.cli serve --port 0`` in kvbench's own interpreter; the port it picked is
+    read from the URL line it prints once its socket is bound."""
+
+    name = "kvbench serve"
+
+    def __init__(self, config: KvbenchServerConfig) -> None:
+        super().__init__(config.log_path, config.startup_timeout_s)
+        self.config = config
+
+    def command(self) -> list[str]:
+        c = self.config
+        command = [sys.executable, "-m", "kvbench.cli", "serve", "--port", "0", "--model", str(c.model_dir),
+                   "--served-model-name", c.served_model_name, "--engine", c.engine,
+                   "--block-size", str(c.block_size), "--dtype", c.dtype]
+        return command + (["--threads", str(c.num_threads)] if c.num_threads is not None else [])
+
+    def environment(self) -> dict[str, str]:
+        return {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+    def _find_port(self) -> int | None:
+        match = _KVBENCH_URL.search(self.log_text().split("\n", 1)[-1])  # past the command line
+        return int(match.group(1)) if match else None
+
+
+def vllm_omp_threads(log_text: str, threads_bind: str = "auto") -> tuple[int | None, str]:
+    """How many OpenMP threads vLLM's CPU worker (local rank 0) runs on, and where that was read:
+    the cores of its ``local_rank=0, core ids=[...]`` log line (vllm/utils/ompmultiprocessing.py,
+    vLLM 0.32), else the first ``|``-separated list of ``VLLM_CPU_OMP_THREADS_BIND`` (``"0-1,4"`` = 3);
+    ``(None, "unknown")`` when neither says (``auto`` or ``nobind`` and no log line)."""
+    lines = _OMP_CORES_LINE.findall(log_text)
+    if lines and lines[-1].strip():
+        return len(lines[-1].split(",")), "vLLM log: core ids"
+    if threads_bind in ("auto", "nobind", ""):
+        return None, "unknown"
+    count = 0
+    for part in threads_bind.split("|")[0].split(","):
+        first, _, last = part.partition("-")
+        count += int(last) - int(first) + 1 if last else 1
+    return count, "VLLM_CPU_OMP_THREADS_BIND"
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

@@ -5,20 +5,24 @@ One run, in order:
 1. make sure the separate vLLM environment exists (``server.ensure_vllm_venv``);
 2. export the model as a checkpoint (``kvbench.engine.export``) into ``OUT/model``;
 3. generate the comparison traces (``comparisons.default_comparisons``) into ``OUT/traces``;
-4. replay shared_2k through kvbench's in-process engine (TTFT cold and warm), before any server runs;
-5. start vLLM with the default pool; per comparison: reset the prefix cache, read ``/metrics``, send
+4. start vLLM with the default pool; per comparison: reset the prefix cache, read ``/metrics``, send
    every request (``driver.drive``: the OpenAI backend and the one send loop, concurrency 1), read
    ``/metrics`` again, predict every request with the pool size the server reports (``kvbench.sim.vllm_pool``);
-   stop the server;
-6. the same on a second server with a small pool (``--num-gpu-blocks-override``) for the Zipf trace;
-7. write ``OUT/peer_vllm.parquet`` (one row per request and backend, run metadata in the footer) and
-   ``OUT/peer_vllm.md`` (agreement, hit rates, reconciliation, TTFT ratios, disagreements).
+5. with shared_2k or chat chosen and ``rounds`` > 0: start ``kvbench serve`` on the same checkpoint,
+   copy engine then paged, one after the other, each with as many threads as vLLM's OpenMP threads
+   (read from its log); run the engine comparison's rounds over the three servers
+   (:mod:`kvbench.peer.engines`); stop every server;
+6. the same as 4 on a second vLLM with a small pool (``--num-gpu-blocks-override``) for the Zipf trace;
+7. write ``OUT/peer_vllm.parquet`` (one row per request, backend and round, run metadata in the
+   footer) and ``OUT/peer_vllm.md`` (agreement, hit rates, reconciliation, the engine table,
+   disagreements), also after an error or Ctrl-C (marked incomplete).
 
-Each server is stopped on every exit path (``with VllmServer(...)``; its process group is killed).
+Each server is stopped on every exit path (``with``; its process group is killed).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import subprocess
 import time
@@ -35,10 +39,15 @@ from kvbench.backends.openai.admin import fetch_metrics, reset_prefix_cache
 from kvbench.backends.openai.client import OpenAIBackend
 from kvbench.backends.openai.metrics import parse_prefix_cache_counters, vllm_num_gpu_blocks
 from kvbench.peer.driver import drive, vllm_backend, warm_up_request
-from kvbench.peer.report import (
-    ROW_SCHEMA, ComparisonSummary, TtftSummary, markdown, summarize, table_rows, ttft_summary,
+from kvbench.peer.engines import (
+    CHAT, SHARED, VLLM, EngineRow, EngineServer, engine_markdown, engine_rows, engine_table, engine_workload,
+    iter_rounds,
 )
-from kvbench.peer.server import PeerError, VllmServer, VllmServerConfig, ensure_vllm_venv, venv_python
+from kvbench.peer.report import ROW_SCHEMA, ComparisonSummary, markdown, summarize, table_rows
+from kvbench.peer.server import (
+    DTYPES, KvbenchServer, KvbenchServerConfig, PeerError, VllmServer, VllmServerConfig, ensure_vllm_venv,
+    venv_python,
+)
 
 Log = Callable[[str], None]
 METRICS_SETTLE_S = 1.0  # vLLM publishes counters with each step's outputs; give the last one a moment
@@ -57,7 +66,9 @@ class PeerConfig:
         block_size: vLLM ``--block-size`` and the prediction's block size (multiple of 32 on CPU).
         kv_cache_space_gib: ``VLLM_CPU_KVCACHE_SPACE`` of the default-pool server.
         small_pool_blocks: ``--num-gpu-blocks-override`` of the small-pool server (null block included).
-        inprocess_threads: torch threads for the in-process TTFT replay (vLLM's CPU engine uses 1 here).
+        rounds: rounds of the engine comparison (0: none; ``kvbench.peer.engines``).
+        kvbench_threads: ``kvbench serve --threads``; ``None`` = as many as vLLM's OpenMP threads.
+        dtype: ``--dtype`` of every server (``float32`` or ``bfloat16``).
     """
 
     out_dir: Path
@@ -69,7 +80,9 @@ class PeerConfig:
     kv_cache_space_gib: int = 2
     small_pool_blocks: int = 40  # 39 usable blocks: the Zipf trace's 8 prefixes need 64
     max_model_len: int = 4096
-    inprocess_threads: int | None = 1
+    rounds: int = 2  # issue 26's table: two rounds, interleaved
+    kvbench_threads: int | None = None
+    dtype: str = "float32"
     startup_timeout_s: float = 900.0
     seed: int = 0
     run_id: str = field(default_factory=lambda: time.strftime("%Y%m%dT%H%M%S"))
@@ -85,26 +98,42 @@ class PeerConfig:
             raise ValueError(f"block_size must be a positive multiple of 32, got {self.block_size}")
         if self.small_pool_blocks < 2:
             raise ValueError(f"small_pool_blocks must be >= 2, got {self.small_pool_blocks}")
-        if self.inprocess_threads is not None and self.inprocess_threads < 1:
-            raise ValueError(f"inprocess_threads must be >= 1 or None, got {self.inprocess_threads}")
+        if self.kvbench_threads is not None and self.kvbench_threads < 1:
+            raise ValueError(f"--threads must be >= 1 (or 0 for vLLM's count), got {self.kvbench_threads}")
+        if self.rounds < 0:
+            raise ValueError(f"--rounds must be >= 0, got {self.rounds}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
 
 
 @dataclass(frozen=True)
 class PeerReport:
-    """What a run produced: summaries and the files written."""
+    """What a run produced: summaries, the engine table and the files written."""
 
     summaries: tuple[ComparisonSummary, ...]
-    ttfts: tuple[TtftSummary, ...]
+    engines: tuple[EngineServer, ...]
+    engine_rows: tuple[EngineRow, ...]
     parquet_path: Path
     markdown_path: Path
     markdown: str
+
+
+@dataclass
+class Measured:
+    """What a run has measured so far (written as it stands on any exit)."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    summaries: list[ComparisonSummary] = field(default_factory=list)
+    engines: list[EngineServer] = field(default_factory=list)
+    rounds: list[Any] = field(default_factory=list)  # engines.RoundRecords
+    special_tokens: str | None = None  # the server's rule for special-token text (special_tokens.py)
 
 
 def run_peer(config: PeerConfig, log: Log = lambda line: None) -> PeerReport:
     """Run the whole comparison (module docstring).
 
     Raises:
-        PeerError: vLLM cannot be installed, started or reached.
+        PeerError: vLLM cannot be installed, started or reached, or ``kvbench serve`` cannot start.
         InputError: the model cannot be exported or ``out_dir`` cannot be written.
     """
     out = config.out_dir
@@ -113,25 +142,16 @@ def run_peer(config: PeerConfig, log: Log = lambda line: None) -> PeerReport:
     model_dir, tokenizer, model_name = _export(config, log)
     prepared = _prepare_all(config, tokenizer, out / "traces")
     context = {"run_id": config.run_id, "block_size": config.block_size}
-    rows: list[dict[str, Any]] = []
-    if "shared_2k" in prepared:
-        from kvbench.peer.inprocess import inprocess_rows
-
-        log("in-process engine: shared_2k")
-        rows += inprocess_rows(model_dir, prepared["shared_2k"], config.block_size, config.inprocess_threads,
-                               {**context, "num_gpu_blocks": None}, log)
-    summaries: list[ComparisonSummary] = []
+    measured = Measured()
     complete = False
     try:
         for pool in (LARGE_POOL, SMALL_POOL):
             chosen = [p for p in prepared.values() if p.comparison.pool == pool]
             if chosen:
-                new_rows, new_summaries = _run_server(config, model_dir, tokenizer, pool, chosen, context, log)
-                rows += new_rows
-                summaries += new_summaries
+                _run_server(config, model_dir, tokenizer, pool, chosen, context, measured, log)
         complete = True
     finally:  # an error or Ctrl-C still writes what was measured, marked incomplete
-        report = _write(config, rows, summaries, model_name, complete, log)
+        report = _write(config, measured, prepared, model_name, complete, log)
     return report
 
 
@@ -162,7 +182,7 @@ def _prepare_all(config: PeerConfig, tokenizer: Any, trace_dir: Path) -> dict[st
 
 
 def _run_server(config: PeerConfig, model_dir: Path, tokenizer: Any, pool: str, chosen: Sequence[PreparedComparison],
-                context: dict[str, Any], log: Log) -> tuple[list[dict[str, Any]], list[ComparisonSummary]]:
+                context: dict[str, Any], measured: Measured, log: Log) -> None:
     max_model_len = config.max_model_len
     if pool == SMALL_POOL:  # vLLM refuses to start unless one max-length request fits in the usable blocks
         max_model_len = min(max_model_len, (config.small_pool_blocks - 1) * config.block_size)
@@ -170,9 +190,8 @@ def _run_server(config: PeerConfig, model_dir: Path, tokenizer: Any, pool: str, 
         venv=config.venv, model_dir=model_dir, log_path=config.out_dir / f"vllm-{pool}.log",
         block_size=config.block_size, max_model_len=max_model_len,
         kv_cache_space_gib=config.kv_cache_space_gib,
-        num_gpu_blocks=config.small_pool_blocks if pool == SMALL_POOL else None,
+        num_gpu_blocks=config.small_pool_blocks if pool == SMALL_POOL else None, dtype=config.dtype,
         startup_timeout_s=config.startup_timeout_s)
-    rows, summaries = [], []
     with VllmServer(server_config) as server:
         log(f"starting vLLM ({pool} pool) on {server.url}; log: {server_config.log_path}")
         log(f"vLLM healthy after {server.wait_healthy():.0f} s")
@@ -180,14 +199,43 @@ def _run_server(config: PeerConfig, model_dir: Path, tokenizer: Any, pool: str, 
         if blocks is None:
             raise PeerError(f"{server.url}/metrics reports no num_gpu_blocks; cannot size the prediction")
         backend = vllm_backend(server.base_url, server_config.served_model_name, tokenizer, config.block_size)
-        context = {**context, "special_tokens": _check_special_tokens(server, server_config, tokenizer, log)}
+        measured.special_tokens = _check_special_tokens(server, server_config, tokenizer, log)
         drive([warm_up_request(tokenizer)], backend)
         for prepared in chosen:
             new_rows, summary = _compare(backend, prepared, VllmPoolShape(blocks, config.block_size),
                                          {**context, "num_gpu_blocks": blocks}, log)
-            rows += new_rows
-            summaries.append(summary)
-    return rows, summaries
+            measured.rows += new_rows
+            measured.summaries.append(summary)
+        engine_prepared = [p for p in chosen if p.comparison.name in (SHARED, CHAT)]
+        if engine_prepared and config.rounds:
+            _engine_comparison(config, model_dir, tokenizer, server, backend, engine_prepared, measured, log)
+
+
+def _engine_comparison(config: PeerConfig, model_dir: Path, tokenizer: Any, vllm: VllmServer, backend: OpenAIBackend,
+                       chosen: Sequence[PreparedComparison], measured: Measured, log: Log) -> None:
+    """``kvbench serve`` (copy, then paged) beside the running vLLM, each started alone and with
+    vLLM's thread count unless ``kvbench_threads`` is set; then the rounds (:mod:`kvbench.peer.engines`)."""
+    vllm_threads, source = vllm.num_threads()
+    measured.engines.append(EngineServer(VLLM, vllm_threads, source, config.dtype, vllm.startup_s))
+    threads = config.kvbench_threads or vllm_threads
+    threads_source = "--threads" if config.kvbench_threads else ("as vLLM" if vllm_threads else "kvbench default")
+    log(f"vLLM runs {vllm_threads or '?'} OpenMP thread(s) ({source}); kvbench serve gets --threads {threads or 'default'}")
+    backends = {VLLM: backend}
+    by_name = {p.comparison.name: p for p in chosen}
+    with contextlib.ExitStack() as stack:
+        for engine in ("copy", "paged"):
+            server = stack.enter_context(KvbenchServer(KvbenchServerConfig(
+                model_dir, config.out_dir / f"kvbench-{engine}.log", engine, config.block_size, threads,
+                config.dtype, vllm.config.served_model_name, config.startup_timeout_s)))
+            log(f"starting kvbench serve --engine {engine}; log: {server.log_path}")
+            log(f"kvbench serve ({engine}) healthy after {server.wait_healthy():.0f} s on {server.url}")
+            name = f"kvbench-{engine}"
+            measured.engines.append(EngineServer(name, threads, threads_source, config.dtype, server.startup_s))
+            backends[name] = vllm_backend(server.base_url, vllm.config.served_model_name, tokenizer,
+                                          config.block_size)
+        workload = engine_workload(by_name.get(SHARED), by_name.get(CHAT))
+        for result in iter_rounds(backends, workload, config.rounds, warm_up_request(tokenizer), log):
+            measured.rounds.append(result)
 
 
 def _check_special_tokens(server, server_config, tokenizer, log: Log) -> str:
@@ -236,26 +284,30 @@ def vllm_version(venv: Path) -> str:
     seconds); ``unknown`` if it cannot be read. The CPU build is the distribution ``vllm-cpu``."""
     script = ("import importlib.metadata as m\nfor name in ('vllm-cpu', 'vllm'):\n    try:\n"
               "        print(m.version(name)); break\n    except m.PackageNotFoundError:\n        pass")
+    if not venv_python(venv).is_file():
+        return "unknown"
     probe = subprocess.run([str(venv_python(venv)), "-c", script], capture_output=True, text=True, timeout=60)
     lines = probe.stdout.strip().splitlines()
     return lines[-1] if probe.returncode == 0 and lines else "unknown"
 
 
-def _write(config: PeerConfig, rows: list[dict[str, Any]], summaries: list[ComparisonSummary], model_name: str,
+def _write(config: PeerConfig, measured: Measured, prepared: dict[str, PreparedComparison], model_name: str,
            complete: bool, log: Log) -> PeerReport:
     from kvbench.results.parquet import write_rows
 
-    ttfts = tuple(t for t in (ttft_summary(backend, [r for r in rows if r["comparison"] == "shared_2k"
-                                                     and r["backend"] == backend])
-                              for backend in ("vllm", "kvbench-inprocess")) if t is not None)
+    engines = tuple(measured.engines)
+    table = engine_table(engines, measured.rounds)
+    workload = engine_workload(prepared.get(SHARED), prepared.get(CHAT))
+    rows = measured.rows + engine_rows(measured.rounds, workload, {"run_id": config.run_id,
+                                                                   "block_size": config.block_size})
     header = {"run_id": config.run_id, "vllm_version": vllm_version(config.venv), "model": model_name,
-              "complete": complete}
-    text = markdown(summaries, ttfts, header)
+              "complete": complete, "special_tokens": measured.special_tokens}
+    text = markdown(measured.summaries, engine_markdown(engines, table, config.rounds), header)
     markdown_path = config.out_dir / "peer_vllm.md"
     markdown_path.write_text(text, encoding="utf-8")
     config_record = {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(config).items()}
-    metadata = {"peer": header, "config": config_record, "summaries": [s.as_dict() for s in summaries],
-                "ttft": [dataclasses.asdict(t) for t in ttfts]}
+    metadata = {"peer": header, "config": config_record, "summaries": [s.as_dict() for s in measured.summaries],
+                "engines": [dataclasses.asdict(e) for e in engines], "engine_table": [r.as_dict() for r in table]}
     parquet_path = write_rows(config.out_dir / "peer_vllm.parquet", table_rows(rows), metadata, schema=ROW_SCHEMA)
     log(f"wrote {parquet_path} and {markdown_path}")
-    return PeerReport(tuple(summaries), ttfts, parquet_path, markdown_path, text)
+    return PeerReport(tuple(measured.summaries), engines, table, parquet_path, markdown_path, text)

@@ -9,6 +9,7 @@ import pytest
 
 from kvbench.breaks.common import EXPERIMENT_FIELDS
 from kvbench.commands.sim_sampled import SAMPLED_ROW_SCHEMA
+from kvbench.peer.report import ROW_SCHEMA as PEER_SCHEMA
 from kvbench.results.export import to_csv
 from kvbench.results.load_sweep import LOAD_SWEEP_SCHEMA
 from kvbench.results.result_json import result_dict
@@ -26,8 +27,8 @@ def undocumented(names) -> list[str]:
     return sorted(set(names) - DOCUMENTED)
 
 
-@pytest.mark.parametrize("schema", [RUN_SCHEMA, SAMPLED_ROW_SCHEMA, SWEEP_SCHEMA, LOAD_SWEEP_SCHEMA],
-                         ids=["run", "sim", "sweep", "load_sweep"])
+@pytest.mark.parametrize("schema", [RUN_SCHEMA, SAMPLED_ROW_SCHEMA, SWEEP_SCHEMA, LOAD_SWEEP_SCHEMA, PEER_SCHEMA],
+                         ids=["run", "sim", "sweep", "load_sweep", "peer"])
 def test_every_schema_column_is_documented(schema):
     assert undocumented(schema.names) == []
 

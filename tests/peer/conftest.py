@@ -1,5 +1,4 @@
-"""Small comparisons (the harness's trace kinds, cut down); the peer's in-process path runs on
-``tiny_loaded`` (tests/conftest.py)."""
+"""Small comparisons (the harness's trace kinds, cut down)."""
 
 import pytest
 

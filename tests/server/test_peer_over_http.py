@@ -50,3 +50,30 @@ def test_the_peer_compare_step_runs_end_to_end_on_kvbench_serve(live):
     assert summary.metrics.queries_tokens == summary.prompt_tokens == summary.reported_prompt_tokens
     assert summary.metrics.hits_tokens == summary.reported_hits_tokens == summary.predicted_hits_tokens > 0
     assert "cache reset" in lines[0] and len(lines) == 4 and len(rows) == 3
+
+
+def test_engine_rounds_over_http_start_cold_each_round_and_count_what_the_server_reported(live):
+    from kvbench.peer.engines import EngineServer, engine_table, engine_workload, iter_rounds
+    from kvbench.workloads.conversations import ChatConfig
+    from kvbench.workloads.dists import IntDist
+
+    tokenizer = load_tokenizer()
+    shared = prepare(Comparison("shared_2k", "shared-prefix", SharedPrefixConfig(
+        num_requests=3, system_tokens=64, question_tokens=16, max_tokens=2, seed=4)), tokenizer, "peer-rounds")
+    chat = prepare(Comparison("chat", "chat", ChatConfig(
+        num_conversations=3, turns=IntDist.parse("uniform:2,2"), system_tokens=40,
+        user_tokens=IntDist.parse("uniform:20,20"), reply_tokens=IntDist.parse("uniform:10,10"),
+        conversation_rate_per_s=1.0, think_time_s=1.0, seed=0)), tokenizer, "peer-rounds-chat")
+    workload = engine_workload(shared, chat)
+    backend = vllm_backend(live.url, MODEL, tokenizer, BLOCK)
+    rounds = list(iter_rounds({"kvbench-copy": backend}, workload, 2, warm_up_request(tokenizer)))
+    assert [r.round_index for r in rounds] == [0, 1]
+    for result in rounds:  # a fresh namespace per round: the first request is a miss in both rounds
+        assert all(r.ok and r.output_tokens == 32 for r in result.shared + result.chat)
+        assert result.shared[0].cached_prompt_tokens == 0
+        assert all(r.cached_prompt_tokens >= 64 // BLOCK * BLOCK for r in result.shared[1:])
+        assert len(result.chat) == 6 and all(r.sent_s is not None for r in result.chat)
+    [cached_row] = [row for row in engine_table([EngineServer("kvbench-copy", None, "default", "float32", None)],
+                                                rounds) if row.key == "shared_cached_tokens"]
+    assert cached_row.values["kvbench-copy"] == tuple(float(sum(r.cached_prompt_tokens for r in result.shared))
+                                                      for result in rounds)

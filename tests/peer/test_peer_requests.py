@@ -1,8 +1,6 @@
-"""The peer's requests and its in-process replay: trace order, salts, the one backend and loop."""
+"""The peer's requests and its agreement rows: trace order, salts, what vLLM reported."""
 
 from kvbench.peer.comparisons import agreement_rows, predict, reported_cached_tokens
-from kvbench.peer.inprocess import replay_rows
-from kvbench.peer.report import ROW_SCHEMA, table_rows, ttft_summary
 from kvbench.request import RequestRecord, Status
 
 BLOCK = 16
@@ -15,28 +13,6 @@ def test_requests_carry_the_servers_salt_and_the_rendered_ids(chat, tokenizer):
     for request, line in zip(requests, chat.trace.requests, strict=True):
         assert request.token_ids.tolist() == tokenizer.render(line).tolist()
         assert request.messages == line.messages and request.max_tokens == line.max_tokens
-
-
-def test_inprocess_replay_hits_the_shared_prefix_and_rows_fit_the_schema(tiny_loaded, shared):
-    rows = replay_rows(tiny_loaded, shared, BLOCK, {"run_id": "t", "block_size": BLOCK, "num_gpu_blocks": None})
-    assert [r["request_index"] for r in rows] == [0, 1, 2, 3] and all(r["status"] == "ok" for r in rows)
-    shared_tokens = min(r.num_tokens for r in shared.requests)
-    floor = 100 // BLOCK * BLOCK  # the full blocks of the 100-token system prompt, at least
-    assert rows[0]["cached_tokens_reported"] == 0
-    assert all(floor <= r["cached_tokens_reported"] < shared_tokens for r in rows[1:])
-    predicted = predict(shared, num_gpu_blocks=1024, block_size=BLOCK)
-    assert [r["cached_tokens_reported"] for r in rows] == [int(p) for p in predicted]
-    assert all(r["output_tokens_reported"] == 3 and r["ttft_ms"] > 0 for r in rows)
-    assert len(table_rows(rows)) == 4 and set(rows[0]) <= set(ROW_SCHEMA.names)
-    assert ttft_summary("kvbench-inprocess", rows) is not None
-
-
-def test_chat_turns_hit_their_previous_turns_prompt(tiny_loaded, chat):
-    rows = replay_rows(tiny_loaded, chat, BLOCK, {"run_id": "t", "block_size": BLOCK, "num_gpu_blocks": None})
-    second_turns = [r for r in rows if r["turn"] == 1]
-    assert len(second_turns) == 2 and all(r["cached_tokens_reported"] >= 2 * BLOCK for r in second_turns)
-    predicted = predict(chat, num_gpu_blocks=1024, block_size=BLOCK)
-    assert [r["cached_tokens_reported"] for r in rows] == [int(p) for p in predicted]
 
 
 def usage_record(cached, ok=True, prompt_ids=None):
