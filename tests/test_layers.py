@@ -70,9 +70,6 @@ def test_the_checker_sees_function_level_imports(tmp_path):
 ENGINE_CLASSES = frozenset({"HFEngine", "PagedEngine"})
 # Outside this change's folders (issue 26 part 3 works in kvbench/peer/): builds its replay engine
 # directly; it moves to kvbench.engine.factory.make_engine when that work is merged.
-ENGINE_CLASS_USERS_TO_MOVE = frozenset({"kvbench/peer/inprocess.py"})
-
-
 def engine_type_uses(path: Path) -> list[str]:
     """Where ``path`` imports an engine class or asks ``isinstance(x, <engine class>)`` (DESIGN.md: code
     outside engine/ never asks which engine it holds; it builds one with ``make_engine``)."""
@@ -90,7 +87,6 @@ def engine_type_uses(path: Path) -> list[str]:
 def test_no_module_outside_engine_asks_which_engine_it_holds():
     problems = [f"{path.relative_to(REPO)}:{use}" for path in SOURCES
                 if not path.relative_to(PACKAGE).parts[0] == "engine"
-                and str(path.relative_to(REPO)) not in ENGINE_CLASS_USERS_TO_MOVE
                 for use in engine_type_uses(path)]
     assert problems == []
 

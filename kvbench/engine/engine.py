@@ -98,9 +98,6 @@ class _Stamps:
         return (end_s - (self.start_s if start_s is None else start_s)) * 1e3
 
 
-EngineConfig = CopyConfig  # the old name: kvbench.peer.inprocess still imports it; drop once it calls make_engine
-
-
 # ---------------------------------------------------------------- the engine
 
 

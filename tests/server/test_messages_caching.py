@@ -44,8 +44,9 @@ def test_no_cache_control_means_no_cache_fields_but_the_engine_still_hits(client
 
 def test_a_breakpoint_is_written_then_read_never_past_it(client):
     system = system_text(1100)
-    first, _ = ask(client, marked(system))
-    second, engine_hit = ask(client, marked(system))  # the same question: the engine hits past the breakpoint
+    question = "what now? " + "again " * 40  # > 2 blocks after the mark, wherever the mark falls in its block
+    first, _ = ask(client, marked(system), question)
+    second, engine_hit = ask(client, marked(system), question)  # the same question: the engine hits past the mark
     written = first.cache_creation_input_tokens
     assert written > 1100 and first.cache_read_input_tokens == 0
     assert second.cache_read_input_tokens == written and second.cache_creation_input_tokens == 0

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from kvbench.cache.base import CacheConfig
-from kvbench.engine.engine import EngineConfig, HFEngine
+from kvbench.engine.engine import CopyConfig, HFEngine
 from kvbench.engine.model import default_llama_config, random_model
 from kvbench.engine.paged.attention import PagedForward, SequenceSlice, paged_attention_forward, skip_mask_creation
 from kvbench.engine.paged.config import AttentionKernel, PagedConfig
@@ -48,7 +48,7 @@ def prompts():
 
 
 def test_the_copy_engine_on_cuda_equals_its_cache_off_reference(cuda_model):
-    engine = HFEngine(cuda_model, EngineConfig(cache=CacheConfig(capacity_blocks=256, block_size=BLOCK), verify=True))
+    engine = HFEngine(cuda_model, CopyConfig(cache=CacheConfig(capacity_blocks=256, block_size=BLOCK), verify=True))
     records = [engine.generate(ids, GREEDY) for ids in prompts()]
     assert [r.output_matches_reference for r in records] == [True] * 4
     assert [r.cached_prompt_tokens for r in records] == [0, 64, 64, 0]
@@ -60,7 +60,7 @@ def test_the_paged_engine_on_cuda_equals_the_cache_off_reference_under_batching(
     first = engine.generate(prompts()[0], GREEDY)
     records = [future.result(timeout=120) for future in [engine.submit(ids, GREEDY) for ids in prompts()[1:]]]
     assert engine.verify_report.totals.num_mismatches == 0
-    copy = HFEngine(cuda_model, EngineConfig())  # cache off
+    copy = HFEngine(cuda_model, CopyConfig())  # cache off
     assert [r.output_token_ids for r in [first, *records]] == [copy.generate(ids, GREEDY).output_token_ids
                                                                for ids in prompts()]
 
