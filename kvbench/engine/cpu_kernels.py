@@ -1,4 +1,4 @@
-"""Two CPU fixes the engines' forwards need to run at the speed of the hardware (issue 26).
+"""Three CPU fixes the engines' forwards need to run at the speed of the hardware (issue 26).
 
 1. **Freed activations stay in the process** (:func:`keep_freed_memory`). glibc serves an
    allocation above its mmap threshold (128 KiB, raised adaptively up to 32 MiB) with a fresh
@@ -22,12 +22,21 @@
    concurrency 1, ``--batch-invariant``) computes exactly what it did before. A batched decode's
    logits differ from the one-row ones in the last bits, as every packed forward's already may
    (``--verify`` tells the resulting argmax flips near ties from mismatches).
+3. **Grouped-query attention without copies** (:func:`use_native_gqa`). Whenever a mask is passed
+   (a prefill after a cached prefix, a chunk), transformers' SDPA path repeats each K/V head for its
+   query heads (``repeat_kv``: 4 copies on the default model) before calling SDPA;
+   ``TRANSFORMERS_SDPA_FORCE_GQA=1`` makes it pass ``enable_gqa=True`` instead, which torch's CPU
+   kernel reads in place. Same bits (checked on 66 x 2,050, 300 x 300, 349 x 700 and 1 x 2,050
+   queries x keys), less time: 66 new tokens after 2,050 cached, one layer, 4.6 -> 3.0 ms. Set for
+   CPU models unless the user set the variable (on CUDA transformers keeps its own choice: masked
+   GQA would fall back to the math kernel there).
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import sys
 
 import torch
@@ -101,3 +110,14 @@ def use_small_batch_lm_head(model: nn.Module) -> bool:
         return False
     head.__class__ = SmallBatchLinear
     return True
+
+
+GQA_VARIABLE = "TRANSFORMERS_SDPA_FORCE_GQA"  # read by transformers' sdpa_attention.use_gqa_in_sdpa at each call
+
+
+def use_native_gqa(device: torch.device) -> bool:
+    """Let transformers' SDPA read grouped K/V heads in place on the CPU (module docstring, item 3);
+    a user's own setting of :data:`GQA_VARIABLE` wins. Returns whether it is on now."""
+    if device.type == "cpu":
+        os.environ.setdefault(GQA_VARIABLE, "1")
+    return os.environ.get(GQA_VARIABLE) == "1"

@@ -67,3 +67,32 @@ def test_keeping_freed_memory_is_accepted_by_glibc_and_idempotent():
         pytest.skip("mallopt is glibc's")
     assert keep_freed_memory() is True
     assert keep_freed_memory() is True
+
+
+@pytest.mark.parametrize("num_query, num_context", [(66, 2050), (300, 300), (1, 700), (349, 700)])
+def test_grouped_heads_read_in_place_give_the_repeated_heads_bits(monkeypatch, num_query, num_context):
+    from types import SimpleNamespace
+
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from kvbench.engine.paged.attention import causal_mask
+
+    generator = torch.Generator().manual_seed(num_query)
+    query = torch.randn(1, 8, num_query, 64, generator=generator)
+    key, value = (torch.randn(1, 2, num_context, 64, generator=generator) for _ in range(2))
+    mask = causal_mask(num_query, num_context, torch.device("cpu"))
+    module = SimpleNamespace(num_key_value_groups=4, is_causal=True)  # the default model's 8 query / 2 KV heads
+    outputs = {}
+    for setting in ("0", "1"):
+        monkeypatch.setenv("TRANSFORMERS_SDPA_FORCE_GQA", setting)
+        outputs[setting], _ = sdpa_attention_forward(module, query, key, value, mask)
+    assert torch.equal(outputs["0"], outputs["1"])
+
+
+def test_a_cpu_model_turns_grouped_heads_in_place_on_unless_the_user_chose(monkeypatch):
+    from kvbench.engine.cpu_kernels import GQA_VARIABLE, use_native_gqa
+
+    monkeypatch.delenv(GQA_VARIABLE, raising=False)
+    assert use_native_gqa(torch.device("cpu")) is True
+    monkeypatch.setenv(GQA_VARIABLE, "0")
+    assert use_native_gqa(torch.device("cpu")) is False  # the user's setting wins
