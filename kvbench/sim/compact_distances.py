@@ -56,12 +56,11 @@ def _index_dtype(size: int):
 
 
 def _warm_counts(warm: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """Warm accesses per request; int64, shape (num_requests,)."""
-    counts = np.diff(offsets)
-    if not warm.size:
-        return np.zeros(counts.size, dtype=np.int64)
-    sums = np.add.reduceat(warm, np.minimum(offsets[:-1], warm.size - 1), dtype=np.int64)
-    return np.where(counts > 0, sums, 0)
+    """Warm accesses per request; int64, shape (num_requests,). By differences of one running count, so
+    a request without keys counts 0 wherever it is (``np.add.reduceat`` with offsets clamped to the
+    last access cut the last non-empty request short when empty requests followed it)."""
+    running = np.concatenate([[0], np.cumsum(warm, dtype=np.int64)])
+    return running[offsets[1:]] - running[offsets[:-1]]
 
 
 def previous_slots(keys: np.ndarray, offsets: np.ndarray) -> np.ndarray:

@@ -22,6 +22,18 @@ from kvbench.sim.replay import prepare_prompts
 from kvbench.sim.stack_distance import distances_of
 
 
+@pytest.mark.parametrize("key_lists", [
+    [[0], [1, 2], [3, 4, 5, 6], [3, 4, 5], []],  # hypothesis found it: a warm request, then one without keys
+    [[0, 1], [0, 1], [], [], [0]],
+    [[], [7, 8], [7, 8, 9], [], [7]],
+])
+def test_requests_without_keys_leave_the_others_distances_alone(key_lists):
+    distances, offsets, num_distinct = distances_of(key_lists)
+    keys = np.array([key for keys in key_lists for key in keys], dtype=np.int32)
+    got, got_distinct = compact_distances(keys, offsets)
+    assert got.tolist() == distances.tolist() and got_distinct == num_distinct
+
+
 def assert_same_curve(fast, slow):
     assert np.array_equal(fast.distances.distances, slow.distances.distances)
     assert fast.distances.num_distinct_blocks == slow.distances.num_distinct_blocks
