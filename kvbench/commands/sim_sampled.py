@@ -160,7 +160,7 @@ def _keys_held(curve: SampledCurve) -> str:
 
 def coarse_warning(rate: float, capacities: list[int], curve_sizes: np.ndarray) -> str | None:
     """One line when sizes fall below ``1 / rate`` blocks, where the estimate is coarse (a sampled
-    key stands for ``1 / rate`` blocks; README "Sampled curves in bounded memory"), else ``None``."""
+    key stands for ``1 / rate`` blocks; docs/curves-and-sampling.md "Traces of any size"), else ``None``."""
     coarse = round(1 / rate)
     small = [c for c in capacities if c < coarse]
     num_rows = int(np.count_nonzero(curve_sizes < coarse))

@@ -119,7 +119,7 @@ class PagedForward:
         padded block tables): with ``batch_decodes``, two or more single-token queries form the
         :class:`DecodeBatch`; the rest run one by one. ``None``: batch except on CPU, where one
         sequence at a time measured 2-4x faster (its gathered K/V, ~0.5 MiB, is still in cache
-        when SDPA reads it; the padded batch's is not; see README "Paged engine speed"). A forward
+        when SDPA reads it; the padded batch's is not; see docs/engines.md "Speed: one SDPA for every decode"). A forward
         of one sequence (concurrency 1, ``--batch-invariant``) never batches, so its outputs are
         those of the copy engine, bit for bit. ``kernel`` (``start_kernel``'s) attends the batch."""
         device = slot_block_ids.device
