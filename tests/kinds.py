@@ -46,6 +46,7 @@ ENGINE_MODULES = frozenset({
     "tests/engine/paged/test_exit_with_work.py",
     "tests/engine/paged/test_in_flight_prefix.py",
     "tests/engine/test_cpu_kernels.py",
+    "tests/engine/test_few_rows.py",
     "tests/engine/test_model.py",
     "tests/engine/test_threads.py",
     "tests/results/test_report.py",

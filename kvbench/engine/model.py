@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
-from kvbench.engine.cpu_kernels import keep_freed_memory, use_native_gqa, use_small_batch_lm_head
+from kvbench.engine.cpu_kernels import keep_freed_memory, use_few_row_linears, use_native_gqa, use_small_batch_lm_head
 from kvbench.memory.layout import DType, KvLayout, parse_dtype
 from kvbench.errors import InputError
 
@@ -213,7 +213,8 @@ def random_model(llama_config: LlamaConfig, seed: int = DEFAULT_MODEL_SEED,
 
 def _loaded(model: PreTrainedModel, tokenizer: Any | None, name: str) -> LoadedModel:
     keep_freed_memory()  # the CPU fixes of engine/cpu_kernels.py; none changes a one-row forward
-    use_small_batch_lm_head(model)
+    if not use_few_row_linears(model):
+        use_small_batch_lm_head(model)
     use_native_gqa(model.device)
     text = model.config.get_text_config()
     return LoadedModel(

@@ -1,4 +1,5 @@
-"""engine/cpu_kernels.py: the kept heap and the LM head over a few rows, on a model whose head qualifies."""
+"""engine/cpu_kernels.py: the kept heap and the LM head over a few rows, on a model whose head qualifies
+(the oneDNN head where kvbench's own kernel is off; that kernel is tests/engine/test_few_rows.py's)."""
 
 import pytest
 import torch
@@ -6,6 +7,7 @@ import torch
 from kvbench.cache.base import CacheConfig
 from kvbench.engine.cpu_kernels import (SMALL_BATCH_MIN_WEIGHT_BYTES, SMALL_BATCH_ROWS, SmallBatchLinear,
                                         keep_freed_memory, onednn_linear_available)
+from kvbench.engine.few_rows import few_row_kernel, few_row_kernel_reason
 from kvbench.engine.model import CL100K_VOCAB_SIZE, default_llama_config, random_model
 from kvbench.engine.paged.config import PagedConfig
 from kvbench.engine.paged.engine import PagedEngine
@@ -14,11 +16,28 @@ from kvbench.engine.sampling import SamplingParams
 pytestmark = pytest.mark.skipif(not onednn_linear_available(), reason="this torch build has no oneDNN linear")
 
 
-@pytest.fixture(scope="module")
-def wide():
+def _wide():
     """Two small layers under the default model's full cl100k head: 100,277 x 64 fp32 = 25.7 MB."""
     return random_model(default_llama_config(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                              num_attention_heads=2, head_dim=32, max_position_embeddings=512), seed=3)
+
+
+@pytest.fixture(scope="module")
+def wide():
+    """:func:`_wide` loaded with kvbench's few-row kernel off: its head is the oneDNN fallback."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("KVBENCH_NATIVE_KERNELS", "0")
+        return _wide()
+
+
+@pytest.fixture(scope="module", params=["onednn", "kvbench"])
+def either(request, wide):
+    """The wide model with either few-row path: the oneDNN head, or kvbench's kernel for every linear."""
+    if request.param == "onednn":
+        return wide
+    if few_row_kernel() is None:
+        pytest.skip(f"no few-row kernel here: {few_row_kernel_reason()}")
+    return _wide()
 
 
 def test_the_default_sized_head_becomes_a_small_batch_linear_and_keeps_its_weight_and_keys(wide):
@@ -29,7 +48,8 @@ def test_the_default_sized_head_becomes_a_small_batch_linear_and_keeps_its_weigh
     assert "lm_head.weight" in wide.model.state_dict()
 
 
-def test_a_small_head_stays_a_plain_linear():
+def test_a_small_head_stays_a_plain_linear(monkeypatch):
+    monkeypatch.setenv("KVBENCH_NATIVE_KERNELS", "0")
     small = random_model(default_llama_config(vocab_size=1000, hidden_size=64, intermediate_size=128,
                                               num_hidden_layers=1, num_attention_heads=2, head_dim=32), seed=1)
     assert type(small.model.get_output_embeddings()) is torch.nn.Linear
@@ -48,8 +68,8 @@ def test_every_row_count_gives_the_plain_linear_s_values_and_one_or_two_rows_its
         assert torch.equal(got, plain)  # MKL, as before: the copy engine's one-row forwards are unchanged
 
 
-def test_a_batched_decode_on_the_paged_engine_still_matches_the_cache_off_reference(wide):
-    engine = PagedEngine(wide, PagedConfig(CacheConfig(capacity_blocks=256, block_size=16), verify=True))
+def test_a_batched_decode_on_the_paged_engine_still_matches_the_cache_off_reference(either):
+    engine = PagedEngine(either, PagedConfig(CacheConfig(capacity_blocks=256, block_size=16), verify=True))
     prompts = [[(7 * i + 11 * j) % 5000 + 10 for j in range(40 + 5 * i)] for i in range(6)]
     futures = [engine.submit(p, SamplingParams(max_tokens=8, ignore_eos=True)) for p in prompts]
     records = [f.result(timeout=300) for f in futures]

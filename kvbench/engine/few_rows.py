@@ -1,0 +1,164 @@
+"""kvbench's own linear for a few rows: the batched decode's GEMMs at the speed of one row (issue 26).
+
+A decode step over ``n`` sequences multiplies ``n`` rows by every weight of the model, once per
+layer and once by the LM head. With a few rows that is memory bound: one pass over each weight
+is the floor, and one row reaches it (MKL's GEMV). Torch's kernels do not at 2-48 rows: MKL's
+sgemm packs the weight again at every call and oneDNN's matmul, without prepacked weights,
+reads it at about half the one-row speed. Measured on the default model, 1 thread, thread CPU
+ms per call, medians of 7 (``benchmarks/cpu_kernels_bench.py`` prints the same table):
+
+======================  =========  =====  ======  =========
+weight (out x in)        rows      MKL    oneDNN  kvbench
+======================  =========  =====  ======  =========
+LM head 100,277 x 512    1         21.0   22.2    (MKL)
+LM head 100,277 x 512    8         76.8   35.5    26.2
+gate/up 2,816 x 512      8         1.51   1.04    0.80
+down 512 x 2,816         8         1.31   0.88    0.79
+======================  =========  =====  ======  =========
+
+(a layer weight's time is per call with 64 weights cycled, so none is in a cache). The kernel,
+``few_rows.cc`` beside this module, holds a tile of 4 weight rows against 4 rows of x in vector
+registers (AVX-512, or AVX2 with FMA), prefetches the next tiles, and sums every output in the
+same order whatever the number of rows or threads: a row's result does not depend on the rows
+batched with it. It is compiled once per machine with the system's C++ compiler (``$CXX``, else
+``c++``/``g++``; under a second) into ``$KVBENCH_CACHE_DIR/kernels`` (default
+``~/.cache/kvbench/kernels``), named by a hash of the source, the compiler and the CPU's flags,
+and loaded with ctypes; the call releases the GIL.
+
+Nothing depends on it: where there is no compiler, no AVX2, a build error or
+``KVBENCH_NATIVE_KERNELS=0``, :func:`few_row_kernel` returns ``None`` with the reason in
+:func:`few_row_kernel_reason`, and the linears stay torch's (the LM head then uses oneDNN, as
+``cpu_kernels.SmallBatchLinear`` does).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("few_rows.cc")
+SWITCH_VARIABLE = "KVBENCH_NATIVE_KERNELS"  # "0" turns kvbench's own kernels off
+CACHE_VARIABLE = "KVBENCH_CACHE_DIR"
+COMPILE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+COMPILE_TIMEOUT_S = 120
+
+
+@dataclass(frozen=True)
+class FewRowKernel:
+    """The loaded kernel: ``isa`` is the instruction set it was built for (``avx512`` or ``avx2``),
+    ``library`` the shared object it came from."""
+
+    isa: str
+    library: Path
+    _call: ctypes._CFuncPtr
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``x @ weight.T + bias`` for fp32 CPU tensors: ``x`` (..., in_features), ``weight``
+        (out_features, in_features) contiguous, ``bias`` (out_features) or ``None``; returns
+        (..., out_features). Uses ``torch.get_num_threads()`` threads. The caller checks dtypes and
+        devices (``cpu_kernels.FewRowLinear`` does); a wrong one here is undefined."""
+        rows = x.reshape(-1, weight.shape[1]).contiguous()
+        out = torch.empty(rows.shape[0], weight.shape[0], dtype=torch.float32)
+        self._call(rows.data_ptr(), weight.data_ptr(), None if bias is None else bias.contiguous().data_ptr(),
+                   out.data_ptr(), rows.shape[0], weight.shape[0], weight.shape[1], torch.get_num_threads())
+        return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def cache_dir() -> Path:
+    """Where kvbench keeps what it builds: ``$KVBENCH_CACHE_DIR``, else ``$XDG_CACHE_HOME/kvbench``,
+    else ``~/.cache/kvbench``."""
+    if os.environ.get(CACHE_VARIABLE):
+        return Path(os.environ[CACHE_VARIABLE])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvbench"
+
+
+def compiler() -> str | None:
+    """The C++ compiler to build with: ``$CXX``, else the first of ``c++``, ``g++``, ``clang++`` on PATH."""
+    if os.environ.get("CXX"):
+        return os.environ["CXX"]
+    return next((found for name in ("c++", "g++", "clang++") if (found := shutil.which(name))), None)
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
+            return next((line for line in cpuinfo if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        return ""
+
+
+def library_path(cxx: str) -> Path:
+    """The cached shared object for this source, compiler and CPU (``cache_dir()/kernels/few_rows-HASH.so``)."""
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+    key = "\0".join([SOURCE.read_text(), cxx, version, " ".join(COMPILE_FLAGS), platform.machine(), _cpu_flags()])
+    return cache_dir() / "kernels" / f"few_rows-{hashlib.sha256(key.encode()).hexdigest()[:16]}.so"
+
+
+def build(cxx: str, target: Path, extra_flags: tuple[str, ...] = ()) -> None:
+    """Compile :data:`SOURCE` into ``target`` with :data:`COMPILE_FLAGS` and ``extra_flags`` (after
+    them, so ``-mno-avx512f`` builds the AVX2 path) into a file written whole or not at all, so
+    processes building at once never load half a file. Raises ``RuntimeError`` with the
+    compiler's first error line."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+        built = Path(scratch) / target.name
+        done = subprocess.run([cxx, *COMPILE_FLAGS, *extra_flags, str(SOURCE), "-o", str(built)], capture_output=True, text=True,
+                              timeout=COMPILE_TIMEOUT_S)
+        if done.returncode != 0:
+            errors = [line for line in done.stderr.splitlines() if "error" in line] or done.stderr.splitlines() or [""]
+            raise RuntimeError(f"{Path(cxx).name} failed: {errors[0].strip()}")
+        os.replace(built, target)
+
+
+@functools.cache
+def _built() -> tuple[FewRowKernel | None, str]:
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return None, f"needs an x86-64 CPU with AVX2 (this is {platform.machine()})"
+    cxx = compiler()
+    if cxx is None:
+        return None, "no C++ compiler (set CXX, or install g++)"
+    try:
+        path = library_path(cxx)
+        if not path.is_file():
+            build(cxx, path)
+        kernel = load(path)
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        return None, f"not built: {exc}"
+    return kernel, f"built for {kernel.isa} with {Path(cxx).name}"
+
+
+def load(path: Path) -> FewRowKernel:
+    """The kernel in the shared object ``path`` (one :func:`build` made). Raises ``OSError`` where it
+    cannot be loaded."""
+    library = ctypes.CDLL(str(path))
+    library.kvb_few_rows_isa.restype = ctypes.c_char_p
+    call = library.kvb_few_rows_linear
+    call.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+    call.restype = None
+    return FewRowKernel(library.kvb_few_rows_isa().decode(), path, call)
+
+
+def _switched_off() -> bool:
+    return os.environ.get(SWITCH_VARIABLE) == "0"
+
+
+def few_row_kernel() -> FewRowKernel | None:
+    """The kernel, built on first use (once per process; on disk once per machine), or ``None``
+    where it cannot be (:func:`few_row_kernel_reason` says why)."""
+    return None if _switched_off() else _built()[0]
+
+
+def few_row_kernel_reason() -> str:
+    """Why :func:`few_row_kernel` is what it is, in a few words (``built for avx512 with g++``,
+    ``KVBENCH_NATIVE_KERNELS=0``, ``not built: g++ failed: ...``)."""
+    return f"{SWITCH_VARIABLE}=0" if _switched_off() else _built()[1]

@@ -1,0 +1,131 @@
+"""engine/few_rows.py: kvbench's few-row linear, built by the real compiler, against torch's linear."""
+
+import shutil
+
+import pytest
+import torch
+
+from kvbench.engine import few_rows
+from kvbench.engine.cpu_kernels import FEW_ROWS, FewRowLinear, SmallBatchLinear, use_few_row_linears
+from kvbench.engine.few_rows import build, few_row_kernel, few_row_kernel_reason, load
+from kvbench.engine.model import default_llama_config, random_model
+from kvbench.memory.layout import DType
+
+needs_kernel = pytest.mark.skipif(few_row_kernel() is None, reason=f"no few-row kernel here: {few_row_kernel_reason()}")
+
+
+@pytest.fixture
+def rebuilt(monkeypatch, tmp_path):
+    """A process that has not built the kernel yet, with an empty cache folder; the real one after."""
+    monkeypatch.setenv("KVBENCH_CACHE_DIR", str(tmp_path))
+    few_rows._built.cache_clear()
+    yield tmp_path
+    few_rows._built.cache_clear()
+
+
+def _inputs(num_rows, out_features, in_features, seed):
+    generator = torch.Generator().manual_seed(seed)
+    return (torch.randn(num_rows, in_features, generator=generator),
+            torch.randn(out_features, in_features, generator=generator),
+            torch.randn(out_features, generator=generator))
+
+
+@needs_kernel
+@pytest.mark.parametrize("num_rows", [1, 2, 3, 4, 5, 7, 8, 13, 48])
+@pytest.mark.parametrize("out_features, in_features", [(1, 1), (3, 15), (4, 16), (13, 17), (100, 512), (1031, 96)])
+def test_values_are_torch_s_linear_for_every_shape_and_tail(num_rows, out_features, in_features):
+    x, weight, bias = _inputs(num_rows, out_features, in_features, seed=num_rows * 1000 + out_features)
+    kernel = few_row_kernel()
+    torch.testing.assert_close(kernel.linear(x, weight), x @ weight.T, rtol=1e-5, atol=1e-5 * in_features ** 0.5)
+    torch.testing.assert_close(kernel.linear(x, weight, bias), x @ weight.T + bias, rtol=1e-5,
+                               atol=1e-5 * in_features ** 0.5)
+
+
+@needs_kernel
+def test_a_row_s_result_does_not_depend_on_the_rows_or_threads_beside_it():
+    x, weight, _ = _inputs(37, 1030, 200, seed=5)
+    kernel = few_row_kernel()
+    alone = torch.cat([kernel.linear(x[i:i + 1], weight) for i in range(37)])
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            for num_rows in (2, 5, 8, 37):
+                assert torch.equal(kernel.linear(x[:num_rows], weight), alone[:num_rows]), (threads, num_rows)
+    finally:
+        torch.set_num_threads(before)
+
+
+@needs_kernel
+def test_leading_dimensions_are_kept_and_a_strided_input_is_read_right():
+    x, weight, bias = _inputs(6, 40, 24, seed=2)
+    kernel = few_row_kernel()
+    assert kernel.linear(x.reshape(2, 3, 24), weight).shape == (2, 3, 40)
+    strided = torch.randn(24, 6).T  # not contiguous
+    torch.testing.assert_close(kernel.linear(strided, weight, bias), strided @ weight.T + bias, rtol=1e-5, atol=1e-4)
+
+
+@needs_kernel
+def test_the_avx2_path_computes_the_same_values(tmp_path):
+    target = tmp_path / "few_rows-avx2.so"
+    build(few_rows.compiler(), target, extra_flags=("-mno-avx512f",))
+    kernel = load(target)
+    assert kernel.isa == "avx2"
+    for num_rows, out_features, in_features in [(2, 9, 7), (8, 131, 64), (5, 64, 1000)]:
+        x, weight, bias = _inputs(num_rows, out_features, in_features, seed=in_features)
+        torch.testing.assert_close(kernel.linear(x, weight, bias), x @ weight.T + bias, rtol=1e-5, atol=1e-4)
+
+
+@needs_kernel
+def test_a_first_build_lands_in_the_cache_folder_and_the_second_process_reuses_it(rebuilt):
+    kernel = few_row_kernel()
+    assert kernel is not None and kernel.library.parent == rebuilt / "kernels"
+    assert few_row_kernel_reason() == f"built for {kernel.isa} with {few_rows.Path(few_rows.compiler()).name}"
+    built_at = kernel.library.stat().st_mtime_ns
+    few_rows._built.cache_clear()
+    assert few_row_kernel().library == kernel.library and kernel.library.stat().st_mtime_ns == built_at
+    assert [p.name for p in (rebuilt / "kernels").iterdir()] == [kernel.library.name]  # no scratch left behind
+
+
+def test_a_failing_compiler_leaves_torch_s_linears_with_the_reason(rebuilt, monkeypatch):
+    monkeypatch.setenv("CXX", shutil.which("false") or "/bin/false")
+    assert few_row_kernel() is None
+    assert few_row_kernel_reason().startswith("not built: false failed")
+    model = random_model(default_llama_config(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                              num_attention_heads=2, head_dim=32), seed=1)
+    assert type(model.model.get_output_embeddings()) is SmallBatchLinear  # the oneDNN fallback for the head
+    assert not any(isinstance(m, FewRowLinear) for m in model.model.modules())
+
+
+def test_a_missing_compiler_and_the_switch_say_why(rebuilt, monkeypatch):
+    monkeypatch.setenv("CXX", str(rebuilt / "no-such-compiler"))
+    assert few_row_kernel() is None and few_row_kernel_reason().startswith("not built: [Errno 2]")
+    monkeypatch.setenv("KVBENCH_NATIVE_KERNELS", "0")
+    assert few_row_kernel() is None and few_row_kernel_reason() == "KVBENCH_NATIVE_KERNELS=0"
+
+
+@needs_kernel
+def test_every_linear_of_a_model_uses_it_with_its_weights_ties_and_keys_and_one_row_keeps_its_bits():
+    loaded = random_model(default_llama_config(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                               num_attention_heads=2, head_dim=32), seed=3)
+    model = loaded.model
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert len(linears) == 2 * 7 + 1 and all(type(m) is FewRowLinear for m in linears)
+    assert use_few_row_linears(model) == 15  # idempotent
+    head = model.get_output_embeddings()
+    assert head.weight is model.get_input_embeddings().weight and "lm_head.weight" in model.state_dict()
+    for num_rows in (1, 2, 8, 48, 49, 64):
+        x = torch.randn(1, num_rows, 64, generator=torch.Generator().manual_seed(num_rows))
+        with torch.inference_mode():
+            got, plain = head(x), torch.nn.functional.linear(x, head.weight)
+        if num_rows in FEW_ROWS:
+            torch.testing.assert_close(got, plain, rtol=1e-5, atol=1e-4)
+        else:
+            assert torch.equal(got, plain)  # MKL, as before: one-row forwards are unchanged
+
+
+def test_a_bf16_model_is_left_to_torch():
+    loaded = random_model(default_llama_config(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                               num_attention_heads=2, head_dim=32), seed=1, dtype=DType.BF16)
+    assert use_few_row_linears(loaded.model) == 0
+    assert not any(isinstance(m, FewRowLinear) for m in loaded.model.modules())
