@@ -42,7 +42,7 @@ import sys
 import torch
 from torch import nn
 
-from kvbench.engine.few_rows import few_row_kernel
+from kvbench.engine.native import native_kernels
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8  # glibc malloc.h
 MMAP_THRESHOLD_BYTES = 1 << 30  # allocations below this come from the heap and are reused after free
@@ -101,13 +101,13 @@ class SmallBatchLinear(nn.Linear):
 
 class FewRowLinear(nn.Linear):
     """An ``nn.Linear`` whose forward over :data:`FEW_ROWS` rows of fp32 on the CPU runs kvbench's
-    few-row kernel (:mod:`kvbench.engine.few_rows`); same parameters, same state dict, torch's
+    few-row kernel (:mod:`kvbench.engine.native`); same parameters, same state dict, torch's
     ``linear`` for every other input. Made by :func:`use_few_row_linears`."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         num_rows = x.numel() // self.in_features if self.in_features else 0
         if num_rows in FEW_ROWS and x.dtype == self.weight.dtype == torch.float32 and x.device.type == "cpu":
-            kernel = few_row_kernel()
+            kernel = native_kernels()
             if kernel is not None:
                 return kernel.linear(x, self.weight, self.bias)
         return nn.functional.linear(x, self.weight, self.bias)
@@ -116,13 +116,13 @@ class FewRowLinear(nn.Linear):
 def use_few_row_linears(model: nn.Module) -> int:
     """Make every fp32 CPU ``nn.Linear`` of ``model`` with a contiguous weight a :class:`FewRowLinear`
     in place (its class only: weights, ties and the state dict stay) when kvbench's kernel is built
-    (:func:`~kvbench.engine.few_rows.few_row_kernel`; it is built here on first use). Returns how
+    (:func:`~kvbench.engine.native.native_kernels`; it is built here on first use). Returns how
     many linears use it now (0 where the kernel is missing: then the caller falls back to
     :func:`use_small_batch_lm_head`)."""
     linears = [module for module in model.modules() if type(module) in (nn.Linear, SmallBatchLinear, FewRowLinear)]
     usable = [linear for linear in linears if linear.weight.device.type == "cpu"
               and linear.weight.dtype == torch.float32 and linear.weight.is_contiguous()]
-    if not usable or few_row_kernel() is None:
+    if not usable or native_kernels() is None:
         return 0
     for linear in usable:
         linear.__class__ = FewRowLinear

@@ -31,6 +31,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
 from kvbench.engine.cpu_kernels import keep_freed_memory, use_few_row_linears, use_native_gqa, use_small_batch_lm_head
+from kvbench.engine.one_query import use_cpu_attention
 from kvbench.memory.layout import DType, KvLayout, parse_dtype
 from kvbench.errors import InputError
 
@@ -216,6 +217,7 @@ def _loaded(model: PreTrainedModel, tokenizer: Any | None, name: str) -> LoadedM
     if not use_few_row_linears(model):
         use_small_batch_lm_head(model)
     use_native_gqa(model.device)
+    use_cpu_attention(model)  # one query token's attention through kvbench's kernel (engine/one_query.py)
     text = model.config.get_text_config()
     return LoadedModel(
         model=model.eval().requires_grad_(False),

@@ -3,6 +3,7 @@
 import pyarrow.parquet as pq
 import pytest
 
+from kvbench.engine.native import native_kernels
 from kvbench.results.parquet import read_metadata
 from kvbench.results.schema import RUN_COLUMNS
 
@@ -106,7 +107,10 @@ def test_a_host_tier_is_sized_in_bytes_recorded_and_refused_on_the_copy_engine(k
     engine = read_metadata(out)["run"]["engine"]
     assert engine["host_tier_blocks"] == 2 * 2**20 // (16 * 8192)  # 16 blocks of 128 KiB (default model, fp32)
     assert engine["host_tier_bytes"] == 16 * 16 * 8192
-    assert engine["attention_kernel"] == "sdpa-gathered"  # the CPU: no paged-KV kernel (engine/paged/kernels.py)
-    assert engine["attention_kernel_reason"].startswith("flashinfer: needs a CUDA device (the pool is on cpu); ")
+    if native_kernels() is not None:  # the CPU: kvbench's own paged decode (engine/paged/kernels.py)
+        assert (engine["attention_kernel"], engine["attention_kernel_reason"]) == ("kvbench-cpu", "auto")
+    else:
+        assert engine["attention_kernel"] == "sdpa-gathered"
+        assert engine["attention_kernel_reason"].startswith("flashinfer: needs a CUDA device (the pool is on cpu); ")
     code, _, stderr = kvbench("run", scenario, "--host-tier", "64", "--out", tmp_path / "copy.parquet")
     assert code == 2 and "--host-tier applies to --engine paged only" in stderr

@@ -1,5 +1,5 @@
 """engine/cpu_kernels.py: the kept heap and the LM head over a few rows, on a model whose head qualifies
-(the oneDNN head where kvbench's own kernel is off; that kernel is tests/engine/test_few_rows.py's)."""
+(the oneDNN head where kvbench's own kernel is off; that kernel is tests/engine/test_native.py's)."""
 
 import pytest
 import torch
@@ -7,7 +7,7 @@ import torch
 from kvbench.cache.base import CacheConfig
 from kvbench.engine.cpu_kernels import (SMALL_BATCH_MIN_WEIGHT_BYTES, SMALL_BATCH_ROWS, SmallBatchLinear,
                                         keep_freed_memory, onednn_linear_available)
-from kvbench.engine.few_rows import few_row_kernel, few_row_kernel_reason
+from kvbench.engine.native import native_kernels, native_kernels_reason
 from kvbench.engine.model import CL100K_VOCAB_SIZE, default_llama_config, random_model
 from kvbench.engine.paged.config import PagedConfig
 from kvbench.engine.paged.engine import PagedEngine
@@ -35,8 +35,8 @@ def either(request, wide):
     """The wide model with either few-row path: the oneDNN head, or kvbench's kernel for every linear."""
     if request.param == "onednn":
         return wide
-    if few_row_kernel() is None:
-        pytest.skip(f"no few-row kernel here: {few_row_kernel_reason()}")
+    if native_kernels() is None:
+        pytest.skip(f"no few-row kernel here: {native_kernels_reason()}")
     return _wide()
 
 

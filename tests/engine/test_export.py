@@ -12,12 +12,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from kvbench.engine.cpu_kernels import use_few_row_linears
 from kvbench.engine.export import export_model as engine_export_model
 from kvbench.engine.hf_tokenizer import HFTokenizer
 from kvbench.engine.tokenizer_export import (
     CHATML_TEMPLATE, ExportCheckError, check_cl100k_tokenizer, cl100k_special_tokens, oniguruma_pattern,
 )
 from kvbench.engine.model import CL100K_VOCAB_SIZE, ModelConfig, default_llama_config, load_model, random_model
+from kvbench.engine.one_query import use_cpu_attention
 from kvbench.errors import InputError
 from kvbench.workloads.generators import SharedPrefixConfig
 from kvbench.workloads.conversations import ChatConfig
@@ -59,6 +61,8 @@ def test_export_writes_a_complete_checkpoint(exported):
 
 def test_reload_with_transformers_gives_the_same_logits(exported, small_model):
     reloaded = AutoModelForCausalLM.from_pretrained(exported.path, local_files_only=True).eval()
+    use_few_row_linears(reloaded)  # the kernels kvbench's loaded model runs (engine/cpu_kernels.py)
+    use_cpu_attention(reloaded)
     ids = TiktokenTokenizer().render_prompt("The same weights give the same logits, token for token.").tolist()
     assert torch.equal(logits(reloaded, ids), logits(small_model.model, ids))
     assert reloaded.lm_head.weight.data_ptr() == reloaded.model.embed_tokens.weight.data_ptr()  # still tied

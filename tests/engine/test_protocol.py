@@ -9,12 +9,15 @@ import pytest
 
 from kvbench.cache.base import CacheConfig
 from kvbench.engine.factory import EngineConfig, EngineKind, make_engine
+from kvbench.engine.native import native_kernels
 from kvbench.engine.protocol import Engine
 from kvbench.engine.sampling import SamplingParams
 from kvbench.request import Request, Status
 
 GREEDY = SamplingParams(max_tokens=4, ignore_eos=True)
 CACHE = CacheConfig(capacity_blocks=64, block_size=16)
+
+CPU_DECODE_KERNEL = "kvbench-cpu" if native_kernels() is not None else "sdpa-gathered"  # engine/paged/kernels.py
 
 
 def prompt(start: int, num_tokens: int = 40) -> list[int]:
@@ -41,7 +44,7 @@ def test_describe_gives_the_run_engine_metadata(loaded):
     assert paged.describe() == {"kind": "paged", "max_num_seqs": 4, "max_num_batched_tokens": 8192,
                                 "batch_invariant": False, "num_pool_blocks": 64,
                                 "pool_bytes": (64 + 1) * bytes_per_block, "host_tier_blocks": 0,
-                                "host_tier_bytes": 0, "attention_kernel": "sdpa-gathered",
+                                "host_tier_bytes": 0, "attention_kernel": CPU_DECODE_KERNEL,
                                 "attention_kernel_reason": paged.describe()["attention_kernel_reason"]}
     assert paged.describe()["attention_kernel_reason"]  # why the kernel was chosen, in words
     assert paged.cache_config is None and paged.reset_prefix_cache() is False  # prefix caching off

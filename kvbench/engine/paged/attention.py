@@ -11,7 +11,9 @@ function
    (:meth:`KVPool.gather_padded`) and a ``(n, 1, 1, kv)`` mask that hides each one's padding
    (:class:`DecodeBatch`); or, with a paged-KV kernel (FlashInfer, FlashAttention on CUDA:
    :mod:`kvbench.engine.paged.kernels`), one kernel call that reads the blocks in the pool;
-3. attends each other sequence (a prefill chunk, or a lone decode) alone: gathers its K/V by
+3. attends each other sequence (a prefill chunk, or a lone decode) alone. A lone decode on the CPU
+   in fp32 reads its blocks in place through kvbench's kernel (:mod:`kvbench.engine.one_query`,
+   which the copy engine's decodes use too); anything else gathers its K/V by
    block table (one copy, :meth:`KVPool.gather`) and runs transformers' own SDPA path
    (``sdpa_attention_forward``) with the mask the copy engine gets: none when the queries are the
    whole sequence (``is_causal``) or one token (decode), else a boolean ``(1, 1, q, kv)`` causal
@@ -22,8 +24,9 @@ The split, the masks and the padded tables are made once per forward (:meth:`Pag
 and reused by every layer. The engine passes :func:`skip_mask_creation`'s placeholder as the
 forward's ``attention_mask`` so transformers builds no mask of its own.
 
-A forward without ``kvbench_paged`` (the copy engine's, on the same model object) goes straight to
-``sdpa_attention_forward`` with the SDPA mask (the mask interface maps ``"kvbench_paged"`` to
+A forward without ``kvbench_paged`` (the copy engine's, on the same model object) goes to
+:func:`~kvbench.engine.one_query.cpu_attention_forward` (the kernel for one query on the CPU,
+else ``sdpa_attention_forward``) with the SDPA mask (the mask interface maps ``"kvbench_paged"`` to
 ``sdpa_mask``), so registering the function changes nothing for it.
 """
 
@@ -37,6 +40,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
+from kvbench.engine.one_query import covers, cpu_attention_forward, one_query_attention
 from kvbench.engine.paged.kernels import DecodeKernel, PageTables
 from kvbench.engine.paged.kv_pool import NULL_BLOCK_ID, KVPool
 
@@ -117,14 +121,14 @@ class PagedForward:
              kernel: DecodeKernel | None = None) -> PagedForward:
         """Split ``sequences`` once per forward (every layer reuses the split, the masks and the
         padded block tables): with ``batch_decodes``, two or more single-token queries form the
-        :class:`DecodeBatch`; the rest run one by one. ``None``: batch except on CPU, where one
-        sequence at a time measured 2-4x faster (its gathered K/V, ~0.5 MiB, is still in cache
+        :class:`DecodeBatch`; the rest run one by one. ``None``: batch where a ``kernel`` attends the
+        batch, or off the CPU; on the CPU without one, one sequence at a time measured 2-4x faster (its gathered K/V, ~0.5 MiB, is still in cache
         when SDPA reads it; the padded batch's is not; see docs/engines.md "Speed: one SDPA for every decode"). A forward
         of one sequence (concurrency 1, ``--batch-invariant``) never batches, so its outputs are
         those of the copy engine, bit for bit. ``kernel`` (``start_kernel``'s) attends the batch."""
         device = slot_block_ids.device
         if batch_decodes is None:
-            batch_decodes = device.type != "cpu"
+            batch_decodes = device.type != "cpu" or kernel is not None
         decoding = [seq for seq in sequences if seq.num_query_tokens == 1]
         decode = DecodeBatch.of(decoding, device) if batch_decodes and len(decoding) >= 2 else None
         alone = [seq for seq in sequences if decode is None or seq.num_query_tokens > 1]
@@ -143,13 +147,18 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     (the new tokens only); returns ``((1, tokens, heads, head_dim), None)`` as transformers expects.
     In a paged forward ``attention_mask`` is :func:`skip_mask_creation`'s placeholder, never read."""
     if kvbench_paged is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
+        return cpu_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                     **kwargs)
     pool, layer = kvbench_paged.pool, module.layer_idx
     pool.write(layer, kvbench_paged.slot_block_ids, kvbench_paged.slot_offsets, key[0], value[0])
     output = query.new_empty((1, query.shape[2], query.shape[1], query.shape[3]))  # (1, tokens, heads, head_dim)
+    in_place = not dropout and covers(query[0, :, 0], pool.keys[layer])  # lone decodes: engine/one_query.py
     for seq, mask in kvbench_paged.sequences:
         lo, hi = seq.query_start, seq.query_start + seq.num_query_tokens
+        if in_place and seq.num_query_tokens == 1:
+            output[0, lo] = one_query_attention(query[0, :, lo], pool.keys[layer], pool.values[layer], seq.block_table,
+                                                seq.num_context_tokens, scaling)  # (heads, head_dim)
+            continue
         seq_keys, seq_values = pool.gather(layer, seq.block_table, seq.num_context_tokens)  # (1, kv_heads, kv, head_dim)
         out, _ = sdpa_attention_forward(module, query[:, :, lo:hi], seq_keys, seq_values, mask, dropout=dropout,
                                         scaling=scaling)  # (1, q, heads, head_dim)

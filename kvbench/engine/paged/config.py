@@ -18,6 +18,7 @@ class AttentionKernel(str, Enum):
     SDPA_GATHERED = "sdpa-gathered"
     FLASHINFER = "flashinfer"
     FLASH_ATTN = "flash-attn"
+    KVBENCH_CPU = "kvbench-cpu"
 
 
 @dataclass(frozen=True)

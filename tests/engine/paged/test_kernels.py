@@ -15,8 +15,9 @@ import torch
 
 from kvbench.engine.paged.attention import PagedForward, SequenceSlice, paged_attention_forward, skip_mask_creation
 from kvbench.engine.paged.config import AttentionKernel, PagedConfig
-from kvbench.engine.paged.kernels import (PageTables, choose_kernel, csr_page_table, hnd_pages, importable,
-                                          nhd_pages, start_kernel)
+from kvbench.engine.native import native_kernels, native_kernels_reason
+from kvbench.engine.paged.kernels import (KernelChoice, KvbenchCpuDecode, PageTables, choose_kernel, csr_page_table,
+                                          hnd_pages, importable, nhd_pages, start_kernel)
 from kvbench.engine.paged.kv_pool import KVPool
 from kvbench.errors import InputError
 from kvbench.cache.base import CacheConfig
@@ -26,6 +27,7 @@ CUDA, CPU = torch.device("cuda"), torch.device("cpu")
 BLOCK = 4
 KV_HEADS, HEADS, HEAD_DIM = 2, 4, 8  # GQA 2:1
 TOLERANCE = 1e-5  # fp32; masked padding vs exact lengths differ only by rounding
+needs_native = pytest.mark.skipif(native_kernels() is None, reason=f"no native kernels here: {native_kernels_reason()}")
 
 
 def probe_of(*installed):
@@ -42,12 +44,27 @@ def probe_of(*installed):
 # ---------------------------------------------------------------- the choice
 
 
-def test_the_cpu_keeps_the_gathered_path_without_importing_anything():
+@needs_native
+def test_the_cpu_in_fp32_gets_kvbench_s_kernel_without_importing_anything():
+    probe = probe_of("flashinfer", "flash_attn")
+    choice = choose_kernel(CPU, torch.float32, 16, 64, probe=probe)
+    assert choice == KernelChoice(AttentionKernel.KVBENCH_CPU, "auto") and probe.calls == []
+
+
+def test_the_cpu_without_the_native_kernels_or_in_bf16_keeps_the_gathered_path(monkeypatch):
+    monkeypatch.setenv("KVBENCH_NATIVE_KERNELS", "0")
     probe = probe_of("flashinfer", "flash_attn")
     choice = choose_kernel(CPU, torch.float32, 16, 64, probe=probe)
     assert choice.kernel is AttentionKernel.SDPA_GATHERED and probe.calls == []
     assert choice.reason == ("flashinfer: needs a CUDA device (the pool is on cpu); "
-                             "flash-attn: needs a CUDA device (the pool is on cpu)")
+                             "flash-attn: needs a CUDA device (the pool is on cpu); "
+                             "kvbench-cpu: KVBENCH_NATIVE_KERNELS=0")
+    monkeypatch.delenv("KVBENCH_NATIVE_KERNELS")
+    bf16 = choose_kernel(CPU, torch.bfloat16, 16, 64, probe=probe)
+    assert bf16.kernel is AttentionKernel.SDPA_GATHERED
+    assert bf16.reason.endswith("kvbench-cpu: computes in float32 (the pool is bfloat16)")
+    with pytest.raises(InputError, match="^attention kernel kvbench-cpu: needs the CPU \\(the pool is on cuda\\)$"):
+        choose_kernel(CUDA, torch.float32, 16, 64, AttentionKernel.KVBENCH_CPU, probe=probe)
 
 
 def test_fp32_on_cuda_keeps_the_gathered_path():
@@ -73,7 +90,8 @@ def test_auto_picks_an_installed_kernel_that_takes_the_pool(installed, block_siz
 def test_the_fallback_says_why_each_kernel_was_refused():
     choice = choose_kernel(CUDA, torch.float16, 16, 96, probe=probe_of("flash_attn"))
     assert choice.reason == ("flashinfer: head_dim 96 is not one of 64, 128, 256; "
-                             "flash-attn: pages must be a multiple of 256 tokens (--block-size 16)")
+                             "flash-attn: pages must be a multiple of 256 tokens (--block-size 16); "
+                             "kvbench-cpu: needs the CPU (the pool is on cuda)")
 
 
 def test_a_requested_kernel_that_cannot_run_is_one_error_line():
@@ -220,6 +238,42 @@ def test_a_kernel_attends_the_batched_decode_and_its_rows_land_in_place():
     assert (outputs["kernel"] - outputs["gathered"]).abs().max().item() < TOLERANCE
 
 
-def test_start_kernel_on_the_cpu_gives_no_kernel_object():
+def test_start_kernel_on_the_cpu_without_native_kernels_gives_no_kernel_object(monkeypatch):
+    monkeypatch.setenv("KVBENCH_NATIVE_KERNELS", "0")
     choice, kernel = start_kernel(make_pool(), probe=probe_of("flashinfer", "flash_attn"))
     assert choice.kernel is AttentionKernel.SDPA_GATHERED and kernel is None
+
+
+@needs_native
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("lengths", [(9, 1, 16, 13), (4, 4), (1,), (31, 2, 17)])
+def test_kvbench_s_cpu_kernel_reads_the_blocks_in_place_and_equals_the_pools_gather(lengths, threads):
+    pool, slices, query = decoding_batch(lengths, seed=len(lengths))
+    choice, kernel = start_kernel(pool)
+    assert choice.kernel is AttentionKernel.KVBENCH_CPU and isinstance(kernel, KvbenchCpuDecode)
+    tables = PageTables.of([s.block_table.tolist() for s in slices], lengths, BLOCK, CPU)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = kernel.attend(0, query.transpose(0, 1), tables, HEAD_DIM ** -0.5)  # (n, heads, d)
+    finally:
+        torch.set_num_threads(before)
+    assert out.shape == (len(lengths), HEADS, HEAD_DIM)
+    for i, seq in enumerate(slices):
+        keys, values = pool.gather(0, seq.block_table, seq.num_context_tokens)  # (1, kv_heads, kv, d)
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            query[None, :, i:i + 1], keys, values, enable_gqa=True)  # (1, heads, 1, d)
+        assert (out[i] - ref[0, :, 0]).abs().max().item() < TOLERANCE
+
+
+@needs_native
+def test_on_the_cpu_the_kernel_batches_the_decodes_and_leaves_a_lone_one_exact():
+    lengths = (9, 1, 16, 13)
+    pool, slices, _ = decoding_batch(lengths, seed=1)
+    _, kernel = start_kernel(pool)
+    slot_blocks = torch.stack([s.block_table[(n - 1) // BLOCK] for s, n in zip(slices, lengths)])  # (n,)
+    slot_offsets = torch.tensor([(n - 1) % BLOCK for n in lengths])  # (n,)
+    batched = PagedForward.plan(pool, slot_blocks, slot_offsets, slices, kernel=kernel)
+    assert batched.decode is not None and batched.kernel is kernel and batched.sequences == ()
+    lone = PagedForward.plan(pool, slot_blocks[:1], slot_offsets[:1], slices[:1], kernel=kernel)
+    assert lone.decode is None and len(lone.sequences) == 1  # one sequence: the copy engine's path

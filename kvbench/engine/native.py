@@ -1,4 +1,6 @@
-"""kvbench's own linear for a few rows: the batched decode's GEMMs at the speed of one row (issue 26).
+"""kvbench's native CPU kernels (issue 26): a linear for a few rows, and paged decode attention.
+
+**A linear for a few rows: the batched decode's GEMMs at the speed of one row.**
 
 A decode step over ``n`` sequences multiplies ``n`` rows by every weight of the model, once per
 layer and once by the LM head. With a few rows that is memory bound: one pass over each weight
@@ -16,19 +18,25 @@ gate/up 2,816 x 512      8         1.51   1.04    0.80
 down 512 x 2,816         8         1.31   0.88    0.79
 ======================  =========  =====  ======  =========
 
-(a layer weight's time is per call with 64 weights cycled, so none is in a cache). The kernel,
-``few_rows.cc`` beside this module, holds a tile of 4 weight rows against 4 rows of x in vector
+(a layer weight's time is per call with 64 weights cycled, so none is in a cache). The kernel
+(``native.cc`` beside this module) holds a tile of 4 weight rows against 4 rows of x in vector
 registers (AVX-512, or AVX2 with FMA), prefetches the next tiles, and sums every output in the
 same order whatever the number of rows or threads: a row's result does not depend on the rows
-batched with it. It is compiled once per machine with the system's C++ compiler (``$CXX``, else
+batched with it.
+
+**Paged decode attention** (:meth:`NativeKernels.paged_decode`): every decoding sequence's one
+query against its context, read in place from the pool's blocks by block table, in one call per
+layer; the ``kvbench-cpu`` attention kernel of :mod:`kvbench.engine.paged.kernels` (numbers there).
+
+Both are compiled once per machine with the system's C++ compiler (``$CXX``, else
 ``c++``/``g++``; under a second) into ``$KVBENCH_CACHE_DIR/kernels`` (default
 ``~/.cache/kvbench/kernels``), named by a hash of the source, the compiler and the CPU's flags,
 and loaded with ctypes; the call releases the GIL.
 
-Nothing depends on it: where there is no compiler, no AVX2, a build error or
-``KVBENCH_NATIVE_KERNELS=0``, :func:`few_row_kernel` returns ``None`` with the reason in
-:func:`few_row_kernel_reason`, and the linears stay torch's (the LM head then uses oneDNN, as
-``cpu_kernels.SmallBatchLinear`` does).
+Nothing depends on them: where there is no compiler, no AVX2, a build error or
+``KVBENCH_NATIVE_KERNELS=0``, :func:`native_kernels` returns ``None`` with the reason in
+:func:`native_kernels_reason`; the linears stay torch's (the LM head then uses oneDNN, as
+``cpu_kernels.SmallBatchLinear`` does) and the decode attends with SDPA over gathered blocks.
 """
 
 from __future__ import annotations
@@ -46,7 +54,7 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("few_rows.cc")
+SOURCE = Path(__file__).with_name("native.cc")
 SWITCH_VARIABLE = "KVBENCH_NATIVE_KERNELS"  # "0" turns kvbench's own kernels off
 CACHE_VARIABLE = "KVBENCH_CACHE_DIR"
 COMPILE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
@@ -54,13 +62,14 @@ COMPILE_TIMEOUT_S = 120
 
 
 @dataclass(frozen=True)
-class FewRowKernel:
-    """The loaded kernel: ``isa`` is the instruction set it was built for (``avx512`` or ``avx2``),
-    ``library`` the shared object it came from."""
+class NativeKernels:
+    """The loaded kernels: ``isa`` is the instruction set they were built for (``avx512`` or
+    ``avx2``), ``library`` the shared object they came from."""
 
     isa: str
     library: Path
-    _call: ctypes._CFuncPtr
+    _linear: ctypes._CFuncPtr
+    _paged_decode: ctypes._CFuncPtr
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """``x @ weight.T + bias`` for fp32 CPU tensors: ``x`` (..., in_features), ``weight``
@@ -69,9 +78,27 @@ class FewRowKernel:
         devices (``cpu_kernels.FewRowLinear`` does); a wrong one here is undefined."""
         rows = x.reshape(-1, weight.shape[1]).contiguous()
         out = torch.empty(rows.shape[0], weight.shape[0], dtype=torch.float32)
-        self._call(rows.data_ptr(), weight.data_ptr(), None if bias is None else bias.contiguous().data_ptr(),
+        self._linear(rows.data_ptr(), weight.data_ptr(), None if bias is None else bias.contiguous().data_ptr(),
                    out.data_ptr(), rows.shape[0], weight.shape[0], weight.shape[1], torch.get_num_threads())
         return out.reshape(*x.shape[:-1], weight.shape[0])
+
+    def paged_decode(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, block_tables: torch.Tensor,
+                     lengths: torch.Tensor, scale: float) -> torch.Tensor:
+        """Softmax attention of one query token per sequence over its first ``lengths[i]`` context
+        tokens, read in place from one layer of the pool: ``query`` ``(n, heads, head_dim)`` fp32;
+        ``keys``/``values`` ``(kv_heads, pages, block_size, head_dim)`` fp32, contiguous (a
+        ``KVPool`` layer); ``block_tables`` ``(n, width)`` int32, each row the sequence's block ids
+        (padded past its length); ``lengths`` ``(n,)`` int32, each in ``1 .. width * block_size``;
+        ``scale`` multiplies the scores (``head_dim ** -0.5``). Query head ``j`` reads kv head
+        ``j // (heads // kv_heads)`` (transformers' ``repeat_kv`` order). Returns ``(n, heads,
+        head_dim)``. The caller checks shapes, dtypes and bounds (``kernels.KvbenchCpuDecode`` does)."""
+        query, block_tables, lengths = query.contiguous(), block_tables.contiguous(), lengths.contiguous()
+        out = torch.empty_like(query)
+        num_kv_heads, num_pages, block_size, head_dim = keys.shape
+        self._paged_decode(query.data_ptr(), keys.data_ptr(), values.data_ptr(), block_tables.data_ptr(),
+                           lengths.data_ptr(), out.data_ptr(), query.shape[0], query.shape[1], num_kv_heads,
+                           num_pages, block_size, head_dim, block_tables.shape[1], scale, torch.get_num_threads())
+        return out
 
 
 def cache_dir() -> Path:
@@ -98,10 +125,10 @@ def _cpu_flags() -> str:
 
 
 def library_path(cxx: str) -> Path:
-    """The cached shared object for this source, compiler and CPU (``cache_dir()/kernels/few_rows-HASH.so``)."""
+    """The cached shared object for this source, compiler and CPU (``cache_dir()/kernels/native-HASH.so``)."""
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
     key = "\0".join([SOURCE.read_text(), cxx, version, " ".join(COMPILE_FLAGS), platform.machine(), _cpu_flags()])
-    return cache_dir() / "kernels" / f"few_rows-{hashlib.sha256(key.encode()).hexdigest()[:16]}.so"
+    return cache_dir() / "kernels" / f"native-{hashlib.sha256(key.encode()).hexdigest()[:16]}.so"
 
 
 def build(cxx: str, target: Path, extra_flags: tuple[str, ...] = ()) -> None:
@@ -121,7 +148,7 @@ def build(cxx: str, target: Path, extra_flags: tuple[str, ...] = ()) -> None:
 
 
 @functools.cache
-def _built() -> tuple[FewRowKernel | None, str]:
+def _built() -> tuple[NativeKernels | None, str]:
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return None, f"needs an x86-64 CPU with AVX2 (this is {platform.machine()})"
     cxx = compiler()
@@ -137,28 +164,29 @@ def _built() -> tuple[FewRowKernel | None, str]:
     return kernel, f"built for {kernel.isa} with {Path(cxx).name}"
 
 
-def load(path: Path) -> FewRowKernel:
-    """The kernel in the shared object ``path`` (one :func:`build` made). Raises ``OSError`` where it
+def load(path: Path) -> NativeKernels:
+    """The kernels in the shared object ``path`` (one :func:`build` made). Raises ``OSError`` where it
     cannot be loaded."""
     library = ctypes.CDLL(str(path))
-    library.kvb_few_rows_isa.restype = ctypes.c_char_p
-    call = library.kvb_few_rows_linear
-    call.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-    call.restype = None
-    return FewRowKernel(library.kvb_few_rows_isa().decode(), path, call)
+    library.kvb_native_isa.restype = ctypes.c_char_p
+    linear, decode = library.kvb_few_rows_linear, library.kvb_paged_decode
+    linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+    decode.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 7 + [ctypes.c_float, ctypes.c_int]
+    linear.restype = decode.restype = None
+    return NativeKernels(library.kvb_native_isa().decode(), path, linear, decode)
 
 
 def _switched_off() -> bool:
     return os.environ.get(SWITCH_VARIABLE) == "0"
 
 
-def few_row_kernel() -> FewRowKernel | None:
-    """The kernel, built on first use (once per process; on disk once per machine), or ``None``
-    where it cannot be (:func:`few_row_kernel_reason` says why)."""
+def native_kernels() -> NativeKernels | None:
+    """The kernels, built on first use (once per process; on disk once per machine), or ``None``
+    where they cannot be (:func:`native_kernels_reason` says why)."""
     return None if _switched_off() else _built()[0]
 
 
-def few_row_kernel_reason() -> str:
-    """Why :func:`few_row_kernel` is what it is, in a few words (``built for avx512 with g++``,
+def native_kernels_reason() -> str:
+    """Why :func:`native_kernels` is what it is, in a few words (``built for avx512 with g++``,
     ``KVBENCH_NATIVE_KERNELS=0``, ``not built: g++ failed: ...``)."""
     return f"{SWITCH_VARIABLE}=0" if _switched_off() else _built()[1]

@@ -5,22 +5,22 @@ import shutil
 import pytest
 import torch
 
-from kvbench.engine import few_rows
+from kvbench.engine import native
 from kvbench.engine.cpu_kernels import FEW_ROWS, FewRowLinear, SmallBatchLinear, use_few_row_linears
-from kvbench.engine.few_rows import build, few_row_kernel, few_row_kernel_reason, load
+from kvbench.engine.native import build, load, native_kernels, native_kernels_reason
 from kvbench.engine.model import default_llama_config, random_model
 from kvbench.memory.layout import DType
 
-needs_kernel = pytest.mark.skipif(few_row_kernel() is None, reason=f"no few-row kernel here: {few_row_kernel_reason()}")
+needs_kernel = pytest.mark.skipif(native_kernels() is None, reason=f"no few-row kernel here: {native_kernels_reason()}")
 
 
 @pytest.fixture
 def rebuilt(monkeypatch, tmp_path):
     """A process that has not built the kernel yet, with an empty cache folder; the real one after."""
     monkeypatch.setenv("KVBENCH_CACHE_DIR", str(tmp_path))
-    few_rows._built.cache_clear()
+    native._built.cache_clear()
     yield tmp_path
-    few_rows._built.cache_clear()
+    native._built.cache_clear()
 
 
 def _inputs(num_rows, out_features, in_features, seed):
@@ -35,7 +35,7 @@ def _inputs(num_rows, out_features, in_features, seed):
 @pytest.mark.parametrize("out_features, in_features", [(1, 1), (3, 15), (4, 16), (13, 17), (100, 512), (1031, 96)])
 def test_values_are_torch_s_linear_for_every_shape_and_tail(num_rows, out_features, in_features):
     x, weight, bias = _inputs(num_rows, out_features, in_features, seed=num_rows * 1000 + out_features)
-    kernel = few_row_kernel()
+    kernel = native_kernels()
     torch.testing.assert_close(kernel.linear(x, weight), x @ weight.T, rtol=1e-5, atol=1e-5 * in_features ** 0.5)
     torch.testing.assert_close(kernel.linear(x, weight, bias), x @ weight.T + bias, rtol=1e-5,
                                atol=1e-5 * in_features ** 0.5)
@@ -44,7 +44,7 @@ def test_values_are_torch_s_linear_for_every_shape_and_tail(num_rows, out_featur
 @needs_kernel
 def test_a_row_s_result_does_not_depend_on_the_rows_or_threads_beside_it():
     x, weight, _ = _inputs(37, 1030, 200, seed=5)
-    kernel = few_row_kernel()
+    kernel = native_kernels()
     alone = torch.cat([kernel.linear(x[i:i + 1], weight) for i in range(37)])
     before = torch.get_num_threads()
     try:
@@ -59,38 +59,47 @@ def test_a_row_s_result_does_not_depend_on_the_rows_or_threads_beside_it():
 @needs_kernel
 def test_leading_dimensions_are_kept_and_a_strided_input_is_read_right():
     x, weight, bias = _inputs(6, 40, 24, seed=2)
-    kernel = few_row_kernel()
+    kernel = native_kernels()
     assert kernel.linear(x.reshape(2, 3, 24), weight).shape == (2, 3, 40)
     strided = torch.randn(24, 6).T  # not contiguous
     torch.testing.assert_close(kernel.linear(strided, weight, bias), strided @ weight.T + bias, rtol=1e-5, atol=1e-4)
 
 
 @needs_kernel
-def test_the_avx2_path_computes_the_same_values(tmp_path):
-    target = tmp_path / "few_rows-avx2.so"
-    build(few_rows.compiler(), target, extra_flags=("-mno-avx512f",))
+def test_the_avx2_path_computes_the_same_values(tmp_path):  # the linear and the paged decode
+    target = tmp_path / "native-avx2.so"
+    build(native.compiler(), target, extra_flags=("-mno-avx512f",))
     kernel = load(target)
     assert kernel.isa == "avx2"
     for num_rows, out_features, in_features in [(2, 9, 7), (8, 131, 64), (5, 64, 1000)]:
         x, weight, bias = _inputs(num_rows, out_features, in_features, seed=in_features)
         torch.testing.assert_close(kernel.linear(x, weight, bias), x @ weight.T + bias, rtol=1e-5, atol=1e-4)
+    generator = torch.Generator().manual_seed(1)
+    query, keys, values = torch.randn(2, 4, 20, generator=generator), *torch.randn(2, 2, 6, 8, 20, generator=generator)
+    tables, lengths = torch.tensor([[3, 1, 0], [5, 4, 2]], dtype=torch.int32), torch.tensor([19, 9], dtype=torch.int32)
+    got = kernel.paged_decode(query, keys, values, tables, lengths, 0.2)  # (2, 4, 20)
+    for i, length in enumerate(lengths.tolist()):
+        k, v = (t[:, tables[i].long()].flatten(1, 2)[:, :length] for t in (keys, values))  # (kv_heads, kv, d)
+        ref = torch.nn.functional.scaled_dot_product_attention(query[i][:, None], k.repeat_interleave(2, 0),
+                                                               v.repeat_interleave(2, 0), scale=0.2)[:, 0]
+        torch.testing.assert_close(got[i], ref, rtol=1e-5, atol=1e-5)
 
 
 @needs_kernel
 def test_a_first_build_lands_in_the_cache_folder_and_the_second_process_reuses_it(rebuilt):
-    kernel = few_row_kernel()
+    kernel = native_kernels()
     assert kernel is not None and kernel.library.parent == rebuilt / "kernels"
-    assert few_row_kernel_reason() == f"built for {kernel.isa} with {few_rows.Path(few_rows.compiler()).name}"
+    assert native_kernels_reason() == f"built for {kernel.isa} with {native.Path(native.compiler()).name}"
     built_at = kernel.library.stat().st_mtime_ns
-    few_rows._built.cache_clear()
-    assert few_row_kernel().library == kernel.library and kernel.library.stat().st_mtime_ns == built_at
+    native._built.cache_clear()
+    assert native_kernels().library == kernel.library and kernel.library.stat().st_mtime_ns == built_at
     assert [p.name for p in (rebuilt / "kernels").iterdir()] == [kernel.library.name]  # no scratch left behind
 
 
 def test_a_failing_compiler_leaves_torch_s_linears_with_the_reason(rebuilt, monkeypatch):
     monkeypatch.setenv("CXX", shutil.which("false") or "/bin/false")
-    assert few_row_kernel() is None
-    assert few_row_kernel_reason().startswith("not built: false failed")
+    assert native_kernels() is None
+    assert native_kernels_reason().startswith("not built: false failed")
     model = random_model(default_llama_config(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
                                               num_attention_heads=2, head_dim=32), seed=1)
     assert type(model.model.get_output_embeddings()) is SmallBatchLinear  # the oneDNN fallback for the head
@@ -99,9 +108,9 @@ def test_a_failing_compiler_leaves_torch_s_linears_with_the_reason(rebuilt, monk
 
 def test_a_missing_compiler_and_the_switch_say_why(rebuilt, monkeypatch):
     monkeypatch.setenv("CXX", str(rebuilt / "no-such-compiler"))
-    assert few_row_kernel() is None and few_row_kernel_reason().startswith("not built: [Errno 2]")
+    assert native_kernels() is None and native_kernels_reason().startswith("not built: [Errno 2]")
     monkeypatch.setenv("KVBENCH_NATIVE_KERNELS", "0")
-    assert few_row_kernel() is None and few_row_kernel_reason() == "KVBENCH_NATIVE_KERNELS=0"
+    assert native_kernels() is None and native_kernels_reason() == "KVBENCH_NATIVE_KERNELS=0"
 
 
 @needs_kernel
