@@ -1,11 +1,18 @@
-"""The two CPU fixes of kvbench/engine/cpu_kernels.py, each with and without, in one run (not a test).
+"""The CPU fixes of kvbench/engine/cpu_kernels.py and kvbench/engine/native.py, each with and without,
+in one run (not a test).
 
     python benchmarks/cpu_kernels_bench.py [--threads 1] [--repeats 7] [--prefill-tokens 2000]
 
-1. **The LM head over n rows** on the default model's head (100,277 x 512 fp32): MKL (``F.linear``,
-   what every forward used) against :class:`SmallBatchLinear` (oneDNN for 3-48 rows), thread CPU ms,
-   medians of ``--repeats``; n = 1 and 2 must be the same kernel (identical outputs are checked).
-2. **A prefill with the freed memory returned or kept**: two child processes (``keep_freed_memory``
+1. **Linears over n rows**, the default model's shapes (fp32): the LM head (100,277 x 512), a
+   gate/up projection (2,816 x 512) and a down projection (512 x 2,816), the layer weights 64 of
+   each cycled so none sits in a cache: MKL (``F.linear``), oneDNN (``SmallBatchLinear``'s op) and
+   kvbench's few-row kernel, thread CPU ms per weight, medians of ``--repeats``; the kernel's
+   outputs are checked against MKL's.
+2. **Paged decode attention**, one layer of the default model (8 query heads, 2 KV heads, head_dim
+   64, 32-token blocks scattered over a 4,096-block pool): every sequence's blocks gathered and one
+   SDPA call per sequence (``sdpa-gathered`` on the CPU) against ``kvbench-cpu``, which reads the
+   blocks in place; the outputs are compared.
+3. **A prefill with the freed memory returned or kept**: two child processes (``keep_freed_memory``
    skipped in one), each the default model's forward over ``--prefill-tokens`` random ids three
    times after one warm-up; per forward the user and system CPU ms and minor page faults
    (``getrusage``).
@@ -55,26 +62,73 @@ def cpu_ms(call, repeats: int) -> float:
     return statistics.median(times)
 
 
-def lm_head_rows(threads: int, repeats: int) -> None:
+def linears(threads: int, repeats: int) -> None:
     import torch
 
-    from kvbench.engine.cpu_kernels import SMALL_BATCH_ROWS, SmallBatchLinear
-    from kvbench.engine.model import CL100K_VOCAB_SIZE
+    from kvbench.engine.native import native_kernels, native_kernels_reason
 
     torch.set_num_threads(threads)
-    plain = torch.nn.Linear(512, CL100K_VOCAB_SIZE, bias=False).eval()
-    small = torch.nn.Linear(512, CL100K_VOCAB_SIZE, bias=False).eval()
-    small.weight = plain.weight
-    small.__class__ = SmallBatchLinear
-    print("LM head, 100,277 x 512 fp32: thread CPU ms per call (median)")
-    print(f"{'rows':>5} {'MKL':>8} {'kvbench':>8} {'ratio':>6}")
+    kernel = native_kernels()
+    if kernel is None:
+        print(f"no native kernels: {native_kernels_reason()}")
+    onednn = torch.ops.mkldnn._linear_pointwise
+    kinds = {"MKL": lambda x, w: torch.nn.functional.linear(x, w),
+             "oneDNN": lambda x, w: onednn(x, w, None, "none", [None], "")}
+    if kernel is not None:
+        kinds["kvbench"] = kernel.linear
+    shapes = {"LM head 100,277 x 512": (100_277, 512, 1), "gate/up 2,816 x 512": (2_816, 512, 64),
+              "down 512 x 2,816": (512, 2_816, 64)}
+    print("linears, fp32: thread CPU ms per weight (median)")
+    print(f"{'weight':<22} {'rows':>4} " + " ".join(f"{name:>8}" for name in kinds))
     with torch.inference_mode():
-        for rows in (1, 2, 4, 8, 16, 32, 64):
-            x = torch.randn(rows, 512)
-            if rows not in SMALL_BATCH_ROWS and not torch.equal(plain(x), small(x)):
-                raise SystemExit(f"{rows} rows: not the plain linear's bits")
-            mkl, ours = cpu_ms(lambda: plain(x), repeats), cpu_ms(lambda: small(x), repeats)
-            print(f"{rows:>5} {mkl:>8.1f} {ours:>8.1f} {mkl / ours:>5.2f}x")
+        for label, (out_features, in_features, copies) in shapes.items():
+            weights = [torch.randn(out_features, in_features) for _ in range(copies)]
+            for rows in (1, 2, 4, 8, 16, 32, 48, 64):
+                x = torch.randn(rows, in_features)
+                if kernel is not None:
+                    torch.testing.assert_close(kernel.linear(x, weights[0]), x @ weights[0].T, rtol=1e-4, atol=1e-4)
+                times = [cpu_ms(lambda: [call(x, w) for w in weights], repeats) / copies for call in kinds.values()]
+                print(f"{label:<22} {rows:>4} " + " ".join(f"{t:>8.2f}" for t in times))
+
+
+def paged_decode(threads: int, repeats: int) -> None:
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from kvbench.engine.native import native_kernels
+
+    torch.set_num_threads(threads)
+    kernel = native_kernels()
+    if kernel is None:
+        return
+    heads, kv_heads, head_dim, block_size, pages = 8, 2, 64, 32, 4096
+    keys, values = torch.randn(kv_heads, pages, block_size, head_dim), torch.randn(kv_heads, pages, block_size, head_dim)
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal = heads // kv_heads, True
+    print("\npaged decode attention, one layer: thread CPU ms per call (median)")
+    print(f"{'sequences x context':>20} {'gathered':>9} {'kvbench':>8} {'ratio':>6}")
+    for num_seqs, context in ((1, 2000), (8, 500), (8, 2000)):
+        generator = torch.Generator().manual_seed(num_seqs * context)
+        tables = torch.stack([torch.randperm(pages - 1, generator=generator)[:-(-context // block_size)] + 1
+                              for _ in range(num_seqs)]).int()  # (n, blocks)
+        lengths = torch.full((num_seqs,), context, dtype=torch.int32)
+        query = torch.randn(num_seqs, heads, head_dim, generator=generator)
+
+        def gathered():
+            outputs = []
+            for i in range(num_seqs):
+                k, v = (t.index_select(1, tables[i].long()).flatten(1, 2)[:, :context][None] for t in (keys, values))
+                out, _ = sdpa_attention_forward(module, query[i][None, :, None], k, v, None, scaling=head_dim ** -0.5)
+                outputs.append(out[0, 0])
+            return torch.stack(outputs)
+
+        def ours():
+            return kernel.paged_decode(query, keys, values, tables, lengths, head_dim ** -0.5)
+
+        with torch.inference_mode():
+            torch.testing.assert_close(ours(), gathered(), rtol=1e-4, atol=1e-5)
+            before, after = cpu_ms(gathered, repeats), cpu_ms(ours, repeats)
+        print(f"{f'{num_seqs} x {context}':>20} {before:>9.2f} {after:>8.2f} {before / after:>5.2f}x")
 
 
 def prefill_memory(threads: int, tokens: int) -> None:
@@ -92,7 +146,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--prefill-tokens", type=int, default=2000)
     args = parser.parse_args()
-    lm_head_rows(args.threads, args.repeats)
+    linears(args.threads, args.repeats)
+    paged_decode(args.threads, args.repeats)
     prefill_memory(args.threads, args.prefill_tokens)
 
 

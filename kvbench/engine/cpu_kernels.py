@@ -11,17 +11,18 @@
    second forward on, 0-342 faults and 0-19 ms of system time. (PyTorch's own advice for CPU inference is the same, through jemalloc or
    tcmalloc in ``LD_PRELOAD``; vLLM's CPU backend asks for tcmalloc.) Applied once, on Linux with
    glibc; a no-op elsewhere. It changes no value that is computed.
-2. **The LM head over a few rows** (:class:`SmallBatchLinear`). The LM head of a decode step over
-   ``n`` sequences is an ``(n, hidden) x (hidden, vocab)`` GEMM: memory bound, one pass over the
-   vocab x hidden weight. MKL's sgemm packs that weight again at every call when ``n`` is small but
-   above 2, so it reads and writes it several times (default model, 100,277 x 512 fp32, 1 thread,
-   CPU ms, medians of 7: n=1 24, n=4 58, n=8 88, n=16 64), while oneDNN's matmul reads it in place
-   (n=4 40, n=8 40, n=16 48). The head of a model whose weight exceeds
-   :data:`SMALL_BATCH_MIN_WEIGHT_BYTES` uses oneDNN for ``SMALL_BATCH_ROWS`` rows, MKL otherwise, so
-   a forward that samples one sequence (every copy-engine forward, the paged engine at
-   concurrency 1, ``--batch-invariant``) computes exactly what it did before. A batched decode's
-   logits differ from the one-row ones in the last bits, as every packed forward's already may
-   (``--verify`` tells the resulting argmax flips near ties from mismatches).
+2. **Linears over a few rows** (:class:`FewRowLinear`, :func:`use_few_row_linears`). A decode
+   step over ``n`` sequences multiplies ``n`` rows by every weight: memory bound, one pass over
+   each weight is the floor. MKL's sgemm packs the weight again at every call for a few rows, and
+   oneDNN without prepacked weights reads it at about half the one-row speed; kvbench's own kernel
+   (:mod:`kvbench.engine.native`, numbers there) reads each weight once whatever ``n``. Every fp32
+   CPU linear of the model runs it for :data:`FEW_ROWS` rows; one row (every copy-engine decode,
+   the paged engine at concurrency 1) stays MKL's GEMV, as fast and the same bits as before. Where
+   the kernel cannot be built, the LM head alone falls back to oneDNN's matmul for
+   :data:`SMALL_BATCH_ROWS` rows (:class:`SmallBatchLinear`: default model, 1 thread, CPU ms, n=8:
+   MKL 88, oneDNN 40). A batched forward's logits differ from the one-row ones in the last bits, as
+   every packed forward's already may (``--verify`` tells the resulting argmax flips near ties
+   from mismatches).
 3. **Grouped-query attention without copies** (:func:`use_native_gqa`). Whenever a mask is passed
    (a prefill after a cached prefix, a chunk), transformers' SDPA path repeats each K/V head for its
    query heads (``repeat_kv``: 4 copies on the default model) before calling SDPA;

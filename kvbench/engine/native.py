@@ -7,16 +7,16 @@ layer and once by the LM head. With a few rows that is memory bound: one pass ov
 is the floor, and one row reaches it (MKL's GEMV). Torch's kernels do not at 2-48 rows: MKL's
 sgemm packs the weight again at every call and oneDNN's matmul, without prepacked weights,
 reads it at about half the one-row speed. Measured on the default model, 1 thread, thread CPU
-ms per call, medians of 7 (``benchmarks/cpu_kernels_bench.py`` prints the same table):
+ms per call, medians of 7 (``benchmarks/cpu_kernels_bench.py`` prints the whole table; 2026-12-02):
 
-======================  =========  =====  ======  =========
-weight (out x in)        rows      MKL    oneDNN  kvbench
-======================  =========  =====  ======  =========
-LM head 100,277 x 512    1         21.0   22.2    (MKL)
-LM head 100,277 x 512    8         76.8   35.5    26.2
-gate/up 2,816 x 512      8         1.51   1.04    0.80
-down 512 x 2,816         8         1.31   0.88    0.79
-======================  =========  =====  ======  =========
+=====================  ====  =====  ======  =======
+weight (out x in)      rows  MKL    oneDNN  kvbench
+=====================  ====  =====  ======  =======
+LM head 100,277 x 512  1     22.9   25.2    (MKL)
+LM head 100,277 x 512  8     84.3   36.9    28.7
+gate/up 2,816 x 512    8     1.73   1.14    0.87
+down 512 x 2,816       8     1.37   0.94    0.84
+=====================  ====  =====  ======  =======
 
 (a layer weight's time is per call with 64 weights cycled, so none is in a cache). The kernel
 (``native.cc`` beside this module) holds a tile of 4 weight rows against 4 rows of x in vector

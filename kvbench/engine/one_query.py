@@ -3,8 +3,8 @@
 A decode step attends one new token per sequence. Torch's SDPA needs each sequence's keys and
 values contiguous, so the paged engine copied every lone decode's blocks out of the pool first
 (``index_select``), and SDPA's CPU flash kernel is slow for one query: default model, a context
-of 2,000 tokens, one layer, thread CPU ms, medians of 9: gather + SDPA 0.73, kvbench's kernel
-0.30 (:meth:`~kvbench.engine.native.NativeKernels.paged_decode`), about 3 ms of a ~48 ms
+of 2,000 tokens, one layer, thread CPU ms, medians of 7: gather + SDPA 0.72, kvbench's kernel
+0.34 (:meth:`~kvbench.engine.native.NativeKernels.paged_decode`), about 3 ms of a ~48 ms
 one-sequence decode step. Both engines use it, so they still compute the same bits at
 concurrency 1: the paged engine reads its blocks in place by block table
 (:func:`one_query_attention`), the copy engine's contiguous cache (transformers'

@@ -20,8 +20,8 @@ Chosen once, at engine start (:func:`choose_kernel`), and reported as ``run.engi
   against its blocks, read in place by block table, one call per layer (the pool's own
   ``(kv_heads, pages, block_size, head_dim)`` tensor, no view needed). It replaces a copy of each
   sequence's K/V (``index_select``) and one SDPA call per sequence per layer. Default model, 1
-  thread, one layer, thread CPU ms, medians of 9: 8 sequences of 500 tokens 1.38 -> 0.66, 8 of
-  2,000 8.2 -> 2.8 (``benchmarks/cpu_kernels_bench.py``). Chosen where the native kernels are built.
+  thread, one layer, thread CPU ms, medians of 7: 8 sequences of 500 tokens 1.61 -> 0.65, 8 of
+  2,000 7.52 -> 2.23 (``benchmarks/cpu_kernels_bench.py``, 2026-12-02). Chosen where the native kernels are built.
 * ``sdpa-gathered``: the fallback: each layer copies the decoding sequences' blocks out of the pool
   by block table and runs SDPA (:mod:`kvbench.engine.paged.attention`): one masked call over the
   padded batch on a GPU (:meth:`KVPool.gather_padded`), one call per sequence on the CPU.
