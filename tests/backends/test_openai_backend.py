@@ -44,7 +44,7 @@ def test_a_stream_is_timed_per_content_chunk_and_counted_from_usage(fake_server)
     assert len(served.itl_ms) == 2 and 0 < served.ttft_ms <= served.e2e_ms
     body = server.bodies[0]
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
-    assert body["cache_salt"] == "run/tenant" and body["ignore_eos"] is True and body["max_tokens"] == 4
+    assert body["cache_salt"] == "run-tenant" and body["ignore_eos"] is True and body["max_tokens"] == 4
     assert body["messages"] == [{"role": "user", "content": "hello there"}] and body["model"] == "m"
 
 
