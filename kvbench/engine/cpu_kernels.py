@@ -103,11 +103,13 @@ class SmallBatchLinear(nn.Linear):
 class FewRowLinear(nn.Linear):
     """An ``nn.Linear`` whose forward over :data:`FEW_ROWS` rows of fp32 on the CPU runs kvbench's
     few-row kernel (:mod:`kvbench.engine.native`); same parameters, same state dict, torch's
-    ``linear`` for every other input. Made by :func:`use_few_row_linears`."""
+    ``linear`` for every other input (and wherever autograd records: the kernel has no backward).
+    Made by :func:`use_few_row_linears`."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         num_rows = x.numel() // self.in_features if self.in_features else 0
-        if num_rows in FEW_ROWS and x.dtype == self.weight.dtype == torch.float32 and x.device.type == "cpu":
+        if (num_rows in FEW_ROWS and x.dtype == self.weight.dtype == torch.float32 and x.device.type == "cpu"
+                and not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))):  # no autograd
             kernel = native_kernels()
             if kernel is not None:
                 return kernel.linear(x, self.weight, self.bias)

@@ -23,6 +23,7 @@ engine/ is the only folder that imports torch and transformers.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -159,7 +160,7 @@ def build_random_model(config: LlamaConfig, seed: int = DEFAULT_MODEL_SEED) -> L
     weights depend only on ``config`` and ``seed``.
     """
     with no_init_weights():
-        model = LlamaForCausalLM(config)
+        model = LlamaForCausalLM(copy.deepcopy(config))  # a copy: the engines set the model's attention in its config
     model.tie_weights()  # no_init_weights skips init_weights, which is what ties lm_head
     generator = torch.Generator().manual_seed(seed)
     std = config.initializer_range

@@ -148,7 +148,7 @@ extern "C" void kvb_few_rows_linear(const float* x, const float* w, const float*
 // exp(r) by its Taylor series to r^7 (relative error < 2e-8, below fp32's 6e-8 rounding), times 2^n.
 // Below -87 (exp < 2^-126) the result is flushed to 2^-126 * exp(r), negligible beside the maximum's 1.
 static inline V vexp(V x) {
-  x = vmax(x, vset(-87.0f));
+  x = vmax(vset(-87.0f), x);  // x second: a NaN stays NaN (maxps returns its second operand then)
   const V n = vround(vfma(x, vset(1.44269504088896341f), vzero()));
   V r = vfma(n, vset(-0.693145751953125f), x);  // ln 2 in two parts (Cody and Waite)
   r = vfma(n, vset(-1.428606765330187e-06f), r);

@@ -46,6 +46,7 @@ import functools
 import hashlib
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -73,13 +74,16 @@ class NativeKernels:
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """``x @ weight.T + bias`` for fp32 CPU tensors: ``x`` (..., in_features), ``weight``
-        (out_features, in_features) contiguous, ``bias`` (out_features) or ``None``; returns
+        (out_features, in_features), ``bias`` (out_features) or ``None`` (either copied first if not
+        contiguous); returns
         (..., out_features). Uses ``torch.get_num_threads()`` threads. The caller checks dtypes and
         devices (``cpu_kernels.FewRowLinear`` does); a wrong one here is undefined."""
         rows = x.reshape(-1, weight.shape[1]).contiguous()
+        weight = weight.contiguous()
+        bias = None if bias is None else bias.contiguous()  # held here until the call returns
         out = torch.empty(rows.shape[0], weight.shape[0], dtype=torch.float32)
-        self._linear(rows.data_ptr(), weight.data_ptr(), None if bias is None else bias.contiguous().data_ptr(),
-                   out.data_ptr(), rows.shape[0], weight.shape[0], weight.shape[1], torch.get_num_threads())
+        self._linear(rows.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(),
+                     out.data_ptr(), rows.shape[0], weight.shape[0], weight.shape[1], torch.get_num_threads())
         return out.reshape(*x.shape[:-1], weight.shape[0])
 
     def paged_decode(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, block_tables: torch.Tensor,
@@ -109,11 +113,13 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvbench"
 
 
-def compiler() -> str | None:
-    """The C++ compiler to build with: ``$CXX``, else the first of ``c++``, ``g++``, ``clang++`` on PATH."""
-    if os.environ.get("CXX"):
-        return os.environ["CXX"]
-    return next((found for name in ("c++", "g++", "clang++") if (found := shutil.which(name))), None)
+def compiler() -> list[str] | None:
+    """The C++ compiler command to build with: ``$CXX`` split as a shell splits it (``ccache g++``),
+    else the first of ``c++``, ``g++``, ``clang++`` on PATH."""
+    if os.environ.get("CXX", "").strip():
+        return shlex.split(os.environ["CXX"])
+    found = next((path for name in ("c++", "g++", "clang++") if (path := shutil.which(name))), None)
+    return None if found is None else [found]
 
 
 def _cpu_flags() -> str:
@@ -124,14 +130,14 @@ def _cpu_flags() -> str:
         return ""
 
 
-def library_path(cxx: str) -> Path:
+def library_path(cxx: list[str]) -> Path:
     """The cached shared object for this source, compiler and CPU (``cache_dir()/kernels/native-HASH.so``)."""
-    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = "\0".join([SOURCE.read_text(), cxx, version, " ".join(COMPILE_FLAGS), platform.machine(), _cpu_flags()])
+    version = subprocess.run([*cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+    key = "\0".join([SOURCE.read_text(), " ".join(cxx), version, " ".join(COMPILE_FLAGS), platform.machine(), _cpu_flags()])
     return cache_dir() / "kernels" / f"native-{hashlib.sha256(key.encode()).hexdigest()[:16]}.so"
 
 
-def build(cxx: str, target: Path, extra_flags: tuple[str, ...] = ()) -> None:
+def build(cxx: list[str], target: Path, extra_flags: tuple[str, ...] = ()) -> None:
     """Compile :data:`SOURCE` into ``target`` with :data:`COMPILE_FLAGS` and ``extra_flags`` (after
     them, so ``-mno-avx512f`` builds the AVX2 path) into a file written whole or not at all, so
     processes building at once never load half a file. Raises ``RuntimeError`` with the
@@ -139,11 +145,11 @@ def build(cxx: str, target: Path, extra_flags: tuple[str, ...] = ()) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
         built = Path(scratch) / target.name
-        done = subprocess.run([cxx, *COMPILE_FLAGS, *extra_flags, str(SOURCE), "-o", str(built)], capture_output=True, text=True,
+        done = subprocess.run([*cxx, *COMPILE_FLAGS, *extra_flags, str(SOURCE), "-o", str(built)], capture_output=True, text=True,
                               timeout=COMPILE_TIMEOUT_S)
         if done.returncode != 0:
             errors = [line for line in done.stderr.splitlines() if "error" in line] or done.stderr.splitlines() or [""]
-            raise RuntimeError(f"{Path(cxx).name} failed: {errors[0].strip()}")
+            raise RuntimeError(f"{_name(cxx)} failed: {errors[0].strip()}")
         os.replace(built, target)
 
 
@@ -156,24 +162,38 @@ def _built() -> tuple[NativeKernels | None, str]:
         return None, "no C++ compiler (set CXX, or install g++)"
     try:
         path = library_path(cxx)
-        if not path.is_file():
-            build(cxx, path)
-        kernel = load(path)
+        if path.is_file():
+            try:
+                return _loaded(load(path), cxx)
+            except OSError:  # a damaged or foreign file where ours should be: build it again, once
+                path.unlink(missing_ok=True)
+        build(cxx, path)
+        return _loaded(load(path), cxx)
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         return None, f"not built: {exc}"
-    return kernel, f"built for {kernel.isa} with {Path(cxx).name}"
+
+
+def _name(cxx: list[str]) -> str:
+    return Path(cxx[-1]).name
+
+
+def _loaded(kernel: NativeKernels, cxx: list[str]) -> tuple[NativeKernels, str]:
+    return kernel, f"built for {kernel.isa} with {_name(cxx)}"
 
 
 def load(path: Path) -> NativeKernels:
     """The kernels in the shared object ``path`` (one :func:`build` made). Raises ``OSError`` where it
     cannot be loaded."""
     library = ctypes.CDLL(str(path))
-    library.kvb_native_isa.restype = ctypes.c_char_p
-    linear, decode = library.kvb_few_rows_linear, library.kvb_paged_decode
+    try:
+        isa, linear, decode = library.kvb_native_isa, library.kvb_few_rows_linear, library.kvb_paged_decode
+    except AttributeError as exc:  # a shared object, but not this source's
+        raise OSError(str(exc)) from exc
+    isa.restype = ctypes.c_char_p
     linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
     decode.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 7 + [ctypes.c_float, ctypes.c_int]
     linear.restype = decode.restype = None
-    return NativeKernels(library.kvb_native_isa().decode(), path, linear, decode)
+    return NativeKernels(isa().decode(), path, linear, decode)
 
 
 def _switched_off() -> bool:

@@ -13,8 +13,8 @@ concurrency 1: the paged engine reads its blocks in place by block table
 blocks, so the same keys and values give the same output either way.
 
 It applies to fp32 on the CPU where the native kernels are built; anything else it does not
-cover (more than one query, a batch, an attention mask, dropout, a sliding window, logit
-softcapping or attention sinks) goes to transformers' own SDPA path unchanged.
+cover (more than one query, a batch, an attention mask, dropout, values of another head size
+than the keys, a sliding window, logit softcapping or attention sinks) goes to transformers' own SDPA path unchanged.
 """
 
 from __future__ import annotations
@@ -57,7 +57,8 @@ def cpu_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
     None)``. One query of one sequence without a mask runs the kernel over the whole cache as one
     block; everything else is ``sdpa_attention_forward``'s."""
     one_query = query.shape[0] == 1 and query.shape[2] == 1 and attention_mask is None and not dropout
-    if (one_query and key.is_contiguous() and value.is_contiguous() and covers(query[0, :, 0], key[0])
+    if (one_query and key.shape == value.shape and key.is_contiguous() and value.is_contiguous()
+            and covers(query[0, :, 0], key[0])
             and not any(kwargs.get(name) is not None for name in UNCOVERED_KWARGS)):
         num_kv_heads, num_context, head_dim = key.shape[1:]
         pages = (num_kv_heads, 1, num_context, head_dim)  # the cache as one block

@@ -66,6 +66,36 @@ def test_leading_dimensions_are_kept_and_a_strided_input_is_read_right():
 
 
 @needs_kernel
+def test_a_strided_bias_and_weight_are_read_right():  # a copy's pointer must outlive the call
+    x, weight, bias = _inputs(3, 100_001, 16, seed=9)
+    strided_bias = torch.randn(2 * 100_001)[::2]
+    strided_weight = torch.randn(16, 100_001).T  # (100_001, 16), not contiguous
+    got = native_kernels().linear(x, strided_weight, strided_bias)
+    torch.testing.assert_close(got, x @ strided_weight.T + strided_bias, rtol=1e-5, atol=1e-4)
+
+
+@needs_kernel
+def test_a_damaged_or_foreign_library_in_the_cache_is_built_again(rebuilt, tmp_path):
+    path = native.library_path(native.compiler())
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"garbage")
+    assert native_kernels() is not None and path.stat().st_size > 1000
+    foreign = tmp_path / "foreign.c"
+    foreign.write_text("int unrelated(void) { return 0; }\n")
+    native.subprocess.run(["cc", "-shared", "-fPIC", str(foreign), "-o", str(path)], check=True)
+    native._built.cache_clear()
+    kernel = native_kernels()
+    assert kernel is not None and kernel.isa in ("avx512", "avx2")
+
+
+@needs_kernel
+def test_a_compiler_command_with_a_wrapper_is_split(rebuilt, monkeypatch):
+    monkeypatch.setenv("CXX", f"env {native.compiler()[-1]}")
+    assert native.compiler() == ["env", native.compiler()[-1]]
+    assert native_kernels() is not None and native_kernels_reason().startswith("built for ")
+
+
+@needs_kernel
 def test_the_avx2_path_computes_the_same_values(tmp_path):  # the linear and the paged decode
     target = tmp_path / "native-avx2.so"
     build(native.compiler(), target, extra_flags=("-mno-avx512f",))
@@ -89,7 +119,7 @@ def test_the_avx2_path_computes_the_same_values(tmp_path):  # the linear and the
 def test_a_first_build_lands_in_the_cache_folder_and_the_second_process_reuses_it(rebuilt):
     kernel = native_kernels()
     assert kernel is not None and kernel.library.parent == rebuilt / "kernels"
-    assert native_kernels_reason() == f"built for {kernel.isa} with {native.Path(native.compiler()).name}"
+    assert native_kernels_reason() == f"built for {kernel.isa} with {native.Path(native.compiler()[-1]).name}"
     built_at = kernel.library.stat().st_mtime_ns
     native._built.cache_clear()
     assert native_kernels().library == kernel.library and kernel.library.stat().st_mtime_ns == built_at
@@ -131,6 +161,27 @@ def test_every_linear_of_a_model_uses_it_with_its_weights_ties_and_keys_and_one_
             torch.testing.assert_close(got, plain, rtol=1e-5, atol=1e-4)
         else:
             assert torch.equal(got, plain)  # MKL, as before: one-row forwards are unchanged
+
+
+@needs_kernel
+def test_autograd_gets_torch_s_linear():
+    linear = torch.nn.Linear(16, 8)
+    linear.__class__ = FewRowLinear
+    x = torch.randn(4, 16, requires_grad=True)
+    out = linear(x)
+    assert out.grad_fn is not None
+    out.sum().backward()
+    assert x.grad is not None and linear.weight.grad is not None
+    with torch.inference_mode():
+        assert linear(torch.randn(4, 16)).grad_fn is None  # the kernel, where nothing records
+
+
+def test_a_random_model_leaves_the_caller_s_config_alone():
+    config = default_llama_config(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
+                                  head_dim=32)
+    before = config._attn_implementation
+    random_model(config, seed=1)
+    assert config._attn_implementation == before
 
 
 def test_a_bf16_model_is_left_to_torch():

@@ -35,7 +35,7 @@ def test_one_query_equals_sdpa(num_context):
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("case", ["prefill", "mask", "sliding_window", "batch"])
+@pytest.mark.parametrize("case", ["prefill", "mask", "sliding_window", "batch", "value_head_dim"])
 def test_what_the_kernel_does_not_cover_is_sdpa_bit_for_bit(case):
     query, key, value = _qkv(5 if case == "prefill" else 1, 40, seed=3)
     mask, kwargs = None, {}
@@ -45,9 +45,19 @@ def test_what_the_kernel_does_not_cover_is_sdpa_bit_for_bit(case):
         kwargs = {"sliding_window": 16}
     elif case == "batch":
         query, key, value = (torch.cat([t, t]) for t in (query, key, value))
+    elif case == "value_head_dim":  # values of another head size than the keys (MLA-style)
+        value = value[..., :32].contiguous()
     got, _ = cpu_attention_forward(Module(), query, key, value, mask, scaling=0.125, **kwargs)
     expected, _ = sdpa_attention_forward(Module(), query, key, value, mask, scaling=0.125, **kwargs)
     assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("position", [3, 35])  # in the vectorized part of the softmax, and in its tail
+def test_a_nan_key_gives_a_nan_output_as_sdpa_does(position):
+    query, key, value = _qkv(1, 40, seed=4)
+    key[0, :, position] = float("nan")
+    got, _ = cpu_attention_forward(Module(), query, key, value, None, scaling=0.125)
+    assert got.isnan().all()
 
 
 def test_scattered_blocks_and_one_contiguous_cache_give_the_same_bits():
