@@ -82,7 +82,7 @@ def test_a_damaged_or_foreign_library_in_the_cache_is_built_again(rebuilt, tmp_p
     assert native_kernels() is not None and path.stat().st_size > 1000
     foreign = tmp_path / "foreign.c"
     foreign.write_text("int unrelated(void) { return 0; }\n")
-    native.subprocess.run(["cc", "-shared", "-fPIC", str(foreign), "-o", str(path)], check=True)
+    native.subprocess.run([*native.compiler(), "-shared", "-fPIC", str(foreign), "-o", str(path)], check=True)
     native._built.cache_clear()
     kernel = native_kernels()
     assert kernel is not None and kernel.isa in ("avx512", "avx2")
