@@ -166,7 +166,8 @@ def _built() -> tuple[NativeKernels | None, str]:
             try:
                 return _loaded(load(path), cxx)
             except OSError:  # a damaged or foreign file where ours should be: build it again, once
-                path.unlink(missing_ok=True)
+                path.unlink(missing_ok=True)  # (a foreign one stays loaded under this name: this process
+                # may then fall back with the reason; the next one loads the rebuilt file)
         build(cxx, path)
         return _loaded(load(path), cxx)
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
