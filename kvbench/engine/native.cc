@@ -106,7 +106,7 @@ static void outputs(const float* x, const float* w, const float* b, float* y, in
                     int64_t n0, int64_t n1) {
   int64_t n = n0;
   for (; n + NB <= n1; n += NB) {
-    // prefetching past the end of w would touch memory that is not ours: only tiles well inside fetch
+    // no use fetching past the end of w (a prefetch never faults): only tiles well inside fetch
     const bool fetch = n + NB + PREFETCH <= N;
     int64_t m = 0;
     for (; m + 4 <= M; m += 4) rows_of_x<4>(x + m * K, w, b, y + m * N, N, K, n, fetch && m == 0);
@@ -169,22 +169,31 @@ static inline void fetch_row(const float* row, int64_t D) {
   for (int64_t d = 0; d < D; d += 16) _mm_prefetch((const char*)(row + d), _MM_HINT_T0);
 }
 
+// The row of token `offset` of block `slot` in the table: keys or values of kv head `kv_head`.
+static inline const float* token_row(const float* pool, const int32_t* table, int64_t slot, int64_t offset,
+                                     int64_t kv_head, int64_t pages, int64_t block_size, int64_t D) {
+  return pool + ((kv_head * pages + table[slot]) * block_size + offset) * D;
+}
+
 static void attend_one(const float* q, const float* keys, const float* values, const int32_t* table, int64_t length,
                        float* out, int64_t group, int64_t pages, int64_t block_size, int64_t D, int64_t kv_head,
                        float scale, std::vector<float>& scores) {
   scores.resize((size_t)(group * length));
   const int64_t whole = D - D % LANES;
   const int rest = (int)(D - whole);
-  const int64_t last_block = (length - 1) / block_size;
-  for (int64_t t = 0; t < length; ++t) {
-    const float* k = keys + ((kv_head * pages + table[t / block_size]) * block_size + t % block_size) * D;
-    if (t / block_size < last_block) fetch_row(keys + ((kv_head * pages + table[t / block_size + 1]) * block_size + t % block_size) * D, D);
-    for (int64_t g = 0; g < group; ++g) {
-      const float* qg = q + g * D;
-      V acc = vzero();
-      for (int64_t d = 0; d < whole; d += LANES) acc = vfma(vload(qg + d), vload(k + d), acc);
-      if (rest) acc = vfma(vload_first(qg + whole, rest), vload_first(k + whole, rest), acc);
-      scores[g * length + t] = vsum(acc) * scale;
+  const int64_t num_blocks = (length + block_size - 1) / block_size;
+  for (int64_t b = 0, t = 0; b < num_blocks; ++b) {  // block by block: no division per token
+    const int64_t in_block = length - t < block_size ? length - t : block_size;
+    for (int64_t offset = 0; offset < in_block; ++offset, ++t) {
+      const float* k = token_row(keys, table, b, offset, kv_head, pages, block_size, D);
+      if (b + 1 < num_blocks) fetch_row(token_row(keys, table, b + 1, offset, kv_head, pages, block_size, D), D);
+      for (int64_t g = 0; g < group; ++g) {
+        const float* qg = q + g * D;
+        V acc = vzero();
+        for (int64_t d = 0; d < whole; d += LANES) acc = vfma(vload(qg + d), vload(k + d), acc);
+        if (rest) acc = vfma(vload_first(qg + whole, rest), vload_first(k + whole, rest), acc);
+        scores[g * length + t] = vsum(acc) * scale;
+      }
     }
   }
   for (int64_t g = 0; g < group; ++g) {
@@ -205,13 +214,16 @@ static void attend_one(const float* q, const float* keys, const float* values, c
   }
   for (int64_t g = 0; g < group; ++g)
     for (int64_t d = 0; d < D; ++d) out[g * D + d] = 0.0f;
-  for (int64_t t = 0; t < length; ++t) {
-    const float* v = values + ((kv_head * pages + table[t / block_size]) * block_size + t % block_size) * D;
-    if (t / block_size < last_block) fetch_row(values + ((kv_head * pages + table[t / block_size + 1]) * block_size + t % block_size) * D, D);
-    for (int64_t g = 0; g < group; ++g) {
-      const float p = scores[g * length + t];
-      float* o = out + g * D;
-      for (int64_t d = 0; d < D; ++d) o[d] += p * v[d];
+  for (int64_t b = 0, t = 0; b < num_blocks; ++b) {
+    const int64_t in_block = length - t < block_size ? length - t : block_size;
+    for (int64_t offset = 0; offset < in_block; ++offset, ++t) {
+      const float* v = token_row(values, table, b, offset, kv_head, pages, block_size, D);
+      if (b + 1 < num_blocks) fetch_row(token_row(values, table, b + 1, offset, kv_head, pages, block_size, D), D);
+      for (int64_t g = 0; g < group; ++g) {
+        const float p = scores[g * length + t];
+        float* o = out + g * D;
+        for (int64_t d = 0; d < D; ++d) o[d] += p * v[d];
+      }
     }
   }
 }

@@ -183,6 +183,9 @@ class _Run:
             self._keep(request, record)
         finally:
             self.done[index].set()
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():  # cancelled, and the backend handed the row back
+            raise asyncio.CancelledError  # (a finished request whose --verify check was pending): stop here
         await asyncio.sleep(0)  # let a session's next turn, woken just now, go before a later request
 
     def _keep(self, request: Request, record: RequestRecord) -> None:

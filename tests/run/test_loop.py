@@ -202,3 +202,44 @@ def test_connection_failures_must_be_consecutive():
     records = clock.run(send_requests(requests_of("abcdefghij"), Flaky(clock), LoadConfig(max_connection_failures=2),
                                       clock=clock))
     assert not any((r.error or "").startswith("not sent") for _, r in records)
+
+
+class HandsBackOnCancel:
+    """Takes 10 s per request; cancelled, it returns the request's row instead of raising, as the
+    in-process backend does for a request that finished while only its ``--verify`` check was pending."""
+
+    def __init__(self):
+        self.sent = []
+
+    def describe(self):
+        return {"backend": "fake", "model": "none"}
+
+    async def serve(self, request):
+        self.sent.append(request.index)
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            return RequestRecord(Status.OK, request.num_tokens, 0, 1, ttft_ms=1.0, e2e_ms=1.0)
+        raise AssertionError("never cancelled")
+
+
+@pytest.mark.parametrize("load", [LoadConfig(concurrency=2), LoadConfig(concurrency=2, request_rate_per_s=1000.0)])
+def test_a_cancel_whose_rows_the_backend_hands_back_still_stops_the_loop(load):
+    """SIGTERM during a paged --verify run was lost: the backend's kept row swallowed the cancel, and
+    the clients went on to send the next requests."""
+    backend, seen = HandsBackOnCancel(), []
+
+    async def main():
+        task = asyncio.create_task(send_requests(requests_of("abcdefgh"), backend, load,
+                                                 lambda request, record: seen.append(request.index)))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=5)
+        if not done:  # the bug: clean up before failing
+            while not task.done():
+                task.cancel()
+                await asyncio.wait({task}, timeout=1)
+        return task in done and task.cancelled()
+
+    assert asyncio.run(main()) is True
+    assert backend.sent == [0, 1] and sorted(seen) == [0, 1]  # both rows kept, nothing sent after the cancel
