@@ -106,8 +106,12 @@ def _conversations(config: BigTraceConfig, num_turns_wanted: int, rng, first_id:
     weights = 1.0 / np.arange(1, config.num_system_prompts + 1) ** config.zipf_exponent
     prompt = rng.choice(config.num_system_prompts, size=turns.size, p=weights / weights.sum())[session]
     system_start, system_blocks = _system_prompts(config, rng)
-    return times_s * 1000.0, (system_start[prompt], system_blocks[prompt], first_id + session_base[session],
-                              history_blocks)
+    return times_s * 1000.0, (
+        system_start[prompt],
+        system_blocks[prompt],
+        first_id + session_base[session],
+        history_blocks,
+    )
 
 
 def generate(config: BigTraceConfig) -> BigTrace:
@@ -116,14 +120,19 @@ def generate(config: BigTraceConfig) -> BigTrace:
     num_one_offs = round(config.one_off_share * config.num_requests)
     num_system_ids = config.num_system_prompts * config.max_system_blocks
     times_ms, (sys_start, sys_blocks, hist_start, hist_blocks) = _conversations(
-        config, config.num_requests - num_one_offs, rng, num_system_ids)
+        config, config.num_requests - num_one_offs, rng, num_system_ids
+    )
     one_off_blocks = rng.integers(config.one_off_blocks[0], config.one_off_blocks[1] + 1, size=num_one_offs)
     first_one_off_id = int((hist_start + hist_blocks).max(initial=num_system_ids))
     one_off_start = first_one_off_id + np.concatenate([[0], np.cumsum(one_off_blocks)[:-1]]).astype(np.int64)
     one_off_ms = rng.uniform(0, config.num_requests / config.requests_per_s * 1000.0, size=num_one_offs)
     zeros = np.zeros(num_one_offs, dtype=np.int64)
-    starts = np.stack([np.concatenate([sys_start, one_off_start]), np.concatenate([hist_start, zeros])], axis=1)
-    lengths = np.stack([np.concatenate([sys_blocks, one_off_blocks]), np.concatenate([hist_blocks, zeros])], axis=1)
+    starts = np.stack(
+        [np.concatenate([sys_start, one_off_start]), np.concatenate([hist_start, zeros])], axis=1
+    )
+    lengths = np.stack(
+        [np.concatenate([sys_blocks, one_off_blocks]), np.concatenate([hist_blocks, zeros])], axis=1
+    )
     order = np.argsort(np.concatenate([times_ms, one_off_ms]), kind="stable")
     stamps_ms = np.sort(np.concatenate([times_ms, one_off_ms]), kind="stable").astype(np.int64)
     starts, lengths = starts[order].ravel(), lengths[order].ravel()  # two segments per request
@@ -132,8 +141,13 @@ def generate(config: BigTraceConfig) -> BigTrace:
     within = np.arange(int(segment_offsets[-1]), dtype=np.int64) - np.repeat(segment_offsets[:-1], lengths)
     hash_ids = np.repeat(starts, lengths) + within
     input_lengths = num_blocks * BLOCK_TOKENS - rng.integers(0, BLOCK_TOKENS, size=num_blocks.size)
-    return BigTrace(stamps_ms, input_lengths, rng.integers(1, 1001, size=num_blocks.size), hash_ids,
-                    np.concatenate([[0], np.cumsum(num_blocks)]))
+    return BigTrace(
+        stamps_ms,
+        input_lengths,
+        rng.integers(1, 1001, size=num_blocks.size),
+        hash_ids,
+        np.concatenate([[0], np.cumsum(num_blocks)]),
+    )
 
 
 def write_jsonl(trace: BigTrace, path: str | Path) -> int:
@@ -147,13 +161,18 @@ def write_jsonl(trace: BigTrace, path: str | Path) -> int:
             text = ", ".join(map(str, ids.tolist()))
             widths = np.searchsorted(_POWERS_OF_10, ids, side="right") + 3  # digits + ", "
             ends = np.concatenate([[0], np.cumsum(widths)])  # char offset of each id (", " after each)
-            bounds = ends[trace.offsets[start:stop + 1] - first]
-            lines = [f'{{"timestamp": {t}, "input_length": {i}, "output_length": {o}, "hash_ids": '
-                     f'[{text[a:max(a, b - 2)]}]}}\n'
-                     for t, i, o, a, b in zip(trace.timestamps_ms[start:stop].tolist(),
-                                              trace.input_lengths[start:stop].tolist(),
-                                              trace.output_lengths[start:stop].tolist(),
-                                              bounds[:-1].tolist(), bounds[1:].tolist())]
+            bounds = ends[trace.offsets[start : stop + 1] - first]
+            lines = [
+                f'{{"timestamp": {t}, "input_length": {i}, "output_length": {o}, "hash_ids": '
+                f"[{text[a : max(a, b - 2)]}]}}\n"
+                for t, i, o, a, b in zip(
+                    trace.timestamps_ms[start:stop].tolist(),
+                    trace.input_lengths[start:stop].tolist(),
+                    trace.output_lengths[start:stop].tolist(),
+                    bounds[:-1].tolist(),
+                    bounds[1:].tolist(),
+                )
+            ]
             chunk = "".join(lines)
             file.write(chunk)
             written += len(chunk)
@@ -169,9 +188,11 @@ def main() -> None:
     started = time.perf_counter()
     trace = generate(BigTraceConfig(num_requests=args.requests, seed=args.seed))
     num_bytes = write_jsonl(trace, args.out)
-    print(f"{args.out}: {args.requests:,} requests, {trace.hash_ids.size:,} block accesses, "
-          f"{trace.num_distinct_first_blocks:,} distinct first blocks, {num_bytes / 1e6:,.0f} MB "
-          f"in {time.perf_counter() - started:.1f} s")
+    print(
+        f"{args.out}: {args.requests:,} requests, {trace.hash_ids.size:,} block accesses, "
+        f"{trace.num_distinct_first_blocks:,} distinct first blocks, {num_bytes / 1e6:,.0f} MB "
+        f"in {time.perf_counter() - started:.1f} s"
+    )
 
 
 if __name__ == "__main__":

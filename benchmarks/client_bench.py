@@ -54,24 +54,46 @@ async def _serve_connection(reader, writer, tokens: int, itl_s: float) -> None:
         body = await reader.readexactly(int(headers.get("content-length", 0)))
         if lines[0].startswith("GET"):
             payload = json.dumps({"object": "list", "data": [{"id": "m", "object": "model"}]}).encode()
-            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
-                         % (len(payload), payload))
+            writer.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                % (len(payload), payload)
+            )
             await writer.drain()
             continue
         prompt = json.loads(body).get("prompt") or []
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+        )
         for index in range(tokens):
             last = index == tokens - 1
-            chunk = {"id": "x", "object": "text_completion", "created": 0, "model": "m",
-                     "choices": [{"index": 0, "text": " a", "finish_reason": "length" if last else None}]}
+            chunk = {
+                "id": "x",
+                "object": "text_completion",
+                "created": 0,
+                "model": "m",
+                "choices": [{"index": 0, "text": " a", "finish_reason": "length" if last else None}],
+            }
             _write_event(writer, chunk)
             await writer.drain()
             if itl_s and not last:
                 await asyncio.sleep(itl_s)
-        usage = {"prompt_tokens": len(prompt), "completion_tokens": tokens, "total_tokens": len(prompt) + tokens,
-                 "prompt_tokens_details": {"cached_tokens": 0}}
-        _write_event(writer, {"id": "x", "object": "text_completion", "created": 0, "model": "m", "choices": [],
-                              "usage": usage})
+        usage = {
+            "prompt_tokens": len(prompt),
+            "completion_tokens": tokens,
+            "total_tokens": len(prompt) + tokens,
+            "prompt_tokens_details": {"cached_tokens": 0},
+        }
+        _write_event(
+            writer,
+            {
+                "id": "x",
+                "object": "text_completion",
+                "created": 0,
+                "model": "m",
+                "choices": [],
+                "usage": usage,
+            },
+        )
         data = b"data: [DONE]\n\n"
         writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data))
         await writer.drain()
@@ -98,8 +120,10 @@ async def _serve(port: int, tokens: int, itl_s: float) -> None:
 async def _bare_one(port: int, body: bytes, connection, times: list) -> None:
     reader, writer = connection
     sent = time.perf_counter()
-    writer.write(b"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
-                 b"content-length: %d\r\n\r\n%s" % (len(body), body))
+    writer.write(
+        b"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n%s" % (len(body), body)
+    )
     await writer.drain()
     await reader.readuntil(b"\r\n\r\n")
     arrivals = []
@@ -121,7 +145,9 @@ async def _bare(port: int, prompts: list[list[int]], concurrency: int, tokens: i
     async def worker():
         connection = await asyncio.open_connection("127.0.0.1", port)
         while queue:
-            body = json.dumps({"model": "m", "prompt": queue.pop(), "max_tokens": tokens, "stream": True}).encode()
+            body = json.dumps(
+                {"model": "m", "prompt": queue.pop(), "max_tokens": tokens, "stream": True}
+            ).encode()
             await _bare_one(port, body, connection, times)
         connection[1].close()
 
@@ -130,8 +156,12 @@ async def _bare(port: int, prompts: list[list[int]], concurrency: int, tokens: i
     span, cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
     ttft = [(arrivals[0] - sent) * 1e3 for sent, arrivals in times]
     itl = [(b - a) * 1e3 for _, arrivals in times for a, b in zip(arrivals, arrivals[1:])]
-    return {"ttft": statistics.median(ttft), "itl": statistics.median(itl), "rps": len(times) / span,
-            "cpu_ms": cpu_s / len(times) * 1e3}
+    return {
+        "ttft": statistics.median(ttft),
+        "itl": statistics.median(itl),
+        "rps": len(times) / span,
+        "cpu_ms": cpu_s / len(times) * 1e3,
+    }
 
 
 async def _transport(port: int, requests: list, concurrency: int) -> dict:
@@ -140,11 +170,18 @@ async def _transport(port: int, requests: list, concurrency: int) -> dict:
     import openai
 
     times: list[float] = []
-    async with openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="EMPTY", max_retries=0) as client:
+    async with openai.AsyncOpenAI(
+        base_url=f"http://127.0.0.1:{port}/v1", api_key="EMPTY", max_retries=0
+    ) as client:
+
         async def one(request):
             async with client.completions.with_streaming_response.create(
-                    model="m", prompt="", max_tokens=request.max_tokens, stream=True,
-                    extra_body={"prompt": request.token_ids.tolist()}) as response:
+                model="m",
+                prompt="",
+                max_tokens=request.max_tokens,
+                stream=True,
+                extra_body={"prompt": request.token_ids.tolist()},
+            ) as response:
                 async for _ in response.iter_bytes():
                     pass
 
@@ -180,23 +217,55 @@ async def _backend(port: int, requests: list, concurrency: int, client: str) -> 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         span, cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
     assert all(r.status == "ok" for r in records), records[0].error
-    return {"ttft": statistics.median(r.ttft_ms for r in records),
-            "itl": statistics.median(x for r in records for x in r.itl_ms), "rps": len(records) / span,
-            "cpu_ms": cpu_s / len(records) * 1e3}
+    return {
+        "ttft": statistics.median(r.ttft_ms for r in records),
+        "itl": statistics.median(x for r in records for x in r.itl_ms),
+        "rps": len(records) / span,
+        "cpu_ms": cpu_s / len(records) * 1e3,
+    }
 
 
 def _kvbench(port: int, num_requests: int, concurrency: int, tokens: int, client: str) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "run.parquet"
-        subprocess.run([sys.executable, "-m", "kvbench.cli", "run", "scenarios/multi_prefix_zipf.toml", "--backend",
-                        "openai", "--base-url", f"http://127.0.0.1:{port}/v1", "--model", "m", "--requests",
-                        str(num_requests), "--concurrency", str(concurrency), "--max-tokens", str(tokens),
-                        "--hygiene", "off", "--client", client, "--out", str(out)], cwd=REPO, check=True,
-                       capture_output=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "kvbench.cli",
+                "run",
+                "scenarios/multi_prefix_zipf.toml",
+                "--backend",
+                "openai",
+                "--base-url",
+                f"http://127.0.0.1:{port}/v1",
+                "--model",
+                "m",
+                "--requests",
+                str(num_requests),
+                "--concurrency",
+                str(concurrency),
+                "--max-tokens",
+                str(tokens),
+                "--hygiene",
+                "off",
+                "--client",
+                client,
+                "--out",
+                str(out),
+            ],
+            cwd=REPO,
+            check=True,
+            capture_output=True,
+        )
         rows = [r for r in pq.read_table(out).to_pylist() if r["status"] == "ok"]
     span_s = max(r["sent_ms"] + r["e2e_ms"] for r in rows) / 1e3 - min(r["sent_ms"] for r in rows) / 1e3
-    return {"ttft": statistics.median(r["ttft_ms"] for r in rows),
-            "itl": statistics.median(x for r in rows for x in r["itl_ms"]), "rps": len(rows) / span_s, "cpu_ms": None}
+    return {
+        "ttft": statistics.median(r["ttft_ms"] for r in rows),
+        "itl": statistics.median(x for r in rows for x in r["itl_ms"]),
+        "rps": len(rows) / span_s,
+        "cpu_ms": None,
+    }
 
 
 def main() -> None:
@@ -206,7 +275,9 @@ def main() -> None:
     parser.add_argument("--itl-ms", type=float, default=2.0)
     parser.add_argument("--concurrency", default="1,8,32")
     parser.add_argument("--clients", default="lean,sdk", help="kvbench's --client values to run")
-    parser.add_argument("--no-pin", action="store_true", help="do not pin the clients and the server to cores")
+    parser.add_argument(
+        "--no-pin", action="store_true", help="do not pin the clients and the server to cores"
+    )
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -215,40 +286,73 @@ def main() -> None:
         return
     from kvbench.run.scenario import load_scenario
 
-    requests = [replace(r, max_tokens=args.tokens) for r in load_scenario(
-        REPO / "scenarios" / "multi_prefix_zipf.toml").workload_requests().requests[: args.requests]]
+    requests = [
+        replace(r, max_tokens=args.tokens)
+        for r in load_scenario(REPO / "scenarios" / "multi_prefix_zipf.toml")
+        .workload_requests()
+        .requests[: args.requests]
+    ]
     prompts = [[int(t) for t in r.token_ids] for r in requests]
     cores = sorted(os.sched_getaffinity(0))
     pin = not args.no_pin and len(cores) >= 2
-    server = subprocess.Popen([sys.executable, __file__, "--serve", "--tokens", str(args.tokens), "--itl-ms",
-                               str(args.itl_ms)], stdout=subprocess.PIPE, text=True,
-                              preexec_fn=(lambda: os.sched_setaffinity(0, {cores[-1]})) if pin else None)
+    server = subprocess.Popen(
+        [sys.executable, __file__, "--serve", "--tokens", str(args.tokens), "--itl-ms", str(args.itl_ms)],
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=(lambda: os.sched_setaffinity(0, {cores[-1]})) if pin else None,
+    )
     if pin:
         os.sched_setaffinity(0, {cores[0]})  # this process and the kvbench runs it starts
     server_s = (args.tokens - 1) * args.itl_ms / 1e3
     try:
         port = int(server.stdout.readline())
-        print(f"fake server: {args.tokens} tokens, ITL {args.itl_ms} ms; {args.requests} requests of "
-              f"{len(prompts[0]):,} prompt tokens; clients on "
-              + (f"core {cores[0]}, server on core {cores[-1]}" if pin else "any core") + "; medians")
-        print("| concurrency | client | TTFT p50 ms | ITL p50 ms | ITL - server ms | requests/s | streams at pace "
-              "| client CPU ms/request |")
+        print(
+            f"fake server: {args.tokens} tokens, ITL {args.itl_ms} ms; {args.requests} requests of "
+            f"{len(prompts[0]):,} prompt tokens; clients on "
+            + (f"core {cores[0]}, server on core {cores[-1]}" if pin else "any core")
+            + "; medians"
+        )
+        print(
+            "| concurrency | client | TTFT p50 ms | ITL p50 ms | ITL - server ms | requests/s | streams at pace "
+            "| client CPU ms/request |"
+        )
         print("|---:|---|---:|---:|---:|---:|---:|---:|")
         clients = args.clients.split(",")
         for concurrency in (int(c) for c in args.concurrency.split(",")):
             runs = {"bare asyncio": lambda: asyncio.run(_bare(port, prompts, concurrency, args.tokens))}
             runs["SDK transport, bytes only"] = lambda: asyncio.run(_transport(port, requests, concurrency))
-            runs.update({f"OpenAIBackend {client}": lambda client=client: asyncio.run(
-                _backend(port, requests, concurrency, client)) for client in clients})
-            runs.update({f"kvbench run --client {client}": lambda client=client: _kvbench(
-                port, args.requests, concurrency, args.tokens, client) for client in clients})
+            runs.update(
+                {
+                    f"OpenAIBackend {client}": lambda client=client: asyncio.run(
+                        _backend(port, requests, concurrency, client)
+                    )
+                    for client in clients
+                }
+            )
+            runs.update(
+                {
+                    f"kvbench run --client {client}": lambda client=client: _kvbench(
+                        port, args.requests, concurrency, args.tokens, client
+                    )
+                    for client in clients
+                }
+            )
             for name, run in runs.items():
                 result = run()
-                cpu, ttft, itl, over = (("-" if value is None else f"{value:.2f}") for value in (
-                    result["cpu_ms"], result["ttft"], result["itl"],
-                    None if result["itl"] is None else result["itl"] - args.itl_ms))
-                print(f"| {concurrency} | {name} | {ttft} | {itl} | {over} | {result['rps']:.1f} | "
-                      f"{result['rps'] * server_s:.1f} | {cpu} |", flush=True)
+                cpu, ttft, itl, over = (
+                    ("-" if value is None else f"{value:.2f}")
+                    for value in (
+                        result["cpu_ms"],
+                        result["ttft"],
+                        result["itl"],
+                        None if result["itl"] is None else result["itl"] - args.itl_ms,
+                    )
+                )
+                print(
+                    f"| {concurrency} | {name} | {ttft} | {itl} | {over} | {result['rps']:.1f} | "
+                    f"{result['rps'] * server_s:.1f} | {cpu} |",
+                    flush=True,
+                )
     finally:
         server.terminate()
 

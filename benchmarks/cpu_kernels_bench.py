@@ -72,12 +72,17 @@ def linears(threads: int, repeats: int) -> None:
     if kernel is None:
         print(f"no native kernels: {native_kernels_reason()}")
     onednn = torch.ops.mkldnn._linear_pointwise
-    kinds = {"MKL": lambda x, w: torch.nn.functional.linear(x, w),
-             "oneDNN": lambda x, w: onednn(x, w, None, "none", [None], "")}
+    kinds = {
+        "MKL": lambda x, w: torch.nn.functional.linear(x, w),
+        "oneDNN": lambda x, w: onednn(x, w, None, "none", [None], ""),
+    }
     if kernel is not None:
         kinds["kvbench"] = kernel.linear
-    shapes = {"LM head 100,277 x 512": (100_277, 512, 1), "gate/up 2,816 x 512": (2_816, 512, 64),
-              "down 512 x 2,816": (512, 2_816, 64)}
+    shapes = {
+        "LM head 100,277 x 512": (100_277, 512, 1),
+        "gate/up 2,816 x 512": (2_816, 512, 64),
+        "down 512 x 2,816": (512, 2_816, 64),
+    }
     print("linears, fp32: thread CPU ms per weight (median)")
     print(f"{'weight':<22} {'rows':>4} " + " ".join(f"{name:>8}" for name in kinds))
     with torch.inference_mode():
@@ -86,8 +91,12 @@ def linears(threads: int, repeats: int) -> None:
             for rows in (1, 2, 4, 8, 16, 32, 48, 64):
                 x = torch.randn(rows, in_features)
                 if kernel is not None:
-                    torch.testing.assert_close(kernel.linear(x, weights[0]), x @ weights[0].T, rtol=1e-4, atol=1e-4)
-                times = [cpu_ms(lambda: [call(x, w) for w in weights], repeats) / copies for call in kinds.values()]
+                    torch.testing.assert_close(
+                        kernel.linear(x, weights[0]), x @ weights[0].T, rtol=1e-4, atol=1e-4
+                    )
+                times = [
+                    cpu_ms(lambda: [call(x, w) for w in weights], repeats) / copies for call in kinds.values()
+                ]
                 print(f"{label:<22} {rows:>4} " + " ".join(f"{t:>8.2f}" for t in times))
 
 
@@ -102,28 +111,40 @@ def paged_decode(threads: int, repeats: int) -> None:
     if kernel is None:
         return
     heads, kv_heads, head_dim, block_size, pages = 8, 2, 64, 32, 4096
-    keys, values = torch.randn(kv_heads, pages, block_size, head_dim), torch.randn(kv_heads, pages, block_size, head_dim)
+    keys, values = (
+        torch.randn(kv_heads, pages, block_size, head_dim),
+        torch.randn(kv_heads, pages, block_size, head_dim),
+    )
     module = torch.nn.Module()
     module.num_key_value_groups, module.is_causal = heads // kv_heads, True
     print("\npaged decode attention, one layer: thread CPU ms per call (median)")
     print(f"{'sequences x context':>20} {'gathered':>9} {'kvbench':>8} {'ratio':>6}")
     for num_seqs, context in ((1, 2000), (8, 500), (8, 2000)):
         generator = torch.Generator().manual_seed(num_seqs * context)
-        tables = torch.stack([torch.randperm(pages - 1, generator=generator)[:-(-context // block_size)] + 1
-                              for _ in range(num_seqs)]).int()  # (n, blocks)
+        tables = torch.stack(
+            [
+                torch.randperm(pages - 1, generator=generator)[: -(-context // block_size)] + 1
+                for _ in range(num_seqs)
+            ]
+        ).int()  # (n, blocks)
         lengths = torch.full((num_seqs,), context, dtype=torch.int32)
         query = torch.randn(num_seqs, heads, head_dim, generator=generator)
 
         def gathered():
             outputs = []
             for i in range(num_seqs):
-                k, v = (t.index_select(1, tables[i].long()).flatten(1, 2)[:, :context][None] for t in (keys, values))
-                out, _ = sdpa_attention_forward(module, query[i][None, :, None], k, v, None, scaling=head_dim ** -0.5)
+                k, v = (
+                    t.index_select(1, tables[i].long()).flatten(1, 2)[:, :context][None]
+                    for t in (keys, values)
+                )
+                out, _ = sdpa_attention_forward(
+                    module, query[i][None, :, None], k, v, None, scaling=head_dim**-0.5
+                )
                 outputs.append(out[0, 0])
             return torch.stack(outputs)
 
         def ours():
-            return kernel.paged_decode(query, keys, values, tables, lengths, head_dim ** -0.5)
+            return kernel.paged_decode(query, keys, values, tables, lengths, head_dim**-0.5)
 
         with torch.inference_mode():
             torch.testing.assert_close(ours(), gathered(), rtol=1e-4, atol=1e-5)
@@ -132,10 +153,16 @@ def paged_decode(threads: int, repeats: int) -> None:
 
 
 def prefill_memory(threads: int, tokens: int) -> None:
-    print(f"\nprefill of {tokens} tokens, default model, per forward (forwards 2-4): user ms, system ms, faults")
+    print(
+        f"\nprefill of {tokens} tokens, default model, per forward (forwards 2-4): user ms, system ms, faults"
+    )
     for mode in ("returned", "kept", "returned", "kept"):
-        output = subprocess.run([sys.executable, "-c", CHILD, mode, str(threads), str(tokens)],
-                                capture_output=True, text=True, check=True).stdout
+        output = subprocess.run(
+            [sys.executable, "-c", CHILD, mode, str(threads), str(tokens)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         rows = json.loads(output.strip().splitlines()[-1])
         print(f"{mode:>9}: " + "  ".join(f"{u:.0f}/{s:.0f}/{f}" for u, s, f in rows))
 

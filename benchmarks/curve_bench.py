@@ -55,7 +55,9 @@ def child_cpu_median(command: list[str], repeats: int) -> float:
     times = []
     for i in range(repeats):
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        subprocess.run([arg.replace("{i}", str(i)) for arg in command], check=True, capture_output=True, cwd=REPO)
+        subprocess.run(
+            [arg.replace("{i}", str(i)) for arg in command], check=True, capture_output=True, cwd=REPO
+        )
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         times.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
     return statistics.median(times)
@@ -63,26 +65,39 @@ def child_cpu_median(command: list[str], repeats: int) -> float:
 
 def cli_cpu_median(args: list[str], repeats: int) -> float:
     with tempfile.TemporaryDirectory() as folder:
-        return child_cpu_median([sys.executable, "-m", "kvbench.cli", "sim", *args, "--workers", "1",
-                                 "--out", f"{folder}/{{i}}.parquet"], repeats)
+        return child_cpu_median(
+            [
+                sys.executable,
+                "-m",
+                "kvbench.cli",
+                "sim",
+                *args,
+                "--workers",
+                "1",
+                "--out",
+                f"{folder}/{{i}}.parquet",
+            ],
+            repeats,
+        )
 
 
 # What every `kvbench sim` process pays before any work: the interpreter and the libraries it writes
 # with (its floor), and matplotlib for the PNG. Run once per scenario, like the command.
 FLOORS = {
-    "floor: python + numpy, pyarrow, typer, rich imports (per process)":
-        "import numpy, pyarrow.parquet, typer, rich.table, rich.progress",
-    "floor: + matplotlib (Figure, Agg) import":
-        "import numpy, pyarrow.parquet, typer, rich.table, rich.progress, matplotlib.figure, "
-        "matplotlib.backends.backend_agg",
+    "floor: python + numpy, pyarrow, typer, rich imports (per process)": "import numpy, pyarrow.parquet, typer, rich.table, rich.progress",
+    "floor: + matplotlib (Figure, Agg) import": "import numpy, pyarrow.parquet, typer, rich.table, rich.progress, matplotlib.figure, "
+    "matplotlib.backends.backend_agg",
 }
 
 
 def seed_sweep(repeats: int, skip_naive: bool, skip_cli: bool) -> list[tuple[str, float]]:
     rows = []
-    totals = {"naive replay per size": 0.0, "kvbench replay per size": 0.0,
-              "kvbench auto (both orders from one-pass stack distances)": 0.0,
-              "kvbench one pass, every size (tail-first)": 0.0}
+    totals = {
+        "naive replay per size": 0.0,
+        "kvbench replay per size": 0.0,
+        "kvbench auto (both orders from one-pass stack distances)": 0.0,
+        "kvbench one pass, every size (tail-first)": 0.0,
+    }
     for name in SCENARIOS:
         scenario = load_scenario(REPO / "scenarios" / f"{name}.toml")
         requests = scenario.workload_requests().requests
@@ -95,7 +110,8 @@ def seed_sweep(repeats: int, skip_naive: bool, skip_cli: bool) -> list[tuple[str
         totals["kvbench auto (both orders from one-pass stack distances)"] += seconds
         assert [r.num_hit_blocks for r in auto_results] == [r.num_hit_blocks for r in replay_results]
         totals["kvbench one pass, every size (tail-first)"] += cpu_median(
-            lambda: hit_curve(prepare_prompts(requests, 16)).results(), repeats)[0]
+            lambda: hit_curve(prepare_prompts(requests, 16)).results(), repeats
+        )[0]
         if not skip_naive:
             prompts = [r.token_ids for r in requests]
             naive = lambda: [naive_replay(prompts, 16, c, o == "tail-first") for c in sizes for o in ORDERS]  # noqa: E731
@@ -106,9 +122,13 @@ def seed_sweep(repeats: int, skip_naive: bool, skip_cli: bool) -> list[tuple[str
             for method in (SimMethod.REPLAY, SimMethod.AUTO):
                 key = f"kvbench sim --method {method.value} (command line)"
                 totals[key] = totals.get(key, 0.0) + cli_cpu_median(
-                    [f"scenarios/{name}.toml", "--release", ",".join(ORDERS), "--method", method.value], repeats)
+                    [f"scenarios/{name}.toml", "--release", ",".join(ORDERS), "--method", method.value],
+                    repeats,
+                )
             for key, imports in FLOORS.items():
-                totals[key] = totals.get(key, 0.0) + child_cpu_median([sys.executable, "-c", imports], repeats)
+                totals[key] = totals.get(key, 0.0) + child_cpu_median(
+                    [sys.executable, "-c", imports], repeats
+                )
     rows.extend((job, seconds) for job, seconds in totals.items() if seconds)
     return rows
 
@@ -119,10 +139,14 @@ def mooncake(repeats: int, path: Path) -> list[tuple[str, float]]:
     load = lambda: prepare_prompts(read_mooncake(path), 512)  # noqa: E731
     load_seconds, trace = cpu_median(load, 1)
     curve_seconds, curve = cpu_median(lambda: hit_curve(trace).results(), repeats)
-    replay_seconds, _ = cpu_median(lambda: simulate(trace, CacheConfig(capacity_blocks=10_000, block_size=512)), repeats)
-    return [("mooncake: read + hash (block 512)", load_seconds),
-            (f"mooncake: one pass, all {len(curve):,} sizes", curve_seconds),
-            ("mooncake: one replay, one size (10,000 blocks)", replay_seconds)]
+    replay_seconds, _ = cpu_median(
+        lambda: simulate(trace, CacheConfig(capacity_blocks=10_000, block_size=512)), repeats
+    )
+    return [
+        ("mooncake: read + hash (block 512)", load_seconds),
+        (f"mooncake: one pass, all {len(curve):,} sizes", curve_seconds),
+        ("mooncake: one replay, one size (10,000 blocks)", replay_seconds),
+    ]
 
 
 def main() -> None:
@@ -136,7 +160,9 @@ def main() -> None:
     rows = [] if args.skip_seed else seed_sweep(args.repeats, args.skip_naive, args.skip_cli)
     rows += mooncake(args.repeats, args.mooncake)
     reference = dict(rows).get("naive replay per size")
-    print(f"| job (seed sweep: both scenarios, 6 sizes x 2 orders) | CPU s (median of {args.repeats}) | naive / this |")
+    print(
+        f"| job (seed sweep: both scenarios, 6 sizes x 2 orders) | CPU s (median of {args.repeats}) | naive / this |"
+    )
     print("|---|---:|---:|")
     for job, seconds in rows:
         ratio = f"{reference / seconds:.1f}x" if reference and not job.startswith("mooncake") else ""

@@ -61,20 +61,25 @@ def main(argv: list[str] | None = None) -> None:
     loaded = load_model()
     warm, cold, firsts, ideal_ms = measure(args, loaded)
     print_table(args, loaded, warm, cold, ideal_ms, firsts)
-    print(f"\n{torch.get_num_threads()} torch threads, {os.cpu_count()} CPUs, load average "
-          f"{load_before:.1f} -> {os.getloadavg()[0]:.1f}, run {time.perf_counter() - start_s:.0f} s, "
-          f"{loaded.name}, torch {torch.__version__}")
+    print(
+        f"\n{torch.get_num_threads()} torch threads, {os.cpu_count()} CPUs, load average "
+        f"{load_before:.1f} -> {os.getloadavg()[0]:.1f}, run {time.perf_counter() - start_s:.0f} s, "
+        f"{loaded.name}, torch {torch.__version__}"
+    )
 
 
 def measure(args: argparse.Namespace, loaded):
     """Interleaved warm (block 16 and 64), cold, ideal and first (empty cache) requests."""
     rng = np.random.default_rng(args.seed)
     prefix = rng.integers(0, loaded.vocab_size, args.prefix_tokens).tolist()
-    prompts = [prefix + rng.integers(0, loaded.vocab_size, args.suffix_tokens).tolist()
-               for _ in range(args.num_requests + 1)]
+    prompts = [
+        prefix + rng.integers(0, loaded.vocab_size, args.suffix_tokens).tolist()
+        for _ in range(args.num_requests + 1)
+    ]
     sampling = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
     capacity_blocks = 2 * len(prompts[0]) * (args.num_requests + 1) // 16  # never evicts here
     off = HFEngine(loaded)
+
     def cached(block_size: int) -> HFEngine:
         return HFEngine(loaded, CopyConfig(cache=CacheConfig(capacity_blocks, block_size=block_size)))
 
@@ -90,7 +95,7 @@ def measure(args: argparse.Namespace, loaded):
         for bs in (16, 64):
             warm[bs].append(on[bs].generate(prompt, sampling))
         cold.append(off.generate(prompt, sampling))
-        ideal_ms.append(off.ideal_prefill(past, prompt[hit_tokens[16]:], sampling)[1])
+        ideal_ms.append(off.ideal_prefill(past, prompt[hit_tokens[16] :], sampling)[1])
         first.cache.reset()
         firsts.append(first.generate(prompt, sampling))
     if any(r.cached_prompt_tokens != hit_tokens[bs] for bs in (16, 64) for r in warm[bs]):
@@ -107,35 +112,62 @@ def print_table(args, loaded, warm, cold, ideal_ms, firsts) -> None:
     cold_ttft = median(r.ttft_ms for r in cold)
     ideal = median(ideal_ms)
     rows = [
-        ("warm TTFT, cache on (block 16)", f"{warm_ttft:.1f} ms",
-         f"hits {w16[0].cached_prompt_tokens} of {w16[0].prompt_tokens} tokens"),
-        ("cold TTFT, cache off", f"{cold_ttft:.1f} ms", f"warm / cold = {warm_ttft / cold_ttft:.3f} "
-         f"({cold_ttft / warm_ttft:.1f}x faster)"),
-        ("ideal TTFT (forward over the tail, ready past)", f"{ideal:.1f} ms",
-         f"warm / ideal = {warm_ttft / ideal:.2f}"),
-        ("warm prefill alone (forward over the tail)", f"{median(r.prefill_ms for r in w16):.1f} ms",
-         "the ideal's work, inside a warm request"),
+        (
+            "warm TTFT, cache on (block 16)",
+            f"{warm_ttft:.1f} ms",
+            f"hits {w16[0].cached_prompt_tokens} of {w16[0].prompt_tokens} tokens",
+        ),
+        (
+            "cold TTFT, cache off",
+            f"{cold_ttft:.1f} ms",
+            f"warm / cold = {warm_ttft / cold_ttft:.3f} ({cold_ttft / warm_ttft:.1f}x faster)",
+        ),
+        (
+            "ideal TTFT (forward over the tail, ready past)",
+            f"{ideal:.1f} ms",
+            f"warm / ideal = {warm_ttft / ideal:.2f}",
+        ),
+        (
+            "warm prefill alone (forward over the tail)",
+            f"{median(r.prefill_ms for r in w16):.1f} ms",
+            "the ideal's work, inside a warm request",
+        ),
     ]
     for bs, results in warm.items():
         load_ms = median(r.kv_load_ms for r in results)
         share = median(r.kv_load_ms / r.ttft_ms for r in results)
-        rows.append((f"concatenation, block {bs} ({results[0].cached_prompt_tokens // bs} blocks)",
-                     f"{load_ms:.2f} ms",
-                     f"{share:.1%} of warm TTFT {median(r.ttft_ms for r in results):.1f} ms"))
+        rows.append(
+            (
+                f"concatenation, block {bs} ({results[0].cached_prompt_tokens // bs} blocks)",
+                f"{load_ms:.2f} ms",
+                f"{share:.1%} of warm TTFT {median(r.ttft_ms for r in results):.1f} ms",
+            )
+        )
     rows += [
         ("lookup + hashing, block 16", f"{median(r.lookup_ms for r in w16):.2f} ms", ""),
-        ("first request TTFT, cache on / off",
-         f"{median(r.ttft_ms for r in firsts):.0f} / {cold_ttft:.0f} ms",
-         f"empty cache: nothing to hit; {firsts[0].num_inserted_blocks} blocks inserted after the last token"),
-        ("first request insert (copy + insert)", f"{median(r.insert_ms for r in firsts):.1f} ms",
-         f"{median(r.insert_ms / r.e2e_ms for r in firsts):.2%} of its E2E "
-         f"{median(r.e2e_ms for r in firsts):.0f} ms (off: {median(r.e2e_ms for r in cold):.0f} ms)"),
-        ("decode, cache on / off", f"{median(map(decode_tokens_per_s, w16)):.1f} / "
-         f"{median(map(decode_tokens_per_s, cold)):.1f} tok/s", "TPOT-based, medians"),
+        (
+            "first request TTFT, cache on / off",
+            f"{median(r.ttft_ms for r in firsts):.0f} / {cold_ttft:.0f} ms",
+            f"empty cache: nothing to hit; {firsts[0].num_inserted_blocks} blocks inserted after the last token",
+        ),
+        (
+            "first request insert (copy + insert)",
+            f"{median(r.insert_ms for r in firsts):.1f} ms",
+            f"{median(r.insert_ms / r.e2e_ms for r in firsts):.2%} of its E2E "
+            f"{median(r.e2e_ms for r in firsts):.0f} ms (off: {median(r.e2e_ms for r in cold):.0f} ms)",
+        ),
+        (
+            "decode, cache on / off",
+            f"{median(map(decode_tokens_per_s, w16)):.1f} / "
+            f"{median(map(decode_tokens_per_s, cold)):.1f} tok/s",
+            "TPOT-based, medians",
+        ),
     ]
-    print(f"engine_bench: {args.prefix_tokens}-token shared prefix + {args.suffix_tokens}-token suffixes, "
-          f"max_tokens {args.max_tokens}, {args.num_requests} requests each, "
-          f"{loaded.kv_layout(16).bytes_per_token} KV bytes/token\n")
+    print(
+        f"engine_bench: {args.prefix_tokens}-token shared prefix + {args.suffix_tokens}-token suffixes, "
+        f"max_tokens {args.max_tokens}, {args.num_requests} requests each, "
+        f"{loaded.kv_layout(16).bytes_per_token} KV bytes/token\n"
+    )
     print("| measure | value | note |\n|---|---|---|")
     for row in rows:
         print("| " + " | ".join(row) + " |")

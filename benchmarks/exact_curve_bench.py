@@ -30,8 +30,17 @@ SIZES = "10000,100000,1000000"
 
 def measured_sim(trace: Path, folder: Path, repeat: int) -> dict[str, float]:
     """One ``kvbench sim`` process: its CPU s (user + system), wall s and peak RSS (MiB)."""
-    command = [sys.executable, "-m", "kvbench.cli", "sim", str(trace), "--sizes", SIZES,
-               "--out", str(folder / f"exact-{repeat}.parquet")]
+    command = [
+        sys.executable,
+        "-m",
+        "kvbench.cli",
+        "sim",
+        str(trace),
+        "--sizes",
+        SIZES,
+        "--out",
+        str(folder / f"exact-{repeat}.parquet"),
+    ]
     started = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     _, status, usage = os.wait4(process.pid, 0)
@@ -41,8 +50,12 @@ def measured_sim(trace: Path, folder: Path, repeat: int) -> dict[str, float]:
     process.returncode = os.waitstatus_to_exitcode(status)
     if process.returncode != 0:
         raise SystemExit(f"kvbench sim failed ({process.returncode}):\n{output}")
-    return {"cpu_s": usage.ru_utime + usage.ru_stime, "wall_s": wall_s, "rss_mib": usage.ru_maxrss / 1024,
-            "output": output}
+    return {
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "wall_s": wall_s,
+        "rss_mib": usage.ru_maxrss / 1024,
+        "output": output,
+    }
 
 
 def main() -> None:
@@ -64,8 +77,10 @@ def main() -> None:
     print(runs[-1]["output"].strip().splitlines()[-2:])
     print("| trace | CPU s | wall s | peak RSS MiB | load (1 min) |\n|---|---:|---:|---:|---|")
     medians = {key: statistics.median(run[key] for run in runs) for key in ("cpu_s", "wall_s", "rss_mib")}
-    print(f"| {trace.name}, {size_mb:,.0f} MB | {medians['cpu_s']:.1f} | {medians['wall_s']:.1f} | "
-          f"{medians['rss_mib']:,.0f} | {load_before:.1f} -> {load_after:.1f} |  (medians of {args.repeats})")
+    print(
+        f"| {trace.name}, {size_mb:,.0f} MB | {medians['cpu_s']:.1f} | {medians['wall_s']:.1f} | "
+        f"{medians['rss_mib']:,.0f} | {load_before:.1f} -> {load_after:.1f} |  (medians of {args.repeats})"
+    )
 
 
 if __name__ == "__main__":

@@ -47,7 +47,10 @@ REPO = Path(__file__).resolve().parents[1]
 BLOCK_SIZE = 32  # the issue's table; a multiple of 32 also suits VllmServerConfig's check
 SERVED_NAME = "kvbench-default"
 RUNS = {  # name -> (scenario, kvbench run flags)
-    "shared": ("scenarios/shared_2k.toml", ["--num-requests", "8", "--max-tokens", "32", "--concurrency", "1"]),
+    "shared": (
+        "scenarios/shared_2k.toml",
+        ["--num-requests", "8", "--max-tokens", "32", "--concurrency", "1"],
+    ),
     "chat": ("scenarios/chat.toml", ["--num-requests", "24", "--max-tokens", "32", "--concurrency", "8"]),
 }
 _URL = re.compile(r"http://127\.0\.0\.1:(\d+)/v1")
@@ -88,15 +91,32 @@ class KvbenchServe(VllmServer):
         self.dtype, self.device = dtype, device
 
     def command(self) -> list[str]:
-        return [str(Path(sys.executable).parent / "kvbench"), "serve", "--port", "0", "--device", self.device,
-                "--dtype", self.dtype, "--engine", "paged", "--block-size", str(BLOCK_SIZE),
-                "--model", str(self.config.model_dir), "--served-model-name", SERVED_NAME]
+        return [
+            str(Path(sys.executable).parent / "kvbench"),
+            "serve",
+            "--port",
+            "0",
+            "--device",
+            self.device,
+            "--dtype",
+            self.dtype,
+            "--engine",
+            "paged",
+            "--block-size",
+            str(BLOCK_SIZE),
+            "--model",
+            str(self.config.model_dir),
+            "--served-model-name",
+            SERVED_NAME,
+        ]
 
     def wait_healthy(self) -> float:
         start_s = time.monotonic()
         while not (match := _URL.search(self.config.log_path.read_text(errors="replace"))):
             if self._process.poll() is not None or time.monotonic() - start_s > self.config.startup_timeout_s:
-                raise PeerError(f"kvbench serve did not start; last lines of {self.config.log_path}:\n{self.log_tail()}")
+                raise PeerError(
+                    f"kvbench serve did not start; last lines of {self.config.log_path}:\n{self.log_tail()}"
+                )
             time.sleep(0.5)
         self.port = int(match.group(1))
         return super().wait_healthy() + time.monotonic() - start_s
@@ -106,9 +126,23 @@ def run_client(base_url: str, name: str, out: Path, deadline: Deadline) -> dict:
     """One ``kvbench run --backend openai`` of ``RUNS[name]``; the measured rows and summary."""
     scenario, flags = RUNS[name]
     parquet, summary = out.with_suffix(".parquet"), out.with_suffix(".json")
-    command = [str(Path(sys.executable).parent / "kvbench"), "run", scenario, "--backend", "openai",
-               "--base-url", base_url, "--model", SERVED_NAME, "--ignore-eos", *flags,
-               "--out", str(parquet), "--save-result", str(summary)]
+    command = [
+        str(Path(sys.executable).parent / "kvbench"),
+        "run",
+        scenario,
+        "--backend",
+        "openai",
+        "--base-url",
+        base_url,
+        "--model",
+        SERVED_NAME,
+        "--ignore-eos",
+        *flags,
+        "--out",
+        str(parquet),
+        "--save-result",
+        str(summary),
+    ]
     subprocess.run(command, cwd=REPO, check=True, capture_output=True, timeout=deadline.left_s())
     rows = [r for r in pq.read_table(parquet).to_pylist() if r["status"] == "ok"]
     return {"rows": rows, "summary": json.loads(summary.read_text())}
@@ -121,24 +155,34 @@ def measure(server: VllmServer, label: str, out_dir: Path, deadline: Deadline) -
         shared = run_client(server.base_url, "shared", out_dir / f"{label}-shared", deadline)
         chat = run_client(server.base_url, "chat", out_dir / f"{label}-chat", deadline)
     ttfts = [r["ttft_ms"] for r in sorted(shared["rows"], key=lambda r: r["sent_ms"])]
-    return {"startup_s": started_s, "cold_ttft_ms": ttfts[0], "warm_ttft_p50_ms": statistics.median(ttfts[1:]),
-            "tpot_p50_ms": shared["summary"]["median_tpot_ms"],
-            "output_tok_s_c8": chat["summary"]["output_throughput"],
-            "cached_prompt_tokens": sum(r["cached_prompt_tokens"] or 0 for r in shared["rows"] + chat["rows"])}
+    return {
+        "startup_s": started_s,
+        "cold_ttft_ms": ttfts[0],
+        "warm_ttft_p50_ms": statistics.median(ttfts[1:]),
+        "tpot_p50_ms": shared["summary"]["median_tpot_ms"],
+        "output_tok_s_c8": chat["summary"]["output_throughput"],
+        "cached_prompt_tokens": sum(r["cached_prompt_tokens"] or 0 for r in shared["rows"] + chat["rows"]),
+    }
 
 
 def vllm_python(args: argparse.Namespace, deadline: Deadline, log) -> Path | None:
     """A Python that imports vllm: ``--vllm-python``, this one, or ``--vllm-venv`` after ``pip install
     vllm`` (bounded by ``--install-timeout-s``); ``None`` when there is none (the vLLM column is skipped)."""
     for python in filter(None, (args.vllm_python, Path(sys.executable))):
-        venv = Path(python).parent.parent  # .../bin/python -> the environment (not resolved: a venv's python is a link)
+        venv = Path(
+            python
+        ).parent.parent  # .../bin/python -> the environment (not resolved: a venv's python is a link)
         if has_vllm(venv):
             return venv
     venv = args.vllm_venv
     try:
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=60)
-        subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "vllm"], check=True, capture_output=True,
-                       timeout=min(args.install_timeout_s, deadline.left_s()))
+        subprocess.run(
+            [str(venv / "bin" / "python"), "-m", "pip", "install", "vllm"],
+            check=True,
+            capture_output=True,
+            timeout=min(args.install_timeout_s, deadline.left_s()),
+        )
     except (subprocess.SubprocessError, OSError) as error:
         log(f"vLLM: not importable here and `pip install vllm` failed ({type(error).__name__}); kvbench only")
         return None
@@ -157,11 +201,21 @@ def attention_kernel(device: str, dtype: str) -> str:
 
 
 def table(columns: dict[str, dict[str, float]], header: str) -> str:
-    rows = [("cold TTFT (ms), shared_2k", "cold_ttft_ms", False), ("warm TTFT p50 (ms)", "warm_ttft_p50_ms", False),
-            ("TPOT p50 (ms)", "tpot_p50_ms", False), ("output tok/s, chat, concurrency 8", "output_tok_s_c8", True),
-            ("cached prompt tokens (both runs)", "cached_prompt_tokens", None), ("server start (s)", "startup_s", False)]
+    rows = [
+        ("cold TTFT (ms), shared_2k", "cold_ttft_ms", False),
+        ("warm TTFT p50 (ms)", "warm_ttft_p50_ms", False),
+        ("TPOT p50 (ms)", "tpot_p50_ms", False),
+        ("output tok/s, chat, concurrency 8", "output_tok_s_c8", True),
+        ("cached prompt tokens (both runs)", "cached_prompt_tokens", None),
+        ("server start (s)", "startup_s", False),
+    ]
     names = list(columns)
-    lines = [header, "", "| measure | " + " | ".join(names) + " | kvbench vs vLLM |", "|---" + "|---:" * (len(names) + 1) + "|"]
+    lines = [
+        header,
+        "",
+        "| measure | " + " | ".join(names) + " | kvbench vs vLLM |",
+        "|---" + "|---:" * (len(names) + 1) + "|",
+    ]
     for title, key, higher_is_better in rows:
         values = [columns[name][key] for name in names]
         ratio = ""
@@ -180,34 +234,56 @@ def main() -> int:
     parser.add_argument("--timeout-s", type=float, default=420.0, help="deadline for the whole script")
     parser.add_argument("--skip-vllm", action="store_true", help="measure kvbench's column only")
     parser.add_argument("--vllm-python", type=Path, help="a Python whose environment imports vllm")
-    parser.add_argument("--vllm-venv", type=Path, default=Path("/tmp/kvbench-vllm-gpu"), help="where to pip install vllm")
+    parser.add_argument(
+        "--vllm-venv", type=Path, default=Path("/tmp/kvbench-vllm-gpu"), help="where to pip install vllm"
+    )
     parser.add_argument("--install-timeout-s", type=float, default=180.0)
-    parser.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # cpu: a dry run of the script's steps
+    parser.add_argument(
+        "--device", default="cuda", help=argparse.SUPPRESS
+    )  # cpu: a dry run of the script's steps
     args = parser.parse_args()
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
-        print("error: no CUDA device here (torch.cuda.is_available() is False); this benchmark needs a GPU",
-              file=sys.stderr)
+        print(
+            "error: no CUDA device here (torch.cuda.is_available() is False); this benchmark needs a GPU",
+            file=sys.stderr,
+        )
         return 2
     deadline, out = Deadline(args.timeout_s), args.out
     out.mkdir(parents=True, exist_ok=True)
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     model_dir = out / "model"
-    subprocess.run([str(Path(sys.executable).parent / "kvbench"), "model", "export", str(model_dir), "--overwrite"],
-                   cwd=REPO, check=True, capture_output=True, timeout=deadline.left_s())
+    subprocess.run(
+        [str(Path(sys.executable).parent / "kvbench"), "model", "export", str(model_dir), "--overwrite"],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        timeout=deadline.left_s(),
+    )
     columns: dict[str, dict[str, float]] = {}
     venv = None if args.skip_vllm else vllm_python(args, deadline, log)
     if venv is not None:
-        config = VllmServerConfig(venv, model_dir, out / "vllm.log", SERVED_NAME, BLOCK_SIZE,
-                                  startup_timeout_s=deadline.left_s())
+        config = VllmServerConfig(
+            venv, model_dir, out / "vllm.log", SERVED_NAME, BLOCK_SIZE, startup_timeout_s=deadline.left_s()
+        )
         columns["vLLM"] = measure(GpuVllm(config, args.dtype), "vllm", out, deadline)
-    config = VllmServerConfig(Path(sys.prefix), model_dir, out / "kvbench-serve.log", SERVED_NAME, BLOCK_SIZE,
-                              startup_timeout_s=deadline.left_s())
-    columns["kvbench paged"] = measure(KvbenchServe(config, args.dtype, args.device), "kvbench", out, deadline)
+    config = VllmServerConfig(
+        Path(sys.prefix),
+        model_dir,
+        out / "kvbench-serve.log",
+        SERVED_NAME,
+        BLOCK_SIZE,
+        startup_timeout_s=deadline.left_s(),
+    )
+    columns["kvbench paged"] = measure(
+        KvbenchServe(config, args.dtype, args.device), "kvbench", out, deadline
+    )
     name = torch.cuda.get_device_name(0) if args.device == "cuda" else args.device
-    header = (f"GPU side by side, {name}, {args.dtype}, {BLOCK_SIZE}-token blocks, "
-              f"kvbench attention kernel: {attention_kernel(args.device, args.dtype)}")
+    header = (
+        f"GPU side by side, {name}, {args.dtype}, {BLOCK_SIZE}-token blocks, "
+        f"kvbench attention kernel: {attention_kernel(args.device, args.dtype)}"
+    )
     text = table(columns, header)
     (out / "gpu_side_by_side.md").write_text(text + "\n")
     print(text)

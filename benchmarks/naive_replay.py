@@ -20,12 +20,14 @@ def chained_keys(token_ids: np.ndarray, block_size: int) -> list[bytes]:
     keys, parent = [], hashlib.sha256(b"kvbench/root\x00").digest()
     data = np.asarray(token_ids, dtype="<u4")
     for start in range(0, (data.size // block_size) * block_size, block_size):
-        parent = hashlib.sha256(parent + data[start:start + block_size].tobytes()).digest()
+        parent = hashlib.sha256(parent + data[start : start + block_size].tobytes()).digest()
         keys.append(parent)
     return keys
 
 
-def naive_replay(prompts: list[np.ndarray], block_size: int, capacity_blocks: int, tail_first: bool = True) -> int:
+def naive_replay(
+    prompts: list[np.ndarray], block_size: int, capacity_blocks: int, tail_first: bool = True
+) -> int:
     """Hit blocks of one replay of ``prompts`` (token-id arrays, arrival order) at one capacity."""
     held: dict[bytes, int] = {}  # key -> ref count
     lru: OrderedDict[bytes, None] = OrderedDict()  # unpinned keys, least recent first
@@ -41,7 +43,7 @@ def naive_replay(prompts: list[np.ndarray], block_size: int, capacity_blocks: in
             held[key] += 1
             pinned.append(key)
         num_hits += len(pinned)
-        for key in keys[len(pinned):]:
+        for key in keys[len(pinned) :]:
             if key in held:
                 lru.pop(key, None)
                 held[key] += 1

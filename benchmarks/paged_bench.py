@@ -66,13 +66,23 @@ CAPACITY_BLOCKS = 4096  # never evicts here
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-requests", type=int, default=6, help="warm requests per variant (part 1)")
-    parser.add_argument("--setup", choices=("sessions", "first-n"), default=None,
-                        help="part 3's requests (default: first-n if --scenario-requests or --max-tokens is given)")
+    parser.add_argument(
+        "--setup",
+        choices=("sessions", "first-n"),
+        default=None,
+        help="part 3's requests (default: first-n if --scenario-requests or --max-tokens is given)",
+    )
     parser.add_argument("--sessions", type=int, default=8, help="sessions per scenario (part 3, sessions)")
     parser.add_argument("--turns", type=int, default=3, help="turns per session (part 3, sessions)")
-    parser.add_argument("--scenario-requests", type=int, default=None, help="requests per scenario (first-n; 16)")
-    parser.add_argument("--max-tokens", type=int, default=None, help="output tokens per request (first-n; 16)")
-    parser.add_argument("--threads", default="default", help="comma list of torch thread counts; 'default' = torch's")
+    parser.add_argument(
+        "--scenario-requests", type=int, default=None, help="requests per scenario (first-n; 16)"
+    )
+    parser.add_argument(
+        "--max-tokens", type=int, default=None, help="output tokens per request (first-n; 16)"
+    )
+    parser.add_argument(
+        "--threads", default="default", help="comma list of torch thread counts; 'default' = torch's"
+    )
     parser.add_argument("--skip", default="", help="comma list of parts to skip: ttft,memory,throughput")
     args = parser.parse_args(argv)
     first_n_flags = args.scenario_requests is not None or args.max_tokens is not None
@@ -102,9 +112,15 @@ def ttft_vs_ideal(loaded, num_requests: int) -> list[tuple[str, str, str]]:
         paged_ms.append(warm_paged.ttft_ms)
         ideal_ms.append(HFEngine(loaded).ideal_prefill(past, prompt[2000:], sampling)[1])
     copy_t, paged_t, ideal_t = map(statistics.median, (copy_ms, paged_ms, ideal_ms))
-    return [("warm TTFT, copy engine", f"{copy_t:.1f} ms", f"copy / ideal = {copy_t / ideal_t:.3f}"),
-            ("warm TTFT, paged engine", f"{paged_t:.1f} ms", f"paged / ideal = {paged_t / ideal_t:.3f}"),
-            ("ideal (forward over the tail, ready past)", f"{ideal_t:.1f} ms", f"paged / copy = {paged_t / copy_t:.3f}")]
+    return [
+        ("warm TTFT, copy engine", f"{copy_t:.1f} ms", f"copy / ideal = {copy_t / ideal_t:.3f}"),
+        ("warm TTFT, paged engine", f"{paged_t:.1f} ms", f"paged / ideal = {paged_t / ideal_t:.3f}"),
+        (
+            "ideal (forward over the tail, ready past)",
+            f"{ideal_t:.1f} ms",
+            f"paged / copy = {paged_t / copy_t:.3f}",
+        ),
+    ]
 
 
 def bytes_for_eight(loaded) -> list[tuple[str, str, str]]:
@@ -116,26 +132,40 @@ def bytes_for_eight(loaded) -> list[tuple[str, str, str]]:
     paged = PagedEngine(loaded, PagedConfig(CacheConfig(CAPACITY_BLOCKS)))
     paged.generate(prefix + [1], SamplingParams(max_tokens=1))  # caches the prefix's 125 blocks
     peak = []
-    futures = [paged.submit(p, sampling, on_token=lambda _: peak.append(paged.held_kv_bytes())) for p in prompts]
+    futures = [
+        paged.submit(p, sampling, on_token=lambda _: peak.append(paged.held_kv_bytes())) for p in prompts
+    ]
     assert all(f.result().cached_prompt_tokens == 2000 for f in futures)
     copy = HFEngine(loaded, CopyConfig(cache=CacheConfig(CAPACITY_BLOCKS)))
     copy.generate(prompts[0], sampling)
     copy_blocks = copy.held_kv_bytes()
     contiguous = 8 * layout.bytes_for_tokens(len(prompts[0]) + sampling.max_tokens - 1)
-    one_prefix_plus_tails = layout.bytes_for_tokens(2000) + 8 * layout.bytes_for_tokens(50 + sampling.max_tokens)
-    mib = 2 ** 20
-    return [("paged: pool blocks used or cached, peak", f"{max(peak) / mib:.1f} MiB",
-             f"one prefix + 8 tails = {one_prefix_plus_tails / mib:.1f} MiB (block-rounded: tails fill whole blocks)"),
-            ("copy: block tensors + 8 contiguous caches", f"{(copy_blocks + contiguous) / mib:.1f} MiB",
-             f"blocks {copy_blocks / mib:.1f} MiB (measured) + 8 x {contiguous / 8 / mib:.1f} MiB"),
-            ("ratio copy / paged", f"{(copy_blocks + contiguous) / max(peak):.1f}x", "")]
+    one_prefix_plus_tails = layout.bytes_for_tokens(2000) + 8 * layout.bytes_for_tokens(
+        50 + sampling.max_tokens
+    )
+    mib = 2**20
+    return [
+        (
+            "paged: pool blocks used or cached, peak",
+            f"{max(peak) / mib:.1f} MiB",
+            f"one prefix + 8 tails = {one_prefix_plus_tails / mib:.1f} MiB (block-rounded: tails fill whole blocks)",
+        ),
+        (
+            "copy: block tensors + 8 contiguous caches",
+            f"{(copy_blocks + contiguous) / mib:.1f} MiB",
+            f"blocks {copy_blocks / mib:.1f} MiB (measured) + 8 x {contiguous / 8 / mib:.1f} MiB",
+        ),
+        ("ratio copy / paged", f"{(copy_blocks + contiguous) / max(peak):.1f}x", ""),
+    ]
 
 
 def scenario_requests(name: str, num_requests: int, max_tokens: int) -> list:
     """The first ``num_requests`` requests of scenarios/NAME.toml, ``max_tokens`` each, EOS ignored
     (``--setup first-n``; also benchmarks/paged_peer_bench.py's requests)."""
     source = load_source(REPO / "scenarios" / f"{name}.toml", load_tokenizer(None), limit=num_requests)
-    settings = run_section(source, RunFlags(num_requests=num_requests, max_tokens=max_tokens, ignore_eos=True))
+    settings = run_section(
+        source, RunFlags(num_requests=num_requests, max_tokens=max_tokens, ignore_eos=True)
+    )
     return prepared_requests(source, settings)
 
 
@@ -144,7 +174,9 @@ def session_requests(name: str, num_sessions: int, num_turns: int) -> list:
     scenarios/NAME.toml, round-robin by turn, each with its own ``max_tokens``, EOS ignored
     (``--setup sessions``, module docstring)."""
     source = load_source(REPO / "scenarios" / f"{name}.toml", load_tokenizer(None))
-    every = prepared_requests(source, run_section(source, RunFlags(num_requests=len(source.requests), ignore_eos=True)))
+    every = prepared_requests(
+        source, run_section(source, RunFlags(num_requests=len(source.requests), ignore_eos=True))
+    )
     by_session: dict[str, list] = {}
     for request in every:
         by_session.setdefault(request.session_id, []).append(request)
@@ -164,10 +196,13 @@ def summarize(records) -> tuple[float, float, float, float, int]:
     """requests/s, output tokens/s (over the run's wall time), TTFT p50 ms, TTFT + queue p50 ms,
     cached (shared) prompt tokens."""
     wall_s = max(r.ended_s for r in records)
-    return (len(records) / wall_s, sum(r.output_tokens for r in records) / wall_s,
-            statistics.median(r.ttft_ms for r in records),
-            statistics.median(r.ttft_ms + r.queue_ms for r in records),
-            sum(r.cached_prompt_tokens or 0 for r in records))
+    return (
+        len(records) / wall_s,
+        sum(r.output_tokens for r in records) / wall_s,
+        statistics.median(r.ttft_ms for r in records),
+        statistics.median(r.ttft_ms + r.queue_ms for r in records),
+        sum(r.cached_prompt_tokens or 0 for r in records),
+    )
 
 
 class BatchStats:
@@ -180,7 +215,9 @@ class BatchStats:
 
         def counted():
             batch = schedule()
-            decodes = sum(1 for seq, num_new in batch.items if num_new == 1 and seq.num_tokens > seq.num_prompt_tokens)
+            decodes = sum(
+                1 for seq, num_new in batch.items if num_new == 1 and seq.num_tokens > seq.num_prompt_tokens
+            )
             self.steps.append((len(batch.items), decodes))
             return batch
 
@@ -190,18 +227,28 @@ class BatchStats:
         """``sequences per step / decodes per decoding step / decode batch per output token``."""
         steps = [s for s in self.steps if s[0]]
         decoding = [d for _, d in steps if d]
-        per_token = sum(d * d for d in decoding) / sum(decoding)  # each decode step samples d tokens in a batch of d
-        return (f"{statistics.mean(n for n, _ in steps):.1f} / {statistics.mean(decoding):.1f} / {per_token:.1f}"
-                f" ({len(steps)} steps)")
+        per_token = sum(d * d for d in decoding) / sum(
+            decoding
+        )  # each decode step samples d tokens in a batch of d
+        return (
+            f"{statistics.mean(n for n, _ in steps):.1f} / {statistics.mean(decoding):.1f} / {per_token:.1f}"
+            f" ({len(steps)} steps)"
+        )
 
 
 def one_engine(loaded, kind: str, requests) -> tuple:
     """One engine's run of ``requests``: :func:`summarize`'s numbers, CPU seconds, batch fill."""
     cache = CacheConfig(CAPACITY_BLOCKS)
-    engine = HFEngine(loaded, CopyConfig(cache=cache)) if kind == "copy" else PagedEngine(loaded, PagedConfig(cache))
+    engine = (
+        HFEngine(loaded, CopyConfig(cache=cache))
+        if kind == "copy"
+        else PagedEngine(loaded, PagedConfig(cache))
+    )
     stats = BatchStats(engine) if kind == "paged" else None
     cpu_s = time.process_time()
-    records = serve_all(requests, InProcessBackend(engine, SamplingParams(max_tokens=1, ignore_eos=True), loaded.name))
+    records = serve_all(
+        requests, InProcessBackend(engine, SamplingParams(max_tokens=1, ignore_eos=True), loaded.name)
+    )
     assert all(r.status.value == "ok" for r in records), [r.error for r in records if r.error][:1]
     return (*summarize(records), time.process_time() - cpu_s, "1" if stats is None else stats.summary())
 
@@ -209,15 +256,29 @@ def one_engine(loaded, kind: str, requests) -> tuple:
 def throughput(loaded, args) -> list[tuple[str, ...]]:
     rows = []
     for name in ("chat", "agent"):
-        requests = (session_requests(name, args.sessions, args.turns) if args.setup == "sessions"
-                    else scenario_requests(name, args.scenario_requests, args.max_tokens))
+        requests = (
+            session_requests(name, args.sessions, args.turns)
+            if args.setup == "sessions"
+            else scenario_requests(name, args.scenario_requests, args.max_tokens)
+        )
         copy, paged = one_engine(loaded, "copy", requests), one_engine(loaded, "paged", requests)
-        (c_rps, c_tps, c_ttft, c_wait, c_hit, c_cpu, _), (p_rps, p_tps, p_ttft, p_wait, p_hit, p_cpu, fill) = copy, paged
-        rows.append((f"{name}: {len(requests)} requests, {len({r.session_id for r in requests})} sessions, "
-                     f"{sum(r.max_tokens for r in requests):,} output tokens",
-                     f"{c_rps:.3f} / {p_rps:.3f} ({p_rps / c_rps:.2f}x)", f"{c_tps:.1f} / {p_tps:.1f} ({p_tps / c_tps:.2f}x)",
-                     f"{c_ttft:.0f} / {p_ttft:.0f}", f"{c_wait:.0f} / {p_wait:.0f}", f"{c_hit:,} / {p_hit:,}",
-                     f"{c_cpu:.1f} / {p_cpu:.1f} ({c_cpu / p_cpu:.2f}x)", fill))
+        (
+            (c_rps, c_tps, c_ttft, c_wait, c_hit, c_cpu, _),
+            (p_rps, p_tps, p_ttft, p_wait, p_hit, p_cpu, fill),
+        ) = copy, paged
+        rows.append(
+            (
+                f"{name}: {len(requests)} requests, {len({r.session_id for r in requests})} sessions, "
+                f"{sum(r.max_tokens for r in requests):,} output tokens",
+                f"{c_rps:.3f} / {p_rps:.3f} ({p_rps / c_rps:.2f}x)",
+                f"{c_tps:.1f} / {p_tps:.1f} ({p_tps / c_tps:.2f}x)",
+                f"{c_ttft:.0f} / {p_ttft:.0f}",
+                f"{c_wait:.0f} / {p_wait:.0f}",
+                f"{c_hit:,} / {p_hit:,}",
+                f"{c_cpu:.1f} / {p_cpu:.1f} ({c_cpu / p_cpu:.2f}x)",
+                fill,
+            )
+        )
     return rows
 
 
@@ -236,20 +297,36 @@ def main(argv=None) -> None:
         torch.set_num_threads(default_threads if threads == "default" else int(threads))
         start_s, load_before = time.perf_counter(), os.getloadavg()[0]
         if "ttft" not in skip:
-            print_table(("shared_2k, concurrency 1", "median", "ratio"), ttft_vs_ideal(loaded, args.num_requests))
+            print_table(
+                ("shared_2k, concurrency 1", "median", "ratio"), ttft_vs_ideal(loaded, args.num_requests)
+            )
         if "memory" not in skip:
             print_table(("8 concurrent, 2,000-token shared prefix", "bytes", "note"), bytes_for_eight(loaded))
         if "throughput" not in skip:
-            setup = (f"{args.sessions} sessions x {args.turns} turns round-robin, own max_tokens"
-                     if args.setup == "sessions" else f"first {args.scenario_requests} requests x {args.max_tokens} tokens")
-            print_table((f"concurrency 8, {setup}", "requests/s copy / paged", "output tok/s copy / paged",
-                         "TTFT p50 ms copy / paged", "TTFT + queue p50 ms copy / paged",
-                         "cached prompt tokens copy / paged", "process CPU s copy / paged",
-                         "paged: seqs per step / decodes per decode step / decode batch per output token"),
-                        throughput(loaded, args))
-        print(f"{torch.get_num_threads()} torch threads, {os.cpu_count()} CPUs, load average {load_before:.1f} -> "
-              f"{os.getloadavg()[0]:.1f}, run {time.perf_counter() - start_s:.0f} s, {loaded.name}, "
-              f"torch {torch.__version__}\n", flush=True)
+            setup = (
+                f"{args.sessions} sessions x {args.turns} turns round-robin, own max_tokens"
+                if args.setup == "sessions"
+                else f"first {args.scenario_requests} requests x {args.max_tokens} tokens"
+            )
+            print_table(
+                (
+                    f"concurrency 8, {setup}",
+                    "requests/s copy / paged",
+                    "output tok/s copy / paged",
+                    "TTFT p50 ms copy / paged",
+                    "TTFT + queue p50 ms copy / paged",
+                    "cached prompt tokens copy / paged",
+                    "process CPU s copy / paged",
+                    "paged: seqs per step / decodes per decode step / decode batch per output token",
+                ),
+                throughput(loaded, args),
+            )
+        print(
+            f"{torch.get_num_threads()} torch threads, {os.cpu_count()} CPUs, load average {load_before:.1f} -> "
+            f"{os.getloadavg()[0]:.1f}, run {time.perf_counter() - start_s:.0f} s, {loaded.name}, "
+            f"torch {torch.__version__}\n",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -40,7 +40,9 @@ from transformers import AttentionInterface
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", default="1", help="comma list of torch thread counts; 'default' = torch's choice")
+    parser.add_argument(
+        "--threads", default="1", help="comma list of torch thread counts; 'default' = torch's choice"
+    )
     parser.add_argument("--contexts", default="500,3000", help="comma list of context tokens per sequence")
     parser.add_argument("--batches", default="1,2,4,8,16", help="comma list of batch sizes")
     parser.add_argument("--steps", type=int, default=12, help="decode steps measured per batch")
@@ -85,14 +87,23 @@ class StepLog:
 
         def counted_schedule():
             batch = schedule()
-            decodes.append(sum(1 for seq, n in batch.items if n == 1 and seq.num_tokens > seq.num_prompt_tokens))
+            decodes.append(
+                sum(1 for seq, n in batch.items if n == 1 and seq.num_tokens > seq.num_prompt_tokens)
+            )
             return batch
 
         def timed_step():
             heads, layers, start_s = len(lm_head.times_s), len(attention.times_s), time.perf_counter()
             num_seqs = step()
-            self.steps.append((num_seqs, decodes[-1], time.perf_counter() - start_s,
-                               sum(lm_head.times_s[heads:]), sum(attention.times_s[layers:])))
+            self.steps.append(
+                (
+                    num_seqs,
+                    decodes[-1],
+                    time.perf_counter() - start_s,
+                    sum(lm_head.times_s[heads:]),
+                    sum(attention.times_s[layers:]),
+                )
+            )
             return num_seqs
 
         engine.scheduler.schedule, engine.step = counted_schedule, timed_step
@@ -123,17 +134,32 @@ def one_context(loaded, context: int, batches, num_steps: int, lm_head: Timer, a
         num_pure, step_ms, head_ms, attn_ms = log.medians_ms(batch, first)
         per_token_ms = step_ms / batch
         base_ms = per_token_ms if base_ms is None else base_ms
-        rows.append((f"{context:,}", str(batch), f"{step_ms:.1f}", f"{1e3 / per_token_ms:.1f}",
-                     f"{base_ms / per_token_ms:.2f}x", f"{head_ms:.1f} ({head_ms / step_ms:.0%})",
-                     f"{attn_ms:.1f} ({attn_ms / step_ms:.0%})", str(num_pure)))
+        rows.append(
+            (
+                f"{context:,}",
+                str(batch),
+                f"{step_ms:.1f}",
+                f"{1e3 / per_token_ms:.1f}",
+                f"{base_ms / per_token_ms:.2f}x",
+                f"{head_ms:.1f} ({head_ms / step_ms:.0%})",
+                f"{attn_ms:.1f} ({attn_ms / step_ms:.0%})",
+                str(num_pure),
+            )
+        )
     return rows
 
 
 def one_setting(loaded, contexts, batches, num_steps) -> list[tuple[str, ...]]:
     lm_head, attention = Timer(), Timer()
-    hooks = (loaded.model.lm_head.register_forward_pre_hook(lm_head.start),
-             loaded.model.lm_head.register_forward_hook(lm_head.stop))
-    rows = [row for context in contexts for row in one_context(loaded, context, batches, num_steps, lm_head, attention)]
+    hooks = (
+        loaded.model.lm_head.register_forward_pre_hook(lm_head.start),
+        loaded.model.lm_head.register_forward_hook(lm_head.stop),
+    )
+    rows = [
+        row
+        for context in contexts
+        for row in one_context(loaded, context, batches, num_steps, lm_head, attention)
+    ]
     AttentionInterface.register(paged_attention.ATTENTION_NAME, paged_attention.paged_attention_forward)
     for hook in hooks:
         hook.remove()
@@ -149,14 +175,24 @@ def main(argv=None) -> None:
         torch.set_num_threads(default_threads if threads == "default" else int(threads))
         start_s, load_before = time.perf_counter(), os.getloadavg()[0]
         rows = one_setting(loaded, contexts, batches, args.steps)
-        header = ("context tokens", "batch", "step ms", "output tok/s", "per-token speed-up vs batch 1",
-                  "lm_head ms (share)", "attention ms (share)", "steps measured")
+        header = (
+            "context tokens",
+            "batch",
+            "step ms",
+            "output tok/s",
+            "per-token speed-up vs batch 1",
+            "lm_head ms (share)",
+            "attention ms (share)",
+            "steps measured",
+        )
         print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
         for row in rows:
             print("| " + " | ".join(row) + " |")
-        print(f"\n{torch.get_num_threads()} torch threads, {os.cpu_count()} CPUs, load average {load_before:.1f} -> "
-              f"{os.getloadavg()[0]:.1f}, {args.steps} steps per batch (medians), run "
-              f"{time.perf_counter() - start_s:.0f} s, {loaded.name}, torch {torch.__version__}\n")
+        print(
+            f"\n{torch.get_num_threads()} torch threads, {os.cpu_count()} CPUs, load average {load_before:.1f} -> "
+            f"{os.getloadavg()[0]:.1f}, {args.steps} steps per batch (medians), run "
+            f"{time.perf_counter() - start_s:.0f} s, {loaded.name}, torch {torch.__version__}\n"
+        )
 
 
 if __name__ == "__main__":

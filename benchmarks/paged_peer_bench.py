@@ -56,9 +56,13 @@ class TransformersPeer:
 
     def __init__(self, model: torch.nn.Module, max_num_seqs: int = CONCURRENCY) -> None:
         generation = GenerationConfig(do_sample=False, eos_token_id=-1, max_new_tokens=16)
-        batching = ContinuousBatchingConfig(page_size=BLOCK_SIZE, num_blocks=CAPACITY_BLOCKS,
-                                            max_batch_tokens=DEFAULT_MAX_NUM_BATCHED_TOKENS,
-                                            max_requests_per_batch=max_num_seqs, allow_block_sharing=True)
+        batching = ContinuousBatchingConfig(
+            page_size=BLOCK_SIZE,
+            num_blocks=CAPACITY_BLOCKS,
+            max_batch_tokens=DEFAULT_MAX_NUM_BATCHED_TOKENS,
+            max_requests_per_batch=max_num_seqs,
+            allow_block_sharing=True,
+        )
         self.shared_tokens: dict[str, int] = {}
         self._original_match = PagedAttentionCache.search_prefix_match
         shared, original = self.shared_tokens, self._original_match
@@ -81,8 +85,12 @@ class TransformersPeer:
                 done.set_result(output)
 
         self.manager.register_result_handler(request_id, on_result)
-        self.manager.add_request(request.token_ids.tolist(), request_id=request_id,
-                                 max_new_tokens=request.max_tokens, record_timestamps=True)
+        self.manager.add_request(
+            request.token_ids.tolist(),
+            request_id=request_id,
+            max_new_tokens=request.max_tokens,
+            record_timestamps=True,
+        )
         output = await done
         if output.error is not None:
             return RequestRecord.failed(len(request.token_ids), output.error)
@@ -90,16 +98,27 @@ class TransformersPeer:
         ttft_ms, e2e_ms = (stamps[0] - admitted_s) * 1e3, (stamps[-1] - admitted_s) * 1e3
         tokens = tuple(output.generated_tokens)
         return RequestRecord(
-            status=Status.OK, prompt_tokens=len(output.prompt_ids),
-            cached_prompt_tokens=self.shared_tokens.get(request_id, 0), output_tokens=len(tokens),
-            output_token_ids=tokens, ttft_ms=ttft_ms, e2e_ms=e2e_ms,
+            status=Status.OK,
+            prompt_tokens=len(output.prompt_ids),
+            cached_prompt_tokens=self.shared_tokens.get(request_id, 0),
+            output_tokens=len(tokens),
+            output_token_ids=tokens,
+            ttft_ms=ttft_ms,
+            e2e_ms=e2e_ms,
             tpot_ms=(e2e_ms - ttft_ms) / (len(tokens) - 1) if len(tokens) > 1 else None,
             itl_ms=tuple((b - a) * 1e3 for a, b in zip(stamps, stamps[1:])),
-            queue_ms=(admitted_s - output.created_time) * 1e3)
+            queue_ms=(admitted_s - output.created_time) * 1e3,
+        )
 
     def describe(self) -> dict:
-        return {"backend": "transformers-cb", "model": "default", "cache_enabled": True, "cache_kind": "paged",
-                "block_size": BLOCK_SIZE, "capacity_blocks": CAPACITY_BLOCKS}
+        return {
+            "backend": "transformers-cb",
+            "model": "default",
+            "cache_enabled": True,
+            "cache_kind": "paged",
+            "block_size": BLOCK_SIZE,
+            "capacity_blocks": CAPACITY_BLOCKS,
+        }
 
     def close(self) -> None:
         self.manager.stop(block=True, timeout=30)
@@ -111,20 +130,35 @@ def compare(args) -> list[tuple[str, ...]]:
     rows = []
     for name in ("chat", "agent"):
         requests = scenario_requests(name, args.scenario_requests, args.max_tokens)
-        engine = PagedEngine(ours_model, PagedConfig(CacheConfig(CAPACITY_BLOCKS, BLOCK_SIZE),
-                                                     max_num_seqs=CONCURRENCY))
-        ours = serve_all(requests, InProcessBackend(engine, SamplingParams(max_tokens=1, ignore_eos=True),
-                                                    ours_model.name), CONCURRENCY)
+        engine = PagedEngine(
+            ours_model, PagedConfig(CacheConfig(CAPACITY_BLOCKS, BLOCK_SIZE), max_num_seqs=CONCURRENCY)
+        )
+        ours = serve_all(
+            requests,
+            InProcessBackend(engine, SamplingParams(max_tokens=1, ignore_eos=True), ours_model.name),
+            CONCURRENCY,
+        )
         peer_backend = TransformersPeer(peer_model.model)
         try:
             peer = serve_all(requests, peer_backend, CONCURRENCY)
         finally:
             peer_backend.close()
-        (o_rps, o_tps, o_ttft, o_wait, o_hit), (p_rps, p_tps, p_ttft, p_wait, p_hit) = summarize(ours), summarize(peer)
+        (o_rps, o_tps, o_ttft, o_wait, o_hit), (p_rps, p_tps, p_ttft, p_wait, p_hit) = (
+            summarize(ours),
+            summarize(peer),
+        )
         same = sum(a.output_token_ids == b.output_token_ids for a, b in zip(ours, peer))
-        rows.append((name, f"{p_rps:.2f} / {o_rps:.2f} ({o_rps / p_rps:.2f}x)", f"{p_tps:.1f} / {o_tps:.1f} ({o_tps / p_tps:.2f}x)",
-                     f"{p_ttft:.0f} / {o_ttft:.0f}", f"{p_wait:.0f} / {o_wait:.0f}", f"{p_hit:,} / {o_hit:,}",
-                     f"{same} / {len(ours)}"))
+        rows.append(
+            (
+                name,
+                f"{p_rps:.2f} / {o_rps:.2f} ({o_rps / p_rps:.2f}x)",
+                f"{p_tps:.1f} / {o_tps:.1f} ({o_tps / p_tps:.2f}x)",
+                f"{p_ttft:.0f} / {o_ttft:.0f}",
+                f"{p_wait:.0f} / {o_wait:.0f}",
+                f"{p_hit:,} / {o_hit:,}",
+                f"{same} / {len(ours)}",
+            )
+        )
     return rows
 
 
@@ -137,12 +171,22 @@ def main(argv=None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     start_s, load_before = time.perf_counter(), os.getloadavg()[0]
-    print_table((f"concurrency {CONCURRENCY}, {args.scenario_requests} requests x {args.max_tokens} tokens",
-                 "requests/s peer / kvbench", "output tok/s peer / kvbench", "TTFT p50 ms peer / kvbench",
-                 "TTFT + queue p50 ms peer / kvbench", "shared prompt tokens peer / kvbench",
-                 "identical greedy outputs"), compare(args))
-    print(f"{torch.get_num_threads()} torch threads, {os.cpu_count()} CPUs, load average {load_before:.1f} -> "
-          f"{os.getloadavg()[0]:.1f}, run {time.perf_counter() - start_s:.0f} s, transformers {transformers.__version__}")
+    print_table(
+        (
+            f"concurrency {CONCURRENCY}, {args.scenario_requests} requests x {args.max_tokens} tokens",
+            "requests/s peer / kvbench",
+            "output tok/s peer / kvbench",
+            "TTFT p50 ms peer / kvbench",
+            "TTFT + queue p50 ms peer / kvbench",
+            "shared prompt tokens peer / kvbench",
+            "identical greedy outputs",
+        ),
+        compare(args),
+    )
+    print(
+        f"{torch.get_num_threads()} torch threads, {os.cpu_count()} CPUs, load average {load_before:.1f} -> "
+        f"{os.getloadavg()[0]:.1f}, run {time.perf_counter() - start_s:.0f} s, transformers {transformers.__version__}"
+    )
 
 
 if __name__ == "__main__":

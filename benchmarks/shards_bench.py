@@ -32,22 +32,47 @@ MOONCAKE = REPO.parent / "shared" / "data" / "mooncake"
 
 
 def traces() -> dict:
-    found = {name: prepare_prompts(load_scenario(REPO / "scenarios" / f"{name}.toml").workload_requests().requests, 16)
-             for name in ("multi_prefix_zipf", "multi_prefix_rr")}
-    found["300 Zipf prefixes (test trace)"] = prepare_prompts(multi_prefix_requests(MultiPrefixConfig(
-        num_prefixes=300, prefix_tokens=256, unique_tokens=20, num_requests=3000, zipf_exponent=0.6, seed=1)), 16)
+    found = {
+        name: prepare_prompts(
+            load_scenario(REPO / "scenarios" / f"{name}.toml").workload_requests().requests, 16
+        )
+        for name in ("multi_prefix_zipf", "multi_prefix_rr")
+    }
+    found["300 Zipf prefixes (test trace)"] = prepare_prompts(
+        multi_prefix_requests(
+            MultiPrefixConfig(
+                num_prefixes=300,
+                prefix_tokens=256,
+                unique_tokens=20,
+                num_requests=3000,
+                zipf_exponent=0.6,
+                seed=1,
+            )
+        ),
+        16,
+    )
     for name in ("conversation", "synthetic"):
         if (MOONCAKE / f"{name}_trace.jsonl").exists():
-            found[f"Mooncake {name} (block 512)"] = hash_id_trace(MOONCAKE / f"{name}_trace.jsonl", "mooncake", 512)
+            found[f"Mooncake {name} (block 512)"] = hash_id_trace(
+                MOONCAKE / f"{name}_trace.jsonl", "mooncake", 512
+            )
     return found
 
 
 def errors(args) -> None:
-    print("| trace | distinct keys | setting | final rate | keys held | max abs error | mean abs error | sd (estimated) |")
+    print(
+        "| trace | distinct keys | setting | final rate | keys held | max abs error | mean abs error | sd (estimated) |"
+    )
     print("|---|---:|---|---:|---:|---:|---:|---:|")
-    settings = [({"rate": float(r)}, f"rate {r}") for r in args.rates.split(",") if r] + \
-               [({"rate": float(r), "exact_blocks": 0}, f"rate {r}, first block sampled too") for r in args.rates.split(",") if r] + \
-               [({"max_keys": int(k)}, f"{int(k):,} keys") for k in args.keys.split(",") if k]
+    settings = (
+        [({"rate": float(r)}, f"rate {r}") for r in args.rates.split(",") if r]
+        + [
+            ({"rate": float(r), "exact_blocks": 0}, f"rate {r}, first block sampled too")
+            for r in args.rates.split(",")
+            if r
+        ]
+        + [({"max_keys": int(k)}, f"{int(k):,} keys") for k in args.keys.split(",") if k]
+    )
     for name, trace in traces().items():
         exact = hit_curve(trace)
         sizes = np.unique(np.geomspace(1, 2 * exact.ideal_capacity_blocks, 200).astype(np.int64))
@@ -55,8 +80,11 @@ def errors(args) -> None:
         for kwargs, label in settings:
             curve = sampled_curve(trace, **kwargs)
             error = np.abs(curve.token_hit_rates(sizes) - exact_rates)
-            print(f"| {name} | {exact.distances.num_distinct_blocks:,} | {label} | {curve.rate:.3g} | "
-                  f"{curve.max_keys_held:,} | {error.max():.4f} | {error.mean():.4f} | {curve.hit_rate_sd:.4f} |", flush=True)
+            print(
+                f"| {name} | {exact.distances.num_distinct_blocks:,} | {label} | {curve.rate:.3g} | "
+                f"{curve.max_keys_held:,} | {error.max():.4f} | {error.mean():.4f} | {curve.hit_rate_sd:.4f} |",
+                flush=True,
+            )
 
 
 def median_cpu_s(job, repeats: int = 3) -> float:

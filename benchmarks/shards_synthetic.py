@@ -75,7 +75,11 @@ def run_sampled(args) -> tuple[np.ndarray, np.ndarray, dict]:
         shards.add(keys, len(keys), len(keys) * BLOCK + 5)
     curve = shards.curve()
     sizes = sizes_of(args.max_size)
-    return sizes, curve.token_hit_rates(sizes), {"rate": curve.rate, "keys": curve.max_keys_held, "sd": curve.hit_rate_sd}
+    return (
+        sizes,
+        curve.token_hit_rates(sizes),
+        {"rate": curve.rate, "keys": curve.max_keys_held, "sd": curve.hit_rate_sd},
+    )
 
 
 def run_exact(args) -> tuple[np.ndarray, np.ndarray, dict]:
@@ -105,8 +109,10 @@ def main() -> None:
     if args.compare:
         (a, b) = (np.load(path) for path in args.compare)
         error = np.abs(a["rates"] - b["rates"])
-        print(f"max abs error {error.max():.4f}, mean {error.mean():.4f} over {error.size} sizes; "
-              f"hit rate at the largest size {a['rates'][-1]:.4f} vs {b['rates'][-1]:.4f}")
+        print(
+            f"max abs error {error.max():.4f}, mean {error.mean():.4f} over {error.size} sizes; "
+            f"hit rate at the largest size {a['rates'][-1]:.4f} vs {b['rates'][-1]:.4f}"
+        )
         return
     started = time.process_time()
     sizes, rates, info = (run_sampled if args.mode == "sampled" else run_exact)(args)

@@ -43,12 +43,28 @@ def main() -> None:
     jobs = []
     for name in ("multi_prefix_zipf", "multi_prefix_rr"):
         scenario = load_scenario(REPO / "scenarios" / f"{name}.toml")
-        jobs.append((name, lambda s=scenario: s.workload_requests().requests, 16, scenario.sim.sizes,
-                     ("tail-first", "head-first")))
+        jobs.append(
+            (
+                name,
+                lambda s=scenario: s.workload_requests().requests,
+                16,
+                scenario.sim.sizes,
+                ("tail-first", "head-first"),
+            )
+        )
     if MOONCAKE.exists():
-        jobs.append(("mooncake conversation", lambda: read_mooncake(MOONCAKE), 512, (1000, 10000, 1000000),
-                     ("tail-first",)))
-    print(f"{'job':<24}{'build s':>9}{'hash s':>9}{'replay s':>10}{'total s':>9}   (medians of {args.repeats})")
+        jobs.append(
+            (
+                "mooncake conversation",
+                lambda: read_mooncake(MOONCAKE),
+                512,
+                (1000, 10000, 1000000),
+                ("tail-first",),
+            )
+        )
+    print(
+        f"{'job':<24}{'build s':>9}{'hash s':>9}{'replay s':>10}{'total s':>9}   (medians of {args.repeats})"
+    )
     multi_prefix_total = 0.0
     for name, build, block_size, sizes, orders in jobs:
         runs = [time_job(build, block_size, sizes, orders, args.workers) for _ in range(args.repeats)]

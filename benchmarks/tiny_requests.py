@@ -31,16 +31,28 @@ def write_tiny(path: Path, num_requests: int) -> Path:
     with path.open("w", encoding="utf-8") as handle:
         for index in range(num_requests):
             item = index - index % 10 if index % 10 == 9 else index  # every tenth repeats an earlier prompt
-            handle.write(json.dumps({"prompt": f"Q{item % 1000}: tell me about item {item}",
-                                     "arrival_ms": index, "max_tokens": 4}) + "\n")
+            handle.write(
+                json.dumps(
+                    {
+                        "prompt": f"Q{item % 1000}: tell me about item {item}",
+                        "arrival_ms": index,
+                        "max_tokens": 4,
+                    }
+                )
+                + "\n"
+            )
     return path
 
 
 def commands(source: Path) -> list[str]:
     """The four command lines timed, on ``source`` and the trace imported from it."""
     trace = source.with_name(source.stem + "-trace.jsonl")
-    return [f"kvbench trace import jsonl {source} -o {trace}", f"kvbench trace stats {trace}",
-            f"kvbench sim {trace} --sizes 1024 --out {source.with_name(source.stem + '-sim.parquet')}", f"kvbench bill {trace}"]
+    return [
+        f"kvbench trace import jsonl {source} -o {trace}",
+        f"kvbench trace stats {trace}",
+        f"kvbench sim {trace} --sizes 1024 --out {source.with_name(source.stem + '-sim.parquet')}",
+        f"kvbench bill {trace}",
+    ]
 
 
 def time_command(command: str, num_runs: int = 3, base: Path | None = None) -> dict[str, float]:
@@ -51,9 +63,13 @@ def time_command(command: str, num_runs: int = 3, base: Path | None = None) -> d
     env = dict(os.environ, PYTHONPATH=str(base.resolve())) if base is not None else None
     for _ in range(num_runs):
         started = time.perf_counter()
-        child = subprocess.Popen([sys.executable, "-m", "kvbench.cli", *shlex.split(command)[1:]], env=env,
-                                 cwd=base,  # python -m puts the working folder first on sys.path
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        child = subprocess.Popen(
+            [sys.executable, "-m", "kvbench.cli", *shlex.split(command)[1:]],
+            env=env,
+            cwd=base,  # python -m puts the working folder first on sys.path
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         _, status, usage = os.wait4(child.pid, 0)
         if status != 0:
             raise SystemExit(f"{command}: exit status {os.waitstatus_to_exitcode(status)}")
@@ -68,7 +84,9 @@ def main() -> None:
     parser.add_argument("what", choices=("gen", "commands", "time"))
     parser.add_argument("path", type=Path)
     parser.add_argument("--requests", type=int, default=1_000_000)
-    parser.add_argument("--base", type=Path, help="time: also a kvbench source tree, run by turns with this one")
+    parser.add_argument(
+        "--base", type=Path, help="time: also a kvbench source tree, run by turns with this one"
+    )
     args = parser.parse_args()
     if args.what == "gen":
         print(write_tiny(args.path, args.requests))
@@ -82,9 +100,14 @@ def main() -> None:
                 for tree in trees:
                     runs[tree].append(time_command(command, 1, tree))
             for tree in trees:
-                figures = {key: statistics.median(run[key] for run in runs[tree]) for key in ("wall_s", "cpu_s")}
-                print(f"{command} [{tree or 'this tree'}]: wall {figures['wall_s']:.1f} s, cpu {figures['cpu_s']:.1f} s, "
-                      f"peak {max(run['peak_mib'] for run in runs[tree]):.0f} MiB (median of 3)", flush=True)
+                figures = {
+                    key: statistics.median(run[key] for run in runs[tree]) for key in ("wall_s", "cpu_s")
+                }
+                print(
+                    f"{command} [{tree or 'this tree'}]: wall {figures['wall_s']:.1f} s, cpu {figures['cpu_s']:.1f} s, "
+                    f"peak {max(run['peak_mib'] for run in runs[tree]):.0f} MiB (median of 3)",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -71,7 +71,9 @@ def _register_for(args: list[str]) -> None:
     """Register the one module that owns the command word in ``args`` (the first word not an
     option: the root has flags only), or every module when there is none or it is unknown."""
     word = next((arg for arg in args if not arg.startswith("-")), None)
-    modules = [module for module, words in _COMMAND_MODULES.items() if word in words] or list(_COMMAND_MODULES)
+    modules = [module for module, words in _COMMAND_MODULES.items() if word in words] or list(
+        _COMMAND_MODULES
+    )
     for module in modules:
         _register(module)
 
@@ -85,18 +87,34 @@ def _print_version(value: bool) -> None:
 @app.callback()
 def _root(
     ctx: typer.Context,
-    version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version, allow_from_autoenv=False,
-                                 help="Print the version and exit."),
-    debug: bool = typer.Option(False, "--debug", allow_from_autoenv=False,
-                               help="Show the traceback of an error instead of one line "
-                                    "(anywhere on the line; env KVBENCH_DEBUG=1)."),
+    version: bool = typer.Option(
+        False,
+        "--version",
+        is_eager=True,
+        callback=_print_version,
+        allow_from_autoenv=False,
+        help="Print the version and exit.",
+    ),
+    debug: bool = typer.Option(
+        False,
+        "--debug",
+        allow_from_autoenv=False,
+        help="Show the traceback of an error instead of one line "
+        "(anywhere on the line; env KVBENCH_DEBUG=1).",
+    ),
     max_line_bytes: int = typer.Option(
-        lines.DEFAULT_MAX_LINE_BYTES, "--max-line-bytes", min=1,
+        lines.DEFAULT_MAX_LINE_BYTES,
+        "--max-line-bytes",
+        min=1,
         help="Refuse a line of an input file (JSONL, CSV row, ShareGPT conversation) longer than this many "
-             "bytes; memory stays proportional to one line (env KVBENCH_MAX_LINE_BYTES)."),
+        "bytes; memory stays proportional to one line (env KVBENCH_MAX_LINE_BYTES).",
+    ),
 ) -> None:
     """Measure what prefix caching buys an LLM server, and why it is not buying more."""
-    del version, debug  # --version acts in its callback; main() takes --debug off the line before typer parses it
+    del (
+        version,
+        debug,
+    )  # --version acts in its callback; main() takes --debug off the line before typer parses it
     token = lines.set_max_line_bytes(max_line_bytes)  # for this command only: reset when its context closes
     ctx.call_on_close(lambda: lines.reset_max_line_bytes(token))
 

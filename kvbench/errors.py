@@ -68,5 +68,5 @@ def user_named(message: str, names: Mapping[str, str]) -> str:
     """``message`` with a leading config field name replaced by its flag or key (see :func:`checked`)."""
     for field, name in names.items():
         if message.startswith(field + " ") or message.startswith(field + ":"):
-            return f"{name}: {message[len(field):].lstrip(': ')}"
+            return f"{name}: {message[len(field) :].lstrip(': ')}"
     return message

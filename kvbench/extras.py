@@ -15,9 +15,15 @@ that brings torch resolves the newest torch with its multi-GB CUDA wheels, not t
 from __future__ import annotations
 
 EXTRA_OF_MODULE = {
-    "torch": "engine", "transformers": "engine", "tokenizers": "engine", "safetensors": "engine",
-    "jinja2": "engine", "psutil": "engine",
-    "fastapi": "serve", "uvicorn": "serve", "starlette": "serve",
+    "torch": "engine",
+    "transformers": "engine",
+    "tokenizers": "engine",
+    "safetensors": "engine",
+    "jinja2": "engine",
+    "psutil": "engine",
+    "fastapi": "serve",
+    "uvicorn": "serve",
+    "starlette": "serve",
     "matplotlib": "plots",
     "textual": "play",
 }

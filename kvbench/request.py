@@ -192,8 +192,11 @@ class RequestRecord:
     def is_connection_failure(self) -> bool:
         """No HTTP response came because the connection failed (refused, reset, unknown host): the
         error text starts with :data:`CONNECTION_ERROR`, as backends write it."""
-        return (self.status is Status.ERROR and self.http_status is None
-                and (self.error or "").startswith(CONNECTION_ERROR))
+        return (
+            self.status is Status.ERROR
+            and self.http_status is None
+            and (self.error or "").startswith(CONNECTION_ERROR)
+        )
 
     @property
     def nothing_sent(self) -> bool:

@@ -30,8 +30,16 @@ def tiny_loaded():
     tiny (2 layers, hidden 64): one per session for the server, peer and run-check tests."""
     from kvbench.engine.model import default_llama_config, random_model
 
-    return random_model(default_llama_config(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                             num_attention_heads=4, num_key_value_heads=2, head_dim=16))
+    return random_model(
+        default_llama_config(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+        )
+    )
 
 
 @pytest.fixture(scope="session")

@@ -24,8 +24,15 @@ class NotReady(AssertionError):
     """What was waited for never became ready: it died (``exit code ...``) or ``LIMIT_S`` passed."""
 
 
-def wait_until(ready: Callable[[], T], what: str, *, ended: Callable[[], str | None] = lambda: None,
-               log: Callable[[], str] = lambda: "", limit_s: float = LIMIT_S, poll_s: float = 0.05) -> T:
+def wait_until(
+    ready: Callable[[], T],
+    what: str,
+    *,
+    ended: Callable[[], str | None] = lambda: None,
+    log: Callable[[], str] = lambda: "",
+    limit_s: float = LIMIT_S,
+    poll_s: float = 0.05,
+) -> T:
     """Call ``ready()`` every ``poll_s`` seconds until it returns something truthy, and return that.
 
     ``ended()`` says why the thing waited on can no longer become ready (``"exit code 2"``) or None
@@ -40,7 +47,9 @@ def wait_until(ready: Callable[[], T], what: str, *, ended: Callable[[], str | N
                 return value
             raise NotReady(f"{what}: ended before it was ready ({reason})\n--- its log ---\n{log()}")
         if time.monotonic() > deadline:
-            raise NotReady(f"{what}: not ready after {limit_s:.0f} s and still running\n--- its log ---\n{log()}")
+            raise NotReady(
+                f"{what}: not ready after {limit_s:.0f} s and still running\n--- its log ---\n{log()}"
+            )
         time.sleep(poll_s)
 
 
@@ -75,5 +84,7 @@ def communicate(process: subprocess.Popen, limit_s: float = LIMIT_S) -> tuple[st
     except subprocess.TimeoutExpired:
         process.kill()
         stdout, stderr = process.communicate()
-        raise NotReady(f"{process.args!r}: still running after {limit_s:.0f} s\n--- stdout ---\n{stdout}"
-                       f"\n--- stderr ---\n{stderr}") from None
+        raise NotReady(
+            f"{process.args!r}: still running after {limit_s:.0f} s\n--- stdout ---\n{stdout}"
+            f"\n--- stderr ---\n{stderr}"
+        ) from None

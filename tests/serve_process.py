@@ -20,8 +20,13 @@ class ServeProcess:
 
     def __init__(self, *serve_args: str) -> None:
         self.args = ("serve", "--port", "0", *serve_args)
-        self.process = subprocess.Popen([sys.executable, "-m", "kvbench.cli", *self.args], cwd=REPO,
-                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "kvbench.cli", *self.args],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         self.output: list[str] = []
         self._drain_thread = threading.Thread(target=self._drain, daemon=True)
         self._drain_thread.start()
@@ -51,14 +56,19 @@ class ServeProcess:
     def url(self) -> str:
         """The API root (``http://127.0.0.1:PORT/v1``), once /health answers."""
         if self._url is None:
-            self._url = wait_until(self._answering, f"kvbench {' '.join(self.args)}",
-                                   ended=process_ended(self.process), log=self.log)
+            self._url = wait_until(
+                self._answering,
+                f"kvbench {' '.join(self.args)}",
+                ended=process_ended(self.process),
+                log=self.log,
+            )
         return self._url
 
     def reset_prefix_cache(self) -> None:
         """``POST /reset_prefix_cache`` (vLLM's endpoint): every cached block dropped, once it answers."""
-        request = urllib.request.Request(self.url.removesuffix("/v1") + "/reset_prefix_cache", data=b"",
-                                         method="POST")
+        request = urllib.request.Request(
+            self.url.removesuffix("/v1") + "/reset_prefix_cache", data=b"", method="POST"
+        )
         with urllib.request.urlopen(request, timeout=60) as response:
             assert response.status == 200, response.read()
 

@@ -17,8 +17,10 @@ EXTRAS = ("engine", "serve", "plots", "play")
 def test_a_missing_module_names_its_extra_and_the_constrained_command(module):
     extra = EXTRA_OF_MODULE[module]
     message = missing_extra(ModuleNotFoundError(f"No module named {module!r}", name=module))
-    assert message == (f"needs the [{extra}] extra; from a checkout: pip install -c constraints-cpu.txt "
-                       f"-e '.[{extra}]' (No module named {module!r})")
+    assert message == (
+        f"needs the [{extra}] extra; from a checkout: pip install -c constraints-cpu.txt "
+        f"-e '.[{extra}]' (No module named {module!r})"
+    )
 
 
 def test_every_extra_of_the_pyproject_has_a_module_or_is_a_group():
@@ -33,8 +35,12 @@ def test_the_core_install_command_has_no_extra():
 
 def test_no_source_file_prints_the_unconstrained_hint():
     pattern = re.compile(r"pip install '?kvbench\[|pip install (anthropic|textual|matplotlib|torch)\b")
-    found = [f"{path.relative_to(REPO)}:{n}" for folder in ("kvbench", "examples", ".ci")
-             for path in sorted((REPO / folder).rglob("*")) if path.is_file() and path.suffix in ("", ".py", ".sh", ".yml")
-             for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1)
-             if pattern.search(line)]
+    found = [
+        f"{path.relative_to(REPO)}:{n}"
+        for folder in ("kvbench", "examples", ".ci")
+        for path in sorted((REPO / folder).rglob("*"))
+        if path.is_file() and path.suffix in ("", ".py", ".sh", ".yml")
+        for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1)
+        if pattern.search(line)
+    ]
     assert found == []

@@ -35,7 +35,8 @@ def test_the_fast_loop_deselects_every_test_that_starts_kvbench_serve(pytester):
     """Collect a small tree with the real hook (tests/conftest.py's) under ``-m "not slow"``."""
     pytester.makeconftest((REPO / "tests" / "conftest.py").read_text())
     pytester.syspathinsert(REPO / "tests")
-    pytester.makepyfile(test_sample="""
+    pytester.makepyfile(
+        test_sample="""
 import pytest
 
 @pytest.fixture(scope="module")
@@ -54,10 +55,16 @@ def test_plain():
 @pytest.mark.slow
 def test_marked_by_hand():
     pass
-""")
+"""
+    )
     result = pytester.runpytest("--collect-only", "-q", "-m", "not slow", "-p", "no:cacheprovider")
-    result.stdout.fnmatch_lines(["test_sample.py::test_with_the_engine_model", "test_sample.py::test_plain",
-                                 "*2/4 tests collected (2 deselected)*"])
+    result.stdout.fnmatch_lines(
+        [
+            "test_sample.py::test_with_the_engine_model",
+            "test_sample.py::test_plain",
+            "*2/4 tests collected (2 deselected)*",
+        ]
+    )
     result = pytester.runpytest("--collect-only", "-q", "-m", "server", "-p", "no:cacheprovider")
     result.stdout.fnmatch_lines(["test_sample.py::test_with_a_server", "*1/4 tests collected*"])
 

@@ -49,15 +49,25 @@ def test_the_layer_rules_hold():
     for module, imports in IMPORTS.items():
         folder = module.split(".")[1] if module.count(".") else ""
         if folder in TORCH_FREE:
-            problems += [f"{module} imports {name}" for name in imports if starts(name, ("torch", "transformers"))]
+            problems += [
+                f"{module} imports {name}" for name in imports if starts(name, ("torch", "transformers"))
+            ]
         if not starts(module, ("kvbench.commands", "kvbench.cli")):
-            problems += [f"{module} imports {name}" for name in imports
-                         if starts(name, ("kvbench.commands", "kvbench.cli"))]
+            problems += [
+                f"{module} imports {name}"
+                for name in imports
+                if starts(name, ("kvbench.commands", "kvbench.cli"))
+            ]
         if folder == "engine":
-            problems += [f"{module} imports {name}" for name in imports if starts(name, ENGINE_MUST_NOT_IMPORT)]
+            problems += [
+                f"{module} imports {name}" for name in imports if starts(name, ENGINE_MUST_NOT_IMPORT)
+            ]
         if module in FOUNDATION:
-            problems += [f"{module} imports {name}" for name in imports
-                         if starts(name, ("kvbench",)) and not starts(name, FOUNDATION) and name != "kvbench"]
+            problems += [
+                f"{module} imports {name}"
+                for name in imports
+                if starts(name, ("kvbench",)) and not starts(name, FOUNDATION) and name != "kvbench"
+            ]
     assert problems == []
 
 
@@ -68,6 +78,8 @@ def test_the_checker_sees_function_level_imports(tmp_path):
 
 
 ENGINE_CLASSES = frozenset({"HFEngine", "PagedEngine"})
+
+
 # Outside this change's folders (issue 26 part 3 works in kvbench/peer/): builds its replay engine
 # directly; it moves to kvbench.engine.factory.make_engine when that work is merged.
 def engine_type_uses(path: Path) -> list[str]:
@@ -76,8 +88,14 @@ def engine_type_uses(path: Path) -> list[str]:
     found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("kvbench.engine"):
-            found += [f"{node.lineno}: imports {alias.name}" for alias in node.names if alias.name in ENGINE_CLASSES]
-        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance" and len(node.args) == 2:
+            found += [
+                f"{node.lineno}: imports {alias.name}" for alias in node.names if alias.name in ENGINE_CLASSES
+            ]
+        elif (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "id", None) == "isinstance"
+            and len(node.args) == 2
+        ):
             kinds = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
             named = {getattr(kind, "id", None) or getattr(kind, "attr", None) for kind in kinds}
             found += [f"{node.lineno}: isinstance(..., {name})" for name in sorted(named & ENGINE_CLASSES)]
@@ -85,19 +103,27 @@ def engine_type_uses(path: Path) -> list[str]:
 
 
 def test_no_module_outside_engine_asks_which_engine_it_holds():
-    problems = [f"{path.relative_to(REPO)}:{use}" for path in SOURCES
-                if not path.relative_to(PACKAGE).parts[0] == "engine"
-                for use in engine_type_uses(path)]
+    problems = [
+        f"{path.relative_to(REPO)}:{use}"
+        for path in SOURCES
+        if not path.relative_to(PACKAGE).parts[0] == "engine"
+        for use in engine_type_uses(path)
+    ]
     assert problems == []
 
 
 def test_the_engine_type_check_sees_isinstance_and_imports(tmp_path):
     source = tmp_path / "m.py"
-    source.write_text("from kvbench.engine.paged.engine import PagedEngine\nimport kvbench.engine.engine as e\n"
-                      "def f(x):\n    return isinstance(x, (int, e.HFEngine)) or isinstance(x, PagedEngine)\n"
-                      "from kvbench.engine.factory import make_engine\n")
-    assert engine_type_uses(source) == ["1: imports PagedEngine", "4: isinstance(..., HFEngine)",
-                                        "4: isinstance(..., PagedEngine)"]
+    source.write_text(
+        "from kvbench.engine.paged.engine import PagedEngine\nimport kvbench.engine.engine as e\n"
+        "def f(x):\n    return isinstance(x, (int, e.HFEngine)) or isinstance(x, PagedEngine)\n"
+        "from kvbench.engine.factory import make_engine\n"
+    )
+    assert engine_type_uses(source) == [
+        "1: imports PagedEngine",
+        "4: isinstance(..., HFEngine)",
+        "4: isinstance(..., PagedEngine)",
+    ]
 
 
 def function_lengths(path: Path):
@@ -114,13 +140,20 @@ def test_modules_and_functions_stay_small(root):
         num_lines = len(path.read_text(encoding="utf-8").splitlines())
         if num_lines > MAX_MODULE_LINES:
             too_long.append(f"{path.relative_to(REPO)}: {num_lines} lines")
-        too_long += [f"{path.relative_to(REPO)}:{line} {name}(): {length} lines"
-                     for name, line, length in function_lengths(path) if length > MAX_FUNCTION_LINES]
+        too_long += [
+            f"{path.relative_to(REPO)}:{line} {name}(): {length} lines"
+            for name, line, length in function_lengths(path)
+            if length > MAX_FUNCTION_LINES
+        ]
     assert too_long == []
 
 
 def test_no_options_dict_from_locals():
-    offenders = [str(path.relative_to(REPO)) for path in SOURCES if "dict(locals())" in path.read_text(encoding="utf-8")]
+    offenders = [
+        str(path.relative_to(REPO))
+        for path in SOURCES
+        if "dict(locals())" in path.read_text(encoding="utf-8")
+    ]
     assert offenders == []
 
 
@@ -131,8 +164,14 @@ def test_tests_never_import_the_tests_folder_as_a_package():
     offenders = []
     for path in (REPO / "tests").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else (
-                [alias.name for alias in node.names] if isinstance(node, ast.Import) else [])
-            offenders += [f"{path.relative_to(REPO)}:{node.lineno}" for name in names
-                          if name == "tests" or name.startswith("tests.")]
+            names = (
+                [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else ([alias.name for alias in node.names] if isinstance(node, ast.Import) else [])
+            )
+            offenders += [
+                f"{path.relative_to(REPO)}:{node.lineno}"
+                for name in names
+                if name == "tests" or name.startswith("tests.")
+            ]
     assert offenders == []

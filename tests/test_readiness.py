@@ -11,7 +11,9 @@ from serve_process import ServeProcess
 
 
 def python(code: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def test_a_slow_process_that_is_alive_is_waited_for(tmp_path):
@@ -26,10 +28,14 @@ def test_a_slow_process_that_is_alive_is_waited_for(tmp_path):
 
 
 def test_a_process_that_dies_fails_the_wait_at_once_with_its_exit_code_and_log(tmp_path):
-    process = python("import sys; print('half started'); print('no such model', file=sys.stderr); sys.exit(3)")
+    process = python(
+        "import sys; print('half started'); print('no such model', file=sys.stderr); sys.exit(3)"
+    )
     start_s = time.monotonic()
     with pytest.raises(NotReady) as failure:
-        wait_until((tmp_path / "never").exists, "a child", ended=process_ended(process), log=process_log(process))
+        wait_until(
+            (tmp_path / "never").exists, "a child", ended=process_ended(process), log=process_log(process)
+        )
     assert time.monotonic() - start_s < 30  # not the overall bound (600 s)
     message = str(failure.value)
     assert "a child: ended before it was ready (exit code 3)" in message

@@ -42,7 +42,9 @@ def test_the_run_example_runs_in_process_and_against_a_server(server, tmp_path, 
     monkeypatch.chdir(tmp_path)
     printed = run_example(run_example_code.replace(DOCUMENTED_URL, server.url)).splitlines()
     inprocess_rate, path = printed[0].split()
-    assert float(inprocess_rate) == 2 * 2000 / (3 * 2063) and Path(path) == Path("results/api-inprocess.parquet")
+    assert float(inprocess_rate) == 2 * 2000 / (3 * 2063) and Path(path) == Path(
+        "results/api-inprocess.parquet"
+    )
     reported, expected = (float(value) for value in printed[1].split())
     assert reported == expected > 0
     assert [line.split()[-1] for line in printed[2:]] == ["3", "4"]  # rows read back from both files

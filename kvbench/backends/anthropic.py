@@ -66,11 +66,15 @@ def message_arguments(request: Request) -> dict[str, Any]:
     """``system`` and ``messages`` of one request, with the two breakpoints. Raises ``ValueError``
     for a request without messages."""
     if request.messages is None:
-        raise ValueError("the Anthropic backend sends chat messages; this request has none (a token-id trace)")
+        raise ValueError(
+            "the Anthropic backend sends chat messages; this request has none (a token-id trace)"
+        )
     system = [m.content for m in request.messages if m.role in ("system", "developer")]
     turns = [m for m in request.messages if m.role not in ("system", "developer")]
     stable = len(turns) - 2  # the last stable turn: the message before the final one
-    messages = [{"role": ROLES[m.role], "content": [_block(m.content, i == stable)]} for i, m in enumerate(turns)]
+    messages = [
+        {"role": ROLES[m.role], "content": [_block(m.content, i == stable)]} for i, m in enumerate(turns)
+    ]
     arguments: dict[str, Any] = {"messages": messages}
     if system:
         arguments["system"] = [_block("\n".join(system), True)]
@@ -89,17 +93,27 @@ class _Reading:
         usage = self.usage
         read = getattr(usage, "cache_read_input_tokens", None) if usage is not None else None
         created = getattr(usage, "cache_creation_input_tokens", None) if usage is not None else None
-        prompt = (usage.input_tokens + (read or 0) + (created or 0)) if usage is not None else request.prompt_tokens
+        prompt = (
+            (usage.input_tokens + (read or 0) + (created or 0))
+            if usage is not None
+            else request.prompt_tokens
+        )
         output = int(usage.output_tokens) if usage is not None else len(times_ms)
         ttft, e2e = (times_ms[0], times_ms[-1]) if times_ms else (None, None)
         return RequestRecord(
-            status=Status.OK if error is None else Status.ERROR, prompt_tokens=int(prompt),
-            cached_prompt_tokens=None if read is None else int(read), output_tokens=output,
+            status=Status.OK if error is None else Status.ERROR,
+            prompt_tokens=int(prompt),
+            cached_prompt_tokens=None if read is None else int(read),
+            output_tokens=output,
             output_tokens_source="usage" if usage is not None else "tokenizer",
-            ttft_ms=ttft, e2e_ms=e2e, tpot_ms=(e2e - ttft) / (output - 1) if times_ms and output > 1 else None,
+            ttft_ms=ttft,
+            e2e_ms=e2e,
+            tpot_ms=(e2e - ttft) / (output - 1) if times_ms and output > 1 else None,
             itl_ms=tuple(b - a for a, b in zip(times_ms, times_ms[1:])),
             cache_creation_input_tokens=None if created is None else int(created),
-            error=error, http_status=self.http_status)
+            error=error,
+            http_status=self.http_status,
+        )
 
 
 class AnthropicBackend(SdkClientBackend):
@@ -110,12 +124,22 @@ class AnthropicBackend(SdkClientBackend):
         self._client: anthropic.AsyncAnthropic | None = None
 
     def new_client(self) -> anthropic.AsyncAnthropic:
-        return anthropic.AsyncAnthropic(base_url=self.config.base_url, api_key=self.config.api_key,
-                                        max_retries=0, timeout=self.config.timeout_s)
+        return anthropic.AsyncAnthropic(
+            base_url=self.config.base_url,
+            api_key=self.config.api_key,
+            max_retries=0,
+            timeout=self.config.timeout_s,
+        )
 
     def describe(self) -> dict[str, Any]:
-        return {"backend": "anthropic", "model": self.config.model, "cache_enabled": None, "cache_kind": None,
-                "block_size": self.config.block_size, "capacity_blocks": None}
+        return {
+            "backend": "anthropic",
+            "model": self.config.model,
+            "cache_enabled": None,
+            "cache_kind": None,
+            "block_size": self.config.block_size,
+            "capacity_blocks": None,
+        }
 
     async def serve(self, request: Request) -> RequestRecord:
         """Send one request and read its stream; every failure becomes an error row."""
@@ -135,8 +159,12 @@ class AnthropicBackend(SdkClientBackend):
     async def _stream(self, request: Request, reading: _Reading) -> None:
         config = self.config
         sampling = {"temperature": config.temperature} if config.top_p is None else {"top_p": config.top_p}
-        async with self._client.messages.stream(model=config.model, max_tokens=request.max_tokens,
-                                                extra_body=sampling, **message_arguments(request)) as stream:
+        async with self._client.messages.stream(
+            model=config.model,
+            max_tokens=request.max_tokens,
+            extra_body=sampling,
+            **message_arguments(request),
+        ) as stream:
             reading.http_status = stream.response.status_code
             async for event in stream:
                 if event.type == "content_block_delta" and event.delta.type == "text_delta":

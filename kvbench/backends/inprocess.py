@@ -47,9 +47,13 @@ class InProcessBackend:
         """The run's sampling with the request's own output budget."""
         return replace(self.sampling, max_tokens=request.max_tokens)
 
-    async def serve(self, request: Request, on_token: Callable[[int], bool | None] | None = None,
-                    sampling: SamplingParams | None = None,
-                    on_start: Callable[[], None] | None = None) -> RequestRecord:
+    async def serve(
+        self,
+        request: Request,
+        on_token: Callable[[int], bool | None] | None = None,
+        sampling: SamplingParams | None = None,
+        on_start: Callable[[], None] | None = None,
+    ) -> RequestRecord:
         """Run ``request`` on the engine; ``on_token(token_id)`` is called from the worker thread
         with every output token as soon as it is sampled (``kvbench serve`` streams them; see
         :meth:`kvbench.engine.protocol.Engine.submit` for what its return value and exceptions do).
@@ -58,8 +62,13 @@ class InProcessBackend:
         can run (the engine's ``submit``); an exception it raises propagates and nothing runs (a
         request whose client left while it was queued). Cancelling the caller aborts the request in
         the engine (queued: it never runs; running: it stops at its next token or step)."""
-        future = self.engine.submit(request.token_ids, sampling or self.sampling_for(request), salt=request.salt,
-                                    on_token=on_token, on_start=on_start)
+        future = self.engine.submit(
+            request.token_ids,
+            sampling or self.sampling_for(request),
+            salt=request.salt,
+            on_token=on_token,
+            on_start=on_start,
+        )
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
@@ -67,8 +76,13 @@ class InProcessBackend:
                 return measured  # finished, only its --verify check was pending: keep the row (Ctrl-C)
             raise
 
-    async def serve_samples(self, request: Request, sampling: SamplingParams, n: int,
-                            on_token: Callable[[int, int], bool | None] | None = None) -> list[RequestRecord | BaseException]:
+    async def serve_samples(
+        self,
+        request: Request,
+        sampling: SamplingParams,
+        n: int,
+        on_token: Callable[[int, int], bool | None] | None = None,
+    ) -> list[RequestRecord | BaseException]:
         """Run ``n`` parallel samples of ``request`` on the paged engine (one prefill, the prompt's
         blocks shared: :meth:`PagedEngine.submit_samples`); ``on_token(sample, token_id)`` from the
         engine's thread. Returns each sample's record, or the exception that ended it
@@ -77,7 +91,9 @@ class InProcessBackend:
         Raises:
             ValueError: the engine is the copy engine (it runs one sequence per request).
         """
-        futures = self.engine.submit_samples(request.token_ids, sampling, n, salt=request.salt, on_token=on_token)
+        futures = self.engine.submit_samples(
+            request.token_ids, sampling, n, salt=request.salt, on_token=on_token
+        )
         try:
             return await asyncio.gather(*(asyncio.wrap_future(f) for f in futures), return_exceptions=True)
         except asyncio.CancelledError:

@@ -34,8 +34,13 @@ from kvbench.route.policies import PolicyName, RequestView
 class RoutedBackend:
     """``backends[i]`` is endpoint i; use as ``async with`` (enters every backend that is a context)."""
 
-    def __init__(self, backends: Sequence[Backend], policy: PolicyName | str, block_size: int = 16,
-                 options: RouterOptions = RouterOptions()) -> None:
+    def __init__(
+        self,
+        backends: Sequence[Backend],
+        policy: PolicyName | str,
+        block_size: int = 16,
+        options: RouterOptions = RouterOptions(),
+    ) -> None:
         if len(backends) < 2:
             raise ValueError("routing needs at least two endpoints")
         self.backends = list(backends)
@@ -66,7 +71,9 @@ class RoutedBackend:
     def choose(self, request: Request) -> int:
         """The endpoint for ``request`` under the current loads (the router records the decision)."""
         prompt = self.hasher.prompt_blocks(request.token_ids, salt=request.salt or "")
-        return self.router.choose(RequestView(request.session_id, prompt, request.arrival_s), list(self.loads))
+        return self.router.choose(
+            RequestView(request.session_id, prompt, request.arrival_s), list(self.loads)
+        )
 
     def _next_live(self, replica: int, tried: set[int]) -> int | None:
         """The first endpoint from ``replica`` on (cyclically) neither ejected nor in ``tried``."""
@@ -82,8 +89,10 @@ class RoutedBackend:
         live = len(self.backends) - len(self.ejected)
         if self.num_failures[replica] >= EJECT_AFTER_FAILURES and replica not in self.ejected and live > 1:
             self.ejected.add(replica)
-            self.events.append(f"replica {replica} ejected after {EJECT_AFTER_FAILURES} consecutive connection "
-                               f"failures (last: {record.error}); its traffic goes to the others")
+            self.events.append(
+                f"replica {replica} ejected after {EJECT_AFTER_FAILURES} consecutive connection "
+                f"failures (last: {record.error}); its traffic goes to the others"
+            )
 
     async def serve(self, request: Request) -> RequestRecord:
         chosen = self.choose(request)  # once: the router records its decision

@@ -19,8 +19,13 @@ def default_placement(requests: Sequence[Request]) -> Placement:
     return Placement.MESSAGES if requests and requests[0].messages is not None else Placement.END
 
 
-def bill_requests(requests: Sequence[Request], rules: CacheRules, placement: Placement | None = None,
-                  tokenizer: Tokenizer | None = None, block_size: int = 16) -> Bill:
+def bill_requests(
+    requests: Sequence[Request],
+    rules: CacheRules,
+    placement: Placement | None = None,
+    tokenizer: Tokenizer | None = None,
+    block_size: int = 16,
+) -> Bill:
     """Mark every request's breakpoints, simulate the provider's cache on the arrival times, sum the bill.
 
     Args:

@@ -57,10 +57,12 @@ class Bill:
     def lines(self) -> dict[str, float]:
         """USD per bill line, in invoice order."""
         p = self.rules.prices
-        return {"input": self._cost(self.input_tokens, p.input_per_mtok),
-                "cache writes": self._cost(self.cache_write_tokens, p.cache_write_per_mtok),
-                "cache reads": self._cost(self.cache_read_tokens, p.cache_read_per_mtok),
-                "output": self._cost(self.output_tokens, p.output_per_mtok)}
+        return {
+            "input": self._cost(self.input_tokens, p.input_per_mtok),
+            "cache writes": self._cost(self.cache_write_tokens, p.cache_write_per_mtok),
+            "cache reads": self._cost(self.cache_read_tokens, p.cache_read_per_mtok),
+            "output": self._cost(self.output_tokens, p.output_per_mtok),
+        }
 
     @property
     def total_usd(self) -> float:
@@ -69,7 +71,9 @@ class Bill:
     @property
     def no_cache_usd(self) -> float:
         p = self.rules.prices
-        return self._cost(self.prompt_tokens, p.input_per_mtok) + self._cost(self.output_tokens, p.output_per_mtok)
+        return self._cost(self.prompt_tokens, p.input_per_mtok) + self._cost(
+            self.output_tokens, p.output_per_mtok
+        )
 
     @property
     def saving_usd(self) -> float:
@@ -78,22 +82,41 @@ class Bill:
     def as_row(self) -> dict[str, Any]:
         """One Parquet row (USD and tokens in the names)."""
         r = self.rules
-        return {"provider": r.provider.value, "model": r.model, "retention": r.retention, "ttl_s": r.ttl_s,
-                "num_requests": self.num_requests, "prompt_tokens": self.prompt_tokens,
-                "input_tokens": self.input_tokens, "cache_creation_input_tokens": self.cache_write_tokens,
-                "cache_read_input_tokens": self.cache_read_tokens, "output_tokens": self.output_tokens,
-                **{f"{name.replace(' ', '_')}_usd": cost for name, cost in self.lines().items()},
-                "total_usd": self.total_usd, "no_cache_usd": self.no_cache_usd, "saving_usd": self.saving_usd,
-                "saving_fraction": self.saving_usd / self.no_cache_usd if self.no_cache_usd else 0.0,
-                "break_even_reads": break_even_reads(r.write_multiplier, r.read_multiplier),
-                "input_per_mtok": r.prices.input_per_mtok, "cache_write_per_mtok": r.prices.cache_write_per_mtok,
-                "cache_read_per_mtok": r.prices.cache_read_per_mtok, "output_per_mtok": r.prices.output_per_mtok,
-                "prices_source": r.source, "prices_as_of": r.as_of}
+        return {
+            "provider": r.provider.value,
+            "model": r.model,
+            "retention": r.retention,
+            "ttl_s": r.ttl_s,
+            "num_requests": self.num_requests,
+            "prompt_tokens": self.prompt_tokens,
+            "input_tokens": self.input_tokens,
+            "cache_creation_input_tokens": self.cache_write_tokens,
+            "cache_read_input_tokens": self.cache_read_tokens,
+            "output_tokens": self.output_tokens,
+            **{f"{name.replace(' ', '_')}_usd": cost for name, cost in self.lines().items()},
+            "total_usd": self.total_usd,
+            "no_cache_usd": self.no_cache_usd,
+            "saving_usd": self.saving_usd,
+            "saving_fraction": self.saving_usd / self.no_cache_usd if self.no_cache_usd else 0.0,
+            "break_even_reads": break_even_reads(r.write_multiplier, r.read_multiplier),
+            "input_per_mtok": r.prices.input_per_mtok,
+            "cache_write_per_mtok": r.prices.cache_write_per_mtok,
+            "cache_read_per_mtok": r.prices.cache_read_per_mtok,
+            "output_per_mtok": r.prices.output_per_mtok,
+            "prices_source": r.source,
+            "prices_as_of": r.as_of,
+        }
 
 
 def make_bill(usages: Sequence[Usage], rules: CacheRules) -> Bill:
     """Sum ``usages`` into a :class:`Bill`."""
-    return Bill(rules, len(usages), sum(u.input_tokens for u in usages),
-                sum(u.cache_creation_input_tokens for u in usages), sum(u.cache_read_input_tokens for u in usages),
-                sum(u.output_tokens for u in usages), sum(u.cache_creation_input_tokens > 0 for u in usages),
-                sum(u.cache_read_input_tokens > 0 for u in usages))
+    return Bill(
+        rules,
+        len(usages),
+        sum(u.input_tokens for u in usages),
+        sum(u.cache_creation_input_tokens for u in usages),
+        sum(u.cache_read_input_tokens for u in usages),
+        sum(u.output_tokens for u in usages),
+        sum(u.cache_creation_input_tokens > 0 for u in usages),
+        sum(u.cache_read_input_tokens > 0 for u in usages),
+    )

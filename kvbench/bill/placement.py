@@ -57,8 +57,10 @@ def message_boundaries(request: Request, tokenizer: Tokenizer) -> list[int]:
         rendered = tokenizer.render_messages(messages[:k])
         offset = len(rendered) - empty
         if not np.array_equal(rendered[:offset], request.token_ids[:offset]):
-            raise InputError(f"request {request.request_id}: its chat template does not render messages as "
-                             "prefixes; use --placement end")
+            raise InputError(
+                f"request {request.request_id}: its chat template does not render messages as "
+                "prefixes; use --placement end"
+            )
         offsets.append(offset)
     return offsets
 
@@ -70,13 +72,17 @@ def mark(request: Request, placement: Placement, tokenizer: Tokenizer | None, bl
     output = request.output_tokens or request.max_tokens
     if request.messages is None or tokenizer is None:
         if placement is not Placement.END:
-            raise InputError(f"--placement {placement.value}: request {request.request_id} has no messages "
-                             "(a token-id trace); use --placement end")
+            raise InputError(
+                f"--placement {placement.value}: request {request.request_id} has no messages "
+                "(a token-id trace); use --placement end"
+            )
         boundaries = tuple(range(block_size, n + 1, block_size))
         return Marked(request.token_ids, request.arrival_s, boundaries, (n,), output)
     boundaries = message_boundaries(request, tokenizer)
-    marks = {Placement.END: [n],
-             Placement.SYSTEM: boundaries[:1] if request.messages[0].role == "system" else [],
-             Placement.MESSAGES: (boundaries[:1] if request.messages[0].role == "system" else [])
-             + boundaries[len(boundaries) - 2:len(boundaries) - 1]}[placement]
+    marks = {
+        Placement.END: [n],
+        Placement.SYSTEM: boundaries[:1] if request.messages[0].role == "system" else [],
+        Placement.MESSAGES: (boundaries[:1] if request.messages[0].role == "system" else [])
+        + boundaries[len(boundaries) - 2 : len(boundaries) - 1],
+    }[placement]
     return Marked(request.token_ids, request.arrival_s, tuple(boundaries), tuple(sorted(set(marks))), output)

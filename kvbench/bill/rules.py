@@ -73,16 +73,26 @@ class CacheRules:
 
     @property
     def write_multiplier(self) -> float:
-        return self.prices.cache_write_per_mtok / self.prices.input_per_mtok if self.prices.input_per_mtok else 1.0
+        return (
+            self.prices.cache_write_per_mtok / self.prices.input_per_mtok
+            if self.prices.input_per_mtok
+            else 1.0
+        )
 
     @property
     def read_multiplier(self) -> float:
-        return self.prices.cache_read_per_mtok / self.prices.input_per_mtok if self.prices.input_per_mtok else 0.0
+        return (
+            self.prices.cache_read_per_mtok / self.prices.input_per_mtok
+            if self.prices.input_per_mtok
+            else 0.0
+        )
 
 
 def provider_table() -> dict[str, Any]:
     """The parsed ``providers.toml``."""
-    return tomllib.loads(resources.files("kvbench.bill").joinpath("providers.toml").read_text(encoding="utf-8"))
+    return tomllib.loads(
+        resources.files("kvbench.bill").joinpath("providers.toml").read_text(encoding="utf-8")
+    )
 
 
 DEFAULT_RETENTION = {Provider.ANTHROPIC: "5m", Provider.OPENAI: "in-memory"}
@@ -97,15 +107,21 @@ def cache_rules(provider: Provider | str, model: str, retention: str | None = No
     try:
         provider = Provider(provider)
     except ValueError:
-        raise InputError(f"--provider: {provider!r} is not one of {', '.join(p.value for p in Provider)}") from None
+        raise InputError(
+            f"--provider: {provider!r} is not one of {', '.join(p.value for p in Provider)}"
+        ) from None
     table = provider_table()[provider.value]
     models = table["models"]
     if model not in models:
-        raise InputError(f"--model: {model!r} is not {with_article(provider.value)} model in providers.toml "
-                         f"(known: {', '.join(models)}; or pass every price with --input-price etc.)")
+        raise InputError(
+            f"--model: {model!r} is not {with_article(provider.value)} model in providers.toml "
+            f"(known: {', '.join(models)}; or pass every price with --input-price etc.)"
+        )
     retention = retention or DEFAULT_RETENTION[provider]
     if retention not in table["ttl_s"]:
-        raise InputError(f"--retention: {retention!r} is not one of {', '.join(table['ttl_s'])} for {provider.value}")
+        raise InputError(
+            f"--retention: {retention!r} is not one of {', '.join(table['ttl_s'])} for {provider.value}"
+        )
     entry = models[model]
     base = float(entry["input"])
     if provider is Provider.ANTHROPIC:
@@ -114,9 +130,19 @@ def cache_rules(provider: Provider | str, model: str, retention: str | None = No
     else:
         write, read = base * table["write_multiplier"][retention], float(entry["cached_input"])
         minimum, increment, breakpoints = table["min_cacheable_tokens"], table["increment_tokens"], None
-    return CacheRules(provider, model, retention, float(table["ttl_s"][retention]), int(minimum), increment,
-                      breakpoints, Prices(base, float(entry["output"]), write, read), entry["source"], entry["as_of"],
-                      bool(table.get("verified", False)))
+    return CacheRules(
+        provider,
+        model,
+        retention,
+        float(table["ttl_s"][retention]),
+        int(minimum),
+        increment,
+        breakpoints,
+        Prices(base, float(entry["output"]), write, read),
+        entry["source"],
+        entry["as_of"],
+        bool(table.get("verified", False)),
+    )
 
 
 def with_prices(rules: CacheRules, **overrides: float | None) -> CacheRules:

@@ -58,7 +58,11 @@ def _candidates(marked: Marked) -> list[int]:
     for breakpoint_ in marked.breakpoints:
         before = [b for b in marked.boundaries if b < breakpoint_]
         offsets.update(before[-LOOKBACK_BLOCKS:])
-    return sorted((o for o in offsets if o <= marked.breakpoints[-1]), reverse=True) if marked.breakpoints else []
+    return (
+        sorted((o for o in offsets if o <= marked.breakpoints[-1]), reverse=True)
+        if marked.breakpoints
+        else []
+    )
 
 
 def simulate_anthropic(requests: Sequence[Marked], rules: CacheRules) -> list[Usage]:
@@ -86,8 +90,9 @@ def simulate_openai(requests: Sequence[Marked], rules: CacheRules) -> list[Usage
     step = rules.increment_tokens or 128
     now = [0.0]
     total_blocks = sum(m.num_tokens // step for m in requests) + 1
-    cache = HashPrefixCache(CacheConfig(capacity_blocks=total_blocks, block_size=step, ttl_s=rules.ttl_s),
-                            clock=lambda: now[0])
+    cache = HashPrefixCache(
+        CacheConfig(capacity_blocks=total_blocks, block_size=step, ttl_s=rules.ttl_s), clock=lambda: now[0]
+    )
     hasher = BlockHasher(step)
     usages = []
     for marked in requests:
@@ -108,4 +113,6 @@ def simulate_openai(requests: Sequence[Marked], rules: CacheRules) -> list[Usage
 def simulate(requests: Sequence[Marked], rules: CacheRules) -> list[Usage]:
     """The provider's semantics (``rules.provider``), requests sorted by arrival (stable)."""
     ordered = sorted(requests, key=lambda m: m.arrival_s)
-    return {Provider.ANTHROPIC: simulate_anthropic, Provider.OPENAI: simulate_openai}[rules.provider](ordered, rules)
+    return {Provider.ANTHROPIC: simulate_anthropic, Provider.OPENAI: simulate_openai}[rules.provider](
+        ordered, rules
+    )

@@ -44,11 +44,13 @@ Progress = Callable[[str, int, int], None]  # (what is running, requests done, r
 ResultHook = Callable[[Request, RequestRecord], Mapping[str, Any]]
 
 # What collect_finished() yields, per context (a ContextVar, not shared state: each command's own).
-_FINISHED: contextvars.ContextVar[Collected | None] = contextvars.ContextVar("kvbench_break_finished", default=None)
+_FINISHED: contextvars.ContextVar[Collected | None] = contextvars.ContextVar(
+    "kvbench_break_finished", default=None
+)
 
 EXPERIMENT_FIELDS = (
     pa.field("experiment", pa.string()),  # "timestamp", "head-first", "views", "tiny-hash", "shared-salt"
-    pa.field("variant", pa.string()),     # which cache variant served the row
+    pa.field("variant", pa.string()),  # which cache variant served the row
 )
 
 
@@ -66,8 +68,9 @@ class ParquetTable:
     suffix: str = ""
 
 
-def write_break_parquet(out: Path, experiment: str, tables: Sequence[ParquetTable],
-                        metadata: Mapping[str, Any]) -> list[Path]:
+def write_break_parquet(
+    out: Path, experiment: str, tables: Sequence[ParquetTable], metadata: Mapping[str, Any]
+) -> list[Path]:
     """Write each non-empty table to ``out`` (``suffix`` added to its stem); returns the paths.
 
     The footer carries ``command = "break"``, the experiment name and ``metadata`` (JSON), plus the
@@ -83,8 +86,9 @@ def write_break_parquet(out: Path, experiment: str, tables: Sequence[ParquetTabl
     return paths
 
 
-def write_finished(out: Path, experiment: str, finished: Sequence[VariantRun],
-                   running: VariantRun | None = None) -> Path | None:
+def write_finished(
+    out: Path, experiment: str, finished: Sequence[VariantRun], running: VariantRun | None = None
+) -> Path | None:
     """Write the rows of the variants that finished, and those the running one has so far, to ``out``
     (``complete: false`` in the footer, so report, compare and scoreboard say "interrupted"; a row of
     the cut variant has ``variant_complete`` false, and the footer names it in ``variant_partial``);
@@ -97,10 +101,20 @@ def write_finished(out: Path, experiment: str, finished: Sequence[VariantRun],
         return None
     base = break_schema()
     extra = [name for name in rows[0] if name not in base.names]
-    inferred = pa.Table.from_pylist([{name: row.get(name) for name in extra} for row in rows]).schema if extra else []
-    metadata = {"complete": False, "variants_finished": [run.variant for run in finished],
-                "variant_partial": running.variant if partial else None, "num_partial_rows": len(partial)}
-    return write_break_parquet(out, experiment, [ParquetTable(rows, break_schema(list(inferred)))], metadata)[0]
+    inferred = (
+        pa.Table.from_pylist([{name: row.get(name) for name in extra} for row in rows]).schema
+        if extra
+        else []
+    )
+    metadata = {
+        "complete": False,
+        "variants_finished": [run.variant for run in finished],
+        "variant_partial": running.variant if partial else None,
+        "num_partial_rows": len(partial),
+    }
+    return write_break_parquet(out, experiment, [ParquetTable(rows, break_schema(list(inferred)))], metadata)[
+        0
+    ]
 
 
 @dataclass(eq=False)
@@ -129,8 +143,9 @@ class Collected:
 
 
 @contextlib.contextmanager
-def collect_finished(out: Path | None = None, experiment: str = "",
-                     every_s: float = CHECKPOINT_EVERY_S) -> Iterator[Collected]:
+def collect_finished(
+    out: Path | None = None, experiment: str = "", every_s: float = CHECKPOINT_EVERY_S
+) -> Iterator[Collected]:
     """Within the block, every :func:`run_variant` registers its run while it runs and appends it to
     ``finished`` when it completes, so a command can keep the rows served before an interrupt; with
     ``out``, they are checkpointed there (:class:`Collected`)."""
@@ -167,8 +182,12 @@ class VariantRun:
         return [row[name] for row in self.rows]
 
 
-def variant_backend(loaded: LoadedModel, cache: CacheConfig | None, engine: EngineKind = EngineKind.COPY,
-                    store_views: bool = False) -> InProcessBackend:
+def variant_backend(
+    loaded: LoadedModel,
+    cache: CacheConfig | None,
+    engine: EngineKind = EngineKind.COPY,
+    store_views: bool = False,
+) -> InProcessBackend:
     """The engine a variant runs on behind its backend (``--engine``, :func:`kvbench.run.engines.build_backend`),
     greedy with EOS ignored: ``copy``, the copy engine over ``cache`` (``None``: cache off;
     ``store_views``: the views break's memory bug); ``paged``, the paged engine whose pool is ``cache``
@@ -178,19 +197,27 @@ def variant_backend(loaded: LoadedModel, cache: CacheConfig | None, engine: Engi
     Raises:
         InputError: a cache setting the paged engine does not implement (one line naming it).
     """
-    return build_backend(loaded, EngineFlags(engine), cache, sampling=SamplingParams(ignore_eos=True),
-                         store_views=store_views)
+    return build_backend(
+        loaded, EngineFlags(engine), cache, sampling=SamplingParams(ignore_eos=True), store_views=store_views
+    )
 
 
-def variant_predictions(requests: Sequence[Request], cache: CacheConfig,
-                        engine: EngineKind = EngineKind.COPY) -> list[int | None]:
+def variant_predictions(
+    requests: Sequence[Request], cache: CacheConfig, engine: EngineKind = EngineKind.COPY
+) -> list[int | None]:
     """Per request, the cached tokens the variant's engine should report at concurrency 1, every request
     decoding exactly ``max_tokens`` (as :func:`run_variant` serves them); ``None`` where not predicted."""
     return predicted_cached_tokens(requests, EngineFlags(engine), cache, 1, True)
 
 
-def run_variant(backend: InProcessBackend, requests: Sequence[Request], experiment: str, variant: str,
-                hook: ResultHook | None = None, progress: Progress | None = None) -> VariantRun:
+def run_variant(
+    backend: InProcessBackend,
+    requests: Sequence[Request],
+    experiment: str,
+    variant: str,
+    hook: ResultHook | None = None,
+    progress: Progress | None = None,
+) -> VariantRun:
     """Serve ``requests`` in order on ``backend`` (:func:`variant_backend`: concurrency 1, greedy,
     exactly ``max_tokens`` each).
 
@@ -224,16 +251,28 @@ def run_variant(backend: InProcessBackend, requests: Sequence[Request], experime
     return run
 
 
-def token_run_requests(token_ids: Sequence[np.ndarray], max_tokens: int,
-                       salts: Sequence[str | None] | None = None,
-                       request_ids: Sequence[str] | None = None) -> list[Request]:
+def token_run_requests(
+    token_ids: Sequence[np.ndarray],
+    max_tokens: int,
+    salts: Sequence[str | None] | None = None,
+    request_ids: Sequence[str] | None = None,
+) -> list[Request]:
     """Run requests from raw prompts (one session each, arrival 0)."""
     requests = []
     for index, ids in enumerate(token_ids):
         request_id = request_ids[index] if request_ids else f"r{index:06d}"
         salt = salts[index] if salts else None
-        requests.append(Request(index, request_id, request_id, 0, np.asarray(ids, dtype=np.uint32),
-                                max_tokens=max_tokens, salt=salt))
+        requests.append(
+            Request(
+                index,
+                request_id,
+                request_id,
+                0,
+                np.asarray(ids, dtype=np.uint32),
+                max_tokens=max_tokens,
+                salt=salt,
+            )
+        )
     return requests
 
 
@@ -259,8 +298,13 @@ def format_mib(num_bytes: float | None) -> str:
     return "-" if num_bytes is None else f"{num_bytes / 2**20:,.1f}"
 
 
-def verdict_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]],
-                  verdict: str | None, notes: Sequence[str] = ()) -> Table:
+def verdict_table(
+    title: str,
+    columns: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    verdict: str | None,
+    notes: Sequence[str] = (),
+) -> Table:
     """A table whose caption is ``notes`` (one per line) followed by the one-line verdict (if any)."""
     table = Table(title=title, title_justify="left", caption_justify="left")
     for index, name in enumerate(columns):

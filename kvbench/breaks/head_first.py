@@ -25,8 +25,17 @@ import pyarrow as pa
 from rich.table import Table
 
 from kvbench.breaks.common import (
-    ParquetTable, Progress, VariantRun, break_schema, format_ms, format_rate, run_variant,
-    token_run_requests, variant_backend, variant_predictions, verdict_table,
+    ParquetTable,
+    Progress,
+    VariantRun,
+    break_schema,
+    format_ms,
+    format_rate,
+    run_variant,
+    token_run_requests,
+    variant_backend,
+    variant_predictions,
+    verdict_table,
 )
 from kvbench.cache.base import CacheConfig, ReleaseOrder
 from kvbench.run.config import EngineKind
@@ -49,7 +58,8 @@ WHY_HEAD_FIRST_HURTS = (
     "why: a lookup walks a chain's keys from block 0 and stops at the first miss. Head-first release "
     "makes block 0 the first victim, which orphans every later block of the chain: they can never hit "
     "again yet hold their slots until LRU reaches them. Tail-first evicts from the chain's end, so what "
-    "survives is still a usable prefix.")
+    "survives is still a usable prefix."
+)
 
 
 @dataclass(frozen=True)
@@ -100,7 +110,9 @@ class ScenarioSweep:
     @property
     def largest_gap(self) -> tuple[int, float]:
         """(capacity in blocks, tail-first minus head-first token hit rate) where the gap is largest."""
-        gaps = [(tail.token_hit_rate - head.token_hit_rate, tail.capacity_blocks) for tail, head in self.pairs]
+        gaps = [
+            (tail.token_hit_rate - head.token_hit_rate, tail.capacity_blocks) for tail, head in self.pairs
+        ]
         gap, size = max(gaps, key=lambda item: (item[0], -item[1]))
         return size, gap
 
@@ -123,22 +135,32 @@ class HeadFirstResult:
         worst = max(self.sweeps, key=lambda s: s.largest_gap[1])
         size, gap = worst.largest_gap
         tail, head = (self.engine_run(order) for order in ORDERS)
-        return (f"head-first loses up to {gap:.3f} of the token hit rate ({worst.scenario.name}, {size:,} "
-                f"blocks); on the engine at {self.engine_capacity_blocks:,} blocks repeat-request TTFT p50 is "
-                f"{format_ms(ttft_p50_ms(head))} ms head-first vs {format_ms(ttft_p50_ms(tail))} "
-                f"ms tail-first")
+        return (
+            f"head-first loses up to {gap:.3f} of the token hit rate ({worst.scenario.name}, {size:,} "
+            f"blocks); on the engine at {self.engine_capacity_blocks:,} blocks repeat-request TTFT p50 is "
+            f"{format_ms(ttft_p50_ms(head))} ms head-first vs {format_ms(ttft_p50_ms(tail))} "
+            f"ms tail-first"
+        )
 
     def parquet_tables(self) -> list[ParquetTable]:
-        sim_rows = [{"scenario": sweep_.scenario.name, **result.as_row()}
-                    for sweep_ in self.sweeps for pair in sweep_.pairs for result in pair]
+        sim_rows = [
+            {"scenario": sweep_.scenario.name, **result.as_row()}
+            for sweep_ in self.sweeps
+            for pair in sweep_.pairs
+            for result in pair
+        ]
         engine_rows = [row for run in self.engine_runs for row in run.rows]
         return [ParquetTable(engine_rows, break_schema(EXTRA_FIELDS)), ParquetTable(sim_rows, None, "-sim")]
 
     def metadata(self) -> dict:
         config = {**vars(self.config), "scenarios": [str(p) for p in self.config.scenarios]}
-        return {"config": config, "verdict": self.verdict, "engine_scenario": self.engine_scenario,
-                "engine_capacity_blocks": self.engine_capacity_blocks,
-                "largest_gaps": {s.scenario.name: s.largest_gap for s in self.sweeps}}
+        return {
+            "config": config,
+            "verdict": self.verdict,
+            "engine_scenario": self.engine_scenario,
+            "engine_capacity_blocks": self.engine_capacity_blocks,
+            "largest_gaps": {s.scenario.name: s.largest_gap for s in self.sweeps},
+        }
 
 
 def ttft_p50_ms(run: VariantRun, repeat: bool = True) -> float | None:
@@ -159,8 +181,9 @@ def sweep_scenario(scenario: Scenario, config: HeadFirstConfig) -> ScenarioSweep
     return ScenarioSweep(scenario, [(results[i], results[i + 1]) for i in range(0, len(results), 2)])
 
 
-def run_head_first(loaded: LoadedModel, config: HeadFirstConfig = HeadFirstConfig(),
-                   progress: Progress | None = None) -> HeadFirstResult:
+def run_head_first(
+    loaded: LoadedModel, config: HeadFirstConfig = HeadFirstConfig(), progress: Progress | None = None
+) -> HeadFirstResult:
     """Sweep every scenario, then serve the one with the largest gap on the engine with both orders.
 
     Raises:
@@ -177,25 +200,36 @@ def run_head_first(loaded: LoadedModel, config: HeadFirstConfig = HeadFirstConfi
     return HeadFirstResult(config, sweeps, worst.scenario.name, capacity, runs)
 
 
-def _engine_runs(loaded: LoadedModel, scenario: Scenario, capacity_blocks: int, config: HeadFirstConfig,
-                 progress: Progress | None) -> list[VariantRun]:
+def _engine_runs(
+    loaded: LoadedModel,
+    scenario: Scenario,
+    capacity_blocks: int,
+    config: HeadFirstConfig,
+    progress: Progress | None,
+) -> list[VariantRun]:
     """The scenario's first requests on the engine, once per release order; ``expected_cached_tokens``
     is the simulator's prediction for the same order and size."""
     token_requests = scenario.workload_requests().requests[: config.num_engine_requests]
     block_size = scenario.block_size
     ideal = expected_cached_tokens(token_requests, Unbounded(block_size, hash=scenario.cache.hash))
-    requests = token_run_requests([r.token_ids for r in token_requests], config.max_tokens,
-                                  [r.salt or None for r in token_requests])
+    requests = token_run_requests(
+        [r.token_ids for r in token_requests], config.max_tokens, [r.salt or None for r in token_requests]
+    )
     runs = []
     for order in ORDERS:
         cache = CacheConfig(capacity_blocks, block_size, release_order=order, hash=scenario.cache.hash)
-        predicted = variant_predictions(requests, cache, config.engine)  # the engine's budgets: its output blocks
+        predicted = variant_predictions(
+            requests, cache, config.engine
+        )  # the engine's budgets: its output blocks
         ordered = [replace(r, expected_cached_tokens=p) for r, p in zip(requests, predicted)]
         backend = variant_backend(loaded, cache, config.engine)
 
         def hook(request, result, order=order):
-            return {"scenario": scenario.name, "release_order": order.value,
-                    "repeat_request": bool(ideal[request.index] > 0)}
+            return {
+                "scenario": scenario.name,
+                "release_order": order.value,
+                "repeat_request": bool(ideal[request.index] > 0),
+            }
 
         runs.append(run_variant(backend, ordered, EXPERIMENT, order.value, hook, progress))
     return runs
@@ -218,11 +252,14 @@ def sweep_table(result: HeadFirstResult) -> Table:
             mark = " <- largest gap" if sweep_.largest_gap[0] == size and sweep_.largest_gap[1] > 0 else ""
             row += [format_rate(tail.token_hit_rate), format_rate(head.token_hit_rate) + mark]
         rows.append(row)
-    gaps = "; ".join(f"{s.scenario.name}: largest gap {s.largest_gap[1]:.3f} at {s.largest_gap[0]:,} blocks"
-                     for s in result.sweeps)
+    gaps = "; ".join(
+        f"{s.scenario.name}: largest gap {s.largest_gap[1]:.3f} at {s.largest_gap[0]:,} blocks"
+        for s in result.sweeps
+    )
     notes = [f"simulator, token hit rate = cached / prompt tokens; {gaps}", WHY_HEAD_FIRST_HURTS]
-    return verdict_table("kvbench break head-first: simulated hit rate by release order", columns, rows,
-                         None, notes)
+    return verdict_table(
+        "kvbench break head-first: simulated hit rate by release order", columns, rows, None, notes
+    )
 
 
 def engine_table(result: HeadFirstResult) -> Table:
@@ -230,16 +267,35 @@ def engine_table(result: HeadFirstResult) -> Table:
     rows = []
     for run in result.engine_runs:
         summary = run.summary
-        rows.append((run.variant, format_rate(summary.token_hit_rate), format_rate(summary.expected_hit_rate),
-                     format_ms(ttft_p50_ms(run, repeat=False)), format_ms(ttft_p50_ms(run, repeat=True))))
+        rows.append(
+            (
+                run.variant,
+                format_rate(summary.token_hit_rate),
+                format_rate(summary.expected_hit_rate),
+                format_ms(ttft_p50_ms(run, repeat=False)),
+                format_ms(ttft_p50_ms(run, repeat=True)),
+            )
+        )
     num_requests = len(result.engine_runs[0].rows) if result.engine_runs else 0
-    notes = [f"engine: first {num_requests} requests of {result.engine_scenario}, cache of "
-             f"{result.engine_capacity_blocks:,} blocks; first pass = a prefix's first request (cold in both "
-             f"orders); repeat = its prefix came before (an unbounded cache would hit it); simulated = the "
-             f"simulator's prediction for the same requests"]
-    return verdict_table("kvbench break head-first: the engine at one cache size",
-                         ("release order", "hit rate", "simulated hit rate", "first-pass TTFT p50 (ms)",
-                          "repeat TTFT p50 (ms)"), rows, result.verdict, notes)
+    notes = [
+        f"engine: first {num_requests} requests of {result.engine_scenario}, cache of "
+        f"{result.engine_capacity_blocks:,} blocks; first pass = a prefix's first request (cold in both "
+        f"orders); repeat = its prefix came before (an unbounded cache would hit it); simulated = the "
+        f"simulator's prediction for the same requests"
+    ]
+    return verdict_table(
+        "kvbench break head-first: the engine at one cache size",
+        (
+            "release order",
+            "hit rate",
+            "simulated hit rate",
+            "first-pass TTFT p50 (ms)",
+            "repeat TTFT p50 (ms)",
+        ),
+        rows,
+        result.verdict,
+        notes,
+    )
 
 
 def scenario_paths(paths: Sequence[str | Path] | None) -> tuple[Path, ...]:

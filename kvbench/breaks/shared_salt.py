@@ -26,11 +26,23 @@ import pyarrow as pa
 from rich.table import Table
 
 from kvbench.breaks.common import (
-    ParquetTable, Progress, VariantRun, break_schema, format_ms, run_variant, variant_backend,
-    verdict_table, warm_up,
+    ParquetTable,
+    Progress,
+    VariantRun,
+    break_schema,
+    format_ms,
+    run_variant,
+    variant_backend,
+    verdict_table,
+    warm_up,
 )
 from kvbench.breaks.rank_test import (
-    POWER, detectable_effect, mann_whitney_less, probability_first_smaller, smallest_p_value, trials_for_effect,
+    POWER,
+    detectable_effect,
+    mann_whitney_less,
+    probability_first_smaller,
+    smallest_p_value,
+    trials_for_effect,
     trials_to_reach,
 )
 from kvbench.cache.base import CacheConfig
@@ -49,7 +61,7 @@ SALTS = {"unsalted": ("", ""), "salted": ("tenant-a", "tenant-b")}  # variant ->
 PRIVATE, CORRECT, WRONG = "private", "correct-guess", "wrong-guess"
 EXTRA_FIELDS = (
     pa.field("tenant", pa.string()),  # "a" (the victim) or "b" (the prober)
-    pa.field("probe", pa.string()),   # "private" (A's prompt), "correct-guess" or "wrong-guess"
+    pa.field("probe", pa.string()),  # "private" (A's prompt), "correct-guess" or "wrong-guess"
     pa.field("trial", pa.int64()),
 )
 
@@ -109,10 +121,15 @@ def channel_test(run: VariantRun) -> ChannelTest:
     correct = [row for row in run.rows if row["probe"] == CORRECT]
     wrong = [row for row in run.rows if row["probe"] == WRONG]
     u, p_value = mann_whitney_less([r["ttft_ms"] for r in correct], [r["ttft_ms"] for r in wrong])
-    return ChannelTest(percentile((r["ttft_ms"] for r in correct), 50), percentile((r["ttft_ms"] for r in wrong), 50),
-                       p_value, max(r["cached_prompt_tokens"] for r in correct),
-                       max(r["cached_prompt_tokens"] for r in wrong), smallest_p_value(len(correct), len(wrong)),
-                       probability_first_smaller(u, len(correct), len(wrong)))
+    return ChannelTest(
+        percentile((r["ttft_ms"] for r in correct), 50),
+        percentile((r["ttft_ms"] for r in wrong), 50),
+        p_value,
+        max(r["cached_prompt_tokens"] for r in correct),
+        max(r["cached_prompt_tokens"] for r in wrong),
+        smallest_p_value(len(correct), len(wrong)),
+        probability_first_smaller(u, len(correct), len(wrong)),
+    )
 
 
 @dataclass(eq=False)
@@ -143,30 +160,43 @@ class SharedSaltResult:
 
     def _unsalted_verdict(self) -> str:
         test, alpha, trials = self.test("unsalted"), self.config.alpha, self.config.num_trials
-        faster = (f"correct guesses come back {test.ttft_ratio:.1f}x faster" if not test.ttft_ratio < 1 else
-                  f"correct guesses come back slower, median TTFT wrong / correct {test.ttft_ratio:.2f}")
+        faster = (
+            f"correct guesses come back {test.ttft_ratio:.1f}x faster"
+            if not test.ttft_ratio < 1
+            else f"correct guesses come back slower, median TTFT wrong / correct {test.ttft_ratio:.2f}"
+        )
         if self.leaks("unsalted"):
             return f"{faster} (p = {test.p_value:.1e} < {alpha:g}), so B learns whether A sent that prompt"
         if not self.can_reach_alpha("unsalted"):
-            return (f"{faster}, but inconclusive: {trials} trials cannot reach p < {alpha:g} whatever the TTFTs "
-                    f"(the smallest p of a one-sided Mann-Whitney U test over {trials} + {trials} TTFTs is "
-                    f"{test.smallest_p_value:.3f}, every correct guess faster); --trials {trials_to_reach(alpha)} "
-                    f"or more can")
+            return (
+                f"{faster}, but inconclusive: {trials} trials cannot reach p < {alpha:g} whatever the TTFTs "
+                f"(the smallest p of a one-sided Mann-Whitney U test over {trials} + {trials} TTFTs is "
+                f"{test.smallest_p_value:.3f}, every correct guess faster); --trials {trials_to_reach(alpha)} "
+                f"or more can"
+            )
         effect = test.prob_correct_faster
         needed = trials_for_effect(effect, alpha)
-        power = (f"Noether's formula: ~{needed:,} trials detect an effect this size with {POWER:.0%} power"
-                 if needed is not None else "no sign that correct guesses are faster")
-        return (f"{faster} (p = {test.p_value:.2f} >= {alpha:g}): not shown at {trials} trials, "
-                f"P(correct faster) = {effect:.2f} ({power}; {trials} trials detect P >= "
-                f"{detectable_effect(trials, alpha):.2f})")
+        power = (
+            f"Noether's formula: ~{needed:,} trials detect an effect this size with {POWER:.0%} power"
+            if needed is not None
+            else "no sign that correct guesses are faster"
+        )
+        return (
+            f"{faster} (p = {test.p_value:.2f} >= {alpha:g}): not shown at {trials} trials, "
+            f"P(correct faster) = {effect:.2f} ({power}; {trials} trials detect P >= "
+            f"{detectable_effect(trials, alpha):.2f})"
+        )
 
     def _salted_verdict(self) -> str:
         test = self.test("salted")
         timing = f"{test.ttft_ratio:.2f}x (p = {test.p_value:.2f}" + (
-            ")" if self.can_reach_alpha("salted") else ", too few trials for the timing alone)")
+            ")" if self.can_reach_alpha("salted") else ", too few trials for the timing alone)"
+        )
         if test.max_correct_cached_tokens:
-            return (f"{timing}, but B still got {test.max_correct_cached_tokens} cached tokens of A's: "
-                    "the salts did not separate them")
+            return (
+                f"{timing}, but B still got {test.max_correct_cached_tokens} cached tokens of A's: "
+                "the salts did not separate them"
+            )
         if self.leaks("salted"):
             return f"{timing} with 0 cached tokens for B: a difference that is not the cache's"
         return f"{timing} and 0 cached tokens for B: A's blocks are out of B's reach, nothing leaks through the cache"
@@ -175,8 +205,11 @@ class SharedSaltResult:
         return [ParquetTable([row for run in self.runs for row in run.rows], break_schema(EXTRA_FIELDS))]
 
     def metadata(self) -> dict:
-        return {"config": vars(self.config), "verdict": self.verdict,
-                "tests": {run.variant: vars(channel_test(run)) for run in self.runs}}
+        return {
+            "config": vars(self.config),
+            "verdict": self.verdict,
+            "tests": {run.variant: vars(channel_test(run)) for run in self.runs},
+        }
 
 
 @dataclass(frozen=True)
@@ -188,8 +221,9 @@ class TrialStep:
     trial: int
 
 
-def trial_requests(prompts: Sequence[Request], num_trials: int, salts: tuple[str, str],
-                   seed: int) -> tuple[list[Request], list[TrialStep]]:
+def trial_requests(
+    prompts: Sequence[Request], num_trials: int, salts: tuple[str, str], seed: int
+) -> tuple[list[Request], list[TrialStep]]:
     """A's private prompt, then B's two guesses in a seeded random order, for every trial; and what
     each request is. ``prompts[t]`` is trial t's private prompt, ``prompts[num_trials + t]`` its
     wrong guess."""
@@ -203,19 +237,38 @@ def trial_requests(prompts: Sequence[Request], num_trials: int, salts: tuple[str
             steps.append(TrialStep(tenant, probe, trial))
             chosen.append(prompt)
     salt_of = {"a": salts[0], "b": salts[1]}
-    requests = [Request(index, f"t{step.trial}-{step.tenant}-{step.probe}", f"tenant-{step.tenant}", 0,
-                        prompt.token_ids, max_tokens=prompt.max_tokens, salt=salt_of[step.tenant])
-                for index, (step, prompt) in enumerate(zip(steps, chosen))]
+    requests = [
+        Request(
+            index,
+            f"t{step.trial}-{step.tenant}-{step.probe}",
+            f"tenant-{step.tenant}",
+            0,
+            prompt.token_ids,
+            max_tokens=prompt.max_tokens,
+            salt=salt_of[step.tenant],
+        )
+        for index, (step, prompt) in enumerate(zip(steps, chosen))
+    ]
     return requests, steps
 
 
-def run_shared_salt(loaded: LoadedModel, config: SharedSaltConfig = SharedSaltConfig(),
-                    tokenizer: Tokenizer | None = None, progress: Progress | None = None) -> SharedSaltResult:
+def run_shared_salt(
+    loaded: LoadedModel,
+    config: SharedSaltConfig = SharedSaltConfig(),
+    tokenizer: Tokenizer | None = None,
+    progress: Progress | None = None,
+) -> SharedSaltResult:
     """Run the trials with one shared namespace, then with a salt per tenant (fresh cache each)."""
     tokenizer = tokenizer or load_tokenizer()
-    trace = generate_one_off(OneOffConfig(num_requests=2 * config.num_trials,
-                                          prompt_tokens=IntDist("const", (float(config.prompt_tokens),)),
-                                          max_tokens=config.max_tokens, seed=config.seed), tokenizer)
+    trace = generate_one_off(
+        OneOffConfig(
+            num_requests=2 * config.num_trials,
+            prompt_tokens=IntDist("const", (float(config.prompt_tokens),)),
+            max_tokens=config.max_tokens,
+            seed=config.seed,
+        ),
+        tokenizer,
+    )
     prompts = trace_requests(trace, tokenizer)
     # never evicts: each tenant's namespace may hold a copy of every block
     capacity = 2 * unbounded_capacity_blocks((p.num_tokens for p in prompts), config.block_size)
@@ -238,16 +291,38 @@ def shared_salt_table(result: SharedSaltResult) -> Table:
     rows = []
     for run in result.runs:
         test = channel_test(run)
-        rows.append((run.variant, f"{test.max_correct_cached_tokens} / {test.max_wrong_cached_tokens}",
-                     format_ms(test.p50_correct_ttft_ms), format_ms(test.p50_wrong_ttft_ms), f"{test.ttft_ratio:.2f}",
-                     f"{test.p_value:.1e}", result.leak_text(run.variant)))
+        rows.append(
+            (
+                run.variant,
+                f"{test.max_correct_cached_tokens} / {test.max_wrong_cached_tokens}",
+                format_ms(test.p50_correct_ttft_ms),
+                format_ms(test.p50_wrong_ttft_ms),
+                f"{test.ttft_ratio:.2f}",
+                f"{test.p_value:.1e}",
+                result.leak_text(run.variant),
+            )
+        )
     config = result.config
     smallest = channel_test(result.runs[0]).smallest_p_value
-    notes = [f"{config.num_trials} trials: A sends a private {config.prompt_tokens}-token prompt, then B sends a "
-             f"correct and a wrong guess (random order); fresh prompts every trial",
-             f"cached tokens: most B got on a correct / wrong guess; p: one-sided Mann-Whitney U (correct faster "
-             f"than wrong), leak = p < {config.alpha}; the smallest p {config.num_trials} trials can give is "
-             f"{smallest:.2g} (inconclusive when it is >= {config.alpha})"]
-    return verdict_table("kvbench break shared-salt: a TTFT side channel between tenants", (
-        "namespace", "B cached tokens", "correct guess TTFT p50 (ms)", "wrong guess TTFT p50 (ms)",
-        "wrong / correct", "p", "leak"), rows, result.verdict, notes)
+    notes = [
+        f"{config.num_trials} trials: A sends a private {config.prompt_tokens}-token prompt, then B sends a "
+        f"correct and a wrong guess (random order); fresh prompts every trial",
+        f"cached tokens: most B got on a correct / wrong guess; p: one-sided Mann-Whitney U (correct faster "
+        f"than wrong), leak = p < {config.alpha}; the smallest p {config.num_trials} trials can give is "
+        f"{smallest:.2g} (inconclusive when it is >= {config.alpha})",
+    ]
+    return verdict_table(
+        "kvbench break shared-salt: a TTFT side channel between tenants",
+        (
+            "namespace",
+            "B cached tokens",
+            "correct guess TTFT p50 (ms)",
+            "wrong guess TTFT p50 (ms)",
+            "wrong / correct",
+            "p",
+            "leak",
+        ),
+        rows,
+        result.verdict,
+        notes,
+    )

@@ -24,7 +24,14 @@ import pyarrow as pa
 from rich.table import Table
 
 from kvbench.breaks.common import (
-    ParquetTable, Progress, VariantRun, break_schema, format_ms, format_rate, run_variant, variant_backend,
+    ParquetTable,
+    Progress,
+    VariantRun,
+    break_schema,
+    format_ms,
+    format_rate,
+    run_variant,
+    variant_backend,
     verdict_table,
 )
 from kvbench.cache.base import CacheConfig
@@ -32,7 +39,12 @@ from kvbench.run.config import EngineKind
 from kvbench.engine.model import LoadedModel
 from kvbench.sim.bounds import unbounded_capacity_blocks
 from kvbench.workloads.formats.kvbench_trace_reader import trace_requests
-from kvbench.workloads.generators import HeaderPlacement, SharedPrefixConfig, check_ints, generate_shared_prefix
+from kvbench.workloads.generators import (
+    HeaderPlacement,
+    SharedPrefixConfig,
+    check_ints,
+    generate_shared_prefix,
+)
 from kvbench.workloads.tokenizer import Tokenizer, load_tokenizer
 
 EXPERIMENT = "timestamp"
@@ -116,22 +128,31 @@ class TimestampResult:
     def verdict(self) -> str:
         none, start, end = (self.variant(p).run.summary for p in HeaderPlacement)
         position = self.variant(HeaderPlacement.START).first_difference_block
-        return (f"header first: hit rate {format_rate(start.token_hit_rate)} (no header: "
-                f"{format_rate(none.token_hit_rate)}), every key from block {position} on differs; "
-                f"header last: {format_rate(end.token_hit_rate)}, the hits come back "
-                f"(warm TTFT p50 {format_ms(end.p50_ttft_ms)} vs {format_ms(start.p50_ttft_ms)} ms)")
+        return (
+            f"header first: hit rate {format_rate(start.token_hit_rate)} (no header: "
+            f"{format_rate(none.token_hit_rate)}), every key from block {position} on differs; "
+            f"header last: {format_rate(end.token_hit_rate)}, the hits come back "
+            f"(warm TTFT p50 {format_ms(end.p50_ttft_ms)} vs {format_ms(start.p50_ttft_ms)} ms)"
+        )
 
     def parquet_tables(self) -> list[ParquetTable]:
         rows = [row for v in self.variants for row in v.run.rows]
         return [ParquetTable(rows, break_schema(EXTRA_FIELDS))]
 
     def metadata(self) -> dict:
-        return {"config": vars(self.config), "verdict": self.verdict,
-                "summaries": {v.placement.value: v.run.summary.as_dict() for v in self.variants}}
+        return {
+            "config": vars(self.config),
+            "verdict": self.verdict,
+            "summaries": {v.placement.value: v.run.summary.as_dict() for v in self.variants},
+        }
 
 
-def run_timestamp(loaded: LoadedModel, config: TimestampConfig = TimestampConfig(),
-                  tokenizer: Tokenizer | None = None, progress: Progress | None = None) -> TimestampResult:
+def run_timestamp(
+    loaded: LoadedModel,
+    config: TimestampConfig = TimestampConfig(),
+    tokenizer: Tokenizer | None = None,
+    progress: Progress | None = None,
+) -> TimestampResult:
     """Serve the shared-prefix trace with each header placement on a fresh, large enough cache.
 
     Raises:
@@ -140,10 +161,17 @@ def run_timestamp(loaded: LoadedModel, config: TimestampConfig = TimestampConfig
     tokenizer = tokenizer or load_tokenizer()
     variants = []
     for placement in HeaderPlacement:
-        trace = generate_shared_prefix(SharedPrefixConfig(
-            num_requests=config.num_requests, system_tokens=config.system_tokens,
-            question_tokens=config.question_tokens, max_tokens=config.max_tokens, seed=config.seed,
-            volatile_header=placement), tokenizer)
+        trace = generate_shared_prefix(
+            SharedPrefixConfig(
+                num_requests=config.num_requests,
+                system_tokens=config.system_tokens,
+                question_tokens=config.question_tokens,
+                max_tokens=config.max_tokens,
+                seed=config.seed,
+                volatile_header=placement,
+            ),
+            tokenizer,
+        )
         requests = trace_requests(trace, tokenizer)
         # Room for every block of every request: only the header may cost hits, never capacity.
         capacity = unbounded_capacity_blocks((r.num_tokens for r in requests), config.block_size)
@@ -156,8 +184,9 @@ def run_timestamp(loaded: LoadedModel, config: TimestampConfig = TimestampConfig
             return {"header_placement": placement.value, "first_difference_token": difference}
 
         run = run_variant(backend, requests, EXPERIMENT, placement.value, hook, progress)
-        variants.append(TimestampVariant(placement, run, run.rows[1]["first_difference_token"],
-                                         config.block_size))
+        variants.append(
+            TimestampVariant(placement, run, run.rows[1]["first_difference_token"], config.block_size)
+        )
     return TimestampResult(config, variants)
 
 
@@ -167,17 +196,35 @@ def timestamp_table(result: TimestampResult) -> Table:
     for variant in result.variants:
         summary = variant.run.summary
         position = variant.first_difference_token
-        rows.append((_VARIANT_LABELS[variant.placement], format_rate(summary.token_hit_rate),
-                     format_ms(summary.cold_ttft_ms), format_ms(summary.p50_ttft_ms),
-                     "-" if position is None else f"{position:,}",
-                     "-" if position is None else f"{variant.first_difference_block:,}"))
+        rows.append(
+            (
+                _VARIANT_LABELS[variant.placement],
+                format_rate(summary.token_hit_rate),
+                format_ms(summary.cold_ttft_ms),
+                format_ms(summary.p50_ttft_ms),
+                "-" if position is None else f"{position:,}",
+                "-" if position is None else f"{variant.first_difference_block:,}",
+            )
+        )
     config = result.config
-    notes = [f"{config.num_requests} requests per variant, {config.system_tokens:,}-token system prompt, "
-             f"{config.block_size}-token blocks; token hit rate = cached / prompt tokens over all requests "
-             f"(the first is always cold)",
-             "first diff: token position where requests 0 and 1 first differ, and its block: no key "
-             "from that block on can match, because each key chains on the one before"]
-    return verdict_table("kvbench break timestamp: a per-request time in the system prompt",
-                         ("variant", "hit rate", "cold TTFT (ms)", "warm TTFT p50 (ms)", "first diff (token)",
-                          "first diff (block)"), rows, result.verdict, notes)
-
+    notes = [
+        f"{config.num_requests} requests per variant, {config.system_tokens:,}-token system prompt, "
+        f"{config.block_size}-token blocks; token hit rate = cached / prompt tokens over all requests "
+        f"(the first is always cold)",
+        "first diff: token position where requests 0 and 1 first differ, and its block: no key "
+        "from that block on can match, because each key chains on the one before",
+    ]
+    return verdict_table(
+        "kvbench break timestamp: a per-request time in the system prompt",
+        (
+            "variant",
+            "hit rate",
+            "cold TTFT (ms)",
+            "warm TTFT p50 (ms)",
+            "first diff (token)",
+            "first diff (block)",
+        ),
+        rows,
+        result.verdict,
+        notes,
+    )

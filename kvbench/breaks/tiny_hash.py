@@ -29,7 +29,13 @@ from rich.markup import escape
 from rich.table import Table
 
 from kvbench.breaks.common import (
-    ParquetTable, Progress, VariantRun, break_schema, run_variant, variant_backend, verdict_table,
+    ParquetTable,
+    Progress,
+    VariantRun,
+    break_schema,
+    run_variant,
+    variant_backend,
+    verdict_table,
 )
 from kvbench.cache.block_hash import BlockHash, BlockHasher, HashConfig
 from kvbench.cache.base import CacheConfig, make_cache
@@ -118,7 +124,7 @@ class FalseHitTracker:
         self._cache = make_cache(cache)
         self._hasher = BlockHasher(cache.block_size, cache.hash)
         self._true_hasher = BlockHasher(cache.block_size)  # full-width SHA-256
-        self._key_space = 2.0 ** cache.hash.key_bits
+        self._key_space = 2.0**cache.hash.key_bits
 
     def observe(self, token_ids: Sequence[int] | np.ndarray, salt: str, num_hit_blocks: int) -> Observation:
         """Replay one request (lookup, insert, release) and compare what it hit with what it is.
@@ -138,14 +144,20 @@ class FalseHitTracker:
         false_blocks = [i for i, stored in enumerate(match.payloads) if stored.true_key != truths[i]]
         poisoned = any(stored.poisoned for stored in match.payloads)
         wrong_past = poisoned or bool(false_blocks)
-        payloads = [_Truth(truths[i], wrong_past) for i in range(match.num_hit_blocks, prompt.num_full_blocks)]
+        payloads = [
+            _Truth(truths[i], wrong_past) for i in range(match.num_hit_blocks, prompt.num_full_blocks)
+        ]
         new = cache.insert(prompt, match.num_hit_blocks, payloads)
         cache.release(match.handles + new.handles)
         # Keys that were not truly cached yet met the table: the lookup's first probe past the true
         # hit, and every key the insert stored or found "already cached".
         num_new_keys = int(match.num_hit_blocks < prompt.max_hit_blocks or bool(false_blocks)) + len(payloads)
-        return Observation(len(false_blocks), false_blocks[0] if false_blocks else None, poisoned,
-                           num_new_keys * num_stored / self._key_space)
+        return Observation(
+            len(false_blocks),
+            false_blocks[0] if false_blocks else None,
+            poisoned,
+            num_new_keys * num_stored / self._key_space,
+        )
 
 
 @dataclass(eq=False)
@@ -186,29 +198,48 @@ class TinyHashResult:
     @property
     def verdict(self) -> str:
         broken, correct = self.counts(self.broken), self.counts(self.correct)
-        return (f"{self.config.hash_bits}-bit keys: {broken['false_hit_requests']} requests hit another "
-                f"prompt's blocks and {broken['mismatched_outputs']} outputs differ from cache-off; full "
-                f"SHA-256: {correct['false_hit_requests']} and {correct['mismatched_outputs']} on the same trace")
+        return (
+            f"{self.config.hash_bits}-bit keys: {broken['false_hit_requests']} requests hit another "
+            f"prompt's blocks and {broken['mismatched_outputs']} outputs differ from cache-off; full "
+            f"SHA-256: {correct['false_hit_requests']} and {correct['mismatched_outputs']} on the same trace"
+        )
 
     def parquet_tables(self) -> list[ParquetTable]:
         rows = [row for run in (self.reference, *self.runs) for row in run.rows]
         return [ParquetTable(rows, break_schema(EXTRA_FIELDS))]
 
     def metadata(self) -> dict:
-        return {"config": vars(self.config), "verdict": self.verdict,
-                "counts": {run.variant: self.counts(run) for run in self.runs}}
+        return {
+            "config": vars(self.config),
+            "verdict": self.verdict,
+            "counts": {run.variant: self.counts(run) for run in self.runs},
+        }
 
 
-def run_tiny_hash(loaded: LoadedModel, config: TinyHashConfig = TinyHashConfig(),
-                  tokenizer: Tokenizer | None = None, progress: Progress | None = None) -> TinyHashResult:
+def run_tiny_hash(
+    loaded: LoadedModel,
+    config: TinyHashConfig = TinyHashConfig(),
+    tokenizer: Tokenizer | None = None,
+    progress: Progress | None = None,
+) -> TinyHashResult:
     """Serve the trace with the cache off, with ``hash_bits``-bit keys, then with SHA-256 keys."""
     tokenizer = tokenizer or load_tokenizer()
-    trace = generate_multi_prefix(MultiPrefixTextConfig(
-        num_prefixes=config.num_prefixes, prefix_tokens=config.prefix_tokens, unique_tokens=config.unique_tokens,
-        num_requests=config.num_requests, max_tokens=config.max_tokens, seed=config.seed), tokenizer)
+    trace = generate_multi_prefix(
+        MultiPrefixTextConfig(
+            num_prefixes=config.num_prefixes,
+            prefix_tokens=config.prefix_tokens,
+            unique_tokens=config.unique_tokens,
+            num_requests=config.num_requests,
+            max_tokens=config.max_tokens,
+            seed=config.seed,
+        ),
+        tokenizer,
+    )
     requests = trace_requests(trace, tokenizer)
     capacity = unbounded_capacity_blocks((r.num_tokens for r in requests), config.block_size)  # never evicts
-    reference = run_variant(variant_backend(loaded, None), requests, EXPERIMENT, "cache-off", progress=progress)
+    reference = run_variant(
+        variant_backend(loaded, None), requests, EXPERIMENT, "cache-off", progress=progress
+    )
     reference_ids = [list(result.output_token_ids) for result in reference.results]
     for row, ids in zip(reference.rows, reference_ids):
         row.update(output_token_ids=ids, reference_output_token_ids=ids, output_matches_reference=True)
@@ -218,18 +249,25 @@ def run_tiny_hash(loaded: LoadedModel, config: TinyHashConfig = TinyHashConfig()
         tracker = FalseHitTracker(cache)
 
         def hook(request, result, tracker=tracker, hash_bits=hash_bits):
-            seen = tracker.observe(request.token_ids, request.salt or "",
-                                   result.cached_prompt_tokens // config.block_size)
+            seen = tracker.observe(
+                request.token_ids, request.salt or "", result.cached_prompt_tokens // config.block_size
+            )
             expected = reference_ids[request.index]
-            return {"hash_bits": hash_bits, "num_false_hit_blocks": seen.num_false_hit_blocks,
-                    "first_false_block": seen.first_false_block, "collision_chance": seen.collision_chance,
-                    "served_poisoned_blocks": seen.served_poisoned_blocks,
-                    "output_token_ids": list(result.output_token_ids), "reference_output_token_ids": expected,
-                    "output_matches_reference": list(result.output_token_ids) == expected}
+            return {
+                "hash_bits": hash_bits,
+                "num_false_hit_blocks": seen.num_false_hit_blocks,
+                "first_false_block": seen.first_false_block,
+                "collision_chance": seen.collision_chance,
+                "served_poisoned_blocks": seen.served_poisoned_blocks,
+                "output_token_ids": list(result.output_token_ids),
+                "reference_output_token_ids": expected,
+                "output_matches_reference": list(result.output_token_ids) == expected,
+            }
 
         variant = "sha256" if hash_bits is None else f"{hash_bits}-bit"
-        runs.append(run_variant(variant_backend(loaded, cache), requests, EXPERIMENT, variant,
-                                hook, progress))
+        runs.append(
+            run_variant(variant_backend(loaded, cache), requests, EXPERIMENT, variant, hook, progress)
+        )
     return TinyHashResult(config, reference, runs, tokenizer)
 
 
@@ -238,21 +276,43 @@ def tiny_hash_table(result: TinyHashResult) -> Table:
     rows = []
     for run in result.runs:
         counts = result.counts(run)
-        rows.append((run.variant, f"{run.summary.token_hit_rate:.3f}", f"{counts['false_hit_requests']:,}",
-                     f"{counts['false_hit_blocks']:,}", f"{counts['expected_false_hits']:.2g}",
-                     f"{counts['poisoned_requests']:,}", f"{counts['mismatched_outputs']:,} / {len(run.rows):,}"))
+        rows.append(
+            (
+                run.variant,
+                f"{run.summary.token_hit_rate:.3f}",
+                f"{counts['false_hit_requests']:,}",
+                f"{counts['false_hit_blocks']:,}",
+                f"{counts['expected_false_hits']:.2g}",
+                f"{counts['poisoned_requests']:,}",
+                f"{counts['mismatched_outputs']:,} / {len(run.rows):,}",
+            )
+        )
     config = result.config
-    notes = [f"{config.num_requests} requests, {config.num_prefixes} system prompts of {config.prefix_tokens} "
-             f"tokens (Zipf) + {config.unique_tokens} unique tokens, {config.max_tokens} output tokens, greedy; "
-             "outputs compared with a cache-off run",
-             "false hit: a key matched a stored block holding another prefix's tokens (found after the fact; "
-             "the cache itself trusts its key); expected collisions = sum over requests of new keys x stored "
-             "blocks / 2**bits; one collision on a popular prefix block makes every later request with "
-             "that prefix a false hit; poisoned: hit blocks computed over a wrong past by an earlier false hit",
-             *_example_lines(result)]
-    return verdict_table("kvbench break tiny-hash: truncated block keys", (
-        "keys", "hit rate", "false-hit requests", "false-hit blocks", "expected collisions", "poisoned requests",
-        "outputs differing"), rows, result.verdict, notes)
+    notes = [
+        f"{config.num_requests} requests, {config.num_prefixes} system prompts of {config.prefix_tokens} "
+        f"tokens (Zipf) + {config.unique_tokens} unique tokens, {config.max_tokens} output tokens, greedy; "
+        "outputs compared with a cache-off run",
+        "false hit: a key matched a stored block holding another prefix's tokens (found after the fact; "
+        "the cache itself trusts its key); expected collisions = sum over requests of new keys x stored "
+        "blocks / 2**bits; one collision on a popular prefix block makes every later request with "
+        "that prefix a false hit; poisoned: hit blocks computed over a wrong past by an earlier false hit",
+        *_example_lines(result),
+    ]
+    return verdict_table(
+        "kvbench break tiny-hash: truncated block keys",
+        (
+            "keys",
+            "hit rate",
+            "false-hit requests",
+            "false-hit blocks",
+            "expected collisions",
+            "poisoned requests",
+            "outputs differing",
+        ),
+        rows,
+        result.verdict,
+        notes,
+    )
 
 
 def _example_lines(result: TinyHashResult) -> list[str]:
@@ -260,9 +320,16 @@ def _example_lines(result: TinyHashResult) -> list[str]:
     if row is None:
         return []
     decode = result.tokenizer.decode
-    where = ("" if row["first_false_block"] is None else
-             f", first false hit at block {row['first_false_block']}")
-    return [f"example: request {row['request_id']} ({row['prompt_tokens']} prompt tokens, "
-            f"{row['cached_prompt_tokens']} cached{where})",
-            escape(f"  cache off: {row['reference_output_token_ids']} {decode(row['reference_output_token_ids'])!r}"),
-            escape(f"  {result.broken.variant} keys: {row['output_token_ids']} {decode(row['output_token_ids'])!r}")]
+    where = (
+        "" if row["first_false_block"] is None else f", first false hit at block {row['first_false_block']}"
+    )
+    return [
+        f"example: request {row['request_id']} ({row['prompt_tokens']} prompt tokens, "
+        f"{row['cached_prompt_tokens']} cached{where})",
+        escape(
+            f"  cache off: {row['reference_output_token_ids']} {decode(row['reference_output_token_ids'])!r}"
+        ),
+        escape(
+            f"  {result.broken.variant} keys: {row['output_token_ids']} {decode(row['output_token_ids'])!r}"
+        ),
+    ]

@@ -29,7 +29,13 @@ import pyarrow as pa
 from rich.table import Table
 
 from kvbench.breaks.common import (
-    ParquetTable, Progress, VariantRun, break_schema, format_mib, run_variant, variant_backend,
+    ParquetTable,
+    Progress,
+    VariantRun,
+    break_schema,
+    format_mib,
+    run_variant,
+    variant_backend,
     verdict_table,
 )
 from kvbench.cache.base import CacheConfig
@@ -102,31 +108,50 @@ class ViewsResult:
     @property
     def verdict(self) -> str:
         held, configured = self.peak("views", "held_kv_bytes"), self.configured_kv_bytes
-        return (f"views: the cache believes it holds at most {format_mib(self.peak('views', 'nominal_kv_bytes'))} "
-                f"MiB but keeps {format_mib(held)} MiB alive ({held / configured:.1f}x the configured "
-                f"{format_mib(configured)} MiB); copies: at most {format_mib(self.peak('copies', 'held_kv_bytes'))} "
-                f"MiB held, within the configured size")
+        return (
+            f"views: the cache believes it holds at most {format_mib(self.peak('views', 'nominal_kv_bytes'))} "
+            f"MiB but keeps {format_mib(held)} MiB alive ({held / configured:.1f}x the configured "
+            f"{format_mib(configured)} MiB); copies: at most {format_mib(self.peak('copies', 'held_kv_bytes'))} "
+            f"MiB held, within the configured size"
+        )
 
     def parquet_tables(self) -> list[ParquetTable]:
-        rows = [{k: v for k, v in row.items() if k != "rss_before_bytes"} for run in self.runs for row in run.rows]
+        rows = [
+            {k: v for k, v in row.items() if k != "rss_before_bytes"} for run in self.runs for row in run.rows
+        ]
         return [ParquetTable(rows, break_schema(EXTRA_FIELDS))]
 
     def metadata(self) -> dict:
-        return {"config": vars(self.config), "verdict": self.verdict, "configured_kv_bytes": self.configured_kv_bytes,
-                "summaries": {run.variant: run.summary.as_dict() for run in self.runs}}
+        return {
+            "config": vars(self.config),
+            "verdict": self.verdict,
+            "configured_kv_bytes": self.configured_kv_bytes,
+            "summaries": {run.variant: run.summary.as_dict() for run in self.runs},
+        }
 
 
-def run_views(loaded: LoadedModel, config: ViewsConfig = ViewsConfig(), tokenizer: Tokenizer | None = None,
-              progress: Progress | None = None) -> ViewsResult:
+def run_views(
+    loaded: LoadedModel,
+    config: ViewsConfig = ViewsConfig(),
+    tokenizer: Tokenizer | None = None,
+    progress: Progress | None = None,
+) -> ViewsResult:
     """Serve the shared-prefix trace with copies, then with views, measuring bytes after each request.
 
     Raises:
         InputError: ``cache_bytes`` holds not even one block of this model.
     """
     tokenizer = tokenizer or load_tokenizer()
-    trace = generate_shared_prefix(SharedPrefixConfig(
-        num_requests=config.num_requests, system_tokens=config.system_tokens,
-        question_tokens=config.question_tokens, max_tokens=config.max_tokens, seed=config.seed), tokenizer)
+    trace = generate_shared_prefix(
+        SharedPrefixConfig(
+            num_requests=config.num_requests,
+            system_tokens=config.system_tokens,
+            question_tokens=config.question_tokens,
+            max_tokens=config.max_tokens,
+            seed=config.seed,
+        ),
+        tokenizer,
+    )
     requests = trace_requests(trace, tokenizer)
     layout = loaded.kv_layout(config.block_size)
     capacity = capacity_blocks_for_bytes(config.cache_bytes, layout)
@@ -134,18 +159,26 @@ def run_views(loaded: LoadedModel, config: ViewsConfig = ViewsConfig(), tokenize
     process = psutil.Process()
     # One request of the same shape, cache off: the allocator's growth for prefill activations is
     # then paid before the first variant's "RSS before", not counted as that variant's KV.
-    make_engine(loaded).generate(requests[0].token_ids, SamplingParams(max_tokens=config.max_tokens, ignore_eos=True))
+    make_engine(loaded).generate(
+        requests[0].token_ids, SamplingParams(max_tokens=config.max_tokens, ignore_eos=True)
+    )
     runs = []
     for variant in VARIANTS:
         gc.collect()  # the previous variant's engine and its KV are gone before this one starts
-        backend = variant_backend(loaded, CacheConfig(capacity, config.block_size), store_views=variant == "views")
+        backend = variant_backend(
+            loaded, CacheConfig(capacity, config.block_size), store_views=variant == "views"
+        )
         engine = backend.engine
         rss_before = process.memory_info().rss
 
         def hook(request, result, engine=engine, rss_before=rss_before):
-            return {"configured_kv_bytes": configured, "nominal_kv_bytes": engine.nominal_kv_bytes(),
-                    "held_kv_bytes": engine.held_kv_bytes(), "rss_bytes": process.memory_info().rss,
-                    "rss_before_bytes": rss_before}
+            return {
+                "configured_kv_bytes": configured,
+                "nominal_kv_bytes": engine.nominal_kv_bytes(),
+                "held_kv_bytes": engine.held_kv_bytes(),
+                "rss_bytes": process.memory_info().rss,
+                "rss_before_bytes": rss_before,
+            }
 
         runs.append(run_variant(backend, requests, EXPERIMENT, variant, hook, progress))
         engine.wait_idle()  # its worker thread has let go of it: the next variant starts without this KV
@@ -158,18 +191,39 @@ def views_table(result: ViewsResult) -> Table:
     rows = []
     for run in result.runs:
         variant, held = run.variant, result.peak(run.variant, "held_kv_bytes")
-        rows.append((variant, format_mib(result.configured_kv_bytes),
-                     format_mib(result.peak(variant, "nominal_kv_bytes")), format_mib(held),
-                     format_mib(run.rows[-1]["held_kv_bytes"]), f"{held / result.configured_kv_bytes:.2f}",
-                     format_mib(result.rss_growth_bytes(variant))))
+        rows.append(
+            (
+                variant,
+                format_mib(result.configured_kv_bytes),
+                format_mib(result.peak(variant, "nominal_kv_bytes")),
+                format_mib(held),
+                format_mib(run.rows[-1]["held_kv_bytes"]),
+                f"{held / result.configured_kv_bytes:.2f}",
+                format_mib(result.rss_growth_bytes(variant)),
+            )
+        )
     config = result.config
-    notes = [f"{config.num_requests} requests per variant: a {config.system_tokens:,}-token shared system prompt + "
-             f"a {config.question_tokens}-token question, {config.max_tokens} output tokens; MiB = 2**20 bytes",
-             "believed = cached blocks x bytes per block; held = distinct storages the cached blocks keep alive "
-             "(a view keeps its whole base tensor); RSS growth = peak RSS - RSS before the variant"]
-    return verdict_table("kvbench break views: cached views keep whole requests alive",
-                         ("variant", "configured", "believed (peak)", "held (peak)", "held (final)",
-                          "held / configured", "RSS growth"), rows, result.verdict, notes)
+    notes = [
+        f"{config.num_requests} requests per variant: a {config.system_tokens:,}-token shared system prompt + "
+        f"a {config.question_tokens}-token question, {config.max_tokens} output tokens; MiB = 2**20 bytes",
+        "believed = cached blocks x bytes per block; held = distinct storages the cached blocks keep alive "
+        "(a view keeps its whole base tensor); RSS growth = peak RSS - RSS before the variant",
+    ]
+    return verdict_table(
+        "kvbench break views: cached views keep whole requests alive",
+        (
+            "variant",
+            "configured",
+            "believed (peak)",
+            "held (peak)",
+            "held (final)",
+            "held / configured",
+            "RSS growth",
+        ),
+        rows,
+        result.verdict,
+        notes,
+    )
 
 
 def plot_views(result: ViewsResult, path: Path) -> Path:
@@ -184,9 +238,13 @@ def plot_views(result: ViewsResult, path: Path) -> Path:
         held = [value / 2**20 for value in run.column("held_kv_bytes")]
         nominal = [value / 2**20 for value in run.column("nominal_kv_bytes")]
         axis.plot(range(1, len(held) + 1), held, color=color, label=f"{run.variant}: really held")
-        axis.plot(range(1, len(nominal) + 1), nominal, color=color, linestyle=":", label=f"{run.variant}: believed")
+        axis.plot(
+            range(1, len(nominal) + 1), nominal, color=color, linestyle=":", label=f"{run.variant}: believed"
+        )
     axis.axhline(result.configured_kv_bytes / 2**20, color="black", linestyle="--", label="configured size")
-    axis.set(xlabel="requests served", ylabel="KV bytes (MiB)", title="kvbench break views: KV bytes per request")
+    axis.set(
+        xlabel="requests served", ylabel="KV bytes (MiB)", title="kvbench break views: KV bytes per request"
+    )
     axis.legend()
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -25,8 +25,10 @@ from kvbench.cache.block_hash import HashConfig, PromptBlocks
 Clock = Callable[[], float]  # returns seconds; injectable so TTL tests need no sleeping
 
 
-HEAD_FIRST_RADIX_ERROR = ("the radix cache evicts leaves only, so a chain head can never go before its "
-                          "tail: head-first release exists only for the hash cache")
+HEAD_FIRST_RADIX_ERROR = (
+    "the radix cache evicts leaves only, so a chain head can never go before its "
+    "tail: head-first release exists only for the hash cache"
+)
 
 
 class ReleaseOrder(str, Enum):
@@ -249,6 +251,8 @@ def make_cache(config: CacheConfig, clock: Clock | None = None) -> PrefixCache:
     from kvbench.cache.hash_cache import HashPrefixCache
     from kvbench.cache.radix_cache import RadixPrefixCache
 
-    classes: dict[CacheKind, Callable[..., PrefixCache]] = {CacheKind.HASH: HashPrefixCache,
-                                                             CacheKind.RADIX: RadixPrefixCache}
+    classes: dict[CacheKind, Callable[..., PrefixCache]] = {
+        CacheKind.HASH: HashPrefixCache,
+        CacheKind.RADIX: RadixPrefixCache,
+    }
     return classes[config.kind](config, clock=clock)

@@ -90,6 +90,7 @@ class HashConfig:
 def _digest_function(config: HashConfig):
     """Return ``bytes -> BlockHash`` for ``config``, truncation included."""
     if config.algo is HashAlgo.SHA256:
+
         def full(data: bytes) -> bytes:
             return hashlib.sha256(data).digest()
     else:
@@ -251,8 +252,12 @@ class BlockHasher:
         token_bytes = encode_token_ids(token_ids) if token_bytes is None else token_bytes
         extra = encode_extra_keys(extra_keys)
         step = self.block_size * TOKEN_ID_BYTES
-        keys = [*known_keys, *self.hash_token_bytes(token_bytes[len(known_keys) * step:], salt, extra,
-                                                    known_keys[-1] if known_keys else None)]
+        keys = [
+            *known_keys,
+            *self.hash_token_bytes(
+                token_bytes[len(known_keys) * step :], salt, extra, known_keys[-1] if known_keys else None
+            ),
+        ]
         block_tokens = None
         if keep_tokens:
             block_tokens = tuple(token_bytes[i * step : (i + 1) * step] for i in range(len(keys)))

@@ -55,7 +55,9 @@ class PoolIndex:
         self.num_deduplicated_blocks = 0
         radix = self.kind is CacheKind.RADIX
         self.block_keys = self._token_runs if radix else self._chained_hashes
-        self.key = _tree_key if radix else _chained_key  # (parent block id | None, keys, index, namespace) -> pool key
+        self.key = (
+            _tree_key if radix else _chained_key
+        )  # (parent block id | None, keys, index, namespace) -> pool key
         self._deduplicate = radix
 
     # -- keys --------------------------------------------------------------------------------------
@@ -90,7 +92,9 @@ class PoolIndex:
             parent = block_id
         return hit
 
-    def key_block(self, block_table: list[int], index: int, keys: Sequence[Hashable], namespace: Hashable) -> bool:
+    def key_block(
+        self, block_table: list[int], index: int, keys: Sequence[Hashable], namespace: Hashable
+    ) -> bool:
         """Give full, computed block ``block_table[index]`` its key (blocks before it keyed already);
         ``True`` if it is newly keyed. Radix: if the tree already holds that block, the table switches
         to the tree's block (pinned) and the duplicate is freed (``False``)."""

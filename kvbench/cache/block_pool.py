@@ -53,7 +53,10 @@ class BlockPool:
         self._reuse_freed_first = reuse_freed_first
         # the free queue's parts in allocation order (module docstring), bound once
         empty_then_fresh = (self._take_empty, self._take_fresh)
-        self._take_order = (*(empty_then_fresh if reuse_freed_first else empty_then_fresh[::-1]), self._take_victims)
+        self._take_order = (
+            *(empty_then_fresh if reuse_freed_first else empty_then_fresh[::-1]),
+            self._take_victims,
+        )
         self.num_evicted_blocks = 0  # keys dropped because an allocation took their block
 
     # -- reading state -----------------------------------------------------------------------------
@@ -83,7 +86,9 @@ class BlockPool:
     def ref_count(self, block_id: int) -> int:
         """Pointers at ``block_id`` (0 when free); raises ``IndexError`` outside the pool."""
         if not self.first_block_id <= block_id < self._end_block_id:
-            raise IndexError(f"block {block_id} is outside the pool [{self.first_block_id}, {self._end_block_id})")
+            raise IndexError(
+                f"block {block_id} is outside the pool [{self.first_block_id}, {self._end_block_id})"
+            )
         return self._ref_counts[block_id] if block_id < len(self._ref_counts) else 0
 
     def block_key(self, block_id: int) -> Hashable | None:
@@ -241,7 +246,9 @@ class BlockPool:
         at_zero = {b for b in range(self.first_block_id, len(ref_counts)) if not ref_counts[b]}
         if free != at_zero:
             raise AssertionError(f"free queue and ref counts disagree: {sorted(free ^ at_zero)}")
-        if any(block_id in self._keys for block_id in empty) or any(block_id not in self._keys for block_id in lru):
+        if any(block_id in self._keys for block_id in empty) or any(
+            block_id not in self._keys for block_id in lru
+        ):
             raise AssertionError("an empty free block holds a key, or a cached free block holds none")
         expected: dict[Hashable, set[int]] = {}
         for block_id, key in self._keys.items():

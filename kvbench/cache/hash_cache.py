@@ -128,7 +128,9 @@ class HashPrefixCache:
         stats.num_hit_blocks += len(hits)
         return MatchResult(len(hits), hits, _payloads_of, expired)
 
-    def _verified_hits(self, prompt: PromptBlocks, keys: Sequence[BlockHash], hits: list[CachedBlock]) -> None:
+    def _verified_hits(
+        self, prompt: PromptBlocks, keys: Sequence[BlockHash], hits: list[CachedBlock]
+    ) -> None:
         """The lookup loop with nano-vllm's guard: a key hit counts only if the tokens agree too."""
         if prompt.block_tokens is None:
             raise ValueError("verify_tokens needs prompts built with their token bytes")
@@ -182,8 +184,12 @@ class HashPrefixCache:
                 if not free:
                     num_refused = stop - index
                     break
-                block = self._reuse_victim(key, tokens[index] if tokens is not None else None,
-                                           payloads[index - start] if payloads is not None else None, now)
+                block = self._reuse_victim(
+                    key,
+                    tokens[index] if tokens is not None else None,
+                    payloads[index - start] if payloads is not None else None,
+                    now,
+                )
                 num_evicted += 1
             else:
                 num_held += 1
@@ -201,7 +207,9 @@ class HashPrefixCache:
         self.stats.num_refused_blocks += num_refused
         return InsertResult(num_inserted, num_existing, num_refused, handles)
 
-    def _reuse_victim(self, key: BlockHash, token_bytes: bytes | None, payload: Any, now: float) -> CachedBlock:
+    def _reuse_victim(
+        self, key: BlockHash, token_bytes: bytes | None, payload: Any, now: float
+    ) -> CachedBlock:
         """Evict the front of the free list and reuse its object for ``key``, pinned, as vLLM's
         BlockPool reuses physical blocks: the old key and payload are dropped here (lazy eviction
         at reallocation)."""

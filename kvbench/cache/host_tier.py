@@ -67,6 +67,9 @@ class HostTierIndex:
     def check_invariants(self) -> None:
         """Raise ``AssertionError`` unless every slot is either free or held by exactly one key."""
         held = list(self._slots.values())
-        if len(set(held)) != len(held) or set(held) & set(self._free) or \
-                len(held) + len(self._free) != self.capacity_blocks:
+        if (
+            len(set(held)) != len(held)
+            or set(held) & set(self._free)
+            or len(held) + len(self._free) != self.capacity_blocks
+        ):
             raise AssertionError(f"host tier slots inconsistent: {len(held)} held, {len(self._free)} free")

@@ -30,7 +30,16 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from kvbench.cache.base import CacheConfig, CacheKind, CacheStats, Clock, InsertResult, MatchResult, ReleaseOrder, insert_range
+from kvbench.cache.base import (
+    CacheConfig,
+    CacheKind,
+    CacheStats,
+    Clock,
+    InsertResult,
+    MatchResult,
+    ReleaseOrder,
+    insert_range,
+)
 from kvbench.cache.block_hash import BlockHasher, PromptBlocks
 from kvbench.cache.block_index import PoolIndex
 from kvbench.cache.block_pool import BlockPool
@@ -83,7 +92,9 @@ class PoolPrefixCache:
 
     def __init__(self, config: CacheConfig, clock: Clock | None = None) -> None:
         if config.verify_tokens:
-            raise ValueError("a pool-backed cache does not implement verify_tokens (hash trusts keys; radix compares tokens)")
+            raise ValueError(
+                "a pool-backed cache does not implement verify_tokens (hash trusts keys; radix compares tokens)"
+            )
         self.config = config
         self.stats = CacheStats(block_size=config.block_size)
         self.pool = BlockPool(config.capacity_blocks)
@@ -114,8 +125,13 @@ class PoolPrefixCache:
         self.stats.num_hit_blocks += len(hit)
         return MatchResult(len(hit), hit, self._payloads_of, expired)
 
-    def insert(self, prompt: PromptBlocks, start_block: int, payloads: Sequence[Any] | None = None,
-               stop_block: int | None = None) -> InsertResult:
+    def insert(
+        self,
+        prompt: PromptBlocks,
+        start_block: int,
+        payloads: Sequence[Any] | None = None,
+        stop_block: int | None = None,
+    ) -> InsertResult:
         """Store blocks ``start_block .. stop_block`` pinned: a key the pool holds is pinned instead; a new
         one takes the free queue's front block (evicting its key); none free = the rest is refused.
         Radix: the handles also pin blocks ``0 .. start_block`` again (module docstring).
@@ -129,8 +145,10 @@ class PoolPrefixCache:
         keys, namespace = self._keys(prompt)
         path = index_.cached_prefix(keys[:start], namespace) if self._radix else []
         if len(path) < start and self._radix:
-            raise ValueError(f"blocks before start_block {start} must be cached (the caller's pinned hit); "
-                             f"only {len(path)} are")
+            raise ValueError(
+                f"blocks before start_block {start} must be cached (the caller's pinned hit); "
+                f"only {len(path)} are"
+            )
         pool.touch(path)
         handles, parent = list(path), path[-1] if path else None
         num_existing = num_refused = 0

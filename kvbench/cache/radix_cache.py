@@ -314,7 +314,8 @@ class RadixPrefixCache:
                 if not node.lock_ref and not node.children and id(node) not in live_heap:
                     raise AssertionError(f"evictable leaf {node!r} is missing from the heap")
         if total != self._num_blocks or pinned != self._num_pinned_blocks:
-            raise AssertionError(f"counted {total}/{pinned} blocks, recorded {self._num_blocks}/"
-                                 f"{self._num_pinned_blocks}")
+            raise AssertionError(
+                f"counted {total}/{pinned} blocks, recorded {self._num_blocks}/{self._num_pinned_blocks}"
+            )
         if total > self.config.capacity_blocks:
             raise AssertionError(f"{total} blocks held, capacity {self.config.capacity_blocks}")

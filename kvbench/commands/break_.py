@@ -26,26 +26,35 @@ from kvbench.run.scenario import parse_int_list
 
 break_app = typer.Typer(
     help="Reproduce the classic ways a prefix cache breaks (broken vs correct, same trace) and measure "
-         "the damage. --list describes the experiments.",
+    "the damage. --list describes the experiments.",
     no_args_is_help=False,
 )
 # The experiment modules import the engine (torch): they are imported inside the commands, so that
 # every other kvbench command starts fast.
 
-ModelPath = Annotated[Path | None, typer.Option(
-    "--model", help="Local Hugging Face checkpoint (default: the built-in random Llama).")]
+ModelPath = Annotated[
+    Path | None,
+    typer.Option("--model", help="Local Hugging Face checkpoint (default: the built-in random Llama)."),
+]
 Device = opt.Device  # checked while the flags are parsed, as run's
-Out = Annotated[Path | None, typer.Option(help="Output FILE: the Parquet file (default results/break-NAME-TIME.parquet).")]
+Out = Annotated[
+    Path | None, typer.Option(help="Output FILE: the Parquet file (default results/break-NAME-TIME.parquet).")
+]
 Seed = Annotated[int, typer.Option(help="Workload seed.")]
 BlockSize = Annotated[int, typer.Option(min=1, help="Tokens per cache block.")]
 MaxTokens = Annotated[int | None, typer.Option(help="Output tokens per request (default: the experiment's).")]
-Engine = Annotated[EngineKind, typer.Option(help="The in-process engine the variants run on: copy (a tensor per block) or paged (one KV pool, block tables).")]
+Engine = Annotated[
+    EngineKind,
+    typer.Option(
+        help="The in-process engine the variants run on: copy (a tensor per block) or paged (one KV pool, block tables)."
+    ),
+]
 # Experiments that cannot run on the paged engine, and why (one line each).
 NOT_ON_PAGED = {
     "views": "views shows the copy engine's cached blocks as views of a request's whole KV tensor; the paged "
-             "engine's blocks are slots of one preallocated pool, so there is no view to leak",
+    "engine's blocks are slots of one preallocated pool, so there is no view to leak",
     "tiny-hash": "tiny-hash counts false hits with a lockstep replica of the copy engine's cache; on the paged "
-                 "engine running blocks share the pool, which that replica does not model",
+    "engine running blocks share the pool, which that replica does not model",
 }
 
 
@@ -55,10 +64,18 @@ def _on_engine(experiment: str, engine: EngineKind) -> None:
         raise InputError(f"kvbench break {experiment} --engine paged: {NOT_ON_PAGED[experiment]}")
 
 
-_FLAGS = {"hash_bits": "--bits", "num_requests": "--requests", "num_prefixes": "--prefixes", "num_trials": "--trials",
-          "num_sim_requests": "--sim-requests", "num_engine_requests": "--engine-requests",
-          "engine_capacity_blocks": "--engine-size", "sizes_blocks": "--sizes", "cache_bytes": "--cache-size",
-          "scenarios": "--scenarios"}  # config field -> its flag where the names differ
+_FLAGS = {
+    "hash_bits": "--bits",
+    "num_requests": "--requests",
+    "num_prefixes": "--prefixes",
+    "num_trials": "--trials",
+    "num_sim_requests": "--sim-requests",
+    "num_engine_requests": "--engine-requests",
+    "engine_capacity_blocks": "--engine-size",
+    "sizes_blocks": "--sizes",
+    "cache_bytes": "--cache-size",
+    "scenarios": "--scenarios",
+}  # config field -> its flag where the names differ
 
 
 def _config(cls: type, **fields: Any) -> Any:
@@ -85,8 +102,14 @@ def _load(model: Path | None, device: str, say: Callable[[str], None]):
 def _progress(heartbeat: Heartbeat) -> Iterator[Callable[[str, int, int], None]]:
     """A transient progress bar on stderr; yields the experiments' ``progress(label, done, total)``,
     which also gives ``heartbeat`` its text (outside a terminal, the bar shows nothing until the end)."""
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   console=heartbeat.console, transient=True)
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=heartbeat.console,
+        transient=True,
+    )
     task = bar.add_task("starting", total=None)
 
     def progress(label: str, done: int, total: int) -> None:
@@ -97,8 +120,15 @@ def _progress(heartbeat: Heartbeat) -> Iterator[Callable[[str, int, int], None]]
         yield progress
 
 
-def _experiment(experiment: str, run: Callable[[Any, Any, Any], Any], tables: Callable[[Any], list[Table]],
-                model: Path | None, device: str, out: Path | None, threads: int | None = None) -> Any:
+def _experiment(
+    experiment: str,
+    run: Callable[[Any, Any, Any], Any],
+    tables: Callable[[Any], list[Table]],
+    model: Path | None,
+    device: str,
+    out: Path | None,
+    threads: int | None = None,
+) -> Any:
     """Check ``out``, load the model at the threads :func:`~kvbench.engine.threads.chosen_threads`
     picks (``threads``: ``--threads``), ``run(loaded, tokenizer, progress)`` under a progress bar and a
     :class:`Heartbeat`, print ``tables(result)`` and write the Parquet file(s) (the choice as their
@@ -124,9 +154,17 @@ def _experiment(experiment: str, run: Callable[[Any, Any, Any], Any], tables: Ca
         except KeyboardInterrupt:
             finished, running = collected.finished, collected.running
             path = write_finished(out, experiment, finished, running)
-            partial = f" and {len(running.rows)} rows of the cut variant {running.variant}" if running and running.rows else ""
-            kept = (f"kept {len(finished)} finished variant(s), {sum(len(r.rows) for r in finished)} rows{partial}, "
-                    f"in {path}" if path else "no request had finished; nothing written")
+            partial = (
+                f" and {len(running.rows)} rows of the cut variant {running.variant}"
+                if running and running.rows
+                else ""
+            )
+            kept = (
+                f"kept {len(finished)} finished variant(s), {sum(len(r.rows) for r in finished)} rows{partial}, "
+                f"in {path}"
+                if path
+                else "no request had finished; nothing written"
+            )
             raise Interrupted(f"kvbench break {experiment}: {kept}") from None
     _report(experiment, result, tables(result), out, {"threads": choice.as_dict()})
     return result
@@ -155,7 +193,9 @@ def list_experiments(
     if not list_:
         typer.echo(ctx.get_help())
         raise typer.Exit(2)  # as bare `kvbench` does: no experiment named is a usage error
-    table = Table(title="kvbench break: experiments (kvbench break NAME --help for flags)", title_justify="left")
+    table = Table(
+        title="kvbench break: experiments (kvbench break NAME --help for flags)", title_justify="left"
+    )
     for column in ("experiment", "what breaks", "what it shows", "defaults"):
         table.add_column(column)
     for info in EXPERIMENTS:
@@ -165,7 +205,10 @@ def list_experiments(
 
 
 def timestamp_command(
-    requests: Annotated[int | None, typer.Option("--requests", "--num-requests", min=1, help="Requests per variant (the first is cold).")] = None,
+    requests: Annotated[
+        int | None,
+        typer.Option("--requests", "--num-requests", min=1, help="Requests per variant (the first is cold)."),
+    ] = None,
     system_tokens: Annotated[int | None, typer.Option(help="Shared system prompt, tokens.")] = None,
     question_tokens: Annotated[int | None, typer.Option(help="Unique question per request, tokens.")] = None,
     max_tokens: MaxTokens = None,
@@ -180,21 +223,45 @@ def timestamp_command(
     """'Current time: <now>' first in the system prompt vs last vs absent: hit rate and TTFT."""
     from kvbench.breaks import timestamp
 
-    config = _config(timestamp.TimestampConfig, num_requests=requests, system_tokens=system_tokens,
-                     question_tokens=question_tokens, max_tokens=max_tokens, block_size=block_size, seed=seed,
-                     engine=engine)
-    _experiment(timestamp.EXPERIMENT, lambda loaded, tokenizer, progress: timestamp.run_timestamp(
-        loaded, config, tokenizer, progress), lambda result: [timestamp.timestamp_table(result)], model, device, out, threads)
+    config = _config(
+        timestamp.TimestampConfig,
+        num_requests=requests,
+        system_tokens=system_tokens,
+        question_tokens=question_tokens,
+        max_tokens=max_tokens,
+        block_size=block_size,
+        seed=seed,
+        engine=engine,
+    )
+    _experiment(
+        timestamp.EXPERIMENT,
+        lambda loaded, tokenizer, progress: timestamp.run_timestamp(loaded, config, tokenizer, progress),
+        lambda result: [timestamp.timestamp_table(result)],
+        model,
+        device,
+        out,
+        threads,
+    )
 
 
 def head_first_command(
-    scenarios: Annotated[str | None, typer.Option(
-        help="Comma-separated scenario files (default: scenarios/multi_prefix_zipf.toml and "
-             "multi_prefix_rr.toml).")] = None,
-    sizes: Annotated[str | None, typer.Option(help="Cache sizes in blocks (default: each scenario's).")] = None,
+    scenarios: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated scenario files (default: scenarios/multi_prefix_zipf.toml and "
+            "multi_prefix_rr.toml)."
+        ),
+    ] = None,
+    sizes: Annotated[
+        str | None, typer.Option(help="Cache sizes in blocks (default: each scenario's).")
+    ] = None,
     sim_requests: Annotated[int | None, typer.Option(help="Simulate only the first N requests.")] = None,
-    engine_requests: Annotated[int | None, typer.Option(help="Requests served on the engine per order.")] = None,
-    engine_size: Annotated[int | None, typer.Option(help="Engine cache size in blocks (default: largest gap).")] = None,
+    engine_requests: Annotated[
+        int | None, typer.Option(help="Requests served on the engine per order.")
+    ] = None,
+    engine_size: Annotated[
+        int | None, typer.Option(help="Engine cache size in blocks (default: largest gap).")
+    ] = None,
     max_tokens: MaxTokens = None,
     model: ModelPath = None,
     device: Device = "cpu",
@@ -209,16 +276,31 @@ def head_first_command(
     for path in paths:
         if not path.exists():
             raise InputError(f"--scenarios: {path}: no such file")
-    config = _config(head_first.HeadFirstConfig, scenarios=paths,
-                     sizes_blocks=tuple(parse_int_list(sizes, "--sizes")) if sizes is not None else None,
-                     num_sim_requests=sim_requests, num_engine_requests=engine_requests,
-                     engine_capacity_blocks=engine_size, max_tokens=max_tokens, engine=engine)
-    _experiment(head_first.EXPERIMENT, lambda loaded, _, progress: head_first.run_head_first(loaded, config, progress),
-                lambda result: [head_first.sweep_table(result), head_first.engine_table(result)], model, device, out, threads)
+    config = _config(
+        head_first.HeadFirstConfig,
+        scenarios=paths,
+        sizes_blocks=tuple(parse_int_list(sizes, "--sizes")) if sizes is not None else None,
+        num_sim_requests=sim_requests,
+        num_engine_requests=engine_requests,
+        engine_capacity_blocks=engine_size,
+        max_tokens=max_tokens,
+        engine=engine,
+    )
+    _experiment(
+        head_first.EXPERIMENT,
+        lambda loaded, _, progress: head_first.run_head_first(loaded, config, progress),
+        lambda result: [head_first.sweep_table(result), head_first.engine_table(result)],
+        model,
+        device,
+        out,
+        threads,
+    )
 
 
 def views_command(
-    requests: Annotated[int | None, typer.Option("--requests", "--num-requests", min=1, help="Requests per variant.")] = None,
+    requests: Annotated[
+        int | None, typer.Option("--requests", "--num-requests", min=1, help="Requests per variant.")
+    ] = None,
     system_tokens: Annotated[int | None, typer.Option(help="Shared system prompt, tokens.")] = None,
     question_tokens: Annotated[int | None, typer.Option(help="Unique question per request, tokens.")] = None,
     max_tokens: MaxTokens = None,
@@ -238,18 +320,34 @@ def views_command(
 
     from kvbench.memory.layout import parse_bytes
 
-    config = _config(views.ViewsConfig, num_requests=requests, system_tokens=system_tokens,
-                     question_tokens=question_tokens, max_tokens=max_tokens, cache_bytes=parse_bytes(cache_size),
-                     block_size=block_size, seed=seed)
-    result = _experiment(views.EXPERIMENT, lambda loaded, tokenizer, progress: views.run_views(
-        loaded, config, tokenizer, progress), lambda result: [views.views_table(result)], model, device, out, threads)
+    config = _config(
+        views.ViewsConfig,
+        num_requests=requests,
+        system_tokens=system_tokens,
+        question_tokens=question_tokens,
+        max_tokens=max_tokens,
+        cache_bytes=parse_bytes(cache_size),
+        block_size=block_size,
+        seed=seed,
+    )
+    result = _experiment(
+        views.EXPERIMENT,
+        lambda loaded, tokenizer, progress: views.run_views(loaded, config, tokenizer, progress),
+        lambda result: [views.views_table(result)],
+        model,
+        device,
+        out,
+        threads,
+    )
     if plot is not None:
         make_console().print(f"wrote {views.plot_views(result, plot)}")
 
 
 def tiny_hash_command(
     bits: Annotated[int | None, typer.Option(help="Bits kept of every block key (8..256).")] = None,
-    requests: Annotated[int | None, typer.Option("--requests", "--num-requests", min=1, help="Requests per run.")] = None,
+    requests: Annotated[
+        int | None, typer.Option("--requests", "--num-requests", min=1, help="Requests per run.")
+    ] = None,
     prefixes: Annotated[int | None, typer.Option(help="Shared system prompts (Zipf popularity).")] = None,
     prefix_tokens: Annotated[int | None, typer.Option(help="Tokens per system prompt.")] = None,
     unique_tokens: Annotated[int | None, typer.Option(help="Unique tokens per request.")] = None,
@@ -266,15 +364,32 @@ def tiny_hash_command(
     _on_engine("tiny-hash", engine)
     from kvbench.breaks import tiny_hash
 
-    config = _config(tiny_hash.TinyHashConfig, hash_bits=bits, num_requests=requests, num_prefixes=prefixes,
-                     prefix_tokens=prefix_tokens, unique_tokens=unique_tokens, max_tokens=max_tokens,
-                     block_size=block_size, seed=seed)
-    _experiment(tiny_hash.EXPERIMENT, lambda loaded, tokenizer, progress: tiny_hash.run_tiny_hash(
-        loaded, config, tokenizer, progress), lambda result: [tiny_hash.tiny_hash_table(result)], model, device, out, threads)
+    config = _config(
+        tiny_hash.TinyHashConfig,
+        hash_bits=bits,
+        num_requests=requests,
+        num_prefixes=prefixes,
+        prefix_tokens=prefix_tokens,
+        unique_tokens=unique_tokens,
+        max_tokens=max_tokens,
+        block_size=block_size,
+        seed=seed,
+    )
+    _experiment(
+        tiny_hash.EXPERIMENT,
+        lambda loaded, tokenizer, progress: tiny_hash.run_tiny_hash(loaded, config, tokenizer, progress),
+        lambda result: [tiny_hash.tiny_hash_table(result)],
+        model,
+        device,
+        out,
+        threads,
+    )
 
 
 def shared_salt_command(
-    trials: Annotated[int | None, typer.Option(help="Private prompts, each guessed right and wrong once.")] = None,
+    trials: Annotated[
+        int | None, typer.Option(help="Private prompts, each guessed right and wrong once.")
+    ] = None,
     prompt_tokens: Annotated[int | None, typer.Option(help="Tokens per prompt.")] = None,
     max_tokens: MaxTokens = None,
     alpha: Annotated[float | None, typer.Option(help="Significance level for calling it a leak.")] = None,
@@ -289,11 +404,25 @@ def shared_salt_command(
     """Tenants without salts: B's TTFT reveals whether its guess of A's prompt was cached."""
     from kvbench.breaks import shared_salt
 
-    config = _config(shared_salt.SharedSaltConfig, num_trials=trials, prompt_tokens=prompt_tokens,
-                     max_tokens=max_tokens, alpha=alpha, block_size=block_size, seed=seed, engine=engine)
-    _experiment(shared_salt.EXPERIMENT, lambda loaded, tokenizer, progress: shared_salt.run_shared_salt(
-        loaded, config, tokenizer, progress), lambda result: [shared_salt.shared_salt_table(result)],
-        model, device, out, threads)
+    config = _config(
+        shared_salt.SharedSaltConfig,
+        num_trials=trials,
+        prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens,
+        alpha=alpha,
+        block_size=block_size,
+        seed=seed,
+        engine=engine,
+    )
+    _experiment(
+        shared_salt.EXPERIMENT,
+        lambda loaded, tokenizer, progress: shared_salt.run_shared_salt(loaded, config, tokenizer, progress),
+        lambda result: [shared_salt.shared_salt_table(result)],
+        model,
+        device,
+        out,
+        threads,
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -61,9 +61,12 @@ def sigterm_as_interrupt() -> Iterator[None]:
         raise KeyboardInterrupt  # the signal was swallowed on the way: still stop with 130
 
 
-def plain_progress(console: Console, update: Callable[[list[dict[str, Any]], int], None],
-                   every_s: float | None = None, clock: Callable[[], float] = time.monotonic
-                   ) -> Callable[[list[dict[str, Any]], int], None]:
+def plain_progress(
+    console: Console,
+    update: Callable[[list[dict[str, Any]], int], None],
+    every_s: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> Callable[[list[dict[str, Any]], int], None]:
     """``update`` plus, every ``every_s`` seconds (default :data:`PLAIN_PROGRESS_EVERY_S`), one plain
     line on ``console``: ``progress: 120/1,000 requests, 2 failed, 3m12s``. For output that is not a
     terminal, where a live bar shows nothing until the end (issue 19: a 14-minute blank under nohup)."""
@@ -78,8 +81,12 @@ def plain_progress(console: Console, update: Callable[[list[dict[str, Any]], int
             last_s[0] = now_s
             failed = sum(1 for row in rows if row["status"] != "ok")
             elapsed = int(now_s - started_s)
-            console.print(f"progress: {len(rows):,}/{total:,} requests, {failed:,} failed, "
-                          f"{elapsed // 60}m{elapsed % 60:02d}s", soft_wrap=True, highlight=False)
+            console.print(
+                f"progress: {len(rows):,}/{total:,} requests, {failed:,} failed, "
+                f"{elapsed // 60}m{elapsed % 60:02d}s",
+                soft_wrap=True,
+                highlight=False,
+            )
             console.file.flush()
 
     return plain
@@ -138,8 +145,10 @@ class Heartbeat:
         self.stop()
 
 
-def run_with_progress(body: Callable[[Callable[[list[dict[str, Any]], int], None], Callable[[str], None]], T],
-                      on_interrupt: Callable[[Any], None] | None = None) -> T:
+def run_with_progress(
+    body: Callable[[Callable[[list[dict[str, Any]], int], None], Callable[[str], None]], T],
+    on_interrupt: Callable[[Any], None] | None = None,
+) -> T:
     """Run ``body(on_progress, on_status)`` under a live progress line on stderr; SIGTERM acts as Ctrl-C.
     ``on_status`` prints a status line at once (:func:`status_printer`). Outside a terminal, a
     :class:`Heartbeat` until the first request finishes, then a plain progress line every
@@ -160,8 +169,9 @@ def run_with_progress(body: Callable[[Callable[[list[dict[str, Any]], int], None
             raise
 
 
-def _after_first(first: Callable[[], None], update: Callable[[list[dict[str, Any]], int], None]
-                 ) -> Callable[[list[dict[str, Any]], int], None]:
+def _after_first(
+    first: Callable[[], None], update: Callable[[list[dict[str, Any]], int], None]
+) -> Callable[[list[dict[str, Any]], int], None]:
     """``update``, calling ``first()`` before it every time (stopping a heartbeat is idempotent)."""
 
     def both(rows: list[dict[str, Any]], total: int) -> None:

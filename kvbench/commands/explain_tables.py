@@ -7,12 +7,15 @@ from rich.table import Table
 
 from kvbench.words import counted
 
+
 def waterfall_title(explanation, roomy: bool = False) -> str:
     config = explanation.config
     ttl = f", TTL {config.ttl_s:g} s" if config.ttl_s else ""
     room = " (room for everything)" if roomy else ""
-    return (f"kvbench explain: {explanation.name} ({counted(len(explanation.requests), 'request')}; {config.kind.value} "
-            f"cache of {config.capacity_blocks:,} blocks of {config.block_size}{room}{ttl})")
+    return (
+        f"kvbench explain: {explanation.name} ({counted(len(explanation.requests), 'request')}; {config.kind.value} "
+        f"cache of {config.capacity_blocks:,} blocks of {config.block_size}{room}{ttl})"
+    )
 
 
 def waterfall_table(explanation, roomy: bool = False) -> Table:
@@ -29,15 +32,24 @@ def requests_table(explanation, show: int) -> Table:
     """The ``show`` requests that lost most beyond their own new tokens, in replay order; the
     requests whose only loss is their own new tokens are one count in the caption."""
     losing = [item for item in explanation.requests if item.num_lost_tokens > 0]
-    chosen = sorted(sorted(losing, key=lambda e: e.num_lost_tokens, reverse=True)[:show],
-                    key=lambda e: e.request.arrival_s)
+    chosen = sorted(
+        sorted(losing, key=lambda e: e.num_lost_tokens, reverse=True)[:show],
+        key=lambda e: e.request.arrival_s,
+    )
     table = Table(title=f"per request: the {len(chosen)} that lost most", show_lines=True)
     for column in ("request", "prompt", "hit", "diverges at", "causes (tokens, offset)"):
-        table.add_column(column, justify="left" if column in ("request", "causes (tokens, offset)") else "right")
+        table.add_column(
+            column, justify="left" if column in ("request", "causes (tokens, offset)") else "right"
+        )
     for item in chosen:
         earlier = f"{item.shared_tokens:,} vs {item.earlier_request_id}" if item.earlier_request_id else "-"
-        table.add_row(escape(item.request.request_id), f"{item.request.num_tokens:,}", f"{item.hit_tokens:,}",
-                      escape(earlier), "\n".join(_cause_lines(item)))
+        table.add_row(
+            escape(item.request.request_id),
+            f"{item.request.num_tokens:,}",
+            f"{item.hit_tokens:,}",
+            escape(earlier),
+            "\n".join(_cause_lines(item)),
+        )
     table.caption = requests_caption(len(explanation.requests) - len(losing), len(losing) - len(chosen))
     return table
 
@@ -68,17 +80,25 @@ def lint_tables(report, show: int = 12) -> list[Table]:
     summary = Table(title="kvbench explain --lint")
     summary.add_column("check")
     summary.add_column("result", justify="right")
-    summary.add_row("prompt tokens after the first volatile value",
-                    f"{report.num_tokens_after_volatile:,} of {report.num_prompt_tokens:,} ({report.share_after_volatile:.1%})")
-    summary.add_row("later turns that resend the previous prompt whole",
-                    f"{report.num_turns_append_only:,} of {report.num_turns_checked:,}")
+    summary.add_row(
+        "prompt tokens after the first volatile value",
+        f"{report.num_tokens_after_volatile:,} of {report.num_prompt_tokens:,} ({report.share_after_volatile:.1%})",
+    )
+    summary.add_row(
+        "later turns that resend the previous prompt whole",
+        f"{report.num_turns_append_only:,} of {report.num_turns_checked:,}",
+    )
     summary.add_row("findings", f"{len(report.findings):,}")
     findings = Table(title=f"findings (the first {min(show, len(report.findings)):,})", show_lines=True)
     for column in ("rule", "request", "offset", "detail"):
         findings.add_column(column, justify="right" if column == "offset" else "left")
     for finding in report.findings[:show]:
-        findings.add_row(finding.rule, escape(finding.request_id), f"{finding.offset_tokens:,}",
-                         escape(f"{finding.detail}\n{finding.excerpt}"))
+        findings.add_row(
+            finding.rule,
+            escape(finding.request_id),
+            f"{finding.offset_tokens:,}",
+            escape(f"{finding.detail}\n{finding.excerpt}"),
+        )
     omitted = len(report.findings) - min(show, len(report.findings))
     if omitted:
         findings.caption = f"{omitted:,} more omitted (--show N lists more)"

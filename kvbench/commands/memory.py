@@ -41,27 +41,53 @@ PlotOption = Annotated[Optional[Path], typer.Option("--plot", help=_PLOT_HELP, d
 NoPlotOption = Annotated[bool, typer.Option("--no-plot", help="Write no PNG.")]
 PromptTokensOption = Annotated[int, typer.Option("--prompt-tokens", min=1, help="Prompt length, tokens.")]
 MemoryOption = Annotated[str, typer.Option("--memory", help="Device memory, e.g. 80GiB or 24GB.")]
-UtilizationOption = Annotated[float, typer.Option(
-    "--gpu-memory-utilization", min=0.01, max=1.0, help="Share of --memory the server may use.")]
+UtilizationOption = Annotated[
+    float,
+    typer.Option("--gpu-memory-utilization", min=0.01, max=1.0, help="Share of --memory the server may use."),
+]
 TraceArgument = Annotated[Path, typer.Argument(help="Trace: kvbench JSONL or Mooncake JSONL.")]
 PoolOption = Annotated[str, typer.Option("--pool", help="KV memory both allocators share, e.g. 2GiB.")]
-ReserveOption = Annotated[Reservation, typer.Option(
-    "--reserve", help="Contiguous slab: prompt + max_tokens, the model's context length, or "
-                      "prompt + actual output (an oracle).")]
-DecodeRateOption = Annotated[float, typer.Option(
-    "--decode-tok-s", min=0.001, help="Tokens per second per running sequence; prefill is instant.")]
-MaxModelLenOption = Annotated[Optional[int], typer.Option(
-    "--max-model-len", min=1, help="Context length, tokens (default: the model's).")]
-MaxTokensOption = Annotated[Optional[int], typer.Option(
-    "--max-tokens", min=1, help="max_tokens for traces without one (Mooncake); default "
-                                "max-model-len - prompt, as vLLM.")]
-LimitOption = Annotated[Optional[int], typer.Option("--requests", "--num-requests", "--limit", min=1, help="Replay the first N requests.")]
+ReserveOption = Annotated[
+    Reservation,
+    typer.Option(
+        "--reserve",
+        help="Contiguous slab: prompt + max_tokens, the model's context length, or "
+        "prompt + actual output (an oracle).",
+    ),
+]
+DecodeRateOption = Annotated[
+    float,
+    typer.Option(
+        "--decode-tok-s", min=0.001, help="Tokens per second per running sequence; prefill is instant."
+    ),
+]
+MaxModelLenOption = Annotated[
+    Optional[int],
+    typer.Option("--max-model-len", min=1, help="Context length, tokens (default: the model's)."),
+]
+MaxTokensOption = Annotated[
+    Optional[int],
+    typer.Option(
+        "--max-tokens",
+        min=1,
+        help="max_tokens for traces without one (Mooncake); default max-model-len - prompt, as vLLM.",
+    ),
+]
+LimitOption = Annotated[
+    Optional[int],
+    typer.Option("--requests", "--num-requests", "--limit", min=1, help="Replay the first N requests."),
+]
 SamplesOption = Annotated[Optional[int], typer.Option("--n", min=1, help="Parallel samples (default 4).")]
-BeamWidthOption = Annotated[Optional[int], typer.Option(
-    "--beam-width", min=1, help="Run beam search of this width instead of parallel sampling.")]
-NewTokensOption = Annotated[int, typer.Option("--max-tokens", min=1,
-                                              help="Tokens each sample or beam generates.")]
-SeedOption = Annotated[int, typer.Option("--seed", help="Seeds the beam scores (and --engine paged's prompt and samples).")]
+BeamWidthOption = Annotated[
+    Optional[int],
+    typer.Option("--beam-width", min=1, help="Run beam search of this width instead of parallel sampling."),
+]
+NewTokensOption = Annotated[
+    int, typer.Option("--max-tokens", min=1, help="Tokens each sample or beam generates.")
+]
+SeedOption = Annotated[
+    int, typer.Option("--seed", help="Seeds the beam scores (and --engine paged's prompt and samples).")
+]
 
 
 class MeasureEngine(str, enum.Enum):
@@ -71,26 +97,40 @@ class MeasureEngine(str, enum.Enum):
     PAGED = "paged"  # the replay, then the paged engine measured on the default model
 
 
-WasteEngineOption = Annotated[MeasureEngine, typer.Option(
-    "--engine", help="replay: the two allocators replayed; paged: also run the trace on the paged engine "
-                     "(default model, real time) and report its measured waste next to the replay.")]
-SharingEngineOption = Annotated[MeasureEngine, typer.Option(
-    "--engine", help="replay: the block-manager replay; paged: also run n samples on the paged engine "
-                     "(default model) and report its pool's measured blocks next to the replay.")]
+WasteEngineOption = Annotated[
+    MeasureEngine,
+    typer.Option(
+        "--engine",
+        help="replay: the two allocators replayed; paged: also run the trace on the paged engine "
+        "(default model, real time) and report its measured waste next to the replay.",
+    ),
+]
+SharingEngineOption = Annotated[
+    MeasureEngine,
+    typer.Option(
+        "--engine",
+        help="replay: the block-manager replay; paged: also run n samples on the paged engine "
+        "(default model) and report its pool's measured blocks next to the replay.",
+    ),
+]
 
 
 def register(app: typer.Typer) -> None:
     """Add the ``memory`` group (calculator as its own callback, plus ``waste`` and ``sharing``)."""
-    sub = typer.Typer(help="KV-cache memory. Without a command: bytes per token, block and prompt, "
-                           "weights, and what fits in --memory.", no_args_is_help=False)
+    sub = typer.Typer(
+        help="KV-cache memory. Without a command: bytes per token, block and prompt, "
+        "weights, and what fits in --memory.",
+        no_args_is_help=False,
+    )
     sub.callback(invoke_without_command=True)(calculator)
     sub.command("waste")(waste)
     sub.command("sharing")(sharing)
     app.add_typer(sub, name="memory")
 
 
-def _model_and_layout(model: str, dtype: str | None, kv_dtype: str | None,
-                      block_size: int) -> tuple[ModelShape, KvLayout]:
+def _model_and_layout(
+    model: str, dtype: str | None, kv_dtype: str | None, block_size: int
+) -> tuple[ModelShape, KvLayout]:
     """Resolve ``--model``; ``--dtype`` replaces the weight dtype, ``--kv-dtype`` the KV dtype."""
     shape = resolve_model(model)
     if dtype is not None:
@@ -169,9 +209,14 @@ def waste(
         check_output_path(plot, "--plot")  # before the replay, not after it
     requests = read_waste_trace(trace, default_max_tokens=max_tokens, limit=limit)
     try:
-        config = WasteConfig(pool_bytes=parse_bytes(pool), bytes_per_token=layout.bytes_per_token,
-                             block_size=block_size, decode_tok_s=decode_tok_s, reserve=reserve,
-                             max_model_len=max_model_len or shape.max_position_embeddings)
+        config = WasteConfig(
+            pool_bytes=parse_bytes(pool),
+            bytes_per_token=layout.bytes_per_token,
+            block_size=block_size,
+            decode_tok_s=decode_tok_s,
+            reserve=reserve,
+            max_model_len=max_model_len or shape.max_position_embeddings,
+        )
     except ValueError as exc:
         raise InputError(f"--pool {pool}: {exc}") from None
     console = make_console()
@@ -196,8 +241,10 @@ def waste(
 def _check_measured_model(engine: MeasureEngine, model: str, dtype: str | None, kv_dtype: str | None) -> None:
     """``--engine paged`` runs the default model, so the replay must use its shape to compare."""
     if engine is MeasureEngine.PAGED and (model != DEFAULT_PRESET or dtype or kv_dtype):
-        raise InputError(f"--engine paged runs the default model: drop --model/--dtype/--kv-dtype "
-                         f"(the replay then uses its shape, {DEFAULT_PRESET})")
+        raise InputError(
+            f"--engine paged runs the default model: drop --model/--dtype/--kv-dtype "
+            f"(the replay then uses its shape, {DEFAULT_PRESET})"
+        )
 
 
 def _measure_waste(console, replay, requests, config: WasteConfig) -> None:
@@ -242,7 +289,9 @@ def sharing(
     beam_search = beam_width is not None
     num_sequences = beam_width if beam_search else (n or 4)
     config = SharingConfig(prompt_tokens, max_tokens, num_sequences, block_size, seed)
-    loaded = _paged_model(config) if engine is MeasureEngine.PAGED else None  # refuses before the replay prints
+    loaded = (
+        _paged_model(config) if engine is MeasureEngine.PAGED else None
+    )  # refuses before the replay prints
     result = (simulate_beam_search if beam_search else simulate_parallel_sampling)(config)
     console = make_console()
     console.print(tables.sharing_table(result, beam_search, shape, layout))
@@ -273,6 +322,8 @@ def _measure_sharing(console, replay, loaded) -> None:
     from kvbench.engine.paged.measure import measure_parallel_sampling
 
     config = replay.config
-    with console.status(f"running {config.num_sequences} samples of {config.prompt_tokens:,} tokens on the paged engine"):
+    with console.status(
+        f"running {config.num_sequences} samples of {config.prompt_tokens:,} tokens on the paged engine"
+    ):
         measured = measure_parallel_sampling(loaded, config)
     console.print(tables.measured_sharing_table(replay, measured))

@@ -43,36 +43,52 @@ def weights_table(shape: ModelShape) -> Table:
     table.add_column("bytes", justify="right")
     table.add_column("size", justify="right")
     lm_head = "tied to embedding" if shape.tie_word_embeddings else "lm_head"
-    rows = [("embedding", counts.embedding), ("attention q/k/v/o", counts.attention),
-            ("MLP gate/up/down", counts.mlp), ("RMSNorm weights", counts.norms),
-            (lm_head, counts.lm_head)]
+    rows = [
+        ("embedding", counts.embedding),
+        ("attention q/k/v/o", counts.attention),
+        ("MLP gate/up/down", counts.mlp),
+        ("RMSNorm weights", counts.norms),
+        (lm_head, counts.lm_head),
+    ]
     for name, count in rows:
         table.add_row(name, f"{count:,}", *_bytes_cells(count * shape.dtype.num_bytes))
-    table.add_row("total", f"{counts.total:,}", *_bytes_cells(counts.total * shape.dtype.num_bytes),
-                  style="bold")
+    table.add_row(
+        "total", f"{counts.total:,}", *_bytes_cells(counts.total * shape.dtype.num_bytes), style="bold"
+    )
     return table
 
 
 def kv_table(shape: ModelShape, layout: KvLayout, prompt_tokens: int) -> Table:
-    table = Table(title=f"KV cache ({layout.kv_dtype.value})", caption_justify="left",
-                  caption=f"bytes per token = 2 (K, V) x {layout.num_layers} layers x "
-                          f"{layout.num_kv_heads} KV heads x {layout.head_dim} head_dim x "
-                          f"{layout.kv_dtype.num_bytes} B")
+    table = Table(
+        title=f"KV cache ({layout.kv_dtype.value})",
+        caption_justify="left",
+        caption=f"bytes per token = 2 (K, V) x {layout.num_layers} layers x "
+        f"{layout.num_kv_heads} KV heads x {layout.head_dim} head_dim x "
+        f"{layout.kv_dtype.num_bytes} B",
+    )
     table.add_column("what")
     table.add_column("tokens", justify="right")
     table.add_column("bytes", justify="right")
     table.add_column("size", justify="right")
-    rows = [("one token", 1), (f"one block ({layout.block_size} tokens)", layout.block_size),
-            ("one prompt", prompt_tokens), ("full context", shape.max_position_embeddings)]
+    rows = [
+        ("one token", 1),
+        (f"one block ({layout.block_size} tokens)", layout.block_size),
+        ("one prompt", prompt_tokens),
+        ("full context", shape.max_position_embeddings),
+    ]
     for name, num_tokens in rows:
         table.add_row(name, f"{num_tokens:,}", *_bytes_cells(layout.bytes_for_tokens(num_tokens)))
     return table
 
 
-def budget_table(shape: ModelShape, layout: KvLayout, fit: BudgetFit, memory: str,
-                 utilization: float, prompt_tokens: int) -> Table:
-    table = Table(title=f"What fits in {memory} x {utilization:g}", caption_justify="left",
-                  caption="ignores activations and runtime overhead, so a real server fits less")
+def budget_table(
+    shape: ModelShape, layout: KvLayout, fit: BudgetFit, memory: str, utilization: float, prompt_tokens: int
+) -> Table:
+    table = Table(
+        title=f"What fits in {memory} x {utilization:g}",
+        caption_justify="left",
+        caption="ignores activations and runtime overhead, so a real server fits less",
+    )
     table.add_column("what")
     table.add_column("value", justify="right")
     table.add_row("memory budget", format_bytes(fit.budget_bytes))
@@ -84,8 +100,9 @@ def budget_table(shape: ModelShape, layout: KvLayout, fit: BudgetFit, memory: st
     table.add_row("KV tokens", f"{fit.num_tokens:,}")
     table.add_row(f"KV blocks ({layout.block_size} tokens)", f"{fit.num_blocks:,}")
     table.add_row(f"prompts of {prompt_tokens:,} tokens at once", f"{fit.num_tokens // prompt_tokens:,}")
-    table.add_row(f"full-context sequences ({shape.max_position_embeddings:,} tokens)",
-                  f"{fit.num_max_len_sequences:,}")
+    table.add_row(
+        f"full-context sequences ({shape.max_position_embeddings:,} tokens)", f"{fit.num_max_len_sequences:,}"
+    )
     return table
 
 
@@ -97,8 +114,11 @@ def _waste_rows(stats: WasteStats, bytes_per_token: int, pool_bytes: int) -> lis
         return f"{100 * tokens / whole:.1f}%" if whole else "-"
 
     return [
-        f"{stats.num_served:,}", f"{stats.num_never_fit:,}", f"{stats.peak_running:,}",
-        f"{stats.num_waited:,}", f"{stats.mean_wait_ms / 1000:,.1f} / {stats.max_wait_ms / 1000:,.1f}",
+        f"{stats.num_served:,}",
+        f"{stats.num_never_fit:,}",
+        f"{stats.peak_running:,}",
+        f"{stats.num_waited:,}",
+        f"{stats.mean_wait_ms / 1000:,.1f} / {stats.max_wait_ms / 1000:,.1f}",
         f"{stats.num_preemptions:,} / {stats.num_recomputed_tokens:,}",
         f"{size(stats.mean_holding_tokens)} / {size(stats.peak_holding_tokens)}",
         f"{size(stats.mean_reserved_tokens)} / {size(stats.peak_reserved_tokens)}",
@@ -113,11 +133,19 @@ def _waste_rows(stats: WasteStats, bytes_per_token: int, pool_bytes: int) -> lis
 
 
 _WASTE_METRICS = (
-    "requests served", "never fit in the pool", "peak concurrent requests", "requests that waited",
-    "wait before admission, mean / max (s)", "preemptions / recomputed tokens",
-    "KV held, mean / peak", "reserved (slabs or blocks), mean / peak", "pool holding KV, mean",
-    "internal fragmentation, mean", "external fragmentation, mean / peak",
-    "head blocked by fragmentation (s)", "waste per sequence, mean / max (tokens)",
+    "requests served",
+    "never fit in the pool",
+    "peak concurrent requests",
+    "requests that waited",
+    "wait before admission, mean / max (s)",
+    "preemptions / recomputed tokens",
+    "KV held, mean / peak",
+    "reserved (slabs or blocks), mean / peak",
+    "pool holding KV, mean",
+    "internal fragmentation, mean",
+    "external fragmentation, mean / peak",
+    "head blocked by fragmentation (s)",
+    "waste per sequence, mean / max (tokens)",
     "makespan (s)",
 )
 
@@ -153,27 +181,39 @@ def waste_table(result: WasteResult, trace: Path, pool: str) -> Table:
 
 def sharing_title(config: SharingConfig, beam_search: bool) -> str:
     """``"parallel sampling, n = 4, ..."`` or ``"beam search, width 4, ..."``."""
-    mode = (f"beam search, width {config.num_sequences}" if beam_search
-            else f"parallel sampling, n = {config.num_sequences}")
-    return (f"{mode}, prompt {config.prompt_tokens:,} tokens, {config.max_tokens:,} new tokens each, "
-            f"{config.block_size}-token blocks")
+    mode = (
+        f"beam search, width {config.num_sequences}"
+        if beam_search
+        else f"parallel sampling, n = {config.num_sequences}"
+    )
+    return (
+        f"{mode}, prompt {config.prompt_tokens:,} tokens, {config.max_tokens:,} new tokens each, "
+        f"{config.block_size}-token blocks"
+    )
 
 
 def sharing_table(result: SharingResult, beam_search: bool, shape: ModelShape, layout: KvLayout) -> Table:
     config = result.config
     block_bytes = layout.bytes_per_block
-    table = Table(title=sharing_title(config, beam_search), caption_justify="left",
-                  caption=f"{format_bytes(block_bytes)} per block ({shape.name}, {layout.kv_dtype.value})")
+    table = Table(
+        title=sharing_title(config, beam_search),
+        caption_justify="left",
+        caption=f"{format_bytes(block_bytes)} per block ({shape.name}, {layout.kv_dtype.value})",
+    )
     table.add_column("what")
     table.add_column("blocks", justify="right")
     table.add_column("size", justify="right")
     full, partial = divmod(config.prompt_tokens, config.block_size)
     rows = [
         (f"prompt blocks ({full:,} full + {int(partial > 0)} partial)", result.num_prompt_blocks),
-        (f"prompt blocks shared (ref {config.num_sequences}) after the forks",
-         result.num_shared_prompt_blocks),
-        ("blocks shared after every sequence wrote its first token",
-         result.num_shared_blocks_after_first_token),
+        (
+            f"prompt blocks shared (ref {config.num_sequences}) after the forks",
+            result.num_shared_prompt_blocks,
+        ),
+        (
+            "blocks shared after every sequence wrote its first token",
+            result.num_shared_blocks_after_first_token,
+        ),
         ("copy-on-write copies after the first token", result.num_copies_after_first_token),
         ("copy-on-write copies, whole run", result.num_copies),
         ("forks / sequences freed early", f"{result.num_forks:,} / {result.num_freed_sequences:,}"),
@@ -194,30 +234,57 @@ def measured_sharing_table(replay: SharingResult, measured) -> Table:
     """The block-manager replay next to the paged engine's measured pool
     (:class:`kvbench.engine.paged.measure.MeasuredSharing`), both in the engine model's bytes."""
     block_bytes = measured.bytes_per_block
-    table = Table(title=f"measured on the paged engine: {sharing_title(replay.config, False)}",
-                  caption_justify="left",
-                  caption=f"{format_bytes(block_bytes)} per block ({measured.model_name}); "
-                          f"run {measured.elapsed_s:.1f} s")
+    table = Table(
+        title=f"measured on the paged engine: {sharing_title(replay.config, False)}",
+        caption_justify="left",
+        caption=f"{format_bytes(block_bytes)} per block ({measured.model_name}); "
+        f"run {measured.elapsed_s:.1f} s",
+    )
     table.add_column("what")
     for column in ("replay, blocks", "measured, blocks", "replay", "measured"):
         table.add_column(column, justify="right")
     rows = [
-        (f"prompt blocks shared (ref {replay.config.num_sequences}) after the forks", replay.num_shared_prompt_blocks,
-         measured.num_shared_prompt_blocks),
+        (
+            f"prompt blocks shared (ref {replay.config.num_sequences}) after the forks",
+            replay.num_shared_prompt_blocks,
+            measured.num_shared_prompt_blocks,
+        ),
         ("copy-on-write copies, whole run", replay.num_copies, measured.num_copies),
-        ("peak blocks held (running; nothing cached before the run)", replay.peak_used_blocks,
-         measured.peak_running_blocks),
-        ("blocks in use after every sample finished", replay.num_used_blocks_after_free,
-         measured.num_used_blocks_after_free),
+        (
+            "peak blocks held (running; nothing cached before the run)",
+            replay.peak_used_blocks,
+            measured.peak_running_blocks,
+        ),
+        (
+            "blocks in use after every sample finished",
+            replay.num_used_blocks_after_free,
+            measured.num_used_blocks_after_free,
+        ),
     ]
     for name, predicted, actual in rows:
-        table.add_row(name, f"{predicted:,}", f"{actual:,}", format_bytes(predicted * block_bytes),
-                      format_bytes(actual * block_bytes))
+        table.add_row(
+            name,
+            f"{predicted:,}",
+            f"{actual:,}",
+            format_bytes(predicted * block_bytes),
+            format_bytes(actual * block_bytes),
+        )
     unshared = replay.peak_unshared_blocks
-    table.add_row("peak blocks, private copy per sequence", f"{unshared:,}", "",
-                  format_bytes(unshared * block_bytes), "")
-    table.add_row("measured / replay peak", "", f"{measured.peak_running_blocks / replay.peak_used_blocks:.3f}",
-                  "", "", style="bold")
+    table.add_row(
+        "peak blocks, private copy per sequence",
+        f"{unshared:,}",
+        "",
+        format_bytes(unshared * block_bytes),
+        "",
+    )
+    table.add_row(
+        "measured / replay peak",
+        "",
+        f"{measured.peak_running_blocks / replay.peak_used_blocks:.3f}",
+        "",
+        "",
+        style="bold",
+    )
     return table
 
 
@@ -226,23 +293,39 @@ def measured_waste_table(replay: WasteResult, measured) -> Table:
     (:class:`kvbench.engine.paged.measure.MeasuredWaste`); means are over time (replay) and over
     engine steps (measured)."""
     paged, per_token = replay.paged, measured.bytes_per_token
-    table = Table(title="measured on the paged engine: blocks held by running sequences", caption_justify="left",
-                  caption=f"{format_bytes(per_token)} per token ({measured.model_name}); pool {measured.num_blocks:,} "
-                          f"blocks; {measured.num_steps:,} engine steps in {measured.elapsed_s:.1f} s")
+    table = Table(
+        title="measured on the paged engine: blocks held by running sequences",
+        caption_justify="left",
+        caption=f"{format_bytes(per_token)} per token ({measured.model_name}); pool {measured.num_blocks:,} "
+        f"blocks; {measured.num_steps:,} engine steps in {measured.elapsed_s:.1f} s",
+    )
     table.add_column("metric")
     table.add_column("replay, paged", justify="right")
     table.add_column("measured, paged engine", justify="right")
     rows = [
-        ("requests served / refused", f"{paged.num_served:,} / {paged.num_never_fit:,}",
-         f"{measured.num_served:,} / {measured.num_refused:,}"),
+        (
+            "requests served / refused",
+            f"{paged.num_served:,} / {paged.num_never_fit:,}",
+            f"{measured.num_served:,} / {measured.num_refused:,}",
+        ),
         ("preemptions", f"{paged.num_preemptions:,}", f"{measured.num_preemptions:,}"),
-        ("blocks held (reserved), mean / peak",
-         f"{format_bytes(paged.mean_reserved_tokens * per_token)} / {format_bytes(paged.peak_reserved_tokens * per_token)}",
-         f"{format_bytes(measured.mean_running_bytes)} / {format_bytes(measured.peak_running_bytes)}"),
-        ("unfilled slots (internal fragmentation), mean", format_bytes(paged.mean_internal_fragmentation_tokens * per_token),
-         format_bytes(measured.mean_unfilled_bytes)),
-        ("unfilled share of the held blocks, mean", f"{100 * paged.internal_fragmentation_fraction:.1f}%",
-         f"{100 * measured.mean_unfilled_bytes / measured.mean_running_bytes:.1f}%" if measured.mean_running_bytes else "-"),
+        (
+            "blocks held (reserved), mean / peak",
+            f"{format_bytes(paged.mean_reserved_tokens * per_token)} / {format_bytes(paged.peak_reserved_tokens * per_token)}",
+            f"{format_bytes(measured.mean_running_bytes)} / {format_bytes(measured.peak_running_bytes)}",
+        ),
+        (
+            "unfilled slots (internal fragmentation), mean",
+            format_bytes(paged.mean_internal_fragmentation_tokens * per_token),
+            format_bytes(measured.mean_unfilled_bytes),
+        ),
+        (
+            "unfilled share of the held blocks, mean",
+            f"{100 * paged.internal_fragmentation_fraction:.1f}%",
+            f"{100 * measured.mean_unfilled_bytes / measured.mean_running_bytes:.1f}%"
+            if measured.mean_running_bytes
+            else "-",
+        ),
     ]
     for row in rows:
         table.add_row(*row)

@@ -15,8 +15,12 @@ model_app = typer.Typer(help="The model kvbench runs, as files other servers can
 @model_app.command("export")
 def export(
     out_dir: Annotated[Path, typer.Argument(help="Directory to write the checkpoint into (created).")],
-    model: Annotated[Path | None, typer.Option(
-        "--model", help="A local Hugging Face checkpoint to re-save instead of kvbench's default model.")] = None,
+    model: Annotated[
+        Path | None,
+        typer.Option(
+            "--model", help="A local Hugging Face checkpoint to re-save instead of kvbench's default model."
+        ),
+    ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the default model's random weights.")] = 0,
     overwrite: Annotated[bool, typer.Option(help="Replace a non-empty DIR.")] = False,
 ) -> None:

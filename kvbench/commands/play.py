@@ -13,7 +13,9 @@ from kvbench.extras import needs_extra
 
 
 def play(
-    cache_kind: Annotated[CacheKind, typer.Option(help="Cache structure to start with (k switches).")] = CacheKind.HASH,
+    cache_kind: Annotated[
+        CacheKind, typer.Option(help="Cache structure to start with (k switches).")
+    ] = CacheKind.HASH,
 ) -> None:
     """A 16-block pool with two system prompts, a growing chat and one-offs: send them with keys and
     watch hits, pins, evictions (tail first) and TTL expiry happen. Needs a terminal: with stdin or
@@ -23,12 +25,17 @@ def play(
         from kvbench.play.app import PlayApp
     except ImportError as exc:
         raise InputError(f"kvbench play {needs_extra('play', exc)}") from None
-    not_tty = [name for name, stream in (("stdin", sys.stdin), ("stdout", sys.stdout))
-               if stream is None or not stream.isatty()]
+    not_tty = [
+        name
+        for name, stream in (("stdin", sys.stdin), ("stdout", sys.stdout))
+        if stream is None or not stream.isatty()
+    ]
     if not_tty:
-        raise InputError(f"kvbench play is an interactive terminal app: {' and '.join(not_tty)} "
-                         f"{'is' if len(not_tty) == 1 else 'are'} not a terminal (run it in one, without pipes "
-                         "or redirects)")
+        raise InputError(
+            f"kvbench play is an interactive terminal app: {' and '.join(not_tty)} "
+            f"{'is' if len(not_tty) == 1 else 'are'} not a terminal (run it in one, without pipes "
+            "or redirects)"
+        )
     PlayApp(cache_kind).run()
 
 

@@ -41,14 +41,27 @@ def rich_table(data: TableData) -> Table:
 
 
 def report(
-    results: Annotated[list[Path], typer.Argument(help="Result files (.parquet) of kvbench run, sim or sweep.")],
-    out: Annotated[Path | None, typer.Option(help="Output FOLDER for the PNGs and report.html "
-                                                  "(default results/report-TIME).")] = None,
+    results: Annotated[
+        list[Path], typer.Argument(help="Result files (.parquet) of kvbench run, sim or sweep.")
+    ],
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Output FOLDER for the PNGs and report.html (default results/report-TIME)."),
+    ] = None,
     title: Annotated[str, typer.Option(help="Title of the HTML page.")] = "kvbench report",
-    explain: Annotated[bool, typer.Option("--explain", help="Add kvbench explain's waterfall and per-request causes for each run.")] = False,
-    format: Annotated[ReportFormat, typer.Option(  # noqa: A002 - the flag's name
-        help="html: tables, plots, report.html; csv / json: one summary record per run (vLLM's keys), "
-             "to stdout or OUT/summary.csv|json.")] = ReportFormat.HTML,
+    explain: Annotated[
+        bool,
+        typer.Option(
+            "--explain", help="Add kvbench explain's waterfall and per-request causes for each run."
+        ),
+    ] = False,
+    format: Annotated[
+        ReportFormat,
+        typer.Option(  # noqa: A002 - the flag's name
+            help="html: tables, plots, report.html; csv / json: one summary record per run (vLLM's keys), "
+            "to stdout or OUT/summary.csv|json."
+        ),
+    ] = ReportFormat.HTML,
     metric_percentiles: res.MetricPercentiles = "50,90,99",
     percentile_metrics: res.PercentileMetrics = "ttft,tpot,itl,e2el",
     goodput: res.Goodput = None,
@@ -78,8 +91,10 @@ def report(
         err.print(f"[yellow]note:[/yellow] {escape(note)}")
     for figure in written.figures:
         console.print(f"  {escape(str(figure.path))}")
-    console.print(f"wrote {len(written.figures)} plots and {escape(str(written.html_path))} "
-                  "(self-contained: the plots are embedded)")
+    console.print(
+        f"wrote {len(written.figures)} plots and {escape(str(written.html_path))} "
+        "(self-contained: the plots are embedded)"
+    )
 
 
 NO_PLOTS_NOTE = f"no PNG plots or report.html: {needs_extra('plots')}"
@@ -110,8 +125,10 @@ def _export(loaded, format: ReportFormat, options, out: Path | None) -> None:
     err = make_console(stderr=True)
     for result in loaded:
         if result.kind != "run":
-            err.print(f"[yellow]note:[/yellow] {escape(str(result.path))}: a {result.kind} file; "
-                      f"--format {format.value} exports run files")
+            err.print(
+                f"[yellow]note:[/yellow] {escape(str(result.path))}: a {result.kind} file; "
+                f"--format {format.value} exports run files"
+            )
     records = run_records(loaded, options)
     text = to_csv(records) if format is ReportFormat.CSV else to_json(records)
     if out is None:
@@ -125,8 +142,10 @@ def _export(loaded, format: ReportFormat, options, out: Path | None) -> None:
 
 def _comparison_table(comparison: Comparison) -> Table:
     a, b = comparison.a, comparison.b
-    table = Table(title=escape(f"kvbench compare: B / A, trace {comparison.trace}"),
-                  caption="ratio < 1: B is faster (times) or lower (rates)")
+    table = Table(
+        title=escape(f"kvbench compare: B / A, trace {comparison.trace}"),
+        caption="ratio < 1: B is faster (times) or lower (rates)",
+    )
     table.add_column("metric")
     table.add_column(escape(f"A: {a.label}"), justify="right")
     table.add_column(escape(f"B: {b.label}"), justify="right")
@@ -139,7 +158,9 @@ def _comparison_table(comparison: Comparison) -> Table:
 def compare(
     a: Annotated[Path, typer.Argument(help="Run results A (the baseline, e.g. cache off).")],
     b: Annotated[Path, typer.Argument(help="Run results B (e.g. cache on); ratios are B / A.")],
-    force: Annotated[bool, typer.Option(help="Compare even when the runs replayed different traces.")] = False,
+    force: Annotated[
+        bool, typer.Option(help="Compare even when the runs replayed different traces.")
+    ] = False,
 ) -> None:
     """TTFT/TPOT/E2E percentiles and hit rates of two runs of the same trace, side by side with ratios."""
     if a.exists() and b.exists() and a.resolve() == b.resolve():
@@ -148,8 +169,12 @@ def compare(
     console, err = make_console(), make_console(stderr=True)
     for name, result in (("A", comparison.a), ("B", comparison.b)):
         config = result.run
-        console.print(escape(f"{name}: {result.path} ({config.get('backend', '?')}, {config.get('model', '?')}, "
-                             f"{describe_cache(result.cache)})"))
+        console.print(
+            escape(
+                f"{name}: {result.path} ({config.get('backend', '?')}, {config.get('model', '?')}, "
+                f"{describe_cache(result.cache)})"
+            )
+        )
     console.print(_comparison_table(comparison))
     for warning in comparison.warnings:
         err.print(f"[yellow]warning:[/yellow] {escape(warning)}")
@@ -157,9 +182,12 @@ def compare(
 
 @scoreboard_app.command("export")
 def export(
-    results: Annotated[list[Path], typer.Argument(help="Run results, plus sim or sweep files for the notes.")],
-    to: Annotated[Path, typer.Option(help="Scoreboard Markdown file (created with a header when missing).")]
-    = DEFAULT_SCOREBOARD,
+    results: Annotated[
+        list[Path], typer.Argument(help="Run results, plus sim or sweep files for the notes.")
+    ],
+    to: Annotated[
+        Path, typer.Option(help="Scoreboard Markdown file (created with a header when missing).")
+    ] = DEFAULT_SCOREBOARD,
 ) -> None:
     """Append one Markdown row per run to the scoreboard; earlier rows are never rewritten."""
     rows = scoreboard_rows(load_results(results))

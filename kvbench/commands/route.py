@@ -28,8 +28,18 @@ from kvbench.run.scenario import parse_choices
 from kvbench.run.setup import cache_config
 from kvbench.run.source import limit_requests, load_source
 
-_COLUMNS = ("policy", "hit", "replica hit", "copies", "req imb", "busy imb", "queue p50", "queue p99",
-            "TTFT p50", "TTFT p99")
+_COLUMNS = (
+    "policy",
+    "hit",
+    "replica hit",
+    "copies",
+    "req imb",
+    "busy imb",
+    "queue p50",
+    "queue p99",
+    "TTFT p50",
+    "TTFT p99",
+)
 
 
 def _table(title: str, results: list[PolicyResult]) -> Table:
@@ -38,15 +48,27 @@ def _table(title: str, results: list[PolicyResult]) -> Table:
         table.add_column(column, justify="left" if column == "policy" else "right", no_wrap=True)
     for result in results:
         row = result.as_row()
-        rates = [rate for rate, n in zip(row["replica_token_hit_rates"], row["replica_requests"]) if n] or [0.0]
+        rates = [rate for rate, n in zip(row["replica_token_hit_rates"], row["replica_requests"]) if n] or [
+            0.0
+        ]
         copies = "-" if row["prefix_copies_mean"] is None else f"{row['prefix_copies_mean']:.1f}"
-        table.add_row(result.policy, f"{row['token_hit_rate']:.4f}", f"{min(rates):.2f}..{max(rates):.2f}", copies,
-                      f"{row['requests_max_over_mean']:.2f}", f"{row['busy_max_over_mean']:.2f}",
-                      f"{row['median_queue_ms']:,.0f}", f"{row['p99_queue_ms']:,.0f}",
-                      f"{row['median_ttft_ms']:,.0f}", f"{row['p99_ttft_ms']:,.0f}")
-    table.caption = ("hit = cached / prompt tokens (replica hit: min..max over replicas that served requests); "
-                     "copies = replicas holding each of the most shared prefixes (mean); imb = busiest replica / "
-                     "mean, of requests and of busy time (1 = even); queue and TTFT in ms from the service model")
+        table.add_row(
+            result.policy,
+            f"{row['token_hit_rate']:.4f}",
+            f"{min(rates):.2f}..{max(rates):.2f}",
+            copies,
+            f"{row['requests_max_over_mean']:.2f}",
+            f"{row['busy_max_over_mean']:.2f}",
+            f"{row['median_queue_ms']:,.0f}",
+            f"{row['p99_queue_ms']:,.0f}",
+            f"{row['median_ttft_ms']:,.0f}",
+            f"{row['p99_ttft_ms']:,.0f}",
+        )
+    table.caption = (
+        "hit = cached / prompt tokens (replica hit: min..max over replicas that served requests); "
+        "copies = replicas holding each of the most shared prefixes (mean); imb = busiest replica / "
+        "mean, of requests and of busy time (1 = even); queue and TTFT in ms from the service model"
+    )
     return table
 
 
@@ -54,21 +76,37 @@ def _policies(text: str) -> list[PolicyName]:
     names = [p.value for p in PolicyName]
     if text.strip() == "all":
         return list(PolicyName)
-    return [PolicyName(p) for p in parse_choices(text, "--policy", names + ["all"]) if p != "all"] or list(PolicyName)
+    return [PolicyName(p) for p in parse_choices(text, "--policy", names + ["all"]) if p != "all"] or list(
+        PolicyName
+    )
 
 
-def _service(fit: Path | None, base_ms: float | None, per_token_ms: float | None, decode_ms: float | None) -> ServiceModel:
+def _service(
+    fit: Path | None, base_ms: float | None, per_token_ms: float | None, decode_ms: float | None
+) -> ServiceModel:
     model = fit_service_model(fit) if fit is not None else ServiceModel()
-    given = {"prefill_base_ms": base_ms, "prefill_ms_per_token": per_token_ms, "decode_ms_per_token": decode_ms}
-    for flag, value in zip(("--prefill-base-ms", "--prefill-ms-per-token", "--decode-ms-per-token"), given.values()):
+    given = {
+        "prefill_base_ms": base_ms,
+        "prefill_ms_per_token": per_token_ms,
+        "decode_ms_per_token": decode_ms,
+    }
+    for flag, value in zip(
+        ("--prefill-base-ms", "--prefill-ms-per-token", "--decode-ms-per-token"), given.values()
+    ):
         if value is not None and not value >= 0:
             raise InputError(f"{flag}: {value} is not a non-negative number of milliseconds")
     return ServiceModel(**{**model.as_dict(), **{k: v for k, v in given.items() if v is not None}})
 
 
-_FLAGS = {"prefix_tokens": "--prefix-tokens", "epsilon": "--epsilon", "cache_threshold": "--cache-threshold",
-          "balance_abs_threshold": "--balance-abs-threshold", "balance_rel_threshold": "--balance-rel-threshold",
-          "eviction_interval_s": "--eviction-interval", "max_tree_size_tokens": "--max-tree-size"}
+_FLAGS = {
+    "prefix_tokens": "--prefix-tokens",
+    "epsilon": "--epsilon",
+    "cache_threshold": "--cache-threshold",
+    "balance_abs_threshold": "--balance-abs-threshold",
+    "balance_rel_threshold": "--balance-rel-threshold",
+    "eviction_interval_s": "--eviction-interval",
+    "max_tree_size_tokens": "--max-tree-size",
+}
 
 
 def _options(factory) -> RouterOptions:
@@ -80,14 +118,16 @@ def _options(factory) -> RouterOptions:
         raise InputError(f"{_FLAGS.get(field, field)}: {problem}") from None
 
 
-def _compare(trace, config: ClusterConfig, policies, options: RouterOptions,
-             on_policy: Callable[[PolicyResult], None]) -> list[PolicyResult]:
+def _compare(
+    trace, config: ClusterConfig, policies, options: RouterOptions, on_policy: Callable[[PolicyResult], None]
+) -> list[PolicyResult]:
     """:func:`compare_policies` under a spinner, ``on_policy`` after each policy; outside a terminal, a
     status line as each policy finishes and a :class:`Heartbeat` meanwhile (issue 30 item 6)."""
     err = make_console(stderr=True)
     say = status_printer(err)
     finished: list[str] = []
     with err.status("routing"), Heartbeat(err) as heartbeat:
+
         def done(result: PolicyResult) -> None:
             on_policy(result)
             finished.append(result.policy)
@@ -100,28 +140,90 @@ def _compare(trace, config: ClusterConfig, policies, options: RouterOptions,
 
 def route(
     source: Source,
-    replicas: Annotated[int, typer.Option(rich_help_panel="Replicas and cache", help="Replicas behind the router.")] = 8,
-    policy: Annotated[str, typer.Option(rich_help_panel="Replicas and cache", help="round-robin, random, least-loaded, session, prefix-hash, "
-                                             "cache-aware, a comma list, or all.")] = "all",
-    capacity: Annotated[int | None, typer.Option(rich_help_panel="Replicas and cache", help="Cache blocks per replica (default: the middle of the "
-                                                      "source's [sim] sizes).")] = None,
+    replicas: Annotated[
+        int, typer.Option(rich_help_panel="Replicas and cache", help="Replicas behind the router.")
+    ] = 8,
+    policy: Annotated[
+        str,
+        typer.Option(
+            rich_help_panel="Replicas and cache",
+            help="round-robin, random, least-loaded, session, prefix-hash, "
+            "cache-aware, a comma list, or all.",
+        ),
+    ] = "all",
+    capacity: Annotated[
+        int | None,
+        typer.Option(
+            rich_help_panel="Replicas and cache",
+            help="Cache blocks per replica (default: the middle of the source's [sim] sizes).",
+        ),
+    ] = None,
     cache: in_panel("Replicas and cache", CacheKindOption) = None,
-    ttl: Annotated[float | None, typer.Option(rich_help_panel="Replicas and cache", help="Expire blocks idle longer than this (trace seconds).")] = None,
+    ttl: Annotated[
+        float | None,
+        typer.Option(
+            rich_help_panel="Replicas and cache", help="Expire blocks idle longer than this (trace seconds)."
+        ),
+    ] = None,
     requests: in_panel("Replicas and cache", Requests) = None,
-    fit: Annotated[Path | None, typer.Option(rich_help_panel="Service model", help="Fit the service model from a kvbench run results file.")] = None,
-    prefill_base_ms: Annotated[float | None, typer.Option(rich_help_panel="Service model", help="Prefill fixed cost a, ms [10].")] = None,
-    prefill_ms_per_token: Annotated[float | None, typer.Option(rich_help_panel="Service model", help="Prefill cost b per uncached token, ms [0.1].")] = None,
-    decode_ms_per_token: Annotated[float | None, typer.Option(rich_help_panel="Service model", help="Decode time per output token, ms [20].")] = None,
-    prefix_tokens: Annotated[int, typer.Option(rich_help_panel="Policy settings", help="prefix-hash: hash the blocks of the first N tokens.")] = PREFIX_TOKENS,
-    epsilon: Annotated[float, typer.Option(rich_help_panel="Policy settings", help="prefix-hash: load bound ceil((1+eps) x mean).")] = 0.25,
-    cache_threshold: Annotated[float, typer.Option(rich_help_panel="Policy settings", help="cache-aware: match rate above which to follow the match.")] = 0.3,
-    balance_abs_threshold: Annotated[int, typer.Option(rich_help_panel="Policy settings", help="cache-aware: imbalance when max-min > this.")] = 64,
-    balance_rel_threshold: Annotated[float, typer.Option(rich_help_panel="Policy settings", help="cache-aware: ... and max > min x this.")] = 1.5,
-    eviction_interval: Annotated[float, typer.Option(rich_help_panel="Policy settings", help="cache-aware: tree eviction period, trace s.")] = 120.0,
-    max_tree_size: Annotated[int, typer.Option(rich_help_panel="Policy settings", help="cache-aware: tokens per replica's tree.")] = 2**26,
-    seed: Annotated[int, typer.Option(rich_help_panel="Replicas and cache", help="Seed of the random policy.")] = 0,
-    out: Annotated[Path | None, typer.Option(rich_help_panel="Replicas and cache", help="Parquet, one row per policy (default results/route-NAME-TIME"
-                                                  ".parquet); the PNGs go beside it.")] = None,
+    fit: Annotated[
+        Path | None,
+        typer.Option(
+            rich_help_panel="Service model", help="Fit the service model from a kvbench run results file."
+        ),
+    ] = None,
+    prefill_base_ms: Annotated[
+        float | None, typer.Option(rich_help_panel="Service model", help="Prefill fixed cost a, ms [10].")
+    ] = None,
+    prefill_ms_per_token: Annotated[
+        float | None,
+        typer.Option(rich_help_panel="Service model", help="Prefill cost b per uncached token, ms [0.1]."),
+    ] = None,
+    decode_ms_per_token: Annotated[
+        float | None,
+        typer.Option(rich_help_panel="Service model", help="Decode time per output token, ms [20]."),
+    ] = None,
+    prefix_tokens: Annotated[
+        int,
+        typer.Option(
+            rich_help_panel="Policy settings", help="prefix-hash: hash the blocks of the first N tokens."
+        ),
+    ] = PREFIX_TOKENS,
+    epsilon: Annotated[
+        float,
+        typer.Option(rich_help_panel="Policy settings", help="prefix-hash: load bound ceil((1+eps) x mean)."),
+    ] = 0.25,
+    cache_threshold: Annotated[
+        float,
+        typer.Option(
+            rich_help_panel="Policy settings", help="cache-aware: match rate above which to follow the match."
+        ),
+    ] = 0.3,
+    balance_abs_threshold: Annotated[
+        int,
+        typer.Option(rich_help_panel="Policy settings", help="cache-aware: imbalance when max-min > this."),
+    ] = 64,
+    balance_rel_threshold: Annotated[
+        float, typer.Option(rich_help_panel="Policy settings", help="cache-aware: ... and max > min x this.")
+    ] = 1.5,
+    eviction_interval: Annotated[
+        float,
+        typer.Option(rich_help_panel="Policy settings", help="cache-aware: tree eviction period, trace s."),
+    ] = 120.0,
+    max_tree_size: Annotated[
+        int, typer.Option(rich_help_panel="Policy settings", help="cache-aware: tokens per replica's tree.")
+    ] = 2**26,
+    seed: Annotated[
+        int, typer.Option(rich_help_panel="Replicas and cache", help="Seed of the random policy.")
+    ] = 0,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            rich_help_panel="Replicas and cache",
+            help="Parquet, one row per policy (default results/route-NAME-TIME"
+            ".parquet); the PNGs go beside it.",
+        ),
+    ] = None,
 ) -> None:
     """Route one trace over N simulated replicas, each with its own prefix cache, under each policy:
     hit rates, copies of popular prefixes, load imbalance, queue and TTFT percentiles."""
@@ -135,35 +237,69 @@ def route(
         check_output_path(out)
     policies = _policies(policy)
     service = _service(fit, prefill_base_ms, prefill_ms_per_token, decode_ms_per_token)
-    options = _options(lambda: RouterOptions(prefix_tokens, epsilon, seed, CacheAwareConfig(
-        cache_threshold, balance_abs_threshold, balance_rel_threshold, eviction_interval, max_tree_size)))
+    options = _options(
+        lambda: RouterOptions(
+            prefix_tokens,
+            epsilon,
+            seed,
+            CacheAwareConfig(
+                cache_threshold,
+                balance_abs_threshold,
+                balance_rel_threshold,
+                eviction_interval,
+                max_tree_size,
+            ),
+        )
+    )
     loaded = load_source(source, limit=requests)
     sizes = sorted(loaded.sim.sizes)
-    cache_cfg = cache_config(loaded.cache, CacheFlags(cache_kind=cache, ttl=ttl), capacity or sizes[len(sizes) // 2],
-                             loaded.block_size)
+    cache_cfg = cache_config(
+        loaded.cache,
+        CacheFlags(cache_kind=cache, ttl=ttl),
+        capacity or sizes[len(sizes) // 2],
+        loaded.block_size,
+    )
     trace = prepare_route_trace(limit_requests(loaded.requests, requests), cache_cfg)
     config = build(lambda: ClusterConfig(replicas, cache_cfg, service))
     out = out or Path("results") / f"route-{loaded.name}-{time.strftime('%Y%m%d-%H%M%S')}.parquet"
-    metadata = {"command": "route", "source": loaded.description, "service": service.as_dict(),
-                "cache_capacity_blocks": cache_cfg.capacity_blocks, "cache_kind": cache_cfg.kind.value,
-                "block_size": cache_cfg.block_size, "num_replicas": replicas}
+    metadata = {
+        "command": "route",
+        "source": loaded.description,
+        "service": service.as_dict(),
+        "cache_capacity_blocks": cache_cfg.capacity_blocks,
+        "cache_kind": cache_cfg.kind.value,
+        "block_size": cache_cfg.block_size,
+        "num_replicas": replicas,
+    }
     results = _route_all(trace, config, policies, options, out, metadata)
-    title = (f"kvbench route: {loaded.name}, {counted(trace.num_requests, 'request')}, {replicas} replicas x "
-             f"{cache_cfg.capacity_blocks:,} blocks of {cache_cfg.block_size} tokens ({cache_cfg.kind.value})")
+    title = (
+        f"kvbench route: {loaded.name}, {counted(trace.num_requests, 'request')}, {replicas} replicas x "
+        f"{cache_cfg.capacity_blocks:,} blocks of {cache_cfg.block_size} tokens ({cache_cfg.kind.value})"
+    )
     make_console().print(_table(title, results))
     _write(out, results, title, metadata)
 
 
 def _rows_file(out: Path, results: list[PolicyResult], metadata: dict, complete: bool) -> Path:
     """The Parquet file: one row per policy done; ``complete: false`` names the policies done."""
-    footer = {**metadata, "decisions": {r.policy: r.decisions for r in results if r.decisions}, "complete": complete}
+    footer = {
+        **metadata,
+        "decisions": {r.policy: r.decisions for r in results if r.decisions},
+        "complete": complete,
+    }
     if not complete:
         footer["policies_finished"] = [r.policy for r in results]
     return write_rows(out, [r.as_row() for r in results], footer)
 
 
-def _route_all(trace, config: ClusterConfig, policies: list[PolicyName], options: RouterOptions, out: Path,
-               metadata: dict) -> list[PolicyResult]:
+def _route_all(
+    trace,
+    config: ClusterConfig,
+    policies: list[PolicyName],
+    options: RouterOptions,
+    out: Path,
+    metadata: dict,
+) -> list[PolicyResult]:
     """:func:`compare_policies`, checkpointing the policies done to ``out`` after each (``complete:
     false``: a SIGKILL keeps them). Ctrl-C or SIGTERM: they are written and :class:`Interrupted` says
     which policy was cut (its partial simulation is no row: a row sums a whole trace)."""
@@ -179,9 +315,12 @@ def _route_all(trace, config: ClusterConfig, policies: list[PolicyName], options
             return _compare(trace, config, policies, options, checkpoint)
         except KeyboardInterrupt:
             cut = policies[len(done)].value if len(done) < len(policies) else None
-            kept = (f"kept {len(done)} finished policies ({', '.join(r.policy for r in done)}) in "
-                    f"{_rows_file(out, done, {**metadata, 'policy_partial': cut}, complete=False)}"
-                    if done else "no policy had finished; nothing written")
+            kept = (
+                f"kept {len(done)} finished policies ({', '.join(r.policy for r in done)}) in "
+                f"{_rows_file(out, done, {**metadata, 'policy_partial': cut}, complete=False)}"
+                if done
+                else "no policy had finished; nothing written"
+            )
             raise Interrupted(f"kvbench route: interrupted during policy {cut}; {kept}") from None
 
 
@@ -190,8 +329,10 @@ def _write(out: Path, results: list[PolicyResult], title: str, metadata: dict) -
     console = make_console()
     _rows_file(out, results, metadata, complete=True)
     stem = out.with_suffix("")
-    for png in (plot_policies(results, stem.with_name(stem.name + "-policies.png"), title),
-                plot_load_over_time(results, stem.with_name(stem.name + "-load.png"), title)):
+    for png in (
+        plot_policies(results, stem.with_name(stem.name + "-policies.png"), title),
+        plot_load_over_time(results, stem.with_name(stem.name + "-load.png"), title),
+    ):
         console.print(f"  {png}")
     console.print(f"wrote {len(results)} rows to {out}")
 

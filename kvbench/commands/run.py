@@ -33,20 +33,74 @@ def run(source: opt.Source, **flags: Any) -> None:
     from kvbench.run.api import run as run_file
 
     f = SimpleNamespace(**flags)
-    results = res.result_flags(f.metric_percentiles, f.percentile_metrics, f.goodput, f.save_result, f.result_dir,
-                               f.result_filename, f.save_detailed, f.asserts, f.max_error_rate)
-    config = build(lambda: RunConfig(
-        source, f.backend or load_backend(source), ModelFlags(f.model, f.device, f.dtype, f.threads),
-        CacheFlags(f.cache and f.cache.value, f.cache_kind, f.block_size, f.cache_size, f.ttl, f.release, f.hash_algo, f.hash_bits,
-                   f.verify, f.prompt_only or None),
-        RunFlags(f.requests, f.concurrency, f.warmup, f.max_tokens, f.ignore_eos, f.temperature, f.top_p, f.seed),
-        _server_flags(f.base_url, f.route, f.api_key_env, f.tokenizer, f.request_rate, f.burstiness, f.duration,
-                      f.hygiene, f.reset_cache, f.timeout, f.server_block_size, f.expected_cache_size, f.schedule,
-                      f.time_scale, f.preflight, f.turns, client=f.client),
-        f.salt, f.out, results.summary,
-        engine=EngineFlags(f.engine, f.max_num_seqs, f.max_num_batched_tokens, f.batch_invariant, f.host_tier)))
-    outcome = run_with_progress(lambda on_progress, on_status: run_file(config, on_progress, on_status),
-                                on_interrupt=print_kept)
+    results = res.result_flags(
+        f.metric_percentiles,
+        f.percentile_metrics,
+        f.goodput,
+        f.save_result,
+        f.result_dir,
+        f.result_filename,
+        f.save_detailed,
+        f.asserts,
+        f.max_error_rate,
+    )
+    config = build(
+        lambda: RunConfig(
+            source,
+            f.backend or load_backend(source),
+            ModelFlags(f.model, f.device, f.dtype, f.threads),
+            CacheFlags(
+                f.cache and f.cache.value,
+                f.cache_kind,
+                f.block_size,
+                f.cache_size,
+                f.ttl,
+                f.release,
+                f.hash_algo,
+                f.hash_bits,
+                f.verify,
+                f.prompt_only or None,
+            ),
+            RunFlags(
+                f.requests,
+                f.concurrency,
+                f.warmup,
+                f.max_tokens,
+                f.ignore_eos,
+                f.temperature,
+                f.top_p,
+                f.seed,
+            ),
+            _server_flags(
+                f.base_url,
+                f.route,
+                f.api_key_env,
+                f.tokenizer,
+                f.request_rate,
+                f.burstiness,
+                f.duration,
+                f.hygiene,
+                f.reset_cache,
+                f.timeout,
+                f.server_block_size,
+                f.expected_cache_size,
+                f.schedule,
+                f.time_scale,
+                f.preflight,
+                f.turns,
+                client=f.client,
+            ),
+            f.salt,
+            f.out,
+            results.summary,
+            engine=EngineFlags(
+                f.engine, f.max_num_seqs, f.max_num_batched_tokens, f.batch_invariant, f.host_tier
+            ),
+        )
+    )
+    outcome = run_with_progress(
+        lambda on_progress, on_status: run_file(config, on_progress, on_status), on_interrupt=print_kept
+    )
     show_outcome(outcome)
     res.finish_run(outcome, results)
 
@@ -69,8 +123,13 @@ def show_outcome(outcome) -> None:
 def _server_flags(base_url: list[str] | None, route: PolicyName | None, *rest, client=None) -> ServerFlags:
     """``--base-url`` once: that endpoint; several: the first, plus all of them to route over."""
     several = tuple(base_url) if base_url and len(base_url) > 1 else ()
-    return ServerFlags(base_url[0] if base_url else None, *rest, base_urls=several,
-                       route=route.value if route else None, client=client)
+    return ServerFlags(
+        base_url[0] if base_url else None,
+        *rest,
+        base_urls=several,
+        route=route.value if route else None,
+        client=client,
+    )
 
 
 def _replica_tables(outcome) -> list:

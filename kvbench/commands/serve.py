@@ -32,8 +32,16 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _cache_config(cache: str, kind: CacheKind, block_size: int, cache_size: str, ttl: float | None,
-                  release: ReleaseOrder, bytes_per_block: int, prompt_only: bool = False) -> CacheConfig | None:
+def _cache_config(
+    cache: str,
+    kind: CacheKind,
+    block_size: int,
+    cache_size: str,
+    ttl: float | None,
+    release: ReleaseOrder,
+    bytes_per_block: int,
+    prompt_only: bool = False,
+) -> CacheConfig | None:
     from kvbench.run.config import CacheFlags
     from kvbench.run.scenario import CacheSection
     from kvbench.run.setup import cache_config, parse_cache_size
@@ -42,8 +50,12 @@ def _cache_config(cache: str, kind: CacheKind, block_size: int, cache_size: str,
         raise InputError(f"--cache must be 'on' or 'off', got {cache!r}")
     if cache == "off":
         return None
-    return cache_config(CacheSection(), CacheFlags(cache_kind=kind, ttl=ttl, release=release, prompt_only=prompt_only),
-                        parse_cache_size(cache_size, bytes_per_block), block_size)
+    return cache_config(
+        CacheSection(),
+        CacheFlags(cache_kind=kind, ttl=ttl, release=release, prompt_only=prompt_only),
+        parse_cache_size(cache_size, bytes_per_block),
+        block_size,
+    )
 
 
 def _guards(host: str, api_key: str | None, max_body_size: str, allowed_hosts: tuple[str, ...]):
@@ -89,16 +101,28 @@ def _announce(sock: socket.socket, name: str, cache_config: CacheConfig | None) 
     """One line with the URL clients use (``--port 0`` shows the port it picked)."""
     bound_host, bound_port = sock.getsockname()[:2]
     shown_host = f"[{bound_host}]" if ":" in bound_host else bound_host
-    cache_text = (f"cache on ({cache_config.kind.value}, {cache_config.block_size}-token blocks, "
-                  f"{cache_config.capacity_blocks:,} blocks)" if cache_config else "cache off")
+    cache_text = (
+        f"cache on ({cache_config.kind.value}, {cache_config.block_size}-token blocks, "
+        f"{cache_config.capacity_blocks:,} blocks)"
+        if cache_config
+        else "cache off"
+    )
     console = make_console()
-    console.print(f"kvbench serve: {name} on http://{shown_host}:{bound_port}/v1 ({cache_text}); Ctrl-C stops",
-                  soft_wrap=True)
+    console.print(
+        f"kvbench serve: {name} on http://{shown_host}:{bound_port}/v1 ({cache_text}); Ctrl-C stops",
+        soft_wrap=True,
+    )
     console.file.flush()
 
 
-def _service(loaded, model: Path | None, cache_config: CacheConfig | None, name: str,
-             engine: EngineFlags = EngineFlags(), pool: CacheConfig | None = None):
+def _service(
+    loaded,
+    model: Path | None,
+    cache_config: CacheConfig | None,
+    name: str,
+    engine: EngineFlags = EngineFlags(),
+    pool: CacheConfig | None = None,
+):
     """The engine service: the in-process backend, the model's own tokenizer (cl100k for the default
     model), the cache (``pool``: the paged engine's pool when the cache is off). Each request brings
     its own sampling."""
@@ -111,33 +135,126 @@ def _service(loaded, model: Path | None, cache_config: CacheConfig | None, name:
 
 
 def serve(
-    host: Annotated[str, typer.Option(rich_help_panel="Server", help="Address to bind (loopback by default; 0.0.0.0 exposes it).")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(rich_help_panel="Server", help="TCP port; 0 picks a free one (printed at start).")] = DEFAULT_PORT,
-    model: Annotated[Path | None, typer.Option(rich_help_panel="Model", help="Local Hugging Face checkpoint (default: the built-in random Llama).")] = None,
-    served_model_name: Annotated[str | None, typer.Option(rich_help_panel="Model", help="Model name clients send (default: the model's).")] = None,
+    host: Annotated[
+        str,
+        typer.Option(
+            rich_help_panel="Server", help="Address to bind (loopback by default; 0.0.0.0 exposes it)."
+        ),
+    ] = "127.0.0.1",
+    port: Annotated[
+        int, typer.Option(rich_help_panel="Server", help="TCP port; 0 picks a free one (printed at start).")
+    ] = DEFAULT_PORT,
+    model: Annotated[
+        Path | None,
+        typer.Option(
+            rich_help_panel="Model",
+            help="Local Hugging Face checkpoint (default: the built-in random Llama).",
+        ),
+    ] = None,
+    served_model_name: Annotated[
+        str | None,
+        typer.Option(rich_help_panel="Model", help="Model name clients send (default: the model's)."),
+    ] = None,
     device: in_panel("Model", opt.Device) = "cpu",
     dtype: in_panel("Model", opt.DTypeName) = "float32",
-    cache: Annotated[CacheSwitch, typer.Option(rich_help_panel="Cache", help="Prefix cache on or off.")] = CacheSwitch.ON,
-    cache_kind: Annotated[CacheKind, typer.Option(rich_help_panel="Cache", help="Cache structure.")] = CacheKind.HASH,
-    block_size: Annotated[int, typer.Option(rich_help_panel="Cache", min=1, help="Tokens per block (vLLM's default).")] = 16,
-    cache_size: Annotated[str, typer.Option(rich_help_panel="Cache", help="Capacity in blocks (4096) or bytes (2GiB).")] = "1GiB",
-    ttl: Annotated[float | None, typer.Option(rich_help_panel="Cache", callback=check_positive, help="Expire blocks idle longer than this (s, > 0).")] = None,
-    release: Annotated[ReleaseOrder, typer.Option(rich_help_panel="Cache", help="Free-list release order.")] = ReleaseOrder.TAIL_FIRST,
+    cache: Annotated[
+        CacheSwitch, typer.Option(rich_help_panel="Cache", help="Prefix cache on or off.")
+    ] = CacheSwitch.ON,
+    cache_kind: Annotated[
+        CacheKind, typer.Option(rich_help_panel="Cache", help="Cache structure.")
+    ] = CacheKind.HASH,
+    block_size: Annotated[
+        int, typer.Option(rich_help_panel="Cache", min=1, help="Tokens per block (vLLM's default).")
+    ] = 16,
+    cache_size: Annotated[
+        str, typer.Option(rich_help_panel="Cache", help="Capacity in blocks (4096) or bytes (2GiB).")
+    ] = "1GiB",
+    ttl: Annotated[
+        float | None,
+        typer.Option(
+            rich_help_panel="Cache",
+            callback=check_positive,
+            help="Expire blocks idle longer than this (s, > 0).",
+        ),
+    ] = None,
+    release: Annotated[
+        ReleaseOrder, typer.Option(rich_help_panel="Cache", help="Free-list release order.")
+    ] = ReleaseOrder.TAIL_FIRST,
     prompt_only: in_panel("Cache", opt.PromptOnly) = False,
-    log_level: Annotated[LogLevel, typer.Option(rich_help_panel="Server", help="uvicorn log level (info shows every request).")] = LogLevel.WARNING,
+    log_level: Annotated[
+        LogLevel, typer.Option(rich_help_panel="Server", help="uvicorn log level (info shows every request).")
+    ] = LogLevel.WARNING,
     threads: in_panel("Server", opt.Threads) = None,
-    min_cache_tokens: Annotated[int, typer.Option(rich_help_panel="Server", help="/v1/messages: shortest prefix reported as cached (Anthropic's minimum).")] = 1024,
-    api_key: Annotated[str | None, typer.Option(rich_help_panel="Server", envvar="KVBENCH_API_KEY", show_envvar=True,
-                                                help="Require 'Authorization: Bearer KEY' on every route but /health (as vllm serve --api-key).")] = None,
-    max_body_size: Annotated[str, typer.Option(rich_help_panel="Server", help="Largest request body (413 above it), e.g. 32MiB.")] = "32MiB",
-    allowed_host: Annotated[list[str] | None, typer.Option(rich_help_panel="Server", help="Host header value to accept (repeatable; '*' = any). Default: the bound address (plus localhost on loopback); any for 0.0.0.0.")] = None,
-    engine: Annotated[EngineKind, typer.Option(rich_help_panel="Engine", help="copy: one request at a time; paged: continuous batching over one KV pool.")] = EngineKind.COPY,
-    max_num_seqs: Annotated[int | None, typer.Option(rich_help_panel="Engine", help="paged: most sequences per step (default 256).")] = None,
-    max_num_batched_tokens: Annotated[int | None, typer.Option(rich_help_panel="Engine", help="paged: most tokens per step (default 8192).")] = None,
-    host_tier: Annotated[str | None, typer.Option(rich_help_panel="Engine", help="paged: a host KV tier below the pool, blocks or bytes (write-through; misses loaded back).")] = None,
-    max_connections: Annotated[int | None, typer.Option(rich_help_panel="Server", help="Most open connections; at the cap a new one closes the oldest idle one (default 1024, below ulimit -n).")] = None,
-    header_timeout: Annotated[float, typer.Option(rich_help_panel="Server", callback=check_positive, help="Close a connection that sent no whole request head within this many seconds.")] = 10.0,
-    keep_alive_timeout: Annotated[float, typer.Option(rich_help_panel="Server", callback=check_positive, help="Close a keep-alive connection idle this many seconds.")] = 5.0,
+    min_cache_tokens: Annotated[
+        int,
+        typer.Option(
+            rich_help_panel="Server",
+            help="/v1/messages: shortest prefix reported as cached (Anthropic's minimum).",
+        ),
+    ] = 1024,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            rich_help_panel="Server",
+            envvar="KVBENCH_API_KEY",
+            show_envvar=True,
+            help="Require 'Authorization: Bearer KEY' on every route but /health (as vllm serve --api-key).",
+        ),
+    ] = None,
+    max_body_size: Annotated[
+        str, typer.Option(rich_help_panel="Server", help="Largest request body (413 above it), e.g. 32MiB.")
+    ] = "32MiB",
+    allowed_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            rich_help_panel="Server",
+            help="Host header value to accept (repeatable; '*' = any). Default: the bound address (plus localhost on loopback); any for 0.0.0.0.",
+        ),
+    ] = None,
+    engine: Annotated[
+        EngineKind,
+        typer.Option(
+            rich_help_panel="Engine",
+            help="copy: one request at a time; paged: continuous batching over one KV pool.",
+        ),
+    ] = EngineKind.COPY,
+    max_num_seqs: Annotated[
+        int | None,
+        typer.Option(rich_help_panel="Engine", help="paged: most sequences per step (default 256)."),
+    ] = None,
+    max_num_batched_tokens: Annotated[
+        int | None, typer.Option(rich_help_panel="Engine", help="paged: most tokens per step (default 8192).")
+    ] = None,
+    host_tier: Annotated[
+        str | None,
+        typer.Option(
+            rich_help_panel="Engine",
+            help="paged: a host KV tier below the pool, blocks or bytes (write-through; misses loaded back).",
+        ),
+    ] = None,
+    max_connections: Annotated[
+        int | None,
+        typer.Option(
+            rich_help_panel="Server",
+            help="Most open connections; at the cap a new one closes the oldest idle one (default 1024, below ulimit -n).",
+        ),
+    ] = None,
+    header_timeout: Annotated[
+        float,
+        typer.Option(
+            rich_help_panel="Server",
+            callback=check_positive,
+            help="Close a connection that sent no whole request head within this many seconds.",
+        ),
+    ] = 10.0,
+    keep_alive_timeout: Annotated[
+        float,
+        typer.Option(
+            rich_help_panel="Server",
+            callback=check_positive,
+            help="Close a keep-alive connection idle this many seconds.",
+        ),
+    ] = 5.0,
 ) -> None:
     """Serve the in-process engine as an OpenAI-compatible API (/v1/completions, /v1/chat/completions,
     /v1/models, /health, /reset_prefix_cache, /metrics, /tokenize, /detokenize) and Anthropic's /v1/messages until Ctrl-C. With --engine copy one
@@ -159,11 +276,33 @@ def serve(
     sock = bind_socket(host, port)  # before the model loads: a busy port fails at once
     with chosen_threads(threads, status_printer(make_console(stderr=True))):
         loaded = _load_announced(model_config)
-        cache_config = _cache_config(cache.value, cache_kind, block_size, cache_size, ttl, release,
-                                     loaded.kv_layout(block_size).bytes_per_block, prompt_only)
-        engine_flags = checked(lambda: EngineFlags(engine, max_num_seqs, max_num_batched_tokens, host_tier=host_tier))
-        pool = _cache_config("on", cache_kind, block_size, cache_size, ttl, release,
-                             loaded.kv_layout(block_size).bytes_per_block, prompt_only) if engine is EngineKind.PAGED else None
+        cache_config = _cache_config(
+            cache.value,
+            cache_kind,
+            block_size,
+            cache_size,
+            ttl,
+            release,
+            loaded.kv_layout(block_size).bytes_per_block,
+            prompt_only,
+        )
+        engine_flags = checked(
+            lambda: EngineFlags(engine, max_num_seqs, max_num_batched_tokens, host_tier=host_tier)
+        )
+        pool = (
+            _cache_config(
+                "on",
+                cache_kind,
+                block_size,
+                cache_size,
+                ttl,
+                release,
+                loaded.kv_layout(block_size).bytes_per_block,
+                prompt_only,
+            )
+            if engine is EngineKind.PAGED
+            else None
+        )
         service = _service(loaded, model, cache_config, served_model_name or loaded.name, engine_flags, pool)
         _announce(sock, service.model_name, cache_config)
         config = server_config(create_app(service, guards, min_cache_tokens), log_level.value, limits)
@@ -176,10 +315,13 @@ def _load_announced(model_config):
     from kvbench.run.execute import loading_line
 
     err = make_console(stderr=True)
-    status_printer(err)(loading_line(str(model_config.path) if model_config.path else None, model_config.device))
+    status_printer(err)(
+        loading_line(str(model_config.path) if model_config.path else None, model_config.device)
+    )
     with Heartbeat(err) as heartbeat:
         heartbeat.set("loading the model")
         return load_model(model_config)
+
 
 def register(app: typer.Typer) -> None:
     app.command("serve")(serve)

@@ -36,14 +36,19 @@ def with_options(*groups: OptionGroup) -> Callable[[Callable[..., Any]], Callabl
     """Decorate ``def command(source, **flags)``: typer sees ``source`` and every group's options.
 
     Raises ``ValueError`` when two groups (or the function) declare the same name."""
+
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
         signature = inspect.signature(func, eval_str=True)
         own = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
-        added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default)
-                 for group in groups for name, (annotation, default) in group.items()]
+        added = [
+            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default)
+            for group in groups
+            for name, (annotation, default) in group.items()
+        ]
         names = [p.name for p in own + added]
         if len(names) != len(set(names)):
             raise ValueError(f"options declared twice: {sorted({n for n in names if names.count(n) > 1})}")
         func.__signature__ = signature.replace(parameters=[*own, *added])  # type: ignore[attr-defined]
         return func
+
     return decorate

@@ -18,8 +18,16 @@ from kvbench.commands.choices import check_positive
 from kvbench.commands.signature import in_panel
 from kvbench.commands.common import make_console
 from kvbench.commands.sim_sampled import run_sampled
-from kvbench.commands.sim_tiers import (FitOption, ModelShapeOption, PrefillMsPerToken, TierFlags, TierPolicyOption,
-                                       TierSpecs, TtftBaseMs, run_tiers)
+from kvbench.commands.sim_tiers import (
+    FitOption,
+    ModelShapeOption,
+    PrefillMsPerToken,
+    TierFlags,
+    TierPolicyOption,
+    TierSpecs,
+    TtftBaseMs,
+    run_tiers,
+)
 from kvbench.cache.block_hash import HashAlgo
 from kvbench.cache.base import CacheConfig, CacheKind, ReleaseOrder
 from kvbench.errors import InputError, Interrupted
@@ -42,44 +50,86 @@ from kvbench.words import counted
 
 TAIL_FIRST = ReleaseOrder.TAIL_FIRST.value
 
+
 def _table(source: RunSource, results: list[SimResult], ideal: SimResult, trace: PreparedTrace) -> Table:
-    table = Table(title=f"kvbench sim: {source.name} ({counted(trace.num_requests, 'request')}, "
-                        f"{trace.num_prompt_tokens:,} prompt tokens, block size {trace.block_size})")
-    for column in ("blocks", "tokens", "release", "token hit", "block hit", "evicted", "expired",
-                   "refused"):
-        table.add_column(column, justify="right", no_wrap=column == "release",
-                         min_width=len("tail-first") if column == "release" else None)
+    table = Table(
+        title=f"kvbench sim: {source.name} ({counted(trace.num_requests, 'request')}, "
+        f"{trace.num_prompt_tokens:,} prompt tokens, block size {trace.block_size})"
+    )
+    for column in ("blocks", "tokens", "release", "token hit", "block hit", "evicted", "expired", "refused"):
+        table.add_column(
+            column,
+            justify="right",
+            no_wrap=column == "release",
+            min_width=len("tail-first") if column == "release" else None,
+        )
     for r in results:
-        table.add_row(f"{r.capacity_blocks:,}", f"{r.capacity_blocks * r.block_size:,}", r.release_order,
-                      f"{r.token_hit_rate:.4f}", f"{r.block_hit_rate:.4f}", f"{r.num_evicted_blocks:,}",
-                      f"{r.num_expired_blocks:,}", f"{r.num_refused_blocks:,}")
-    table.caption = (f"capacity in blocks and tokens; token hit = cached prompt tokens / prompt tokens; "
-                     f"ideal (unbounded cache): token hit {ideal.token_hit_rate:.4f}, "
-                     f"block hit {ideal.block_hit_rate:.4f}")
+        table.add_row(
+            f"{r.capacity_blocks:,}",
+            f"{r.capacity_blocks * r.block_size:,}",
+            r.release_order,
+            f"{r.token_hit_rate:.4f}",
+            f"{r.block_hit_rate:.4f}",
+            f"{r.num_evicted_blocks:,}",
+            f"{r.num_expired_blocks:,}",
+            f"{r.num_refused_blocks:,}",
+        )
+    table.caption = (
+        f"capacity in blocks and tokens; token hit = cached prompt tokens / prompt tokens; "
+        f"ideal (unbounded cache): token hit {ideal.token_hit_rate:.4f}, "
+        f"block hit {ideal.block_hit_rate:.4f}"
+    )
     return table
 
 
-def _base_config(source: RunSource, block_size: int | None, cache: CacheKind | None, ttl: float | None,
-                 hash_algo: HashAlgo | None, hash_bits: int | None, orders: list[str]) -> CacheConfig:
+def _base_config(
+    source: RunSource,
+    block_size: int | None,
+    cache: CacheKind | None,
+    ttl: float | None,
+    hash_algo: HashAlgo | None,
+    hash_bits: int | None,
+    orders: list[str],
+) -> CacheConfig:
     """The swept cache (capacity 1, replaced per size): flags over the source's ``[cache]``."""
-    base = cache_config(source.cache, CacheFlags(cache_kind=cache, ttl=ttl, hash_algo=hash_algo, hash_bits=hash_bits),
-                        1, block_size or source.block_size)
+    base = cache_config(
+        source.cache,
+        CacheFlags(cache_kind=cache, ttl=ttl, hash_algo=hash_algo, hash_bits=hash_bits),
+        1,
+        block_size or source.block_size,
+    )
     if base.kind is CacheKind.RADIX and ReleaseOrder.HEAD_FIRST.value in orders:
         raise InputError("head-first release exists only for the hash cache (--cache-kind hash)")
     return base
 
 
-def _simulate(trace: PreparedTrace, base: CacheConfig, capacities: list[int], orders: list[str],
-              method: SimMethod, workers: int, err) -> tuple[list[SimResult], SimOutcome, bool]:
+def _simulate(
+    trace: PreparedTrace,
+    base: CacheConfig,
+    capacities: list[int],
+    orders: list[str],
+    method: SimMethod,
+    workers: int,
+    err,
+) -> tuple[list[SimResult], SimOutcome, bool]:
     """:func:`simulate_sizes` under a progress bar; Ctrl-C keeps the results finished so far."""
     results: list[SimResult] = []
     outcome, interrupted = SimOutcome(), False
     with Progress(console=err, transient=True) as progress:
         task = progress.add_task("simulating", total=len(capacities) * len(orders))
         try:
-            outcome = simulate_sizes(trace, base, capacities, orders, method, num_workers=workers,
-                                     progress=lambda result, done, total: (results.append(result),
-                                                                           progress.update(task, completed=done)))
+            outcome = simulate_sizes(
+                trace,
+                base,
+                capacities,
+                orders,
+                method,
+                num_workers=workers,
+                progress=lambda result, done, total: (
+                    results.append(result),
+                    progress.update(task, completed=done),
+                ),
+            )
         except KeyboardInterrupt:
             interrupted = True
     for note in outcome.notes:
@@ -90,18 +140,26 @@ def _simulate(trace: PreparedTrace, base: CacheConfig, capacities: list[int], or
 def _write_curve(console, source: RunSource, curve: HitCurve, out: Path, results: list[SimResult]) -> None:
     marks = [r for r in results if r.release_order == ReleaseOrder.TAIL_FIRST.value]
     title = f"{source.name}: token hit rate at every cache size (block size {curve.trace.block_size})"
-    parquet, png, num_rows = write_curve(curve, out, title, {"command": "sim", "source": source.description}, marks)
-    console.print(f"exact curve (one pass): {counted(num_rows, 'size')} where the hit count changes, 1 .. "
-                  f"{curve.ideal_capacity_blocks:,} blocks: {_files(parquet, png)}")
+    parquet, png, num_rows = write_curve(
+        curve, out, title, {"command": "sim", "source": source.description}, marks
+    )
+    console.print(
+        f"exact curve (one pass): {counted(num_rows, 'size')} where the hit count changes, 1 .. "
+        f"{curve.ideal_capacity_blocks:,} blocks: {_files(parquet, png)}"
+    )
 
 
 def _write_ttl_curve(console, source: RunSource, trace: PreparedTrace, out: Path) -> None:
     curve = ttl_curve_of(trace)
     title = f"{source.name}: token hit rate vs TTL, unbounded cache (block size {trace.block_size})"
-    parquet, png, num_rows = write_ttl_curve(curve, out, title, {"command": "sim", "source": source.description})
+    parquet, png, num_rows = write_ttl_curve(
+        curve, out, title, {"command": "sim", "source": source.description}
+    )
     keeps = ", ".join(f"{int(f * 100)}% {_seconds(curve.ttl_for_fraction_s(f))}" for f in (0.5, 0.9, 0.99))
-    console.print(f"TTL keeping this share of the unbounded cache's hits: {keeps}; {counted(num_rows, 'TTL')} where the "
-                  f"hit count changes: {_files(parquet, png)}")
+    console.print(
+        f"TTL keeping this share of the unbounded cache's hits: {keeps}; {counted(num_rows, 'TTL')} where the "
+        f"hit count changes: {_files(parquet, png)}"
+    )
 
 
 def _files(parquet: Path, png: Path | None) -> str:
@@ -112,8 +170,15 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:,.0f} s" if value >= 10 else f"{value:.3g} s"
 
 
-def _prepared_trace(path: Path, source: RunSource, base: CacheConfig, requests: int | None, err,
-                    ttl: float | None, ttl_curve: bool) -> PreparedTrace:
+def _prepared_trace(
+    path: Path,
+    source: RunSource,
+    base: CacheConfig,
+    requests: int | None,
+    err,
+    ttl: float | None,
+    ttl_curve: bool,
+) -> PreparedTrace:
     """The source's blocks and keys: from a hash-id trace's ids where that is exact
     (:func:`hash_id_refusal`), else hashed from the token ids (read now for a hash-id trace); with
     :func:`_warn_untimed_ttl`'s warning on ``err``."""
@@ -128,12 +193,26 @@ def _token_trace(path: Path, source: RunSource, base: CacheConfig, requests: int
     if source.format in HASH_ID_TRACES:
         source = load_source(path, limit=requests)
     token_requests = limit_requests(source.requests, requests)  # not kept: forked workers stay small
-    return prepare_prompts(token_requests, base.block_size, base.hash,
-                           keep_tokens=base.kind is CacheKind.RADIX or base.verify_tokens)
+    return prepare_prompts(
+        token_requests,
+        base.block_size,
+        base.hash,
+        keep_tokens=base.kind is CacheKind.RADIX or base.verify_tokens,
+    )
 
 
-def _computed(path: Path, source: RunSource, base: CacheConfig, requests: int | None, capacities: list[int],
-              orders: list[str], method: SimMethod, workers: int, ttls: tuple[float | None, bool], err):
+def _computed(
+    path: Path,
+    source: RunSource,
+    base: CacheConfig,
+    requests: int | None,
+    capacities: list[int],
+    orders: list[str],
+    method: SimMethod,
+    workers: int,
+    ttls: tuple[float | None, bool],
+    err,
+):
     """``(trace, results, outcome, interrupted)``: from a hash-id trace held as arrays where
     :func:`_compact_curve` applies (the exact curve at any size, issue 25.4), else prepared and simulated."""
     compact = _compact_curve(path, source, base, requests, orders, method, ttls[1])
@@ -144,8 +223,15 @@ def _computed(path: Path, source: RunSource, base: CacheConfig, requests: int | 
     return (trace, *_simulate(trace, base, capacities, orders, method, workers, err))
 
 
-def _compact_curve(path: Path, source: RunSource, base: CacheConfig, requests: int | None, orders: list[str],
-                   method: SimMethod, ttl_curve: bool) -> HitCurve | None:
+def _compact_curve(
+    path: Path,
+    source: RunSource,
+    base: CacheConfig,
+    requests: int | None,
+    orders: list[str],
+    method: SimMethod,
+    ttl_curve: bool,
+) -> HitCurve | None:
     """The exact tail-first curve from a hash-id trace read as arrays (:mod:`kvbench.sim.compact_curve`)
     where that is the whole job (tail-first only, the one pass exact, no TTL curve), else ``None``
     (also when the arrays' reader leaves the file to the line reader)."""
@@ -161,8 +247,12 @@ def _warn_untimed_ttl(err, trace: PreparedTrace, ttl: float | None, ttl_curve: b
     (a generated workload without a request rate): the cache's clock never moves, so nothing expires."""
     flags = [flag for flag, given in (("--ttl", ttl is not None), ("--ttl-curve", ttl_curve)) if given]
     if flags and trace.num_requests and not np.any(trace.arrivals_s != 0):
-        err.print("warning: the trace has no arrival times: every request arrives at 0 s, so a TTL never expires "
-                  f"({', '.join(flags)})", soft_wrap=True, markup=False)
+        err.print(
+            "warning: the trace has no arrival times: every request arrives at 0 s, so a TTL never expires "
+            f"({', '.join(flags)})",
+            soft_wrap=True,
+            markup=False,
+        )
 
 
 def _check_flags(requests: int | None, block_size: int | None, ttl: float | None, workers: int) -> None:
@@ -177,32 +267,82 @@ def _check_flags(requests: int | None, block_size: int | None, ttl: float | None
         raise InputError(f"--workers: {workers} is not a positive number of processes")
 
 
-_SAMPLE_RATE_HELP = ("Sampled LRU curve (SHARDS) instead of the exact one: keep this share of the block keys, "
-                     "in (0, 1] (with --sample-keys: the starting rate).")
-_SAMPLE_KEYS_HELP = ("Sampled LRU curve (fixed-size SHARDS): hold at most this many keys between requests, "
-                     "lowering the rate as needed (from --sample-rate if given, else from 1).")
+_SAMPLE_RATE_HELP = (
+    "Sampled LRU curve (SHARDS) instead of the exact one: keep this share of the block keys, "
+    "in (0, 1] (with --sample-keys: the starting rate)."
+)
+_SAMPLE_KEYS_HELP = (
+    "Sampled LRU curve (fixed-size SHARDS): hold at most this many keys between requests, "
+    "lowering the rate as needed (from --sample-rate if given, else from 1)."
+)
 
 
 def sim(
     source: Annotated[Path, typer.Argument(help="Scenario (.toml) or trace (.jsonl: kvbench or Mooncake).")],
-    sizes: Annotated[str | None, typer.Option(rich_help_panel="Sizes and output", help="Cache capacities in blocks, e.g. 64,128,256.")] = None,
-    release: Annotated[str | None, typer.Option(rich_help_panel="Sizes and output", help="Release orders to compare: tail-first,head-first.")] = None,
-    block_size: Annotated[int | None, typer.Option(rich_help_panel="Cache", min=1, help="Tokens per block (default: the source's).")] = None,
+    sizes: Annotated[
+        str | None,
+        typer.Option(rich_help_panel="Sizes and output", help="Cache capacities in blocks, e.g. 64,128,256."),
+    ] = None,
+    release: Annotated[
+        str | None,
+        typer.Option(
+            rich_help_panel="Sizes and output", help="Release orders to compare: tail-first,head-first."
+        ),
+    ] = None,
+    block_size: Annotated[
+        int | None,
+        typer.Option(rich_help_panel="Cache", min=1, help="Tokens per block (default: the source's)."),
+    ] = None,
     cache_kind: in_panel("Cache", opt.CacheKindOption) = None,
-    cache: Annotated[CacheKind | None, typer.Option(hidden=True, help="Deprecated spelling of --cache-kind.")] = None,
-    ttl: Annotated[float | None, typer.Option(rich_help_panel="Cache", callback=check_positive, help="Expire blocks idle longer than this (trace seconds, > 0).")] = None,
-    hash_algo: Annotated[HashAlgo | None, typer.Option(rich_help_panel="Cache", help="Block hash function.")] = None,
+    cache: Annotated[
+        CacheKind | None, typer.Option(hidden=True, help="Deprecated spelling of --cache-kind.")
+    ] = None,
+    ttl: Annotated[
+        float | None,
+        typer.Option(
+            rich_help_panel="Cache",
+            callback=check_positive,
+            help="Expire blocks idle longer than this (trace seconds, > 0).",
+        ),
+    ] = None,
+    hash_algo: Annotated[
+        HashAlgo | None, typer.Option(rich_help_panel="Cache", help="Block hash function.")
+    ] = None,
     hash_bits: in_panel("Cache", opt.HashBits) = None,
     requests: in_panel("Sizes and output", opt.Requests) = None,
-    out: Annotated[Path | None, typer.Option(rich_help_panel="Sizes and output", help="Output FILE: the Parquet file of rows; the curve files go beside it "
-                                             "(default results/sim-NAME-TIME.parquet).")] = None,
-    workers: Annotated[int, typer.Option(rich_help_panel="Sizes and output", min=1, help="Processes for the sweep.")] = min(2, os.cpu_count() or 1),
-    method: Annotated[SimMethod, typer.Option(rich_help_panel="Sizes and output", help="auto: the exact one-pass LRU curve where it applies "
-                                              "(hash cache, tail-first, no TTL, full keys), else replay.")] = SimMethod.AUTO,
-    ttl_curve: Annotated[bool, typer.Option("--ttl-curve", rich_help_panel="Sizes and output", help="Also the hit rate at every TTL with an unbounded "
-                                            "cache (NAME.ttl-curve.parquet/.png).")] = False,
-    sample_rate: Annotated[float | None, typer.Option(rich_help_panel="Sampled curves (SHARDS)", help=_SAMPLE_RATE_HELP)] = None,
-    sample_keys: Annotated[int | None, typer.Option(rich_help_panel="Sampled curves (SHARDS)", help=_SAMPLE_KEYS_HELP)] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            rich_help_panel="Sizes and output",
+            help="Output FILE: the Parquet file of rows; the curve files go beside it "
+            "(default results/sim-NAME-TIME.parquet).",
+        ),
+    ] = None,
+    workers: Annotated[
+        int, typer.Option(rich_help_panel="Sizes and output", min=1, help="Processes for the sweep.")
+    ] = min(2, os.cpu_count() or 1),
+    method: Annotated[
+        SimMethod,
+        typer.Option(
+            rich_help_panel="Sizes and output",
+            help="auto: the exact one-pass LRU curve where it applies "
+            "(hash cache, tail-first, no TTL, full keys), else replay.",
+        ),
+    ] = SimMethod.AUTO,
+    ttl_curve: Annotated[
+        bool,
+        typer.Option(
+            "--ttl-curve",
+            rich_help_panel="Sizes and output",
+            help="Also the hit rate at every TTL with an unbounded cache (NAME.ttl-curve.parquet/.png).",
+        ),
+    ] = False,
+    sample_rate: Annotated[
+        float | None, typer.Option(rich_help_panel="Sampled curves (SHARDS)", help=_SAMPLE_RATE_HELP)
+    ] = None,
+    sample_keys: Annotated[
+        int | None, typer.Option(rich_help_panel="Sampled curves (SHARDS)", help=_SAMPLE_KEYS_HELP)
+    ] = None,
     tier: TierSpecs = None,
     tier_policy: TierPolicyOption = TierPolicy.INCLUSIVE,
     model_shape: ModelShapeOption = "kvbench-default",
@@ -217,40 +357,92 @@ def sim(
         check_output_path(out)
     source_info = load_source(source, limit=requests, token_ids=False)  # a hash-id trace: keys from its ids
     capacities = parse_int_list(sizes, "--sizes") if sizes is not None else list(source_info.sim.sizes)
-    orders = (parse_choices(release, "--release", [o.value for o in ReleaseOrder]) if release is not None
-              else [o.value for o in source_info.sim.release])  # an empty --sizes / --release is an error
+    orders = (
+        parse_choices(release, "--release", [o.value for o in ReleaseOrder])
+        if release is not None
+        else [o.value for o in source_info.sim.release]
+    )  # an empty --sizes / --release is an error
     base = _base_config(source_info, block_size, cache_kind or cache, ttl, hash_algo, hash_bits, orders)
     if sample_rate is not None or sample_keys is not None:
-        return run_sampled(source, source_info, base, requests, capacities, sample_rate, sample_keys, out, orders,
-                           method, ttl_curve)
+        return run_sampled(
+            source,
+            source_info,
+            base,
+            requests,
+            capacities,
+            sample_rate,
+            sample_keys,
+            out,
+            orders,
+            method,
+            ttl_curve,
+        )
     console, err = make_console(), make_console(stderr=True)
     started = time.perf_counter()
     if tier:
-        return run_tiers(_token_trace(source, source_info, base, requests), source_info, base, capacities, orders,
-                         _default_out(out, source_info),
-                         TierFlags(tuple(tier), tier_policy, model_shape, fit, prefill_ms_per_token, ttft_base_ms))
-    trace, results, outcome, interrupted = _computed(source, source_info, base, requests, capacities, orders,
-                                                     method, workers, (ttl, ttl_curve), err)
+        return run_tiers(
+            _token_trace(source, source_info, base, requests),
+            source_info,
+            base,
+            capacities,
+            orders,
+            _default_out(out, source_info),
+            TierFlags(tuple(tier), tier_policy, model_shape, fit, prefill_ms_per_token, ttft_base_ms),
+        )
+    trace, results, outcome, interrupted = _computed(
+        source, source_info, base, requests, capacities, orders, method, workers, (ttl, ttl_curve), err
+    )
     order_index = {(c, o): i for i, (c, o) in enumerate((c, o) for c in capacities for o in orders)}
     results.sort(key=lambda r: order_index[(r.capacity_blocks, r.release_order)])
     curve = outcome.curves.get(TAIL_FIRST)
-    ideal = (curve.result_at(max(int(curve.distances.offsets[-1]), 1))  # every full block: unbounded_capacity_blocks
-             if curve is not None else ideal_hit_rate(trace, base.kind))
+    ideal = (
+        curve.result_at(
+            max(int(curve.distances.offsets[-1]), 1)
+        )  # every full block: unbounded_capacity_blocks
+        if curve is not None
+        else ideal_hit_rate(trace, base.kind)
+    )
     console.print(_table(source_info, results, ideal, trace))
     for note in requests_note(requests, trace.num_requests, done="simulated"):
         err.print(note, soft_wrap=True)
-    _write_outputs(console, source_info, trace, _default_out(out, source_info), results, outcome, interrupted,
-                   ideal, time.perf_counter() - started, ttl_curve)
+    _write_outputs(
+        console,
+        source_info,
+        trace,
+        _default_out(out, source_info),
+        results,
+        outcome,
+        interrupted,
+        ideal,
+        time.perf_counter() - started,
+        ttl_curve,
+    )
     if interrupted:
         raise Interrupted(f"after {len(results)} of {len(capacities) * len(orders)} configurations")
 
 
-def _write_outputs(console, source_info: RunSource, trace: PreparedTrace, out: Path, results: list[SimResult],
-                   outcome: SimOutcome, interrupted: bool, ideal: SimResult, elapsed_s: float, ttl_curve: bool) -> None:
+def _write_outputs(
+    console,
+    source_info: RunSource,
+    trace: PreparedTrace,
+    out: Path,
+    results: list[SimResult],
+    outcome: SimOutcome,
+    interrupted: bool,
+    ideal: SimResult,
+    elapsed_s: float,
+    ttl_curve: bool,
+) -> None:
     """The result rows, then (when the run finished) the exact curve and the TTL curve beside them."""
     if results:
-        metadata = {"command": "sim", "source": source_info.description, "ideal_token_hit_rate": ideal.token_hit_rate,
-                    "complete": not interrupted, "elapsed_s": elapsed_s, "methods": outcome.methods}
+        metadata = {
+            "command": "sim",
+            "source": source_info.description,
+            "ideal_token_hit_rate": ideal.token_hit_rate,
+            "complete": not interrupted,
+            "elapsed_s": elapsed_s,
+            "methods": outcome.methods,
+        }
         _write_results(console, out, [r.as_row() for r in results], metadata)
     curve = outcome.curves.get(ReleaseOrder.TAIL_FIRST.value)
     if curve is not None and not interrupted:
@@ -267,8 +459,10 @@ def _write_results(console, out: Path, rows: list[dict], metadata: dict) -> None
     """Write the rows; say so, and that a file was replaced when one was there (as ``run`` does)."""
     replacing = out.is_file()
     write_rows(out, rows, metadata)
-    console.print(f"wrote {counted(len(rows), 'row')} to {escape(str(out))}"
-                  + (" (replaced the file that was there)" if replacing else ""))
+    console.print(
+        f"wrote {counted(len(rows), 'row')} to {escape(str(out))}"
+        + (" (replaced the file that was there)" if replacing else "")
+    )
 
 
 def register(app: typer.Typer) -> None:

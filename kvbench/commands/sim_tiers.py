@@ -33,24 +33,78 @@ from kvbench.sim.curve import one_pass_refusal
 from kvbench.sim.replay import PreparedTrace
 from kvbench.sim.stack_distance import stack_distances
 from kvbench.sim.tier_replay import replay_tiers
-from kvbench.sim.tier_ttft import (PrefillModel, TierCost, TierPoint, break_even_tokens, estimate_ttft_ms,
-                                   tier_sweep)
-from kvbench.sim.tiers import Tier, TierPolicy, TierSplit, describe_tier, one_pass_tier_refusal, parse_tier, tier_split
+from kvbench.sim.tier_ttft import (
+    PrefillModel,
+    TierCost,
+    TierPoint,
+    break_even_tokens,
+    estimate_ttft_ms,
+    tier_sweep,
+)
+from kvbench.sim.tiers import (
+    Tier,
+    TierPolicy,
+    TierSplit,
+    describe_tier,
+    one_pass_tier_refusal,
+    parse_tier,
+    tier_split,
+)
 
 TIER_PANEL = "KV tiers below the GPU (--tier)"
-TierSpecs = Annotated[list[str] | None, typer.Option("--tier", rich_help_panel=TIER_PANEL, help=(
-    "A KV tier below the GPU: NAME:SIZE[:BANDWIDTH[:LATENCY]], SIZE in blocks or bytes for --model-shape "
-    "(host:64GiB:25GBps:0.01ms); repeat for more levels, fastest first. --sizes is the GPU tier."))]
-TierPolicyOption = Annotated[TierPolicy, typer.Option(rich_help_panel=TIER_PANEL, help=(
-    "--tier: exclusive = demote on evict, promote on hit; inclusive = write-through, every tier refreshed on every "
-    "use (vLLM's OffloadingConnector)."))]
-ModelShapeOption = Annotated[str, typer.Option(rich_help_panel=TIER_PANEL, help=(
-    "--tier: the model whose KV bytes size the tiers and loads: a preset (kvbench-default, llama-3.1-8b, ...) or "
-    "a config.json."))]
-FitOption = Annotated[Path | None, typer.Option(rich_help_panel=TIER_PANEL, help=(
-    "--tier: estimate TTFT from a kvbench run's results (least squares of ttft_ms on uncached prompt tokens)."))]
-PrefillMsPerToken = Annotated[float | None, typer.Option(rich_help_panel=TIER_PANEL, help="--tier: prefill cost per recomputed token, ms (instead of --fit).")]
-TtftBaseMs = Annotated[float | None, typer.Option(rich_help_panel=TIER_PANEL, help="--tier: TTFT with nothing to prefill, ms (with --prefill-ms-per-token; default 0).")]
+TierSpecs = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--tier",
+        rich_help_panel=TIER_PANEL,
+        help=(
+            "A KV tier below the GPU: NAME:SIZE[:BANDWIDTH[:LATENCY]], SIZE in blocks or bytes for --model-shape "
+            "(host:64GiB:25GBps:0.01ms); repeat for more levels, fastest first. --sizes is the GPU tier."
+        ),
+    ),
+]
+TierPolicyOption = Annotated[
+    TierPolicy,
+    typer.Option(
+        rich_help_panel=TIER_PANEL,
+        help=(
+            "--tier: exclusive = demote on evict, promote on hit; inclusive = write-through, every tier refreshed on every "
+            "use (vLLM's OffloadingConnector)."
+        ),
+    ),
+]
+ModelShapeOption = Annotated[
+    str,
+    typer.Option(
+        rich_help_panel=TIER_PANEL,
+        help=(
+            "--tier: the model whose KV bytes size the tiers and loads: a preset (kvbench-default, llama-3.1-8b, ...) or "
+            "a config.json."
+        ),
+    ),
+]
+FitOption = Annotated[
+    Path | None,
+    typer.Option(
+        rich_help_panel=TIER_PANEL,
+        help=(
+            "--tier: estimate TTFT from a kvbench run's results (least squares of ttft_ms on uncached prompt tokens)."
+        ),
+    ),
+]
+PrefillMsPerToken = Annotated[
+    float | None,
+    typer.Option(
+        rich_help_panel=TIER_PANEL, help="--tier: prefill cost per recomputed token, ms (instead of --fit)."
+    ),
+]
+TtftBaseMs = Annotated[
+    float | None,
+    typer.Option(
+        rich_help_panel=TIER_PANEL,
+        help="--tier: TTFT with nothing to prefill, ms (with --prefill-ms-per-token; default 0).",
+    ),
+]
 
 
 @dataclass(frozen=True)
@@ -73,18 +127,25 @@ def prefill_model(flags: TierFlags) -> PrefillModel | None:
         InputError: both given, or ``--ttft-base-ms`` without ``--prefill-ms-per-token``.
     """
     if flags.fit is not None and (flags.prefill_ms_per_token is not None or flags.ttft_base_ms is not None):
-        raise InputError("--fit and --prefill-ms-per-token / --ttft-base-ms are two sources of one model: give one")
+        raise InputError(
+            "--fit and --prefill-ms-per-token / --ttft-base-ms are two sources of one model: give one"
+        )
     if flags.fit is not None:
         fitted = fit_service_model(flags.fit)
-        return PrefillModel(fitted.prefill_base_ms, fitted.prefill_ms_per_token,
-                            f"least-squares fit of ttft_ms on uncached prompt tokens in {flags.fit}")
+        return PrefillModel(
+            fitted.prefill_base_ms,
+            fitted.prefill_ms_per_token,
+            f"least-squares fit of ttft_ms on uncached prompt tokens in {flags.fit}",
+        )
     if flags.prefill_ms_per_token is None:
         if flags.ttft_base_ms is not None:
             raise InputError("--ttft-base-ms needs --prefill-ms-per-token")
         return None
     if flags.prefill_ms_per_token < 0 or (flags.ttft_base_ms or 0) < 0:
         raise InputError("--prefill-ms-per-token and --ttft-base-ms must be >= 0")
-    return PrefillModel(flags.ttft_base_ms or 0.0, flags.prefill_ms_per_token, "--prefill-ms-per-token / --ttft-base-ms")
+    return PrefillModel(
+        flags.ttft_base_ms or 0.0, flags.prefill_ms_per_token, "--prefill-ms-per-token / --ttft-base-ms"
+    )
 
 
 def check_tier_config(config: CacheConfig, orders: list[str]) -> None:
@@ -100,7 +161,9 @@ def check_tier_config(config: CacheConfig, orders: list[str]) -> None:
         raise InputError("--tier models tail-first release only (give --release tail-first)")
 
 
-def split_at(trace: PreparedTrace, distances, gpu_blocks: int, tiers: tuple[Tier, ...], policy: TierPolicy) -> TierSplit:
+def split_at(
+    trace: PreparedTrace, distances, gpu_blocks: int, tiers: tuple[Tier, ...], policy: TierPolicy
+) -> TierSplit:
     """The one pass where it is exact, else the explicit replay."""
     tokens = np.fromiter((p.num_tokens for p in trace.prompts), dtype=np.int64, count=trace.num_requests)
     if one_pass_tier_refusal(distances, gpu_blocks, policy) is None:
@@ -111,45 +174,83 @@ def split_at(trace: PreparedTrace, distances, gpu_blocks: int, tiers: tuple[Tier
 def _summary_table(splits: list[TierSplit], ttfts: list[np.ndarray | None], layout: KvLayout) -> Table:
     tiers = splits[0].tiers
     table = Table(title=f"KV tiers ({splits[0].policy.value}): share of prompt tokens served by each level")
-    for column in ("GPU blocks", "GPU", *(t.name for t in tiers), "total hit", "recomputed", "TTFT p50 est.",
-                   "TTFT p99 est.", "method"):
+    for column in (
+        "GPU blocks",
+        "GPU",
+        *(t.name for t in tiers),
+        "total hit",
+        "recomputed",
+        "TTFT p50 est.",
+        "TTFT p99 est.",
+        "method",
+    ):
         table.add_column(column, justify="left" if column == "method" else "right")
     for split, ttft in zip(splits, ttfts):
         rates = split.token_hit_rates()
-        table.add_row(f"{split.gpu_blocks:,} ({format_bytes(split.gpu_blocks * layout.bytes_per_block)})",
-                      *(f"{r:.4f}" for r in rates), f"{rates.sum():.4f}", f"{1 - rates.sum():.4f}",
-                      *((f"{np.percentile(ttft, q):,.1f} ms" for q in (50, 99)) if ttft is not None and ttft.size
-                        else ("-", "-")), split.method)
+        table.add_row(
+            f"{split.gpu_blocks:,} ({format_bytes(split.gpu_blocks * layout.bytes_per_block)})",
+            *(f"{r:.4f}" for r in rates),
+            f"{rates.sum():.4f}",
+            f"{1 - rates.sum():.4f}",
+            *(
+                (f"{np.percentile(ttft, q):,.1f} ms" for q in (50, 99))
+                if ttft is not None and ttft.size
+                else ("-", "-")
+            ),
+            split.method,
+        )
     return table
 
 
 def _sweep_table(points: list[TierPoint], gpu_blocks: int, tier: Tier, layout: KvLayout) -> Table:
-    table = Table(title=f"{tier.name} tier size vs hit rate and TTFT (GPU {gpu_blocks:,} blocks)",
-                  caption="the other tiers as given; total hit = every level; one pass")
-    for column in (f"{tier.name} blocks", f"{tier.name} bytes", "total hit", f"from {tier.name}", "TTFT p50 est.",
-                   "TTFT p99 est."):
+    table = Table(
+        title=f"{tier.name} tier size vs hit rate and TTFT (GPU {gpu_blocks:,} blocks)",
+        caption="the other tiers as given; total hit = every level; one pass",
+    )
+    for column in (
+        f"{tier.name} blocks",
+        f"{tier.name} bytes",
+        "total hit",
+        f"from {tier.name}",
+        "TTFT p50 est.",
+        "TTFT p99 est.",
+    ):
         table.add_column(column, justify="right")
     for point in points:
-        table.add_row(f"{point.tier_blocks:,}", format_bytes(point.tier_blocks * layout.bytes_per_block),
-                      f"{point.total_hit_rate:.4f}", f"{point.token_hit_rates[1]:.4f}",
-                      *(f"{v:,.1f} ms" if v is not None else "-" for v in (point.ttft_p50_ms, point.ttft_p99_ms)))
+        table.add_row(
+            f"{point.tier_blocks:,}",
+            format_bytes(point.tier_blocks * layout.bytes_per_block),
+            f"{point.total_hit_rate:.4f}",
+            f"{point.token_hit_rates[1]:.4f}",
+            *(f"{v:,.1f} ms" if v is not None else "-" for v in (point.ttft_p50_ms, point.ttft_p99_ms)),
+        )
     return table
 
 
-def _inputs_lines(tiers: tuple[Tier, ...], layout: KvLayout, shape_name: str, model: PrefillModel | None) -> list[str]:
+def _inputs_lines(
+    tiers: tuple[Tier, ...], layout: KvLayout, shape_name: str, model: PrefillModel | None
+) -> list[str]:
     """The TTFT model's inputs, each with its source, and where loading stops paying."""
-    lines = [f"KV bytes: {layout.bytes_per_token:,} per token, {format_bytes(layout.bytes_per_block)} per block "
-             f"({shape_name}, {layout.kv_dtype.value}; --model-shape)"]
+    lines = [
+        f"KV bytes: {layout.bytes_per_token:,} per token, {format_bytes(layout.bytes_per_block)} per block "
+        f"({shape_name}, {layout.kv_dtype.value}; --model-shape)"
+    ]
     lines += [f"tier {describe_tier(t, layout.bytes_per_block)}" for t in tiers]
     if model is None:
-        return lines + ["TTFT: not estimated (give --fit RUN.parquet, or --prefill-ms-per-token [--ttft-base-ms])"]
-    lines.append(f"TTFT ~ {model.base_ms:,.1f} ms + {model.ms_per_token:.4f} ms x recomputed tokens + loads "
-                 f"(an estimate; {model.source})")
+        return lines + [
+            "TTFT: not estimated (give --fit RUN.parquet, or --prefill-ms-per-token [--ttft-base-ms])"
+        ]
+    lines.append(
+        f"TTFT ~ {model.base_ms:,.1f} ms + {model.ms_per_token:.4f} ms x recomputed tokens + loads "
+        f"(an estimate; {model.source})"
+    )
     for tier in tiers:
         cost = TierCost(tier, layout.bytes_per_token)
         tokens = break_even_tokens(model, cost)
-        lines.append(f"{tier.name}: a token loads in {cost.ms_per_token * 1e3:.3g} us, recomputes in "
-                     f"{model.ms_per_token * 1e3:.3g} us: " + _break_even_text(tokens, tier.latency_ms))
+        lines.append(
+            f"{tier.name}: a token loads in {cost.ms_per_token * 1e3:.3g} us, recomputes in "
+            f"{model.ms_per_token * 1e3:.3g} us: " + _break_even_text(tokens, tier.latency_ms)
+        )
     return lines
 
 
@@ -158,24 +259,44 @@ def _break_even_text(tokens: float | None, latency_ms: float) -> str:
         return "recomputing is faster than loading at every hit length"
     if tokens <= 1:
         return "loading is faster than recomputing for any hit"
-    return (f"loading is faster for hits of >= {int(np.ceil(tokens)):,} tokens; shorter ones recompute faster "
-            f"(the {latency_ms:g} ms per load)")
+    return (
+        f"loading is faster for hits of >= {int(np.ceil(tokens)):,} tokens; shorter ones recompute faster "
+        f"(the {latency_ms:g} ms per load)"
+    )
 
 
 def request_rows(split: TierSplit, ttft: np.ndarray | None) -> list[dict]:
     """One row per request: tokens from each level, recomputed, the TTFT estimate (null without a model)."""
-    columns = {"request_position": np.arange(split.num_prompt_tokens.size), "prompt_tokens": split.num_prompt_tokens,
-               "gpu_hit_tokens": split.hit_tokens[0], "recomputed_tokens": split.missed_tokens}
-    columns.update({f"{tier.name}_hit_tokens": split.hit_tokens[i] for i, tier in enumerate(split.tiers, start=1)})
+    columns = {
+        "request_position": np.arange(split.num_prompt_tokens.size),
+        "prompt_tokens": split.num_prompt_tokens,
+        "gpu_hit_tokens": split.hit_tokens[0],
+        "recomputed_tokens": split.missed_tokens,
+    }
+    columns.update(
+        {f"{tier.name}_hit_tokens": split.hit_tokens[i] for i, tier in enumerate(split.tiers, start=1)}
+    )
     rows = [dict(zip(columns, values)) for values in zip(*(c.tolist() for c in columns.values()))]
     estimates = ttft.tolist() if ttft is not None else [None] * len(rows)
     for row, estimate in zip(rows, estimates):
-        row.update(gpu_blocks=split.gpu_blocks, policy=split.policy.value, method=split.method, ttft_estimate_ms=estimate)
+        row.update(
+            gpu_blocks=split.gpu_blocks,
+            policy=split.policy.value,
+            method=split.method,
+            ttft_estimate_ms=estimate,
+        )
     return rows
 
 
-def run_tiers(trace: PreparedTrace, source: RunSource, config: CacheConfig, capacities: list[int], orders: list[str],
-              out: Path, flags: TierFlags) -> None:
+def run_tiers(
+    trace: PreparedTrace,
+    source: RunSource,
+    config: CacheConfig,
+    capacities: list[int],
+    orders: list[str],
+    out: Path,
+    flags: TierFlags,
+) -> None:
     """The whole ``--tier`` run: check, split at each GPU size, print, sweep the first tier, write.
 
     Raises:
@@ -200,11 +321,22 @@ def run_tiers(trace: PreparedTrace, source: RunSource, config: CacheConfig, capa
     console.print(_sweep_table(points, capacities[0], tiers[0], layout))
     parquet, png = curve_paths(out, "tiers")
     rows = [row for split, ttft in zip(splits, ttfts) for row in request_rows(split, ttft)]
-    write_rows(parquet, rows, {"command": "sim", "source": source.description, "tiers": [describe_tier(t, layout.bytes_per_block) for t in tiers],
-                               "tier_policy": flags.policy.value, "model_shape": shape.name,
-                               "prefill_model": None if model is None else model.source,
-                               "elapsed_s": time.perf_counter() - started})
+    write_rows(
+        parquet,
+        rows,
+        {
+            "command": "sim",
+            "source": source.description,
+            "tiers": [describe_tier(t, layout.bytes_per_block) for t in tiers],
+            "tier_policy": flags.policy.value,
+            "model_shape": shape.name,
+            "prefill_model": None if model is None else model.source,
+            "elapsed_s": time.perf_counter() - started,
+        },
+    )
     title = f"{source.name}: {tiers[0].name} tier (GPU {capacities[0]:,} blocks, {flags.policy.value})"
     drawn = plotted_or_none(lambda: plot_tier_sweep(points, png, title, tiers[0].name), png)
-    console.print(f"wrote {len(rows):,} request rows to {escape(str(parquet))}"
-                  + (f", {escape(str(drawn))}" if drawn else f" (no PNG: {needs_extra('plots')})"))
+    console.print(
+        f"wrote {len(rows):,} request rows to {escape(str(parquet))}"
+        + (f", {escape(str(drawn))}" if drawn else f" (no PNG: {needs_extra('plots')})")
+    )

@@ -19,7 +19,16 @@ from kvbench.extras import missing_extra
 from kvbench.results.goodput import parse_goodput
 from kvbench.results.summary import SummaryOptions
 from kvbench.commands import run_options as rop
-from kvbench.run.config import BackendKind, EngineFlags, EngineKind, ModelFlags, RunConfig, RunFlags, ServerFlags, SweepConfig
+from kvbench.run.config import (
+    BackendKind,
+    EngineFlags,
+    EngineKind,
+    ModelFlags,
+    RunConfig,
+    RunFlags,
+    ServerFlags,
+    SweepConfig,
+)
 from kvbench.run.load_sweep import LoadSweepConfig
 from kvbench.run.scenario import parse_int_list
 
@@ -28,66 +37,154 @@ ENGINE = "Cache-size sweep (in-process engine)"  # --help panels (typer's rich_h
 LOAD = "Load sweep (--backend openai)"
 # kvbench run's declarations of these options (one spelling and help text for both commands)
 EngineOption, MaxNumSeqs, MaxNumBatchedTokens, BatchInvariant = (
-    rop.BACKEND[name][0] for name in ("engine", "max_num_seqs", "max_num_batched_tokens", "batch_invariant"))
+    rop.BACKEND[name][0] for name in ("engine", "max_num_seqs", "max_num_batched_tokens", "batch_invariant")
+)
 IgnoreEos = rop.REQUESTS["ignore_eos"][0]
 
 
 def sweep(
     source: Annotated[Path, typer.Argument(help="Scenario (.toml) or trace (.jsonl).")],
-    cache_sizes: Annotated[str | None, typer.Option(rich_help_panel=ENGINE, help="Engine: cache capacities in blocks, e.g. 64,128,256,512,1024.")] = None,
+    cache_sizes: Annotated[
+        str | None,
+        typer.Option(
+            rich_help_panel=ENGINE, help="Engine: cache capacities in blocks, e.g. 64,128,256,512,1024."
+        ),
+    ] = None,
     requests: opt.Requests = None,
     max_tokens: Annotated[int | None, typer.Option(min=1, help="Output tokens per request.")] = None,
     block_size: in_panel(ENGINE, opt.BlockSize) = None,
     cache_kind: in_panel(ENGINE, opt.CacheKindOption) = None,
-    model: Annotated[Path | None, typer.Option(help="Local Hugging Face checkpoint (openai: the served name).")] = None,
+    model: Annotated[
+        Path | None, typer.Option(help="Local Hugging Face checkpoint (openai: the served name).")
+    ] = None,
     device: in_panel(ENGINE, opt.Device) = "cpu",
     dtype: in_panel(ENGINE, opt.DTypeName) = "float32",
-    out: Annotated[Path | None, typer.Option(help="Output FOLDER for the per-run files and the sweep summary "
-                                             "(sweep.parquet, or load_sweep.parquet and its PNGs).")] = None,
-    backend: Annotated[BackendKind, typer.Option(help="inprocess: cache-size sweep; openai: load sweep.")] = BackendKind.INPROCESS,
-    concurrency: Annotated[str | None, typer.Option("--concurrency", "--max-concurrency", rich_help_panel=LOAD, help="openai: closed-loop clients per point, e.g. 1,2,4,8.")] = None,
-    request_rate: Annotated[str | None, typer.Option(rich_help_panel=LOAD, help="openai: open-loop requests/s per point, e.g. 1,2,4,8.")] = None,
-    num_runs: Annotated[int, typer.Option(min=1, rich_help_panel=LOAD, help="openai: runs per point (>= 2: bootstrap 95% CI).")] = 1,
-    base_url: Annotated[str | None, typer.Option(rich_help_panel=LOAD, help="openai: API root with /v1.")] = None,
-    api_key_env: Annotated[str | None, typer.Option(rich_help_panel=LOAD, help="openai: variable holding the API key.")] = None,
-    hygiene: Annotated[Hygiene | None, typer.Option(rich_help_panel=LOAD, help="openai: a fresh cache namespace per run (salt or nonce).")] = None,
-    reset_cache: Annotated[bool, typer.Option("--reset-cache", rich_help_panel=LOAD, help="openai: reset the server's cache before each run.")] = False,
-    warmup: Annotated[int | None, typer.Option("--warmup", "--num-warmups", min=0, rich_help_panel=LOAD, help="openai: first N requests of each run are a warm-up.")] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="Output FOLDER for the per-run files and the sweep summary "
+            "(sweep.parquet, or load_sweep.parquet and its PNGs)."
+        ),
+    ] = None,
+    backend: Annotated[
+        BackendKind, typer.Option(help="inprocess: cache-size sweep; openai: load sweep.")
+    ] = BackendKind.INPROCESS,
+    concurrency: Annotated[
+        str | None,
+        typer.Option(
+            "--concurrency",
+            "--max-concurrency",
+            rich_help_panel=LOAD,
+            help="openai: closed-loop clients per point, e.g. 1,2,4,8.",
+        ),
+    ] = None,
+    request_rate: Annotated[
+        str | None,
+        typer.Option(rich_help_panel=LOAD, help="openai: open-loop requests/s per point, e.g. 1,2,4,8."),
+    ] = None,
+    num_runs: Annotated[
+        int,
+        typer.Option(min=1, rich_help_panel=LOAD, help="openai: runs per point (>= 2: bootstrap 95% CI)."),
+    ] = 1,
+    base_url: Annotated[
+        str | None, typer.Option(rich_help_panel=LOAD, help="openai: API root with /v1.")
+    ] = None,
+    api_key_env: Annotated[
+        str | None, typer.Option(rich_help_panel=LOAD, help="openai: variable holding the API key.")
+    ] = None,
+    hygiene: Annotated[
+        Hygiene | None,
+        typer.Option(rich_help_panel=LOAD, help="openai: a fresh cache namespace per run (salt or nonce)."),
+    ] = None,
+    reset_cache: Annotated[
+        bool,
+        typer.Option(
+            "--reset-cache", rich_help_panel=LOAD, help="openai: reset the server's cache before each run."
+        ),
+    ] = False,
+    warmup: Annotated[
+        int | None,
+        typer.Option(
+            "--warmup",
+            "--num-warmups",
+            min=0,
+            rich_help_panel=LOAD,
+            help="openai: first N requests of each run are a warm-up.",
+        ),
+    ] = None,
     goodput: in_panel(LOAD, res.Goodput) = None,
     threads: opt.Threads = None,
     engine: EngineOption = EngineKind.COPY,
     max_num_seqs: MaxNumSeqs = None,
     max_num_batched_tokens: MaxNumBatchedTokens = None,
     batch_invariant: BatchInvariant = False,
-    repeats: Annotated[int, typer.Option(min=1, rich_help_panel=ENGINE, help="Engine: runs per cache size; the table shows the spread of TTFT p50 and the fit uses the medians.")] = 1,
+    repeats: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            rich_help_panel=ENGINE,
+            help="Engine: runs per cache size; the table shows the spread of TTFT p50 and the fit uses the medians.",
+        ),
+    ] = 1,
     ignore_eos: IgnoreEos = None,
 ) -> None:
     """Engine: one run per cache size, fit TTFT p50 = a + b x (1 - hit rate); exit 1 if every size failed. Server
     (--backend openai): a run per --concurrency or --request-rate value (fresh cache each), throughput vs latency."""
     if backend is BackendKind.OPENAI or concurrency or request_rate:
         if cache_sizes is not None:
-            raise InputError("--cache-sizes sweeps the in-process engine; a load sweep takes --concurrency or --request-rate")
-        _refuse_engine_flags(engine is not EngineKind.COPY, repeats != 1, max_num_seqs, max_num_batched_tokens,
-                             batch_invariant, cache_kind)
-        config = build(lambda: LoadSweepConfig(
-            RunConfig(source, backend, ModelFlags(str(model) if model else None),
-                      run=RunFlags(num_requests=requests, warmup=warmup, max_tokens=max_tokens),
-                      server=ServerFlags(base_url, api_key_env, hygiene=hygiene, reset_cache=reset_cache),
-                      summary=SummaryOptions(goodput=parse_goodput(goodput or ()))),
-            _values(concurrency, "--concurrency", int), _values(request_rate, "--request-rate", float), num_runs, out))
+            raise InputError(
+                "--cache-sizes sweeps the in-process engine; a load sweep takes --concurrency or --request-rate"
+            )
+        _refuse_engine_flags(
+            engine is not EngineKind.COPY,
+            repeats != 1,
+            max_num_seqs,
+            max_num_batched_tokens,
+            batch_invariant,
+            cache_kind,
+        )
+        config = build(
+            lambda: LoadSweepConfig(
+                RunConfig(
+                    source,
+                    backend,
+                    ModelFlags(str(model) if model else None),
+                    run=RunFlags(num_requests=requests, warmup=warmup, max_tokens=max_tokens),
+                    server=ServerFlags(base_url, api_key_env, hygiene=hygiene, reset_cache=reset_cache),
+                    summary=SummaryOptions(goodput=parse_goodput(goodput or ())),
+                ),
+                _values(concurrency, "--concurrency", int),
+                _values(request_rate, "--request-rate", float),
+                num_runs,
+                out,
+            )
+        )
         return _load_sweep(config)
     if cache_sizes is None:
-        raise InputError("give --cache-sizes 64,256,1024 (engine), or --backend openai with --concurrency / --request-rate")
+        raise InputError(
+            "give --cache-sizes 64,256,1024 (engine), or --backend openai with --concurrency / --request-rate"
+        )
     from kvbench.run.api import sweep as sweep_source
 
     sizes = tuple(parse_int_list(cache_sizes, "--cache-sizes"))
-    config = build(lambda: SweepConfig(
-        source, sizes, ModelFlags(str(model) if model else None, device, dtype, threads), block_size,
-        RunFlags(num_requests=requests, max_tokens=max_tokens, ignore_eos=ignore_eos), out,
-        EngineFlags(engine, max_num_seqs, max_num_batched_tokens, batch_invariant), repeats, cache_kind))
+    config = build(
+        lambda: SweepConfig(
+            source,
+            sizes,
+            ModelFlags(str(model) if model else None, device, dtype, threads),
+            block_size,
+            RunFlags(num_requests=requests, max_tokens=max_tokens, ignore_eos=ignore_eos),
+            out,
+            EngineFlags(engine, max_num_seqs, max_num_batched_tokens, batch_invariant),
+            repeats,
+            cache_kind,
+        )
+    )
     console = make_console()
-    outcome = run_with_progress(lambda on_progress, say: sweep_source(config, on_progress, _size_line(say), say),
-                                on_interrupt=lambda interrupted: _print(console, interrupted.sweep))
+    outcome = run_with_progress(
+        lambda on_progress, say: sweep_source(config, on_progress, _size_line(say), say),
+        on_interrupt=lambda interrupted: _print(console, interrupted.sweep),
+    )
     _print(console, outcome)
     if outcome.failure is not None:  # nothing was measured at any size: a failed sweep, exit 1
         raise KvbenchError(outcome.failure)
@@ -102,8 +199,10 @@ def _refuse_engine_flags(*given) -> None:
     """A load sweep given any engine-sweep flag (``--engine``, its limits, ``--cache-kind``, ``--repeats``):
     one line. Raises ``InputError``."""
     if any(given):
-        raise InputError("--engine, its limits, --cache-kind and --repeats apply to the engine sweep (--cache-sizes); "
-                         "a load sweep repeats with --num-runs")
+        raise InputError(
+            "--engine, its limits, --cache-kind and --repeats apply to the engine sweep (--cache-sizes); "
+            "a load sweep repeats with --num-runs"
+        )
 
 
 def _values(text: str | None, option: str, kind: type) -> tuple:
@@ -121,9 +220,14 @@ def _load_sweep(config: LoadSweepConfig) -> None:
 
     console, err = make_console(), make_console(stderr=True)
     label = "concurrency" if config.concurrencies else "request rate"
-    outcome = run_with_progress(lambda on_progress, on_status: load_sweep(
-        config, on_progress, lambda value, repeat: on_status(f"{label} {value:g}, run {repeat + 1} of {config.num_runs} ...")),
-        on_interrupt=lambda interrupted: _print_interrupted_load(console, interrupted.sweep))
+    outcome = run_with_progress(
+        lambda on_progress, on_status: load_sweep(
+            config,
+            on_progress,
+            lambda value, repeat: on_status(f"{label} {value:g}, run {repeat + 1} of {config.num_runs} ..."),
+        ),
+        on_interrupt=lambda interrupted: _print_interrupted_load(console, interrupted.sweep),
+    )
     console.print(load_points_table(outcome))
     try:
         figures = plot_load_sweep(outcome.points, outcome.axis, outcome.path.parent)

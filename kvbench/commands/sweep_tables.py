@@ -28,7 +28,11 @@ def points_table(name: str, points) -> Table:
     for column in (*columns, "TTFT p90 (ms)", "requests", "errors"):
         table.add_column(column, justify="right")
     for point in points:
-        cells = [f"{point.capacity_blocks:,}", _number(point.token_hit_rate, "{:.4f}"), _number(point.p50_ttft_ms)]
+        cells = [
+            f"{point.capacity_blocks:,}",
+            _number(point.token_hit_rate, "{:.4f}"),
+            _number(point.p50_ttft_ms),
+        ]
         if repeated:
             spread = point.min_p50_ttft_ms is not None and point.max_p50_ttft_ms is not None
             cells.append(f"{point.min_p50_ttft_ms:,.1f} .. {point.max_p50_ttft_ms:,.1f}" if spread else "-")

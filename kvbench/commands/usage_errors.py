@@ -13,10 +13,12 @@ import os
 import re
 from collections.abc import Sequence
 
-_RULES = ((re.compile(r"greater than or equal to (\S+)"), ">= {}"),
-          (re.compile(r"less than or equal to (\S+)"), "<= {}"),
-          (re.compile(r"greater than (\S+)"), "> {}"),
-          (re.compile(r"less than (\S+)"), "< {}"))
+_RULES = (
+    (re.compile(r"greater than or equal to (\S+)"), ">= {}"),
+    (re.compile(r"less than or equal to (\S+)"), "<= {}"),
+    (re.compile(r"greater than (\S+)"), "> {}"),
+    (re.compile(r"less than (\S+)"), "< {}"),
+)
 _CHOICES = re.compile(r"is not one of (.+?)\.?$")
 
 
@@ -56,7 +58,13 @@ def _envvar(exc, param) -> str | None:
     if ctx is None or not param.name:
         return None
     prefix = getattr(ctx, "auto_envvar_prefix", None)
-    return param.envvar if isinstance(param.envvar, str) else f"{prefix}_{param.name.upper()}" if prefix else None
+    return (
+        param.envvar
+        if isinstance(param.envvar, str)
+        else f"{prefix}_{param.name.upper()}"
+        if prefix
+        else None
+    )
 
 
 def _rule(message: str) -> str:

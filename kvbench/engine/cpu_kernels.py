@@ -50,7 +50,9 @@ MMAP_THRESHOLD_BYTES = 1 << 30  # allocations below this come from the heap and 
 TRIM_THRESHOLD_BYTES = (1 << 31) - 1  # free heap kept before glibc trims it back to the kernel
 SMALL_BATCH_ROWS = range(3, 49)  # measured: MKL is as fast for 1-2 rows and from ~64 rows on
 FEW_ROWS = range(2, 49)  # kvbench's kernel; one row stays MKL's GEMV (as fast, and the same bits as before)
-SMALL_BATCH_MIN_WEIGHT_BYTES = 16 << 20  # beyond any core's share of the caches: the LM head of a large vocabulary
+SMALL_BATCH_MIN_WEIGHT_BYTES = (
+    16 << 20
+)  # beyond any core's share of the caches: the LM head of a large vocabulary
 
 _memory_kept = False
 
@@ -69,7 +71,11 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):  # musl and others have no mallopt
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    settings = ((M_ARENA_MAX, 1), (M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES), (M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES))
+    settings = (
+        (M_ARENA_MAX, 1),
+        (M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES),
+        (M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES),
+    )
     _memory_kept = all([bool(mallopt(option, value)) for option, value in settings])
     return _memory_kept
 
@@ -95,8 +101,9 @@ class SmallBatchLinear(nn.Linear):
         num_rows = x.numel() // self.in_features if self.in_features else 0
         if num_rows not in SMALL_BATCH_ROWS or x.device.type != "cpu" or x.dtype != self.weight.dtype:
             return nn.functional.linear(x, self.weight, self.bias)
-        out = torch.ops.mkldnn._linear_pointwise(x.reshape(num_rows, self.in_features), self.weight, self.bias,
-                                                 "none", [None], "")
+        out = torch.ops.mkldnn._linear_pointwise(
+            x.reshape(num_rows, self.in_features), self.weight, self.bias, "none", [None], ""
+        )
         return out.reshape(*x.shape[:-1], self.out_features)
 
 
@@ -108,8 +115,12 @@ class FewRowLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         num_rows = x.numel() // self.in_features if self.in_features else 0
-        if (num_rows in FEW_ROWS and x.dtype == self.weight.dtype == torch.float32 and x.device.type == "cpu"
-                and not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))):  # no autograd
+        if (
+            num_rows in FEW_ROWS
+            and x.dtype == self.weight.dtype == torch.float32
+            and x.device.type == "cpu"
+            and not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))
+        ):  # no autograd
             kernel = native_kernels()
             if kernel is not None:
                 return kernel.linear(x, self.weight, self.bias)
@@ -122,9 +133,16 @@ def use_few_row_linears(model: nn.Module) -> int:
     (:func:`~kvbench.engine.native.native_kernels`; it is built here on first use). Returns how
     many linears use it now (0 where the kernel is missing: then the caller falls back to
     :func:`use_small_batch_lm_head`)."""
-    linears = [module for module in model.modules() if type(module) in (nn.Linear, SmallBatchLinear, FewRowLinear)]
-    usable = [linear for linear in linears if linear.weight.device.type == "cpu"
-              and linear.weight.dtype == torch.float32 and linear.weight.is_contiguous()]
+    linears = [
+        module for module in model.modules() if type(module) in (nn.Linear, SmallBatchLinear, FewRowLinear)
+    ]
+    usable = [
+        linear
+        for linear in linears
+        if linear.weight.device.type == "cpu"
+        and linear.weight.dtype == torch.float32
+        and linear.weight.is_contiguous()
+    ]
     if not usable or native_kernels() is None:
         return 0
     for linear in usable:
@@ -142,13 +160,18 @@ def use_small_batch_lm_head(model: nn.Module) -> bool:
         return True
     if type(head) is not nn.Linear or head.weight.device.type != "cpu":
         return False
-    if head.weight.numel() * head.weight.element_size() < SMALL_BATCH_MIN_WEIGHT_BYTES or not onednn_linear_available():
+    if (
+        head.weight.numel() * head.weight.element_size() < SMALL_BATCH_MIN_WEIGHT_BYTES
+        or not onednn_linear_available()
+    ):
         return False
     head.__class__ = SmallBatchLinear
     return True
 
 
-GQA_VARIABLE = "TRANSFORMERS_SDPA_FORCE_GQA"  # read by transformers' sdpa_attention.use_gqa_in_sdpa at each call
+GQA_VARIABLE = (
+    "TRANSFORMERS_SDPA_FORCE_GQA"  # read by transformers' sdpa_attention.use_gqa_in_sdpa at each call
+)
 
 
 def use_native_gqa(device: torch.device) -> bool:

@@ -48,8 +48,15 @@ from transformers import DynamicCache
 
 from kvbench.cache.block_hash import BlockHasher, PromptBlocks
 from kvbench.cache.base import CacheConfig, Clock, PrefixCache, make_cache
-from kvbench.engine.kv import (LayerKV, blocks_to_kv, cache_to_kv, forward_argument_names, kv_to_blocks, kv_to_cache,
-                               storage_bytes)
+from kvbench.engine.kv import (
+    LayerKV,
+    blocks_to_kv,
+    cache_to_kv,
+    forward_argument_names,
+    kv_to_blocks,
+    kv_to_cache,
+    storage_bytes,
+)
 from kvbench.engine.model import LoadedModel
 from kvbench.engine.request_check import check_attention_only, check_request
 from kvbench.engine.serial import SerialCalls
@@ -119,8 +126,9 @@ class HFEngine(SerialCalls):
         InputError: the model has layers whose KV is not a per-token key/value sequence.
     """
 
-    def __init__(self, loaded: LoadedModel, config: CopyConfig = CopyConfig(),
-                 clock: Clock | None = None) -> None:
+    def __init__(
+        self, loaded: LoadedModel, config: CopyConfig = CopyConfig(), clock: Clock | None = None
+    ) -> None:
         check_attention_only(loaded)
         super().__init__()
         self.loaded = loaded
@@ -140,9 +148,14 @@ class HFEngine(SerialCalls):
     def cache_config(self) -> CacheConfig | None:
         return self.config.cache
 
-    def run_request(self, token_ids: Sequence[int] | np.ndarray, sampling: SamplingParams = SamplingParams(),
-                    salt: str | None = None, extra_keys: Sequence[str | bytes | int] = (),
-                    on_token: Callable[[int], bool | None] | None = None) -> RequestRecord:
+    def run_request(
+        self,
+        token_ids: Sequence[int] | np.ndarray,
+        sampling: SamplingParams = SamplingParams(),
+        salt: str | None = None,
+        extra_keys: Sequence[str | bytes | int] = (),
+        on_token: Callable[[int], bool | None] | None = None,
+    ) -> RequestRecord:
         """Run one request in the calling thread (the queue's worker calls it: use ``submit`` or
         ``generate``, which queue behind the requests before them). Bad input (empty prompt, id
         outside the vocabulary, prompt + max_tokens beyond the context) gives a result with status ``error``; other exceptions propagate, after
@@ -169,9 +182,16 @@ class HFEngine(SerialCalls):
         return check_request(self.loaded, ids, sampling)
 
     @torch.inference_mode()
-    def _run(self, ids: list[int], sampling: SamplingParams, salt: str, extra_keys: Sequence,
-             stamps: _Stamps, cache: PrefixCache | None,
-             on_token: Callable[[int], bool | None] | None = None) -> RequestRecord:
+    def _run(
+        self,
+        ids: list[int],
+        sampling: SamplingParams,
+        salt: str,
+        extra_keys: Sequence,
+        stamps: _Stamps,
+        cache: PrefixCache | None,
+        on_token: Callable[[int], bool | None] | None = None,
+    ) -> RequestRecord:
         """Steps 1-7 of the module docstring; ``cache=None`` is the cache-off path."""
         handles: list = []
         num_hit_blocks = num_inserted = 0
@@ -197,8 +217,14 @@ class HFEngine(SerialCalls):
                 cache.release(handles)
         return _result(len(ids), num_hit_tokens, tokens, stamps, num_inserted, cache is not None)
 
-    def _prefill_and_decode(self, tail_ids: list[int], kv_cache: DynamicCache, sampling: SamplingParams,
-                            stamps: _Stamps, on_token: Callable[[int], bool | None] | None = None) -> list[int]:
+    def _prefill_and_decode(
+        self,
+        tail_ids: list[int],
+        kv_cache: DynamicCache,
+        sampling: SamplingParams,
+        stamps: _Stamps,
+        on_token: Callable[[int], bool | None] | None = None,
+    ) -> list[int]:
         generator = None
         if sampling.temperature > 0 and sampling.seed is not None:
             generator = torch.Generator(device=self.loaded.device).manual_seed(sampling.seed)
@@ -234,22 +260,34 @@ class HFEngine(SerialCalls):
         output = self.loaded.model(input_ids=input_ids, **kwargs)
         return output.logits[0, -1]  # (vocab,)
 
-    def _stored_blocks(self, prompt: PromptBlocks, ids: list[int], tokens: list[int], salt: str,
-                       extra_keys: Sequence) -> PromptBlocks:
+    def _stored_blocks(
+        self, prompt: PromptBlocks, ids: list[int], tokens: list[int], salt: str, extra_keys: Sequence
+    ) -> PromptBlocks:
         """The blocks step 6 stores: the prompt's, or (the default) those of prompt + output - 1 tokens,
         whose KV ``kv_cache`` holds after decode; the prompt's keys are their prefix (same chain)."""
         if self.config.cache.prompt_only or len(tokens) < 2:
             return prompt
         return self._hasher.prompt_blocks(ids + tokens[:-1], salt=salt, extra_keys=extra_keys)
 
-    def _insert(self, cache: PrefixCache, prompt: PromptBlocks, num_hit_blocks: int,
-                kv_cache: DynamicCache, handles: list) -> int:
+    def _insert(
+        self,
+        cache: PrefixCache,
+        prompt: PromptBlocks,
+        num_hit_blocks: int,
+        kv_cache: DynamicCache,
+        handles: list,
+    ) -> int:
         """Copy the new full blocks of ``prompt`` (the sequence to store: prompt, or prompt + output - 1)
         out of the KV, insert them, pin them through ``handles``."""
         if prompt.num_full_blocks <= num_hit_blocks:
             return 0
-        blocks = kv_to_blocks(cache_to_kv(kv_cache), num_hit_blocks, prompt.num_full_blocks,
-                              prompt.block_size, self.config.store_views)
+        blocks = kv_to_blocks(
+            cache_to_kv(kv_cache),
+            num_hit_blocks,
+            prompt.num_full_blocks,
+            prompt.block_size,
+            self.config.store_views,
+        )
         inserted = cache.insert(prompt, num_hit_blocks, blocks)
         handles.extend(inserted.handles)
         for block in blocks:
@@ -280,8 +318,12 @@ class HFEngine(SerialCalls):
         return cache_to_kv(kv_cache)
 
     @torch.inference_mode()
-    def ideal_prefill(self, past: Sequence[LayerKV], tail_ids: Sequence[int] | np.ndarray,
-                      sampling: SamplingParams = SamplingParams()) -> tuple[int, float]:
+    def ideal_prefill(
+        self,
+        past: Sequence[LayerKV],
+        tail_ids: Sequence[int] | np.ndarray,
+        sampling: SamplingParams = SamplingParams(),
+    ) -> tuple[int, float]:
         """The best a cache hit can do: first token id and ms for the forward over ``tail_ids`` with a
         ready-made ``past`` (no hashing, no lookup, no concatenation), plus sampling."""
         kv_cache = kv_to_cache(past)
@@ -301,8 +343,14 @@ class HFEngine(SerialCalls):
         return self.cache.num_cached_blocks * self.loaded.kv_layout(self.block_size).bytes_per_block
 
 
-def _result(prompt_tokens: int, cached_tokens: int, tokens: list[int], stamps: _Stamps, num_inserted: int,
-            cache_on: bool) -> RequestRecord:
+def _result(
+    prompt_tokens: int,
+    cached_tokens: int,
+    tokens: list[int],
+    stamps: _Stamps,
+    num_inserted: int,
+    cache_on: bool,
+) -> RequestRecord:
     token_s = stamps.token_s
     ttft_ms, e2e_ms = stamps.ms(token_s[0]), stamps.ms(token_s[-1])
     return RequestRecord(

@@ -45,8 +45,12 @@ class ExportResult:
     num_checked_texts: int
 
 
-def export_model(out_dir: str | Path, loaded: LoadedModel, overwrite: bool = False,
-                 reference: ReferenceTokenizer | None = None) -> ExportResult:
+def export_model(
+    out_dir: str | Path,
+    loaded: LoadedModel,
+    overwrite: bool = False,
+    reference: ReferenceTokenizer | None = None,
+) -> ExportResult:
     """Write ``loaded`` as a checkpoint directory (module docstring).
 
     ``loaded.tokenizer is None`` (kvbench's default model): the cl100k tokenizer files are written
@@ -100,8 +104,7 @@ def _generation_config(loaded: LoadedModel, eos_token_ids: Sequence[int]) -> Any
 
     if loaded.tokenizer is not None and getattr(loaded.model, "generation_config", None) is not None:
         return loaded.model.generation_config
-    return GenerationConfig(bos_token_id=CL100K_ENDOFTEXT_ID,
-                            eos_token_id=list(eos_token_ids))
+    return GenerationConfig(bos_token_id=CL100K_ENDOFTEXT_ID, eos_token_id=list(eos_token_ids))
 
 
 def _prepare_directory(out_dir: Path, overwrite: bool) -> None:

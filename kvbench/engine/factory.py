@@ -87,17 +87,29 @@ class EngineConfig:
 def _copy_engine(loaded: LoadedModel, config: EngineConfig, clock: Clock | None) -> Engine:
     from kvbench.engine.engine import CopyConfig, HFEngine
 
-    return HFEngine(loaded, CopyConfig(cache=config.cache, store_views=config.store_views, verify=config.verify,
-                                       salt=config.salt), clock)
+    return HFEngine(
+        loaded,
+        CopyConfig(
+            cache=config.cache, store_views=config.store_views, verify=config.verify, salt=config.salt
+        ),
+        clock,
+    )
 
 
 def _paged_engine(loaded: LoadedModel, config: EngineConfig, clock: Clock | None) -> Engine:
     from kvbench.engine.paged.config import PagedConfig
     from kvbench.engine.paged.engine import PagedEngine
 
-    paged = PagedConfig(config.pool_config, prefix_caching=config.cache is not None, max_num_seqs=config.max_num_seqs,
-                        max_num_batched_tokens=config.max_num_batched_tokens, batch_invariant=config.batch_invariant,
-                        verify=config.verify, salt=config.salt, host_tier_blocks=config.host_tier_blocks)
+    paged = PagedConfig(
+        config.pool_config,
+        prefix_caching=config.cache is not None,
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        batch_invariant=config.batch_invariant,
+        verify=config.verify,
+        salt=config.salt,
+        host_tier_blocks=config.host_tier_blocks,
+    )
     return PagedEngine(loaded, paged, clock)
 
 
@@ -107,7 +119,9 @@ _BUILDERS: dict[EngineKind, Callable[[LoadedModel, EngineConfig, Clock | None], 
 }
 
 
-def make_engine(loaded: LoadedModel, config: EngineConfig = EngineConfig(), clock: Clock | None = None) -> Engine:
+def make_engine(
+    loaded: LoadedModel, config: EngineConfig = EngineConfig(), clock: Clock | None = None
+) -> Engine:
     """The engine ``config.kind`` names over ``loaded``. ``clock`` (seconds) is the cache's TTL clock,
     injectable for tests; latencies always use ``time.perf_counter``.
 

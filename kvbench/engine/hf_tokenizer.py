@@ -44,8 +44,11 @@ class HFTokenizer:
         self.name = f"hf:{path}"
         template = getattr(self._tokenizer, "chat_template", None)
         self._template = template if isinstance(template, str) and template else None
-        self.chat_format = (f"hf-template:{hashlib.sha256(self._template.encode()).hexdigest()[:12]}"
-                            if self._template else CHATML)
+        self.chat_format = (
+            f"hf-template:{hashlib.sha256(self._template.encode()).hexdigest()[:12]}"
+            if self._template
+            else CHATML
+        )
 
     def encode(self, text: str) -> list[int]:
         return list(self._tokenizer.encode(text, add_special_tokens=False))

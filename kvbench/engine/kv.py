@@ -57,8 +57,9 @@ def forward_argument_names(model: torch.nn.Module) -> tuple[str, str | None]:
 # ---------------------------------------------------------------- blocks <-> KV
 
 
-def kv_to_blocks(layers: Sequence[LayerKV], start_block: int, stop_block: int, block_size: int,
-                 store_views: bool = False) -> list[torch.Tensor]:
+def kv_to_blocks(
+    layers: Sequence[LayerKV], start_block: int, stop_block: int, block_size: int, store_views: bool = False
+) -> list[torch.Tensor]:
     """Blocks ``start_block .. stop_block - 1`` of a request's KV, one payload per block.
 
     Each payload is ``(layers, 2, kv_heads, block_size, head_dim)`` with its own storage of exactly
@@ -68,7 +69,9 @@ def kv_to_blocks(layers: Sequence[LayerKV], start_block: int, stop_block: int, b
     """
     if store_views:
         stacked = torch.stack([t[0] for kv in layers for t in kv]).unflatten(0, (len(layers), 2))
-        return [stacked[:, :, :, i * block_size:(i + 1) * block_size] for i in range(start_block, stop_block)]
+        return [
+            stacked[:, :, :, i * block_size : (i + 1) * block_size] for i in range(start_block, stop_block)
+        ]
     blocks = []
     for i in range(start_block, stop_block):
         lo, hi = i * block_size, (i + 1) * block_size
@@ -91,8 +94,10 @@ def capacity_blocks_for_bytes(capacity_bytes: int, layout: KvLayout) -> int:
     """
     num_blocks = capacity_bytes // layout.bytes_per_block
     if num_blocks < 1:
-        raise InputError(f"a {capacity_bytes}-byte cache holds no block: one {layout.block_size}-token "
-                         f"block of this model is {layout.bytes_per_block} bytes")
+        raise InputError(
+            f"a {capacity_bytes}-byte cache holds no block: one {layout.block_size}-token "
+            f"block of this model is {layout.bytes_per_block} bytes"
+        )
     return num_blocks
 
 

@@ -31,7 +31,12 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
-from kvbench.engine.cpu_kernels import keep_freed_memory, use_few_row_linears, use_native_gqa, use_small_batch_lm_head
+from kvbench.engine.cpu_kernels import (
+    keep_freed_memory,
+    use_few_row_linears,
+    use_native_gqa,
+    use_small_batch_lm_head,
+)
 from kvbench.engine.one_query import use_cpu_attention
 from kvbench.memory.layout import DType, KvLayout, parse_dtype
 from kvbench.errors import InputError
@@ -160,7 +165,9 @@ def build_random_model(config: LlamaConfig, seed: int = DEFAULT_MODEL_SEED) -> L
     weights depend only on ``config`` and ``seed``.
     """
     with no_init_weights():
-        model = LlamaForCausalLM(copy.deepcopy(config))  # a copy: the engines set the model's attention in its config
+        model = LlamaForCausalLM(
+            copy.deepcopy(config)
+        )  # a copy: the engines set the model's attention in its config
     model.tie_weights()  # no_init_weights skips init_weights, which is what ties lm_head
     generator = torch.Generator().manual_seed(seed)
     std = config.initializer_range
@@ -202,8 +209,12 @@ def load_model(config: ModelConfig = ModelConfig()) -> LoadedModel:
     return _loaded(model.to(device=device, dtype=torch_dtype(config.dtype)), tokenizer, config.path.name)
 
 
-def random_model(llama_config: LlamaConfig, seed: int = DEFAULT_MODEL_SEED,
-                 device: str | torch.device = "cpu", dtype: DType = DType.FP32) -> LoadedModel:
+def random_model(
+    llama_config: LlamaConfig,
+    seed: int = DEFAULT_MODEL_SEED,
+    device: str | torch.device = "cpu",
+    dtype: DType = DType.FP32,
+) -> LoadedModel:
     """:func:`build_random_model` ready for the engine, named like ``random-llama-8L-512h-seed0``.
 
     ``load_model`` uses it for the default model; tests and benchmarks pass scaled configs.

@@ -82,12 +82,27 @@ class NativeKernels:
         weight = weight.contiguous()
         bias = None if bias is None else bias.contiguous()  # held here until the call returns
         out = torch.empty(rows.shape[0], weight.shape[0], dtype=torch.float32)
-        self._linear(rows.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(),
-                     out.data_ptr(), rows.shape[0], weight.shape[0], weight.shape[1], torch.get_num_threads())
+        self._linear(
+            rows.data_ptr(),
+            weight.data_ptr(),
+            None if bias is None else bias.data_ptr(),
+            out.data_ptr(),
+            rows.shape[0],
+            weight.shape[0],
+            weight.shape[1],
+            torch.get_num_threads(),
+        )
         return out.reshape(*x.shape[:-1], weight.shape[0])
 
-    def paged_decode(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, block_tables: torch.Tensor,
-                     lengths: torch.Tensor, scale: float) -> torch.Tensor:
+    def paged_decode(
+        self,
+        query: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        block_tables: torch.Tensor,
+        lengths: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
         """Softmax attention of one query token per sequence over its first ``lengths[i]`` context
         tokens, read in place from one layer of the pool: ``query`` ``(n, heads, head_dim)`` fp32;
         ``keys``/``values`` ``(kv_heads, pages, block_size, head_dim)`` fp32, contiguous (a
@@ -99,9 +114,23 @@ class NativeKernels:
         query, block_tables, lengths = query.contiguous(), block_tables.contiguous(), lengths.contiguous()
         out = torch.empty_like(query)
         num_kv_heads, num_pages, block_size, head_dim = keys.shape
-        self._paged_decode(query.data_ptr(), keys.data_ptr(), values.data_ptr(), block_tables.data_ptr(),
-                           lengths.data_ptr(), out.data_ptr(), query.shape[0], query.shape[1], num_kv_heads,
-                           num_pages, block_size, head_dim, block_tables.shape[1], scale, torch.get_num_threads())
+        self._paged_decode(
+            query.data_ptr(),
+            keys.data_ptr(),
+            values.data_ptr(),
+            block_tables.data_ptr(),
+            lengths.data_ptr(),
+            out.data_ptr(),
+            query.shape[0],
+            query.shape[1],
+            num_kv_heads,
+            num_pages,
+            block_size,
+            head_dim,
+            block_tables.shape[1],
+            scale,
+            torch.get_num_threads(),
+        )
         return out
 
 
@@ -133,7 +162,16 @@ def _cpu_flags() -> str:
 def library_path(cxx: list[str]) -> Path:
     """The cached shared object for this source, compiler and CPU (``cache_dir()/kernels/native-HASH.so``)."""
     version = subprocess.run([*cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = "\0".join([SOURCE.read_text(), " ".join(cxx), version, " ".join(COMPILE_FLAGS), platform.machine(), _cpu_flags()])
+    key = "\0".join(
+        [
+            SOURCE.read_text(),
+            " ".join(cxx),
+            version,
+            " ".join(COMPILE_FLAGS),
+            platform.machine(),
+            _cpu_flags(),
+        ]
+    )
     return cache_dir() / "kernels" / f"native-{hashlib.sha256(key.encode()).hexdigest()[:16]}.so"
 
 
@@ -145,10 +183,18 @@ def build(cxx: list[str], target: Path, extra_flags: tuple[str, ...] = ()) -> No
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
         built = Path(scratch) / target.name
-        done = subprocess.run([*cxx, *COMPILE_FLAGS, *extra_flags, str(SOURCE), "-o", str(built)], capture_output=True, text=True,
-                              timeout=COMPILE_TIMEOUT_S)
+        done = subprocess.run(
+            [*cxx, *COMPILE_FLAGS, *extra_flags, str(SOURCE), "-o", str(built)],
+            capture_output=True,
+            text=True,
+            timeout=COMPILE_TIMEOUT_S,
+        )
         if done.returncode != 0:
-            errors = [line for line in done.stderr.splitlines() if "error" in line] or done.stderr.splitlines() or [""]
+            errors = (
+                [line for line in done.stderr.splitlines() if "error" in line]
+                or done.stderr.splitlines()
+                or [""]
+            )
             raise RuntimeError(f"{_name(cxx)} failed: {errors[0].strip()}")
         os.replace(built, target)
 

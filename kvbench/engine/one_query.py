@@ -34,12 +34,22 @@ def covers(query: torch.Tensor, keys: torch.Tensor) -> bool:
     """Whether the kernel computes this attention: fp32 CPU tensors, a whole number of query heads
     per kv head, and the native kernels built. ``query`` ``(..., heads, head_dim)``, ``keys``
     ``(kv_heads, ..., head_dim)``."""
-    return (query.device.type == "cpu" and query.dtype == keys.dtype == torch.float32
-            and query.shape[-2] % keys.shape[0] == 0 and native_kernels() is not None)
+    return (
+        query.device.type == "cpu"
+        and query.dtype == keys.dtype == torch.float32
+        and query.shape[-2] % keys.shape[0] == 0
+        and native_kernels() is not None
+    )
 
 
-def one_query_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, block_table: torch.Tensor,
-                        num_context: int, scaling: float | None) -> torch.Tensor:
+def one_query_attention(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    block_table: torch.Tensor,
+    num_context: int,
+    scaling: float | None,
+) -> torch.Tensor:
     """One sequence's query ``(heads, head_dim)`` over the first ``num_context`` tokens of its blocks
     ``block_table`` ``(blocks,)`` in one layer's ``keys``/``values`` ``(kv_heads, pages,
     block_size, head_dim)``; returns ``(heads, head_dim)``. The caller checks :func:`covers`."""
@@ -49,24 +59,43 @@ def one_query_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.T
     return native_kernels().paged_decode(query[None], keys, values, tables, lengths, scale)[0]
 
 
-def cpu_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                          attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                          **kwargs) -> tuple[torch.Tensor, None]:
+def cpu_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
     """transformers' attention-function signature: ``query`` ``(batch, heads, q, head_dim)``,
     ``key``/``value`` ``(batch, kv_heads, kv, head_dim)``; returns ``((batch, q, heads, head_dim),
     None)``. One query of one sequence without a mask runs the kernel over the whole cache as one
     block; everything else is ``sdpa_attention_forward``'s."""
     one_query = query.shape[0] == 1 and query.shape[2] == 1 and attention_mask is None and not dropout
-    if (one_query and key.shape == value.shape and key.is_contiguous() and value.is_contiguous()
-            and covers(query[0, :, 0], key[0])
-            and not any(kwargs.get(name) is not None for name in UNCOVERED_KWARGS)):
+    if (
+        one_query
+        and key.shape == value.shape
+        and key.is_contiguous()
+        and value.is_contiguous()
+        and covers(query[0, :, 0], key[0])
+        and not any(kwargs.get(name) is not None for name in UNCOVERED_KWARGS)
+    ):
         num_kv_heads, num_context, head_dim = key.shape[1:]
         pages = (num_kv_heads, 1, num_context, head_dim)  # the cache as one block
-        out = one_query_attention(query[0, :, 0], key.view(pages), value.view(pages),
-                                  torch.zeros(1, dtype=torch.int32), num_context, scaling)  # (heads, head_dim)
+        out = one_query_attention(
+            query[0, :, 0],
+            key.view(pages),
+            value.view(pages),
+            torch.zeros(1, dtype=torch.int32),
+            num_context,
+            scaling,
+        )  # (heads, head_dim)
         return out[None, None], None
-    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                  **kwargs)
+    return sdpa_attention_forward(
+        module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+    )
 
 
 def use_cpu_attention(model: torch.nn.Module) -> bool:
@@ -79,8 +108,14 @@ def use_cpu_attention(model: torch.nn.Module) -> bool:
     if implementation == ATTENTION_NAME:
         return True
     parameter = next(model.parameters(), None)
-    if (implementation != "sdpa" or not hasattr(model, "set_attn_implementation") or parameter is None
-            or parameter.device.type != "cpu" or parameter.dtype != torch.float32 or native_kernels() is None):
+    if (
+        implementation != "sdpa"
+        or not hasattr(model, "set_attn_implementation")
+        or parameter is None
+        or parameter.device.type != "cpu"
+        or parameter.dtype != torch.float32
+        or native_kernels() is None
+    ):
         return False
     AttentionInterface.register(ATTENTION_NAME, cpu_attention_forward)
     ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION_NAME, sdpa_mask)

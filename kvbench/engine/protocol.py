@@ -51,8 +51,14 @@ class Engine(Protocol):
     @property
     def block_size(self) -> int | None: ...
 
-    def submit(self, token_ids: TokenIds, sampling: SamplingParams = SamplingParams(), salt: str | None = None,
-               on_token: OnToken | None = None, on_start: Callable[[], None] | None = None) -> RequestFuture:
+    def submit(
+        self,
+        token_ids: TokenIds,
+        sampling: SamplingParams = SamplingParams(),
+        salt: str | None = None,
+        on_token: OnToken | None = None,
+        on_start: Callable[[], None] | None = None,
+    ) -> RequestFuture:
         """Queue one request; returns at once. The future gets its :class:`RequestRecord` (``queue_ms``:
         the wait from submit until it started); bad input (empty prompt, an id outside the vocabulary,
         prompt + ``max_tokens`` beyond the context or the KV pool) gives a record with status ``error``.
@@ -64,8 +70,14 @@ class Engine(Protocol):
         queues); an exception it raises becomes the future's and the request never runs."""
         ...
 
-    def submit_samples(self, token_ids: TokenIds, sampling: SamplingParams, n: int, salt: str | None = None,
-                       on_token: OnSampleToken | None = None) -> list[RequestFuture]:
+    def submit_samples(
+        self,
+        token_ids: TokenIds,
+        sampling: SamplingParams,
+        n: int,
+        salt: str | None = None,
+        on_token: OnSampleToken | None = None,
+    ) -> list[RequestFuture]:
         """Queue ``n`` parallel samples of one prompt (one prefill; the OpenAI API's ``n``); one future
         per sample, in order.
 
@@ -75,8 +87,13 @@ class Engine(Protocol):
         """
         ...
 
-    def generate(self, token_ids: TokenIds, sampling: SamplingParams = SamplingParams(), salt: str | None = None,
-                 on_token: OnToken | None = None) -> RequestRecord:
+    def generate(
+        self,
+        token_ids: TokenIds,
+        sampling: SamplingParams = SamplingParams(),
+        salt: str | None = None,
+        on_token: OnToken | None = None,
+    ) -> RequestRecord:
         """``submit(...).result()``: run one request (behind those queued before it) and wait for its
         record; ``on_token``'s errors propagate."""
         ...

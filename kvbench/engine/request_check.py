@@ -25,6 +25,8 @@ def check_request(loaded: LoadedModel, ids: list[int], sampling: SamplingParams)
         return f"token id outside the model's vocabulary of {vocab_size} ids"
     limit = loaded.max_context_tokens
     if limit is not None and len(ids) + sampling.max_tokens > limit:
-        return (f"prompt ({len(ids)} tokens) + max_tokens ({sampling.max_tokens}) exceeds the "
-                f"model's context of {limit} tokens")
+        return (
+            f"prompt ({len(ids)} tokens) + max_tokens ({sampling.max_tokens}) exceeds the "
+            f"model's context of {limit} tokens"
+        )
     return None

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How one request samples.
@@ -47,8 +48,9 @@ def greedy_token(logits: torch.Tensor) -> int:
     return int(torch.argmax(logits))
 
 
-def sample_next_token(logits: torch.Tensor, sampling: SamplingParams,
-                      generator: torch.Generator | None) -> int:
+def sample_next_token(
+    logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None
+) -> int:
     """One token id from ``logits`` of shape ``(vocab,)``."""
     if sampling.temperature == 0:
         return greedy_token(logits)

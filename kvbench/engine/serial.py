@@ -33,7 +33,9 @@ from kvbench.request import Request, RequestRecord, Status
 
 T = TypeVar("T")
 
-Generate = Callable[..., RequestRecord]  # (token_ids, sampling, salt, on_token=) -> record: one request, synchronous
+Generate = Callable[
+    ..., RequestRecord
+]  # (token_ids, sampling, salt, on_token=) -> record: one request, synchronous
 
 
 class _Aborted(Exception):
@@ -62,8 +64,13 @@ class SerialQueue:
         self._seq_ids = itertools.count()
         self._num_running = 0
 
-    def submit(self, generate: Generate, args: tuple[Any, ...], on_token: Callable[[int], bool | None] | None = None,
-               on_start: Callable[[], None] | None = None) -> RequestFuture:
+    def submit(
+        self,
+        generate: Generate,
+        args: tuple[Any, ...],
+        on_token: Callable[[int], bool | None] | None = None,
+        on_start: Callable[[], None] | None = None,
+    ) -> RequestFuture:
         """Queue ``generate(*args, on_token=...)``; the future gets its record (``queue_ms`` set) or
         the exception it, ``on_token`` or ``on_start`` raised; cancelled when aborted."""
         future = RequestFuture()
@@ -151,22 +158,38 @@ class SerialCalls:
     def __init__(self) -> None:
         self._queue = SerialQueue()
 
-    def submit(self, token_ids, sampling: SamplingParams = SamplingParams(), salt: str | None = None,
-               on_token: Callable[[int], bool | None] | None = None,
-               on_start: Callable[[], None] | None = None) -> RequestFuture:
+    def submit(
+        self,
+        token_ids,
+        sampling: SamplingParams = SamplingParams(),
+        salt: str | None = None,
+        on_token: Callable[[int], bool | None] | None = None,
+        on_start: Callable[[], None] | None = None,
+    ) -> RequestFuture:
         """Queue one request behind those submitted before it (:class:`SerialQueue`, the protocol's contract)."""
         return self._queue.submit(self.run_request, (token_ids, sampling, salt), on_token, on_start)
 
-    def generate(self, token_ids, sampling: SamplingParams = SamplingParams(), salt: str | None = None,
-                 on_token: Callable[[int], bool | None] | None = None,
-                 extra_keys: Sequence[str | bytes | int] = ()) -> RequestRecord:
+    def generate(
+        self,
+        token_ids,
+        sampling: SamplingParams = SamplingParams(),
+        salt: str | None = None,
+        on_token: Callable[[int], bool | None] | None = None,
+        extra_keys: Sequence[str | bytes | int] = (),
+    ) -> RequestRecord:
         """Run one request behind those queued before it and wait for it; ``on_token``'s errors
         propagate. ``extra_keys`` (copy engine only): more block-key inputs (an adapter id, image hashes)."""
         args = (token_ids, sampling, salt, tuple(extra_keys))
         return self._queue.submit(self.run_request, args, on_token).result()
 
-    def submit_samples(self, token_ids, sampling: SamplingParams, n: int, salt: str | None = None,
-                       on_token: Callable[[int, int], bool | None] | None = None) -> list[RequestFuture]:
+    def submit_samples(
+        self,
+        token_ids,
+        sampling: SamplingParams,
+        n: int,
+        salt: str | None = None,
+        on_token: Callable[[int, int], bool | None] | None = None,
+    ) -> list[RequestFuture]:
         """Raises ``ValueError``: this engine runs one sequence per request."""
         raise ValueError("n > 1 needs --engine paged (the copy engine runs one sequence per request)")
 
@@ -210,8 +233,16 @@ class SerialCalls:
         prompt + output - 1 tokens x KV bytes per token; one request runs at a time), bytes."""
         self.wait_idle(WAIT_IDLE_S)
         per_token = self.loaded.kv_layout().bytes_per_token
-        tokens = [r.prompt_tokens + r.output_tokens - 1 for _, r in records if r.status is Status.OK and r.output_tokens]
+        tokens = [
+            r.prompt_tokens + r.output_tokens - 1
+            for _, r in records
+            if r.status is Status.OK and r.output_tokens
+        ]
         contiguous = max(tokens, default=0) * per_token
         held = self.held_kv_bytes()
-        return {"engine": "copy", "end_held_kv_bytes": held, "peak_contiguous_kv_bytes": contiguous,
-                "peak_copy_engine_kv_bytes": held + contiguous}
+        return {
+            "engine": "copy",
+            "end_held_kv_bytes": held,
+            "peak_contiguous_kv_bytes": contiguous,
+            "peak_copy_engine_kv_bytes": held + contiguous,
+        }

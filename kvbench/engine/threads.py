@@ -104,8 +104,13 @@ class ThreadChoice:
         return asdict(self)
 
 
-def choose_threads(requested: int | None, usable_cores: int, load_1m: float | None,
-                   max_threads: int | None = None, policy: dict[str, Any] | None = None) -> ThreadChoice:
+def choose_threads(
+    requested: int | None,
+    usable_cores: int,
+    load_1m: float | None,
+    max_threads: int | None = None,
+    policy: dict[str, Any] | None = None,
+) -> ThreadChoice:
     """The thread count: ``requested`` (``--threads``) when given; else the cores left free by the
     load, ``round(usable_cores - load_1m)``, at least 1 and at most ``usable_cores`` and
     ``max_threads`` (torch's own default: one per physical core). An unknown load counts as 0.
@@ -135,7 +140,9 @@ def machine_threads(requested: int | None) -> ThreadChoice:
 
 
 @contextlib.contextmanager
-def chosen_threads(requested: int | None, on_status: Callable[[str], None] | None = None) -> Iterator[ThreadChoice]:
+def chosen_threads(
+    requested: int | None, on_status: Callable[[str], None] | None = None
+) -> Iterator[ThreadChoice]:
     """The one way run, sweep, break and serve set torch's threads: :func:`machine_threads`, its
     :meth:`ThreadChoice.line` to ``on_status``, then the block under :func:`torch_threads` of that count.
     Yields the choice (for the results' metadata)."""

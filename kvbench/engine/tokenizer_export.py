@@ -42,6 +42,8 @@ class ReferenceTokenizer(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
     def render_messages(self, messages: Sequence[Message]): ...
+
+
 MAX_CONTEXT_TOKENS = 8192  # tokenizer_config's model_max_length: the default model's context
 
 # kvbench's ChatML (kvbench/workloads/tokenizer.py) as a Jinja chat template: per message
@@ -60,14 +62,19 @@ SAMPLE_TEXTS = (
     "  leading spaces, trailing newlines\n\n",
     "<|im_start|> inside text is the control token; <|endoftext|> too.",
     "a<|im_end|>b",  # [64, 100265, 65] (issue 30.2)
-    "JSON: {\"tool\": \"grep\", \"args\": [\"-n\", \"KV cache\"]}\r\nCRLF line\r\n",
+    'JSON: {"tool": "grep", "args": ["-n", "KV cache"]}\r\nCRLF line\r\n',
 )
 SAMPLE_MESSAGES = (
-    (Message("system", "You are a careful assistant.\nAnswer briefly."),
-     Message("user", "What is a KV cache?")),
-    (Message("system", "Rules:\n1. be kind\n2. be brief\n"),
-     Message("user", "Hi!"), Message("assistant", "Hello. How can I help?"),
-     Message("user", "  Explain   block hashes\n\nwith examples: [1, 2, 3]")),
+    (
+        Message("system", "You are a careful assistant.\nAnswer briefly."),
+        Message("user", "What is a KV cache?"),
+    ),
+    (
+        Message("system", "Rules:\n1. be kind\n2. be brief\n"),
+        Message("user", "Hi!"),
+        Message("assistant", "Hello. How can I help?"),
+        Message("user", "  Explain   block hashes\n\nwith examples: [1, 2, 3]"),
+    ),
 )
 
 
@@ -116,24 +123,39 @@ def write_cl100k_tokenizer(out_dir: Path) -> Path:
     pre_tokenizer["pattern"]["Regex"] = oniguruma_pattern(pre_tokenizer["pattern"]["Regex"])
     data["model"]["vocab"].update(specials)
     data["added_tokens"] = [
-        {"id": token_id, "content": token, "single_word": False, "lstrip": False, "rstrip": False,
-         "normalized": False, "special": True}
+        {
+            "id": token_id,
+            "content": token,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
         for token, token_id in specials.items()
     ]
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer_file = out_dir / "tokenizer.json"
     tokenizer_file.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_file=str(tokenizer_file), bos_token="<|endoftext|>", eos_token="<|endoftext|>",
-        pad_token="<|endoftext|>", model_max_length=MAX_CONTEXT_TOKENS, clean_up_tokenization_spaces=False,
+        tokenizer_file=str(tokenizer_file),
+        bos_token="<|endoftext|>",
+        eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+        model_max_length=MAX_CONTEXT_TOKENS,
+        clean_up_tokenization_spaces=False,
     )
     tokenizer.chat_template = CHATML_TEMPLATE
     tokenizer.save_pretrained(out_dir)
     return out_dir
 
 
-def check_cl100k_tokenizer(path: Path, reference: ReferenceTokenizer, texts: Sequence[str] = SAMPLE_TEXTS,
-                           conversations: Sequence[Sequence[Message]] = SAMPLE_MESSAGES) -> int:
+def check_cl100k_tokenizer(
+    path: Path,
+    reference: ReferenceTokenizer,
+    texts: Sequence[str] = SAMPLE_TEXTS,
+    conversations: Sequence[Sequence[Message]] = SAMPLE_MESSAGES,
+) -> int:
     """Check that the tokenizer in ``path`` gives tiktoken's ids and kvbench's chat rendering.
 
     For every text: ``encode(text, add_special_tokens=False)`` (special tokens in the text parsed, the
@@ -154,8 +176,9 @@ def check_cl100k_tokenizer(path: Path, reference: ReferenceTokenizer, texts: Seq
     for token, token_id in cl100k_special_tokens().items():
         _compare(f"special token {token}", exported.encode(token, add_special_tokens=False), [token_id])
     for messages in conversations:
-        rendered = exported.apply_chat_template([m.as_dict() for m in messages], tokenize=False,
-                                                add_generation_prompt=True)
+        rendered = exported.apply_chat_template(
+            [m.as_dict() for m in messages], tokenize=False, add_generation_prompt=True
+        )
         got = exported.encode(rendered, add_special_tokens=False)
         _compare(f"chat of {len(messages)} messages", got, reference.render_messages(messages).tolist())
     return len(texts) + len(conversations)
@@ -164,9 +187,13 @@ def check_cl100k_tokenizer(path: Path, reference: ReferenceTokenizer, texts: Seq
 def _compare(what: str, got: Sequence[int], expected: Sequence[int]) -> None:
     if list(got) == list(expected):
         return
-    position = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
-    raise ExportCheckError(f"exported tokenizer differs from kvbench on {what}: at token {position}, "
-                           f"got {list(got)[position:position + 5]}, expected {list(expected)[position:position + 5]}")
+    position = next(
+        (i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected))
+    )
+    raise ExportCheckError(
+        f"exported tokenizer differs from kvbench on {what}: at token {position}, "
+        f"got {list(got)[position : position + 5]}, expected {list(expected)[position : position + 5]}"
+    )
 
 
 def export_cl100k_tokenizer(out_dir: Path, reference: ReferenceTokenizer) -> int:

@@ -24,9 +24,13 @@ from concurrent.futures import Future
 Task = Callable[[], None]
 
 EXIT_JOIN_S = 60.0  # the longest the interpreter's exit waits for one worker thread
-WAIT_IDLE_S = 60.0  # before a memory reading: work ends within a task once nothing runs; never hang an interrupt on it
+WAIT_IDLE_S = (
+    60.0  # before a memory reading: work ends within a task once nothing runs; never hang an interrupt on it
+)
 
-_WORKERS: dict[threading.Thread, weakref.ref[Worker]] = {}  # every thread not known to have ended -> its worker
+_WORKERS: dict[
+    threading.Thread, weakref.ref[Worker]
+] = {}  # every thread not known to have ended -> its worker
 
 
 @atexit.register
@@ -69,7 +73,9 @@ class Worker:
         if self._thread is not None or self.stopping:
             return
         # the thread holds the engine (its next_task) while it runs, as a caller waiting on a future expects
-        self._thread = threading.Thread(target=self._run, args=(self._next_task(),), name=self._name, daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(self._next_task(),), name=self._name, daemon=True
+        )
         for ended in [thread for thread in _WORKERS if not thread.is_alive()]:
             del _WORKERS[ended]
         _WORKERS[self._thread] = weakref.ref(self)

@@ -63,9 +63,15 @@ class Explanation:
     waterfall: Waterfall
 
 
-def explain_requests(requests: Sequence[Request], config: CacheConfig, tokenizer=None,
-                     outputs: Outputs | None = None, reported: Sequence[int | None] | None = None,
-                     min_cacheable_tokens: int | None = None, name: str = "") -> Explanation:
+def explain_requests(
+    requests: Sequence[Request],
+    config: CacheConfig,
+    tokenizer=None,
+    outputs: Outputs | None = None,
+    reported: Sequence[int | None] | None = None,
+    min_cacheable_tokens: int | None = None,
+    name: str = "",
+) -> Explanation:
     """Explain ``requests`` (sorted by arrival, stable) through ``config``'s cache (module docstring).
 
     ``tokenizer`` (``decode``, optionally ``render_messages``) enables content causes; ``outputs``:
@@ -88,22 +94,47 @@ def explain_requests(requests: Sequence[Request], config: CacheConfig, tokenizer
     same, any_ = _shared_prefixes(ordered, sequences, config)
     details, replayed = _replay(ordered, given, eligible, config)
     positions = sorted(replayed, key=replayed.get)
-    ctx = Context(ordered, sequences, config.block_size, config.capacity_blocks, config.ttl_s,
-                  min_cacheable_tokens, tokenizer)
+    ctx = Context(
+        ordered,
+        sequences,
+        config.block_size,
+        config.capacity_blocks,
+        config.ttl_s,
+        min_cacheable_tokens,
+        tokenizer,
+    )
     explained = []
     for p, request in enumerate(ordered):
         slot = replayed.get(p)
         hit = None if slot is None else int(details.hit_tokens[slot])
-        ideal_same = min(min(same[p].tokens, any_[p].tokens) // config.block_size,
-                         max(request.num_tokens - 1, 0) // config.block_size) * config.block_size
-        expired = (slot is not None and details.ttl_hit_tokens is not None
-                   and int(details.ttl_hit_tokens[slot]) < ideal_same)
-        bars = breakdown(request.num_tokens, config.block_size, any_[p].tokens, same[p].tokens, hit,
-                         _lost_to(expired, same[p], eligible), not eligible[p], None if reported is None else reported[p])
+        ideal_same = (
+            min(
+                min(same[p].tokens, any_[p].tokens) // config.block_size,
+                max(request.num_tokens - 1, 0) // config.block_size,
+            )
+            * config.block_size
+        )
+        expired = (
+            slot is not None
+            and details.ttl_hit_tokens is not None
+            and int(details.ttl_hit_tokens[slot]) < ideal_same
+        )
+        bars = breakdown(
+            request.num_tokens,
+            config.block_size,
+            any_[p].tokens,
+            same[p].tokens,
+            hit,
+            _lost_to(expired, same[p], eligible),
+            not eligible[p],
+            None if reported is None else reported[p],
+        )
         last_use = None if slot is None else details.last_use[slot]
         if last_use is not None:  # replay slot -> position among all requests
             last_use = replace(last_use, position=positions[last_use.position])
-        causes = request_causes(ctx, p, bars, same[p], any_[p], last_use, None if reported is None else reported[p])
+        causes = request_causes(
+            ctx, p, bars, same[p], any_[p], last_use, None if reported is None else reported[p]
+        )
         earlier = None if same[p].earlier is None else ordered[same[p].earlier].request_id
         explained.append(RequestExplanation(request, same[p].tokens, earlier, bars, causes))
     return Explanation(name, config, explained, total([e.bars for e in explained]))
@@ -133,8 +164,12 @@ class Replayed:
         return self.num_hit_tokens / self.num_prompt_tokens if self.num_prompt_tokens else 0.0
 
 
-def replay_requests(requests: Sequence[Request], config: CacheConfig, outputs: Outputs | None = None,
-                    min_cacheable_tokens: int | None = None) -> Replayed:
+def replay_requests(
+    requests: Sequence[Request],
+    config: CacheConfig,
+    outputs: Outputs | None = None,
+    min_cacheable_tokens: int | None = None,
+) -> Replayed:
     """The bounded replay :func:`explain_requests` takes its hits from, without the causes: what a
     fix (:mod:`kvbench.explain.fixes`) is measured with. Same arguments and errors."""
     order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_s)
@@ -167,9 +202,14 @@ def _outputs(ordered: Sequence[Request], outputs: Outputs | None, order: list[in
     return known_outputs(ordered, trace_outputs(ordered))
 
 
-def _shared_prefixes(ordered: Sequence[Request], sequences: Sequence[np.ndarray], config: CacheConfig) -> tuple[list[SharedPrefix], list[SharedPrefix]]:
+def _shared_prefixes(
+    ordered: Sequence[Request], sequences: Sequence[np.ndarray], config: CacheConfig
+) -> tuple[list[SharedPrefix], list[SharedPrefix]]:
     """Per request, the longest prefix shared with an earlier stored sequence: in its namespace, in any."""
-    same_index, any_index = PrefixIndex(config.block_size, config.hash), PrefixIndex(config.block_size, config.hash)
+    same_index, any_index = (
+        PrefixIndex(config.block_size, config.hash),
+        PrefixIndex(config.block_size, config.hash),
+    )
     same, any_ = [], []
     for position, request in enumerate(ordered):
         prompt = np.asarray(request.token_ids, dtype=np.int64)
@@ -187,8 +227,9 @@ def _replay(ordered: Sequence[Request], outputs: list | None, eligible: Sequence
     return details, {p: slot for slot, p in enumerate(positions)}
 
 
-def eligible_trace(ordered: Sequence[Request], outputs: list | None, eligible: Sequence[bool],
-                   config: CacheConfig) -> tuple[PreparedTrace, list[int]]:
+def eligible_trace(
+    ordered: Sequence[Request], outputs: list | None, eligible: Sequence[bool], config: CacheConfig
+) -> tuple[PreparedTrace, list[int]]:
     """The trace the explain replay runs (the eligible requests, in the order given, hashed for
     ``config``; ``stored`` is the prompts' blocks when ``outputs`` is ``None``) and each replayed
     request's position in ``ordered``."""
@@ -196,8 +237,11 @@ def eligible_trace(ordered: Sequence[Request], outputs: list | None, eligible: S
     chosen = [ordered[p] for p in positions]
     keep = config.kind is CacheKind.RADIX or config.verify_tokens
     prompts = prompt_blocks_of(chosen, config.block_size, config.hash, keep_tokens=keep)
-    stored = prompts if outputs is None else stored_blocks_of(chosen, [outputs[p] for p in positions],
-                                                              config.block_size, config.hash, keep)
+    stored = (
+        prompts
+        if outputs is None
+        else stored_blocks_of(chosen, [outputs[p] for p in positions], config.block_size, config.hash, keep)
+    )
     arrivals = np.array([r.arrival_s for r in chosen], dtype=np.float64)
     return PreparedTrace(prompts, arrivals, config.block_size, stored), positions
 

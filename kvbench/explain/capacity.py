@@ -37,7 +37,9 @@ def headline(targets: Sequence[CapacityTarget]) -> CapacityTarget:
     need far more memory for the last 1%)."""
     by_share = {t.share: t for t in targets}
     whole, most = by_share.get(1.0), by_share.get(0.99)
-    if most is None or (whole is not None and whole.capacity_blocks <= WHOLE_IDEAL_SLACK * most.capacity_blocks):
+    if most is None or (
+        whole is not None and whole.capacity_blocks <= WHOLE_IDEAL_SLACK * most.capacity_blocks
+    ):
         return whole or targets[-1]
     return most
 
@@ -63,7 +65,9 @@ def stored_curve(trace: PreparedTrace) -> HitCurve:
     return HitCurve(trace, stack_distances(lookups))
 
 
-def capacity_targets(trace: PreparedTrace, config: CacheConfig, shares: Sequence[float] = SHARES) -> list[CapacityTarget]:
+def capacity_targets(
+    trace: PreparedTrace, config: CacheConfig, shares: Sequence[float] = SHARES
+) -> list[CapacityTarget]:
     """Per share, the smallest capacity (blocks) whose hit reaches ``share`` x the ideal hit (module
     docstring); ``[]`` when nothing can hit. ``config``'s capacity is ignored."""
     if one_pass_refusal(config) is None and config.release_order is ReleaseOrder.TAIL_FIRST:

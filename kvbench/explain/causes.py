@@ -61,53 +61,99 @@ def new_tokens_cause(ctx: Context, position: int, shared: SharedPrefix, tokens: 
         return Cause("never seen", tokens, 0, "no earlier request starts with the same token")
     earlier, sequence = ctx.requests[shared.earlier], ctx.sequences[shared.earlier]
     if shared.tokens >= len(sequence):
-        return Cause("new tokens", tokens, shared.tokens,
-                     f"resends all of {earlier.request_id} ({len(sequence):,} tokens), then new content")
+        return Cause(
+            "new tokens",
+            tokens,
+            shared.tokens,
+            f"resends all of {earlier.request_id} ({len(sequence):,} tokens), then new content",
+        )
     if ctx.tokenizer is None:
         return Cause("content differs", tokens, shared.tokens, f"diverges from {earlier.request_id} here")
-    finding = content.detect(ctx.tokenizer, request.token_ids, sequence, shared.tokens, request.messages,
-                             earlier.messages)
+    finding = content.detect(
+        ctx.tokenizer, request.token_ids, sequence, shared.tokens, request.messages, earlier.messages
+    )
     kind, detail = finding.kind, f"vs {earlier.request_id}: {finding.detail}"
-    if finding.kind.startswith(FRAGILE_KINDS) and shared.tokens >= content.last_message_offset(ctx.tokenizer, request.messages):
-        kind, detail = "new message", f"diverges from {earlier.request_id} in the last message ({finding.kind})"
+    if finding.kind.startswith(FRAGILE_KINDS) and shared.tokens >= content.last_message_offset(
+        ctx.tokenizer, request.messages
+    ):
+        kind, detail = (
+            "new message",
+            f"diverges from {earlier.request_id} in the last message ({finding.kind})",
+        )
     return Cause(kind, tokens, finding.offset_tokens, detail, finding.excerpt, finding.earlier_excerpt)
 
 
-def request_causes(ctx: Context, position: int, bars: Breakdown, same: SharedPrefix, any_: SharedPrefix,
-                   last_use: LastUse | None, reported: int | None) -> list[Cause]:
+def request_causes(
+    ctx: Context,
+    position: int,
+    bars: Breakdown,
+    same: SharedPrefix,
+    any_: SharedPrefix,
+    last_use: LastUse | None,
+    reported: int | None,
+) -> list[Cause]:
     """Every cause of one request's misses, in waterfall order (each with its bar's tokens)."""
     request, tokens = ctx.requests[position], bars.tokens
     n, block = request.num_tokens, ctx.block_size
     causes = [new_tokens_cause(ctx, position, any_, tokens["new"])]
     floored = any_.tokens // block * block
     if tokens["block_floor"]:
-        causes.append(Cause("block floor", tokens["block_floor"], floored,
-                            f"{tokens['block_floor']} shared tokens after the last full block (block size {block})"))
+        causes.append(
+            Cause(
+                "block floor",
+                tokens["block_floor"],
+                floored,
+                f"{tokens['block_floor']} shared tokens after the last full block (block size {block})",
+            )
+        )
     if tokens["last_token"]:
-        causes.append(Cause("last token", tokens["last_token"], (n - 1) // block * block,
-                            f"a hit stops at (n - 1) // {block} = {(n - 1) // block} blocks: the last prompt "
-                            "token is always recomputed"))
+        causes.append(
+            Cause(
+                "last token",
+                tokens["last_token"],
+                (n - 1) // block * block,
+                f"a hit stops at (n - 1) // {block} = {(n - 1) // block} blocks: the last prompt "
+                "token is always recomputed",
+            )
+        )
     if tokens["salt"]:
         other = ctx.requests[any_.earlier]
-        causes.append(Cause("different salt", tokens["salt"], same.tokens,
-                            f"{other.request_id} (salt {other.salt or ''!r}) shares {any_.tokens:,} tokens; "
-                            f"this request's salt is {request.salt or ''!r}"))
+        causes.append(
+            Cause(
+                "different salt",
+                tokens["salt"],
+                same.tokens,
+                f"{other.request_id} (salt {other.salt or ''!r}) shares {any_.tokens:,} tokens; "
+                f"this request's salt is {request.salt or ''!r}",
+            )
+        )
     if tokens["provider_minimum"]:
         minimum = ctx.min_cacheable_tokens
-        detail = (f"{n:,} tokens < the minimum of {minimum:,}: never cached" if n < minimum else
-                  f"only {ctx.requests[same.earlier].request_id} shared it, a prompt below the minimum of "
-                  f"{minimum:,} tokens, which was never cached")
+        detail = (
+            f"{n:,} tokens < the minimum of {minimum:,}: never cached"
+            if n < minimum
+            else f"only {ctx.requests[same.earlier].request_id} shared it, a prompt below the minimum of "
+            f"{minimum:,} tokens, which was never cached"
+        )
         causes.append(Cause("below provider minimum", tokens["provider_minimum"], None, detail))
     causes += _lost_in_cache(ctx, position, tokens, bars, last_use)
     if tokens["server"]:
         allowed = tokens["hit"] + tokens["server"]
         kind = "server reported less" if tokens["server"] > 0 else "server reported more"
-        causes.append(Cause(kind, tokens["server"], reported, f"reported {reported:,}, the replayed cache allows {allowed:,}"))
+        causes.append(
+            Cause(
+                kind,
+                tokens["server"],
+                reported,
+                f"reported {reported:,}, the replayed cache allows {allowed:,}",
+            )
+        )
     return [c for c in causes if c is not None]
 
 
-def _lost_in_cache(ctx: Context, position: int, tokens: dict[str, int], bars: Breakdown,
-                   last_use: LastUse | None) -> list[Cause]:
+def _lost_in_cache(
+    ctx: Context, position: int, tokens: dict[str, int], bars: Breakdown, last_use: LastUse | None
+) -> list[Cause]:
     request = ctx.requests[position]
     replay_hit = tokens["hit"] + tokens["server"]
     block = replay_hit // ctx.block_size
@@ -115,13 +161,23 @@ def _lost_in_cache(ctx: Context, position: int, tokens: dict[str, int], bars: Br
     if last_use is not None:
         earlier = ctx.requests[last_use.position]
         idle_s = request.arrival_s - last_use.arrival_s
-        where += (f" last used by {earlier.request_id} ({position - last_use.position:,} requests and "
-                  f"{idle_s:,.1f} s earlier)")
+        where += (
+            f" last used by {earlier.request_id} ({position - last_use.position:,} requests and "
+            f"{idle_s:,.1f} s earlier)"
+        )
     causes = []
     if tokens["capacity"]:
         stored = f"; {last_use.num_blocks_stored_since:,} blocks stored since" if last_use else ""
-        causes.append(Cause("evicted (capacity)", tokens["capacity"], replay_hit,
-                            f"{where}{stored}, capacity {ctx.capacity_blocks:,} blocks"))
+        causes.append(
+            Cause(
+                "evicted (capacity)",
+                tokens["capacity"],
+                replay_hit,
+                f"{where}{stored}, capacity {ctx.capacity_blocks:,} blocks",
+            )
+        )
     if tokens["ttl"]:
-        causes.append(Cause("expired (TTL)", tokens["ttl"], replay_hit, f"{where}, past the TTL of {ctx.ttl_s:g} s"))
+        causes.append(
+            Cause("expired (TTL)", tokens["ttl"], replay_hit, f"{where}, past the TTL of {ctx.ttl_s:g} s")
+        )
     return causes

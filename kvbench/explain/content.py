@@ -57,7 +57,7 @@ def decode(tokenizer, ids: np.ndarray) -> str:
     ids = np.asarray(ids)
     unknown = np.flatnonzero(ids >= PLACEHOLDER_BASE)
     if unknown.size:
-        return _decode(tokenizer, ids[:unknown[0]].tolist()) + "⟨generated⟩"
+        return _decode(tokenizer, ids[: unknown[0]].tolist()) + "⟨generated⟩"
     return _decode(tokenizer, ids.tolist())
 
 
@@ -75,13 +75,14 @@ def _decode(tokenizer, ids: list[int]) -> str:
         return "".join(parts)
 
 
-def excerpt(tokenizer, ids: np.ndarray, offset: int, width: int = EXCERPT_TOKENS,
-            max_chars: int = EXCERPT_CHARS) -> str:
+def excerpt(
+    tokenizer, ids: np.ndarray, offset: int, width: int = EXCERPT_TOKENS, max_chars: int = EXCERPT_CHARS
+) -> str:
     """``…before‖after…`` around token ``offset`` (``width`` tokens each side), newlines shown as
     ``⏎``; a side longer than ``max_chars`` characters is cut to them, the cut marked ``✂``
     (``…✂re the cut‖after the c✂…``)."""
-    before = decode(tokenizer, ids[max(offset - width, 0):offset]).replace("\n", "⏎")
-    after = decode(tokenizer, ids[offset:offset + width]).replace("\n", "⏎")
+    before = decode(tokenizer, ids[max(offset - width, 0) : offset]).replace("\n", "⏎")
+    after = decode(tokenizer, ids[offset : offset + width]).replace("\n", "⏎")
     if len(before) > max_chars:
         before = CUT + before[-max_chars:]
     if len(after) > max_chars:
@@ -89,11 +90,19 @@ def excerpt(tokenizer, ids: np.ndarray, offset: int, width: int = EXCERPT_TOKENS
     return f"…{before}‖{after}…"
 
 
-def detect(tokenizer, prompt: np.ndarray, earlier: np.ndarray, offset: int,
-           messages: Sequence[Message] | None = None, earlier_messages: Sequence[Message] | None = None) -> Finding:
+def detect(
+    tokenizer,
+    prompt: np.ndarray,
+    earlier: np.ndarray,
+    offset: int,
+    messages: Sequence[Message] | None = None,
+    earlier_messages: Sequence[Message] | None = None,
+) -> Finding:
     """The content cause at ``offset`` (the first index where ``prompt`` and ``earlier`` differ)."""
     shown = excerpt(tokenizer, prompt, offset), excerpt(tokenizer, earlier, offset)
-    kind, detail = _rendered(tokenizer, offset, messages, earlier_messages) or _textual(tokenizer, prompt, earlier, offset)
+    kind, detail = _rendered(tokenizer, offset, messages, earlier_messages) or _textual(
+        tokenizer, prompt, earlier, offset
+    )
     return Finding(kind, offset, detail, *shown)
 
 
@@ -114,19 +123,29 @@ def _rendered(tokenizer, offset: int, messages, earlier_messages) -> tuple[str, 
         return None
     rendered = len(tokenizer.render_messages(earlier_messages[:common])) - len(tokenizer.render_messages([]))
     if offset < rendered:
-        return ("text re-rendered", f"the same first {common} message(s) render to different tokens from token "
-                                    f"{offset} (another chat template or renderer)")
+        return (
+            "text re-rendered",
+            f"the same first {common} message(s) render to different tokens from token "
+            f"{offset} (another chat template or renderer)",
+        )
     return None
 
 
 def _textual(tokenizer, prompt: np.ndarray, earlier: np.ndarray, offset: int) -> tuple[str, str]:
-    left = decode(tokenizer, prompt[max(offset - WINDOW_TOKENS, 0):offset])
-    mine = decode(tokenizer, prompt[offset:offset + WINDOW_TOKENS])
-    theirs = decode(tokenizer, earlier[offset:offset + WINDOW_TOKENS])
+    left = decode(tokenizer, prompt[max(offset - WINDOW_TOKENS, 0) : offset])
+    mine = decode(tokenizer, prompt[offset : offset + WINDOW_TOKENS])
+    theirs = decode(tokenizer, earlier[offset : offset + WINDOW_TOKENS])
     found = REASONING.match(theirs)
-    if found and found.group(1) and theirs[found.end():found.end() + 16].strip() and \
-            mine.lstrip().startswith(theirs[found.end():].strip()[:16]):
-        return "reasoning stripped", f"the earlier text has a <{found.group(1)}> block here that this one drops"
+    if (
+        found
+        and found.group(1)
+        and theirs[found.end() : found.end() + 16].strip()
+        and mine.lstrip().startswith(theirs[found.end() :].strip()[:16])
+    ):
+        return (
+            "reasoning stripped",
+            f"the earlier text has a <{found.group(1)}> block here that this one drops",
+        )
     shorter = min(len(mine), len(theirs))
     if shorter and mine[:shorter] == theirs[:shorter]:
         return "re-tokenized", "the same text as before, encoded as different token ids (a reply re-encoded)"
@@ -139,10 +158,12 @@ def _textual(tokenizer, prompt: np.ndarray, earlier: np.ndarray, offset: int) ->
     return "content differs", "the text differs here (no volatile value, re-render or JSON reorder found)"
 
 
-def _json_key_order(tokenizer, prompt: np.ndarray, earlier: np.ndarray, offset: int) -> tuple[str, str] | None:
+def _json_key_order(
+    tokenizer, prompt: np.ndarray, earlier: np.ndarray, offset: int
+) -> tuple[str, str] | None:
     start = max(offset - JSON_WINDOW_TOKENS, 0)
-    mine = decode(tokenizer, prompt[start:offset + JSON_WINDOW_TOKENS])
-    theirs = decode(tokenizer, earlier[start:offset + JSON_WINDOW_TOKENS])
+    mine = decode(tokenizer, prompt[start : offset + JSON_WINDOW_TOKENS])
+    theirs = decode(tokenizer, earlier[start : offset + JSON_WINDOW_TOKENS])
     junction = len(decode(tokenizer, prompt[start:offset]))
     decoder = json.JSONDecoder()
     position = mine.rfind("{", 0, junction + 1)
@@ -170,7 +191,9 @@ def _volatile(left: str, mine: str, theirs: str) -> tuple[str, str] | None:
         other = spans_theirs.get((span.kind, span.start))
         if other is not None and other.text != span.text:
             return f"volatile value ({span.kind})", f"{span.text!r} here, {other.text!r} before"
-    named = [s for s in spans_mine if s.kind != "counter"]  # a lone number is any text's, not a volatile value
+    named = [
+        s for s in spans_mine if s.kind != "counter"
+    ]  # a lone number is any text's, not a volatile value
     if named:
         span = named[0]
         return f"volatile value ({span.kind})", f"{span.text!r} here differs from the earlier text"

@@ -21,14 +21,25 @@ from kvbench.sim.tiers import DEFAULT_BANDWIDTHS_BYTES_PER_S, Tier, TierPolicy, 
 
 HISTORY_FIXES = {  # content cause -> (rewrite, the change in words)
     "JSON key order": ("sort_json_keys", "serialize tool-call JSON with sorted keys"),
-    "reasoning stripped": ("restore_reasoning", "resend the reasoning blocks of earlier replies byte for byte"),
+    "reasoning stripped": (
+        "restore_reasoning",
+        "resend the reasoning blocks of earlier replies byte for byte",
+    ),
     "text re-rendered": ("render_all", "render every request with one chat template"),
     "re-tokenized": ("resend_tokens", "resend earlier replies as the token ids they were generated as"),
 }
 
 
-def _measured(ctx: FixContext, kind: str, change: str, cost: str, requests=None, config=None,
-              without_minimum: bool = False, setting=None) -> Measured:
+def _measured(
+    ctx: FixContext,
+    kind: str,
+    change: str,
+    cost: str,
+    requests=None,
+    config=None,
+    without_minimum: bool = False,
+    setting=None,
+) -> Measured:
     after = ctx.replay(requests, config, without_minimum)
     return Measured(kind, change, cost, (after.requests, after.hit_tokens), setting=setting or {})
 
@@ -44,17 +55,32 @@ def capacity_fix(ctx: FixContext) -> list[Measured]:
     if not targets:
         return []
     block = ctx.config.block_size
-    sizes = [{"share_of_ideal": t.share, "capacity_blocks": t.capacity_blocks, "hit_tokens": t.hit_tokens,
-              **{f"{s.name}_bytes": kv_bytes(t.capacity_blocks, block, s) for s in ctx.options.model_shapes}}
-             for t in targets]
+    sizes = [
+        {
+            "share_of_ideal": t.share,
+            "capacity_blocks": t.capacity_blocks,
+            "hit_tokens": t.hit_tokens,
+            **{f"{s.name}_bytes": kv_bytes(t.capacity_blocks, block, s) for s in ctx.options.model_shapes},
+        }
+        for t in targets
+    ]
     chosen = headline(targets)
-    weights = ", ".join(f"{format_bytes(kv_bytes(chosen.capacity_blocks, block, s))} for {s.name}"
-                        for s in ctx.options.model_shapes)
+    weights = ", ".join(
+        f"{format_bytes(kv_bytes(chosen.capacity_blocks, block, s))} for {s.name}"
+        for s in ctx.options.model_shapes
+    )
     change = f"raise the cache to >= {chosen.capacity_blocks:,} blocks" + (f" ({weights})" if weights else "")
     steps = "; ".join(f"{t.share:.0%} of the ideal at {t.capacity_blocks:,}" for t in targets)
-    return [_measured(ctx, "capacity", change, f"{chosen.capacity_blocks - ctx.config.capacity_blocks:,} more "
-                      f"blocks of KV memory ({steps})", config=replace(ctx.config, capacity_blocks=chosen.capacity_blocks),
-                      setting={"cache_size": chosen.capacity_blocks, "sizes": sizes})]
+    return [
+        _measured(
+            ctx,
+            "capacity",
+            change,
+            f"{chosen.capacity_blocks - ctx.config.capacity_blocks:,} more blocks of KV memory ({steps})",
+            config=replace(ctx.config, capacity_blocks=chosen.capacity_blocks),
+            setting={"cache_size": chosen.capacity_blocks, "sizes": sizes},
+        )
+    ]
 
 
 def host_tier_fix(ctx: FixContext) -> list[Measured]:
@@ -62,8 +88,12 @@ def host_tier_fix(ctx: FixContext) -> list[Measured]:
     host KV tier of the capacity fix's size below the cache as it is (:mod:`kvbench.sim.tiers`, one pass;
     vLLM's CPU offloading connector), its hits loaded instead of recomputed. Only where the one pass
     is exact and no provider minimum applies."""
-    if not _bar(ctx, "capacity") or ctx.min_cacheable_tokens is not None or one_pass_refusal(ctx.config) \
-            or ctx.config.release_order is not ReleaseOrder.TAIL_FIRST:
+    if (
+        not _bar(ctx, "capacity")
+        or ctx.min_cacheable_tokens is not None
+        or one_pass_refusal(ctx.config)
+        or ctx.config.release_order is not ReleaseOrder.TAIL_FIRST
+    ):
         return []
     targets = capacity_targets(ctx.base.trace, ctx.config)
     if not targets:
@@ -71,21 +101,43 @@ def host_tier_fix(ctx: FixContext) -> list[Measured]:
     host = headline(targets).capacity_blocks
     trace, block = ctx.base.trace, ctx.config.block_size
     tokens = np.array([p.num_tokens for p in trace.prompts], dtype=np.int64)
-    split = tier_split(stored_curve(trace).distances, ctx.config.capacity_blocks,
-                       (Tier("host", host, DEFAULT_BANDWIDTHS_BYTES_PER_S["host"]),), TierPolicy.INCLUSIVE, block, tokens)
+    split = tier_split(
+        stored_curve(trace).distances,
+        ctx.config.capacity_blocks,
+        (Tier("host", host, DEFAULT_BANDWIDTHS_BYTES_PER_S["host"]),),
+        TierPolicy.INCLUSIVE,
+        block,
+        tokens,
+    )
     hits = split.hit_tokens.sum(axis=0)
     recovered = (int(hits.sum()) - int(ctx.base.hit_tokens.sum())) / _bar(ctx, "capacity")
-    weights = ", ".join(f"{format_bytes(kv_bytes(host, block, s))} for {s.name}" for s in ctx.options.model_shapes)
-    change = (f"keep the cache and add a host KV tier of >= {host:,} blocks" + (f" ({weights})" if weights else "")
-              + f", write-through: it recovers {recovered:.0%} of the capacity loss")
-    cost = (f"host memory; {int(split.hit_tokens[1].sum()):,} prompt tokens loaded from it (at "
-            f"{DEFAULT_BANDWIDTHS_BYTES_PER_S['host'] / 1e9:g} GB/s over PCIe) instead of recomputed")
-    return [Measured("host tier", change, cost, (ctx.base.requests, hits),
-                     setting={"host_tier_blocks": host, "recovered_share_of_capacity_loss": recovered})]
+    weights = ", ".join(
+        f"{format_bytes(kv_bytes(host, block, s))} for {s.name}" for s in ctx.options.model_shapes
+    )
+    change = (
+        f"keep the cache and add a host KV tier of >= {host:,} blocks"
+        + (f" ({weights})" if weights else "")
+        + f", write-through: it recovers {recovered:.0%} of the capacity loss"
+    )
+    cost = (
+        f"host memory; {int(split.hit_tokens[1].sum()):,} prompt tokens loaded from it (at "
+        f"{DEFAULT_BANDWIDTHS_BYTES_PER_S['host'] / 1e9:g} GB/s over PCIe) instead of recomputed"
+    )
+    return [
+        Measured(
+            "host tier",
+            change,
+            cost,
+            (ctx.base.requests, hits),
+            setting={"host_tier_blocks": host, "recovered_share_of_capacity_loss": recovered},
+        )
+    ]
 
 
 def _causes(ctx: FixContext, prefix: str) -> list:
-    return [c for item in ctx.explanation.requests for c in item.causes if c.kind.startswith(prefix) and c.tokens]
+    return [
+        c for item in ctx.explanation.requests for c in item.causes if c.kind.startswith(prefix) and c.tokens
+    ]
 
 
 def volatile_fix(ctx: FixContext) -> list[Measured]:
@@ -93,12 +145,17 @@ def volatile_fix(ctx: FixContext) -> list[Measured]:
     moved = rewrite.move_volatile(ctx.requests, ctx.tokenizer) if found else None
     if moved is None:
         return []
-    kinds = sorted({c.kind[len("volatile value ("):-1] for c in found})
+    kinds = sorted({c.kind[len("volatile value (") : -1] for c in found})
     first = min(c.offset_tokens or 0 for c in found)
     removed = ctx.replay(rewrite.move_volatile(ctx.requests, ctx.tokenizer, remove=True))
-    measured = _measured(ctx, "volatile value", f"move the {' / '.join(kinds)} (it differs from token {first:,} on) to the end "
-                         "of the prompt", "none (the moved value's own blocks are still recomputed)", moved,
-                         setting={"kinds": kinds, "hit_rate_if_removed": removed.hit_rate})
+    measured = _measured(
+        ctx,
+        "volatile value",
+        f"move the {' / '.join(kinds)} (it differs from token {first:,} on) to the end of the prompt",
+        "none (the moved value's own blocks are still recomputed)",
+        moved,
+        setting={"kinds": kinds, "hit_rate_if_removed": removed.hit_rate},
+    )
     return [measured]
 
 
@@ -108,8 +165,11 @@ def history_fixes(ctx: FixContext) -> list[Measured]:
         if not _causes(ctx, kind):
             continue
         if name == "resend_tokens":
-            earlier = {item.request.request_id: item.earlier_request_id for item in ctx.explanation.requests
-                       if item.causes and item.causes[0].kind == kind and item.earlier_request_id}
+            earlier = {
+                item.request.request_id: item.earlier_request_id
+                for item in ctx.explanation.requests
+                if item.causes and item.causes[0].kind == kind and item.earlier_request_id
+            }
             rewritten = rewrite.resend_tokens(ctx.requests, ctx.tokenizer, earlier)
         else:
             rewritten = getattr(rewrite, name)(ctx.requests, ctx.tokenizer)
@@ -123,9 +183,17 @@ def salt_fix(ctx: FixContext) -> list[Measured]:
         return []
     salts = sorted({r.salt or "" for r in ctx.requests})
     unsalted = [replace(r, salt=None) for r in ctx.requests]
-    return [_measured(ctx, "salt", f"share one cache namespace across the {len(salts):,} salts",
-                      "tenants then share cached prefixes: a timing side channel between them (the reason for "
-                      "cache_salt)", unsalted, setting={"salt": None})]
+    return [
+        _measured(
+            ctx,
+            "salt",
+            f"share one cache namespace across the {len(salts):,} salts",
+            "tenants then share cached prefixes: a timing side channel between them (the reason for "
+            "cache_salt)",
+            unsalted,
+            setting={"salt": None},
+        )
+    ]
 
 
 def block_size_fix(ctx: FixContext) -> list[Measured]:
@@ -134,10 +202,17 @@ def block_size_fix(ctx: FixContext) -> list[Measured]:
         return []
     best = None
     for smaller in sorted({max(block // 4, 1), max(block // 2, 1)}):
-        config = replace(ctx.config, block_size=smaller, capacity_blocks=ctx.config.capacity_blocks * block // smaller)
-        measured = _measured(ctx, "block size", f"use {smaller}-token blocks (from {block}, the same memory)",
-                             f"{block // smaller}x the block-table entries and block hashes per token", config=config,
-                             setting={"block_size": smaller, "cache_size": config.capacity_blocks})
+        config = replace(
+            ctx.config, block_size=smaller, capacity_blocks=ctx.config.capacity_blocks * block // smaller
+        )
+        measured = _measured(
+            ctx,
+            "block size",
+            f"use {smaller}-token blocks (from {block}, the same memory)",
+            f"{block // smaller}x the block-table entries and block hashes per token",
+            config=config,
+            setting={"block_size": smaller, "cache_size": config.capacity_blocks},
+        )
         if best is None or measured.after[1].sum() > best.after[1].sum():
             best = measured
     return [best]
@@ -146,9 +221,16 @@ def block_size_fix(ctx: FixContext) -> list[Measured]:
 def ttl_fix(ctx: FixContext) -> list[Measured]:
     if not _bar(ctx, "ttl"):
         return []
-    return [_measured(ctx, "ttl", f"drop the TTL of {ctx.config.ttl_s:g} s (keep blocks until capacity evicts them)",
-                      "idle blocks hold memory until evicted (a provider's longer retention costs more per write)",
-                      config=replace(ctx.config, ttl_s=None), setting={"ttl": None})]
+    return [
+        _measured(
+            ctx,
+            "ttl",
+            f"drop the TTL of {ctx.config.ttl_s:g} s (keep blocks until capacity evicts them)",
+            "idle blocks hold memory until evicted (a provider's longer retention costs more per write)",
+            config=replace(ctx.config, ttl_s=None),
+            setting={"ttl": None},
+        )
+    ]
 
 
 def provider_minimum_fix(ctx: FixContext) -> list[Measured]:
@@ -157,16 +239,31 @@ def provider_minimum_fix(ctx: FixContext) -> list[Measured]:
     minimum = ctx.min_cacheable_tokens
     short = [r for r in ctx.requests if r.num_tokens < minimum]
     padding = sum(minimum - r.num_tokens for r in short)
-    return [_measured(ctx, "provider minimum", f"pad the {len(short):,} prompts below {minimum:,} tokens up to it "
-                      "(measured as if the minimum did not apply)", f"{padding:,} padding tokens billed as input",
-                      without_minimum=True, setting={"min_cacheable_tokens": None, "padding_tokens": padding})]
+    return [
+        _measured(
+            ctx,
+            "provider minimum",
+            f"pad the {len(short):,} prompts below {minimum:,} tokens up to it "
+            "(measured as if the minimum did not apply)",
+            f"{padding:,} padding tokens billed as input",
+            without_minimum=True,
+            setting={"min_cacheable_tokens": None, "padding_tokens": padding},
+        )
+    ]
 
 
 def last_token_fix(ctx: FixContext) -> list[Measured]:
     if not _bar(ctx, "last_token"):
         return []
-    return [Measured("last token", "none: no setting recovers the last-token loss (vLLM and SGLang always "
-                     "recompute the last prompt token)", f"{_bar(ctx, 'last_token'):,} tokens stay lost", None)]
+    return [
+        Measured(
+            "last token",
+            "none: no setting recovers the last-token loss (vLLM and SGLang always "
+            "recompute the last prompt token)",
+            f"{_bar(ctx, 'last_token'):,} tokens stay lost",
+            None,
+        )
+    ]
 
 
 def routing_fix(ctx: FixContext) -> list[Measured]:
@@ -183,20 +280,44 @@ def routing_fix(ctx: FixContext) -> list[Measured]:
     best = max(results, key=lambda r: r.token_hit_rate)
     ordered = sorted(ctx.requests, key=lambda r: r.arrival_s)
     imbalance = best.as_row()["requests_max_over_mean"]
-    return [Measured("routing", f"route with {best.policy} across the {replicas} replicas (instead of round-robin)",
-                     f"load imbalance {imbalance:.2f}x (busiest replica's requests / mean)",
-                     (ordered, best.run.cached_tokens), (ordered, baseline.run.cached_tokens),
-                     {"policy": best.policy, "replicas": replicas, "requests_max_over_mean": imbalance,
-                      **{f"{r.policy}_token_hit_rate": r.token_hit_rate for r in results}})]
+    return [
+        Measured(
+            "routing",
+            f"route with {best.policy} across the {replicas} replicas (instead of round-robin)",
+            f"load imbalance {imbalance:.2f}x (busiest replica's requests / mean)",
+            (ordered, best.run.cached_tokens),
+            (ordered, baseline.run.cached_tokens),
+            {
+                "policy": best.policy,
+                "replicas": replicas,
+                "requests_max_over_mean": imbalance,
+                **{f"{r.policy}_token_hit_rate": r.token_hit_rate for r in results},
+            },
+        )
+    ]
 
 
 FIX_KINDS: tuple[Callable[[FixContext], list[Measured]], ...] = (
-    capacity_fix, host_tier_fix, volatile_fix, history_fixes, salt_fix, block_size_fix, ttl_fix, provider_minimum_fix,
-    last_token_fix, routing_fix)
+    capacity_fix,
+    host_tier_fix,
+    volatile_fix,
+    history_fixes,
+    salt_fix,
+    block_size_fix,
+    ttl_fix,
+    provider_minimum_fix,
+    last_token_fix,
+    routing_fix,
+)
 
 
-def fix_list(explanation: Explanation, requests: Sequence[Request], tokenizer=None,
-             min_cacheable_tokens: int | None = None, options: FixOptions = FixOptions()) -> list[Fix]:
+def fix_list(
+    explanation: Explanation,
+    requests: Sequence[Request],
+    tokenizer=None,
+    min_cacheable_tokens: int | None = None,
+    options: FixOptions = FixOptions(),
+) -> list[Fix]:
     """Every fix for ``explanation``'s losses (of ``requests`` through ``explanation.config``), ranked."""
     ordered = sorted(requests, key=lambda r: r.arrival_s)
     config: CacheConfig = explanation.config

@@ -75,8 +75,12 @@ class FixContext:
     explanation: Explanation
     options: FixOptions
 
-    def replay(self, requests: Sequence[Request] | None = None, config: CacheConfig | None = None,
-               without_minimum: bool = False) -> Replayed:
+    def replay(
+        self,
+        requests: Sequence[Request] | None = None,
+        config: CacheConfig | None = None,
+        without_minimum: bool = False,
+    ) -> Replayed:
         """The explain replay of ``requests`` (default: the explained ones) through ``config`` (default:
         theirs), with the provider minimum unless ``without_minimum``."""
         minimum = None if without_minimum else self.min_cacheable_tokens
@@ -119,8 +123,10 @@ class Fix:
 
     def line(self, rank: int) -> str:
         """``1. raise the cache to >= 1,056 blocks (...): +97.2 points (...)`` and the rest."""
-        text = (f"{rank}. {self.change}: {self.gain_points:+.1f} points (hit rate {self.hit_rate_before:.1%} -> "
-                f"{self.hit_rate_after:.1%}), {self.num_saved_tokens:,} prompt tokens saved")
+        text = (
+            f"{rank}. {self.change}: {self.gain_points:+.1f} points (hit rate {self.hit_rate_before:.1%} -> "
+            f"{self.hit_rate_after:.1%}), {self.num_saved_tokens:,} prompt tokens saved"
+        )
         if self.ttft_p50_change_ms is not None:
             text += f", TTFT p50 ~{_seconds(self.ttft_p50_change_ms)} (estimate)"
         if self.bill_before_usd is not None:
@@ -128,11 +134,19 @@ class Fix:
         return text + (f"; cost: {self.cost}" if self.cost else "")
 
     def as_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "change": self.change, "cost": self.cost, "gain_points": self.gain_points,
-                "hit_rate_before": self.hit_rate_before, "hit_rate_after": self.hit_rate_after,
-                "saved_prompt_tokens": self.num_saved_tokens, "ttft_p50_change_ms": self.ttft_p50_change_ms,
-                "bill_before_usd": self.bill_before_usd, "bill_after_usd": self.bill_after_usd,
-                "setting": self.setting}
+        return {
+            "kind": self.kind,
+            "change": self.change,
+            "cost": self.cost,
+            "gain_points": self.gain_points,
+            "hit_rate_before": self.hit_rate_before,
+            "hit_rate_after": self.hit_rate_after,
+            "saved_prompt_tokens": self.num_saved_tokens,
+            "ttft_p50_change_ms": self.ttft_p50_change_ms,
+            "bill_before_usd": self.bill_before_usd,
+            "bill_after_usd": self.bill_after_usd,
+            "setting": self.setting,
+        }
 
 
 def _seconds(ms: float) -> str:
@@ -160,8 +174,17 @@ def priced(measured: Measured, ctx: FixContext) -> Fix:
     fit, rules = ctx.options.fit, ctx.options.rules
     ttft = None if fit is None else fit.predict_ms(rate_after) - fit.predict_ms(rate_before)
     bills = (None, None) if rules is None else (bill_usd(*before, rules), bill_usd(*after, rules))
-    return Fix(measured.kind, measured.change, measured.cost, rate_before, rate_after, uncached[0] - uncached[1],
-               measured.setting, ttft, *bills)
+    return Fix(
+        measured.kind,
+        measured.change,
+        measured.cost,
+        rate_before,
+        rate_after,
+        uncached[0] - uncached[1],
+        measured.setting,
+        ttft,
+        *bills,
+    )
 
 
 INFORMATIONAL = ("last token",)  # listed with no gain: no setting recovers the loss

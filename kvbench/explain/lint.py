@@ -72,13 +72,22 @@ def lint(requests: Sequence[Request], tokenizer) -> LintReport:
         spans = find_volatile(decode(tokenizer, ids), LINT_KINDS)
         if not spans:
             continue
-        offset = token_offset_of_char(lambda part: decode(tokenizer, np.asarray(part)), ids.tolist(), spans[0].start)
+        offset = token_offset_of_char(
+            lambda part: decode(tokenizer, np.asarray(part)), ids.tolist(), spans[0].start
+        )
         after += len(ids) - offset
         if offset < last_message_offset(tokenizer, request.messages):
-            findings.append(LintFinding("stable first", request.request_id, offset,
-                                        f"{spans[0].kind} {spans[0].text!r} at token {offset:,} of {len(ids):,}, "
-                                        "before content later turns resend: move it to the end",
-                                        excerpt(tokenizer, ids, offset), spans[0].kind))
+            findings.append(
+                LintFinding(
+                    "stable first",
+                    request.request_id,
+                    offset,
+                    f"{spans[0].kind} {spans[0].text!r} at token {offset:,} of {len(ids):,}, "
+                    "before content later turns resend: move it to the end",
+                    excerpt(tokenizer, ids, offset),
+                    spans[0].kind,
+                )
+            )
     checked, append_only = _sessions(requests, tokenizer, findings)
     return LintReport(findings, sum(r.num_tokens for r in requests), after, checked, append_only)
 
@@ -95,8 +104,15 @@ def _sessions(requests: Sequence[Request], tokenizer, findings: list[LintFinding
         if shared >= previous.num_tokens:
             append_only += 1
             continue
-        findings.append(LintFinding("append-only", request.request_id, shared,
-                                    f"turn {request.turn} resends only {shared:,} of turn {previous.turn}'s "
-                                    f"{previous.num_tokens:,} prompt tokens",
-                                    excerpt(tokenizer, np.asarray(request.token_ids), shared), "history rewritten"))
+        findings.append(
+            LintFinding(
+                "append-only",
+                request.request_id,
+                shared,
+                f"turn {request.turn} resends only {shared:,} of turn {previous.turn}'s "
+                f"{previous.num_tokens:,} prompt tokens",
+                excerpt(tokenizer, np.asarray(request.token_ids), shared),
+                "history rewritten",
+            )
+        )
     return checked, append_only

@@ -70,8 +70,9 @@ class PrefixIndex:
         best = SharedPrefix(start, candidates[-1] if candidates else None)
         for position in reversed(candidates):
             stored = self._sequences[position]
-            tokens = start + common_prefix_tokens(prompt[start:start + self.block_size],
-                                                  stored[start:start + self.block_size])
+            tokens = start + common_prefix_tokens(
+                prompt[start : start + self.block_size], stored[start : start + self.block_size]
+            )
             if tokens > best.tokens:
                 best = SharedPrefix(tokens, position)
         return best

@@ -38,10 +38,16 @@ class ReplayDetails:
     last_use: list[LastUse | None]
 
 
-def replay_details(prompts: Sequence[PromptBlocks], stored: Sequence[PromptBlocks], arrivals_s: np.ndarray,
-                   config: CacheConfig) -> ReplayDetails:
+def replay_details(
+    prompts: Sequence[PromptBlocks],
+    stored: Sequence[PromptBlocks],
+    arrivals_s: np.ndarray,
+    config: CacheConfig,
+) -> ReplayDetails:
     """Replay in the order given (``arrivals_s`` is the TTL's clock) through ``config``'s cache."""
-    trace = PreparedTrace(list(prompts), np.asarray(arrivals_s, dtype=np.float64), config.block_size, list(stored))
+    trace = PreparedTrace(
+        list(prompts), np.asarray(arrivals_s, dtype=np.float64), config.block_size, list(stored)
+    )
     last_touch: dict[bytes, tuple[int, float, int]] = {}  # key -> (position, arrival, blocks stored before)
     num_stored = [0]
     last_use: list[LastUse | None] = []
@@ -50,10 +56,11 @@ def replay_details(prompts: Sequence[PromptBlocks], stored: Sequence[PromptBlock
         prompt, arrival = trace.prompts[index], float(trace.arrivals_s[index])
         hit = match.num_hit_blocks
         touched = last_touch.get(prompt.block_hashes[hit]) if hit < prompt.max_hit_blocks else None
-        last_use.append(None if touched is None else
-                        LastUse(touched[0], touched[1], num_stored[0] - touched[2]))
+        last_use.append(
+            None if touched is None else LastUse(touched[0], touched[1], num_stored[0] - touched[2])
+        )
         keys = trace.stored[index].block_hashes
-        for key in keys[:hit + new.num_inserted_blocks + new.num_existing_blocks]:
+        for key in keys[: hit + new.num_inserted_blocks + new.num_existing_blocks]:
             last_touch[key] = (index, arrival, num_stored[0])
         num_stored[0] += new.num_inserted_blocks
 

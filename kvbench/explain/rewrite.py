@@ -29,8 +29,9 @@ from kvbench.explain.volatile import find_volatile
 from kvbench.request import Message, Request
 
 
-def _rewrite_messages(requests: Sequence[Request], tokenizer,
-                      change: Callable[[tuple[Message, ...]], tuple[Message, ...]]) -> list[Request] | None:
+def _rewrite_messages(
+    requests: Sequence[Request], tokenizer, change: Callable[[tuple[Message, ...]], tuple[Message, ...]]
+) -> list[Request] | None:
     """Apply ``change`` to every chat request's messages and re-render those that changed."""
     if not hasattr(tokenizer, "render_messages"):
         return None
@@ -62,7 +63,9 @@ def _changing_lines(requests: Sequence[Request]) -> dict[tuple, set[int]]:
             for position, line in enumerate(key[1]):
                 if line is None:
                     texts.setdefault(position, set()).add(lines[position])
-    return {key: {p for p, texts in by_position.items() if len(texts) > 1} for key, by_position in seen.items()}
+    return {
+        key: {p for p, texts in by_position.items() if len(texts) > 1} for key, by_position in seen.items()
+    }
 
 
 def move_volatile(requests: Sequence[Request], tokenizer, remove: bool = False) -> list[Request] | None:
@@ -98,7 +101,7 @@ def _sorted_json(text: str) -> str:
         try:
             value, end = decoder.raw_decode(text, start)
         except ValueError:
-            out.append(text[position:start + 1])
+            out.append(text[position : start + 1])
             position = start + 1
             continue
         out.append(text[position:start] + json.dumps(value, sort_keys=True))
@@ -108,8 +111,11 @@ def _sorted_json(text: str) -> str:
 
 def sort_json_keys(requests: Sequence[Request], tokenizer) -> list[Request] | None:
     """Every JSON object in every message re-serialized with sorted keys (``json.dumps(sort_keys=True)``)."""
-    return _rewrite_messages(requests, tokenizer,
-                             lambda messages: tuple(Message(m.role, _sorted_json(m.content)) for m in messages))
+    return _rewrite_messages(
+        requests,
+        tokenizer,
+        lambda messages: tuple(Message(m.role, _sorted_json(m.content)) for m in messages),
+    )
 
 
 def restore_reasoning(requests: Sequence[Request], tokenizer) -> list[Request] | None:
@@ -144,7 +150,9 @@ def render_all(requests: Sequence[Request], tokenizer) -> list[Request] | None:
     return rewritten if changed else None
 
 
-def resend_tokens(requests: Sequence[Request], tokenizer, earlier_of: Mapping[str, str]) -> list[Request] | None:
+def resend_tokens(
+    requests: Sequence[Request], tokenizer, earlier_of: Mapping[str, str]
+) -> list[Request] | None:
     """Per request id in ``earlier_of`` (-> the earlier request it diverges from), when its text
     starts with the earlier prompt's text: the earlier prompt's ids, then the rest of its text encoded."""
     by_id = {r.request_id: r for r in requests}
@@ -154,7 +162,7 @@ def resend_tokens(requests: Sequence[Request], tokenizer, earlier_of: Mapping[st
         if earlier is not None:
             text, before = decode(tokenizer, request.token_ids), decode(tokenizer, earlier.token_ids)
             if text.startswith(before) and len(text) > len(before):
-                rest = np.asarray(tokenizer.encode(text[len(before):]), dtype=np.uint32)
+                rest = np.asarray(tokenizer.encode(text[len(before) :]), dtype=np.uint32)
                 ids = np.concatenate([np.asarray(earlier.token_ids, dtype=np.uint32), rest])
                 if not np.array_equal(ids, request.token_ids):
                     request, changed = replace(request, token_ids=ids), True

@@ -117,8 +117,9 @@ def explain_and_fix(config: ExplainConfig, fix: FixConfig = FixConfig()) -> Fixe
     fit_path = fix.ttft_fit or explained.run_path
     fit = None if fit_path is None else ttft_fit(fit_path)
     options = FixOptions(tuple(shapes), fit, fix.rules, fix.num_replicas)
-    fixes = fix_list(explained.explanation, explained.requests, explained.tokenizer, config.min_cacheable_tokens,
-                     options)
+    fixes = fix_list(
+        explained.explanation, explained.requests, explained.tokenizer, config.min_cacheable_tokens, options
+    )
     note = None if fit is None else f"TTFT estimates: {fit.describe()}, fitted on {fit_path}"
     return FixedExplanation(explained.explanation, fixes, note)
 
@@ -130,8 +131,9 @@ def _explained(config: ExplainConfig) -> Explained:
     source = load_source(config.source, tokenizer, limit=config.num_requests)
     requests = _salted(limit_requests(source.requests, config.num_requests), config.salt)
     cache = _cache(source, config.cache, requests, source.block_size)
-    explanation = explain_requests(requests, cache, tokenizer, min_cacheable_tokens=config.min_cacheable_tokens,
-                                   name=source.name)
+    explanation = explain_requests(
+        requests, cache, tokenizer, min_cacheable_tokens=config.min_cacheable_tokens, name=source.name
+    )
     return Explained(explanation, requests, tokenizer, DEFAULT_PRESET)
 
 
@@ -157,11 +159,19 @@ def ttft_fit(path: Path) -> Fit | None:
         return result.sweep.fit if result.sweep is not None else None
     if result.kind != "run":
         raise InputError(f"--ttft-fit {path}: a {result.kind} file; give a sweep summary or a run's results")
-    rows = [r for r in result.rows if r.get("status") == "ok" and r.get("ttft_ms") is not None
-            and r.get("prompt_tokens") and r.get("phase", "measure") == "measure"]
+    rows = [
+        r
+        for r in result.rows
+        if r.get("status") == "ok"
+        and r.get("ttft_ms") is not None
+        and r.get("prompt_tokens")
+        and r.get("phase", "measure") == "measure"
+    ]
     try:
-        return fit_ttft_vs_miss_rate([(r["cached_prompt_tokens"] or 0) / r["prompt_tokens"] for r in rows],
-                                     [r["ttft_ms"] for r in rows])
+        return fit_ttft_vs_miss_rate(
+            [(r["cached_prompt_tokens"] or 0) / r["prompt_tokens"] for r in rows],
+            [r["ttft_ms"] for r in rows],
+        )
     except ValueError:
         return None
 
@@ -179,13 +189,19 @@ def _salted(requests: list[Request], salt: str | None) -> list[Request]:
     return requests if not salt else [replace(r, salt=r.salt or salt) for r in requests]
 
 
-def _cache(source: RunSource, flags: CacheFlags, requests: list[Request], block_size: int,
-           capacity: int | None = None) -> CacheConfig:
+def _cache(
+    source: RunSource,
+    flags: CacheFlags,
+    requests: list[Request],
+    block_size: int,
+    capacity: int | None = None,
+) -> CacheConfig:
     size = flags.cache_size if flags.cache_size is not None else capacity
     if size is not None and not str(size).replace("_", "").isdigit():
         raise InputError(f"--cache-size {size}: explain takes a number of blocks")
-    config = cache_config(source.cache, flags, int(str(size).replace("_", "")) if size else 1,
-                          flags.block_size or block_size)
+    config = cache_config(
+        source.cache, flags, int(str(size).replace("_", "")) if size else 1, flags.block_size or block_size
+    )
     return config if size else unbounded_config(requests, config)
 
 
@@ -203,19 +219,28 @@ def _refuse_other_files(path: Path) -> None:
     metadata = read_metadata(path) if path.is_file() else {}
     kind = metadata.get("command")
     if kind in ("sweep", "load-sweep"):
-        runs = [Path(row["results_path"]).name for row in pq.read_table(path, columns=["results_path"]).to_pylist()
-                if row["results_path"]]
-        raise InputError(f"{path}: a {'load ' if kind == 'load-sweep' else ''}sweep summary; explain one of its run "
-                         f"files (beside it: {', '.join(runs) or 'none written'})")
+        runs = [
+            Path(row["results_path"]).name
+            for row in pq.read_table(path, columns=["results_path"]).to_pylist()
+            if row["results_path"]
+        ]
+        raise InputError(
+            f"{path}: a {'load ' if kind == 'load-sweep' else ''}sweep summary; explain one of its run "
+            f"files (beside it: {', '.join(runs) or 'none written'})"
+        )
     if kind == "break":
-        raise InputError(f"{path}: results of kvbench break {metadata.get('experiment', '')}: its traffic was generated "
-                         "in memory, not read from a file; write the same traffic with kvbench trace gen (e.g. "
-                         "shared-prefix --volatile-header) and run kvbench explain TRACE.jsonl")
+        raise InputError(
+            f"{path}: results of kvbench break {metadata.get('experiment', '')}: its traffic was generated "
+            "in memory, not read from a file; write the same traffic with kvbench trace gen (e.g. "
+            "shared-prefix --volatile-header) and run kvbench explain TRACE.jsonl"
+        )
     if kind == "sim":
         source = metadata.get("source") or {}
         where = source.get("scenario") or source.get("trace") or "SCENARIO_OR_TRACE"
-        raise InputError(f"{path}: a kvbench sim curve; explain the source it replayed: kvbench explain {where} "
-                         "--cache-size N")
+        raise InputError(
+            f"{path}: a kvbench sim curve; explain the source it replayed: kvbench explain {where} "
+            "--cache-size N"
+        )
 
 
 def _explain_results(config: ExplainConfig, tokenizer) -> Explained:
@@ -225,25 +250,52 @@ def _explain_results(config: ExplainConfig, tokenizer) -> Explained:
     result = load_result(config.source)
     run = result.run
     if not run.get("source"):
-        raise InputError(f"{config.source}: the run's metadata names no source file (explain needs the scenario or "
-                         "trace the run replayed: kvbench explain SCENARIO_OR_TRACE --cache-size N)")
+        raise InputError(
+            f"{config.source}: the run's metadata names no source file (explain needs the scenario or "
+            "trace the run replayed: kvbench explain SCENARIO_OR_TRACE --cache-size N)"
+        )
     source = load_source(run["source"], tokenizer)
-    rows = [row for row in result.rows if row["status"] == "ok"][:config.num_requests]
+    rows = [row for row in result.rows if row["status"] == "ok"][: config.num_requests]
     by_index = {r.index: r for r in source.requests}
     missing = [row["request_index"] for row in rows if row["request_index"] not in by_index]
     if missing:
         raise InputError(f"{config.source}: row for request {missing[0]} is not in {run['source']}")
-    requests = _salted([replace(by_index[row["request_index"]], max_tokens=row["max_tokens"],
-                                output_tokens=row["output_tokens"] or None) for row in rows], config.salt)
+    requests = _salted(
+        [
+            replace(
+                by_index[row["request_index"]],
+                max_tokens=row["max_tokens"],
+                output_tokens=row["output_tokens"] or None,
+            )
+            for row in rows
+        ],
+        config.salt,
+    )
     cache_info = result.cache
     flags = config.cache
     if cache_info.get("enabled") and cache_info.get("block_size"):
-        flags = replace(flags, block_size=flags.block_size or cache_info["block_size"],
-                        cache_kind=flags.cache_kind or cache_info.get("kind"),
-                        prompt_only=flags.prompt_only or cache_info.get("prompt_only"))
+        flags = replace(
+            flags,
+            block_size=flags.block_size or cache_info["block_size"],
+            cache_kind=flags.cache_kind or cache_info.get("kind"),
+            prompt_only=flags.prompt_only or cache_info.get("prompt_only"),
+        )
     capacity = cache_info.get("capacity_blocks") if cache_info.get("enabled") else None
-    cache = checked(lambda: _cache(source, flags, requests, 16 if not cache_info.get("block_size") else
-                                   cache_info["block_size"], capacity))
-    explanation = explain_requests(requests, cache, tokenizer, reported=[row["cached_prompt_tokens"] for row in rows],
-                                   min_cacheable_tokens=config.min_cacheable_tokens, name=result.name)
+    cache = checked(
+        lambda: _cache(
+            source,
+            flags,
+            requests,
+            16 if not cache_info.get("block_size") else cache_info["block_size"],
+            capacity,
+        )
+    )
+    explanation = explain_requests(
+        requests,
+        cache,
+        tokenizer,
+        reported=[row["cached_prompt_tokens"] for row in rows],
+        min_cacheable_tokens=config.min_cacheable_tokens,
+        name=result.name,
+    )
     return Explained(explanation, requests, tokenizer, run.get("model"), Path(config.source))

@@ -17,11 +17,21 @@ from dataclasses import dataclass
 # (kind, pattern), most specific first; a later pattern never reports a span an earlier one took
 PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("uuid", re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b")),
-    ("date", re.compile(r"\b\d{4}-\d{2}-\d{2}(?:[T ]\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?)?"
-                        r"|\b\d{1,2}/\d{1,2}/\d{2,4}\b")),
+    (
+        "date",
+        re.compile(
+            r"\b\d{4}-\d{2}-\d{2}(?:[T ]\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?)?"
+            r"|\b\d{1,2}/\d{1,2}/\d{2,4}\b"
+        ),
+    ),
     ("timestamp", re.compile(r"\b1\d{9}(?:\.\d+)?\b")),  # Unix seconds, 2001..2286
     ("time", re.compile(r"\b\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?\b")),
-    ("request id", re.compile(r"(?i)\b(?:req(?:uest)?|trace|session|run|call)[-_ ]?(?:id)?[-_:= #]+[A-Za-z0-9][\w-]{3,}")),
+    (
+        "request id",
+        re.compile(
+            r"(?i)\b(?:req(?:uest)?|trace|session|run|call)[-_ ]?(?:id)?[-_:= #]+[A-Za-z0-9][\w-]{3,}"
+        ),
+    ),
     ("hex id", re.compile(r"\b[0-9a-fA-F]{16,}\b")),
     ("counter", re.compile(r"\b\d+\b")),
 )
@@ -56,7 +66,7 @@ def token_offset_of_char(decode: Callable[[Sequence[int]], str], ids: Sequence[i
     lo, hi = 0, len(ids)
     while lo < hi:
         mid = (lo + hi) // 2
-        if len(decode(ids[:mid + 1])) > char:
+        if len(decode(ids[: mid + 1])) > char:
             hi = mid
         else:
             lo = mid + 1

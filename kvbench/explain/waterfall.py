@@ -54,8 +54,16 @@ class Breakdown:
             raise ValueError(f"bars sum to {total}, not the {self.prompt_tokens} prompt tokens")
 
 
-def breakdown(num_tokens: int, block_size: int, shared_any: int, shared_same: int, replay_hit: int | None,
-              lost_to: str = "capacity", below_minimum: bool = False, reported: int | None = None) -> Breakdown:
+def breakdown(
+    num_tokens: int,
+    block_size: int,
+    shared_any: int,
+    shared_same: int,
+    replay_hit: int | None,
+    lost_to: str = "capacity",
+    below_minimum: bool = False,
+    reported: int | None = None,
+) -> Breakdown:
     """The bars of one request (module docstring). ``replay_hit``: the bounded replay's cached tokens
     (``None`` for a prompt below the provider minimum, which is never looked up); ``lost_to``:
     ``capacity`` or ``ttl``, the bar for ``ideal - replay_hit``; ``reported``: the server's count."""
@@ -64,8 +72,12 @@ def breakdown(num_tokens: int, block_size: int, shared_any: int, shared_same: in
     capped = min(shared_any // block_size, cap) * block_size
     same = min(min(shared_same, shared_any) // block_size, cap) * block_size
     bars = dict.fromkeys(BAR_KEYS, 0)
-    bars.update(new=num_tokens - shared_any, block_floor=shared_any - floored, last_token=floored - capped,
-                salt=capped - same)
+    bars.update(
+        new=num_tokens - shared_any,
+        block_floor=shared_any - floored,
+        last_token=floored - capped,
+        salt=capped - same,
+    )
     hit = 0 if below_minimum or replay_hit is None else replay_hit
     if below_minimum:
         bars["provider_minimum"] = same
@@ -97,8 +109,15 @@ class Waterfall:
         """``(label, tokens, share of all prompt tokens, tokens left after this bar)``, first row the
         total, then the ideal, then every loss, last the hit."""
         left = self.ideal_tokens
-        rows = [("prompt tokens", self.total_tokens, 1.0, self.total_tokens),
-                ("an ideal cache could hit", self.ideal_tokens, 1 - self.share("new") if self.total_tokens else 0.0, left)]
+        rows = [
+            ("prompt tokens", self.total_tokens, 1.0, self.total_tokens),
+            (
+                "an ideal cache could hit",
+                self.ideal_tokens,
+                1 - self.share("new") if self.total_tokens else 0.0,
+                left,
+            ),
+        ]
         for key, label in BARS[1:-1]:
             left -= self.tokens[key]
             rows.append((label, self.tokens[key], self.share(key), left))

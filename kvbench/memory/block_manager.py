@@ -88,7 +88,9 @@ class BlockManager:
 
     def __init__(self, config: BlockManagerConfig) -> None:
         self.config = config
-        self.pool = BlockPool(config.num_blocks, reuse_freed_first=False)  # never-used ids, then released ones
+        self.pool = BlockPool(
+            config.num_blocks, reuse_freed_first=False
+        )  # never-used ids, then released ones
         self._block_tables: dict[SeqId, list[int]] = {}
         self._num_tokens: dict[SeqId, int] = {}
         self.num_copies = 0  # copy-on-write copies made so far
@@ -219,14 +221,17 @@ class BlockManager:
                 raise AssertionError(f"sequence {seq_id!r} points at a block twice: {table}")
             expected = math.ceil(self._num_tokens[seq_id] / self.block_size)
             if len(table) != expected:
-                raise AssertionError(f"sequence {seq_id!r}: {len(table)} blocks for "
-                                     f"{self._num_tokens[seq_id]} tokens (expected {expected})")
+                raise AssertionError(
+                    f"sequence {seq_id!r}: {len(table)} blocks for "
+                    f"{self._num_tokens[seq_id]} tokens (expected {expected})"
+                )
             pointers.update(table)
         for block_id in set(pointers) | set(self.pool.used_block_ids()):
             ref_count = self.pool.ref_count(block_id)
             if ref_count != pointers[block_id]:
-                raise AssertionError(f"block {block_id}: ref count {ref_count}, "
-                                     f"{pointers[block_id]} tables point at it")
+                raise AssertionError(
+                    f"block {block_id}: ref count {ref_count}, {pointers[block_id]} tables point at it"
+                )
         self.pool.check_invariants()
 
     # -- internals ---------------------------------------------------------------------------------

@@ -38,10 +38,18 @@ class DType(str, Enum):
 
 _DTYPE_BYTES = {DType.FP32: 4, DType.FP16: 2, DType.BF16: 2, DType.FP8: 1}
 _DTYPE_ALIASES = {
-    "fp32": DType.FP32, "float32": DType.FP32, "float": DType.FP32,
-    "fp16": DType.FP16, "float16": DType.FP16, "half": DType.FP16,
-    "bf16": DType.BF16, "bfloat16": DType.BF16,
-    "fp8": DType.FP8, "fp8_e4m3": DType.FP8, "fp8_e5m2": DType.FP8, "float8_e4m3fn": DType.FP8,
+    "fp32": DType.FP32,
+    "float32": DType.FP32,
+    "float": DType.FP32,
+    "fp16": DType.FP16,
+    "float16": DType.FP16,
+    "half": DType.FP16,
+    "bf16": DType.BF16,
+    "bfloat16": DType.BF16,
+    "fp8": DType.FP8,
+    "fp8_e4m3": DType.FP8,
+    "fp8_e5m2": DType.FP8,
+    "float8_e4m3fn": DType.FP8,
 }
 
 
@@ -95,14 +103,24 @@ class ModelShape:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", DType(self.dtype))
-        for field_name in ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads",
-                           "head_dim", "intermediate_size", "vocab_size", "max_position_embeddings"):
+        for field_name in (
+            "num_layers",
+            "hidden_size",
+            "num_attention_heads",
+            "num_kv_heads",
+            "head_dim",
+            "intermediate_size",
+            "vocab_size",
+            "max_position_embeddings",
+        ):
             value = getattr(self, field_name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{field_name} must be a positive integer, got {value!r}")
         if self.num_attention_heads % self.num_kv_heads:
-            raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
-                             f"num_kv_heads ({self.num_kv_heads})")
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_kv_heads ({self.num_kv_heads})"
+            )
 
 
 @dataclass(frozen=True)
@@ -177,8 +195,7 @@ class KvLayout:
     @classmethod
     def of(cls, shape: ModelShape, kv_dtype: DType | None = None, block_size: int = 16) -> "KvLayout":
         """The layout of ``shape``'s cache; ``kv_dtype`` defaults to the model's dtype."""
-        return cls(shape.num_layers, shape.num_kv_heads, shape.head_dim,
-                   kv_dtype or shape.dtype, block_size)
+        return cls(shape.num_layers, shape.num_kv_heads, shape.head_dim, kv_dtype or shape.dtype, block_size)
 
     @property
     def bytes_per_token(self) -> int:
@@ -226,8 +243,9 @@ class BudgetFit:
         return self.weight_bytes <= self.budget_bytes
 
 
-def fit_in_budget(shape: ModelShape, layout: KvLayout, budget_bytes: int,
-                  weight_dtype: DType | None = None) -> BudgetFit:
+def fit_in_budget(
+    shape: ModelShape, layout: KvLayout, budget_bytes: int, weight_dtype: DType | None = None
+) -> BudgetFit:
     """Tokens and blocks of ``layout`` that fit in ``budget_bytes`` after ``shape``'s weights.
 
     Raises:
@@ -249,10 +267,20 @@ def fit_in_budget(shape: ModelShape, layout: KvLayout, budget_bytes: int,
 
 
 _BYTE_UNITS = {
-    "": 1, "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-    "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,  # bare letters are binary, as in `free -h`
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+    "k": 2**10,
+    "m": 2**20,
+    "g": 2**30,
+    "t": 2**40,  # bare letters are binary, as in `free -h`
 }
 _BYTES_PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
 
@@ -270,8 +298,10 @@ def parse_bytes(text: str) -> int:
     match = _BYTES_PATTERN.match(str(text))
     unit = match.group(2).lower() if match else ""
     if match is None or unit not in _BYTE_UNITS:
-        raise InputError(f"{text!r} is not a byte size: write a number with an optional unit "
-                         "(KiB, MiB, GiB, TiB or KB, MB, GB, TB), e.g. 2GiB or 1e9")
+        raise InputError(
+            f"{text!r} is not a byte size: write a number with an optional unit "
+            "(KiB, MiB, GiB, TiB or KB, MB, GB, TB), e.g. 2GiB or 1e9"
+        )
     value = float(match.group(1)) * _BYTE_UNITS[unit]
     if not math.isfinite(value) or value != int(value):
         raise InputError(f"{text!r} is not a whole number of bytes")

@@ -55,15 +55,23 @@ def plot_waste(result: WasteResult, path: Path, title: str) -> Path:
     steps = np.linspace(first, max(last, first + 1), _NUM_SAMPLES).round().astype(np.int64)
     seconds = (steps - first) * config.step_ms / 1000.0
     figure, axes = plt.subplots(2, 1, figsize=(10, 6.5), sharex=True, sharey=True)
-    for axis, stats, label in ((axes[0], result.contiguous, "contiguous (reserve per request)"),
-                               (axes[1], result.paged, "paged (blocks on demand)")):
+    for axis, stats, label in (
+        (axes[0], result.contiguous, "contiguous (reserve per request)"),
+        (axes[1], result.paged, "paged (blocks on demand)"),
+    ):
         held, reserved = _waste_curves(stats, steps)
         held_scaled = held * config.bytes_per_token / scale
         reserved_scaled = reserved * config.bytes_per_token / scale
         axis.plot(seconds, reserved_scaled, color="tab:orange", lw=1.0, label="reserved / allocated")
         axis.plot(seconds, held_scaled, color="tab:blue", lw=1.0, label="holding KV")
-        axis.fill_between(seconds, held_scaled, reserved_scaled, color="tab:orange", alpha=0.25,
-                          label="reserved, no KV (internal fragmentation)")
+        axis.fill_between(
+            seconds,
+            held_scaled,
+            reserved_scaled,
+            color="tab:orange",
+            alpha=0.25,
+            label="reserved, no KV (internal fragmentation)",
+        )
         axis.axhline(config.pool_bytes / scale, color="black", ls="--", lw=0.8, label="pool")
         axis.set_title(label, fontsize=10)
         axis.set_ylabel(f"KV memory ({unit})")
@@ -81,15 +89,27 @@ def plot_sharing(result: SharingResult, path: Path, title: str, bytes_per_block:
     steps = np.arange(len(result.used_blocks_per_step))
     unit, scale = _unit(result.peak_unshared_blocks * bytes_per_block)
     figure, axis = plt.subplots(figsize=(9, 4.5))
-    axis.plot(steps, np.array(result.unshared_blocks_per_step) * bytes_per_block / scale,
-              color="tab:red", drawstyle="steps-post", label="private copy per sequence")
-    axis.plot(steps, np.array(result.used_blocks_per_step) * bytes_per_block / scale,
-              color="tab:green", drawstyle="steps-post", label="shared blocks + copy-on-write")
+    axis.plot(
+        steps,
+        np.array(result.unshared_blocks_per_step) * bytes_per_block / scale,
+        color="tab:red",
+        drawstyle="steps-post",
+        label="private copy per sequence",
+    )
+    axis.plot(
+        steps,
+        np.array(result.used_blocks_per_step) * bytes_per_block / scale,
+        color="tab:green",
+        drawstyle="steps-post",
+        label="shared blocks + copy-on-write",
+    )
     axis.set_xlabel("decode step (tokens generated per sequence)")
     axis.set_ylabel(f"KV memory in use ({unit})")
     axis.set_ylim(bottom=0)
     axis.set_title(wrapped_title(title))
-    axis.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)  # under the axes: off the lines
+    axis.legend(
+        loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False
+    )  # under the axes: off the lines
     figure.tight_layout()
     return _save(figure, plt, path)
 

@@ -29,34 +29,87 @@ from kvbench.workloads.formats.lines import bounded_text
 
 DEFAULT_PRESET = "kvbench-default"
 
-PRESETS: MappingProxyType[str, ModelShape] = MappingProxyType({
-    # kvbench's default model (DESIGN.md; kvbench.engine.model.default_llama_config, which imports
-    # torch, so the numbers are repeated here and a test keeps the two equal).
-    DEFAULT_PRESET: ModelShape(
-        name=DEFAULT_PRESET, num_layers=8, hidden_size=512, num_attention_heads=8,
-        num_kv_heads=2, head_dim=64, intermediate_size=1408, vocab_size=100_277,
-        tie_word_embeddings=True, max_position_embeddings=8192, dtype=DType.FP32),
-    "llama-3.1-8b": ModelShape(
-        name="llama-3.1-8b", num_layers=32, hidden_size=4096, num_attention_heads=32,
-        num_kv_heads=8, head_dim=128, intermediate_size=14_336, vocab_size=128_256,
-        tie_word_embeddings=False, max_position_embeddings=131_072, dtype=DType.BF16),
-    "llama-3.1-70b": ModelShape(
-        name="llama-3.1-70b", num_layers=80, hidden_size=8192, num_attention_heads=64,
-        num_kv_heads=8, head_dim=128, intermediate_size=28_672, vocab_size=128_256,
-        tie_word_embeddings=False, max_position_embeddings=131_072, dtype=DType.BF16),
-    "mistral-7b": ModelShape(  # v0.3: 32,768-token vocab, no sliding window (v0.1 had 4,096)
-        name="mistral-7b", num_layers=32, hidden_size=4096, num_attention_heads=32,
-        num_kv_heads=8, head_dim=128, intermediate_size=14_336, vocab_size=32_768,
-        tie_word_embeddings=False, max_position_embeddings=32_768, dtype=DType.BF16),
-    "qwen2.5-7b": ModelShape(  # sliding_window is in its config but use_sliding_window is false
-        name="qwen2.5-7b", num_layers=28, hidden_size=3584, num_attention_heads=28,
-        num_kv_heads=4, head_dim=128, intermediate_size=18_944, vocab_size=152_064,
-        tie_word_embeddings=False, max_position_embeddings=32_768, dtype=DType.BF16,
-        qkv_bias=True),
-})
+PRESETS: MappingProxyType[str, ModelShape] = MappingProxyType(
+    {
+        # kvbench's default model (DESIGN.md; kvbench.engine.model.default_llama_config, which imports
+        # torch, so the numbers are repeated here and a test keeps the two equal).
+        DEFAULT_PRESET: ModelShape(
+            name=DEFAULT_PRESET,
+            num_layers=8,
+            hidden_size=512,
+            num_attention_heads=8,
+            num_kv_heads=2,
+            head_dim=64,
+            intermediate_size=1408,
+            vocab_size=100_277,
+            tie_word_embeddings=True,
+            max_position_embeddings=8192,
+            dtype=DType.FP32,
+        ),
+        "llama-3.1-8b": ModelShape(
+            name="llama-3.1-8b",
+            num_layers=32,
+            hidden_size=4096,
+            num_attention_heads=32,
+            num_kv_heads=8,
+            head_dim=128,
+            intermediate_size=14_336,
+            vocab_size=128_256,
+            tie_word_embeddings=False,
+            max_position_embeddings=131_072,
+            dtype=DType.BF16,
+        ),
+        "llama-3.1-70b": ModelShape(
+            name="llama-3.1-70b",
+            num_layers=80,
+            hidden_size=8192,
+            num_attention_heads=64,
+            num_kv_heads=8,
+            head_dim=128,
+            intermediate_size=28_672,
+            vocab_size=128_256,
+            tie_word_embeddings=False,
+            max_position_embeddings=131_072,
+            dtype=DType.BF16,
+        ),
+        "mistral-7b": ModelShape(  # v0.3: 32,768-token vocab, no sliding window (v0.1 had 4,096)
+            name="mistral-7b",
+            num_layers=32,
+            hidden_size=4096,
+            num_attention_heads=32,
+            num_kv_heads=8,
+            head_dim=128,
+            intermediate_size=14_336,
+            vocab_size=32_768,
+            tie_word_embeddings=False,
+            max_position_embeddings=32_768,
+            dtype=DType.BF16,
+        ),
+        "qwen2.5-7b": ModelShape(  # sliding_window is in its config but use_sliding_window is false
+            name="qwen2.5-7b",
+            num_layers=28,
+            hidden_size=3584,
+            num_attention_heads=28,
+            num_kv_heads=4,
+            head_dim=128,
+            intermediate_size=18_944,
+            vocab_size=152_064,
+            tie_word_embeddings=False,
+            max_position_embeddings=32_768,
+            dtype=DType.BF16,
+            qkv_bias=True,
+        ),
+    }
+)
 
-_HYBRID_KEYS = ("layers_block_type", "hybrid_override_pattern", "attn_layer_period",
-                "attn_layer_indices", "attn_type_list", "block_types")
+_HYBRID_KEYS = (
+    "layers_block_type",
+    "hybrid_override_pattern",
+    "attn_layer_period",
+    "attn_layer_indices",
+    "attn_type_list",
+    "block_types",
+)
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 
 
@@ -73,8 +126,10 @@ def resolve_model(name_or_path: str) -> ModelShape:
     if path.is_dir():
         path = path / "config.json"
     if not path.is_file():
-        raise InputError(f"unknown model {name_or_path!r}: use a preset ({', '.join(PRESETS)}) "
-                         "or a path to a config.json or its folder")
+        raise InputError(
+            f"unknown model {name_or_path!r}: use a preset ({', '.join(PRESETS)}) "
+            "or a path to a config.json or its folder"
+        )
     return read_config_json(path)
 
 
@@ -104,12 +159,15 @@ def read_config_json(path: str | Path) -> ModelShape:
 
 def _refuse_unsupported(path: Path, config: dict[str, Any]) -> None:
     """Raise :class:`InputError` for a config whose KV or weights the simple rules would get wrong."""
+
     def refuse(reason: str) -> InputError:
         return InputError(f"{path}: {reason}; kvbench memory covers full-attention decoders only")
 
     if config.get("kv_lora_rank") is not None:
-        raise refuse("multi-head latent attention (kv_lora_rank): the cache holds a compressed "
-                     "latent per token, not 2 x kv_heads x head_dim")
+        raise refuse(
+            "multi-head latent attention (kv_lora_rank): the cache holds a compressed "
+            "latent per token, not 2 x kv_heads x head_dim"
+        )
     if "text_config" in config:
         raise refuse("a nested text_config (multimodal model): point --model at a text model's config")
     layer_types = config.get("layer_types")
@@ -125,8 +183,10 @@ def _refuse_unsupported(path: Path, config: dict[str, Any]) -> None:
     max_len = config.get("max_position_embeddings")
     window_binds = not (isinstance(max_len, int) and isinstance(window, int) and window >= max_len)
     if window is not None and window_used and window_binds:
-        raise refuse(f"sliding-window attention (sliding_window={window}): a layer keeps at most "
-                     "the window, so KV does not grow with every token")
+        raise refuse(
+            f"sliding-window attention (sliding_window={window}): a layer keeps at most "
+            "the window, so KV does not grow with every token"
+        )
     moe = [key for key in _MOE_KEYS if config.get(key)]
     if moe:
         raise refuse(f"mixture of experts ({moe[0]}): expert weights are not counted")
@@ -146,12 +206,20 @@ def _shape_from_config(path: Path, config: dict[str, Any]) -> ModelShape:
     hidden_size = integer("hidden_size")
     num_heads = integer("num_attention_heads")
     if config.get("head_dim") is None and hidden_size % num_heads:
-        raise InputError.at(path, None, "head_dim", f"missing, and hidden_size {hidden_size} is not "
-                            f"a multiple of num_attention_heads {num_heads}")
+        raise InputError.at(
+            path,
+            None,
+            "head_dim",
+            f"missing, and hidden_size {hidden_size} is not a multiple of num_attention_heads {num_heads}",
+        )
     num_kv_heads = integer("num_key_value_heads", num_heads)
     if num_heads % num_kv_heads:
-        raise InputError.at(path, None, "num_key_value_heads",
-                            f"{num_kv_heads} does not divide num_attention_heads {num_heads}")
+        raise InputError.at(
+            path,
+            None,
+            "num_key_value_heads",
+            f"{num_kv_heads} does not divide num_attention_heads {num_heads}",
+        )
     dtype_text = config.get("torch_dtype") or config.get("dtype") or "float32"
     is_qwen2 = config.get("model_type") == "qwen2"  # Qwen2 has q/k/v biases and no flag for them
     attention_bias = bool(config.get("attention_bias", False))

@@ -90,12 +90,20 @@ class Replay:
         self.allocator = allocator
         step_ms = config.step_ms
         sequences = [
-            _Sequence(index, request, config.reservation_tokens(request),
-                      math.ceil(request.arrival_ms / step_ms - 1e-9))
+            _Sequence(
+                index,
+                request,
+                config.reservation_tokens(request),
+                math.ceil(request.arrival_ms / step_ms - 1e-9),
+            )
             for index, request in enumerate(requests)
         ]
-        peak_need = [allocator.admission_tokens(seq.slab_tokens, seq.request.prompt_tokens
-                                                + seq.request.output_tokens - 1) for seq in sequences]
+        peak_need = [
+            allocator.admission_tokens(
+                seq.slab_tokens, seq.request.prompt_tokens + seq.request.output_tokens - 1
+            )
+            for seq in sequences
+        ]
         fits = [need <= allocator.capacity_tokens for need in peak_need]
         self.num_never_fit = fits.count(False)
         self.sequences = sequences  # indexed by seq_id
@@ -247,9 +255,11 @@ class Replay:
                 heapq.heappop(self.needs)
             stranded = self.allocator.stranded_tokens(self.needs[0][0])
             head = self.waiting[0]
-            blocked = (not self.allocator.can_admit(head.slab_tokens, head.base_tokens)
-                       and self.allocator.admission_tokens(head.slab_tokens, head.base_tokens)
-                       <= self.allocator.free_tokens)
+            blocked = (
+                not self.allocator.can_admit(head.slab_tokens, head.base_tokens)
+                and self.allocator.admission_tokens(head.slab_tokens, head.base_tokens)
+                <= self.allocator.free_tokens
+            )
         self.records.append((step, held, reserved, num_running))
         return step, held, reserved, num_running, stranded, blocked
 

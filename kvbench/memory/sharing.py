@@ -127,20 +127,29 @@ def simulate_parallel_sampling(config: SharingConfig) -> SharingResult:
     for sample in samples:
         manager.free(sample)
     return SharingResult(
-        config=config, num_prompt_blocks=manager.num_blocks_to_allocate(config.prompt_tokens),
+        config=config,
+        num_prompt_blocks=manager.num_blocks_to_allocate(config.prompt_tokens),
         num_shared_prompt_blocks=num_shared_prompt_blocks,
         num_shared_blocks_after_first_token=first_token[0],
-        num_copies_after_first_token=first_token[1], num_copies=manager.num_copies,
-        num_forks=config.num_sequences - 1, num_freed_sequences=0, used_blocks_per_step=tuple(used),
-        unshared_blocks_per_step=tuple(unshared), num_used_blocks_after_free=manager.num_used_blocks,
+        num_copies_after_first_token=first_token[1],
+        num_copies=manager.num_copies,
+        num_forks=config.num_sequences - 1,
+        num_freed_sequences=0,
+        used_blocks_per_step=tuple(used),
+        unshared_blocks_per_step=tuple(unshared),
+        num_used_blocks_after_free=manager.num_used_blocks,
     )
 
 
-def _select_survivors(scores: dict[int, float], num_beams: int,
-                      rng: random.Random) -> list[tuple[int, float]]:
+def _select_survivors(
+    scores: dict[int, float], num_beams: int, rng: random.Random
+) -> list[tuple[int, float]]:
     """The ``num_beams`` best (parent beam, new score) pairs among ``num_beams`` proposals per beam."""
-    proposals = [(score + math.log(1.0 - rng.random()), beam)  # log of a uniform in (0, 1]
-                 for beam, score in scores.items() for _ in range(num_beams)]
+    proposals = [
+        (score + math.log(1.0 - rng.random()), beam)  # log of a uniform in (0, 1]
+        for beam, score in scores.items()
+        for _ in range(num_beams)
+    ]
     return [(beam, score) for score, beam in heapq.nlargest(num_beams, proposals)]
 
 
@@ -175,9 +184,15 @@ def simulate_beam_search(config: SharingConfig) -> SharingResult:
     for beam in scores:
         manager.free(beam)
     return SharingResult(
-        config=config, num_prompt_blocks=manager.num_blocks_to_allocate(config.prompt_tokens),
-        num_shared_prompt_blocks=first_token[0], num_shared_blocks_after_first_token=first_token[0],
-        num_copies_after_first_token=first_token[1], num_copies=manager.num_copies,
-        num_forks=num_forks, num_freed_sequences=num_freed, used_blocks_per_step=tuple(used),
-        unshared_blocks_per_step=tuple(unshared), num_used_blocks_after_free=manager.num_used_blocks,
+        config=config,
+        num_prompt_blocks=manager.num_blocks_to_allocate(config.prompt_tokens),
+        num_shared_prompt_blocks=first_token[0],
+        num_shared_blocks_after_first_token=first_token[0],
+        num_copies_after_first_token=first_token[1],
+        num_copies=manager.num_copies,
+        num_forks=num_forks,
+        num_freed_sequences=num_freed,
+        used_blocks_per_step=tuple(used),
+        unshared_blocks_per_step=tuple(unshared),
+        num_used_blocks_after_free=manager.num_used_blocks,
     )

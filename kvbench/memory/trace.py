@@ -23,8 +23,9 @@ from kvbench.workloads.formats.kvbench_trace_reader import TraceReader
 from kvbench.workloads.formats.lengths import read_lengths
 
 
-def read_waste_trace(path: str | Path, default_max_tokens: int | None = None,
-                     limit: int | None = None) -> list[WasteRequest]:
+def read_waste_trace(
+    path: str | Path, default_max_tokens: int | None = None, limit: int | None = None
+) -> list[WasteRequest]:
     """Requests of a kvbench, Mooncake or bare-length trace, in file order (at most ``limit``).
 
     Raises:
@@ -37,11 +38,21 @@ def read_waste_trace(path: str | Path, default_max_tokens: int | None = None,
     with open_jsonl(path) as file:
         if file.format == KVBENCH_TRACE:
             trace = TraceReader(path).read(file, limit)
-            requests = [WasteRequest(r.id, r.arrival_ms, r.expected_prompt_tokens, r.output_tokens or r.max_tokens,
-                                     r.max_tokens) for r in trace.requests]
+            requests = [
+                WasteRequest(
+                    r.id,
+                    r.arrival_ms,
+                    r.expected_prompt_tokens,
+                    r.output_tokens or r.max_tokens,
+                    r.max_tokens,
+                )
+                for r in trace.requests
+            ]
         else:
-            requests = [WasteRequest(r.request_id, r.arrival_ms, r.prompt_tokens, r.output_tokens, r.max_tokens)
-                        for r in read_lengths(file, default_max_tokens, limit)]
+            requests = [
+                WasteRequest(r.request_id, r.arrival_ms, r.prompt_tokens, r.output_tokens, r.max_tokens)
+                for r in read_lengths(file, default_max_tokens, limit)
+            ]
     if not requests:
         raise InputError(f"{path}: no requests in the trace")
     return requests

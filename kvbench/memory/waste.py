@@ -40,7 +40,6 @@ from enum import Enum
 import numpy as np
 
 
-
 class Reservation(str, Enum):
     """How much a contiguous allocator reserves per request (the vLLM paper's Orca baselines).
 
@@ -81,9 +80,11 @@ class WasteRequest:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if self.max_tokens is not None and not (
-                isinstance(self.max_tokens, int) and self.max_tokens >= self.output_tokens):
-            raise ValueError(f"max_tokens must be >= output_tokens ({self.output_tokens}), "
-                             f"got {self.max_tokens!r}")
+            isinstance(self.max_tokens, int) and self.max_tokens >= self.output_tokens
+        ):
+            raise ValueError(
+                f"max_tokens must be >= output_tokens ({self.output_tokens}), got {self.max_tokens!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -116,8 +117,10 @@ class WasteConfig:
         if not (self.decode_tok_s > 0 and math.isfinite(self.decode_tok_s)):
             raise ValueError(f"decode_tok_s must be a positive number, got {self.decode_tok_s!r}")
         if self.num_blocks < 1:
-            raise ValueError(f"a pool of {self.pool_bytes} bytes holds no block of "
-                             f"{self.block_size * self.bytes_per_token} bytes")
+            raise ValueError(
+                f"a pool of {self.pool_bytes} bytes holds no block of "
+                f"{self.block_size * self.bytes_per_token} bytes"
+            )
 
     @property
     def step_ms(self) -> float:

@@ -70,15 +70,41 @@ class Comparison:
 def default_comparisons(seed: int = 0) -> tuple[Comparison, ...]:
     """The three comparisons of the issue, sized so one run takes minutes on 2 CPU cores."""
     return (
-        Comparison("shared_2k", "shared-prefix", SharedPrefixConfig(
-            num_requests=8, system_tokens=2000, question_tokens=50, max_tokens=32, seed=seed)),
-        Comparison("chat", "chat", ChatConfig(
-            num_conversations=6, turns=IntDist.parse("uniform:3,5"), system_tokens=300,
-            user_tokens=IntDist.parse("lognormal:60,0.5"), reply_tokens=IntDist.parse("lognormal:40,0.5"),
-            conversation_rate_per_s=0.5, think_time_s=10.0, seed=seed)),
-        Comparison("zipf", "multi-prefix-text", MultiPrefixTextConfig(
-            num_prefixes=8, prefix_tokens=256, unique_tokens=32, num_requests=100, zipf_exponent=0.9,
-            max_tokens=ZIPF_MAX_TOKENS, seed=seed), pool=SMALL_POOL),
+        Comparison(
+            "shared_2k",
+            "shared-prefix",
+            SharedPrefixConfig(
+                num_requests=8, system_tokens=2000, question_tokens=50, max_tokens=32, seed=seed
+            ),
+        ),
+        Comparison(
+            "chat",
+            "chat",
+            ChatConfig(
+                num_conversations=6,
+                turns=IntDist.parse("uniform:3,5"),
+                system_tokens=300,
+                user_tokens=IntDist.parse("lognormal:60,0.5"),
+                reply_tokens=IntDist.parse("lognormal:40,0.5"),
+                conversation_rate_per_s=0.5,
+                think_time_s=10.0,
+                seed=seed,
+            ),
+        ),
+        Comparison(
+            "zipf",
+            "multi-prefix-text",
+            MultiPrefixTextConfig(
+                num_prefixes=8,
+                prefix_tokens=256,
+                unique_tokens=32,
+                num_requests=100,
+                zipf_exponent=0.9,
+                max_tokens=ZIPF_MAX_TOKENS,
+                seed=seed,
+            ),
+            pool=SMALL_POOL,
+        ),
     )
 
 
@@ -128,32 +154,54 @@ def reported_cached_tokens(record: RequestRecord) -> int | None:
     return 0 if record.output_tokens_source == "usage" else None
 
 
-def agreement_rows(prepared: PreparedComparison, records: Sequence[RequestRecord], predicted: np.ndarray,
-                   context: dict[str, Any]) -> list[dict[str, Any]]:
+def agreement_rows(
+    prepared: PreparedComparison,
+    records: Sequence[RequestRecord],
+    predicted: np.ndarray,
+    context: dict[str, Any],
+) -> list[dict[str, Any]]:
     """One row per request: what kvbench rendered and predicted beside what vLLM reported.
     ``records`` are in trace order (``driver.drive``)."""
     rows = []
-    for index, (request, tokens, record) in enumerate(zip(prepared.trace.requests, prepared.requests,
-                                                         records, strict=True)):
+    for index, (request, tokens, record) in enumerate(
+        zip(prepared.trace.requests, prepared.requests, records, strict=True)
+    ):
         expected_ids = tokens.token_ids.tolist()
         reported_ids = record.prompt_token_ids
         cached = reported_cached_tokens(record)
-        rows.append({
-            **context, "comparison": prepared.comparison.name, "backend": "vllm", "request_index": index,
-            "request_id": request.id, "session_id": request.session_id, "turn": request.turn,
-            "prompt_tokens": len(expected_ids),
-            "prompt_tokens_reported": record.prompt_tokens if record.output_tokens_source == "usage" else None,
-            "prompt_ids_match": None if reported_ids is None else list(reported_ids) == expected_ids,
-            "output_tokens": request.max_tokens,
-            "output_tokens_reported": record.output_tokens if record.output_tokens_source == "usage" else None,
-            "cached_tokens_predicted": int(predicted[index]), "cached_tokens_reported": cached,
-            "agrees": record.ok and cached == int(predicted[index]),
-            "ttft_ms": record.ttft_ms, "e2e_ms": record.e2e_ms, "status": record.status.value, "error": record.error,
-        })
+        rows.append(
+            {
+                **context,
+                "comparison": prepared.comparison.name,
+                "backend": "vllm",
+                "request_index": index,
+                "request_id": request.id,
+                "session_id": request.session_id,
+                "turn": request.turn,
+                "prompt_tokens": len(expected_ids),
+                "prompt_tokens_reported": record.prompt_tokens
+                if record.output_tokens_source == "usage"
+                else None,
+                "prompt_ids_match": None if reported_ids is None else list(reported_ids) == expected_ids,
+                "output_tokens": request.max_tokens,
+                "output_tokens_reported": record.output_tokens
+                if record.output_tokens_source == "usage"
+                else None,
+                "cached_tokens_predicted": int(predicted[index]),
+                "cached_tokens_reported": cached,
+                "agrees": record.ok and cached == int(predicted[index]),
+                "ttft_ms": record.ttft_ms,
+                "e2e_ms": record.e2e_ms,
+                "status": record.status.value,
+                "error": record.error,
+            }
+        )
     return rows
 
 
-def explain_disagreement(prepared: PreparedComparison, index: int, reported: int | None, block_size: int) -> str:
+def explain_disagreement(
+    prepared: PreparedComparison, index: int, reported: int | None, block_size: int
+) -> str:
     """A one-line reading of a request whose reported ``cached_tokens`` differs from the prediction:
     how many leading tokens it shares with any earlier request (the most any cache could give: the
     order-free bound of :func:`kvbench.sim.bounds.possible_cached_tokens` with back-to-back requests)."""
@@ -161,5 +209,7 @@ def explain_disagreement(prepared: PreparedComparison, index: int, reported: int
     back_to_back = [(float(i), i + 0.5) for i in range(len(prompts))]
     shared = possible_cached_tokens(prompts, back_to_back)[index]
     cap = prompts[index].max_hit_blocks * block_size
-    return (f"{prepared.trace.requests[index].id}: reported {reported}, at most {shared} "
-            f"tokens shared with earlier prompts (cap {cap})")
+    return (
+        f"{prepared.trace.requests[index].id}: reported {reported}, at most {shared} "
+        f"tokens shared with earlier prompts (cap {cap})"
+    )

@@ -29,20 +29,36 @@ def warm_up_request(tokenizer: Tokenizer) -> Request:
     """One short chat request (2 output tokens) in :data:`WARM_UP_SALT`'s namespace, sent before the
     first comparison so that one-time costs do not land on a measured request."""
     messages = (Message("user", "warm up " * 16),)
-    return Request(0, "warm-up", "warm-up", 0, tokenizer.render_messages(messages), max_tokens=2,
-                   salt=WARM_UP_SALT, messages=messages)
+    return Request(
+        0,
+        "warm-up",
+        "warm-up",
+        0,
+        tokenizer.render_messages(messages),
+        max_tokens=2,
+        salt=WARM_UP_SALT,
+        messages=messages,
+    )
 
 
 def vllm_backend(base_url: str, model: str, tokenizer: Tokenizer, block_size: int) -> OpenAIBackend:
     """The OpenAI backend as the peer uses it on vLLM: greedy, ``ignore_eos``, ``return_token_ids``,
     the requests' own salts (no run salt), no retries."""
-    config = OpenAIConfig(base_url, model, timeout_s=REQUEST_TIMEOUT_S, temperature=0.0, ignore_eos=True,
-                          block_size=block_size, extra_body={"return_token_ids": True})
+    config = OpenAIConfig(
+        base_url,
+        model,
+        timeout_s=REQUEST_TIMEOUT_S,
+        temperature=0.0,
+        ignore_eos=True,
+        block_size=block_size,
+        extra_body={"return_token_ids": True},
+    )
     return OpenAIBackend(config, tokenizer)
 
 
-def drive(requests: Sequence[Request], backend: Backend, on_record: OnRecord | None = None,
-          concurrency: int = 1) -> list[RequestRecord]:
+def drive(
+    requests: Sequence[Request], backend: Backend, on_record: OnRecord | None = None, concurrency: int = 1
+) -> list[RequestRecord]:
     """Send ``requests`` in order through the send loop's closed loop on the wall clock: at
     ``concurrency`` 1 each after the previous one finished, else up to ``concurrency`` in flight;
     one record per request, in request order (``sent_s`` / ``ended_s`` from the loop's start).
@@ -50,6 +66,7 @@ def drive(requests: Sequence[Request], backend: Backend, on_record: OnRecord | N
     A backend that is an async context manager (the OpenAI client) is entered around the run.
     A failed request is a record with status ``error``; it never stops the comparison.
     """
+
     async def run() -> list[tuple[Request, RequestRecord]]:
         entered = backend if hasattr(backend, "__aenter__") else contextlib.nullcontext()
         async with entered:

@@ -102,8 +102,13 @@ class RoundRecords:
     chat: tuple[RequestRecord, ...]
 
 
-def iter_rounds(backends: Mapping[str, Backend], workload: EngineWorkload, num_rounds: int,
-                warm_up: Request, log: Callable[[str], None] = lambda line: None) -> Iterator[RoundRecords]:
+def iter_rounds(
+    backends: Mapping[str, Backend],
+    workload: EngineWorkload,
+    num_rounds: int,
+    warm_up: Request,
+    log: Callable[[str], None] = lambda line: None,
+) -> Iterator[RoundRecords]:
     """One warm-up request per server, then ``num_rounds`` rounds, each over every server in
     ``backends``' order (interleaved); yields one :class:`RoundRecords` per server and round, as
     each is measured (so an interrupted run keeps the finished ones)."""
@@ -112,11 +117,16 @@ def iter_rounds(backends: Mapping[str, Backend], workload: EngineWorkload, num_r
     for round_index in range(num_rounds):
         for name, backend in backends.items():
             shared = drive(round_requests(workload.shared, round_index), backend) if workload.shared else []
-            chat = (drive(round_requests(workload.chat, round_index), backend, concurrency=CHAT_CONCURRENCY)
-                    if workload.chat else [])
+            chat = (
+                drive(round_requests(workload.chat, round_index), backend, concurrency=CHAT_CONCURRENCY)
+                if workload.chat
+                else []
+            )
             measures = round_measures(shared, chat)
-            log(f"round {round_index + 1}/{num_rounds} {name}: " + ", ".join(
-                f"{key} {_number(value)}" for key, value in measures.items() if value is not None))
+            log(
+                f"round {round_index + 1}/{num_rounds} {name}: "
+                + ", ".join(f"{key} {_number(value)}" for key, value in measures.items() if value is not None)
+            )
             yield RoundRecords(name, round_index, tuple(shared), tuple(chat))
 
 
@@ -127,15 +137,25 @@ def round_measures(shared: Sequence[RequestRecord], chat: Sequence[RequestRecord
     cold = shared[0].ttft_ms if shared and shared[0].ok else None
     warm = [r.ttft_ms for r in shared[1:] if r.ok]
     chat_ok = [r for r in chat if r.ok]
-    duration_s = measured_duration_s([{"sent_ms": r.sent_s * 1e3, "end_ms": r.ended_s * 1e3}
-                                      for r in chat if r.sent_s is not None and r.ended_s is not None])
-    rates = throughput(duration_s, len(chat_ok), sum(r.prompt_tokens for r in chat_ok),
-                       sum(r.output_tokens for r in chat_ok))
-    return {"cold_ttft_ms": cold, "warm_ttft_p50_ms": percentile(warm, 50),
-            "tpot_p50_ms": percentile([r.tpot_ms for r in ok], 50),
-            "output_tokens_per_s": rates.output_throughput if chat else None,
-            "shared_cached_tokens": _cached(shared), "chat_cached_tokens": _cached(chat),
-            "num_failed": float(sum(not r.ok for r in [*shared, *chat]))}
+    duration_s = measured_duration_s(
+        [
+            {"sent_ms": r.sent_s * 1e3, "end_ms": r.ended_s * 1e3}
+            for r in chat
+            if r.sent_s is not None and r.ended_s is not None
+        ]
+    )
+    rates = throughput(
+        duration_s, len(chat_ok), sum(r.prompt_tokens for r in chat_ok), sum(r.output_tokens for r in chat_ok)
+    )
+    return {
+        "cold_ttft_ms": cold,
+        "warm_ttft_p50_ms": percentile(warm, 50),
+        "tpot_p50_ms": percentile([r.tpot_ms for r in ok], 50),
+        "output_tokens_per_s": rates.output_throughput if chat else None,
+        "shared_cached_tokens": _cached(shared),
+        "chat_cached_tokens": _cached(chat),
+        "num_failed": float(sum(not r.ok for r in [*shared, *chat])),
+    }
 
 
 def _cached(records: Sequence[RequestRecord]) -> float | None:
@@ -160,10 +180,14 @@ class EngineRow:
         return ours / theirs if ours is not None and theirs else None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"measure": self.key, "label": self.label, "better": self.better,
-                "values": {name: list(values) for name, values in self.values.items()},
-                "median": {name: self.median(name) for name in self.values},
-                "kvbench_over_vllm": {name: self.ratio(name) for name in self.values if name != VLLM}}
+        return {
+            "measure": self.key,
+            "label": self.label,
+            "better": self.better,
+            "values": {name: list(values) for name, values in self.values.items()},
+            "median": {name: self.median(name) for name in self.values},
+            "kvbench_over_vllm": {name: self.ratio(name) for name in self.values if name != VLLM},
+        }
 
 
 def engine_table(servers: Sequence[EngineServer], rounds: Sequence[RoundRecords]) -> tuple[EngineRow, ...]:
@@ -174,8 +198,10 @@ def engine_table(servers: Sequence[EngineServer], rounds: Sequence[RoundRecords]
         if key == "startup_s":
             values = {s.name: (s.startup_s,) for s in servers}
         else:
-            values = {s.name: tuple(m[key] for (name, _), m in sorted(per_round.items()) if name == s.name)
-                      for s in servers}
+            values = {
+                s.name: tuple(m[key] for (name, _), m in sorted(per_round.items()) if name == s.name)
+                for s in servers
+            }
         if any(v is not None for column in values.values() for v in column):
             rows.append(EngineRow(key, label, better, values))
     return tuple(rows)
@@ -186,21 +212,37 @@ def engine_markdown(servers: Sequence[EngineServer], rows: Sequence[EngineRow], 
     if not rows:
         return []
     ours = [s.name for s in servers if s.name != VLLM]
-    lines = ["", f"## The engines side by side ({num_rounds} round{'s' if num_rounds != 1 else ''}, interleaved; "
-             "median (round values))", "",
-             "| server | threads | dtype | start-up |", "|---|---:|---|---:|"]
-    lines += [f"| {s.name} | {s.num_threads or '?'} ({s.threads_source}) | {s.dtype} | {_number(s.startup_s)} s |"
-              for s in servers]
-    lines += ["", "| measure | " + " | ".join(s.name for s in servers) + " | "
-              + " | ".join(f"{name} / vllm" for name in ours) + " | better |",
-              "|---|" + "---:|" * (len(servers) + len(ours)) + "---|"]
+    lines = [
+        "",
+        f"## The engines side by side ({num_rounds} round{'s' if num_rounds != 1 else ''}, interleaved; "
+        "median (round values))",
+        "",
+        "| server | threads | dtype | start-up |",
+        "|---|---:|---|---:|",
+    ]
+    lines += [
+        f"| {s.name} | {s.num_threads or '?'} ({s.threads_source}) | {s.dtype} | {_number(s.startup_s)} s |"
+        for s in servers
+    ]
+    lines += [
+        "",
+        "| measure | "
+        + " | ".join(s.name for s in servers)
+        + " | "
+        + " | ".join(f"{name} / vllm" for name in ours)
+        + " | better |",
+        "|---|" + "---:|" * (len(servers) + len(ours)) + "---|",
+    ]
     for row in rows:
         cells = [_cell(row.median(s.name), row.values.get(s.name, ())) for s in servers]
         ratios = [f"{r:.2f}x" if (r := row.ratio(name)) is not None else "n/a" for name in ours]
         lines.append(f"| {row.label} | " + " | ".join(cells + ratios) + f" | {row.better} |")
-    lines += ["", f"Same requests on every server (ignore_eos, {ENGINE_MAX_TOKENS} output tokens, a fresh "
-              "`cache_salt` per round); shared_2k at concurrency 1, chat at concurrency "
-              f"{CHAT_CONCURRENCY}. kvbench / vLLM: below 1 is faster for times, above 1 for tok/s."]
+    lines += [
+        "",
+        f"Same requests on every server (ignore_eos, {ENGINE_MAX_TOKENS} output tokens, a fresh "
+        "`cache_salt` per round); shared_2k at concurrency 1, chat at concurrency "
+        f"{CHAT_CONCURRENCY}. kvbench / vLLM: below 1 is faster for times, above 1 for tok/s.",
+    ]
     return lines
 
 
@@ -219,35 +261,62 @@ def _number(value: float | None) -> str:
     return f"{value:,.1f}" if abs(value) < 100 and not float(value).is_integer() else f"{value:,.0f}"
 
 
-def engine_rows(rounds: Sequence[RoundRecords], workload: EngineWorkload,
-                context: dict[str, Any]) -> list[dict[str, Any]]:
+def engine_rows(
+    rounds: Sequence[RoundRecords], workload: EngineWorkload, context: dict[str, Any]
+) -> list[dict[str, Any]]:
     """One Parquet row per request, server and round (``kvbench.peer.report.ROW_SCHEMA``)."""
     rows = []
     for result in rounds:
         for comparison, requests, records, concurrency in (
-                (SHARED, workload.shared, result.shared, 1), (CHAT, workload.chat, result.chat, CHAT_CONCURRENCY)):
+            (SHARED, workload.shared, result.shared, 1),
+            (CHAT, workload.chat, result.chat, CHAT_CONCURRENCY),
+        ):
             for request, record in zip(requests, records, strict=True):
-                rows.append({
-                    **context, "comparison": comparison, "backend": result.server, "round": result.round_index,
-                    "concurrency": concurrency, "request_index": request.index, "request_id": request.request_id,
-                    "session_id": request.session_id, "turn": request.turn, "prompt_tokens": request.num_tokens,
-                    "prompt_tokens_reported": record.prompt_tokens, "output_tokens": request.max_tokens,
-                    "output_tokens_reported": record.output_tokens,
-                    "cached_tokens_reported": record.cached_prompt_tokens, "ttft_ms": record.ttft_ms,
-                    "tpot_ms": record.tpot_ms, "e2e_ms": record.e2e_ms, "sent_s": record.sent_s,
-                    "ended_s": record.ended_s, "status": record.status.value, "error": record.error})
+                rows.append(
+                    {
+                        **context,
+                        "comparison": comparison,
+                        "backend": result.server,
+                        "round": result.round_index,
+                        "concurrency": concurrency,
+                        "request_index": request.index,
+                        "request_id": request.request_id,
+                        "session_id": request.session_id,
+                        "turn": request.turn,
+                        "prompt_tokens": request.num_tokens,
+                        "prompt_tokens_reported": record.prompt_tokens,
+                        "output_tokens": request.max_tokens,
+                        "output_tokens_reported": record.output_tokens,
+                        "cached_tokens_reported": record.cached_prompt_tokens,
+                        "ttft_ms": record.ttft_ms,
+                        "tpot_ms": record.tpot_ms,
+                        "e2e_ms": record.e2e_ms,
+                        "sent_s": record.sent_s,
+                        "ended_s": record.ended_s,
+                        "status": record.status.value,
+                        "error": record.error,
+                    }
+                )
     return rows
 
 
 def engine_summary(rows: Sequence[EngineRow]) -> str:
     """One line per kvbench server: kvbench / vLLM of each timed row's medians (the printed summary)."""
     servers = sorted({name for row in rows for name in row.values if name != VLLM})
-    short = {"cold_ttft_ms": "cold TTFT", "warm_ttft_p50_ms": "warm TTFT", "tpot_p50_ms": "TPOT",
-             "output_tokens_per_s": "chat tok/s", "startup_s": "start-up"}
+    short = {
+        "cold_ttft_ms": "cold TTFT",
+        "warm_ttft_p50_ms": "warm TTFT",
+        "tpot_p50_ms": "TPOT",
+        "output_tokens_per_s": "chat tok/s",
+        "startup_s": "start-up",
+    }
     lines = []
     for server in servers:
-        parts = [f"{short[row.key]} {ratio:.2f}x" for row in rows
-                 if row.key in short and (ratio := row.ratio(server)) is not None]
+        parts = [
+            f"{short[row.key]} {ratio:.2f}x"
+            for row in rows
+            if row.key in short and (ratio := row.ratio(server)) is not None
+        ]
         if parts:
             lines.append(f"{server} / vllm: " + ", ".join(parts))
     return "\n".join(lines + ["(times: below 1x is faster than vLLM; tok/s: above 1x)"] if lines else [])

@@ -14,17 +14,36 @@ from kvbench.backends.openai.metrics import PrefixCacheCounters
 # One row per request and backend: the agreement check's (``comparisons.agreement_rows``, round and
 # concurrency empty) and the engine comparison's (``engines.engine_rows``, one per server and round,
 # the prediction columns empty). Units: tokens unless the name says otherwise.
-ROW_SCHEMA = pa.schema([
-    ("run_id", pa.string()), ("comparison", pa.string()), ("backend", pa.string()),
-    ("block_size", pa.int64()), ("num_gpu_blocks", pa.int64()), ("request_index", pa.int64()),
-    ("request_id", pa.string()), ("session_id", pa.string()), ("turn", pa.int64()),
-    ("prompt_tokens", pa.int64()), ("prompt_tokens_reported", pa.int64()), ("prompt_ids_match", pa.bool_()),
-    ("output_tokens", pa.int64()), ("output_tokens_reported", pa.int64()),
-    ("cached_tokens_predicted", pa.int64()), ("cached_tokens_reported", pa.int64()), ("agrees", pa.bool_()),
-    ("ttft_ms", pa.float64()), ("e2e_ms", pa.float64()), ("status", pa.string()), ("error", pa.string()),
-    ("round", pa.int64()), ("concurrency", pa.int64()), ("tpot_ms", pa.float64()), ("sent_s", pa.float64()),
-    ("ended_s", pa.float64()),
-])
+ROW_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("comparison", pa.string()),
+        ("backend", pa.string()),
+        ("block_size", pa.int64()),
+        ("num_gpu_blocks", pa.int64()),
+        ("request_index", pa.int64()),
+        ("request_id", pa.string()),
+        ("session_id", pa.string()),
+        ("turn", pa.int64()),
+        ("prompt_tokens", pa.int64()),
+        ("prompt_tokens_reported", pa.int64()),
+        ("prompt_ids_match", pa.bool_()),
+        ("output_tokens", pa.int64()),
+        ("output_tokens_reported", pa.int64()),
+        ("cached_tokens_predicted", pa.int64()),
+        ("cached_tokens_reported", pa.int64()),
+        ("agrees", pa.bool_()),
+        ("ttft_ms", pa.float64()),
+        ("e2e_ms", pa.float64()),
+        ("status", pa.string()),
+        ("error", pa.string()),
+        ("round", pa.int64()),
+        ("concurrency", pa.int64()),
+        ("tpot_ms", pa.float64()),
+        ("sent_s", pa.float64()),
+        ("ended_s", pa.float64()),
+    ]
+)
 
 
 def table_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -85,56 +104,91 @@ class ComparisonSummary:
 
     def as_dict(self) -> dict[str, Any]:
         metrics = self.metrics
-        return {"name": self.name, "num_requests": self.num_requests, "num_exact": self.num_exact,
-                "agreement_rate": self.agreement_rate, "num_gpu_blocks": self.num_gpu_blocks,
-                "block_size": self.block_size, "num_prompt_ids_match": self.num_prompt_ids_match,
-                "hit_rate_vllm": self.hit_rate_vllm, "hit_rate_kvbench": self.hit_rate_kvbench,
-                "prompt_tokens": self.prompt_tokens, "reported_prompt_tokens": self.reported_prompt_tokens,
-                "predicted_hits_tokens": self.predicted_hits_tokens, "reported_hits_tokens": self.reported_hits_tokens,
-                "metrics_queries_tokens": metrics.queries_tokens if metrics else None,
-                "metrics_hits_tokens": metrics.hits_tokens if metrics else None,
-                "disagreements": list(self.disagreements)}
+        return {
+            "name": self.name,
+            "num_requests": self.num_requests,
+            "num_exact": self.num_exact,
+            "agreement_rate": self.agreement_rate,
+            "num_gpu_blocks": self.num_gpu_blocks,
+            "block_size": self.block_size,
+            "num_prompt_ids_match": self.num_prompt_ids_match,
+            "hit_rate_vllm": self.hit_rate_vllm,
+            "hit_rate_kvbench": self.hit_rate_kvbench,
+            "prompt_tokens": self.prompt_tokens,
+            "reported_prompt_tokens": self.reported_prompt_tokens,
+            "predicted_hits_tokens": self.predicted_hits_tokens,
+            "reported_hits_tokens": self.reported_hits_tokens,
+            "metrics_queries_tokens": metrics.queries_tokens if metrics else None,
+            "metrics_hits_tokens": metrics.hits_tokens if metrics else None,
+            "disagreements": list(self.disagreements),
+        }
 
 
-def summarize(name: str, rows: Sequence[dict[str, Any]], metrics: PrefixCacheCounters | None,
-              disagreements: Sequence[str]) -> ComparisonSummary:
+def summarize(
+    name: str,
+    rows: Sequence[dict[str, Any]],
+    metrics: PrefixCacheCounters | None,
+    disagreements: Sequence[str],
+) -> ComparisonSummary:
     """Fold a comparison's per-request rows (``comparisons.agreement_rows``) into a summary."""
     return ComparisonSummary(
-        name=name, num_requests=len(rows), num_exact=sum(bool(r["agrees"]) for r in rows),
-        num_gpu_blocks=rows[0]["num_gpu_blocks"] if rows else 0, block_size=rows[0]["block_size"] if rows else 0,
+        name=name,
+        num_requests=len(rows),
+        num_exact=sum(bool(r["agrees"]) for r in rows),
+        num_gpu_blocks=rows[0]["num_gpu_blocks"] if rows else 0,
+        block_size=rows[0]["block_size"] if rows else 0,
         num_prompt_ids_match=sum(r["prompt_ids_match"] is True for r in rows),
         prompt_tokens=sum(r["prompt_tokens"] for r in rows),
         reported_prompt_tokens=sum(r["prompt_tokens_reported"] or 0 for r in rows),
         predicted_hits_tokens=sum(r["cached_tokens_predicted"] for r in rows),
         reported_hits_tokens=sum(r["cached_tokens_reported"] or 0 for r in rows),
-        metrics=metrics, disagreements=tuple(disagreements),
+        metrics=metrics,
+        disagreements=tuple(disagreements),
     )
 
 
-def markdown(summaries: Sequence[ComparisonSummary], engine_lines: Sequence[str], header: dict[str, Any]) -> str:
+def markdown(
+    summaries: Sequence[ComparisonSummary], engine_lines: Sequence[str], header: dict[str, Any]
+) -> str:
     """The run's report: agreement and hit rates, reconciliation, the engine table
     (``engines.engine_markdown``'s lines), disagreements."""
     incomplete = "" if header.get("complete", True) else " - INCOMPLETE (stopped early)"
-    lines = [f"# kvbench vs vLLM {header.get('vllm_version', '?')} (run {header.get('run_id', '?')}){incomplete}", "",
-             f"Model: {header.get('model', '?')}; agreement at concurrency 1; every request sent with `ignore_eos` "
-             f"and a per-comparison `cache_salt`.", "", "## Agreement: predicted vs reported `cached_tokens`", "",
-             "| comparison | requests | pool blocks | block size | exact | agreement | vLLM hit rate | "
-             "kvbench hit rate | prompt ids identical |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"# kvbench vs vLLM {header.get('vllm_version', '?')} (run {header.get('run_id', '?')}){incomplete}",
+        "",
+        f"Model: {header.get('model', '?')}; agreement at concurrency 1; every request sent with `ignore_eos` "
+        f"and a per-comparison `cache_salt`.",
+        "",
+        "## Agreement: predicted vs reported `cached_tokens`",
+        "",
+        "| comparison | requests | pool blocks | block size | exact | agreement | vLLM hit rate | "
+        "kvbench hit rate | prompt ids identical |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for s in summaries:
-        lines.append(f"| {s.name} | {s.num_requests} | {s.num_gpu_blocks:,} | {s.block_size} | {s.num_exact} | "
-                     f"{s.agreement_rate:.1%} | {s.hit_rate_vllm:.4f} | {s.hit_rate_kvbench:.4f} | "
-                     f"{s.num_prompt_ids_match}/{s.num_requests} |")
-    lines += ["", "Hit rate = cached prompt tokens / prompt tokens (vLLM's counter ratio). Pool blocks include "
-              "vLLM's null block.", "", "## Reconciliation (tokens): expected vs reported vs `/metrics` delta", "",
-              "| comparison | expected hits | reported hits (sum of cached_tokens) | /metrics hits delta | "
-              "prompt tokens (kvbench) | reported prompt tokens | /metrics queries delta |",
-              "|---|---:|---:|---:|---:|---:|---:|"]
+        lines.append(
+            f"| {s.name} | {s.num_requests} | {s.num_gpu_blocks:,} | {s.block_size} | {s.num_exact} | "
+            f"{s.agreement_rate:.1%} | {s.hit_rate_vllm:.4f} | {s.hit_rate_kvbench:.4f} | "
+            f"{s.num_prompt_ids_match}/{s.num_requests} |"
+        )
+    lines += [
+        "",
+        "Hit rate = cached prompt tokens / prompt tokens (vLLM's counter ratio). Pool blocks include "
+        "vLLM's null block.",
+        "",
+        "## Reconciliation (tokens): expected vs reported vs `/metrics` delta",
+        "",
+        "| comparison | expected hits | reported hits (sum of cached_tokens) | /metrics hits delta | "
+        "prompt tokens (kvbench) | reported prompt tokens | /metrics queries delta |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for s in summaries:
         m = s.metrics
-        lines.append(f"| {s.name} | {s.predicted_hits_tokens:,} | {s.reported_hits_tokens:,} | "
-                     f"{_count(m.hits_tokens if m else None)} | {s.prompt_tokens:,} | {s.reported_prompt_tokens:,} | "
-                     f"{_count(m.queries_tokens if m else None)} |")
+        lines.append(
+            f"| {s.name} | {s.predicted_hits_tokens:,} | {s.reported_hits_tokens:,} | "
+            f"{_count(m.hits_tokens if m else None)} | {s.prompt_tokens:,} | {s.reported_prompt_tokens:,} | "
+            f"{_count(m.queries_tokens if m else None)} |"
+        )
     lines += engine_lines
     lines += ["", "## Disagreements", ""]
     found = [f"- {s.name}: {line}" for s in summaries for line in s.disagreements]

@@ -87,10 +87,13 @@ class VllmServerConfig:
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.block_size % 32:
-            raise ValueError(f"block_size must be a positive multiple of 32 on vLLM's CPU backend, "
-                             f"got {self.block_size}")
+            raise ValueError(
+                f"block_size must be a positive multiple of 32 on vLLM's CPU backend, got {self.block_size}"
+            )
         if self.num_gpu_blocks is not None and self.num_gpu_blocks < 2:
-            raise ValueError(f"num_gpu_blocks must be >= 2 (one is vLLM's null block), got {self.num_gpu_blocks}")
+            raise ValueError(
+                f"num_gpu_blocks must be >= 2 (one is vLLM's null block), got {self.num_gpu_blocks}"
+            )
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
         if self.max_model_len <= 0 or self.kv_cache_space_gib <= 0 or self.startup_timeout_s <= 0:
@@ -196,9 +199,14 @@ class ServerProcess:
             log.write(f"$ {' '.join(self.command())}\n")
             log.flush()
             self._started_s = time.monotonic()
-            self._process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                             stdin=subprocess.DEVNULL, env=self.environment(),
-                                             start_new_session=True)
+            self._process = subprocess.Popen(
+                self.command(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self.environment(),
+                start_new_session=True,
+            )
         atexit.register(self.stop)
 
     def wait_healthy(self) -> float:
@@ -210,15 +218,18 @@ class ServerProcess:
         """
         while time.monotonic() - self._started_s < self.startup_timeout_s:
             if self._process is None or self._process.poll() is not None:
-                raise PeerError(f"{self.name} exited during start-up; last lines of {self.log_path}:\n"
-                                f"{self.log_tail()}")
+                raise PeerError(
+                    f"{self.name} exited during start-up; last lines of {self.log_path}:\n{self.log_tail()}"
+                )
             self.port = self._find_port()
             if self.port is not None and call(f"{self.url}/health", "", timeout_s=5)[0] == 200:
                 self.startup_s = time.monotonic() - self._started_s
                 return self.startup_s
             time.sleep(_HEALTH_POLL_S)
-        raise PeerError(f"{self.name} not healthy after {self.startup_timeout_s:.0f} s; "
-                        f"last lines of {self.log_path}:\n{self.log_tail()}")
+        raise PeerError(
+            f"{self.name} not healthy after {self.startup_timeout_s:.0f} s; "
+            f"last lines of {self.log_path}:\n{self.log_tail()}"
+        )
 
     def stop(self) -> None:
         """End the whole process group: SIGTERM, then SIGKILL after :data:`STOP_GRACE_S`. Idempotent."""
@@ -268,21 +279,42 @@ class VllmServer(ServerProcess):
 
     def command(self) -> list[str]:
         c = self.config
-        command = [str(venv_python(c.venv)), "-m", "vllm.entrypoints.openai.api_server",
-                   "--model", str(c.model_dir), "--served-model-name", c.served_model_name,
-                   "--dtype", c.dtype, "--max-model-len", str(c.max_model_len),
-                   "--enable-prefix-caching", "--enable-prompt-tokens-details",
-                   "--block-size", str(c.block_size), "--host", "127.0.0.1", "--port", str(self.port)]
+        command = [
+            str(venv_python(c.venv)),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(c.model_dir),
+            "--served-model-name",
+            c.served_model_name,
+            "--dtype",
+            c.dtype,
+            "--max-model-len",
+            str(c.max_model_len),
+            "--enable-prefix-caching",
+            "--enable-prompt-tokens-details",
+            "--block-size",
+            str(c.block_size),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+        ]
         if c.num_gpu_blocks is not None:
             command += ["--num-gpu-blocks-override", str(c.num_gpu_blocks)]
         return command
 
     def environment(self) -> dict[str, str]:
         """The server's environment: KV pool size, offline, no usage reports, dev endpoints on."""
-        return {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(self.config.kv_cache_space_gib),
-                "VLLM_SERVER_DEV_MODE": "1",  # enables POST /reset_prefix_cache (loopback only)
-                "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        return {
+            **os.environ,
+            "VLLM_CPU_KVCACHE_SPACE": str(self.config.kv_cache_space_gib),
+            "VLLM_SERVER_DEV_MODE": "1",  # enables POST /reset_prefix_cache (loopback only)
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+        }
 
     def num_threads(self) -> tuple[int | None, str]:
         """The OpenMP threads vLLM's CPU worker runs on and their source (:func:`vllm_omp_threads`
@@ -334,9 +366,24 @@ class KvbenchServer(ServerProcess):
 
     def command(self) -> list[str]:
         c = self.config
-        command = [sys.executable, "-m", "kvbench.cli", "serve", "--port", "0", "--model", str(c.model_dir),
-                   "--served-model-name", c.served_model_name, "--engine", c.engine,
-                   "--block-size", str(c.block_size), "--dtype", c.dtype]
+        command = [
+            sys.executable,
+            "-m",
+            "kvbench.cli",
+            "serve",
+            "--port",
+            "0",
+            "--model",
+            str(c.model_dir),
+            "--served-model-name",
+            c.served_model_name,
+            "--engine",
+            c.engine,
+            "--block-size",
+            str(c.block_size),
+            "--dtype",
+            c.dtype,
+        ]
         return command + (["--threads", str(c.num_threads)] if c.num_threads is not None else [])
 
     def environment(self) -> dict[str, str]:

@@ -20,6 +20,12 @@ def special_token_problem(tokenize: Callable[[str], Sequence[int]], reference) -
     expected, got = list(reference.encode(PROBE_TEXT)), [int(t) for t in tokenize(PROBE_TEXT)]
     if got == expected:
         return None
-    rule = "splits special tokens written in text into ordinary tokens" if len(got) > len(expected) else "differs"
-    return (f"the server tokenizes {PROBE_TEXT!r} as {got}, kvbench as {expected}: the server {rule}; prompts "
-            "holding special-token text count differently there (kvbench parses them, as transformers does)")
+    rule = (
+        "splits special tokens written in text into ordinary tokens"
+        if len(got) > len(expected)
+        else "differs"
+    )
+    return (
+        f"the server tokenizes {PROBE_TEXT!r} as {got}, kvbench as {expected}: the server {rule}; prompts "
+        "holding special-token text count differently there (kvbench parses them, as transformers does)"
+    )

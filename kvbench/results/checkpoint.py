@@ -31,8 +31,14 @@ class Checkpointer:
     ``metadata``: the run's metadata dict, read at each checkpoint (``complete: false`` is added).
     """
 
-    def __init__(self, path: Path, schema: pa.Schema, rows: list[dict[str, Any]], every_s: float,
-                 metadata: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        path: Path,
+        schema: pa.Schema,
+        rows: list[dict[str, Any]],
+        every_s: float,
+        metadata: dict[str, Any],
+    ) -> None:
         self.path = Path(path)
         self.schema = schema
         self.rows = rows

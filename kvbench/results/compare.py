@@ -49,8 +49,12 @@ class MetricRow:
         a_shown = format_value(self.a, self.spec)
         if a_shown.strip("0.,-") == "":
             ratio = None
-        return (self.name, self.a_text or a_shown,
-                self.b_text or format_value(self.b, self.spec), "-" if ratio is None else f"{ratio:.2f}x")
+        return (
+            self.name,
+            self.a_text or a_shown,
+            self.b_text or format_value(self.b, self.spec),
+            "-" if ratio is None else f"{ratio:.2f}x",
+        )
 
 
 @dataclass(frozen=True)
@@ -79,12 +83,16 @@ def trace_mismatches(a: ResultFile, b: ResultFile) -> tuple[list[str], str]:
     Checked in order: the trace header's content hash (both runs have one), the hash of the requests
     actually run (``run.trace.requests_hash``), the request ids by trace position.
     """
-    for kind, hash_a, hash_b in (("trace content hashes", a.content_hash, b.content_hash),
-                                 ("request hashes", a.requests_hash, b.requests_hash)):
+    for kind, hash_a, hash_b in (
+        ("trace content hashes", a.content_hash, b.content_hash),
+        ("request hashes", a.requests_hash, b.requests_hash),
+    ):
         if hash_a and hash_b:
             if hash_a != hash_b:
-                return [f"different {kind}: {a.path.name} replayed {hash_a[:19]}..., "
-                        f"{b.path.name} replayed {hash_b[:19]}..."], kind
+                return [
+                    f"different {kind}: {a.path.name} replayed {hash_a[:19]}..., "
+                    f"{b.path.name} replayed {hash_b[:19]}..."
+                ], kind
             return [], hash_a
     ids_a, ids_b = _request_ids(a.rows), _request_ids(b.rows)
     common = sorted(ids_a.keys() & ids_b.keys())
@@ -93,8 +101,10 @@ def trace_mismatches(a: ResultFile, b: ResultFile) -> tuple[list[str], str]:
     differing = [index for index in common if ids_a[index] != ids_b[index]]
     if differing:
         first = differing[0]
-        return [f"no trace hash to check, and request {first} is {ids_a[first]!r} in {a.path.name} but "
-                f"{ids_b[first]!r} in {b.path.name} ({len(differing):,} of {len(common):,} ids differ)"], "request ids"
+        return [
+            f"no trace hash to check, and request {first} is {ids_a[first]!r} in {a.path.name} but "
+            f"{ids_b[first]!r} in {b.path.name} ({len(differing):,} of {len(common):,} ids differ)"
+        ], "request ids"
     return [], f"no trace hash; matched by the ids of {len(common):,} requests"
 
 
@@ -107,17 +117,29 @@ def compare_runs(a: ResultFile, b: ResultFile, force: bool = False) -> Compariso
     """
     for result in (a, b):
         if result.kind != "run":
-            raise InputError(f"{result.path}: compare takes the results of kvbench run, this is a {result.kind} file")
+            raise InputError(
+                f"{result.path}: compare takes the results of kvbench run, this is a {result.kind} file"
+            )
     problems, trace = trace_mismatches(a, b)
     if problems and not force:
-        raise TraceMismatchError(f"{a.path} and {b.path} are not runs of the same trace: {problems[0]} "
-                                 "(--force compares them anyway)")
+        raise TraceMismatchError(
+            f"{a.path} and {b.path} are not runs of the same trace: {problems[0]} "
+            "(--force compares them anyway)"
+        )
     warnings = [f"compared anyway (--force): {problem}" for problem in problems]
-    if not problems and a.content_hash and a.requests_hash and b.requests_hash and a.requests_hash != b.requests_hash:
+    if (
+        not problems
+        and a.content_hash
+        and a.requests_hash
+        and b.requests_hash
+        and a.requests_hash != b.requests_hash
+    ):
         warnings.append("same trace, but the requests run differ (another slice, max_tokens or tokenizer)")
     if a.summary.num_requests != b.summary.num_requests:
-        warnings.append(f"{a.path.name} measured {a.summary.num_requests:,} requests, "
-                        f"{b.path.name} {b.summary.num_requests:,}: percentiles cover different slices")
+        warnings.append(
+            f"{a.path.name} measured {a.summary.num_requests:,} requests, "
+            f"{b.path.name} {b.summary.num_requests:,}: percentiles cover different slices"
+        )
     metrics = tuple(_metric(name, key, spec, a, b) for name, key, spec in COMPARED_METRICS)
     return Comparison(a=a, b=b, metrics=metrics, trace=trace, warnings=tuple(warnings))
 

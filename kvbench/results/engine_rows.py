@@ -27,7 +27,10 @@ def engine_text(engine: Mapping[str, Any] | None) -> str:
         return MISSING
     if engine.get("kind") != "paged":
         return str(engine.get("kind", MISSING))
-    parts = [f"max_num_seqs {engine['max_num_seqs']:,}", f"max_num_batched_tokens {engine['max_num_batched_tokens']:,}"]
+    parts = [
+        f"max_num_seqs {engine['max_num_seqs']:,}",
+        f"max_num_batched_tokens {engine['max_num_batched_tokens']:,}",
+    ]
     if engine.get("pool_bytes") is not None:
         parts.append(f"{engine['num_pool_blocks']:,}-block pool ({engine['pool_bytes'] / 2**20:,.1f} MiB)")
     if engine.get("batch_invariant"):
@@ -40,9 +43,16 @@ def verify_logit_rows(logits: Mapping[str, Any]) -> list[tuple[str, str]]:
     position was compared (only greedy requests are compared: sampled ones have no single reference)."""
     compared = logits["num_compared_tokens"] > 0
     none = "n/a (no greedy requests)"
-    return [(f"argmax flips near ties / mismatches (tol {logits['tie_tolerance_nats']:g} nats)",
-             f"{logits['num_flips_near_ties']} / {logits['num_mismatches']}" if compared else none),
-            ("max |logprob diff| vs cache-off (nats)", f"{logits['max_abs_logprob_diff']:.2e}" if compared else none)]
+    return [
+        (
+            f"argmax flips near ties / mismatches (tol {logits['tie_tolerance_nats']:g} nats)",
+            f"{logits['num_flips_near_ties']} / {logits['num_mismatches']}" if compared else none,
+        ),
+        (
+            "max |logprob diff| vs cache-off (nats)",
+            f"{logits['max_abs_logprob_diff']:.2e}" if compared else none,
+        ),
+    ]
 
 
 def engine_report_rows(runs: Sequence[Mapping[str, Any]]) -> list[tuple[str, ...]]:

@@ -34,8 +34,9 @@ def run_records(results: Sequence[ResultFile], options: SummaryOptions | None = 
         if result.kind != "run":
             continue
         rows = list(result.rows)
-        records.append({"path": str(result.path),
-                        **result_dict(summarize(rows, options), result.metadata, rows)})
+        records.append(
+            {"path": str(result.path), **result_dict(summarize(rows, options), result.metadata, rows)}
+        )
     return records
 
 
@@ -64,8 +65,14 @@ def to_csv(records: Sequence[dict[str, Any]]) -> str:
     for record in records:
         columns.update((key, None) for key, value in record.items() if not isinstance(value, (dict, list)))
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=[spreadsheet_safe(c) for c in columns], extrasaction="ignore",
-                            lineterminator="\r\n")  # RFC 4180; with "\n" a cell holding "\r" went unquoted
+    writer = csv.DictWriter(
+        buffer,
+        fieldnames=[spreadsheet_safe(c) for c in columns],
+        extrasaction="ignore",
+        lineterminator="\r\n",
+    )  # RFC 4180; with "\n" a cell holding "\r" went unquoted
     writer.writeheader()
-    writer.writerows({spreadsheet_safe(k): spreadsheet_safe(v) for k, v in record.items()} for record in records)
+    writer.writerows(
+        {spreadsheet_safe(k): spreadsheet_safe(v) for k, v in record.items()} for record in records
+    )
     return buffer.getvalue()

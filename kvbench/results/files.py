@@ -94,8 +94,11 @@ class ResultFile:
         """What identifies the replayed trace: its content hash, else the requests' hash, else its path,
         else this file."""
         trace_path = (self.run.get("trace") or {}).get("path")
-        return (self.content_hash or self.requests_hash
-                or (f"path:{trace_path}" if trace_path else f"file:{self.path}"))
+        return (
+            self.content_hash
+            or self.requests_hash
+            or (f"path:{trace_path}" if trace_path else f"file:{self.path}")
+        )
 
     @property
     def label(self) -> str:
@@ -121,12 +124,16 @@ def load_result(path: str | Path) -> ResultFile:
         raise InputError(f"{path}: is a folder; pass the result files in it, e.g. {path / '*.parquet'}")
     metadata = read_metadata(path)
     if not metadata:
-        raise InputError(f"{path}: a Parquet file without kvbench metadata "
-                         "(expected the results of kvbench run, sim or sweep, or a load_sweep.parquet)")
+        raise InputError(
+            f"{path}: a Parquet file without kvbench metadata "
+            "(expected the results of kvbench run, sim or sweep, or a load_sweep.parquet)"
+        )
     kind = metadata.get("command")
     if kind not in RESULT_KINDS:
-        raise InputError(f"{path}: results of {kind!r}; expected the results of kvbench run, sim or sweep, "
-                         "or a load_sweep.parquet")
+        raise InputError(
+            f"{path}: results of {kind!r}; expected the results of kvbench run, sim or sweep, "
+            "or a load_sweep.parquet"
+        )
     try:
         table = pq.read_table(path)
     except (OSError, pa.ArrowInvalid) as exc:
@@ -135,9 +142,14 @@ def load_result(path: str | Path) -> ResultFile:
     if missing:
         raise InputError(f"{path}: {kind} results without the column(s) {', '.join(missing)}")
     rows = tuple(table.to_pylist())
-    return ResultFile(path=path, kind=kind, metadata=metadata, rows=rows,
-                      summary=summarize(rows) if kind == "run" else None,
-                      sweep=read_sweep_summary(path) if kind == "sweep" else None)
+    return ResultFile(
+        path=path,
+        kind=kind,
+        metadata=metadata,
+        rows=rows,
+        summary=summarize(rows) if kind == "run" else None,
+        sweep=read_sweep_summary(path) if kind == "sweep" else None,
+    )
 
 
 def load_results(paths: Iterable[str | Path]) -> list[ResultFile]:
@@ -158,10 +170,10 @@ def group_by_trace(results: Iterable[ResultFile]) -> list[list[ResultFile]]:
 class RequestTtft:
     """A run's TTFTs split the way :func:`summarize` splits them (ms)."""
 
-    warm_ms: tuple[float, ...]                        # successful measured requests, cold one excluded
-    warm_index: tuple[int, ...]                       # their request_index
-    cold: tuple[int, float] | None                    # (request_index, ttft_ms) of the cold first request
-    warmup: tuple[tuple[int, float], ...]             # (request_index, ttft_ms) of warm-up requests
+    warm_ms: tuple[float, ...]  # successful measured requests, cold one excluded
+    warm_index: tuple[int, ...]  # their request_index
+    cold: tuple[int, float] | None  # (request_index, ttft_ms) of the cold first request
+    warmup: tuple[tuple[int, float], ...]  # (request_index, ttft_ms) of warm-up requests
 
 
 def split_ttft(rows: Sequence[Mapping[str, Any]]) -> RequestTtft:
@@ -176,10 +188,17 @@ def split_ttft(rows: Sequence[Mapping[str, Any]]) -> RequestTtft:
     cold_row = ok[0][1] if ok and not warmup and ok[0][1] is measured[0][1] else None
     warm = sorted((i, r["ttft_ms"]) for i, r in ok if r is not cold_row and r.get("ttft_ms") is not None)
     return RequestTtft(
-        warm_ms=tuple(t for _, t in warm), warm_index=tuple(i for i, _ in warm),
+        warm_ms=tuple(t for _, t in warm),
+        warm_index=tuple(i for i, _ in warm),
         cold=(ok[0][0], cold_row["ttft_ms"]) if cold_row and cold_row.get("ttft_ms") is not None else None,
-        warmup=tuple(sorted((i, r["ttft_ms"]) for i, r in warmup
-                            if r.get("status") == "ok" and r.get("ttft_ms") is not None)))
+        warmup=tuple(
+            sorted(
+                (i, r["ttft_ms"])
+                for i, r in warmup
+                if r.get("status") == "ok" and r.get("ttft_ms") is not None
+            )
+        ),
+    )
 
 
 NOT_VERIFIED = "not verified"  # outputs were never compared with a cache-off reference (no --verify)
@@ -208,8 +227,12 @@ def describe_cache(cache: Mapping[str, Any]) -> str:
     if not cache.get("enabled", True):
         return "cache off"
     capacity = cache.get("capacity_blocks")
-    parts = [f"prefix cache ({cache.get('kind', 'hash')})", f"{cache.get('block_size', '?')}-tok blocks",
-             f"{capacity:,} blocks" if capacity else "unbounded", "LRU"]
+    parts = [
+        f"prefix cache ({cache.get('kind', 'hash')})",
+        f"{cache.get('block_size', '?')}-tok blocks",
+        f"{capacity:,} blocks" if capacity else "unbounded",
+        "LRU",
+    ]
     if cache.get("release_order") == "head-first":
         parts.append("head-first release")
     if cache.get("ttl_s"):

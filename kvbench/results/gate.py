@@ -26,7 +26,13 @@ from kvbench.results.summary import SummaryOptions, summarize
 
 EXIT_ASSERTION_FAILED = 3
 OPERATORS: dict[str, Callable[[float, float], bool]] = {
-    ">=": operator.ge, "<=": operator.le, "==": operator.eq, "!=": operator.ne, ">": operator.gt, "<": operator.lt}
+    ">=": operator.ge,
+    "<=": operator.le,
+    "==": operator.eq,
+    "!=": operator.ne,
+    ">": operator.gt,
+    "<": operator.lt,
+}
 ALIASES = {"hit_rate": "token_hit_rate"}
 _PATTERN = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*(>=|<=|==|!=|>|<)\s*(\S+)\s*$")
 
@@ -51,7 +57,9 @@ class Assertion:
         """Raises ``ValueError`` (naming ``--assert``) for bad syntax or an unknown key."""
         match = _PATTERN.match(text)
         if match is None:
-            raise ValueError(f"--assert {text!r}: write KEY OP NUMBER, e.g. 'median_ttft_ms<=250' (OP: >= <= == != > <)")
+            raise ValueError(
+                f"--assert {text!r}: write KEY OP NUMBER, e.g. 'median_ttft_ms<=250' (OP: >= <= == != > <)"
+            )
         key, op, number = match.groups()
         if key not in known_keys:
             close = difflib.get_close_matches(key, sorted(known_keys), n=3)
@@ -88,8 +96,12 @@ class GateConfig:
             raise ValueError(f"--max-error-rate: {self.max_error_rate} must lie in 0..1")
 
     @classmethod
-    def from_flags(cls, asserts: Sequence[str] | None, max_error_rate: float | None,
-                   options: SummaryOptions | None = None) -> "GateConfig":
+    def from_flags(
+        cls,
+        asserts: Sequence[str] | None,
+        max_error_rate: float | None,
+        options: SummaryOptions | None = None,
+    ) -> "GateConfig":
         keys = gate_keys(options)
         return cls(tuple(Assertion.parse(text, keys) for text in asserts or ()), max_error_rate)
 
@@ -115,5 +127,7 @@ def gate_table(checks: Sequence[Check]) -> Table:
         table.add_column(column, justify=justify)
     for check in checks:
         value = "not measured" if check.value is None else f"{check.value:,.6g}"
-        table.add_row(check.assertion.text, value, "[green]pass[/green]" if check.passed else "[red]FAIL[/red]")
+        table.add_row(
+            check.assertion.text, value, "[green]pass[/green]" if check.passed else "[red]FAIL[/red]"
+        )
     return table

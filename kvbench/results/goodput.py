@@ -38,13 +38,17 @@ def parse_goodput(values: Sequence[str], option: str = "--goodput") -> tuple[tup
     for pair in (p for value in values for p in value.replace(",", " ").split()):
         name, sep, number = pair.partition(":")
         if not sep or name not in GOODPUT_METRICS:
-            raise ValueError(f"{option}: {pair!r}: give METRIC:MS with METRIC one of {', '.join(GOODPUT_METRICS)}")
+            raise ValueError(
+                f"{option}: {pair!r}: give METRIC:MS with METRIC one of {', '.join(GOODPUT_METRICS)}"
+            )
         try:
             limit = float(number)
         except ValueError:
             raise ValueError(f"{option}: {pair!r}: {number!r} is not a number of ms") from None
         if not limit > 0 or name in slos:
-            raise ValueError(f"{option}: {pair!r}: " + ("given twice" if name in slos else "the SLO must be positive"))
+            raise ValueError(
+                f"{option}: {pair!r}: " + ("given twice" if name in slos else "the SLO must be positive")
+            )
         slos[name] = limit
     return tuple(slos.items())
 
@@ -91,8 +95,12 @@ class Goodput:
         return asdict(self)
 
 
-def goodput(completed: Sequence[Mapping[str, Any]], slos: Sequence[tuple[str, float]], duration_s: float | None,
-            hit_threshold: float = DEFAULT_HIT_THRESHOLD) -> Goodput:
+def goodput(
+    completed: Sequence[Mapping[str, Any]],
+    slos: Sequence[tuple[str, float]],
+    duration_s: float | None,
+    hit_threshold: float = DEFAULT_HIT_THRESHOLD,
+) -> Goodput:
     """Goodput of the ``completed`` (status ok, measured) rows under ``slos`` over ``duration_s``."""
     hits = [row for row in completed if is_cache_hit(row, hit_threshold)]
     misses = [row for row in completed if not is_cache_hit(row, hit_threshold)]
@@ -106,8 +114,13 @@ def goodput(completed: Sequence[Mapping[str, Any]], slos: Sequence[tuple[str, fl
         return count / of if of else None
 
     return Goodput(
-        request_goodput=rate(good_hits + good_misses), num_good_requests=good_hits + good_misses,
+        request_goodput=rate(good_hits + good_misses),
+        num_good_requests=good_hits + good_misses,
         slo_attainment=share(good_hits + good_misses, len(completed)),
-        num_cache_hit_requests=len(hits), num_cache_miss_requests=len(misses),
-        request_goodput_cache_hit=rate(good_hits), request_goodput_cache_miss=rate(good_misses),
-        slo_attainment_cache_hit=share(good_hits, len(hits)), slo_attainment_cache_miss=share(good_misses, len(misses)))
+        num_cache_hit_requests=len(hits),
+        num_cache_miss_requests=len(misses),
+        request_goodput_cache_hit=rate(good_hits),
+        request_goodput_cache_miss=rate(good_misses),
+        slo_attainment_cache_hit=share(good_hits, len(hits)),
+        slo_attainment_cache_miss=share(good_misses, len(misses)),
+    )

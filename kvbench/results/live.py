@@ -34,7 +34,7 @@ class RunningStats:
 
     def extend(self, rows: Sequence[dict[str, Any]]) -> None:
         """Read the rows of ``rows`` (the run's growing list) this object has not read yet."""
-        for row in rows[self.num_rows_read:]:
+        for row in rows[self.num_rows_read :]:
             self.num_rows_read += 1
             if row["status"] != "ok":
                 continue

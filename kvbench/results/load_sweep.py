@@ -24,17 +24,30 @@ import pyarrow as pa
 
 from kvbench.results.parquet import write_rows
 
-HEADLINE = ("request_throughput", "output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms",
-            "median_e2el_ms", "token_hit_rate", "reported_hit_rate", "request_goodput", "slo_attainment_cache_hit",
-            "slo_attainment_cache_miss", "failed")
+HEADLINE = (
+    "request_throughput",
+    "output_throughput",
+    "median_ttft_ms",
+    "p99_ttft_ms",
+    "median_tpot_ms",
+    "median_e2el_ms",
+    "token_hit_rate",
+    "reported_hit_rate",
+    "request_goodput",
+    "slo_attainment_cache_hit",
+    "slo_attainment_cache_miss",
+    "failed",
+)
 NUM_RESAMPLES = 2000
-LOAD_SWEEP_SCHEMA = pa.schema([
-    pa.field("axis", pa.string()),        # "concurrency" or "request_rate"
-    pa.field("value", pa.float64()),      # clients, or requests/s
-    pa.field("repeat", pa.int64()),       # 0..K-1
-    *(pa.field(key, pa.float64()) for key in HEADLINE),
-    pa.field("results_path", pa.string()),
-])
+LOAD_SWEEP_SCHEMA = pa.schema(
+    [
+        pa.field("axis", pa.string()),  # "concurrency" or "request_rate"
+        pa.field("value", pa.float64()),  # clients, or requests/s
+        pa.field("repeat", pa.int64()),  # 0..K-1
+        *(pa.field(key, pa.float64()) for key in HEADLINE),
+        pa.field("results_path", pa.string()),
+    ]
+)
 
 
 @dataclass(frozen=True)
@@ -47,8 +60,9 @@ class LoadRun:
     results_path: str
 
 
-def bootstrap_ci(values: Sequence[float], confidence: float = 0.95, num_resamples: int = NUM_RESAMPLES,
-                 seed: int = 0) -> tuple[float, float] | None:
+def bootstrap_ci(
+    values: Sequence[float], confidence: float = 0.95, num_resamples: int = NUM_RESAMPLES, seed: int = 0
+) -> tuple[float, float] | None:
     """Percentile-bootstrap interval of the mean of ``values``; ``None`` for fewer than 2 values.
 
     Raises:
@@ -95,13 +109,31 @@ def load_points(runs: Sequence[LoadRun], confidence: float = 0.95) -> list[LoadP
     return points
 
 
-def write_load_sweep(path: Path, axis: str, runs: Sequence[LoadRun], points: Sequence[LoadPoint],
-                     context: Mapping[str, Any], complete: bool) -> Path:
+def write_load_sweep(
+    path: Path,
+    axis: str,
+    runs: Sequence[LoadRun],
+    points: Sequence[LoadPoint],
+    context: Mapping[str, Any],
+    complete: bool,
+) -> Path:
     """``load_sweep.parquet``: one row per run; the points and ``context`` in the metadata."""
-    rows = [{"axis": axis, "value": run.value, "repeat": run.repeat, "results_path": run.results_path,
-             **{key: run.summary.get(key) for key in HEADLINE}} for run in runs]
-    metadata = {"command": "load-sweep", "sweep": {**context, "axis": axis},
-                "points": [point.as_dict() for point in points], "complete": complete}
+    rows = [
+        {
+            "axis": axis,
+            "value": run.value,
+            "repeat": run.repeat,
+            "results_path": run.results_path,
+            **{key: run.summary.get(key) for key in HEADLINE},
+        }
+        for run in runs
+    ]
+    metadata = {
+        "command": "load-sweep",
+        "sweep": {**context, "axis": axis},
+        "points": [point.as_dict() for point in points],
+        "complete": complete,
+    }
     return write_rows(path, rows, metadata, LOAD_SWEEP_SCHEMA)
 
 
@@ -114,12 +146,21 @@ def plot_load_sweep(points: Sequence[LoadPoint], axis: str, folder: Path) -> lis
     import matplotlib.pyplot as plt
 
     label = "clients" if axis == "concurrency" else "req/s"
-    measured = [p for p in points if p.mean["output_throughput"] is not None and p.mean["median_ttft_ms"] is not None]
+    measured = [
+        p for p in points if p.mean["output_throughput"] is not None and p.mean["median_ttft_ms"] is not None
+    ]
     figure, ax = plt.subplots(figsize=(6, 4))
-    ax.plot([p.mean["output_throughput"] for p in measured], [p.mean["median_ttft_ms"] for p in measured], "o-")
+    ax.plot(
+        [p.mean["output_throughput"] for p in measured], [p.mean["median_ttft_ms"] for p in measured], "o-"
+    )
     for point in measured:
-        ax.annotate(f"{point.value:g} {label}", (point.mean["output_throughput"], point.mean["median_ttft_ms"]),
-                    textcoords="offset points", xytext=(4, 4), fontsize=8)
+        ax.annotate(
+            f"{point.value:g} {label}",
+            (point.mean["output_throughput"], point.mean["median_ttft_ms"]),
+            textcoords="offset points",
+            xytext=(4, 4),
+            fontsize=8,
+        )
     ax.set_xlabel("output throughput (tokens/s)")
     ax.set_ylabel("median TTFT (ms)")
     ax.set_title(f"throughput vs latency, by {axis}")

@@ -33,8 +33,14 @@ def load_sample() -> dict[str, Any]:
     except (AttributeError, OSError):
         load = [None, None, None]
     torch = sys.modules.get("torch")
-    return {"load_1m": load[0], "load_5m": load[1], "load_15m": load[2], "cpu_count": os.cpu_count(),
-            "usable_cpus": usable_cpus(), "torch_threads": torch.get_num_threads() if torch is not None else None}
+    return {
+        "load_1m": load[0],
+        "load_5m": load[1],
+        "load_15m": load[2],
+        "cpu_count": os.cpu_count(),
+        "usable_cpus": usable_cpus(),
+        "torch_threads": torch.get_num_threads() if torch is not None else None,
+    }
 
 
 def load_warnings(samples: Mapping[str, Mapping[str, Any]]) -> list[str]:
@@ -43,8 +49,10 @@ def load_warnings(samples: Mapping[str, Mapping[str, Any]]) -> list[str]:
     for when, sample in samples.items():
         load, cpus = sample.get("load_1m"), sample.get("usable_cpus")
         if load is not None and cpus and load > cpus:
-            warnings.append(f"machine load {load:.1f} at the {when} of the run exceeds its {cpus} usable cores: "
-                            f"timings include waiting for a CPU (try --threads 1, or a quieter machine)")
+            warnings.append(
+                f"machine load {load:.1f} at the {when} of the run exceeds its {cpus} usable cores: "
+                f"timings include waiting for a CPU (try --threads 1, or a quieter machine)"
+            )
     return warnings
 
 
@@ -66,6 +74,8 @@ def spread_warning(rows: Sequence[Mapping[str, Any]]) -> str | None:
     if worst is None:
         return None
     ratio, (prompt, cached, output), low, high, count = worst
-    return (f"{count} identical requests ({prompt:,} prompt / {cached or 0:,} cached / {output:,} output tokens) "
-            f"took {low:,.0f} to {high:,.0f} ms TTFT (p90/p10 {ratio:.1f}x): the machine is noisy, compare medians "
-            f"of repeated runs")
+    return (
+        f"{count} identical requests ({prompt:,} prompt / {cached or 0:,} cached / {output:,} output tokens) "
+        f"took {low:,.0f} to {high:,.0f} ms TTFT (p90/p10 {ratio:.1f}x): the machine is noisy, compare medians "
+        f"of repeated runs"
+    )

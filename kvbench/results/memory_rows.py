@@ -10,11 +10,22 @@ def kv_memory_rows(memory: dict | None) -> list[tuple[str, str]]:
     if memory is None:
         return []
     if memory["engine"] == "paged":
-        return [("KV pool held, running + cached: peak / end (MiB)",
-                 f"{_mib(memory['peak_held_kv_bytes'])} / {_mib(memory['end_held_kv_bytes'])}"),
-                ("KV the copy engine would hold at its peak (MiB, computed)", _mib(memory["peak_copy_engine_kv_bytes"]))]
-    return [("KV held: cache blocks at end + largest contiguous copy (MiB)",
-             f"{_mib(memory['end_held_kv_bytes'])} + {_mib(memory['peak_contiguous_kv_bytes'])}")]
+        return [
+            (
+                "KV pool held, running + cached: peak / end (MiB)",
+                f"{_mib(memory['peak_held_kv_bytes'])} / {_mib(memory['end_held_kv_bytes'])}",
+            ),
+            (
+                "KV the copy engine would hold at its peak (MiB, computed)",
+                _mib(memory["peak_copy_engine_kv_bytes"]),
+            ),
+        ]
+    return [
+        (
+            "KV held: cache blocks at end + largest contiguous copy (MiB)",
+            f"{_mib(memory['end_held_kv_bytes'])} + {_mib(memory['peak_contiguous_kv_bytes'])}",
+        )
+    ]
 
 
 def _mib(num_bytes: int) -> str:

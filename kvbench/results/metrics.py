@@ -37,8 +37,12 @@ def percentile_key(q: float, metric: str) -> str:
 
 def stat_keys(metric: str, percentiles: Sequence[float]) -> list[str]:
     """Every key :func:`latency_stats` writes for ``metric``, in vLLM's order."""
-    return [f"mean_{metric}_ms", f"median_{metric}_ms", f"std_{metric}_ms",
-            *(percentile_key(q, metric) for q in percentiles)]
+    return [
+        f"mean_{metric}_ms",
+        f"median_{metric}_ms",
+        f"std_{metric}_ms",
+        *(percentile_key(q, metric) for q in percentiles),
+    ]
 
 
 def metric_values(rows: Iterable[Mapping[str, Any]], metric: str) -> list[float]:
@@ -49,7 +53,9 @@ def metric_values(rows: Iterable[Mapping[str, Any]], metric: str) -> list[float]
     return [float(row[column]) for row in rows if row.get(column) is not None]
 
 
-def latency_stats(values: Sequence[float], metric: str, percentiles: Sequence[float]) -> dict[str, float | None]:
+def latency_stats(
+    values: Sequence[float], metric: str, percentiles: Sequence[float]
+) -> dict[str, float | None]:
     """``mean/median/std/p{X}_{metric}_ms`` of ``values`` (ms); all ``None`` when ``values`` is empty."""
     keys = stat_keys(metric, percentiles)
     if not values:
@@ -84,5 +90,9 @@ def throughput(duration_s: float | None, completed: int, input_tokens: int, outp
     """Rates over ``duration_s``; ``None`` rates when the duration is unknown or zero."""
     if not duration_s:
         return Throughput(duration_s, None, None, None)
-    return Throughput(duration_s, completed / duration_s, output_tokens / duration_s,
-                      (input_tokens + output_tokens) / duration_s)
+    return Throughput(
+        duration_s,
+        completed / duration_s,
+        output_tokens / duration_s,
+        (input_tokens + output_tokens) / duration_s,
+    )

@@ -50,8 +50,10 @@ class OutLock:
             except BlockingIOError:
                 holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
                 os.close(fd)
-                raise InputError(f"--out {self.results_path}: another kvbench run (process {holder}) is writing "
-                                 "this file; give another --out or wait until it ends") from None
+                raise InputError(
+                    f"--out {self.results_path}: another kvbench run (process {holder}) is writing "
+                    "this file; give another --out or wait until it ends"
+                ) from None
             if self._same_file(fd):  # not a file its last holder removed while we opened it
                 break
             os.close(fd)

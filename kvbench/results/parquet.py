@@ -128,7 +128,10 @@ def write_table(path: str | Path, table: pa.Table, metadata: Mapping[str, Any]) 
     """:func:`write_rows` for rows already in Arrow form (atomic; ``metadata`` in the footer)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    kept = {key.decode() if isinstance(key, bytes) else key: value for key, value in (table.schema.metadata or {}).items()}
+    kept = {
+        key.decode() if isinstance(key, bytes) else key: value
+        for key, value in (table.schema.metadata or {}).items()
+    }
     kept = {key: value for key, value in kept.items() if not key.startswith(_PREFIX)}  # replaced, not merged
     table = table.replace_schema_metadata({**kept, **encoded_metadata(metadata)})
     partial = partial_path(path)
@@ -144,7 +147,7 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
     except (OSError, pa.ArrowInvalid) as exc:
         raise InputError(f"{path}: not a readable Parquet file ({exc})") from None
     return {
-        key.decode()[len(_PREFIX):]: json.loads(value)
+        key.decode()[len(_PREFIX) :]: json.loads(value)
         for key, value in raw.items()
         if key.decode().startswith(_PREFIX)
     }

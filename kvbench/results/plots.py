@@ -71,15 +71,23 @@ def _save(figure, plt, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.tight_layout()
     legends = [axis.get_legend() for axis in figure.axes if axis.get_legend() is not None]
-    figure.savefig(path, dpi=_DPI, bbox_inches="tight",  # keeps legends placed outside the axes
-                   bbox_extra_artists=[*figure.get_default_bbox_extra_artists(), *legends])
+    figure.savefig(
+        path,
+        dpi=_DPI,
+        bbox_inches="tight",  # keeps legends placed outside the axes
+        bbox_extra_artists=[*figure.get_default_bbox_extra_artists(), *legends],
+    )
     plt.close(figure)
     return path
 
 
-def plot_hit_rate_vs_size(curves: Sequence[Curve], path: Path, title: str,
-                          ideals: Mapping[str, float] | None = None,
-                          xlabel: str = "cache capacity (tokens = blocks x block size, log scale)") -> Path:
+def plot_hit_rate_vs_size(
+    curves: Sequence[Curve],
+    path: Path,
+    title: str,
+    ideals: Mapping[str, float] | None = None,
+    xlabel: str = "cache capacity (tokens = blocks x block size, log scale)",
+) -> Path:
     """Token hit rate (y, 0..1) against cache capacity (x, log 2 scale; in tokens, so that curves of
     different block sizes share one axis), one line per curve; ``ideals`` (curve label -> hit rate of
     an unbounded cache) are drawn as dashed horizontal lines in their curve's colour (grey for a label
@@ -91,8 +99,13 @@ def plot_hit_rate_vs_size(curves: Sequence[Curve], path: Path, title: str,
         (line,) = axis.plot(curve.x, curve.y, marker="o", label=curve.label)
         colors.setdefault(curve.label, line.get_color())
     for label, value in (ideals or {}).items():
-        axis.axhline(value, ls="--", lw=1.0, color=colors.get(label, "grey"),
-                     label=f"{label}: unbounded cache ({value:.3f})")
+        axis.axhline(
+            value,
+            ls="--",
+            lw=1.0,
+            color=colors.get(label, "grey"),
+            label=f"{label}: unbounded cache ({value:.3f})",
+        )
     axis.set_xscale("log", base=2)
     ticks = spaced_ticks(sorted({x for curve in curves for x in curve.x}))
     if ticks:
@@ -129,8 +142,13 @@ def _size_text(value: float) -> str:
 def _legend_below(axis, num_entries: int) -> None:
     """A legend under the axes (outside the data), two columns once there are more than three short entries."""
     longest = max((len(label) for label in axis.get_legend_handles_labels()[1]), default=0)
-    legend = axis.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14),
-                         ncol=2 if num_entries > 3 and longest <= 40 else 1, fontsize=8, frameon=False)
+    legend = axis.legend(
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.14),
+        ncol=2 if num_entries > 3 and longest <= 40 else 1,
+        fontsize=8,
+        frameon=False,
+    )
     legend.set_in_layout(False)  # tight_layout must not shrink the axes for it; the saved bbox takes it in
 
 
@@ -145,11 +163,19 @@ def plot_ttft_vs_hit_rate(points: Sequence[Curve], path: Path, title: str, fit: 
     if fit is not None:
         hits = np.linspace(0.0, 1.0, 50)
         meaningful = fit.caveat is None  # a 2-point line or a wrong-sign slope is drawn faint and labelled so
-        axis.plot(hits, [fit.predict_ms(h) for h in hits], color="black" if meaningful else "grey",
-                  lw=1.0, ls="--" if meaningful else ":",
-                  label=f"fit: {fit.a_ms:,.1f} + {fit.b_ms:,.1f} x (1 - hit), " + (
-                      f"R^2 {fit.r_squared:.3f}" if meaningful  # R^2 of a 2-point line is 1 by construction
-                      else f"{fit.num_points} points (not meaningful)"))
+        axis.plot(
+            hits,
+            [fit.predict_ms(h) for h in hits],
+            color="black" if meaningful else "grey",
+            lw=1.0,
+            ls="--" if meaningful else ":",
+            label=f"fit: {fit.a_ms:,.1f} + {fit.b_ms:,.1f} x (1 - hit), "
+            + (
+                f"R^2 {fit.r_squared:.3f}"
+                if meaningful  # R^2 of a 2-point line is 1 by construction
+                else f"{fit.num_points} points (not meaningful)"
+            ),
+        )
     axis.set_xlim(-0.02, 1.02)
     axis.set_ylim(bottom=0)
     axis.set_xlabel("token hit rate (cached / prompt tokens)")
@@ -169,8 +195,12 @@ def plot_ttft_cdf(samples: Mapping[str, Sequence[float]], path: Path, title: str
     for label, sorted_ms in zip(samples, values):
         if sorted_ms.size:
             fraction = np.arange(0, sorted_ms.size + 1) / sorted_ms.size  # from 0 at the smallest value
-            axis.step(np.concatenate([sorted_ms[:1], sorted_ms]), fraction, where="post",
-                      label=f"{label} (n={sorted_ms.size:,})")
+            axis.step(
+                np.concatenate([sorted_ms[:1], sorted_ms]),
+                fraction,
+                where="post",
+                label=f"{label} (n={sorted_ms.size:,})",
+            )
     positive = np.concatenate([v[v > 0] for v in values]) if values else np.array([])
     if positive.size and positive.max() > 20 * positive.min():
         axis.set_xscale("log")
@@ -193,11 +223,26 @@ def plot_ttft_by_request(series: Sequence[RequestSeries], path: Path, title: str
         color = colors[index % len(colors)]
         axis.plot(run.measured.x, run.measured.y, marker=".", ls="-", lw=0.6, color=color, label=run.label)
         if run.warmup is not None and run.warmup.x:
-            axis.plot(run.warmup.x, run.warmup.y, marker="o", ls="none", mfc="none", color=color,
-                      label=f"{run.label}: warm-up")
+            axis.plot(
+                run.warmup.x,
+                run.warmup.y,
+                marker="o",
+                ls="none",
+                mfc="none",
+                color=color,
+                label=f"{run.label}: warm-up",
+            )
         if run.cold is not None:
-            axis.plot(*run.cold, marker="o", markersize=12, mfc="none", mew=1.5, color=color, ls="none",
-                      label=f"{run.label}: cold first request ({run.cold[1]:,.0f} ms)")
+            axis.plot(
+                *run.cold,
+                marker="o",
+                markersize=12,
+                mfc="none",
+                mew=1.5,
+                color=color,
+                ls="none",
+                label=f"{run.label}: cold first request ({run.cold[1]:,.0f} ms)",
+            )
     axis.set_ylim(bottom=0)
     axis.xaxis.get_major_locator().set_params(integer=True)  # request indices, never 0.5
     axis.set_xlabel("request index in the trace")
@@ -208,7 +253,9 @@ def plot_ttft_by_request(series: Sequence[RequestSeries], path: Path, title: str
     return _save(figure, plt, path)
 
 
-def plot_cached_per_turn(curves: Sequence[Curve], path: Path, title: str, prompt: Curve | None = None) -> Path:
+def plot_cached_per_turn(
+    curves: Sequence[Curve], path: Path, title: str, prompt: Curve | None = None
+) -> Path:
     """Mean cached prompt tokens (y, tokens) per conversation turn or agent step (x), one line per
     run; ``prompt`` (mean prompt tokens per turn) drawn dashed as the ceiling."""
     plt = _pyplot()
@@ -229,8 +276,14 @@ def plot_cached_per_turn(curves: Sequence[Curve], path: Path, title: str, prompt
     return _save(figure, plt, path)
 
 
-def plot_hit_curve(curve: Curve, path: Path, title: str, ideal: float | None = None,
-                   marks: Curve | None = None, xlabel: str = "cache capacity (blocks, log scale)") -> Path:
+def plot_hit_curve(
+    curve: Curve,
+    path: Path,
+    title: str,
+    ideal: float | None = None,
+    marks: Curve | None = None,
+    xlabel: str = "cache capacity (blocks, log scale)",
+) -> Path:
     """Token hit rate (y, 0..1) at every cache capacity (x, blocks, log 2 scale) as a step line (the
     one-pass LRU curve: the rate is constant between the sizes in ``curve.x``); ``marks`` are drawn
     as points (sizes also listed in a table), ``ideal`` as a dashed line. ``xlabel`` names another x
@@ -275,8 +328,12 @@ def plot_tier_sweep(points: Sequence["TierPoint"], path: Path, title: str, tier_
     handles, labels = axis.get_legend_handles_labels()
     if points and points[0].ttft_p50_ms is not None:
         other = axis.twinx()
-        other.plot(sizes, [p.ttft_p50_ms for p in points], color="tab:red", marker=".", label="TTFT p50 (estimate)")
-        other.plot(sizes, [p.ttft_p99_ms for p in points], color="tab:red", ls="--", label="TTFT p99 (estimate)")
+        other.plot(
+            sizes, [p.ttft_p50_ms for p in points], color="tab:red", marker=".", label="TTFT p50 (estimate)"
+        )
+        other.plot(
+            sizes, [p.ttft_p99_ms for p in points], color="tab:red", ls="--", label="TTFT p99 (estimate)"
+        )
         other.set_ylabel("TTFT estimate (ms)")
         other.set_ylim(bottom=0)
         more_handles, more_labels = other.get_legend_handles_labels()

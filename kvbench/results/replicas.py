@@ -15,13 +15,17 @@ def replica_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     for row in rows:
         if row.get("replica") is None or row["status"] != "ok":
             continue
-        entry = totals.setdefault(row["replica"], {"replica": row["replica"], "requests": 0, "prompt_tokens": 0,
-                                                    "cached_prompt_tokens": 0})
+        entry = totals.setdefault(
+            row["replica"],
+            {"replica": row["replica"], "requests": 0, "prompt_tokens": 0, "cached_prompt_tokens": 0},
+        )
         entry["requests"] += 1
         entry["prompt_tokens"] += row["prompt_tokens"]
         entry["cached_prompt_tokens"] += row["cached_prompt_tokens"] or 0
     for entry in totals.values():
-        entry["token_hit_rate"] = entry["cached_prompt_tokens"] / entry["prompt_tokens"] if entry["prompt_tokens"] else 0.0
+        entry["token_hit_rate"] = (
+            entry["cached_prompt_tokens"] / entry["prompt_tokens"] if entry["prompt_tokens"] else 0.0
+        )
     return [totals[key] for key in sorted(totals)]
 
 
@@ -35,6 +39,12 @@ def replica_table(rows: Sequence[Mapping[str, Any]], base_urls: Sequence[str], r
         table.add_column(column, justify="left" if column == "base URL" else "right")
     for entry in summary:
         url = base_urls[entry["replica"]] if entry["replica"] < len(base_urls) else "?"
-        table.add_row(str(entry["replica"]), url, f"{entry['requests']:,}", f"{entry['prompt_tokens']:,}",
-                      f"{entry['cached_prompt_tokens']:,}", f"{entry['token_hit_rate']:.4f}")
+        table.add_row(
+            str(entry["replica"]),
+            url,
+            f"{entry['requests']:,}",
+            f"{entry['prompt_tokens']:,}",
+            f"{entry['cached_prompt_tokens']:,}",
+            f"{entry['token_hit_rate']:.4f}",
+        )
     return table

@@ -14,9 +14,16 @@ from pathlib import Path
 from kvbench.words import counted
 from kvbench.results import plots
 from kvbench.results.engine_rows import engine_report_rows
-from kvbench.results.files import (ResultFile, describe_cache, format_value, group_by_trace, split_ttft,
-                                   summary_cell)
+from kvbench.results.files import (
+    ResultFile,
+    describe_cache,
+    format_value,
+    group_by_trace,
+    split_ttft,
+    summary_cell,
+)
 from kvbench.results.sweep import fit_ttft_vs_miss_rate
+
 
 @dataclass(frozen=True)
 class Figure:
@@ -72,17 +79,27 @@ def run_table(runs: Sequence[ResultFile]) -> TableData:
     the engine (``run.engine``) and, where a file has them, its KV memory and ``--verify`` counts
     (:func:`kvbench.results.engine_rows.engine_report_rows`)."""
     engine, *engine_facts = engine_report_rows([r.run for r in runs])  # "-" where a file lacks them
-    rows = [("backend", *(str(r.run.get("backend", "?")) for r in runs)),
-            ("model", *(str(r.run.get("model", "?")) for r in runs)),
-            ("cache", *(describe_cache(r.cache) for r in runs)), engine,
-            ("machine load start / end (usable cores)", *(_load_text(r.metadata.get("machine_load")) for r in runs))]
+    rows = [
+        ("backend", *(str(r.run.get("backend", "?")) for r in runs)),
+        ("model", *(str(r.run.get("model", "?")) for r in runs)),
+        ("cache", *(describe_cache(r.cache) for r in runs)),
+        engine,
+        (
+            "machine load start / end (usable cores)",
+            *(_load_text(r.metadata.get("machine_load")) for r in runs),
+        ),
+    ]
     rows += [(label, *(summary_cell(r, key, spec) for r in runs)) for label, key, spec in RUN_METRICS]
     rows += engine_facts  # KV memory (run.kv_memory) and --verify's logit counts (run.verify_logits)
     names = short_names([r.name for r in runs])
     legend = _name_legend(names, [r.name for r in runs])
-    return TableData("Runs", ("", *names), tuple(rows),
-                     "token hit = cached / prompt tokens; cold TTFT = the first request of a run without warm-up, "
-                     "kept out of the TTFT percentiles" + legend)
+    return TableData(
+        "Runs",
+        ("", *names),
+        tuple(rows),
+        "token hit = cached / prompt tokens; cold TTFT = the first request of a run without warm-up, "
+        "kept out of the TTFT percentiles" + legend,
+    )
 
 
 def short_names(names: Sequence[str], width: int = 20, fallback: str = "run") -> list[str]:
@@ -102,7 +119,12 @@ def short_names(names: Sequence[str], width: int = 20, fallback: str = "run") ->
     for choice in choices:
         cut = ["_".join(p[k] for k in choice) for p in parts]
         taken = {n for n, kept in zip(names, keep) if kept}
-        if all(cut) and len(set(cut)) == len(cut) and not taken & set(cut) and all(len(c) <= width for c in cut):
+        if (
+            all(cut)
+            and len(set(cut)) == len(cut)
+            and not taken & set(cut)
+            and all(len(c) <= width for c in cut)
+        ):
             for i, text in zip(long, cut):
                 shorts[i] = text
             return shorts
@@ -119,20 +141,33 @@ def _name_legend(shorts: Sequence[str], names: Sequence[str]) -> str:
 def setup_table(results: Sequence[ResultFile]) -> TableData:
     """How each input was made, from its Parquet metadata: command (and command line when recorded),
     machine, library versions and the settings (one column per file; ``-`` where a file lacks it)."""
+
     def machine(r: ResultFile) -> str:
         m = r.metadata.get("machine") or {}
-        return ", ".join(str(v) for v in (m.get("cpu"), m.get("cores") and f"{m['cores']} cores", m.get("gpu"),
-                                          m.get("os")) if v) or "-"
+        return (
+            ", ".join(
+                str(v)
+                for v in (m.get("cpu"), m.get("cores") and f"{m['cores']} cores", m.get("gpu"), m.get("os"))
+                if v
+            )
+            or "-"
+        )
 
-    rows = (("command", *(str(r.metadata.get("command") or r.kind) for r in results)),
-            ("command line", *(" ".join(r.metadata.get("command_line") or ()) or "-" for r in results)),
-            ("machine", *(machine(r) for r in results)),
-            ("versions", *(_flat(r.metadata.get("versions")) for r in results)),
-            ("settings", *(_flat(_settings(r)) for r in results)))
+    rows = (
+        ("command", *(str(r.metadata.get("command") or r.kind) for r in results)),
+        ("command line", *(" ".join(r.metadata.get("command_line") or ()) or "-" for r in results)),
+        ("machine", *(machine(r) for r in results)),
+        ("versions", *(_flat(r.metadata.get("versions")) for r in results)),
+        ("settings", *(_flat(_settings(r)) for r in results)),
+    )
     names = short_names([r.name for r in results], fallback="file")
-    return TableData("Setup", ("", *names), rows,
-                     "from each file's Parquet metadata" + _name_legend(names, [r.name for r in results]),
-                     text_columns=tuple(range(1, len(results) + 1)))
+    return TableData(
+        "Setup",
+        ("", *names),
+        rows,
+        "from each file's Parquet metadata" + _name_legend(names, [r.name for r in results]),
+        text_columns=tuple(range(1, len(results) + 1)),
+    )
 
 
 def _settings(result: ResultFile) -> dict:
@@ -159,32 +194,56 @@ def _load_text(load: dict | None) -> str:
     if not load or "start" not in load:
         return "-"
     end = load.get("end") or {}
-    return (f"{format_value(load['start'].get('load_1m'), '.1f')} / {format_value(end.get('load_1m'), '.1f')} "
-            f"({load['start'].get('usable_cpus', '?')} cores)")
+    return (
+        f"{format_value(load['start'].get('load_1m'), '.1f')} / {format_value(end.get('load_1m'), '.1f')} "
+        f"({load['start'].get('usable_cpus', '?')} cores)"
+    )
 
 
 def sim_table(result: ResultFile) -> TableData:
     """One row per (capacity, release order) of a sim file."""
-    rows = tuple((f"{r['capacity_blocks']:,}", format_value(r.get("block_size"), ",d"),
-                  format_value(r["capacity_blocks"] * r["block_size"] if r.get("block_size") else None, ",d"),
-                  str(r.get("release_order") or "-"), format_value(r["token_hit_rate"], ".4f"),
-                  format_value(r.get("block_hit_rate"), ".4f"), format_value(r.get("evictions"), ",d"))
-                 for r in result.rows)
+    rows = tuple(
+        (
+            f"{r['capacity_blocks']:,}",
+            format_value(r.get("block_size"), ",d"),
+            format_value(r["capacity_blocks"] * r["block_size"] if r.get("block_size") else None, ",d"),
+            str(r.get("release_order") or "-"),
+            format_value(r["token_hit_rate"], ".4f"),
+            format_value(r.get("block_hit_rate"), ".4f"),
+            format_value(r.get("evictions"), ",d"),
+        )
+        for r in result.rows
+    )
     ideal = result.metadata.get("ideal_token_hit_rate")
-    return TableData(f"Sim: {result.scenario or result.name}",
-                     ("blocks", "block size (tokens)", "tokens", "release", "token hit", "block hit", "evicted"), rows,
-                     f"no model; unbounded cache token hit {format_value(ideal, '.4f')}")
+    return TableData(
+        f"Sim: {result.scenario or result.name}",
+        ("blocks", "block size (tokens)", "tokens", "release", "token hit", "block hit", "evicted"),
+        rows,
+        f"no model; unbounded cache token hit {format_value(ideal, '.4f')}",
+    )
 
 
 def sweep_table(result: ResultFile) -> TableData:
     """One row per cache size of a sweep summary, the fit in the caption."""
     sweep = result.sweep
-    rows = tuple((f"{p.capacity_blocks:,}", format_value(p.token_hit_rate, ".3f"), format_value(p.p50_ttft_ms),
-                  format_value(p.p90_ttft_ms), f"{p.num_requests:,}", f"{p.num_errors:,}", Path(p.results_path).name)
-                 for p in sweep.points)
-    return TableData(f"Engine sweep: {sweep.name}",
-                     ("blocks", "token hit", "TTFT p50", "TTFT p90", "requests", "errors", "results"), rows,
-                     sweep.fit.describe() if sweep.fit else "no fit: fewer than 2 distinct hit rates")
+    rows = tuple(
+        (
+            f"{p.capacity_blocks:,}",
+            format_value(p.token_hit_rate, ".3f"),
+            format_value(p.p50_ttft_ms),
+            format_value(p.p90_ttft_ms),
+            f"{p.num_requests:,}",
+            f"{p.num_errors:,}",
+            Path(p.results_path).name,
+        )
+        for p in sweep.points
+    )
+    return TableData(
+        f"Engine sweep: {sweep.name}",
+        ("blocks", "token hit", "TTFT p50", "TTFT p90", "requests", "errors", "results"),
+        rows,
+        sweep.fit.describe() if sweep.fit else "no fit: fewer than 2 distinct hit rates",
+    )
 
 
 def summary_tables(results: Sequence[ResultFile]) -> list[TableData]:
@@ -193,10 +252,20 @@ def summary_tables(results: Sequence[ResultFile]) -> list[TableData]:
 
     runs = [r for r in results if r.kind == "run"]
     tables = [run_table(runs)] if runs else []
-    tables += [sim_table(r) if r.kind == "sim" else
-               load_sweep_table(r.scenario or r.name, r.metadata["sweep"]["axis"], read_points(r.metadata),
-                                r.metadata.get("complete", True)) if r.kind == "load-sweep" else
-               sweep_table(r) for r in results if r.kind != "run"]
+    tables += [
+        sim_table(r)
+        if r.kind == "sim"
+        else load_sweep_table(
+            r.scenario or r.name,
+            r.metadata["sweep"]["axis"],
+            read_points(r.metadata),
+            r.metadata.get("complete", True),
+        )
+        if r.kind == "load-sweep"
+        else sweep_table(r)
+        for r in results
+        if r.kind != "run"
+    ]
     return tables
 
 
@@ -207,14 +276,20 @@ def input_notes(results: Sequence[ResultFile]) -> list[str]:
         if result.metadata.get("complete") is False:
             notes.append(f"{result.path}: interrupted, partial results")
         if result.summary and result.summary.num_errors:
-            notes.append(f"{result.path}: {result.summary.num_errors} of {counted(result.summary.num_requests, 'request')} failed")
+            notes.append(
+                f"{result.path}: {result.summary.num_errors} of {counted(result.summary.num_requests, 'request')} failed"
+            )
         notes += [f"{result.path}: {warning}" for warning in result.metadata.get("warnings") or []]
         if result.summary and result.summary.num_mismatched_outputs:
-            notes.append(f"{result.path}: {result.summary.num_mismatched_outputs} outputs differ from the "
-                         "reference (a cache bug if the decoding was greedy)")
+            notes.append(
+                f"{result.path}: {result.summary.num_mismatched_outputs} outputs differ from the "
+                "reference (a cache bug if the decoding was greedy)"
+            )
         if mismatches := (result.run.get("verify_logits") or {}).get("num_mismatches"):
-            notes.append(f"{result.path}: --verify: {mismatches} output positions differ from the cache-off "
-                         "engine's argmax by more than the tie tolerance")
+            notes.append(
+                f"{result.path}: --verify: {mismatches} output positions differ from the cache-off "
+                "engine's argmax by more than the tie tolerance"
+            )
     return notes
 
 
@@ -235,15 +310,25 @@ def _hit_rate_figure(results: Sequence[ResultFile], out_dir: Path) -> list[Figur
             points = [p for p in result.sweep.points if p.token_hit_rate is not None]
             block = (result.sweep.context.get("cache") or {}).get("block_size")
             size = f"{block}-token blocks" if block else "x in blocks: block size not recorded"
-            curves.append(plots.Curve(f"{result.sweep.name} engine sweep ({size})",
-                                      tuple(p.capacity_blocks * (block or 1) for p in points),
-                                      tuple(p.token_hit_rate for p in points)))
+            curves.append(
+                plots.Curve(
+                    f"{result.sweep.name} engine sweep ({size})",
+                    tuple(p.capacity_blocks * (block or 1) for p in points),
+                    tuple(p.token_hit_rate for p in points),
+                )
+            )
     if not curves:
         return []
-    path = plots.plot_hit_rate_vs_size(curves, out_dir / "hit_rate_vs_cache_size.png",
-                                       "Token hit rate vs cache size", ideals)
-    return [Figure(path, "Token hit rate (cached / prompt tokens) at each cache capacity in tokens (blocks x "
-                         "block size); dashed, in the series' colour: an unbounded cache (the trace's ideal).")]
+    path = plots.plot_hit_rate_vs_size(
+        curves, out_dir / "hit_rate_vs_cache_size.png", "Token hit rate vs cache size", ideals
+    )
+    return [
+        Figure(
+            path,
+            "Token hit rate (cached / prompt tokens) at each cache capacity in tokens (blocks x "
+            "block size); dashed, in the series' colour: an unbounded cache (the trace's ideal).",
+        )
+    ]
 
 
 def _sim_curves(result: ResultFile, ideals: dict[str, float]) -> list[plots.Curve]:
@@ -251,13 +336,23 @@ def _sim_curves(result: ResultFile, ideals: dict[str, float]) -> list[plots.Curv
     curves = []
     orders = sorted({row.get("release_order") or "" for row in result.rows})
     for order in orders:
-        rows = sorted((r for r in result.rows if (r.get("release_order") or "") == order),
-                      key=lambda r: r["capacity_blocks"])
+        rows = sorted(
+            (r for r in result.rows if (r.get("release_order") or "") == order),
+            key=lambda r: r["capacity_blocks"],
+        )
         blocks = sorted({r.get("block_size") or 1 for r in rows})
-        label = (f"{result.scenario or result.name} sim" + (f", {order}" if len(orders) > 1 else "")
-                 + f" ({'/'.join(map(str, blocks))}-token blocks)")
-        curves.append(plots.Curve(label, tuple(r["capacity_blocks"] * (r.get("block_size") or 1) for r in rows),
-                                  tuple(r["token_hit_rate"] for r in rows)))
+        label = (
+            f"{result.scenario or result.name} sim"
+            + (f", {order}" if len(orders) > 1 else "")
+            + f" ({'/'.join(map(str, blocks))}-token blocks)"
+        )
+        curves.append(
+            plots.Curve(
+                label,
+                tuple(r["capacity_blocks"] * (r.get("block_size") or 1) for r in rows),
+                tuple(r["token_hit_rate"] for r in rows),
+            )
+        )
     if curves and result.metadata.get("ideal_token_hit_rate") is not None:
         ideals[curves[0].label] = result.metadata["ideal_token_hit_rate"]
     return curves
@@ -269,19 +364,38 @@ def _fit_figures(results: Sequence[ResultFile], out_dir: Path) -> list[Figure]:
         points = [p for p in result.sweep.points if p.fittable]
         if not points:
             continue
-        curve = plots.Curve(f"{result.sweep.name}: one run per cache size",
-                            tuple(p.token_hit_rate for p in points), tuple(p.p50_ttft_ms for p in points))
-        path = plots.plot_ttft_vs_hit_rate([curve], out_dir / f"ttft_vs_hit_rate_sweep{index + 1}.png",
-                                           f"TTFT p50 vs hit rate: {result.sweep.name} sweep", result.sweep.fit)
-        figures.append(Figure(path, result.sweep.fit.describe() if result.sweep.fit else "too few distinct hit rates to fit"))
+        curve = plots.Curve(
+            f"{result.sweep.name}: one run per cache size",
+            tuple(p.token_hit_rate for p in points),
+            tuple(p.p50_ttft_ms for p in points),
+        )
+        path = plots.plot_ttft_vs_hit_rate(
+            [curve],
+            out_dir / f"ttft_vs_hit_rate_sweep{index + 1}.png",
+            f"TTFT p50 vs hit rate: {result.sweep.name} sweep",
+            result.sweep.fit,
+        )
+        figures.append(
+            Figure(
+                path, result.sweep.fit.describe() if result.sweep.fit else "too few distinct hit rates to fit"
+            )
+        )
     for index, group in enumerate(group_by_trace(results)):
-        runs = [r for r in group if r.summary.token_hit_rate is not None and r.summary.p50_ttft_ms is not None]
+        runs = [
+            r for r in group if r.summary.token_hit_rate is not None and r.summary.p50_ttft_ms is not None
+        ]
         if len({r.summary.token_hit_rate for r in runs}) < 2:
             continue
-        fit = fit_ttft_vs_miss_rate([r.summary.token_hit_rate for r in runs], [r.summary.p50_ttft_ms for r in runs])
+        fit = fit_ttft_vs_miss_rate(
+            [r.summary.token_hit_rate for r in runs], [r.summary.p50_ttft_ms for r in runs]
+        )
         curves = [plots.Curve(r.label, (r.summary.token_hit_rate,), (r.summary.p50_ttft_ms,)) for r in runs]
-        path = plots.plot_ttft_vs_hit_rate(curves, out_dir / f"ttft_vs_hit_rate_runs{index + 1}.png",
-                                           f"TTFT p50 vs hit rate: {_group_title(group)}", fit)
+        path = plots.plot_ttft_vs_hit_rate(
+            curves,
+            out_dir / f"ttft_vs_hit_rate_runs{index + 1}.png",
+            f"TTFT p50 vs hit rate: {_group_title(group)}",
+            fit,
+        )
         figures.append(Figure(path, f"Runs of one trace. {fit.describe()}"))
     return figures
 
@@ -299,35 +413,71 @@ def _run_figures(group: Sequence[ResultFile], index: int, out_dir: Path) -> list
     title = _group_title(group)
     split = {r.label: split_ttft(r.rows) for r in group}
     cdf_title = f"TTFT CDF, {_caches_in_words({r.cache_enabled for r in group})}: {title}"
-    figures = [Figure(plots.plot_ttft_cdf({label: s.warm_ms for label, s in split.items()},
-                                          out_dir / f"ttft_cdf_{index}.png", cdf_title),
-                      "Measured requests that succeeded; the cold first request of a run without warm-up is left "
-                      "out, as in the TTFT percentiles.")]
-    series = [plots.RequestSeries(
-        label, plots.Curve(label, s.warm_index, s.warm_ms),
-        plots.Curve(label, tuple(i for i, _ in s.warmup), tuple(t for _, t in s.warmup)) if s.warmup else None,
-        s.cold) for label, s in split.items()]
-    figures.append(Figure(plots.plot_ttft_by_request(series, out_dir / f"ttft_by_request_{index}.png",
-                                                     f"TTFT per request: {title}"),
-                          "TTFT of each request in trace order; circled: the cold first request."))
+    figures = [
+        Figure(
+            plots.plot_ttft_cdf(
+                {label: s.warm_ms for label, s in split.items()}, out_dir / f"ttft_cdf_{index}.png", cdf_title
+            ),
+            "Measured requests that succeeded; the cold first request of a run without warm-up is left "
+            "out, as in the TTFT percentiles.",
+        )
+    ]
+    series = [
+        plots.RequestSeries(
+            label,
+            plots.Curve(label, s.warm_index, s.warm_ms),
+            plots.Curve(label, tuple(i for i, _ in s.warmup), tuple(t for _, t in s.warmup))
+            if s.warmup
+            else None,
+            s.cold,
+        )
+        for label, s in split.items()
+    ]
+    figures.append(
+        Figure(
+            plots.plot_ttft_by_request(
+                series, out_dir / f"ttft_by_request_{index}.png", f"TTFT per request: {title}"
+            ),
+            "TTFT of each request in trace order; circled: the cold first request.",
+        )
+    )
     turn_figure = _turn_figure(group, title, out_dir / f"cached_tokens_per_turn_{index}.png")
     return figures + ([turn_figure] if turn_figure else [])
 
 
 def _turn_figure(group: Sequence[ResultFile], title: str, path: Path) -> Figure | None:
-    ok_rows = {r.label: [row for row in r.rows if row.get("status") == "ok" and row.get("turn") is not None
-                         and row.get("phase", "measure") == "measure"] for r in group}
+    ok_rows = {
+        r.label: [
+            row
+            for row in r.rows
+            if row.get("status") == "ok"
+            and row.get("turn") is not None
+            and row.get("phase", "measure") == "measure"
+        ]
+        for r in group
+    }
     if all(len({row["turn"] for row in rows}) < 2 for rows in ok_rows.values()):
         return None  # one-shot prompts: nothing to show per turn
     curves, prompt = [], None
     for label, rows in ok_rows.items():
         turns = sorted({row["turn"] for row in rows})
         by_turn = {t: [row for row in rows if row["turn"] == t] for t in turns}
-        curves.append(plots.Curve(f"{label}: cached", tuple(turns), tuple(
-            sum(row["cached_prompt_tokens"] or 0 for row in by_turn[t]) / len(by_turn[t]) for t in turns)))
+        curves.append(
+            plots.Curve(
+                f"{label}: cached",
+                tuple(turns),
+                tuple(
+                    sum(row["cached_prompt_tokens"] or 0 for row in by_turn[t]) / len(by_turn[t])
+                    for t in turns
+                ),
+            )
+        )
         if prompt is None:
-            prompt = plots.Curve("prompt tokens", tuple(turns), tuple(
-                sum(row["prompt_tokens"] or 0 for row in by_turn[t]) / len(by_turn[t]) for t in turns))
+            prompt = plots.Curve(
+                "prompt tokens",
+                tuple(turns),
+                tuple(sum(row["prompt_tokens"] or 0 for row in by_turn[t]) / len(by_turn[t]) for t in turns),
+            )
     path = plots.plot_cached_per_turn(curves, path, f"Cached prompt tokens per turn: {title}", prompt)
     return Figure(path, "Mean cached prompt tokens per turn (or agent step), against the mean prompt length.")
 
@@ -336,13 +486,24 @@ def _load_sweep_figures(results: Sequence[ResultFile], out_dir: Path) -> list[Fi
     from kvbench.results.load_sweep_report import load_sweep_figures, read_points
 
     sweeps = [r for r in results if r.kind == "load-sweep"]
-    return [figure for index, r in enumerate(sweeps, start=1)
-            for figure in load_sweep_figures(read_points(r.metadata), r.metadata["sweep"]["axis"], out_dir,
-                                             f"load_sweep{index}_" if len(sweeps) > 1 else "")]
+    return [
+        figure
+        for index, r in enumerate(sweeps, start=1)
+        for figure in load_sweep_figures(
+            read_points(r.metadata),
+            r.metadata["sweep"]["axis"],
+            out_dir,
+            f"load_sweep{index}_" if len(sweeps) > 1 else "",
+        )
+    ]
 
 
-def build_report(results: Sequence[ResultFile], out_dir: str | Path, title: str = "kvbench report",
-                 extra: Sequence[tuple[Sequence[TableData], Sequence[Figure]]] = ()) -> Report:
+def build_report(
+    results: Sequence[ResultFile],
+    out_dir: str | Path,
+    title: str = "kvbench report",
+    extra: Sequence[tuple[Sequence[TableData], Sequence[Figure]]] = (),
+) -> Report:
     """Write the PNG plots and ``report.html`` (plots embedded as base64 data URIs) into ``out_dir``.
 
     Plots drawn when the inputs allow: hit rate vs cache size (sim, sweep), TTFT p50 vs hit rate with
@@ -353,14 +514,23 @@ def build_report(results: Sequence[ResultFile], out_dir: str | Path, title: str 
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    figures = _hit_rate_figure(results, out_dir) + _fit_figures(results, out_dir) + _load_sweep_figures(results, out_dir)
+    figures = (
+        _hit_rate_figure(results, out_dir)
+        + _fit_figures(results, out_dir)
+        + _load_sweep_figures(results, out_dir)
+    )
     for index, group in enumerate(group_by_trace(results), start=1):
         figures += _run_figures(group, index, out_dir)
     tables, notes = summary_tables(results), input_notes(results)
     for extra_tables, extra_figures in extra:
         tables, figures = [*tables, *extra_tables], [*figures, *extra_figures]
-    page = render_html(title, [str(r.path) for r in results], [setup_table(results), *tables] if results else tables,
-                       figures, notes)
+    page = render_html(
+        title,
+        [str(r.path) for r in results],
+        [setup_table(results), *tables] if results else tables,
+        figures,
+        notes,
+    )
     html_path = out_dir / "report.html"
     html_path.write_text(page, encoding="utf-8")
     return Report(html_path, tuple(figures), tuple(tables), tuple(notes))
@@ -368,29 +538,51 @@ def build_report(results: Sequence[ResultFile], out_dir: str | Path, title: str 
 
 def _html_table(table: TableData) -> str:
     head = "".join(f"<th>{html.escape(c)}</th>" for c in table.columns)
-    body = "".join("<tr>" + "".join(f"<td style='text-align:left'>{html.escape(cell)}</td>" if i in table.text_columns
-                                    else f"<td>{html.escape(cell)}</td>" for i, cell in enumerate(row)) + "</tr>"
-                   for row in table.rows)
+    body = "".join(
+        "<tr>"
+        + "".join(
+            f"<td style='text-align:left'>{html.escape(cell)}</td>"
+            if i in table.text_columns
+            else f"<td>{html.escape(cell)}</td>"
+            for i, cell in enumerate(row)
+        )
+        + "</tr>"
+        for row in table.rows
+    )
     caption = f"<p class='caption'>{html.escape(table.caption)}</p>" if table.caption else ""
     return f"<h2>{html.escape(table.title)}</h2><table><tr>{head}</tr>{body}</table>{caption}"
 
 
-def render_html(title: str, inputs: Sequence[str], tables: Sequence[TableData], figures: Sequence[Figure],
-                notes: Sequence[str] = ()) -> str:
+def render_html(
+    title: str,
+    inputs: Sequence[str],
+    tables: Sequence[TableData],
+    figures: Sequence[Figure],
+    notes: Sequence[str] = (),
+) -> str:
     """One self-contained HTML page: inputs, notes, tables, then each PNG as a data URI with its caption."""
-    parts = [f"<h1>{html.escape(title)}</h1>",
-             f"<p>Generated {html.escape(time.strftime('%Y-%m-%d %H:%M:%S'))} from:</p><ul>"
-             + "".join(f"<li><code>{html.escape(p)}</code></li>" for p in inputs) + "</ul>"]
+    parts = [
+        f"<h1>{html.escape(title)}</h1>",
+        f"<p>Generated {html.escape(time.strftime('%Y-%m-%d %H:%M:%S'))} from:</p><ul>"
+        + "".join(f"<li><code>{html.escape(p)}</code></li>" for p in inputs)
+        + "</ul>",
+    ]
     if notes:
         parts.append("<ul class='notes'>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>")
     parts += [_html_table(table) for table in tables]
     for figure in figures:
         data = base64.b64encode(figure.path.read_bytes()).decode("ascii")
-        parts.append(f"<figure><img alt='{html.escape(figure.path.stem)}' src='data:image/png;base64,{data}'>"
-                     f"<figcaption>{html.escape(figure.caption)}</figcaption></figure>")
-    style = ("body{font-family:sans-serif;max-width:1000px;margin:2em auto;padding:0 1em}"
-             "table{border-collapse:collapse;font-size:0.85em}td,th{border:1px solid #ccc;padding:3px 6px;"
-             "text-align:right}td:first-child{text-align:left}th{background:#f3f3f3}.caption,figcaption{color:#555;font-size:0.85em}"
-             ".notes{color:#a40}img{max-width:100%}")
-    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-            f"<style>{style}</style></head><body>{''.join(parts)}</body></html>\n")
+        parts.append(
+            f"<figure><img alt='{html.escape(figure.path.stem)}' src='data:image/png;base64,{data}'>"
+            f"<figcaption>{html.escape(figure.caption)}</figcaption></figure>"
+        )
+    style = (
+        "body{font-family:sans-serif;max-width:1000px;margin:2em auto;padding:0 1em}"
+        "table{border-collapse:collapse;font-size:0.85em}td,th{border:1px solid #ccc;padding:3px 6px;"
+        "text-align:right}td:first-child{text-align:left}th{background:#f3f3f3}.caption,figcaption{color:#555;font-size:0.85em}"
+        ".notes{color:#a40}img{max-width:100%}"
+    )
+    return (
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{style}</style></head><body>{''.join(parts)}</body></html>\n"
+    )

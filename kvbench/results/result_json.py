@@ -53,13 +53,18 @@ def _header(metadata: Mapping[str, Any], summary: RunSummary) -> dict[str, Any]:
     run = metadata.get("run") or {}
     load = run.get("load") or {}
     rate = load.get("request_rate_per_s")
-    return {"date": _run_date(run.get("started_at")),
-            "endpoint_type": "openai" if run.get("backend") == "openai" else "kvbench-inprocess",
-            "backend": run.get("backend"), "label": run.get("scenario"), "model_id": run.get("model"),
-            "tokenizer_id": run.get("tokenizer") or "cl100k_base", "num_prompts": summary.num_requests,
-            "request_rate": "inf" if rate is None or rate == math.inf else rate,
-            "burstiness": load.get("burstiness", 1.0),
-            "max_concurrency": load.get("concurrency", run.get("concurrency"))}
+    return {
+        "date": _run_date(run.get("started_at")),
+        "endpoint_type": "openai" if run.get("backend") == "openai" else "kvbench-inprocess",
+        "backend": run.get("backend"),
+        "label": run.get("scenario"),
+        "model_id": run.get("model"),
+        "tokenizer_id": run.get("tokenizer") or "cl100k_base",
+        "num_prompts": summary.num_requests,
+        "request_rate": "inf" if rate is None or rate == math.inf else rate,
+        "burstiness": load.get("burstiness", 1.0),
+        "max_concurrency": load.get("concurrency", run.get("concurrency")),
+    }
 
 
 def detailed_arrays(rows: Sequence[Mapping[str, Any]]) -> dict[str, list]:
@@ -78,8 +83,12 @@ def detailed_arrays(rows: Sequence[Mapping[str, Any]]) -> dict[str, list]:
     }
 
 
-def result_dict(summary: RunSummary, metadata: Mapping[str, Any], rows: Sequence[Mapping[str, Any]],
-                detailed: bool = False) -> dict[str, Any]:
+def result_dict(
+    summary: RunSummary,
+    metadata: Mapping[str, Any],
+    rows: Sequence[Mapping[str, Any]],
+    detailed: bool = False,
+) -> dict[str, Any]:
     """The result JSON of one run (see the module docstring). ``metadata`` is the Parquet footer's
     (``run``, ``reconciliation``, ``versions``, ``machine``); missing parts are filled from here."""
     reconciliation = metadata.get("reconciliation") or {}
@@ -87,8 +96,11 @@ def result_dict(summary: RunSummary, metadata: Mapping[str, Any], rows: Sequence
     result.update({key: reconciliation.get(key) for key in SERVER_RATES})
     failed = sum(1 for r in rows if r.get("status") != "ok")
     result["error_rate"] = failed / len(rows) if rows else None
-    result.update(run=metadata.get("run") or {}, versions=metadata.get("versions") or versions(),
-                  machine=metadata.get("machine") or machine())
+    result.update(
+        run=metadata.get("run") or {},
+        versions=metadata.get("versions") or versions(),
+        machine=metadata.get("machine") or machine(),
+    )
     if detailed:
         result.update(detailed_arrays(rows))
     return result
@@ -110,14 +122,20 @@ def write_result(path: str | Path, result: Mapping[str, Any]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
-    result = scrub(json_ready(dict(result)), environment_secrets())  # no API key in a results file (issue 32.8)
+    result = scrub(
+        json_ready(dict(result)), environment_secrets()
+    )  # no API key in a results file (issue 32.8)
     partial.write_text(json.dumps(result, indent=2, default=str, allow_nan=False) + "\n")
     os.replace(partial, path)
     return path
 
 
-def result_path(save_result: Path | None, result_dir: Path | None, result_filename: str | None,
-                parquet_path: Path | None = None) -> Path | None:
+def result_path(
+    save_result: Path | None,
+    result_dir: Path | None,
+    result_filename: str | None,
+    parquet_path: Path | None = None,
+) -> Path | None:
     """Where the JSON goes: ``--save-result PATH``, or vLLM's ``--result-dir`` / ``--result-filename``
     (either one turns saving on; the file name defaults to the Parquet file's stem + ``.json``, the
     folder to the current one). ``None`` when none is given; before the run (``parquet_path``
@@ -134,7 +152,9 @@ def result_path(save_result: Path | None, result_dir: Path | None, result_filena
     if result_dir is None and result_filename is None:
         return None
     if result_filename is not None and Path(result_filename).name != result_filename:
-        raise InputError(f"--result-filename {result_filename}: a file name, without a folder (see --result-dir)")
+        raise InputError(
+            f"--result-filename {result_filename}: a file name, without a folder (see --result-dir)"
+        )
     name = result_filename or (f"{parquet_path.stem}.json" if parquet_path is not None else "result.json")
     return Path(result_dir or ".") / name
 

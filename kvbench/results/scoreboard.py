@@ -24,14 +24,28 @@ from kvbench.errors import InputError
 from kvbench.results.parquet import machine as this_machine
 from kvbench.results.files import ResultFile, describe_cache, format_value, group_by_trace
 
-COLUMNS = ("date", "machine", "engine", "cache", "run", "TTFT p50 (ms)", "decode (tok/s)", "E2E p50 (ms)",
-           "token hit", "notes")
+COLUMNS = (
+    "date",
+    "machine",
+    "engine",
+    "cache",
+    "run",
+    "TTFT p50 (ms)",
+    "decode (tok/s)",
+    "E2E p50 (ms)",
+    "token hit",
+    "notes",
+)
 HEADER = "| " + " | ".join(COLUMNS) + " |"
-PREAMBLE = ("# kvbench scoreboard\n\n"
-            "One row per run, appended by `kvbench scoreboard export`; earlier rows are never rewritten.\n"
-            "TTFT p50 over warm measured requests, with their median prompt length; token hit = cached / "
-            "prompt tokens.\n\n")
-NOTES_CAPACITY_BLOCKS = 1024  # the cache size quoted for Zipf hit rates (the Zipf-8 prefixes need 1,024 blocks)
+PREAMBLE = (
+    "# kvbench scoreboard\n\n"
+    "One row per run, appended by `kvbench scoreboard export`; earlier rows are never rewritten.\n"
+    "TTFT p50 over warm measured requests, with their median prompt length; token hit = cached / "
+    "prompt tokens.\n\n"
+)
+NOTES_CAPACITY_BLOCKS = (
+    1024  # the cache size quoted for Zipf hit rates (the Zipf-8 prefixes need 1,024 blocks)
+)
 
 
 def escape_cell(text: str) -> str:
@@ -67,8 +81,10 @@ class ScoreboardRow:
     def as_markdown(self) -> str:
         run = f"{escape_cell(self.scenario)} {self.run_marker}"
         cells = [escape_cell(cell) for cell in (self.date, self.machine, self.engine, self.cache)]
-        cells += [run] + [escape_cell(cell) for cell in (self.ttft_p50, self.decode_tok_s, self.e2e_p50,
-                                                         self.token_hit, self.notes)]
+        cells += [run] + [
+            escape_cell(cell)
+            for cell in (self.ttft_p50, self.decode_tok_s, self.e2e_p50, self.token_hit, self.notes)
+        ]
         return "| " + " | ".join(cells) + " |"
 
 
@@ -108,8 +124,11 @@ def _run_date(result: ResultFile) -> str:
 
 
 def _ttft_cell(result: ResultFile) -> str:
-    prompts = [r["prompt_tokens"] for r in result.rows
-               if r.get("phase", "measure") == "measure" and r.get("status") == "ok" and r.get("prompt_tokens")]
+    prompts = [
+        r["prompt_tokens"]
+        for r in result.rows
+        if r.get("phase", "measure") == "measure" and r.get("status") == "ok" and r.get("prompt_tokens")
+    ]
     p50 = format_value(result.summary.p50_ttft_ms)
     return f"{p50} @ {statistics.median(prompts):,.0f} tok" if prompts and p50 != "-" else p50
 
@@ -142,8 +161,10 @@ def on_off_note(results: Sequence[ResultFile]) -> str | None:
     if pair is None:
         return None
     off, on = pair
-    return (f"{_size_label(off)} TTFT p50: {off.summary.p50_ttft_ms:,.0f} ms off -> "
-            f"{on.summary.p50_ttft_ms:,.0f} ms on")
+    return (
+        f"{_size_label(off)} TTFT p50: {off.summary.p50_ttft_ms:,.0f} ms off -> "
+        f"{on.summary.p50_ttft_ms:,.0f} ms on"
+    )
 
 
 def _zipf_source(result: ResultFile) -> tuple[str, Mapping[str, Any]] | None:
@@ -165,8 +186,11 @@ def zipf_note(results: Sequence[ResultFile]) -> str | None:
         if found is None:
             continue
         source, workload = found
-        points = [(r["capacity_blocks"], r["token_hit_rate"], r.get("block_size")) for r in result.rows
-                  if r.get("release_order") in (None, "tail-first") and r.get("token_hit_rate") is not None]
+        points = [
+            (r["capacity_blocks"], r["token_hit_rate"], r.get("block_size"))
+            for r in result.rows
+            if r.get("release_order") in (None, "tail-first") and r.get("token_hit_rate") is not None
+        ]
         if not points:
             continue
         capacity, hit_rate, block_size = min(points, key=lambda p: abs(p[0] - NOTES_CAPACITY_BLOCKS))
@@ -203,7 +227,9 @@ def notes_cell(results: Sequence[ResultFile], result: ResultFile) -> str:
     return "; ".join(sentences)
 
 
-def scoreboard_rows(results: Sequence[ResultFile], gpu: Callable[[], str | None] = detect_gpu) -> list[ScoreboardRow]:
+def scoreboard_rows(
+    results: Sequence[ResultFile], gpu: Callable[[], str | None] = detect_gpu
+) -> list[ScoreboardRow]:
     """One row per run file in ``results``; sim and sweep files only feed the notes.
 
     Raises:
@@ -211,8 +237,10 @@ def scoreboard_rows(results: Sequence[ResultFile], gpu: Callable[[], str | None]
     """
     runs = [r for r in results if r.kind == "run"]
     if not runs:
-        raise InputError("no run results among the files: the scoreboard has one row per kvbench run "
-                         "(sim and sweep files only fill in the notes)")
+        raise InputError(
+            "no run results among the files: the scoreboard has one row per kvbench run "
+            "(sim and sweep files only fill in the notes)"
+        )
     detected: list[str | None] = []
 
     def gpu_once() -> str | None:
@@ -224,13 +252,21 @@ def scoreboard_rows(results: Sequence[ResultFile], gpu: Callable[[], str | None]
     for run in runs:
         config, summary = run.run, run.summary
         engine = f"{config.get('backend', '?')}, {config.get('model', '?')}, concurrency {config.get('concurrency', '?')}"
-        rows.append(ScoreboardRow(
-            date=_run_date(run), machine=machine_cell(run.metadata.get("machine") or {}, gpu_once),
-            engine=engine, cache=describe_cache(run.cache), run_id=str(config.get("run_id") or run.name),
-            scenario=str(run.scenario or Path((config.get("trace") or {}).get("path") or run.name).stem),
-            ttft_p50=_ttft_cell(run), decode_tok_s=format_value(summary.per_stream_decode_tok_s),
-            e2e_p50=format_value(summary.p50_e2e_ms), token_hit=format_value(summary.token_hit_rate, ".3f"),
-            notes=notes_cell(results, run)))
+        rows.append(
+            ScoreboardRow(
+                date=_run_date(run),
+                machine=machine_cell(run.metadata.get("machine") or {}, gpu_once),
+                engine=engine,
+                cache=describe_cache(run.cache),
+                run_id=str(config.get("run_id") or run.name),
+                scenario=str(run.scenario or Path((config.get("trace") or {}).get("path") or run.name).stem),
+                ttft_p50=_ttft_cell(run),
+                decode_tok_s=format_value(summary.per_stream_decode_tok_s),
+                e2e_p50=format_value(summary.p50_e2e_ms),
+                token_hit=format_value(summary.token_hit_rate, ".3f"),
+                notes=notes_cell(results, run),
+            )
+        )
     return rows
 
 
@@ -259,8 +295,10 @@ def append_rows(path: str | Path, rows: Sequence[ScoreboardRow]) -> AppendResult
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"{path}: cannot read the scoreboard ({exc})") from None
     if not created and HEADER not in text.splitlines():
-        raise InputError(f"{path}: not a kvbench scoreboard (no '{HEADER[:40]}...' header line); "
-                         "export to another file with --to")
+        raise InputError(
+            f"{path}: not a kvbench scoreboard (no '{HEADER[:40]}...' header line); "
+            "export to another file with --to"
+        )
     appended, skipped, seen = [], [], set()
     for row in rows:
         if row.run_marker in text or row.run_marker in seen:

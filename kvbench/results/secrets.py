@@ -23,7 +23,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 REDACTED = "<redacted>"
-_PREFIXED_KEY = re.compile(r"(?:sk-ant-|sk-|sk_|hf_|ghp_|gho_|github_pat_|xox[abprs]-|AKIA|AIza)[A-Za-z0-9_\-]{12,}")
+_PREFIXED_KEY = re.compile(
+    r"(?:sk-ant-|sk-|sk_|hf_|ghp_|gho_|github_pat_|xox[abprs]-|AKIA|AIza)[A-Za-z0-9_\-]{12,}"
+)
 _SECRET_VARIABLE = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.IGNORECASE)
 _MIN_SECRET_CHARS = 8  # shorter values ("EMPTY", "1") would redact ordinary words
 _BARE_TOKEN = re.compile(r"[A-Za-z0-9]{32,}")
@@ -33,8 +35,11 @@ VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # POSIX: letters, digits,
 def environment_secrets() -> list[str]:
     """The values of the environment's secret-named variables (longest first, so a longer value is
     redacted whole before a shorter one inside it)."""
-    values = {value for name, value in os.environ.items()
-              if _SECRET_VARIABLE.search(name) and len(value) >= _MIN_SECRET_CHARS}
+    values = {
+        value
+        for name, value in os.environ.items()
+        if _SECRET_VARIABLE.search(name) and len(value) >= _MIN_SECRET_CHARS
+    }
     return sorted(values, key=len, reverse=True)
 
 
@@ -43,7 +48,8 @@ def looks_like_key(text: str) -> bool:
     upper case, lower case and digits (a key without a known prefix)."""
     return bool(_PREFIXED_KEY.search(text)) or any(
         re.search("[a-z]", token) and re.search("[A-Z]", token) and re.search("[0-9]", token)
-        for token in _BARE_TOKEN.findall(text))
+        for token in _BARE_TOKEN.findall(text)
+    )
 
 
 def scrub_text(text: str, known: Sequence[str] = ()) -> str:

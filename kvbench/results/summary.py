@@ -25,8 +25,14 @@ from typing import Any
 import numpy as np
 
 from kvbench.results.goodput import DEFAULT_HIT_THRESHOLD, Goodput, goodput
-from kvbench.results.metrics import (DEFAULT_PERCENTILES, METRICS, latency_stats, measured_duration_s, metric_values,
-                                     throughput)
+from kvbench.results.metrics import (
+    DEFAULT_PERCENTILES,
+    METRICS,
+    latency_stats,
+    measured_duration_s,
+    metric_values,
+    throughput,
+)
 
 PERCENTILES = (50, 90, 99)
 
@@ -85,9 +91,15 @@ class SummaryOptions:
         if not self.metric_percentiles or any(not 0 <= q <= 100 for q in self.metric_percentiles):
             raise ValueError(f"--metric-percentiles: {self.metric_percentiles} must lie in 0..100")
         unknown = [m for m in self.percentile_metrics if m not in METRICS]
-        if unknown or not self.percentile_metrics or len(set(self.percentile_metrics)) < len(self.percentile_metrics):
-            raise ValueError(f"--percentile-metrics: {','.join(self.percentile_metrics)}: give distinct names "
-                             f"of {', '.join(METRICS)}")
+        if (
+            unknown
+            or not self.percentile_metrics
+            or len(set(self.percentile_metrics)) < len(self.percentile_metrics)
+        ):
+            raise ValueError(
+                f"--percentile-metrics: {','.join(self.percentile_metrics)}: give distinct names "
+                f"of {', '.join(METRICS)}"
+            )
         if not 0 < self.hit_threshold <= 1:
             raise ValueError(f"hit_threshold: {self.hit_threshold} must lie in (0, 1]")
 
@@ -129,7 +141,9 @@ class RunSummary:
     latency: dict[str, float | None] = field(default_factory=dict)
     goodput: Goodput | None = None
     num_cached_unreported: int = 0  # ok requests without cached_tokens (missing, not 0: kept out of the rate)
-    num_cached_impossible: int = 0  # ok requests reporting cached_tokens < 0 or > prompt_tokens (kept out too)
+    num_cached_impossible: int = (
+        0  # ok requests reporting cached_tokens < 0 or > prompt_tokens (kept out too)
+    )
 
     def as_dict(self) -> dict[str, Any]:
         """Every key, flat: the fields, then the latency statistics, then goodput (when asked for)."""
@@ -144,8 +158,9 @@ def _ok(row: Mapping[str, Any]) -> bool:
     return row.get("status") == "ok"
 
 
-def _latency(ok: Sequence[Mapping[str, Any]], warm: Sequence[Mapping[str, Any]],
-             options: SummaryOptions) -> dict[str, float | None]:
+def _latency(
+    ok: Sequence[Mapping[str, Any]], warm: Sequence[Mapping[str, Any]], options: SummaryOptions
+) -> dict[str, float | None]:
     stats: dict[str, float | None] = {}
     for metric in options.percentile_metrics:
         values = metric_values(warm if metric == "ttft" else ok, metric)
@@ -172,8 +187,11 @@ def summarize(rows: Iterable[Mapping[str, Any]], options: SummaryOptions | None 
     expected_prompt = sum(local_prompt_tokens(r) for r in expected_rows)  # the expectation's own units
     ttft = [r["ttft_ms"] for r in warm]
     decode_tokens = sum(max((r["output_tokens"] or 0) - 1, 0) for r in ok)
-    decode_ms = sum((r["e2e_ms"] - r["ttft_ms"]) for r in ok
-                    if r.get("e2e_ms") is not None and r.get("ttft_ms") is not None and (r["output_tokens"] or 0) > 1)
+    decode_ms = sum(
+        (r["e2e_ms"] - r["ttft_ms"])
+        for r in ok
+        if r.get("e2e_ms") is not None and r.get("ttft_ms") is not None and (r["output_tokens"] or 0) > 1
+    )
     output = sum(r["output_tokens"] or 0 for r in ok)
     rates = throughput(measured_duration_s(measured), len(ok), prompt, output)
     return RunSummary(
@@ -197,12 +215,20 @@ def summarize(rows: Iterable[Mapping[str, Any]], options: SummaryOptions | None 
         per_stream_decode_tok_s=decode_tokens / (decode_ms / 1000.0) if decode_ms > 0 else None,
         output_tokens=output,
         num_mismatched_outputs=sum(1 for r in measured if r.get("output_matches_reference") is False),
-        duration=rates.duration, completed=len(ok), failed=len(measured) - len(ok),
-        total_input_tokens=prompt, total_output_tokens=output, request_throughput=rates.request_throughput,
-        output_throughput=rates.output_throughput, total_token_throughput=rates.total_token_throughput,
+        duration=rates.duration,
+        completed=len(ok),
+        failed=len(measured) - len(ok),
+        total_input_tokens=prompt,
+        total_output_tokens=output,
+        request_throughput=rates.request_throughput,
+        output_throughput=rates.output_throughput,
+        total_token_throughput=rates.total_token_throughput,
         latency=_latency(ok, warm, options),
-        goodput=goodput(ok, options.goodput, rates.duration, options.hit_threshold) if options.goodput else None,
-        num_cached_unreported=len(ok) - len(reported), num_cached_impossible=len(reported) - len(counted),
+        goodput=goodput(ok, options.goodput, rates.duration, options.hit_threshold)
+        if options.goodput
+        else None,
+        num_cached_unreported=len(ok) - len(reported),
+        num_cached_impossible=len(reported) - len(counted),
     )
 
 

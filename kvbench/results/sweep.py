@@ -32,20 +32,22 @@ from kvbench.errors import InputError
 from kvbench.results.parquet import read_metadata, write_rows
 from kvbench.results.summary import RunSummary
 
-SWEEP_SCHEMA = pa.schema([
-    pa.field("capacity_blocks", pa.int64()),
-    pa.field("token_hit_rate", pa.float64()),    # cached prompt tokens / prompt tokens, measured requests
-    pa.field("p50_ttft_ms", pa.float64()),       # warm measured requests (the cold first one excluded)
-    pa.field("p90_ttft_ms", pa.float64()),
-    pa.field("num_requests", pa.int64()),
-    pa.field("num_errors", pa.int64()),
-    pa.field("results_path", pa.string()),       # the run's own Parquet file (the first repeat's)
-    pa.field("num_repeats", pa.int64()),         # runs at this size (--repeats); p50_ttft_ms is their median
-    pa.field("min_p50_ttft_ms", pa.float64()),   # the spread of the repeats' TTFT p50s
-    pa.field("max_p50_ttft_ms", pa.float64()),
-    pa.field("repeat_p50_ttft_ms", pa.list_(pa.float64())),  # every repeat's TTFT p50, in run order
-    pa.field("repeat_results_paths", pa.list_(pa.string())),
-])
+SWEEP_SCHEMA = pa.schema(
+    [
+        pa.field("capacity_blocks", pa.int64()),
+        pa.field("token_hit_rate", pa.float64()),  # cached prompt tokens / prompt tokens, measured requests
+        pa.field("p50_ttft_ms", pa.float64()),  # warm measured requests (the cold first one excluded)
+        pa.field("p90_ttft_ms", pa.float64()),
+        pa.field("num_requests", pa.int64()),
+        pa.field("num_errors", pa.int64()),
+        pa.field("results_path", pa.string()),  # the run's own Parquet file (the first repeat's)
+        pa.field("num_repeats", pa.int64()),  # runs at this size (--repeats); p50_ttft_ms is their median
+        pa.field("min_p50_ttft_ms", pa.float64()),  # the spread of the repeats' TTFT p50s
+        pa.field("max_p50_ttft_ms", pa.float64()),
+        pa.field("repeat_p50_ttft_ms", pa.list_(pa.float64())),  # every repeat's TTFT p50, in run order
+        pa.field("repeat_results_paths", pa.list_(pa.string())),
+    ]
+)
 
 
 MIN_MEANINGFUL_POINTS = 3  # two points always sit on a line: 2 coefficients leave 0 degrees of freedom
@@ -112,11 +114,15 @@ class Fit:
         rate)`` reaches 0 ms at hit rate 0.79). The timings are then noise, e.g. a loaded machine."""
         reasons = []
         if self.num_points < MIN_MEANINGFUL_POINTS:
-            reasons.append(f"only {self.num_points} points: a line through {self.num_points} points says nothing "
-                           f"(at least {MIN_MEANINGFUL_POINTS} needed)")
+            reasons.append(
+                f"only {self.num_points} points: a line through {self.num_points} points says nothing "
+                f"(at least {MIN_MEANINGFUL_POINTS} needed)"
+            )
         if self.b_ms < -1e-9 * max(1.0, abs(self.a_ms)):
-            reasons.append("the slope is negative (TTFT falls as the miss rate rises): the timings are noise, "
-                           "not prefill cost; check the machine's load and rerun")
+            reasons.append(
+                "the slope is negative (TTFT falls as the miss rate rises): the timings are noise, "
+                "not prefill cost; check the machine's load and rerun"
+            )
         if (negative := self._negative_time()) is not None:
             reasons.append(negative)
         return reasons
@@ -128,8 +134,10 @@ class Fit:
             return None
         zero_hit = 1.0 + self.a_ms / self.b_ms if self.b_ms != 0 else math.nan
         crossing = f", 0 ms at hit rate {zero_hit:.2f}" if 0.0 <= zero_hit <= 1.0 else ""
-        return (f"the line gives a negative TTFT ({low_ms:,.1f} ms at hit rate {low_hit:.0f}{crossing}): no time is "
-                f"negative, so the points do not lie on a line of prefill cost; check the machine's load and rerun")
+        return (
+            f"the line gives a negative TTFT ({low_ms:,.1f} ms at hit rate {low_hit:.0f}{crossing}): no time is "
+            f"negative, so the points do not lie on a line of prefill cost; check the machine's load and rerun"
+        )
 
     @property
     def caveat(self) -> str | None:
@@ -140,18 +148,27 @@ class Fit:
         """One line for tables and captions, e.g. ``TTFT p50 = 41.0 ms + 1,250.3 ms x (1 - hit rate), R^2 0.998
         (5 points); 95% CI a [35.2, 46.8] ms, b [1,201.0, 1,299.6] ms``; a fit with :attr:`caveats` says it
         is not meaningful, and why."""
-        line = (f"TTFT p50 = {self.a_ms:,.1f} ms + {self.b_ms:,.1f} ms x (1 - hit rate), "
-                f"R^2 {self.r_squared:.3f} ({self.num_points} points)")
+        line = (
+            f"TTFT p50 = {self.a_ms:,.1f} ms + {self.b_ms:,.1f} ms x (1 - hit rate), "
+            f"R^2 {self.r_squared:.3f} ({self.num_points} points)"
+        )
         if self.a_ci_ms is not None and self.b_ci_ms is not None:
-            line += (f"; 95% CI a [{self.a_ci_ms[0]:,.1f}, {self.a_ci_ms[1]:,.1f}] ms, "
-                     f"b [{self.b_ci_ms[0]:,.1f}, {self.b_ci_ms[1]:,.1f}] ms")
+            line += (
+                f"; 95% CI a [{self.a_ci_ms[0]:,.1f}, {self.a_ci_ms[1]:,.1f}] ms, "
+                f"b [{self.b_ci_ms[0]:,.1f}, {self.b_ci_ms[1]:,.1f}] ms"
+            )
         return line if self.caveat is None else f"not meaningful: {line}; {self.caveat}"
 
     def as_dict(self) -> dict[str, Any]:
         """The coefficients, their standard errors and 95% intervals (``interval`` says how), and the
         ``caveats`` (a list of reasons; empty when the line can be true)."""
-        return {**asdict(self), "a_ci_ms": self.a_ci_ms, "b_ci_ms": self.b_ci_ms, "interval": INTERVAL,
-                "caveats": self.caveats}
+        return {
+            **asdict(self),
+            "a_ci_ms": self.a_ci_ms,
+            "b_ci_ms": self.b_ci_ms,
+            "interval": INTERVAL,
+            "caveats": self.caveats,
+        }
 
 
 def fit_ttft_vs_miss_rate(hit_rates: Sequence[float], ttft_p50_ms: Sequence[float]) -> Fit:
@@ -182,8 +199,14 @@ def fit_ttft_vs_miss_rate(hit_rates: Sequence[float], ttft_p50_ms: Sequence[floa
     if np.ptp(hits) == 0:
         raise ValueError("a fit needs at least 2 distinct hit rates")
     line = ols_line(1.0 - hits, ttft)
-    return Fit(a_ms=line.intercept, b_ms=line.slope, r_squared=line.r_squared, num_points=line.num_points,
-               a_se_ms=line.intercept_se, b_se_ms=line.slope_se)
+    return Fit(
+        a_ms=line.intercept,
+        b_ms=line.slope,
+        r_squared=line.r_squared,
+        num_points=line.num_points,
+        a_se_ms=line.intercept_se,
+        b_se_ms=line.slope_se,
+    )
 
 
 @dataclass(frozen=True)
@@ -225,12 +248,16 @@ class SweepPoint:
             raise ValueError("num_requests and num_errors must be >= 0")
 
     @classmethod
-    def from_summary(cls, capacity_blocks: int, summary: RunSummary, results_path: str | Path) -> "SweepPoint":
+    def from_summary(
+        cls, capacity_blocks: int, summary: RunSummary, results_path: str | Path
+    ) -> "SweepPoint":
         """The point of one run: its :class:`RunSummary` and the Parquet file it wrote."""
         return cls.from_repeats(capacity_blocks, [(summary, results_path)])
 
     @classmethod
-    def from_repeats(cls, capacity_blocks: int, runs: Sequence[tuple[RunSummary, str | Path]]) -> "SweepPoint":
+    def from_repeats(
+        cls, capacity_blocks: int, runs: Sequence[tuple[RunSummary, str | Path]]
+    ) -> "SweepPoint":
         """The point of R >= 1 runs at one size, ``(summary, results file)`` in run order (class docstring).
 
         Raises:
@@ -241,13 +268,20 @@ class SweepPoint:
         summaries = [summary for summary, _ in runs]
         p50s = [s.p50_ttft_ms for s in summaries]
         measured = [v for v in p50s if v is not None]
-        return cls(capacity_blocks=capacity_blocks, token_hit_rate=_median([s.token_hit_rate for s in summaries]),
-                   p50_ttft_ms=_median(p50s), results_path=str(runs[0][1]),
-                   p90_ttft_ms=_median([s.p90_ttft_ms for s in summaries]),
-                   num_requests=sum(s.num_requests for s in summaries), num_errors=sum(s.num_errors for s in summaries),
-                   num_repeats=len(runs), min_p50_ttft_ms=min(measured) if measured else None,
-                   max_p50_ttft_ms=max(measured) if measured else None, repeat_p50_ttft_ms=tuple(p50s),
-                   repeat_results_paths=tuple(str(path) for _, path in runs))
+        return cls(
+            capacity_blocks=capacity_blocks,
+            token_hit_rate=_median([s.token_hit_rate for s in summaries]),
+            p50_ttft_ms=_median(p50s),
+            results_path=str(runs[0][1]),
+            p90_ttft_ms=_median([s.p90_ttft_ms for s in summaries]),
+            num_requests=sum(s.num_requests for s in summaries),
+            num_errors=sum(s.num_errors for s in summaries),
+            num_repeats=len(runs),
+            min_p50_ttft_ms=min(measured) if measured else None,
+            max_p50_ttft_ms=max(measured) if measured else None,
+            repeat_p50_ttft_ms=tuple(p50s),
+            repeat_results_paths=tuple(str(path) for _, path in runs),
+        )
 
     @property
     def fittable(self) -> bool:
@@ -255,7 +289,10 @@ class SweepPoint:
 
     def as_row(self) -> dict[str, Any]:
         row = asdict(self)
-        row["repeat_p50_ttft_ms"], row["repeat_results_paths"] = list(self.repeat_p50_ttft_ms), list(self.repeat_results_paths)
+        row["repeat_p50_ttft_ms"], row["repeat_results_paths"] = (
+            list(self.repeat_p50_ttft_ms),
+            list(self.repeat_results_paths),
+        )
         return row
 
 
@@ -292,8 +329,9 @@ class SweepSummary:
         return str(self.context.get("scenario") or "sweep")
 
 
-def build_sweep_summary(points: Sequence[SweepPoint], context: Mapping[str, Any] | None = None,
-                        complete: bool = True) -> SweepSummary:
+def build_sweep_summary(
+    points: Sequence[SweepPoint], context: Mapping[str, Any] | None = None, complete: bool = True
+) -> SweepSummary:
     """Sort ``points`` by capacity and fit TTFT p50 against the miss rate over the fittable ones.
 
     The fit is ``None`` when fewer than 2 points have distinct measured hit rates.
@@ -309,8 +347,12 @@ def build_sweep_summary(points: Sequence[SweepPoint], context: Mapping[str, Any]
 def write_sweep_summary(path: str | Path, summary: SweepSummary) -> Path:
     """Write the summary (one row per cache size) with ``command``, ``sweep``, ``fit``, ``complete``
     in the metadata. Returns the path."""
-    metadata = {"command": "sweep", "sweep": dict(summary.context),
-                "fit": summary.fit.as_dict() if summary.fit else None, "complete": summary.complete}
+    metadata = {
+        "command": "sweep",
+        "sweep": dict(summary.context),
+        "fit": summary.fit.as_dict() if summary.fit else None,
+        "complete": summary.complete,
+    }
     return write_rows(path, [p.as_row() for p in summary.points], metadata, schema=SWEEP_SCHEMA)
 
 
@@ -322,22 +364,35 @@ def read_sweep_summary(path: str | Path) -> SweepSummary:
     """
     metadata = read_metadata(path)
     if metadata.get("command") != "sweep":
-        raise InputError(f"{path}: not a sweep summary (its metadata says command "
-                         f"{metadata.get('command')!r}, expected 'sweep')")
+        raise InputError(
+            f"{path}: not a sweep summary (its metadata says command "
+            f"{metadata.get('command')!r}, expected 'sweep')"
+        )
     try:
         points = tuple(_point_from_row(row) for row in pq.read_table(path).to_pylist())
         fit = Fit.from_dict(metadata["fit"]) if metadata.get("fit") else None
-        return SweepSummary(points=points, fit=fit, context=metadata.get("sweep") or {},
-                            complete=bool(metadata.get("complete", True)))
+        return SweepSummary(
+            points=points,
+            fit=fit,
+            context=metadata.get("sweep") or {},
+            complete=bool(metadata.get("complete", True)),
+        )
     except (TypeError, ValueError, KeyError) as exc:
         raise InputError(f"{path}: malformed sweep summary ({exc})") from None
 
 
 def _point_from_row(row: Mapping[str, Any]) -> SweepPoint:
-    return SweepPoint(capacity_blocks=row["capacity_blocks"], token_hit_rate=row.get("token_hit_rate"),
-                      p50_ttft_ms=row.get("p50_ttft_ms"), results_path=row.get("results_path") or "",
-                      p90_ttft_ms=row.get("p90_ttft_ms"), num_requests=row.get("num_requests") or 0,
-                      num_errors=row.get("num_errors") or 0, num_repeats=row.get("num_repeats") or 1,
-                      min_p50_ttft_ms=row.get("min_p50_ttft_ms"), max_p50_ttft_ms=row.get("max_p50_ttft_ms"),
-                      repeat_p50_ttft_ms=tuple(row.get("repeat_p50_ttft_ms") or ()),
-                      repeat_results_paths=tuple(row.get("repeat_results_paths") or ()))
+    return SweepPoint(
+        capacity_blocks=row["capacity_blocks"],
+        token_hit_rate=row.get("token_hit_rate"),
+        p50_ttft_ms=row.get("p50_ttft_ms"),
+        results_path=row.get("results_path") or "",
+        p90_ttft_ms=row.get("p90_ttft_ms"),
+        num_requests=row.get("num_requests") or 0,
+        num_errors=row.get("num_errors") or 0,
+        num_repeats=row.get("num_repeats") or 1,
+        min_p50_ttft_ms=row.get("min_p50_ttft_ms"),
+        max_p50_ttft_ms=row.get("max_p50_ttft_ms"),
+        repeat_p50_ttft_ms=tuple(row.get("repeat_p50_ttft_ms") or ()),
+        repeat_results_paths=tuple(row.get("repeat_results_paths") or ()),
+    )

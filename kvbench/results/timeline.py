@@ -30,12 +30,17 @@ class ReplayLag:
         """One line for the run's notes."""
         if not self.num_requests:
             return "replay lag (sent - due): no request was sent"
-        return (f"replay lag (sent - due) over {counted(self.num_requests, 'request')}: p50 {self.p50_ms:.1f} ms, "
-                f"p99 {self.p99_ms:.1f} ms, max {self.max_ms:.1f} ms")
+        return (
+            f"replay lag (sent - due) over {counted(self.num_requests, 'request')}: p50 {self.p50_ms:.1f} ms, "
+            f"p99 {self.p99_ms:.1f} ms, max {self.max_ms:.1f} ms"
+        )
 
 
 def replay_lag(rows: Iterable[Mapping[str, Any]]) -> ReplayLag:
     """The replay lag of the measured rows with both ``due_ms`` and ``sent_ms``."""
-    lags = [row["sent_ms"] - row["due_ms"] for row in rows
-            if row.get("phase") == "measure" and row.get("due_ms") is not None and row.get("sent_ms") is not None]
+    lags = [
+        row["sent_ms"] - row["due_ms"]
+        for row in rows
+        if row.get("phase") == "measure" and row.get("due_ms") is not None and row.get("sent_ms") is not None
+    ]
     return ReplayLag(len(lags), percentile(lags, 50), percentile(lags, 99), max(lags) if lags else None)

@@ -44,8 +44,14 @@ class RunWriter:
     ``columns``: the backend's fixed result columns (``Backend.describe()``); ``summary_options``: the
     percentiles and goodput SLOs of the footer's summary (default: vLLM's defaults, no goodput)."""
 
-    def __init__(self, path: Path, metadata: dict[str, Any], run_id: str, columns: dict[str, Any],
-                 summary_options: SummaryOptions | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        metadata: dict[str, Any],
+        run_id: str,
+        columns: dict[str, Any],
+        summary_options: SummaryOptions | None = None,
+    ) -> None:
         self.path = Path(path)
         self.summary_options = summary_options or SummaryOptions()
         self.metadata = metadata
@@ -68,7 +74,9 @@ class RunWriter:
             table = self.checkpoints.close()
             self.metadata["machine_load"]["end"] = load_sample()
             spread = spread_warning(self.rows)
-            self.metadata["warnings"] = load_warnings(self.metadata["machine_load"]) + ([spread] if spread else [])
+            self.metadata["warnings"] = load_warnings(self.metadata["machine_load"]) + (
+                [spread] if spread else []
+            )
             if self.rows:
                 summary = summarize(self.rows, self.summary_options).as_dict()
                 write_table(self.path, table, {**self.metadata, "summary": summary, "complete": complete})
@@ -82,8 +90,15 @@ def progress_line(console: Console) -> Iterator[Callable[[list[dict[str, Any]], 
 
     Each call reads only the rows added since the last one (:class:`RunningStats`: O(1) per row) and
     re-renders the statistics at most every ``STATS_EVERY_S`` seconds."""
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), TextColumn("{task.fields[stats]}"), console=console, transient=True)
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[stats]}"),
+        console=console,
+        transient=True,
+    )
     task = progress.add_task("requests", total=None, stats="")
     stats = RunningStats()
     last_stats_s = [-math.inf]
@@ -114,8 +129,11 @@ def summary_table(name: str, run: dict[str, Any], summary: RunSummary) -> Table:
         hygiene = f", hygiene {run['hygiene']}" if "hygiene" in run else ""
         title = f"kvbench run: {name} ({run['backend']} {run['base_url']}, {run['model']}{hygiene})"
     else:
-        cache_text = (f"on ({cache['kind']}, {cache['block_size']}-token blocks, {cache['capacity_blocks']:,} blocks)"
-                      if cache["enabled"] else "off")
+        cache_text = (
+            f"on ({cache['kind']}, {cache['block_size']}-token blocks, {cache['capacity_blocks']:,} blocks)"
+            if cache["enabled"]
+            else "off"
+        )
         title = f"kvbench run: {name} ({run['backend']}, {run['model']}, cache {cache_text})"
     table = Table(title=title)
     table.add_column("metric")
@@ -123,20 +141,31 @@ def summary_table(name: str, run: dict[str, Any], summary: RunSummary) -> Table:
     hit = "-" if summary.token_hit_rate is None else f"{summary.token_hit_rate:.4f}"
     expected = "-" if summary.expected_hit_rate is None else f"{summary.expected_hit_rate:.4f}"
     rows = [
-        ("requests (measured / warm-up / errors)", f"{summary.num_requests} / {summary.num_warmup} / {summary.num_errors}"),
-        ("prompt tokens / cached", f"{summary.prompt_tokens:,} / "
-                                   + ("-" if summary.token_hit_rate is None else f"{summary.cached_prompt_tokens:,}")),
+        (
+            "requests (measured / warm-up / errors)",
+            f"{summary.num_requests} / {summary.num_warmup} / {summary.num_errors}",
+        ),
+        (
+            "prompt tokens / cached",
+            f"{summary.prompt_tokens:,} / "
+            + ("-" if summary.token_hit_rate is None else f"{summary.cached_prompt_tokens:,}"),
+        ),
         ("token hit rate (expected by the simulator)", f"{hit} ({expected})"),
         ("TTFT cold first request (ms)", _ms(summary.cold_ttft_ms)),
-        ("TTFT p50 / p90 / p99 (ms)", f"{_ms(summary.p50_ttft_ms)} / {_ms(summary.p90_ttft_ms)} / {_ms(summary.p99_ttft_ms)}"),
+        (
+            "TTFT p50 / p90 / p99 (ms)",
+            f"{_ms(summary.p50_ttft_ms)} / {_ms(summary.p90_ttft_ms)} / {_ms(summary.p99_ttft_ms)}",
+        ),
         ("TPOT p50 (ms)", _ms(summary.p50_tpot_ms)),
         ("ITL p50 (ms)", _ms(summary.p50_itl_ms)),
         ("decode per stream (tok/s)", _ms(summary.per_stream_decode_tok_s)),
         ("E2E p50 / p99 (ms)", f"{_ms(summary.p50_e2e_ms)} / {_ms(summary.p99_e2e_ms)}"),
         ("queue p50 (ms)", _ms(summary.p50_queue_ms)),
         ("duration (s)", "-" if summary.duration is None else f"{summary.duration:,.2f}"),
-        ("throughput: requests/s | output tok/s | total tok/s",
-         f"{_rate(summary.request_throughput)} | {_ms(summary.output_throughput)} | {_ms(summary.total_token_throughput)}"),
+        (
+            "throughput: requests/s | output tok/s | total tok/s",
+            f"{_rate(summary.request_throughput)} | {_ms(summary.output_throughput)} | {_ms(summary.total_token_throughput)}",
+        ),
         *_goodput_rows(summary),
         *kv_memory_rows(run.get("kv_memory")),
     ]
@@ -155,11 +184,17 @@ def _goodput_rows(summary: RunSummary) -> list[tuple[str, str]]:
     good = summary.goodput
     if good is None:
         return []
-    return [("goodput (req/s): all | cache hits | misses",
-             f"{_rate(good.request_goodput)} | {_rate(good.request_goodput_cache_hit)} | {_rate(good.request_goodput_cache_miss)}"),
-            ("met every SLO: all | cache hits | misses",
-             f"{_rate(good.slo_attainment)} | {_rate(good.slo_attainment_cache_hit)} ({good.num_cache_hit_requests}) | "
-             f"{_rate(good.slo_attainment_cache_miss)} ({good.num_cache_miss_requests})")]
+    return [
+        (
+            "goodput (req/s): all | cache hits | misses",
+            f"{_rate(good.request_goodput)} | {_rate(good.request_goodput_cache_hit)} | {_rate(good.request_goodput_cache_miss)}",
+        ),
+        (
+            "met every SLO: all | cache hits | misses",
+            f"{_rate(good.slo_attainment)} | {_rate(good.slo_attainment_cache_hit)} ({good.num_cache_hit_requests}) | "
+            f"{_rate(good.slo_attainment_cache_miss)} ({good.num_cache_miss_requests})",
+        ),
+    ]
 
 
 def latency_table(summary: RunSummary) -> Table:
@@ -167,7 +202,7 @@ def latency_table(summary: RunSummary) -> Table:
     metrics = list(dict.fromkeys(key.rsplit("_", 2)[-2] for key in summary.latency))
     table = Table(title="latency (ms; vLLM's keys, e.g. median_ttft_ms)")
     table.add_column("metric")
-    stats = [key[:-len(f"_{metrics[0]}_ms")] for key in summary.latency if key.endswith(f"_{metrics[0]}_ms")]
+    stats = [key[: -len(f"_{metrics[0]}_ms")] for key in summary.latency if key.endswith(f"_{metrics[0]}_ms")]
     for stat in stats:
         table.add_column(stat, justify="right")
     for metric in metrics:
@@ -180,11 +215,15 @@ def cached_tokens_note(summary: RunSummary) -> str:
     """Why the hit rate is missing or leaves requests out ("" when every request counted)."""
     notes = []
     if summary.num_cached_unreported:
-        notes.append(f"{counted(summary.num_cached_unreported, 'request')} without cached_tokens (not 0: missing; vLLM "
-                     "reports it with --enable-prompt-tokens-details, SGLang with --enable-cache-report)")
+        notes.append(
+            f"{counted(summary.num_cached_unreported, 'request')} without cached_tokens (not 0: missing; vLLM "
+            "reports it with --enable-prompt-tokens-details, SGLang with --enable-cache-report)"
+        )
     if summary.num_cached_impossible:
-        notes.append(f"[red]{summary.num_cached_impossible} requests reported impossible cached_tokens "
-                     "(< 0 or > prompt tokens)[/red]")
+        notes.append(
+            f"[red]{summary.num_cached_impossible} requests reported impossible cached_tokens "
+            "(< 0 or > prompt tokens)[/red]"
+        )
     return "; " + "; ".join(notes) + ", kept out of the hit rate" if notes else ""
 
 
@@ -199,15 +238,24 @@ def error_kinds(rows: list[dict[str, Any]]) -> str:
         if row["status"] == "ok":
             continue
         error = row["error"] or "error"
-        kind = f"HTTP {row['http_status']}" if row["http_status"] and row["http_status"] >= 400 else error.split(":")[0]
+        kind = (
+            f"HTTP {row['http_status']}"
+            if row["http_status"] and row["http_status"] >= 400
+            else error.split(":")[0]
+        )
         counts[kind] = counts.get(kind, 0) + 1
     return ", ".join(f"{kind} x{count}" for kind, count in sorted(counts.items(), key=lambda item: -item[1]))
 
 
 def num_multi_token_chunks(rows: list[dict[str, Any]]) -> int:
     """Successful responses whose stream put several tokens in one chunk (fewer ITL gaps than tokens - 1)."""
-    return sum(1 for row in rows if row["status"] == "ok" and row["ttft_ms"] is not None
-               and len(row["itl_ms"] or ()) < (row["output_tokens"] or 0) - 1)
+    return sum(
+        1
+        for row in rows
+        if row["status"] == "ok"
+        and row["ttft_ms"] is not None
+        and len(row["itl_ms"] or ()) < (row["output_tokens"] or 0) - 1
+    )
 
 
 MAX_SHORT_LISTED = 5  # request ids shown for short outputs
@@ -218,9 +266,11 @@ def _flag_rows(table: Table, label: str, flagged: tuple[Flagged, ...]) -> None:
 
     for item in flagged[:MAX_LISTED]:
         possible = "-" if item.possible_tokens is None else f"{item.possible_tokens:,}"
-        table.add_row(f"  {label} {item.request_id}",
-                      f"prompt {item.prompt_tokens:,}: reported {item.reported_tokens:,}, expected "
-                      f"{item.expected_tokens:,}, possible {possible}")
+        table.add_row(
+            f"  {label} {item.request_id}",
+            f"prompt {item.prompt_tokens:,}: reported {item.reported_tokens:,}, expected "
+            f"{item.expected_tokens:,}, possible {possible}",
+        )
     if len(flagged) > MAX_LISTED:
         table.add_row(f"  {label} ...", f"{len(flagged) - MAX_LISTED} more (see the Parquet metadata)")
 
@@ -230,14 +280,18 @@ def http_tables(rows: list[dict[str, Any]], reconciliation: Reconciliation) -> l
     reported cached tokens with the simulator's expectation and the server's /metrics."""
     rec = reconciliation
     size = "unbounded" if rec.capacity_blocks is None else f"{rec.capacity_blocks:,} blocks"
-    table = Table(title=f"cached tokens: reported vs expected (ideal cache: {rec.block_size}-token blocks, {size})")
+    table = Table(
+        title=f"cached tokens: reported vs expected (ideal cache: {rec.block_size}-token blocks, {size})"
+    )
     table.add_column("check")
     table.add_column("value", justify="right")
     metrics = f"- ({rec.metrics_scope or 'no prefix-cache counters at /metrics'})"
     if rec.metrics_family is not None:
         scope = f"; {rec.metrics_scope}" if rec.metrics_scope else ""
-        metrics = (f"{_rate(rec.metrics_hit_rate)} ({rec.metrics_hits_tokens:,.0f} / {rec.metrics_queries_tokens:,.0f} "
-                   f"tokens, {rec.metrics_family.rsplit('_', 1)[0]}{scope})")
+        metrics = (
+            f"{_rate(rec.metrics_hit_rate)} ({rec.metrics_hits_tokens:,.0f} / {rec.metrics_queries_tokens:,.0f} "
+            f"tokens, {rec.metrics_family.rsplit('_', 1)[0]}{scope})"
+        )
     entries = [
         ("failed requests", error_kinds(rows) or "0"),
         ("responses with several tokens in a chunk", str(num_multi_token_chunks(rows))),
@@ -245,15 +299,27 @@ def http_tables(rows: list[dict[str, Any]], reconciliation: Reconciliation) -> l
         ("hit rate reported by the server (usage)", _rate(rec.reported_hit_rate)),
         ("hit rate expected (simulator)", _rate(rec.expected_hit_rate)),
         ("hit rate from /metrics delta", metrics),
-        ("[red]reported > possible (red flag)[/red]" if rec.over_possible else "reported > possible (red flag)",
-         str(len(rec.over_possible))),
+        (
+            "[red]reported > possible (red flag)[/red]"
+            if rec.over_possible
+            else "reported > possible (red flag)",
+            str(len(rec.over_possible)),
+        ),
         ("reported > expected (served out of trace order)", str(rec.num_above_expected)),
         ("reported < expected by more than one block", str(len(rec.below_expected))),
         ("server prompt tokens != local count", str(rec.num_prompt_token_mismatches)),
-        ("[red]impossible cached_tokens (< 0 or > prompt), excluded[/red]" if rec.impossible
-         else "impossible cached_tokens (< 0 or > prompt), excluded", str(len(rec.impossible))),
-        ("[red]outputs shorter than max_tokens under ignore_eos[/red]" if rec.short_outputs
-         else "outputs shorter than max_tokens under ignore_eos", str(len(rec.short_outputs))),
+        (
+            "[red]impossible cached_tokens (< 0 or > prompt), excluded[/red]"
+            if rec.impossible
+            else "impossible cached_tokens (< 0 or > prompt), excluded",
+            str(len(rec.impossible)),
+        ),
+        (
+            "[red]outputs shorter than max_tokens under ignore_eos[/red]"
+            if rec.short_outputs
+            else "outputs shorter than max_tokens under ignore_eos",
+            str(len(rec.short_outputs)),
+        ),
     ]
     for check, value in entries:
         table.add_row(check, value)
@@ -262,11 +328,22 @@ def http_tables(rows: list[dict[str, Any]], reconciliation: Reconciliation) -> l
     _flag_rows(table, "impossible", rec.impossible)
     if rec.short_outputs:
         shown = ", ".join(rec.short_outputs[:MAX_SHORT_LISTED])
-        table.add_row("  short", shown + (f" and {len(rec.short_outputs) - MAX_SHORT_LISTED} more"
-                                          if len(rec.short_outputs) > MAX_SHORT_LISTED else ""))
-    table.caption = ("all successful requests, warm-up included (as /metrics counts them); hit rate = cached / "
-                     "prompt tokens; possible = longest shared prefix with a request sent before this one ended")
+        table.add_row(
+            "  short",
+            shown
+            + (
+                f" and {len(rec.short_outputs) - MAX_SHORT_LISTED} more"
+                if len(rec.short_outputs) > MAX_SHORT_LISTED
+                else ""
+            ),
+        )
+    table.caption = (
+        "all successful requests, warm-up included (as /metrics counts them); hit rate = cached / "
+        "prompt tokens; possible = longest shared prefix with a request sent before this one ended"
+    )
     if rec.num_compared == 0 and rec.num_unreported:
-        table.caption += ("; the server reported no cached_tokens (vLLM: --enable-prompt-tokens-details, "
-                          "SGLang: --enable-cache-report)")
+        table.caption += (
+            "; the server reported no cached_tokens (vLLM: --enable-prompt-tokens-details, "
+            "SGLang: --enable-cache-report)"
+        )
     return [table]

@@ -7,8 +7,15 @@ from dataclasses import dataclass, field
 
 from kvbench.route.cache_aware import CacheAware, CacheAwareConfig
 from kvbench.route.cluster import ClusterConfig, RouteTrace, simulate_cluster
-from kvbench.route.policies import (LeastLoaded, PolicyName, PrefixHashBounded, RandomChoice, RoundRobin, Router,
-                                    SessionHash)
+from kvbench.route.policies import (
+    LeastLoaded,
+    PolicyName,
+    PrefixHashBounded,
+    RandomChoice,
+    RoundRobin,
+    Router,
+    SessionHash,
+)
 from kvbench.route.result import PolicyResult
 
 PREFIX_TOKENS = 256  # OpenAI routes on about the first 256 tokens (../shared/REFERENCES.md section 6)
@@ -37,8 +44,9 @@ class RouterOptions:
             raise ValueError(f"epsilon must be positive, got {self.epsilon}")
 
 
-def make_router(policy: PolicyName | str, num_replicas: int, block_size: int,
-                options: RouterOptions = RouterOptions()) -> Router:
+def make_router(
+    policy: PolicyName | str, num_replicas: int, block_size: int, options: RouterOptions = RouterOptions()
+) -> Router:
     """A fresh router for ``policy`` (a literal mapping). Raises ``ValueError`` for an unknown name."""
     builders: dict[PolicyName, Callable[[], Router]] = {
         PolicyName.ROUND_ROBIN: lambda: RoundRobin(num_replicas),
@@ -46,15 +54,20 @@ def make_router(policy: PolicyName | str, num_replicas: int, block_size: int,
         PolicyName.LEAST_LOADED: LeastLoaded,
         PolicyName.SESSION: lambda: SessionHash(num_replicas),
         PolicyName.PREFIX_HASH: lambda: PrefixHashBounded(
-            num_replicas, max(1, options.prefix_tokens // block_size), options.epsilon),
+            num_replicas, max(1, options.prefix_tokens // block_size), options.epsilon
+        ),
         PolicyName.CACHE_AWARE: lambda: CacheAware(num_replicas, block_size, options.cache_aware),
     }
     return builders[PolicyName(policy)]()
 
 
-def compare_policies(trace: RouteTrace, config: ClusterConfig, policies: Sequence[PolicyName | str],
-                     options: RouterOptions = RouterOptions(),
-                     progress: Callable[[PolicyResult], None] | None = None) -> list[PolicyResult]:
+def compare_policies(
+    trace: RouteTrace,
+    config: ClusterConfig,
+    policies: Sequence[PolicyName | str],
+    options: RouterOptions = RouterOptions(),
+    progress: Callable[[PolicyResult], None] | None = None,
+) -> list[PolicyResult]:
     """One :func:`simulate_cluster` per policy, each with fresh replicas and a fresh router, in order."""
     results = []
     for policy in policies:

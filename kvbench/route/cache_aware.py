@@ -99,7 +99,11 @@ class ApproximateTree:
         excess = self.size_blocks[tenant] - max_blocks
         if excess <= 0:
             return 0
-        held = [(holders[tenant], -self.depth[key], key) for key, holders in self.owners.items() if tenant in holders]
+        held = [
+            (holders[tenant], -self.depth[key], key)
+            for key, holders in self.owners.items()
+            if tenant in holders
+        ]
         held.sort()
         for _, _, key in held[:excess]:
             del self.owners[key][tenant]
@@ -116,7 +120,9 @@ class CacheAware:
     """``cache-aware``: see the module docstring. ``decisions`` counts ``balance`` / ``match`` /
     ``smallest-tree`` choices."""
 
-    def __init__(self, num_replicas: int, block_size: int, config: CacheAwareConfig = CacheAwareConfig()) -> None:
+    def __init__(
+        self, num_replicas: int, block_size: int, config: CacheAwareConfig = CacheAwareConfig()
+    ) -> None:
         self.tree, self.block_size, self.config = ApproximateTree(num_replicas), block_size, config
         self.next_eviction_s: float | None = None
         self.decisions = {"balance": 0, "match": 0, "smallest-tree": 0}
@@ -127,7 +133,11 @@ class CacheAware:
             replica, why = least_loaded(loads), "balance"
         else:
             tenant, matched_blocks = self.tree.match(request.prompt, loads)
-            rate = matched_blocks * self.block_size / request.prompt.num_tokens if request.prompt.num_tokens else 0.0
+            rate = (
+                matched_blocks * self.block_size / request.prompt.num_tokens
+                if request.prompt.num_tokens
+                else 0.0
+            )
             if rate > self.config.cache_threshold:
                 replica, why = tenant, "match"
             else:

@@ -56,7 +56,9 @@ class RouteTrace:
         return len(self.prompts)
 
 
-def popular_prefixes(prompts: Sequence[PromptBlocks], session_ids: Sequence[str], top: int) -> dict[BlockHash, int]:
+def popular_prefixes(
+    prompts: Sequence[PromptBlocks], session_ids: Sequence[str], top: int
+) -> dict[BlockHash, int]:
     """Up to ``top`` maximal shared prefixes (key of their last block -> sessions that sent them)."""
     sessions: dict[BlockHash, set[str]] = {}
     for prompt, session in zip(prompts, session_ids):
@@ -80,8 +82,14 @@ def prepare_route_trace(requests: Sequence[Request], cache: CacheConfig, top_pre
     prompts = prompt_blocks_of(ordered, cache.block_size, cache.hash, keep_tokens=keep)
     sessions = [r.session_id for r in ordered]
     outputs = np.array([r.output_tokens or r.max_tokens for r in ordered], dtype=np.int64)
-    return RouteTrace(prompts, np.array([r.arrival_s for r in ordered], dtype=np.float64), sessions, outputs,
-                      cache.block_size, popular_prefixes(prompts, sessions, top_prefixes))
+    return RouteTrace(
+        prompts,
+        np.array([r.arrival_s for r in ordered], dtype=np.float64),
+        sessions,
+        outputs,
+        cache.block_size,
+        popular_prefixes(prompts, sessions, top_prefixes),
+    )
 
 
 @dataclass(frozen=True)
@@ -144,7 +152,9 @@ def simulate_cluster(trace: RouteTrace, router: Router, config: ClusterConfig) -
         ValueError: the cache's block size differs from the trace's.
     """
     if config.cache.block_size != trace.block_size:
-        raise ValueError(f"trace was hashed for block size {trace.block_size}, cache uses {config.cache.block_size}")
+        raise ValueError(
+            f"trace was hashed for block size {trace.block_size}, cache uses {config.cache.block_size}"
+        )
     n, replicas = trace.num_requests, [_Replica(config.cache) for _ in range(config.num_replicas)]
     out = {name: np.zeros(n) for name in ("queue_ms", "ttft_ms", "e2e_ms")}
     chosen, cached = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
@@ -170,7 +180,9 @@ def simulate_cluster(trace: RouteTrace, router: Router, config: ClusterConfig) -
         for key in prompt.block_hashes[hit_blocks:]:
             if key in copies:
                 copies[key].add(index)
-    return ClusterRun(trace, config, chosen, cached, out["queue_ms"], out["ttft_ms"], out["e2e_ms"], loads, busy, copies)
+    return ClusterRun(
+        trace, config, chosen, cached, out["queue_ms"], out["ttft_ms"], out["e2e_ms"], loads, busy, copies
+    )
 
 
 def requests_per_replica(run: ClusterRun) -> np.ndarray:

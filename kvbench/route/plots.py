@@ -57,7 +57,9 @@ def plot_load_over_time(results: Sequence[PolicyResult], path: Path, title: str)
     plt = _pyplot()
     columns = min(3, len(results))
     rows = -(-len(results) // columns)
-    figure, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.0 * rows), squeeze=False, sharey=True)
+    figure, axes = plt.subplots(
+        rows, columns, figsize=(4.2 * columns, 3.0 * rows), squeeze=False, sharey=True
+    )
     for axis, result in zip(axes.flat, results):
         run = result.run
         for replica in range(run.config.num_replicas):
@@ -67,7 +69,7 @@ def plot_load_over_time(results: Sequence[PolicyResult], path: Path, title: str)
         axis.grid(alpha=0.3)
     for axis in axes[:, 0]:
         axis.set_ylabel("requests in flight")
-    for axis in list(axes.flat)[len(results):]:
+    for axis in list(axes.flat)[len(results) :]:
         axis.set_visible(False)
     figure.suptitle(title)
     return _save(figure, plt, path)

@@ -92,8 +92,11 @@ class HashRing:
     """A consistent-hash ring of ``num_replicas`` x :data:`VIRTUAL_NODES` points (SHA-256, 64 bits)."""
 
     def __init__(self, num_replicas: int, virtual_nodes: int = VIRTUAL_NODES) -> None:
-        points = sorted((_point(f"replica-{r}-{v}".encode()), r)
-                        for r in range(num_replicas) for v in range(virtual_nodes))
+        points = sorted(
+            (_point(f"replica-{r}-{v}".encode()), r)
+            for r in range(num_replicas)
+            for v in range(virtual_nodes)
+        )
         self.positions = [p for p, _ in points]
         self.replicas = [r for _, r in points]
         self.num_replicas = num_replicas

@@ -62,10 +62,15 @@ class PolicyResult:
         """One Parquet/table row."""
         run, copies = self.run, self.prefix_copies()
         row: dict[str, Any] = {
-            "policy": self.policy, "num_replicas": run.config.num_replicas, "num_requests": run.trace.num_requests,
-            "prompt_tokens": self.num_prompt_tokens, "cached_prompt_tokens": int(run.cached_tokens.sum()),
-            "token_hit_rate": self.token_hit_rate, "replica_token_hit_rates": self.replica_token_hit_rates(),
-            "replica_requests": requests_per_replica(run).tolist(), "replica_busy_s": (run.busy_ms / 1e3).tolist(),
+            "policy": self.policy,
+            "num_replicas": run.config.num_replicas,
+            "num_requests": run.trace.num_requests,
+            "prompt_tokens": self.num_prompt_tokens,
+            "cached_prompt_tokens": int(run.cached_tokens.sum()),
+            "token_hit_rate": self.token_hit_rate,
+            "replica_token_hit_rates": self.replica_token_hit_rates(),
+            "replica_requests": requests_per_replica(run).tolist(),
+            "replica_busy_s": (run.busy_ms / 1e3).tolist(),
             "prefix_copies_mean": float(np.mean(copies)) if copies else None,
             "prefix_copies_max": max(copies) if copies else None,
             "requests_max_over_mean": _ratio(requests_per_replica(run).astype(float)),

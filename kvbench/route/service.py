@@ -58,8 +58,11 @@ class ServiceModel:
         return self.decode_ms_per_token * max(output_tokens - 1, 0)
 
     def as_dict(self) -> dict[str, float]:
-        return {"prefill_base_ms": self.prefill_base_ms, "prefill_ms_per_token": self.prefill_ms_per_token,
-                "decode_ms_per_token": self.decode_ms_per_token}
+        return {
+            "prefill_base_ms": self.prefill_base_ms,
+            "prefill_ms_per_token": self.prefill_ms_per_token,
+            "decode_ms_per_token": self.decode_ms_per_token,
+        }
 
 
 def fit_service_model(path: Path) -> ServiceModel:
@@ -77,13 +80,21 @@ def fit_service_model(path: Path) -> ServiceModel:
         table = pq.read_table(path, columns=columns).to_pydict()
     except (OSError, ValueError, KeyError) as exc:
         raise InputError(f"--fit {path}: not a kvbench results file ({exc})") from None
-    rows = [i for i, (s, p) in enumerate(zip(table["status"], table["phase"]))
-            if s == "ok" and p == "measure" and table["ttft_ms"][i] is not None]
+    rows = [
+        i
+        for i, (s, p) in enumerate(zip(table["status"], table["phase"]))
+        if s == "ok" and p == "measure" and table["ttft_ms"][i] is not None
+    ]
     if len(rows) < 2:
-        raise InputError(f"--fit {path}: needs at least 2 measured ok requests with a TTFT, found {len(rows)}")
-    uncached = np.array([table["prompt_tokens"][i] - (table["cached_prompt_tokens"][i] or 0) for i in rows], float)
+        raise InputError(
+            f"--fit {path}: needs at least 2 measured ok requests with a TTFT, found {len(rows)}"
+        )
+    uncached = np.array(
+        [table["prompt_tokens"][i] - (table["cached_prompt_tokens"][i] or 0) for i in rows], float
+    )
     ttft = np.array([table["ttft_ms"][i] for i in rows], float)
     slope, intercept = np.polyfit(uncached, ttft, 1) if np.ptp(uncached) > 0 else (0.0, float(np.mean(ttft)))
     tpots = [table["tpot_ms"][i] for i in rows if table["tpot_ms"][i] is not None]
-    return ServiceModel(max(float(intercept), 0.0), max(float(slope), 0.0),
-                        float(np.median(tpots)) if tpots else 0.0)
+    return ServiceModel(
+        max(float(intercept), 0.0), max(float(slope), 0.0), float(np.median(tpots)) if tpots else 0.0
+    )

@@ -25,8 +25,19 @@ from kvbench.results.parquet import check_output_path
 from kvbench.results.writer import RunWriter
 from kvbench.run.config import BackendKind, EngineKind, RunConfig, TurnMode
 from kvbench.run.engines import build_backend, predicted_cached_tokens, verify_metadata
-from kvbench.run.execute import (Progress, RunInterrupted, RunOutcome, OnStatus, default_out, execute, loading_line,
-                                 new_run_id, prepared_requests, run_metadata, status_sink)
+from kvbench.run.execute import (
+    Progress,
+    RunInterrupted,
+    RunOutcome,
+    OnStatus,
+    default_out,
+    execute,
+    loading_line,
+    new_run_id,
+    prepared_requests,
+    run_metadata,
+    status_sink,
+)
 from kvbench.run.load_section import with_load_section
 from kvbench.run.checks import check_against_model, check_cache_size_text, requests_note
 from kvbench.run.loop import LoadConfig
@@ -38,7 +49,9 @@ from kvbench.run.cache_sweep import SweepOutcome, sweep  # the engine sweep live
 __all__ = ["RunInterrupted", "RunOutcome", "SweepOutcome", "run", "run_inprocess", "sweep"]
 
 
-def run(config: RunConfig, on_progress: Progress | None = None, on_status: OnStatus | None = None) -> RunOutcome:
+def run(
+    config: RunConfig, on_progress: Progress | None = None, on_status: OnStatus | None = None
+) -> RunOutcome:
     """Replay ``config.source`` (a scenario or trace file) on ``config.backend``: the in-process
     engine or an OpenAI-compatible server (``config.server.base_url``). Writes one Parquet row per
     request to ``config.out`` (default ``results/run-NAME-TIME.parquet``) and returns the
@@ -71,7 +84,9 @@ def run(config: RunConfig, on_progress: Progress | None = None, on_status: OnSta
     return outcome
 
 
-def run_inprocess(config: RunConfig, on_progress: Progress | None = None, on_status: OnStatus | None = None) -> RunOutcome:
+def run_inprocess(
+    config: RunConfig, on_progress: Progress | None = None, on_status: OnStatus | None = None
+) -> RunOutcome:
     """:func:`run` on the in-process engine, at the torch threads
     :func:`~kvbench.engine.threads.chosen_threads` picks (``config.model.threads`` wins), recorded
     in the metadata as ``run.threads``."""
@@ -80,13 +95,16 @@ def run_inprocess(config: RunConfig, on_progress: Progress | None = None, on_sta
     notes: list[str] = []
     say = status_sink(on_status, notes)
     with contextlib.ExitStack() as stack:  # the threads are chosen once the input is checked, kept to the end
-        outcome = _run_inprocess(config, on_progress, say,
-                                 lambda: stack.enter_context(chosen_threads(config.model.threads, say)))
+        outcome = _run_inprocess(
+            config, on_progress, say, lambda: stack.enter_context(chosen_threads(config.model.threads, say))
+        )
     outcome.notes[:0] = notes
     return outcome
 
 
-def _run_inprocess(config: RunConfig, on_progress: Progress | None, say: OnStatus, choose_threads) -> RunOutcome:
+def _run_inprocess(
+    config: RunConfig, on_progress: Progress | None, say: OnStatus, choose_threads
+) -> RunOutcome:
     from kvbench.engine.model import ModelConfig, load_model, resolve_device
     from kvbench.engine.sampling import SamplingParams
     from kvbench.workloads.tokenizer import load_tokenizer
@@ -100,37 +118,72 @@ def _run_inprocess(config: RunConfig, on_progress: Progress | None, say: OnStatu
     requests = prepared_requests(source, settings)
     block_size = config.cache.block_size or source.block_size
     check_cache_size_text(config.cache.cache_size or settings.cache_size)  # all before torch loads the model
-    if settings.cache == "on" or config.engine.engine is EngineKind.PAGED:  # the cache's rules, at a stand-in size
+    if (
+        settings.cache == "on" or config.engine.engine is EngineKind.PAGED
+    ):  # the cache's rules, at a stand-in size
         cache_config(source.cache, config.cache, 1, block_size)
     resolve_device(flags.device)  # no such GPU: one line, before the threads line
     threads = choose_threads()  # bad input above stays one line: no status line before it
     say(loading_line(flags.path, flags.device))
     loaded = load_model(model_config)
     check_against_model(requests, block_size, loaded.max_context_tokens)
-    capacity = parse_cache_size(config.cache.cache_size or settings.cache_size,
-                                loaded.kv_layout(block_size).bytes_per_block)
+    capacity = parse_cache_size(
+        config.cache.cache_size or settings.cache_size, loaded.kv_layout(block_size).bytes_per_block
+    )
     paged = config.engine.engine is EngineKind.PAGED
-    pool = cache_config(source.cache, config.cache, capacity, block_size) if settings.cache == "on" or paged else None
+    pool = (
+        cache_config(source.cache, config.cache, capacity, block_size)
+        if settings.cache == "on" or paged
+        else None
+    )
     cache = pool if settings.cache == "on" else None
-    expected = predicted_cached_tokens(requests, config.engine, cache, settings.concurrency, settings.ignore_eos)
+    expected = predicted_cached_tokens(
+        requests, config.engine, cache, settings.concurrency, settings.ignore_eos
+    )
     requests = [replace(r, expected_cached_tokens=e) for r, e in zip(requests, expected)]
-    sampling = checked(lambda: SamplingParams(temperature=settings.temperature, top_p=settings.top_p,
-                                              seed=settings.seed, ignore_eos=settings.ignore_eos),
-                       {"temperature": "scenario key run.temperature",  # the flags were checked earlier
-                        "top_p": "scenario key run.top_p"})
-    load = checked(lambda: LoadConfig(concurrency=settings.concurrency, num_warmup=min(settings.warmup, len(requests))))
+    sampling = checked(
+        lambda: SamplingParams(
+            temperature=settings.temperature,
+            top_p=settings.top_p,
+            seed=settings.seed,
+            ignore_eos=settings.ignore_eos,
+        ),
+        {
+            "temperature": "scenario key run.temperature",  # the flags were checked earlier
+            "top_p": "scenario key run.top_p",
+        },
+    )
+    load = checked(
+        lambda: LoadConfig(concurrency=settings.concurrency, num_warmup=min(settings.warmup, len(requests)))
+    )
     backend = build_backend(loaded, config.engine, cache, pool, sampling, settings.verify, config.salt or "")
     engine = backend.engine
     run_id = new_run_id(source.name)
-    run_info = {"run_id": run_id, "backend": "inprocess", "model": loaded.name, "cache": cache_metadata(cache),
-                "device": flags.device, "dtype": flags.dtype, "verify": settings.verify,
-                "engine": engine.describe(), "threads": threads.as_dict()}
+    run_info = {
+        "run_id": run_id,
+        "backend": "inprocess",
+        "model": loaded.name,
+        "cache": cache_metadata(cache),
+        "device": flags.device,
+        "dtype": flags.dtype,
+        "verify": settings.verify,
+        "engine": engine.describe(),
+        "threads": threads.as_dict(),
+    }
     metadata = run_metadata(source, settings, requests, run_info, config.source, load.num_warmup)
-    writer = RunWriter(config.out or default_out("run", source.name), metadata, run_id, backend.describe(),
-                       config.summary)
+    writer = RunWriter(
+        config.out or default_out("run", source.name), metadata, run_id, backend.describe(), config.summary
+    )
     turns = _live_turns(config, requests, tokenizer, cache, metadata)
-    outcome = execute(requests, backend, load, writer, on_progress, turns=turns,
-                      on_end=lambda records: _end_metadata(writer.metadata, engine, records, turns))
+    outcome = execute(
+        requests,
+        backend,
+        load,
+        writer,
+        on_progress,
+        turns=turns,
+        on_end=lambda records: _end_metadata(writer.metadata, engine, records, turns),
+    )
     outcome.notes += requests_note(settings.num_requests, len(source.requests))
     if turns is not None:
         outcome.notes += turns.report.lines()

@@ -18,8 +18,18 @@ from kvbench.errors import InputError, checked
 from kvbench.request import NOT_SENT, Request
 from kvbench.results.timeline import replay_lag
 from kvbench.results.writer import RunWriter
-from kvbench.run.execute import (Progress, RunOutcome, OnStatus, api_key, default_out, execute, new_run_id,
-                                 prepared_requests, run_metadata, status_sink)
+from kvbench.run.execute import (
+    Progress,
+    RunOutcome,
+    OnStatus,
+    api_key,
+    default_out,
+    execute,
+    new_run_id,
+    prepared_requests,
+    run_metadata,
+    status_sink,
+)
 from kvbench.run.config import DEFAULT_TIMEOUT_S, RunConfig, TurnMode
 from kvbench.run.checks import requests_note
 from kvbench.run.loop import LoadConfig
@@ -70,12 +80,23 @@ def with_run_tokenizer(config: RunConfig, model: str, key: str, tokenizer, sourc
     from kvbench.backends.openai.tokenize import ServerTokenizer
 
     tokenizer = ServerTokenizer(config.server.url, model, key)
-    requests = [replace(r, token_ids=tokenizer.render_messages(r.messages) if r.messages is not None
-                        else tokenizer.render_prompt(r.prompt)) if r.has_text else r for r in source.requests]
+    requests = [
+        replace(
+            r,
+            token_ids=tokenizer.render_messages(r.messages)
+            if r.messages is not None
+            else tokenizer.render_prompt(r.prompt),
+        )
+        if r.has_text
+        else r
+        for r in source.requests
+    ]
     return tokenizer, replace(source, requests=requests)
 
 
-def run_preflight(config: RunConfig, model: str, key: str, tokenizer, settings) -> tuple[RunConfig, list[str], dict]:
+def run_preflight(
+    config: RunConfig, model: str, key: str, tokenizer, settings
+) -> tuple[RunConfig, list[str], dict]:
     """The preflight (:mod:`kvbench.backends.openai.preflight`) unless ``--no-preflight``: returns the
     config (nonce hygiene when the server ignored cache_salt under salt hygiene), its note lines and
     its results for the metadata. Raises ``InputError`` when the server lists models but not this one."""
@@ -88,15 +109,27 @@ def run_preflight(config: RunConfig, model: str, key: str, tokenizer, settings) 
     if not server.preflight:
         return config, ["preflight: skipped (--no-preflight)"], {"skipped": True}
     salt_hygiene = (server.hygiene or Hygiene.SALT) is Hygiene.SALT and config.salt is None
-    probe_config = checked(lambda: OpenAIConfig(server.url, model, key, server.timeout or DEFAULT_TIMEOUT_S,
-                                                settings.temperature, settings.top_p, settings.seed, settings.ignore_eos,
-                                                client=server.client or ClientKind.LEAN))
+    probe_config = checked(
+        lambda: OpenAIConfig(
+            server.url,
+            model,
+            key,
+            server.timeout or DEFAULT_TIMEOUT_S,
+            settings.temperature,
+            settings.top_p,
+            settings.seed,
+            settings.ignore_eos,
+            client=server.client or ClientKind.LEAN,
+        )
+    )
     result = asyncio.run(preflight(probe_config, tokenizer, with_salts=salt_hygiene))
     if result.fatal is not None:
         raise InputError(f"preflight: {result.fatal}")
     notes = result.lines()
     if result.salt_ignored:
-        notes.append("[bold red]WARNING: the server ignores cache_salt: falling back to --hygiene nonce[/bold red]")
+        notes.append(
+            "[bold red]WARNING: the server ignores cache_salt: falling back to --hygiene nonce[/bold red]"
+        )
         config = replace(config, server=replace(server, hygiene=Hygiene.NONCE))
     return config, notes, result.as_dict()
 
@@ -114,7 +147,9 @@ def live_turns(config: RunConfig, requests: list[Request], tokenizer, server_cac
     if not isinstance(tokenizer, ServerTokenizer):
         with contextlib.suppress(InputError):
             reference = ServerTokenizer(config.server.url, model, key)
-    return LiveTurns(requests, tokenizer, live_cache_config(server_cache.model, server_cache.block_size), reference)
+    return LiveTurns(
+        requests, tokenizer, live_cache_config(server_cache.model, server_cache.block_size), reference
+    )
 
 
 def _as_sent(turns, requests: list[Request], expectations):
@@ -125,9 +160,12 @@ def _as_sent(turns, requests: list[Request], expectations):
     if turns is None:
         return requests, expectations
     sent = turns.sent_requests(requests)
-    return sent, Expectations(prompt_blocks_of(sent, expectations.block_size),
-                              [r.expected_cached_tokens or 0 for r in sent], expectations.block_size,
-                              expectations.capacity_blocks)
+    return sent, Expectations(
+        prompt_blocks_of(sent, expectations.block_size),
+        [r.expected_cached_tokens or 0 for r in sent],
+        expectations.block_size,
+        expectations.capacity_blocks,
+    )
 
 
 def _load(config: RunConfig, settings, num_requests: int) -> LoadConfig:
@@ -136,28 +174,54 @@ def _load(config: RunConfig, settings, num_requests: int) -> LoadConfig:
     concurrency = config.run.concurrency if rate != float("inf") else settings.concurrency
     if server.trace_time_scale is not None:  # an open loop at the trace's times; --concurrency caps it
         concurrency = config.run.concurrency
-    return LoadConfig(concurrency, rate, server.burstiness or 1.0, server.duration,
-                      num_warmup=min(settings.warmup, num_requests), seed=settings.seed,
-                      time_scale=server.trace_time_scale,
-                      max_connection_failures=MAX_CONNECTION_FAILURES)
+    return LoadConfig(
+        concurrency,
+        rate,
+        server.burstiness or 1.0,
+        server.duration,
+        num_warmup=min(settings.warmup, num_requests),
+        seed=settings.seed,
+        time_scale=server.trace_time_scale,
+        max_connection_failures=MAX_CONNECTION_FAILURES,
+    )
 
 
-def _run_info(config: RunConfig, run_id: str, client_config, load: LoadConfig, expectations,
-              tokenizer_name: str) -> dict:
+def _run_info(
+    config: RunConfig, run_id: str, client_config, load: LoadConfig, expectations, tokenizer_name: str
+) -> dict:
     """The run's metadata: the key's variable name, never the key."""
-    return {"run_id": run_id, "backend": "openai", "model": client_config.model, "base_url": client_config.base_url,
-            **({"base_urls": list(config.server.base_urls), "route": config.server.route or "round-robin"}
-               if config.server.base_urls else {}),
-            "api_key_env": config.server.key_variable, "tokenizer": tokenizer_name,
-            "client": client_config.client.value,
-            "hygiene": (config.server.hygiene or Hygiene.SALT).value, "timeout_s": client_config.timeout_s,
-            "cache": {"enabled": None, "block_size": expectations.block_size,
-                      "expected_capacity_blocks": expectations.capacity_blocks},
-            "load": {"concurrency": load.concurrency,
-                     "request_rate_per_s": load.request_rate_per_s if load.request_rate_per_s != float("inf") else None,
-                     "burstiness": load.burstiness, "duration_s": load.duration_s,
-                     "schedule": "trace" if load.time_scale is not None else "rate", "time_scale": load.time_scale},
-            "turns": (config.server.turns or TurnMode.SCRIPTED).value}
+    return {
+        "run_id": run_id,
+        "backend": "openai",
+        "model": client_config.model,
+        "base_url": client_config.base_url,
+        **(
+            {"base_urls": list(config.server.base_urls), "route": config.server.route or "round-robin"}
+            if config.server.base_urls
+            else {}
+        ),
+        "api_key_env": config.server.key_variable,
+        "tokenizer": tokenizer_name,
+        "client": client_config.client.value,
+        "hygiene": (config.server.hygiene or Hygiene.SALT).value,
+        "timeout_s": client_config.timeout_s,
+        "cache": {
+            "enabled": None,
+            "block_size": expectations.block_size,
+            "expected_capacity_blocks": expectations.capacity_blocks,
+        },
+        "load": {
+            "concurrency": load.concurrency,
+            "request_rate_per_s": load.request_rate_per_s
+            if load.request_rate_per_s != float("inf")
+            else None,
+            "burstiness": load.burstiness,
+            "duration_s": load.duration_s,
+            "schedule": "trace" if load.time_scale is not None else "rate",
+            "time_scale": load.time_scale,
+        },
+        "turns": (config.server.turns or TurnMode.SCRIPTED).value,
+    }
 
 
 def _check_body_sizes(backend, requests: list[Request], key: str) -> None:
@@ -169,7 +233,9 @@ def _check_body_sizes(backend, requests: list[Request], key: str) -> None:
         raise InputError(problem)
 
 
-def _finish(outcome: RunOutcome, writer: RunWriter, backend, metrics_before: list, urls, key: str, reconciled) -> None:
+def _finish(
+    outcome: RunOutcome, writer: RunWriter, backend, metrics_before: list, urls, key: str, reconciled
+) -> None:
     """After the send loop: the ``/metrics`` delta over the endpoints that answered both times
     (labelled when not all did), ``reconciled(before, after)``, ejected replicas, and the file
     closed, incomplete when requests were never sent (issue 32.9)."""
@@ -179,8 +245,10 @@ def _finish(outcome: RunOutcome, writer: RunWriter, backend, metrics_before: lis
 
     metrics_after = scrape(fetch_metrics, urls, key)
     both, scope = metrics_scope(metrics_before, metrics_after)
-    reconciliation = reconciled(parse_prefix_cache_counters(joined(metrics_before, both)),
-                                parse_prefix_cache_counters(joined(metrics_after, both)))
+    reconciliation = reconciled(
+        parse_prefix_cache_counters(joined(metrics_before, both)),
+        parse_prefix_cache_counters(joined(metrics_after, both)),
+    )
     outcome.reconciliation = replace(reconciliation, metrics_scope=scope)
     writer.metadata["reconciliation"] = outcome.reconciliation.as_dict()
     events = getattr(backend, "events", [])
@@ -189,8 +257,10 @@ def _finish(outcome: RunOutcome, writer: RunWriter, backend, metrics_before: lis
     num_unsent = sum(1 for _, record in outcome.records if (record.error or "").startswith(NOT_SENT))
     writer.metadata["run"]["num_unsent"] = num_unsent
     if num_unsent:
-        outcome.notes.append(f"{num_unsent} request(s) were never sent (the server stopped answering): "
-                             "the file is marked incomplete")
+        outcome.notes.append(
+            f"{num_unsent} request(s) were never sent (the server stopped answering): "
+            "the file is marked incomplete"
+        )
     writer.close(complete=num_unsent == 0)
 
 
@@ -201,8 +271,10 @@ def _backend(client_config, tokenizer, run_salt: str | None, server):
 
     if not server.base_urls:
         return OpenAIBackend(client_config, tokenizer, run_salt)
-    backends = [OpenAIBackend(replace(client_config, base_url=url.rstrip("/")), tokenizer, run_salt)
-                for url in server.base_urls]
+    backends = [
+        OpenAIBackend(replace(client_config, base_url=url.rstrip("/")), tokenizer, run_salt)
+        for url in server.base_urls
+    ]
     return RoutedBackend(backends, server.route or "round-robin", client_config.block_size)
 
 
@@ -219,14 +291,17 @@ def _server_state(config: RunConfig, urls, key: str, say: OnStatus):
     for url in urls if server.reset_cache else ():
         say(reset_prefix_cache(url, key)[1])
     metrics_before = scrape(fetch_metrics, urls, key)
-    server_cache = resolve_server_cache(detect_cache_settings(joined(metrics_before)), server.server_block_size,
-                                        server.expected_cache_size)
+    server_cache = resolve_server_cache(
+        detect_cache_settings(joined(metrics_before)), server.server_block_size, server.expected_cache_size
+    )
     for line in server_cache.lines():
         say(line)
     return metrics_before, server_cache
 
 
-def run_openai(config: RunConfig, on_progress: Progress | None = None, on_status: OnStatus | None = None) -> RunOutcome:
+def run_openai(
+    config: RunConfig, on_progress: Progress | None = None, on_status: OnStatus | None = None
+) -> RunOutcome:
     """:func:`kvbench.run.api.run` against an OpenAI-compatible server; the preflight's and the
     server cache's lines go to ``on_status`` when they are known (else to ``outcome.notes``)."""
     from kvbench.backends.openai.client import OpenAIConfig
@@ -253,34 +328,78 @@ def run_openai(config: RunConfig, on_progress: Progress | None = None, on_status
     metrics_before, server_cache = _server_state(config, urls, key, say)
     requests, run_salt = apply_hygiene(config, prepared_requests(source, settings), tokenizer)
     expectations = server_expectations(requests, server_cache, settings.ignore_eos)
-    requests = [replace(r, expected_cached_tokens=e) for r, e in zip(requests, expectations.expected_cached_tokens)]
+    requests = [
+        replace(r, expected_cached_tokens=e) for r, e in zip(requests, expectations.expected_cached_tokens)
+    ]
     turns = live_turns(config, requests, tokenizer, server_cache, model, key)
-    client_config = checked(lambda: OpenAIConfig(server.url, model, key, server.timeout or DEFAULT_TIMEOUT_S,
-                                                 settings.temperature, settings.top_p, settings.seed,
-                                                 settings.ignore_eos, expectations.block_size,
-                                                 {"return_token_ids": True} if turns else {},
-                                                 server.client or ClientKind.LEAN))
+    client_config = checked(
+        lambda: OpenAIConfig(
+            server.url,
+            model,
+            key,
+            server.timeout or DEFAULT_TIMEOUT_S,
+            settings.temperature,
+            settings.top_p,
+            settings.seed,
+            settings.ignore_eos,
+            expectations.block_size,
+            {"return_token_ids": True} if turns else {},
+            server.client or ClientKind.LEAN,
+        )
+    )
     load = checked(lambda: _load(config, settings, len(requests)))
     if load.time_scale is not None:  # before any request: what the replay will take (issue 32.10)
-        notes.append(replay_plan(requests[load.num_warmup:], load.time_scale))
+        notes.append(replay_plan(requests[load.num_warmup :], load.time_scale))
     run_id = new_run_id(source.name)
-    metadata = run_metadata(source, settings, requests, _run_info(config, run_id, client_config, load, expectations,
-                                                                  tokenizer.name), config.source, load.num_warmup)
+    metadata = run_metadata(
+        source,
+        settings,
+        requests,
+        _run_info(config, run_id, client_config, load, expectations, tokenizer.name),
+        config.source,
+        load.num_warmup,
+    )
     backend = _backend(client_config, tokenizer, run_salt, server)
     _check_body_sizes(backend, requests, key)
     metadata["preflight"], metadata["server_cache"] = checks, server_cache.origins
-    writer = RunWriter(config.out or default_out("run", source.name), metadata, run_id, backend.describe(),
-                       config.summary)
-    outcome = execute(requests, backend, load, writer, on_progress, backend_context=lambda: backend, turns=turns,
-                      on_end=None if turns is None else lambda _: writer.metadata.update(live_turns=turns.report.as_dict()))
+    writer = RunWriter(
+        config.out or default_out("run", source.name), metadata, run_id, backend.describe(), config.summary
+    )
+    outcome = execute(
+        requests,
+        backend,
+        load,
+        writer,
+        on_progress,
+        backend_context=lambda: backend,
+        turns=turns,
+        on_end=None if turns is None else lambda _: writer.metadata.update(live_turns=turns.report.as_dict()),
+    )
     num_sent = sum(1 for _, record in outcome.records if not (record.error or "").startswith(NOT_SENT))
-    outcome.notes = (notes + requests_note(settings.num_requests, len(source.requests), num_sent)
-                     + (turns.report.lines() if turns else []))
+    outcome.notes = (
+        notes
+        + requests_note(settings.num_requests, len(source.requests), num_sent)
+        + (turns.report.lines() if turns else [])
+    )
     if load.is_open_loop:
         outcome.notes.append(replay_lag(outcome.rows).describe())
     by_index = {request.index: record for request, record in outcome.records}
     requests, expectations = _as_sent(turns, requests, expectations)
-    _finish(outcome, writer, backend, metrics_before, urls, key, lambda before, after: reconcile(
-        writer.rows, requests, expectations, [by_index.get(r.index) for r in requests], before, after,
-        ignore_eos=settings.ignore_eos))
+    _finish(
+        outcome,
+        writer,
+        backend,
+        metrics_before,
+        urls,
+        key,
+        lambda before, after: reconcile(
+            writer.rows,
+            requests,
+            expectations,
+            [by_index.get(r.index) for r in requests],
+            before,
+            after,
+            ignore_eos=settings.ignore_eos,
+        ),
+    )
     return outcome

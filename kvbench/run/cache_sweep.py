@@ -32,7 +32,15 @@ from kvbench.results.summary import summarize
 from kvbench.results.writer import RunWriter
 from kvbench.run.config import CacheFlags, SweepConfig
 from kvbench.run.engines import build_backend, predicted_cached_tokens
-from kvbench.run.execute import OnStatus, Progress, RunInterrupted, execute, loading_line, prepared_requests, status_sink
+from kvbench.run.execute import (
+    OnStatus,
+    Progress,
+    RunInterrupted,
+    execute,
+    loading_line,
+    prepared_requests,
+    status_sink,
+)
 from kvbench.request import Status
 from kvbench.run.loop import LoadConfig
 from kvbench.run.setup import cache_config, cache_metadata, run_section
@@ -47,7 +55,9 @@ class SweepOutcome:
 
     name: str
     points: list = field(default_factory=list)
-    first_errors: dict[int, str] = field(default_factory=dict)  # cache size -> its first failed request's reason
+    first_errors: dict[int, str] = field(
+        default_factory=dict
+    )  # cache size -> its first failed request's reason
     summary: Any = None
     path: Path | None = None
     notes: list[str] = field(default_factory=list)  # status lines, when the caller gave no on_status
@@ -60,12 +70,20 @@ class SweepOutcome:
         if not self.points or any(p.num_errors < p.num_requests for p in self.points):
             return None
         first = next(iter(self.first_errors.items()), None)
-        reason = f"the first error, at {first[0]:,} blocks: {first[1]}" if first else "no error reason was recorded"
+        reason = (
+            f"the first error, at {first[0]:,} blocks: {first[1]}"
+            if first
+            else "no error reason was recorded"
+        )
         return f"every cache size failed ({len(self.points)} of {len(self.points)}, no request succeeded); {reason}"
 
 
-def sweep(config: SweepConfig, on_progress: Progress | None = None,
-          on_size: Callable[[int], None] | None = None, on_status: OnStatus | None = None) -> SweepOutcome:
+def sweep(
+    config: SweepConfig,
+    on_progress: Progress | None = None,
+    on_size: Callable[[int], None] | None = None,
+    on_status: OnStatus | None = None,
+) -> SweepOutcome:
     """Run ``config.source`` on the engine ``config.repeats`` times per cache size (a fresh engine and
     cache each time), write one results file per run and ``sweep.parquet`` with the fit
     TTFT p50 = a + b x (1 - hit rate) over the points' medians. Torch's threads are
@@ -82,18 +100,33 @@ def sweep(config: SweepConfig, on_progress: Progress | None = None,
     outcome = SweepOutcome(Path(config.source).stem)
     say = status_sink(on_status, outcome.notes)
     with contextlib.ExitStack() as stack:  # the threads are chosen once the input is checked, kept to the end
-        return _sweep(config, on_progress, on_size, say, outcome,
-                      lambda: stack.enter_context(chosen_threads(config.model.threads, say)))
+        return _sweep(
+            config,
+            on_progress,
+            on_size,
+            say,
+            outcome,
+            lambda: stack.enter_context(chosen_threads(config.model.threads, say)),
+        )
 
 
-def _sweep(config: SweepConfig, on_progress: Progress | None, on_size: Callable[[int], None] | None, say: OnStatus,
-           outcome: SweepOutcome, choose_threads) -> SweepOutcome:
+def _sweep(
+    config: SweepConfig,
+    on_progress: Progress | None,
+    on_size: Callable[[int], None] | None,
+    say: OnStatus,
+    outcome: SweepOutcome,
+    choose_threads,
+) -> SweepOutcome:
     from kvbench.engine.model import ModelConfig, load_model, resolve_device
     from kvbench.workloads.tokenizer import load_tokenizer
 
     flags = config.model
-    model_config = checked(lambda: ModelConfig(path=Path(flags.path) if flags.path else None,
-                                               device=flags.device, dtype=flags.dtype))
+    model_config = checked(
+        lambda: ModelConfig(
+            path=Path(flags.path) if flags.path else None, device=flags.device, dtype=flags.dtype
+        )
+    )
     source = load_source(config.source, load_tokenizer(flags.path), limit=config.run.num_requests)
     settings = run_section(source, config.run, CacheFlags(cache="on"))
     requests = prepared_requests(source, settings)
@@ -104,12 +137,19 @@ def _sweep(config: SweepConfig, on_progress: Progress | None, on_size: Callable[
     say(loading_line(flags.path, flags.device))
     loaded = load_model(model_config)
     outcome.name = source.name
-    context = {"scenario": source.name, "source": str(config.source),  # explain re-reads the requests from it
-               "backend": "inprocess", "model": loaded.name, "repeats": config.repeats,
-               "engine": config.engine.engine.value, "threads": threads.as_dict(),
-               "trace": {**source.trace_info, "requests_hash": requests_hash(requests)}}
-    runner = _SizeRunner(config, loaded, source, settings, requests, folder, context, on_progress,
-                         outcome.first_errors)
+    context = {
+        "scenario": source.name,
+        "source": str(config.source),  # explain re-reads the requests from it
+        "backend": "inprocess",
+        "model": loaded.name,
+        "repeats": config.repeats,
+        "engine": config.engine.engine.value,
+        "threads": threads.as_dict(),
+        "trace": {**source.trace_info, "requests_hash": requests_hash(requests)},
+    }
+    runner = _SizeRunner(
+        config, loaded, source, settings, requests, folder, context, on_progress, outcome.first_errors
+    )
     for size in config.cache_sizes:
         if on_size is not None:
             on_size(size)
@@ -128,8 +168,18 @@ def _sweep(config: SweepConfig, on_progress: Progress | None, on_size: Callable[
 class _SizeRunner:
     """The runs of one cache size: ``config.repeats`` fresh engines, one results file each."""
 
-    def __init__(self, config: SweepConfig, loaded, source, settings, requests, folder: Path, context: dict,
-                 on_progress: Progress | None, first_errors: dict[int, str]) -> None:
+    def __init__(
+        self,
+        config: SweepConfig,
+        loaded,
+        source,
+        settings,
+        requests,
+        folder: Path,
+        context: dict,
+        on_progress: Progress | None,
+        first_errors: dict[int, str],
+    ) -> None:
         self.config, self.loaded, self.source, self.settings = config, loaded, source, settings
         self.requests, self.folder, self.context, self.on_progress = requests, folder, context, on_progress
         self.first_errors = first_errors
@@ -140,9 +190,13 @@ class _SizeRunner:
         from kvbench.results.sweep import SweepPoint
 
         self.done = []
-        cache = cache_config(self.source.cache, CacheFlags(cache_kind=self.config.cache_kind), size, self.block_size)
+        cache = cache_config(
+            self.source.cache, CacheFlags(cache_kind=self.config.cache_kind), size, self.block_size
+        )
         self.context["cache"] = {k: v for k, v in cache_metadata(cache).items() if k != "capacity_blocks"}
-        expected = predicted_cached_tokens(self.requests, self.config.engine, cache, 1, self.settings.ignore_eos)
+        expected = predicted_cached_tokens(
+            self.requests, self.config.engine, cache, 1, self.settings.ignore_eos
+        )
         sized = [replace(r, expected_cached_tokens=e) for r, e in zip(self.requests, expected)]
         for repeat in range(self.config.repeats):
             self.done.append(self._run(size, repeat, cache, sized))
@@ -157,18 +211,37 @@ class _SizeRunner:
         from kvbench.engine.sampling import SamplingParams
 
         settings = self.settings
-        backend = build_backend(self.loaded, self.config.engine, cache, sampling=SamplingParams(ignore_eos=settings.ignore_eos))
+        backend = build_backend(
+            self.loaded, self.config.engine, cache, sampling=SamplingParams(ignore_eos=settings.ignore_eos)
+        )
         engine = backend.engine
         suffix = f"-r{repeat + 1}" if self.config.repeats > 1 else ""
         run_id = f"{self.source.name}-sweep-{size}{suffix}-{time.strftime('%Y%m%d-%H%M%S')}"
-        metadata = {"command": "run", "run": {
-            **self.context, "run_id": run_id, "cache": cache_metadata(cache), "max_tokens": settings.max_tokens,
-            "concurrency": 1, "seed": settings.seed, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "engine": engine.describe(), "repeat": repeat + 1}}
+        metadata = {
+            "command": "run",
+            "run": {
+                **self.context,
+                "run_id": run_id,
+                "cache": cache_metadata(cache),
+                "max_tokens": settings.max_tokens,
+                "concurrency": 1,
+                "seed": settings.seed,
+                "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "engine": engine.describe(),
+                "repeat": repeat + 1,
+            },
+        }
         writer = RunWriter(self.folder / f"run-{size}{suffix}.parquet", metadata, run_id, backend.describe())
-        done = execute(sized, backend, LoadConfig(), writer, self.on_progress,  # Ctrl-C: RunInterrupted, rows written
-                       on_end=lambda records: writer.metadata["run"].update(  # as kvbench run's, a cut size's too
-                           kv_memory=engine.memory(records)))
+        done = execute(
+            sized,
+            backend,
+            LoadConfig(),
+            writer,
+            self.on_progress,  # Ctrl-C: RunInterrupted, rows written
+            on_end=lambda records: writer.metadata["run"].update(  # as kvbench run's, a cut size's too
+                kv_memory=engine.memory(records)
+            ),
+        )
         writer.close(complete=True)
         if size not in self.first_errors and (reason := _first_error(done.records)):
             self.first_errors[size] = reason
@@ -177,7 +250,9 @@ class _SizeRunner:
 
 def _first_error(records) -> str | None:
     """The first failed request's reason, its ``--cache-size`` hint as the sweep's ``--cache-sizes``."""
-    reason = next((record.error for _, record in records if record.status is Status.ERROR and record.error), None)
+    reason = next(
+        (record.error for _, record in records if record.status is Status.ERROR and record.error), None
+    )
     return None if reason is None else re.sub(r"--cache-size\b(?!s)", "--cache-sizes", reason)
 
 

@@ -38,17 +38,22 @@ def check_against_model(requests: Sequence[Request], block_size: int, max_contex
     if max_context_tokens is None:
         return
     if block_size > max_context_tokens:
-        raise InputError(f"--block-size {block_size}: longer than the model's context of {max_context_tokens:,} "
-                         "tokens, so no block could ever be full and nothing would be cached")
+        raise InputError(
+            f"--block-size {block_size}: longer than the model's context of {max_context_tokens:,} "
+            "tokens, so no block could ever be full and nothing would be cached"
+        )
     for request in requests:
         if request.prompt_tokens + request.max_tokens > max_context_tokens:
-            raise InputError(f"request {request.request_id}: {request.prompt_tokens:,} prompt tokens + max_tokens "
-                             f"{request.max_tokens:,} exceed the model's context of {max_context_tokens:,} tokens "
-                             "(lower --max-tokens or shorten the workload)")
+            raise InputError(
+                f"request {request.request_id}: {request.prompt_tokens:,} prompt tokens + max_tokens "
+                f"{request.max_tokens:,} exceed the model's context of {max_context_tokens:,} tokens "
+                "(lower --max-tokens or shorten the workload)"
+            )
 
 
-def requests_note(num_asked: int | None, num_available: int, num_done: int | None = None,
-                  done: str = "run") -> list[str]:
+def requests_note(
+    num_asked: int | None, num_available: int, num_done: int | None = None, done: str = "run"
+) -> list[str]:
     """A note when ``--requests`` asked for more than the source has. ``num_done``: how many were
     really sent (``--duration`` or a dead server can stop sending early; default all), ``done`` the
     verb ("run", "simulated")."""

@@ -25,8 +25,10 @@ from kvbench.results.summary import SummaryOptions
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"  # `kvbench serve` and vLLM's default port
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_SERVER_BLOCK_SIZE = 16  # vLLM's default block size
-KEY_VARIABLE_RULE = ("--api-key-env takes the name of the environment variable that holds the key (letters, "
-                     "digits and _, e.g. MY_API_KEY), not the key itself; the value given is not a variable name")
+KEY_VARIABLE_RULE = (
+    "--api-key-env takes the name of the environment variable that holds the key (letters, "
+    "digits and _, e.g. MY_API_KEY), not the key itself; the value given is not a variable name"
+)
 
 
 class BackendKind(str, Enum):
@@ -71,7 +73,9 @@ class ModelFlags:
     path: str | None = None
     device: str = "cpu"
     dtype: str = "float32"  # fp32 keeps cache-on and cache-off greedy outputs identical
-    threads: int | None = None  # --threads; None: chosen from the usable cores and the load (kvbench.engine.threads)
+    threads: int | None = (
+        None  # --threads; None: chosen from the usable cores and the load (kvbench.engine.threads)
+    )
 
     def __post_init__(self) -> None:
         check_threads(self.threads)  # InputError naming --threads
@@ -91,8 +95,11 @@ class EngineFlags:
         object.__setattr__(self, "engine", EngineKind(self.engine))
         _check_positive(self, ("max_num_seqs", "max_num_batched_tokens"))
         if self.engine is EngineKind.COPY:
-            given = [name for name in ("max_num_seqs", "max_num_batched_tokens", "host_tier")
-                     if getattr(self, name) is not None]
+            given = [
+                name
+                for name in ("max_num_seqs", "max_num_batched_tokens", "host_tier")
+                if getattr(self, name) is not None
+            ]
             given += ["batch_invariant"] if self.batch_invariant else []
             if given:
                 raise ValueError(f"{_flag(given[0])} applies to --engine paged only")
@@ -137,7 +144,9 @@ class RunFlags:
         if self.temperature is not None and not 0 <= self.temperature < float("inf"):
             raise ValueError(f"--temperature: {self.temperature} must be a finite number >= 0")
         if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise ValueError(f"--top-p: {self.top_p} must be in (0, 1]")  # the engine's rule (engine/sampling.py)
+            raise ValueError(
+                f"--top-p: {self.top_p} must be in (0, 1]"
+            )  # the engine's rule (engine/sampling.py)
 
 
 @dataclass(frozen=True)
@@ -161,11 +170,23 @@ class ServerFlags:
     turns: TurnMode | None = None  # None = scripted
     base_urls: tuple[str, ...] = ()  # two or more endpoints, routed client-side (kvbench/backends/routed.py)
     route: str | None = None  # the policy over base_urls (kvbench/route/policies.py); None = round-robin
-    client: ClientKind | None = None  # how stream bodies are read (kvbench/backends/openai/client_kind.py); None = lean
+    client: ClientKind | None = (
+        None  # how stream bodies are read (kvbench/backends/openai/client_kind.py); None = lean
+    )
 
     def __post_init__(self) -> None:
-        _check_positive(self, ("timeout", "duration", "request_rate", "burstiness", "server_block_size",
-                               "expected_cache_size", "time_scale"))
+        _check_positive(
+            self,
+            (
+                "timeout",
+                "duration",
+                "request_rate",
+                "burstiness",
+                "server_block_size",
+                "expected_cache_size",
+                "time_scale",
+            ),
+        )
         if self.api_key_env is not None and not VARIABLE_NAME.fullmatch(self.api_key_env):
             raise ValueError(KEY_VARIABLE_RULE)  # never the value: it may be the key itself (issue 32.8)
         if self.time_scale is not None and self.schedule is not Schedule.TRACE:
@@ -222,8 +243,11 @@ class RunConfig:
             object.__setattr__(self, "out", Path(self.out))
         other = self.server if self.backend is BackendKind.INPROCESS else self.cache
         defaults = type(other)()
-        given = [f.name for f in fields(other) if getattr(other, f.name) != getattr(defaults, f.name)
-                 and f.name != "turns"]  # --turns applies to both backends
+        given = [
+            f.name
+            for f in fields(other)
+            if getattr(other, f.name) != getattr(defaults, f.name) and f.name != "turns"
+        ]  # --turns applies to both backends
         if given:
             raise ValueError(f"{_flag(given[0])} does not apply to --backend {self.backend.value}")
         if self.server.client is not None and self.backend is not BackendKind.OPENAI:
@@ -251,6 +275,8 @@ class SweepConfig:
         if not self.cache_sizes or any(size <= 0 for size in self.cache_sizes):
             raise ValueError("--cache-sizes: give positive block counts, e.g. 64,256,1024")
         if repeated := sorted({size for size in self.cache_sizes if self.cache_sizes.count(size) > 1}):
-            raise ValueError(f"--cache-sizes: {', '.join(map(str, repeated))} given more than once (each size "
-                             "writes run-SIZE.parquet); for more runs per size use --repeats")
+            raise ValueError(
+                f"--cache-sizes: {', '.join(map(str, repeated))} given more than once (each size "
+                "writes run-SIZE.parquet); for more runs per size use --repeats"
+            )
         _check_positive(self, ("block_size", "repeats"))

@@ -33,9 +33,17 @@ if TYPE_CHECKING:
     from kvbench.engine.sampling import SamplingParams
 
 
-def build_backend(loaded, flags: EngineFlags, cache: CacheConfig | None, pool: CacheConfig | None = None,
-                  sampling: SamplingParams | None = None, verify: bool = False, salt: str = "",
-                  name: str | None = None, store_views: bool = False):
+def build_backend(
+    loaded,
+    flags: EngineFlags,
+    cache: CacheConfig | None,
+    pool: CacheConfig | None = None,
+    sampling: SamplingParams | None = None,
+    verify: bool = False,
+    salt: str = "",
+    name: str | None = None,
+    store_views: bool = False,
+):
     """The engine ``flags.engine`` names over ``loaded`` (:func:`kvbench.engine.factory.make_engine`)
     behind the in-process backend: the one assembly path of ``run``, ``sweep``, ``break`` and ``serve``.
     ``cache`` ``None`` = prefix caching off; ``pool``: the paged engine's pool (default ``cache``;
@@ -51,12 +59,23 @@ def build_backend(loaded, flags: EngineFlags, cache: CacheConfig | None, pool: C
     from kvbench.engine.sampling import SamplingParams
 
     sized = pool or cache
-    host_tier = host_tier_blocks(flags.host_tier, loaded.kv_layout(sized.block_size).bytes_per_block) if sized else 0
-    config = checked(lambda: EngineConfig(
-        flags.engine, cache=cache, pool=pool, verify=verify, salt=salt,
-        max_num_seqs=flags.max_num_seqs or DEFAULT_MAX_NUM_SEQS,
-        max_num_batched_tokens=flags.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
-        batch_invariant=flags.batch_invariant, host_tier_blocks=host_tier, store_views=store_views))
+    host_tier = (
+        host_tier_blocks(flags.host_tier, loaded.kv_layout(sized.block_size).bytes_per_block) if sized else 0
+    )
+    config = checked(
+        lambda: EngineConfig(
+            flags.engine,
+            cache=cache,
+            pool=pool,
+            verify=verify,
+            salt=salt,
+            max_num_seqs=flags.max_num_seqs or DEFAULT_MAX_NUM_SEQS,
+            max_num_batched_tokens=flags.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
+            batch_invariant=flags.batch_invariant,
+            host_tier_blocks=host_tier,
+            store_views=store_views,
+        )
+    )
     engine = checked(lambda: make_engine(loaded, config))
     return InProcessBackend(engine, sampling or SamplingParams(), name or loaded.name)
 
@@ -72,19 +91,31 @@ def host_tier_blocks(text: str | None, bytes_per_block: int) -> int:
     return int(text) if text.strip().isdigit() else parse_bytes(text) // bytes_per_block
 
 
-def predicted_cached_tokens(requests: Sequence[Request], flags: EngineFlags, cache: CacheConfig | None,
-                            concurrency: int, ignore_eos: bool) -> list[int | None]:
+def predicted_cached_tokens(
+    requests: Sequence[Request],
+    flags: EngineFlags,
+    cache: CacheConfig | None,
+    concurrency: int,
+    ignore_eos: bool,
+) -> list[int | None]:
     """Per request, the cached prompt tokens the engine should report (module docstring)."""
     if flags.engine is EngineKind.COPY or cache is None:
         return expected_cached_tokens(requests, cache)
     if flags.host_tier is not None:  # the pool simulator has no host tier (kvbench sim --tier models one)
         return [None] * len(requests)
-    if concurrency != 1 or not ignore_eos or cache.ttl_s is not None or cache.release_order.value != "tail-first":
+    if (
+        concurrency != 1
+        or not ignore_eos
+        or cache.ttl_s is not None
+        or cache.release_order.value != "tail-first"
+    ):
         return [None] * len(requests)
     pool = VllmPoolConfig(cache.capacity_blocks + NUM_NULL_BLOCKS, cache.block_size, cache.hash, cache.kind)
     # a request larger than the pool is refused by the engine before it touches a block (an error row,
     # no prediction); the others are predicted as if it had not been sent
-    fits = [-(-(r.num_tokens + r.max_tokens - 1) // cache.block_size) <= cache.capacity_blocks for r in requests]
+    fits = [
+        -(-(r.num_tokens + r.max_tokens - 1) // cache.block_size) <= cache.capacity_blocks for r in requests
+    ]
     exact = [replace(r, output_tokens=r.max_tokens) for r, fit in zip(requests, fits) if fit]
     predicted = iter(expected_cached_tokens(exact, pool))
     return [next(predicted) if fit else None for fit in fits]

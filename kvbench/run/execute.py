@@ -30,7 +30,9 @@ from kvbench.run.loop import LoadConfig, Turns, send_requests
 from kvbench.run.source import RunSection, RunSource, limit_requests, requests_hash
 
 Progress = Callable[[list[dict[str, Any]], int], None]  # (rows so far, total requests)
-OnStatus = Callable[[str], None]  # one status line, when it happens (the CLI prints it at once; issue 30 item 6)
+OnStatus = Callable[
+    [str], None
+]  # one status line, when it happens (the CLI prints it at once; issue 30 item 6)
 
 
 def status_sink(on_status: OnStatus | None, notes: list[str]) -> OnStatus:
@@ -75,8 +77,14 @@ class RunInterrupted(Interrupted):
     """Ctrl-C or SIGTERM during a run: the rows so far are written (incomplete); ``outcome`` holds them."""
 
     def __init__(self, outcome: RunOutcome) -> None:
-        written = f"wrote {counted(len(outcome.rows), 'row')} to {outcome.path}" if outcome.rows else "nothing to write"
-        super().__init__(f"after {len(outcome.rows)} of {counted(outcome.num_requests, 'request')}; {written}")
+        written = (
+            f"wrote {counted(len(outcome.rows), 'row')} to {outcome.path}"
+            if outcome.rows
+            else "nothing to write"
+        )
+        super().__init__(
+            f"after {len(outcome.rows)} of {counted(outcome.num_requests, 'request')}; {written}"
+        )
         self.outcome = outcome
         self.sweep: Any = None  # kvbench.run.api.sweep: the sizes finished before the cut
 
@@ -95,27 +103,52 @@ def prepared_requests(source: RunSource, settings: RunSection) -> list[Request]:
     if settings.max_tokens is not None:
         requests = [replace(r, max_tokens=settings.max_tokens) for r in requests]
     if settings.warmup and settings.warmup >= len(requests):
-        raise InputError(f"--warmup {settings.warmup} leaves none of the {len(requests)} requests to measure "
-                         "(warm-up requests are part of --requests)")
+        raise InputError(
+            f"--warmup {settings.warmup} leaves none of the {len(requests)} requests to measure "
+            "(warm-up requests are part of --requests)"
+        )
     return requests
 
 
-def run_metadata(source: RunSource, settings: RunSection, requests: Sequence[Request], run_info: dict[str, Any],
-                 source_path: Path, num_warmup: int) -> dict[str, Any]:
+def run_metadata(
+    source: RunSource,
+    settings: RunSection,
+    requests: Sequence[Request],
+    run_info: dict[str, Any],
+    source_path: Path,
+    num_warmup: int,
+) -> dict[str, Any]:
     """The results file's ``run`` metadata: the backend's facts plus the trace and the settings."""
-    return {"command": "run", "run": {
-        **run_info, "scenario": source.name, "source": str(source_path),
-        "trace": {**source.trace_info, "requests_hash": requests_hash(list(requests))},
-        "max_tokens": settings.max_tokens, "ignore_eos": settings.ignore_eos, "concurrency": settings.concurrency,
-        "warmup": num_warmup, "seed": settings.seed, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}}
+    return {
+        "command": "run",
+        "run": {
+            **run_info,
+            "scenario": source.name,
+            "source": str(source_path),
+            "trace": {**source.trace_info, "requests_hash": requests_hash(list(requests))},
+            "max_tokens": settings.max_tokens,
+            "ignore_eos": settings.ignore_eos,
+            "concurrency": settings.concurrency,
+            "warmup": num_warmup,
+            "seed": settings.seed,
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        },
+    }
 
 
 OnEnd = Callable[[list[tuple[Request, RequestRecord]]], None]  # the records finished -> metadata added
 
 
-def execute(requests: Sequence[Request], backend: Backend, load: LoadConfig, writer: RunWriter,
-            on_progress: Progress | None, backend_context: Callable[[], Any] | None = None,
-            turns: Turns | None = None, on_end: OnEnd | None = None) -> RunOutcome:
+def execute(
+    requests: Sequence[Request],
+    backend: Backend,
+    load: LoadConfig,
+    writer: RunWriter,
+    on_progress: Progress | None,
+    backend_context: Callable[[], Any] | None = None,
+    turns: Turns | None = None,
+    on_end: OnEnd | None = None,
+) -> RunOutcome:
     """Send ``requests`` through the one send loop, every record to ``writer``; returns the outcome.
 
     ``backend_context``: an async context manager factory to enter around the run (the HTTP client).
@@ -126,8 +159,14 @@ def execute(requests: Sequence[Request], backend: Backend, load: LoadConfig, wri
     into ``writer.metadata`` there, so an interrupted run's file has it too.
     Raises :class:`RunInterrupted` on Ctrl-C or SIGTERM after writing what was measured.
     """
-    outcome = RunOutcome(writer.metadata["run"].get("scenario", ""), writer.path, writer.rows, writer.metadata,
-                         len(requests), summary_options=writer.summary_options)
+    outcome = RunOutcome(
+        writer.metadata["run"].get("scenario", ""),
+        writer.path,
+        writer.rows,
+        writer.metadata,
+        len(requests),
+        summary_options=writer.summary_options,
+    )
 
     def on_record(request: Request, record: RequestRecord) -> None:
         outcome.records.append((request, record))  # the send loop's records, kept when it is cut short

@@ -35,5 +35,7 @@ def metrics_scope(before: Sequence[str | None], after: Sequence[str | None]) -> 
     missing = [str(i) for i in range(len(before)) if i not in both]
     if not both:
         return both, "no replica answered /metrics both before and after the run"
-    return both, (f"covers replica {', '.join(map(str, both))} only: replica {', '.join(missing)} "
-                  "did not answer /metrics before and after the run")
+    return both, (
+        f"covers replica {', '.join(map(str, both))} only: replica {', '.join(missing)} "
+        "did not answer /metrics before and after the run"
+    )

@@ -69,8 +69,12 @@ def plan_live_turns(requests: Sequence[Request]) -> dict[int, LivePlan]:
         if previous is None or previous.messages is None or request.messages is None:
             continue
         before, now = previous.messages, request.messages
-        if len(now) > len(before) + 1 and now[:len(before)] == before and now[len(before)].role == "assistant":
-            plans[request.index] = LivePlan(previous.index, now[len(before) + 1:])
+        if (
+            len(now) > len(before) + 1
+            and now[: len(before)] == before
+            and now[len(before)].role == "assistant"
+        ):
+            plans[request.index] = LivePlan(previous.index, now[len(before) + 1 :])
     return plans
 
 
@@ -88,7 +92,9 @@ class _ExpectCache:
         (prompt + output - 1 tokens, or the prompt's alone) are inserted after the hit."""
         if self.cache is None:
             return 0
-        prompt = self.hasher.prompt_blocks(request.token_ids, salt=request.salt or "", keep_tokens=self.keep_tokens)
+        prompt = self.hasher.prompt_blocks(
+            request.token_ids, salt=request.salt or "", keep_tokens=self.keep_tokens
+        )
         match = self.cache.lookup(prompt, prompt.max_hit_blocks)
         new_handles = []
         if store:
@@ -152,17 +158,23 @@ class LiveReport:
 
     def lines(self) -> list[str]:
         """The run's note lines."""
-        lines = [f"live turns: {self.num_live} requests built from the real replies, "
-                 f"{self.num_as_written} sent as written (first turns, other shapes, failed replies)",
-                 f"live turns: reported {self.reported_cached_tokens:,} cached tokens; expected "
-                 f"{self.expected_with_generated_tokens:,} if generated blocks are cached, "
-                 f"{self.expected_prompt_only_tokens:,} if only prompts: {self.verdict()}"]
+        lines = [
+            f"live turns: {self.num_live} requests built from the real replies, "
+            f"{self.num_as_written} sent as written (first turns, other shapes, failed replies)",
+            f"live turns: reported {self.reported_cached_tokens:,} cached tokens; expected "
+            f"{self.expected_with_generated_tokens:,} if generated blocks are cached, "
+            f"{self.expected_prompt_only_tokens:,} if only prompts: {self.verdict()}",
+        ]
         if self.num_replies_checked:
-            line = (f"live turns: {self.num_retokenized_differently} of {self.num_replies_checked} replies "
-                    "re-tokenize differently from the ids generated")
+            line = (
+                f"live turns: {self.num_retokenized_differently} of {self.num_replies_checked} replies "
+                "re-tokenize differently from the ids generated"
+            )
             lines.append(line + (f" (first: {self.first_difference})" if self.first_difference else ""))
         else:
-            lines.append("live turns: no reply ids returned (nor a server /tokenize): re-tokenization not checked")
+            lines.append(
+                "live turns: no reply ids returned (nor a server /tokenize): re-tokenization not checked"
+            )
         return lines
 
     def as_dict(self) -> dict[str, Any]:
@@ -201,7 +213,12 @@ class LiveTurns:
         """The request to send now: built from its session's real history where it can be."""
         plan = self.plans.get(request.index)
         reply = self.replies.get(plan.previous) if plan is not None else None
-        if plan is not None and reply is not None and reply.ok and (text := self._reply_text(reply)) is not None:
+        if (
+            plan is not None
+            and reply is not None
+            and reply.ok
+            and (text := self._reply_text(reply)) is not None
+        ):
             history = self.sent[plan.previous].messages
             messages = (*history, Message("assistant", text), *plan.added)
             request = replace(request, messages=messages, token_ids=self.tokenizer.render_messages(messages))
@@ -223,11 +240,18 @@ class LiveTurns:
         succeeded), keep its reply for the next turn; returns it with ``expected_cached_tokens``."""
         self.replies[request.index] = record
         output_ids = self._output_ids(request, record) if record.ok else None
-        with_generated = self.expected_generated[request.index] = self._generated.replay(request, output_ids, record.ok)
-        prompt_only = self.expected_prompt_only[request.index] = self._prompt_only.replay(request, None, record.ok)
-        known_prompt_only = self.cache is not None and self.cache.prompt_only  # a cache known to store prompts only
+        with_generated = self.expected_generated[request.index] = self._generated.replay(
+            request, output_ids, record.ok
+        )
+        prompt_only = self.expected_prompt_only[request.index] = self._prompt_only.replay(
+            request, None, record.ok
+        )
+        known_prompt_only = (
+            self.cache is not None and self.cache.prompt_only
+        )  # a cache known to store prompts only
         request = self.sent[request.index] = replace(
-            request, expected_cached_tokens=prompt_only if known_prompt_only else with_generated)
+            request, expected_cached_tokens=prompt_only if known_prompt_only else with_generated
+        )
         if record.cached_prompt_tokens is not None and record.ok:
             report = self.report
             report.num_compared += 1
@@ -259,10 +283,15 @@ class LiveTurns:
             return
         report.num_retokenized_differently += 1
         if report.first_difference is None:
-            at = next((i for i, (a, b) in enumerate(zip(generated, local)) if a != b), min(len(generated), len(local)))
-            report.first_difference = (f"request {request.request_id}, reply token {at}: server "
-                                       f"{generated[at:at + 3]} vs local {local[at:at + 3]} "
-                                       f"({len(generated)} vs {len(local)} tokens)")
+            at = next(
+                (i for i, (a, b) in enumerate(zip(generated, local)) if a != b),
+                min(len(generated), len(local)),
+            )
+            report.first_difference = (
+                f"request {request.request_id}, reply token {at}: server "
+                f"{generated[at : at + 3]} vs local {local[at : at + 3]} "
+                f"({len(generated)} vs {len(local)} tokens)"
+            )
 
     def sent_requests(self, requests: Sequence[Request]) -> list[Request]:
         """``requests`` with each sent one replaced by what was really sent (same order)."""

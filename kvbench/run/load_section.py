@@ -53,28 +53,43 @@ class LoadSection:
     turns: TurnMode | None = None
 
     def __post_init__(self) -> None:
-        for name, kind in (("backend", BackendKind), ("hygiene", Hygiene), ("schedule", Schedule),
-                           ("turns", TurnMode)):
+        for name, kind in (
+            ("backend", BackendKind),
+            ("hygiene", Hygiene),
+            ("schedule", Schedule),
+            ("turns", TurnMode),
+        ):
             value = getattr(self, name)
             if value is not None:
                 try:
                     object.__setattr__(self, name, kind(value))
                 except ValueError:
-                    raise ValueError(f"{name} must be one of {', '.join(k.value for k in kind)}, got {value!r}") from None
+                    raise ValueError(
+                        f"{name} must be one of {', '.join(k.value for k in kind)}, got {value!r}"
+                    ) from None
         for name in ("base_url", "api_key_env", "model"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise ValueError(f"{name} must be a non-empty string, got {value!r}")
         if isinstance(self.api_key_env, str) and not VARIABLE_NAME.fullmatch(self.api_key_env):
-            raise ValueError("api_key_env must be an environment variable's name (letters, digits and _), "
-                             "not a key; the value given is not one")
+            raise ValueError(
+                "api_key_env must be an environment variable's name (letters, digits and _), "
+                "not a key; the value given is not one"
+            )
         for name in ("rate", "burstiness", "duration", "time_scale"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                      or not value > 0 or (name != "rate" and not math.isfinite(value))):
+            if value is not None and (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not value > 0
+                or (name != "rate" and not math.isfinite(value))
+            ):
                 raise ValueError(f"{name} must be a positive number, got {value!r}")
-        if self.concurrency is not None and (isinstance(self.concurrency, bool) or not isinstance(self.concurrency, int)
-                                             or self.concurrency < 1):
+        if self.concurrency is not None and (
+            isinstance(self.concurrency, bool)
+            or not isinstance(self.concurrency, int)
+            or self.concurrency < 1
+        ):
             raise ValueError(f"concurrency must be a positive integer, got {self.concurrency!r}")
 
 
@@ -94,8 +109,10 @@ def read_load_section(source: str | Path) -> LoadSection:
     except InputError:
         return LoadSection()  # load_scenario reports a broken file with its own message
     if "api_key" in table:
-        raise InputError(f"{path}: field 'load.api_key': a key never goes in a file; set OPENAI_API_KEY "
-                         "(or the variable api_key_env names) in the environment")
+        raise InputError(
+            f"{path}: field 'load.api_key': a key never goes in a file; set OPENAI_API_KEY "
+            "(or the variable api_key_env names) in the environment"
+        )
     return build_section(LoadSection, table, path, text, "load")
 
 
@@ -115,13 +132,21 @@ def with_load_section(config: RunConfig) -> RunConfig:
     def pick(flag, key):
         return flag if flag is not None else key
 
-    server = replace(server, base_url=pick(server.base_url, section.base_url),
-                     api_key_env=pick(server.api_key_env, section.api_key_env),
-                     request_rate=pick(server.request_rate, section.rate),
-                     burstiness=pick(server.burstiness, section.burstiness),
-                     duration=pick(server.duration, section.duration), hygiene=pick(server.hygiene, section.hygiene),
-                     schedule=pick(server.schedule, section.schedule),
-                     time_scale=pick(server.time_scale, section.time_scale),
-                     turns=pick(server.turns, section.turns))
-    return replace(config, server=server, run=replace(run, concurrency=pick(run.concurrency, section.concurrency)),
-                   model=replace(model, path=pick(model.path, section.model)))
+    server = replace(
+        server,
+        base_url=pick(server.base_url, section.base_url),
+        api_key_env=pick(server.api_key_env, section.api_key_env),
+        request_rate=pick(server.request_rate, section.rate),
+        burstiness=pick(server.burstiness, section.burstiness),
+        duration=pick(server.duration, section.duration),
+        hygiene=pick(server.hygiene, section.hygiene),
+        schedule=pick(server.schedule, section.schedule),
+        time_scale=pick(server.time_scale, section.time_scale),
+        turns=pick(server.turns, section.turns),
+    )
+    return replace(
+        config,
+        server=server,
+        run=replace(run, concurrency=pick(run.concurrency, section.concurrency)),
+        model=replace(model, path=pick(model.path, section.model)),
+    )

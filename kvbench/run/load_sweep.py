@@ -36,7 +36,9 @@ class LoadSweepConfig:
 
     def __post_init__(self) -> None:
         if bool(self.concurrencies) == bool(self.request_rates):
-            raise ValueError("give one of --concurrency 1,2,4 or --request-rate 1,2,4 (a load sweep varies one)")
+            raise ValueError(
+                "give one of --concurrency 1,2,4 or --request-rate 1,2,4 (a load sweep varies one)"
+            )
         if self.base.backend is not BackendKind.OPENAI:
             raise ValueError("--concurrency / --request-rate sweeps need --backend openai (a server)")
         if any(c <= 0 for c in self.concurrencies):
@@ -79,8 +81,11 @@ def _run_name(axis: str, value: float, repeat: int) -> str:
     return f"run-{word}{'' if math.isinf(value) else f'{value:g}'}-{repeat + 1}.parquet"
 
 
-def load_sweep(config: LoadSweepConfig, on_progress: Progress | None = None,
-               on_run: Callable[[float, int], None] | None = None) -> LoadSweepOutcome:
+def load_sweep(
+    config: LoadSweepConfig,
+    on_progress: Progress | None = None,
+    on_run: Callable[[float, int], None] | None = None,
+) -> LoadSweepOutcome:
     """Run every point ``config.num_runs`` times against the server; returns the outcome.
 
     ``on_run(value, repeat)`` is called before each run. Raises ``InputError`` (bad flag, file or
@@ -89,17 +94,26 @@ def load_sweep(config: LoadSweepConfig, on_progress: Progress | None = None,
     """
     from kvbench.run.api_openai import run_openai
 
-    folder = config.out or Path("results") / f"load-sweep-{config.base.source.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    folder = (
+        config.out
+        or Path("results") / f"load-sweep-{config.base.source.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    )
     check_output_path(folder / "load_sweep.parquet")
     outcome = LoadSweepOutcome(config.base.source.stem, config.axis)
-    context: dict[str, Any] = {"source": str(config.base.source), "base_url": config.base.server.url,
-                               "num_runs": config.num_runs, "values": list(config.values)}
+    context: dict[str, Any] = {
+        "source": str(config.base.source),
+        "base_url": config.base.server.url,
+        "num_runs": config.num_runs,
+        "values": list(config.values),
+    }
     for value in config.values:
         for repeat in range(config.num_runs):
             if on_run is not None:
                 on_run(value, repeat)
             try:
-                run = run_openai(config.point_config(value, folder / _run_name(config.axis, value, repeat)), on_progress)
+                run = run_openai(
+                    config.point_config(value, folder / _run_name(config.axis, value, repeat)), on_progress
+                )
             except RunInterrupted as interrupted:
                 _finish(outcome, folder, context, complete=False)
                 interrupted.sweep = outcome  # the CLI prints the finished runs' table before exit 130
@@ -112,11 +126,16 @@ def load_sweep(config: LoadSweepConfig, on_progress: Progress | None = None,
 
 def _server_rates(run) -> dict[str, Any]:
     rec = run.reconciliation
-    return {} if rec is None else {"reported_hit_rate": rec.reported_hit_rate, "metrics_hit_rate": rec.metrics_hit_rate}
+    return (
+        {}
+        if rec is None
+        else {"reported_hit_rate": rec.reported_hit_rate, "metrics_hit_rate": rec.metrics_hit_rate}
+    )
 
 
 def _finish(outcome: LoadSweepOutcome, folder: Path, context: dict[str, Any], complete: bool) -> None:
     if outcome.runs:
         outcome.points = load_points(outcome.runs)
-        outcome.path = write_load_sweep(folder / "load_sweep.parquet", outcome.axis, outcome.runs, outcome.points,
-                                        context, complete)
+        outcome.path = write_load_sweep(
+            folder / "load_sweep.parquet", outcome.axis, outcome.runs, outcome.points, context, complete
+        )

@@ -103,13 +103,17 @@ class LoadConfig:
         if not _is_int_at_least(self.num_warmup, 0):
             raise ValueError(f"warmup must be a non-negative integer, got {self.num_warmup!r}")
         if not self.request_rate_per_s > 0:
-            raise ValueError(f"request rate must be positive (inf = closed loop), got {self.request_rate_per_s}")
+            raise ValueError(
+                f"request rate must be positive (inf = closed loop), got {self.request_rate_per_s}"
+            )
         if not (self.burstiness > 0 and math.isfinite(self.burstiness)):
             raise ValueError(f"burstiness must be a positive number, got {self.burstiness}")
         if self.duration_s is not None and not self.duration_s > 0:
             raise ValueError(f"duration must be positive, got {self.duration_s}")
         if self.max_connection_failures is not None and not _is_int_at_least(self.max_connection_failures, 1):
-            raise ValueError(f"max_connection_failures must be a positive integer, got {self.max_connection_failures!r}")
+            raise ValueError(
+                f"max_connection_failures must be a positive integer, got {self.max_connection_failures!r}"
+            )
 
     @property
     def is_open_loop(self) -> bool:
@@ -139,8 +143,15 @@ def arrival_offsets_s(num_requests: int, rate_per_s: float, burstiness: float, s
 class _Run:
     """State of one :func:`send_requests` call: which turn waits for which, and the records."""
 
-    def __init__(self, requests: Sequence[Request], backend: Backend, on_record: OnRecord | None,
-                 clock: Clock, max_connection_failures: int | None = None, turns: Turns | None = None) -> None:
+    def __init__(
+        self,
+        requests: Sequence[Request],
+        backend: Backend,
+        on_record: OnRecord | None,
+        clock: Clock,
+        max_connection_failures: int | None = None,
+        turns: Turns | None = None,
+    ) -> None:
         self.backend, self.on_record, self.clock, self.turns = backend, on_record, clock, turns
         self.max_connection_failures = max_connection_failures
         self.num_connection_failures = 0  # consecutive
@@ -167,16 +178,22 @@ class _Run:
         index = request.index
         try:
             if self.gave_up is not None:
-                return self._keep(request, replace(RequestRecord.failed(request.prompt_tokens, self.gave_up),
-                                                   phase=phase))
+                return self._keep(
+                    request, replace(RequestRecord.failed(request.prompt_tokens, self.gave_up), phase=phase)
+                )
             if self.turns is not None:
                 request = self.turns.prepare(request)
             sent_s = self.clock.now()
             record = await self.backend.serve(request)
             ended_s = self.clock.now()
-            record = replace(record, phase=phase, queue_ms=(sent_s - queued_since_s) * 1e3 + record.queue_ms,
-                             sent_s=sent_s - self.start_s, ended_s=ended_s - self.start_s,
-                             due_s=queued_since_s - self.start_s)
+            record = replace(
+                record,
+                phase=phase,
+                queue_ms=(sent_s - queued_since_s) * 1e3 + record.queue_ms,
+                sent_s=sent_s - self.start_s,
+                ended_s=ended_s - self.start_s,
+                due_s=queued_since_s - self.start_s,
+            )
             if self.turns is not None:
                 request = self.turns.finished(request, record)
             self._count_failure(record)
@@ -197,8 +214,10 @@ class _Run:
         self.num_connection_failures = self.num_connection_failures + 1 if record.is_connection_failure else 0
         limit = self.max_connection_failures
         if limit is not None and self.num_connection_failures >= limit and self.gave_up is None:
-            self.gave_up = (f"{NOT_SENT}: the send loop stopped after {limit} consecutive connection failures "
-                            f"(last: {record.error})")
+            self.gave_up = (
+                f"{NOT_SENT}: the send loop stopped after {limit} consecutive connection failures "
+                f"(last: {record.error})"
+            )
             self.stopped.set()
 
     async def sleep_unless_stopped(self, seconds: float) -> None:
@@ -210,8 +229,9 @@ class _Run:
             task.cancel()
 
 
-async def _closed_loop(run: _Run, batch: Sequence[Request], phase: Phase, concurrency: int,
-                       deadline_s: float) -> None:
+async def _closed_loop(
+    run: _Run, batch: Sequence[Request], phase: Phase, concurrency: int, deadline_s: float
+) -> None:
     pending = iter(batch)  # shared by the clients: each takes the next request in trace order
 
     async def client() -> None:
@@ -226,8 +246,9 @@ async def _closed_loop(run: _Run, batch: Sequence[Request], phase: Phase, concur
     await asyncio.gather(*(client() for _ in range(min(concurrency, len(batch)))))
 
 
-async def _open_loop(run: _Run, batch: Sequence[Request], phase: Phase, load: LoadConfig,
-                     deadline_s: float) -> None:
+async def _open_loop(
+    run: _Run, batch: Sequence[Request], phase: Phase, load: LoadConfig, deadline_s: float
+) -> None:
     phase_start_s = run.clock.now()
     due_s = phase_start_s + load.due_offsets_s(batch)
     slots = asyncio.Semaphore(load.concurrency) if load.concurrency else None
@@ -244,9 +265,14 @@ async def _open_loop(run: _Run, batch: Sequence[Request], phase: Phase, load: Lo
     await asyncio.gather(*(one(request, float(due)) for request, due in zip(batch, due_s)))
 
 
-async def send_requests(requests: Sequence[Request], backend: Backend, load: LoadConfig = LoadConfig(),
-                        on_record: OnRecord | None = None, clock: Clock = WALL_CLOCK,
-                        turns: Turns | None = None) -> list[tuple[Request, RequestRecord]]:
+async def send_requests(
+    requests: Sequence[Request],
+    backend: Backend,
+    load: LoadConfig = LoadConfig(),
+    on_record: OnRecord | None = None,
+    clock: Clock = WALL_CLOCK,
+    turns: Turns | None = None,
+) -> list[tuple[Request, RequestRecord]]:
     """Send ``requests`` (``load.num_warmup`` first, as warm-up) through ``backend``.
 
     Returns every ``(request, record)`` in the order they finished (the request as ``turns`` built
@@ -266,7 +292,11 @@ async def send_requests(requests: Sequence[Request], backend: Backend, load: Loa
     return run.records
 
 
-def run_requests(requests: Sequence[Request], backend: Backend, load: LoadConfig = LoadConfig(),
-                 on_record: OnRecord | None = None) -> list[tuple[Request, RequestRecord]]:
+def run_requests(
+    requests: Sequence[Request],
+    backend: Backend,
+    load: LoadConfig = LoadConfig(),
+    on_record: OnRecord | None = None,
+) -> list[tuple[Request, RequestRecord]]:
     """:func:`send_requests` on the wall clock from synchronous code (its own event loop)."""
     return asyncio.run(send_requests(requests, backend, load, on_record))

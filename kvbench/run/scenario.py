@@ -68,8 +68,15 @@ class CacheSection:
     def cache_config(self, capacity_blocks: int, block_size: int) -> CacheConfig:
         """The :class:`CacheConfig` this section describes, at a capacity (blocks) and block size
         (tokens) chosen elsewhere (``[sim] sizes``, the run's cache size). Raises ``ValueError``."""
-        return CacheConfig(capacity_blocks=capacity_blocks, block_size=block_size, kind=self.kind, ttl_s=self.ttl_s,
-                           release_order=self.release_order, verify_tokens=self.verify_tokens, hash=self.hash)
+        return CacheConfig(
+            capacity_blocks=capacity_blocks,
+            block_size=block_size,
+            kind=self.kind,
+            ttl_s=self.ttl_s,
+            release_order=self.release_order,
+            verify_tokens=self.verify_tokens,
+            hash=self.hash,
+        )
 
 
 @dataclass(frozen=True)
@@ -196,8 +203,9 @@ def _check_types(cls: type, table: dict, path: Path, text: str, section: str) ->
             problem = exc.errors()[0]
             where = "".join(f"[{part}]" for part in problem["loc"] if isinstance(part, int))
             message = problem["msg"].replace("Input should be", "expected").split(" [type=")[0]
-            raise InputError.at(path, _line_of(text, section, key), f"{section}.{key}{where}",
-                                f"{message}, got {value!r}") from None
+            raise InputError.at(
+                path, _line_of(text, section, key), f"{section}.{key}{where}", f"{message}, got {value!r}"
+            ) from None
 
 
 def build_section(cls: type, table: dict, path: Path, text: str, section: str) -> Any:
@@ -205,15 +213,20 @@ def build_section(cls: type, table: dict, path: Path, text: str, section: str) -
     known = {f.name for f in dataclasses.fields(cls)}
     for key in table:
         if key not in known:
-            raise InputError.at(path, _line_of(text, section, key), f"{section}.{key}",
-                                f"unknown key (known: {', '.join(sorted(known))})")
+            raise InputError.at(
+                path,
+                _line_of(text, section, key),
+                f"{section}.{key}",
+                f"unknown key (known: {', '.join(sorted(known))})",
+            )
     _check_types(cls, table, path, text, section)
     try:
         return cls(**table)
     except (ValueError, TypeError) as exc:
         message = str(exc)
         bad = next((k for k in table if message.startswith(k)), None) or next(
-            (k for k in table if repr(table[k]) in message or str(table[k]) in message), None)
+            (k for k in table if repr(table[k]) in message or str(table[k]) in message), None
+        )
         line = _line_of(text, section, bad) if bad else _line_of(text, section, None)
         field_name = f"{section}.{bad}" if bad else section
         raise InputError.at(path, line, field_name, str(exc)) from None
@@ -242,13 +255,21 @@ def load_scenario(path: str | Path) -> Scenario:
     data = parse_toml(path, text)
     for section in data:
         if section not in _SECTIONS or not isinstance(data[section], dict):
-            raise InputError.at(path, _line_of(text, section, None), section,
-                                f"unknown section (known: {', '.join(_SECTIONS)})")
+            raise InputError.at(
+                path,
+                _line_of(text, section, None),
+                section,
+                f"unknown section (known: {', '.join(_SECTIONS)})",
+            )
     workload = dict(data.get("workload", {}))
     kind_name = workload.pop("kind", None)
     if kind_name not in KINDS:
-        raise InputError.at(path, _line_of(text, "workload", "kind"), "workload.kind",
-                            f"expected one of {', '.join(sorted(KINDS))}, got {kind_name!r}")
+        raise InputError.at(
+            path,
+            _line_of(text, "workload", "kind"),
+            "workload.kind",
+            f"expected one of {', '.join(sorted(KINDS))}, got {kind_name!r}",
+        )
     kind = KINDS[kind_name]
     return Scenario(
         path=path,
@@ -267,7 +288,9 @@ def parse_int_list(text: str, option: str) -> list[int]:
     """Parse ``"64,128,256"`` into positive ints <= :data:`MAX_BLOCKS`. Raises ``InputError`` naming
     ``option`` (also for an empty list)."""
     if not text.strip():
-        raise InputError(f"{option}: empty; give a comma-separated list of positive integers, e.g. 64,128,256")
+        raise InputError(
+            f"{option}: empty; give a comma-separated list of positive integers, e.g. 64,128,256"
+        )
     values = []
     for part in text.split(","):
         part = part.strip().replace("_", "")
@@ -278,7 +301,9 @@ def parse_int_list(text: str, option: str) -> list[int]:
         if value <= 0:
             raise InputError(f"{option}: {value} is not a positive number of blocks")
         if value > MAX_BLOCKS:
-            raise InputError(f"{option}: {value:,} blocks is more than any cache holds (at most {MAX_BLOCKS:,})")
+            raise InputError(
+                f"{option}: {value:,} blocks is more than any cache holds (at most {MAX_BLOCKS:,})"
+            )
         values.append(value)
     return values
 

@@ -28,8 +28,14 @@ from typing import Any
 
 from kvbench.errors import InputError
 from kvbench.request import Request
-from kvbench.run.scenario import (CacheSection, SimSection, build_section, find_scenario, load_scenario,
-                                  missing_source)
+from kvbench.run.scenario import (
+    CacheSection,
+    SimSection,
+    build_section,
+    find_scenario,
+    load_scenario,
+    missing_source,
+)
 from kvbench.workloads.formats.hash_ids import HASH_ID_FORMATS, hash_id_records, hash_id_requests
 from kvbench.workloads.formats.lines import bounded_text
 from kvbench.workloads.formats.importing import ImportConfig, import_trace
@@ -41,7 +47,14 @@ from kvbench.workloads.formats.mooncake import read_mooncake_lines
 from kvbench.workloads.tokenizer import Tokenizer, load_tokenizer
 
 SHAREGPT, BURSTGPT = "sharegpt", "burstgpt"
-BLOCK_SIZES = {KVBENCH_TRACE: 16, MOONCAKE: 512, HASH_IDS: 16, PROMPTS: 16, SHAREGPT: 16, BURSTGPT: 16}  # by format
+BLOCK_SIZES = {
+    KVBENCH_TRACE: 16,
+    MOONCAKE: 512,
+    HASH_IDS: 16,
+    PROMPTS: 16,
+    SHAREGPT: 16,
+    BURSTGPT: 16,
+}  # by format
 
 
 @dataclass(frozen=True)
@@ -65,7 +78,11 @@ class RunSection:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if isinstance(self.concurrency, bool) or not isinstance(self.concurrency, int) or self.concurrency < 1:
+        if (
+            isinstance(self.concurrency, bool)
+            or not isinstance(self.concurrency, int)
+            or self.concurrency < 1
+        ):
             raise ValueError(f"concurrency must be a positive integer, got {self.concurrency!r}")
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
             raise ValueError(f"warmup must be a non-negative integer, got {self.warmup!r}")
@@ -115,8 +132,13 @@ def _trace_info(path: Path, trace: Trace | None) -> dict[str, Any]:
     if trace is None:
         return {"path": str(path), "content_hash": None, "generator": None, "params": {}}
     header = trace.header
-    return {"path": str(path), "content_hash": header.content_hash, "generator": header.generator,
-            "params": header.params, "tokenizer": header.tokenizer}
+    return {
+        "path": str(path),
+        "content_hash": header.content_hash,
+        "generator": header.generator,
+        "params": header.params,
+        "tokenizer": header.tokenizer,
+    }
 
 
 def _rendered(trace: Trace, tokenizer: Tokenizer | None, path: Path) -> list[Request]:
@@ -133,14 +155,28 @@ def _from_scenario(path: Path, tokenizer: Tokenizer | None) -> RunSource:
     requests = workload.requests
     if workload.trace is None and run.max_tokens is not None:  # token ids: the budget is the run's
         requests = [replace(request, max_tokens=run.max_tokens) for request in requests]
-    description = {"scenario": str(path), "workload_kind": scenario.workload_kind,
-                   "workload": {k: str(v) for k, v in vars(scenario.workload).items()}}
-    return RunSource(scenario.name, requests, scenario.block_size, scenario.cache, run,
-                     _trace_info(path, workload.trace), scenario.sim, "scenario", workload.trace, description)
+    description = {
+        "scenario": str(path),
+        "workload_kind": scenario.workload_kind,
+        "workload": {k: str(v) for k, v in vars(scenario.workload).items()},
+    }
+    return RunSource(
+        scenario.name,
+        requests,
+        scenario.block_size,
+        scenario.cache,
+        run,
+        _trace_info(path, workload.trace),
+        scenario.sim,
+        "scenario",
+        workload.trace,
+        description,
+    )
 
 
-def load_source(path: str | Path, tokenizer: Tokenizer | None = None, limit: int | None = None,
-                token_ids: bool = True) -> RunSource:
+def load_source(
+    path: str | Path, tokenizer: Tokenizer | None = None, limit: int | None = None, token_ids: bool = True
+) -> RunSource:
     """Read a scenario (``.toml``) or a trace (``.jsonl``) into requests (see the module docstring).
     A shipped scenario can be named bare (``shared_2k``: :func:`kvbench.run.scenario.find_scenario`).
     ``token_ids=False`` leaves ``requests`` empty for a Mooncake or hash-id trace (only its first line
@@ -162,8 +198,15 @@ def load_source(path: str | Path, tokenizer: Tokenizer | None = None, limit: int
     name, trace, requests = _read_trace_file(path, tokenizer, limit, token_ids)
     if trace is not None:
         requests = _rendered(trace, tokenizer, path)
-    return RunSource(path.stem, requests, BLOCK_SIZES[name], trace_info=_trace_info(path, trace), format=name,
-                     trace=trace, description={"trace": str(path), "format": name})
+    return RunSource(
+        path.stem,
+        requests,
+        BLOCK_SIZES[name],
+        trace_info=_trace_info(path, trace),
+        format=name,
+        trace=trace,
+        description={"trace": str(path), "format": name},
+    )
 
 
 def other_format(path: Path) -> str | None:
@@ -190,14 +233,20 @@ def _read_trace_file(path: Path, tokenizer: Tokenizer | None, limit: int | None,
             records = hash_id_records(file, time_format.block_tokens, BadRows(), limit)
             return HASH_IDS, None, hash_id_requests(records, time_format)
         if file.format != PROMPTS:
-            raise InputError.at(path, file.first_number, None,
-                                "not a known trace format (kvbench trace, Mooncake or hash-id JSONL, prompts / "
-                                "messages JSONL, a ShareGPT JSON array or a BurstGPT CSV)")
+            raise InputError.at(
+                path,
+                file.first_number,
+                None,
+                "not a known trace format (kvbench trace, Mooncake or hash-id JSONL, prompts / "
+                "messages JSONL, a ShareGPT JSON array or a BurstGPT CSV)",
+            )
     return PROMPTS, _imported(PROMPTS, path, tokenizer, limit), None
 
 
 def _imported(name: str, path: Path, tokenizer: Tokenizer | None, limit: int | None) -> Trace:
-    return import_trace(ImportConfig(name, str(path), num_requests=limit), tokenizer or load_tokenizer()).trace
+    return import_trace(
+        ImportConfig(name, str(path), num_requests=limit), tokenizer or load_tokenizer()
+    ).trace
 
 
 def limit_requests(requests: list[Request], num_requests: int | None) -> list[Request]:

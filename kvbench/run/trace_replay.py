@@ -34,7 +34,10 @@ def replay_plan(measured: Sequence[Request], time_scale: float) -> str:
                 f"--schedule trace: request {after.request_id} arrives {gap_s:,.4g} s after request "
                 f"{before.request_id} (arrival {after.arrival_s:.6g} s, time scale {time_scale:g}); a replay "
                 f"would wait that long: gaps over {MAX_REPLAY_GAP_S:,.0f} s (a day) are refused. Fix its "
-                "timestamp, or replay faster with --time-scale")
+                "timestamp, or replay faster with --time-scale"
+            )
     span_s = (ordered[-1].arrival_s - ordered[0].arrival_s) / time_scale if ordered else 0.0
-    return (f"--schedule trace: {len(ordered):,} requests at their own times over {_duration(span_s)} of replay "
-            f"(time scale {time_scale:g}), plus the last requests' service time")
+    return (
+        f"--schedule trace: {len(ordered):,} requests at their own times over {_duration(span_s)} of replay "
+        f"(time scale {time_scale:g}), plus the last requests' service time"
+    )

@@ -48,8 +48,16 @@ from kvbench.request import Request as EngineRequest, RequestRecord
 from kvbench.server.body import read_body
 from kvbench.server.breakpoint_cache import BreakpointCache
 from kvbench.server.guards import GuardConfig, Guards
-from kvbench.server.schemas import (DEFAULT_MAX_TOKENS, ApiError, ChatCompletionRequest, CompletionRequest,
-                                    choices_body, chunk_body, response_body, usage)
+from kvbench.server.schemas import (
+    DEFAULT_MAX_TOKENS,
+    ApiError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    choices_body,
+    chunk_body,
+    response_body,
+    usage,
+)
 from kvbench.server.messages import MIN_CACHE_TOKENS, add_messages_route
 from kvbench.server.outcome import CLIENT_CLOSED_REQUEST, outcomes_unless_gone
 from kvbench.server.service import EngineService, Generation
@@ -57,8 +65,9 @@ from kvbench.server.tokenize import add_tokenize_routes
 from kvbench.server.validation import invalid_body_error
 
 
-def create_app(service: EngineService, guards: GuardConfig | None = None,
-               min_cache_tokens: int = MIN_CACHE_TOKENS) -> FastAPI:
+def create_app(
+    service: EngineService, guards: GuardConfig | None = None, min_cache_tokens: int = MIN_CACHE_TOKENS
+) -> FastAPI:
     """The app serving ``service``'s model behind ``guards`` (default: 32 MiB bodies, no key, any Host).
     Run it with any ASGI server (``kvbench serve`` uses uvicorn). ``POST /v1/messages`` (Anthropic's
     shape, ``min_cache_tokens`` its minimum cacheable prefix) is :mod:`kvbench.server.messages`."""
@@ -73,9 +82,20 @@ def create_app(service: EngineService, guards: GuardConfig | None = None,
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": service.model_name, "object": "model", "created": 0,
-                                            "owned_by": "kvbench", "root": service.model_name, "parent": None,
-                                            "max_model_len": service.max_context_tokens}]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": service.model_name,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "kvbench",
+                    "root": service.model_name,
+                    "parent": None,
+                    "max_model_len": service.max_context_tokens,
+                }
+            ],
+        }
 
     breakpoints = BreakpointCache(min_cache_tokens)  # /v1/messages: Anthropic's cache rules
 
@@ -100,8 +120,10 @@ def create_app(service: EngineService, guards: GuardConfig | None = None,
     async def chat_completions(http: Request):
         body = await read_body(http, ChatCompletionRequest, service.max_body_objects)
         _check_model(service, body.model)
-        messages = [(message.role, message.text(f"messages[{index}].content"))
-                    for index, message in enumerate(body.messages)]
+        messages = [
+            (message.role, message.text(f"messages[{index}].content"))
+            for index, message in enumerate(body.messages)
+        ]
         return await _generate(http, service, body, lambda: service.render_chat(messages), chat=True)
 
     add_messages_route(app, service, breakpoints)
@@ -129,22 +151,39 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 def _check_model(service: EngineService, model: str) -> None:
     if model != service.model_name:
-        raise ApiError(404, f"The model `{model}` does not exist (this server serves `{service.model_name}`).",
-                       "model", "model_not_found")
+        raise ApiError(
+            404,
+            f"The model `{model}` does not exist (this server serves `{service.model_name}`).",
+            "model",
+            "model_not_found",
+        )
 
 
 def _sampling(body: CompletionRequest | ChatCompletionRequest, max_tokens: int) -> SamplingParams:
     """The request's sampling (its fields are range-checked by the schema). Raises ``ApiError`` (400)."""
     if max_tokens < 1:
-        name = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) is not None else "max_tokens"
+        name = (
+            "max_completion_tokens"
+            if getattr(body, "max_completion_tokens", None) is not None
+            else "max_tokens"
+        )
         raise ApiError(400, f"{name} must be at least 1, got {max_tokens}", name)
-    return SamplingParams(max_tokens=max_tokens, temperature=1.0 if body.temperature is None else body.temperature,
-                          top_p=1.0 if body.top_p is None else body.top_p, seed=body.seed,
-                          ignore_eos=body.ignore_eos)
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        seed=body.seed,
+        ignore_eos=body.ignore_eos,
+    )
 
 
-async def _generate(http: Request, service: EngineService, body: CompletionRequest | ChatCompletionRequest,
-                    render: Callable[[], np.ndarray], chat: bool):
+async def _generate(
+    http: Request,
+    service: EngineService,
+    body: CompletionRequest | ChatCompletionRequest,
+    render: Callable[[], np.ndarray],
+    chat: bool,
+):
     _check_n(service, body)
     requested = body.requested_max_tokens()
     if requested is not None:
@@ -154,8 +193,12 @@ async def _generate(http: Request, service: EngineService, body: CompletionReque
         requested = service.default_max_tokens(len(token_ids)) if chat else DEFAULT_MAX_TOKENS
     sampling = _sampling(body, requested)
     service.check(token_ids, sampling.max_tokens, "messages" if chat else "prompt")
-    request = service.request(token_ids, sampling.max_tokens, body.cache_salt,
-                              f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}")
+    request = service.request(
+        token_ids,
+        sampling.max_tokens,
+        body.cache_salt,
+        f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+    )
     header = _Header(chat, request.request_id, int(time.time()), service.model_name, body.return_token_ids)
     if body.n > 1:
         return await _respond_samples(http, service, body, request, sampling, header)
@@ -167,26 +210,45 @@ async def _generate(http: Request, service: EngineService, body: CompletionReque
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     result = results[0]
     generation.text.finish()
-    return response_body(chat, header.response_id, header.created, header.model, generation.text.text,
-                         _finish_reason(service, generation, result), _usage(result))
+    return response_body(
+        chat,
+        header.response_id,
+        header.created,
+        header.model,
+        generation.text.text,
+        _finish_reason(service, generation, result),
+        _usage(result),
+    )
 
 
 def _check_n(service: EngineService, body: CompletionRequest | ChatCompletionRequest) -> None:
     """Refuse (400, ``param`` ``n``) ``n > 1`` on the copy engine (one sequence per request)."""
     if body.n > service.max_samples:
-        raise ApiError(400, f"n must be 1 on --engine copy (one sequence per request; serve with --engine paged "
-                            f"for n > 1), got {body.n}", "n")
+        raise ApiError(
+            400,
+            f"n must be 1 on --engine copy (one sequence per request; serve with --engine paged "
+            f"for n > 1), got {body.n}",
+            "n",
+        )
 
 
-async def _respond_samples(http: Request, service: EngineService, body: CompletionRequest | ChatCompletionRequest,
-                           request: EngineRequest, sampling: SamplingParams, header: _Header):
+async def _respond_samples(
+    http: Request,
+    service: EngineService,
+    body: CompletionRequest | ChatCompletionRequest,
+    request: EngineRequest,
+    sampling: SamplingParams,
+    header: _Header,
+):
     """``n`` choices of one request: ``n`` parallel samples on the paged engine (one prefill, the
     prompt's blocks shared), streamed (:func:`_stream_samples`) or whole. Usage as vLLM's OpenAI server
     counts it (``serving_completion`` / ``serving_chat``): ``prompt_tokens`` and ``cached_tokens`` once,
     ``completion_tokens`` summed over the choices."""
     generations = service.submit_samples(request, sampling, body.n, body.stop_sequences)
     if body.stream:
-        return StreamingResponse(_stream_samples(service, generations, header, body), media_type="text/event-stream")
+        return StreamingResponse(
+            _stream_samples(service, generations, header, body), media_type="text/event-stream"
+        )
     results = await outcomes_unless_gone(http, generations)
     if results is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
@@ -195,14 +257,18 @@ async def _respond_samples(http: Request, service: EngineService, body: Completi
         generation.text.finish()
         outputs.append((generation.text.text, _finish_reason(service, generation, result)))
     first = results[0]
-    usage_object = usage(first.prompt_tokens, sum(result.output_tokens for result in results), first.cached_prompt_tokens)
+    usage_object = usage(
+        first.prompt_tokens, sum(result.output_tokens for result in results), first.cached_prompt_tokens
+    )
     return choices_body(header.chat, header.response_id, header.created, header.model, outputs, usage_object)
 
 
 class _Header:
     """What every chunk of one response repeats."""
 
-    def __init__(self, chat: bool, response_id: str, created: int, model: str, token_ids: bool = False) -> None:
+    def __init__(
+        self, chat: bool, response_id: str, created: int, model: str, token_ids: bool = False
+    ) -> None:
         self.chat, self.response_id, self.created, self.model = chat, response_id, created, model
         self.token_ids = token_ids  # vLLM's return_token_ids: each token chunk's choice has [its id]
 
@@ -213,8 +279,12 @@ class _Header:
         return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
 
-async def _stream(service: EngineService, generation: Generation, header: _Header,
-                  body: CompletionRequest | ChatCompletionRequest) -> AsyncIterator[str]:
+async def _stream(
+    service: EngineService,
+    generation: Generation,
+    header: _Header,
+    body: CompletionRequest | ChatCompletionRequest,
+) -> AsyncIterator[str]:
     """The SSE events of one streamed response; cancels the request if the client goes away. Token
     events reach the queue before the ``done`` event (both go through the loop's FIFO of callbacks)."""
     include_usage = body.include_usage
@@ -223,8 +293,15 @@ async def _stream(service: EngineService, generation: Generation, header: _Heade
     num_sent = 0
 
     def running_usage() -> dict[str, Any] | None:
-        return {"prompt_tokens": num_prompt, "completion_tokens": num_sent,
-                "total_tokens": num_prompt + num_sent} if continuous else None
+        return (
+            {
+                "prompt_tokens": num_prompt,
+                "completion_tokens": num_sent,
+                "total_tokens": num_prompt + num_sent,
+            }
+            if continuous
+            else None
+        )
 
     role_due = header.chat  # the role chunk goes out with the first token, as vLLM's (never before prefill)
     try:
@@ -235,7 +312,12 @@ async def _stream(service: EngineService, generation: Generation, header: _Heade
                 yield header.chunk("", first=True, include_usage=include_usage, usage_object=running_usage())
             if kind == "token":
                 num_sent += 1
-                yield header.chunk(generation.pieces.popleft(), value, include_usage=include_usage, usage_object=running_usage())
+                yield header.chunk(
+                    generation.pieces.popleft(),
+                    value,
+                    include_usage=include_usage,
+                    usage_object=running_usage(),
+                )
                 continue
             if kind != "done":
                 message = str(value or "the request was cancelled")
@@ -243,8 +325,12 @@ async def _stream(service: EngineService, generation: Generation, header: _Heade
                 break
             rest = generation.text.finish()
             final_usage = _usage(value)
-            yield header.chunk(rest, finish_reason=_finish_reason(service, generation, value),
-                               include_usage=include_usage, usage_object=final_usage if continuous else None)
+            yield header.chunk(
+                rest,
+                finish_reason=_finish_reason(service, generation, value),
+                include_usage=include_usage,
+                usage_object=final_usage if continuous else None,
+            )
             if include_usage:
                 yield header.chunk(None, usage_object=final_usage)
             break
@@ -253,8 +339,12 @@ async def _stream(service: EngineService, generation: Generation, header: _Heade
         generation.cancel()  # a no-op once the request finished; stops the engine if the client left
 
 
-async def _stream_samples(service: EngineService, generations: list[Generation], header: _Header,
-                          body: CompletionRequest | ChatCompletionRequest) -> AsyncIterator[str]:
+async def _stream_samples(
+    service: EngineService,
+    generations: list[Generation],
+    header: _Header,
+    body: CompletionRequest | ChatCompletionRequest,
+) -> AsyncIterator[str]:
     """The SSE events of ``n`` streamed choices, interleaved as their tokens come, each chunk with its
     choice's ``index`` (OpenAI's and vLLM's shape): a chat stream opens every choice with a role chunk;
     each choice ends with its ``finish_reason`` chunk; then one usage chunk (prompt once, tokens of
@@ -269,7 +359,11 @@ async def _stream_samples(service: EngineService, generations: list[Generation],
             if kind != "token":
                 return
 
-    include_usage, num_prompt, num_sent = body.include_usage, int(generations[0].request.token_ids.shape[0]), 0
+    include_usage, num_prompt, num_sent = (
+        body.include_usage,
+        int(generations[0].request.token_ids.shape[0]),
+        0,
+    )
     continuous = include_usage and body.continuous_usage
     forwarders = [asyncio.ensure_future(forward(i, g)) for i, g in enumerate(generations)]
     results: dict[int, RequestRecord] = {}
@@ -280,23 +374,39 @@ async def _stream_samples(service: EngineService, generations: list[Generation],
             generation = generations[index]
             if index in roles_due and kind in ("token", "done"):
                 roles_due.discard(index)
-                yield header.chunk("", first=True, include_usage=include_usage, index=index,
-                                   usage_object=_running_usage(num_prompt, num_sent) if continuous else None)
+                yield header.chunk(
+                    "",
+                    first=True,
+                    include_usage=include_usage,
+                    index=index,
+                    usage_object=_running_usage(num_prompt, num_sent) if continuous else None,
+                )
             if kind == "token":
                 num_sent += 1
-                yield header.chunk(generation.pieces.popleft(), value, include_usage=include_usage, index=index,
-                                   usage_object=_running_usage(num_prompt, num_sent) if continuous else None)
+                yield header.chunk(
+                    generation.pieces.popleft(),
+                    value,
+                    include_usage=include_usage,
+                    index=index,
+                    usage_object=_running_usage(num_prompt, num_sent) if continuous else None,
+                )
                 continue
             if kind != "done":
                 yield f"data: {json.dumps(ApiError(500, str(value or 'the request was cancelled')).body())}\n\n"
                 break
             results[index] = value
-            yield header.chunk(generation.text.finish(), finish_reason=_finish_reason(service, generation, value),
-                               include_usage=include_usage, index=index,
-                               usage_object=_running_usage(num_prompt, num_sent) if continuous else None)
+            yield header.chunk(
+                generation.text.finish(),
+                finish_reason=_finish_reason(service, generation, value),
+                include_usage=include_usage,
+                index=index,
+                usage_object=_running_usage(num_prompt, num_sent) if continuous else None,
+            )
         if len(results) == len(generations) and include_usage:
             first = results[0]
-            yield header.chunk(None, usage_object=usage(first.prompt_tokens, num_sent, first.cached_prompt_tokens))
+            yield header.chunk(
+                None, usage_object=usage(first.prompt_tokens, num_sent, first.cached_prompt_tokens)
+            )
         yield "data: [DONE]\n\n"
     finally:
         for generation, forwarder in zip(generations, forwarders):
@@ -317,5 +427,7 @@ def _finish_reason(service: EngineService, generation: Generation, result: Reque
     """``stop`` when the response ended at a stop string or an EOS the request did not ignore, else
     ``length``."""
     ids = result.output_token_ids
-    ended_by_eos = bool(ids) and not generation.sampling.ignore_eos and ids[-1] in service.engine.loaded.eos_token_ids
+    ended_by_eos = (
+        bool(ids) and not generation.sampling.ignore_eos and ids[-1] in service.engine.loaded.eos_token_ids
+    )
     return "stop" if ended_by_eos or generation.text.stopped else "length"

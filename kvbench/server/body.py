@@ -54,9 +54,13 @@ def parse_body(model: type[Body], raw: bytes, max_objects: int) -> Body:
     try:
         data = json.loads(raw, object_hook=_ObjectCounter(max_objects))
     except _TooManyObjects:
-        raise ApiError(400, f"the request body holds more than {max_objects:,} JSON objects (messages and "
-                            "content parts): more messages than this model's context has tokens",
-                       "messages", "too_many_objects") from None
+        raise ApiError(
+            400,
+            f"the request body holds more than {max_objects:,} JSON objects (messages and "
+            "content parts): more messages than this model's context has tokens",
+            "messages",
+            "too_many_objects",
+        ) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ApiError(400, f"malformed JSON body: {exc}") from None
     try:

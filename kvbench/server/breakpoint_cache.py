@@ -69,17 +69,21 @@ class BreakpointCache:
         """Forget every cached prefix (``/reset_prefix_cache``)."""
         self._expiry.clear()
 
-    def account(self, token_ids: np.ndarray, breakpoints: Sequence[Breakpoint],
-                boundaries: Sequence[int]) -> CacheUsage:
+    def account(
+        self, token_ids: np.ndarray, breakpoints: Sequence[Breakpoint], boundaries: Sequence[int]
+    ) -> CacheUsage:
         """Read and write ``token_ids``'s prefixes at ``breakpoints`` (the module docstring's rules);
         ``boundaries`` are the message ends (tokens) a read may also stop at."""
         num_tokens = int(token_ids.shape[0])
-        cacheable = sorted((b for b in breakpoints if b.end_tokens >= self.min_cache_tokens), key=lambda b: b.end_tokens)
+        cacheable = sorted(
+            (b for b in breakpoints if b.end_tokens >= self.min_cache_tokens), key=lambda b: b.end_tokens
+        )
         if not cacheable:
             return CacheUsage(num_tokens, 0, 0)
         last = cacheable[-1].end_tokens
-        ends = {b.end_tokens for b in cacheable} | {end for end in _lookback(boundaries, cacheable)
-                                                     if self.min_cache_tokens <= end <= last}
+        ends = {b.end_tokens for b in cacheable} | {
+            end for end in _lookback(boundaries, cacheable) if self.min_cache_tokens <= end <= last
+        }
         keys = _prefix_keys(token_ids, sorted(ends))
         now, ttl_of = self.clock(), {b.end_tokens: b.ttl_s for b in cacheable}
         read = next((end for end in sorted(ends, reverse=True) if self._expiry.get(keys[end], 0.0) > now), 0)

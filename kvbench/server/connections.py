@@ -60,8 +60,10 @@ def connection_cap(requested: int | None) -> int:
     if requested is None:
         return min(DEFAULT_MAX_CONNECTIONS, room)
     if requested > room:
-        raise ValueError(f"{requested} is above this process's open-file limit (ulimit -n {soft}) "
-                         f"minus {RESERVED_DESCRIPTORS}: at most {room}")
+        raise ValueError(
+            f"{requested} is above this process's open-file limit (ulimit -n {soft}) "
+            f"minus {RESERVED_DESCRIPTORS}: at most {room}"
+        )
     return requested
 
 
@@ -83,8 +85,11 @@ class _Watch:
         self.open[connection] = None
         if len(self.open) <= self.limits.max_connections:
             return True
-        self.once("cap", f"{self.limits.max_connections:,} open connections (--max-connections): each new one "
-                         "closes the oldest idle or slow one (logged once)")
+        self.once(
+            "cap",
+            f"{self.limits.max_connections:,} open connections (--max-connections): each new one "
+            "closes the oldest idle or slow one (logged once)",
+        )
         idle = next((c for c in self.open if c is not connection and _idle(c)), None)
         if idle is None:
             del self.open[connection]
@@ -118,8 +123,11 @@ def _protocol(watch: _Watch) -> type:
 
         def head_overdue(self) -> None:
             if self.cycle is None and not self.transport.is_closing():
-                watch.once("slow", f"closing connections that sent no whole request head within "
-                                   f"{watch.limits.header_timeout_s:g} s (--header-timeout; logged once)")
+                watch.once(
+                    "slow",
+                    f"closing connections that sent no whole request head within "
+                    f"{watch.limits.header_timeout_s:g} s (--header-timeout; logged once)",
+                )
                 self.transport.close()
 
         def connection_lost(self, exc: Exception | None) -> None:
@@ -133,5 +141,10 @@ def _protocol(watch: _Watch) -> type:
 
 def server_config(app: Any, log_level: str, limits: ConnectionLimits = ConnectionLimits()) -> uvicorn.Config:
     """The uvicorn config every ``kvbench serve`` runs with (the command and the tests' servers)."""
-    return uvicorn.Config(app, log_level=log_level, lifespan="off", http=_protocol(_Watch(limits)),
-                          timeout_keep_alive=limits.keep_alive_s)  # type: ignore[arg-type]
+    return uvicorn.Config(
+        app,
+        log_level=log_level,
+        lifespan="off",
+        http=_protocol(_Watch(limits)),
+        timeout_keep_alive=limits.keep_alive_s,
+    )  # type: ignore[arg-type]

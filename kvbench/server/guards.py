@@ -29,7 +29,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-DEFAULT_MAX_BODY_BYTES = 32 << 20  # 32 MiB: a 128k-token prompt is ~0.5 MiB of text; far above any real request
+DEFAULT_MAX_BODY_BYTES = (
+    32 << 20
+)  # 32 MiB: a 128k-token prompt is ~0.5 MiB of text; far above any real request
 UNGUARDED_PATHS = ("/health",)  # what a load balancer probes without a key (vLLM leaves /health open too)
 ANY_HOST = "*"
 _GONE = object()  # _read_body: the client disconnected before its body was complete
@@ -97,7 +99,9 @@ class Guards:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope["headers"]}
+        headers = {
+            name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope["headers"]
+        }
         problem = self._header_problem(scope, headers)
         if problem is not None:
             return await _refuse(send, *problem)
@@ -112,27 +116,53 @@ class Guards:
         if body is None:
             return await _refuse(send, *self._too_large())
         content_type = headers.get("content-type", "").split(";")[0].strip().lower()
-        if body and content_type and not (content_type == "application/json" or content_type.endswith("+json")):
-            return await _refuse(send, 415, f"request bodies must be JSON (Content-Type: application/json), "
-                                            f"got {content_type!r}", None, "unsupported_media_type")
+        if (
+            body
+            and content_type
+            and not (content_type == "application/json" or content_type.endswith("+json"))
+        ):
+            return await _refuse(
+                send,
+                415,
+                f"request bodies must be JSON (Content-Type: application/json), got {content_type!r}",
+                None,
+                "unsupported_media_type",
+            )
         return await self.app(scope, _replay(body, receive), send)
 
     def _header_problem(self, scope: Scope, headers: dict[str, str]) -> tuple | None:
         allowed = self.config.allowed_hosts
         if ANY_HOST not in allowed and _host_name(headers.get("host", "")) not in allowed:
-            return 400, (f"Host {headers.get('host', '')!r} is not served here (allowed: {', '.join(allowed)}; "
-                         "kvbench serve --allowed-host NAME adds one)"), None, "invalid_host"
+            return (
+                400,
+                (
+                    f"Host {headers.get('host', '')!r} is not served here (allowed: {', '.join(allowed)}; "
+                    "kvbench serve --allowed-host NAME adds one)"
+                ),
+                None,
+                "invalid_host",
+            )
         key = self.config.api_key
         if key is not None and scope["path"] not in UNGUARDED_PATHS:
             given = headers.get("authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
-                return 401, "a valid API key is needed: send 'Authorization: Bearer KEY'", None, "invalid_api_key"
+                return (
+                    401,
+                    "a valid API key is needed: send 'Authorization: Bearer KEY'",
+                    None,
+                    "invalid_api_key",
+                )
         return None
 
     def _too_large(self) -> tuple:
         limit = self.config.max_body_bytes
-        return (413, f"the request body is larger than this server's limit of {limit:,} bytes "
-                     "(kvbench serve --max-body-size)", None, "request_too_large")
+        return (
+            413,
+            f"the request body is larger than this server's limit of {limit:,} bytes "
+            "(kvbench serve --max-body-size)",
+            None,
+            "request_too_large",
+        )
 
     async def _read_body(self, receive: Receive) -> bytes | None | object:
         """The whole body; ``None`` once it passes the limit; ``_GONE`` if the client left first."""
@@ -165,9 +195,18 @@ def _replay(body: bytes, receive: Receive) -> Receive:
 
 
 async def _refuse(send: Send, status: int, message: str, param: str | None, code: str) -> None:
-    payload = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": param,
-                                    "code": code}}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
-                            (b"connection", b"close")]})
+    payload = json.dumps(
+        {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}}
+    ).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(payload)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": payload})

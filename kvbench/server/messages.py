@@ -47,8 +47,9 @@ MIN_CACHE_TOKENS = 1024  # Claude Sonnet 4.x's minimum cacheable prompt (../shar
 ENGINE_CACHED_HEADER = "x-kvbench-cached-tokens"  # the engine's real prefix-cache hit, in tokens
 
 
-def _render(service: EngineService, messages: list[Message],
-            marked: list[tuple[int, float]]) -> tuple[np.ndarray, list[Breakpoint], list[int]]:
+def _render(
+    service: EngineService, messages: list[Message], marked: list[tuple[int, float]]
+) -> tuple[np.ndarray, list[Breakpoint], list[int]]:
     """The prompt's ids, its breakpoints in tokens, and the message ends a read may stop at (those up
     to :data:`LOOKBACK_BLOCKS` before a breakpoint)."""
     token_ids = service.render_chat([(message.role, message.content) for message in messages])
@@ -58,7 +59,7 @@ def _render(service: EngineService, messages: list[Message],
     for index, _ in marked:
         for before in range(max(index - LOOKBACK_BLOCKS, 0), index + 1):
             if before not in ends:
-                ends[before] = len(tokenizer.render_messages(messages[:before + 1])) - num_generation
+                ends[before] = len(tokenizer.render_messages(messages[: before + 1])) - num_generation
     return token_ids, [Breakpoint(ends[index], ttl_s) for index, ttl_s in marked], sorted(ends.values())
 
 
@@ -69,11 +70,15 @@ def _event(kind: str, body: dict[str, Any]) -> str:
 class _Exchange:
     """One request's ids, Anthropic usage, engine generation and response header (:meth:`start`)."""
 
-    def __init__(self, service: EngineService, body: MessagesRequest, token_ids: np.ndarray,
-                 cache_usage: CacheUsage) -> None:
+    def __init__(
+        self, service: EngineService, body: MessagesRequest, token_ids: np.ndarray, cache_usage: CacheUsage
+    ) -> None:
         """``token_ids`` checked (:meth:`EngineService.check`); submits the request."""
-        sampling = SamplingParams(max_tokens=body.max_tokens, temperature=1.0 if body.temperature is None
-                                  else body.temperature, top_p=1.0 if body.top_p is None else body.top_p)
+        sampling = SamplingParams(
+            max_tokens=body.max_tokens,
+            temperature=1.0 if body.temperature is None else body.temperature,
+            top_p=1.0 if body.top_p is None else body.top_p,
+        )
         self.request = service.request(token_ids, sampling.max_tokens, None, f"msg_{uuid.uuid4().hex}")
         self.service, self.cache_usage = service, cache_usage
         self.generation: Generation = service.submit(self.request, sampling)
@@ -83,23 +88,39 @@ class _Exchange:
         """Check, render (off the event loop, as the OpenAI routes do), account in ``cache`` and
         submit ``body``. Raises ``ApiError`` (404 for another model, 400 for the rest)."""
         if body.model != service.model_name:
-            raise ApiError(404, f"model: {body.model} (this server serves {service.model_name})", "model",
-                           "model_not_found")
+            raise ApiError(
+                404,
+                f"model: {body.model} (this server serves {service.model_name})",
+                "model",
+                "model_not_found",
+            )
         messages, marked = rendered_messages(body)
         token_ids, breakpoints, boundaries = await asyncio.to_thread(_render, service, messages, marked)
-        service.check(token_ids, body.max_tokens, prompt_param="messages")  # refused before it counts as a write
+        service.check(
+            token_ids, body.max_tokens, prompt_param="messages"
+        )  # refused before it counts as a write
         return cls(service, body, token_ids, cache.account(token_ids, breakpoints, boundaries))
 
     def usage(self, output_tokens: int) -> dict[str, int]:
         return {**asdict(self.cache_usage), "output_tokens": output_tokens}
 
     def message(self, content: list[dict[str, Any]], stop_reason: str | None, usage: dict[str, int]) -> dict:
-        return {"id": self.request.request_id, "type": "message", "role": "assistant", "content": content,
-                "model": self.service.model_name, "stop_reason": stop_reason, "stop_sequence": None, "usage": usage}
+        return {
+            "id": self.request.request_id,
+            "type": "message",
+            "role": "assistant",
+            "content": content,
+            "model": self.service.model_name,
+            "stop_reason": stop_reason,
+            "stop_sequence": None,
+            "usage": usage,
+        }
 
     def stop_reason(self, record: RequestRecord) -> str:
         ids, eos = record.output_token_ids, self.service.engine.loaded.eos_token_ids
-        return "end_turn" if ids and not self.generation.sampling.ignore_eos and ids[-1] in eos else "max_tokens"
+        return (
+            "end_turn" if ids and not self.generation.sampling.ignore_eos and ids[-1] in eos else "max_tokens"
+        )
 
 
 async def _stream(exchange: _Exchange) -> AsyncIterator[str]:
@@ -109,18 +130,30 @@ async def _stream(exchange: _Exchange) -> AsyncIterator[str]:
         while True:
             kind, value = await exchange.generation.events.get()
             if kind == "token":
-                yield _event("content_block_delta", {"index": 0, "delta": {
-                    "type": "text_delta", "text": exchange.generation.pieces.popleft()}})  # UTF-8 whole
+                yield _event(
+                    "content_block_delta",
+                    {
+                        "index": 0,
+                        "delta": {"type": "text_delta", "text": exchange.generation.pieces.popleft()},
+                    },
+                )  # UTF-8 whole
                 continue
             if kind != "done":
                 yield _event("error", {"error": {"type": "api_error", "message": str(value or "cancelled")}})
                 return
             rest = exchange.generation.text.finish()
             if rest:
-                yield _event("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": rest}})
+                yield _event(
+                    "content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": rest}}
+                )
             yield _event("content_block_stop", {"index": 0})
-            yield _event("message_delta", {"delta": {"stop_reason": exchange.stop_reason(value),
-                                                     "stop_sequence": None}, "usage": exchange.usage(value.output_tokens)})
+            yield _event(
+                "message_delta",
+                {
+                    "delta": {"stop_reason": exchange.stop_reason(value), "stop_sequence": None},
+                    "usage": exchange.usage(value.output_tokens),
+                },
+            )
             yield _event("message_stop", {})
             return
     finally:
@@ -142,5 +175,7 @@ def add_messages_route(app: FastAPI, service: EngineService, cache: BreakpointCa
         record = records[0]
         exchange.generation.text.finish()
         content = [{"type": "text", "text": exchange.generation.text.text}]
-        message = exchange.message(content, exchange.stop_reason(record), exchange.usage(record.output_tokens))
+        message = exchange.message(
+            content, exchange.stop_reason(record), exchange.usage(record.output_tokens)
+        )
         return JSONResponse(message, headers={ENGINE_CACHED_HEADER: str(record.cached_prompt_tokens or 0)})

@@ -56,7 +56,9 @@ class MessagesRequest(TextCheckedRequest):
 def _ttl_s(cache_control: dict[str, Any], where: str) -> float:
     """A ``cache_control``'s TTL in seconds. Raises ``ApiError`` (400) for another type or TTL."""
     if cache_control.get("type") != "ephemeral":
-        raise ApiError(400, f"{where}.type: must be 'ephemeral', got {cache_control.get('type')!r}", f"{where}.type")
+        raise ApiError(
+            400, f"{where}.type: must be 'ephemeral', got {cache_control.get('type')!r}", f"{where}.type"
+        )
     ttl = cache_control.get("ttl", "5m")
     if ttl not in TTL_S:
         raise ApiError(400, f"{where}.ttl: must be one of {', '.join(TTL_S)}, got {ttl!r}", f"{where}.ttl")
@@ -71,10 +73,15 @@ def _text(content: str | list[TextBlock], where: str) -> tuple[str, list[float]]
     ttls = []
     for index, block in enumerate(content):
         if block.type != "text":
-            raise ApiError(400, f"{where}[{index}].type: only text blocks are supported, got type {block.type!r}",
-                           f"{where}[{index}].type")
+            raise ApiError(
+                400,
+                f"{where}[{index}].type: only text blocks are supported, got type {block.type!r}",
+                f"{where}[{index}].type",
+            )
         if block.text is None:
-            raise ApiError(400, f"{where}[{index}].text: a text block needs its text", f"{where}[{index}].text")
+            raise ApiError(
+                400, f"{where}[{index}].text: a text block needs its text", f"{where}[{index}].text"
+            )
         if block.cache_control is not None:
             ttls.append(_ttl_s(block.cache_control, f"{where}[{index}].cache_control"))
     return "".join(block.text or "" for block in content), ttls
@@ -93,14 +100,20 @@ def rendered_messages(body: MessagesRequest) -> tuple[list[Message], list[tuple[
         marked += [(0, ttl) for ttl in ttls]
     for index, message in enumerate(body.messages):
         if message.role not in ROLES:
-            raise ApiError(400, f"messages[{index}].role: must be user or assistant, got {message.role!r}",
-                           f"messages[{index}].role")
+            raise ApiError(
+                400,
+                f"messages[{index}].role: must be user or assistant, got {message.role!r}",
+                f"messages[{index}].role",
+            )
         text, ttls = _text(message.content, f"messages[{index}].content")
         marked += [(len(messages), ttl) for ttl in ttls]
         messages.append(Message(message.role, text))
     if body.cache_control is not None:
         marked.append((len(messages) - 1, _ttl_s(body.cache_control, "cache_control")))
     if len(marked) > MAX_BREAKPOINTS:
-        raise ApiError(400, f"A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be provided. "
-                            f"Found {len(marked)}.", "cache_control")
+        raise ApiError(
+            400,
+            f"A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be provided. Found {len(marked)}.",
+            "cache_control",
+        )
     return messages, marked

@@ -61,10 +61,16 @@ _COUNTERS = (
     ("request_abort", "num_aborted", "Requests stopped because their client left (queued or running)."),
 )
 _GAUGES = (
-    ("num_requests_running", "num_running",
-     "Sequences in the engine's running batch (each of n parallel samples counts once forked; copy engine: 0 or 1)."),
-    ("num_requests_waiting", "num_waiting",
-     "Sequences waiting for the engine (each of n parallel samples counts once forked)."),
+    (
+        "num_requests_running",
+        "num_running",
+        "Sequences in the engine's running batch (each of n parallel samples counts once forked; copy engine: 0 or 1).",
+    ),
+    (
+        "num_requests_waiting",
+        "num_waiting",
+        "Sequences waiting for the engine (each of n parallel samples counts once forked).",
+    ),
 )
 
 
@@ -81,7 +87,9 @@ class ServerCounters:
     num_aborted: int = 0  # the client left before the request finished (vLLM's finished_reason "abort")
     num_in_flight: int = 0  # submitted and not yet finished, failed or cancelled
     engine_sequences: Callable[[], tuple[int, int]] | None = None  # a batching engine's (running, waiting)
-    engine_host_tier: Callable[[], tuple[int, int] | None] | None = None  # its host tier's (queried, hit) tokens
+    engine_host_tier: Callable[[], tuple[int, int] | None] | None = (
+        None  # its host tier's (queried, hit) tokens
+    )
 
     @property
     def num_running(self) -> int:
@@ -107,15 +115,20 @@ class ServerCounters:
 def cache_config_labels(block_size: int | None, capacity_blocks: int | None) -> dict[str, str]:
     """The labels of ``kvbench:cache_config_info`` for a cache of ``capacity_blocks`` blocks of
     ``block_size`` tokens, or for no cache (both ``None``; written ``"None"`` as vLLM does)."""
-    return {"block_size": str(block_size), "num_gpu_blocks": str(capacity_blocks),
-            "enable_prefix_caching": str(capacity_blocks is not None)}
+    return {
+        "block_size": str(block_size),
+        "num_gpu_blocks": str(capacity_blocks),
+        "enable_prefix_caching": str(capacity_blocks is not None),
+    }
 
 
 class _Collector:
     """The families of one :class:`ServerCounters`, each with one ``model_name`` sample, and the
     cache's settings (when given) as an info gauge."""
 
-    def __init__(self, counters: ServerCounters, model_name: str, cache_labels: dict[str, str] | None) -> None:
+    def __init__(
+        self, counters: ServerCounters, model_name: str, cache_labels: dict[str, str] | None
+    ) -> None:
         self.counters, self.model_name, self.cache_labels = counters, model_name, cache_labels
 
     def collect(self) -> Iterator[Metric]:
@@ -134,19 +147,24 @@ class _Collector:
             family.add_metric([self.model_name, *self.cache_labels.values()], 1.0)
             yield family
 
-
     def _host_tier(self) -> Iterator[Metric]:
         counts = self.counters.engine_host_tier() if self.counters.engine_host_tier is not None else None
         if counts is None:
             return
-        for name, value, help_text in (("queries", counts[0], "Host KV tier queries, in prompt tokens."),
-                                       ("hits", counts[1], "Host KV tier hits (loaded back), in prompt tokens.")):
-            family = CounterMetricFamily(PREFIX + "external_prefix_cache_" + name, help_text, labels=["model_name"])
+        for name, value, help_text in (
+            ("queries", counts[0], "Host KV tier queries, in prompt tokens."),
+            ("hits", counts[1], "Host KV tier hits (loaded back), in prompt tokens."),
+        ):
+            family = CounterMetricFamily(
+                PREFIX + "external_prefix_cache_" + name, help_text, labels=["model_name"]
+            )
             family.add_metric([self.model_name], float(value))
             yield family
 
 
-def render_metrics(counters: ServerCounters, model_name: str, cache_labels: dict[str, str] | None = None) -> str:
+def render_metrics(
+    counters: ServerCounters, model_name: str, cache_labels: dict[str, str] | None = None
+) -> str:
     """The Prometheus text exposition (format 0.0.4) of ``counters``, one family per metric, and
     ``kvbench:cache_config_info`` when ``cache_labels`` (:func:`cache_config_labels`) are given."""
     registry = CollectorRegistry(auto_describe=False)  # per call: no process-wide registry

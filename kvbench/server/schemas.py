@@ -35,11 +35,22 @@ TOKEN_ID_MAX = (1 << 31) - 1  # ids above any vocabulary still fit int32; the vo
 
 # OpenAI features this server does not implement: field -> the values that mean "off" (accepted).
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1),
-    "suffix": (None, ""), "logit_bias": (None, {}), "tools": (None, []), "tool_choice": (None, "none"),
-    "functions": (None, []), "function_call": (None, "none"), "response_format": (None, {"type": "text"}),
-    "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0), "audio": (None,),
-    "modalities": (None, ["text"]), "prediction": (None,),
+    "logprobs": (None, False, 0),
+    "top_logprobs": (None, 0),
+    "echo": (None, False),
+    "best_of": (None, 1),
+    "suffix": (None, ""),
+    "logit_bias": (None, {}),
+    "tools": (None, []),
+    "tool_choice": (None, "none"),
+    "functions": (None, []),
+    "function_call": (None, "none"),
+    "response_format": (None, {"type": "text"}),
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+    "audio": (None,),
+    "modalities": (None, ["text"]),
+    "prediction": (None,),
 }
 
 TokenId = Annotated[int, Field(ge=0, le=TOKEN_ID_MAX)]
@@ -58,8 +69,14 @@ class ApiError(Exception):
 
     def body(self) -> dict[str, Any]:
         kind = "server_error" if self.status >= 500 else "invalid_request_error"
-        return {"error": {"message": self.message, "type": kind, "param": self.param,
-                          "code": self.code or self.status}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": kind,
+                "param": self.param,
+                "code": self.code or self.status,
+            }
+        }
 
 
 def check_text(value: Any, where: str = "") -> None:
@@ -72,9 +89,12 @@ def check_text(value: Any, where: str = "") -> None:
             try:
                 item.encode("utf-8")
             except UnicodeEncodeError as exc:
-                raise ApiError(400, f"{path or 'body'}: not valid Unicode text (lone surrogate "
-                                    f"{item[exc.start]!r} at character {exc.start})",
-                               path.split(".")[0].split("[")[0] or None) from None
+                raise ApiError(
+                    400,
+                    f"{path or 'body'}: not valid Unicode text (lone surrogate "
+                    f"{item[exc.start]!r} at character {exc.start})",
+                    path.split(".")[0].split("[")[0] or None,
+                ) from None
         elif isinstance(item, dict):
             stack.extend((f"{path}.{key}" if path else str(key), sub) for key, sub in item.items())
         elif isinstance(item, list):
@@ -128,8 +148,11 @@ class _GenerationRequest(TextCheckedRequest):
             raise ApiError(400, f"cache_salt must be at most {MAX_SALT_CHARS} characters", "cache_salt")
         for name, value in (self.model_extra or {}).items():
             if name in UNSUPPORTED and value not in UNSUPPORTED[name]:
-                raise ApiError(400, f"{name} is not supported by kvbench serve (send it unset or "
-                                    f"{UNSUPPORTED[name][-1]!r})", name)
+                raise ApiError(
+                    400,
+                    f"{name} is not supported by kvbench serve (send it unset or {UNSUPPORTED[name][-1]!r})",
+                    name,
+                )
         return self
 
     @property
@@ -160,7 +183,9 @@ class CompletionRequest(_GenerationRequest):
         prompt = self.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
             if len(prompt) != 1:
-                raise ApiError(400, "batched prompts are not supported: send one prompt per request", "prompt")
+                raise ApiError(
+                    400, "batched prompts are not supported: send one prompt per request", "prompt"
+                )
             prompt = prompt[0]
         return prompt
 
@@ -179,11 +204,18 @@ class ChatMessage(BaseModel):
         texts = []
         for index, part in enumerate(self.content):
             if part.get("type") != "text":
-                raise ApiError(400, f"{where}[{index}].type: only text content parts are supported, got type "
-                                    f"{part.get('type')!r}", f"{where}[{index}].type")
+                raise ApiError(
+                    400,
+                    f"{where}[{index}].type: only text content parts are supported, got type "
+                    f"{part.get('type')!r}",
+                    f"{where}[{index}].type",
+                )
             if not isinstance(part.get("text"), str):
-                raise ApiError(400, f"{where}[{index}].text: a text part needs its text (a string)",
-                               f"{where}[{index}].text")
+                raise ApiError(
+                    400,
+                    f"{where}[{index}].text: a text part needs its text (a string)",
+                    f"{where}[{index}].text",
+                )
             texts.append(part["text"])
         return "".join(texts)
 
@@ -200,35 +232,72 @@ class ChatCompletionRequest(_GenerationRequest):
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
     """A ``usage`` object; ``cached_tokens`` always present."""
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
 
 
-def response_body(chat: bool, response_id: str, created: int, model: str, text: str, finish_reason: str,
-                  usage_object: dict[str, Any]) -> dict[str, Any]:
+def response_body(
+    chat: bool,
+    response_id: str,
+    created: int,
+    model: str,
+    text: str,
+    finish_reason: str,
+    usage_object: dict[str, Any],
+) -> dict[str, Any]:
     """A whole (non-streamed) ``chat.completion`` or ``text_completion``."""
     return choices_body(chat, response_id, created, model, [(text, finish_reason)], usage_object)
 
 
-def choices_body(chat: bool, response_id: str, created: int, model: str, outputs: list[tuple[str, str]],
-                 usage_object: dict[str, Any]) -> dict[str, Any]:
+def choices_body(
+    chat: bool,
+    response_id: str,
+    created: int,
+    model: str,
+    outputs: list[tuple[str, str]],
+    usage_object: dict[str, Any],
+) -> dict[str, Any]:
     """A whole response with one choice per ``(text, finish_reason)`` of ``outputs``, ``index`` in order
     (the ``n`` parameter)."""
     choices = []
     for index, (text, finish_reason) in enumerate(outputs):
         if chat:
-            choices.append({"index": index, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                            "finish_reason": finish_reason})
+            choices.append(
+                {
+                    "index": index,
+                    "message": {"role": "assistant", "content": text},
+                    "logprobs": None,
+                    "finish_reason": finish_reason,
+                }
+            )
         else:
             choices.append({"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason})
-    return {"id": response_id, "object": "chat.completion" if chat else "text_completion", "created": created,
-            "model": model, "choices": choices, "usage": usage_object}
+    return {
+        "id": response_id,
+        "object": "chat.completion" if chat else "text_completion",
+        "created": created,
+        "model": model,
+        "choices": choices,
+        "usage": usage_object,
+    }
 
 
-def chunk_body(chat: bool, response_id: str, created: int, model: str, text: str | None,
-               finish_reason: str | None = None, usage_object: dict[str, Any] | None = None,
-               include_usage: bool = False, first: bool = False, index: int = 0) -> dict[str, Any]:
+def chunk_body(
+    chat: bool,
+    response_id: str,
+    created: int,
+    model: str,
+    text: str | None,
+    finish_reason: str | None = None,
+    usage_object: dict[str, Any] | None = None,
+    include_usage: bool = False,
+    first: bool = False,
+    index: int = 0,
+) -> dict[str, Any]:
     """One stream chunk of choice ``index``. ``text=None`` with ``usage_object`` is the final usage
     chunk (no choices); ``first`` adds the assistant role to a chat delta. ``usage`` is ``null`` on
     other chunks when the client asked for usage (OpenAI's convention)."""
@@ -243,8 +312,13 @@ def chunk_body(chat: bool, response_id: str, created: int, model: str, text: str
         choices = [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]
     else:
         choices = [{"index": index, "text": text or "", "logprobs": None, "finish_reason": finish_reason}]
-    body = {"id": response_id, "object": "chat.completion.chunk" if chat else "text_completion",
-            "created": created, "model": model, "choices": choices}
+    body = {
+        "id": response_id,
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": created,
+        "model": model,
+        "choices": choices,
+    }
     if include_usage or usage_object is not None:
         body["usage"] = usage_object
     return body

@@ -103,8 +103,10 @@ class EngineService:
         self.engine = backend.engine
         self.tokenizer = tokenizer
         self.batching = self.engine.batching  # several sequences run at once: its gauges
-        self.counters = ServerCounters(engine_sequences=self.engine.num_sequences if self.batching else None,
-                                       engine_host_tier=self.engine.host_tier_counters if self.batching else None)
+        self.counters = ServerCounters(
+            engine_sequences=self.engine.num_sequences if self.batching else None,
+            engine_host_tier=self.engine.host_tier_counters if self.batching else None,
+        )
         self._indexes = itertools.count()
         self._reset_done: asyncio.Event | None = None  # set when the pending reset (paged engine) is done
 
@@ -147,9 +149,13 @@ class EngineService:
             return
         min_tokens = -(-num_bytes // max_token_bytes)
         if min_tokens >= limit:
-            raise ApiError(400, f"This model's maximum context length is {limit} tokens. However, the {param} "
-                                f"is {num_bytes:,} bytes, at least {min_tokens:,} tokens.", param,
-                           "context_length_exceeded")
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {limit} tokens. However, the {param} "
+                f"is {num_bytes:,} bytes, at least {min_tokens:,} tokens.",
+                param,
+                "context_length_exceeded",
+            )
 
     def check(self, token_ids: np.ndarray, max_tokens: int, prompt_param: str = "prompt") -> None:
         """Raise ``ApiError`` (400) for an empty prompt, ids outside the vocabulary, a prompt plus
@@ -164,10 +170,14 @@ class EngineService:
             raise ApiError(400, f"token id outside the model's vocabulary of {vocab_size} ids", prompt_param)
         limit = self.max_context_tokens
         if limit is not None and num_tokens + max_tokens > limit:
-            raise ApiError(400, f"This model's maximum context length is {limit} tokens. However, you requested "
-                                f"{num_tokens + max_tokens} tokens ({num_tokens} in the prompt, {max_tokens} for "
-                                "the completion).", prompt_param if num_tokens >= limit else "max_tokens",
-                           "context_length_exceeded")
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{num_tokens + max_tokens} tokens ({num_tokens} in the prompt, {max_tokens} for "
+                "the completion).",
+                prompt_param if num_tokens >= limit else "max_tokens",
+                "context_length_exceeded",
+            )
         if (problem := self.engine.pool_refusal(num_tokens, max_tokens)) is not None:
             param = prompt_param if self.engine.pool_refusal(num_tokens, 1) is not None else "max_tokens"
             raise ApiError(400, problem, param)  # before a stream starts: never an error event after a 200
@@ -180,8 +190,15 @@ class EngineService:
 
     def request(self, token_ids: np.ndarray, max_tokens: int, salt: str | None, request_id: str) -> Request:
         """A checked prompt (:meth:`check`) as a :class:`Request`: its own session, turn 0."""
-        return Request(next(self._indexes), request_id, request_id, 0, token_ids.astype(np.uint32),
-                       max_tokens=max_tokens, salt=salt)
+        return Request(
+            next(self._indexes),
+            request_id,
+            request_id,
+            0,
+            token_ids.astype(np.uint32),
+            max_tokens=max_tokens,
+            salt=salt,
+        )
 
     def submit(self, request: Request, sampling: SamplingParams, stops: Sequence[str] = ()) -> Generation:
         """Queue ``request`` for the engine with its own ``sampling`` and stop strings; returns at
@@ -207,8 +224,9 @@ class EngineService:
         self.counters.num_in_flight += 1
         try:
             waited_s = await self._wait_for_reset()
-            record = await self.backend.serve(generation.request, on_token=on_token, sampling=generation.sampling,
-                                              on_start=on_start)
+            record = await self.backend.serve(
+                generation.request, on_token=on_token, sampling=generation.sampling, on_start=on_start
+            )
             record = replace(record, queue_ms=record.queue_ms + waited_s * 1e3)
             generation.events.put_nowait(self._finished(record))
         except (StreamCancelled, asyncio.CancelledError):  # its client left (Generation.cancel)
@@ -225,8 +243,9 @@ class EngineService:
         """Most choices per request (``n``): 1 on the copy engine, unbounded (the schema's 128) on paged."""
         return MAX_N if self.batching else 1
 
-    def submit_samples(self, request: Request, sampling: SamplingParams, n: int,
-                       stops: Sequence[str] = ()) -> list[Generation]:
+    def submit_samples(
+        self, request: Request, sampling: SamplingParams, n: int, stops: Sequence[str] = ()
+    ) -> list[Generation]:
         """Queue ``n`` parallel samples of ``request`` (the ``n`` parameter; paged engine only): one
         :class:`Generation` per sample, in order, each with its own text and stop strings, events as
         :meth:`submit`'s. Counted as one request (its prompt looked up once, in one prefill): the
@@ -252,15 +271,20 @@ class EngineService:
         self.counters.num_in_flight += 1
         try:
             await self._wait_for_reset()
-            outcomes = await self.backend.serve_samples(first.request, first.sampling, len(generations), on_token)
+            outcomes = await self.backend.serve_samples(
+                first.request, first.sampling, len(generations), on_token
+            )
         except asyncio.CancelledError:  # the client left: every sample was aborted
             outcomes = [asyncio.CancelledError() for _ in generations]
         finally:
             self.counters.num_in_flight -= 1
         records = [o for o in outcomes if isinstance(o, RequestRecord) and o.status is Status.OK]
         if records:
-            self.counters.record_success(records[0].prompt_tokens, records[0].cached_prompt_tokens,
-                                         sum(record.output_tokens for record in records))
+            self.counters.record_success(
+                records[0].prompt_tokens,
+                records[0].cached_prompt_tokens,
+                sum(record.output_tokens for record in records),
+            )
         elif any(isinstance(o, RequestRecord) or not _cancelled(o) for o in outcomes):
             self.counters.num_failed += 1
         else:
@@ -305,7 +329,9 @@ class EngineService:
 
     def metrics_text(self) -> str:
         cache = self.engine.cache_config
-        labels = cache_config_labels(*((cache.block_size, cache.capacity_blocks) if cache is not None else (None, None)))
+        labels = cache_config_labels(
+            *((cache.block_size, cache.capacity_blocks) if cache is not None else (None, None))
+        )
         return render_metrics(self.counters, self.model_name, labels)
 
 

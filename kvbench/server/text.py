@@ -38,8 +38,9 @@ class TextStream:
         self._tokenizer = tokenizer
         self._stops = tuple(stops)
         self._hold_chars = max((len(stop) for stop in self._stops), default=1) - 1
-        self._bytes_decoder = codecs.getincrementaldecoder("utf-8")("replace") if hasattr(
-            tokenizer, "token_bytes") else None
+        self._bytes_decoder = (
+            codecs.getincrementaldecoder("utf-8")("replace") if hasattr(tokenizer, "token_bytes") else None
+        )
         self._ids: list[int] = []
         self._prefix_offset = self._read_offset = 0
         self._text = ""  # decoded so far, cut at a stop string once one is found
@@ -64,7 +65,7 @@ class TextStream:
             if self._bytes_decoder is not None:
                 self._text += self._bytes_decoder.decode(b"", final=True)
             elif self._read_offset < len(self._ids):
-                self._text += self._decode(self._ids[self._read_offset:]) or REPLACEMENT
+                self._text += self._decode(self._ids[self._read_offset :]) or REPLACEMENT
             self._find_stop()
         return self._release(final=True)
 
@@ -72,15 +73,19 @@ class TextStream:
         if self._bytes_decoder is not None:
             try:
                 return self._bytes_decoder.decode(self._tokenizer.token_bytes(token_id))
-            except (KeyError, ValueError, OverflowError):  # an id without text: flush what is pending, then U+FFFD
+            except (
+                KeyError,
+                ValueError,
+                OverflowError,
+            ):  # an id without text: flush what is pending, then U+FFFD
                 return self._bytes_decoder.decode(b"", final=True) + REPLACEMENT
         self._ids.append(token_id)
-        before = self._decode(self._ids[self._prefix_offset:self._read_offset])
-        after = self._decode(self._ids[self._prefix_offset:])
+        before = self._decode(self._ids[self._prefix_offset : self._read_offset])
+        after = self._decode(self._ids[self._prefix_offset :])
         if len(after) > len(before) and not after.endswith(REPLACEMENT):
             self._prefix_offset = max(self._read_offset, len(self._ids) - _CONTEXT_TOKENS)
             self._read_offset = len(self._ids)
-            return after[len(before):]
+            return after[len(before) :]
         return ""
 
     def _decode(self, token_ids: Sequence[int]) -> str:
@@ -95,11 +100,11 @@ class TextStream:
         search_from = max(self._num_released - self._hold_chars, 0)
         found = [i for i in (self._text.find(stop, search_from) for stop in self._stops) if i >= 0]
         if found:
-            self._text = self._text[:min(found)]
+            self._text = self._text[: min(found)]
             self.stopped = True
 
     def _release(self, final: bool) -> str:
         end = len(self._text) if final else max(len(self._text) - self._hold_chars, self._num_released)
-        piece = self._text[self._num_released:end]
+        piece = self._text[self._num_released : end]
         self._num_released = end
         return piece

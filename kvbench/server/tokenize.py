@@ -41,8 +41,12 @@ class TokenizeRequest(TextCheckedRequest):
         if (self.prompt is None) == (self.messages is None):
             raise ApiError(400, "send exactly one of prompt and messages", "prompt")
         if self.messages is not None and not self.add_generation_prompt:
-            raise ApiError(400, "add_generation_prompt false is not supported: the rendering always ends "
-                                "with the generation prompt", "add_generation_prompt")
+            raise ApiError(
+                400,
+                "add_generation_prompt false is not supported: the rendering always ends "
+                "with the generation prompt",
+                "add_generation_prompt",
+            )
         return self
 
 
@@ -58,8 +62,12 @@ def add_tokenize_routes(app: FastAPI, service) -> None:
 
     def check_model(model: str | None) -> None:
         if model is not None and model != service.model_name:
-            raise ApiError(404, f"The model `{model}` does not exist (this server serves `{service.model_name}`).",
-                           "model", "model_not_found")
+            raise ApiError(
+                404,
+                f"The model `{model}` does not exist (this server serves `{service.model_name}`).",
+                "model",
+                "model_not_found",
+            )
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
@@ -70,8 +78,12 @@ def add_tokenize_routes(app: FastAPI, service) -> None:
         else:
             token_ids = await asyncio.to_thread(service.render_prompt, body.prompt)
         tokens = [int(t) for t in token_ids]
-        return {"count": len(tokens), "max_model_len": service.max_context_tokens, "tokens": tokens,
-                "token_strs": None}
+        return {
+            "count": len(tokens),
+            "max_model_len": service.max_context_tokens,
+            "tokens": tokens,
+            "token_strs": None,
+        }
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:

@@ -25,8 +25,9 @@ def unbounded_capacity_blocks(prompt_lengths: Iterable[int], block_size: int) ->
     return max(sum(int(length) // block_size for length in prompt_lengths), 1)
 
 
-def possible_cached_tokens(prompts: Sequence[PromptBlocks],
-                           windows: Sequence[Window | None]) -> list[int | None]:
+def possible_cached_tokens(
+    prompts: Sequence[PromptBlocks], windows: Sequence[Window | None]
+) -> list[int | None]:
     """The order-free upper bound per request (module docstring), in tokens; ``None`` for unsent
     requests (window ``None``). ``prompts`` and ``windows`` are in the same order; a window is
     ``(sent_s, ended_s)`` (:attr:`kvbench.request.RequestRecord.sent_s` / ``ended_s``).

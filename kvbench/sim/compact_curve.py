@@ -57,8 +57,9 @@ def _within(counts: np.ndarray) -> np.ndarray:
     return np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(starts, counts)
 
 
-def chain_block_keys(nodes: np.ndarray, offsets: np.ndarray, num_tokens: np.ndarray, block_size: int,
-                     block_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+def chain_block_keys(
+    nodes: np.ndarray, offsets: np.ndarray, num_tokens: np.ndarray, block_size: int, block_tokens: int
+) -> tuple[np.ndarray, np.ndarray]:
     """``(keys, block offsets)`` of every full ``block_size``-token block, as
     :meth:`~kvbench.workloads.formats.hash_id_keys.ChainKeys.serials` maps ids to blocks (a multiple
     of the ids' block: the node of its last id; a divisor: a sub-block of its id's node).
@@ -87,8 +88,9 @@ def chain_block_keys(nodes: np.ndarray, offsets: np.ndarray, num_tokens: np.ndar
     return nodes[first_ids + within // per_id].astype(np.int64) * per_id + within % per_id, block_offsets
 
 
-def _in_arrival_order(keys: np.ndarray, offsets: np.ndarray, num_tokens: np.ndarray,
-                      arrivals: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _in_arrival_order(
+    keys: np.ndarray, offsets: np.ndarray, num_tokens: np.ndarray, arrivals: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Requests stably sorted by arrival, as :func:`~kvbench.sim.replay.in_arrival_order` sorts them."""
     if arrivals.size < 2 or not np.any(np.diff(arrivals) < 0):
         return keys, offsets, num_tokens
@@ -98,7 +100,9 @@ def _in_arrival_order(keys: np.ndarray, offsets: np.ndarray, num_tokens: np.ndar
     return keys, np.concatenate([[0], np.cumsum(counts)]), num_tokens[order]
 
 
-def compact_hit_curve(path: str | Path, format_name: str, block_size: int, limit: int | None = None) -> HitCurve | None:
+def compact_hit_curve(
+    path: str | Path, format_name: str, block_size: int, limit: int | None = None
+) -> HitCurve | None:
     """The exact tail-first curve of the first ``limit`` lines of a Mooncake / hash-id trace, or
     ``None`` when :func:`hash_id_columns` or :func:`ids_name_prefixes` leaves the trace to the line reader.
 
@@ -116,7 +120,12 @@ def columns_hit_curve(held: list[HashIdColumns], block_size: int, block_tokens: 
     columns = held.pop()
     if not ids_name_prefixes(columns.hash_ids, columns.offsets):
         return None
-    nodes, stamps_ms, num_tokens, id_offsets = columns.hash_ids, columns.timestamps_ms, columns.input_lengths, columns.offsets
+    nodes, stamps_ms, num_tokens, id_offsets = (
+        columns.hash_ids,
+        columns.timestamps_ms,
+        columns.input_lengths,
+        columns.offsets,
+    )
     del columns
     keys, offsets = chain_block_keys(nodes, id_offsets, num_tokens, block_size, block_tokens)
     del nodes

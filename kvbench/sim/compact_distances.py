@@ -23,8 +23,9 @@ import numpy as np
 from kvbench.sim.stack_distance import COLD
 
 
-def earlier_sums(times_u: np.ndarray, values_u: np.ndarray, signs_u: np.ndarray,
-                 times_q: np.ndarray, values_q: np.ndarray) -> np.ndarray:
+def earlier_sums(
+    times_u: np.ndarray, values_u: np.ndarray, signs_u: np.ndarray, times_q: np.ndarray, values_q: np.ndarray
+) -> np.ndarray:
     """For each query ``q``: the sum over updates ``u`` with ``times_u < times_q`` and ``values_u <
     values_q`` of ``signs_u * (values_u - values_q)``; int64, shape of ``times_q``. Times and values
     are non-negative integers (int64 arrays)."""
@@ -97,7 +98,9 @@ def _runs(previous: np.ndarray, offsets: np.ndarray):
     heads = np.flatnonzero(head)
     del head
     run_requests = np.searchsorted(offsets, heads, side="right") - 1
-    ends = offsets[run_requests] + num_warm[run_requests]  # the warm segment's end, unless the next run starts before
+    ends = (
+        offsets[run_requests] + num_warm[run_requests]
+    )  # the warm segment's end, unless the next run starts before
     following = np.append(heads[1:], previous.size)
     lengths = np.minimum(ends, following) - heads
     return heads, previous[heads].astype(np.int64), run_requests, lengths, num_warm
@@ -123,19 +126,32 @@ def compact_distances(keys: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray
     heads, seen, run_requests, lengths, num_warm = _runs(previous, offsets)
     del previous
     distinct_before = np.concatenate([[0], np.cumsum(counts - num_warm)])  # cold accesses are first uses
-    superseded = earlier_sums(np.repeat(run_requests, 2), np.stack([seen + 1, seen - lengths + 1], axis=1).ravel(),
-                              np.tile(np.array([1, -1], dtype=np.int64), heads.size), run_requests, seen)
+    superseded = earlier_sums(
+        np.repeat(run_requests, 2),
+        np.stack([seen + 1, seen - lengths + 1], axis=1).ravel(),
+        np.tile(np.array([1, -1], dtype=np.int64), heads.size),
+        run_requests,
+        seen,
+    )
     head_distances = distinct_before[run_requests] - seen + superseded
     return _filled(keys.size, heads, head_distances, run_requests, lengths), int(distinct_before[-1])
 
 
-def _filled(num_accesses: int, heads: np.ndarray, head_distances: np.ndarray, run_requests: np.ndarray,
-            lengths: np.ndarray, chunk_runs: int = 1 << 18) -> np.ndarray:
+def _filled(
+    num_accesses: int,
+    heads: np.ndarray,
+    head_distances: np.ndarray,
+    run_requests: np.ndarray,
+    lengths: np.ndarray,
+    chunk_runs: int = 1 << 18,
+) -> np.ndarray:
     """The distances array: a run's keys at ``head + k`` have ``head_distances + k``, the prefix max
     within a request carried over from the request's earlier runs; COLD elsewhere."""
     span = int(num_accesses) + 2
     ends = head_distances + lengths - 1  # each run's largest distance
-    shifted = np.maximum.accumulate(ends + run_requests * span) - run_requests * span  # running max in the request
+    shifted = (
+        np.maximum.accumulate(ends + run_requests * span) - run_requests * span
+    )  # running max in the request
     carry = np.zeros_like(ends)
     same = run_requests[1:] == run_requests[:-1]
     carry[1:][same] = shifted[:-1][same]
@@ -143,8 +159,10 @@ def _filled(num_accesses: int, heads: np.ndarray, head_distances: np.ndarray, ru
     for first in range(0, heads.size, chunk_runs):
         part = slice(first, first + chunk_runs)
         within = np.arange(int(lengths[part].sum()), dtype=np.int64) - np.repeat(
-            np.cumsum(lengths[part]) - lengths[part], lengths[part])
+            np.cumsum(lengths[part]) - lengths[part], lengths[part]
+        )
         positions = np.repeat(heads[part], lengths[part]) + within
-        distances[positions] = np.maximum(np.repeat(head_distances[part], lengths[part]) + within,
-                                          np.repeat(carry[part], lengths[part]))
+        distances[positions] = np.maximum(
+            np.repeat(head_distances[part], lengths[part]) + within, np.repeat(carry[part], lengths[part])
+        )
     return distances

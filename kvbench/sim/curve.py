@@ -121,8 +121,12 @@ class HitCurve:
         refused = (num_blocks - blocks_below) - num_above * capacities
         inserted = stored - cached_before
         evicted = inserted - np.minimum(capacities, self.distances.num_distinct_blocks)
-        return {"num_hit_blocks": hits, "num_inserted_blocks": inserted,
-                "num_refused_blocks": refused, "num_evicted_blocks": evicted}
+        return {
+            "num_hit_blocks": hits,
+            "num_inserted_blocks": inserted,
+            "num_refused_blocks": refused,
+            "num_evicted_blocks": evicted,
+        }
 
     def result_at(self, capacity_blocks: int) -> SimResult:
         """What :func:`~kvbench.sim.replay.simulate` returns at ``capacity_blocks``, every request's
@@ -137,8 +141,9 @@ class HitCurve:
         hit = self._hit_mask & (self.distances.distances <= capacity_blocks)
         per_request = np.add.reduceat(np.append(hit, False), offsets[:-1], dtype=np.int64)
         per_request[offsets[:-1] == offsets[1:]] = 0  # reduceat gives the next element for an empty run
-        return self._result(capacity_blocks, self.totals(np.array([capacity_blocks])), 0,
-                            per_request * self.trace.block_size)
+        return self._result(
+            capacity_blocks, self.totals(np.array([capacity_blocks])), 0, per_request * self.trace.block_size
+        )
 
     def results(self, capacities_blocks: np.ndarray | None = None) -> list[SimResult]:
         """Results at each capacity (default: :meth:`change_points`), vectorized over capacities;
@@ -146,7 +151,9 @@ class HitCurve:
         capacities = self.change_points() if capacities_blocks is None else np.asarray(capacities_blocks)
         totals = self.totals(capacities)
         empty = np.zeros(0, dtype=np.int64)
-        return [self._result(int(capacity), totals, i, empty) for i, capacity in enumerate(capacities.tolist())]
+        return [
+            self._result(int(capacity), totals, i, empty) for i, capacity in enumerate(capacities.tolist())
+        ]
 
     def _result(self, capacity: int, totals: dict[str, np.ndarray], i: int, cached: np.ndarray) -> SimResult:
         return SimResult(

@@ -41,7 +41,9 @@ def hash_id_refusal(config: CacheConfig, format_name: str) -> str | None:
     return key_refusal(config.block_size, HASH_ID_FORMATS[format_name].block_tokens)
 
 
-def hash_id_trace(path: str | Path, format_name: str, block_size: int, limit: int | None = None) -> PreparedTrace:
+def hash_id_trace(
+    path: str | Path, format_name: str, block_size: int, limit: int | None = None
+) -> PreparedTrace:
     """The first ``limit`` (all: ``None``) requests of a Mooncake / hash-id trace, keys from ids.
 
     Arrivals as the token-id readers give them: Mooncake ``timestamp / 1000`` s; hash-id traces
@@ -64,7 +66,9 @@ def hash_id_trace(path: str | Path, format_name: str, block_size: int, limit: in
     return in_arrival_order(prompts, arrivals_ms / 1000.0, block_size)
 
 
-def hash_id_sampled_curve(path: str | Path, format_name: str, shards: ShardsPass, limit: int | None = None) -> SampledCurve:
+def hash_id_sampled_curve(
+    path: str | Path, format_name: str, shards: ShardsPass, limit: int | None = None
+) -> SampledCurve:
     """The sampled curve of a Mooncake / hash-id trace in bounded memory: one line at a time (a
     :data:`~kvbench.workloads.formats.hash_id_keys.CHUNK_LINES` chunk), keys mixed from the ids
     without interning, straight into ``shards`` (its block size is the trace's block size here).
@@ -79,9 +83,16 @@ def hash_id_sampled_curve(path: str | Path, format_name: str, shards: ShardsPass
     with open_jsonl(path) as file:
         for item in keyed_lines(file, time_format, keys, limit):
             if item.timestamp_ms < previous_ms:
-                raise InputError.at(path, item.line, "timestamp", "earlier than the line before: the sampled "
-                                    "curve reads the trace in file order (sort it by timestamp)")
+                raise InputError.at(
+                    path,
+                    item.line,
+                    "timestamp",
+                    "earlier than the line before: the sampled "
+                    "curve reads the trace in file order (sort it by timestamp)",
+                )
             previous_ms = item.timestamp_ms
             prompt = item.prompt
-            shards.add([key_hash(key) for key in prompt.block_hashes], prompt.max_hit_blocks, prompt.num_tokens)
+            shards.add(
+                [key_hash(key) for key in prompt.block_hashes], prompt.max_hit_blocks, prompt.num_tokens
+            )
     return shards.curve()

@@ -65,8 +65,10 @@ def head_first_curve(trace: PreparedTrace, cut_blocks: int | None = None) -> Hit
     """The head-first distances of ``trace`` with every request cut to its first ``cut_blocks``
     blocks (``None``: uncut). Its results are exact at capacity ``cut_blocks`` only, or, uncut, at
     every capacity of at least the longest request's full blocks (module docstring, point 3)."""
-    key_lists = [prompt.block_hashes if cut_blocks is None else prompt.block_hashes[:cut_blocks]
-                 for prompt in trace.prompts]
+    key_lists = [
+        prompt.block_hashes if cut_blocks is None else prompt.block_hashes[:cut_blocks]
+        for prompt in trace.prompts
+    ]
     hits, touches, cut_offsets, num_distinct = head_first_distances(key_lists)
     counts = np.fromiter((p.num_full_blocks for p in trace.prompts), dtype=np.int64, count=len(trace.prompts))
     offsets = np.zeros(counts.size + 1, dtype=np.int64)
@@ -74,8 +76,12 @@ def head_first_curve(trace: PreparedTrace, cut_blocks: int | None = None) -> Hit
     if cut_blocks is not None:  # the blocks past the cut were refused: never cached, never touched
         hits, touches = _uncut(hits, cut_offsets, offsets), _uncut(touches, cut_offsets, offsets)
     caps = np.fromiter((p.max_hit_blocks for p in trace.prompts), dtype=np.int64, count=counts.size)
-    return HitCurve(trace, StackDistances(hits, offsets, caps, num_distinct),
-                    release_order=ReleaseOrder.HEAD_FIRST, touch_distances=touches)
+    return HitCurve(
+        trace,
+        StackDistances(hits, offsets, caps, num_distinct),
+        release_order=ReleaseOrder.HEAD_FIRST,
+        touch_distances=touches,
+    )
 
 
 def _uncut(values: np.ndarray, cut_offsets: np.ndarray, offsets: np.ndarray) -> np.ndarray:
@@ -87,7 +93,9 @@ def _uncut(values: np.ndarray, cut_offsets: np.ndarray, offsets: np.ndarray) -> 
     return full
 
 
-def head_first_distances(key_lists: list[tuple[bytes, ...]]) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+def head_first_distances(
+    key_lists: list[tuple[bytes, ...]],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """Stack distances of each request's keys accessed ``k_0`` first (head-first release), each taken
     at its own access: ``(prefix_max, distances, offsets, num_distinct_keys)``; the first two are
     int64 of shape (num_blocks,), :data:`COLD` for a key never seen before, ``offsets`` as in
@@ -100,8 +108,9 @@ def head_first_distances(key_lists: list[tuple[bytes, ...]]) -> tuple[np.ndarray
     return prefix_max, distances, offsets, num_distinct
 
 
-def _warm_distances(keys, last_access: dict[bytes, int], superseded: RangeFenwickTree,
-                    flags: bytearray) -> tuple[list[int], list[tuple[int, int]]]:
+def _warm_distances(
+    keys, last_access: dict[bytes, int], superseded: RangeFenwickTree, flags: bytearray
+) -> tuple[list[int], list[tuple[int, int]]]:
     """Distances of a request's leading warm keys at their accesses, and the runs of consecutive
     ascending times ``(first, last)`` at which those keys were last used."""
     distances: list[int] = []

@@ -97,8 +97,10 @@ def simulate_sizes(
             replayed.append(order)
             outcome.methods[order] = SimMethod.REPLAY.value
             if method is SimMethod.AUTO:
-                outcome.notes.append(f"{order}: one-pass curve not exact ({_refusal(config, trace)}); "
-                                     f"replayed {len(capacities_blocks)} sizes")
+                outcome.notes.append(
+                    f"{order}: one-pass curve not exact ({_refusal(config, trace)}); "
+                    f"replayed {len(capacities_blocks)} sizes"
+                )
             continue
         outcome.methods[order] = SimMethod.ONE_PASS.value
         if config.release_order is ReleaseOrder.HEAD_FIRST:

@@ -55,11 +55,14 @@ def trace_outputs(requests: Sequence[Request]) -> list[np.ndarray | None]:
     for request in requests:
         later = by_turn.get((request.session_id, request.turn + 1))
         prompt = request.token_ids
-        if later is None or later.num_tokens <= prompt.shape[0] or not np.array_equal(
-                later.token_ids[:prompt.shape[0]], prompt):
+        if (
+            later is None
+            or later.num_tokens <= prompt.shape[0]
+            or not np.array_equal(later.token_ids[: prompt.shape[0]], prompt)
+        ):
             outputs.append(None)
             continue
-        outputs.append(later.token_ids[prompt.shape[0]:prompt.shape[0] + output_length(request)])
+        outputs.append(later.token_ids[prompt.shape[0] : prompt.shape[0] + output_length(request)])
     return outputs
 
 
@@ -68,8 +71,13 @@ def record_outputs(records: Sequence[RequestRecord]) -> list[np.ndarray | None]:
     return [np.asarray(r.output_token_ids, dtype=np.uint32) if r.output_token_ids else None for r in records]
 
 
-def stored_blocks_of(requests: Sequence[Request], outputs: Outputs, block_size: int,
-                     hash_config: HashConfig = HashConfig(), keep_tokens: bool = False) -> list[PromptBlocks]:
+def stored_blocks_of(
+    requests: Sequence[Request],
+    outputs: Outputs,
+    block_size: int,
+    hash_config: HashConfig = HashConfig(),
+    keep_tokens: bool = False,
+) -> list[PromptBlocks]:
     """Per request, the blocks an engine stores: every full block of prompt + output - 1 tokens
     (the prompt's alone where the output is ``None`` or one token), salt ``None`` = ``""``.
 

@@ -68,15 +68,21 @@ class Unbounded:
         if outputs is not None:
             lengths = [n + max(len(o) - 1, 0) if o is not None else n for n, o in zip(lengths, outputs)]
         capacity = unbounded_capacity_blocks(lengths, self.block_size)
-        return CacheConfig(capacity_blocks=capacity, block_size=self.block_size, kind=self.kind, hash=self.hash,
-                           prompt_only=outputs is None)
+        return CacheConfig(
+            capacity_blocks=capacity,
+            block_size=self.block_size,
+            kind=self.kind,
+            hash=self.hash,
+            prompt_only=outputs is None,
+        )
 
 
 CacheModel = CacheConfig | Unbounded | VllmPoolConfig | None
 
 
-def expected_cached_tokens(requests: Sequence[Request], cache: CacheModel,
-                           outputs: Outputs | None = None) -> list[int | None]:
+def expected_cached_tokens(
+    requests: Sequence[Request], cache: CacheModel, outputs: Outputs | None = None
+) -> list[int | None]:
     """Predicted cached prompt tokens per request, same order as ``requests`` (module docstring).
 
     ``requests`` need ``token_ids``, ``salt`` and, for the vLLM pool, ``output_tokens``; their
@@ -98,7 +104,9 @@ def expected_cached_tokens(requests: Sequence[Request], cache: CacheModel,
     if ideal:  # never evicts: only known outputs can change a hit, so no placeholders
         cache = cache.cache_config(requests, outputs)
     if not isinstance(cache, CacheConfig):
-        raise TypeError(f"cache must be a CacheConfig, Unbounded, VllmPoolConfig or None, got {type(cache).__name__}")
+        raise TypeError(
+            f"cache must be a CacheConfig, Unbounded, VllmPoolConfig or None, got {type(cache).__name__}"
+        )
     if cache.ttl_s is not None:
         return [None] * len(requests)  # the engine's TTL runs on wall time, a replay's on trace time
     keep_tokens = cache.kind is CacheKind.RADIX or cache.verify_tokens

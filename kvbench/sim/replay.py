@@ -90,13 +90,19 @@ def prepare_prompts(
     the radix cache; ``outputs`` (per request, the generated ids or ``None``) makes each request
     store its prompt + output - 1 tokens (:func:`kvbench.sim.outputs.stored_blocks_of`)."""
     prompts = prompt_blocks_of(requests, block_size, hash_config, keep_tokens)
-    stored = None if outputs is None else stored_blocks_of(requests, outputs, block_size, hash_config, keep_tokens)
+    stored = (
+        None if outputs is None else stored_blocks_of(requests, outputs, block_size, hash_config, keep_tokens)
+    )
     arrivals = np.array([r.arrival_s for r in requests], dtype=np.float64)
     return in_arrival_order(prompts, arrivals, block_size, stored)
 
 
-def in_arrival_order(prompts: list[PromptBlocks], arrivals_s: np.ndarray, block_size: int,
-                     stored: list[PromptBlocks] | None = None) -> PreparedTrace:
+def in_arrival_order(
+    prompts: list[PromptBlocks],
+    arrivals_s: np.ndarray,
+    block_size: int,
+    stored: list[PromptBlocks] | None = None,
+) -> PreparedTrace:
     """The trace of ``prompts`` (trace order) arriving at ``arrivals_s`` (seconds), stably sorted by
     arrival (the order every replay and pass takes)."""
     if arrivals_s.size > 1 and np.any(np.diff(arrivals_s) < 0):
@@ -170,7 +176,9 @@ def simulate(trace: PreparedTrace, config: CacheConfig, on_request: Observer | N
         ValueError: ``config.block_size`` differs from the trace's.
     """
     if config.block_size != trace.block_size:
-        raise ValueError(f"trace was hashed for block size {trace.block_size}, cache uses {config.block_size}")
+        raise ValueError(
+            f"trace was hashed for block size {trace.block_size}, cache uses {config.block_size}"
+        )
     now = [0.0]
     cache = make_cache(config, clock=lambda: now[0])
     lookup, insert, release = cache.lookup, cache.insert, cache.release
@@ -260,7 +268,9 @@ def _sweep_parallel(
 ) -> list[SimResult]:
     context = mp.get_context("fork")  # fork: the workers inherit the hashed trace without pickling
     workers = min(num_workers, len(configs))
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=(trace,)) as pool:
+    with ProcessPoolExecutor(
+        workers, mp_context=context, initializer=_init_worker, initargs=(trace,)
+    ) as pool:
         futures = [pool.submit(_simulate_in_worker, config) for config in configs]
         for done, future in enumerate(as_completed(futures), start=1):
             if progress is not None:

@@ -121,7 +121,9 @@ class SampledCurve:
 
     def hit_blocks(self, capacities_blocks) -> np.ndarray:
         """Estimated hit blocks over the trace at each capacity (blocks); float64, same shape."""
-        index = np.searchsorted(self.edges_blocks, np.asarray(capacities_blocks, dtype=np.float64), side="right")
+        index = np.searchsorted(
+            self.edges_blocks, np.asarray(capacities_blocks, dtype=np.float64), side="right"
+        )
         return np.where(index > 0, self.hit_blocks_at_edges[np.maximum(index - 1, 0)], 0.0)
 
     def token_hit_rates(self, capacities_blocks) -> np.ndarray:
@@ -142,7 +144,9 @@ class ShardsPass:
         ValueError: ``rate`` outside (0, 1], ``max_keys < 1``, ``exact_blocks < 0``.
     """
 
-    def __init__(self, block_size: int, rate: float = 1.0, max_keys: int | None = None, exact_blocks: int = 1) -> None:
+    def __init__(
+        self, block_size: int, rate: float = 1.0, max_keys: int | None = None, exact_blocks: int = 1
+    ) -> None:
         if not 0 < rate <= 1:
             raise ValueError(f"rate must be in (0, 1], got {rate}")
         if max_keys is not None and max_keys < 1:
@@ -153,7 +157,10 @@ class ShardsPass:
         self.threshold = min(int(rate * HASH_SPACE), HASH_SPACE)
         self.first_threshold = min(self.threshold * _BOOST, HASH_SPACE)  # the first blocks' own (issue 25.3)
         self._held: dict[int, list] = {}  # sampling hash -> [slot, boosted, num_hits]
-        self._heaps: tuple[list, list] = ([], [])  # plain, first blocks: (-hash, hash), the next to drop on top
+        self._heaps: tuple[list, list] = (
+            [],
+            [],
+        )  # plain, first blocks: (-hash, hash), the next to drop on top
         self._slots = _Slots(2 * (max_keys or 1 << 16))
         self._histograms = (np.zeros(EXACT_BINS + 1), np.zeros(EXACT_BINS + 1))  # plain, boosted
         self._scales = [1.0, 1.0]  # histogram[c] * scales[c] = sampled hits at today's rate (rescaled lazily)
@@ -170,8 +177,11 @@ class ShardsPass:
         self.num_requests += 1
         self.num_prompt_tokens += num_tokens
         threshold, first_threshold = self.threshold, self.first_threshold
-        kept = [(j, h) for j, h in enumerate(hashes)
-                if h < (first_threshold if j < self.exact_blocks else threshold)]
+        kept = [
+            (j, h)
+            for j, h in enumerate(hashes)
+            if h < (first_threshold if j < self.exact_blocks else threshold)
+        ]
         if kept:
             self._access(kept, max_hit_blocks)
 
@@ -208,7 +218,7 @@ class ShardsPass:
         if index >= self._histograms[boosted].size:
             grown = tuple(np.zeros(max(index + 1, 2 * h.size)) for h in self._histograms)
             for new, old in zip(grown, self._histograms):
-                new[:old.size] = old
+                new[: old.size] = old
             self._histograms = grown
         self._histograms[boosted][index] += 1.0 / self._scales[boosted]
 
@@ -236,16 +246,31 @@ class ShardsPass:
     def curve(self) -> SampledCurve:
         """The estimate so far (hit blocks scaled by ``1 / rate`` per class)."""
         rates = self.rates()
-        estimate = (self._histograms[0] * (self._scales[0] / rates[0])
-                    + self._histograms[1] * (self._scales[1] / rates[1]))
-        estimate = estimate[:int(np.flatnonzero(estimate)[-1]) + 1 if estimate.any() else 1]  # up to the last hit
+        estimate = self._histograms[0] * (self._scales[0] / rates[0]) + self._histograms[1] * (
+            self._scales[1] / rates[1]
+        )
+        estimate = estimate[
+            : int(np.flatnonzero(estimate)[-1]) + 1 if estimate.any() else 1
+        ]  # up to the last hit
         sd = 0.0
         if self.num_prompt_tokens:
-            variance = self._dropped_variance + sum(_variance_term(rates[b], hits) for _, b, hits in self._held.values())
+            variance = self._dropped_variance + sum(
+                _variance_term(rates[b], hits) for _, b, hits in self._held.values()
+            )
             sd = math.sqrt(variance) * self.block_size / self.num_prompt_tokens
-        return SampledCurve(_bin_edges(estimate.size), np.cumsum(estimate), rates[0], self.num_requests,
-                            self.num_prompt_tokens, self.block_size, self.max_keys_held, sd, self.max_keys_kept,
-                            self.max_keys, rates[1] if self.exact_blocks else rates[0])
+        return SampledCurve(
+            _bin_edges(estimate.size),
+            np.cumsum(estimate),
+            rates[0],
+            self.num_requests,
+            self.num_prompt_tokens,
+            self.block_size,
+            self.max_keys_held,
+            sd,
+            self.max_keys_kept,
+            self.max_keys,
+            rates[1] if self.exact_blocks else rates[0],
+        )
 
 
 def _variance_term(rate: float, num_hits: int) -> float:
@@ -291,8 +316,9 @@ class _Slots:
         self._next = len(live)
 
 
-def sampled_curve(trace: PreparedTrace, rate: float = 1.0, max_keys: int | None = None,
-                  exact_blocks: int = 1) -> SampledCurve:
+def sampled_curve(
+    trace: PreparedTrace, rate: float = 1.0, max_keys: int | None = None, exact_blocks: int = 1
+) -> SampledCurve:
     """The sampled curve of an in-memory ``trace`` (hash cache, tail-first, no TTL, full keys: the
     conditions of the exact curve). See :class:`ShardsPass` for the arguments and errors."""
     shards = ShardsPass(trace.block_size, rate, max_keys, exact_blocks)

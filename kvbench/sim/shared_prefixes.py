@@ -17,10 +17,19 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from kvbench.cache.block_hash import TOKEN_ID_BYTES, BlockHash, BlockHasher, HashConfig, PromptBlocks, encode_token_ids
+from kvbench.cache.block_hash import (
+    TOKEN_ID_BYTES,
+    BlockHash,
+    BlockHasher,
+    HashConfig,
+    PromptBlocks,
+    encode_token_ids,
+)
 from kvbench.request import Request
 
-MAX_REMEMBERED_PROMPTS = 4096  # (salt, first block) entries kept, least recently matched dropped: bounds memory
+MAX_REMEMBERED_PROMPTS = (
+    4096  # (salt, first block) entries kept, least recently matched dropped: bounds memory
+)
 BATCH_TOKENS = 1 << 20  # token ids encoded at a time: 4 MiB of bytes beside the trace's own ids
 
 
@@ -54,15 +63,17 @@ def hash_prompts(
                 prompt = keyless.get((end - start, salt))
                 if prompt is None:
                     prompt = keyless[end - start, salt] = hasher.prompt_blocks(
-                        (), salt=salt, keep_tokens=keep_tokens, token_bytes=token_bytes)
+                        (), salt=salt, keep_tokens=keep_tokens, token_bytes=token_bytes
+                    )
                 prompts.append(prompt)
                 continue
             ids = np.frombuffer(token_bytes, dtype="<u4")
             memo_key = (salt, token_bytes[:step])
             earlier = recent.pop(memo_key, None)
-            known = () if earlier is None else earlier[1][:shared_full_blocks(ids, earlier[0], block_size)]
-            prompt = hasher.prompt_blocks((), salt=salt, keep_tokens=keep_tokens, known_keys=known,
-                                          token_bytes=token_bytes)
+            known = () if earlier is None else earlier[1][: shared_full_blocks(ids, earlier[0], block_size)]
+            prompt = hasher.prompt_blocks(
+                (), salt=salt, keep_tokens=keep_tokens, known_keys=known, token_bytes=token_bytes
+            )
             recent[memo_key] = (ids, prompt.block_hashes)
             if len(recent) > max_remembered:
                 recent.popitem(last=False)

@@ -123,8 +123,13 @@ class StackDistances:
     def hit_mask(self) -> np.ndarray:
         """bool, shape (num_blocks,): the blocks the last-token cap lets a lookup hit."""
         num_blocks = self.num_full_blocks
-        hit = np.minimum(self.max_hit_blocks, num_blocks)  # each request: its first `hit` blocks, then the rest
-        return np.repeat(np.tile(np.array([True, False]), num_blocks.size), np.stack([hit, num_blocks - hit], axis=1).ravel())
+        hit = np.minimum(
+            self.max_hit_blocks, num_blocks
+        )  # each request: its first `hit` blocks, then the rest
+        return np.repeat(
+            np.tile(np.array([True, False]), num_blocks.size),
+            np.stack([hit, num_blocks - hit], axis=1).ravel(),
+        )
 
 
 def stack_distances(prompts: list[PromptBlocks]) -> StackDistances:
@@ -145,7 +150,9 @@ def distances_of(key_lists: list[tuple[bytes, ...]]) -> tuple[np.ndarray, np.nda
     return one_pass(key_lists, _warm_distances, head_first=False)
 
 
-def one_pass(key_lists: list[tuple[bytes, ...]], warm_distances, head_first: bool) -> tuple[np.ndarray, np.ndarray, int]:
+def one_pass(
+    key_lists: list[tuple[bytes, ...]], warm_distances, head_first: bool
+) -> tuple[np.ndarray, np.ndarray, int]:
     """The one pass both release orders share: ``(distances, offsets, num_distinct_keys)``.
 
     ``warm_distances(keys, last_access, superseded, flags)`` gives a request's leading warm keys'
@@ -165,18 +172,19 @@ def one_pass(key_lists: list[tuple[bytes, ...]], warm_distances, head_first: boo
         request_distances, runs = warm_distances(keys, last_access, superseded, flags)
         if request_distances:
             start = int(offsets[index])
-            distances[start:start + len(request_distances)] = request_distances
+            distances[start : start + len(request_distances)] = request_distances
         for first, last in runs:  # the request re-accesses its warm keys: their old accesses are superseded
             superseded.add_range(first, last, 1)
-            flags[first:last + 1] = b"\x01" * (last + 1 - first)
+            flags[first : last + 1] = b"\x01" * (last + 1 - first)
         order = keys if head_first else reversed(keys)  # head first: the tail newest; tail first: k_0 newest
         last_access.update(zip(order, range(now, now + len(keys))))
         now += len(keys)
     return distances, offsets, len(last_access)
 
 
-def _warm_distances(keys, last_access: dict[bytes, int], superseded: RangeFenwickTree,
-                    flags: bytearray) -> tuple[list[int], list[tuple[int, int]]]:
+def _warm_distances(
+    keys, last_access: dict[bytes, int], superseded: RangeFenwickTree, flags: bytearray
+) -> tuple[list[int], list[tuple[int, int]]]:
     """Prefix-max distances of a request's leading warm keys before it runs, and the runs of
     consecutive times ``(first, last)`` at which those keys were last used."""
     distances: list[int] = []

@@ -69,7 +69,7 @@ class _Levels:
 def _serve(levels: _Levels, prompt: PromptBlocks, hits: np.ndarray, column: int) -> None:
     """One request through ``levels``; its hit blocks per level go into ``hits[:, column]``."""
     keys = prompt.block_hashes
-    for key in keys[:prompt.max_hit_blocks]:
+    for key in keys[: prompt.max_hit_blocks]:
         index = levels.holder(key)
         if index is None:
             break
@@ -95,8 +95,9 @@ def _serve(levels: _Levels, prompt: PromptBlocks, hits: np.ndarray, column: int)
             gpu.move_to_end(key)
 
 
-def replay_tiers(prompts: list[PromptBlocks], gpu_blocks: int, tiers: tuple[Tier, ...], policy: TierPolicy,
-                 block_size: int) -> TierSplit:
+def replay_tiers(
+    prompts: list[PromptBlocks], gpu_blocks: int, tiers: tuple[Tier, ...], policy: TierPolicy, block_size: int
+) -> TierSplit:
     """Replay ``prompts`` (arrival order) through the explicit hierarchy (module docstring).
 
     Raises:

@@ -39,7 +39,9 @@ class PrefillModel:
 
     def __post_init__(self) -> None:
         if not (self.base_ms >= 0 and self.ms_per_token >= 0):
-            raise ValueError(f"prefill model coefficients must be >= 0, got {self.base_ms}, {self.ms_per_token}")
+            raise ValueError(
+                f"prefill model coefficients must be >= 0, got {self.base_ms}, {self.ms_per_token}"
+            )
 
 
 @dataclass(frozen=True)
@@ -100,16 +102,28 @@ def sweep_sizes(largest_blocks: int, num_points: int = 9) -> list[int]:
     return sorted({0, *(int(round(s)) for s in steps)})
 
 
-def tier_sweep(distances: StackDistances, gpu_blocks: int, tiers: tuple[Tier, ...], policy: TierPolicy,
-               block_size: int, num_prompt_tokens: np.ndarray, model: PrefillModel | None,
-               costs: tuple[TierCost, ...]) -> list[TierPoint]:
+def tier_sweep(
+    distances: StackDistances,
+    gpu_blocks: int,
+    tiers: tuple[Tier, ...],
+    policy: TierPolicy,
+    block_size: int,
+    num_prompt_tokens: np.ndarray,
+    model: PrefillModel | None,
+    costs: tuple[TierCost, ...],
+) -> list[TierPoint]:
     """The first tier at each of :func:`sweep_sizes` (the others as given), from the one pass."""
     points = []
     for size in sweep_sizes(tiers[0].capacity_blocks):
         swept = (tiers[0].with_capacity(size), *tiers[1:])
         split = tier_split(distances, gpu_blocks, swept, policy, block_size, num_prompt_tokens)
         ttft = None if model is None else estimate_ttft_ms(split, model, costs)
-        points.append(TierPoint(size, tuple(float(r) for r in split.token_hit_rates()),
-                                None if ttft is None or not ttft.size else float(np.percentile(ttft, 50)),
-                                None if ttft is None or not ttft.size else float(np.percentile(ttft, 99))))
+        points.append(
+            TierPoint(
+                size,
+                tuple(float(r) for r in split.token_hit_rates()),
+                None if ttft is None or not ttft.size else float(np.percentile(ttft, 50)),
+                None if ttft is None or not ttft.size else float(np.percentile(ttft, 99)),
+            )
+        )
     return points

@@ -117,7 +117,9 @@ def parse_latency_ms(text: str) -> float:
     match = re.match(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*(ms|us|s)?\s*$", text, re.IGNORECASE)
     if match is None:
         raise InputError(f"{text!r} is not a latency: write e.g. 0.05ms or 20us")
-    return float(match.group(1)) * {"ms": 1.0, None: 1.0, "us": 1e-3, "s": 1e3}[(match.group(2) or "ms").lower()]
+    return (
+        float(match.group(1)) * {"ms": 1.0, None: 1.0, "us": 1e-3, "s": 1e3}[(match.group(2) or "ms").lower()]
+    )
 
 
 def parse_tier(text: str, bytes_per_block: int) -> Tier:
@@ -131,12 +133,16 @@ def parse_tier(text: str, bytes_per_block: int) -> Tier:
     """
     parts = [part.strip() for part in text.split(":")]
     if len(parts) not in (2, 3, 4) or not all(parts):
-        raise InputError(f"--tier {text!r}: write NAME:SIZE[:BANDWIDTH[:LATENCY]], e.g. host:64GiB:25GBps, "
-                         "host:4096 (blocks)")
+        raise InputError(
+            f"--tier {text!r}: write NAME:SIZE[:BANDWIDTH[:LATENCY]], e.g. host:64GiB:25GBps, "
+            "host:4096 (blocks)"
+        )
     name, size, key = parts[0], parts[1], parts[0].lower()
     capacity = int(size) if size.isdigit() else parse_bytes(size) // bytes_per_block
     if len(parts) == 2 and key not in DEFAULT_BANDWIDTHS_BYTES_PER_S:
-        raise InputError(f"--tier {text!r}: no default bandwidth for {name!r}; add one, e.g. {name}:{size}:10GBps")
+        raise InputError(
+            f"--tier {text!r}: no default bandwidth for {name!r}; add one, e.g. {name}:{size}:10GBps"
+        )
     bandwidth = parse_bandwidth(parts[2]) if len(parts) > 2 else DEFAULT_BANDWIDTHS_BYTES_PER_S[key]
     latency = parse_latency_ms(parts[3]) if len(parts) > 3 else DEFAULT_LATENCIES_MS.get(key, 0.0)
     return Tier(name, capacity, bandwidth, latency, assumed=len(parts) < 4)
@@ -145,8 +151,10 @@ def parse_tier(text: str, bytes_per_block: int) -> Tier:
 def describe_tier(tier: Tier, bytes_per_block: int) -> str:
     """``host: 4,096 blocks (2.0 GiB), 25 GB/s, 0.01 ms per load (defaults assumed)``."""
     assumed = " (defaults assumed)" if tier.assumed else ""
-    return (f"{tier.name}: {tier.capacity_blocks:,} blocks ({format_bytes(tier.capacity_blocks * bytes_per_block)}), "
-            f"{tier.bandwidth_bytes_per_s / 1e9:g} GB/s, {tier.latency_ms:g} ms per load{assumed}")
+    return (
+        f"{tier.name}: {tier.capacity_blocks:,} blocks ({format_bytes(tier.capacity_blocks * bytes_per_block)}), "
+        f"{tier.bandwidth_bytes_per_s / 1e9:g} GB/s, {tier.latency_ms:g} ms per load{assumed}"
+    )
 
 
 @dataclass(frozen=True, eq=False)
@@ -204,13 +212,21 @@ def one_pass_tier_refusal(distances: StackDistances, gpu_blocks: int, policy: Ti
     if policy is TierPolicy.EXCLUSIVE and distances.num_full_blocks.size:
         largest = int(distances.num_full_blocks.max())
         if largest > gpu_blocks:
-            return (f"a request of {largest:,} blocks exceeds the GPU's {gpu_blocks:,}: the GPU refuses some of "
-                    "its blocks, which an exclusive hierarchy of the summed size would keep")
+            return (
+                f"a request of {largest:,} blocks exceeds the GPU's {gpu_blocks:,}: the GPU refuses some of "
+                "its blocks, which an exclusive hierarchy of the summed size would keep"
+            )
     return None
 
 
-def tier_split(distances: StackDistances, gpu_blocks: int, tiers: tuple[Tier, ...], policy: TierPolicy,
-               block_size: int, num_prompt_tokens: np.ndarray) -> TierSplit:
+def tier_split(
+    distances: StackDistances,
+    gpu_blocks: int,
+    tiers: tuple[Tier, ...],
+    policy: TierPolicy,
+    block_size: int,
+    num_prompt_tokens: np.ndarray,
+) -> TierSplit:
     """Per request, the blocks each level serves, from the one pass (module docstring); O(num_blocks).
 
     Raises:
@@ -227,5 +243,12 @@ def tier_split(distances: StackDistances, gpu_blocks: int, tiers: tuple[Tier, ..
     request = np.repeat(np.arange(num_requests, dtype=np.int64), distances.num_full_blocks)
     hits = level < num_levels
     counts = np.bincount(level[hits] * num_requests + request[hits], minlength=num_levels * num_requests)
-    return TierSplit(gpu_blocks, tuple(tiers), policy, counts.reshape(num_levels, num_requests), block_size,
-                     np.asarray(num_prompt_tokens, dtype=np.int64), "one-pass")
+    return TierSplit(
+        gpu_blocks,
+        tuple(tiers),
+        policy,
+        counts.reshape(num_levels, num_requests),
+        block_size,
+        np.asarray(num_prompt_tokens, dtype=np.int64),
+        "one-pass",
+    )

@@ -46,7 +46,9 @@ class TtlCurve:
     def token_hit_rates(self, ttls_s: np.ndarray) -> np.ndarray:
         """Cached / prompt tokens at each TTL (what the replay's ``token_hit_rate`` gives)."""
         tokens = self.trace.num_prompt_tokens
-        return self.hit_blocks(ttls_s) * self.trace.block_size / tokens if tokens else np.zeros(np.shape(ttls_s))
+        return (
+            self.hit_blocks(ttls_s) * self.trace.block_size / tokens if tokens else np.zeros(np.shape(ttls_s))
+        )
 
     def change_points_s(self) -> np.ndarray:
         """The TTLs (seconds, ascending, positive) at which the hit count rises: the distinct finite
@@ -68,9 +70,16 @@ class TtlCurve:
         ttls = self.change_points_s()
         hits = self.hit_blocks(ttls)
         rates = self.token_hit_rates(ttls)
-        return [{"ttl_s": float(ttl), "hit_blocks": int(hit), "cached_prompt_tokens": int(hit) * self.trace.block_size,
-                 "token_hit_rate": float(rate), "block_size": self.trace.block_size}
-                for ttl, hit, rate in zip(ttls, hits, rates)]
+        return [
+            {
+                "ttl_s": float(ttl),
+                "hit_blocks": int(hit),
+                "cached_prompt_tokens": int(hit) * self.trace.block_size,
+                "token_hit_rate": float(rate),
+                "block_size": self.trace.block_size,
+            }
+            for ttl, hit, rate in zip(ttls, hits, rates)
+        ]
 
 
 def ttl_curve(trace: PreparedTrace) -> TtlCurve:

@@ -92,9 +92,14 @@ class VllmPoolConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", CacheKind(self.kind))
-        if isinstance(self.num_gpu_blocks, bool) or not isinstance(self.num_gpu_blocks, int) \
-                or self.num_gpu_blocks <= NUM_NULL_BLOCKS:
-            raise ValueError(f"num_gpu_blocks must be an integer > {NUM_NULL_BLOCKS}, got {self.num_gpu_blocks!r}")
+        if (
+            isinstance(self.num_gpu_blocks, bool)
+            or not isinstance(self.num_gpu_blocks, int)
+            or self.num_gpu_blocks <= NUM_NULL_BLOCKS
+        ):
+            raise ValueError(
+                f"num_gpu_blocks must be an integer > {NUM_NULL_BLOCKS}, got {self.num_gpu_blocks!r}"
+            )
         if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size <= 0:
             raise ValueError(f"block_size must be a positive integer, got {self.block_size!r}")
 
@@ -182,8 +187,10 @@ class VllmSimulator:
         num_blocks = -(-num_kv_tokens // block_size)
         num_evictable_hits = sum(pool.ref_count(b) == 0 for b in hit)
         if num_blocks - len(hit) + num_evictable_hits > pool.num_free_blocks:
-            raise ValueError(f"a request of {num_kv_tokens} tokens needs {num_blocks} blocks; the pool has "
-                             f"{self.config.num_usable_blocks} usable blocks ({pool.num_free_blocks} free after hits)")
+            raise ValueError(
+                f"a request of {num_kv_tokens} tokens needs {num_blocks} blocks; the pool has "
+                f"{self.config.num_usable_blocks} usable blocks ({pool.num_free_blocks} free after hits)"
+            )
         pool.touch(hit)
         blocks = hit + pool.allocate(-(-num_prompt // block_size) - len(hit))  # the prefill's blocks
         for index in range(len(hit), num_prompt // block_size):  # rule 3: every full block
@@ -199,8 +206,9 @@ class VllmSimulator:
     def _lookup(self, keys: Sequence[Hashable], max_hit_blocks: int, salt: str) -> list[int]:
         return self.index.cached_prefix(keys[:max_hit_blocks], salt)
 
-    def _block_keys(self, request: Request, num_output: int,
-                    output_token_ids: Sequence[int] | None) -> list[Hashable]:
+    def _block_keys(
+        self, request: Request, num_output: int, output_token_ids: Sequence[int] | None
+    ) -> list[Hashable]:
         """Keys of every full block of prompt + output (:meth:`PoolIndex.block_keys`); blocks with
         unknown output tokens get unique keys (hash) or contents derived from the prompt (radix)."""
         block_size, salt = self.config.block_size, request.salt or ""
@@ -218,8 +226,11 @@ class VllmSimulator:
         return keys + list(unique)
 
 
-def simulate_vllm(requests: Sequence[Request], config: VllmPoolConfig,
-                  output_token_ids: Sequence[Sequence[int] | None] | None = None) -> VllmSimResult:
+def simulate_vllm(
+    requests: Sequence[Request],
+    config: VllmPoolConfig,
+    output_token_ids: Sequence[Sequence[int] | None] | None = None,
+) -> VllmSimResult:
     """Replay ``requests`` in order (concurrency 1) through a fresh vLLM pool; see the module docstring.
 
     Raises:
@@ -231,7 +242,10 @@ def simulate_vllm(requests: Sequence[Request], config: VllmPoolConfig,
     prompt = np.array([r.num_tokens for r in requests], dtype=np.int64)
     pool = simulator.pool
     return VllmSimResult(
-        block_size=config.block_size, num_gpu_blocks=config.num_gpu_blocks, cached_tokens=cached,
-        prompt_tokens=prompt, num_evicted_blocks=pool.num_evicted_blocks,
+        block_size=config.block_size,
+        num_gpu_blocks=config.num_gpu_blocks,
+        cached_tokens=cached,
+        prompt_tokens=prompt,
+        num_evicted_blocks=pool.num_evicted_blocks,
         num_cached_blocks_at_end=pool.num_cached_blocks,
     )

@@ -32,8 +32,17 @@ import numpy as np
 from kvbench.workloads import text
 from kvbench.workloads.dists import IntDist
 from kvbench.workloads.generators import (
-    MIN_MESSAGE_TOKENS, Draft, MixOptions, check_ints, check_numbers, finish_trace, mix_one_offs,
-    poisson_arrivals_ms, system_message, system_prompt_text, tenant_salt,
+    MIN_MESSAGE_TOKENS,
+    Draft,
+    MixOptions,
+    check_ints,
+    check_numbers,
+    finish_trace,
+    mix_one_offs,
+    poisson_arrivals_ms,
+    system_message,
+    system_prompt_text,
+    tenant_salt,
 )
 from kvbench.workloads.text_fit import PieceCounter, fit_text
 from kvbench.workloads.tokenizer import Tokenizer
@@ -84,15 +93,24 @@ class AgentConfig(MixOptions):
         check_numbers(self, ("agent_rate_per_s", "step_time_s"), minimum=1e-9)
 
 
-def _session_arrivals_ms(rng: np.random.Generator, start_ms: float, num_turns: int, mean_gap_s: float) -> np.ndarray:
+def _session_arrivals_ms(
+    rng: np.random.Generator, start_ms: float, num_turns: int, mean_gap_s: float
+) -> np.ndarray:
     """Turn times of one session: ``start_ms``, then exponential gaps; shape (num_turns,)."""
     gaps_ms = rng.exponential(mean_gap_s * 1000.0, size=num_turns)
     gaps_ms[0] = 0.0
     return np.round(start_ms + np.cumsum(gaps_ms), 3)
 
 
-def _conversation(config: ChatConfig, index: int, system_text: str, start_ms: float, num_turns: int,
-                  counter: PieceCounter, rng: np.random.Generator) -> list[Draft]:
+def _conversation(
+    config: ChatConfig,
+    index: int,
+    system_text: str,
+    start_ms: float,
+    num_turns: int,
+    counter: PieceCounter,
+    rng: np.random.Generator,
+) -> list[Draft]:
     user_sizes = config.user_tokens.sample(rng, num_turns, minimum=MIN_MESSAGE_TOKENS)
     reply_sizes = config.reply_tokens.sample(rng, num_turns, minimum=MIN_MESSAGE_TOKENS)
     arrivals = _session_arrivals_ms(rng, start_ms, num_turns, config.think_time_s)
@@ -103,8 +121,16 @@ def _conversation(config: ChatConfig, index: int, system_text: str, start_ms: fl
         user = Message("user", fit_text(counter, lines, int(user_sizes[turn]), rng))
         reply = Message("assistant", fit_text(counter, text.reply_pieces(rng), int(reply_sizes[turn]), rng))
         system = system_message(system_text, config.volatile_header, float(arrivals[turn]))
-        drafts.append(Draft(f"chat-{index:04d}", turn, float(arrivals[turn]), int(reply_sizes[turn]),
-                            messages=(system, *history, user), salt=tenant_salt(config, index)))
+        drafts.append(
+            Draft(
+                f"chat-{index:04d}",
+                turn,
+                float(arrivals[turn]),
+                int(reply_sizes[turn]),
+                messages=(system, *history, user),
+                salt=tenant_salt(config, index),
+            )
+        )
         history += [user, reply]
     return drafts
 
@@ -118,12 +144,21 @@ def generate_chat(config: ChatConfig, tokenizer: Tokenizer) -> Trace:
     starts = poisson_arrivals_ms(rng, config.num_conversations, config.conversation_rate_per_s)
     drafts = []
     for index in range(config.num_conversations):
-        drafts += _conversation(config, index, system_text, float(starts[index]), int(turns[index]), counter, rng)
+        drafts += _conversation(
+            config, index, system_text, float(starts[index]), int(turns[index]), counter, rng
+        )
     return finish_trace("chat", config, tokenizer, mix_one_offs(drafts, config, counter))
 
 
-def _agent_run(config: AgentConfig, index: int, system_text: str, start_ms: float, num_steps: int,
-               counter: PieceCounter, rng: np.random.Generator) -> list[Draft]:
+def _agent_run(
+    config: AgentConfig,
+    index: int,
+    system_text: str,
+    start_ms: float,
+    num_steps: int,
+    counter: PieceCounter,
+    rng: np.random.Generator,
+) -> list[Draft]:
     task = Message("user", fit_text(counter, text.task_lines(rng), config.task_tokens, rng))
     sizes = config.observation_tokens.sample(rng, num_steps, minimum=MIN_MESSAGE_TOKENS)
     arrivals = _session_arrivals_ms(rng, start_ms, num_steps, config.step_time_s)
@@ -140,22 +175,43 @@ def _agent_run(config: AgentConfig, index: int, system_text: str, start_ms: floa
             pieces = text.observation_pieces(rng, tool, step + 1)
             history += [call, Message("user", fit_text(counter, pieces, int(sizes[step]), rng))]
             max_tokens = counter.count(call.content)
-        drafts.append(Draft(f"agent-{index:04d}", step, float(arrivals[step]), max_tokens,
-                            messages=messages, salt=tenant_salt(config, index)))
+        drafts.append(
+            Draft(
+                f"agent-{index:04d}",
+                step,
+                float(arrivals[step]),
+                max_tokens,
+                messages=messages,
+                salt=tenant_salt(config, index),
+            )
+        )
     return drafts
 
 
 def generate_agent(config: AgentConfig, tokenizer: Tokenizer) -> Trace:
     """The ``agent`` trace (module docstring), deterministic in ``config.seed``."""
     counter, rng = PieceCounter(tokenizer), np.random.default_rng(config.seed)
-    systems = [system_prompt_text(counter, rng, config.system_tokens,
-                                  f"You are coding agent {k + 1}: you fix bugs in a large repository "
-                                  "by calling tools, one call per reply.\n")
-               for k in range(config.num_system_prompts)]
+    systems = [
+        system_prompt_text(
+            counter,
+            rng,
+            config.system_tokens,
+            f"You are coding agent {k + 1}: you fix bugs in a large repository "
+            "by calling tools, one call per reply.\n",
+        )
+        for k in range(config.num_system_prompts)
+    ]
     steps = config.steps.sample(rng, config.num_agents)
     starts = poisson_arrivals_ms(rng, config.num_agents, config.agent_rate_per_s)
     drafts = []
     for index in range(config.num_agents):
-        drafts += _agent_run(config, index, systems[index % len(systems)], float(starts[index]),
-                             int(steps[index]), counter, rng)
+        drafts += _agent_run(
+            config,
+            index,
+            systems[index % len(systems)],
+            float(starts[index]),
+            int(steps[index]),
+            counter,
+            rng,
+        )
     return finish_trace("agent", config, tokenizer, mix_one_offs(drafts, config, counter))

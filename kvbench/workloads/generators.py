@@ -65,8 +65,12 @@ def check_numbers(config: Any, names: Sequence[str], minimum: float = 1) -> None
             raise ValueError(f"{name} must be a number >= {minimum}, got {value!r}")
 
 
-MAX_TEXT_TOKENS = 1 << 20  # one generated text (a ``*_tokens`` field): 1 Mi tokens, beyond any model's context
-MAX_COUNT = 1_000_000  # requests, conversations, prefixes... (any other field but a seed): ~GBs of token ids already
+MAX_TEXT_TOKENS = (
+    1 << 20
+)  # one generated text (a ``*_tokens`` field): 1 Mi tokens, beyond any model's context
+MAX_COUNT = (
+    1_000_000  # requests, conversations, prefixes... (any other field but a seed): ~GBs of token ids already
+)
 
 
 def check_ints(config: Any, names: Sequence[str], minimum: int = 1) -> None:
@@ -78,8 +82,13 @@ def check_ints(config: Any, names: Sequence[str], minimum: int = 1) -> None:
         value = getattr(config, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-        maximum = (None if name == "seed" or name.endswith("_bytes") else
-                   MAX_TEXT_TOKENS if name.endswith("_tokens") else MAX_COUNT)
+        maximum = (
+            None
+            if name == "seed" or name.endswith("_bytes")
+            else MAX_TEXT_TOKENS
+            if name.endswith("_tokens")
+            else MAX_COUNT
+        )
         if maximum is not None and value > maximum:
             raise ValueError(f"{name} must be at most {maximum:,}, got {value:,}")
 
@@ -217,6 +226,7 @@ def tenant_salt(options: MixOptions, session_index: int) -> str | None:
 
 def one_off_text(counter: PieceCounter, rng: np.random.Generator, num_tokens: int) -> str:
     """A never-repeating text of exactly ``num_tokens`` tokens (random request tag first)."""
+
     def pieces():
         yield f"Request {int(rng.integers(1 << 62)):016x}:\n"
         yield from text.document_pieces(rng)
@@ -232,9 +242,16 @@ def mix_one_offs(drafts: list[Draft], options: MixOptions, counter: PieceCounter
     rng = np.random.default_rng([options.seed, 0x0FF])  # its own stream: the main trace is unchanged
     span_ms = max(d.arrival_ms for d in drafts)
     arrivals = np.round(np.sort(rng.uniform(0, span_ms, size=count)), 3)
-    extra = [Draft(f"one-off-{i:05d}", 0, float(arrivals[i]), ONE_OFF_MAX_TOKENS,
-                   messages=(Message("user", one_off_text(counter, rng, options.one_off_tokens)),))
-             for i in range(count)]
+    extra = [
+        Draft(
+            f"one-off-{i:05d}",
+            0,
+            float(arrivals[i]),
+            ONE_OFF_MAX_TOKENS,
+            messages=(Message("user", one_off_text(counter, rng, options.one_off_tokens)),),
+        )
+        for i in range(count)
+    ]
     return drafts + extra
 
 
@@ -243,36 +260,71 @@ def finish_trace(generator: str, config: Any, tokenizer: Tokenizer, drafts: list
     ordered = sorted(drafts, key=lambda d: d.arrival_ms)
     requests = []
     for index, (draft, token_ids) in enumerate(zip(ordered, render_all(tokenizer, ordered))):
-        requests.append(TraceRequest(f"r{index:06d}", draft.session_id, draft.turn, draft.arrival_ms,
-                                     draft.max_tokens, int(token_ids.shape[0]), messages=draft.messages,
-                                     prompt=draft.prompt, salt=draft.salt, output_tokens=draft.output_tokens))
-    return new_trace(generator, config_params(config), getattr(config, "seed", None), tokenizer.name,
-                     tokenizer.chat_format, requests)
+        requests.append(
+            TraceRequest(
+                f"r{index:06d}",
+                draft.session_id,
+                draft.turn,
+                draft.arrival_ms,
+                draft.max_tokens,
+                int(token_ids.shape[0]),
+                messages=draft.messages,
+                prompt=draft.prompt,
+                salt=draft.salt,
+                output_tokens=draft.output_tokens,
+            )
+        )
+    return new_trace(
+        generator,
+        config_params(config),
+        getattr(config, "seed", None),
+        tokenizer.name,
+        tokenizer.chat_format,
+        requests,
+    )
 
 
-def system_prompt_text(counter: PieceCounter, rng: np.random.Generator, num_tokens: int, role_line: str,
-                       num_extra_tools: int = 4) -> str:
+def system_prompt_text(
+    counter: PieceCounter, rng: np.random.Generator, num_tokens: int, role_line: str, num_extra_tools: int = 4
+) -> str:
     """A system prompt of exactly ``num_tokens`` tokens: role, rules, tool schemas, examples."""
     tools = list(text.AGENT_TOOLS) + [text.made_up_tool(rng, i) for i in range(num_extra_tools)]
     return fit_text(counter, text.system_prompt_pieces(rng, role_line, tools), num_tokens, rng)
 
 
 def _assistant_role(rng: np.random.Generator, index: int) -> str:
-    return (f"You are assistant {index + 1} of the {text.pick(rng, text.PROJECTS)} team: "
-            "you help engineers debug and ship code.\n")
+    return (
+        f"You are assistant {index + 1} of the {text.pick(rng, text.PROJECTS)} team: "
+        "you help engineers debug and ship code.\n"
+    )
 
 
-def _single_turn_drafts(options: MixOptions, systems: Sequence[str], choices: np.ndarray,
-                        question_tokens: int, max_tokens: int, rate_per_s: float,
-                        counter: PieceCounter, rng: np.random.Generator) -> list[Draft]:
+def _single_turn_drafts(
+    options: MixOptions,
+    systems: Sequence[str],
+    choices: np.ndarray,
+    question_tokens: int,
+    max_tokens: int,
+    rate_per_s: float,
+    counter: PieceCounter,
+    rng: np.random.Generator,
+) -> list[Draft]:
     """One draft per choice: system prompt ``systems[choice]`` + a unique question."""
     arrivals = poisson_arrivals_ms(rng, len(choices), rate_per_s)
     drafts = []
     for index, choice in enumerate(choices.tolist()):
         question = fit_text(counter, text.question_lines(rng), question_tokens, rng)
         system = system_message(systems[choice], options.volatile_header, float(arrivals[index]))
-        drafts.append(Draft(f"req-{index:06d}", 0, float(arrivals[index]), max_tokens,
-                            messages=(system, Message("user", question)), salt=tenant_salt(options, index)))
+        drafts.append(
+            Draft(
+                f"req-{index:06d}",
+                0,
+                float(arrivals[index]),
+                max_tokens,
+                messages=(system, Message("user", question)),
+                salt=tenant_salt(options, index),
+            )
+        )
     return drafts
 
 
@@ -281,23 +333,41 @@ def generate_shared_prefix(config: SharedPrefixConfig, tokenizer: Tokenizer) -> 
     counter, rng = PieceCounter(tokenizer), np.random.default_rng(config.seed)
     systems = [system_prompt_text(counter, rng, config.system_tokens, _assistant_role(rng, 0))]
     choices = np.zeros(config.num_requests, dtype=np.int64)
-    drafts = _single_turn_drafts(config, systems, choices, config.question_tokens, config.max_tokens,
-                                 config.request_rate_per_s, counter, rng)
+    drafts = _single_turn_drafts(
+        config,
+        systems,
+        choices,
+        config.question_tokens,
+        config.max_tokens,
+        config.request_rate_per_s,
+        counter,
+        rng,
+    )
     return finish_trace("shared-prefix", config, tokenizer, mix_one_offs(drafts, config, counter))
 
 
 def generate_multi_prefix(config: MultiPrefixTextConfig, tokenizer: Tokenizer) -> Trace:
     """The ``multi-prefix-text`` trace (module docstring)."""
     counter, rng = PieceCounter(tokenizer), np.random.default_rng(config.seed)
-    systems = [system_prompt_text(counter, rng, config.prefix_tokens, _assistant_role(rng, k))
-               for k in range(config.num_prefixes)]
+    systems = [
+        system_prompt_text(counter, rng, config.prefix_tokens, _assistant_role(rng, k))
+        for k in range(config.num_prefixes)
+    ]
     if config.popularity is Popularity.ROUND_ROBIN:
         choices = np.arange(config.num_requests) % config.num_prefixes
     else:
         weights = zipf_weights(config.num_prefixes, config.zipf_exponent)
         choices = rng.choice(config.num_prefixes, size=config.num_requests, p=weights)
-    drafts = _single_turn_drafts(config, systems, choices, config.unique_tokens, config.max_tokens,
-                                 config.request_rate_per_s, counter, rng)
+    drafts = _single_turn_drafts(
+        config,
+        systems,
+        choices,
+        config.unique_tokens,
+        config.max_tokens,
+        config.request_rate_per_s,
+        counter,
+        rng,
+    )
     return finish_trace("multi-prefix-text", config, tokenizer, mix_one_offs(drafts, config, counter))
 
 
@@ -306,7 +376,14 @@ def generate_one_off(config: OneOffConfig, tokenizer: Tokenizer) -> Trace:
     counter, rng = PieceCounter(tokenizer), np.random.default_rng(config.seed)
     sizes = config.prompt_tokens.sample(rng, config.num_requests, minimum=MIN_MESSAGE_TOKENS)
     arrivals = poisson_arrivals_ms(rng, config.num_requests, config.request_rate_per_s)
-    drafts = [Draft(f"one-off-{i:05d}", 0, float(arrivals[i]), config.max_tokens,
-                    messages=(Message("user", one_off_text(counter, rng, int(sizes[i]))),))
-              for i in range(config.num_requests)]
+    drafts = [
+        Draft(
+            f"one-off-{i:05d}",
+            0,
+            float(arrivals[i]),
+            config.max_tokens,
+            messages=(Message("user", one_off_text(counter, rng, int(sizes[i]))),),
+        )
+        for i in range(config.num_requests)
+    ]
     return finish_trace("one-off", config, tokenizer, drafts)

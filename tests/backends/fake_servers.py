@@ -12,11 +12,16 @@ SECRET_KEY = "sk-test-7f3a9c1e5b2d4680aa11bb22cc33dd44"
 def chunk(text=None, finish_reason=None, usage=None, chat=True):
     """One chat (or completions) stream chunk as a JSON-ready dict."""
     if chat:
-        choices = [] if usage is not None else [
-            {"index": 0, "delta": {"content": text} if text else {}, "finish_reason": finish_reason}]
+        choices = (
+            []
+            if usage is not None
+            else [{"index": 0, "delta": {"content": text} if text else {}, "finish_reason": finish_reason}]
+        )
         body = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "m", "choices": choices}
     else:
-        choices = [] if usage is not None else [{"index": 0, "text": text or "", "finish_reason": finish_reason}]
+        choices = (
+            [] if usage is not None else [{"index": 0, "text": text or "", "finish_reason": finish_reason}]
+        )
         body = {"id": "x", "object": "text_completion", "created": 0, "model": "m", "choices": choices}
     if usage is not None:
         body["usage"] = usage
@@ -45,8 +50,13 @@ class _Handler(BaseHTTPRequestHandler):
         if self.num_posts > 1:  # (a keep-alive connection the server dropped while the client reused it)
             self.close_connection = True
             return
-        self._events([chunk("ok"), chunk(" go", "length"),
-                      chunk(usage={"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7})])
+        self._events(
+            [
+                chunk("ok"),
+                chunk(" go", "length"),
+                chunk(usage={"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}),
+            ]
+        )
 
     def _json(self, status, body):
         data = json.dumps(body).encode()
@@ -76,7 +86,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._start_stream()
         for text in ("Hel", "lo"):
             self._send_chunked(f"data: {json.dumps(chunk(text))}\n\n".encode())
-        self.wfile.write(b"ff\r\ndata: {\"trunc")
+        self.wfile.write(b'ff\r\ndata: {"trunc')
         self.wfile.flush()
         self.connection.shutdown(socket.SHUT_RDWR)
         self.close_connection = True
@@ -88,9 +98,18 @@ class _Handler(BaseHTTPRequestHandler):
         self.close_connection = True
 
     def _json_reply(self):  # a whole chat.completion JSON body although the request asked to stream
-        self._json(200, {"id": "x", "object": "chat.completion", "created": 0, "model": "m",
-                         "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
-                                      "finish_reason": "stop"}]})
+        self._json(
+            200,
+            {
+                "id": "x",
+                "object": "chat.completion",
+                "created": 0,
+                "model": "m",
+                "choices": [
+                    {"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}
+                ],
+            },
+        )
 
     def _reset(self):  # the connection is reset before any response (SO_LINGER 0, as a crashed proxy)
         self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -119,15 +138,19 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _cached_reply(self, details):
         """A 2-token reply whose usage reports a hit for a prompt seen before, whatever its cache_salt."""
+
         def key(body):
             return json.dumps(body.get("messages") or body.get("prompt"))
+
         *earlier, body = self.server.bodies
         seen = any(key(b) == key(body) for b in earlier)
         usage = {"prompt_tokens": 168, "completion_tokens": 2, "total_tokens": 170}
         if details:
             usage["prompt_tokens_details"] = {"cached_tokens": 160 if seen else 0}
         chat = "messages" in body
-        self._events([chunk("ok", chat=chat), chunk(" go", "length", chat=chat), chunk(usage=usage, chat=chat)])
+        self._events(
+            [chunk("ok", chat=chat), chunk(" go", "length", chat=chat), chunk(usage=usage, chat=chat)]
+        )
 
     def _saltless(self):  # a prefix cache that ignores cache_salt
         self._cached_reply(details=True)
@@ -149,8 +172,9 @@ class FakeServer:
         self.httpd.behaviour, self.httpd.script, self.httpd.bodies = behaviour, list(script), []
         self.httpd.release = threading.Event()
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02},
-                                       daemon=True)
+        self.thread = threading.Thread(
+            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        )
         self.thread.start()
 
     @property

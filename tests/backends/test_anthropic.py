@@ -25,8 +25,9 @@ def client(server):
 
 def ask(client, system, question, max_tokens=3, cached=True):
     block = {"type": "text", "text": system, **({"cache_control": {"type": "ephemeral"}} if cached else {})}
-    with client.messages.stream(model=MODEL, max_tokens=max_tokens, system=[block],
-                                messages=[{"role": "user", "content": question}]) as stream:
+    with client.messages.stream(
+        model=MODEL, max_tokens=max_tokens, system=[block], messages=[{"role": "user", "content": question}]
+    ) as stream:
         deltas = [event for event in stream if event.type == "content_block_delta"]
         return deltas, stream.get_final_message()
 
@@ -47,8 +48,9 @@ def test_the_sdk_reports_creation_then_read_tokens(client):
 def test_a_whole_response_and_the_minimum_length(client):
     short = system_prompt(200)  # below the 1,024-token minimum: never cached, never read
     for _ in range(2):
-        reply = client.messages.create(model=MODEL, max_tokens=2, system=short,
-                                       messages=[{"role": "user", "content": "hi"}])
+        reply = client.messages.create(
+            model=MODEL, max_tokens=2, system=short, messages=[{"role": "user", "content": "hi"}]
+        )
         assert reply.usage.cache_creation_input_tokens == 0 and reply.usage.cache_read_input_tokens == 0
     assert reply.content[0].type == "text" and reply.usage.output_tokens == 2
     _, unmarked = ask(client, system_prompt(), "no breakpoint", cached=False)
@@ -59,8 +61,13 @@ def test_errors_come_back_as_status_errors(client):
     with pytest.raises(anthropic.NotFoundError):
         client.messages.create(model="claude-nope", max_tokens=2, messages=[{"role": "user", "content": "x"}])
     with pytest.raises(anthropic.BadRequestError, match="only text blocks"):
-        client.messages.create(model=MODEL, max_tokens=2, messages=[
-            {"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "http://x"}}]}])
+        client.messages.create(
+            model=MODEL,
+            max_tokens=2,
+            messages=[
+                {"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "http://x"}}]}
+            ],
+        )
 
 
 AGENT = """
@@ -88,15 +95,19 @@ def test_kvbench_run_backend_anthropic_records_the_usage_fields(kvbench, server,
     scenario = tmp_path / "agent.toml"
     scenario.write_text(AGENT.format(seed=secrets.randbelow(10**6)))
     out = tmp_path / "anthropic.parquet"
-    code, stdout, stderr = kvbench("run", scenario, "--backend", "anthropic", "--base-url", server.url,
-                                   "--model", MODEL, "--out", out)
+    code, stdout, stderr = kvbench(
+        "run", scenario, "--backend", "anthropic", "--base-url", server.url, "--model", MODEL, "--out", out
+    )
     assert code == 0, stderr
     rows = sorted(pq.read_table(out).to_pylist(), key=lambda r: (r["session_id"], r["turn"]))
     assert all(r["status"] == "ok" and r["backend"] == "anthropic" and r["ttft_ms"] > 0 for r in rows)
     first = [r for r in rows if r["turn"] == 0]
-    (read_by, _), (written_by, _) = pairs = sorted((r["cache_creation_input_tokens"], r["cached_prompt_tokens"])
-                                                    for r in first)
-    assert pairs == [(0, written_by), (written_by, 0)] and 1200 <= written_by < 1210  # one writes, the other reads
+    (read_by, _), (written_by, _) = pairs = sorted(
+        (r["cache_creation_input_tokens"], r["cached_prompt_tokens"]) for r in first
+    )
+    assert (
+        pairs == [(0, written_by), (written_by, 0)] and 1200 <= written_by < 1210
+    )  # one writes, the other reads
     assert read_by == 0
     later = [r for r in rows if r["turn"] > 0]
     assert all(r["cached_prompt_tokens"] > 1200 and 0 < r["cache_creation_input_tokens"] < 200 for r in later)
@@ -116,17 +127,25 @@ MOONCAKE_LINE = '{"timestamp": 0, "input_length": 600, "output_length": 4, "hash
 def test_a_token_id_trace_is_refused_in_one_line(kvbench, tmp_path):
     trace = tmp_path / "mooncake.jsonl"
     trace.write_text(MOONCAKE_LINE * 2)
-    code, _, stderr = kvbench("run", trace, "--backend",
-                              "anthropic", "--model", MODEL, "--requests", 2)
+    code, _, stderr = kvbench("run", trace, "--backend", "anthropic", "--model", MODEL, "--requests", 2)
     assert code == 2 and "token ids only" in stderr and len(stderr.strip().splitlines()) == 1
 
 
 def test_breakpoints_go_after_the_system_prompt_and_the_last_stable_turn():
     from kvbench.backends.anthropic import message_arguments
 
-    messages = (Message("system", "S"), Message("user", "u1"), Message("assistant", "a1"), Message("user", "u2"))
+    messages = (
+        Message("system", "S"),
+        Message("user", "u1"),
+        Message("assistant", "a1"),
+        Message("user", "u2"),
+    )
     request = Request(0, "r", "s", 1, __import__("numpy").zeros(3, dtype="uint32"), messages=messages)
     arguments = message_arguments(request)
     assert arguments["system"] == [{"type": "text", "text": "S", "cache_control": {"type": "ephemeral"}}]
     marks = ["cache_control" in m["content"][0] for m in arguments["messages"]]
-    assert marks == [False, True, False] and [m["role"] for m in arguments["messages"]] == ["user", "assistant", "user"]
+    assert marks == [False, True, False] and [m["role"] for m in arguments["messages"]] == [
+        "user",
+        "assistant",
+        "user",
+    ]

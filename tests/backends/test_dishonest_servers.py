@@ -29,8 +29,21 @@ def run_against(server, tmp_path, capsys, *flags):
     scenario.write_text(SCENARIO)
     out = tmp_path / "run.parquet"
     try:
-        main(["run", str(scenario), "--backend", "openai", "--base-url", server.url, "--timeout", "5",
-              "--out", str(out), *flags])
+        main(
+            [
+                "run",
+                str(scenario),
+                "--backend",
+                "openai",
+                "--base-url",
+                server.url,
+                "--timeout",
+                "5",
+                "--out",
+                str(out),
+                *flags,
+            ]
+        )
         code = 0
     except SystemExit as exit_:
         code = exit_.code
@@ -61,7 +74,9 @@ def test_missing_cached_tokens_is_missing_not_zero(fake_server, tmp_path, capsys
 
 def test_impossible_cached_tokens_are_flagged_and_kept_out_of_the_rates(fake_server, tmp_path, capsys):
     """Was: cached_tokens 1.24x the prompt gave a hit rate of 1.24, exit 0, nothing said."""
-    code, output, rows = run_against(fake_server("script", script(usage(90, 3, cached=112))), tmp_path, capsys)
+    code, output, rows = run_against(
+        fake_server("script", script(usage(90, 3, cached=112))), tmp_path, capsys
+    )
     assert {r["cached_prompt_tokens"] for r in rows} == {112}  # the row keeps what the server said
     summary = summarize(rows)
     assert summary.token_hit_rate is None and summary.num_cached_impossible == 4
@@ -70,22 +85,27 @@ def test_impossible_cached_tokens_are_flagged_and_kept_out_of_the_rates(fake_ser
     assert negative.num_cached_impossible == 1 and negative.token_hit_rate == 0.5
 
 
-def test_prompt_count_mismatch_checked_on_every_request_and_expected_rate_in_local_units(fake_server, tmp_path,
-                                                                                        capsys):
+def test_prompt_count_mismatch_checked_on_every_request_and_expected_rate_in_local_units(
+    fake_server, tmp_path, capsys
+):
     """Was: the mismatch check looked only at requests with cached_tokens (0 shown while all differed),
     and the expected rate divided local expected hits by the server's prompt count."""
     code, output, rows = run_against(fake_server("script", script(usage(500, 3))), tmp_path, capsys)
     local = [r["local_prompt_tokens"] for r in rows]
     assert all(r["prompt_tokens"] == 500 for r in rows) and all(n < 500 for n in local)
     assert "server prompt tokens != local count" in output
-    assert [line for line in output.splitlines() if "server prompt tokens != local count" in line][0].split()[-2] == "4"
+    assert [line for line in output.splitlines() if "server prompt tokens != local count" in line][0].split()[
+        -2
+    ] == "4"
     expected = sum(r["expected_cached_tokens"] for r in rows) / sum(local)
     assert summarize(rows).expected_hit_rate == pytest.approx(expected) and expected > 0.3
 
 
 def test_short_outputs_under_ignore_eos_are_flagged(fake_server, tmp_path, capsys):
     """Was: 8 of 16 tokens with finish_reason "stop" under ignore_eos passed silently."""
-    server = fake_server("script", [chunk("a"), chunk(finish_reason="stop"), chunk(usage=usage(90, 1, cached=0))])
+    server = fake_server(
+        "script", [chunk("a"), chunk(finish_reason="stop"), chunk(usage=usage(90, 1, cached=0))]
+    )
     code, output, rows = run_against(server, tmp_path, capsys)
     assert all(r["output_tokens"] == 1 and r["max_tokens"] == 3 for r in rows)
     line = [line for line in output.splitlines() if "shorter than max_tokens under ignore_eos" in line][0]
@@ -107,7 +127,9 @@ def serve_one(url):
 def test_a_plain_json_reply_to_a_stream_request_says_so(fake_server):
     """Was: "the stream ended before its final chunk"."""
     served = serve_one(fake_server("json_reply").url)
-    assert served.status == "error" and "one JSON body" in served.error and "not an SSE stream" in served.error
+    assert (
+        served.status == "error" and "one JSON body" in served.error and "not an SSE stream" in served.error
+    )
 
 
 def test_a_connection_reset_names_what_happened(fake_server):

@@ -25,8 +25,21 @@ def failing_run(fake_server, tmp_path, capsys):
 
     def run(*flags):
         try:
-            main(["run", str(scenario), "--backend", "openai", "--base-url", server.url, "--timeout", "2",
-                  "--out", str(tmp_path / "run.parquet"), *flags])
+            main(
+                [
+                    "run",
+                    str(scenario),
+                    "--backend",
+                    "openai",
+                    "--base-url",
+                    server.url,
+                    "--timeout",
+                    "2",
+                    "--out",
+                    str(tmp_path / "run.parquet"),
+                    *flags,
+                ]
+            )
             code = 0
         except SystemExit as exit_:
             code = exit_.code

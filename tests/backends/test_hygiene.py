@@ -9,8 +9,15 @@ from kvbench.workloads.tokenizer import load_tokenizer
 
 def test_nonce_goes_first_and_token_ids_follow_the_text():
     tokenizer = load_tokenizer()
-    chat = Request(0, "c", "c", 0, np.zeros(0, dtype=np.uint32), max_tokens=2,
-                   messages=(Message("system", "Be brief."), Message("user", "hi")))
+    chat = Request(
+        0,
+        "c",
+        "c",
+        0,
+        np.zeros(0, dtype=np.uint32),
+        max_tokens=2,
+        messages=(Message("system", "Be brief."), Message("user", "hi")),
+    )
     plain = Request(1, "p", "p", 0, np.zeros(0, dtype=np.uint32), max_tokens=2, prompt="Once upon a time")
     ids = Request(2, "t", "t", 0, np.array([7, 8, 9], dtype=np.uint32), max_tokens=2)
     changed = with_nonce([chat, plain, ids], "abc123", tokenizer)

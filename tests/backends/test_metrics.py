@@ -1,7 +1,11 @@
 """The one Prometheus parser: prefix-cache counters of every naming and exposition style, vLLM's pool size."""
 
-from kvbench.backends.openai.metrics import (PrefixCacheCounters, metric_samples, parse_prefix_cache_counters,
-                                             vllm_num_gpu_blocks)
+from kvbench.backends.openai.metrics import (
+    PrefixCacheCounters,
+    metric_samples,
+    parse_prefix_cache_counters,
+    vllm_num_gpu_blocks,
+)
 from kvbench.server.metrics import ServerCounters, render_metrics
 
 # What vLLM (prometheus_client) writes: the counter's TYPE line names its _total samples.
@@ -32,15 +36,18 @@ vllm:prefix_cache_hits_total{engine="0"} 16.0
 def test_counters_are_read_from_vllm_names_summed_over_engines():
     counters = parse_prefix_cache_counters(VLLM_METRICS)
     assert counters == PrefixCacheCounters(1500.0, 750.0, "vllm:prefix_cache_queries_total")
-    assert parse_prefix_cache_counters(BARE_FAMILY) == PrefixCacheCounters(40.0, 16.0,
-                                                                           "vllm:prefix_cache_queries_total")
+    assert parse_prefix_cache_counters(BARE_FAMILY) == PrefixCacheCounters(
+        40.0, 16.0, "vllm:prefix_cache_queries_total"
+    )
     assert parse_prefix_cache_counters("# nothing here\nother_metric 3\n") is None
     assert parse_prefix_cache_counters(None) is None and parse_prefix_cache_counters("") is None
 
 
 def test_the_gpu_names_count_when_they_are_all_there_is():
     text = 'vllm:gpu_prefix_cache_queries_total{model_name="x"} 9.0\nvllm:gpu_prefix_cache_hits_total 4.0\n'
-    assert parse_prefix_cache_counters(text) == PrefixCacheCounters(9.0, 4.0, "vllm:gpu_prefix_cache_queries_total")
+    assert parse_prefix_cache_counters(text) == PrefixCacheCounters(
+        9.0, 4.0, "vllm:gpu_prefix_cache_queries_total"
+    )
 
 
 def test_a_delta_needs_the_same_family():
@@ -64,7 +71,9 @@ def test_kvbench_serve_exposition_reads_back():
     counters.record_success(prompt_tokens=93, cached_tokens=64, output_tokens=3)
     counters.num_in_flight = 3
     text = render_metrics(counters, 'my "model"\n')
-    assert parse_prefix_cache_counters(text) == PrefixCacheCounters(93.0, 64.0, "kvbench:prefix_cache_queries_total")
+    assert parse_prefix_cache_counters(text) == PrefixCacheCounters(
+        93.0, 64.0, "kvbench:prefix_cache_queries_total"
+    )
     values = {s.name: (s.labels, s.value) for s in metric_samples(text)}
     assert values["kvbench:num_requests_running"] == ({"model_name": 'my "model"\n'}, 1.0)
     assert values["kvbench:num_requests_waiting"][1] == 2.0

@@ -15,14 +15,26 @@ from kvbench.workloads.tokenizer import load_tokenizer
 from kvbench.request import Message
 
 TOKENIZER = load_tokenizer()
-USAGE = {"prompt_tokens": 999, "completion_tokens": 3, "total_tokens": 1002,
-         "prompt_tokens_details": {"cached_tokens": 16}}
+USAGE = {
+    "prompt_tokens": 999,
+    "completion_tokens": 3,
+    "total_tokens": 1002,
+    "prompt_tokens_details": {"cached_tokens": 16},
+}
 
 
 def chat_request(index=0, salt=None, max_tokens=4):
     messages = (Message("user", "hello there"),)
-    return Request(index, f"r{index}", f"s{index}", 0, TOKENIZER.render_messages(messages), max_tokens=max_tokens,
-                   salt=salt, messages=messages)
+    return Request(
+        index,
+        f"r{index}",
+        f"s{index}",
+        0,
+        TOKENIZER.render_messages(messages),
+        max_tokens=max_tokens,
+        salt=salt,
+        messages=messages,
+    )
 
 
 def serve(url, requests, run_salt=None, **config):
@@ -35,8 +47,10 @@ def serve(url, requests, run_salt=None, **config):
 
 
 def test_a_stream_is_timed_per_content_chunk_and_counted_from_usage(fake_server):
-    server = fake_server("script", [chunk("Hel"), chunk("lo there"), chunk("!"), chunk(finish_reason="length"),
-                                    chunk(usage=USAGE)])
+    server = fake_server(
+        "script",
+        [chunk("Hel"), chunk("lo there"), chunk("!"), chunk(finish_reason="length"), chunk(usage=USAGE)],
+    )
     [served] = serve(server.url, [chat_request(salt="tenant")], run_salt="run")
     assert served.status is Status.OK and served.http_status == 200 and served.error is None
     assert (served.prompt_tokens, served.cached_prompt_tokens, served.output_tokens) == (999, 16, 3)
@@ -61,7 +75,9 @@ def test_several_tokens_in_one_chunk_and_no_usage(fake_server):
 def test_plain_prompts_and_token_ids_go_to_completions(fake_server):
     server = fake_server("script", [chunk("x", chat=False), chunk(finish_reason="length", chat=False)])
     ids = Request(1, "t", "t", 0, np.array([11, 22, 33], dtype=np.uint32), max_tokens=2)
-    text = Request(0, "p", "p", 0, TOKENIZER.render_prompt("Once upon a time"), max_tokens=2, prompt="Once upon a time")
+    text = Request(
+        0, "p", "p", 0, TOKENIZER.render_prompt("Once upon a time"), max_tokens=2, prompt="Once upon a time"
+    )
     served = serve(server.url, [text, ids])
     assert [s.status for s in served] == [Status.OK, Status.OK]
     assert server.bodies[0]["prompt"] == "Once upon a time" and server.bodies[1]["prompt"] == [11, 22, 33]
@@ -77,8 +93,15 @@ def with_ids(body, token_ids=None, prompt_ids=None, on_choice=False):
 
 
 def test_return_token_ids_are_sent_and_recorded(fake_server):
-    server = fake_server("script", [with_ids(chunk("Hel"), [7, 8], prompt_ids=[1, 2, 3]), with_ids(chunk(), [9]),
-                                    with_ids(chunk(finish_reason="length"), []), chunk(usage=USAGE)])
+    server = fake_server(
+        "script",
+        [
+            with_ids(chunk("Hel"), [7, 8], prompt_ids=[1, 2, 3]),
+            with_ids(chunk(), [9]),
+            with_ids(chunk(finish_reason="length"), []),
+            chunk(usage=USAGE),
+        ],
+    )
     [served] = serve(server.url, [chat_request()], extra_body={"return_token_ids": True})
     assert served.status is Status.OK and server.bodies[0]["return_token_ids"] is True
     assert served.prompt_token_ids == (1, 2, 3) and served.output_token_ids == (7, 8, 9)
@@ -86,8 +109,13 @@ def test_return_token_ids_are_sent_and_recorded(fake_server):
 
 
 def test_completions_carry_prompt_ids_on_the_choice_and_plain_servers_send_none(fake_server):
-    server = fake_server("script", [with_ids(chunk("a", chat=False), [5], prompt_ids=[4, 4], on_choice=True),
-                                    chunk(finish_reason="length", chat=False)])
+    server = fake_server(
+        "script",
+        [
+            with_ids(chunk("a", chat=False), [5], prompt_ids=[4, 4], on_choice=True),
+            chunk(finish_reason="length", chat=False),
+        ],
+    )
     text = Request(0, "p", "p", 0, TOKENIZER.render_prompt("hi"), max_tokens=2, prompt="hi")
     [served] = serve(server.url, [text])
     assert served.prompt_token_ids == (4, 4) and served.output_token_ids == (5,)
@@ -96,12 +124,15 @@ def test_completions_carry_prompt_ids_on_the_choice_and_plain_servers_send_none(
     assert served.prompt_token_ids is None and served.output_token_ids is None
 
 
-@pytest.mark.parametrize("behaviour,status,needle", [
-    ("fail", 500, "Error code: 500"),
-    ("cut", 200, "connection error"),
-    ("eof", 200, "ended before its final chunk"),
-    ("hang", None, "timeout"),
-])
+@pytest.mark.parametrize(
+    "behaviour,status,needle",
+    [
+        ("fail", 500, "Error code: 500"),
+        ("cut", 200, "connection error"),
+        ("eof", 200, "ended before its final chunk"),
+        ("hang", None, "timeout"),
+    ],
+)
 def test_misbehaving_servers_give_error_rows_quickly(fake_server, behaviour, status, needle):
     server = fake_server(behaviour)
     start = time.perf_counter()
@@ -134,16 +165,33 @@ seed = 1
 
 
 @pytest.mark.parametrize("behaviour", ["fail", "hang"])
-def test_a_run_against_a_bad_server_finishes_records_errors_and_exits_1(fake_server, tmp_path, monkeypatch, capsys,
-                                                                        behaviour):
+def test_a_run_against_a_bad_server_finishes_records_errors_and_exits_1(
+    fake_server, tmp_path, monkeypatch, capsys, behaviour
+):
     server = fake_server(behaviour)
     scenario = tmp_path / "tiny.toml"
     scenario.write_text(SCENARIO)
     out = tmp_path / "bad.parquet"
     monkeypatch.setenv("KVBENCH_TEST_KEY", SECRET_KEY)
     with pytest.raises(SystemExit) as exit_:
-        main(["run", str(scenario), "--backend", "openai", "--base-url", server.url, "--api-key-env",
-              "KVBENCH_TEST_KEY", "--timeout", "1", "--concurrency", "2", "--out", str(out)])
+        main(
+            [
+                "run",
+                str(scenario),
+                "--backend",
+                "openai",
+                "--base-url",
+                server.url,
+                "--api-key-env",
+                "KVBENCH_TEST_KEY",
+                "--timeout",
+                "1",
+                "--concurrency",
+                "2",
+                "--out",
+                str(out),
+            ]
+        )
     captured = capsys.readouterr()
     assert exit_.value.code == 1 and "3 request(s) failed" in captured.err
     rows = pq.read_table(out).to_pylist()

@@ -13,18 +13,23 @@ from kvbench.results.parquet import read_metadata
 from kvbench.workloads.tokenizer import TiktokenTokenizer
 
 
-
 @pytest.fixture(scope="module")
 def tokenizer():
     return TiktokenTokenizer()
 
 
-TRACE = [{"prompt": "Say hello to the cache.", "max_tokens": 2}, {"prompt": "Say hello to the cache again.", "max_tokens": 2}]
+TRACE = [
+    {"prompt": "Say hello to the cache.", "max_tokens": 2},
+    {"prompt": "Say hello to the cache again.", "max_tokens": 2},
+]
 
 
 def checks_of(server, tokenizer, with_salts=True, model="m"):
-    result = asyncio.run(preflight(OpenAIConfig(server.url if hasattr(server, "url") else server, model),
-                                   tokenizer, with_salts))
+    result = asyncio.run(
+        preflight(
+            OpenAIConfig(server.url if hasattr(server, "url") else server, model), tokenizer, with_salts
+        )
+    )
     return result, {check.name: check.ok for check in result.checks}
 
 
@@ -38,7 +43,13 @@ def test_the_probe_is_fresh_and_spans_several_blocks(tokenizer):
 def test_a_server_that_ignores_cache_salt_is_caught(fake_server, tokenizer):
     server = fake_server("saltless")
     result, ok = checks_of(server, tokenizer)
-    assert ok == {"server": True, "model": True, "streaming": True, "cached_tokens": True, "cache_salt": False}
+    assert ok == {
+        "server": True,
+        "model": True,
+        "streaming": True,
+        "cached_tokens": True,
+        "cache_salt": False,
+    }
     assert result.salt_ignored and result.fatal is None
     salts = [body.get("cache_salt") for body in server.bodies]
     assert len(salts) == 3 and salts[0] == salts[1] != salts[2] and None not in salts
@@ -60,7 +71,10 @@ def test_without_salt_hygiene_no_salt_is_sent(fake_server, tokenizer):
 
 def test_a_model_the_server_does_not_list_is_fatal_and_no_server_is_not(fake_server, refused_url, tokenizer):
     result, ok = checks_of(fake_server("saltless"), tokenizer, model="llama")
-    assert ok == {"server": True, "model": False} and "'llama' is not served (the server lists m)" in result.fatal
+    assert (
+        ok == {"server": True, "model": False}
+        and "'llama' is not served (the server lists m)" in result.fatal
+    )
     result, ok = checks_of(refused_url, tokenizer)
     assert ok == {"server": False} and result.fatal is None
 
@@ -74,7 +88,9 @@ def write_trace(tmp_path):
 def test_run_falls_back_to_nonce_hygiene_when_salts_are_ignored(kvbench, fake_server, tmp_path):
     server = fake_server("saltless")
     out = tmp_path / "r.parquet"
-    code, _, err = kvbench("run", write_trace(tmp_path), "--backend", "openai", "--base-url", server.url, "--out", out)
+    code, _, err = kvbench(
+        "run", write_trace(tmp_path), "--backend", "openai", "--base-url", server.url, "--out", out
+    )
     assert code == 0, err
     assert "preflight cache_salt: FAILED" in err and "falling back to --hygiene nonce" in err
     metadata = read_metadata(out)
@@ -88,10 +104,29 @@ def test_run_falls_back_to_nonce_hygiene_when_salts_are_ignored(kvbench, fake_se
 def test_no_preflight_sends_nothing_first_and_a_wrong_model_stops_the_run(kvbench, fake_server, tmp_path):
     server = fake_server("saltless")
     trace = write_trace(tmp_path)
-    code, _, err = kvbench("run", trace, "--backend", "openai", "--base-url", server.url, "--no-preflight",
-                           "--out", tmp_path / "a.parquet")
+    code, _, err = kvbench(
+        "run",
+        trace,
+        "--backend",
+        "openai",
+        "--base-url",
+        server.url,
+        "--no-preflight",
+        "--out",
+        tmp_path / "a.parquet",
+    )
     assert code == 0, err
     assert len(server.bodies) == 2 and all("cache_salt" in body for body in server.bodies)
-    code, _, err = kvbench("run", trace, "--backend", "openai", "--base-url", server.url, "--model", "llama",
-                           "--out", tmp_path / "b.parquet")
+    code, _, err = kvbench(
+        "run",
+        trace,
+        "--backend",
+        "openai",
+        "--base-url",
+        server.url,
+        "--model",
+        "llama",
+        "--out",
+        tmp_path / "b.parquet",
+    )
     assert code == 2 and "preflight: model: 'llama' is not served" in err and "Traceback" not in err

@@ -39,8 +39,13 @@ def test_possible_counts_only_requests_sent_before_this_one_ended():
 
 
 def row(index, cached, prompt_tokens=49, status="ok"):
-    return {"request_index": index, "request_id": f"r{index}", "status": status, "prompt_tokens": prompt_tokens,
-            "cached_prompt_tokens": cached}
+    return {
+        "request_index": index,
+        "request_id": f"r{index}",
+        "status": status,
+        "prompt_tokens": prompt_tokens,
+        "cached_prompt_tokens": cached,
+    }
 
 
 def test_reconcile_flags_impossible_and_far_too_low_reports():

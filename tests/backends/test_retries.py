@@ -45,10 +45,23 @@ def test_a_refused_connection_is_nothing_sent_and_not_retried_on_the_same_endpoi
 def test_a_dead_replica_is_ejected_and_its_requests_go_elsewhere():
     from kvbench.backends.openai.client import OpenAIBackend, OpenAIConfig
 
-    live = FakeServer("script", [{"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "m",
-                                  "choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": "stop"}]}])
+    live = FakeServer(
+        "script",
+        [
+            {
+                "id": "x",
+                "object": "chat.completion.chunk",
+                "created": 0,
+                "model": "m",
+                "choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": "stop"}],
+            }
+        ],
+    )
     try:
-        backends = [OpenAIBackend(OpenAIConfig(url, "m", timeout_s=10.0), TOKENIZER) for url in (live.url, refused_url())]
+        backends = [
+            OpenAIBackend(OpenAIConfig(url, "m", timeout_s=10.0), TOKENIZER)
+            for url in (live.url, refused_url())
+        ]
         routed = RoutedBackend(backends, "round-robin")
 
         async def go():

@@ -29,7 +29,10 @@ concurrency = 3
 
 @pytest.fixture(scope="module")
 def three_urls(server):
-    others = [type(server)(), type(server)()]  # two more `kvbench serve` processes, same class as the fixture's
+    others = [
+        type(server)(),
+        type(server)(),
+    ]  # two more `kvbench serve` processes, same class as the fixture's
     try:
         yield [server.url] + [other.url for other in others]
     finally:
@@ -42,7 +45,9 @@ def routed_run(kvbench, tmp_path, urls, policy):
     scenario.write_text(CHAT)
     out = tmp_path / f"{policy}.parquet"
     args = [arg for url in urls for arg in ("--base-url", url)]
-    code, stdout, stderr = kvbench("run", scenario, "--backend", "openai", *args, "--route", policy, "--out", out)
+    code, stdout, stderr = kvbench(
+        "run", scenario, "--backend", "openai", *args, "--route", policy, "--out", out
+    )
     assert code == 0, stderr
     assert f"replicas (client-side routing: {policy})" in stdout
     return pq.read_table(out).to_pylist()

@@ -4,7 +4,11 @@ the notes that say what was detected and what assumed."""
 import numpy as np
 import pytest
 
-from kvbench.backends.openai.metrics import ServerCacheSettings, detect_cache_settings, parse_prefix_cache_counters
+from kvbench.backends.openai.metrics import (
+    ServerCacheSettings,
+    detect_cache_settings,
+    parse_prefix_cache_counters,
+)
 from kvbench.backends.openai.server_cache import resolve_server_cache, server_expectations
 from kvbench.cache.base import CacheConfig
 from kvbench.request import Request
@@ -42,14 +46,21 @@ def test_flags_win_and_nothing_published_is_assumed():
     assert (cache.block_size, cache.model) == (16, CacheConfig(500, 16)) and "flag" in cache.origins["pool"]
     cache = resolve_server_cache(detect_cache_settings("other_metric 1.0\n"), None, None)
     assert (cache.block_size, cache.model) == (16, Unbounded(16))
-    assert all(line.split(": ", 1)[1].startswith(("16 (assumed", "assumed", "unbounded (assumed")) for line in cache.lines())
+    assert all(
+        line.split(": ", 1)[1].startswith(("16 (assumed", "assumed", "unbounded (assumed"))
+        for line in cache.lines()
+    )
 
 
 def test_sglang_is_recognized_by_its_counters():
     detected = detect_cache_settings(SGLANG)
     assert detected.server == "sglang" and detected.block_size is None
     counters = parse_prefix_cache_counters(SGLANG)
-    assert (counters.queries_tokens, counters.hits_tokens, counters.family) == (1000.0, 350.0, "sglang:prompt_tokens_total")
+    assert (counters.queries_tokens, counters.hits_tokens, counters.family) == (
+        1000.0,
+        350.0,
+        "sglang:prompt_tokens_total",
+    )
     assert resolve_server_cache(detected, None, None).block_size == 1  # SGLang's default page size
 
 
@@ -75,7 +86,9 @@ def test_expectations_follow_the_chosen_model():
     assert server_expectations(same, off, True).expected_cached_tokens == [0, 0, 0]
     pool = resolve_server_cache(ServerCacheSettings("vllm", 16, 100, True), None, None)
     assert server_expectations(same, pool, True).expected_cached_tokens == [0, 48, 48]
-    tiny = resolve_server_cache(ServerCacheSettings("vllm", 16, 3, True), None, None)  # 2 usable blocks: too small
+    tiny = resolve_server_cache(
+        ServerCacheSettings("vllm", 16, 3, True), None, None
+    )  # 2 usable blocks: too small
     expectations = server_expectations(same, tiny, True)
     assert expectations.expected_cached_tokens == [0, 48, 48] and "not replayable" in tiny.origins["pool"]
 

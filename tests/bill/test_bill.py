@@ -71,8 +71,12 @@ def test_a_read_lands_on_an_earlier_content_block_boundary():
 def test_openai_is_automatic_from_1024_tokens_in_128_token_steps():
     rules = cache_rules("openai", "gpt-5")
     ids = RNG.integers(0, 50_000, 3000).astype(np.uint32)
-    requests = [Marked(ids[:1100], 0.0, (), (1100,), 1), Marked(ids[:2000], 1.0, (), (2000,), 1),
-                Marked(ids[:3000], 2.0, (), (3000,), 1), Marked(ids[:3000], 400.0, (), (3000,), 1)]
+    requests = [
+        Marked(ids[:1100], 0.0, (), (1100,), 1),
+        Marked(ids[:2000], 1.0, (), (2000,), 1),
+        Marked(ids[:3000], 2.0, (), (3000,), 1),
+        Marked(ids[:3000], 400.0, (), (3000,), 1),
+    ]
     usages = simulate(requests, rules)
     # 1100 tokens = 8 blocks of 128 cached; the 2000-token prompt reuses them: 1024 (>= 1024, 8 x 128)
     assert [u.cache_read_input_tokens for u in usages] == [0, 1024, 1920, 0]  # 400 s idle > 300 s: expired
@@ -115,22 +119,29 @@ def test_messages_placement_marks_the_system_prompt_and_the_last_stable_turn():
     turn1 = [system, Message("user", "question one")]
     turn2 = turn1 + [Message("assistant", "answer " * 300), Message("user", "question two")]
     boundaries = message_boundaries(chat_request(turn2, 0, tokenizer), tokenizer)
-    bill = bill_requests([chat_request(turn1, 0, tokenizer), chat_request(turn2, 5, tokenizer)],
-                         cache_rules("anthropic", "claude-sonnet-4-5"), Placement.MESSAGES, tokenizer)
+    bill = bill_requests(
+        [chat_request(turn1, 0, tokenizer), chat_request(turn2, 5, tokenizer)],
+        cache_rules("anthropic", "claude-sonnet-4-5"),
+        Placement.MESSAGES,
+        tokenizer,
+    )
     assert bill.cache_read_tokens == boundaries[0]  # turn 2 reads the system prompt turn 1 wrote
     assert bill.cache_write_tokens == boundaries[0] + (boundaries[2] - boundaries[0])
 
 
 def test_the_cli_prices_a_scenario_and_writes_the_bill(kvbench, tmp_path):
     out = tmp_path / "bill.parquet"
-    code, stdout, stderr = kvbench("bill", "scenarios/agent.toml", "--provider", "anthropic", "--requests", 30,
-                                   "--out", out)
+    code, stdout, stderr = kvbench(
+        "bill", "scenarios/agent.toml", "--provider", "anthropic", "--requests", 30, "--out", out
+    )
     assert code == 0, stderr
     row = pq.read_table(out).to_pylist()[0]
     assert row["cache_read_input_tokens"] > row["cache_creation_input_tokens"] > 0
     assert row["total_usd"] < row["no_cache_usd"] and "saving" in stdout
     trace = tmp_path / "mooncake.jsonl"
-    trace.write_text('{"timestamp": 0, "input_length": 1100, "output_length": 4, "hash_ids": [0, 1, 2]}\n' * 3)
+    trace.write_text(
+        '{"timestamp": 0, "input_length": 1100, "output_length": 4, "hash_ids": [0, 1, 2]}\n' * 3
+    )
     code, _, stderr = kvbench("bill", trace, "--placement", "messages")
     assert code == 2 and "--placement messages" in stderr
     code, stdout, stderr = kvbench("bill", trace, "--provider", "openai", "--model", "gpt-4.1")

@@ -12,8 +12,16 @@ def small_model():
     Weights drawn with std 0.1 instead of 0.02: at 0.02 two random layers barely move the residual
     stream, greedy decoding mostly echoes the input token, and a wrong past (tiny-hash) rarely
     changes the output."""
-    return random_model(default_llama_config(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                                             num_attention_heads=2, initializer_range=0.1), seed=1)
+    return random_model(
+        default_llama_config(
+            hidden_size=128,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            initializer_range=0.1,
+        ),
+        seed=1,
+    )
 
 
 @pytest.fixture(scope="session")

@@ -17,8 +17,9 @@ def test_list_describes_every_experiment(kvbench):
 def test_shared_salt_writes_parquet_like_a_run(kvbench, tmp_path, monkeypatch, small_model):
     monkeypatch.setattr("kvbench.engine.model.load_model", lambda config: small_model)  # fast, same path
     out = tmp_path / "salt.parquet"
-    code, stdout, err = kvbench("break", "shared-salt", "--trials", 2, "--prompt-tokens", 16, "--threads", 1,
-                                "--out", out)
+    code, stdout, err = kvbench(
+        "break", "shared-salt", "--trials", 2, "--prompt-tokens", 16, "--threads", 1, "--out", out
+    )
     assert code == 0, err
     assert "verdict" in stdout and f"to {out}" in stdout.replace("\n", "")
     table = pq.read_table(out)
@@ -26,21 +27,32 @@ def test_shared_salt_writes_parquet_like_a_run(kvbench, tmp_path, monkeypatch, s
     assert table.num_rows == 2 * 2 * 3
     metadata = read_metadata(out)
     assert metadata["command"] == "break" and metadata["experiment"] == "shared-salt"
-    assert metadata["threads"]["num_threads"] == 1 and metadata["threads"]["reason"] == "--threads 1"  # issue 25
+    assert (
+        metadata["threads"]["num_threads"] == 1 and metadata["threads"]["reason"] == "--threads 1"
+    )  # issue 25
     assert "threads: 1 (--threads 1;" in err and "loading the model" in err
 
 
-def test_shared_salt_with_three_trials_is_inconclusive_not_cannot_tell(kvbench, tmp_path, monkeypatch, small_model):
+def test_shared_salt_with_three_trials_is_inconclusive_not_cannot_tell(
+    kvbench, tmp_path, monkeypatch, small_model
+):
     """3 trials cannot reach p < 0.01 whatever the TTFTs (smallest one-sided Mann-Whitney U p: 0.040)."""
     monkeypatch.setattr("kvbench.engine.model.load_model", lambda config: small_model)
     out = tmp_path / "salt.parquet"
     code, stdout, err = kvbench("break", "shared-salt", "--trials", 3, "--prompt-tokens", 16, "--out", out)
     assert code == 0, err
     flat = " ".join(stdout.split())
-    assert "cannot tell" not in flat and "but inconclusive: 3 trials cannot reach p < 0.01 whatever the TTFTs" in flat
+    assert (
+        "cannot tell" not in flat
+        and "but inconclusive: 3 trials cannot reach p < 0.01 whatever the TTFTs" in flat
+    )
     assert "--trials 5 or more can" in flat and "the smallest p 3 trials can give is 0.04" in flat
     tests = read_metadata(out)["tests"]
-    assert tests["unsalted"]["smallest_p_value"] == tests["salted"]["smallest_p_value"] == pytest.approx(0.0404, abs=1e-4)
+    assert (
+        tests["unsalted"]["smallest_p_value"]
+        == tests["salted"]["smallest_p_value"]
+        == pytest.approx(0.0404, abs=1e-4)
+    )
     assert tests["unsalted"]["p_value"] >= tests["unsalted"]["smallest_p_value"]
 
 
@@ -67,8 +79,20 @@ def test_an_interrupt_keeps_every_finished_variant(kvbench, tmp_path, monkeypatc
     real = common.run_requests
     monkeypatch.setattr(common, "run_requests", interrupted_second)
     out = tmp_path / "ts.parquet"
-    code, _, err = kvbench("break", "timestamp", "--requests", 3, "--system-tokens", 32, "--question-tokens", 16,
-                           "--max-tokens", 1, "--out", out)
+    code, _, err = kvbench(
+        "break",
+        "timestamp",
+        "--requests",
+        3,
+        "--system-tokens",
+        32,
+        "--question-tokens",
+        16,
+        "--max-tokens",
+        1,
+        "--out",
+        out,
+    )
     assert code == 130 and "kept 1 finished variant(s), 3 rows" in err and str(out) in err.replace("\n", "")
     table = pq.read_table(out)
     assert table.num_rows == 3 and set(RUN_COLUMNS) <= set(table.column_names)
@@ -78,7 +102,9 @@ def test_an_interrupt_keeps_every_finished_variant(kvbench, tmp_path, monkeypatc
 
 def test_an_unwritable_out_is_refused_before_the_experiment_runs(kvbench, tmp_path, monkeypatch):
     """Issue 19 item 14: the raw OSError came only after the whole experiment had run."""
-    monkeypatch.setattr("kvbench.engine.model.load_model", lambda config: (_ for _ in ()).throw(AssertionError))
+    monkeypatch.setattr(
+        "kvbench.engine.model.load_model", lambda config: (_ for _ in ()).throw(AssertionError)
+    )
     blocker = tmp_path / "file"
     blocker.write_text("x")
     code, _, err = kvbench("break", "timestamp", "--out", blocker / "ts.parquet")

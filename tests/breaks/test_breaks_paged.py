@@ -38,21 +38,30 @@ def test_head_first_on_the_paged_engine_is_predicted_tail_first(small_model, sce
 
 def test_shared_salt_cli_on_the_paged_engine(kvbench, tmp_path):
     out = tmp_path / "salt.parquet"
-    code, stdout, err = kvbench("break", "shared-salt", "--engine", "paged", "--trials", 2, "--prompt-tokens", 16,
-                                "--out", out)
+    code, stdout, err = kvbench(
+        "break", "shared-salt", "--engine", "paged", "--trials", 2, "--prompt-tokens", 16, "--out", out
+    )
     assert code == 0, err
     rows = pq.read_table(out).to_pylist()
-    assert "verdict" in stdout and len(rows) == 2 * 2 * 3  # 2 variants x 2 trials x (A's prompt + 2 guesses of B)
+    assert (
+        "verdict" in stdout and len(rows) == 2 * 2 * 3
+    )  # 2 variants x 2 trials x (A's prompt + 2 guesses of B)
     hit: dict[tuple[str, str], set[bool]] = {}
     for row in (r for r in rows if r["tenant"] == "b"):
         hit.setdefault((row["variant"], row["probe"]), set()).add(row["cached_prompt_tokens"] > 0)
     # the pool shares A's blocks with B's correct guess (every trial) unless their salts differ
-    assert hit == {("unsalted", "correct-guess"): {True}, ("unsalted", "wrong-guess"): {False},
-                   ("salted", "correct-guess"): {False}, ("salted", "wrong-guess"): {False}}
+    assert hit == {
+        ("unsalted", "correct-guess"): {True},
+        ("unsalted", "wrong-guess"): {False},
+        ("salted", "correct-guess"): {False},
+        ("salted", "wrong-guess"): {False},
+    }
     assert read_metadata(out)["config"]["engine"] == "paged"
 
 
-@pytest.mark.parametrize("experiment,needle", [("views", "no view to leak"), ("tiny-hash", "lockstep replica")])
+@pytest.mark.parametrize(
+    "experiment,needle", [("views", "no view to leak"), ("tiny-hash", "lockstep replica")]
+)
 def test_experiments_not_on_the_paged_engine_say_why_in_one_line(kvbench, experiment, needle):
     code, _, err = kvbench("break", experiment, "--engine", "paged")
     lines = [line for line in err.strip().splitlines() if line.strip()]

@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 
 from kvbench.breaks.shared_salt import (
-    CORRECT, PRIVATE, WRONG, SharedSaltConfig, mann_whitney_less, run_shared_salt, shared_salt_table, trial_requests,
+    CORRECT,
+    PRIVATE,
+    WRONG,
+    SharedSaltConfig,
+    mann_whitney_less,
+    run_shared_salt,
+    shared_salt_table,
+    trial_requests,
 )
 from kvbench.breaks.common import token_run_requests
 
@@ -62,10 +69,19 @@ def test_config_is_validated():
 def test_what_a_number_of_trials_can_show():
     from statistics import NormalDist
 
-    from kvbench.breaks.rank_test import detectable_effect, smallest_p_value, trials_for_effect, trials_to_reach
+    from kvbench.breaks.rank_test import (
+        detectable_effect,
+        smallest_p_value,
+        trials_for_effect,
+        trials_to_reach,
+    )
 
     # complete separation is the smallest p: 3 + 3 TTFTs give 0.040 at best, never below alpha 0.01
-    assert smallest_p_value(3, 3) == mann_whitney_less([1, 2, 3], [4, 5, 6])[1] == pytest.approx(0.0404, abs=1e-4)
+    assert (
+        smallest_p_value(3, 3)
+        == mann_whitney_less([1, 2, 3], [4, 5, 6])[1]
+        == pytest.approx(0.0404, abs=1e-4)
+    )
     assert smallest_p_value(3, 3) == pytest.approx(exact_p([1, 2, 3], [4, 5, 6]), abs=0.01)  # exact: 1/20
     assert [trials_to_reach(alpha) for alpha in (0.05, 0.01, 0.001)] == [3, 5, 8]
     assert smallest_p_value(4, 4) > 0.01 > smallest_p_value(5, 5)
@@ -82,26 +98,44 @@ def fake_result(num_trials, correct_ms, wrong_ms, salted_cached=0):
     from kvbench.breaks.shared_salt import SharedSaltResult
 
     def rows(correct, wrong, cached):
-        return ([{"probe": CORRECT, "ttft_ms": t, "cached_prompt_tokens": cached} for t in correct]
-                + [{"probe": WRONG, "ttft_ms": t, "cached_prompt_tokens": 0} for t in wrong])
+        return [{"probe": CORRECT, "ttft_ms": t, "cached_prompt_tokens": cached} for t in correct] + [
+            {"probe": WRONG, "ttft_ms": t, "cached_prompt_tokens": 0} for t in wrong
+        ]
 
-    return SharedSaltResult(SharedSaltConfig(num_trials=num_trials), [
-        VariantRun("unsalted", rows(correct_ms, wrong_ms, 128)),
-        VariantRun("salted", rows(wrong_ms[::-1], wrong_ms, salted_cached))])
+    return SharedSaltResult(
+        SharedSaltConfig(num_trials=num_trials),
+        [
+            VariantRun("unsalted", rows(correct_ms, wrong_ms, 128)),
+            VariantRun("salted", rows(wrong_ms[::-1], wrong_ms, salted_cached)),
+        ],
+    )
 
 
 def test_the_verdict_says_what_the_trials_can_and_cannot_show():
     small = fake_result(3, [60.0, 61.0, 62.0], [150.0, 151.0, 152.0])  # every correct guess 2.5x faster
-    assert small.test("unsalted").smallest_p_value == small.test("unsalted").p_value  # as good as 3 trials get
+    assert (
+        small.test("unsalted").smallest_p_value == small.test("unsalted").p_value
+    )  # as good as 3 trials get
     assert small.leak_text("unsalted") == small.leak_text("salted") == "inconclusive"
-    assert ("inconclusive: 3 trials cannot reach p < 0.01 whatever the TTFTs (the smallest p of a one-sided "
-            "Mann-Whitney U test over 3 + 3 TTFTs is 0.040, every correct guess faster); --trials 5 or more can"
-            in small.verdict)
+    assert (
+        "inconclusive: 3 trials cannot reach p < 0.01 whatever the TTFTs (the smallest p of a one-sided "
+        "Mann-Whitney U test over 3 + 3 TTFTs is 0.040, every correct guess faster); --trials 5 or more can"
+        in small.verdict
+    )
     assert "cannot tell" not in small.verdict
-    assert "0 cached tokens for B: A's blocks are out of B's reach, nothing leaks through the cache" in small.verdict
+    assert (
+        "0 cached tokens for B: A's blocks are out of B's reach, nothing leaks through the cache"
+        in small.verdict
+    )
     big = fake_result(8, [60.0 + i for i in range(8)], [150.0 + i for i in range(8)])
     assert big.leak_text("unsalted") == "yes" and "so B learns whether A sent that prompt" in big.verdict
     mixed = fake_result(8, [60, 200, 61, 201, 62, 202, 63, 203], [100, 101, 102, 103, 104, 105, 106, 107])
     assert mixed.leak_text("unsalted") == "no" and mixed.test("unsalted").prob_correct_faster == 0.5
-    assert "not shown at 8 trials, P(correct faster) = 0.50 (no sign that correct guesses are faster" in mixed.verdict
-    assert "B still got 16 cached tokens of A's" in fake_result(3, [1.0] * 3, [2.0] * 3, salted_cached=16).verdict
+    assert (
+        "not shown at 8 trials, P(correct faster) = 0.50 (no sign that correct guesses are faster"
+        in mixed.verdict
+    )
+    assert (
+        "B still got 16 cached tokens of A's"
+        in fake_result(3, [1.0] * 3, [2.0] * 3, salted_cached=16).verdict
+    )

@@ -32,8 +32,9 @@ def test_tracker_finds_a_collision_after_the_fact():
 
 
 def test_few_bits_give_false_hits_and_wrong_outputs_sha256_none(small_model, tokenizer):
-    config = TinyHashConfig(hash_bits=8, num_requests=40, num_prefixes=4, prefix_tokens=32, unique_tokens=16,
-                            max_tokens=2)
+    config = TinyHashConfig(
+        hash_bits=8, num_requests=40, num_prefixes=4, prefix_tokens=32, unique_tokens=16, max_tokens=2
+    )
     result = run_tiny_hash(small_model, config, tokenizer)
     broken, correct = result.counts(result.broken), result.counts(result.correct)
     assert broken["false_hit_requests"] >= 1 and broken["mismatched_outputs"] >= 1

@@ -8,8 +8,9 @@ BLOCK_BYTES = 32 * 1024  # the small model: 2 layers x 2 (K, V) x 2 heads x 64 x
 
 
 def test_views_hold_more_than_configured_and_copies_stay_within(small_model, tokenizer, tmp_path):
-    config = ViewsConfig(num_requests=8, system_tokens=64, question_tokens=16, max_tokens=2,
-                         cache_bytes=8 * BLOCK_BYTES)
+    config = ViewsConfig(
+        num_requests=8, system_tokens=64, question_tokens=16, max_tokens=2, cache_bytes=8 * BLOCK_BYTES
+    )
     result = run_views(small_model, config, tokenizer)
     assert result.configured_kv_bytes == 8 * BLOCK_BYTES
     copies, views = result.run("copies"), result.run("views")

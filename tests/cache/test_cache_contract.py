@@ -9,7 +9,7 @@ from kvbench.errors import CacheBusyError
 def serve(cache, prompt, max_hit_blocks=None, payloads=None):
     """One request's life: lookup, insert the rest, release. Returns blocks hit."""
     match = cache.lookup(prompt, max_hit_blocks)
-    new = cache.insert(prompt, match.num_hit_blocks, payloads[match.num_hit_blocks:] if payloads else None)
+    new = cache.insert(prompt, match.num_hit_blocks, payloads[match.num_hit_blocks :] if payloads else None)
     cache.release(match.handles + new.handles)
     cache.check_invariants()
     return match.num_hit_blocks
@@ -87,7 +87,9 @@ def test_radix_refuses_head_first(pool):
     from kvbench.cache.pool_cache import PoolPrefixCache
 
     with pytest.raises(ValueError, match="head-first"):
-        (PoolPrefixCache if pool else make_cache)(CacheConfig(capacity_blocks=3, kind="radix", release_order="head-first"))
+        (PoolPrefixCache if pool else make_cache)(
+            CacheConfig(capacity_blocks=3, kind="radix", release_order="head-first")
+        )
 
 
 def test_ttl_expires_idle_blocks_and_hits_refresh_the_timer(build):

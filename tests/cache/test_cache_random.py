@@ -23,17 +23,29 @@ class CacheMachine(RuleBasedStateMachine):
         self.hasher = BlockHasher(BLOCK_SIZE)
         self.active = []  # (prompt, handles, blocks pinned from block 0)
 
-    @initialize(capacity=st.integers(1, 12), ttl_s=st.sampled_from([None, 5.0]),
-                release_order=st.sampled_from(["tail-first", "head-first"]))
+    @initialize(
+        capacity=st.integers(1, 12),
+        ttl_s=st.sampled_from([None, 5.0]),
+        release_order=st.sampled_from(["tail-first", "head-first"]),
+    )
     def build(self, capacity, ttl_s, release_order):
         if self.kind == "radix":
             release_order = "tail-first"
-        config = CacheConfig(capacity_blocks=capacity, block_size=BLOCK_SIZE, kind=self.kind, ttl_s=ttl_s,
-                             release_order=release_order)
+        config = CacheConfig(
+            capacity_blocks=capacity,
+            block_size=BLOCK_SIZE,
+            kind=self.kind,
+            ttl_s=ttl_s,
+            release_order=release_order,
+        )
         self.cache = self.factory(config, clock=lambda: self.now_s)
 
-    @rule(tokens=token_lists, cap=st.one_of(st.none(), st.integers(0, 6)), salt=st.sampled_from(["", "t"]),
-          stop_short=st.integers(0, 2))
+    @rule(
+        tokens=token_lists,
+        cap=st.one_of(st.none(), st.integers(0, 6)),
+        salt=st.sampled_from(["", "t"]),
+        stop_short=st.integers(0, 2),
+    )
     def start_request(self, tokens, cap, salt, stop_short):
         prompt = self.hasher.prompt_blocks(tokens, salt=salt)
         match = self.cache.lookup(prompt, cap)
@@ -104,5 +116,6 @@ TestHashCacheRandom = CacheMachine.TestCase
 TestRadixCacheRandom = RadixMachine.TestCase
 TestPoolCacheRandom = PoolMachine.TestCase
 TestPoolRadixCacheRandom = PoolRadixMachine.TestCase
-TestHashCacheRandom.settings = TestRadixCacheRandom.settings = TestPoolCacheRandom.settings = \
-    TestPoolRadixCacheRandom.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestHashCacheRandom.settings = TestRadixCacheRandom.settings = TestPoolCacheRandom.settings = (
+    TestPoolRadixCacheRandom.settings
+) = settings(max_examples=150, stateful_step_count=40, deadline=None)

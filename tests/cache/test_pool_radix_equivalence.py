@@ -27,8 +27,12 @@ class SideBySide(RuleBasedStateMachine):
         self.tree = make_cache(config, clock=lambda: self.now_s)
         self.pool = PoolPrefixCache(config, clock=lambda: self.now_s)
 
-    @rule(tokens=token_lists, cap=st.one_of(st.none(), st.integers(0, 6)), salt=st.sampled_from(["", "t"]),
-          stop_short=st.integers(0, 2))
+    @rule(
+        tokens=token_lists,
+        cap=st.one_of(st.none(), st.integers(0, 6)),
+        salt=st.sampled_from(["", "t"]),
+        stop_short=st.integers(0, 2),
+    )
     def start_request(self, tokens, cap, salt, stop_short):
         prompt = self.hasher.prompt_blocks(tokens, salt=salt)
         handles = []
@@ -36,8 +40,15 @@ class SideBySide(RuleBasedStateMachine):
             match = cache.lookup(prompt, cap)
             stop = max(match.num_hit_blocks, prompt.num_full_blocks - stop_short)
             new = cache.insert(prompt, match.num_hit_blocks, stop_block=stop)
-            handles.append((match.num_hit_blocks, new.num_inserted_blocks, new.num_existing_blocks,
-                            new.num_refused_blocks, match.handles + new.handles))
+            handles.append(
+                (
+                    match.num_hit_blocks,
+                    new.num_inserted_blocks,
+                    new.num_existing_blocks,
+                    new.num_refused_blocks,
+                    match.handles + new.handles,
+                )
+            )
         (tree, pool) = handles
         assert tree[:4] == pool[:4]
         self.active.append((tree[4], pool[4]))
@@ -60,8 +71,11 @@ class SideBySide(RuleBasedStateMachine):
             for name in ("num_cached_blocks", "num_evictable_blocks"):
                 assert getattr(self.tree, name) == getattr(self.pool, name), name
             tree, pool = self.tree.stats, self.pool.stats
-            assert (tree.num_hit_blocks, tree.num_evicted_blocks, tree.num_expired_blocks) == \
-                (pool.num_hit_blocks, pool.num_evicted_blocks, pool.num_expired_blocks)
+            assert (tree.num_hit_blocks, tree.num_evicted_blocks, tree.num_expired_blocks) == (
+                pool.num_hit_blocks,
+                pool.num_evicted_blocks,
+                pool.num_expired_blocks,
+            )
 
 
 TestPoolRadixMatchesRadixCache = SideBySide.TestCase

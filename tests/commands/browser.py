@@ -12,6 +12,18 @@ def assert_renders_in_chromium(page: Path, tmp_path: Path) -> None:
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium:
         shot = tmp_path / "page.png"
-        subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1280,2400",
-                        f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=LIMIT_S, check=True)
+        subprocess.run(
+            [
+                chromium,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--window-size=1280,2400",
+                f"--screenshot={shot}",
+                page.as_uri(),
+            ],
+            capture_output=True,
+            timeout=LIMIT_S,
+            check=True,
+        )
         assert shot.stat().st_size > 50_000

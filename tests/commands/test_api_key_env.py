@@ -33,7 +33,10 @@ def test_an_unset_variable_is_refused(kvbench, scenario, tmp_path, monkeypatch):
     out = tmp_path / "r.parquet"
     code, _, err = kvbench("run", scenario, "--api-key-env", "KVBENCH_TEST_NO_SUCH_KEY", "--out", out)
     assert code == 2 and not out.exists()
-    assert err.strip() == "error: --api-key-env KVBENCH_TEST_NO_SUCH_KEY: no such environment variable is set (export it first)"
+    assert (
+        err.strip()
+        == "error: --api-key-env KVBENCH_TEST_NO_SUCH_KEY: no such environment variable is set (export it first)"
+    )
 
 
 def test_a_scenario_key_that_is_no_variable_name_is_refused(kvbench, server, tmp_path):
@@ -46,8 +49,9 @@ def test_a_scenario_key_that_is_no_variable_name_is_refused(kvbench, server, tmp
 def test_a_key_pasted_anywhere_on_the_line_never_reaches_the_footer(kvbench, scenario, tmp_path, monkeypatch):
     monkeypatch.setenv("KVBENCH_TEST_KEY", KEY)
     out = tmp_path / "r.parquet"
-    code, _, err = kvbench("run", scenario, "--api-key-env", "KVBENCH_TEST_KEY", "--salt", KEY, "--no-preflight",
-                           "--out", out)
+    code, _, err = kvbench(
+        "run", scenario, "--api-key-env", "KVBENCH_TEST_KEY", "--salt", KEY, "--no-preflight", "--out", out
+    )
     assert code == 0, err
     assert len(pq.read_table(out)) == 2
     metadata = read_metadata(out)
@@ -58,8 +62,17 @@ def test_a_key_pasted_anywhere_on_the_line_never_reaches_the_footer(kvbench, sce
 
 def test_what_looks_like_a_key():
     assert looks_like_key(KEY) and looks_like_key("hf_" + "a" * 30) and looks_like_key("x" * 8 + "Ab3" * 10)
-    assert not looks_like_key("OPENAI_API_KEY") and not looks_like_key("results/run-Shared2K-20261201-101010.parquet")
+    assert not looks_like_key("OPENAI_API_KEY") and not looks_like_key(
+        "results/run-Shared2K-20261201-101010.parquet"
+    )
     assert not looks_like_key("0" * 64 + "abcdef")  # a lower-case hex digest is not a key
-    assert scrub_arguments(["kvbench", "--salt", "Zq8" * 12, f"--x={KEY}"]) == ["kvbench", "--salt", REDACTED, REDACTED]
+    assert scrub_arguments(["kvbench", "--salt", "Zq8" * 12, f"--x={KEY}"]) == [
+        "kvbench",
+        "--salt",
+        REDACTED,
+        REDACTED,
+    ]
     assert scrub({"a": [f"key {KEY}.", 3, -1.5], "b": "mine-12345678"}, ["mine-12345678"]) == {
-        "a": [f"key {REDACTED}.", 3, -1.5], "b": REDACTED}
+        "a": [f"key {REDACTED}.", 3, -1.5],
+        "b": REDACTED,
+    }

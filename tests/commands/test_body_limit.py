@@ -21,23 +21,50 @@ def small_limit_server():
 def prompts_trace(tmp_path, sizes_chars):
     path = tmp_path / "prompts.jsonl"
     words = "lorem ipsum dolor sit amet "
-    path.write_text("".join(json.dumps({"prompt": (words * (n // len(words) + 1))[:n]}) + "\n" for n in sizes_chars))
+    path.write_text(
+        "".join(json.dumps({"prompt": (words * (n // len(words) + 1))[:n]}) + "\n" for n in sizes_chars)
+    )
     return path
 
 
 def test_an_over_long_prompt_is_refused_with_the_servers_413(kvbench, small_limit_server, tmp_path):
     trace = prompts_trace(tmp_path, [200, 300_000])
     out = tmp_path / "r.parquet"
-    code, _, err = kvbench("run", trace, "--backend", "openai", "--base-url", small_limit_server.url,
-                           "--no-preflight", "--max-tokens", "1", "--out", out)
+    code, _, err = kvbench(
+        "run",
+        trace,
+        "--backend",
+        "openai",
+        "--base-url",
+        small_limit_server.url,
+        "--no-preflight",
+        "--max-tokens",
+        "1",
+        "--out",
+        out,
+    )
     assert code == 2 and not out.exists()
-    line = " ".join(err[err.index("error: "):].split())  # after the status lines (preflight, server cache)
-    assert line.startswith("error: request ") and "bytes and the server refuses that size before the run: HTTP 413:" in line
+    line = " ".join(err[err.index("error: ") :].split())  # after the status lines (preflight, server cache)
+    assert (
+        line.startswith("error: request ")
+        and "bytes and the server refuses that size before the run: HTTP 413:" in line
+    )
     assert "larger than this server's limit of 131,072 bytes" in line and "reset" not in line
 
 
 def test_a_body_under_the_limit_is_not_probed_and_runs(kvbench, small_limit_server, tmp_path):
     trace = prompts_trace(tmp_path, [200, PROBE_ABOVE_BYTES // 8])
-    code, _, err = kvbench("run", trace, "--backend", "openai", "--base-url", small_limit_server.url,
-                           "--no-preflight", "--max-tokens", "1", "--out", tmp_path / "r.parquet")
+    code, _, err = kvbench(
+        "run",
+        trace,
+        "--backend",
+        "openai",
+        "--base-url",
+        small_limit_server.url,
+        "--no-preflight",
+        "--max-tokens",
+        "1",
+        "--out",
+        tmp_path / "r.parquet",
+    )
     assert code == 0, err

@@ -23,8 +23,13 @@ STATUS_LINES = ("threads: ", "loading the model", "routed: ", "working: ")  # st
 
 
 def start(args: list) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "kvbench.cli", *map(str, args)], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "kvbench.cli", *map(str, args)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def wait_for(path: Path, process: subprocess.Popen, ready=lambda path: True, limit_s: float = 600) -> None:
@@ -42,8 +47,22 @@ def wait_for(path: Path, process: subprocess.Popen, ready=lambda path: True, lim
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
 def test_break_keeps_the_cut_variants_rows(tmp_path, sig):
     out = tmp_path / "ts.parquet"
-    process = start(["break", "timestamp", "--requests", 400, "--system-tokens", 32, "--question-tokens", 16,
-                     "--max-tokens", 1, "--out", out])
+    process = start(
+        [
+            "break",
+            "timestamp",
+            "--requests",
+            400,
+            "--system-tokens",
+            32,
+            "--question-tokens",
+            16,
+            "--max-tokens",
+            1,
+            "--out",
+            out,
+        ]
+    )
     wait_for(out, process)  # the first checkpoint comes with the first row of the first variant
     process.send_signal(sig)
     _, stderr = process.communicate(timeout=300)
@@ -69,7 +88,9 @@ def big_trace(tmp_path_factory):
     with path.open("w") as handle:
         for i in range(60_000):
             prompt = f"System {i % 7}: answer briefly and well.\n" * 6 + f"Question {i}: why?\n"
-            handle.write(json.dumps({"prompt": prompt, "arrival_ms": i * 5, "session_id": f"s{i % 500}"}) + "\n")
+            handle.write(
+                json.dumps({"prompt": prompt, "arrival_ms": i * 5, "session_id": f"s{i % 500}"}) + "\n"
+            )
     return path
 
 
@@ -83,7 +104,7 @@ def test_route_keeps_the_finished_policies(tmp_path, big_trace, sig):
     metadata = read_metadata(out)
     rows = pq.read_table(out).to_pylist()
     assert metadata["complete"] is False and 1 <= len(rows) < 6
-    assert [row["policy"] for row in rows] == metadata["policies_finished"][:len(rows)]
+    assert [row["policy"] for row in rows] == metadata["policies_finished"][: len(rows)]
     if sig == signal.SIGKILL:
         assert process.returncode == -signal.SIGKILL
         return

@@ -28,9 +28,17 @@ def scenario(tmp_path, url, num_requests):
 
 def test_a_dead_replica_is_ejected_and_the_metrics_delta_says_what_it_covers(kvbench, server, tmp_path):
     out = tmp_path / "r.parquet"
-    code, stdout, err = kvbench("run", scenario(tmp_path, server.url, 10), "--base-url", server.url,
-                                "--base-url", refused_url(), "--no-preflight",
-                                "--out", out)
+    code, stdout, err = kvbench(
+        "run",
+        scenario(tmp_path, server.url, 10),
+        "--base-url",
+        server.url,
+        "--base-url",
+        refused_url(),
+        "--no-preflight",
+        "--out",
+        out,
+    )
     assert code == 0, err
     rows = pq.read_table(out).to_pylist()
     assert [r["status"] for r in rows] == ["ok"] * 10 and {r["replica"] for r in rows} == {0}
@@ -48,7 +56,9 @@ def test_a_run_whose_server_is_gone_is_marked_incomplete(kvbench, tmp_path):
     code, stdout, err = kvbench("run", scenario(tmp_path, refused_url(), 8), "--model", "m", "--out", out)
     assert code == 1
     rows = pq.read_table(out).to_pylist()
-    assert sum(r["error"].startswith("not sent") for r in rows) == 3  # after 5 consecutive connection failures
+    assert (
+        sum(r["error"].startswith("not sent") for r in rows) == 3
+    )  # after 5 consecutive connection failures
     metadata = read_metadata(out)
     assert metadata["complete"] is False and metadata["run"]["num_unsent"] == 3
     assert "3 request(s) were never sent" in err

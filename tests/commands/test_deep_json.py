@@ -29,16 +29,19 @@ def one_line_error(code, err, expected):
     assert len(lines) == 1 and lines[0].startswith("error:") and expected in lines[0], err
 
 
-@pytest.mark.parametrize("command, name, where", [
-    (("trace", "import", "jsonl"), "jsonl", ":2: not valid JSON (nested too deeply"),
-    (("trace", "import", "jsonl"), "first", ":1: not valid JSON (nested too deeply"),
-    (("trace", "import", "sharegpt"), "sharegpt", ":2: not valid JSON (nested too deeply"),
-    (("trace", "stats"), "jsonl", ":2: not valid JSON (nested too deeply"),
-    (("trace", "stats"), "sharegpt", ":2: not valid JSON (nested too deeply"),
-    (("sim",), "first", ":1: not valid JSON (nested too deeply"),
-    (("sim",), "toml", ": invalid TOML (nested too deeply)"),
-    (("run",), "jsonl", ":2: not valid JSON (nested too deeply"),
-])
+@pytest.mark.parametrize(
+    "command, name, where",
+    [
+        (("trace", "import", "jsonl"), "jsonl", ":2: not valid JSON (nested too deeply"),
+        (("trace", "import", "jsonl"), "first", ":1: not valid JSON (nested too deeply"),
+        (("trace", "import", "sharegpt"), "sharegpt", ":2: not valid JSON (nested too deeply"),
+        (("trace", "stats"), "jsonl", ":2: not valid JSON (nested too deeply"),
+        (("trace", "stats"), "sharegpt", ":2: not valid JSON (nested too deeply"),
+        (("sim",), "first", ":1: not valid JSON (nested too deeply"),
+        (("sim",), "toml", ": invalid TOML (nested too deeply)"),
+        (("run",), "jsonl", ":2: not valid JSON (nested too deeply"),
+    ],
+)
 def test_deep_nesting_is_one_line_naming_file_and_line(kvbench, tmp_path, deep_files, command, name, where):
     path = deep_files[name]
     out = ("-o", tmp_path / "out.jsonl") if command[:2] == ("trace", "import") else ()

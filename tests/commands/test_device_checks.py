@@ -13,13 +13,16 @@ def no_model(config=None):
     raise AssertionError("the model was loaded for a device this machine does not have")
 
 
-@pytest.mark.parametrize("args, device", [
-    (("run", SHARED_2K, "--num-requests", "1"), "cuda"),
-    (("run", SHARED_2K, "--engine", "paged", "--host-tier", "64"), "cuda:1"),
-    (("sweep", SHARED_2K, "--cache-sizes", "64"), "cuda"),
-    (("serve", "--port", "0"), "cuda"),
-    (("break", "timestamp"), "cuda"),
-])
+@pytest.mark.parametrize(
+    "args, device",
+    [
+        (("run", SHARED_2K, "--num-requests", "1"), "cuda"),
+        (("run", SHARED_2K, "--engine", "paged", "--host-tier", "64"), "cuda:1"),
+        (("sweep", SHARED_2K, "--cache-sizes", "64"), "cuda"),
+        (("serve", "--port", "0"), "cuda"),
+        (("break", "timestamp"), "cuda"),
+    ],
+)
 def test_a_missing_cuda_device_is_one_line_and_exit_2(kvbench, monkeypatch, tmp_path, args, device):
     monkeypatch.setattr("kvbench.engine.model.load_model", no_model)
     monkeypatch.chdir(tmp_path)  # nothing may be written; results/ would appear here

@@ -30,15 +30,21 @@ def leaf_commands():
 
 
 def option_names(command) -> list[str]:
-    return [name for param in command.params if param.param_type_name == "option" and not param.hidden
-            for name in param.opts + param.secondary_opts]
+    return [
+        name
+        for param in command.params
+        if param.param_type_name == "option" and not param.hidden
+        for name in param.opts + param.secondary_opts
+    ]
 
 
 def whole(name: str, text: str) -> bool:
     return re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", text) is not None
 
 
-@pytest.mark.parametrize("path,command", leaf_commands(), ids=lambda value: " ".join(value) if isinstance(value, list) else "")
+@pytest.mark.parametrize(
+    "path,command", leaf_commands(), ids=lambda value: " ".join(value) if isinstance(value, list) else ""
+)
 def test_every_option_name_is_whole_in_help_at_80_columns(path, command, kvbench, monkeypatch):
     monkeypatch.setenv("COLUMNS", "80")
     code, help_text, _ = kvbench(*path, "--help")
@@ -49,8 +55,13 @@ def test_every_option_name_is_whole_in_help_at_80_columns(path, command, kvbench
 
 def test_piped_run_help_keeps_every_name(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "TERMINAL_WIDTH")}
-    done = subprocess.run([sys.executable, "-m", "kvbench.cli", "run", "--help"], capture_output=True, text=True,
-                          env=env, timeout=300)  # stdout is a pipe, as in `kvbench run --help | cat`
+    done = subprocess.run(
+        [sys.executable, "-m", "kvbench.cli", "run", "--help"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )  # stdout is a pipe, as in `kvbench run --help | cat`
     command = next(c for p, c in leaf_commands() if p == ["run"])
     assert done.returncode == 0 and "…" not in done.stdout
     assert [name for name in option_names(command) if not whole(name, done.stdout)] == []

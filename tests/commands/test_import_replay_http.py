@@ -14,14 +14,26 @@ from kvbench.request import Message
 from kvbench.results.parquet import read_metadata
 from kvbench.workloads.tokenizer import TiktokenTokenizer
 
-SHAREGPT = [{"id": "a", "conversations": [
-    {"from": "system", "value": "You are terse. " * 12},
-    {"from": "human", "value": "What does a KV cache hold?"},
-    {"from": "gpt", "value": "Keys and values."},
-    {"from": "human", "value": "And a prefix cache?"},
-    {"from": "gpt", "value": "Those blocks, shared."}]},
-    {"id": "b", "conversations": [{"from": "system", "value": "You are terse. " * 12},
-                                  {"from": "human", "value": "Hello"}, {"from": "gpt", "value": "Hi."}]}]
+SHAREGPT = [
+    {
+        "id": "a",
+        "conversations": [
+            {"from": "system", "value": "You are terse. " * 12},
+            {"from": "human", "value": "What does a KV cache hold?"},
+            {"from": "gpt", "value": "Keys and values."},
+            {"from": "human", "value": "And a prefix cache?"},
+            {"from": "gpt", "value": "Those blocks, shared."},
+        ],
+    },
+    {
+        "id": "b",
+        "conversations": [
+            {"from": "system", "value": "You are terse. " * 12},
+            {"from": "human", "value": "Hello"},
+            {"from": "gpt", "value": "Hi."},
+        ],
+    },
+]
 SCENARIO = """
 [workload]
 kind = "one-off"
@@ -50,7 +62,9 @@ def test_the_servers_tokenizer_matches_what_it_prefills(server):
 
 
 def test_a_server_without_tokenize_is_one_clear_error(refused_port_url):
-    with pytest.raises(InputError, match=r"--tokenizer server: POST http://127.0.0.1:\d+/tokenize: .*local tokenizer"):
+    with pytest.raises(
+        InputError, match=r"--tokenizer server: POST http://127.0.0.1:\d+/tokenize: .*local tokenizer"
+    ):
         ServerTokenizer(refused_port_url, "m")
 
 
@@ -64,16 +78,47 @@ def refused_port_url():
     return f"http://127.0.0.1:{port}/v1"
 
 
-def test_an_imported_sharegpt_trace_replays_at_its_times_with_the_servers_tokenizer(kvbench, server, tmp_path):
+def test_an_imported_sharegpt_trace_replays_at_its_times_with_the_servers_tokenizer(
+    kvbench, server, tmp_path
+):
     (tmp_path / "s.json").write_text(json.dumps(SHAREGPT))
     trace, out = tmp_path / "s.jsonl", tmp_path / "r.parquet"
-    code, stdout, err = kvbench("trace", "import", "sharegpt", tmp_path / "s.json", "-o", trace,
-                                "--conversation-gap-s", "1", "--think-time-s", "2")
+    code, stdout, err = kvbench(
+        "trace",
+        "import",
+        "sharegpt",
+        tmp_path / "s.json",
+        "-o",
+        trace,
+        "--conversation-gap-s",
+        "1",
+        "--think-time-s",
+        "2",
+    )
     assert code == 0 and "imported 3 requests (2 sessions" in stdout, err
-    code, _, err = kvbench("run", trace, "--backend", "openai", "--base-url", server.url, "--tokenizer", "server",
-                           "--schedule", "trace", "--time-scale", "20", "--max-tokens", "2", "--out", out)
+    code, _, err = kvbench(
+        "run",
+        trace,
+        "--backend",
+        "openai",
+        "--base-url",
+        server.url,
+        "--tokenizer",
+        "server",
+        "--schedule",
+        "trace",
+        "--time-scale",
+        "20",
+        "--max-tokens",
+        "2",
+        "--out",
+        out,
+    )
     assert code == 0, err
-    assert "preflight cache_salt: ok" in err and "server cache block size: 16 (detected: kvbench:cache_config_info)" in err
+    assert (
+        "preflight cache_salt: ok" in err
+        and "server cache block size: 16 (detected: kvbench:cache_config_info)" in err
+    )
     assert "replay lag (sent - due) over 3 requests" in err
     rows = sorted(pq.read_table(out).to_pylist(), key=lambda row: row["due_ms"])
     assert [row["due_ms"] for row in rows] == pytest.approx([0.0, 50.0, 100.0], abs=5.0)  # 0, 1 s, 2 s at 20x
@@ -84,8 +129,9 @@ def test_an_imported_sharegpt_trace_replays_at_its_times_with_the_servers_tokeni
     assert metadata["load"]["time_scale"] == 20.0
 
 
-def test_a_scenarios_load_section_picks_the_backend_and_the_key_is_never_written(kvbench, server, tmp_path,
-                                                                               monkeypatch):
+def test_a_scenarios_load_section_picks_the_backend_and_the_key_is_never_written(
+    kvbench, server, tmp_path, monkeypatch
+):
     secret = "sk-never-written-4f1c2a"
     monkeypatch.setenv("OPENAI_API_KEY", secret)
     path, out = tmp_path / "s.toml", tmp_path / "r.parquet"

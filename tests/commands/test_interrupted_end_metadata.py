@@ -16,16 +16,28 @@ from tiny_scenarios import SHARED_PREFIX
 
 REPO = Path(__file__).resolve().parents[2]
 BLOCK_BYTES = 2 * 8 * 2 * 16 * 64 * 4  # K and V x 8 layers x 2 KV heads x 16 tokens x head dim 64 x fp32
-LONG = SHARED_PREFIX.replace("num_requests = 4", "num_requests = 400").replace("max_tokens = 3", "max_tokens = 30")
+LONG = SHARED_PREFIX.replace("num_requests = 4", "num_requests = 400").replace(
+    "max_tokens = 3", "max_tokens = 30"
+)
 
 
 def cut(args: list[str], checkpoint: Path, sig: int) -> tuple[int, str, str]:
     """Start ``kvbench ARGS``, send ``sig`` once ``checkpoint`` exists (the first checkpoint is written
     10 s into a run, so requests have finished and others are in the engine), and wait."""
-    process = subprocess.Popen([sys.executable, "-m", "kvbench.cli", *args], cwd=REPO, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
-    wait_until(checkpoint.exists, "the first checkpoint", ended=process_ended(process),
-               log=process_log(process), poll_s=0.2)  # minutes on a loaded machine
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kvbench.cli", *args],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_until(
+        checkpoint.exists,
+        "the first checkpoint",
+        ended=process_ended(process),
+        log=process_log(process),
+        poll_s=0.2,
+    )  # minutes on a loaded machine
     process.send_signal(sig)
     stdout, stderr = communicate(process)
     return process.returncode, stdout, stderr
@@ -34,8 +46,11 @@ def cut(args: list[str], checkpoint: Path, sig: int) -> tuple[int, str, str]:
 def test_sigterm_during_a_paged_verify_run_keeps_kv_memory_and_verify_counts(tmp_path):
     scenario, out = tmp_path / "long.toml", tmp_path / "term.parquet"
     scenario.write_text(LONG)
-    code, stdout, stderr = cut(["run", str(scenario), "--engine", "paged", "--verify", "--concurrency", "2",
-                                "--out", str(out)], out, signal.SIGTERM)
+    code, stdout, stderr = cut(
+        ["run", str(scenario), "--engine", "paged", "--verify", "--concurrency", "2", "--out", str(out)],
+        out,
+        signal.SIGTERM,
+    )
     assert code == 130, stderr
     rows, metadata = pq.read_table(out).to_pylist(), read_metadata(out)
     assert 0 < len(rows) < 400 and metadata["complete"] is False
@@ -43,9 +58,13 @@ def test_sigterm_during_a_paged_verify_run_keeps_kv_memory_and_verify_counts(tmp
     assert memory["engine"] == "paged" and memory["pool_bytes"] == (64 + 1) * BLOCK_BYTES  # + the null block
     assert memory["peak_running_kv_bytes"] >= 6 * BLOCK_BYTES  # a 93-token prefill holds 6 blocks
     assert memory["peak_held_kv_bytes"] >= memory["peak_running_kv_bytes"]
-    assert memory["end_held_kv_bytes"] == memory["end_cached_kv_bytes"] > 0  # the cut requests' blocks were freed
+    assert (
+        memory["end_held_kv_bytes"] == memory["end_cached_kv_bytes"] > 0
+    )  # the cut requests' blocks were freed
     logits = metadata["run"]["verify_logits"]
-    checked = [row for row in rows if row["output_matches_reference"] is not None]  # cut unchecked: not counted
+    checked = [
+        row for row in rows if row["output_matches_reference"] is not None
+    ]  # cut unchecked: not counted
     assert logits["num_compared_tokens"] == sum(row["output_tokens"] for row in checked)
     assert all(row["status"] == "ok" for row in rows if row["output_matches_reference"] is None)
     assert logits["num_mismatches"] == 0
@@ -58,8 +77,11 @@ def test_sigterm_during_a_paged_verify_run_keeps_kv_memory_and_verify_counts(tmp
 def test_ctrl_c_during_a_sweep_keeps_the_cut_sizes_kv_memory(tmp_path):
     scenario, out = tmp_path / "long.toml", tmp_path / "sweep"
     scenario.write_text(LONG)
-    code, _, stderr = cut(["sweep", str(scenario), "--cache-sizes", "64", "--engine", "paged", "--out", str(out)],
-                          out / "run-64.parquet", signal.SIGINT)
+    code, _, stderr = cut(
+        ["sweep", str(scenario), "--cache-sizes", "64", "--engine", "paged", "--out", str(out)],
+        out / "run-64.parquet",
+        signal.SIGINT,
+    )
     assert code == 130, stderr
     metadata = read_metadata(out / "run-64.parquet")
     assert metadata["complete"] is False and 0 < len(pq.read_table(out / "run-64.parquet").to_pylist()) < 400

@@ -10,9 +10,24 @@ from kvbench.results.parquet import read_metadata
 
 def test_two_rates_give_two_points_each_on_a_fresh_cache(kvbench, server, tmp_path):
     out = tmp_path / "sweep"
-    code, stdout, stderr = kvbench("sweep", "chat", "--backend", "openai", "--base-url", server.url,
-                                   "--request-rate", "4,8", "--requests", "4", "--max-tokens", "2",
-                                   "--goodput", "ttft:60000", "--out", out)
+    code, stdout, stderr = kvbench(
+        "sweep",
+        "chat",
+        "--backend",
+        "openai",
+        "--base-url",
+        server.url,
+        "--request-rate",
+        "4,8",
+        "--requests",
+        "4",
+        "--max-tokens",
+        "2",
+        "--goodput",
+        "ttft:60000",
+        "--out",
+        out,
+    )
     assert code == 0, stderr
     assert "request_rate" in stdout and "wrote 2 run files" in stdout
     summary = pq.read_table(out / "load_sweep.parquet").to_pylist()
@@ -26,14 +41,20 @@ def test_two_rates_give_two_points_each_on_a_fresh_cache(kvbench, server, tmp_pa
     assert all(row["request_goodput"] == pytest.approx(row["request_throughput"]) for row in summary)
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--concurrency", "1,2", "--request-rate", "1"], "give one of --concurrency"),
-    (["--backend", "inprocess", "--concurrency", "1,2"], "need --backend openai"),
-    (["--backend", "openai", "--concurrency", "1,zero"], "--concurrency 1,zero"),
-    (["--backend", "openai", "--request-rate", "0,2"], "must all be positive"),
-    ([], "--cache-sizes"),
-    (["--backend", "openai", "--cache-sizes", "64", "--concurrency", "1"], "--cache-sizes sweeps the in-process"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--concurrency", "1,2", "--request-rate", "1"], "give one of --concurrency"),
+        (["--backend", "inprocess", "--concurrency", "1,2"], "need --backend openai"),
+        (["--backend", "openai", "--concurrency", "1,zero"], "--concurrency 1,zero"),
+        (["--backend", "openai", "--request-rate", "0,2"], "must all be positive"),
+        ([], "--cache-sizes"),
+        (
+            ["--backend", "openai", "--cache-sizes", "64", "--concurrency", "1"],
+            "--cache-sizes sweeps the in-process",
+        ),
+    ],
+)
 def test_bad_sweep_flags_exit_2(kvbench, tmp_path, flags, message):
     code, _, stderr = kvbench("sweep", "chat", "--out", tmp_path / "s", *flags)
     assert code == 2 and message in stderr
@@ -41,9 +62,26 @@ def test_bad_sweep_flags_exit_2(kvbench, tmp_path, flags, message):
 
 def test_vllm_spellings_of_run_flags(kvbench, server, tmp_path):
     saved = tmp_path / "r.json"
-    code, _, stderr = kvbench("run", "chat", "--backend", "openai", "--base-url", server.url, "--num-prompts", "3",
-                              "--max-concurrency", "2", "--num-warmups", "1", "--max-tokens", "2",
-                              "--out", tmp_path / "r.parquet", "--save-result", saved)
+    code, _, stderr = kvbench(
+        "run",
+        "chat",
+        "--backend",
+        "openai",
+        "--base-url",
+        server.url,
+        "--num-prompts",
+        "3",
+        "--max-concurrency",
+        "2",
+        "--num-warmups",
+        "1",
+        "--max-tokens",
+        "2",
+        "--out",
+        tmp_path / "r.parquet",
+        "--save-result",
+        saved,
+    )
     assert code == 0, stderr
     result = json.loads(saved.read_text())
     assert (result["num_prompts"], result["num_warmup"], result["max_concurrency"]) == (2, 1, 2)
@@ -63,8 +101,22 @@ def test_ctrl_c_prints_the_finished_points_and_report_reads_the_sweep(kvbench, s
 
     monkeypatch.setattr(api_openai, "run_openai", second_run_interrupted)
     out = tmp_path / "sweep"
-    code, stdout, stderr = kvbench("sweep", "chat", "--backend", "openai", "--base-url", server.url,
-                                   "--concurrency", "1,2", "--requests", "3", "--max-tokens", "2", "--out", out)
+    code, stdout, stderr = kvbench(
+        "sweep",
+        "chat",
+        "--backend",
+        "openai",
+        "--base-url",
+        server.url,
+        "--concurrency",
+        "1,2",
+        "--requests",
+        "3",
+        "--max-tokens",
+        "2",
+        "--out",
+        out,
+    )
     assert code == 130, stderr
     assert "interrupted: finished runs only" in stdout and "wrote 1 run files" in stdout
     assert read_metadata(out / "load_sweep.parquet")["complete"] is False

@@ -17,18 +17,34 @@ def write_lines(path, records):
 
 def chat_like(num_requests=40):
     """Bare length lines: a request every 100 ms, long answers reserved for, shorter real ones."""
-    return [{"id": f"r{i}", "arrival_ms": 100 * i, "max_tokens": 512,
-             "expected_prompt_tokens": 600 + 97 * (i % 7), "output_tokens": 20 + 13 * (i % 11)}
-            for i in range(num_requests)]
+    return [
+        {
+            "id": f"r{i}",
+            "arrival_ms": 100 * i,
+            "max_tokens": 512,
+            "expected_prompt_tokens": 600 + 97 * (i % 7),
+            "output_tokens": 20 + 13 * (i % 11),
+        }
+        for i in range(num_requests)
+    ]
 
 
 def kvbench_trace(path, num_requests=5):
     """A real kvbench trace file (header, content hash), written by the project's trace writer;
     request 0 records its real output length."""
-    requests = [TraceRequest(f"r{i}", f"s{i}", 0, 250.0 * i, 40 + i, 300 + 10 * i,
-                             messages=(Message("user", f"question {i}"),),
-                             output_tokens=7 if i == 0 else None)
-                for i in range(num_requests)]
+    requests = [
+        TraceRequest(
+            f"r{i}",
+            f"s{i}",
+            0,
+            250.0 * i,
+            40 + i,
+            300 + 10 * i,
+            messages=(Message("user", f"question {i}"),),
+            output_tokens=7 if i == 0 else None,
+        )
+        for i in range(num_requests)
+    ]
     return write_trace(new_trace("hand-written", {}, None, "cl100k_base", "chatml", requests), path)
 
 
@@ -36,7 +52,7 @@ def row_cells(out, label):
     """The cells after the label in the table row that contains ``label``."""
     row = next(line for line in out.splitlines() if label in line)
     cells = [cell.strip() for cell in row.split("│")]
-    return cells[cells.index(next(cell for cell in cells if label in cell)) + 1:]
+    return cells[cells.index(next(cell for cell in cells if label in cell)) + 1 :]
 
 
 # -- the calculator ------------------------------------------------------------------------------------
@@ -57,9 +73,16 @@ def test_calculator_defaults_to_kvbench_model_and_takes_dtypes(kvbench):
 
 
 def test_calculator_reads_a_config_folder_and_refuses_mla(kvbench, tmp_path):
-    config = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
-              "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 1000,
-              "max_position_embeddings": 512, "torch_dtype": "bfloat16"}
+    config = {
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 128,
+        "vocab_size": 1000,
+        "max_position_embeddings": 512,
+        "torch_dtype": "bfloat16",
+    }
     (tmp_path / "config.json").write_text(json.dumps(config))
     code, out, _ = kvbench("memory", "--model", tmp_path)
     assert code == 0 and f"{2 * 2 * 2 * 16 * 2:,}" in out  # 256 B per token
@@ -69,11 +92,14 @@ def test_calculator_reads_a_config_folder_and_refuses_mla(kvbench, tmp_path):
     assert len(err.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("args, message", [
-    (("--model", "gpt-9"), "unknown model 'gpt-9'"),
-    (("--dtype", "int3"), "unknown dtype"),
-    (("--memory", "lots"), "not a byte size"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("--model", "gpt-9"), "unknown model 'gpt-9'"),
+        (("--dtype", "int3"), "unknown dtype"),
+        (("--memory", "lots"), "not a byte size"),
+    ],
+)
 def test_calculator_input_errors_are_one_line(kvbench, args, message):
     code, _, err = kvbench("memory", *args)
     assert code == 2 and message in err and "Traceback" not in err
@@ -94,8 +120,20 @@ def test_waste_prints_both_allocators_and_writes_the_plot(kvbench, tmp_path):
 
 def test_waste_on_mooncake_lines(kvbench, tmp_path, shared_data):
     trace = shared_data / "mooncake" / "conversation_trace.jsonl"
-    code, out, _ = kvbench("memory", "waste", trace, "--pool", "2GiB", "--limit", "60",
-                           "--max-model-len", "131072", "--max-tokens", "2048", "--no-plot")
+    code, out, _ = kvbench(
+        "memory",
+        "waste",
+        trace,
+        "--pool",
+        "2GiB",
+        "--limit",
+        "60",
+        "--max-model-len",
+        "131072",
+        "--max-tokens",
+        "2048",
+        "--no-plot",
+    )
     assert code == 0 and "60 requests read" in out and "plot:" not in out
 
 
@@ -108,10 +146,13 @@ def test_waste_bad_line_names_file_line_and_field(kvbench, tmp_path):
     assert f"{trace}:2: field 'max_tokens'" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("args, message", [
-    (("--pool", "2XB"), "not a byte size"),
-    (("--pool", "1KiB"), "holds no block"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("--pool", "2XB"), "not a byte size"),
+        (("--pool", "1KiB"), "holds no block"),
+    ],
+)
 def test_waste_bad_pool(kvbench, tmp_path, args, message):
     trace = write_lines(tmp_path / "chat.jsonl", chat_like(3))
     code, _, err = kvbench("memory", "waste", trace, *args, "--no-plot")
@@ -128,8 +169,9 @@ def test_waste_missing_trace(kvbench, tmp_path):
 
 def test_sharing_parallel_sampling_table(kvbench, tmp_path):
     plot = tmp_path / "sharing.png"
-    code, out, _ = kvbench("memory", "sharing", "--n", "4", "--prompt-tokens", "2008",
-                           "--max-tokens", "256", "--plot", plot)
+    code, out, _ = kvbench(
+        "memory", "sharing", "--n", "4", "--prompt-tokens", "2008", "--max-tokens", "256", "--plot", plot
+    )
     assert code == 0
     assert "125 full + 1 partial" in out
     assert row_cells(out, "copies after the first token")[:2] == ["3", "384 KiB"]
@@ -140,8 +182,9 @@ def test_sharing_parallel_sampling_table(kvbench, tmp_path):
 
 
 def test_sharing_beam_search_and_conflicting_modes(kvbench, tmp_path):
-    code, out, _ = kvbench("memory", "sharing", "--beam-width", "4", "--max-tokens", "64",
-                           "--plot", tmp_path / "beam.png")
+    code, out, _ = kvbench(
+        "memory", "sharing", "--beam-width", "4", "--max-tokens", "64", "--plot", tmp_path / "beam.png"
+    )
     assert code == 0 and "beam search" in out
     code, _, err = kvbench("memory", "sharing", "--n", "2", "--beam-width", "2", "--no-plot")
     assert code == 2 and "not both" in err
@@ -183,8 +226,10 @@ def test_reader_takes_bare_length_lines_with_or_without_output_tokens(tmp_path):
 
 
 def test_reader_takes_mooncake_lines(tmp_path):
-    lines = [{"timestamp": 0, "input_length": 1000, "output_length": 300, "hash_ids": [0, 1]},
-             {"timestamp": 27, "input_length": 600, "output_length": 5, "hash_ids": [0, 2]}]
+    lines = [
+        {"timestamp": 0, "input_length": 1000, "output_length": 300, "hash_ids": [0, 1]},
+        {"timestamp": 27, "input_length": 600, "output_length": 5, "hash_ids": [0, 2]},
+    ]
     trace = write_lines(tmp_path / "m.jsonl", lines)
     first, second = read_waste_trace(trace)
     assert (first.prompt_tokens, first.output_tokens, first.max_tokens) == (1000, 300, None)
@@ -194,12 +239,15 @@ def test_reader_takes_mooncake_lines(tmp_path):
     assert len(read_waste_trace(trace, limit=1)) == 1
 
 
-@pytest.mark.parametrize("change, field", [
-    ({"arrival_ms": "soon"}, "arrival_ms"),
-    ({"expected_prompt_tokens": 0}, "expected_prompt_tokens"),
-    ({"output_tokens": 9999}, "output_tokens"),
-    ({"max_tokens": True}, "max_tokens"),
-])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"arrival_ms": "soon"}, "arrival_ms"),
+        ({"expected_prompt_tokens": 0}, "expected_prompt_tokens"),
+        ({"output_tokens": 9999}, "output_tokens"),
+        ({"max_tokens": True}, "max_tokens"),
+    ],
+)
 def test_reader_names_the_bad_field(tmp_path, change, field):
     requests = chat_like(3)
     requests[1].update(change)

@@ -12,13 +12,18 @@ def test_a_line_every_interval_and_none_in_between():
     assert not console.is_terminal
     now = [0.0]
     seen = []
-    update = plain_progress(console, lambda rows, total: seen.append(len(rows)), every_s=30.0, clock=lambda: now[0])
+    update = plain_progress(
+        console, lambda rows, total: seen.append(len(rows)), every_s=30.0, clock=lambda: now[0]
+    )
     rows = []
     for second in range(1, 100):
         now[0] = float(second)
         rows.append({"status": "ok" if second % 10 else "error"})
         update(rows, 200)
     lines = console.file.getvalue().splitlines()
-    assert lines == ["progress: 30/200 requests, 3 failed, 0m30s", "progress: 60/200 requests, 6 failed, 1m00s",
-                     "progress: 90/200 requests, 9 failed, 1m30s"]
+    assert lines == [
+        "progress: 30/200 requests, 3 failed, 0m30s",
+        "progress: 60/200 requests, 6 failed, 1m00s",
+        "progress: 90/200 requests, 9 failed, 1m30s",
+    ]
     assert seen == list(range(1, 100))  # the live bar still gets every update

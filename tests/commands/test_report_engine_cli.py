@@ -44,20 +44,40 @@ def test_the_run_table_has_engine_memory_and_verify_rows(runs):
     paged, copy, old = runs
     [table] = summary_tables(load_results([paged, copy, old]))
     cells = {row[0]: row[1:] for row in table.rows}
-    engine, memory, logits = (read_metadata(paged)["run"][k] for k in ("engine", "kv_memory", "verify_logits"))
+    engine, memory, logits = (
+        read_metadata(paged)["run"][k] for k in ("engine", "kv_memory", "verify_logits")
+    )
     assert engine["num_pool_blocks"] == 64  # the scenario's cache_size
-    assert cells["engine"] == (f"paged: max_num_seqs {engine['max_num_seqs']:,}, max_num_batched_tokens "
-                               f"{engine['max_num_batched_tokens']:,}, 64-block pool ({mib(engine['pool_bytes'])} MiB)",
-                               "copy", "-")
+    assert cells["engine"] == (
+        f"paged: max_num_seqs {engine['max_num_seqs']:,}, max_num_batched_tokens "
+        f"{engine['max_num_batched_tokens']:,}, 64-block pool ({mib(engine['pool_bytes'])} MiB)",
+        "copy",
+        "-",
+    )
     assert cells["KV pool held, running + cached: peak / end (MiB)"] == (
-        f"{mib(memory['peak_held_kv_bytes'])} / {mib(memory['end_held_kv_bytes'])}", "-", "-")
+        f"{mib(memory['peak_held_kv_bytes'])} / {mib(memory['end_held_kv_bytes'])}",
+        "-",
+        "-",
+    )
     copy_memory = read_metadata(copy)["run"]["kv_memory"]
     assert cells["KV held: cache blocks at end + largest contiguous copy (MiB)"] == (
-        "-", f"{mib(copy_memory['end_held_kv_bytes'])} + {mib(copy_memory['peak_contiguous_kv_bytes'])}", "-")
-    assert logits["num_compared_tokens"] == 3 * 4 and logits["num_mismatches"] == 0  # 3 greedy requests x 4 tokens
+        "-",
+        f"{mib(copy_memory['end_held_kv_bytes'])} + {mib(copy_memory['peak_contiguous_kv_bytes'])}",
+        "-",
+    )
+    assert (
+        logits["num_compared_tokens"] == 3 * 4 and logits["num_mismatches"] == 0
+    )  # 3 greedy requests x 4 tokens
     assert cells[f"argmax flips near ties / mismatches (tol {logits['tie_tolerance_nats']:g} nats)"] == (
-        f"{logits['num_flips_near_ties']} / 0", "-", "-")
-    assert cells["max |logprob diff| vs cache-off (nats)"] == (f"{logits['max_abs_logprob_diff']:.2e}", "-", "-")
+        f"{logits['num_flips_near_ties']} / 0",
+        "-",
+        "-",
+    )
+    assert cells["max |logprob diff| vs cache-off (nats)"] == (
+        f"{logits['max_abs_logprob_diff']:.2e}",
+        "-",
+        "-",
+    )
 
 
 def test_report_command_and_page_show_them_in_a_browser(kvbench, runs, tmp_path):
@@ -70,4 +90,6 @@ def test_report_command_and_page_show_them_in_a_browser(kvbench, runs, tmp_path)
     assert f"<td>engine</td><td>{html.escape(f'paged: max_num_seqs {seqs:,}')}" in page
     assert "<td>copy</td><td>-</td></tr>" in page  # the copy run's engine, and the older file's missing one
     assert "max |logprob diff| vs cache-off (nats)" in page
-    assert_renders_in_chromium((tmp_path / "report" / "report.html"), tmp_path)  # a real browser renders the page
+    assert_renders_in_chromium(
+        (tmp_path / "report" / "report.html"), tmp_path
+    )  # a real browser renders the page

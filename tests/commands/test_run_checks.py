@@ -23,23 +23,30 @@ def test_a_bad_cache_size_is_refused_before_the_model_loads(kvbench, scenario, m
     assert code == 2 and "--cache-size" in err and "'abc' is not a byte size" in err
 
 
-@pytest.mark.parametrize("flags,needle", [
-    (("--max-tokens", 100_000), "100,000 exceed the model's context of 8,192 tokens"),
-    (("--block-size", 100_000), "--block-size 100000: longer than the model's context"),
-])
-def test_settings_no_request_can_meet_are_refused_up_front(kvbench, scenario, monkeypatch, tiny_loaded, tmp_path,
-                                                           flags, needle):
+@pytest.mark.parametrize(
+    "flags,needle",
+    [
+        (("--max-tokens", 100_000), "100,000 exceed the model's context of 8,192 tokens"),
+        (("--block-size", 100_000), "--block-size 100000: longer than the model's context"),
+    ],
+)
+def test_settings_no_request_can_meet_are_refused_up_front(
+    kvbench, scenario, monkeypatch, tiny_loaded, tmp_path, flags, needle
+):
     """Was: --max-tokens 100000 failed every request; --block-size 100000 ran with "1 blocks"."""
     monkeypatch.setattr("kvbench.engine.model.load_model", lambda config: tiny_loaded)
     out = tmp_path / "never.parquet"
     code, _, err = kvbench("run", scenario, *flags, "--out", out)
     # a check on the model's context comes after the threads and loading status lines: one error line, last
-    errors = [line for line in err.strip().splitlines() if not line.startswith(("threads: ", "loading the model"))]
+    errors = [
+        line for line in err.strip().splitlines() if not line.startswith(("threads: ", "loading the model"))
+    ]
     assert code == 2 and len(errors) == 1 and needle in errors[0] and not out.exists()
 
 
-def test_more_requests_than_the_source_and_a_replaced_out_are_said(kvbench, scenario, monkeypatch, tiny_loaded,
-                                                                    tmp_path):
+def test_more_requests_than_the_source_and_a_replaced_out_are_said(
+    kvbench, scenario, monkeypatch, tiny_loaded, tmp_path
+):
     monkeypatch.setattr("kvbench.engine.model.load_model", lambda config: tiny_loaded)
     out = tmp_path / "run.parquet"
     out.write_bytes(b"an older run")

@@ -35,7 +35,9 @@ def test_cache_on_hits_the_block_floored_shared_prefix(kvbench, scenario, tmp_pa
     assert all(r["output_tokens"] == 3 and len(r["itl_ms"]) == 2 for r in rows)
     assert all(0 < r["ttft_ms"] <= r["e2e_ms"] for r in rows)
     # concurrency 1: each request is sent once the previous one has finished
-    assert rows[0]["sent_ms"] >= 0 and all(b["sent_ms"] >= a["sent_ms"] + a["e2e_ms"] for a, b in zip(rows, rows[1:]))
+    assert rows[0]["sent_ms"] >= 0 and all(
+        b["sent_ms"] >= a["sent_ms"] + a["e2e_ms"] for a, b in zip(rows, rows[1:])
+    )
     assert all(r["lookup_ms"] > 0 and r["kv_load_ms"] >= 0 and r["insert_ms"] >= 0 for r in rows)
     assert {r["cache_enabled"] for r in rows} == {True} and {r["block_size"] for r in rows} == {16}
     metadata = read_metadata(out)
@@ -83,15 +85,21 @@ def test_warmup_rows_are_kept_and_marked(kvbench, scenario, tmp_path):
     assert read_metadata(out)["summary"]["num_requests"] == 3
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--cache-size", "0"], "--cache-size 0"),
-    (["--cache", "maybe"], "cache must be 'on' or 'off'"),
-    (["--requests", "0"], "--requests: 0"),
-    (["--model", "/nonexistent/checkpoint"], "/nonexistent/checkpoint"),
-    (["--device", "tpu"], "device"),
-    (["--warmup", "4"], "--warmup 4 leaves none of the 4 requests to measure"),
-    (["--backend", "openai", "--base-url", "http://127.0.0.1:9/v1"], "cannot reach the server at http://127.0.0.1:9/v1"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--cache-size", "0"], "--cache-size 0"),
+        (["--cache", "maybe"], "cache must be 'on' or 'off'"),
+        (["--requests", "0"], "--requests: 0"),
+        (["--model", "/nonexistent/checkpoint"], "/nonexistent/checkpoint"),
+        (["--device", "tpu"], "device"),
+        (["--warmup", "4"], "--warmup 4 leaves none of the 4 requests to measure"),
+        (
+            ["--backend", "openai", "--base-url", "http://127.0.0.1:9/v1"],
+            "cannot reach the server at http://127.0.0.1:9/v1",
+        ),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(kvbench, scenario, tmp_path, args, needle):
     code, _, stderr = kvbench("run", scenario, *args, "--out", tmp_path / "x.parquet")
     assert code == 2, stderr
@@ -116,14 +124,27 @@ def test_sigterm_writes_what_was_measured_and_exits_130(tmp_path):
     from pathlib import Path
 
     scenario = tmp_path / "long.toml"
-    scenario.write_text(SCENARIO.replace("num_requests = 4", "num_requests = 400").replace("max_tokens = 3",
-                                                                                          "max_tokens = 30"))
+    scenario.write_text(
+        SCENARIO.replace("num_requests = 4", "num_requests = 400").replace(
+            "max_tokens = 3", "max_tokens = 30"
+        )
+    )
     out = tmp_path / "term.parquet"
     repo = Path(__file__).resolve().parents[2]
-    process = subprocess.Popen([sys.executable, "-m", "kvbench.cli", "run", str(scenario), "--out", str(out)],
-                               cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_until(out.exists, "the first checkpoint (10 s into the run)", ended=process_ended(process),
-               log=process_log(process), poll_s=0.2)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kvbench.cli", "run", str(scenario), "--out", str(out)],
+        cwd=repo,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_until(
+        out.exists,
+        "the first checkpoint (10 s into the run)",
+        ended=process_ended(process),
+        log=process_log(process),
+        poll_s=0.2,
+    )
     process.send_signal(signal.SIGTERM)
     stdout, stderr = communicate(process)
     assert process.returncode == 130, stderr
@@ -145,7 +166,15 @@ def test_threads_and_the_machines_load_are_recorded(kvbench, scenario, tmp_path)
     assert isinstance(read_metadata(out)["warnings"], list)
     threads = read_metadata(out)["run"]["threads"]  # the choice and why (issue 25 part 1)
     assert (threads["num_threads"], threads["reason"], threads["requested"]) == (1, "--threads 1", 1)
-    assert threads["usable_cores"] >= 1 and set(threads["wait_policy"]) == {"OMP_WAIT_POLICY", "KMP_BLOCKTIME", "set_by"}
+    assert threads["usable_cores"] >= 1 and set(threads["wait_policy"]) == {
+        "OMP_WAIT_POLICY",
+        "KMP_BLOCKTIME",
+        "set_by",
+    }
     assert "threads: 1 (--threads 1; OMP_WAIT_POLICY=" in stderr
     code, _, stderr = kvbench("run", scenario, "--threads", "0", "--out", tmp_path / "zero.parquet")
-    assert code == 2 and "--threads: 0 is not a positive number of threads" in stderr and "Traceback" not in stderr
+    assert (
+        code == 2
+        and "--threads: 0 is not a positive number of threads" in stderr
+        and "Traceback" not in stderr
+    )

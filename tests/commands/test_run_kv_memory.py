@@ -44,5 +44,8 @@ def test_copy_run_reports_its_blocks_and_contiguous_copy(kvbench, scenario, tmp_
     memory = read_metadata(out)["run"]["kv_memory"]
     assert memory["engine"] == "copy" and memory["end_held_kv_bytes"] > 0
     assert memory["peak_contiguous_kv_bytes"] == (PROMPT_TOKENS + 3 - 1) * TOKEN_BYTES
-    assert memory["peak_copy_engine_kv_bytes"] == memory["end_held_kv_bytes"] + memory["peak_contiguous_kv_bytes"]
+    assert (
+        memory["peak_copy_engine_kv_bytes"]
+        == memory["end_held_kv_bytes"] + memory["peak_contiguous_kv_bytes"]
+    )
     assert "largest contiguous copy" in stdout

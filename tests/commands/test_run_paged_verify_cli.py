@@ -14,15 +14,28 @@ def test_batched_verify_reports_flips_and_mismatches(kvbench, tmp_path, mode):
     scenario = tmp_path / "tiny.toml"
     scenario.write_text(SCENARIO)
     out = tmp_path / "verify.parquet"
-    code, stdout, stderr = kvbench("run", scenario, "--engine", "paged", "--concurrency", "4", "--verify",
-                                   "--ignore-eos", *mode, "--out", out)
+    code, stdout, stderr = kvbench(
+        "run",
+        scenario,
+        "--engine",
+        "paged",
+        "--concurrency",
+        "4",
+        "--verify",
+        "--ignore-eos",
+        *mode,
+        "--out",
+        out,
+    )
     assert code == 0, stderr
     rows = pq.read_table(out).to_pylist()
     logits = read_metadata(out)["run"]["verify_logits"]
     assert logits["num_requests"] == len(rows) == 4
     assert logits["num_compared_tokens"] == sum(r["output_tokens"] for r in rows)
     assert logits["tie_tolerance_nats"] == 1e-3 and logits["max_abs_logprob_diff"] < 1e-3
-    assert logits["num_flips_near_ties"] == logits["num_mismatches"] == 0  # fp32; batch-invariant: by construction
+    assert (
+        logits["num_flips_near_ties"] == logits["num_mismatches"] == 0
+    )  # fp32; batch-invariant: by construction
     assert all(r["output_matches_reference"] is True for r in rows)
     assert "argmax flips near ties / mismatches" in stdout and "0 / 0" in stdout
 
@@ -40,8 +53,9 @@ def test_sampled_only_verify_says_nothing_was_compared(kvbench, tmp_path):
     scenario = tmp_path / "tiny.toml"
     scenario.write_text(SCENARIO)
     out = tmp_path / "sampled.parquet"
-    code, stdout, stderr = kvbench("run", scenario, "--engine", "paged", "--verify", "--temperature", "0.8",
-                                   "--out", out)
+    code, stdout, stderr = kvbench(
+        "run", scenario, "--engine", "paged", "--verify", "--temperature", "0.8", "--out", out
+    )
     assert code == 0, stderr
     logits = read_metadata(out)["run"]["verify_logits"]
     assert logits["num_compared_tokens"] == 0 and logits["num_requests"] == 0  # metadata kept as it was

@@ -19,9 +19,26 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def start_run(scenario, out, num_requests):
-    return subprocess.Popen([sys.executable, "-m", "kvbench.cli", "run", str(scenario), "--no-preflight",
-                             "--requests", str(num_requests), "--max-tokens", "8", "--out", str(out)],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kvbench.cli",
+            "run",
+            str(scenario),
+            "--no-preflight",
+            "--requests",
+            str(num_requests),
+            "--max-tokens",
+            "8",
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_a_second_run_on_a_held_out_is_refused_and_the_first_keeps_its_rows(server, tmp_path):
@@ -37,8 +54,10 @@ def test_a_second_run_on_a_held_out_is_refused_and_the_first_keeps_its_rows(serv
         _, err = second.communicate(timeout=240)
         assert first.poll() is None, "the first run ended before the second was refused: make it longer"
         assert second.returncode == 2
-        assert err[err.index("error: "):].strip() == (f"error: --out {out}: another kvbench run (process {first.pid}) is writing this "
-                               "file; give another --out or wait until it ends")
+        assert err[err.index("error: ") :].strip() == (
+            f"error: --out {out}: another kvbench run (process {first.pid}) is writing this "
+            "file; give another --out or wait until it ends"
+        )
         _, first_err = first.communicate(timeout=600)
     finally:
         first.kill()

@@ -40,8 +40,13 @@ def test_sim_writes_one_row_per_size_and_order(kvbench, tmp_path):
     assert "head-first" in stdout and "tail-first" in stdout and "ideal" in stdout
     table = pq.read_table(out).to_pylist()
     assert [(r["capacity_blocks"], r["release_order"]) for r in table] == [
-        (16, "tail-first"), (16, "head-first"), (64, "tail-first"), (64, "head-first"),
-        (512, "tail-first"), (512, "head-first")]
+        (16, "tail-first"),
+        (16, "head-first"),
+        (64, "tail-first"),
+        (64, "head-first"),
+        (512, "tail-first"),
+        (512, "head-first"),
+    ]
     for row in table:
         assert 0 <= row["token_hit_rate"] <= 1
         assert row["cached_prompt_tokens"] == round(row["token_hit_rate"] * row["prompt_tokens"])
@@ -54,7 +59,9 @@ def test_sim_writes_one_row_per_size_and_order(kvbench, tmp_path):
 def test_flags_override_the_scenario(kvbench, tmp_path):
     scenario = write(tmp_path / "small.toml", SMALL_SCENARIO)
     out = tmp_path / "sim.parquet"
-    code, _, _ = kvbench("sim", scenario, "--sizes", "32", "--block-size", "32", "--cache", "radix", "--out", out)
+    code, _, _ = kvbench(
+        "sim", scenario, "--sizes", "32", "--block-size", "32", "--cache", "radix", "--out", out
+    )
     assert code == 0
     (row,) = pq.read_table(out).to_pylist()
     assert (row["capacity_blocks"], row["block_size"], row["cache_kind"]) == (32, 32, "radix")
@@ -87,7 +94,9 @@ def test_missing_file(kvbench, tmp_path):
 def test_malformed_trace_line_names_file_line_and_field(kvbench, tmp_path):
     good = {"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}
     bad = {"timestamp": 0, "input_length": 10, "output_length": 1}
-    trace = write(tmp_path / "t.jsonl", json.dumps(good) + "\n" + json.dumps(good) + "\n" + json.dumps(bad) + "\n")
+    trace = write(
+        tmp_path / "t.jsonl", json.dumps(good) + "\n" + json.dumps(good) + "\n" + json.dumps(bad) + "\n"
+    )
     line = one_line_error(*kvbench("sim", trace)[::2])
     assert f"{trace}:3: field 'hash_ids'" in line
 
@@ -111,16 +120,19 @@ def test_bad_scenario_value_names_the_field(kvbench, tmp_path):
     assert "field 'sim.sizes'" in line
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--sizes", "64,0"], "--sizes: 0"),
-    (["--sizes", "-5"], "--sizes: -5"),
-    (["--sizes", "abc"], "--sizes: 'abc'"),
-    (["--release", "sideways"], "--release: 'sideways'"),
-    (["--requests", "0"], "--requests: 0"),
-    (["--block-size", "-16"], "--block-size: -16"),
-    (["--hash-bits", "4"], "--hash-bits: must be between 8 and 256"),  # the flag, not the field hash_bits
-    (["--cache", "radix", "--release", "head-first"], "head-first"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--sizes", "64,0"], "--sizes: 0"),
+        (["--sizes", "-5"], "--sizes: -5"),
+        (["--sizes", "abc"], "--sizes: 'abc'"),
+        (["--release", "sideways"], "--release: 'sideways'"),
+        (["--requests", "0"], "--requests: 0"),
+        (["--block-size", "-16"], "--block-size: -16"),
+        (["--hash-bits", "4"], "--hash-bits: must be between 8 and 256"),  # the flag, not the field hash_bits
+        (["--cache", "radix", "--release", "head-first"], "head-first"),
+    ],
+)
 def test_bad_flags(kvbench, tmp_path, args, needle):
     scenario = write(tmp_path / "small.toml", SMALL_SCENARIO)
     line = one_line_error(*kvbench("sim", scenario, *args)[::2])
@@ -201,10 +213,12 @@ def test_shipped_scenarios_resolve_by_bare_name(kvbench, tmp_path):
     assert find_scenario("multi_prefix_zipf") == Path(str(packaged))
     assert find_scenario("multi_prefix_zipf.toml") == Path(str(packaged))
     assert find_scenario(tmp_path / "nosuch") == tmp_path / "nosuch"
-    assert (REPO / "scenarios" / "shared_2k.toml").read_text() == \
-        (importlib.resources.files("kvbench") / "scenarios" / "shared_2k.toml").read_text()
-    code, stdout, stderr = kvbench("sim", "multi_prefix_rr", "--sizes", "64", "--requests", "50",
-                                   "--out", tmp_path / "rr.parquet")
+    assert (REPO / "scenarios" / "shared_2k.toml").read_text() == (
+        importlib.resources.files("kvbench") / "scenarios" / "shared_2k.toml"
+    ).read_text()
+    code, stdout, stderr = kvbench(
+        "sim", "multi_prefix_rr", "--sizes", "64", "--requests", "50", "--out", tmp_path / "rr.parquet"
+    )
     assert code == 0, stderr
     assert "multi_prefix_rr (50 requests" in stdout
 
@@ -234,7 +248,9 @@ def test_sim_writes_the_exact_curve_and_replay_agrees_at_every_size(kvbench, tmp
     hits = [r["hit_blocks"] for r in curve]
     assert hits == sorted(hits) and len(set(hits)) == len(hits)  # a row exactly where the count changes
     sizes = ",".join(str(r["capacity_blocks"]) for r in curve)
-    code, _, stderr = kvbench("sim", scenario, "--sizes", sizes, "--method", "replay", "--out", tmp_path / "r.parquet")
+    code, _, stderr = kvbench(
+        "sim", scenario, "--sizes", sizes, "--method", "replay", "--out", tmp_path / "r.parquet"
+    )
     assert code == 0, stderr
     replayed = pq.read_table(tmp_path / "r.parquet").to_pylist()
     assert not (tmp_path / "r.curve.parquet").exists()
@@ -245,22 +261,47 @@ def test_sim_writes_the_exact_curve_and_replay_agrees_at_every_size(kvbench, tmp
 def test_sim_head_first_in_one_pass_equals_its_replay(kvbench, tmp_path):
     """8 prefixes and 4 unique blocks per 12-block prompt: 4 blocks is a pass of its own (prompts cut
     to 4 blocks), 16, 64 and 512 share the uncut pass; head-first loses hits at 16 and 64."""
-    scenario = write(tmp_path / "small.toml", SMALL_SCENARIO.replace("unique_tokens = 10", "unique_tokens = 64")
-                     .replace("num_prefixes = 4", "num_prefixes = 8"))
+    scenario = write(
+        tmp_path / "small.toml",
+        SMALL_SCENARIO.replace("unique_tokens = 10", "unique_tokens = 64").replace(
+            "num_prefixes = 4", "num_prefixes = 8"
+        ),
+    )
     rows, errors = {}, {}
     for method in ("auto", "replay"):
         out = tmp_path / f"{method}.parquet"
-        code, _, errors[method] = kvbench("sim", scenario, "--release", "tail-first,head-first", "--sizes", "4,16,64,512",
-                                  "--method", method, "--out", out)
+        code, _, errors[method] = kvbench(
+            "sim",
+            scenario,
+            "--release",
+            "tail-first,head-first",
+            "--sizes",
+            "4,16,64,512",
+            "--method",
+            method,
+            "--out",
+            out,
+        )
         assert code == 0, errors[method]
         rows[method] = pq.read_table(out).to_pylist()
     assert "not exact" not in errors["auto"]
-    assert read_metadata(tmp_path / "auto.parquet")["methods"] == {"tail-first": "one-pass", "head-first": "one-pass"}
-    assert {r["method"] for r in rows["auto"]} == {"one-pass"} and {r["method"] for r in rows["replay"]} == {"replay"}
+    assert read_metadata(tmp_path / "auto.parquet")["methods"] == {
+        "tail-first": "one-pass",
+        "head-first": "one-pass",
+    }
+    assert {r["method"] for r in rows["auto"]} == {"one-pass"} and {r["method"] for r in rows["replay"]} == {
+        "replay"
+    }
     assert [{**r, "method": None} for r in rows["auto"]] == [{**r, "method": None} for r in rows["replay"]]
     hits = {(r["capacity_blocks"], r["release_order"]): r["hit_blocks"] for r in rows["auto"]}
-    assert hits[(4, "head-first")] == hits[(4, "tail-first")] and hits[(512, "head-first")] == hits[(512, "tail-first")]
-    assert hits[(16, "head-first")] < hits[(16, "tail-first")] and hits[(64, "head-first")] < hits[(64, "tail-first")]
+    assert (
+        hits[(4, "head-first")] == hits[(4, "tail-first")]
+        and hits[(512, "head-first")] == hits[(512, "tail-first")]
+    )
+    assert (
+        hits[(16, "head-first")] < hits[(16, "tail-first")]
+        and hits[(64, "head-first")] < hits[(64, "tail-first")]
+    )
 
 
 def test_sim_falls_back_to_the_replay_and_says_why(kvbench, tmp_path):
@@ -279,8 +320,14 @@ def test_sim_ttl_curve_matches_replays_with_that_ttl(kvbench, tmp_path):
     for start_ms, gap_ms, first_id in ((0, 2000, 100), (1000, 5000, 200), (2000, 20000, 300)):
         for turn in range(3):
             ids = [first_id, first_id + 1, first_id + 2, first_id + 10 + turn]
-            lines.append({"timestamp": start_ms + turn * gap_ms, "input_length": 4 * 512, "output_length": 1,
-                          "hash_ids": ids})
+            lines.append(
+                {
+                    "timestamp": start_ms + turn * gap_ms,
+                    "input_length": 4 * 512,
+                    "output_length": 1,
+                    "hash_ids": ids,
+                }
+            )
     lines.sort(key=lambda line: line["timestamp"])
     trace = write(tmp_path / "gaps.jsonl", "\n".join(json.dumps(line) for line in lines) + "\n")
     code, stdout, stderr = kvbench("sim", trace, "--ttl-curve", "--out", tmp_path / "t.parquet")
@@ -290,7 +337,9 @@ def test_sim_ttl_curve_matches_replays_with_that_ttl(kvbench, tmp_path):
     assert [(r["ttl_s"], r["hit_blocks"]) for r in rows] == [(2.0, 6), (5.0, 12), (20.0, 18)]
     assert (tmp_path / "t.ttl-curve.png").exists()
     for ttl, expected in ((1.9, 0), (4.0, 6), (19.0, 12), (60.0, 18)):
-        code, _, stderr = kvbench("sim", trace, "--ttl", str(ttl), "--sizes", "1000", "--out", tmp_path / "r.parquet")
+        code, _, stderr = kvbench(
+            "sim", trace, "--ttl", str(ttl), "--sizes", "1000", "--out", tmp_path / "r.parquet"
+        )
         assert code == 0, stderr
         (replayed,) = pq.read_table(tmp_path / "r.parquet").to_pylist()
         assert replayed["hit_blocks"] == expected
@@ -302,7 +351,9 @@ NO_ARRIVALS = "the trace has no arrival times: every request arrives at 0 s, so 
 def test_a_ttl_on_a_trace_without_arrival_times_warns(kvbench, tmp_path):
     scenario = write(tmp_path / "small.toml", SMALL_SCENARIO)  # a generated workload with no request rate
     code, _, stderr = kvbench("sim", scenario, "--ttl", "5", "--out", tmp_path / "ttl.parquet")
-    assert code == 0 and [line for line in stderr.splitlines() if "warning" in line] == [f"warning: {NO_ARRIVALS} (--ttl)"]
+    assert code == 0 and [line for line in stderr.splitlines() if "warning" in line] == [
+        f"warning: {NO_ARRIVALS} (--ttl)"
+    ]
     assert {r["expirations"] for r in pq.read_table(tmp_path / "ttl.parquet").to_pylist()} == {0}
     code, _, stderr = kvbench("sim", scenario, "--ttl-curve", "--out", tmp_path / "curve.parquet")
     assert code == 0 and f"warning: {NO_ARRIVALS} (--ttl-curve)" in stderr
@@ -313,5 +364,7 @@ def test_a_ttl_on_a_trace_without_arrival_times_warns(kvbench, tmp_path):
 def test_a_ttl_on_a_timed_trace_does_not_warn(kvbench, tmp_path, shared_data):
     lines = (shared_data / "mooncake" / "conversation_trace.jsonl").read_text().splitlines()[:200]
     trace = write(tmp_path / "conv.jsonl", "\n".join(lines) + "\n")
-    code, _, stderr = kvbench("sim", trace, "--ttl", "5", "--ttl-curve", "--sizes", "1000", "--out", tmp_path / "t.parquet")
+    code, _, stderr = kvbench(
+        "sim", trace, "--ttl", "5", "--ttl-curve", "--sizes", "1000", "--out", tmp_path / "t.parquet"
+    )
     assert code == 0 and "warning" not in stderr

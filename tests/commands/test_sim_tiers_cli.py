@@ -28,32 +28,65 @@ def test_a_host_tier_recovers_the_capacity_loss_and_the_rows_add_up(kvbench, tmp
     requests = load_source(SCENARIO).requests
     assert len(rows) == len(requests)
     trace = prepare_prompts(requests, 16)
-    split = tier_split(stack_distances(trace.prompts), 512, (Tier("host", 2048, 25e9),), TierPolicy.INCLUSIVE, 16,
-                       np.array([p.num_tokens for p in trace.prompts]))
+    split = tier_split(
+        stack_distances(trace.prompts),
+        512,
+        (Tier("host", 2048, 25e9),),
+        TierPolicy.INCLUSIVE,
+        16,
+        np.array([p.num_tokens for p in trace.prompts]),
+    )
     assert [r["host_hit_tokens"] for r in rows] == split.hit_tokens[1].tolist()
     assert sum(r["host_hit_tokens"] for r in rows) > 0.9 * sum(r["prompt_tokens"] for r in rows)
-    assert all(r["gpu_hit_tokens"] + r["host_hit_tokens"] + r["recomputed_tokens"] == r["prompt_tokens"] for r in rows)
+    assert all(
+        r["gpu_hit_tokens"] + r["host_hit_tokens"] + r["recomputed_tokens"] == r["prompt_tokens"]
+        for r in rows
+    )
     assert all(r["ttft_estimate_ms"] is None for r in rows)
     assert "TTFT: not estimated" in stdout and "host: 2,048 blocks (256 MiB), 25 GB/s" in stdout
 
 
 def fit_file(path, base_ms, ms_per_token):
     uncached = np.array([100, 900, 1500, 2000])
-    pq.write_table(pa.table({"prompt_tokens": uncached + 16, "cached_prompt_tokens": [16] * 4,
-                             "ttft_ms": base_ms + ms_per_token * uncached, "tpot_ms": [20.0] * 4,
-                             "status": ["ok"] * 4, "phase": ["measure"] * 4}), path)
+    pq.write_table(
+        pa.table(
+            {
+                "prompt_tokens": uncached + 16,
+                "cached_prompt_tokens": [16] * 4,
+                "ttft_ms": base_ms + ms_per_token * uncached,
+                "tpot_ms": [20.0] * 4,
+                "status": ["ok"] * 4,
+                "phase": ["measure"] * 4,
+            }
+        ),
+        path,
+    )
     return path
 
 
 def test_the_ttft_estimate_uses_the_fitted_prefill_cost_and_the_tier_bandwidth(kvbench, tmp_path):
     out = tmp_path / "rr.parquet"
     fit = fit_file(tmp_path / "run.parquet", 40.0, 0.5)
-    code, stdout, stderr = kvbench("sim", SCENARIO, "--sizes", "512", "--tier", "host:2048:8GBps:0.2ms",
-                                   "--model-shape", "llama-3.1-8b", "--fit", fit, "--out", out)
+    code, stdout, stderr = kvbench(
+        "sim",
+        SCENARIO,
+        "--sizes",
+        "512",
+        "--tier",
+        "host:2048:8GBps:0.2ms",
+        "--model-shape",
+        "llama-3.1-8b",
+        "--fit",
+        fit,
+        "--out",
+        out,
+    )
     assert code == 0, stderr
     bytes_per_token = KvLayout.of(PRESETS["llama-3.1-8b"]).bytes_per_token  # 131,072
     for row in tier_rows(out):
-        load_ms = 0.2 + row["host_hit_tokens"] * bytes_per_token / 8e9 * 1e3 if row["host_hit_tokens"] else 0.0
+        load_ms = (
+            0.2 + row["host_hit_tokens"] * bytes_per_token / 8e9 * 1e3 if row["host_hit_tokens"] else 0.0
+        )
         assert row["ttft_estimate_ms"] == pytest.approx(40.0 + 0.5 * row["recomputed_tokens"] + load_ms)
     assert "least-squares fit of ttft_ms on uncached prompt tokens" in stdout
     assert "a token loads in 16.4 us, recomputes in 500 us" in stdout
@@ -61,12 +94,18 @@ def test_the_ttft_estimate_uses_the_fitted_prefill_cost_and_the_tier_bandwidth(k
 
 def test_loading_loses_to_recomputing_below_the_break_even_hit():
     model = PrefillModel(0.0, 0.01, "flags")
-    fast, slow = TierCost(Tier("host", 1, 25e9, latency_ms=0.5), 131072), TierCost(Tier("disk", 1, 1e9), 131072)
+    fast, slow = (
+        TierCost(Tier("host", 1, 25e9, latency_ms=0.5), 131072),
+        TierCost(Tier("disk", 1, 1e9), 131072),
+    )
     assert break_even_tokens(model, fast) == pytest.approx(0.5 / (0.01 - 131072 / 25e9 * 1e3))
     assert break_even_tokens(model, slow) is None  # 0.13 ms per token to load, 0.01 to compute
-    split = TierSplit(4, (fast.tier,), TierPolicy.EXCLUSIVE, np.array([[2, 0], [0, 3]]), 16, np.array([40, 50]), "one-pass")
+    split = TierSplit(
+        4, (fast.tier,), TierPolicy.EXCLUSIVE, np.array([[2, 0], [0, 3]]), 16, np.array([40, 50]), "one-pass"
+    )
     assert estimate_ttft_ms(split, model, (fast,)).tolist() == pytest.approx(
-        [0.01 * 8, 0.01 * 2 + 0.5 + 48 * 131072 / 25e9 * 1e3])
+        [0.01 * 8, 0.01 * 2 + 0.5 + 48 * 131072 / 25e9 * 1e3]
+    )
 
 
 def test_the_swept_sizes_start_at_zero_and_end_at_the_tier():
@@ -74,13 +113,19 @@ def test_the_swept_sizes_start_at_zero_and_end_at_the_tier():
     assert sweep_sizes(0) == [0]
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--tier", "host:1GiB", "--cache-kind", "radix"], "--tier models the LRU hash cache only"),
-    (["--tier", "host:1GiB", "--ttl", "5"], "a TTL expires blocks"),
-    (["--tier", "host"], "NAME:SIZE"),
-    (["--tier", "host:1GiB", "--fit", "x.parquet", "--prefill-ms-per-token", "1"], "two sources of one model"),
-    (["--tier", "host:1GiB", "--model-shape", "no-such-model"], "no-such-model"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--tier", "host:1GiB", "--cache-kind", "radix"], "--tier models the LRU hash cache only"),
+        (["--tier", "host:1GiB", "--ttl", "5"], "a TTL expires blocks"),
+        (["--tier", "host"], "NAME:SIZE"),
+        (
+            ["--tier", "host:1GiB", "--fit", "x.parquet", "--prefill-ms-per-token", "1"],
+            "two sources of one model",
+        ),
+        (["--tier", "host:1GiB", "--model-shape", "no-such-model"], "no-such-model"),
+    ],
+)
 def test_tier_runs_the_model_does_not_cover_are_refused_in_one_line(kvbench, tmp_path, args, needle):
     code, _, stderr = kvbench("sim", SCENARIO, "--sizes", "512", *args, "--out", tmp_path / "x.parquet")
     assert code == 2 and needle in stderr and "Traceback" not in stderr

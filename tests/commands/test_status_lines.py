@@ -26,8 +26,14 @@ class PipedKvbench:
     def __init__(self, *args, every_s: float = 0.5) -> None:
         env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "KMP_BLOCKTIME")}
         env["KVBENCH_PROGRESS_EVERY_S"] = str(every_s)  # the heartbeat's interval, not 30 s
-        self.process = subprocess.Popen([sys.executable, "-m", "kvbench.cli", *map(str, args)], cwd=REPO, env=env,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "kvbench.cli", *map(str, args)],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         self.lines: queue.Queue[str] = queue.Queue()
         self.seen: list[str] = []
         threading.Thread(target=self._drain, daemon=True).start()
@@ -52,7 +58,9 @@ class PipedKvbench:
             try:
                 line = self.lines.get(timeout=1)
             except queue.Empty:
-                assert self.process.poll() is None, f"exited {self.process.returncode} before {text!r}: {self.seen}"
+                assert self.process.poll() is None, (
+                    f"exited {self.process.returncode} before {text!r}: {self.seen}"
+                )
                 continue
             self.seen.append(line)
             if text in line:
@@ -70,21 +78,38 @@ def test_run_status_lines_and_heartbeat_arrive_while_it_runs_and_survive_ctrl_c(
         assert "usable cores, load" in threads and "OMP_WAIT_POLICY=PASSIVE, set by kvbench" in threads
         run.wait_for("loading the model (the built-in random Llama, cpu) ...")
         run.wait_for("working: ")  # the heartbeat, while nothing has finished
-        assert not any(line.startswith("progress: ") for line in run.seen)  # it came before the first request ended
+        assert not any(
+            line.startswith("progress: ") for line in run.seen
+        )  # it came before the first request ended
         run.wait_for("progress: ")  # then the plain progress line takes over
     finally:
         run.stop()
     assert run.process.returncode == 130
     metadata = read_metadata(out)
     assert metadata["complete"] is False and metadata["run"]["threads"]["requested"] is None
-    assert metadata["run"]["threads"]["wait_policy"] == {"OMP_WAIT_POLICY": "PASSIVE", "KMP_BLOCKTIME": "0",
-                                                         "set_by": "kvbench"}
+    assert metadata["run"]["threads"]["wait_policy"] == {
+        "OMP_WAIT_POLICY": "PASSIVE",
+        "KMP_BLOCKTIME": "0",
+        "set_by": "kvbench",
+    }
 
 
 def test_break_beats_while_it_runs_and_records_its_threads(tmp_path):
     out = tmp_path / "ts.parquet"
-    piped = PipedKvbench("break", "timestamp", "--requests", 3, "--system-tokens", 32, "--question-tokens", 16,
-                         "--max-tokens", 1, "--out", out)
+    piped = PipedKvbench(
+        "break",
+        "timestamp",
+        "--requests",
+        3,
+        "--system-tokens",
+        32,
+        "--question-tokens",
+        16,
+        "--max-tokens",
+        1,
+        "--out",
+        out,
+    )
     try:
         assert "usable cores, load" in piped.wait_for("threads: ")
         piped.wait_for("loading the model")

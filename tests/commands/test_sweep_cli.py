@@ -41,7 +41,9 @@ def test_sweep_writes_runs_summary_and_fit(kvbench, tmp_path):
         assert [r["cached_prompt_tokens"] for r in rows] == [r["expected_cached_tokens"] for r in rows]
     assert summary.fit is not None and summary.fit.num_points == 2
     memory = read_metadata(summary.points[0].results_path)["run"]["kv_memory"]  # as kvbench run writes it
-    assert memory["engine"] == "copy" and memory["peak_contiguous_kv_bytes"] == (80 + 2 - 1) * 2 * 8 * 2 * 64 * 4
+    assert (
+        memory["engine"] == "copy" and memory["peak_contiguous_kv_bytes"] == (80 + 2 - 1) * 2 * 8 * 2 * 64 * 4
+    )
     assert "TTFT p50 =" in stdout
 
 

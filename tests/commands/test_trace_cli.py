@@ -10,8 +10,18 @@ REPO = Path(__file__).resolve().parents[2]
 
 SMALL_ARGS = {
     "shared-prefix": ["--num-requests", "12", "--system-tokens", "300", "--question-tokens", "30"],
-    "multi-prefix": ["--num-prefixes", "3", "--prefix-tokens", "100", "--unique-tokens", "20", "--num-requests", "20",
-                     "--popularity", "rr"],
+    "multi-prefix": [
+        "--num-prefixes",
+        "3",
+        "--prefix-tokens",
+        "100",
+        "--unique-tokens",
+        "20",
+        "--num-requests",
+        "20",
+        "--popularity",
+        "rr",
+    ],
     "chat": ["--num-conversations", "4", "--turns", "uniform:2,4", "--system-tokens", "80"],
     "agent": ["--num-agents", "3", "--steps", "3", "--system-tokens", "500", "--observation-tokens", "60"],
     "one-off": ["--num-requests", "8", "--prompt-tokens", "50"],
@@ -63,8 +73,17 @@ def test_same_seed_gives_identical_files_from_the_cli(kvbench, tmp_path):
 @pytest.mark.parametrize("where, first", [("start", True), ("end", False)])
 def test_volatile_header_flags(kvbench, tmp_path, where, first):
     out = tmp_path / "v.jsonl"
-    code, _, stderr = kvbench("trace", "gen", "shared-prefix", *SMALL_ARGS["shared-prefix"], "--volatile-header",
-                              "--volatile-header-at", where, "-o", out)
+    code, _, stderr = kvbench(
+        "trace",
+        "gen",
+        "shared-prefix",
+        *SMALL_ARGS["shared-prefix"],
+        "--volatile-header",
+        "--volatile-header-at",
+        where,
+        "-o",
+        out,
+    )
     assert code == 0, stderr
     system = json.loads(out.read_text().splitlines()[2])["messages"][0]["content"]
     lines = system.splitlines()
@@ -73,8 +92,10 @@ def test_volatile_header_flags(kvbench, tmp_path, where, first):
 
 def test_mooncake_conversion(kvbench, tmp_path):
     source = tmp_path / "mooncake.jsonl"
-    source.write_text('{"timestamp": 0, "input_length": 600, "output_length": 4, "hash_ids": [1, 2]}\n'
-                      '{"timestamp": 7, "input_length": 1024, "output_length": 4, "hash_ids": [1, 3]}\n')
+    source.write_text(
+        '{"timestamp": 0, "input_length": 600, "output_length": 4, "hash_ids": [1, 2]}\n'
+        '{"timestamp": 7, "input_length": 1024, "output_length": 4, "hash_ids": [1, 3]}\n'
+    )
     out = tmp_path / "text.jsonl"
     code, stdout, stderr = kvbench("trace", "gen", "mooncake", source, "-o", out)
     assert code == 0, stderr
@@ -88,27 +109,34 @@ def test_mooncake_conversion(kvbench, tmp_path):
 def test_sim_replays_a_generated_trace(kvbench, tmp_path):
     out = tmp_path / "agent.jsonl"
     assert kvbench("trace", "gen", "agent", *SMALL_ARGS["agent"], "-o", out)[0] == 0
-    code, stdout, stderr = kvbench("sim", out, "--sizes", "64,4096", "--workers", "1", "--out", tmp_path / "sim.parquet")
+    code, stdout, stderr = kvbench(
+        "sim", out, "--sizes", "64,4096", "--workers", "1", "--out", tmp_path / "sim.parquet"
+    )
     assert code == 0, stderr
     assert "token hit" in stdout and "block size 16" in stdout
 
 
 @pytest.mark.parametrize("scenario", ["shared_2k", "chat", "agent"])
 def test_sim_runs_the_text_scenarios(kvbench, tmp_path, scenario):
-    code, stdout, stderr = kvbench("sim", REPO / "scenarios" / f"{scenario}.toml", "--sizes", "4096",
-                                   "--out", tmp_path / "sim.parquet")
+    code, stdout, stderr = kvbench(
+        "sim", REPO / "scenarios" / f"{scenario}.toml", "--sizes", "4096", "--out", tmp_path / "sim.parquet"
+    )
     assert code == 0, stderr
     assert f"kvbench sim: {scenario}" in stdout
 
 
 def test_bad_options_and_files_exit_2_with_one_line(kvbench, tmp_path):
-    code, _, stderr = kvbench("trace", "gen", "shared-prefix", "--question-tokens", "3", "-o", tmp_path / "x.jsonl")
+    code, _, stderr = kvbench(
+        "trace", "gen", "shared-prefix", "--question-tokens", "3", "-o", tmp_path / "x.jsonl"
+    )
     assert code == 2 and "--question-tokens must" in stderr
     code, _, stderr = kvbench("trace", "gen", "chat", "--turns", "poisson:3", "-o", tmp_path / "x.jsonl")
     assert code == 2 and "unknown distribution 'poisson'" in stderr
     code, _, stderr = kvbench("trace", "stats", tmp_path / "missing.jsonl")
     assert code == 2 and "no such file" in stderr
-    code, _, stderr = kvbench("trace", "gen", "mooncake", tmp_path / "missing.jsonl", "-o", tmp_path / "x.jsonl")
+    code, _, stderr = kvbench(
+        "trace", "gen", "mooncake", tmp_path / "missing.jsonl", "-o", tmp_path / "x.jsonl"
+    )
     assert code == 2 and "no such file" in stderr
 
 
@@ -150,24 +178,29 @@ def test_scenarios_can_replay_a_trace_file_or_convert_mooncake(kvbench, tmp_path
     trace = tmp_path / "traces" / "chat.jsonl"
     assert kvbench("trace", "gen", "chat", *SMALL_ARGS["chat"], "-o", trace)[0] == 0
     source = tmp_path / "mooncake.jsonl"
-    source.write_text('{"timestamp": 0, "input_length": 600, "output_length": 4, "hash_ids": [1, 2]}\n'
-                      '{"timestamp": 7, "input_length": 1024, "output_length": 4, "hash_ids": [1, 3]}\n')
+    source.write_text(
+        '{"timestamp": 0, "input_length": 600, "output_length": 4, "hash_ids": [1, 2]}\n'
+        '{"timestamp": 7, "input_length": 1024, "output_length": 4, "hash_ids": [1, 3]}\n'
+    )
     scenarios = {
         "replay.toml": '[workload]\nkind = "trace"\npath = "traces/chat.jsonl"\n',
         "text.toml": '[workload]\nkind = "mooncake-text"\npath = "mooncake.jsonl"\n',
     }
     for name, text in scenarios.items():
         (tmp_path / name).write_text(text)
-        code, stdout, stderr = kvbench("sim", tmp_path / name, "--sizes", "64", "--workers", "1",
-                                       "--out", tmp_path / "s.parquet")
+        code, stdout, stderr = kvbench(
+            "sim", tmp_path / name, "--sizes", "64", "--workers", "1", "--out", tmp_path / "s.parquet"
+        )
         assert code == 0, stderr
     assert "block size 512" in stdout and f"{512 / 1624:.4f}" in stdout  # mooncake-text defaults to 512
 
 
 def test_trace_import_writes_a_trace_that_reads_back_and_names_bad_rows(kvbench, tmp_path):
     source = tmp_path / "b.csv"
-    source.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
-                      "1.0,ChatGPT,50,5,55,API log\n2.5,ChatGPT,x,5,5,API log\n4.0,ChatGPT,70,7,77,API log\n")
+    source.write_text(
+        "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+        "1.0,ChatGPT,50,5,55,API log\n2.5,ChatGPT,x,5,5,API log\n4.0,ChatGPT,70,7,77,API log\n"
+    )
     out = tmp_path / "t.jsonl"
     code, _, err = kvbench("trace", "import", "burstgpt", source, "-o", out)
     assert code == 2 and f"{source}:3: field 'Request tokens'" in err and "Traceback" not in err

@@ -29,10 +29,16 @@ sizes = [16]
 
 
 def test_counts_and_articles():
-    assert [counted(1, "request"), counted(2_000, "request"), counted(1, "size")] == ["1 request", "2,000 requests",
-                                                                                       "1 size"]
+    assert [counted(1, "request"), counted(2_000, "request"), counted(1, "size")] == [
+        "1 request",
+        "2,000 requests",
+        "1 size",
+    ]
     assert [with_article("anthropic"), with_article("openai"), with_article("google")] == [
-        "an anthropic", "an openai", "a google"]
+        "an anthropic",
+        "an openai",
+        "a google",
+    ]
 
 
 def test_a_ratio_of_values_shown_as_zero_is_not_shown():
@@ -41,15 +47,20 @@ def test_a_ratio_of_values_shown_as_zero_is_not_shown():
 
 
 def test_a_server_that_stopped_answering_metrics_is_not_a_server_without_counters():
-    assert metrics_scope(["text"], [None])[1] == "the server did not answer /metrics after the run (it stopped answering)"
+    assert (
+        metrics_scope(["text"], [None])[1]
+        == "the server did not answer /metrics after the run (it stopped answering)"
+    )
     assert metrics_scope(["a", "b"], ["a", "b"]) == ([0, 1], None)
 
 
 def test_an_unknown_scenario_lists_the_shipped_ones(kvbench):
     code, _, err = kvbench("sim", "no_such_scenario")
     assert code == 2
-    assert err.strip() == ("error: no_such_scenario: no such file or shipped scenario (shipped: "
-                           f"{', '.join(shipped_scenarios())})")
+    assert err.strip() == (
+        "error: no_such_scenario: no such file or shipped scenario (shipped: "
+        f"{', '.join(shipped_scenarios())})"
+    )
     assert "shared_2k" in shipped_scenarios()
 
 
@@ -84,8 +95,17 @@ def test_bill_says_an_anthropic_model(kvbench):
 def test_a_duration_cut_run_does_not_say_all_requests_ran_and_errors_start_at_once(kvbench, server, tmp_path):
     scenario = tmp_path / "s.toml"
     scenario.write_text(SCENARIO.format(url=server.url).replace("num_requests = 2", "num_requests = 3"))
-    code, stdout, err = kvbench("run", scenario, "--requests", 50, "--duration", "0.01", "--no-preflight",
-                                "--out", tmp_path / "r.parquet")
+    code, stdout, err = kvbench(
+        "run",
+        scenario,
+        "--requests",
+        50,
+        "--duration",
+        "0.01",
+        "--no-preflight",
+        "--out",
+        tmp_path / "r.parquet",
+    )
     assert code == 0, err
     assert "--requests 50: the source has only 3 requests; 1 of them were run before sending stopped" in err
     assert "wrote 1 row to" in stdout

@@ -52,9 +52,16 @@ def code_blocks(lang: str) -> list[CodeBlock]:
         text = path.read_text(encoding="utf-8")
         for match in FENCE.finditer(text):
             if match["lang"] == lang:
-                skip = SKIP.search(text[:match.start()][-300:])
-                blocks.append(CodeBlock(path.relative_to(REPO).as_posix(), text.count("\n", 0, match.start()) + 1,
-                                        lang, match["body"], skip["reason"] if skip else None))
+                skip = SKIP.search(text[: match.start()][-300:])
+                blocks.append(
+                    CodeBlock(
+                        path.relative_to(REPO).as_posix(),
+                        text.count("\n", 0, match.start()) + 1,
+                        lang,
+                        match["body"],
+                        skip["reason"] if skip else None,
+                    )
+                )
     return blocks
 
 

@@ -22,8 +22,13 @@ def walk() -> list:
     for block in code_blocks("bash"):
         for number, line in enumerate(commands(block)):
             if block.skip_reason is not None:
-                params.append(pytest.param(line, id=f"{block.where}#{number}", marks=pytest.mark.skip(
-                    reason=f"{block.where}: {block.skip_reason}")))
+                params.append(
+                    pytest.param(
+                        line,
+                        id=f"{block.where}#{number}",
+                        marks=pytest.mark.skip(reason=f"{block.where}: {block.skip_reason}"),
+                    )
+                )
             elif line not in seen:
                 seen.add(line)
                 params.append(pytest.param(line, id=f"{block.where}#{number}"))
@@ -34,7 +39,9 @@ def walk() -> list:
 def clone(tmp_path_factory) -> Path:
     """A fresh clone of this checkout's HEAD (committed files only), as a newcomer gets it."""
     path = tmp_path_factory.mktemp("docs-walk") / "kvbench"
-    subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(REPO), str(path)], check=True, timeout=300)
+    subprocess.run(
+        ["git", "clone", "--quiet", "--no-hardlinks", str(REPO), str(path)], check=True, timeout=300
+    )
     return path
 
 
@@ -48,6 +55,9 @@ def test_the_walk_has_commands_and_every_skip_gives_a_reason():
 def test_the_documented_command_runs_in_a_fresh_clone(clone, line):
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     env.pop("PYTHONPATH", None)
-    done = subprocess.run(["bash", "-c", line], cwd=clone, env=env, capture_output=True, text=True,
-                          timeout=COMMAND_TIMEOUT_S)
-    assert done.returncode == 0, f"{line}\nexit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+    done = subprocess.run(
+        ["bash", "-c", line], cwd=clone, env=env, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S
+    )
+    assert done.returncode == 0, (
+        f"{line}\nexit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+    )

@@ -19,7 +19,13 @@ from kvbench.results.sweep import SWEEP_SCHEMA
 from site_paths import code_spans, page_text
 
 DOCUMENTED = code_spans(page_text("results-reference.md"))
-NESTED = ("run", "reconciliation", "live_turns", "server_cache", "machine_load")  # metadata values whose keys count
+NESTED = (
+    "run",
+    "reconciliation",
+    "live_turns",
+    "server_cache",
+    "machine_load",
+)  # metadata values whose keys count
 RUN_NESTED = ("cache", "load", "trace", "kv_memory", "engine")
 
 
@@ -27,8 +33,11 @@ def undocumented(names) -> list[str]:
     return sorted(set(names) - DOCUMENTED)
 
 
-@pytest.mark.parametrize("schema", [RUN_SCHEMA, SAMPLED_ROW_SCHEMA, SWEEP_SCHEMA, LOAD_SWEEP_SCHEMA, PEER_SCHEMA],
-                         ids=["run", "sim", "sweep", "load_sweep", "peer"])
+@pytest.mark.parametrize(
+    "schema",
+    [RUN_SCHEMA, SAMPLED_ROW_SCHEMA, SWEEP_SCHEMA, LOAD_SWEEP_SCHEMA, PEER_SCHEMA],
+    ids=["run", "sim", "sweep", "load_sweep", "peer"],
+)
 def test_every_schema_column_is_documented(schema):
     assert undocumented(schema.names) == []
 
@@ -41,10 +50,24 @@ def rows() -> list[dict]:
     made = []
     for index, ttft in enumerate((120.0, 80.0, 60.0)):
         row = empty_row()
-        row.update(request_index=index, request_id=f"r{index}", phase="measure", status="ok", prompt_tokens=100,
-                   cached_prompt_tokens=64 * index, expected_cached_tokens=64 * index, local_prompt_tokens=100,
-                   output_tokens=4, ttft_ms=ttft, tpot_ms=10.0, e2e_ms=ttft + 30, itl_ms=[10.0] * 3,
-                   sent_ms=index * 200.0, end_ms=index * 200.0 + ttft + 30, queue_ms=0.0)
+        row.update(
+            request_index=index,
+            request_id=f"r{index}",
+            phase="measure",
+            status="ok",
+            prompt_tokens=100,
+            cached_prompt_tokens=64 * index,
+            expected_cached_tokens=64 * index,
+            local_prompt_tokens=100,
+            output_tokens=4,
+            ttft_ms=ttft,
+            tpot_ms=10.0,
+            e2e_ms=ttft + 30,
+            itl_ms=[10.0] * 3,
+            sent_ms=index * 200.0,
+            end_ms=index * 200.0 + ttft + 30,
+            queue_ms=0.0,
+        )
         made.append(row)
     return made
 
@@ -58,7 +81,11 @@ def test_every_summary_json_and_csv_key_is_documented():
 
 def metadata(path) -> dict:
     raw = pq.read_schema(path).metadata
-    return {k.decode().removeprefix("kvbench."): json.loads(v) for k, v in raw.items() if k.startswith(b"kvbench.")}
+    return {
+        k.decode().removeprefix("kvbench."): json.loads(v)
+        for k, v in raw.items()
+        if k.startswith(b"kvbench.")
+    }
 
 
 def documented_keys_of(path) -> list[str]:
@@ -86,7 +113,21 @@ def test_sim_and_route_files_are_documented(kvbench, tmp_path):
 def test_in_process_and_http_run_files_are_documented(kvbench, server, tmp_path):
     local, http = tmp_path / "local.parquet", tmp_path / "http.parquet"
     assert kvbench("run", "chat", "--requests", "2", "--max-tokens", "2", "--out", local)[0] == 0
-    code, _, err = kvbench("run", "chat", "--backend", "openai", "--base-url", server.url, "--requests", "3",
-                           "--max-tokens", "2", "--turns", "live", "--out", http)
+    code, _, err = kvbench(
+        "run",
+        "chat",
+        "--backend",
+        "openai",
+        "--base-url",
+        server.url,
+        "--requests",
+        "3",
+        "--max-tokens",
+        "2",
+        "--turns",
+        "live",
+        "--out",
+        http,
+    )
     assert code == 0, err
     assert documented_keys_of(local) == [] and documented_keys_of(http) == []

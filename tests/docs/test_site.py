@@ -23,8 +23,13 @@ def nav_pages(entries) -> set[str]:
 
 
 def test_mkdocs_build_strict_passes(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "site" / "results-reference" / "index.html").exists()
     assert not (tmp_path / "site" / "_incoming").exists()
@@ -66,6 +71,10 @@ def test_the_architecture_page_names_every_folder_and_module():
     text = page_text("architecture.md")
     spans = code_spans(text)
     package = REPO / "kvbench"
-    folders = {p.relative_to(REPO).as_posix() + "/" for p in package.rglob("*") if p.is_dir() and p.name != "__pycache__"}
+    folders = {
+        p.relative_to(REPO).as_posix() + "/"
+        for p in package.rglob("*")
+        if p.is_dir() and p.name != "__pycache__"
+    }
     modules = {p.stem for p in package.rglob("*.py") if p.name != "__init__.py"}
     assert sorted(folders - spans) == [] and sorted(modules - spans) == []

@@ -5,8 +5,13 @@ import pytest
 import torch
 
 from kvbench.cache.base import CacheConfig
-from kvbench.engine.cpu_kernels import (SMALL_BATCH_MIN_WEIGHT_BYTES, SMALL_BATCH_ROWS, SmallBatchLinear,
-                                        keep_freed_memory, onednn_linear_available)
+from kvbench.engine.cpu_kernels import (
+    SMALL_BATCH_MIN_WEIGHT_BYTES,
+    SMALL_BATCH_ROWS,
+    SmallBatchLinear,
+    keep_freed_memory,
+    onednn_linear_available,
+)
 from kvbench.engine.native import native_kernels, native_kernels_reason
 from kvbench.engine.model import CL100K_VOCAB_SIZE, default_llama_config, random_model
 from kvbench.engine.paged.config import PagedConfig
@@ -18,8 +23,17 @@ pytestmark = pytest.mark.skipif(not onednn_linear_available(), reason="this torc
 
 def _wide():
     """Two small layers under the default model's full cl100k head: 100,277 x 64 fp32 = 25.7 MB."""
-    return random_model(default_llama_config(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                             num_attention_heads=2, head_dim=32, max_position_embeddings=512), seed=3)
+    return random_model(
+        default_llama_config(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            head_dim=32,
+            max_position_embeddings=512,
+        ),
+        seed=3,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +64,17 @@ def test_the_default_sized_head_becomes_a_small_batch_linear_and_keeps_its_weigh
 
 def test_a_small_head_stays_a_plain_linear(monkeypatch):
     monkeypatch.setenv("KVBENCH_NATIVE_KERNELS", "0")
-    small = random_model(default_llama_config(vocab_size=1000, hidden_size=64, intermediate_size=128,
-                                              num_hidden_layers=1, num_attention_heads=2, head_dim=32), seed=1)
+    small = random_model(
+        default_llama_config(
+            vocab_size=1000,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            head_dim=32,
+        ),
+        seed=1,
+    )
     assert type(small.model.get_output_embeddings()) is torch.nn.Linear
 
 
@@ -101,7 +124,9 @@ def test_grouped_heads_read_in_place_give_the_repeated_heads_bits(monkeypatch, n
     query = torch.randn(1, 8, num_query, 64, generator=generator)
     key, value = (torch.randn(1, 2, num_context, 64, generator=generator) for _ in range(2))
     mask = causal_mask(num_query, num_context, torch.device("cpu"))
-    module = SimpleNamespace(num_key_value_groups=4, is_causal=True)  # the default model's 8 query / 2 KV heads
+    module = SimpleNamespace(
+        num_key_value_groups=4, is_causal=True
+    )  # the default model's 8 query / 2 KV heads
     outputs = {}
     for setting in ("0", "1"):
         monkeypatch.setenv("TRANSFORMERS_SDPA_FORCE_GQA", setting)
@@ -116,11 +141,16 @@ def test_an_additive_mask_gives_the_bool_mask_s_bits(num_query, num_context):
     generator = torch.Generator().manual_seed(num_context)
     query = torch.randn(1, 8, num_query, 64, generator=generator)
     key, value = (torch.randn(1, 2, num_context, 64, generator=generator) for _ in range(2))
-    masks = [causal_mask(num_query, num_context, torch.device("cpu"), additive) for additive in (None, torch.float32)]
+    masks = [
+        causal_mask(num_query, num_context, torch.device("cpu"), additive)
+        for additive in (None, torch.float32)
+    ]
     assert masks[0].dtype == torch.bool and masks[1].dtype == torch.float32
     assert torch.equal(masks[1] == 0, masks[0]) and masks[1].min() == float("-inf")
-    outputs = [torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=m, enable_gqa=True)
-               for m in masks]
+    outputs = [
+        torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=m, enable_gqa=True)
+        for m in masks
+    ]
     assert torch.equal(*outputs)
 
 

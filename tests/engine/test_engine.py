@@ -13,8 +13,15 @@ import torch
 from kvbench.cache.block_hash import HashConfig
 from kvbench.cache.base import CacheConfig
 from kvbench.engine.engine import CopyConfig, HFEngine
-from kvbench.engine.kv import (blocks_to_kv, cache_to_kv, capacity_blocks_for_bytes, forward_argument_names,
-                               kv_to_blocks, kv_to_cache, storage_bytes)
+from kvbench.engine.kv import (
+    blocks_to_kv,
+    cache_to_kv,
+    capacity_blocks_for_bytes,
+    forward_argument_names,
+    kv_to_blocks,
+    kv_to_cache,
+    storage_bytes,
+)
 from kvbench.engine.sampling import SamplingParams
 from kvbench.engine.model import load_model
 from kvbench.errors import InputError
@@ -41,8 +48,9 @@ def shared_prefix_prompts(num_shared=70, suffixes=(13, 40, 25, 58), vocab_size=1
 
 def engine_with_cache(loaded, capacity_blocks=256, **config) -> HFEngine:
     cache_fields = {k: config.pop(k) for k in ("kind", "block_size", "hash", "ttl_s") if k in config}
-    cache = CacheConfig(capacity_blocks=capacity_blocks, block_size=cache_fields.pop("block_size", BLOCK),
-                        **cache_fields)
+    cache = CacheConfig(
+        capacity_blocks=capacity_blocks, block_size=cache_fields.pop("block_size", BLOCK), **cache_fields
+    )
     return HFEngine(loaded, CopyConfig(cache=cache, **config))
 
 
@@ -245,12 +253,15 @@ def test_ideal_prefill_matches_the_cached_path(loaded):
     assert past[0][0].shape[2] == 48  # the ready-made past is not consumed: it can be reused
 
 
-@pytest.mark.parametrize("prompt, max_tokens, problem", [
-    ([], 4, "empty prompt"),
-    ([5, 100_277], 4, "vocabulary"),
-    ([-1, 5], 4, "vocabulary"),
-    ([7] * 8190, 8, "exceeds the model's context of 8192 tokens"),
-])
+@pytest.mark.parametrize(
+    "prompt, max_tokens, problem",
+    [
+        ([], 4, "empty prompt"),
+        ([5, 100_277], 4, "vocabulary"),
+        ([-1, 5], 4, "vocabulary"),
+        ([7] * 8190, 8, "exceeds the model's context of 8192 tokens"),
+    ],
+)
 def test_bad_requests_get_an_error_status(default, prompt, max_tokens, problem):
     engine = engine_with_cache(default)
     result = engine.generate(prompt, SamplingParams(max_tokens=max_tokens))

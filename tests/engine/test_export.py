@@ -16,9 +16,19 @@ from kvbench.engine.cpu_kernels import use_few_row_linears
 from kvbench.engine.export import export_model as engine_export_model
 from kvbench.engine.hf_tokenizer import HFTokenizer
 from kvbench.engine.tokenizer_export import (
-    CHATML_TEMPLATE, ExportCheckError, check_cl100k_tokenizer, cl100k_special_tokens, oniguruma_pattern,
+    CHATML_TEMPLATE,
+    ExportCheckError,
+    check_cl100k_tokenizer,
+    cl100k_special_tokens,
+    oniguruma_pattern,
 )
-from kvbench.engine.model import CL100K_VOCAB_SIZE, ModelConfig, default_llama_config, load_model, random_model
+from kvbench.engine.model import (
+    CL100K_VOCAB_SIZE,
+    ModelConfig,
+    default_llama_config,
+    load_model,
+    random_model,
+)
 from kvbench.engine.one_query import use_cpu_attention
 from kvbench.errors import InputError
 from kvbench.workloads.generators import SharedPrefixConfig
@@ -26,13 +36,20 @@ from kvbench.workloads.conversations import ChatConfig
 from kvbench.workloads.tokenizer import TiktokenTokenizer
 from kvbench.workloads.kinds import generate_trace
 
+
 def export_model(out_dir, loaded, overwrite=False):
     """What ``kvbench model export`` does: the engine's export, checked against kvbench's cl100k."""
     return engine_export_model(out_dir, loaded, overwrite, reference=TiktokenTokenizer())
 
 
-SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=16)
+SMALL = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+)
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +69,13 @@ def logits(model, token_ids):
 
 
 def test_export_writes_a_complete_checkpoint(exported):
-    assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
-            "tokenizer_config.json"} <= set(exported.files)
+    assert {
+        "config.json",
+        "model.safetensors",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    } <= set(exported.files)
     assert exported.num_checked_texts > 0
     generation = json.loads((exported.path / "generation_config.json").read_text())
     assert generation["eos_token_id"] == [100257, 100265]
@@ -63,7 +85,9 @@ def test_reload_with_transformers_gives_the_same_logits(exported, small_model):
     reloaded = AutoModelForCausalLM.from_pretrained(exported.path, local_files_only=True).eval()
     use_few_row_linears(reloaded)  # the kernels kvbench's loaded model runs (engine/cpu_kernels.py)
     use_cpu_attention(reloaded)
-    ids = TiktokenTokenizer().render_prompt("The same weights give the same logits, token for token.").tolist()
+    ids = (
+        TiktokenTokenizer().render_prompt("The same weights give the same logits, token for token.").tolist()
+    )
     assert torch.equal(logits(reloaded, ids), logits(small_model.model, ids))
     assert reloaded.lm_head.weight.data_ptr() == reloaded.model.embed_tokens.weight.data_ptr()  # still tied
 
@@ -80,8 +104,10 @@ def test_kvbench_loads_the_export_with_its_tokenizer(exported, small_model):
 def test_tokenizer_ids_match_tiktoken_and_chatml_on_generated_traces(exported):
     """Every request of a shared-prefix and a chat trace renders to kvbench's ids through the template."""
     reference, hf = TiktokenTokenizer(), HFTokenizer(exported.path)
-    traces = (generate_trace("shared-prefix", SharedPrefixConfig(num_requests=3, system_tokens=300), reference),
-              generate_trace("chat", ChatConfig(num_conversations=2, system_tokens=200), reference))
+    traces = (
+        generate_trace("shared-prefix", SharedPrefixConfig(num_requests=3, system_tokens=300), reference),
+        generate_trace("chat", ChatConfig(num_conversations=2, system_tokens=200), reference),
+    )
     for trace in traces:
         for request in trace.requests:
             assert hf.render(request).tolist() == reference.render(request).tolist()

@@ -37,8 +37,10 @@ def test_b06_round_two_hits_12_tokens_and_the_simulator_agrees(loaded, kind):
     assert len(second_prompt) == 17 and first.output_tokens == 5
     assert first.num_inserted_blocks == 3  # (8 + 5 - 1) // 4: prompt blocks 0-1 and one output block
     assert second.cached_prompt_tokens == 12
-    requests = [Request(i, f"r{i}", "chat", i, np.asarray(ids, dtype=np.uint32), max_tokens=5)
-                for i, ids in enumerate((prompt, second_prompt))]
+    requests = [
+        Request(i, f"r{i}", "chat", i, np.asarray(ids, dtype=np.uint32), max_tokens=5)
+        for i, ids in enumerate((prompt, second_prompt))
+    ]
     config = on.config.cache
     assert expected_cached_tokens(requests, config, record_outputs([first, second])) == [0, 12]
     on.cache.check_invariants()
@@ -54,9 +56,14 @@ def test_prompt_only_keeps_the_old_behaviour(loaded):
     prompt_only = engine(loaded, prompt_only=True)
     first, second_prompt, second = two_rounds(prompt_only, list(range(10, 18)), [30, 31, 32, 33])
     assert first.num_inserted_blocks == 2 and second.cached_prompt_tokens == 8
-    requests = [Request(i, f"r{i}", "chat", i, np.asarray(ids, dtype=np.uint32), max_tokens=5)
-                for i, ids in enumerate((list(range(10, 18)), second_prompt))]
-    assert expected_cached_tokens(requests, prompt_only.config.cache, record_outputs([first, second])) == [0, 8]
+    requests = [
+        Request(i, f"r{i}", "chat", i, np.asarray(ids, dtype=np.uint32), max_tokens=5)
+        for i, ids in enumerate((list(range(10, 18)), second_prompt))
+    ]
+    assert expected_cached_tokens(requests, prompt_only.config.cache, record_outputs([first, second])) == [
+        0,
+        8,
+    ]
 
 
 def test_generated_blocks_cost_capacity_as_the_prediction_says(loaded):
@@ -67,8 +74,10 @@ def test_generated_blocks_cost_capacity_as_the_prediction_says(loaded):
     rng = np.random.default_rng(3)
     p, q = rng.integers(3, 1000, 12).tolist(), rng.integers(3, 1000, 8).tolist()
     prompts = [p, q, p + [5]]
-    requests = [Request(i, f"r{i}", f"s{i}", 0, np.asarray(ids, dtype=np.uint32), max_tokens=5)
-                for i, ids in enumerate(prompts)]
+    requests = [
+        Request(i, f"r{i}", f"s{i}", 0, np.asarray(ids, dtype=np.uint32), max_tokens=5)
+        for i, ids in enumerate(prompts)
+    ]
     for prompt_only, hits in ((False, 8), (True, 12)):
         config = CacheConfig(capacity_blocks=5, block_size=B, prompt_only=prompt_only)
         on = HFEngine(loaded, CopyConfig(cache=config))

@@ -17,8 +17,16 @@ from kvbench.engine.model import (
 )
 from kvbench.errors import InputError
 
-TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512)
+TINY = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=512,
+)
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +48,9 @@ def checkpoint(tmp_path_factory):
     words = ["[UNK]", "<s>", "</s>", "user", "assistant", ":", "hello", "prefix", "cache", "world"]
     backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", bos_token="<s>",
-                                        eos_token="</s>")
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="[UNK]", bos_token="<s>", eos_token="</s>"
+    )
     tokenizer.chat_template = "{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} {% endfor %}"
     tokenizer.save_pretrained(path)
     return path
@@ -140,8 +149,13 @@ def test_bad_checkpoint_paths_are_one_clear_line(tmp_path, checkpoint, problem):
             (path / "config.json").write_bytes((checkpoint / "config.json").read_bytes())
         if problem == "no-tokenizer":
             (path / "model.safetensors").write_bytes((checkpoint / "model.safetensors").read_bytes())
-    expected = {"missing": "no such directory", "file": "no config.json", "no-config": "no config.json",
-                "no-weights": "cannot load the model", "no-tokenizer": "tokenizer"}[problem]
+    expected = {
+        "missing": "no such directory",
+        "file": "no config.json",
+        "no-config": "no config.json",
+        "no-weights": "cannot load the model",
+        "no-tokenizer": "tokenizer",
+    }[problem]
     with pytest.raises(InputError, match=expected) as error:
         load_model(ModelConfig(path=path))
     assert "\n" not in str(error.value)

@@ -13,7 +13,9 @@ from kvbench.engine.native import build, load, native_kernels, native_kernels_re
 from kvbench.engine.model import default_llama_config, random_model
 from kvbench.memory.layout import DType
 
-needs_kernel = pytest.mark.skipif(native_kernels() is None, reason=f"no few-row kernel here: {native_kernels_reason()}")
+needs_kernel = pytest.mark.skipif(
+    native_kernels() is None, reason=f"no few-row kernel here: {native_kernels_reason()}"
+)
 
 
 @pytest.fixture
@@ -27,27 +29,34 @@ def rebuilt(monkeypatch, tmp_path):
 
 def _inputs(num_rows, out_features, in_features, seed):
     generator = torch.Generator().manual_seed(seed)
-    return (torch.randn(num_rows, in_features, generator=generator),
-            torch.randn(out_features, in_features, generator=generator),
-            torch.randn(out_features, generator=generator))
+    return (
+        torch.randn(num_rows, in_features, generator=generator),
+        torch.randn(out_features, in_features, generator=generator),
+        torch.randn(out_features, generator=generator),
+    )
 
 
 @needs_kernel
 @pytest.mark.parametrize("num_rows", [1, 2, 3, 4, 5, 7, 8, 13, 48])
-@pytest.mark.parametrize("out_features, in_features", [(1, 1), (3, 15), (4, 16), (13, 17), (100, 512), (1031, 96)])
+@pytest.mark.parametrize(
+    "out_features, in_features", [(1, 1), (3, 15), (4, 16), (13, 17), (100, 512), (1031, 96)]
+)
 def test_values_are_torch_s_linear_for_every_shape_and_tail(num_rows, out_features, in_features):
     x, weight, bias = _inputs(num_rows, out_features, in_features, seed=num_rows * 1000 + out_features)
     kernel = native_kernels()
-    torch.testing.assert_close(kernel.linear(x, weight), x @ weight.T, rtol=1e-5, atol=1e-5 * in_features ** 0.5)
-    torch.testing.assert_close(kernel.linear(x, weight, bias), x @ weight.T + bias, rtol=1e-5,
-                               atol=1e-5 * in_features ** 0.5)
+    torch.testing.assert_close(
+        kernel.linear(x, weight), x @ weight.T, rtol=1e-5, atol=1e-5 * in_features**0.5
+    )
+    torch.testing.assert_close(
+        kernel.linear(x, weight, bias), x @ weight.T + bias, rtol=1e-5, atol=1e-5 * in_features**0.5
+    )
 
 
 @needs_kernel
 def test_a_row_s_result_does_not_depend_on_the_rows_or_threads_beside_it():
     x, weight, _ = _inputs(37, 1030, 200, seed=5)
     kernel = native_kernels()
-    alone = torch.cat([kernel.linear(x[i:i + 1], weight) for i in range(37)])
+    alone = torch.cat([kernel.linear(x[i : i + 1], weight) for i in range(37)])
     before = torch.get_num_threads()
     try:
         for threads in (1, 2, 3):
@@ -64,7 +73,9 @@ def test_leading_dimensions_are_kept_and_a_strided_input_is_read_right():
     kernel = native_kernels()
     assert kernel.linear(x.reshape(2, 3, 24), weight).shape == (2, 3, 40)
     strided = torch.randn(24, 6).T  # not contiguous
-    torch.testing.assert_close(kernel.linear(strided, weight, bias), strided @ weight.T + bias, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(
+        kernel.linear(strided, weight, bias), strided @ weight.T + bias, rtol=1e-5, atol=1e-4
+    )
 
 
 @needs_kernel
@@ -93,12 +104,25 @@ def test_a_foreign_library_in_the_cache_falls_back_then_is_replaced(rebuilt, tmp
     foreign = tmp_path / "foreign.c"
     foreign.write_text("int unrelated(void) { return 0; }\n")
     native.subprocess.run([*native.compiler(), "-shared", "-fPIC", str(foreign), "-o", str(path)], check=True)
-    probe = ("from kvbench.engine.native import native_kernels, native_kernels_reason; "
-             "print(native_kernels() is not None, native_kernels_reason())")
-    runs = [native.subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
-                                  env={**os.environ, "KVBENCH_CACHE_DIR": str(rebuilt)}) for _ in range(2)]
+    probe = (
+        "from kvbench.engine.native import native_kernels, native_kernels_reason; "
+        "print(native_kernels() is not None, native_kernels_reason())"
+    )
+    runs = [
+        native.subprocess.run(
+            [sys.executable, "-c", probe],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "KVBENCH_CACHE_DIR": str(rebuilt)},
+        )
+        for _ in range(2)
+    ]
     assert [run.returncode for run in runs] == [0, 0]
-    assert runs[0].stdout.startswith(("True built for ", "False not built: ")) and "undefined symbol" not in runs[1].stdout
+    assert (
+        runs[0].stdout.startswith(("True built for ", "False not built: "))
+        and "undefined symbol" not in runs[1].stdout
+    )
     assert runs[1].stdout.startswith("True built for ")
 
 
@@ -119,13 +143,20 @@ def test_the_avx2_path_computes_the_same_values(tmp_path):  # the linear and the
         x, weight, bias = _inputs(num_rows, out_features, in_features, seed=in_features)
         torch.testing.assert_close(kernel.linear(x, weight, bias), x @ weight.T + bias, rtol=1e-5, atol=1e-4)
     generator = torch.Generator().manual_seed(1)
-    query, keys, values = torch.randn(2, 4, 20, generator=generator), *torch.randn(2, 2, 6, 8, 20, generator=generator)
-    tables, lengths = torch.tensor([[3, 1, 0], [5, 4, 2]], dtype=torch.int32), torch.tensor([19, 9], dtype=torch.int32)
+    query, keys, values = (
+        torch.randn(2, 4, 20, generator=generator),
+        *torch.randn(2, 2, 6, 8, 20, generator=generator),
+    )
+    tables, lengths = (
+        torch.tensor([[3, 1, 0], [5, 4, 2]], dtype=torch.int32),
+        torch.tensor([19, 9], dtype=torch.int32),
+    )
     got = kernel.paged_decode(query, keys, values, tables, lengths, 0.2)  # (2, 4, 20)
     for i, length in enumerate(lengths.tolist()):
         k, v = (t[:, tables[i].long()].flatten(1, 2)[:, :length] for t in (keys, values))  # (kv_heads, kv, d)
-        ref = torch.nn.functional.scaled_dot_product_attention(query[i][:, None], k.repeat_interleave(2, 0),
-                                                               v.repeat_interleave(2, 0), scale=0.2)[:, 0]
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            query[i][:, None], k.repeat_interleave(2, 0), v.repeat_interleave(2, 0), scale=0.2
+        )[:, 0]
         torch.testing.assert_close(got[i], ref, rtol=1e-5, atol=1e-5)
 
 
@@ -137,15 +168,21 @@ def test_a_first_build_lands_in_the_cache_folder_and_the_second_process_reuses_i
     built_at = kernel.library.stat().st_mtime_ns
     native._built.cache_clear()
     assert native_kernels().library == kernel.library and kernel.library.stat().st_mtime_ns == built_at
-    assert [p.name for p in (rebuilt / "kernels").iterdir()] == [kernel.library.name]  # no scratch left behind
+    assert [p.name for p in (rebuilt / "kernels").iterdir()] == [
+        kernel.library.name
+    ]  # no scratch left behind
 
 
 def test_a_failing_compiler_leaves_torch_s_linears_with_the_reason(rebuilt, monkeypatch):
     monkeypatch.setenv("CXX", shutil.which("false") or "/bin/false")
     assert native_kernels() is None
     assert native_kernels_reason().startswith("not built: false failed")
-    model = random_model(default_llama_config(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                                              num_attention_heads=2, head_dim=32), seed=1)
+    model = random_model(
+        default_llama_config(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2, head_dim=32
+        ),
+        seed=1,
+    )
     assert type(model.model.get_output_embeddings()) is SmallBatchLinear  # the oneDNN fallback for the head
     assert not any(isinstance(m, FewRowLinear) for m in model.model.modules())
 
@@ -159,8 +196,12 @@ def test_a_missing_compiler_and_the_switch_say_why(rebuilt, monkeypatch):
 
 @needs_kernel
 def test_every_linear_of_a_model_uses_it_with_its_weights_ties_and_keys_and_one_row_keeps_its_bits():
-    loaded = random_model(default_llama_config(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                               num_attention_heads=2, head_dim=32), seed=3)
+    loaded = random_model(
+        default_llama_config(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, head_dim=32
+        ),
+        seed=3,
+    )
     model = loaded.model
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     assert len(linears) == 2 * 7 + 1 and all(type(m) is FewRowLinear for m in linears)
@@ -191,15 +232,21 @@ def test_autograd_gets_torch_s_linear():
 
 
 def test_a_random_model_leaves_the_caller_s_config_alone():
-    config = default_llama_config(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
-                                  head_dim=32)
+    config = default_llama_config(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2, head_dim=32
+    )
     before = config._attn_implementation
     random_model(config, seed=1)
     assert config._attn_implementation == before
 
 
 def test_a_bf16_model_is_left_to_torch():
-    loaded = random_model(default_llama_config(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                                               num_attention_heads=2, head_dim=32), seed=1, dtype=DType.BF16)
+    loaded = random_model(
+        default_llama_config(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2, head_dim=32
+        ),
+        seed=1,
+        dtype=DType.BF16,
+    )
     assert use_few_row_linears(loaded.model) == 0
     assert not any(isinstance(m, FewRowLinear) for m in loaded.model.modules())

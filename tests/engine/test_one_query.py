@@ -7,10 +7,17 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from kvbench.engine.model import default_llama_config, random_model
 from kvbench.engine.native import native_kernels, native_kernels_reason
-from kvbench.engine.one_query import ATTENTION_NAME, cpu_attention_forward, one_query_attention, use_cpu_attention
+from kvbench.engine.one_query import (
+    ATTENTION_NAME,
+    cpu_attention_forward,
+    one_query_attention,
+    use_cpu_attention,
+)
 from kvbench.memory.layout import DType
 
-pytestmark = pytest.mark.skipif(native_kernels() is None, reason=f"no native kernels here: {native_kernels_reason()}")
+pytestmark = pytest.mark.skipif(
+    native_kernels() is None, reason=f"no native kernels here: {native_kernels_reason()}"
+)
 
 HEADS, KV_HEADS, HEAD_DIM = 8, 2, 64  # the default model's
 
@@ -29,8 +36,8 @@ def _qkv(num_query, num_context, seed):
 @pytest.mark.parametrize("num_context", [1, 15, 16, 17, 300, 2050])
 def test_one_query_equals_sdpa(num_context):
     query, key, value = _qkv(1, num_context, seed=num_context)
-    got, _ = cpu_attention_forward(Module(), query, key, value, None, scaling=HEAD_DIM ** -0.5)
-    expected, _ = sdpa_attention_forward(Module(), query, key, value, None, scaling=HEAD_DIM ** -0.5)
+    got, _ = cpu_attention_forward(Module(), query, key, value, None, scaling=HEAD_DIM**-0.5)
+    expected, _ = sdpa_attention_forward(Module(), query, key, value, None, scaling=HEAD_DIM**-0.5)
     assert got.shape == expected.shape == (1, 1, HEADS, HEAD_DIM)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
 
@@ -69,15 +76,18 @@ def test_scattered_blocks_and_one_contiguous_cache_give_the_same_bits():
     positions = torch.arange(num_context)
     pool_keys[:, table[positions // block_size], positions % block_size] = key[0]
     pool_values[:, table[positions // block_size], positions % block_size] = value[0]
-    paged = one_query_attention(query[0, :, 0], pool_keys, pool_values, table, num_context, 0.125)  # (heads, d)
+    paged = one_query_attention(
+        query[0, :, 0], pool_keys, pool_values, table, num_context, 0.125
+    )  # (heads, d)
     copy, _ = cpu_attention_forward(Module(), query, key, value, None, scaling=0.125)  # (1, 1, heads, d)
     assert torch.equal(paged, copy[0, 0])
 
 
 def test_a_cpu_fp32_model_switches_and_others_stay(monkeypatch):
     def config():  # a fresh one each time: the model's attention setting lives in its config
-        return default_llama_config(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
-                                    head_dim=32)
+        return default_llama_config(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2, head_dim=32
+        )
 
     assert random_model(config(), seed=1).model.config._attn_implementation == ATTENTION_NAME
     assert random_model(config(), seed=1, dtype=DType.BF16).model.config._attn_implementation == "sdpa"

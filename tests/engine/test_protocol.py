@@ -17,7 +17,9 @@ from kvbench.request import Request, Status
 GREEDY = SamplingParams(max_tokens=4, ignore_eos=True)
 CACHE = CacheConfig(capacity_blocks=64, block_size=16)
 
-CPU_DECODE_KERNEL = "kvbench-cpu" if native_kernels() is not None else "sdpa-gathered"  # engine/paged/kernels.py
+CPU_DECODE_KERNEL = (
+    "kvbench-cpu" if native_kernels() is not None else "sdpa-gathered"
+)  # engine/paged/kernels.py
 
 
 def prompt(start: int, num_tokens: int = 40) -> list[int]:
@@ -41,11 +43,18 @@ def test_describe_gives_the_run_engine_metadata(loaded):
     assert make_engine(loaded, EngineConfig(cache=CACHE)).describe() == {"kind": "copy"}
     paged = make_engine(loaded, EngineConfig(EngineKind.PAGED, pool=CACHE, max_num_seqs=4))
     bytes_per_block = loaded.kv_layout(16).bytes_per_block
-    assert paged.describe() == {"kind": "paged", "max_num_seqs": 4, "max_num_batched_tokens": 8192,
-                                "batch_invariant": False, "num_pool_blocks": 64,
-                                "pool_bytes": (64 + 1) * bytes_per_block, "host_tier_blocks": 0,
-                                "host_tier_bytes": 0, "attention_kernel": CPU_DECODE_KERNEL,
-                                "attention_kernel_reason": paged.describe()["attention_kernel_reason"]}
+    assert paged.describe() == {
+        "kind": "paged",
+        "max_num_seqs": 4,
+        "max_num_batched_tokens": 8192,
+        "batch_invariant": False,
+        "num_pool_blocks": 64,
+        "pool_bytes": (64 + 1) * bytes_per_block,
+        "host_tier_blocks": 0,
+        "host_tier_bytes": 0,
+        "attention_kernel": CPU_DECODE_KERNEL,
+        "attention_kernel_reason": paged.describe()["attention_kernel_reason"],
+    }
     assert paged.describe()["attention_kernel_reason"]  # why the kernel was chosen, in words
     assert paged.cache_config is None and paged.reset_prefix_cache() is False  # prefix caching off
 
@@ -56,7 +65,9 @@ def test_memory_gives_the_run_kv_memory_of_either_engine(loaded):
         record = engine.submit(prompt(0), GREEDY).result(timeout=120)
         memory = engine.memory([(Request(0, "r0", "s0", 0, np.asarray(prompt(0), dtype=np.uint32)), record)])
         assert memory["engine"] == kind.value
-        assert memory["end_held_kv_bytes"] == 2 * loaded.kv_layout(16).bytes_per_block  # 43 tokens: 2 full blocks
+        assert (
+            memory["end_held_kv_bytes"] == 2 * loaded.kv_layout(16).bytes_per_block
+        )  # 43 tokens: 2 full blocks
 
 
 def test_the_copy_engine_runs_submitted_requests_one_at_a_time_in_order(loaded):
@@ -69,6 +80,7 @@ def test_the_copy_engine_runs_submitted_requests_one_at_a_time_in_order(loaded):
         def seen(token_id):
             running.append(engine.num_sequences())
             order.append(index)
+
         return seen
 
     futures = [engine.submit(prompt(100 * i), GREEDY, on_token=on_token(i)) for i in range(3)]
@@ -90,7 +102,9 @@ def test_abort_cancels_a_queued_request_and_stops_a_running_one_at_its_next_toke
         tokens.append(token_id)
         engine.abort(holder["running"])  # the client leaves after the first token
 
-    holder["running"] = engine.submit(prompt(0), SamplingParams(max_tokens=8, ignore_eos=True), on_token=stop_self)
+    holder["running"] = engine.submit(
+        prompt(0), SamplingParams(max_tokens=8, ignore_eos=True), on_token=stop_self
+    )
     queued = engine.submit(prompt(500), GREEDY, on_start=lambda: started.append("queued"))
     assert engine.abort(queued) is None
     after = engine.submit(prompt(900), GREEDY).result(timeout=120)
@@ -162,11 +176,15 @@ def test_cancelling_a_backend_request_aborts_it_in_the_engine_on_either_engine(l
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        return await backend.serve(replace(request, token_ids=np.asarray(prompt(500), dtype=np.uint32), max_tokens=4))
+        return await backend.serve(
+            replace(request, token_ids=np.asarray(prompt(500), dtype=np.uint32), max_tokens=4)
+        )
 
     after = asyncio.run(cut_after_the_first_token())
     engine.wait_idle(60)
-    assert after.status is Status.OK and after.queue_ms < 1_000  # the cut request did not run on to 200 tokens
+    assert (
+        after.status is Status.OK and after.queue_ms < 1_000
+    )  # the cut request did not run on to 200 tokens
     num_held_blocks = engine.memory([])["end_held_kv_bytes"] // loaded.kv_layout(16).bytes_per_block
     # run to the end, the cut request alone would leave (40 + 200 - 1) // 16 = 14 blocks cached; the copy
     # engine caches nothing of a stopped request, the paged one keeps the blocks it had computed

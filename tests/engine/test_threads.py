@@ -23,7 +23,9 @@ def test_a_non_positive_thread_count_is_one_clear_error(bad):
             pass
 
 
-@pytest.mark.parametrize("command", [["serve"], ["sweep", "scenarios/multi_prefix_zipf.toml", "--cache-sizes", "64"]])
+@pytest.mark.parametrize(
+    "command", [["serve"], ["sweep", "scenarios/multi_prefix_zipf.toml", "--cache-sizes", "64"]]
+)
 def test_serve_and_sweep_refuse_zero_threads_before_any_work(kvbench, command):
     code, _, stderr = kvbench(*command, "--threads", "0")
     assert code == 2 and "Traceback" not in stderr

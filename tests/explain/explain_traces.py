@@ -2,11 +2,13 @@
 
 import numpy as np
 
-STABLE = ("You are the support assistant of a storage company. Answer in plain words, cite the manual, "
-          "never guess, and keep every answer short. The manual covers quotas, snapshots, replication, "
-          "billing, retention and access control. When a question is about billing, send the user to the "
-          "billing portal. When a question is about access control, explain roles before permissions. "
-          "Snapshots are read only. Replication is asynchronous across regions and synchronous inside one.\n")
+STABLE = (
+    "You are the support assistant of a storage company. Answer in plain words, cite the manual, "
+    "never guess, and keep every answer short. The manual covers quotas, snapshots, replication, "
+    "billing, retention and access control. When a question is about billing, send the user to the "
+    "billing portal. When a question is about access control, explain roles before permissions. "
+    "Snapshots are read only. Replication is asynchronous across regions and synchronous inside one.\n"
+)
 
 
 def first_difference(a, b) -> int:

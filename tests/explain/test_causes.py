@@ -28,13 +28,17 @@ def kinds(item):
     return [cause.kind for cause in item.causes]
 
 
-def test_a_timestamp_at_the_top_is_volatile_at_its_offset_and_moving_it_down_brings_the_hits_back(chat, tokenizer):
+def test_a_timestamp_at_the_top_is_volatile_at_its_offset_and_moving_it_down_brings_the_hits_back(
+    chat, tokenizer
+):
     def trace(top):
         requests = []
         for i in range(3):
             stamp = f"Current time: 2025-01-01 10:00:{i:02d}\n"
             system = stamp + STABLE if top else STABLE + stamp
-            requests.append(chat(i, [("system", system), ("user", f"Question number {'one two three'.split()[i]}?")]))
+            requests.append(
+                chat(i, [("system", system), ("user", f"Question number {'one two three'.split()[i]}?")])
+            )
         return requests
 
     top = trace(top=True)
@@ -51,17 +55,22 @@ def test_a_timestamp_at_the_top_is_volatile_at_its_offset_and_moving_it_down_bri
 
 
 def test_a_round_robin_over_8_prompts_in_a_small_cache_is_evicted(chat, tokenizer):
-    prompts = [chat(i, [("system", f"Tenant {chr(65 + i)}. " + STABLE), ("user", "Hello?")]) for i in range(8)]
-    requests = prompts + [Request(8 + i, f"r{8 + i}", f"t{i}", 0, p.token_ids, max_tokens=4, messages=p.messages)
-                          for i, p in enumerate(prompts)]
+    prompts = [
+        chat(i, [("system", f"Tenant {chr(65 + i)}. " + STABLE), ("user", "Hello?")]) for i in range(8)
+    ]
+    requests = prompts + [
+        Request(8 + i, f"r{8 + i}", f"t{i}", 0, p.token_ids, max_tokens=4, messages=p.messages)
+        for i, p in enumerate(prompts)
+    ]
     explained = explain(requests, tokenizer, capacity=40)  # 8 prompts need ~64 blocks
     second_round = explained.requests[8:]
     assert all(item.hit_tokens == 0 for item in second_round)
     cause = next(c for c in second_round[0].causes if c.kind == "evicted (capacity)")
     assert cause.offset_tokens == 0 and cause.tokens == (second_round[0].request.num_tokens - 1) // B * B
     assert "last used by r0 (8 requests" in cause.detail and "capacity 40 blocks" in cause.detail
-    assert explained.waterfall.tokens["capacity"] == sum(c.tokens for i in second_round for c in i.causes
-                                                         if c.kind == "evicted (capacity)")
+    assert explained.waterfall.tokens["capacity"] == sum(
+        c.tokens for i in second_round for c in i.causes if c.kind == "evicted (capacity)"
+    )
     assert explain(requests, tokenizer).waterfall.tokens["capacity"] == 0  # room for everything: no loss
 
 
@@ -77,17 +86,26 @@ def test_idle_past_the_ttl_is_expired(chat, tokenizer):
 
 def test_two_salts_share_nothing(chat, tokenizer):
     pairs = [("system", STABLE), ("user", "Hello?")]
-    requests = [chat(0, pairs, salt="tenant-a"), chat(1, pairs, salt="tenant-b"), chat(2, pairs, salt="tenant-a")]
+    requests = [
+        chat(0, pairs, salt="tenant-a"),
+        chat(1, pairs, salt="tenant-b"),
+        chat(2, pairs, salt="tenant-a"),
+    ]
     explained = explain(requests, tokenizer)
     other, same = explained.requests[1], explained.requests[2]
     assert other.hit_tokens == 0 and kinds(other)[-1] == "different salt"
-    assert other.causes[-1].tokens == (other.request.num_tokens - 1) // B * B and "'tenant-a'" in other.causes[-1].detail
+    assert (
+        other.causes[-1].tokens == (other.request.num_tokens - 1) // B * B
+        and "'tenant-a'" in other.causes[-1].detail
+    )
     assert same.hit_tokens == (same.request.num_tokens - 1) // B * B
 
 
 def test_tool_call_json_with_keys_in_another_order(chat, tokenizer):
     call = {"name": "search_manual", "arguments": {"query": "snapshot retention", "limit": 5}}
-    reordered = json.dumps({"arguments": {"limit": 5, "query": "snapshot retention"}, "name": "search_manual"})
+    reordered = json.dumps(
+        {"arguments": {"limit": 5, "query": "snapshot retention"}, "name": "search_manual"}
+    )
     history = [("system", STABLE), ("user", "How long are snapshots kept?")]
     first = chat(0, history + [("assistant", json.dumps(call)), ("user", "And replicas?")], session="c")
     second = chat(1, history + [("assistant", reordered), ("user", "And replicas?")], session="d")
@@ -100,8 +118,14 @@ def test_tool_call_json_with_keys_in_another_order(chat, tokenizer):
 def test_reasoning_stripped_from_history(chat, tokenizer):
     history = [("system", STABLE), ("user", "Which color is the logo?")]
     reply = "The logo is blue, as the brand guide says."
-    first = chat(0, history + [("assistant", "<think>The brand guide lists blue and white; the logo uses blue."
-                                             "</think>" + reply), ("user", "Thanks. And the font?")])
+    first = chat(
+        0,
+        history
+        + [
+            ("assistant", "<think>The brand guide lists blue and white; the logo uses blue.</think>" + reply),
+            ("user", "Thanks. And the font?"),
+        ],
+    )
     second = chat(1, history + [("assistant", reply), ("user", "Thanks. And the font?")])
     item = explain([first, second], tokenizer).requests[1]
     assert item.causes[0].kind == "reasoning stripped"
@@ -111,18 +135,25 @@ def test_reasoning_stripped_from_history(chat, tokenizer):
 
 def test_a_reply_that_re_tokenizes_differently(tokenizer):
     reply = "Blue is the colour of the logo"
-    generated = tokenizer.encode(STABLE) + [t for ch in reply for t in tokenizer.encode(ch)]  # one id per char
+    generated = tokenizer.encode(STABLE) + [
+        t for ch in reply for t in tokenizer.encode(ch)
+    ]  # one id per char
     resent = tokenizer.encode(STABLE) + tokenizer.encode(reply + "\nAnd the font?")
-    requests = [Request(i, f"r{i}", "s", i, np.asarray(ids, dtype=np.uint32), max_tokens=2)
-                for i, ids in enumerate((generated, resent))]
+    requests = [
+        Request(i, f"r{i}", "s", i, np.asarray(ids, dtype=np.uint32), max_tokens=2)
+        for i, ids in enumerate((generated, resent))
+    ]
     item = explain(requests, tokenizer).requests[1]
-    assert item.causes[0].kind == "re-tokenized" and item.causes[0].offset_tokens == len(tokenizer.encode(STABLE))
+    assert item.causes[0].kind == "re-tokenized" and item.causes[0].offset_tokens == len(
+        tokenizer.encode(STABLE)
+    )
 
 
 def test_the_same_messages_rendered_with_another_template(chat, tokenizer):
     pairs = [("system", STABLE), ("user", "Where is the billing portal?")]
-    other_template = (list(tokenizer.render_messages(chat(0, pairs[:1]).messages[:1])[:-3])
-                      + tokenizer.encode("### User:\nWhere is the billing portal?\n### Assistant:\n"))
+    other_template = list(tokenizer.render_messages(chat(0, pairs[:1]).messages[:1])[:-3]) + tokenizer.encode(
+        "### User:\nWhere is the billing portal?\n### Assistant:\n"
+    )
     requests = [chat(0, pairs), chat(1, pairs, token_ids=other_template)]
     item = explain(requests, tokenizer).requests[1]
     assert item.causes[0].kind == "text re-rendered"
@@ -143,8 +174,12 @@ def test_a_prompt_below_the_provider_minimum(tokenizer):
 
 def test_block_floor_and_last_token(tokenizer):
     ids = np.asarray(tokenizer.encode(STABLE * 3), dtype=np.uint32)[:48]
-    requests = [Request(0, "r0", "s0", 0, ids[:40], max_tokens=1), Request(1, "r1", "s1", 0, ids[:40], max_tokens=1),
-                Request(2, "r2", "s2", 0, ids, max_tokens=1), Request(3, "r3", "s3", 0, ids, max_tokens=1)]
+    requests = [
+        Request(0, "r0", "s0", 0, ids[:40], max_tokens=1),
+        Request(1, "r1", "s1", 0, ids[:40], max_tokens=1),
+        Request(2, "r2", "s2", 0, ids, max_tokens=1),
+        Request(3, "r3", "s3", 0, ids, max_tokens=1),
+    ]
     explained = explain(requests, tokenizer)
     floor, capped = explained.requests[1], explained.requests[3]
     assert floor.bars.tokens["block_floor"] == 8 and floor.hit_tokens == 32  # 40 shared: 2 blocks + 8

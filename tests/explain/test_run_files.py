@@ -52,29 +52,65 @@ def test_the_run_files_of_an_engine_sweep_explain_and_report(kvbench, tmp_path):
     code, stdout, err = kvbench("explain", out / "run-20.parquet", "--format", "json")
     hit = next(row for row in json.loads(stdout)["waterfall"] if row["step"] == "hit")
     assert first["setting"]["cache_size"] <= 20 and abs(hit["share"] - first["hit_rate_after"]) < 0.01
-    code, _, err = kvbench("report", out / "run-5.parquet", out / "run-20.parquet", "--explain", "--out", tmp_path / "r")
+    code, _, err = kvbench(
+        "report", out / "run-5.parquet", out / "run-20.parquet", "--explain", "--out", tmp_path / "r"
+    )
     assert code == 0, err
     page = (tmp_path / "r" / "report.html").read_text(encoding="utf-8")
     assert "explain: run-5: what to change" in page and "explain: run-20: waterfall" in page
     code, _, err = kvbench("explain", out / "sweep.parquet")
-    one_line_error(code, err, "a sweep summary", "explain one of its run files", "run-5.parquet", "run-20.parquet")
+    one_line_error(
+        code, err, "a sweep summary", "explain one of its run files", "run-5.parquet", "run-20.parquet"
+    )
 
 
 def test_a_break_file_says_what_explain_needs(kvbench, tmp_path):
     out = tmp_path / "ts.parquet"
-    code, _, err = kvbench("break", "timestamp", "--requests", 3, "--system-tokens", 32, "--question-tokens", 16,
-                           "--max-tokens", 1, "--out", out)
+    code, _, err = kvbench(
+        "break",
+        "timestamp",
+        "--requests",
+        3,
+        "--system-tokens",
+        32,
+        "--question-tokens",
+        16,
+        "--max-tokens",
+        1,
+        "--out",
+        out,
+    )
     assert code == 0, err
     code, _, err = kvbench("explain", out)
-    one_line_error(code, err, "kvbench break timestamp", "generated in memory",
-                   "kvbench trace gen", "kvbench explain TRACE.jsonl")
+    one_line_error(
+        code,
+        err,
+        "kvbench break timestamp",
+        "generated in memory",
+        "kvbench trace gen",
+        "kvbench explain TRACE.jsonl",
+    )
 
 
 @pytest.mark.server
 def test_the_run_files_of_a_load_sweep_explain(kvbench, server, tmp_path):
     out = tmp_path / "load"
-    code, _, err = kvbench("sweep", "chat", "--backend", "openai", "--base-url", server.url, "--request-rate", "4",
-                           "--requests", "4", "--max-tokens", "2", "--out", out)
+    code, _, err = kvbench(
+        "sweep",
+        "chat",
+        "--backend",
+        "openai",
+        "--base-url",
+        server.url,
+        "--request-rate",
+        "4",
+        "--requests",
+        "4",
+        "--max-tokens",
+        "2",
+        "--out",
+        out,
+    )
     assert code == 0, err
     code, stdout, err = kvbench("explain", out / "run-r4-1.parquet")
     assert code == 0, err

@@ -13,8 +13,9 @@ from kvbench.sim.predict import Unbounded, expected_cached_tokens
 from explain_traces import STABLE, first_difference
 
 
-@pytest.mark.parametrize("name, capacity, kind", [("multi_prefix_zipf", 512, CacheKind.HASH),
-                                                  ("chat", 256, CacheKind.RADIX)])
+@pytest.mark.parametrize(
+    "name, capacity, kind", [("multi_prefix_zipf", 512, CacheKind.HASH), ("chat", 256, CacheKind.RADIX)]
+)
 def test_hits_are_the_replays_and_the_ideal_is_the_unbounded_cache(name, capacity, kind, tokenizer):
     requests = load_source(name, tokenizer).requests[:150]
     config = CacheConfig(capacity_blocks=capacity, block_size=16, kind=kind)
@@ -24,9 +25,12 @@ def test_hits_are_the_replays_and_the_ideal_is_the_unbounded_cache(name, capacit
     # with room for everything the hit is the never-evicting cache's, and what the bounded one lost
     # is exactly the capacity bar
     roomy = explain_requests(requests, unbounded_config(requests, config), tokenizer)
-    assert [e.hit_tokens for e in roomy.requests] == expected_cached_tokens(requests, Unbounded(16, kind=kind), outputs)
-    assert [e.hit_tokens for e in roomy.requests] == [e.hit_tokens + e.bars.tokens["capacity"]
-                                                      for e in explained.requests]
+    assert [e.hit_tokens for e in roomy.requests] == expected_cached_tokens(
+        requests, Unbounded(16, kind=kind), outputs
+    )
+    assert [e.hit_tokens for e in roomy.requests] == [
+        e.hit_tokens + e.bars.tokens["capacity"] for e in explained.requests
+    ]
     assert sum(e.bars.tokens["capacity"] for e in explained.requests) > 0
     waterfall = explained.waterfall
     assert sum(waterfall.tokens.values()) == waterfall.total_tokens == sum(r.num_tokens for r in requests)
@@ -42,18 +46,34 @@ def test_breakdown_refuses_bars_that_do_not_sum_and_a_server_can_report_more():
 
 
 def test_lint_finds_the_volatile_header_and_a_rewritten_turn(chat, tokenizer):
-    top = [chat(i, [("system", f"Current time: 2025-01-01 10:00:{i:02d}\n" + STABLE), ("user", "Hi?")]) for i in range(2)]
+    top = [
+        chat(i, [("system", f"Current time: 2025-01-01 10:00:{i:02d}\n" + STABLE), ("user", "Hi?")])
+        for i in range(2)
+    ]
     report = lint(top, tokenizer)
     finding = report.findings[0]
     assert finding.rule == "stable first" and finding.offset_tokens == 7 and "date" in finding.detail
     assert "Current time: ‖2025-01-01" in finding.excerpt  # 3 ChatML tokens + "Current time:" before it
     assert report.share_after_volatile > 0.9
-    end = lint([chat(0, [("system", STABLE + "Current time: 2025-01-01 10:00:00\n"), ("user", "Hi?")])], tokenizer)
+    end = lint(
+        [chat(0, [("system", STABLE + "Current time: 2025-01-01 10:00:00\n"), ("user", "Hi?")])], tokenizer
+    )
     assert end.findings[0].offset_tokens == 96 and end.share_after_volatile < 0.25
-    turns = [chat(0, [("system", STABLE), ("user", "Hi?")], session="c"),
-             chat(1, [("system", STABLE), ("user", "Hi?"), ("assistant", "Hello."), ("user", "Bye?")], session="c", turn=1),
-             chat(2, [("system", STABLE), ("user", "Hi there?"), ("assistant", "Hello."), ("user", "Bye?")],
-                  session="c", turn=2)]
+    turns = [
+        chat(0, [("system", STABLE), ("user", "Hi?")], session="c"),
+        chat(
+            1,
+            [("system", STABLE), ("user", "Hi?"), ("assistant", "Hello."), ("user", "Bye?")],
+            session="c",
+            turn=1,
+        ),
+        chat(
+            2,
+            [("system", STABLE), ("user", "Hi there?"), ("assistant", "Hello."), ("user", "Bye?")],
+            session="c",
+            turn=2,
+        ),
+    ]
     report = lint(turns, tokenizer)
     assert report.num_turns_checked == 2 and report.num_turns_append_only == 1
     rewritten = [f for f in report.findings if f.rule == "append-only"]

@@ -85,8 +85,10 @@ def test_beam_search_shares_and_frees_everything():
     assert result.num_forks == result.num_freed_sequences + 3  # 1 beam -> 4, then width stays 4
     assert result.num_forks >= 3 and result.num_copies >= 3
     assert result.peak_used_blocks < result.peak_unshared_blocks == 4 * math.ceil(2264 / 16)
-    assert all(used <= unshared for used, unshared in
-               zip(result.used_blocks_per_step, result.unshared_blocks_per_step))
+    assert all(
+        used <= unshared
+        for used, unshared in zip(result.used_blocks_per_step, result.unshared_blocks_per_step)
+    )
     assert simulate_beam_search(config) == result  # seeded: the same run again
 
 
@@ -263,12 +265,12 @@ class BlockManagerMachine(RuleBasedStateMachine):
     @invariant()
     def consistent(self):
         self.blocks.check_invariants()
-        assert {seq: self.blocks.num_tokens(seq) for seq in self.blocks.seq_ids} == \
-            {seq: len(tokens) for seq, tokens in self.tokens.items()}
+        assert {seq: self.blocks.num_tokens(seq) for seq in self.blocks.seq_ids} == {
+            seq: len(tokens) for seq, tokens in self.tokens.items()
+        }
         for seq, tokens in self.tokens.items():  # what each sequence reads through its table
             table = self.blocks.block_table(seq)
-            read = [self.slots[table[i // self.BLOCK_SIZE]][i % self.BLOCK_SIZE]
-                    for i in range(len(tokens))]
+            read = [self.slots[table[i // self.BLOCK_SIZE]][i % self.BLOCK_SIZE] for i in range(len(tokens))]
             assert read == tokens, f"sequence {seq} reads another sequence's KV"
 
     def teardown(self):
@@ -278,6 +280,5 @@ class BlockManagerMachine(RuleBasedStateMachine):
         assert self.blocks.num_free_blocks == 24
 
 
-BlockManagerMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40,
-                                                 deadline=None)
+BlockManagerMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
 TestBlockManagerRandomized = BlockManagerMachine.TestCase

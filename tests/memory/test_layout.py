@@ -21,18 +21,36 @@ MiB, GiB = 2**20, 2**30
 
 # The public config.json of meta-llama/Llama-3.1-8B (fields this module reads, plus some it ignores).
 LLAMA_31_8B_CONFIG = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "attention_bias": False,
-    "hidden_size": 4096, "intermediate_size": 14336, "max_position_embeddings": 131072,
-    "mlp_bias": False, "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
-    "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16", "vocab_size": 128256,
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "attention_bias": False,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "max_position_embeddings": 131072,
+    "mlp_bias": False,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 500000.0,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "vocab_size": 128256,
 }
 # Qwen/Qwen2.5-7B: sliding_window is present but switched off.
 QWEN25_7B_CONFIG = {
-    "model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944,
-    "max_position_embeddings": 32768, "max_window_layers": 28, "num_attention_heads": 28,
-    "num_hidden_layers": 28, "num_key_value_heads": 4, "sliding_window": 131072,
-    "use_sliding_window": False, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "model_type": "qwen2",
+    "hidden_size": 3584,
+    "intermediate_size": 18944,
+    "max_position_embeddings": 32768,
+    "max_window_layers": 28,
+    "num_attention_heads": 28,
+    "num_hidden_layers": 28,
+    "num_key_value_heads": 4,
+    "sliding_window": 131072,
+    "use_sliding_window": False,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
     "vocab_size": 152064,
 }
 
@@ -62,13 +80,16 @@ def test_default_model_is_8_kib_per_token_in_fp32():
     assert KvLayout.of(shape, DType.BF16).bytes_per_token == 4096
 
 
-@pytest.mark.parametrize("name, total", [
-    ("llama-3.1-8b", 8_030_261_248),  # model.safetensors.index.json total_size 16,060,522,496 / 2
-    ("llama-3.1-70b", 70_553_706_496),
-    ("mistral-7b", 7_248_023_552),
-    ("qwen2.5-7b", 7_615_616_512),  # total_size 15,231,233,024 / 2
-    (DEFAULT_PRESET, 73_894_912),
-])
+@pytest.mark.parametrize(
+    "name, total",
+    [
+        ("llama-3.1-8b", 8_030_261_248),  # model.safetensors.index.json total_size 16,060,522,496 / 2
+        ("llama-3.1-70b", 70_553_706_496),
+        ("mistral-7b", 7_248_023_552),
+        ("qwen2.5-7b", 7_615_616_512),  # total_size 15,231,233,024 / 2
+        (DEFAULT_PRESET, 73_894_912),
+    ],
+)
 def test_parameter_counts_match_published_checkpoints(name, total):
     assert ParameterCounts.of(PRESETS[name]).total == total
 
@@ -111,11 +132,21 @@ def test_weights_that_do_not_fit_leave_no_kv_space():
 # -- parsing ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("2GiB", 2 * GiB), ("512MiB", 512 * MiB), ("1e9", 10**9), ("1048576", 2**20),
-    ("1.5GiB", 3 * GiB // 2), ("16 KB", 16_000), ("2g", 2 * GiB), ("80gib", 80 * GiB),
-    ("4TB", 4 * 10**12), ("0", 0),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("2GiB", 2 * GiB),
+        ("512MiB", 512 * MiB),
+        ("1e9", 10**9),
+        ("1048576", 2**20),
+        ("1.5GiB", 3 * GiB // 2),
+        ("16 KB", 16_000),
+        ("2g", 2 * GiB),
+        ("80gib", 80 * GiB),
+        ("4TB", 4 * 10**12),
+        ("0", 0),
+    ],
+)
 def test_parse_bytes(text, expected):
     assert parse_bytes(text) == expected
 
@@ -144,9 +175,18 @@ def test_parse_dtype_aliases():
 
 
 def test_model_shape_validates():
-    fields = dict(name="x", num_layers=2, hidden_size=64, num_attention_heads=4, num_kv_heads=2,
-                  head_dim=16, intermediate_size=128, vocab_size=100, tie_word_embeddings=True,
-                  max_position_embeddings=128)
+    fields = dict(
+        name="x",
+        num_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        vocab_size=100,
+        tie_word_embeddings=True,
+        max_position_embeddings=128,
+    )
     ModelShape(**fields)
     with pytest.raises(ValueError, match="num_layers"):
         ModelShape(**{**fields, "num_layers": 0})
@@ -178,16 +218,19 @@ def test_missing_head_dim_and_kv_heads_take_transformers_defaults(tmp_path):
     assert (shape.num_kv_heads, shape.head_dim) == (32, 128)
 
 
-@pytest.mark.parametrize("extra, reason", [
-    ({"kv_lora_rank": 512}, "multi-head latent attention"),
-    ({"sliding_window": 4096}, "sliding-window"),
-    ({"layer_types": ["sliding_attention", "full_attention"]}, "hybrid attention"),
-    ({"layer_types": ["linear_attention", "full_attention"]}, "hybrid attention"),
-    ({"mamba_d_state": 16}, "state-space"),
-    ({"hybrid_override_pattern": "M-M*"}, "hybrid"),
-    ({"num_local_experts": 8}, "mixture of experts"),
-    ({"text_config": {}}, "text_config"),
-])
+@pytest.mark.parametrize(
+    "extra, reason",
+    [
+        ({"kv_lora_rank": 512}, "multi-head latent attention"),
+        ({"sliding_window": 4096}, "sliding-window"),
+        ({"layer_types": ["sliding_attention", "full_attention"]}, "hybrid attention"),
+        ({"layer_types": ["linear_attention", "full_attention"]}, "hybrid attention"),
+        ({"mamba_d_state": 16}, "state-space"),
+        ({"hybrid_override_pattern": "M-M*"}, "hybrid"),
+        ({"num_local_experts": 8}, "mixture of experts"),
+        ({"text_config": {}}, "text_config"),
+    ],
+)
 def test_refused_shapes_say_why(tmp_path, extra, reason):
     path = write_config(tmp_path, {**LLAMA_31_8B_CONFIG, **extra})
     with pytest.raises(InputError, match=reason) as error:
@@ -202,12 +245,15 @@ def test_window_as_long_as_the_context_is_accepted(tmp_path):
     assert read_config_json(write_config(tmp_path, all_full)).num_layers == 32
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"num_hidden_layers": None}, "field 'num_hidden_layers': missing"),
-    ({"hidden_size": "big"}, "field 'hidden_size': expected a positive integer"),
-    ({"num_key_value_heads": 5}, "field 'num_key_value_heads'"),
-    ({"torch_dtype": "int4"}, "field 'torch_dtype'"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"num_hidden_layers": None}, "field 'num_hidden_layers': missing"),
+        ({"hidden_size": "big"}, "field 'hidden_size': expected a positive integer"),
+        ({"num_key_value_heads": 5}, "field 'num_key_value_heads'"),
+        ({"torch_dtype": "int4"}, "field 'torch_dtype'"),
+    ],
+)
 def test_bad_config_fields_are_named(tmp_path, change, message):
     config = {**LLAMA_31_8B_CONFIG, **change}
     config = {key: value for key, value in config.items() if value is not None}
@@ -238,19 +284,29 @@ def test_default_preset_matches_the_engine_default_model(tmp_path):
     assert {**shape.__dict__, "name": preset.name, "dtype": preset.dtype} == preset.__dict__
 
 
-@pytest.mark.parametrize("model_type, extra", [
-    ("llama", {"tie_word_embeddings": False}),
-    ("llama", {"attention_bias": True, "mlp_bias": True}),
-    ("mistral", {"sliding_window": None, "tie_word_embeddings": False}),
-    ("qwen2", {"tie_word_embeddings": True, "use_sliding_window": False}),
-])
+@pytest.mark.parametrize(
+    "model_type, extra",
+    [
+        ("llama", {"tie_word_embeddings": False}),
+        ("llama", {"attention_bias": True, "mlp_bias": True}),
+        ("mistral", {"sliding_window": None, "tie_word_embeddings": False}),
+        ("qwen2", {"tie_word_embeddings": True, "use_sliding_window": False}),
+    ],
+)
 def test_parameter_count_equals_transformers_model(tmp_path, model_type, extra):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     config = transformers.AutoConfig.for_model(
-        model_type, hidden_size=64, intermediate_size=176, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=2, vocab_size=1000,
-        max_position_embeddings=256, **extra)
+        model_type,
+        hidden_size=64,
+        intermediate_size=176,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=1000,
+        max_position_embeddings=256,
+        **extra,
+    )
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config)
     expected = sum(parameter.numel() for parameter in model.parameters())  # tied weights count once

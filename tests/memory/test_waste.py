@@ -14,8 +14,7 @@ BYTES_PER_TOKEN = 8192  # the default model in fp32
 
 
 def config(pool_tokens, **fields):
-    return WasteConfig(pool_bytes=pool_tokens * BYTES_PER_TOKEN, bytes_per_token=BYTES_PER_TOKEN,
-                       **fields)
+    return WasteConfig(pool_bytes=pool_tokens * BYTES_PER_TOKEN, bytes_per_token=BYTES_PER_TOKEN, **fields)
 
 
 def request(arrival_ms, prompt, output, max_tokens=None, name="r"):
@@ -104,8 +103,12 @@ def test_paged_preempts_the_newest_and_recomputes_it():
 def test_external_fragmentation_blocks_the_head_of_the_queue():
     # Slabs of 3 at [0, 3), [3, 6), [6, 9) in a 10-token pool; the middle one ends after one step,
     # leaving holes of 3 and 1: four free tokens, and the 4-token slab that arrives then waits.
-    requests = [request(0, 1, 2, max_tokens=2, name="a"), request(0, 2, 1, max_tokens=1, name="b"),
-                request(0, 1, 2, max_tokens=2, name="c"), request(50, 2, 1, max_tokens=2, name="d")]
+    requests = [
+        request(0, 1, 2, max_tokens=2, name="a"),
+        request(0, 2, 1, max_tokens=1, name="b"),
+        request(0, 1, 2, max_tokens=2, name="c"),
+        request(50, 2, 1, max_tokens=2, name="d"),
+    ]
     result = replay_waste(requests, config(10, block_size=1))
     contiguous = result.contiguous
     assert contiguous.blocked_by_fragmentation_ms == 50.0  # one step at 20 tok/s
@@ -116,8 +119,11 @@ def test_external_fragmentation_blocks_the_head_of_the_queue():
 
 
 def test_too_long_and_never_fitting_requests_are_counted():
-    requests = [request(0, 100, 10, max_tokens=10, name="ok"), request(0, 9000, 10, name="long"),
-                request(0, 300, 10, max_tokens=900, name="big slab")]
+    requests = [
+        request(0, 100, 10, max_tokens=10, name="ok"),
+        request(0, 9000, 10, name="long"),
+        request(0, 300, 10, max_tokens=900, name="big slab"),
+    ]
     result = replay_waste(requests, config(1024, max_model_len=8192))
     assert result.num_too_long == 1
     assert result.contiguous.num_never_fit == 1 and result.contiguous.num_served == 1
@@ -146,16 +152,43 @@ class ReferenceReplay:
     def __init__(self, requests, cfg, paged):
         self.cfg, self.paged, self.block = cfg, paged, cfg.block_size
         self.capacity = cfg.num_blocks * self.block if paged else cfg.pool_tokens
-        seqs = [dict(index=i, prompt=r.prompt_tokens, output=r.output_tokens, generated=0,
-                     slab=cfg.reservation_tokens(r), arrival=math.ceil(r.arrival_ms / cfg.step_ms - 1e-9),
-                     first_admit=None, blocks=0, start=None)
-                for i, r in enumerate(requests) if not cfg.is_too_long(r)]
-        self.pending = deque(sorted((s for s in seqs if self.peak_need(s) <= self.capacity),
-                                    key=lambda s: (s["arrival"], s["index"])))
+        seqs = [
+            dict(
+                index=i,
+                prompt=r.prompt_tokens,
+                output=r.output_tokens,
+                generated=0,
+                slab=cfg.reservation_tokens(r),
+                arrival=math.ceil(r.arrival_ms / cfg.step_ms - 1e-9),
+                first_admit=None,
+                blocks=0,
+                start=None,
+            )
+            for i, r in enumerate(requests)
+            if not cfg.is_too_long(r)
+        ]
+        self.pending = deque(
+            sorted(
+                (s for s in seqs if self.peak_need(s) <= self.capacity),
+                key=lambda s: (s["arrival"], s["index"]),
+            )
+        )
         self.cells = [None] * self.capacity  # contiguous address space, one cell per token
         self.waiting, self.running, self.served = deque(), [], []
-        self.stats = dict(held=0, reserved=0, running=0, stranded=0, blocked=0, peak_held=0, peak_reserved=0,
-                          peak_stranded=0, waste=0, preemptions=0, recomputed=0, peak_running=0)
+        self.stats = dict(
+            held=0,
+            reserved=0,
+            running=0,
+            stranded=0,
+            blocked=0,
+            peak_held=0,
+            peak_reserved=0,
+            peak_stranded=0,
+            waste=0,
+            preemptions=0,
+            recomputed=0,
+            peak_running=0,
+        )
 
     def need(self, seq):
         if self.paged:
@@ -187,7 +220,7 @@ class ReferenceReplay:
         if self.paged:
             seq["blocks"] = 0
         else:
-            self.cells[seq["start"]:seq["start"] + seq["slab"]] = [None] * seq["slab"]
+            self.cells[seq["start"] : seq["start"] + seq["slab"]] = [None] * seq["slab"]
 
     def can_admit(self, seq):
         if self.paged:
@@ -201,7 +234,9 @@ class ReferenceReplay:
             while s in self.running and self.paged and s["blocks"] * self.block < self.holding(s, step):
                 if self.used_blocks() < self.cfg.num_blocks:
                     s["blocks"] += 1
-                    self.stats["waste"] = max(self.stats["waste"], s["blocks"] * self.block - self.holding(s, step))
+                    self.stats["waste"] = max(
+                        self.stats["waste"], s["blocks"] * self.block - self.holding(s, step)
+                    )
                 else:
                     victim = self.running[-1]
                     self.release(victim)
@@ -220,10 +255,12 @@ class ReferenceReplay:
             seq["blocks"] = self.need(seq) // self.block
         else:
             seq["start"] = next(start for start, length in self.holes() if length >= seq["slab"])
-            self.cells[seq["start"]:seq["start"] + seq["slab"]] = [seq["index"]] * seq["slab"]
+            self.cells[seq["start"] : seq["start"] + seq["slab"]] = [seq["index"]] * seq["slab"]
         self.running.append(seq)
-        self.stats["waste"] = max(self.stats["waste"], self.need(seq) - self.holding(seq, step) if self.paged
-                                  else seq["slab"] - self.holding(seq, step))
+        self.stats["waste"] = max(
+            self.stats["waste"],
+            self.need(seq) - self.holding(seq, step) if self.paged else seq["slab"] - self.holding(seq, step),
+        )
 
     def record(self, step):
         running, waiting, stats = self.running, self.waiting, self.stats
@@ -235,11 +272,20 @@ class ReferenceReplay:
             smallest = min(self.need(s) for s in waiting)
             stranded = sum(length for _, length in self.holes() if length < smallest)
         blocked = bool(waiting) and not self.can_admit(waiting[0]) and self.need(waiting[0]) <= free
-        for key, value in (("held", held), ("reserved", reserved), ("running", len(running)),
-                           ("stranded", stranded), ("blocked", int(blocked))):
+        for key, value in (
+            ("held", held),
+            ("reserved", reserved),
+            ("running", len(running)),
+            ("stranded", stranded),
+            ("blocked", int(blocked)),
+        ):
             stats[key] += value
-        for key, value in (("held", held), ("reserved", reserved), ("stranded", stranded),
-                           ("running", len(running))):
+        for key, value in (
+            ("held", held),
+            ("reserved", reserved),
+            ("stranded", stranded),
+            ("running", len(running)),
+        ):
             stats[f"peak_{key}"] = max(stats[f"peak_{key}"], value)
 
     def run(self):
@@ -266,14 +312,21 @@ class ReferenceReplay:
         span = max(step - first, 1)
         waits = [s["first_admit"] - s["arrival"] for s in self.served]
         return dict(
-            num_served=len(self.served), peak_running=stats["peak_running"],
-            num_waited=sum(1 for w in waits if w > 0), max_wait_ms=max(waits, default=0) * cfg.step_ms,
-            num_preemptions=stats["preemptions"], num_recomputed_tokens=stats["recomputed"],
-            mean_holding_tokens=stats["held"] / span, peak_holding_tokens=stats["peak_held"],
-            mean_reserved_tokens=stats["reserved"] / span, peak_reserved_tokens=stats["peak_reserved"],
-            mean_stranded_tokens=stats["stranded"] / span, peak_stranded_tokens=stats["peak_stranded"],
+            num_served=len(self.served),
+            peak_running=stats["peak_running"],
+            num_waited=sum(1 for w in waits if w > 0),
+            max_wait_ms=max(waits, default=0) * cfg.step_ms,
+            num_preemptions=stats["preemptions"],
+            num_recomputed_tokens=stats["recomputed"],
+            mean_holding_tokens=stats["held"] / span,
+            peak_holding_tokens=stats["peak_held"],
+            mean_reserved_tokens=stats["reserved"] / span,
+            peak_reserved_tokens=stats["peak_reserved"],
+            mean_stranded_tokens=stats["stranded"] / span,
+            peak_stranded_tokens=stats["peak_stranded"],
             blocked_by_fragmentation_ms=stats["blocked"] * cfg.step_ms,
-            max_waste_per_seq_tokens=stats["waste"], makespan_ms=(step - first) * cfg.step_ms,
+            max_waste_per_seq_tokens=stats["waste"],
+            makespan_ms=(step - first) * cfg.step_ms,
             mean_waste_per_seq_tokens=(stats["reserved"] - stats["held"]) / max(stats["running"], 1),
         )
 
@@ -294,8 +347,13 @@ def random_trace(rng, num_requests):
 
 def random_case(seed):
     rng = random.Random(seed)
-    cfg = config(rng.randint(60, 400), block_size=rng.choice([1, 4, 16]), max_model_len=150,
-                 decode_tok_s=rng.choice([20.0, 33.0]), reserve=rng.choice(list(Reservation)))
+    cfg = config(
+        rng.randint(60, 400),
+        block_size=rng.choice([1, 4, 16]),
+        max_model_len=150,
+        decode_tok_s=rng.choice([20.0, 33.0]),
+        reserve=rng.choice(list(Reservation)),
+    )
     return cfg, random_trace(rng, rng.randint(1, 25))
 
 
@@ -312,8 +370,10 @@ def test_replay_matches_the_step_by_step_reference(seed):
 @pytest.mark.parametrize("seed", range(6))
 def test_paged_waste_stays_under_one_block_per_sequence(seed):
     rng = random.Random(100 + seed)
-    requests = [request(rng.uniform(0, 20_000), rng.randint(50, 3000), rng.randint(1, 600),
-                        name=str(i)) for i in range(150)]
+    requests = [
+        request(rng.uniform(0, 20_000), rng.randint(50, 3000), rng.randint(1, 600), name=str(i))
+        for i in range(150)
+    ]
     result = replay_waste(requests, config(40_000, block_size=16))
     assert result.paged.max_waste_per_seq_tokens <= 15
     assert result.paged.mean_waste_per_seq_tokens < 16

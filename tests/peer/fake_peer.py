@@ -28,8 +28,14 @@ class FakeServer:
         self.in_flight -= 1
         if request.salt and (len(request.salt) > 128 or any(c in FORBIDDEN_IN_SALT for c in request.salt)):
             return RequestRecord(Status.ERROR, request.num_tokens, error="400: cache_salt", http_status=400)
-        return RequestRecord(Status.OK, request.num_tokens, cached_prompt_tokens=0,
-                             output_tokens=request.max_tokens, ttft_ms=self.delay_s * 1e3, tpot_ms=1.0)
+        return RequestRecord(
+            Status.OK,
+            request.num_tokens,
+            cached_prompt_tokens=0,
+            output_tokens=request.max_tokens,
+            ttft_ms=self.delay_s * 1e3,
+            tpot_ms=1.0,
+        )
 
     def describe(self):
         return {"backend": "fake"}

@@ -18,17 +18,28 @@ from gpu_side_by_side import table  # noqa: E402
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
 def test_without_a_gpu_it_fails_at_once_with_one_line(tmp_path):
-    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_side_by_side.py"), "--out", str(tmp_path / "o")],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "gpu_side_by_side.py"), "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.strip().splitlines() == [
-        "error: no CUDA device here (torch.cuda.is_available() is False); this benchmark needs a GPU"]
+        "error: no CUDA device here (torch.cuda.is_available() is False); this benchmark needs a GPU"
+    ]
     assert not (tmp_path / "o").exists()  # nothing exported, nothing started
 
 
 def column(scale):
-    return {"cold_ttft_ms": 100.0 * scale, "warm_ttft_p50_ms": 10.0 * scale, "tpot_p50_ms": 2.0 * scale,
-            "output_tok_s_c8": 1000.0 / scale, "cached_prompt_tokens": 23584, "startup_s": 60.0 / scale}
+    return {
+        "cold_ttft_ms": 100.0 * scale,
+        "warm_ttft_p50_ms": 10.0 * scale,
+        "tpot_p50_ms": 2.0 * scale,
+        "output_tok_s_c8": 1000.0 / scale,
+        "cached_prompt_tokens": 23584,
+        "startup_s": 60.0 / scale,
+    }
 
 
 def test_ratios_read_kvbench_vs_vllm_at_or_above_one_when_kvbench_is_faster():

@@ -33,21 +33,59 @@ def test_the_engine_comparison_runs_kvbench_serve_beside_vllm_and_writes_the_tab
     tokenizer = TiktokenTokenizer()
     export_model(tmp_path / "model", tiny_loaded, overwrite=True, reference=tokenizer)
     prepared = {
-        "shared_2k": prepare(Comparison("shared_2k", "shared-prefix", SharedPrefixConfig(
-            num_requests=3, system_tokens=64, question_tokens=16, max_tokens=2, seed=5)), tokenizer, "peer-e2e"),
-        "chat": prepare(Comparison("chat", "chat", ChatConfig(
-            num_conversations=2, turns=IntDist.parse("uniform:2,2"), system_tokens=40,
-            user_tokens=IntDist.parse("uniform:20,20"), reply_tokens=IntDist.parse("uniform:10,10"),
-            conversation_rate_per_s=1.0, think_time_s=1.0, seed=0)), tokenizer, "peer-e2e-chat")}
+        "shared_2k": prepare(
+            Comparison(
+                "shared_2k",
+                "shared-prefix",
+                SharedPrefixConfig(
+                    num_requests=3, system_tokens=64, question_tokens=16, max_tokens=2, seed=5
+                ),
+            ),
+            tokenizer,
+            "peer-e2e",
+        ),
+        "chat": prepare(
+            Comparison(
+                "chat",
+                "chat",
+                ChatConfig(
+                    num_conversations=2,
+                    turns=IntDist.parse("uniform:2,2"),
+                    system_tokens=40,
+                    user_tokens=IntDist.parse("uniform:20,20"),
+                    reply_tokens=IntDist.parse("uniform:10,10"),
+                    conversation_rate_per_s=1.0,
+                    think_time_s=1.0,
+                    seed=0,
+                ),
+            ),
+            tokenizer,
+            "peer-e2e-chat",
+        ),
+    }
     config = PeerConfig(out_dir=tmp_path, venv=tmp_path / "no-venv", rounds=1, startup_timeout_s=600.0)
     measured, lines, vllm = Measured(), [], FakeServer(0.001)
-    _engine_comparison(config, tmp_path / "model", tokenizer, FakeVllm(), vllm, list(prepared.values()), measured,
-                       lines.append)
+    _engine_comparison(
+        config,
+        tmp_path / "model",
+        tokenizer,
+        FakeVllm(),
+        vllm,
+        list(prepared.values()),
+        measured,
+        lines.append,
+    )
     assert [(e.name, e.num_threads, e.threads_source) for e in measured.engines] == [
-        ("vllm", 1, "vLLM log: core ids"), ("kvbench-copy", 1, "as vLLM"), ("kvbench-paged", 1, "as vLLM")]
+        ("vllm", 1, "vLLM log: core ids"),
+        ("kvbench-copy", 1, "as vLLM"),
+        ("kvbench-paged", 1, "as vLLM"),
+    ]
     assert all(e.startup_s > 0 for e in measured.engines)
-    assert [(r.server, r.round_index) for r in measured.rounds] == [("vllm", 0), ("kvbench-copy", 0),
-                                                                    ("kvbench-paged", 0)]
+    assert [(r.server, r.round_index) for r in measured.rounds] == [
+        ("vllm", 0),
+        ("kvbench-copy", 0),
+        ("kvbench-paged", 0),
+    ]
     for result in measured.rounds[1:]:  # the real servers: ok, a cold first request, then hits
         assert all(r.ok and r.output_tokens == 32 for r in result.shared + result.chat)
         assert result.shared[0].cached_prompt_tokens == 0 and result.shared[1].cached_prompt_tokens >= 32
@@ -56,12 +94,17 @@ def test_the_engine_comparison_runs_kvbench_serve_beside_vllm_and_writes_the_tab
         log = (tmp_path / f"kvbench-{engine}.log").read_text()
         assert f"--engine {engine}" in log.splitlines()[0] and "--threads 1" in log.splitlines()[0]
         port = int(log.split("http://127.0.0.1:", 1)[1].split("/", 1)[0])
-        assert call(f"http://127.0.0.1:{port}/health", "", timeout_s=2)[0] != 200  # stopped after the comparison
+        assert (
+            call(f"http://127.0.0.1:{port}/health", "", timeout_s=2)[0] != 200
+        )  # stopped after the comparison
 
     report = _write(config, measured, prepared, "tiny", True, lambda line: None)
     table = pq.read_table(report.parquet_path)
     assert table.num_rows == 3 * (3 + 4) and set(table.column("backend").to_pylist()) == {
-        "vllm", "kvbench-copy", "kvbench-paged"}
+        "vllm",
+        "kvbench-copy",
+        "kvbench-paged",
+    }
     assert sorted(set(table.column("concurrency").to_pylist())) == [1, 8]
     assert "## The engines side by side (1 round," in report.markdown
     assert "| kvbench-paged | 1 (as vLLM) | float32 |" in report.markdown

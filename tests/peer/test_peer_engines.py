@@ -6,8 +6,16 @@ import pytest
 
 from kvbench.peer.driver import warm_up_request
 from kvbench.peer.engines import (
-    CHAT_CONCURRENCY, ENGINE_MAX_TOKENS, EngineServer, engine_markdown, engine_rows, engine_summary, engine_table,
-    engine_workload, iter_rounds, round_measures,
+    CHAT_CONCURRENCY,
+    ENGINE_MAX_TOKENS,
+    EngineServer,
+    engine_markdown,
+    engine_rows,
+    engine_summary,
+    engine_table,
+    engine_workload,
+    iter_rounds,
+    round_measures,
 )
 from kvbench.peer.report import ROW_SCHEMA, table_rows
 from kvbench.peer.server import KvbenchServer, KvbenchServerConfig, vllm_omp_threads
@@ -16,17 +24,30 @@ from fake_peer import FakeServer
 
 
 def record(ttft_ms, tpot_ms=10.0, output_tokens=32, cached=0, sent_s=0.0, ended_s=1.0, ok=True):
-    return RequestRecord(Status.OK if ok else Status.ERROR, 100, cached_prompt_tokens=cached,
-                         output_tokens=output_tokens, ttft_ms=ttft_ms, tpot_ms=tpot_ms, sent_s=sent_s,
-                         ended_s=ended_s)
+    return RequestRecord(
+        Status.OK if ok else Status.ERROR,
+        100,
+        cached_prompt_tokens=cached,
+        output_tokens=output_tokens,
+        ttft_ms=ttft_ms,
+        tpot_ms=tpot_ms,
+        sent_s=sent_s,
+        ended_s=ended_s,
+    )
 
 
 def test_a_rounds_values_come_from_its_records():
-    shared = [record(900.0, tpot_ms=20.0), record(70.0, 16.0, cached=1984), record(80.0, 17.0, cached=1984),
-              record(75.0, 18.0, cached=1984, ok=False)]
-    chat = [record(50.0, output_tokens=32, sent_s=1.0, ended_s=2.0, cached=300),
-            record(60.0, output_tokens=32, sent_s=1.5, ended_s=5.0), record(60.0, output_tokens=16, sent_s=2.0,
-                                                                           ended_s=4.0, ok=False)]
+    shared = [
+        record(900.0, tpot_ms=20.0),
+        record(70.0, 16.0, cached=1984),
+        record(80.0, 17.0, cached=1984),
+        record(75.0, 18.0, cached=1984, ok=False),
+    ]
+    chat = [
+        record(50.0, output_tokens=32, sent_s=1.0, ended_s=2.0, cached=300),
+        record(60.0, output_tokens=32, sent_s=1.5, ended_s=5.0),
+        record(60.0, output_tokens=16, sent_s=2.0, ended_s=4.0, ok=False),
+    ]
     measures = round_measures(shared, chat)
     assert measures["cold_ttft_ms"] == 900.0
     assert measures["warm_ttft_p50_ms"] == 75.0  # the failed warm request is left out: median(70, 80)
@@ -40,21 +61,32 @@ def test_a_rounds_values_come_from_its_records():
 
 
 def servers():
-    return [EngineServer("vllm", 1, "vLLM log: core ids", "float32", 120.0),
-            EngineServer("kvbench-paged", 1, "as vLLM", "float32", 30.0)]
+    return [
+        EngineServer("vllm", 1, "vLLM log: core ids", "float32", 120.0),
+        EngineServer("kvbench-paged", 1, "as vLLM", "float32", 30.0),
+    ]
 
 
 def two_rounds(name, cold_ms, warm_ms, chat_end_s):
-    return [(name, round_index, [record(cold_ms[round_index]), record(warm_ms[round_index])],
-             [record(50.0, sent_s=0.0, ended_s=chat_end_s[round_index])]) for round_index in range(2)]
+    return [
+        (
+            name,
+            round_index,
+            [record(cold_ms[round_index]), record(warm_ms[round_index])],
+            [record(50.0, sent_s=0.0, ended_s=chat_end_s[round_index])],
+        )
+        for round_index in range(2)
+    ]
 
 
 def test_the_table_takes_medians_over_rounds_and_divides_by_vllm():
     from kvbench.peer.engines import RoundRecords
 
-    rounds = [RoundRecords(name, index, tuple(shared), tuple(chat)) for name, index, shared, chat in
-              two_rounds("vllm", (900.0, 1100.0), (70.0, 80.0), (0.2, 0.3))
-              + two_rounds("kvbench-paged", (2000.0, 2400.0), (150.0, 130.0), (1.0, 0.6))]
+    rounds = [
+        RoundRecords(name, index, tuple(shared), tuple(chat))
+        for name, index, shared, chat in two_rounds("vllm", (900.0, 1100.0), (70.0, 80.0), (0.2, 0.3))
+        + two_rounds("kvbench-paged", (2000.0, 2400.0), (150.0, 130.0), (1.0, 0.6))
+    ]
     rows = {row.key: row for row in engine_table(servers(), rounds)}
     cold = rows["cold_ttft_ms"]
     assert cold.values == {"vllm": (900.0, 1100.0), "kvbench-paged": (2000.0, 2400.0)}
@@ -68,9 +100,13 @@ def test_the_table_takes_medians_over_rounds_and_divides_by_vllm():
     assert rows["shared_cached_tokens"].ratio("kvbench-paged") is None  # 0 cached on vLLM: no ratio
     lines = engine_markdown(servers(), list(rows.values()), 2)
     assert "| kvbench-paged | 1 (as vLLM) | float32 | 30 s |" in lines
-    assert "| shared_2k: cold TTFT (ms) | 1,000 (900 / 1,100) | 2,200 (2,000 / 2,400) | 2.20x | lower |" in lines
+    assert (
+        "| shared_2k: cold TTFT (ms) | 1,000 (900 / 1,100) | 2,200 (2,000 / 2,400) | 2.20x | lower |" in lines
+    )
     summary = engine_summary(list(rows.values()))
-    assert summary.startswith("kvbench-paged / vllm: cold TTFT 2.20x, warm TTFT 1.87x, TPOT 1.00x, chat tok/s 0.32x")
+    assert summary.startswith(
+        "kvbench-paged / vllm: cold TTFT 2.20x, warm TTFT 1.87x, TPOT 1.00x, chat tok/s 0.32x"
+    )
     assert rows["cold_ttft_ms"].as_dict()["kvbench_over_vllm"] == {"kvbench-paged": pytest.approx(2.2)}
 
 
@@ -78,10 +114,17 @@ def test_every_server_gets_the_same_requests_in_interleaved_rounds(shared, chat,
     workload = engine_workload(shared, chat)
     vllm, kvbench = FakeServer(0.001), FakeServer(0.002)
     order = []
-    rounds = list(iter_rounds({"vllm": vllm, "kvbench-copy": kvbench}, workload, 2, warm_up_request(tokenizer),
-                              order.append))
-    assert [(r.server, r.round_index) for r in rounds] == [("vllm", 0), ("kvbench-copy", 0), ("vllm", 1),
-                                                           ("kvbench-copy", 1)]
+    rounds = list(
+        iter_rounds(
+            {"vllm": vllm, "kvbench-copy": kvbench}, workload, 2, warm_up_request(tokenizer), order.append
+        )
+    )
+    assert [(r.server, r.round_index) for r in rounds] == [
+        ("vllm", 0),
+        ("kvbench-copy", 0),
+        ("vllm", 1),
+        ("kvbench-copy", 1),
+    ]
     assert len(order) == 4 and order[0].startswith("round 1/2 vllm: cold_ttft_ms 1, warm_ttft_p50_ms 1")
 
     def sent(server):
@@ -89,8 +132,12 @@ def test_every_server_gets_the_same_requests_in_interleaved_rounds(shared, chat,
 
     assert sent(vllm) == sent(kvbench) and len(vllm.seen) == 1 + 2 * (4 + 4)  # a warm-up, then 2 rounds
     salts = {r.salt for r in vllm.seen[1:]}
-    assert salts == {"peer-test-shared-round-0", "peer-test-chat-round-0", "peer-test-shared-round-1",
-                     "peer-test-chat-round-1"}  # each round in a namespace of its own: its cold request is cold
+    assert salts == {
+        "peer-test-shared-round-0",
+        "peer-test-chat-round-0",
+        "peer-test-shared-round-1",
+        "peer-test-chat-round-1",
+    }  # each round in a namespace of its own: its cold request is cold
     assert all(r.ok for result in rounds for r in result.shared + result.chat)  # salts vLLM accepts (no "/")
     assert all(r.max_tokens == ENGINE_MAX_TOKENS for r in vllm.seen[1:])
     assert 1 < vllm.most_in_flight <= CHAT_CONCURRENCY  # the chat runs concurrently, shared_2k one at a time
@@ -102,8 +149,10 @@ def test_every_server_gets_the_same_requests_in_interleaved_rounds(shared, chat,
 
 
 def test_vllms_thread_count_comes_from_its_log_then_its_environment():
-    log = ("INFO OpenMP thread binding info: \n\tVLLM_CPU_OMP_THREADS_BIND='auto', auto_setup=True, "
-           "skip_setup=False\n\tlocal_world_size=1, reserve_cpu_num=1\n\tlocal_rank=0, core ids=[0]\n")
+    log = (
+        "INFO OpenMP thread binding info: \n\tVLLM_CPU_OMP_THREADS_BIND='auto', auto_setup=True, "
+        "skip_setup=False\n\tlocal_world_size=1, reserve_cpu_num=1\n\tlocal_rank=0, core ids=[0]\n"
+    )
     assert vllm_omp_threads(log) == (1, "vLLM log: core ids")
     assert vllm_omp_threads(log.replace("core ids=[0]", "core ids=[0, 1, 3]")) == (3, "vLLM log: core ids")
     assert vllm_omp_threads("no such line", "0-1,4|5-7") == (3, "VLLM_CPU_OMP_THREADS_BIND")
@@ -111,13 +160,22 @@ def test_vllms_thread_count_comes_from_its_log_then_its_environment():
 
 
 def test_kvbench_serve_is_started_on_the_same_checkpoint_blocks_threads_and_dtype(tmp_path):
-    server = KvbenchServer(KvbenchServerConfig(tmp_path / "model", tmp_path / "copy.log", "paged", 32, 1,
-                                               "bfloat16", "kvbench-default"))
+    server = KvbenchServer(
+        KvbenchServerConfig(
+            tmp_path / "model", tmp_path / "copy.log", "paged", 32, 1, "bfloat16", "kvbench-default"
+        )
+    )
     command = server.command()
     assert command[1:5] == ["-m", "kvbench.cli", "serve", "--port"] and command[5] == "0"
     flags = dict(zip(command[6::2], command[7::2]))
-    assert flags == {"--model": str(tmp_path / "model"), "--served-model-name": "kvbench-default",
-                     "--engine": "paged", "--block-size": "32", "--dtype": "bfloat16", "--threads": "1"}
+    assert flags == {
+        "--model": str(tmp_path / "model"),
+        "--served-model-name": "kvbench-default",
+        "--engine": "paged",
+        "--block-size": "32",
+        "--dtype": "bfloat16",
+        "--threads": "1",
+    }
     with pytest.raises(ValueError, match="engine must be 'copy' or 'paged'"):
         KvbenchServerConfig(tmp_path, tmp_path / "x.log", "fast")
 

@@ -32,11 +32,14 @@ def test_kvbench_and_the_export_parse_special_tokens_in_text(exported):
 def test_the_peer_check_passes_the_export_and_names_a_server_that_splits_them(exported):
     ours = TiktokenTokenizer()
     assert special_token_problem(lambda text: exported.encode(text, add_special_tokens=False), ours) is None
-    split = special_token_problem(lambda text: exported(text, add_special_tokens=False,
-                                                        split_special_tokens=True)["input_ids"], ours)
-    assert split == (f"the server tokenizes 'a<|im_end|>b' as {SPLIT}, kvbench as {PARSED}: the server splits "
-                     "special tokens written in text into ordinary tokens; prompts holding special-token text "
-                     "count differently there (kvbench parses them, as transformers does)")
+    split = special_token_problem(
+        lambda text: exported(text, add_special_tokens=False, split_special_tokens=True)["input_ids"], ours
+    )
+    assert split == (
+        f"the server tokenizes 'a<|im_end|>b' as {SPLIT}, kvbench as {PARSED}: the server splits "
+        "special tokens written in text into ordinary tokens; prompts holding special-token text "
+        "count differently there (kvbench parses them, as transformers does)"
+    )
 
 
 @pytest.mark.server

@@ -85,8 +85,10 @@ def test_the_app_under_the_pilot(tmp_path):
     assert "A0" in svg and "hit&#160;rate" in svg.replace(" ", "&#160;")
 
 
-@pytest.mark.parametrize("stdin_tty,stdout_tty,named", [(False, False, "stdin and stdout are"),
-                                                        (True, False, "stdout is"), (False, True, "stdin is")])
+@pytest.mark.parametrize(
+    "stdin_tty,stdout_tty,named",
+    [(False, False, "stdin and stdout are"), (True, False, "stdout is"), (False, True, "stdin is")],
+)
 def test_play_without_a_terminal_refuses_in_one_line(stdin_tty, stdout_tty, named):
     """Issue 30.9: ``kvbench play </dev/null | cat`` wrote escape codes until killed. A real process;
     a pseudo-terminal stands in for the terminal side that is a TTY."""
@@ -97,13 +99,19 @@ def test_play_without_a_terminal_refuses_in_one_line(stdin_tty, stdout_tty, name
 
     leader, follower = pty.openpty()
     try:
-        process = subprocess.run([sys.executable, "-m", "kvbench.cli", "play"],
-                                 stdin=follower if stdin_tty else subprocess.DEVNULL,
-                                 stdout=follower if stdout_tty else subprocess.PIPE,
-                                 stderr=subprocess.PIPE, timeout=120, text=True)
+        process = subprocess.run(
+            [sys.executable, "-m", "kvbench.cli", "play"],
+            stdin=follower if stdin_tty else subprocess.DEVNULL,
+            stdout=follower if stdout_tty else subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            timeout=120,
+            text=True,
+        )
     finally:
         os.close(follower)
         os.close(leader)
     assert process.returncode == 2
-    assert process.stderr.strip() == (f"error: kvbench play is an interactive terminal app: {named} not a terminal "
-                                      "(run it in one, without pipes or redirects)")
+    assert process.stderr.strip() == (
+        f"error: kvbench play is an interactive terminal app: {named} not a terminal "
+        "(run it in one, without pipes or redirects)"
+    )

@@ -22,12 +22,18 @@ def test_a_stale_partial_from_a_killed_write_is_removed_by_the_next_write(tmp_pa
 
 def test_sigkill_during_a_write_leaves_only_a_hidden_partial(tmp_path):
     out = tmp_path / "big.parquet"
-    code = ("import sys; from kvbench.results.parquet import write_rows; "
-            f"[write_rows({str(out)!r}, [{{'x': i, 'text': 'y' * 200}} for i in range(300_000)], {{}}) "
-            "for _ in range(50)]")
+    code = (
+        "import sys; from kvbench.results.parquet import write_rows; "
+        f"[write_rows({str(out)!r}, [{{'x': i, 'text': 'y' * 200}} for i in range(300_000)], {{}}) "
+        "for _ in range(50)]"
+    )
     process = subprocess.Popen([sys.executable, "-c", code], env={**os.environ})
-    wait_until((tmp_path / ".big.parquet.partial").exists, "a partial file", ended=process_ended(process),
-               poll_s=0.005)
+    wait_until(
+        (tmp_path / ".big.parquet.partial").exists,
+        "a partial file",
+        ended=process_ended(process),
+        poll_s=0.005,
+    )
     process.send_signal(signal.SIGKILL)
     process.wait()
     visible = [p.name for p in tmp_path.iterdir() if not p.name.startswith(".")]

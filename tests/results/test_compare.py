@@ -12,20 +12,48 @@ HASH_A = "sha256:" + "0a" * 32
 HASH_B = "sha256:" + "0b" * 32
 
 
-def write_run(path, *, ttft_ms, content_hash=HASH_A, cached_tokens=0, request_prefix="q", num_requests=11,
-              requests_hash=None):
+def write_run(
+    path,
+    *,
+    ttft_ms,
+    content_hash=HASH_A,
+    cached_tokens=0,
+    request_prefix="q",
+    num_requests=11,
+    requests_hash=None,
+):
     """A run whose requests (after the cold first one) all take ``ttft_ms``."""
     rows = []
     for index in range(num_requests):
         row = empty_row()
-        row.update(request_index=index, request_id=f"{request_prefix}{index}", phase="measure", status="ok", turn=0,
-                   prompt_tokens=1000, cached_prompt_tokens=cached_tokens if index else 0, output_tokens=5,
-                   ttft_ms=ttft_ms if index else 1000.0, tpot_ms=40.0, e2e_ms=(ttft_ms if index else 1000.0) + 160.0)
+        row.update(
+            request_index=index,
+            request_id=f"{request_prefix}{index}",
+            phase="measure",
+            status="ok",
+            turn=0,
+            prompt_tokens=1000,
+            cached_prompt_tokens=cached_tokens if index else 0,
+            output_tokens=5,
+            ttft_ms=ttft_ms if index else 1000.0,
+            tpot_ms=40.0,
+            e2e_ms=(ttft_ms if index else 1000.0) + 160.0,
+        )
         rows.append(row)
-    run = {"run_id": path.stem, "backend": "inprocess", "model": "tiny", "scenario": "shared_2k",
-           "trace": {"path": "t.jsonl", "content_hash": content_hash, "requests_hash": requests_hash,
-                     "generator": None, "params": {}},
-           "cache": {"enabled": cached_tokens > 0, "kind": "hash", "block_size": 16, "capacity_blocks": 256}}
+    run = {
+        "run_id": path.stem,
+        "backend": "inprocess",
+        "model": "tiny",
+        "scenario": "shared_2k",
+        "trace": {
+            "path": "t.jsonl",
+            "content_hash": content_hash,
+            "requests_hash": requests_hash,
+            "generator": None,
+            "params": {},
+        },
+        "cache": {"enabled": cached_tokens > 0, "kind": "hash", "block_size": 16, "capacity_blocks": 256},
+    }
     return write_rows(path, rows, {"command": "run", "run": run}, schema=RUN_SCHEMA)
 
 
@@ -57,7 +85,9 @@ def test_different_traces_are_refused_unless_forced(tmp_path):
 def test_without_hashes_the_request_ids_decide(tmp_path):
     a = load_result(write_run(tmp_path / "a.parquet", ttft_ms=800.0, content_hash=None))
     same = load_result(write_run(tmp_path / "same.parquet", ttft_ms=100.0, content_hash=None))
-    other = load_result(write_run(tmp_path / "other.parquet", ttft_ms=100.0, content_hash=None, request_prefix="x"))
+    other = load_result(
+        write_run(tmp_path / "other.parquet", ttft_ms=100.0, content_hash=None, request_prefix="x")
+    )
     assert "matched by the ids of 11 requests" in compare_runs(a, same).trace
     with pytest.raises(TraceMismatchError, match="request 0 is 'q0'"):
         compare_runs(a, other)
@@ -65,8 +95,12 @@ def test_without_hashes_the_request_ids_decide(tmp_path):
 
 def test_scenario_runs_without_a_header_hash_match_by_requests_hash(tmp_path):
     a = load_result(write_run(tmp_path / "a.parquet", ttft_ms=800.0, content_hash=None, requests_hash=HASH_A))
-    same = load_result(write_run(tmp_path / "s.parquet", ttft_ms=90.0, content_hash=None, requests_hash=HASH_A))
-    other = load_result(write_run(tmp_path / "o.parquet", ttft_ms=90.0, content_hash=None, requests_hash=HASH_B))
+    same = load_result(
+        write_run(tmp_path / "s.parquet", ttft_ms=90.0, content_hash=None, requests_hash=HASH_A)
+    )
+    other = load_result(
+        write_run(tmp_path / "o.parquet", ttft_ms=90.0, content_hash=None, requests_hash=HASH_B)
+    )
     assert compare_runs(a, same).trace == HASH_A
     with pytest.raises(TraceMismatchError, match="different request hashes"):
         compare_runs(a, other)
@@ -80,8 +114,11 @@ def test_different_slices_of_one_trace_warn(tmp_path):
 
 def test_only_run_files_are_compared(tmp_path):
     run = load_result(write_run(tmp_path / "a.parquet", ttft_ms=800.0))
-    sim = load_result(write_rows(tmp_path / "sim.parquet", [{"capacity_blocks": 64, "token_hit_rate": 0.5}],
-                                 {"command": "sim"}))
+    sim = load_result(
+        write_rows(
+            tmp_path / "sim.parquet", [{"capacity_blocks": 64, "token_hit_rate": 0.5}], {"command": "sim"}
+        )
+    )
     with pytest.raises(InputError, match="compare takes the results of kvbench run"):
         compare_runs(run, sim)
 

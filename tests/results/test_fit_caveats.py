@@ -9,24 +9,39 @@ from rich.console import Console
 
 from kvbench.results.ols import ols_line, t_quantile_975
 from kvbench.results.parquet import read_metadata
-from kvbench.results.sweep import Fit, SweepPoint, build_sweep_summary, fit_ttft_vs_miss_rate, write_sweep_summary
+from kvbench.results.sweep import (
+    Fit,
+    SweepPoint,
+    build_sweep_summary,
+    fit_ttft_vs_miss_rate,
+    write_sweep_summary,
+)
 
 # The issue's sweep (multi_prefix_zipf, --cache-sizes 128,512,1024 --requests 60) printed
 # TTFT p50 = -1,298.7 ms + 6,056.6 ms x (1 - hit rate). These three points have exactly that line:
 # their residuals (100, -220, 120) sum to 0 and are orthogonal to the miss rates (0.8, 0.5, 0.25).
 ISSUE_A_MS, ISSUE_B_MS = -1298.7, 6056.6
 ISSUE_HITS = (0.2, 0.5, 0.75)
-ISSUE_TTFT_MS = tuple(ISSUE_A_MS + ISSUE_B_MS * (1 - h) + e for h, e in zip(ISSUE_HITS, (100.0, -220.0, 120.0)))
+ISSUE_TTFT_MS = tuple(
+    ISSUE_A_MS + ISSUE_B_MS * (1 - h) + e for h, e in zip(ISSUE_HITS, (100.0, -220.0, 120.0))
+)
 
 
 def test_the_issues_line_is_labelled_with_where_it_goes_negative():
     fit = fit_ttft_vs_miss_rate(ISSUE_HITS, ISSUE_TTFT_MS)
     assert fit.a_ms == pytest.approx(ISSUE_A_MS) and fit.b_ms == pytest.approx(ISSUE_B_MS)
-    assert fit.predict_ms(1.0 + ISSUE_A_MS / ISSUE_B_MS) == pytest.approx(0.0, abs=1e-6)  # 0 ms at hit rate 0.786
+    assert fit.predict_ms(1.0 + ISSUE_A_MS / ISSUE_B_MS) == pytest.approx(
+        0.0, abs=1e-6
+    )  # 0 ms at hit rate 0.786
     [reason] = fit.caveats
-    assert reason.startswith("the line gives a negative TTFT (-1,298.7 ms at hit rate 1, 0 ms at hit rate 0.79)")
+    assert reason.startswith(
+        "the line gives a negative TTFT (-1,298.7 ms at hit rate 1, 0 ms at hit rate 0.79)"
+    )
     text = fit.describe()
-    assert text.startswith("not meaningful: TTFT p50 = -1,298.7 ms + 6,056.6 ms x (1 - hit rate)") and reason in text
+    assert (
+        text.startswith("not meaningful: TTFT p50 = -1,298.7 ms + 6,056.6 ms x (1 - hit rate)")
+        and reason in text
+    )
 
 
 def test_the_interval_is_t_times_the_ols_standard_errors():
@@ -46,7 +61,7 @@ def _t_cdf(t: float, df: int) -> float:
     """Student's t CDF by integrating its density (trapezoids on a fine grid), for checking the table."""
     grid = np.linspace(0.0, t, 200_001)
     log_norm = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
-    density = np.exp(log_norm - (df + 1) / 2 * np.log1p(grid ** 2 / df))
+    density = np.exp(log_norm - (df + 1) / 2 * np.log1p(grid**2 / df))
     return 0.5 + float(((density[1:] + density[:-1]) / 2 * np.diff(grid)).sum())
 
 
@@ -55,13 +70,24 @@ def test_the_t_quantile_is_the_975th_percentile(df):
     assert _t_cdf(t_quantile_975(df), df) == pytest.approx(0.975, abs=2e-5)
 
 
-@pytest.mark.parametrize(("hits", "ttft_ms", "expected"), [
-    ((0.2, 0.8), (900.0, 300.0), ["only 2 points"]),  # no degrees of freedom left: no interval either
-    ((0.1, 0.5, 0.9), (200.0, 500.0, 900.0), ["slope is negative"]),
-    ((0.1, 0.5, 0.9), (-50.0, -40.0, -45.0), ["slope is negative", "negative TTFT (-48.1 ms at hit rate 0):"]),
-    ((0.0, 0.5, 1.0), (-10.0, 400.0, 810.0), ["slope is negative", "at hit rate 0"]),  # negative at full prefill
-    ((0.0, 0.5, 1.0), (1200.0, 620.0, 40.0), []),  # a line that can be true
-])
+@pytest.mark.parametrize(
+    ("hits", "ttft_ms", "expected"),
+    [
+        ((0.2, 0.8), (900.0, 300.0), ["only 2 points"]),  # no degrees of freedom left: no interval either
+        ((0.1, 0.5, 0.9), (200.0, 500.0, 900.0), ["slope is negative"]),
+        (
+            (0.1, 0.5, 0.9),
+            (-50.0, -40.0, -45.0),
+            ["slope is negative", "negative TTFT (-48.1 ms at hit rate 0):"],
+        ),
+        (
+            (0.0, 0.5, 1.0),
+            (-10.0, 400.0, 810.0),
+            ["slope is negative", "at hit rate 0"],
+        ),  # negative at full prefill
+        ((0.0, 0.5, 1.0), (1200.0, 620.0, 40.0), []),  # a line that can be true
+    ],
+)
 def test_every_reason_is_named(hits, ttft_ms, expected):
     fit = fit_ttft_vs_miss_rate(hits, ttft_ms)
     assert len(fit.caveats) == len(expected)
@@ -72,26 +98,40 @@ def test_every_reason_is_named(hits, ttft_ms, expected):
 
 
 def test_the_stored_fit_carries_its_reasons_and_intervals_and_reads_back(tmp_path):
-    points = [SweepPoint(size, hit, ttft, f"run-{size}.parquet") for size, hit, ttft
-              in zip((128, 512, 1024), ISSUE_HITS, ISSUE_TTFT_MS)]
+    points = [
+        SweepPoint(size, hit, ttft, f"run-{size}.parquet")
+        for size, hit, ttft in zip((128, 512, 1024), ISSUE_HITS, ISSUE_TTFT_MS)
+    ]
     summary = build_sweep_summary(points, {"scenario": "multi_prefix_zipf"})
     path = write_sweep_summary(tmp_path / "sweep.parquet", summary)
     stored = read_metadata(path)["fit"]
     assert stored["caveats"] == summary.fit.caveats and len(stored["caveats"]) == 1
     assert stored["a_ci_ms"] == list(summary.fit.a_ci_ms) and stored["interval"].startswith("95%")
     assert Fit.from_dict(stored) == summary.fit
-    assert Fit.from_dict({"a_ms": 1.0, "b_ms": 2.0, "r_squared": 0.9, "num_points": 3}).a_ci_ms is None  # older files
+    assert (
+        Fit.from_dict({"a_ms": 1.0, "b_ms": 2.0, "r_squared": 0.9, "num_points": 3}).a_ci_ms is None
+    )  # older files
 
 
 def test_the_sweep_command_and_the_report_print_the_label(tmp_path, kvbench):
     from kvbench.commands.sweep import _print
 
-    points = [SweepPoint(size, hit, ttft, f"run-{size}.parquet", num_requests=60) for size, hit, ttft
-              in zip((128, 512, 1024), ISSUE_HITS, ISSUE_TTFT_MS)]
+    points = [
+        SweepPoint(size, hit, ttft, f"run-{size}.parquet", num_requests=60)
+        for size, hit, ttft in zip((128, 512, 1024), ISSUE_HITS, ISSUE_TTFT_MS)
+    ]
     summary = build_sweep_summary(points, {"scenario": "multi_prefix_zipf"})
     console = Console(record=True, width=200)
-    _print(console, SimpleNamespace(name="multi_prefix_zipf", points=points, first_errors={}, summary=summary,
-                                    path=tmp_path / "sweep.parquet"))
+    _print(
+        console,
+        SimpleNamespace(
+            name="multi_prefix_zipf",
+            points=points,
+            first_errors={},
+            summary=summary,
+            path=tmp_path / "sweep.parquet",
+        ),
+    )
     printed = " ".join(console.export_text().split())
     assert "not meaningful: TTFT p50 = -1,298.7 ms" in printed and "0 ms at hit rate 0.79" in printed
     path = write_sweep_summary(tmp_path / "sweep.parquet", summary)

@@ -16,17 +16,26 @@ from kvbench.results.writer import RunWriter, progress_line
 
 
 def pair(index, ttft_ms, cached=8, status=Status.OK):
-    request = Request(index=index, request_id=f"r{index}", session_id="s", turn=0,
-                      token_ids=np.arange(32, dtype=np.uint32))
-    record = RequestRecord(status=status, prompt_tokens=32, cached_prompt_tokens=cached, output_tokens=4,
-                           ttft_ms=ttft_ms, itl_ms=(1.0, 1.0, 1.0))
+    request = Request(
+        index=index, request_id=f"r{index}", session_id="s", turn=0, token_ids=np.arange(32, dtype=np.uint32)
+    )
+    record = RequestRecord(
+        status=status,
+        prompt_tokens=32,
+        cached_prompt_tokens=cached,
+        output_tokens=4,
+        ttft_ms=ttft_ms,
+        itl_ms=(1.0, 1.0, 1.0),
+    )
     return request, record
 
 
 def rows_of(num_rows, start=0):
     rng = np.random.default_rng(start)
-    return [result_row("run", {}, *pair(start + i, float(rng.lognormal(3, 1)), cached=int(rng.integers(0, 33))))
-            for i in range(num_rows)]
+    return [
+        result_row("run", {}, *pair(start + i, float(rng.lognormal(3, 1)), cached=int(rng.integers(0, 33))))
+        for i in range(num_rows)
+    ]
 
 
 def test_running_stats_read_each_row_once_and_match_the_exact_numbers():
@@ -36,7 +45,9 @@ def test_running_stats_read_each_row_once_and_match_the_exact_numbers():
         stats.extend(rows)
         assert stats.num_rows_read == len(rows)  # the old rows were not read again
     ok = [r for r in rows if r["status"] == "ok"]
-    assert stats.token_hit_rate == pytest.approx(sum(r["cached_prompt_tokens"] for r in ok) / sum(r["prompt_tokens"] for r in ok))
+    assert stats.token_hit_rate == pytest.approx(
+        sum(r["cached_prompt_tokens"] for r in ok) / sum(r["prompt_tokens"] for r in ok)
+    )
     assert stats.ttft_p50_ms() == pytest.approx(percentile((r["ttft_ms"] for r in ok), 50), rel=0.011)
 
 
@@ -65,11 +76,15 @@ def test_checkpoints_convert_each_row_once_and_leave_a_valid_incomplete_file(tmp
         converted.append(checkpoints.checkpoint())
         # what a crash right now would leave: every row so far, in a readable file marked incomplete
         assert pq.read_table(path).num_rows == len(rows) and read_metadata(path)["complete"] is False
-    assert converted == [200] * 10 and checkpoints.num_rows_converted == 2000  # per checkpoint: the new rows only
+    assert (
+        converted == [200] * 10 and checkpoints.num_rows_converted == 2000
+    )  # per checkpoint: the new rows only
     assert checkpoints.checkpoint() == 0 and checkpoints.num_checkpoints == 10  # nothing new: nothing written
     rows += rows_of(5, start=2000)
     table = checkpoints.close()
-    assert table.num_rows == 2005 and table.column("request_id").to_pylist() == [r["request_id"] for r in rows]
+    assert table.num_rows == 2005 and table.column("request_id").to_pylist() == [
+        r["request_id"] for r in rows
+    ]
 
 
 def test_the_writer_checkpoints_on_a_timer_without_a_row_finishing(tmp_path, monkeypatch):
@@ -102,5 +117,8 @@ def test_load_and_spread_warnings():
     assert "machine load 5.7 at the start" in line and "2 usable cores" in line
     steady = [result_row("run", {}, *pair(i, 100.0 + i)) for i in range(10)]
     assert spread_warning(steady) is None
-    noisy = [result_row("run", {}, *pair(i, ttft)) for i, ttft in enumerate([54, 60, 70, 80, 900, 1460, 58, 62, 1200, 65])]
+    noisy = [
+        result_row("run", {}, *pair(i, ttft))
+        for i, ttft in enumerate([54, 60, 70, 80, 900, 1460, 58, 62, 1200, 65])
+    ]
     assert "10 identical requests" in spread_warning(noisy) and "54 to 1,460 ms" in spread_warning(noisy)

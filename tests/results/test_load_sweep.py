@@ -19,9 +19,11 @@ def test_bootstrap_interval_of_the_mean():
 
 
 def test_points_group_runs_by_value_in_order():
-    runs = [LoadRun(4.0, 0, {"request_throughput": 3.0, "median_ttft_ms": 100.0, "request_goodput": None}, "a"),
-            LoadRun(1.0, 0, {"request_throughput": 1.0, "median_ttft_ms": 50.0}, "b"),
-            LoadRun(4.0, 1, {"request_throughput": 5.0, "median_ttft_ms": 300.0}, "c")]
+    runs = [
+        LoadRun(4.0, 0, {"request_throughput": 3.0, "median_ttft_ms": 100.0, "request_goodput": None}, "a"),
+        LoadRun(1.0, 0, {"request_throughput": 1.0, "median_ttft_ms": 50.0}, "b"),
+        LoadRun(4.0, 1, {"request_throughput": 5.0, "median_ttft_ms": 300.0}, "c"),
+    ]
     four, one = load_points(runs)
     assert (four.value, four.num_runs, one.value, one.num_runs) == (4.0, 2, 1.0, 1)
     assert four.mean["request_throughput"] == 4.0 and four.mean["median_ttft_ms"] == 200.0

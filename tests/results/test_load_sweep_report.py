@@ -7,19 +7,60 @@ from kvbench.results.load_sweep import LoadRun, load_points, write_load_sweep
 from kvbench.results.load_sweep_report import read_points
 from kvbench.results.report import build_report, summary_tables
 
-RUNS = [LoadRun(1.0, 0, {"request_throughput": 0.5, "output_throughput": 4.0, "median_ttft_ms": 100.0,
-                         "p99_ttft_ms": 180.0, "request_goodput": 0.25, "failed": 0.0}, "run-c1-1.parquet"),
-        LoadRun(1.0, 1, {"request_throughput": 0.7, "output_throughput": 5.6, "median_ttft_ms": 140.0,
-                         "p99_ttft_ms": 220.0, "request_goodput": 0.35, "failed": 0.0}, "run-c1-2.parquet"),
-        LoadRun(4.0, 0, {"request_throughput": 0.9, "output_throughput": 7.2, "median_ttft_ms": 900.0,
-                         "p99_ttft_ms": 1500.0, "request_goodput": 0.0, "failed": 1.0}, "run-c4-1.parquet")]
+RUNS = [
+    LoadRun(
+        1.0,
+        0,
+        {
+            "request_throughput": 0.5,
+            "output_throughput": 4.0,
+            "median_ttft_ms": 100.0,
+            "p99_ttft_ms": 180.0,
+            "request_goodput": 0.25,
+            "failed": 0.0,
+        },
+        "run-c1-1.parquet",
+    ),
+    LoadRun(
+        1.0,
+        1,
+        {
+            "request_throughput": 0.7,
+            "output_throughput": 5.6,
+            "median_ttft_ms": 140.0,
+            "p99_ttft_ms": 220.0,
+            "request_goodput": 0.35,
+            "failed": 0.0,
+        },
+        "run-c1-2.parquet",
+    ),
+    LoadRun(
+        4.0,
+        0,
+        {
+            "request_throughput": 0.9,
+            "output_throughput": 7.2,
+            "median_ttft_ms": 900.0,
+            "p99_ttft_ms": 1500.0,
+            "request_goodput": 0.0,
+            "failed": 1.0,
+        },
+        "run-c4-1.parquet",
+    ),
+]
 
 
 @pytest.fixture
 def sweep_file(tmp_path):
     points = load_points(RUNS)
-    return write_load_sweep(tmp_path / "load_sweep.parquet", "concurrency", RUNS, points,
-                            {"source": "scenarios/chat.toml", "num_runs": 2}, complete=False)
+    return write_load_sweep(
+        tmp_path / "load_sweep.parquet",
+        "concurrency",
+        RUNS,
+        points,
+        {"source": "scenarios/chat.toml", "num_runs": 2},
+        complete=False,
+    )
 
 
 def test_the_points_read_back_as_written(sweep_file):

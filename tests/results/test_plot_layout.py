@@ -31,14 +31,28 @@ def figures(monkeypatch):
 
 
 def _sim(path, name, capacities, ideal):
-    rows = [{"capacity_blocks": c, "release_order": "tail-first", "cache_kind": "hash", "block_size": 16,
-             "token_hit_rate": min(ideal, c / 5000), "block_hit_rate": 0.5, "evictions": 0} for c in capacities]
-    return write_rows(path, rows, {"command": "sim", "ideal_token_hit_rate": ideal, "source": {"scenario": name}})
+    rows = [
+        {
+            "capacity_blocks": c,
+            "release_order": "tail-first",
+            "cache_kind": "hash",
+            "block_size": 16,
+            "token_hit_rate": min(ideal, c / 5000),
+            "block_hit_rate": 0.5,
+            "evictions": 0,
+        }
+        for c in capacities
+    ]
+    return write_rows(
+        path, rows, {"command": "sim", "ideal_token_hit_rate": ideal, "source": {"scenario": name}}
+    )
 
 
 def _sweep(path, block_size, hits=(0.1, 0.5, 0.95)):
-    points = [SweepPoint(8 * 4 ** i, h, 100 + 1200 * (1 - h), f"run-{i}.parquet", num_requests=30)
-              for i, h in enumerate(hits)]
+    points = [
+        SweepPoint(8 * 4**i, h, 100 + 1200 * (1 - h), f"run-{i}.parquet", num_requests=30)
+        for i, h in enumerate(hits)
+    ]
     context = {"scenario": "shared_2k", "cache": {"block_size": block_size}}
     return write_sweep_summary(path, build_sweep_summary(points, context))
 
@@ -48,17 +62,44 @@ def _run(path, enabled, num_warmup=0):
     for index in range(20):
         cached = 2000 if enabled and index else 0
         row = empty_row()
-        row.update(run_id=path.stem, request_index=index, request_id=f"q{index}", session_id=f"s{index}", turn=0,
-                   phase="warmup" if index < num_warmup else "measure", backend="inprocess", model="tiny", cache_enabled=enabled, cache_kind="hash",
-                   block_size=16, prompt_tokens=2063, cached_prompt_tokens=cached, output_tokens=8,
-                   ttft_ms=100 + 1200 * (1 - cached / 2063) + index % 3, tpot_ms=50.0, e2e_ms=500.0,
-                   itl_ms=[50.0] * 7, status="ok")
+        row.update(
+            run_id=path.stem,
+            request_index=index,
+            request_id=f"q{index}",
+            session_id=f"s{index}",
+            turn=0,
+            phase="warmup" if index < num_warmup else "measure",
+            backend="inprocess",
+            model="tiny",
+            cache_enabled=enabled,
+            cache_kind="hash",
+            block_size=16,
+            prompt_tokens=2063,
+            cached_prompt_tokens=cached,
+            output_tokens=8,
+            ttft_ms=100 + 1200 * (1 - cached / 2063) + index % 3,
+            tpot_ms=50.0,
+            e2e_ms=500.0,
+            itl_ms=[50.0] * 7,
+            status="ok",
+        )
         rows.append(row)
-    metadata = {"command": "run", "complete": True, "summary": summarize(rows).as_dict(),
-                "run": {"run_id": path.stem, "backend": "inprocess", "model": "tiny", "scenario": "shared_2k",
-                        "trace": {"path": "shared_2k.jsonl", "content_hash": "sha256:" + "a1" * 32},
-                        "cache": {"enabled": enabled, "block_size": 16, "capacity_blocks": 1024},
-                        "max_tokens": 8, "concurrency": 3, "seed": 7}}
+    metadata = {
+        "command": "run",
+        "complete": True,
+        "summary": summarize(rows).as_dict(),
+        "run": {
+            "run_id": path.stem,
+            "backend": "inprocess",
+            "model": "tiny",
+            "scenario": "shared_2k",
+            "trace": {"path": "shared_2k.jsonl", "content_hash": "sha256:" + "a1" * 32},
+            "cache": {"enabled": enabled, "block_size": 16, "capacity_blocks": 1024},
+            "max_tokens": 8,
+            "concurrency": 3,
+            "seed": 7,
+        },
+    }
     return write_rows(path, rows, metadata, schema=RUN_SCHEMA)
 
 
@@ -67,14 +108,21 @@ def _overlaps(a, b):
 
 
 def _points_px(axis):
-    return np.concatenate([axis.transData.transform(np.column_stack(line.get_data())) for line in axis.get_lines()
-                           if len(line.get_xdata()) and not line.get_linestyle() == "--"])
+    return np.concatenate(
+        [
+            axis.transData.transform(np.column_stack(line.get_data()))
+            for line in axis.get_lines()
+            if len(line.get_xdata()) and not line.get_linestyle() == "--"
+        ]
+    )
 
 
 def test_hit_rate_plot_puts_both_block_sizes_on_one_token_axis(tmp_path, figures):
-    inputs = [_sim(tmp_path / "mooncake.parquet", "mooncake", (250, 500, 1000, 1024, 2000, 4096), 0.91),
-              _sim(tmp_path / "zipf.parquet", "zipf", (64, 256, 1000, 1024), 0.82),
-              _sweep(tmp_path / "sweep.parquet", 512)]
+    inputs = [
+        _sim(tmp_path / "mooncake.parquet", "mooncake", (250, 500, 1000, 1024, 2000, 4096), 0.91),
+        _sim(tmp_path / "zipf.parquet", "zipf", (64, 256, 1000, 1024), 0.82),
+        _sweep(tmp_path / "sweep.parquet", 512),
+    ]
     build_report(load_results(inputs), tmp_path / "out")
     figure = figures["hit_rate_vs_cache_size.png"]
     axis = figure.axes[0]
@@ -84,8 +132,10 @@ def test_hit_rate_plot_puts_both_block_sizes_on_one_token_axis(tmp_path, figures
     assert list(sweep.get_xdata()) == [8 * 512, 32 * 512, 128 * 512]  # blocks x 512, not blocks
     assert list(lines["zipf sim (16-token blocks)"].get_xdata()) == [64 * 16, 256 * 16, 1000 * 16, 1024 * 16]
     # two unbounded lines, each dashed in its own series' colour
-    ideal_m, ideal_z = (lines[f"{name} sim (16-token blocks): unbounded cache ({v:.3f})"]
-                        for name, v in (("mooncake", 0.91), ("zipf", 0.82)))
+    ideal_m, ideal_z = (
+        lines[f"{name} sim (16-token blocks): unbounded cache ({v:.3f})"]
+        for name, v in (("mooncake", 0.91), ("zipf", 0.82))
+    )
     assert ideal_m.get_color() == lines["mooncake sim (16-token blocks)"].get_color()
     assert ideal_z.get_color() == lines["zipf sim (16-token blocks)"].get_color()
     assert ideal_m.get_color() != ideal_z.get_color() and ideal_m.get_linestyle() == "--"
@@ -100,12 +150,14 @@ def test_hit_rate_plot_puts_both_block_sizes_on_one_token_axis(tmp_path, figures
 
 def test_spaced_ticks_drop_near_neighbours():
     assert plots.spaced_ticks([16_000, 16_384, 32_768, 64_000, 65_536]) == [16_000, 32_768, 64_000]
-    assert len(plots.spaced_ticks([2.0 ** k for k in range(40)])) <= 12
+    assert len(plots.spaced_ticks([2.0**k for k in range(40)])) <= 12
 
 
 def test_sweep_fit_legend_hides_no_point_and_two_points_print_no_r_squared(tmp_path, figures):
-    build_report(load_results([_sweep(tmp_path / "a.parquet", 16), _sweep(tmp_path / "b.parquet", 16, (0.1, 0.6))]),
-                 tmp_path / "out")
+    build_report(
+        load_results([_sweep(tmp_path / "a.parquet", 16), _sweep(tmp_path / "b.parquet", 16, (0.1, 0.6))]),
+        tmp_path / "out",
+    )
     for name in ("ttft_vs_hit_rate_sweep1.png", "ttft_vs_hit_rate_sweep2.png"):
         axis = figures[name].axes[0]
         legend = axis.get_legend().get_window_extent()
@@ -113,13 +165,18 @@ def test_sweep_fit_legend_hides_no_point_and_two_points_print_no_r_squared(tmp_p
         points = axis.transData.transform(np.column_stack(markers[0].get_data()))
         assert len(points) and not any(legend.contains(x, y) for x, y in points)
         assert legend.y1 <= axis.get_window_extent().y0
-    two_point = [t.get_text() for t in figures["ttft_vs_hit_rate_sweep2.png"].axes[0].get_legend().get_texts()]
+    two_point = [
+        t.get_text() for t in figures["ttft_vs_hit_rate_sweep2.png"].axes[0].get_legend().get_texts()
+    ]
     assert any("2 points (not meaningful)" in t for t in two_point) and not any("R^2" in t for t in two_point)
 
 
 def test_ttft_by_request_with_two_runs_keeps_the_axes_full_height(tmp_path, figures):
     names = ["2026-12-01T10-11-12_shared_2k_run_aaaa", "2026-12-01T10-11-13_shared_2k_run_bbbb"]
-    inputs = [_run(tmp_path / f"{name}.parquet", enabled, num_warmup=2) for name, enabled in zip(names, (False, True))]
+    inputs = [
+        _run(tmp_path / f"{name}.parquet", enabled, num_warmup=2)
+        for name, enabled in zip(names, (False, True))
+    ]
     build_report(load_results(inputs), tmp_path / "out")
     figure = figures["ttft_by_request_1.png"]
     axis = figure.axes[0]
@@ -138,7 +195,9 @@ def test_run_headings_are_short_and_distinct():
     assert short_names(["x" * 30, "x" * 30]) == ["run 1", "run 2"]
     assert short_names(["sim", *stamps], fallback="file") == ["sim", "aaaa", "bbbb"]
     assert short_names(["2026-12-01T10-11-12_a_run_same", "2026-12-01T10-11-13_a_run_same"]) == [
-        "2026-12-01T10-11-12", "2026-12-01T10-11-13"]
+        "2026-12-01T10-11-12",
+        "2026-12-01T10-11-13",
+    ]
 
 
 def test_html_page_shows_setup_block_sizes_and_distinct_run_columns(tmp_path):

@@ -31,32 +31,91 @@ def write_run(path, *, enabled, content_hash=SHARED_HASH, scenario="shared_2k", 
         cached = 2000 + 200 * turn if enabled and index else 0
         ttft = 100 + 1200 * (1 - cached / prompt) + rng.normal(0, 3)
         row = empty_row()
-        row.update(run_id=path.stem, request_index=index, request_id=f"q{index}", session_id=f"s{index // num_turns}",
-                   turn=turn, phase="measure", backend="inprocess", model="tiny", cache_enabled=enabled,
-                   cache_kind="hash", block_size=16, prompt_tokens=prompt, cached_prompt_tokens=cached,
-                   output_tokens=8, ttft_ms=ttft, tpot_ms=50.0, e2e_ms=ttft + 350.0, itl_ms=[50.0] * 7, status="ok")
+        row.update(
+            run_id=path.stem,
+            request_index=index,
+            request_id=f"q{index}",
+            session_id=f"s{index // num_turns}",
+            turn=turn,
+            phase="measure",
+            backend="inprocess",
+            model="tiny",
+            cache_enabled=enabled,
+            cache_kind="hash",
+            block_size=16,
+            prompt_tokens=prompt,
+            cached_prompt_tokens=cached,
+            output_tokens=8,
+            ttft_ms=ttft,
+            tpot_ms=50.0,
+            e2e_ms=ttft + 350.0,
+            itl_ms=[50.0] * 7,
+            status="ok",
+        )
         rows.append(row)
-    metadata = {"command": "run", "machine": MACHINE, "complete": True, "summary": summarize(rows).as_dict(),
-                "run": {"run_id": path.stem, "backend": "inprocess", "model": "tiny", "scenario": scenario,
-                        "trace": {"path": f"{scenario}.jsonl", "content_hash": content_hash, "generator": None,
-                                  "params": {}},
-                        "cache": {"enabled": enabled, "kind": "hash", "block_size": 16, "capacity_blocks": 1024,
-                                  "ttl_s": None, "release_order": "tail-first", "hash_algo": "sha256",
-                                  "hash_bits": None},
-                        "max_tokens": 8, "concurrency": 1, "seed": 0}}
+    metadata = {
+        "command": "run",
+        "machine": MACHINE,
+        "complete": True,
+        "summary": summarize(rows).as_dict(),
+        "run": {
+            "run_id": path.stem,
+            "backend": "inprocess",
+            "model": "tiny",
+            "scenario": scenario,
+            "trace": {
+                "path": f"{scenario}.jsonl",
+                "content_hash": content_hash,
+                "generator": None,
+                "params": {},
+            },
+            "cache": {
+                "enabled": enabled,
+                "kind": "hash",
+                "block_size": 16,
+                "capacity_blocks": 1024,
+                "ttl_s": None,
+                "release_order": "tail-first",
+                "hash_algo": "sha256",
+                "hash_bits": None,
+            },
+            "max_tokens": 8,
+            "concurrency": 1,
+            "seed": 0,
+        },
+    }
     return write_rows(path, rows, metadata, schema=RUN_SCHEMA)
 
 
 def write_sim(path):
-    rows = [{"capacity_blocks": c, "release_order": "tail-first", "cache_kind": "hash", "block_size": 16,
-             "token_hit_rate": h, "block_hit_rate": h, "evictions": 0} for c, h in ((64, 0.1), (256, 0.5), (1024, 0.9))]
-    return write_rows(path, rows, {"command": "sim", "ideal_token_hit_rate": 0.95,
-                                   "source": {"scenario": "scenarios/multi_prefix_zipf.toml"}})
+    rows = [
+        {
+            "capacity_blocks": c,
+            "release_order": "tail-first",
+            "cache_kind": "hash",
+            "block_size": 16,
+            "token_hit_rate": h,
+            "block_hit_rate": h,
+            "evictions": 0,
+        }
+        for c, h in ((64, 0.1), (256, 0.5), (1024, 0.9))
+    ]
+    return write_rows(
+        path,
+        rows,
+        {
+            "command": "sim",
+            "ideal_token_hit_rate": 0.95,
+            "source": {"scenario": "scenarios/multi_prefix_zipf.toml"},
+        },
+    )
 
 
 def write_sweep(path):
-    points = [SweepPoint(c, h, 100 + 1200 * (1 - h), f"run-{c}.parquet", num_requests=30)
-              for c, h in ((64, 0.1), (256, 0.5), (1024, 0.95))]
+    points = [
+        SweepPoint(c, h, 100 + 1200 * (1 - h), f"run-{c}.parquet", num_requests=30)
+        for c, h in ((64, 0.1), (256, 0.5), (1024, 0.95))
+    ]
     return write_sweep_summary(path, build_sweep_summary(points, {"scenario": "shared_2k"}))
 
 
@@ -70,9 +129,15 @@ def png_size(path):
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("results")
-    return [write_run(folder / "off.parquet", enabled=False), write_run(folder / "on.parquet", enabled=True),
-            write_run(folder / "chat.parquet", enabled=True, content_hash=CHAT_HASH, scenario="chat", num_turns=4),
-            write_sim(folder / "sim.parquet"), write_sweep(folder / "sweep.parquet")]
+    return [
+        write_run(folder / "off.parquet", enabled=False),
+        write_run(folder / "on.parquet", enabled=True),
+        write_run(
+            folder / "chat.parquet", enabled=True, content_hash=CHAT_HASH, scenario="chat", num_turns=4
+        ),
+        write_sim(folder / "sim.parquet"),
+        write_sweep(folder / "sweep.parquet"),
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -89,9 +154,18 @@ def test_files_are_read_by_kind(inputs):
 
 def test_plots_are_valid_pngs_of_non_trivial_size(report):
     names = sorted(figure.path.name for figure in report.figures)
-    assert names == sorted(["hit_rate_vs_cache_size.png", "ttft_vs_hit_rate_sweep1.png", "ttft_vs_hit_rate_runs1.png",
-                            "ttft_cdf_1.png", "ttft_by_request_1.png", "ttft_cdf_2.png", "ttft_by_request_2.png",
-                            "cached_tokens_per_turn_2.png"])
+    assert names == sorted(
+        [
+            "hit_rate_vs_cache_size.png",
+            "ttft_vs_hit_rate_sweep1.png",
+            "ttft_vs_hit_rate_runs1.png",
+            "ttft_cdf_1.png",
+            "ttft_by_request_1.png",
+            "ttft_cdf_2.png",
+            "ttft_by_request_2.png",
+            "cached_tokens_per_turn_2.png",
+        ]
+    )
     for figure in report.figures:
         width, height = png_size(figure.path)
         assert width >= 600 and height >= 400
@@ -129,9 +203,13 @@ def test_bad_inputs_are_one_line_input_errors(tmp_path):
     pq.write_table(pa.table({"x": [1]}), tmp_path / "plain.parquet")
     write_rows(tmp_path / "other.parquet", [{"x": 1}], {"command": "memory"})
     write_rows(tmp_path / "thin.parquet", [{"request_index": 0}], {"command": "run"})
-    for name, problem in (("missing.parquet", "no such file"), ("text.parquet", "not a readable Parquet"),
-                          ("plain.parquet", "without kvbench metadata"), ("other.parquet", "'memory'"),
-                          ("thin.parquet", "without the column")):
+    for name, problem in (
+        ("missing.parquet", "no such file"),
+        ("text.parquet", "not a readable Parquet"),
+        ("plain.parquet", "without kvbench metadata"),
+        ("other.parquet", "'memory'"),
+        ("thin.parquet", "without the column"),
+    ):
         with pytest.raises(InputError, match=problem):
             load_result(tmp_path / name)
     with pytest.raises(InputError, match="is a folder"):
@@ -156,8 +234,16 @@ def test_describe_cache_in_words():
 
     assert describe_cache({"enabled": False}) == "cache off"
     assert describe_cache({"enabled": None, "block_size": 32}) == "server's cache (32-tok blocks expected)"
-    words = describe_cache({"enabled": True, "kind": "hash", "block_size": 16, "capacity_blocks": 1024,
-                            "ttl_s": 300, "release_order": "tail-first"})
+    words = describe_cache(
+        {
+            "enabled": True,
+            "kind": "hash",
+            "block_size": 16,
+            "capacity_blocks": 1024,
+            "ttl_s": 300,
+            "release_order": "tail-first",
+        }
+    )
     assert words == "prefix cache (hash), 16-tok blocks, 1,024 blocks, LRU, TTL 300 s"
 
 
@@ -166,9 +252,19 @@ def test_an_http_runs_cache_is_the_servers_not_off(tmp_path):
     from kvbench.results.parquet import write_rows
 
     row = empty_row()
-    row.update(request_index=0, phase="measure", status="ok", turn=0, prompt_tokens=10, cached_prompt_tokens=0,
-               ttft_ms=5.0, backend="openai", cache_enabled=None)
-    path = write_rows(tmp_path / "http.parquet", [row], {"command": "run", "run": {"cache": {"enabled": None}}},
-                      RUN_SCHEMA)
+    row.update(
+        request_index=0,
+        phase="measure",
+        status="ok",
+        turn=0,
+        prompt_tokens=10,
+        cached_prompt_tokens=0,
+        ttft_ms=5.0,
+        backend="openai",
+        cache_enabled=None,
+    )
+    path = write_rows(
+        tmp_path / "http.parquet", [row], {"command": "run", "run": {"cache": {"enabled": None}}}, RUN_SCHEMA
+    )
     result = load_result(path)
     assert result.cache_enabled is None and result.label == "http (server's cache)"

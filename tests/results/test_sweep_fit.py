@@ -8,7 +8,12 @@ from kvbench.results.parquet import read_metadata, write_rows
 from kvbench.results.schema import RUN_SCHEMA, empty_row
 from kvbench.results.summary import summarize
 from kvbench.results.sweep import (
-    Fit, SweepPoint, build_sweep_summary, fit_ttft_vs_miss_rate, read_sweep_summary, write_sweep_summary,
+    Fit,
+    SweepPoint,
+    build_sweep_summary,
+    fit_ttft_vs_miss_rate,
+    read_sweep_summary,
+    write_sweep_summary,
 )
 
 A_MS, B_MS = 80.0, 1200.0  # warm floor and full-prefill cost of the synthetic engine
@@ -23,9 +28,18 @@ def synthetic_run_rows(hit_rate, num_requests=40, noise_ms=0.0, seed=0):
     for index in range(num_requests):
         row = empty_row()
         ttft = A_MS + B_MS * (1 - cached / PROMPT_TOKENS) + rng.normal(0, noise_ms)
-        row.update(request_index=index, request_id=f"r{index}", phase="measure", status="ok", turn=0,
-                   prompt_tokens=PROMPT_TOKENS, cached_prompt_tokens=cached, output_tokens=1, ttft_ms=ttft,
-                   e2e_ms=ttft)
+        row.update(
+            request_index=index,
+            request_id=f"r{index}",
+            phase="measure",
+            status="ok",
+            turn=0,
+            prompt_tokens=PROMPT_TOKENS,
+            cached_prompt_tokens=cached,
+            output_tokens=1,
+            ttft_ms=ttft,
+            e2e_ms=ttft,
+        )
         rows.append(row)
     return rows
 
@@ -56,14 +70,17 @@ def test_flat_ttft_fits_a_flat_line_with_r_squared_one():
     assert fit.r_squared == 1.0
 
 
-@pytest.mark.parametrize("hits, ttft, problem", [
-    ([0.5], [100.0], "at least 2 points"),
-    ([0.5, 0.5], [100.0, 120.0], "distinct hit rates"),
-    ([0.1, 0.5], [100.0], "2 hit rates but 1"),
-    ([0.1, 1.5], [100.0, 120.0], r"\[0, 1\]"),
-    ([0.1, None], [100.0, 120.0], "no None"),
-    ([0.1, 0.2], [100.0, float("nan")], "finite"),
-])
+@pytest.mark.parametrize(
+    "hits, ttft, problem",
+    [
+        ([0.5], [100.0], "at least 2 points"),
+        ([0.5, 0.5], [100.0, 120.0], "distinct hit rates"),
+        ([0.1, 0.5], [100.0], "2 hit rates but 1"),
+        ([0.1, 1.5], [100.0, 120.0], r"\[0, 1\]"),
+        ([0.1, None], [100.0, 120.0], "no None"),
+        ([0.1, 0.2], [100.0, float("nan")], "finite"),
+    ],
+)
 def test_fit_rejects_unusable_input(hits, ttft, problem):
     with pytest.raises(ValueError, match=problem):
         fit_ttft_vs_miss_rate(hits, ttft)
@@ -81,9 +98,11 @@ def test_points_and_fits_validate_their_fields():
 
 
 def test_summary_sorts_points_and_fits_only_measured_ones():
-    points = [SweepPoint(256, 0.6, A_MS + B_MS * 0.4, "c.parquet"),
-              SweepPoint(64, None, None, "a.parquet", num_requests=10, num_errors=10),
-              SweepPoint(128, 0.2, A_MS + B_MS * 0.8, "b.parquet")]
+    points = [
+        SweepPoint(256, 0.6, A_MS + B_MS * 0.4, "c.parquet"),
+        SweepPoint(64, None, None, "a.parquet", num_requests=10, num_errors=10),
+        SweepPoint(128, 0.2, A_MS + B_MS * 0.8, "b.parquet"),
+    ]
     summary = build_sweep_summary(points, {"scenario": "shared_2k"})
     assert [p.capacity_blocks for p in summary.points] == [64, 128, 256]
     assert summary.fit.num_points == 2 and summary.fit.a_ms == pytest.approx(A_MS)
@@ -92,8 +111,10 @@ def test_summary_sorts_points_and_fits_only_measured_ones():
 
 
 def test_summary_file_round_trips(tmp_path):
-    points = [SweepPoint(c, h, A_MS + B_MS * (1 - h), f"run-{c}.parquet", p90_ttft_ms=None, num_requests=50)
-              for c, h in ((64, 0.1), (128, 0.4), (512, 0.9))]
+    points = [
+        SweepPoint(c, h, A_MS + B_MS * (1 - h), f"run-{c}.parquet", p90_ttft_ms=None, num_requests=50)
+        for c, h in ((64, 0.1), (128, 0.4), (512, 0.9))
+    ]
     summary = build_sweep_summary(points, {"scenario": "shared_2k", "cache": {"block_size": BLOCK_SIZE}})
     path = write_sweep_summary(tmp_path / "sweep.parquet", summary)
     metadata = read_metadata(path)
@@ -103,7 +124,9 @@ def test_summary_file_round_trips(tmp_path):
 
 
 def test_reading_a_run_file_as_a_sweep_is_an_input_error(tmp_path):
-    path = write_rows(tmp_path / "run.parquet", synthetic_run_rows(0.5, 2), {"command": "run"}, schema=RUN_SCHEMA)
+    path = write_rows(
+        tmp_path / "run.parquet", synthetic_run_rows(0.5, 2), {"command": "run"}, schema=RUN_SCHEMA
+    )
     with pytest.raises(InputError, match="not a sweep summary"):
         read_sweep_summary(path)
 

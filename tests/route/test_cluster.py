@@ -59,7 +59,9 @@ def test_bounded_loads_never_exceed_the_bound(chat8):
     options = RouterOptions(prefix_tokens=128, epsilon=0.25)
     run = simulate_cluster(trace, make_router("prefix-hash", 4, 16, options), ClusterConfig(4, cache, SLOW))
     for loads, replica in zip(run.loads, run.replica):
-        assert loads[replica] + 1 <= load_bound(loads.tolist(), 0.25) == math.ceil(1.25 * (loads.sum() + 1) / 4)
+        assert (
+            loads[replica] + 1 <= load_bound(loads.tolist(), 0.25) == math.ceil(1.25 * (loads.sum() + 1) / 4)
+        )
     assert len(set(run.replica.tolist())) > 1  # one key for everyone, yet the bound spread the load
     assert run.loads.max() > 1  # queues did form, so the bound was tested
 

@@ -37,7 +37,14 @@ def test_route_all_policies_writes_one_row_per_policy(kvbench, scenario, tmp_pat
     assert code == 0, stderr
     assert "8 replicas x 256 blocks of 16 tokens" in stdout  # the middle of [sim] sizes
     table = pq.read_table(out).to_pydict()
-    assert table["policy"] == ["round-robin", "random", "least-loaded", "session", "prefix-hash", "cache-aware"]
+    assert table["policy"] == [
+        "round-robin",
+        "random",
+        "least-loaded",
+        "session",
+        "prefix-hash",
+        "cache-aware",
+    ]
     # not a terminal: a status line as each policy finishes (issue 30 item 6), in order
     assert [line.split()[1] for line in stderr.splitlines() if line.startswith("routed: ")] == table["policy"]
     assert "routed: cache-aware (6 of 6 policies)" in stderr
@@ -46,7 +53,13 @@ def test_route_all_policies_writes_one_row_per_policy(kvbench, scenario, tmp_pat
     assert all(len(r) == 8 for r in table["replica_token_hit_rates"])
     assert all(sum(r) == table["num_requests"][0] for r in table["replica_requests"])
     assert table["requests_max_over_mean"][table["policy"].index("cache-aware")] == pytest.approx(8.0)
-    assert {"median_ttft_ms", "p99_ttft_ms", "p99_queue_ms", "busy_max_over_mean", "prefix_copies_mean"} <= set(table)
+    assert {
+        "median_ttft_ms",
+        "p99_ttft_ms",
+        "p99_queue_ms",
+        "busy_max_over_mean",
+        "prefix_copies_mean",
+    } <= set(table)
     metadata = read_metadata(out)
     assert metadata["command"] == "route" and metadata["num_replicas"] == 8
     assert metadata["decisions"]["cache-aware"]["match"] > 0
@@ -56,21 +69,36 @@ def test_route_all_policies_writes_one_row_per_policy(kvbench, scenario, tmp_pat
 
 def test_route_one_policy_with_flags(kvbench, scenario, tmp_path):
     out = tmp_path / "one.parquet"
-    code, _, stderr = kvbench("route", scenario, "--replicas", 2, "--policy", "session,least-loaded",
-                              "--capacity", 32, "--prefill-ms-per-token", 1.0, "--out", out)
+    code, _, stderr = kvbench(
+        "route",
+        scenario,
+        "--replicas",
+        2,
+        "--policy",
+        "session,least-loaded",
+        "--capacity",
+        32,
+        "--prefill-ms-per-token",
+        1.0,
+        "--out",
+        out,
+    )
     assert code == 0, stderr
     assert pq.read_table(out).column("policy").to_pylist() == ["session", "least-loaded"]
     assert read_metadata(out)["service"]["prefill_ms_per_token"] == 1.0
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--policy", "sticky"], "--policy: 'sticky' is not one of"),
-    (["--replicas", "0"], "--replicas: 0 is not a positive number"),
-    (["--capacity", "-1"], "--capacity: -1"),
-    (["--prefill-base-ms", "-5"], "--prefill-base-ms: -5.0"),
-    (["--cache-threshold", "2"], "--cache-threshold: must be in [0, 1], got 2.0"),
-    (["--epsilon", "0"], "--epsilon: must be positive"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--policy", "sticky"], "--policy: 'sticky' is not one of"),
+        (["--replicas", "0"], "--replicas: 0 is not a positive number"),
+        (["--capacity", "-1"], "--capacity: -1"),
+        (["--prefill-base-ms", "-5"], "--prefill-base-ms: -5.0"),
+        (["--cache-threshold", "2"], "--cache-threshold: must be in [0, 1], got 2.0"),
+        (["--epsilon", "0"], "--epsilon: must be positive"),
+    ],
+)
 def test_route_bad_input_is_one_line(kvbench, scenario, tmp_path, args, message):
     code, _, stderr = kvbench("route", scenario, "--out", tmp_path / "x.parquet", *args)
     assert code == 2 and message in stderr and "Traceback" not in stderr
@@ -81,9 +109,19 @@ def test_fit_recovers_a_linear_prefill_model(tmp_path, kvbench):
     prompt, cached = [100, 200, 400, 800, 800], [0, 100, 0, 400, 0]
     ttft = [12.0 + 0.25 * (p - c) for p, c in zip(prompt, cached)]
     path = tmp_path / "run.parquet"
-    pq.write_table(pa.table({"prompt_tokens": prompt, "cached_prompt_tokens": cached, "ttft_ms": ttft,
-                             "tpot_ms": [30.0, 31.0, 29.0, 30.0, None], "status": ["ok"] * 5,
-                             "phase": ["measure"] * 5}), path)
+    pq.write_table(
+        pa.table(
+            {
+                "prompt_tokens": prompt,
+                "cached_prompt_tokens": cached,
+                "ttft_ms": ttft,
+                "tpot_ms": [30.0, 31.0, 29.0, 30.0, None],
+                "status": ["ok"] * 5,
+                "phase": ["measure"] * 5,
+            }
+        ),
+        path,
+    )
     model = fit_service_model(path)
     assert model.prefill_base_ms == pytest.approx(12.0) and model.prefill_ms_per_token == pytest.approx(0.25)
     assert model.decode_ms_per_token == pytest.approx(30.0)

@@ -4,7 +4,14 @@ import pytest
 
 from kvbench.cache.block_hash import BlockHasher
 from kvbench.route.cache_aware import CacheAware, CacheAwareConfig, is_imbalanced
-from kvbench.route.policies import HashRing, LeastLoaded, PrefixHashBounded, RequestView, RoundRobin, SessionHash
+from kvbench.route.policies import (
+    HashRing,
+    LeastLoaded,
+    PrefixHashBounded,
+    RequestView,
+    RoundRobin,
+    SessionHash,
+)
 
 HASHER = BlockHasher(4)
 
@@ -44,7 +51,10 @@ def test_bounded_loads_walk_the_ring_past_full_replicas():
     loads = [0, 0, 0, 0]
     loads[owner] = 3  # bound = ceil(1.5 x (3 + 1) / 4) = 2: the owner is full
     second = router.choose(view(SHARED), loads)
-    assert second != owner and second == list(router.ring.walk(bytes(HASHER.prompt_blocks(SHARED).block_hashes[1])))[1]
+    assert (
+        second != owner
+        and second == list(router.ring.walk(bytes(HASHER.prompt_blocks(SHARED).block_hashes[1])))[1]
+    )
 
 
 def test_imbalance_needs_both_thresholds():
@@ -77,7 +87,10 @@ def test_cache_aware_falls_back_to_the_least_loaded_when_imbalanced():
     router = primed()
     assert router.choose(view(SHARED), [100, 30, 0, 50]) == 2  # imbalanced: shortest queue, match ignored
     assert router.decisions["balance"] == 1
-    assert router.tree.owners[HASHER.prompt_blocks(SHARED).block_hashes[-1]].keys() == {0, 2}  # still recorded
+    assert router.tree.owners[HASHER.prompt_blocks(SHARED).block_hashes[-1]].keys() == {
+        0,
+        2,
+    }  # still recorded
 
 
 def test_cache_aware_tree_eviction_drops_least_recently_used_leaves_first():
@@ -86,7 +99,9 @@ def test_cache_aware_tree_eviction_drops_least_recently_used_leaves_first():
     router.choose(view([300] * 40, arrival_s=11.0), [0, 0, 0, 0])  # eviction runs first (t = 11 >= 10)
     keys = HASHER.prompt_blocks(SHARED).block_hashes
     assert router.tree.size_blocks[0] == 6
-    assert all(0 in router.tree.owners[k] for k in keys[:6]) and not any(k in router.tree.owners for k in keys[6:])
+    assert all(0 in router.tree.owners[k] for k in keys[:6]) and not any(
+        k in router.tree.owners for k in keys[6:]
+    )
 
 
 def test_cache_aware_config_is_validated():

@@ -12,12 +12,23 @@ from kvbench.workloads.tokenizer import TiktokenTokenizer
 
 TOKENIZER = TiktokenTokenizer()
 SYSTEM = Message("system", "You answer questions about inference servers in one short line. " * 3)
-Q1, A1, Q2 = Message("user", "What is a block?"), Message("assistant", "Sixteen tokens."), Message("user", "Why?")
+Q1, A1, Q2 = (
+    Message("user", "What is a block?"),
+    Message("assistant", "Sixteen tokens."),
+    Message("user", "Why?"),
+)
 
 
 def chat_request(index, session, turn, messages, max_tokens=24):
-    return Request(index, f"r{index}", session, turn, TOKENIZER.render_messages(messages), max_tokens=max_tokens,
-                   messages=tuple(messages))
+    return Request(
+        index,
+        f"r{index}",
+        session,
+        turn,
+        TOKENIZER.render_messages(messages),
+        max_tokens=max_tokens,
+        messages=tuple(messages),
+    )
 
 
 def two_turns():
@@ -26,8 +37,14 @@ def two_turns():
 
 def reply(text, ids=None, cached=None):
     ids = TOKENIZER.encode(text) if ids is None else ids
-    return RequestRecord(Status.OK, 0, cached_prompt_tokens=cached, output_tokens=len(ids),
-                         output_token_ids=tuple(ids), output_text=text)
+    return RequestRecord(
+        Status.OK,
+        0,
+        cached_prompt_tokens=cached,
+        output_tokens=len(ids),
+        output_token_ids=tuple(ids),
+        output_text=text,
+    )
 
 
 REPLY = "A fixed-size page of keys and values, so that prefixes are shared block by block and freed alike."
@@ -48,7 +65,7 @@ def test_the_next_turn_carries_the_real_reply_and_expects_its_blocks():
     sent_second = live.prepare(second)
     assert sent_second.messages == (SYSTEM, Q1, Message("assistant", REPLY), Q2)
     prefix = np.concatenate([first.token_ids, reply_ids])
-    np.testing.assert_array_equal(sent_second.token_ids[:len(prefix)], prefix)
+    np.testing.assert_array_equal(sent_second.token_ids[: len(prefix)], prefix)
     recorded = live.finished(sent_second, reply("ok", cached=first.num_tokens // 16 * 16))
     # generated blocks cached: every full block of prompt + reply - 1 the next prompt shares
     stored = first.num_tokens + len(reply_ids) - 1
@@ -63,7 +80,9 @@ def test_a_reply_that_re_tokenizes_differently_is_counted():
     first, second = two_turns()
     live = LiveTurns([first, second], TOKENIZER, None)
     text = "token caching"
-    split = [t for piece in ("tok", "en", " caching") for t in TOKENIZER.encode(piece)]  # same text, other ids
+    split = [
+        t for piece in ("tok", "en", " caching") for t in TOKENIZER.encode(piece)
+    ]  # same text, other ids
     assert TOKENIZER.decode(split) == text and split != TOKENIZER.encode(text)
     live.finished(live.prepare(first), reply(text, ids=split, cached=0))
     assert live.finished(live.prepare(second), reply("x")).expected_cached_tokens == 0  # prefix caching off
@@ -96,7 +115,9 @@ def test_the_send_loop_sends_and_records_what_the_hook_built():
     clock = VirtualClock()
     records = clock.run(send_requests(requests, backend, LoadConfig(), clock=clock, turns=live))
     assert [r.messages[-2].content for r in backend.seen[1:]] == ["Reply to turn 0."]
-    assert [request.messages for request, _ in records] == [r.messages for r in backend.seen]  # recorded as sent
+    assert [request.messages for request, _ in records] == [
+        r.messages for r in backend.seen
+    ]  # recorded as sent
     assert [request.expected_cached_tokens for request, _ in records] == [0, live.expected_generated[1]]
     assert live.expected_generated[1] > 0
 

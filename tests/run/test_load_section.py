@@ -6,7 +6,15 @@ import pytest
 
 from kvbench.backends.openai.hygiene import Hygiene
 from kvbench.errors import InputError
-from kvbench.run.config import DEFAULT_BASE_URL, BackendKind, RunConfig, RunFlags, Schedule, ServerFlags, TurnMode
+from kvbench.run.config import (
+    DEFAULT_BASE_URL,
+    BackendKind,
+    RunConfig,
+    RunFlags,
+    Schedule,
+    ServerFlags,
+    TurnMode,
+)
 from kvbench.run.load_section import load_backend, read_load_section, with_load_section
 from kvbench.run.loop import LoadConfig
 
@@ -16,7 +24,9 @@ kind = "one-off"
 num_requests = 3
 prompt_tokens = 20
 """
-LOAD = BASE + """
+LOAD = (
+    BASE
+    + """
 [load]
 backend = "openai"
 base_url = "http://10.0.0.9:8000/v1"
@@ -29,6 +39,7 @@ schedule = "trace"
 time_scale = 10
 turns = "live"
 """
+)
 
 
 def scenario(tmp_path, text, name="s.toml"):
@@ -39,15 +50,27 @@ def scenario(tmp_path, text, name="s.toml"):
 
 def test_the_load_section_fills_what_no_flag_gave(tmp_path):
     path = scenario(tmp_path, LOAD)
-    assert load_backend(path) is BackendKind.OPENAI and load_backend(scenario(tmp_path, BASE, "plain.toml")) is BackendKind.INPROCESS
-    config = with_load_section(RunConfig(path, BackendKind.OPENAI, run=RunFlags(concurrency=2),
-                                         server=ServerFlags(hygiene=Hygiene.SALT)))
+    assert (
+        load_backend(path) is BackendKind.OPENAI
+        and load_backend(scenario(tmp_path, BASE, "plain.toml")) is BackendKind.INPROCESS
+    )
+    config = with_load_section(
+        RunConfig(
+            path, BackendKind.OPENAI, run=RunFlags(concurrency=2), server=ServerFlags(hygiene=Hygiene.SALT)
+        )
+    )
     server = config.server
-    assert (server.url, server.key_variable, config.model.path) == ("http://10.0.0.9:8000/v1", "TEAM_KEY", "llama")
+    assert (server.url, server.key_variable, config.model.path) == (
+        "http://10.0.0.9:8000/v1",
+        "TEAM_KEY",
+        "llama",
+    )
     assert config.run.concurrency == 2 and server.hygiene is Hygiene.SALT  # the flags win
     assert (server.duration, server.schedule, server.trace_time_scale) == (30.0, Schedule.TRACE, 10.0)
     assert server.turns is TurnMode.LIVE
-    flagged = with_load_section(RunConfig(path, BackendKind.OPENAI, server=ServerFlags(turns=TurnMode.SCRIPTED)))
+    flagged = with_load_section(
+        RunConfig(path, BackendKind.OPENAI, server=ServerFlags(turns=TurnMode.SCRIPTED))
+    )
     assert flagged.server.turns is TurnMode.SCRIPTED  # the flag wins
 
 
@@ -56,13 +79,22 @@ def test_an_in_process_run_ignores_the_load_section(tmp_path):
     assert with_load_section(config) is config
 
 
-@pytest.mark.parametrize(("extra", "message"), [
-    ('api_key = "sk-123"', r"s.toml: field 'load.api_key': a key never goes in a file"),
-    ('rate = -1', r"s.toml:\d+: field 'load.rate': rate must be a positive number"),
-    ('hygiene = "maybe"', r"s.toml:\d+: field 'load.hygiene': expected 'salt', 'nonce' or 'off', got 'maybe'"),
-    ('turbo = true', r"s.toml:\d+: field 'load.turbo': unknown key"),
-    ('turns = "replayed"', r"s.toml:\d+: field 'load.turns': expected 'scripted' or 'live', got 'replayed'"),
-])
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ('api_key = "sk-123"', r"s.toml: field 'load.api_key': a key never goes in a file"),
+        ("rate = -1", r"s.toml:\d+: field 'load.rate': rate must be a positive number"),
+        (
+            'hygiene = "maybe"',
+            r"s.toml:\d+: field 'load.hygiene': expected 'salt', 'nonce' or 'off', got 'maybe'",
+        ),
+        ("turbo = true", r"s.toml:\d+: field 'load.turbo': unknown key"),
+        (
+            'turns = "replayed"',
+            r"s.toml:\d+: field 'load.turns': expected 'scripted' or 'live', got 'replayed'",
+        ),
+    ],
+)
 def test_bad_load_keys_are_one_line_errors(tmp_path, extra, message):
     with pytest.raises(InputError, match=message):
         read_load_section(scenario(tmp_path, BASE + "\n[load]\n" + extra + "\n"))
@@ -90,4 +122,6 @@ def test_schedule_trace_flags_build_a_trace_replay():
         ServerFlags(schedule=Schedule.TRACE, time_scale=-1)
     assert ServerFlags(schedule=Schedule.TRACE).trace_time_scale == 1.0
     assert math.isinf(ServerFlags(schedule=Schedule.TRACE).rate_per_s)
-    assert LoadConfig(concurrency=None, time_scale=ServerFlags(schedule=Schedule.TRACE).trace_time_scale).is_open_loop
+    assert LoadConfig(
+        concurrency=None, time_scale=ServerFlags(schedule=Schedule.TRACE).trace_time_scale
+    ).is_open_loop

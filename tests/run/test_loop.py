@@ -38,8 +38,15 @@ class TimedBackend:
             self.lock.release()
         self.in_flight -= 1
         self.finished[request.index] = self.clock.now()
-        return RequestRecord(Status.OK, request.num_tokens, 0, 1, ttft_ms=self.service_s * 1e3,
-                             e2e_ms=self.service_s * 1e3, queue_ms=waited_ms)
+        return RequestRecord(
+            Status.OK,
+            request.num_tokens,
+            0,
+            1,
+            ttft_ms=self.service_s * 1e3,
+            e2e_ms=self.service_s * 1e3,
+            queue_ms=waited_ms,
+        )
 
 
 def requests_of(sessions):
@@ -47,8 +54,16 @@ def requests_of(sessions):
     turns, made = {}, []
     for index, session in enumerate(sessions):
         turns[session] = turns.get(session, -1) + 1
-        made.append(Request(index, f"{session}{index}", session, turns[session], np.arange(10, dtype=np.uint32),
-                            max_tokens=4))
+        made.append(
+            Request(
+                index,
+                f"{session}{index}",
+                session,
+                turns[session],
+                np.arange(10, dtype=np.uint32),
+                max_tokens=4,
+            )
+        )
     return made
 
 
@@ -56,7 +71,9 @@ def run(requests, load, service_s=0.05, exclusive=False):
     clock = VirtualClock()
     backend = TimedBackend(clock, service_s, exclusive)
     seen = []
-    records = clock.run(send_requests(requests, backend, load, lambda r, rec: seen.append(r.index), clock=clock))
+    records = clock.run(
+        send_requests(requests, backend, load, lambda r, rec: seen.append(r.index), clock=clock)
+    )
     assert seen == [request.index for request, _ in records]  # on_record saw each one, as it finished
     by_index = {request.index: record for request, record in records}
     return backend, by_index
@@ -94,11 +111,16 @@ def test_concurrency_one_never_queues():
 
 
 def test_open_loop_sends_at_due_times_and_caps_in_flight():
-    backend, _ = run(requests_of([f"s{i}" for i in range(20)]),
-                     LoadConfig(concurrency=None, request_rate_per_s=100.0, seed=3), service_s=0.01)
+    backend, _ = run(
+        requests_of([f"s{i}" for i in range(20)]),
+        LoadConfig(concurrency=None, request_rate_per_s=100.0, seed=3),
+        service_s=0.01,
+    )
     due = arrival_offsets_s(20, 100.0, 1.0, 3)
     assert np.allclose([backend.sent[i] for i in range(20)], due)
-    capped, _ = run(requests_of([f"s{i}" for i in range(20)]), LoadConfig(concurrency=2, request_rate_per_s=1000.0))
+    capped, _ = run(
+        requests_of([f"s{i}" for i in range(20)]), LoadConfig(concurrency=2, request_rate_per_s=1000.0)
+    )
     assert capped.peak == 2
     closed, _ = run(requests_of([f"s{i}" for i in range(20)]), LoadConfig(concurrency=2))
     assert closed.peak == 2
@@ -121,16 +143,26 @@ def test_open_loop_waits_for_the_previous_turn_and_counts_it_as_queue():
 
 
 def test_duration_stops_sending_and_warmup_comes_first():
-    backend, records = run(requests_of([f"s{i}" for i in range(40)]),
-                           LoadConfig(concurrency=1, duration_s=0.2, num_warmup=2))
+    backend, records = run(
+        requests_of([f"s{i}" for i in range(40)]), LoadConfig(concurrency=1, duration_s=0.2, num_warmup=2)
+    )
     assert [records[i].phase for i in (0, 1)] == [Phase.WARMUP, Phase.WARMUP]
     measured = [r for r in records.values() if r.phase is Phase.MEASURE]
     assert len(measured) == 5  # sent at 0, .05, .10, .15, .20 s of the measured phase; not after
 
 
-@pytest.mark.parametrize("config", [dict(concurrency=0), dict(concurrency=None), dict(request_rate_per_s=0),
-                                    dict(burstiness=0.0), dict(duration_s=-1.0), dict(num_warmup=-1),
-                                    dict(concurrency=True)])
+@pytest.mark.parametrize(
+    "config",
+    [
+        dict(concurrency=0),
+        dict(concurrency=None),
+        dict(request_rate_per_s=0),
+        dict(burstiness=0.0),
+        dict(duration_s=-1.0),
+        dict(num_warmup=-1),
+        dict(concurrency=True),
+    ],
+)
 def test_bad_load_configs_are_refused(config):
     with pytest.raises(ValueError):
         LoadConfig(**config)
@@ -148,8 +180,15 @@ def test_an_interrupt_keeps_the_records_so_far():
 
     backend.serve = stop_at_third
     with pytest.raises(KeyboardInterrupt):
-        clock.run(send_requests(requests_of(["a", "b", "c", "d"]), backend, LoadConfig(), lambda r, _: seen.append(r.index),
-                                clock=clock))
+        clock.run(
+            send_requests(
+                requests_of(["a", "b", "c", "d"]),
+                backend,
+                LoadConfig(),
+                lambda r, _: seen.append(r.index),
+                clock=clock,
+            )
+        )
     assert seen == [0, 1]
 
 
@@ -175,8 +214,13 @@ class DyingBackend(TimedBackend):
         return RequestRecord.failed(request.num_tokens, "connection error: [Errno 111] Connection refused")
 
 
-@pytest.mark.parametrize("load", [LoadConfig(concurrency=2, max_connection_failures=3),
-                                  LoadConfig(concurrency=None, request_rate_per_s=0.01, max_connection_failures=3)])
+@pytest.mark.parametrize(
+    "load",
+    [
+        LoadConfig(concurrency=2, max_connection_failures=3),
+        LoadConfig(concurrency=None, request_rate_per_s=0.01, max_connection_failures=3),
+    ],
+)
 def test_a_dead_server_stops_the_loop_after_consecutive_connection_failures(load):
     """Issue 19 item 16: a run whose server died fired every remaining request into connection errors
     (and an open loop waited for each one's due time to do it)."""
@@ -185,8 +229,9 @@ def test_a_dead_server_stops_the_loop_after_consecutive_connection_failures(load
     records = clock.run(send_requests(requests_of("abcdefghijklmnopqrst"), backend, load, clock=clock))
     assert len(records) == 20 and len(backend.sent) <= 4 + 3 + 1  # in flight when the third failure came
     not_sent = [r for _, r in records if (r.error or "").startswith("not sent")]
-    assert len(not_sent) >= 12 and all(r.sent_s is None and "3 consecutive connection failures" in r.error
-                                       for r in not_sent)
+    assert len(not_sent) >= 12 and all(
+        r.sent_s is None and "3 consecutive connection failures" in r.error for r in not_sent
+    )
     assert clock.now() < 1500  # the open loop's mean gap is 100 s: it did not wait out all 20
 
 
@@ -199,8 +244,11 @@ def test_connection_failures_must_be_consecutive():
                 return RequestRecord.failed(request.num_tokens, "connection error: reset")
             return await super().serve(request)
 
-    records = clock.run(send_requests(requests_of("abcdefghij"), Flaky(clock), LoadConfig(max_connection_failures=2),
-                                      clock=clock))
+    records = clock.run(
+        send_requests(
+            requests_of("abcdefghij"), Flaky(clock), LoadConfig(max_connection_failures=2), clock=clock
+        )
+    )
     assert not any((r.error or "").startswith("not sent") for _, r in records)
 
 
@@ -223,15 +271,20 @@ class HandsBackOnCancel:
         raise AssertionError("never cancelled")
 
 
-@pytest.mark.parametrize("load", [LoadConfig(concurrency=2), LoadConfig(concurrency=2, request_rate_per_s=1000.0)])
+@pytest.mark.parametrize(
+    "load", [LoadConfig(concurrency=2), LoadConfig(concurrency=2, request_rate_per_s=1000.0)]
+)
 def test_a_cancel_whose_rows_the_backend_hands_back_still_stops_the_loop(load):
     """SIGTERM during a paged --verify run was lost: the backend's kept row swallowed the cancel, and
     the clients went on to send the next requests."""
     backend, seen = HandsBackOnCancel(), []
 
     async def main():
-        task = asyncio.create_task(send_requests(requests_of("abcdefgh"), backend, load,
-                                                 lambda request, record: seen.append(request.index)))
+        task = asyncio.create_task(
+            send_requests(
+                requests_of("abcdefgh"), backend, load, lambda request, record: seen.append(request.index)
+            )
+        )
         await asyncio.sleep(0.05)
         task.cancel()
         done, _ = await asyncio.wait({task}, timeout=5)

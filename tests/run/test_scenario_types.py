@@ -10,15 +10,18 @@ from kvbench.run.source import load_source
 HEAD = '[workload]\nkind = "shared-prefix"\nnum_requests = 3\nsystem_tokens = 64\nquestion_tokens = 16\n'
 
 
-@pytest.mark.parametrize("tail,where,needle", [
-    ('[cache]\nttl_s = "abc"\n', ":7: field 'cache.ttl_s'", "expected a valid number, got 'abc'"),
-    ('[cache]\nkind = "tree"\n', ":7: field 'cache.kind'", "'hash' or 'radix'"),
-    ('[sim]\nsizes = [64, "x"]\n', ":7: field 'sim.sizes[1]'", "expected a valid integer"),
-    ('[run]\ntemperature = "hot"\n', ":7: field 'run.temperature'", "expected a valid number, got 'hot'"),
-    ('[run]\nwarmup = 1.5\n', ":7: field 'run.warmup'", "integer"),
-    ('[run]\nignore_eos = "yes"\n', ":7: field 'run.ignore_eos'", "valid boolean"),
-    ('max_tokens = "4"\n', ":6: field 'workload.max_tokens'", "valid integer"),
-])
+@pytest.mark.parametrize(
+    "tail,where,needle",
+    [
+        ('[cache]\nttl_s = "abc"\n', ":7: field 'cache.ttl_s'", "expected a valid number, got 'abc'"),
+        ('[cache]\nkind = "tree"\n', ":7: field 'cache.kind'", "'hash' or 'radix'"),
+        ('[sim]\nsizes = [64, "x"]\n', ":7: field 'sim.sizes[1]'", "expected a valid integer"),
+        ('[run]\ntemperature = "hot"\n', ":7: field 'run.temperature'", "expected a valid number, got 'hot'"),
+        ("[run]\nwarmup = 1.5\n", ":7: field 'run.warmup'", "integer"),
+        ('[run]\nignore_eos = "yes"\n', ":7: field 'run.ignore_eos'", "valid boolean"),
+        ('max_tokens = "4"\n', ":6: field 'workload.max_tokens'", "valid integer"),
+    ],
+)
 def test_a_wrong_type_names_the_file_line_and_field(tmp_path, tail, where, needle):
     path = tmp_path / "bad.toml"
     path.write_text(HEAD + tail)

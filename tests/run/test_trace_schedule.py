@@ -31,16 +31,21 @@ class SleepBackend:
 
 
 def trace(sessions=("a", "b", "c", "d", "e")):
-    return [Request(i, f"r{i}", session, 0, np.arange(8, dtype=np.uint32), arrival_s=arrival, max_tokens=4)
-            for i, (session, arrival) in enumerate(zip(sessions, ARRIVALS_S))]
+    return [
+        Request(i, f"r{i}", session, 0, np.arange(8, dtype=np.uint32), arrival_s=arrival, max_tokens=4)
+        for i, (session, arrival) in enumerate(zip(sessions, ARRIVALS_S))
+    ]
 
 
 def replay(requests, time_scale, service_s=0.05, clock=None, concurrency=None):
     clock = clock or VirtualClock()
     backend = SleepBackend(clock, service_s)
     load = LoadConfig(concurrency=concurrency, time_scale=time_scale)
-    records = clock.run(send_requests(requests, backend, load, clock=clock)) if isinstance(clock, VirtualClock) \
+    records = (
+        clock.run(send_requests(requests, backend, load, clock=clock))
+        if isinstance(clock, VirtualClock)
         else asyncio.run(send_requests(requests, backend, load, clock=clock))
+    )
     return sorted(records, key=lambda pair: pair[0].index)
 
 
@@ -50,7 +55,9 @@ def test_requests_are_sent_at_the_traces_gaps_divided_by_the_time_scale(time_sca
     due = [record.due_s for _, record in records]
     expected = [(a - ARRIVALS_S[0]) / time_scale for a in ARRIVALS_S]
     assert due == pytest.approx(expected, abs=1e-9)
-    assert [record.sent_s for _, record in records] == pytest.approx(expected, abs=1e-9)  # no lag on a free server
+    assert [record.sent_s for _, record in records] == pytest.approx(
+        expected, abs=1e-9
+    )  # no lag on a free server
     assert [record.ended_s - record.sent_s for _, record in records] == pytest.approx([0.05] * 5)
 
 
@@ -60,7 +67,9 @@ def test_a_sessions_next_turn_waits_for_the_previous_one_and_its_lag_shows():
     by_index = {request.index: record for request, record in records}
     assert by_index[1].due_s == pytest.approx(0.5) and by_index[1].sent_s == pytest.approx(1.0)
     assert by_index[3].sent_s == pytest.approx(3.0)  # x: turn 0 at 2.0 ends 3.0; turn 1 due 2.1
-    assert by_index[4].sent_s == pytest.approx(5.0)  # due 5.0, s's turn 1 ended at 2.0: the think time is kept
+    assert by_index[4].sent_s == pytest.approx(
+        5.0
+    )  # due 5.0, s's turn 1 ended at 2.0: the think time is kept
     rows = [result_row("run", {}, request, record) for request, record in records]
     lag = replay_lag(rows)
     assert lag.num_requests == 5 and lag.max_ms == pytest.approx(900.0)
@@ -89,4 +98,6 @@ def test_a_trace_replay_refuses_a_rate_and_a_bad_scale():
         LoadConfig(request_rate_per_s=2.0, time_scale=1.0)
     with pytest.raises(ValueError, match="--time-scale"):
         LoadConfig(concurrency=None, time_scale=0.0)
-    assert LoadConfig(concurrency=None, time_scale=2.0).is_open_loop and math.isinf(LoadConfig().request_rate_per_s)
+    assert LoadConfig(concurrency=None, time_scale=2.0).is_open_loop and math.isinf(
+        LoadConfig().request_rate_per_s
+    )

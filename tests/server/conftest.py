@@ -50,7 +50,9 @@ def each_engine(tiny_loaded, request):
         service = tiny_service(tiny_loaded)
     else:
         kind = request.param.removeprefix("paged-")
-        engine = PagedEngine(tiny_loaded, PagedConfig(CacheConfig(capacity_blocks=1024, kind=kind), max_num_seqs=1))
+        engine = PagedEngine(
+            tiny_loaded, PagedConfig(CacheConfig(capacity_blocks=1024, kind=kind), max_num_seqs=1)
+        )
         service = EngineService(InProcessBackend(engine, SamplingParams(), MODEL), load_tokenizer())
     server = LiveServer(service)
     yield server, service.engine

@@ -27,7 +27,9 @@ MODEL = "tiny"
 class LiveServer:
     """uvicorn in a background thread; ``url`` is the API root with /v1."""
 
-    def __init__(self, service: EngineService, guards=None, limits: ConnectionLimits = ConnectionLimits()) -> None:
+    def __init__(
+        self, service: EngineService, guards=None, limits: ConnectionLimits = ConnectionLimits()
+    ) -> None:
         self.service = service
         sock = bind_socket("127.0.0.1", 0)
         self.port = sock.getsockname()[1]
@@ -43,8 +45,12 @@ class LiveServer:
 
     def post(self, path: str, body, timeout: float = 60) -> tuple[int, dict]:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        request = urllib.request.Request(self.url.removesuffix("/v1") + path, data=data, method="POST",
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            self.url.removesuffix("/v1") + path,
+            data=data,
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
                 return response.status, json.loads(response.read() or b"{}")
@@ -55,8 +61,12 @@ class LiveServer:
         """POST a streamed ``body`` to /v1/completions, read ``num_events`` SSE data events, then close
         the connection (a client that leaves mid-stream); the status and the events read."""
         connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
-        connection.request("POST", "/v1/completions", json.dumps({**body, "stream": True}),
-                           {"Content-Type": "application/json"})
+        connection.request(
+            "POST",
+            "/v1/completions",
+            json.dumps({**body, "stream": True}),
+            {"Content-Type": "application/json"},
+        )
         response = connection.getresponse()
         events = []
         while len(events) < num_events and (line := response.readline()):
@@ -89,14 +99,19 @@ class LiveServer:
         reading the answer (a client timeout, ``curl -m``)."""
         payload = json.dumps(body).encode()
         sock = socket.create_connection(("127.0.0.1", self.port))
-        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                     f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+        sock.sendall(
+            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\n\r\n".encode()
+            + payload
+        )
         time.sleep(leave_after_s)
         sock.close()
 
     def metric(self, name: str) -> float:
         """The value of ``kvbench:NAME`` at /metrics (its one sample)."""
-        line = next(line for line in self.get("/metrics")[1].splitlines() if line.startswith(f"kvbench:{name}"))
+        line = next(
+            line for line in self.get("/metrics")[1].splitlines() if line.startswith(f"kvbench:{name}")
+        )
         return float(line.split()[-1])
 
     def wait_for_metric(self, name: str, value: float, timeout_s: float = 60) -> None:

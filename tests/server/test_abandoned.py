@@ -23,7 +23,9 @@ class _Errors(logging.Handler):
         self.messages: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(f"{record.name}: {record.getMessage()} {record.exc_info and record.exc_info[1]!r}")
+        self.messages.append(
+            f"{record.name}: {record.getMessage()} {record.exc_info and record.exc_info[1]!r}"
+        )
 
 
 @pytest.fixture
@@ -53,9 +55,17 @@ def _wait_for_no_pinned_blocks(engine, timeout_s: float = 60) -> None:
 
 ROUTES = {  # a long non-streamed request per route
     "/v1/completions": {"model": MODEL, "prompt": LONG_PROMPT, "max_tokens": 4000, "ignore_eos": True},
-    "/v1/chat/completions": {"model": MODEL, "messages": [{"role": "user", "content": LONG_PROMPT}],
-                             "max_tokens": 4000, "ignore_eos": True},
-    "/v1/messages": {"model": MODEL, "messages": [{"role": "user", "content": LONG_PROMPT}], "max_tokens": 4000},
+    "/v1/chat/completions": {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": LONG_PROMPT}],
+        "max_tokens": 4000,
+        "ignore_eos": True,
+    },
+    "/v1/messages": {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": LONG_PROMPT}],
+        "max_tokens": 4000,
+    },
 }
 
 
@@ -84,16 +94,28 @@ def test_a_queued_request_whose_client_leaves_never_runs(each_engine, server_err
     server, engine = each_engine
     succeeded, aborted = server.metric("request_success_total"), server.metric("request_abort_total")
     queued_prompt = "a queued question that never runs " * 20  # 140 tokens: several blocks
-    holder = threading.Thread(target=server.send_and_leave, args=("/v1/completions", ROUTES["/v1/completions"], 2.5))
+    holder = threading.Thread(
+        target=server.send_and_leave, args=("/v1/completions", ROUTES["/v1/completions"], 2.5)
+    )
     holder.start()
     time.sleep(0.8)  # the holder runs; the next request waits behind it
-    server.send_and_leave("/v1/chat/completions", {"model": MODEL, "max_tokens": 50, "ignore_eos": True,
-                                                   "messages": [{"role": "user", "content": queued_prompt}]}, 0.5)
+    server.send_and_leave(
+        "/v1/chat/completions",
+        {
+            "model": MODEL,
+            "max_tokens": 50,
+            "ignore_eos": True,
+            "messages": [{"role": "user", "content": queued_prompt}],
+        },
+        0.5,
+    )
     holder.join()
     server.wait_for_metric("request_abort_total", aborted + 2)
     _wait_for_no_pinned_blocks(engine)
-    status, body = server.post("/v1/chat/completions", {"model": MODEL, "max_tokens": 1, "messages": [
-        {"role": "user", "content": queued_prompt}]})
+    status, body = server.post(
+        "/v1/chat/completions",
+        {"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": queued_prompt}]},
+    )
     assert status == 200 and body["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # never prefilled
     assert server.metric("request_success_total") == succeeded + 1
     gc.collect()

@@ -72,7 +72,9 @@ def _flood(port: int, stop: threading.Event, closed: list) -> None:
 
 @pytest.fixture
 def limited(tiny_loaded):
-    server = LiveServer(tiny_service(tiny_loaded), limits=ConnectionLimits(max_connections=CAP, header_timeout_s=1.5))
+    server = LiveServer(
+        tiny_service(tiny_loaded), limits=ConnectionLimits(max_connections=CAP, header_timeout_s=1.5)
+    )
     yield server
     server.stop()
 
@@ -93,7 +95,9 @@ def test_a_slow_headers_flood_is_capped_and_the_server_keeps_answering(limited):
             assert limited.get("/health")[0] == 200
             latencies.append(time.perf_counter() - start)
             time.sleep(0.05)
-        status, body = limited.post("/v1/completions", {"model": MODEL, "prompt": "still served", "max_tokens": 2})
+        status, body = limited.post(
+            "/v1/completions", {"model": MODEL, "prompt": "still served", "max_tokens": 2}
+        )
     finally:
         stop.set()
         flooder.join(timeout=30)
@@ -105,7 +109,9 @@ def test_a_slow_headers_flood_is_capped_and_the_server_keeps_answering(limited):
     assert 1 <= len(warnings.messages) <= 3, warnings.messages  # one line per condition, not per connection
     deadline = time.monotonic() + 30
     while _num_descriptors() > baseline:
-        assert time.monotonic() < deadline, f"{_num_descriptors()} descriptors open, {baseline} before the flood"
+        assert time.monotonic() < deadline, (
+            f"{_num_descriptors()} descriptors open, {baseline} before the flood"
+        )
         time.sleep(0.1)
 
 

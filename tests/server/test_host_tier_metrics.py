@@ -23,14 +23,18 @@ def counter(text, name):
 
 
 def test_host_tier_hits_are_counted_at_metrics_as_the_usage_reports_them(tiny_loaded):
-    engine = PagedEngine(tiny_loaded, PagedConfig(CacheConfig(capacity_blocks=6, block_size=16), host_tier_blocks=32))
+    engine = PagedEngine(
+        tiny_loaded, PagedConfig(CacheConfig(capacity_blocks=6, block_size=16), host_tier_blocks=32)
+    )
     server = LiveServer(EngineService(InProcessBackend(engine, SamplingParams(), MODEL), load_tokenizer()))
     try:
         rng = np.random.default_rng(0)
         prefixes = [rng.integers(3, 900, 64).tolist() for _ in range(3)]  # three 4-block system prompts
         client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
-        usages = [client.completions.create(model=MODEL, prompt=prefixes[i % 3] + [7, 8, 9], max_tokens=1).usage
-                  for i in range(9)]
+        usages = [
+            client.completions.create(model=MODEL, prompt=prefixes[i % 3] + [7, 8, 9], max_tokens=1).usage
+            for i in range(9)
+        ]
         text = server.get("/metrics")[1]
     finally:
         server.stop()

@@ -16,8 +16,9 @@ NUM_MESSAGES = 300_000  # ~9.9 MB: stalled /health for seconds before; a third o
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
 def test_many_empty_messages_never_stall_health(live, path):
-    payload = json.dumps({"model": MODEL, "max_tokens": 1,
-                          "messages": [{"role": "user", "content": ""}] * NUM_MESSAGES}).encode()
+    payload = json.dumps(
+        {"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": ""}] * NUM_MESSAGES}
+    ).encode()
     stop, latencies = threading.Event(), []
     watcher = threading.Thread(target=lambda: latencies.extend(live.health_latencies_s(stop)))
     watcher.start()
@@ -33,5 +34,7 @@ def test_many_empty_messages_never_stall_health(live, path):
 
 def test_a_conversation_that_fits_is_still_served(live):
     messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": "ok"} for i in range(501)]
-    status, answer = live.post("/v1/chat/completions", {"model": MODEL, "max_tokens": 1, "messages": messages})
+    status, answer = live.post(
+        "/v1/chat/completions", {"model": MODEL, "max_tokens": 1, "messages": messages}
+    )
     assert status == 200 and answer["usage"]["prompt_tokens"] > 501

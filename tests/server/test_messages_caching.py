@@ -17,7 +17,9 @@ MODEL = "tiny"
 
 @pytest.fixture(scope="module")
 def client(live):
-    return anthropic.Anthropic(base_url=live.url.removesuffix("/v1"), api_key="unused", max_retries=0, timeout=120)
+    return anthropic.Anthropic(
+        base_url=live.url.removesuffix("/v1"), api_key="unused", max_retries=0, timeout=120
+    )
 
 
 def system_text(words: int) -> str:
@@ -29,8 +31,9 @@ def marked(text: str, **cache) -> list[dict]:
 
 
 def ask(client, system, question="what now?", **kwargs):
-    response = client.messages.with_raw_response.create(model=MODEL, max_tokens=1, system=system,
-                                                        messages=[{"role": "user", "content": question}], **kwargs)
+    response = client.messages.with_raw_response.create(
+        model=MODEL, max_tokens=1, system=system, messages=[{"role": "user", "content": question}], **kwargs
+    )
     return response.parse().usage, int(response.headers["x-kvbench-cached-tokens"])
 
 
@@ -46,13 +49,19 @@ def test_a_breakpoint_is_written_then_read_never_past_it(client):
     system = system_text(1100)
     question = "what now? " + "again " * 40  # > 2 blocks after the mark, wherever the mark falls in its block
     first, _ = ask(client, marked(system), question)
-    second, engine_hit = ask(client, marked(system), question)  # the same question: the engine hits past the mark
+    second, engine_hit = ask(
+        client, marked(system), question
+    )  # the same question: the engine hits past the mark
     written = first.cache_creation_input_tokens
     assert written > 1100 and first.cache_read_input_tokens == 0
     assert second.cache_read_input_tokens == written and second.cache_creation_input_tokens == 0
-    assert engine_hit > written  # the engine's block cache reaches into the question; the read stops at the mark
+    assert (
+        engine_hit > written
+    )  # the engine's block cache reaches into the question; the read stops at the mark
     for usage in (first, second):
-        assert usage.input_tokens + usage.cache_creation_input_tokens + usage.cache_read_input_tokens > written
+        assert (
+            usage.input_tokens + usage.cache_creation_input_tokens + usage.cache_read_input_tokens > written
+        )
 
 
 def test_below_the_minimum_nothing_is_cached(client):
@@ -66,15 +75,18 @@ def test_the_top_level_cache_control_marks_the_last_block(client):
     system = system_text(1100)
     first, _ = ask(client, system, extra_body={"cache_control": {"type": "ephemeral"}})
     second, _ = ask(client, system, extra_body={"cache_control": {"type": "ephemeral"}})
-    assert first.cache_creation_input_tokens > 1100 and first.input_tokens < 10  # all but the generation prompt
+    assert (
+        first.cache_creation_input_tokens > 1100 and first.input_tokens < 10
+    )  # all but the generation prompt
     assert second.cache_read_input_tokens == first.cache_creation_input_tokens
 
 
 def test_message_start_carries_the_cache_fields(client):
     system = marked(system_text(1100))
     ask(client, system)
-    with client.messages.stream(model=MODEL, max_tokens=2, system=system,
-                                messages=[{"role": "user", "content": "what now?"}]) as stream:
+    with client.messages.stream(
+        model=MODEL, max_tokens=2, system=system, messages=[{"role": "user", "content": "what now?"}]
+    ) as stream:
         start = next(event for event in stream if event.type == "message_start")
         final = stream.get_final_message()
     assert start.message.usage.cache_read_input_tokens > 1100
@@ -87,8 +99,10 @@ def test_a_later_turn_reads_the_earlier_turns_breakpoint(client):
     system = system_text(1100)
     turn = [{"role": "user", "content": marked("first question")}]
     first = client.messages.create(model=MODEL, max_tokens=1, system=system, messages=turn).usage
-    later = turn + [{"role": "assistant", "content": "an answer"},
-                    {"role": "user", "content": marked("a second question")}]
+    later = turn + [
+        {"role": "assistant", "content": "an answer"},
+        {"role": "user", "content": marked("a second question")},
+    ]
     second = client.messages.create(model=MODEL, max_tokens=1, system=system, messages=later).usage
     assert second.cache_read_input_tokens == first.cache_creation_input_tokens
     assert 0 < second.cache_creation_input_tokens < 40  # only the new turn is written
@@ -101,8 +115,9 @@ def test_reset_forgets_and_five_breakpoints_are_refused(client, live):
     usage, _ = ask(client, system)
     assert usage.cache_read_input_tokens == 0 and usage.cache_creation_input_tokens > 1100
     with pytest.raises(anthropic.BadRequestError, match="A maximum of 4 blocks"):
-        client.messages.create(model=MODEL, max_tokens=1, system=marked("s") * 5,
-                               messages=[{"role": "user", "content": "x"}])
+        client.messages.create(
+            model=MODEL, max_tokens=1, system=marked("s") * 5, messages=[{"role": "user", "content": "x"}]
+        )
 
 
 def test_the_rules_on_the_cache_itself():
@@ -110,7 +125,11 @@ def test_the_rules_on_the_cache_itself():
     cache = BreakpointCache(1024, clock=lambda: clock[0])
     ids = np.arange(3000, dtype=np.uint32)
     first = cache.account(ids, [Breakpoint(1500), Breakpoint(2500)], [1500, 2000, 2500])
-    assert (first.cache_read_input_tokens, first.cache_creation_input_tokens, first.input_tokens) == (0, 2500, 500)
+    assert (first.cache_read_input_tokens, first.cache_creation_input_tokens, first.input_tokens) == (
+        0,
+        2500,
+        500,
+    )
     other = np.concatenate([ids[:2000], ids[2000:] + 1])  # shares 2,000 tokens: the read stops at 1,500
     second = cache.account(other, [Breakpoint(2500)], [1500, 2000, 2500])
     assert (second.cache_read_input_tokens, second.cache_creation_input_tokens) == (1500, 1000)

@@ -26,19 +26,29 @@ MESSAGES_MISTAKES = [  # (raw JSON body, param); each was a 500, a 200 or a wron
     (body(max_tokens=0), "max_tokens"),
     (body(stream="yes"), "stream"),
     ('{"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "\\ud83d"}]}', "messages"),
-    ('{"model": "tiny", "max_tokens": 4, "system": "\\udfff", "messages": [{"role": "user", "content": "hi"}]}',
-     "system"),
+    (
+        '{"model": "tiny", "max_tokens": 4, "system": "\\udfff", "messages": [{"role": "user", "content": "hi"}]}',
+        "system",
+    ),
     (body(messages=[{"role": "user", "content": [{"type": "text"}]}]), "messages[0].content[0].text"),
-    (body(messages=[{"role": "user", "content": [{"type": "image", "source": {}}]}]), "messages[0].content[0].type"),
+    (
+        body(messages=[{"role": "user", "content": [{"type": "image", "source": {}}]}]),
+        "messages[0].content[0].type",
+    ),
     (body(messages=[{"role": "system", "content": "hi"}]), "messages[0].role"),
     (body(messages=[]), "messages"),
-    (body(messages=[{"role": "user", "content": "word " * 8300}]), "messages"),  # the prompt alone is too long
+    (
+        body(messages=[{"role": "user", "content": "word " * 8300}]),
+        "messages",
+    ),  # the prompt alone is too long
     (body(max_tokens=8150, messages=[{"role": "user", "content": "word " * 100}]), "max_tokens"),
-    ('{}', "model"),
+    ("{}", "model"),
 ]
 
 
-@pytest.mark.parametrize("payload,param", MESSAGES_MISTAKES, ids=[str(i) for i in range(len(MESSAGES_MISTAKES))])
+@pytest.mark.parametrize(
+    "payload,param", MESSAGES_MISTAKES, ids=[str(i) for i in range(len(MESSAGES_MISTAKES))]
+)
 def test_every_messages_mistake_is_a_400_naming_its_field(live, payload, param):
     status, answer = live.post_raw("/v1/messages", payload.encode())
     assert status == 400, answer

@@ -36,10 +36,12 @@ def test_n_choices_through_the_openai_client(paged_live):
     before = parse_prefix_cache_counters(server.get("/metrics")[1])
     copies = engine.scheduler.num_copied_blocks
     prompt = "tell me a story about " * 9  # not a multiple of 16 tokens: the last block is copied
-    completion = client.completions.create(model=MODEL, prompt=prompt, n=3, max_tokens=6, temperature=0,
-                                           extra_body={"ignore_eos": True})
-    alone = client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=0,
-                                      extra_body={"ignore_eos": True})
+    completion = client.completions.create(
+        model=MODEL, prompt=prompt, n=3, max_tokens=6, temperature=0, extra_body={"ignore_eos": True}
+    )
+    alone = client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=6, temperature=0, extra_body={"ignore_eos": True}
+    )
     assert [choice.index for choice in completion.choices] == [0, 1, 2]
     assert {choice.text for choice in completion.choices} == {alone.choices[0].text}  # greedy: all equal
     usage = completion.usage
@@ -49,12 +51,24 @@ def test_n_choices_through_the_openai_client(paged_live):
     after = parse_prefix_cache_counters(server.get("/metrics")[1])
     assert after.queries_tokens - before.queries_tokens == usage.prompt_tokens + alone.usage.prompt_tokens
     assert alone.usage.prompt_tokens_details.cached_tokens > 0  # the n samples' prompt stayed cached
-    seeded = client.chat.completions.create(model=MODEL, n=4, max_tokens=8, temperature=1.0, seed=11,
-                                            messages=[{"role": "user", "content": "pick words"}],
-                                            extra_body={"ignore_eos": True})
-    again = client.chat.completions.create(model=MODEL, n=4, max_tokens=8, temperature=1.0, seed=11,
-                                           messages=[{"role": "user", "content": "pick words"}],
-                                           extra_body={"ignore_eos": True})
+    seeded = client.chat.completions.create(
+        model=MODEL,
+        n=4,
+        max_tokens=8,
+        temperature=1.0,
+        seed=11,
+        messages=[{"role": "user", "content": "pick words"}],
+        extra_body={"ignore_eos": True},
+    )
+    again = client.chat.completions.create(
+        model=MODEL,
+        n=4,
+        max_tokens=8,
+        temperature=1.0,
+        seed=11,
+        messages=[{"role": "user", "content": "pick words"}],
+        extra_body={"ignore_eos": True},
+    )
     texts = [choice.message.content for choice in seeded.choices]
     assert len(set(texts)) == 4 and texts == [choice.message.content for choice in again.choices]
     assert all(choice.finish_reason == "length" for choice in seeded.choices)
@@ -65,10 +79,19 @@ def test_n_choices_through_the_openai_client(paged_live):
 def test_n_streamed_choices_interleave_with_their_index(paged_live):
     server, engine = paged_live
     client = client_of(server)
-    kwargs = dict(model=MODEL, n=3, max_tokens=7, temperature=1.0, seed=5, extra_body={"ignore_eos": True},
-                  messages=[{"role": "user", "content": "stream three answers"}])
+    kwargs = dict(
+        model=MODEL,
+        n=3,
+        max_tokens=7,
+        temperature=1.0,
+        seed=5,
+        extra_body={"ignore_eos": True},
+        messages=[{"role": "user", "content": "stream three answers"}],
+    )
     whole = client.chat.completions.create(**kwargs)
-    chunks = list(client.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True})
+    )
     texts, roles, finish, indexes = {}, set(), {}, []
     for chunk in chunks[:-1]:
         (choice,) = chunk.choices
@@ -89,8 +112,14 @@ def test_n_streamed_choices_interleave_with_their_index(paged_live):
 
 def test_a_client_leaving_a_streamed_n_request_frees_every_samples_blocks(paged_live):
     server, engine = paged_live
-    body = {"model": MODEL, "prompt": "a long story " * 20, "max_tokens": 900, "n": 3, "stream": True,
-            "ignore_eos": True}
+    body = {
+        "model": MODEL,
+        "prompt": "a long story " * 20,
+        "max_tokens": 900,
+        "n": 3,
+        "stream": True,
+        "ignore_eos": True,
+    }
     status, events = server.leave_stream(body, 6)  # the client leaves after a few tokens of each choice
     assert status == 200 and {event["choices"][0]["index"] for event in events} == {0, 1, 2}
     wait_until_idle(engine)  # the samples were stopped
@@ -102,8 +131,9 @@ def test_n_refused_in_one_line_where_not_served(paged_live, live):
     server, _ = paged_live
     status, body = server.post("/v1/completions", {"model": MODEL, "prompt": "hi", "n": 129})
     assert status == 400 and "between 1 and 128" in body["error"]["message"]
-    status, body = live.post("/v1/chat/completions", {"model": MODEL, "n": 2,
-                                                      "messages": [{"role": "user", "content": "hi"}]})
+    status, body = live.post(
+        "/v1/chat/completions", {"model": MODEL, "n": 2, "messages": [{"role": "user", "content": "hi"}]}
+    )
     assert status == 400 and body["error"]["param"] == "n" and "--engine paged" in body["error"]["message"]
 
 
@@ -121,8 +151,9 @@ def test_running_and_waiting_gauges_are_the_schedulers_under_concurrency(two_seq
     client, seen = client_of(server), []
 
     def one(i):
-        client.completions.create(model=MODEL, prompt=f"request {i} " * 5, max_tokens=40,
-                                  extra_body={"ignore_eos": True})
+        client.completions.create(
+            model=MODEL, prompt=f"request {i} " * 5, max_tokens=40, extra_body={"ignore_eos": True}
+        )
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(5)]
     for thread in threads:

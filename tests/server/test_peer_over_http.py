@@ -14,8 +14,15 @@ BLOCK = 16  # the live server's cache block size
 
 def test_a_comparison_driven_over_http_agrees_with_the_prediction(live):
     tokenizer = load_tokenizer()
-    prepared = prepare(Comparison("shared_http", "shared-prefix", SharedPrefixConfig(
-        num_requests=3, system_tokens=80, question_tokens=20, max_tokens=3, seed=2)), tokenizer, "peer-over-http")
+    prepared = prepare(
+        Comparison(
+            "shared_http",
+            "shared-prefix",
+            SharedPrefixConfig(num_requests=3, system_tokens=80, question_tokens=20, max_tokens=3, seed=2),
+        ),
+        tokenizer,
+        "peer-over-http",
+    )
     assert list_models(live.url, "EMPTY") == ([MODEL], None)
     backend = vllm_backend(live.url, MODEL, tokenizer, BLOCK)
     [warm] = drive([warm_up_request(tokenizer)], backend)
@@ -27,8 +34,12 @@ def test_a_comparison_driven_over_http_agrees_with_the_prediction(live):
     after = parse_prefix_cache_counters(fetch_metrics(live.url, "EMPTY"))
     assert seen == [0, 1, 2] and all(r.ok and r.output_tokens == 3 and r.http_status == 200 for r in records)
     assert all(r.prompt_token_ids is None for r in records)  # kvbench serve ignores return_token_ids
-    rows = agreement_rows(prepared, records, predict(prepared, 4096, BLOCK), {"run_id": "t", "block_size": BLOCK,
-                                                                              "num_gpu_blocks": 4096})
+    rows = agreement_rows(
+        prepared,
+        records,
+        predict(prepared, 4096, BLOCK),
+        {"run_id": "t", "block_size": BLOCK, "num_gpu_blocks": 4096},
+    )
     assert [r["cached_tokens_reported"] for r in rows] == [r["cached_tokens_predicted"] for r in rows]
     assert rows[0]["cached_tokens_reported"] == 0 and rows[1]["cached_tokens_reported"] >= 80 // BLOCK * BLOCK
     assert all(r["agrees"] and r["prompt_tokens_reported"] == r["prompt_tokens"] for r in rows)
@@ -41,11 +52,23 @@ def test_the_peer_compare_step_runs_end_to_end_on_kvbench_serve(live):
     from kvbench.peer.vllm_peer import VllmPoolShape, _compare
 
     tokenizer = load_tokenizer()
-    prepared = prepare(Comparison("shared_step", "shared-prefix", SharedPrefixConfig(
-        num_requests=3, system_tokens=64, question_tokens=16, max_tokens=2, seed=3)), tokenizer, "peer-step")
+    prepared = prepare(
+        Comparison(
+            "shared_step",
+            "shared-prefix",
+            SharedPrefixConfig(num_requests=3, system_tokens=64, question_tokens=16, max_tokens=2, seed=3),
+        ),
+        tokenizer,
+        "peer-step",
+    )
     lines = []
-    rows, summary = _compare(vllm_backend(live.url, MODEL, tokenizer, BLOCK), prepared, VllmPoolShape(4096, BLOCK),
-                             {"run_id": "t", "block_size": BLOCK, "num_gpu_blocks": 4096}, lines.append)
+    rows, summary = _compare(
+        vllm_backend(live.url, MODEL, tokenizer, BLOCK),
+        prepared,
+        VllmPoolShape(4096, BLOCK),
+        {"run_id": "t", "block_size": BLOCK, "num_gpu_blocks": 4096},
+        lines.append,
+    )
     assert summary.num_requests == 3 and summary.num_exact == 3 and summary.disagreements == ()
     assert summary.metrics.queries_tokens == summary.prompt_tokens == summary.reported_prompt_tokens
     assert summary.metrics.hits_tokens == summary.reported_hits_tokens == summary.predicted_hits_tokens > 0
@@ -58,12 +81,33 @@ def test_engine_rounds_over_http_start_cold_each_round_and_count_what_the_server
     from kvbench.workloads.dists import IntDist
 
     tokenizer = load_tokenizer()
-    shared = prepare(Comparison("shared_2k", "shared-prefix", SharedPrefixConfig(
-        num_requests=3, system_tokens=64, question_tokens=16, max_tokens=2, seed=4)), tokenizer, "peer-rounds")
-    chat = prepare(Comparison("chat", "chat", ChatConfig(
-        num_conversations=3, turns=IntDist.parse("uniform:2,2"), system_tokens=40,
-        user_tokens=IntDist.parse("uniform:20,20"), reply_tokens=IntDist.parse("uniform:10,10"),
-        conversation_rate_per_s=1.0, think_time_s=1.0, seed=0)), tokenizer, "peer-rounds-chat")
+    shared = prepare(
+        Comparison(
+            "shared_2k",
+            "shared-prefix",
+            SharedPrefixConfig(num_requests=3, system_tokens=64, question_tokens=16, max_tokens=2, seed=4),
+        ),
+        tokenizer,
+        "peer-rounds",
+    )
+    chat = prepare(
+        Comparison(
+            "chat",
+            "chat",
+            ChatConfig(
+                num_conversations=3,
+                turns=IntDist.parse("uniform:2,2"),
+                system_tokens=40,
+                user_tokens=IntDist.parse("uniform:20,20"),
+                reply_tokens=IntDist.parse("uniform:10,10"),
+                conversation_rate_per_s=1.0,
+                think_time_s=1.0,
+                seed=0,
+            ),
+        ),
+        tokenizer,
+        "peer-rounds-chat",
+    )
     workload = engine_workload(shared, chat)
     backend = vllm_backend(live.url, MODEL, tokenizer, BLOCK)
     rounds = list(iter_rounds({"kvbench-copy": backend}, workload, 2, warm_up_request(tokenizer)))
@@ -73,7 +117,11 @@ def test_engine_rounds_over_http_start_cold_each_round_and_count_what_the_server
         assert result.shared[0].cached_prompt_tokens == 0
         assert all(r.cached_prompt_tokens >= 64 // BLOCK * BLOCK for r in result.shared[1:])
         assert len(result.chat) == 6 and all(r.sent_s is not None for r in result.chat)
-    [cached_row] = [row for row in engine_table([EngineServer("kvbench-copy", None, "default", "float32", None)],
-                                                rounds) if row.key == "shared_cached_tokens"]
-    assert cached_row.values["kvbench-copy"] == tuple(float(sum(r.cached_prompt_tokens for r in result.shared))
-                                                      for result in rounds)
+    [cached_row] = [
+        row
+        for row in engine_table([EngineServer("kvbench-copy", None, "default", "float32", None)], rounds)
+        if row.key == "shared_cached_tokens"
+    ]
+    assert cached_row.values["kvbench-copy"] == tuple(
+        float(sum(r.cached_prompt_tokens for r in result.shared)) for result in rounds
+    )

@@ -32,9 +32,12 @@ def small_pool(tiny_loaded, request):
 @pytest.mark.parametrize("stream", [False, True])
 def test_openai_routes_refuse_what_the_pool_cannot_hold_naming_max_tokens(small_pool, stream):
     client = openai.OpenAI(base_url=small_pool.url, api_key="unused", max_retries=0, timeout=60)
-    calls = [lambda: client.completions.create(model=MODEL, prompt="hello", max_tokens=700, stream=stream),
-             lambda: client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hello"}],
-                                                    max_tokens=700, stream=stream)]
+    calls = [
+        lambda: client.completions.create(model=MODEL, prompt="hello", max_tokens=700, stream=stream),
+        lambda: client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hello"}], max_tokens=700, stream=stream
+        ),
+    ]
     for call in calls:
         with pytest.raises(openai.BadRequestError) as refused:
             response = call()
@@ -48,11 +51,13 @@ def test_openai_routes_refuse_what_the_pool_cannot_hold_naming_max_tokens(small_
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_messages_refuses_what_the_pool_cannot_hold_naming_max_tokens(small_pool, stream):
-    client = anthropic.Anthropic(base_url=small_pool.url.removesuffix("/v1"), api_key="unused", max_retries=0,
-                                 timeout=60)
+    client = anthropic.Anthropic(
+        base_url=small_pool.url.removesuffix("/v1"), api_key="unused", max_retries=0, timeout=60
+    )
     with pytest.raises(anthropic.BadRequestError) as refused:
-        response = client.messages.create(model=MODEL, max_tokens=700, stream=stream,
-                                          messages=[{"role": "user", "content": "hello"}])
+        response = client.messages.create(
+            model=MODEL, max_tokens=700, stream=stream, messages=[{"role": "user", "content": "hello"}]
+        )
         list(response) if stream else None
     assert refused.value.status_code == 400
     assert refused.value.body["error"]["param"] == "max_tokens"

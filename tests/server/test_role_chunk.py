@@ -18,7 +18,9 @@ def _timed_events(server, path: str, body: dict) -> list[tuple[float, dict]]:
     """``(seconds since the request was sent, event)`` of every SSE data event but ``[DONE]``."""
     connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
     start = time.perf_counter()
-    connection.request("POST", path, json.dumps({**body, "stream": True}), {"Content-Type": "application/json"})
+    connection.request(
+        "POST", path, json.dumps({**body, "stream": True}), {"Content-Type": "application/json"}
+    )
     response = connection.getresponse()
     events = []
     while line := response.readline():
@@ -31,8 +33,13 @@ def _timed_events(server, path: str, body: dict) -> list[tuple[float, dict]]:
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
 def test_the_first_chunk_waits_for_the_first_token(each_engine, path):
     server, _ = each_engine
-    holder = threading.Thread(target=server.post, args=("/v1/completions", {
-        "model": MODEL, "prompt": "holds the engine", "max_tokens": 150, "ignore_eos": True}))
+    holder = threading.Thread(
+        target=server.post,
+        args=(
+            "/v1/completions",
+            {"model": MODEL, "prompt": "holds the engine", "max_tokens": 150, "ignore_eos": True},
+        ),
+    )
     started = time.perf_counter()
     holder.start()
     time.sleep(0.3)  # the holder runs; the stream below waits behind it
@@ -45,4 +52,6 @@ def test_the_first_chunk_waits_for_the_first_token(each_engine, path):
     if "chat" in path:
         assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
         assert events[1][0] - first_s < 0.5  # the first token follows at once
-    assert first_s > 0.5 * (held_s - 0.3), f"first chunk after {first_s:.2f} s while the engine was held {held_s:.2f} s"
+    assert first_s > 0.5 * (held_s - 0.3), (
+        f"first chunk after {first_s:.2f} s while the engine was held {held_s:.2f} s"
+    )

@@ -39,24 +39,47 @@ def counters(live):
 
 def test_chat_stream_follows_openai_and_ends_with_usage(live):
     messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "hello there"}]
-    status, events = stream_events(live, "/v1/chat/completions", {
-        "model": MODEL, "messages": messages, "max_tokens": 4, "ignore_eos": True, "stream": True, "temperature": 0,
-        "stream_options": {"include_usage": True}, "cache_salt": "wire"})
+    status, events = stream_events(
+        live,
+        "/v1/chat/completions",
+        {
+            "model": MODEL,
+            "messages": messages,
+            "max_tokens": 4,
+            "ignore_eos": True,
+            "stream": True,
+            "temperature": 0,
+            "stream_options": {"include_usage": True},
+            "cache_salt": "wire",
+        },
+    )
     assert status == 200 and events[-1][1] == "[DONE]"
     chunks = [json.loads(data) for _, data in events[:-1]]
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     content = [c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")]
-    assert len(content) == 4 and all(c["object"] == "chat.completion.chunk" and c["usage"] is None for c in content)
+    assert len(content) == 4 and all(
+        c["object"] == "chat.completion.chunk" and c["usage"] is None for c in content
+    )
     assert chunks[-2]["choices"][0]["finish_reason"] == "length"
     assert chunks[-1]["choices"] == []
     expected_prompt = len(load_tokenizer().render_messages([Message(**m) for m in messages]))
-    assert chunks[-1]["usage"] == {"prompt_tokens": expected_prompt, "completion_tokens": 4,
-                                   "total_tokens": expected_prompt + 4, "prompt_tokens_details": {"cached_tokens": 0}}
+    assert chunks[-1]["usage"] == {
+        "prompt_tokens": expected_prompt,
+        "completion_tokens": 4,
+        "total_tokens": expected_prompt + 4,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
 
 
 def test_streamed_text_equals_the_whole_response_and_usage_is_only_sent_when_asked(live):
-    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 5, "temperature": 0, "ignore_eos": True,
-            "cache_salt": "text"}
+    body = {
+        "model": MODEL,
+        "prompt": "Once upon a time",
+        "max_tokens": 5,
+        "temperature": 0,
+        "ignore_eos": True,
+        "cache_salt": "text",
+    }
     status, whole = live.post("/v1/completions", body)
     assert status == 200 and whole["object"] == "text_completion"
     _, events = stream_events(live, "/v1/completions", {**body, "stream": True})
@@ -67,8 +90,14 @@ def test_streamed_text_equals_the_whole_response_and_usage_is_only_sent_when_ask
 
 
 def test_return_token_ids_puts_each_tokens_id_on_its_chunk(live):
-    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 5, "ignore_eos": True, "stream": True,
-            "cache_salt": "ids"}
+    body = {
+        "model": MODEL,
+        "prompt": "Once upon a time",
+        "max_tokens": 5,
+        "ignore_eos": True,
+        "stream": True,
+        "cache_salt": "ids",
+    }
     _, with_ids = stream_events(live, "/v1/completions", {**body, "return_token_ids": True})
     _, without = stream_events(live, "/v1/completions", body)
     chunks = [json.loads(data)["choices"][0] for _, data in with_ids[:-1]]
@@ -98,23 +127,29 @@ def test_cached_tokens_always_present_floored_to_blocks_and_separated_by_salt(li
     assert cached(None) == 32
 
 
-@pytest.mark.parametrize("body,status,needle", [
-    (b'{"model": "tiny", "prompt": ', 400, "JSON"),
-    ({"model": "gpt-nope", "prompt": "hi"}, 404, "does not exist"),
-    ({"model": MODEL, "prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
-    ({"model": MODEL, "prompt": "hi", "max_tokens": -3}, 400, "max_tokens"),
-    ({"model": MODEL, "prompt": [5] * 8190, "max_tokens": 16}, 400, "maximum context length"),
-    ({"model": MODEL, "prompt": [100_300], "max_tokens": 1}, 400, "vocabulary"),
-    ({"model": MODEL, "prompt": "hi", "n": 2}, 400, "n must be 1"),
-    ({"model": MODEL, "prompt": ""}, 400, "empty"),
-    ({"model": MODEL}, 400, "prompt"),
-    ({"model": MODEL, "messages": [{"role": "wizard", "content": "hi"}]}, 400, "role"),
-])
+@pytest.mark.parametrize(
+    "body,status,needle",
+    [
+        (b'{"model": "tiny", "prompt": ', 400, "JSON"),
+        ({"model": "gpt-nope", "prompt": "hi"}, 404, "does not exist"),
+        ({"model": MODEL, "prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
+        ({"model": MODEL, "prompt": "hi", "max_tokens": -3}, 400, "max_tokens"),
+        ({"model": MODEL, "prompt": [5] * 8190, "max_tokens": 16}, 400, "maximum context length"),
+        ({"model": MODEL, "prompt": [100_300], "max_tokens": 1}, 400, "vocabulary"),
+        ({"model": MODEL, "prompt": "hi", "n": 2}, 400, "n must be 1"),
+        ({"model": MODEL, "prompt": ""}, 400, "empty"),
+        ({"model": MODEL}, 400, "prompt"),
+        ({"model": MODEL, "messages": [{"role": "wizard", "content": "hi"}]}, 400, "role"),
+    ],
+)
 def test_bad_requests_get_an_openai_error_and_the_server_keeps_serving(live, body, status, needle):
     path = "/v1/chat/completions" if isinstance(body, dict) and "messages" in body else "/v1/completions"
     got_status, response = live.post(path, body)
     assert got_status == status
-    assert set(response["error"]) == {"message", "type", "param", "code"} and needle in response["error"]["message"]
+    assert (
+        set(response["error"]) == {"message", "type", "param", "code"}
+        and needle in response["error"]["message"]
+    )
     assert live.post("/v1/completions", {"model": MODEL, "prompt": "still here", "max_tokens": 1})[0] == 200
 
 
@@ -141,17 +176,30 @@ def test_metrics_parse_with_prometheus_own_parser_as_typed_families(live):
     assert [live.post("/v1/completions", body)[0] for _ in range(2)] == [200, 200]
     families = {family.name: family for family in text_string_to_metric_families(live.get("/metrics")[1])}
     counters = {name for name, family in families.items() if family.type == "counter"}
-    assert counters == {f"kvbench:{name}" for name in ("prefix_cache_queries", "prefix_cache_hits", "prompt_tokens",
-                                                        "generation_tokens", "request_success", "request_failure",
-                                                        "request_abort")}
-    assert {families[f"kvbench:{name}"].type for name in ("num_requests_running", "num_requests_waiting")} == {"gauge"}
+    assert counters == {
+        f"kvbench:{name}"
+        for name in (
+            "prefix_cache_queries",
+            "prefix_cache_hits",
+            "prompt_tokens",
+            "generation_tokens",
+            "request_success",
+            "request_failure",
+            "request_abort",
+        )
+    }
+    assert {
+        families[f"kvbench:{name}"].type for name in ("num_requests_running", "num_requests_waiting")
+    } == {"gauge"}
     assert all(family.type != "unknown" and len(family.samples) == 1 for family in families.values())
     [queries] = families["kvbench:prefix_cache_queries"].samples
     [hits] = families["kvbench:prefix_cache_hits"].samples
     assert queries.name == "kvbench:prefix_cache_queries_total" and queries.labels == {"model_name": MODEL}
     assert hits.name == "kvbench:prefix_cache_hits_total"
-    assert (queries.value, hits.value) == (live.metric("prefix_cache_queries_total"),
-                                           live.metric("prefix_cache_hits_total"))
+    assert (queries.value, hits.value) == (
+        live.metric("prefix_cache_queries_total"),
+        live.metric("prefix_cache_hits_total"),
+    )
     assert queries.value >= 80 and hits.value >= 32  # this test's two requests: 40 + 40 queried, 32 hit
     [success] = families["kvbench:request_success"].samples
     assert success.value == live.metric("request_success_total") >= 2
@@ -161,7 +209,13 @@ def test_one_request_at_a_time_so_concurrent_streams_do_not_overlap(live):
     spans = {}
 
     def send(name):
-        body = {"model": MODEL, "prompt": f"request {name}", "max_tokens": 30, "ignore_eos": True, "stream": True}
+        body = {
+            "model": MODEL,
+            "prompt": f"request {name}",
+            "max_tokens": 30,
+            "ignore_eos": True,
+            "stream": True,
+        }
         _, events = stream_events(live, "/v1/completions", body)
         content = [t for t, data in events if data != "[DONE]" and json.loads(data)["choices"][0]["text"]]
         spans[name] = (content[0], content[-1])
@@ -192,4 +246,7 @@ def test_scheduler_gauges_help_says_they_count_sequences(live):
     families = {family.name: family for family in text_string_to_metric_families(live.get("/metrics")[1])}
     for name in ("num_requests_running", "num_requests_waiting"):
         help_text = families[f"kvbench:{name}"].documentation
-        assert help_text.startswith("Sequences ") and "each of n parallel samples counts once forked" in help_text
+        assert (
+            help_text.startswith("Sequences ")
+            and "each of n parallel samples counts once forked" in help_text
+        )

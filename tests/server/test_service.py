@@ -29,7 +29,9 @@ def test_tokens_arrive_one_by_one_and_match_the_plain_engine(service, tiny_loade
     kind, record = events[-1]
     assert kind == "done" and [value for _, value in events[:-1]] == list(record.output_token_ids)
     assert len(events) == 7
-    plain = HFEngine(tiny_loaded, CopyConfig(cache=CacheConfig(capacity_blocks=64))).generate(PROMPT, sampling)
+    plain = HFEngine(tiny_loaded, CopyConfig(cache=CacheConfig(capacity_blocks=64))).generate(
+        PROMPT, sampling
+    )
     assert plain.output_token_ids == record.output_token_ids
     assert service.counters.num_succeeded == 1 and service.counters.num_queried_tokens == 40
     again = asyncio.run(events_of(service, SamplingParams(max_tokens=1)))

@@ -19,16 +19,26 @@ def traces(draw):
     """Prompts built from a few shared prefixes (random lengths, some exact multiples of the block,
     some shorter than one block) plus random suffixes, a few salted; random arrival order."""
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    prefixes = [rng.integers(0, 50, size=int(rng.integers(0, 6 * BLOCK + 1))) for _ in range(draw(st.integers(1, 5)))]
+    prefixes = [
+        rng.integers(0, 50, size=int(rng.integers(0, 6 * BLOCK + 1))) for _ in range(draw(st.integers(1, 5)))
+    ]
     requests = []
     for index in range(draw(st.integers(1, 40))):
         prefix = prefixes[int(rng.integers(len(prefixes)))]
         prefix = prefix[: int(rng.integers(prefix.size + 1))] if rng.random() < 0.3 else prefix
         suffix = rng.integers(0, 50, size=int(rng.integers(0, 3 * BLOCK + 1)))
         tokens = np.concatenate([prefix, suffix]).astype(np.uint32)
-        requests.append(Request(index=index, request_id=f"r{index}", session_id=f"s{index}", turn=0,
-                                token_ids=tokens, arrival_s=float(rng.integers(0, 5)),
-                                salt="tenant" if rng.random() < 0.1 else None))
+        requests.append(
+            Request(
+                index=index,
+                request_id=f"r{index}",
+                session_id=f"s{index}",
+                turn=0,
+                token_ids=tokens,
+                arrival_s=float(rng.integers(0, 5)),
+                salt="tenant" if rng.random() < 0.1 else None,
+            )
+        )
     return requests
 
 
@@ -43,8 +53,16 @@ def chat_trace_file(path, num_chats):
         ids = histories.get(parent, [0, 1]) + [1000 + chat * 10 + k for k in range(int(rng.integers(0, 5)))]
         histories[chat] = ids
         length = max(len(ids) * 16 - int(rng.integers(0, 16)), 1)
-        lines.append({"chat_id": chat, "parent_chat_id": parent, "timestamp": float(chat // 3 + rng.integers(0, 3)),
-                      "input_length": length, "output_length": 4, "hash_ids": ids})
+        lines.append(
+            {
+                "chat_id": chat,
+                "parent_chat_id": parent,
+                "timestamp": float(chat // 3 + rng.integers(0, 3)),
+                "input_length": length,
+                "output_length": 4,
+                "hash_ids": ids,
+            }
+        )
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return path
 

@@ -15,8 +15,13 @@ def test_the_trace_has_the_issue_shape_and_is_seeded():
     trace = generate(BigTraceConfig(num_requests=20_000, seed=3))
     assert 2_000 < trace.num_distinct_first_blocks <= 2_300
     assert 20 < trace.hash_ids.size / 20_000 < 30
-    again, other = generate(BigTraceConfig(num_requests=20_000, seed=3)), generate(BigTraceConfig(num_requests=20_000, seed=4))
-    assert np.array_equal(trace.hash_ids, again.hash_ids) and np.array_equal(trace.timestamps_ms, again.timestamps_ms)
+    again, other = (
+        generate(BigTraceConfig(num_requests=20_000, seed=3)),
+        generate(BigTraceConfig(num_requests=20_000, seed=4)),
+    )
+    assert np.array_equal(trace.hash_ids, again.hash_ids) and np.array_equal(
+        trace.timestamps_ms, again.timestamps_ms
+    )
     assert not np.array_equal(trace.hash_ids[:1000], other.hash_ids[:1000])
     assert np.all(np.diff(trace.timestamps_ms) >= 0)
 

@@ -22,11 +22,20 @@ from kvbench.sim.replay import prepare_prompts
 from kvbench.sim.stack_distance import distances_of
 
 
-@pytest.mark.parametrize("key_lists", [
-    [[0], [1, 2], [3, 4, 5, 6], [3, 4, 5], []],  # hypothesis found it: a warm request, then one without keys
-    [[0, 1], [0, 1], [], [], [0]],
-    [[], [7, 8], [7, 8, 9], [], [7]],
-])
+@pytest.mark.parametrize(
+    "key_lists",
+    [
+        [
+            [0],
+            [1, 2],
+            [3, 4, 5, 6],
+            [3, 4, 5],
+            [],
+        ],  # hypothesis found it: a warm request, then one without keys
+        [[0, 1], [0, 1], [], [], [0]],
+        [[], [7, 8], [7, 8, 9], [], [7]],
+    ],
+)
 def test_requests_without_keys_leave_the_others_distances_alone(key_lists):
     distances, offsets, num_distinct = distances_of(key_lists)
     keys = np.array([key for keys in key_lists for key in keys], dtype=np.int32)
@@ -41,7 +50,9 @@ def assert_same_curve(fast, slow):
     assert [r.as_row() for r in fast.results(sizes)] == [r.as_row() for r in slow.results(sizes)]
     for capacity in (1, int(sizes[len(sizes) // 2]), slow.ideal_capacity_blocks):
         a, b = slow.result_at(capacity), fast.result_at(capacity)
-        assert a.as_row() == b.as_row() and np.array_equal(a.cached_tokens_per_request, b.cached_tokens_per_request)
+        assert a.as_row() == b.as_row() and np.array_equal(
+            a.cached_tokens_per_request, b.cached_tokens_per_request
+        )
 
 
 @settings(max_examples=150, deadline=None)
@@ -50,7 +61,9 @@ def test_the_vectorized_pass_gives_the_per_key_distances(requests):
     key_lists = [prompt.block_hashes for prompt in prepare_prompts(requests, BLOCK).prompts]
     distances, offsets, num_distinct = distances_of(key_lists)
     numbers = {}
-    keys = np.array([numbers.setdefault(key, len(numbers)) for keys in key_lists for key in keys], dtype=np.int32)
+    keys = np.array(
+        [numbers.setdefault(key, len(numbers)) for keys in key_lists for key in keys], dtype=np.int32
+    )
     got, got_distinct = compact_distances(keys, offsets)
     assert np.array_equal(got, distances) and got_distinct == num_distinct
 
@@ -61,23 +74,30 @@ def test_earlier_sums_against_the_definition():
         num_u, num_q = rng.integers(0, 40, size=2)
         t_u, v_u, s_u = rng.integers(0, 30, num_u), rng.integers(0, 60, num_u), rng.choice([-1, 1], num_u)
         t_q, v_q = rng.integers(0, 30, num_q), rng.integers(0, 60, num_q)
-        want = [sum(s * (v - value) for t, v, s in zip(t_u, v_u, s_u) if t < time and v < value)
-                for time, value in zip(t_q, v_q)]
+        want = [
+            sum(s * (v - value) for t, v, s in zip(t_u, v_u, s_u) if t < time and v < value)
+            for time, value in zip(t_q, v_q)
+        ]
         assert earlier_sums(t_u, v_u, s_u, t_q, v_q).tolist() == want
 
 
 @pytest.mark.parametrize(("block_size", "limit"), [(512, None), (1024, 3000), (256, 3000), (32, 600)])
 def test_the_mooncake_trace_gives_todays_curve(shared_data, block_size, limit):
     path = shared_data / "mooncake" / "conversation_trace.jsonl"
-    assert_same_curve(compact_hit_curve(path, "mooncake", block_size, limit),
-                      hit_curve(hash_id_trace(path, "mooncake", block_size, limit)))
+    assert_same_curve(
+        compact_hit_curve(path, "mooncake", block_size, limit),
+        hit_curve(hash_id_trace(path, "mooncake", block_size, limit)),
+    )
 
 
 def test_a_hash_id_trace_with_late_lines_gives_todays_curve(tmp_path):
     """16-token ids in seconds, out of order (both sort stably), chats extending their parents."""
     path = chat_trace_file(tmp_path / "chats.jsonl", 300)
     for block_size in (16, 32):
-        assert_same_curve(compact_hit_curve(path, "hash-ids", block_size), hit_curve(hash_id_trace(path, "hash-ids", block_size)))
+        assert_same_curve(
+            compact_hit_curve(path, "hash-ids", block_size),
+            hit_curve(hash_id_trace(path, "hash-ids", block_size)),
+        )
 
 
 def test_a_generated_big_trace_through_the_command(tmp_path, kvbench):
@@ -92,14 +112,17 @@ def test_a_generated_big_trace_through_the_command(tmp_path, kvbench):
     written = pq.read_table(tmp_path / "a.curve.parquet")
     assert written.to_pylist() == [r.as_row() for r in slow.results()]
     assert written.select(curve_table(slow, slow.change_points()).column_names).equals(
-        pa.Table.from_pylist([r.as_row() for r in slow.results()]))
+        pa.Table.from_pylist([r.as_row() for r in slow.results()])
+    )
 
 
 def test_ids_that_do_not_name_their_prefixes_go_to_the_line_reader(tmp_path, kvbench):
     """Id 7 after 8 in one line and first in another: equal ids, other prefixes. The arrays give
     ``None``; the command interns prefixes as before (same rows as ``hash_id_trace``)."""
-    lines = [{"timestamp": t, "input_length": 1536, "output_length": 1, "hash_ids": ids}
-             for t, ids in enumerate([[7, 8, 9], [8, 7, 9], [7, 8, 9], [8, 7, 5]])]
+    lines = [
+        {"timestamp": t, "input_length": 1536, "output_length": 1, "hash_ids": ids}
+        for t, ids in enumerate([[7, 8, 9], [8, 7, 9], [7, 8, 9], [8, 7, 5]])
+    ]
     path = tmp_path / "odd.jsonl"
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     assert compact_hit_curve(path, "mooncake", 512) is None
@@ -109,17 +132,25 @@ def test_ids_that_do_not_name_their_prefixes_go_to_the_line_reader(tmp_path, kvb
     assert pq.read_table(tmp_path / "odd.parquet").to_pylist() == [slow.result_at(c).as_row() for c in (2, 8)]
 
 
-@pytest.mark.parametrize("bad", ['{"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [1, -2]}',
-                                 '{"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [1]}',
-                                 '{"timestamp": true, "input_length": 600, "output_length": 3, "hash_ids": [1, 2]}',
-                                 '{"timestamp": 0, "input_length": 600, "output_length": 3}', "[1, 2]"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        '{"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [1, -2]}',
+        '{"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [1]}',
+        '{"timestamp": true, "input_length": 600, "output_length": 3, "hash_ids": [1, 2]}',
+        '{"timestamp": 0, "input_length": 600, "output_length": 3}',
+        "[1, 2]",
+    ],
+)
 def test_a_bad_line_is_the_line_readers_error(tmp_path, kvbench, bad):
     good = '{"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [1, 2]}'
     path = tmp_path / "bad.jsonl"
     path.write_text(f"{good}\n{bad}\n{good}\n")
     assert compact_hit_curve(path, "mooncake", 512) is None
     code, _, err = kvbench("sim", path, "--out", tmp_path / "bad.parquet")
-    assert code == 2 and "bad.jsonl:2:" in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert (
+        code == 2 and "bad.jsonl:2:" in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    )
 
 
 def test_a_long_curve_is_drawn_at_log_spaced_sizes():

@@ -42,7 +42,10 @@ def test_a_hash_id_trace_with_sessions_and_late_lines_reads_the_same(tmp_path):
     for block_size in (16, 32):
         fast = hash_id_trace(path, "hash-ids", block_size)
         assert_same_trace(fast, prepare_prompts(load_source(path).requests, block_size))
-        ttl_fast, ttl_slow = ttl_curve(fast), ttl_curve(prepare_prompts(load_source(path).requests, block_size))
+        ttl_fast, ttl_slow = (
+            ttl_curve(fast),
+            ttl_curve(prepare_prompts(load_source(path).requests, block_size)),
+        )
         assert ttl_fast.rows() == ttl_slow.rows()
 
 
@@ -64,15 +67,20 @@ def test_block_sizes_that_cut_ids_elsewhere_are_refused():
         ChainKeys(100, 512)
     hash_512 = CacheConfig(capacity_blocks=1, block_size=512)
     assert hash_id_refusal(hash_512, "mooncake") is None
-    assert "radix" in hash_id_refusal(CacheConfig(capacity_blocks=1, block_size=512, kind=CacheKind.RADIX), "mooncake")
-    assert "truncated" in hash_id_refusal(CacheConfig(capacity_blocks=1, block_size=512,
-                                                      hash=HashConfig(hash_bits=16)), "mooncake")
+    assert "radix" in hash_id_refusal(
+        CacheConfig(capacity_blocks=1, block_size=512, kind=CacheKind.RADIX), "mooncake"
+    )
+    assert "truncated" in hash_id_refusal(
+        CacheConfig(capacity_blocks=1, block_size=512, hash=HashConfig(hash_bits=16)), "mooncake"
+    )
     assert "no block ids" in hash_id_refusal(hash_512, "kvbench-trace")
 
 
 def test_a_malformed_line_names_the_file_line_and_field(tmp_path):
     path = tmp_path / "bad.jsonl"
-    path.write_text('{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [1, 2]}\n'
-                    '{"timestamp": 1, "input_length": 600, "output_length": 1, "hash_ids": [1]}\n')
+    path.write_text(
+        '{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [1, 2]}\n'
+        '{"timestamp": 1, "input_length": 600, "output_length": 1, "hash_ids": [1]}\n'
+    )
     with pytest.raises(InputError, match=r"bad.jsonl:2: field 'hash_ids': 1 ids for input_length 600"):
         hash_id_trace(path, "mooncake", 512)

@@ -52,17 +52,26 @@ def orphan_trace():
     the hit count (checked against both replays below)."""
     rng = np.random.default_rng(3)
     prefixes = [rng.integers(0, 1000, size=32) for _ in range(3)]
-    requests = [Request(index=i, request_id=f"r{i}", session_id="s", turn=0, arrival_s=float(i),
-                        token_ids=np.concatenate([prefixes[i % 3], rng.integers(0, 1000, size=5)]).astype(np.uint32))
-                for i in range(30)]
+    requests = [
+        Request(
+            index=i,
+            request_id=f"r{i}",
+            session_id="s",
+            turn=0,
+            arrival_s=float(i),
+            token_ids=np.concatenate([prefixes[i % 3], rng.integers(0, 1000, size=5)]).astype(np.uint32),
+        )
+        for i in range(30)
+    ]
     return prepare_prompts(requests, BLOCK)
 
 
 def test_the_uncut_pass_is_exact_from_the_longest_request_up_and_wrong_below():
     trace = orphan_trace()
     curve = head_first_curve(trace)  # 9 full blocks per request: exact from 9 blocks on
-    assert [curve.result_at(c).num_hit_blocks for c in range(9, 30)] == \
-        [replayed(trace, c).num_hit_blocks for c in range(9, 30)]
+    assert [curve.result_at(c).num_hit_blocks for c in range(9, 30)] == [
+        replayed(trace, c).num_hit_blocks for c in range(9, 30)
+    ]
     assert curve.result_at(8).as_row() != replayed(trace, 8).as_row()  # why smaller sizes get their own pass
     tail_first = simulate(trace, CacheConfig(capacity_blocks=24, block_size=BLOCK))
     assert replayed(trace, 24).num_hit_blocks < tail_first.num_hit_blocks
@@ -84,8 +93,18 @@ def test_a_trace_that_stores_outputs_is_replayed_and_one_pass_refuses_it():
     from kvbench.sim.method import SimMethod, simulate_sizes
     from kvbench.sim.outputs import placeholder_outputs
 
-    requests = [Request(index=i, request_id=f"r{i}", session_id="s", turn=0, arrival_s=float(i), max_tokens=9,
-                        token_ids=np.arange(i, i + 13, dtype=np.uint32) % 5) for i in range(6)]
+    requests = [
+        Request(
+            index=i,
+            request_id=f"r{i}",
+            session_id="s",
+            turn=0,
+            arrival_s=float(i),
+            max_tokens=9,
+            token_ids=np.arange(i, i + 13, dtype=np.uint32) % 5,
+        )
+        for i in range(6)
+    ]
     trace = prepare_prompts(requests, BLOCK, outputs=placeholder_outputs(requests))
     base = CacheConfig(capacity_blocks=1, block_size=BLOCK)
     outcome = simulate_sizes(trace, base, [3, 8], ["tail-first", "head-first"])

@@ -10,8 +10,14 @@ import pytest
 
 from kvbench.cache.base import CacheConfig, CacheKind
 from kvbench.request import Request, RequestRecord, Status
-from kvbench.sim.outputs import (PLACEHOLDER_BASE, known_outputs, placeholder_outputs, record_outputs,
-                                 stored_blocks_of, trace_outputs)
+from kvbench.sim.outputs import (
+    PLACEHOLDER_BASE,
+    known_outputs,
+    placeholder_outputs,
+    record_outputs,
+    stored_blocks_of,
+    trace_outputs,
+)
 from kvbench.sim.predict import Unbounded, expected_cached_tokens
 from kvbench.sim.replay import replay
 from kvbench.sim.vllm_pool import VllmPoolConfig
@@ -23,10 +29,18 @@ NEW = [600, 601, 602, 603]
 
 
 def b06(output_tokens=5):
-    first = Request(0, "r0", "chat", 0, np.asarray(PROMPT, dtype=np.uint32), max_tokens=5,
-                    output_tokens=output_tokens)
-    second = Request(1, "r1", "chat", 1, np.asarray(PROMPT + OUTPUT + NEW, dtype=np.uint32), max_tokens=5,
-                     output_tokens=output_tokens)
+    first = Request(
+        0, "r0", "chat", 0, np.asarray(PROMPT, dtype=np.uint32), max_tokens=5, output_tokens=output_tokens
+    )
+    second = Request(
+        1,
+        "r1",
+        "chat",
+        1,
+        np.asarray(PROMPT + OUTPUT + NEW, dtype=np.uint32),
+        max_tokens=5,
+        output_tokens=output_tokens,
+    )
     return [first, second]
 
 
@@ -60,15 +74,26 @@ def test_the_trace_reply_is_the_output_a_replay_assumes():
 def test_placeholders_take_room_but_never_hit():
     requests = b06()
     placeholders = placeholder_outputs(requests)
-    assert [len(p) for p in placeholders] == [5, 5] and all(int(p.min()) >= PLACEHOLDER_BASE for p in placeholders)
-    assert placeholder_outputs(requests[:1])[0].tolist() == placeholders[0].tolist()  # a function of the prompt
+    assert [len(p) for p in placeholders] == [5, 5] and all(
+        int(p.min()) >= PLACEHOLDER_BASE for p in placeholders
+    )
+    assert (
+        placeholder_outputs(requests[:1])[0].tolist() == placeholders[0].tolist()
+    )  # a function of the prompt
     assert expected_cached_tokens(requests, CacheConfig(capacity_blocks=64, block_size=B)) == [0, 8]
     # they take room: two 8-token prompts of 5 outputs store 3 blocks each; in a 4-block cache the
     # second evicts the first's tail (its placeholder block, then prompt block 1), so a resend hits 4, not 8
-    again = [b06()[0], Request(1, "r1", "other", 0, np.arange(300, 308, dtype=np.uint32), max_tokens=5),
-             Request(2, "r2", "chat", 1, np.asarray(PROMPT + [7], dtype=np.uint32), max_tokens=5)]
+    again = [
+        b06()[0],
+        Request(1, "r1", "other", 0, np.arange(300, 308, dtype=np.uint32), max_tokens=5),
+        Request(2, "r2", "chat", 1, np.asarray(PROMPT + [7], dtype=np.uint32), max_tokens=5),
+    ]
     assert expected_cached_tokens(again, CacheConfig(capacity_blocks=4, block_size=B)) == [0, 0, 4]
-    assert expected_cached_tokens(again, CacheConfig(capacity_blocks=4, block_size=B, prompt_only=True)) == [0, 0, 8]
+    assert expected_cached_tokens(again, CacheConfig(capacity_blocks=4, block_size=B, prompt_only=True)) == [
+        0,
+        0,
+        8,
+    ]
     stored = stored_blocks_of(requests, placeholders, B)
     assert [s.num_full_blocks for s in stored] == [3, 5]
     assert stored[0].block_hashes[:2] == stored[1].block_hashes[:2]  # the prompt's keys are a prefix
@@ -80,6 +105,8 @@ def test_known_outputs_fill_only_the_unknown_and_check_lengths():
     assert list(filled[0]) == OUTPUT and int(filled[1][0]) >= PLACEHOLDER_BASE
     with pytest.raises(ValueError, match="2 requests"):
         known_outputs(requests, [OUTPUT])
-    records = [RequestRecord(status=Status.OK, prompt_tokens=8, output_token_ids=tuple(OUTPUT)),
-               RequestRecord.failed(8, "boom")]
+    records = [
+        RequestRecord(status=Status.OK, prompt_tokens=8, output_token_ids=tuple(OUTPUT)),
+        RequestRecord.failed(8, "boom"),
+    ]
     assert [None if r is None else r.tolist() for r in record_outputs(records)] == [OUTPUT, None]

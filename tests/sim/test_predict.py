@@ -27,8 +27,16 @@ SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 
 
 def req(tokens, index=0, salt=None, output=None, arrival_s=0.0):
-    return Request(index, f"r{index}", f"s{index}", 0, np.asarray(tokens, dtype=np.uint32), arrival_s=arrival_s,
-                   salt=salt, output_tokens=output)
+    return Request(
+        index,
+        f"r{index}",
+        f"s{index}",
+        0,
+        np.asarray(tokens, dtype=np.uint32),
+        arrival_s=arrival_s,
+        salt=salt,
+        output_tokens=output,
+    )
 
 
 def reqs(*token_lists, **fields):
@@ -67,8 +75,12 @@ def test_bounded_cache_evicts_lru_tail_first():
 
 
 def test_salt_none_is_the_public_namespace_and_salts_are_namespaces():
-    requests = [req(A, 0, salt=None), req(A + [1], 1, salt=""), req(A + [1], 2, salt="t"),
-                req(A + [2], 3, salt="t")]
+    requests = [
+        req(A, 0, salt=None),
+        req(A + [1], 1, salt=""),
+        req(A + [1], 2, salt="t"),
+        req(A + [2], 3, salt="t"),
+    ]
     assert expected_cached_tokens(requests, Unbounded(B)) == [0, 12, 0, 12]
 
 
@@ -99,8 +111,11 @@ def test_vllm_pool_model_counts_output_blocks_and_the_null_block():
     pool = VllmPoolConfig(num_gpu_blocks=4, block_size=B)
     assert expected_cached_tokens(requests, pool) == [0, 8]
     assert expected_cached_tokens(requests, pool) == simulate_vllm(requests, pool).cached_tokens.tolist()
-    salted = [req(A[:8], 0, salt=None, output=5), req(A[:8] + [9], 1, salt="", output=4),
-              req(A[:8] + [9], 2, salt="t", output=4)]
+    salted = [
+        req(A[:8], 0, salt=None, output=5),
+        req(A[:8] + [9], 1, salt="", output=4),
+        req(A[:8] + [9], 2, salt="t", output=4),
+    ]
     assert expected_cached_tokens(salted, pool) == [0, 8, 0]  # None is the public namespace ""
     with pytest.raises(ValueError, match="output_tokens"):
         expected_cached_tokens(reqs(A), pool)
@@ -114,25 +129,37 @@ def test_agrees_with_simulate_on_a_scenario(name):
     requests = scenario.workload_requests().requests[:300]
     for kind in CacheKind:
         trace = prepare_prompts(requests, 16, keep_tokens=kind is CacheKind.RADIX)
-        with_outputs = prepare_prompts(requests, 16, keep_tokens=kind is CacheKind.RADIX,
-                                       outputs=placeholder_outputs(requests))
+        with_outputs = prepare_prompts(
+            requests, 16, keep_tokens=kind is CacheKind.RADIX, outputs=placeholder_outputs(requests)
+        )
         for capacity in (64, 512):
             for order in ReleaseOrder if kind is CacheKind.HASH else (ReleaseOrder.TAIL_FIRST,):
                 config = CacheConfig(capacity, 16, kind=kind, release_order=order, prompt_only=True)
-                assert expected_cached_tokens(requests, config) == \
-                    simulate(trace, config).cached_tokens_per_request.tolist()
+                assert (
+                    expected_cached_tokens(requests, config)
+                    == simulate(trace, config).cached_tokens_per_request.tolist()
+                )
                 config = replace(config, prompt_only=False)  # the default: outputs stored too
-                assert expected_cached_tokens(requests, config) == \
-                    simulate(with_outputs, config).cached_tokens_per_request.tolist()
-        unbounded = CacheConfig(unbounded_capacity_blocks((r.num_tokens for r in requests), 16), 16, kind=kind)
-        assert expected_cached_tokens(requests, Unbounded(16, kind=kind)) == \
-            simulate(trace, unbounded).cached_tokens_per_request.tolist()
+                assert (
+                    expected_cached_tokens(requests, config)
+                    == simulate(with_outputs, config).cached_tokens_per_request.tolist()
+                )
+        unbounded = CacheConfig(
+            unbounded_capacity_blocks((r.num_tokens for r in requests), 16), 16, kind=kind
+        )
+        assert (
+            expected_cached_tokens(requests, Unbounded(16, kind=kind))
+            == simulate(trace, unbounded).cached_tokens_per_request.tolist()
+        )
 
 
 def test_verify_tokens_keeps_token_bytes_and_changes_nothing_with_full_keys():
     requests = reqs(A + [1], A + [2], C + [1])
-    assert expected_cached_tokens(requests, cache(10, verify_tokens=True)) == \
-        expected_cached_tokens(requests, cache(10)) == [0, 12, 0]
+    assert (
+        expected_cached_tokens(requests, cache(10, verify_tokens=True))
+        == expected_cached_tokens(requests, cache(10))
+        == [0, 12, 0]
+    )
 
 
 def test_unbounded_capacity_is_every_full_block_at_least_one():

@@ -12,7 +12,9 @@ from kvbench.workloads.formats.mooncake import read_mooncake
 from kvbench.request import Request
 from kvbench.workloads.token_ids import MultiPrefixConfig, multi_prefix_requests
 
-RR_SMALL = MultiPrefixConfig(num_prefixes=2, prefix_tokens=32, unique_tokens=5, num_requests=10, popularity="rr")
+RR_SMALL = MultiPrefixConfig(
+    num_prefixes=2, prefix_tokens=32, unique_tokens=5, num_requests=10, popularity="rr"
+)
 
 
 def test_round_robin_with_room_for_every_prefix():
@@ -56,8 +58,9 @@ def zipf_trace():
 
 
 def test_head_first_never_beats_tail_first_and_loses_somewhere(zipf_trace):
-    results = sweep(zipf_trace, CacheConfig(capacity_blocks=1), [20, 40, 80, 160],
-                    ["tail-first", "head-first"])
+    results = sweep(
+        zipf_trace, CacheConfig(capacity_blocks=1), [20, 40, 80, 160], ["tail-first", "head-first"]
+    )
     by_size = {}
     for r in results:
         by_size.setdefault(r.capacity_blocks, {})[r.release_order] = r.token_hit_rate
@@ -80,15 +83,19 @@ def test_parallel_sweep_equals_serial(zipf_trace):
 
 
 def test_hit_rate_grows_with_capacity_up_to_the_ideal(zipf_trace):
-    rates = [r.token_hit_rate for r in sweep(zipf_trace, CacheConfig(capacity_blocks=1, block_size=16),
-                                             [20, 40, 80, 160, 10000])]
+    rates = [
+        r.token_hit_rate
+        for r in sweep(zipf_trace, CacheConfig(capacity_blocks=1, block_size=16), [20, 40, 80, 160, 10000])
+    ]
     assert rates == sorted(rates)
     assert rates[-1] == pytest.approx(ideal_hit_rate(zipf_trace).token_hit_rate)
 
 
 def test_ttl_acts_on_arrival_time():
     tokens = np.arange(64, dtype=np.uint32)
-    requests = [Request(i, f"r{i}", f"r{i}", 0, tokens, arrival_s=t) for i, t in enumerate((0.0, 10.0, 100.0))]
+    requests = [
+        Request(i, f"r{i}", f"r{i}", 0, tokens, arrival_s=t) for i, t in enumerate((0.0, 10.0, 100.0))
+    ]
     trace = prepare_prompts(requests, block_size=16)
     result = simulate(trace, CacheConfig(capacity_blocks=100, block_size=16, ttl_s=30))
     assert result.cached_tokens_per_request.tolist() == [0, 48, 0]  # idle 90 s > 30 s: expired
@@ -106,11 +113,14 @@ def write_lines(path, records):
 
 
 def test_mooncake_equal_hash_ids_give_equal_tokens(tmp_path):
-    path = write_lines(tmp_path / "t.jsonl", [
-        {"timestamp": 0, "input_length": 1100, "output_length": 5, "hash_ids": [7, 8, 9]},
-        {"timestamp": 5, "input_length": 1030, "output_length": 5, "hash_ids": [7, 8, 10]},
-        {"timestamp": 9, "input_length": 600, "output_length": 5, "hash_ids": [7, 11]},
-    ])
+    path = write_lines(
+        tmp_path / "t.jsonl",
+        [
+            {"timestamp": 0, "input_length": 1100, "output_length": 5, "hash_ids": [7, 8, 9]},
+            {"timestamp": 5, "input_length": 1030, "output_length": 5, "hash_ids": [7, 8, 10]},
+            {"timestamp": 9, "input_length": 600, "output_length": 5, "hash_ids": [7, 11]},
+        ],
+    )
     first, second, third = read_mooncake(path)
     assert first.num_tokens == 1100 and second.arrival_s == 0.005
     assert np.array_equal(first.token_ids[:1024], second.token_ids[:1024])
@@ -122,12 +132,15 @@ def test_mooncake_equal_hash_ids_give_equal_tokens(tmp_path):
     assert result.cached_tokens_per_request.tolist() == [0, 1024, 512]
 
 
-@pytest.mark.parametrize("record,field", [
-    ({"timestamp": 0, "input_length": 10, "output_length": 1}, "hash_ids"),
-    ({"timestamp": 0, "input_length": 1000, "output_length": 1, "hash_ids": [1]}, "hash_ids"),
-    ({"timestamp": -1, "input_length": 10, "output_length": 1, "hash_ids": [1]}, "timestamp"),
-    ({"timestamp": 0, "input_length": "10", "output_length": 1, "hash_ids": [1]}, "input_length"),
-])
+@pytest.mark.parametrize(
+    "record,field",
+    [
+        ({"timestamp": 0, "input_length": 10, "output_length": 1}, "hash_ids"),
+        ({"timestamp": 0, "input_length": 1000, "output_length": 1, "hash_ids": [1]}, "hash_ids"),
+        ({"timestamp": -1, "input_length": 10, "output_length": 1, "hash_ids": [1]}, "timestamp"),
+        ({"timestamp": 0, "input_length": "10", "output_length": 1, "hash_ids": [1]}, "input_length"),
+    ],
+)
 def test_mooncake_bad_lines_name_file_line_and_field(tmp_path, record, field):
     good = {"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}
     path = write_lines(tmp_path / "bad.jsonl", [good, record])

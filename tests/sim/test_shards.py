@@ -14,8 +14,9 @@ from kvbench.workloads.token_ids import MultiPrefixConfig, multi_prefix_requests
 
 @pytest.fixture(scope="module")
 def many_prefixes():
-    config = MultiPrefixConfig(num_prefixes=300, prefix_tokens=256, unique_tokens=20, num_requests=3000,
-                               zipf_exponent=0.6, seed=1)
+    config = MultiPrefixConfig(
+        num_prefixes=300, prefix_tokens=256, unique_tokens=20, num_requests=3000, zipf_exponent=0.6, seed=1
+    )
     return prepare_prompts(multi_prefix_requests(config), block_size=16)
 
 
@@ -29,7 +30,10 @@ def test_rate_one_is_the_exact_curve(many_prefixes):
 def errors(trace, rate):
     exact = hit_curve(trace)
     sizes = np.unique(np.geomspace(1, 2 * exact.ideal_capacity_blocks, 120).astype(np.int64))
-    return np.abs(sampled_curve(trace, rate).token_hit_rates(sizes) - np.array([r.token_hit_rate for r in exact.results(sizes)]))
+    return np.abs(
+        sampled_curve(trace, rate).token_hit_rates(sizes)
+        - np.array([r.token_hit_rate for r in exact.results(sizes)])
+    )
 
 
 def test_the_documented_error_on_a_known_trace(many_prefixes):
@@ -64,7 +68,9 @@ def test_fixed_size_sampling_within_its_documented_error(many_prefixes):
     curve = sampled_curve(many_prefixes, max_keys=4096)
     assert 0.3 < curve.rate < 0.7
     assert curve.max_keys_held <= 4096 + max(p.num_full_blocks for p in many_prefixes.prompts)
-    assert curve.max_keys_kept == 4096 < curve.max_keys_held and curve.max_keys == 4096  # between requests: the budget
+    assert (
+        curve.max_keys_kept == 4096 < curve.max_keys_held and curve.max_keys == 4096
+    )  # between requests: the budget
     assert errors_of(many_prefixes, curve).max() < 0.015
 
 
@@ -105,6 +111,10 @@ def test_the_shared_first_block_is_why_plain_sampling_misses_mooncake(shared_dat
 
 
 def test_the_arguments_are_checked():
-    for kwargs, word in (({"rate": 1.5}, "rate"), ({"max_keys": 0}, "max_keys"), ({"exact_blocks": -1}, "exact_blocks")):
+    for kwargs, word in (
+        ({"rate": 1.5}, "rate"),
+        ({"max_keys": 0}, "max_keys"),
+        ({"exact_blocks": -1}, "exact_blocks"),
+    ):
         with pytest.raises(ValueError, match=word):
             ShardsPass(16, **kwargs)

@@ -56,7 +56,9 @@ def test_the_command_prints_and_records_both_rates(tmp_path, kvbench):
     from kvbench.results.parquet import read_metadata
 
     path = big_trace_file(tmp_path, 3_000, seed=0)
-    code, out, err = kvbench("sim", path, "--sample-keys", "256", "--sizes", "1000", "--out", tmp_path / "s.parquet")
+    code, out, err = kvbench(
+        "sim", path, "--sample-keys", "256", "--sizes", "1000", "--out", tmp_path / "s.parquet"
+    )
     assert code == 0, err
     metadata = read_metadata(tmp_path / "s.sampled-curve.parquet")
     assert 0.1 < metadata["first_block_sample_rate"] < 0.5 and 1e-3 < metadata["sample_rate"] < 0.05

@@ -19,24 +19,40 @@ def fields(prompts):
 
 def from_scratch(requests, config, keep_tokens):
     hasher = BlockHasher(BLOCK, config)
-    return fields([hasher.prompt_blocks(r.token_ids, salt=r.salt or "", keep_tokens=keep_tokens) for r in requests])
+    return fields(
+        [hasher.prompt_blocks(r.token_ids, salt=r.salt or "", keep_tokens=keep_tokens) for r in requests]
+    )
 
 
 @settings(max_examples=80, deadline=None)
-@given(traces(), st.booleans(), st.sampled_from([HashConfig(), HashConfig(algo="xxhash"), HashConfig(hash_bits=8)]),
-       st.integers(1, 4))
+@given(
+    traces(),
+    st.booleans(),
+    st.sampled_from([HashConfig(), HashConfig(algo="xxhash"), HashConfig(hash_bits=8)]),
+    st.integers(1, 4),
+)
 def test_reused_keys_equal_keys_hashed_from_scratch(requests, keep_tokens, config, max_remembered):
-    assert fields(hash_prompts(requests, BLOCK, config, keep_tokens, max_remembered)) == \
-        from_scratch(requests, config, keep_tokens)
+    assert fields(hash_prompts(requests, BLOCK, config, keep_tokens, max_remembered)) == from_scratch(
+        requests, config, keep_tokens
+    )
 
 
 def test_the_shared_prefix_is_not_hashed_again():
     """Two 10-block prompts sharing 7 full blocks (and 2 tokens more): the second hashes 3 blocks."""
     rng = np.random.default_rng(0)
     shared = rng.integers(0, 1000, size=7 * BLOCK + 2)
-    requests = [Request(index=i, request_id=f"r{i}", session_id="s", turn=0,
-                        token_ids=np.concatenate([shared, rng.integers(1000, 2000, size=3 * BLOCK - 2)]).astype(np.uint32))
-                for i in range(2)]
+    requests = [
+        Request(
+            index=i,
+            request_id=f"r{i}",
+            session_id="s",
+            turn=0,
+            token_ids=np.concatenate([shared, rng.integers(1000, 2000, size=3 * BLOCK - 2)]).astype(
+                np.uint32
+            ),
+        )
+        for i in range(2)
+    ]
     hashed = []
 
     class Counting(BlockHasher):
@@ -56,13 +72,16 @@ def test_the_shared_prefix_is_not_hashed_again():
     assert fields(prompts) == from_scratch(requests, HashConfig(), False)
 
 
-@pytest.mark.parametrize("a,b,expected", [
-    ([1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 5, 6, 7, 8], 2),
-    ([1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 5, 6, 7, 9], 1),
-    ([1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 5, 6, 7], 1),
-    ([1, 2, 3, 4], [2, 2, 3, 4], 0),
-    ([1, 2, 3], [1, 2, 3], 0),
-])
+@pytest.mark.parametrize(
+    "a,b,expected",
+    [
+        ([1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 5, 6, 7, 8], 2),
+        ([1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 5, 6, 7, 9], 1),
+        ([1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 5, 6, 7], 1),
+        ([1, 2, 3, 4], [2, 2, 3, 4], 0),
+        ([1, 2, 3], [1, 2, 3], 0),
+    ],
+)
 def test_shared_full_blocks(a, b, expected):
     assert shared_full_blocks(np.array(a, dtype=np.uint32), np.array(b, dtype=np.uint32), BLOCK) == expected
 
@@ -74,14 +93,26 @@ def test_batches_and_keyless_prompts_give_the_keys_of_one_prompt_at_a_time(monke
 
     rng = np.random.default_rng(1)
     lengths = [0, 1, BLOCK - 1, BLOCK, BLOCK + 1, 3 * BLOCK, 2, 2, BLOCK - 1, 5 * BLOCK + 3]
-    requests = [Request(index=i, request_id=f"r{i}", session_id="s", turn=0, salt=[None, "a"][i % 2],
-                        token_ids=rng.integers(0, 50, size=n).astype(np.uint32)) for i, n in enumerate(lengths * 3)]
+    requests = [
+        Request(
+            index=i,
+            request_id=f"r{i}",
+            session_id="s",
+            turn=0,
+            salt=[None, "a"][i % 2],
+            token_ids=rng.integers(0, 50, size=n).astype(np.uint32),
+        )
+        for i, n in enumerate(lengths * 3)
+    ]
     for batch_tokens in (1, 7, module.BATCH_TOKENS):
         monkeypatch.setattr(module, "BATCH_TOKENS", batch_tokens)
         for keep_tokens in (False, True):
             prompts = hash_prompts(requests, BLOCK, HashConfig(), keep_tokens)
             assert fields(prompts) == from_scratch(requests, HashConfig(), keep_tokens)
     assert prompts[6] is prompts[26] and prompts[6] is not prompts[7]  # 2 tokens: one object per salt
-    bad = [*requests[:3], Request(index=3, request_id="x", session_id="s", turn=0, token_ids=np.array([1, -1]))]
+    bad = [
+        *requests[:3],
+        Request(index=3, request_id="x", session_id="s", turn=0, token_ids=np.array([1, -1])),
+    ]
     with pytest.raises(ValueError, match=r"token ids must be in \[0, 2\*\*32\)"):
         hash_prompts(bad, BLOCK)

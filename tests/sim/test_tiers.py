@@ -11,8 +11,7 @@ from kvbench.request import Request
 from kvbench.sim.replay import prepare_prompts, simulate
 from kvbench.sim.stack_distance import stack_distances
 from kvbench.sim.tier_replay import replay_tiers
-from kvbench.sim.tiers import (Tier, TierPolicy, one_pass_tier_refusal, parse_bandwidth, parse_tier,
-                               tier_split)
+from kvbench.sim.tiers import Tier, TierPolicy, one_pass_tier_refusal, parse_bandwidth, parse_tier, tier_split
 
 from curve_traces import BLOCK, traces
 
@@ -37,8 +36,12 @@ def test_the_replay_without_tiers_is_the_project_replay(requests, gpu):
 
 
 @settings(max_examples=150, deadline=None)
-@given(traces(), st.integers(1, 40), st.lists(st.integers(0, 40), min_size=1, max_size=2),
-       st.sampled_from(list(TierPolicy)))
+@given(
+    traces(),
+    st.integers(1, 40),
+    st.lists(st.integers(0, 40), min_size=1, max_size=2),
+    st.sampled_from(list(TierPolicy)),
+)
 def test_one_pass_split_equals_the_replay_request_by_request(requests, gpu, sizes, policy):
     trace = prepare_prompts(requests, BLOCK)
     tiers = tuple(host(size, f"t{i}") for i, size in enumerate(sizes))
@@ -53,8 +56,17 @@ def alternating(num_requests=8, blocks=4):
     """Two 4-block system prompts, A then B then A ..., each with a 1-token question (cap = 4 blocks)."""
     rng = np.random.default_rng(0)
     prefixes = [rng.integers(0, 1000, size=blocks * BLOCK) for _ in range(2)]
-    return [Request(index=i, request_id=f"r{i}", session_id=f"s{i}", turn=0, arrival_s=float(i),
-                    token_ids=np.append(prefixes[i % 2], 7).astype(np.uint32)) for i in range(num_requests)]
+    return [
+        Request(
+            index=i,
+            request_id=f"r{i}",
+            session_id=f"s{i}",
+            turn=0,
+            arrival_s=float(i),
+            token_ids=np.append(prefixes[i % 2], 7).astype(np.uint32),
+        )
+        for i in range(num_requests)
+    ]
 
 
 def test_a_host_tier_catches_what_a_small_gpu_evicts():
@@ -86,8 +98,15 @@ def test_tier_specs_parse_blocks_bytes_and_bandwidth():
     assert parse_bandwidth("800MB/s") == 8e8
 
 
-@pytest.mark.parametrize("text, needle", [("host", "NAME:SIZE"), ("nvme:1GiB", "no default bandwidth"),
-                                          ("host:lots", "not a byte size"), ("host:1GiB:fast", "not a bandwidth")])
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("host", "NAME:SIZE"),
+        ("nvme:1GiB", "no default bandwidth"),
+        ("host:lots", "not a byte size"),
+        ("host:1GiB:fast", "not a bandwidth"),
+    ],
+)
 def test_bad_tier_specs_are_refused_in_one_line(text, needle):
     with pytest.raises(InputError, match=needle):
         parse_tier(text, 1 << 20)
@@ -103,7 +122,11 @@ def mooncake(shared_data, limit):
 def test_on_the_mooncake_trace_the_one_pass_equals_the_replay_request_by_request(shared_data, policy):
     trace = mooncake(shared_data, 4000)
     gpu = max(p.num_full_blocks for p in trace.prompts)  # every request fits: exact for both policies
-    tiers = (host(gpu), host(3 * gpu, "disk")) if policy is TierPolicy.EXCLUSIVE else (host(2 * gpu), host(5 * gpu, "disk"))
+    tiers = (
+        (host(gpu), host(3 * gpu, "disk"))
+        if policy is TierPolicy.EXCLUSIVE
+        else (host(2 * gpu), host(5 * gpu, "disk"))
+    )
     distances, split = split_of(trace, gpu, tiers, policy)
     replayed = replay_tiers(trace.prompts, gpu, tiers, policy, 512)
     assert split.hit_blocks.tolist() == replayed.hit_blocks.tolist()
@@ -118,5 +141,7 @@ def test_on_the_multi_prefix_scenarios_the_one_pass_equals_the_replay(scenario, 
     trace = prepare_prompts(load_source(f"scenarios/{scenario}.toml").requests, 16)
     tiers = (host(1024),)
     distances, split = split_of(trace, 256, tiers, policy)
-    assert split.hit_blocks.tolist() == replay_tiers(trace.prompts, 256, tiers, policy, 16).hit_blocks.tolist()
+    assert (
+        split.hit_blocks.tolist() == replay_tiers(trace.prompts, 256, tiers, policy, 16).hit_blocks.tolist()
+    )
     assert split.hit_blocks[1].sum() > 0

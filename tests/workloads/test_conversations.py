@@ -11,8 +11,15 @@ from kvbench.workloads.formats.kvbench_trace_reader import trace_requests
 from kvbench.workloads.kinds import generate_trace
 
 CHAT = ChatConfig(num_conversations=6, turns="uniform:2,6", system_tokens=120, conversation_rate_per_s=2.0)
-AGENT = AgentConfig(num_agents=4, steps="uniform:3,6", system_tokens=600, num_system_prompts=2, task_tokens=60,
-                    observation_tokens="lognormal:120,0.5", agent_rate_per_s=1.0)
+AGENT = AgentConfig(
+    num_agents=4,
+    steps="uniform:3,6",
+    system_tokens=600,
+    num_system_prompts=2,
+    task_tokens=60,
+    observation_tokens="lognormal:120,0.5",
+    agent_rate_per_s=1.0,
+)
 
 
 def sessions(trace):
@@ -31,14 +38,16 @@ def test_each_turn_starts_with_every_token_of_the_previous_turn(tokenizer, kind,
         for earlier, later in zip(indices, indices[1:]):
             previous = token_ids[earlier]
             assert token_ids[later].shape[0] > previous.shape[0]
-            assert token_ids[later][:previous.shape[0]].tolist() == previous.tolist()
+            assert token_ids[later][: previous.shape[0]].tolist() == previous.tolist()
 
 
 @pytest.mark.parametrize("kind, config", [("chat", CHAT), ("agent", AGENT)])
 @pytest.mark.parametrize("block_size", [16, 64])
 def test_an_unbounded_cache_hits_all_full_blocks_of_the_previous_turn(tokenizer, kind, config, block_size):
     trace = generate_trace(kind, config, tokenizer)
-    cached = ideal_hit_rate(prepare_prompts(trace_requests(trace, tokenizer), block_size)).cached_tokens_per_request
+    cached = ideal_hit_rate(
+        prepare_prompts(trace_requests(trace, tokenizer), block_size)
+    ).cached_tokens_per_request
     for indices in sessions(trace).values():
         for earlier, later in zip(indices, indices[1:]):
             length = trace.requests[earlier].expected_prompt_tokens
@@ -53,7 +62,7 @@ def test_chat_replays_its_own_replies_and_budgets_them(tokenizer):
             reply = after.messages[len(before.messages)]
             assert reply.role == "assistant"
             assert len(tokenizer.encode(reply.content)) == before.max_tokens
-            assert after.messages[:len(before.messages)] == before.messages
+            assert after.messages[: len(before.messages)] == before.messages
     system = {r.messages[0] for r in trace.requests}
     assert len(system) == 1 and len(tokenizer.encode(next(iter(system)).content)) == 120
     roles = [m.role for m in trace.requests[-1].messages]
@@ -79,7 +88,9 @@ def test_agent_steps_carry_calls_and_observations(tokenizer):
             call, observation = following.messages[-2:]
             assert call.role == "assistant" and call.content.startswith('{"tool": ')
             assert len(tokenizer.encode(call.content)) == step.max_tokens
-            assert observation.role == "user" and observation.content.startswith(f"Observation {step.turn + 1} from ")
+            assert observation.role == "user" and observation.content.startswith(
+                f"Observation {step.turn + 1} from "
+            )
         assert steps[-1].max_tokens == AGENT.final_tokens
     systems = {r.messages[0].content for r in trace.requests}
     assert len(systems) == 2  # num_system_prompts

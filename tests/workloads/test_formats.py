@@ -19,15 +19,22 @@ from kvbench.workloads.tokenizer import render
 
 def kvbench_trace(path, tokenizer):
     system = Message("system", "You are terse.\n")
-    lines = [TraceRequest("r0", "s0", 0, 0.0, 5, 1, messages=(system, Message("user", "Hi\n"))),
-             TraceRequest("r1", "s0", 1, 1500.0, 8, 1, prompt="plain text\n", salt="tenant-1", output_tokens=3)]
-    lines = [TraceRequest(**{**vars(r), "expected_prompt_tokens": int(render(tokenizer, r).shape[0])}) for r in lines]
+    lines = [
+        TraceRequest("r0", "s0", 0, 0.0, 5, 1, messages=(system, Message("user", "Hi\n"))),
+        TraceRequest("r1", "s0", 1, 1500.0, 8, 1, prompt="plain text\n", salt="tenant-1", output_tokens=3),
+    ]
+    lines = [
+        TraceRequest(**{**vars(r), "expected_prompt_tokens": int(render(tokenizer, r).shape[0])})
+        for r in lines
+    ]
     return write_trace(new_trace("hand-written", {}, None, tokenizer.name, "chatml", lines), path)
 
 
 def mooncake_trace(path):
-    lines = [{"timestamp": 0, "input_length": 600, "output_length": 7, "hash_ids": [0, 1]},
-             {"timestamp": 250, "input_length": 512, "output_length": 0, "hash_ids": [0]}]
+    lines = [
+        {"timestamp": 0, "input_length": 600, "output_length": 7, "hash_ids": [0, 1]},
+        {"timestamp": 250, "input_length": 512, "output_length": 0, "hash_ids": [0]},
+    ]
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return path
 
@@ -54,9 +61,18 @@ def test_a_kvbench_trace_is_opened_once_and_gives_requests_with_text(tmp_path, t
     first, second = source.requests
     assert all(isinstance(r, Request) for r in source.requests)
     assert (source.format, source.block_size, source.name) == ("kvbench-trace", 16, "t")
-    assert (first.index, first.request_id, first.session_id, first.turn, first.salt) == (0, "r0", "s0", 0, None)
+    assert (first.index, first.request_id, first.session_id, first.turn, first.salt) == (
+        0,
+        "r0",
+        "s0",
+        0,
+        None,
+    )
     assert first.messages[1] == Message("user", "Hi\n") and first.prompt is None
-    assert first.token_ids.dtype == np.uint32 and first.num_tokens == source.trace.requests[0].expected_prompt_tokens
+    assert (
+        first.token_ids.dtype == np.uint32
+        and first.num_tokens == source.trace.requests[0].expected_prompt_tokens
+    )
     assert (second.arrival_s, second.max_tokens, second.output_tokens, second.salt) == (1.5, 8, 3, "tenant-1")
     assert second.prompt == "plain text\n" and first.output_tokens == 5  # none recorded: the budget
     assert source.trace_info["generator"] == "hand-written"
@@ -69,19 +85,34 @@ def test_a_mooncake_trace_gives_token_id_requests(tmp_path, count_opens):
     assert count_opens == {"m.jsonl": 1}
     (request,) = source.requests
     assert (source.format, source.block_size, source.trace) == ("mooncake", 512, None)
-    assert (request.request_id, request.num_tokens, request.max_tokens, request.output_tokens) == ("r000000", 600, 7, 7)
+    assert (request.request_id, request.num_tokens, request.max_tokens, request.output_tokens) == (
+        "r000000",
+        600,
+        7,
+        7,
+    )
     assert not request.has_text
     second = load_source(path).requests[1]
-    assert (second.arrival_s, second.max_tokens, second.output_tokens) == (0.25, 64, None)  # no output: default budget
+    assert (second.arrival_s, second.max_tokens, second.output_tokens) == (
+        0.25,
+        64,
+        None,
+    )  # no output: default budget
     assert np.array_equal(second.token_ids, request.token_ids[:512])  # equal hash id, equal tokens
 
 
-@pytest.mark.parametrize("content, message", [
-    ("", ": the file is empty"),
-    ("{oops\n", ":1: not valid JSON"),
-    ('{"text": "x"}\n', ":1: not a known trace format"),  # a {"prompt": ...} line is a format now (issue 13)
-    ("[1, 2]\n", ":1: not a known trace format"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("", ": the file is empty"),
+        ("{oops\n", ":1: not valid JSON"),
+        (
+            '{"text": "x"}\n',
+            ":1: not a known trace format",
+        ),  # a {"prompt": ...} line is a format now (issue 13)
+        ("[1, 2]\n", ":1: not a known trace format"),
+    ],
+)
 def test_unknown_or_broken_first_lines_are_one_line_errors(tmp_path, content, message):
     path = tmp_path / "x.jsonl"
     path.write_text(content)
@@ -104,16 +135,35 @@ def test_open_jsonl_hands_the_first_line_to_the_reader(tmp_path):
     with open_jsonl(path) as file:
         assert file.format == "mooncake" and file.first_number == 1 and file.first["input_length"] == 600
         assert [number for number, _ in file.lines()] == [1, 2]
-    assert list(FORMATS) == ["kvbench-trace", "hash-ids", "mooncake", "jsonl", "lengths"]  # issue 13 added two
+    assert list(FORMATS) == [
+        "kvbench-trace",
+        "hash-ids",
+        "mooncake",
+        "jsonl",
+        "lengths",
+    ]  # issue 13 added two
 
 
 def test_the_kind_registry_is_literal_and_covers_scenarios_and_trace_gen():
-    assert set(KINDS) == {"shared-prefix", "multi-prefix-text", "one-off", "chat", "agent", "mooncake-text",
-                          "trace", "multi-prefix", "mooncake"}
+    assert set(KINDS) == {
+        "shared-prefix",
+        "multi-prefix-text",
+        "one-off",
+        "chat",
+        "agent",
+        "mooncake-text",
+        "trace",
+        "multi-prefix",
+        "mooncake",
+    }
     assert [name for name, kind in KINDS.items() if not kind.is_text] == ["multi-prefix", "mooncake"]
     assert KINDS["mooncake"].default_block_size == KINDS["mooncake-text"].default_block_size == 512
-    workload = workload_requests("multi-prefix", MultiPrefixConfig(num_prefixes=2, prefix_tokens=32, num_requests=5))
-    assert workload.trace is None and [r.request_id for r in workload.requests] == [f"r{i:06d}" for i in range(5)]
+    workload = workload_requests(
+        "multi-prefix", MultiPrefixConfig(num_prefixes=2, prefix_tokens=32, num_requests=5)
+    )
+    assert workload.trace is None and [r.request_id for r in workload.requests] == [
+        f"r{i:06d}" for i in range(5)
+    ]
     assert all(r.num_tokens == 32 + 50 and r.max_tokens == 64 and r.salt is None for r in workload.requests)
     with pytest.raises(KeyError, match="token ids"):
         generate_trace("multi-prefix", MultiPrefixConfig())

@@ -10,7 +10,11 @@ from kvbench.run.scenario import load_scenario
 from kvbench.sim.replay import ideal_hit_rate, prepare_prompts
 from kvbench.workloads.conversations import AgentConfig, ChatConfig
 from kvbench.workloads.generators import (
-    ONE_OFF_MAX_TOKENS, MultiPrefixTextConfig, OneOffConfig, SharedPrefixConfig, volatile_header_line,
+    ONE_OFF_MAX_TOKENS,
+    MultiPrefixTextConfig,
+    OneOffConfig,
+    SharedPrefixConfig,
+    volatile_header_line,
 )
 from kvbench.workloads.formats.kvbench_trace import write_trace
 from kvbench.workloads.formats.kvbench_trace_reader import trace_requests
@@ -20,10 +24,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 SMALL = {
     "shared-prefix": SharedPrefixConfig(num_requests=20, system_tokens=300, question_tokens=40),
-    "multi-prefix-text": MultiPrefixTextConfig(num_prefixes=3, prefix_tokens=200, unique_tokens=30, num_requests=30),
+    "multi-prefix-text": MultiPrefixTextConfig(
+        num_prefixes=3, prefix_tokens=200, unique_tokens=30, num_requests=30
+    ),
     "one-off": OneOffConfig(num_requests=10, prompt_tokens="uniform:20,200"),
     "chat": ChatConfig(num_conversations=5, turns="uniform:2,5", system_tokens=100),
-    "agent": AgentConfig(num_agents=3, steps="uniform:2,5", system_tokens=400, observation_tokens="lognormal:80,0.5"),
+    "agent": AgentConfig(
+        num_agents=3, steps="uniform:2,5", system_tokens=400, observation_tokens="lognormal:80,0.5"
+    ),
 }
 
 
@@ -69,8 +77,9 @@ def test_shared_2k_scenario_has_an_exact_2000_token_system_prompt(tokenizer):
     assert len({r.messages[1].content for r in trace.requests}) == 2000
     assert full_count(tokenizer, trace.requests[-1]) == 2063
     token_requests = trace_requests(trace, tokenizer)
-    assert ideal_hit_rate(prepare_prompts(token_requests, 16)).token_hit_rate == \
-        pytest.approx(1999 * 2000 / (2000 * 2063))
+    assert ideal_hit_rate(prepare_prompts(token_requests, 16)).token_hit_rate == pytest.approx(
+        1999 * 2000 / (2000 * 2063)
+    )
 
 
 def two_shared_requests(tokenizer, placement):
@@ -87,7 +96,9 @@ def test_volatile_header_first_kills_every_hit_and_last_keeps_them(tokenizer):
 
 
 def test_volatile_header_text_is_per_request(tokenizer):
-    trace = generate_trace("shared-prefix", SharedPrefixConfig(num_requests=3, volatile_header="start"), tokenizer)
+    trace = generate_trace(
+        "shared-prefix", SharedPrefixConfig(num_requests=3, volatile_header="start"), tokenizer
+    )
     systems = [r.messages[0].content for r in trace.requests]
     assert systems[1].startswith(volatile_header_line(trace.requests[1].arrival_ms))
     assert systems[0].startswith("Current time: 1735689600.000000\n")  # 2025-01-01T00:00:00Z
@@ -98,15 +109,19 @@ def test_volatile_header_text_is_per_request(tokenizer):
 
 
 def test_multi_prefix_text_round_robin_and_zipf(tokenizer):
-    config = MultiPrefixTextConfig(num_prefixes=4, prefix_tokens=150, unique_tokens=20, num_requests=12,
-                                   popularity="rr")
+    config = MultiPrefixTextConfig(
+        num_prefixes=4, prefix_tokens=150, unique_tokens=20, num_requests=12, popularity="rr"
+    )
     trace = generate_trace("multi-prefix-text", config, tokenizer)
     by_arrival = [r.messages[0].content for r in trace.requests]
     assert by_arrival[:4] == by_arrival[4:8] == by_arrival[8:] and len(set(by_arrival)) == 4
     assert all(len(tokenizer.encode(s)) == 150 for s in set(by_arrival))
-    zipf = MultiPrefixTextConfig(num_prefixes=4, prefix_tokens=150, unique_tokens=20, num_requests=400,
-                                 zipf_exponent=1.2)
-    counts = Counter(r.messages[0].content for r in generate_trace("multi-prefix-text", zipf, tokenizer).requests)
+    zipf = MultiPrefixTextConfig(
+        num_prefixes=4, prefix_tokens=150, unique_tokens=20, num_requests=400, zipf_exponent=1.2
+    )
+    counts = Counter(
+        r.messages[0].content for r in generate_trace("multi-prefix-text", zipf, tokenizer).requests
+    )
     assert sorted(counts.values(), reverse=True)[0] > 2 * sorted(counts.values())[0]
 
 
@@ -138,15 +153,18 @@ def test_tenants_salt_sessions_round_robin(tokenizer):
     assert {t.salt for t in token_requests} == {"tenant-0", "tenant-1"}
 
 
-@pytest.mark.parametrize("config_class, fields, name", [
-    (SharedPrefixConfig, {"num_requests": 0}, "num_requests"),
-    (SharedPrefixConfig, {"question_tokens": 5}, "question_tokens"),
-    (SharedPrefixConfig, {"one_off_ratio": 1.0}, "one_off_ratio"),
-    (SharedPrefixConfig, {"volatile_header": "middle"}, "middle"),
-    (MultiPrefixTextConfig, {"popularity": "random"}, "random"),
-    (ChatConfig, {"turns": "uniform:3,1"}, "uniform"),
-    (AgentConfig, {"step_time_s": 0}, "step_time_s"),
-])
+@pytest.mark.parametrize(
+    "config_class, fields, name",
+    [
+        (SharedPrefixConfig, {"num_requests": 0}, "num_requests"),
+        (SharedPrefixConfig, {"question_tokens": 5}, "question_tokens"),
+        (SharedPrefixConfig, {"one_off_ratio": 1.0}, "one_off_ratio"),
+        (SharedPrefixConfig, {"volatile_header": "middle"}, "middle"),
+        (MultiPrefixTextConfig, {"popularity": "random"}, "random"),
+        (ChatConfig, {"turns": "uniform:3,1"}, "uniform"),
+        (AgentConfig, {"step_time_s": 0}, "step_time_s"),
+    ],
+)
 def test_bad_parameters_name_the_field(config_class, fields, name):
     with pytest.raises(ValueError, match=name):
         config_class(**fields)

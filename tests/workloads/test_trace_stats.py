@@ -32,15 +32,27 @@ def brute_force_lcp(requests):
 # Prompts built from a few shared stems so that prefixes overlap, split and repeat exactly.
 STEMS = [list(range(100, 140)), list(range(100, 120)) + [7] * 30, [5, 6, 7]]
 PROMPTS = st.lists(
-    st.tuples(st.sampled_from(range(len(STEMS))), st.integers(0, 45), st.lists(st.integers(0, 3), max_size=20),
-              st.sampled_from(["", "", "tenant-b"])),
-    min_size=1, max_size=25,
+    st.tuples(
+        st.sampled_from(range(len(STEMS))),
+        st.integers(0, 45),
+        st.lists(st.integers(0, 3), max_size=20),
+        st.sampled_from(["", "", "tenant-b"]),
+    ),
+    min_size=1,
+    max_size=25,
 )
 
 
 def token_request(token_ids, arrival_s=0.0, salt=None):
-    return Request(int(arrival_s), f"r{arrival_s}", f"s{arrival_s}", 0, np.asarray(token_ids, dtype=np.uint32),
-                   arrival_s=arrival_s, salt=salt)
+    return Request(
+        int(arrival_s),
+        f"r{arrival_s}",
+        f"s{arrival_s}",
+        0,
+        np.asarray(token_ids, dtype=np.uint32),
+        arrival_s=arrival_s,
+        salt=salt,
+    )
 
 
 def build(specs):
@@ -83,8 +95,10 @@ def test_a_repeated_block_aligned_prompt_loses_a_whole_block_to_the_last_token_r
 
 
 def test_partial_blocks_lose_the_tail_of_the_shared_prefix():
-    requests = [token_request(np.arange(40, dtype=np.uint32), arrival_s=0.0),
-                token_request(np.concatenate([np.arange(20), [999] * 20]).astype(np.uint32), arrival_s=1.0)]
+    requests = [
+        token_request(np.arange(40, dtype=np.uint32), arrival_s=0.0),
+        token_request(np.concatenate([np.arange(20), [999] * 20]).astype(np.uint32), arrival_s=1.0),
+    ]
     breakdown = reuse_breakdown(*longest_cached_prefixes(requests), 16)
     assert breakdown.num_reusable_tokens == 20 and breakdown.num_block_tokens_capped == 16
     assert breakdown.lost_to_partial_blocks == pytest.approx(4 / 80)

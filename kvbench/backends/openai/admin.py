@@ -25,7 +25,9 @@ def server_root(base_url: str) -> str:
     return root[: -len("/v1")] if root.endswith("/v1") else root
 
 
-def call(url: str, api_key: str, timeout_s: float, method: str = "GET", json_body: dict | None = None) -> tuple[int, str]:
+def call(
+    url: str, api_key: str, timeout_s: float, method: str = "GET", json_body: dict | None = None
+) -> tuple[int, str]:
     """``(HTTP status, body text)`` of one small request (a POST sends ``json_body`` as JSON, else an
     empty body); ``(0, reason)`` when no response came. ``api_key`` goes in a bearer header when non-empty."""
     data = json.dumps(json_body).encode() if json_body is not None else (b"" if method == "POST" else None)

@@ -43,8 +43,11 @@ def early_answer(base_url: str, key: str, path: str, num_bytes: int) -> tuple[in
     connection = kind(parts.hostname, parts.port, timeout=PROBE_WAIT_S)
     try:
         connection.putrequest("POST", path)
-        for name, value in (("Content-Type", "application/json"), ("Content-Length", str(num_bytes)),
-                            ("Authorization", f"Bearer {key}")):
+        for name, value in (
+            ("Content-Type", "application/json"),
+            ("Content-Length", str(num_bytes)),
+            ("Authorization", f"Bearer {key}"),
+        ):
             connection.putheader(name, value)
         connection.endheaders()
         response = connection.getresponse()
@@ -76,8 +79,12 @@ def oversized_body(backend, requests: list[Request], key: str) -> str | None:
     if num_bytes <= PROBE_ABOVE_BYTES:
         return None
     chat, _ = backend.request_arguments(request)
-    answer = early_answer(backend.config.base_url, key, endpoint_path(backend.config.base_url, chat), num_bytes)
+    answer = early_answer(
+        backend.config.base_url, key, endpoint_path(backend.config.base_url, chat), num_bytes
+    )
     if answer is None or answer[0] != 413:
         return None
-    return (f"request {request.request_id}: its body is {num_bytes:,} bytes and the server refuses that size "
-            f"before the run: HTTP {answer[0]}: {answer[1]} (shorten the prompts or raise the server's limit)")
+    return (
+        f"request {request.request_id}: its body is {num_bytes:,} bytes and the server refuses that size "
+        f"before the run: HTTP {answer[0]}: {answer[1]} (shorten the prompts or raise the server's limit)"
+    )

@@ -102,8 +102,9 @@ def check_base_url(url: str) -> None:
 
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"--base-url {url!r}: not an http:// or https:// URL with a host "
-                         "(e.g. http://127.0.0.1:8000/v1)")
+        raise ValueError(
+            f"--base-url {url!r}: not an http:// or https:// URL with a host (e.g. http://127.0.0.1:8000/v1)"
+        )
 
 
 def _caused_by(exc: BaseException | None, kinds: tuple[type[BaseException], ...]) -> bool:
@@ -140,8 +141,10 @@ def _check_streams(response: Any, reading: StreamReading) -> None:
     reading.http_status = response.status_code
     content_type = response.headers.get("content-type", "")
     if content_type.startswith("application/json"):
-        raise _BrokenStream("the server answered the stream request with one JSON body (Content-Type "
-                            f"{content_type}), not an SSE stream: it does not stream this endpoint")
+        raise _BrokenStream(
+            "the server answered the stream request with one JSON body (Content-Type "
+            f"{content_type}), not an SSE stream: it does not stream this endpoint"
+        )
 
 
 def _cause_text(exc: BaseException) -> str:
@@ -172,12 +175,22 @@ class OpenAIBackend(SdkClientBackend):
         self._client: openai.AsyncOpenAI | None = None
 
     def new_client(self) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(base_url=self.config.base_url, api_key=self.config.api_key,
-                                  max_retries=0, timeout=self.config.timeout_s)
+        return openai.AsyncOpenAI(
+            base_url=self.config.base_url,
+            api_key=self.config.api_key,
+            max_retries=0,
+            timeout=self.config.timeout_s,
+        )
 
     def describe(self) -> dict[str, Any]:
-        return {"backend": "openai", "model": self.config.model, "cache_enabled": None, "cache_kind": None,
-                "block_size": self.config.block_size, "capacity_blocks": None}
+        return {
+            "backend": "openai",
+            "model": self.config.model,
+            "cache_enabled": None,
+            "cache_kind": None,
+            "block_size": self.config.block_size,
+            "capacity_blocks": None,
+        }
 
     def cache_salt(self, request: Request) -> str | None:
         """The ``cache_salt`` sent: the run's and the trace's tenant salt joined by ``-`` (either alone
@@ -197,13 +210,19 @@ class OpenAIBackend(SdkClientBackend):
         extra.update(config.extra_body)
         prompt = None
         if request.messages is None:
-            prompt = request.prompt if request.prompt is not None else request.token_ids.tolist()  # Python ints
+            prompt = (
+                request.prompt if request.prompt is not None else request.token_ids.tolist()
+            )  # Python ints
             if isinstance(prompt, list):  # token ids go in extra_body, which the SDK sends as is: its
                 extra.setdefault("prompt", prompt)  # argument transform walks every id (~0.2-0.4 s for
                 prompt = ""  # 2k ids on a loaded 2-core machine, counted in TTFT; issue 18)
         arguments: dict[str, Any] = {
-            "model": config.model, "max_tokens": request.max_tokens, "stream": True,
-            "stream_options": {"include_usage": True}, "temperature": config.temperature, "top_p": config.top_p,
+            "model": config.model,
+            "max_tokens": request.max_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "temperature": config.temperature,
+            "top_p": config.top_p,
         }
         if config.seed is not None:
             arguments["seed"] = config.seed
@@ -233,8 +252,9 @@ class OpenAIBackend(SdkClientBackend):
                 if status is not None:
                     reading.http_status = status
                 text = redact(message, self.config.api_key).replace("\n", " ")
-                return replace(reading.served(request, self.tokenizer, error=text[:MAX_ERROR_CHARS]),
-                               num_retries=attempt)
+                return replace(
+                    reading.served(request, self.tokenizer, error=text[:MAX_ERROR_CHARS]), num_retries=attempt
+                )
         raise AssertionError("unreachable")  # the last attempt always returns
 
     async def _stream(self, request: Request, reading: StreamReading) -> None:

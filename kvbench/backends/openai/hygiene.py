@@ -21,9 +21,9 @@ from kvbench.workloads.tokenizer import Tokenizer
 class Hygiene(str, Enum):
     """How a run keeps earlier runs' (and other users') cache entries from making it look faster."""
 
-    SALT = "salt"    # a per-run cache_salt in every request (vLLM); the prompt tokens are unchanged
+    SALT = "salt"  # a per-run cache_salt in every request (vLLM); the prompt tokens are unchanged
     NONCE = "nonce"  # a per-run line at the very start of every prompt; works on any server
-    OFF = "off"      # the trace as is: hits on blocks from earlier runs count
+    OFF = "off"  # the trace as is: hits on blocks from earlier runs count
 
 
 def nonce_line(nonce: str) -> str:

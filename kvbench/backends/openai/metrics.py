@@ -29,10 +29,18 @@ from prometheus_client.samples import Sample
 
 # Counter families, most specific first: kvbench serve's, vLLM v1's, vLLM's deprecated GPU ones, SGLang's
 # (prompt tokens and cached tokens of finished requests: the same ratio).
-QUERY_COUNTERS = ("kvbench:prefix_cache_queries_total", "vllm:prefix_cache_queries_total",
-                  "vllm:gpu_prefix_cache_queries_total", "sglang:prompt_tokens_total")
-HIT_COUNTERS = ("kvbench:prefix_cache_hits_total", "vllm:prefix_cache_hits_total",
-                "vllm:gpu_prefix_cache_hits_total", "sglang:cached_tokens_total")
+QUERY_COUNTERS = (
+    "kvbench:prefix_cache_queries_total",
+    "vllm:prefix_cache_queries_total",
+    "vllm:gpu_prefix_cache_queries_total",
+    "sglang:prompt_tokens_total",
+)
+HIT_COUNTERS = (
+    "kvbench:prefix_cache_hits_total",
+    "vllm:prefix_cache_hits_total",
+    "vllm:gpu_prefix_cache_hits_total",
+    "sglang:cached_tokens_total",
+)
 VLLM_CACHE_CONFIG = "vllm:cache_config_info"  # an info gauge whose labels are vLLM's CacheConfig
 CACHE_CONFIG_INFOS = (VLLM_CACHE_CONFIG, "kvbench:cache_config_info")  # kvbench serve's mirrors vLLM's labels
 SGLANG_PAGE_SIZE = 1  # SGLang's default --page-size: the radix tree matches per token
@@ -74,8 +82,9 @@ class PrefixCacheCounters:
         counted another family."""
         if before is None or before.family != self.family:
             return None
-        return PrefixCacheCounters(self.queries_tokens - before.queries_tokens, self.hits_tokens - before.hits_tokens,
-                                   self.family)
+        return PrefixCacheCounters(
+            self.queries_tokens - before.queries_tokens, self.hits_tokens - before.hits_tokens, self.family
+        )
 
 
 def parse_prefix_cache_counters(text: str | None) -> PrefixCacheCounters | None:
@@ -94,7 +103,10 @@ def vllm_num_gpu_blocks(text: str | None) -> int | None:
     """The pool size vLLM reports as label ``num_gpu_blocks`` of ``vllm:cache_config_info`` (null
     block included); ``None`` when absent or not a number (vLLM writes ``"None"`` before profiling)."""
     for sample in metric_samples(text):
-        if sample.name == VLLM_CACHE_CONFIG and (blocks := _label_int(sample.labels, "num_gpu_blocks")) is not None:
+        if (
+            sample.name == VLLM_CACHE_CONFIG
+            and (blocks := _label_int(sample.labels, "num_gpu_blocks")) is not None
+        ):
             return blocks
     return None
 
@@ -131,8 +143,12 @@ def detect_cache_settings(text: str | None) -> ServerCacheSettings:
     for sample in samples:
         if sample.name in CACHE_CONFIG_INFOS:
             labels = sample.labels
-            return ServerCacheSettings(sample.name.split(":")[0], _label_int(labels, "block_size"),
-                                       _label_int(labels, "num_gpu_blocks"), _label_bool(labels, "enable_prefix_caching"))
+            return ServerCacheSettings(
+                sample.name.split(":")[0],
+                _label_int(labels, "block_size"),
+                _label_int(labels, "num_gpu_blocks"),
+                _label_bool(labels, "enable_prefix_caching"),
+            )
     if sample_sum(samples, "sglang:cached_tokens_total") is not None:
         return ServerCacheSettings("sglang")
     return ServerCacheSettings()

@@ -83,27 +83,53 @@ def probe_request(tokenizer: Tokenizer, nonce: str) -> Request:
     text = f"kvbench preflight {nonce}\n" + words
     ids = tokenizer.encode(text)[:PROBE_TOKENS]
     messages = (Message("user", tokenizer.decode(ids)),)
-    return Request(0, f"preflight-{nonce}", f"preflight-{nonce}", 0, np.asarray(tokenizer.render_messages(messages),
-                   dtype=np.uint32), max_tokens=2, messages=messages)
+    return Request(
+        0,
+        f"preflight-{nonce}",
+        f"preflight-{nonce}",
+        0,
+        np.asarray(tokenizer.render_messages(messages), dtype=np.uint32),
+        max_tokens=2,
+        messages=messages,
+    )
 
 
 def _served_checks(first: RequestRecord, again: RequestRecord, other: RequestRecord | None) -> list[Check]:
     if not first.ok:
         return [Check("streaming", False, f"a streamed 2-token request failed: {first.error}")]
-    checks = [Check("streaming", True, f"{first.output_tokens} tokens streamed, TTFT {first.ttft_ms or 0:.0f} ms")]
+    checks = [
+        Check("streaming", True, f"{first.output_tokens} tokens streamed, TTFT {first.ttft_ms or 0:.0f} ms")
+    ]
     if again.cached_prompt_tokens is None:
-        checks.append(Check("cached_tokens", False, f"the server does not report cached_tokens, so hit rates cannot "
-                                                    f"be reported; turn it on ({CACHE_FLAGS})"))
+        checks.append(
+            Check(
+                "cached_tokens",
+                False,
+                f"the server does not report cached_tokens, so hit rates cannot "
+                f"be reported; turn it on ({CACHE_FLAGS})",
+            )
+        )
         return checks + [Check("cache_salt", None, "not testable without cached_tokens")] if other else checks
-    checks.append(Check("cached_tokens", True, f"reported: {again.cached_prompt_tokens} of {again.prompt_tokens} "
-                                               "prompt tokens on a repeat"))
+    checks.append(
+        Check(
+            "cached_tokens",
+            True,
+            f"reported: {again.cached_prompt_tokens} of {again.prompt_tokens} prompt tokens on a repeat",
+        )
+    )
     if other is None:
         return checks
     if again.cached_prompt_tokens == 0:
         return checks + [Check("cache_salt", None, "a repeat did not hit (is prefix caching on?)")]
     if (other.cached_prompt_tokens or 0) > 0:
-        return checks + [Check("cache_salt", False, f"a second cache_salt hit {other.cached_prompt_tokens} tokens: "
-                                                    "the server ignores cache_salt, so salt hygiene is OFF")]
+        return checks + [
+            Check(
+                "cache_salt",
+                False,
+                f"a second cache_salt hit {other.cached_prompt_tokens} tokens: "
+                "the server ignores cache_salt, so salt hygiene is OFF",
+            )
+        ]
     return checks + [Check("cache_salt", True, "a second cache_salt did not hit: salts keep runs apart")]
 
 
@@ -131,8 +157,17 @@ async def preflight(config: OpenAIConfig, tokenizer: Tokenizer, with_salts: bool
     checks = [Check("server", True, f"{config.base_url} answers")]
     models, problem = list_models(config.base_url, config.api_key)
     if models and config.model not in models:
-        checks.append(Check("model", False, f"{config.model!r} is not served (the server lists {', '.join(models)})"))
+        checks.append(
+            Check("model", False, f"{config.model!r} is not served (the server lists {', '.join(models)})")
+        )
         return PreflightResult(tuple(checks))
-    checks.append(Check("model", True if models else None, f"{config.model!r} is listed" if models else
-                        f"cannot tell ({problem or 'the server lists no model'})"))
+    checks.append(
+        Check(
+            "model",
+            True if models else None,
+            f"{config.model!r} is listed"
+            if models
+            else f"cannot tell ({problem or 'the server lists no model'})",
+        )
+    )
     return PreflightResult(tuple(checks + await _probe(config, tokenizer, with_salts)))

@@ -75,8 +75,12 @@ class StreamReading:
         self._take_prompt_ids(_extra(chunk, "prompt_token_ids"))
         for choice in getattr(chunk, "choices", None) or ():  # a chunk without choices: none, as in add_data
             self._take_prompt_ids(_extra(choice, "prompt_token_ids"))
-            self._take_content(choice.delta.content if chat else choice.text, _extra(choice, "token_ids"),
-                               choice.finish_reason, now_s)
+            self._take_content(
+                choice.delta.content if chat else choice.text,
+                _extra(choice, "token_ids"),
+                choice.finish_reason,
+                now_s,
+            )
 
     def add_data(self, chunk: dict, chat: bool, now_s: float) -> None:
         """One chunk as its decoded JSON (a ``chat.completion.chunk`` or ``text_completion`` object),
@@ -92,8 +96,9 @@ class StreamReading:
             piece = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
             self._take_content(piece, choice.get("token_ids"), choice.get("finish_reason"), now_s)
 
-    def _take_content(self, piece: str | None, token_ids: list | None, finish_reason: str | None,
-                      now_s: float) -> None:
+    def _take_content(
+        self, piece: str | None, token_ids: list | None, finish_reason: str | None, now_s: float
+    ) -> None:
         if token_ids is not None:
             if self.output_token_ids is None:
                 self.output_token_ids = []
@@ -115,19 +120,29 @@ class StreamReading:
         if usage.completion_tokens is not None:
             output_tokens, source = int(usage.completion_tokens), "usage"
         else:
-            output_tokens, source = len(tokenizer.encode("".join(self.texts))) if self.texts else 0, "tokenizer"
+            output_tokens, source = (
+                len(tokenizer.encode("".join(self.texts))) if self.texts else 0,
+                "tokenizer",
+            )
         times_ms = [(t - self.start_s) * 1e3 for t in self.content_s]
         ttft_ms = times_ms[0] if times_ms else None
         e2e_ms = times_ms[-1] if times_ms else None
         tpot_ms = (e2e_ms - ttft_ms) / (output_tokens - 1) if times_ms and output_tokens > 1 else None
         return RequestRecord(
             status=Status.OK if error is None else Status.ERROR,
-            prompt_tokens=int(usage.prompt_tokens) if usage.prompt_tokens is not None else request.prompt_tokens,
+            prompt_tokens=int(usage.prompt_tokens)
+            if usage.prompt_tokens is not None
+            else request.prompt_tokens,
             cached_prompt_tokens=int(usage.cached_tokens) if usage.cached_tokens is not None else None,
-            output_tokens=output_tokens, output_tokens_source=source,
-            ttft_ms=ttft_ms, tpot_ms=tpot_ms, e2e_ms=e2e_ms,
+            output_tokens=output_tokens,
+            output_tokens_source=source,
+            ttft_ms=ttft_ms,
+            tpot_ms=tpot_ms,
+            e2e_ms=e2e_ms,
             itl_ms=tuple(b - a for a, b in zip(times_ms, times_ms[1:])),
             output_token_ids=None if self.output_token_ids is None else tuple(self.output_token_ids),
             prompt_token_ids=None if self.prompt_token_ids is None else tuple(self.prompt_token_ids),
-            output_text="".join(self.texts), error=error, http_status=self.http_status,
+            output_text="".join(self.texts),
+            error=error,
+            http_status=self.http_status,
         )

@@ -68,8 +68,12 @@ def expect(requests: Sequence[Request], block_size: int, capacity_blocks: int | 
     for a hash cache of ``block_size``-token blocks holding ``capacity_blocks`` (``None``: never
     evicting), in request order, plus each request's blocks for the order-free bound."""
     cache = Unbounded(block_size) if capacity_blocks is None else CacheConfig(capacity_blocks, block_size)
-    return Expectations(prompt_blocks_of(requests, block_size), expected_cached_tokens(requests, cache),
-                        block_size, capacity_blocks)
+    return Expectations(
+        prompt_blocks_of(requests, block_size),
+        expected_cached_tokens(requests, cache),
+        block_size,
+        capacity_blocks,
+    )
 
 
 @dataclass(frozen=True)
@@ -104,14 +108,17 @@ class Reconciliation:
     num_prompt_token_mismatches: int
     impossible: tuple[Flagged, ...] = ()
     short_outputs: tuple[str, ...] = ()  # request ids (ignore_eos runs only)
-    metrics_scope: str | None = None  # None: the delta covers every endpoint; else what it covers (issue 32.9)
+    metrics_scope: str | None = (
+        None  # None: the delta covers every endpoint; else what it covers (issue 32.9)
+    )
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def _metrics_delta(before: PrefixCacheCounters | None, after: PrefixCacheCounters | None
-                   ) -> tuple[float | None, float | None, float | None, str | None]:
+def _metrics_delta(
+    before: PrefixCacheCounters | None, after: PrefixCacheCounters | None
+) -> tuple[float | None, float | None, float | None, str | None]:
     delta = after.since(before) if after is not None else None
     if delta is None:
         return None, None, None, None
@@ -120,9 +127,15 @@ def _metrics_delta(before: PrefixCacheCounters | None, after: PrefixCacheCounter
     return rate, queries, hits, delta.family
 
 
-def reconcile(rows: Sequence[Mapping[str, Any]], requests: Sequence[Request], expectations: Expectations,
-              records: Sequence[RequestRecord | None], before: PrefixCacheCounters | None = None,
-              after: PrefixCacheCounters | None = None, ignore_eos: bool = False) -> Reconciliation:
+def reconcile(
+    rows: Sequence[Mapping[str, Any]],
+    requests: Sequence[Request],
+    expectations: Expectations,
+    records: Sequence[RequestRecord | None],
+    before: PrefixCacheCounters | None = None,
+    after: PrefixCacheCounters | None = None,
+    ignore_eos: bool = False,
+) -> Reconciliation:
     """Compare each ok row's ``cached_prompt_tokens`` with its expectation and bound, and run the
     per-request checks of the module docstring (``ignore_eos``: the run asked for full outputs).
 
@@ -136,8 +149,9 @@ def reconcile(rows: Sequence[Mapping[str, Any]], requests: Sequence[Request], ex
     ok = [row for row in rows if row["status"] == "ok" and row["request_index"] in position]
     reported_rows = [row for row in ok if row["cached_prompt_tokens"] is not None]
     compared = [row for row in reported_rows if plausible_cached(row)]
-    impossible = tuple(_flagged(row, expectations, possible, position) for row in reported_rows
-                       if not plausible_cached(row))
+    impossible = tuple(
+        _flagged(row, expectations, possible, position) for row in reported_rows if not plausible_cached(row)
+    )
     over, below, num_above = [], [], 0
     reported = expected = prompt = local_prompt = 0
     for row in compared:
@@ -153,23 +167,46 @@ def reconcile(rows: Sequence[Mapping[str, Any]], requests: Sequence[Request], ex
             num_above += 1
         elif flagged.expected_tokens - flagged.reported_tokens > block_size:
             below.append(flagged)
-    mismatches = sum(row["prompt_tokens"] != requests[position[row["request_index"]]].prompt_tokens for row in ok)
-    short = tuple(row["request_id"] for row in ok if ignore_eos and row["max_tokens"] is not None
-                  and (row["output_tokens"] or 0) < row["max_tokens"])
+    mismatches = sum(
+        row["prompt_tokens"] != requests[position[row["request_index"]]].prompt_tokens for row in ok
+    )
+    short = tuple(
+        row["request_id"]
+        for row in ok
+        if ignore_eos and row["max_tokens"] is not None and (row["output_tokens"] or 0) < row["max_tokens"]
+    )
     rate, queries, hits, family = _metrics_delta(before, after)
     return Reconciliation(
-        block_size=block_size, capacity_blocks=expectations.capacity_blocks, num_compared=len(compared),
+        block_size=block_size,
+        capacity_blocks=expectations.capacity_blocks,
+        num_compared=len(compared),
         num_unreported=len(ok) - len(reported_rows),
         reported_hit_rate=reported / prompt if prompt else None,
         expected_hit_rate=expected / local_prompt if local_prompt else None,
-        metrics_hit_rate=rate, metrics_queries_tokens=queries, metrics_hits_tokens=hits, metrics_family=family,
-        over_possible=tuple(over), num_above_expected=num_above, below_expected=tuple(below),
-        num_prompt_token_mismatches=mismatches, impossible=impossible, short_outputs=short,
+        metrics_hit_rate=rate,
+        metrics_queries_tokens=queries,
+        metrics_hits_tokens=hits,
+        metrics_family=family,
+        over_possible=tuple(over),
+        num_above_expected=num_above,
+        below_expected=tuple(below),
+        num_prompt_token_mismatches=mismatches,
+        impossible=impossible,
+        short_outputs=short,
     )
 
 
-def _flagged(row: Mapping[str, Any], expectations: Expectations, possible: Sequence[int | None],
-             position: Mapping[int, int]) -> Flagged:
+def _flagged(
+    row: Mapping[str, Any],
+    expectations: Expectations,
+    possible: Sequence[int | None],
+    position: Mapping[int, int],
+) -> Flagged:
     i = position[row["request_index"]]
-    return Flagged(row["request_id"], row["prompt_tokens"], row["cached_prompt_tokens"],
-                   expectations.expected_cached_tokens[i], possible[i])
+    return Flagged(
+        row["request_id"],
+        row["prompt_tokens"],
+        row["cached_prompt_tokens"],
+        expectations.expected_cached_tokens[i],
+        possible[i],
+    )

@@ -54,18 +54,25 @@ def _block_size(detected: ServerCacheSettings, flag: int | None) -> tuple[int, s
     if detected.block_size is not None:
         return detected.block_size, f"{detected.block_size} (detected: {detected.server}:cache_config_info)"
     if detected.server == "sglang":
-        return SGLANG_PAGE_SIZE, f"{SGLANG_PAGE_SIZE} (assumed: SGLang's default page size; not in its metrics)"
+        return (
+            SGLANG_PAGE_SIZE,
+            f"{SGLANG_PAGE_SIZE} (assumed: SGLang's default page size; not in its metrics)",
+        )
     return DEFAULT_BLOCK_SIZE, f"{DEFAULT_BLOCK_SIZE} (assumed: vLLM's default; the server publishes none)"
 
 
-def resolve_server_cache(detected: ServerCacheSettings, block_flag: int | None, capacity_flag: int | None) -> ServerCache:
+def resolve_server_cache(
+    detected: ServerCacheSettings, block_flag: int | None, capacity_flag: int | None
+) -> ServerCache:
     """The cache model for expectations (module docstring)."""
     block_size, block_origin = _block_size(detected, block_flag)
     origins = {"block size": block_origin}
     if detected.prefix_caching is False:
-        origins["prefix caching"] = f"off (detected: {detected.server}:cache_config_info); every request expects 0"
+        origins["prefix caching"] = (
+            f"off (detected: {detected.server}:cache_config_info); every request expects 0"
+        )
         return ServerCache(block_size, None, None, origins)
-    origins["prefix caching"] = ("on (detected)" if detected.prefix_caching else "assumed on")
+    origins["prefix caching"] = "on (detected)" if detected.prefix_caching else "assumed on"
     if capacity_flag is not None:
         origins["pool"] = f"{capacity_flag:,} blocks (flag --expected-cache-size)"
         return ServerCache(block_size, CacheConfig(capacity_flag, block_size), capacity_flag, origins)
@@ -97,4 +104,6 @@ def server_expectations(requests: Sequence[Request], cache: ServerCache, ignore_
     except ValueError as exc:  # a request that cannot fit in the detected pool
         cache.origins["pool"] += f"; not replayable ({exc}), so the replay is unbounded"
         expected = expected_cached_tokens(requests, Unbounded(cache.block_size))
-    return Expectations(prompt_blocks_of(requests, cache.block_size), expected, cache.block_size, cache.capacity_blocks)
+    return Expectations(
+        prompt_blocks_of(requests, cache.block_size), expected, cache.block_size, cache.capacity_blocks
+    )

@@ -40,7 +40,11 @@ HTTP_LIBRARY = _http  # the openai SDK's HTTP library (httpx2, or httpx): its ex
 DONE = b"[DONE]"
 DRAIN_TIMEOUT_S = 0.1  # the SDK's _DRAIN_TIMEOUT (openai/_streaming_cleanup.py)
 TIMEOUT_ERRORS = (_http.TimeoutException,)
-TRANSPORT_ERRORS = (_http.RequestError, ssl.SSLError, anyio.EndOfStream)  # openai/_httpx2.py request_exceptions()
+TRANSPORT_ERRORS = (
+    _http.RequestError,
+    ssl.SSLError,
+    anyio.EndOfStream,
+)  # openai/_httpx2.py request_exceptions()
 
 
 class EventSplitter:
@@ -61,9 +65,16 @@ class EventSplitter:
 
     def feed(self, piece: bytes) -> list[bytes]:
         """The data of every event that ``piece`` completes, in order."""
-        if (not self._buffer and not self._data and not self._event and not self._retry
-                and piece.startswith(b"data: ") and piece.find(b"\n") == len(piece) - 2
-                and piece.endswith(b"\n\n") and b"\r" not in piece):
+        if (
+            not self._buffer
+            and not self._data
+            and not self._event
+            and not self._retry
+            and piece.startswith(b"data: ")
+            and piece.find(b"\n") == len(piece) - 2
+            and piece.endswith(b"\n\n")
+            and b"\r" not in piece
+        ):
             self._skip_lf = False  # the common case: one whole one-line event per piece
             return [piece[6:-2]]
         if self._skip_lf and piece.startswith(b"\n"):

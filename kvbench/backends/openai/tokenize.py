@@ -46,11 +46,18 @@ class ServerTokenizer:
 
     def _post(self, endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
         self.num_calls += 1
-        status, text = call(self.root + endpoint, self._key, self._timeout_s, "POST", {"model": self.model, **body})
+        status, text = call(
+            self.root + endpoint, self._key, self._timeout_s, "POST", {"model": self.model, **body}
+        )
         if status != 200:
             problem = f"HTTP {status}: {text[:200]}" if status else text
-            raise InputError(redact(f"--tokenizer server: POST {self.root}{endpoint}: {problem} (the server needs "
-                                    "vLLM's /tokenize; else give a local tokenizer directory)", self._key))
+            raise InputError(
+                redact(
+                    f"--tokenizer server: POST {self.root}{endpoint}: {problem} (the server needs "
+                    "vLLM's /tokenize; else give a local tokenizer directory)",
+                    self._key,
+                )
+            )
         try:
             return json.loads(text)
         except ValueError:
@@ -61,7 +68,9 @@ class ServerTokenizer:
         if (found := self._answers.get(key)) is None:
             answer = self._post("/tokenize", body)
             if not isinstance(answer.get("tokens"), list):
-                raise InputError(f"--tokenizer server: POST {self.root}/tokenize: no 'tokens' list in the answer")
+                raise InputError(
+                    f"--tokenizer server: POST {self.root}/tokenize: no 'tokens' list in the answer"
+                )
             found = [int(t) for t in answer["tokens"]]
             if len(self._answers) < _MAX_CACHED:
                 self._answers[key] = found

@@ -83,11 +83,15 @@ class DecodeBatch:
     def of(cls, sequences: Sequence[SequenceSlice], device: torch.device) -> DecodeBatch:
         """Pad and stack the decoding ``sequences`` (each ``num_query_tokens == 1``)."""
         max_blocks = max(len(seq.block_table) for seq in sequences)
-        tables = torch.full((len(sequences), max_blocks), NULL_BLOCK_ID, dtype=torch.long, device=device)  # (n, max_blocks)
+        tables = torch.full(
+            (len(sequences), max_blocks), NULL_BLOCK_ID, dtype=torch.long, device=device
+        )  # (n, max_blocks)
         for i, seq in enumerate(sequences):
-            tables[i, :len(seq.block_table)] = seq.block_table
+            tables[i, : len(seq.block_table)] = seq.block_table
         lengths = torch.tensor([seq.num_context_tokens for seq in sequences], device=device)  # (n,)
-        key_positions = torch.arange(max(seq.num_context_tokens for seq in sequences), device=device)  # (kv,), no sync
+        key_positions = torch.arange(
+            max(seq.num_context_tokens for seq in sequences), device=device
+        )  # (kv,), no sync
         mask = (key_positions[None, :] < lengths[:, None])[:, None, None]  # (n, 1, 1, kv)
         rows = torch.tensor([seq.query_start for seq in sequences], device=device)  # (n,)
         return cls(rows, tables.flatten(), mask)  # tables: (n * max_blocks,)
@@ -116,9 +120,15 @@ class PagedForward:
     page_tables: PageTables | None = None
 
     @classmethod
-    def plan(cls, pool: KVPool, slot_block_ids: torch.Tensor, slot_offsets: torch.Tensor,
-             sequences: Sequence[SequenceSlice], batch_decodes: bool | None = None,
-             kernel: DecodeKernel | None = None) -> PagedForward:
+    def plan(
+        cls,
+        pool: KVPool,
+        slot_block_ids: torch.Tensor,
+        slot_offsets: torch.Tensor,
+        sequences: Sequence[SequenceSlice],
+        batch_decodes: bool | None = None,
+        kernel: DecodeKernel | None = None,
+    ) -> PagedForward:
         """Split ``sequences`` once per forward (every layer reuses the split, the masks and the
         padded block tables): with ``batch_decodes``, two or more single-token queries form the
         :class:`DecodeBatch`; the rest run one by one. ``None``: batch where a ``kernel`` attends the
@@ -132,9 +142,13 @@ class PagedForward:
         decoding = [seq for seq in sequences if seq.num_query_tokens == 1]
         decode = DecodeBatch.of(decoding, device) if batch_decodes and len(decoding) >= 2 else None
         alone = [seq for seq in sequences if decode is None or seq.num_query_tokens > 1]
-        additive = pool.keys[0].dtype if device.type == "cpu" else None  # SDPA converts a bool mask at every call
-        with_masks = tuple((seq, causal_mask(seq.num_query_tokens, seq.num_context_tokens, device, additive))
-                           for seq in alone)
+        additive = (
+            pool.keys[0].dtype if device.type == "cpu" else None
+        )  # SDPA converts a bool mask at every call
+        with_masks = tuple(
+            (seq, causal_mask(seq.num_query_tokens, seq.num_context_tokens, device, additive))
+            for seq in alone
+        )
         if decode is None or kernel is None:
             return cls(pool, slot_block_ids, slot_offsets, with_masks, decode)
         padded = decode.block_tables.view(len(decoding), -1).tolist()  # one device-to-host copy per forward
@@ -142,39 +156,64 @@ class PagedForward:
         return cls(pool, slot_block_ids, slot_offsets, with_masks, decode, kernel, tables)
 
 
-def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                            attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                            kvbench_paged: PagedForward | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+def paged_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    kvbench_paged: PagedForward | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
     """``query`` ``(1, heads, tokens, head_dim)``, ``key``/``value`` ``(1, kv_heads, tokens, head_dim)``
     (the new tokens only); returns ``((1, tokens, heads, head_dim), None)`` as transformers expects.
     In a paged forward ``attention_mask`` is :func:`skip_mask_creation`'s placeholder, never read."""
     if kvbench_paged is None:
-        return cpu_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                     **kwargs)
+        return cpu_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     pool, layer = kvbench_paged.pool, module.layer_idx
     pool.write(layer, kvbench_paged.slot_block_ids, kvbench_paged.slot_offsets, key[0], value[0])
-    output = query.new_empty((1, query.shape[2], query.shape[1], query.shape[3]))  # (1, tokens, heads, head_dim)
+    output = query.new_empty(
+        (1, query.shape[2], query.shape[1], query.shape[3])
+    )  # (1, tokens, heads, head_dim)
     in_place = not dropout and covers(query[0, :, 0], pool.keys[layer])  # lone decodes: engine/one_query.py
     for seq, mask in kvbench_paged.sequences:
         lo, hi = seq.query_start, seq.query_start + seq.num_query_tokens
         if in_place and seq.num_query_tokens == 1:
-            output[0, lo] = one_query_attention(query[0, :, lo], pool.keys[layer], pool.values[layer], seq.block_table,
-                                                seq.num_context_tokens, scaling)  # (heads, head_dim)
+            output[0, lo] = one_query_attention(
+                query[0, :, lo],
+                pool.keys[layer],
+                pool.values[layer],
+                seq.block_table,
+                seq.num_context_tokens,
+                scaling,
+            )  # (heads, head_dim)
             continue
-        seq_keys, seq_values = pool.gather(layer, seq.block_table, seq.num_context_tokens)  # (1, kv_heads, kv, head_dim)
-        out, _ = sdpa_attention_forward(module, query[:, :, lo:hi], seq_keys, seq_values, mask, dropout=dropout,
-                                        scaling=scaling)  # (1, q, heads, head_dim)
+        seq_keys, seq_values = pool.gather(
+            layer, seq.block_table, seq.num_context_tokens
+        )  # (1, kv_heads, kv, head_dim)
+        out, _ = sdpa_attention_forward(
+            module, query[:, :, lo:hi], seq_keys, seq_values, mask, dropout=dropout, scaling=scaling
+        )  # (1, q, heads, head_dim)
         output[:, lo:hi] = out
     decode = kvbench_paged.decode
     if decode is not None and kvbench_paged.kernel is not None:  # the blocks read in place
         decode_query = query[0][:, decode.rows].transpose(0, 1)  # (n, heads, head_dim)
-        output[0, decode.rows] = kvbench_paged.kernel.attend(layer, decode_query, kvbench_paged.page_tables, scaling)
+        output[0, decode.rows] = kvbench_paged.kernel.attend(
+            layer, decode_query, kvbench_paged.page_tables, scaling
+        )
     elif decode is not None:
         num_context = decode.mask.shape[-1]
-        keys, values = pool.gather_padded(layer, decode.block_tables, len(decode.rows), num_context)  # (n, kv_heads, kv, head_dim)
+        keys, values = pool.gather_padded(
+            layer, decode.block_tables, len(decode.rows), num_context
+        )  # (n, kv_heads, kv, head_dim)
         decode_query = query[0][:, decode.rows].transpose(0, 1)[:, :, None]  # (n, heads, 1, head_dim)
-        out, _ = sdpa_attention_forward(module, decode_query, keys, values, decode.mask, dropout=dropout,
-                                        scaling=scaling)  # (n, 1, heads, head_dim)
+        out, _ = sdpa_attention_forward(
+            module, decode_query, keys, values, decode.mask, dropout=dropout, scaling=scaling
+        )  # (n, 1, heads, head_dim)
         output[0, decode.rows] = out[:, 0]  # (n, heads, head_dim)
     return output, None
 
@@ -187,8 +226,9 @@ def skip_mask_creation(device: torch.device) -> torch.Tensor:
     return torch.ones((1, 1, 1, 1), dtype=torch.bool, device=device)
 
 
-def causal_mask(num_query: int, num_context: int, device: torch.device,
-                additive: torch.dtype | None = None) -> torch.Tensor | None:
+def causal_mask(
+    num_query: int, num_context: int, device: torch.device, additive: torch.dtype | None = None
+) -> torch.Tensor | None:
     """``None`` where SDPA's own handling is exact (queries = whole sequence: ``is_causal``; one
     query: attends to everything), else ``(1, 1, q, kv)``: query i sees keys ``<= kv - q + i``
     (what transformers' ``sdpa_mask`` builds for a prefill after a cached past). Bool, or with

@@ -44,9 +44,14 @@ class PagedCalls:
     def cache_config(self) -> CacheConfig | None:
         return self.config.cache
 
-    def submit(self, token_ids: Seq[int] | np.ndarray, sampling: SamplingParams = SamplingParams(),
-               salt: str | None = None, on_token: Callable[[int], bool | None] | None = None,
-               on_start: Callable[[], None] | None = None) -> RequestFuture:
+    def submit(
+        self,
+        token_ids: Seq[int] | np.ndarray,
+        sampling: SamplingParams = SamplingParams(),
+        salt: str | None = None,
+        on_token: Callable[[int], bool | None] | None = None,
+        on_start: Callable[[], None] | None = None,
+    ) -> RequestFuture:
         """Queue one request (any thread); the future gets its :class:`RequestRecord`. Bad input gives
         a record with status ``error`` at once; ``on_token`` runs in the worker thread; ``on_start()``
         runs here, at once (the scheduler queues; a client that leaves later is aborted)."""
@@ -55,9 +60,14 @@ class PagedCalls:
         callback = None if on_token is None else (lambda _sample, token_id: on_token(token_id))
         return self.submit_samples(token_ids, sampling, 1, salt, callback)[0]
 
-    def submit_samples(self, token_ids: Seq[int] | np.ndarray, sampling: SamplingParams, n: int,
-                       salt: str | None = None,
-                       on_token: Callable[[int, int], bool | None] | None = None) -> list[RequestFuture]:
+    def submit_samples(
+        self,
+        token_ids: Seq[int] | np.ndarray,
+        sampling: SamplingParams,
+        n: int,
+        salt: str | None = None,
+        on_token: Callable[[int, int], bool | None] | None = None,
+    ) -> list[RequestFuture]:
         """Queue ``n`` parallel samples of one prompt (the OpenAI API's ``n``): one prefill, then ``n``
         sequences sharing the prompt's blocks, copy-on-write for the partly filled last block
         (:mod:`kvbench.engine.paged.scheduler`). With a seed, sample ``i`` samples with ``seed + i``
@@ -79,8 +89,16 @@ class PagedCalls:
                 future.set_result(RequestRecord.failed(len(ids), problem))
             return futures
         salt = self.config.salt if salt is None else salt
-        jobs = [self._job(Sequence(next(self._seq_ids), list(ids), len(ids), salt), sample_sampling(sampling, index),
-                          future, on_token, index) for index, future in enumerate(futures)]
+        jobs = [
+            self._job(
+                Sequence(next(self._seq_ids), list(ids), len(ids), salt),
+                sample_sampling(sampling, index),
+                future,
+                on_token,
+                index,
+            )
+            for index, future in enumerate(futures)
+        ]
         jobs[0].forks = jobs[1:]  # forked from sample 0 once its prefill has run
         with self._lock:
             for job in jobs:
@@ -89,8 +107,14 @@ class PagedCalls:
             self._worker.wake()
         return futures
 
-    def _job(self, seq: Sequence, sampling: SamplingParams, future: RequestFuture,
-             on_token: Callable[[int, int], bool | None] | None, index: int) -> Job:
+    def _job(
+        self,
+        seq: Sequence,
+        sampling: SamplingParams,
+        future: RequestFuture,
+        on_token: Callable[[int, int], bool | None] | None,
+        index: int,
+    ) -> Job:
         generator = None
         if sampling.temperature > 0 and sampling.seed is not None:
             generator = torch.Generator(device=self.loaded.device).manual_seed(sampling.seed)
@@ -99,8 +123,13 @@ class PagedCalls:
         future.seq_id = seq.seq_id
         return Job(seq, sampling, future, callback, eos, time.perf_counter(), generator)
 
-    def generate(self, token_ids: Seq[int] | np.ndarray, sampling: SamplingParams = SamplingParams(),
-                 salt: str | None = None, on_token: Callable[[int], bool | None] | None = None) -> RequestRecord:
+    def generate(
+        self,
+        token_ids: Seq[int] | np.ndarray,
+        sampling: SamplingParams = SamplingParams(),
+        salt: str | None = None,
+        on_token: Callable[[int], bool | None] | None = None,
+    ) -> RequestRecord:
         """Run one request and wait for it (the copy engine's call); ``on_token`` errors propagate."""
         return self.submit(token_ids, sampling, salt, on_token).result()
 
@@ -146,8 +175,10 @@ class PagedCalls:
         needs more blocks than the pool has), or ``None``; such a request is refused at submit."""
         need = blocks_for(num_prompt_tokens + max_tokens - 1, self.block_size)
         if need > self.config.pool.capacity_blocks:
-            return (f"prompt + max_tokens need {need} blocks of {self.block_size} tokens; the KV pool has "
-                    f"{self.config.pool.capacity_blocks} (raise --cache-size)")
+            return (
+                f"prompt + max_tokens need {need} blocks of {self.block_size} tokens; the KV pool has "
+                f"{self.config.pool.capacity_blocks} (raise --cache-size)"
+            )
         return None
 
     def num_sequences(self) -> tuple[int, int]:
@@ -164,13 +195,18 @@ class PagedCalls:
         """``run.engine``: the kind, the per-step limits, the pool (blocks, bytes, host tier) and the
         attention kernel of the batched decode (:mod:`kvbench.engine.paged.kernels`)."""
         config = self.config
-        return {"kind": "paged", "max_num_seqs": config.max_num_seqs,
-                "max_num_batched_tokens": config.max_num_batched_tokens, "batch_invariant": config.batch_invariant,
-                "num_pool_blocks": config.pool.capacity_blocks, "pool_bytes": self.kv_pool.allocated_bytes,
-                "host_tier_blocks": config.host_tier_blocks,
-                "host_tier_bytes": self.host_kv.allocated_bytes if self.host_kv is not None else 0,
-                "attention_kernel": self.attention_kernel.kernel.value,
-                "attention_kernel_reason": self.attention_kernel.reason}
+        return {
+            "kind": "paged",
+            "max_num_seqs": config.max_num_seqs,
+            "max_num_batched_tokens": config.max_num_batched_tokens,
+            "batch_invariant": config.batch_invariant,
+            "num_pool_blocks": config.pool.capacity_blocks,
+            "pool_bytes": self.kv_pool.allocated_bytes,
+            "host_tier_blocks": config.host_tier_blocks,
+            "host_tier_bytes": self.host_kv.allocated_bytes if self.host_kv is not None else 0,
+            "attention_kernel": self.attention_kernel.kernel.value,
+            "attention_kernel_reason": self.attention_kernel.reason,
+        }
 
     def memory(self, records: Seq[tuple[Request, RequestRecord]] = ()) -> dict[str, int | str]:
         """``run.kv_memory``, measured on the pool (:class:`kvbench.engine.paged.held.PoolMeter`): the

@@ -63,7 +63,9 @@ class PagedConfig:
     def __post_init__(self) -> None:
         kernels = [kernel.value for kernel in AttentionKernel]
         if self.attention_kernel not in kernels:
-            raise ValueError(f"attention_kernel: {self.attention_kernel!r} is not one of {', '.join(kernels)}")
+            raise ValueError(
+                f"attention_kernel: {self.attention_kernel!r} is not one of {', '.join(kernels)}"
+            )
         object.__setattr__(self, "attention_kernel", AttentionKernel(self.attention_kernel))
         for name in ("max_num_seqs", "max_num_batched_tokens"):
             value = getattr(self, name)
@@ -71,12 +73,18 @@ class PagedConfig:
                 raise ValueError(f"--{name.replace('_', '-')}: {value!r} must be a positive integer")
         if self.pool.verify_tokens:
             raise ValueError("--engine paged trusts block hashes (verify_tokens is not implemented)")
-        if isinstance(self.host_tier_blocks, bool) or not isinstance(self.host_tier_blocks, int) or self.host_tier_blocks < 0:
+        if (
+            isinstance(self.host_tier_blocks, bool)
+            or not isinstance(self.host_tier_blocks, int)
+            or self.host_tier_blocks < 0
+        ):
             raise ValueError(f"--host-tier: {self.host_tier_blocks!r} must be a number of blocks >= 0")
         if self.host_tier_blocks and (not self.prefix_caching or self.pool.kind.value != "hash"):
             raise ValueError("--host-tier needs the hash prefix cache on (--cache on --cache-kind hash)")
         if self.pool.prompt_only:
-            raise ValueError("--engine paged caches generated blocks as vLLM does: --prompt-only applies to --engine copy")
+            raise ValueError(
+                "--engine paged caches generated blocks as vLLM does: --prompt-only applies to --engine copy"
+            )
 
     @property
     def cache(self) -> CacheConfig | None:

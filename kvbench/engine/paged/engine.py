@@ -34,7 +34,12 @@ import torch
 from kvbench.cache.base import Clock
 from kvbench.cache.block_hash import BlockHasher
 from kvbench.engine.model import LoadedModel
-from kvbench.engine.paged.attention import PagedForward, SequenceSlice, skip_mask_creation, use_paged_attention
+from kvbench.engine.paged.attention import (
+    PagedForward,
+    SequenceSlice,
+    skip_mask_creation,
+    use_paged_attention,
+)
 from kvbench.engine.paged.calls import PagedCalls
 from kvbench.engine.paged.config import PagedConfig
 from kvbench.engine.paged.held import PoolMeter
@@ -47,6 +52,7 @@ from kvbench.engine.sampling import sample_next_token
 from kvbench.engine.stamps import stamp_s
 from kvbench.engine.worker import RequestFuture, Task, Worker  # RequestFuture: part of this API
 from kvbench.errors import InputError
+
 
 class PagedEngine(PagedCalls):
     """Runs requests of token ids through one model with a paged KV pool and continuous batching.
@@ -70,14 +76,23 @@ class PagedEngine(PagedCalls):
         self.loaded = loaded
         self.config = config
         block_size = config.pool.block_size
-        self.kv_pool = KVPool(loaded.kv_layout(block_size), config.pool.capacity_blocks, loaded.device, loaded.dtype)
+        self.kv_pool = KVPool(
+            loaded.kv_layout(block_size), config.pool.capacity_blocks, loaded.device, loaded.dtype
+        )
         self.attention_kernel, self._decode_kernel = start_kernel(self.kv_pool, config.attention_kernel)
         hasher = BlockHasher(block_size, config.pool.hash) if config.prefix_caching else None
-        self.scheduler = Scheduler(config.pool.capacity_blocks, block_size, hasher, config.max_num_seqs,
-                                   config.max_num_batched_tokens,
-                                   tail_first=config.pool.release_order.value == "tail-first",
-                                   ttl_s=config.pool.ttl_s, clock=clock, kind=config.pool.kind,
-                                   host_tier_blocks=config.host_tier_blocks)
+        self.scheduler = Scheduler(
+            config.pool.capacity_blocks,
+            block_size,
+            hasher,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            tail_first=config.pool.release_order.value == "tail-first",
+            ttl_s=config.pool.ttl_s,
+            clock=clock,
+            kind=config.pool.kind,
+            host_tier_blocks=config.host_tier_blocks,
+        )
         self.host_kv = HostKV(self.kv_pool, config.host_tier_blocks) if config.host_tier_blocks else None
         self.meter = PoolMeter(self.kv_pool.bytes_per_block, self.kv_pool.allocated_bytes)
         self._jobs: dict[int, Job] = {}
@@ -155,13 +170,21 @@ class PagedEngine(PagedCalls):
             if stop == seq.num_tokens:
                 keep.append(len(ids) - 1)
         position_tensor = torch.tensor(positions, device=device)  # (tokens,)
-        paged = PagedForward.plan(self.kv_pool, torch.tensor(slot_blocks, device=device),  # (tokens,)
-                                  position_tensor % block_size, slices, kernel=self._decode_kernel)
-        output = self.loaded.model(input_ids=torch.tensor([ids], device=device),  # (1, tokens)
-                                   position_ids=position_tensor[None], use_cache=False,
-                                   attention_mask=skip_mask_creation(device),
-                                   logits_to_keep=torch.tensor(keep, dtype=torch.long, device=device),  # (sampled,)
-                                   kvbench_paged=paged)
+        paged = PagedForward.plan(
+            self.kv_pool,
+            torch.tensor(slot_blocks, device=device),  # (tokens,)
+            position_tensor % block_size,
+            slices,
+            kernel=self._decode_kernel,
+        )
+        output = self.loaded.model(
+            input_ids=torch.tensor([ids], device=device),  # (1, tokens)
+            position_ids=position_tensor[None],
+            use_cache=False,
+            attention_mask=skip_mask_creation(device),
+            logits_to_keep=torch.tensor(keep, dtype=torch.long, device=device),  # (sampled,)
+            kvbench_paged=paged,
+        )
         return output.logits[0]  # (sampled sequences, vocab)
 
     def _sample(self, job: Job, logits: torch.Tensor) -> None:
@@ -216,7 +239,13 @@ class PagedEngine(PagedCalls):
         sequence is running or waiting (``_work``; :meth:`Verifier.defer`)."""
         record = job_record(job)
         if self._verifier is not None:
-            self._verifier.defer(job.future, record, job.seq.token_ids[:job.seq.num_prompt_tokens], job.sampling,
-                                 job.seq.salt, job.chosen_logprobs)
+            self._verifier.defer(
+                job.future,
+                record,
+                job.seq.token_ids[: job.seq.num_prompt_tokens],
+                job.sampling,
+                job.seq.salt,
+                job.chosen_logprobs,
+            )
         elif not job.future.done():
             job.future.set_result(record)

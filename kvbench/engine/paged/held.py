@@ -78,18 +78,29 @@ class PoolMeter:
         running, cached = pool.num_used_blocks * per_block, pool.num_evictable_blocks * per_block
         unfilled_slots, num_tokens = _slots(scheduler, scheduled or {})
         per_token = per_block // scheduler.block_size
-        return HeldKV(running, cached, running + cached, unfilled_slots * per_token, self.pool_bytes,
-                      running + cached + num_tokens * per_token)
+        return HeldKV(
+            running,
+            cached,
+            running + cached,
+            unfilled_slots * per_token,
+            self.pool_bytes,
+            running + cached + num_tokens * per_token,
+        )
 
     def summary(self, scheduler) -> dict[str, int]:
         """The run's memory keys (bytes): ``peak_held_kv_bytes``, ``peak_running_kv_bytes``,
         ``peak_unfilled_kv_bytes``, ``end_held_kv_bytes``, ``end_cached_kv_bytes``, ``pool_bytes``,
         and ``peak_copy_engine_kv_bytes`` (the copy engine's design for the same steps, computed)."""
         end = self.now(scheduler)
-        return {"peak_held_kv_bytes": self.at_peak.held_bytes, "peak_running_kv_bytes": self.peak_running_bytes,
-                "peak_unfilled_kv_bytes": self.peak_unfilled_bytes, "end_held_kv_bytes": end.held_bytes,
-                "end_cached_kv_bytes": end.cached_bytes, "pool_bytes": self.pool_bytes,
-                "peak_copy_engine_kv_bytes": self.peak_copy_engine_bytes}
+        return {
+            "peak_held_kv_bytes": self.at_peak.held_bytes,
+            "peak_running_kv_bytes": self.peak_running_bytes,
+            "peak_unfilled_kv_bytes": self.peak_unfilled_bytes,
+            "end_held_kv_bytes": end.held_bytes,
+            "end_cached_kv_bytes": end.cached_bytes,
+            "pool_bytes": self.pool_bytes,
+            "peak_copy_engine_kv_bytes": self.peak_copy_engine_bytes,
+        }
 
 
 def _slots(scheduler, scheduled: dict[int, int]) -> tuple[int, int]:

@@ -46,13 +46,23 @@ def sample_sampling(sampling: SamplingParams, index: int) -> SamplingParams:
 def job_record(job: Job) -> RequestRecord:
     seq, token_s, start_s = job.seq, job.token_s, job.admitted_s
     ttft_ms, e2e_ms = (token_s[0] - start_s) * 1e3, (token_s[-1] - start_s) * 1e3
-    tokens = tuple(seq.token_ids[seq.num_prompt_tokens:])
+    tokens = tuple(seq.token_ids[seq.num_prompt_tokens :])
     return RequestRecord(
-        status=Status.OK, prompt_tokens=seq.num_prompt_tokens, cached_prompt_tokens=seq.num_cached_tokens,
-        output_tokens=len(tokens), output_tokens_source="engine", output_token_ids=tokens,
-        ttft_ms=ttft_ms, tpot_ms=(e2e_ms - ttft_ms) / (len(tokens) - 1) if len(tokens) > 1 else None,
-        itl_ms=tuple((b - a) * 1e3 for a, b in zip(token_s, token_s[1:])), e2e_ms=e2e_ms,
-        prefill_ms=job.prefill_ms, lookup_ms=None, kv_load_ms=0.0, insert_ms=0.0,
-        num_inserted_blocks=seq.num_inserted_blocks, queue_ms=(start_s - job.submitted_s) * 1e3,
+        status=Status.OK,
+        prompt_tokens=seq.num_prompt_tokens,
+        cached_prompt_tokens=seq.num_cached_tokens,
+        output_tokens=len(tokens),
+        output_tokens_source="engine",
+        output_token_ids=tokens,
+        ttft_ms=ttft_ms,
+        tpot_ms=(e2e_ms - ttft_ms) / (len(tokens) - 1) if len(tokens) > 1 else None,
+        itl_ms=tuple((b - a) * 1e3 for a, b in zip(token_s, token_s[1:])),
+        e2e_ms=e2e_ms,
+        prefill_ms=job.prefill_ms,
+        lookup_ms=None,
+        kv_load_ms=0.0,
+        insert_ms=0.0,
+        num_inserted_blocks=seq.num_inserted_blocks,
+        queue_ms=(start_s - job.submitted_s) * 1e3,
         host_cached_tokens=seq.num_host_cached_tokens,
     )

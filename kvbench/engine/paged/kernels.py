@@ -71,9 +71,14 @@ def importable(module: str) -> bool:
     return True
 
 
-def choose_kernel(device: torch.device, dtype: torch.dtype, block_size: int, head_dim: int,
-                  requested: AttentionKernel = AttentionKernel.AUTO,
-                  probe: Callable[[str], bool] | None = None) -> KernelChoice:
+def choose_kernel(
+    device: torch.device,
+    dtype: torch.dtype,
+    block_size: int,
+    head_dim: int,
+    requested: AttentionKernel = AttentionKernel.AUTO,
+    probe: Callable[[str], bool] | None = None,
+) -> KernelChoice:
     """The kernel for a pool on ``device`` in ``dtype``. ``auto``: FlashInfer, else FlashAttention, where
     installed (``probe``: :func:`importable`) and where they take the pool's dtype, head_dim and block
     size; on the CPU in fp32, ``kvbench-cpu`` where the native kernels are built; else ``sdpa-gathered``. A kernel named in ``requested`` is used if it can be, else
@@ -89,11 +94,19 @@ def choose_kernel(device: torch.device, dtype: torch.dtype, block_size: int, hea
                 return KernelChoice(kernel, "auto" if requested is AttentionKernel.AUTO else "requested")
     if requested is not AttentionKernel.AUTO:
         raise InputError(f"attention kernel {requested.value}: {refusals[requested]}")
-    return KernelChoice(AttentionKernel.SDPA_GATHERED, "; ".join(f"{k.value}: {why}" for k, why in refusals.items()))
+    return KernelChoice(
+        AttentionKernel.SDPA_GATHERED, "; ".join(f"{k.value}: {why}" for k, why in refusals.items())
+    )
 
 
-def _refusal(kernel: AttentionKernel, device: torch.device, dtype: torch.dtype, block_size: int, head_dim: int,
-             probe: Callable[[str], bool]) -> str | None:
+def _refusal(
+    kernel: AttentionKernel,
+    device: torch.device,
+    dtype: torch.dtype,
+    block_size: int,
+    head_dim: int,
+    probe: Callable[[str], bool],
+) -> str | None:
     """Why ``kernel`` cannot serve this pool, or ``None``; the cheap checks first, the import last."""
     if kernel is AttentionKernel.KVBENCH_CPU:
         if device.type != "cpu":
@@ -135,8 +148,9 @@ class PageTables:
     last_page_len: torch.Tensor
 
     @classmethod
-    def of(cls, tables: Sequence[Sequence[int]], lengths: Sequence[int], block_size: int,
-           device: torch.device) -> PageTables:
+    def of(
+        cls, tables: Sequence[Sequence[int]], lengths: Sequence[int], block_size: int, device: torch.device
+    ) -> PageTables:
         """``tables``: each sequence's block ids (at least enough for its length); ``lengths``: its
         context tokens. Index tensors on ``device``; ``indptr`` and ``last_page_len`` stay on the
         CPU too, where FlashInfer's ``plan`` reads them."""
@@ -144,18 +158,23 @@ class PageTables:
         used = _used_blocks(tables, lengths, block_size)
         width = max(len(blocks) for blocks in used)
         padded = [blocks + [NULL_BLOCK_ID] * (width - len(blocks)) for blocks in used]
-        return cls(torch.tensor(padded, dtype=torch.int32, device=device),  # (n, max_blocks)
-                   torch.tensor(list(lengths), dtype=torch.int32, device=device),  # (n,)
-                   indptr, indices.to(device), last_page_len)
+        return cls(
+            torch.tensor(padded, dtype=torch.int32, device=device),  # (n, max_blocks)
+            torch.tensor(list(lengths), dtype=torch.int32, device=device),  # (n,)
+            indptr,
+            indices.to(device),
+            last_page_len,
+        )
 
 
 def _used_blocks(tables: Sequence[Sequence[int]], lengths: Sequence[int], block_size: int) -> list[list[int]]:
     """Each table cut to the ``ceil(length / block_size)`` blocks its tokens occupy."""
-    return [[int(b) for b in table[:-(-length // block_size)]] for table, length in zip(tables, lengths)]
+    return [[int(b) for b in table[: -(-length // block_size)]] for table, length in zip(tables, lengths)]
 
 
-def csr_page_table(tables: Sequence[Sequence[int]], lengths: Sequence[int],
-                   block_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def csr_page_table(
+    tables: Sequence[Sequence[int]], lengths: Sequence[int], block_size: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Block tables as FlashInfer's CSR page table, all int32 on the CPU: ``indptr`` ``(n + 1,)``
     (sequence i's pages are ``indices[indptr[i]:indptr[i + 1]]``), ``indices`` ``(pages,)`` and
     ``last_page_len`` ``(n,)`` (tokens in each sequence's last page, 1 .. ``block_size``).
@@ -204,14 +223,25 @@ class FlashInferDecode:
         self._wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "HND")
         self._planned: PageTables | None = None
 
-    def attend(self, layer: int, query: torch.Tensor, tables: PageTables, scaling: float | None) -> torch.Tensor:
+    def attend(
+        self, layer: int, query: torch.Tensor, tables: PageTables, scaling: float | None
+    ) -> torch.Tensor:
         """``query`` ``(n, heads, head_dim)`` -> ``(n, heads, head_dim)``. The first layer of a forward
         plans (``tables`` is that forward's), the others reuse the plan."""
         if self._planned is not tables:
             layout = self.pool.layout
-            self._wrapper.plan(tables.indptr, tables.indices, tables.last_page_len, query.shape[1],
-                               layout.num_kv_heads, layout.head_dim, self.pool.block_size,
-                               q_data_type=query.dtype, data_type=query.dtype, sm_scale=scaling)
+            self._wrapper.plan(
+                tables.indptr,
+                tables.indices,
+                tables.last_page_len,
+                query.shape[1],
+                layout.num_kv_heads,
+                layout.head_dim,
+                self.pool.block_size,
+                q_data_type=query.dtype,
+                data_type=query.dtype,
+                sm_scale=scaling,
+            )
             self._planned = tables
         run = getattr(self._wrapper, "run", None) or self._wrapper.forward  # FlashInfer < 0.2: forward
         return run(query.contiguous(), hnd_pages(self.pool, layer))
@@ -228,11 +258,20 @@ class FlashAttnDecode:
         self.pool = pool
         self._call = flash_attn_with_kvcache
 
-    def attend(self, layer: int, query: torch.Tensor, tables: PageTables, scaling: float | None) -> torch.Tensor:
+    def attend(
+        self, layer: int, query: torch.Tensor, tables: PageTables, scaling: float | None
+    ) -> torch.Tensor:
         """``query`` ``(n, heads, head_dim)`` -> ``(n, heads, head_dim)``."""
         keys, values = nhd_pages(self.pool, layer)
-        out = self._call(query[:, None].contiguous(), keys, values, cache_seqlens=tables.lengths,
-                         block_table=tables.block_tables, softmax_scale=scaling, causal=True)  # (n, 1, heads, head_dim)
+        out = self._call(
+            query[:, None].contiguous(),
+            keys,
+            values,
+            cache_seqlens=tables.lengths,
+            block_table=tables.block_tables,
+            softmax_scale=scaling,
+            causal=True,
+        )  # (n, 1, heads, head_dim)
         return out[:, 0]
 
 
@@ -247,20 +286,31 @@ class KvbenchCpuDecode:
             raise InputError(f"attention kernel {self.kernel.value}: {native_kernels_reason()}")
         self.pool, self._native = pool, native
 
-    def attend(self, layer: int, query: torch.Tensor, tables: PageTables, scaling: float | None) -> torch.Tensor:
+    def attend(
+        self, layer: int, query: torch.Tensor, tables: PageTables, scaling: float | None
+    ) -> torch.Tensor:
         """``query`` ``(n, heads, head_dim)`` -> ``(n, heads, head_dim)``."""
         scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-        return self._native.paged_decode(query, self.pool.keys[layer], self.pool.values[layer], tables.block_tables,
-                                         tables.lengths, scale)
+        return self._native.paged_decode(
+            query, self.pool.keys[layer], self.pool.values[layer], tables.block_tables, tables.lengths, scale
+        )
 
 
-DecodeKernel = FlashInferDecode | FlashAttnDecode | KvbenchCpuDecode  # ``attend(layer, query, tables, scaling)``
-DECODE_KERNELS = {AttentionKernel.FLASHINFER: FlashInferDecode, AttentionKernel.FLASH_ATTN: FlashAttnDecode,
-                  AttentionKernel.KVBENCH_CPU: KvbenchCpuDecode}
+DecodeKernel = (
+    FlashInferDecode | FlashAttnDecode | KvbenchCpuDecode
+)  # ``attend(layer, query, tables, scaling)``
+DECODE_KERNELS = {
+    AttentionKernel.FLASHINFER: FlashInferDecode,
+    AttentionKernel.FLASH_ATTN: FlashAttnDecode,
+    AttentionKernel.KVBENCH_CPU: KvbenchCpuDecode,
+}
 
 
-def start_kernel(pool: KVPool, requested: AttentionKernel = AttentionKernel.AUTO,
-                 probe: Callable[[str], bool] | None = None) -> tuple[KernelChoice, DecodeKernel | None]:
+def start_kernel(
+    pool: KVPool,
+    requested: AttentionKernel = AttentionKernel.AUTO,
+    probe: Callable[[str], bool] | None = None,
+) -> tuple[KernelChoice, DecodeKernel | None]:
     """:func:`choose_kernel` for ``pool`` and the kernel object (``None`` for ``sdpa-gathered``)."""
     first = pool.keys[0]
     choice = choose_kernel(first.device, first.dtype, pool.block_size, pool.layout.head_dim, requested, probe)

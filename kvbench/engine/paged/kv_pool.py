@@ -29,7 +29,9 @@ class KVPool:
 
     def __init__(self, layout: KvLayout, num_blocks: int, device: torch.device, dtype: torch.dtype) -> None:
         if num_blocks <= 0 or layout.block_size <= 0:
-            raise ValueError(f"a KV pool needs positive num_blocks and block_size, got {num_blocks}, {layout.block_size}")
+            raise ValueError(
+                f"a KV pool needs positive num_blocks and block_size, got {num_blocks}, {layout.block_size}"
+            )
         self.layout = layout
         self.num_blocks = num_blocks
         self.block_size = layout.block_size
@@ -48,8 +50,14 @@ class KVPool:
         """Bytes the pool's tensors hold (the null block included)."""
         return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
 
-    def write(self, layer: int, block_ids: torch.Tensor, offsets: torch.Tensor,
-              keys: torch.Tensor, values: torch.Tensor) -> None:
+    def write(
+        self,
+        layer: int,
+        block_ids: torch.Tensor,
+        offsets: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+    ) -> None:
         """Store new tokens' K/V. ``block_ids``, ``offsets``: ``(tokens,)`` long; ``keys``,
         ``values``: ``(kv_heads, tokens, head_dim)``."""
         self.keys[layer][:, block_ids, offsets] = keys  # (kv_heads, tokens, head_dim)
@@ -67,7 +75,9 @@ class KVPool:
         for pool in (*self.keys, *self.values):
             pool[:, destination] = pool[:, source]  # (kv_heads, copies, block_size, head_dim)
 
-    def gather(self, layer: int, block_table: torch.Tensor, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def gather(
+        self, layer: int, block_table: torch.Tensor, num_tokens: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The first ``num_tokens`` tokens of a sequence whose blocks are ``block_table`` (``(blocks,)``
         long): keys and values, each ``(1, kv_heads, num_tokens, head_dim)`` (one copy each).
 
@@ -79,8 +89,9 @@ class KVPool:
         v = v.flatten(1, 2)[:, :num_tokens].unsqueeze(0)
         return k, v
 
-    def gather_padded(self, layer: int, block_tables: torch.Tensor, num_sequences: int,
-                      num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def gather_padded(
+        self, layer: int, block_tables: torch.Tensor, num_sequences: int, num_tokens: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Several sequences at once: ``block_tables`` ``(num_sequences * max_blocks,)`` long, each
         table padded to ``max_blocks`` (with :data:`NULL_BLOCK_ID`) and flattened; keys and values
         each ``(num_sequences, kv_heads, num_tokens, head_dim)``, one copy each (a strided view of it:
@@ -88,14 +99,18 @@ class KVPool:
         num_heads, head_dim = self.layout.num_kv_heads, self.layout.head_dim
         k = self.keys[layer].index_select(1, block_tables)  # (kv_heads, n * max_blocks, block_size, head_dim)
         v = self.values[layer].index_select(1, block_tables)
-        k = k.view(num_heads, num_sequences, -1, head_dim).transpose(0, 1)  # (n, kv_heads, max_blocks * block_size, head_dim)
+        k = k.view(num_heads, num_sequences, -1, head_dim).transpose(
+            0, 1
+        )  # (n, kv_heads, max_blocks * block_size, head_dim)
         v = v.view(num_heads, num_sequences, -1, head_dim).transpose(0, 1)
         return k[:, :, :num_tokens], v[:, :, :num_tokens]  # (n, kv_heads, num_tokens, head_dim)
 
     def block(self, block_id: int) -> torch.Tensor:
         """A copy of one block, ``(layers, 2, kv_heads, block_size, head_dim)`` (the copy engine's
         payload layout; for tests)."""
-        return torch.stack([torch.stack((k[:, block_id], v[:, block_id])) for k, v in zip(self.keys, self.values)])
+        return torch.stack(
+            [torch.stack((k[:, block_id], v[:, block_id])) for k, v in zip(self.keys, self.values)]
+        )
 
 
 class HostKV:
@@ -129,4 +144,6 @@ class HostKV:
             slots = torch.tensor([pair[0] for pair in pairs])  # (pairs,)
             blocks = torch.tensor([pair[1] for pair in pairs], device=pool.keys[0].device)  # (pairs,)
             for host, device in zip((*self.keys, *self.values), (*pool.keys, *pool.values)):
-                device[:, blocks] = host[:, slots].to(device.device)  # (kv_heads, pairs, block_size, head_dim)
+                device[:, blocks] = host[:, slots].to(
+                    device.device
+                )  # (kv_heads, pairs, block_size, head_dim)

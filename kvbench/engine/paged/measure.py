@@ -71,7 +71,9 @@ def measure_parallel_sampling(loaded: LoadedModel, config: SharingConfig) -> Mea
     n = config.num_sequences
     engine = PagedEngine(loaded, PagedConfig(CacheConfig(config.num_unshared_peak_blocks, config.block_size)))
     prompt = np.random.default_rng(config.seed).integers(0, loaded.vocab_size, config.prompt_tokens)
-    sampling = SamplingParams(max_tokens=config.max_tokens, temperature=1.0, seed=config.seed, ignore_eos=True)
+    sampling = SamplingParams(
+        max_tokens=config.max_tokens, temperature=1.0, seed=config.seed, ignore_eos=True
+    )
     shared: list[int] = []
 
     def on_token(sample: int, _token_id: int) -> None:  # the worker thread, right after the fork
@@ -84,15 +86,22 @@ def measure_parallel_sampling(loaded: LoadedModel, config: SharingConfig) -> Mea
     elapsed_s = time.perf_counter() - start_s
     engine.wait_idle()
     if records[0].status is not Status.OK:
-        raise InputError(f"--prompt-tokens {config.prompt_tokens} --max-tokens {config.max_tokens}: {records[0].error}")
+        raise InputError(
+            f"--prompt-tokens {config.prompt_tokens} --max-tokens {config.max_tokens}: {records[0].error}"
+        )
     memory, per_block = engine.memory_summary(), engine.kv_pool.bytes_per_block
     return MeasuredSharing(
-        config=config, model_name=loaded.name, bytes_per_block=per_block, num_shared_prompt_blocks=shared[0],
+        config=config,
+        model_name=loaded.name,
+        bytes_per_block=per_block,
+        num_shared_prompt_blocks=shared[0],
         num_copies=engine.scheduler.num_copied_blocks,
         peak_running_blocks=memory["peak_running_kv_bytes"] // per_block,
         peak_held_blocks=memory["peak_held_kv_bytes"] // per_block,
         num_used_blocks_after_free=engine.scheduler.pool.num_used_blocks,
-        num_output_tokens=tuple(record.output_tokens for record in records), elapsed_s=elapsed_s)
+        num_output_tokens=tuple(record.output_tokens for record in records),
+        elapsed_s=elapsed_s,
+    )
 
 
 def check_fits(loaded: LoadedModel, config: SharingConfig) -> None:
@@ -104,7 +113,9 @@ def check_fits(loaded: LoadedModel, config: SharingConfig) -> None:
     """
     problem = check_request(loaded, [0] * config.prompt_tokens, SamplingParams(max_tokens=config.max_tokens))
     if problem is not None:
-        raise InputError(f"--prompt-tokens {config.prompt_tokens} --max-tokens {config.max_tokens}: {problem}")
+        raise InputError(
+            f"--prompt-tokens {config.prompt_tokens} --max-tokens {config.max_tokens}: {problem}"
+        )
 
 
 @dataclass(frozen=True)
@@ -138,7 +149,9 @@ class MeasuredWaste:
     elapsed_s: float
 
 
-def measure_waste(loaded: LoadedModel, requests, pool_bytes: int, block_size: int, seed: int = 0) -> MeasuredWaste:
+def measure_waste(
+    loaded: LoadedModel, requests, pool_bytes: int, block_size: int, seed: int = 0
+) -> MeasuredWaste:
     """Run ``requests`` (:class:`kvbench.memory.waste.WasteRequest`: arrival, prompt and output lengths)
     on a paged engine whose pool holds ``pool_bytes``: each is submitted at its arrival time (real
     time from the start; the replay's decode rate stands for this engine's), with random prompt ids of
@@ -158,15 +171,24 @@ def measure_waste(loaded: LoadedModel, requests, pool_bytes: int, block_size: in
     for request in sorted(requests, key=lambda r: r.arrival_ms):
         time.sleep(max(0.0, request.arrival_ms / 1e3 - (time.perf_counter() - start_s)))
         prompt = rng.integers(0, loaded.vocab_size, request.prompt_tokens)
-        futures.append(engine.submit(prompt, SamplingParams(max_tokens=request.output_tokens, ignore_eos=True)))
+        futures.append(
+            engine.submit(prompt, SamplingParams(max_tokens=request.output_tokens, ignore_eos=True))
+        )
     records = [future.result() for future in futures]
     engine.wait_idle()
     meter, steps = engine.meter, max(engine.meter.num_steps, 1)
     num_served = sum(record.status is Status.OK for record in records)
     return MeasuredWaste(
-        model_name=loaded.name, bytes_per_token=per_block // block_size, num_blocks=num_blocks,
-        num_served=num_served, num_refused=len(records) - num_served,
-        mean_running_bytes=meter.sum_running_bytes / steps, peak_running_bytes=meter.peak_running_bytes,
-        mean_unfilled_bytes=meter.sum_unfilled_bytes / steps, peak_unfilled_bytes=meter.peak_unfilled_bytes,
-        num_preemptions=engine.scheduler.num_preemptions, num_steps=meter.num_steps,
-        elapsed_s=time.perf_counter() - start_s)
+        model_name=loaded.name,
+        bytes_per_token=per_block // block_size,
+        num_blocks=num_blocks,
+        num_served=num_served,
+        num_refused=len(records) - num_served,
+        mean_running_bytes=meter.sum_running_bytes / steps,
+        peak_running_bytes=meter.peak_running_bytes,
+        mean_unfilled_bytes=meter.sum_unfilled_bytes / steps,
+        peak_unfilled_bytes=meter.peak_unfilled_bytes,
+        num_preemptions=engine.scheduler.num_preemptions,
+        num_steps=meter.num_steps,
+        elapsed_s=time.perf_counter() - start_s,
+    )

@@ -55,7 +55,12 @@ from kvbench.cache.block_pool import BlockPool
 from kvbench.cache.host_tier import HostTierIndex
 from kvbench.cache.pool_cache import IdleTimer
 from kvbench.engine.paged.kv_pool import NULL_BLOCK_ID
-from kvbench.engine.paged.sequence import ScheduledBatch, Sequence, SequenceStatus, blocks_for  # part of this API
+from kvbench.engine.paged.sequence import (
+    ScheduledBatch,
+    Sequence,
+    SequenceStatus,
+    blocks_for,
+)  # part of this API
 
 
 class Scheduler:
@@ -69,12 +74,24 @@ class Scheduler:
     Raises (constructor): ``ValueError`` for head-first release with the radix kind.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, hasher: BlockHasher | None, max_num_seqs: int,
-                 max_num_batched_tokens: int, tail_first: bool = True, ttl_s: float | None = None,
-                 clock: Clock | None = None, kind: CacheKind = CacheKind.HASH, host_tier_blocks: int = 0) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        hasher: BlockHasher | None,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        tail_first: bool = True,
+        ttl_s: float | None = None,
+        clock: Clock | None = None,
+        kind: CacheKind = CacheKind.HASH,
+        host_tier_blocks: int = 0,
+    ) -> None:
         if CacheKind(kind) is CacheKind.RADIX and not tail_first:
             raise ValueError(HEAD_FIRST_RADIX_ERROR)
-        if host_tier_blocks and (CacheKind(kind) is CacheKind.RADIX or hasher is None):  # radix keys: no prefix
+        if host_tier_blocks and (
+            CacheKind(kind) is CacheKind.RADIX or hasher is None
+        ):  # radix keys: no prefix
             raise ValueError("--host-tier needs the hash prefix cache on (--cache on --cache-kind hash)")
         self.pool = BlockPool(num_blocks, first_block_id=NULL_BLOCK_ID + 1)
         self.timer = IdleTimer(self.pool, ttl_s, clock)
@@ -89,7 +106,9 @@ class Scheduler:
         self.num_copied_blocks = 0  # copy-on-write copies over the scheduler's life
         self.host = HostTierIndex(host_tier_blocks) if host_tier_blocks else None
         self.num_host_queried_tokens = self.num_host_hit_tokens = 0  # first admissions
-        self._host_stores: list[tuple[int, int]] = []  # (GPU block, host slot) of released blocks, not yet copied
+        self._host_stores: list[
+            tuple[int, int]
+        ] = []  # (GPU block, host slot) of released blocks, not yet copied
         self._host_loads: list[tuple[int, int]] = []  # (host slot, GPU block) of this schedule's admissions
 
     # -- queue -------------------------------------------------------------------------------------
@@ -120,11 +139,17 @@ class Scheduler:
             self.waiting.popleft()
             items.append(admitted)
             budget -= admitted[1]
-        stores, loads, self._host_stores, self._host_loads = tuple(self._host_stores), tuple(self._host_loads), [], []
+        stores, loads, self._host_stores, self._host_loads = (
+            tuple(self._host_stores),
+            tuple(self._host_loads),
+            [],
+            [],
+        )
         return ScheduledBatch(tuple(items), tuple(preempted), tuple(copies), stores, loads)
 
-    def _grow_or_preempt(self, seq: Sequence, num_new: int, preempted: list[Sequence],
-                         copies: list[tuple[int, int]]) -> bool:
+    def _grow_or_preempt(
+        self, seq: Sequence, num_new: int, preempted: list[Sequence], copies: list[tuple[int, int]]
+    ) -> bool:
         """Give ``seq`` blocks for ``num_new`` more tokens (and a private copy of a shared block it
         writes into), preempting from the back; ``False`` if ``seq`` itself had to go."""
         while True:
@@ -168,13 +193,24 @@ class Scheduler:
             ValueError: ``parent`` is not running, has output tokens or pending tokens, or a child is
                 not a fresh sequence of the same prompt.
         """
-        if parent.status is not SequenceStatus.RUNNING or parent.num_pending_tokens or \
-                parent.num_tokens != parent.num_prompt_tokens:
-            raise ValueError(f"sequence {parent.seq_id} must be running with its prompt computed and nothing sampled")
+        if (
+            parent.status is not SequenceStatus.RUNNING
+            or parent.num_pending_tokens
+            or parent.num_tokens != parent.num_prompt_tokens
+        ):
+            raise ValueError(
+                f"sequence {parent.seq_id} must be running with its prompt computed and nothing sampled"
+            )
         children = list(children)
         for child in children:
-            if child.status is not SequenceStatus.WAITING or child.block_table or child.token_ids != parent.token_ids:
-                raise ValueError(f"sequence {child.seq_id} is not a fresh sample of sequence {parent.seq_id}'s prompt")
+            if (
+                child.status is not SequenceStatus.WAITING
+                or child.block_table
+                or child.token_ids != parent.token_ids
+            ):
+                raise ValueError(
+                    f"sequence {child.seq_id} is not a fresh sample of sequence {parent.seq_id}'s prompt"
+                )
         started = children[: max(self.max_num_seqs - len(self.running), 0)]
         for child in started:
             self.pool.touch(parent.block_table)
@@ -184,7 +220,7 @@ class Scheduler:
             child._num_keyed_blocks, child._block_keys = parent._num_keyed_blocks, list(parent._block_keys)
             child.status = SequenceStatus.RUNNING
             self.running.append(child)
-        self.waiting.extendleft(reversed(children[len(started):]))
+        self.waiting.extendleft(reversed(children[len(started) :]))
         return started
 
     def _admit(self, seq: Sequence, budget: int) -> tuple[Sequence, int] | None:
@@ -225,8 +261,12 @@ class Scheduler:
         if index is None or not self.running or wanted >= (seq.num_tokens - 1) // self.block_size:
             return False
         keys = self._keys(seq)
-        return any(other.salt == seq.salt and other._num_keyed_blocks <= wanted < other.num_tokens // self.block_size
-                   and index.same_prefix(keys, self._keys(other), wanted) for other in self.running)
+        return any(
+            other.salt == seq.salt
+            and other._num_keyed_blocks <= wanted < other.num_tokens // self.block_size
+            and index.same_prefix(keys, self._keys(other), wanted)
+            for other in self.running
+        )
 
     def _lookup(self, seq: Sequence) -> list[int]:
         if self.index is None:

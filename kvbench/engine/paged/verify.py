@@ -37,7 +37,11 @@ import torch
 
 from kvbench.request import RequestRecord
 
-TIE_TOLERANCE_NATS = {torch.float32: 1e-3, torch.float16: 5e-2, torch.bfloat16: 1e-1}  # see the module docstring
+TIE_TOLERANCE_NATS = {
+    torch.float32: 1e-3,
+    torch.float16: 5e-2,
+    torch.bfloat16: 1e-1,
+}  # see the module docstring
 DEFAULT_TIE_TOLERANCE_NATS = 1e-3
 
 
@@ -62,8 +66,9 @@ class LogitCheck:
         return self.num_flips_near_ties == 0 and self.num_mismatches == 0
 
 
-def compare_logprobs(reference: torch.Tensor, output_ids: list[int], chosen_logprobs: list[float],
-                     tolerance_nats: float) -> LogitCheck:
+def compare_logprobs(
+    reference: torch.Tensor, output_ids: list[int], chosen_logprobs: list[float], tolerance_nats: float
+) -> LogitCheck:
     """Classify every position (module docstring).
 
     Args:
@@ -76,8 +81,9 @@ def compare_logprobs(reference: torch.Tensor, output_ids: list[int], chosen_logp
         ValueError: the three lengths differ.
     """
     if not reference.shape[0] == len(output_ids) == len(chosen_logprobs):
-        raise ValueError(f"{reference.shape[0]} reference rows, {len(output_ids)} tokens, "
-                         f"{len(chosen_logprobs)} logprobs")
+        raise ValueError(
+            f"{reference.shape[0]} reference rows, {len(output_ids)} tokens, {len(chosen_logprobs)} logprobs"
+        )
     tokens = torch.tensor(output_ids, device=reference.device)  # (outputs,)
     top = reference.argmax(dim=-1)  # (outputs,)
     paged_in_reference = reference.gather(1, tokens[:, None])[:, 0]  # (outputs,)
@@ -85,7 +91,9 @@ def compare_logprobs(reference: torch.Tensor, output_ids: list[int], chosen_logp
     differs = top != tokens  # (outputs,)
     near_tie = differs & (gap < tolerance_nats)
     diff = (torch.tensor(chosen_logprobs, device=reference.device) - paged_in_reference).abs()  # (outputs,)
-    return LogitCheck(len(output_ids), int(near_tie.sum()), int((differs & ~near_tie).sum()), float(diff.max()))
+    return LogitCheck(
+        len(output_ids), int(near_tie.sum()), int((differs & ~near_tie).sum()), float(diff.max())
+    )
 
 
 class VerifyReport:
@@ -101,10 +109,12 @@ class VerifyReport:
     def add(self, check: LogitCheck) -> None:
         with self._lock:
             t = self._totals
-            self._totals = LogitCheck(t.num_compared_tokens + check.num_compared_tokens,
-                                      t.num_flips_near_ties + check.num_flips_near_ties,
-                                      t.num_mismatches + check.num_mismatches,
-                                      max(t.max_abs_logprob_diff, check.max_abs_logprob_diff))
+            self._totals = LogitCheck(
+                t.num_compared_tokens + check.num_compared_tokens,
+                t.num_flips_near_ties + check.num_flips_near_ties,
+                t.num_mismatches + check.num_mismatches,
+                max(t.max_abs_logprob_diff, check.max_abs_logprob_diff),
+            )
             self.num_requests += 1
 
     @property
@@ -112,7 +122,11 @@ class VerifyReport:
         return self._totals
 
     def as_dict(self) -> dict:
-        return {**asdict(self._totals), "num_requests": self.num_requests, "tie_tolerance_nats": self.tolerance_nats}
+        return {
+            **asdict(self._totals),
+            "num_requests": self.num_requests,
+            "tie_tolerance_nats": self.tolerance_nats,
+        }
 
 
 def tie_tolerance(dtype: torch.dtype) -> float:
@@ -141,8 +155,15 @@ class Verifier:
             self._reference = HFEngine(self.loaded)
         return self._reference
 
-    def defer(self, future: Future, record: RequestRecord, prompt_ids: list[int], sampling, salt: str,
-              chosen_logprobs: list[float]) -> None:
+    def defer(
+        self,
+        future: Future,
+        record: RequestRecord,
+        prompt_ids: list[int],
+        sampling,
+        salt: str,
+        chosen_logprobs: list[float],
+    ) -> None:
         """Queue one finished request's check; :meth:`run_deferred` runs it and resolves ``future``.
         The engine runs deferred checks only while no sequence is running or waiting, so no measured
         step waits on a reference pass (issue 17: before, every request's TTFT and ITL in a verify
@@ -197,26 +218,47 @@ class Verifier:
         except InvalidStateError:  # cancelled between the check and now: nobody reads it
             pass
 
-    def check(self, record: RequestRecord, prompt_ids: list[int], sampling, salt: str,
-              chosen_logprobs: list[float], report: VerifyReport | None = None) -> RequestRecord:
+    def check(
+        self,
+        record: RequestRecord,
+        prompt_ids: list[int],
+        sampling,
+        salt: str,
+        chosen_logprobs: list[float],
+        report: VerifyReport | None = None,
+    ) -> RequestRecord:
         """``record`` with ``output_matches_reference`` set (``None`` for unseeded sampling); a greedy
         check is counted in ``report`` (default: ``self.report``)."""
         if sampling.temperature == 0:
-            return verify_greedy(self.reference_engine(), prompt_ids, record, chosen_logprobs,
-                                 self.report if report is None else report)
+            return verify_greedy(
+                self.reference_engine(),
+                prompt_ids,
+                record,
+                chosen_logprobs,
+                self.report if report is None else report,
+            )
         reference = self.reference_engine().generate(prompt_ids, sampling, salt=salt)
         matches = reference.output_token_ids == record.output_token_ids
         return replace(record, output_matches_reference=matches if sampling.is_reproducible else None)
 
 
-def verify_greedy(reference_engine, prompt_ids: list[int], record: RequestRecord, chosen_logprobs: list[float],
-                  report: VerifyReport) -> RequestRecord:
+def verify_greedy(
+    reference_engine,
+    prompt_ids: list[int],
+    record: RequestRecord,
+    chosen_logprobs: list[float],
+    report: VerifyReport,
+) -> RequestRecord:
     """``record`` of a greedy request with ``output_matches_reference`` set from the logit check,
     counted in ``report``. ``reference_engine``: the cache-off ``HFEngine`` on the same model."""
     output_ids = list(record.output_token_ids or ())
     if not output_ids:
         return record
-    check = compare_logprobs(reference_engine.reference_logprobs(prompt_ids, output_ids), output_ids,
-                             chosen_logprobs, report.tolerance_nats)
+    check = compare_logprobs(
+        reference_engine.reference_logprobs(prompt_ids, output_ids),
+        output_ids,
+        chosen_logprobs,
+        report.tolerance_nats,
+    )
     report.add(check)
     return replace(record, output_matches_reference=check.matches)

@@ -26,7 +26,12 @@ from kvbench.workloads.formats.rows import BadRows
 from kvbench.workloads.generators import Draft, one_off_text
 from kvbench.workloads.text_fit import PieceCounter, filler_line, fit_text
 
-TIMESTAMP, REQUEST_TOKENS, RESPONSE_TOKENS, SESSION_ID = "Timestamp", "Request tokens", "Response tokens", "Session ID"
+TIMESTAMP, REQUEST_TOKENS, RESPONSE_TOKENS, SESSION_ID = (
+    "Timestamp",
+    "Request tokens",
+    "Response tokens",
+    "Session ID",
+)
 REQUIRED_COLUMNS = (TIMESTAMP, REQUEST_TOKENS, RESPONSE_TOKENS)
 
 
@@ -72,12 +77,15 @@ def _columns(path: Path, reader: csv.DictReader) -> None:
     names = [name.strip() for name in reader.fieldnames or []]
     missing = [column for column in REQUIRED_COLUMNS if column not in names]
     if missing:
-        raise InputError.at(path, 1, None, f"not a BurstGPT CSV: no column {missing[0]!r} (header: {', '.join(names)})")
+        raise InputError.at(
+            path, 1, None, f"not a BurstGPT CSV: no column {missing[0]!r} (header: {', '.join(names)})"
+        )
     reader.fieldnames = names
 
 
-def read_burstgpt_drafts(path: Path, counter: PieceCounter, bad: BadRows, seed: int,
-                         limit: int | None = None) -> list[Draft]:
+def read_burstgpt_drafts(
+    path: Path, counter: PieceCounter, bad: BadRows, seed: int, limit: int | None = None
+) -> list[Draft]:
     """The drafts of a BurstGPT CSV, in file order (at most ``limit``).
 
     Rows are read through :func:`.lines.numbered_lines` (each line bounded in size).
@@ -94,9 +102,13 @@ def read_burstgpt_drafts(path: Path, counter: PieceCounter, bad: BadRows, seed: 
             _columns(path, reader)
             for values in reader:
                 row = reader.line_num
-                parsed = bad.guard(lambda: (_number(path, row, values, TIMESTAMP, False),
-                                            _number(path, row, values, REQUEST_TOKENS, True),
-                                            _number(path, row, values, RESPONSE_TOKENS, True)))
+                parsed = bad.guard(
+                    lambda: (
+                        _number(path, row, values, TIMESTAMP, False),
+                        _number(path, row, values, REQUEST_TOKENS, True),
+                        _number(path, row, values, RESPONSE_TOKENS, True),
+                    )
+                )
                 if parsed is None:
                     continue
                 if parsed[1] < 1:
@@ -123,8 +135,14 @@ class _Session:
     num_turns: int
 
 
-def _draft(counter: PieceCounter, seed: int, row: int, values: dict[str, str], parsed: tuple,
-           sessions: dict[str, _Session]) -> Draft:
+def _draft(
+    counter: PieceCounter,
+    seed: int,
+    row: int,
+    values: dict[str, str],
+    parsed: tuple,
+    sessions: dict[str, _Session],
+) -> Draft:
     timestamp_s, prompt_tokens, response_tokens = parsed
     name = (values.get(SESSION_ID) or "").strip()
     rng = np.random.default_rng([seed, row])
@@ -137,5 +155,11 @@ def _draft(counter: PieceCounter, seed: int, row: int, values: dict[str, str], p
     if name:
         sessions[name] = _Session(prompt, prompt_tokens, turn + 1)
     budget = max(1, response_tokens)
-    return Draft(f"burstgpt-{name}" if name else f"row-{row}", turn, timestamp_s * 1e3, budget,
-                 prompt=prompt, output_tokens=budget)
+    return Draft(
+        f"burstgpt-{name}" if name else f"row-{row}",
+        turn,
+        timestamp_s * 1e3,
+        budget,
+        prompt=prompt,
+        output_tokens=budget,
+    )

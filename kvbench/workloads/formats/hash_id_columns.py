@@ -21,8 +21,14 @@ import pyarrow.json as pa_json
 from kvbench.workloads.formats.hash_ids import HashIdFormat
 
 BLOCK_BYTES = 4 << 20  # JSON bytes per parsed block; a longer line is left to the line reader
-_SCHEMA = pa.schema([("timestamp", pa.float64()), ("input_length", pa.float64()),
-                     ("output_length", pa.float64()), ("hash_ids", pa.list_(pa.int64()))])
+_SCHEMA = pa.schema(
+    [
+        ("timestamp", pa.float64()),
+        ("input_length", pa.float64()),
+        ("output_length", pa.float64()),
+        ("hash_ids", pa.list_(pa.int64())),
+    ]
+)
 
 
 @dataclass(frozen=True, eq=False)
@@ -46,7 +52,9 @@ class HashIdColumns:
         return self.input_lengths.size
 
 
-def hash_id_columns(path: str | Path, time_format: HashIdFormat, limit: int | None = None) -> HashIdColumns | None:
+def hash_id_columns(
+    path: str | Path, time_format: HashIdFormat, limit: int | None = None
+) -> HashIdColumns | None:
     """The first ``limit`` (all: ``None``) lines of ``path`` as columns, or ``None`` when the line
     reader must decide (a line pyarrow cannot parse into the four fields, a missing or null field,
     a negative number, a non-integer id, an id count that is not ``ceil(input_length / block_tokens)``,
@@ -55,8 +63,9 @@ def hash_id_columns(path: str | Path, time_format: HashIdFormat, limit: int | No
     parts: list[tuple[np.ndarray, ...]] = []
     num_rows = 0
     try:
-        with pa_json.open_json(path, read_options=pa_json.ReadOptions(block_size=BLOCK_BYTES),
-                               parse_options=options) as reader:
+        with pa_json.open_json(
+            path, read_options=pa_json.ReadOptions(block_size=BLOCK_BYTES), parse_options=options
+        ) as reader:
             for batch in reader:
                 part = _checked(batch, time_format.block_tokens)
                 if part is None:
@@ -92,7 +101,9 @@ def _checked(batch: pa.RecordBatch, block_tokens: int) -> tuple[np.ndarray, ...]
     return numbers[0], numbers[1], numbers[2], narrow, counts
 
 
-def _joined(parts: list[tuple[np.ndarray, ...]], time_format: HashIdFormat, limit: int | None) -> HashIdColumns:
+def _joined(
+    parts: list[tuple[np.ndarray, ...]], time_format: HashIdFormat, limit: int | None
+) -> HashIdColumns:
     stamps, lengths, counts = (np.concatenate([part[i] for part in parts]) for i in (0, 1, 4))
     wide = any(part[3].dtype == np.int64 for part in parts)
     ids = np.concatenate([part[3].astype(np.int64) if wide else part[3] for part in parts])
@@ -100,6 +111,6 @@ def _joined(parts: list[tuple[np.ndarray, ...]], time_format: HashIdFormat, limi
     offsets = np.zeros(counts.size + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
     if limit is not None and counts.size > limit:
-        stamps, lengths, offsets = stamps[:limit], lengths[:limit], offsets[:limit + 1]
-        ids = ids[:int(offsets[-1])].copy()
+        stamps, lengths, offsets = stamps[:limit], lengths[:limit], offsets[: limit + 1]
+        ids = ids[: int(offsets[-1])].copy()
     return HashIdColumns(stamps * time_format.ms_per_timestamp, lengths.astype(np.int64), ids, offsets)

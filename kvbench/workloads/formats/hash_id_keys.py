@@ -47,8 +47,10 @@ def key_refusal(block_size: int, block_tokens: int) -> str | None:
         return None
     if block_tokens % block_size == 0 and block_size >= MIN_BLOCK_TOKENS:
         return None
-    return (f"block size {block_size} is neither a multiple nor a divisor (>= {MIN_BLOCK_TOKENS}) of the "
-            f"trace's {block_tokens}-token blocks")
+    return (
+        f"block size {block_size} is neither a multiple nor a divisor (>= {MIN_BLOCK_TOKENS}) of the "
+        f"trace's {block_tokens}-token blocks"
+    )
 
 
 class ChainKeys:
@@ -82,10 +84,10 @@ class ChainKeys:
         serials: equal keys); interns the prompt's id prefixes."""
         num_blocks = num_tokens // self.block_size
         per_id, ids_per_block = self._blocks_per_id, self._ids_per_block
-        ids = hash_ids[:-(-num_blocks // per_id) * ids_per_block]
+        ids = hash_ids[: -(-num_blocks // per_id) * ids_per_block]
         serials = self._interned(ids) if self.interned else _mixed(ids)
         if ids_per_block > 1:
-            return serials[ids_per_block - 1::ids_per_block]
+            return serials[ids_per_block - 1 :: ids_per_block]
         if per_id > 1:  # sub-block j % per_id of its id's node (mixed nodes: mixed again, to stay in 64 bits)
             if not self.interned:
                 return [_mix64(serials[j // per_id] ^ (j % per_id)) for j in range(num_blocks)]
@@ -106,11 +108,18 @@ class ChainKeys:
         serial_lists = [self.serials(ids, num_tokens) for ids, num_tokens in lines]
         flat = np.fromiter((s for serials in serial_lists for s in serials), dtype=np.uint64)
         raw = splitmix64(flat).astype(">u8").tobytes()
-        keys = [BlockHash(raw[i:i + 8]) for i in range(0, len(raw), 8)]
+        keys = [BlockHash(raw[i : i + 8]) for i in range(0, len(raw), 8)]
         prompts, start = [], 0
         for (_, num_tokens), serials in zip(lines, serial_lists):
-            prompts.append(PromptBlocks(num_tokens, self.block_size, tuple(keys[start:start + len(serials)]), None,
-                                        _PUBLIC_NAMESPACE))
+            prompts.append(
+                PromptBlocks(
+                    num_tokens,
+                    self.block_size,
+                    tuple(keys[start : start + len(serials)]),
+                    None,
+                    _PUBLIC_NAMESPACE,
+                )
+            )
             start += len(serials)
         return prompts
 
@@ -144,8 +153,9 @@ class KeyedLine:
     prompt: PromptBlocks
 
 
-def keyed_lines(file: JsonlFile, time_format: HashIdFormat, keys: ChainKeys,
-                limit: int | None = None) -> Iterator[KeyedLine]:
+def keyed_lines(
+    file: JsonlFile, time_format: HashIdFormat, keys: ChainKeys, limit: int | None = None
+) -> Iterator[KeyedLine]:
     """Every line of an open Mooncake / hash-id file (at most ``limit``) as keys, in file order,
     :data:`CHUNK_LINES` lines held at a time.
 
@@ -156,8 +166,14 @@ def keyed_lines(file: JsonlFile, time_format: HashIdFormat, keys: ChainKeys,
     count, chunk = 0, []
     for line, text in file.lines():
         record = checked_record(file.path, line, json_object(file.path, line, text), time_format.block_tokens)
-        chunk.append((line, float(record["timestamp"]) * time_format.ms_per_timestamp, record["hash_ids"],
-                      int(record["input_length"])))
+        chunk.append(
+            (
+                line,
+                float(record["timestamp"]) * time_format.ms_per_timestamp,
+                record["hash_ids"],
+                int(record["input_length"]),
+            )
+        )
         count += 1
         if len(chunk) == CHUNK_LINES or count == limit:
             yield from _keyed(chunk, keys)

@@ -40,10 +40,12 @@ class HashIdFormat:
     ms_per_timestamp: float
 
 
-HASH_ID_FORMATS = MappingProxyType({
-    "mooncake": HashIdFormat(512, 1.0),       # FAST'25 README: 512-token blocks, ms
-    "hash-ids": HashIdFormat(16, 1000.0),     # Qwen-Bailian / ServeGen: 16-token blocks, seconds
-})
+HASH_ID_FORMATS = MappingProxyType(
+    {
+        "mooncake": HashIdFormat(512, 1.0),  # FAST'25 README: 512-token blocks, ms
+        "hash-ids": HashIdFormat(16, 1000.0),  # Qwen-Bailian / ServeGen: 16-token blocks, seconds
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -65,18 +67,25 @@ def _chat_id(path: Path, line: int, record: dict[str, Any], field: str) -> int |
     return value
 
 
-def _session(path: Path, line: int, record: dict[str, Any], chats: dict[Any, tuple[str, int]]) -> tuple[str, int]:
+def _session(
+    path: Path, line: int, record: dict[str, Any], chats: dict[Any, tuple[str, int]]
+) -> tuple[str, int]:
     chat, parent = _chat_id(path, line, record, "chat_id"), _chat_id(path, line, record, "parent_chat_id")
     if parent is not None and parent in chats:
         session, turn = chats[parent][0], chats[parent][1] + 1
     else:
-        session, turn = f"chat-{parent if parent is not None else (chat if chat is not None else f'line-{line}')}", 0
+        session, turn = (
+            f"chat-{parent if parent is not None else (chat if chat is not None else f'line-{line}')}",
+            0,
+        )
     if chat is not None:
         chats[chat] = (session, turn)
     return session, turn
 
 
-def hash_id_records(file: JsonlFile, block_tokens: int, bad: BadRows, limit: int | None = None) -> list[HashIdRecord]:
+def hash_id_records(
+    file: JsonlFile, block_tokens: int, bad: BadRows, limit: int | None = None
+) -> list[HashIdRecord]:
     """The valid lines of an open hash-id file, in file order (at most ``limit``).
 
     Raises:
@@ -86,9 +95,11 @@ def hash_id_records(file: JsonlFile, block_tokens: int, bad: BadRows, limit: int
     records: list[HashIdRecord] = []
     chats: dict[Any, tuple[str, int]] = {}
     for line, text in file.lines():
+
         def parse() -> HashIdRecord:
             record = checked_record(file.path, line, json_object(file.path, line, text), block_tokens)
             return HashIdRecord(line, record, *_session(file.path, line, record, chats))
+
         if (parsed := bad.guard(parse)) is not None:
             records.append(parsed)
         if limit is not None and len(records) >= limit:
@@ -100,13 +111,15 @@ def _budget(record: dict[str, Any]) -> int:
     return int(record["output_length"]) or DEFAULT_MAX_TOKENS
 
 
-def hash_id_drafts(path: Path, records: list[HashIdRecord], blocks: Any, time_format: HashIdFormat,
-                   bad: BadRows) -> list[Draft]:
+def hash_id_drafts(
+    path: Path, records: list[HashIdRecord], blocks: Any, time_format: HashIdFormat, bad: BadRows
+) -> list[Draft]:
     """Text drafts: each line's prompt is its blocks' texts (``blocks``: a ``BlockTexts``) cut to
     ``input_length`` tokens. An empty prompt cannot be text: a bad row (``InputError``)."""
     drafts = []
     for item in records:
         record = item.record
+
         def prompt() -> str:
             if record["input_length"] < 1:
                 raise InputError.at(path, item.line, "input_length", "an empty prompt cannot be text")
@@ -114,10 +127,19 @@ def hash_id_drafts(path: Path, records: list[HashIdRecord], blocks: Any, time_fo
                 return blocks.prompt(record["hash_ids"], int(record["input_length"]))
             except ValueError as exc:
                 raise InputError.at(path, item.line, "input_length", str(exc)) from None
+
         if (text := bad.guard(prompt)) is not None:
             output = int(record["output_length"])
-            drafts.append(Draft(item.session_id, item.turn, float(record["timestamp"]) * time_format.ms_per_timestamp,
-                                _budget(record), prompt=text, output_tokens=output or None))
+            drafts.append(
+                Draft(
+                    item.session_id,
+                    item.turn,
+                    float(record["timestamp"]) * time_format.ms_per_timestamp,
+                    _budget(record),
+                    prompt=text,
+                    output_tokens=output or None,
+                )
+            )
     return drafts
 
 
@@ -131,8 +153,18 @@ def hash_id_requests(records: list[HashIdRecord], time_format: HashIdFormat) -> 
         record = item.record
         output = int(record["output_length"])
         arrival_ms = float(record["timestamp"]) * time_format.ms_per_timestamp - origin_ms
-        requests.append(Request(index, f"r{index:06d}", item.session_id, item.turn,
-                                hash_id_tokens(record["hash_ids"], int(record["input_length"]),
-                                               block_tokens=time_format.block_tokens),
-                                arrival_s=arrival_ms / 1000.0, max_tokens=_budget(record), output_tokens=output or None))
+        requests.append(
+            Request(
+                index,
+                f"r{index:06d}",
+                item.session_id,
+                item.turn,
+                hash_id_tokens(
+                    record["hash_ids"], int(record["input_length"]), block_tokens=time_format.block_tokens
+                ),
+                arrival_s=arrival_ms / 1000.0,
+                max_tokens=_budget(record),
+                output_tokens=output or None,
+            )
+        )
     return requests

@@ -63,7 +63,9 @@ class ImportConfig:
         if self.format not in IMPORTERS:
             raise ValueError(f"format must be one of {', '.join(IMPORTERS)}, got {self.format!r}")
         if self.block_size is not None and self.format not in HASH_ID_FORMATS:
-            raise ValueError(f"block_size must not be given for {self.format} (only {' and '.join(HASH_ID_FORMATS)})")
+            raise ValueError(
+                f"block_size must not be given for {self.format} (only {' and '.join(HASH_ID_FORMATS)})"
+            )
         for name in ("block_size", "num_requests"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -98,15 +100,19 @@ def _hash_ids(path: Path, config: ImportConfig, tokenizer: Tokenizer, bad: BadRo
     return hash_id_drafts(path, records, blocks, time_format, bad)
 
 
-IMPORTERS: MappingProxyType[str, Importer] = MappingProxyType({
-    "jsonl": lambda path, config, tokenizer, bad: read_prompt_drafts(path, bad, config.num_requests),
-    "sharegpt": lambda path, config, tokenizer, bad: read_sharegpt_drafts(
-        path, tokenizer, bad, config.conversation_gap_s, config.think_time_s, config.num_requests),
-    "burstgpt": lambda path, config, tokenizer, bad: read_burstgpt_drafts(
-        path, PieceCounter(tokenizer), bad, config.seed, config.num_requests),
-    "mooncake": _hash_ids,
-    "hash-ids": _hash_ids,
-})
+IMPORTERS: MappingProxyType[str, Importer] = MappingProxyType(
+    {
+        "jsonl": lambda path, config, tokenizer, bad: read_prompt_drafts(path, bad, config.num_requests),
+        "sharegpt": lambda path, config, tokenizer, bad: read_sharegpt_drafts(
+            path, tokenizer, bad, config.conversation_gap_s, config.think_time_s, config.num_requests
+        ),
+        "burstgpt": lambda path, config, tokenizer, bad: read_burstgpt_drafts(
+            path, PieceCounter(tokenizer), bad, config.seed, config.num_requests
+        ),
+        "mooncake": _hash_ids,
+        "hash-ids": _hash_ids,
+    }
+)
 
 
 def import_trace(config: ImportConfig, tokenizer: Tokenizer) -> Imported:
@@ -121,7 +127,9 @@ def import_trace(config: ImportConfig, tokenizer: Tokenizer) -> Imported:
     bad = BadRows(config.skip_bad)
     drafts = IMPORTERS[config.format](path, config, tokenizer, bad)
     if not drafts:
-        raise InputError(f"{path}: no requests to import" + (f" ({bad.count} bad rows skipped)" if bad.count else ""))
+        raise InputError(
+            f"{path}: no requests to import" + (f" ({bad.count} bad rows skipped)" if bad.count else "")
+        )
     origin_ms = min(draft.arrival_ms for draft in drafts)
     if any(d.arrival_ms != round(d.arrival_ms - origin_ms, 3) for d in drafts):  # most files start at 0
         drafts = [dataclasses.replace(d, arrival_ms=round(d.arrival_ms - origin_ms, 3)) for d in drafts]

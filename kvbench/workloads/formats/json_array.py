@@ -49,7 +49,7 @@ class _Buffer:
             chunk = self.decoder.decode(raw, final=not raw)
         except UnicodeDecodeError:
             raise InputError(f"{self.path}: not UTF-8 text (near line {self.line})") from None
-        self.text, self.pos, self.eof = self.text[self.pos:] + chunk, 0, not raw
+        self.text, self.pos, self.eof = self.text[self.pos :] + chunk, 0, not raw
         return bool(chunk) or not self.eof
 
     def next_char(self) -> str | None:
@@ -118,6 +118,8 @@ def json_array_items(path: Path, what: str = "elements") -> Iterator[tuple[int, 
                 if separator == "]":
                     break
                 if separator != "," or buffer.next_char() in (None, "]"):
-                    raise buffer.error(buffer.pos - 1, "not valid JSON (expected ',' or ']' between elements)")
+                    raise buffer.error(
+                        buffer.pos - 1, "not valid JSON (expected ',' or ']' between elements)"
+                    )
         if buffer.next_char() is not None:
             raise buffer.error(buffer.pos, "not valid JSON (extra data after the array)")

@@ -50,13 +50,15 @@ def is_prompt_record(record: Any) -> bool:
     return isinstance(record, dict) and ("prompt" in record or "messages" in record)
 
 
-FORMATS: MappingProxyType[str, Callable[[Any], bool]] = MappingProxyType({
-    KVBENCH_TRACE: is_trace_header,
-    HASH_IDS: lambda record: isinstance(record, dict) and "hash_ids" in record and "chat_id" in record,
-    MOONCAKE: is_mooncake_record,
-    PROMPTS: is_prompt_record,
-    LENGTHS: lambda record: isinstance(record, dict),
-})
+FORMATS: MappingProxyType[str, Callable[[Any], bool]] = MappingProxyType(
+    {
+        KVBENCH_TRACE: is_trace_header,
+        HASH_IDS: lambda record: isinstance(record, dict) and "hash_ids" in record and "chat_id" in record,
+        MOONCAKE: is_mooncake_record,
+        PROMPTS: is_prompt_record,
+        LENGTHS: lambda record: isinstance(record, dict),
+    }
+)
 
 
 @dataclass

@@ -47,10 +47,29 @@ from kvbench.request import Message
 from kvbench.workloads.formats.atomic import partial_path
 
 TRACE_FORMAT_VERSION = 1
-REQUEST_FIELDS = ("id", "session_id", "turn", "arrival_ms", "messages", "prompt", "max_tokens",
-                  "output_tokens", "salt", "expected_prompt_tokens")
-HEADER_FIELDS = ("kvbench_trace", "kvbench_version", "generator", "params", "seed", "tokenizer",
-                 "chat_format", "num_requests", "content_hash")
+REQUEST_FIELDS = (
+    "id",
+    "session_id",
+    "turn",
+    "arrival_ms",
+    "messages",
+    "prompt",
+    "max_tokens",
+    "output_tokens",
+    "salt",
+    "expected_prompt_tokens",
+)
+HEADER_FIELDS = (
+    "kvbench_trace",
+    "kvbench_version",
+    "generator",
+    "params",
+    "seed",
+    "tokenizer",
+    "chat_format",
+    "num_requests",
+    "content_hash",
+)
 
 
 @dataclass(frozen=True)
@@ -87,7 +106,9 @@ class TraceRequest:
         if not self.arrival_ms >= 0:
             raise ValueError(f"arrival_ms must be >= 0, got {self.arrival_ms!r}")
         if self.output_tokens is not None and not 1 <= self.output_tokens <= self.max_tokens:
-            raise ValueError(f"output_tokens must be in 1..max_tokens ({self.max_tokens}), got {self.output_tokens!r}")
+            raise ValueError(
+                f"output_tokens must be in 1..max_tokens ({self.max_tokens}), got {self.output_tokens!r}"
+            )
 
     @classmethod
     def of_checked(cls, values: Sequence[Any]) -> "TraceRequest":
@@ -107,8 +128,12 @@ class TraceRequest:
 
     def as_record(self) -> dict[str, Any]:
         """The JSON object of this request's line (fixed key order)."""
-        record: dict[str, Any] = {"id": self.id, "session_id": self.session_id, "turn": self.turn,
-                                  "arrival_ms": self.arrival_ms}
+        record: dict[str, Any] = {
+            "id": self.id,
+            "session_id": self.session_id,
+            "turn": self.turn,
+            "arrival_ms": self.arrival_ms,
+        }
         if self.messages is not None:
             record["messages"] = self.openai_messages
         else:
@@ -148,10 +173,17 @@ class TraceHeader:
     kvbench_version: str = __version__
 
     def as_record(self) -> dict[str, Any]:
-        return {"kvbench_trace": TRACE_FORMAT_VERSION, "kvbench_version": self.kvbench_version,
-                "generator": self.generator, "params": self.params, "seed": self.seed,
-                "tokenizer": self.tokenizer, "chat_format": self.chat_format,
-                "num_requests": self.num_requests, "content_hash": self.content_hash}
+        return {
+            "kvbench_trace": TRACE_FORMAT_VERSION,
+            "kvbench_version": self.kvbench_version,
+            "generator": self.generator,
+            "params": self.params,
+            "seed": self.seed,
+            "tokenizer": self.tokenizer,
+            "chat_format": self.chat_format,
+            "num_requests": self.num_requests,
+            "content_hash": self.content_hash,
+        }
 
 
 @dataclass(frozen=True)
@@ -205,8 +237,14 @@ def content_hash(lines: Iterable[str]) -> str:
     return digest.value
 
 
-def new_trace(generator: str, params: dict[str, Any], seed: int | None, tokenizer: str, chat_format: str,
-              requests: Sequence[TraceRequest]) -> Trace:
+def new_trace(
+    generator: str,
+    params: dict[str, Any],
+    seed: int | None,
+    tokenizer: str,
+    chat_format: str,
+    requests: Sequence[TraceRequest],
+) -> Trace:
     """A :class:`Trace` with its header filled in (request count and content hash)."""
     lines = tuple(request_line(r) for r in requests)
     header = TraceHeader(generator, params, seed, tokenizer, chat_format, len(requests), content_hash(lines))

@@ -18,7 +18,13 @@ from kvbench.errors import InputError
 from kvbench.request import MESSAGE_ROLES, Message, Request
 from kvbench.workloads.formats.jsonl import JsonlFile, json_object, open_jsonl
 from kvbench.workloads.formats.kvbench_trace import (
-    HEADER_FIELDS, REQUEST_FIELDS, TRACE_FORMAT_VERSION, ContentHash, Trace, TraceHeader, TraceRequest,
+    HEADER_FIELDS,
+    REQUEST_FIELDS,
+    TRACE_FORMAT_VERSION,
+    ContentHash,
+    Trace,
+    TraceHeader,
+    TraceRequest,
 )
 from kvbench.workloads.tokenizer import Tokenizer, render_all
 
@@ -44,25 +50,50 @@ class TraceReader:
         """Validate the header line."""
         for key in record:
             if key not in HEADER_FIELDS:
-                raise self._error(line_number, key, f"unknown header field (known: {', '.join(HEADER_FIELDS)})")
+                raise self._error(
+                    line_number, key, f"unknown header field (known: {', '.join(HEADER_FIELDS)})"
+                )
         if record.get("kvbench_trace") != TRACE_FORMAT_VERSION:
-            raise self._error(line_number, "kvbench_trace",
-                              f"unsupported format version {record.get('kvbench_trace')!r} (expected 1)")
-        checks = {"kvbench_version": str, "generator": str, "params": dict, "tokenizer": str,
-                  "chat_format": str}
+            raise self._error(
+                line_number,
+                "kvbench_trace",
+                f"unsupported format version {record.get('kvbench_trace')!r} (expected 1)",
+            )
+        checks = {
+            "kvbench_version": str,
+            "generator": str,
+            "params": dict,
+            "tokenizer": str,
+            "chat_format": str,
+        }
         for key, kind in checks.items():
             if not isinstance(record.get(key), kind):
                 raise self._error(line_number, key, f"expected a {kind.__name__}, got {record.get(key)!r}")
         if record.get("seed") is not None and not _is_int(record["seed"], 0):
-            raise self._error(line_number, "seed", f"expected a non-negative integer or null, got {record['seed']!r}")
+            raise self._error(
+                line_number, "seed", f"expected a non-negative integer or null, got {record['seed']!r}"
+            )
         if not _is_int(record.get("num_requests"), 0):
-            raise self._error(line_number, "num_requests",
-                              f"expected a non-negative integer, got {record.get('num_requests')!r}")
+            raise self._error(
+                line_number,
+                "num_requests",
+                f"expected a non-negative integer, got {record.get('num_requests')!r}",
+            )
         hash_value = record.get("content_hash")
         if hash_value is not None and not (isinstance(hash_value, str) and hash_value.startswith("sha256:")):
-            raise self._error(line_number, "content_hash", f"expected 'sha256:<hex>' or null, got {hash_value!r}")
-        return TraceHeader(record["generator"], record["params"], record.get("seed"), record["tokenizer"],
-                           record["chat_format"], record["num_requests"], hash_value, record["kvbench_version"])
+            raise self._error(
+                line_number, "content_hash", f"expected 'sha256:<hex>' or null, got {hash_value!r}"
+            )
+        return TraceHeader(
+            record["generator"],
+            record["params"],
+            record.get("seed"),
+            record["tokenizer"],
+            record["chat_format"],
+            record["num_requests"],
+            hash_value,
+            record["kvbench_version"],
+        )
 
     def _message(self, line_number: int, index: int, item: Any) -> Message:
         where = f"messages[{index}]"
@@ -70,9 +101,13 @@ class TraceReader:
             raise self._error(line_number, where, "expected an object with exactly 'role' and 'content'")
         role, content = item["role"], item["content"]
         if role not in MESSAGE_ROLES:
-            raise self._error(line_number, f"{where}.role", f"expected one of {', '.join(MESSAGE_ROLES)}, got {role!r}")
+            raise self._error(
+                line_number, f"{where}.role", f"expected one of {', '.join(MESSAGE_ROLES)}, got {role!r}"
+            )
         if not isinstance(content, str):
-            raise self._error(line_number, f"{where}.content", f"expected a string, got {type(content).__name__}")
+            raise self._error(
+                line_number, f"{where}.content", f"expected a string, got {type(content).__name__}"
+            )
         key = (role, content)
         message = self._messages.get(key)
         if message is None:
@@ -104,7 +139,9 @@ class TraceReader:
                 raise self._error(line_number, key, f"expected a non-empty string, got {record.get(key)!r}")
         for key, minimum in (("turn", 0), ("max_tokens", 1), ("expected_prompt_tokens", 1)):
             if not _is_int(record.get(key), minimum):
-                raise self._error(line_number, key, f"expected an integer >= {minimum}, got {record.get(key)!r}")
+                raise self._error(
+                    line_number, key, f"expected an integer >= {minimum}, got {record.get(key)!r}"
+                )
         arrival = record.get("arrival_ms")
         if isinstance(arrival, bool) or not isinstance(arrival, (int, float)) or not arrival >= 0:
             raise self._error(line_number, "arrival_ms", f"expected a number >= 0, got {arrival!r}")
@@ -112,10 +149,20 @@ class TraceReader:
         if salt is not None and not isinstance(salt, str):
             raise self._error(line_number, "salt", f"expected a string or null, got {salt!r}")
         if output is not None and not (_is_int(output, 1) and output <= record["max_tokens"]):
-            raise self._error(line_number, "output_tokens", f"expected an integer in 1..max_tokens, got {output!r}")
-        return TraceRequest(record["id"], record["session_id"], record["turn"], float(arrival),
-                            record["max_tokens"], record["expected_prompt_tokens"], salt=salt,
-                            output_tokens=output, **self.payload(line_number, record))
+            raise self._error(
+                line_number, "output_tokens", f"expected an integer in 1..max_tokens, got {output!r}"
+            )
+        return TraceRequest(
+            record["id"],
+            record["session_id"],
+            record["turn"],
+            float(arrival),
+            record["max_tokens"],
+            record["expected_prompt_tokens"],
+            salt=salt,
+            output_tokens=output,
+            **self.payload(line_number, record),
+        )
 
     def read(self, file: JsonlFile, limit: int | None = None) -> Trace:
         """Read the open file (first ``limit`` requests only, if given). Raises ``InputError``."""
@@ -142,26 +189,37 @@ class TraceReader:
             self._check_totals(header, requests, digest.value)
         return Trace(header, tuple(requests))
 
-    def _checked(self, line_number: int, request: TraceRequest, earlier: list[TraceRequest],
-                 ids: set[str]) -> TraceRequest:
+    def _checked(
+        self, line_number: int, request: TraceRequest, earlier: list[TraceRequest], ids: set[str]
+    ) -> TraceRequest:
         """Check arrival order and id uniqueness against the lines before."""
         if request.id in ids:
             raise self._error(line_number, "id", f"duplicate id {request.id!r}")
         ids.add(request.id)
         if earlier and request.arrival_ms < earlier[-1].arrival_ms:
-            raise self._error(line_number, "arrival_ms",
-                              f"{request.arrival_ms} is before the previous line's {earlier[-1].arrival_ms} "
-                              "(requests must be in arrival order)")
+            raise self._error(
+                line_number,
+                "arrival_ms",
+                f"{request.arrival_ms} is before the previous line's {earlier[-1].arrival_ms} "
+                "(requests must be in arrival order)",
+            )
         return request
 
     def _check_totals(self, header: TraceHeader, requests: Sequence[TraceRequest], lines_hash: str) -> None:
         if header.num_requests != len(requests):
-            raise InputError.at(self.path, 1, "num_requests",
-                                f"the header says {header.num_requests}, the file has {len(requests)} requests")
+            raise InputError.at(
+                self.path,
+                1,
+                "num_requests",
+                f"the header says {header.num_requests}, the file has {len(requests)} requests",
+            )
         if header.content_hash is not None and lines_hash != header.content_hash:
-            raise InputError.at(self.path, 1, "content_hash",
-                                "does not match the request lines (edited after generation? "
-                                "set it to null to accept edits)")
+            raise InputError.at(
+                self.path,
+                1,
+                "content_hash",
+                "does not match the request lines (edited after generation? set it to null to accept edits)",
+            )
 
 
 def _columns(file: JsonlFile, limit: int | None) -> TraceColumns | None:
@@ -186,7 +244,9 @@ def read_trace_file(path: Path, limit: int | None = None) -> Trace:
         return TraceReader(path).read(file, limit)
 
 
-def trace_requests(trace: Trace | Sequence[TraceRequest], tokenizer: Tokenizer, check: bool = True) -> list[Request]:
+def trace_requests(
+    trace: Trace | Sequence[TraceRequest], tokenizer: Tokenizer, check: bool = True
+) -> list[Request]:
     """Render every trace request with ``tokenizer`` into a :class:`Request`, in trace order.
 
     Each keeps its id, session, turn, arrival (ms -> s), budget, salt and text form (``messages`` or
@@ -201,11 +261,23 @@ def trace_requests(trace: Trace | Sequence[TraceRequest], tokenizer: Tokenizer, 
     converted = []
     for index, (request, token_ids) in enumerate(zip(requests, render_all(tokenizer, requests))):
         if check and token_ids.shape[0] != request.expected_prompt_tokens:
-            raise ValueError(f"request {request.id}: renders to {token_ids.shape[0]} tokens with "
-                             f"{tokenizer.name}, expected_prompt_tokens says {request.expected_prompt_tokens}")
-        converted.append(Request(
-            index, request.id, request.session_id, request.turn, token_ids.astype(np.uint32, copy=False),
-            arrival_s=request.arrival_ms / 1000.0, max_tokens=request.max_tokens, salt=request.salt,
-            output_tokens=request.output_tokens or request.max_tokens, messages=request.messages,
-            prompt=request.prompt))
+            raise ValueError(
+                f"request {request.id}: renders to {token_ids.shape[0]} tokens with "
+                f"{tokenizer.name}, expected_prompt_tokens says {request.expected_prompt_tokens}"
+            )
+        converted.append(
+            Request(
+                index,
+                request.id,
+                request.session_id,
+                request.turn,
+                token_ids.astype(np.uint32, copy=False),
+                arrival_s=request.arrival_ms / 1000.0,
+                max_tokens=request.max_tokens,
+                salt=request.salt,
+                output_tokens=request.output_tokens or request.max_tokens,
+                messages=request.messages,
+                prompt=request.prompt,
+            )
+        )
     return converted

@@ -40,7 +40,12 @@ def _number(record: dict[str, Any], field: str, file: JsonlFile, line: int) -> f
     if field not in record:
         raise file.error(line, field, "missing")
     value = record[field]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+    ):
         raise file.error(line, field, f"expected a number >= 0, got {value!r}")
     return float(value)
 
@@ -61,10 +66,14 @@ def _bare(record: dict[str, Any], file: JsonlFile, line: int, default_max_tokens
     output_tokens = _count(record, "output_tokens", file, line) if "output_tokens" in record else max_tokens
     if output_tokens > max_tokens:
         raise file.error(line, "output_tokens", f"{output_tokens} is more than max_tokens {max_tokens}")
-    return LengthRecord(str(record.get("id", f"line-{line}")), arrival_ms, prompt_tokens, output_tokens, max_tokens)
+    return LengthRecord(
+        str(record.get("id", f"line-{line}")), arrival_ms, prompt_tokens, output_tokens, max_tokens
+    )
 
 
-def _mooncake(record: dict[str, Any], file: JsonlFile, line: int, default_max_tokens: int | None) -> LengthRecord:
+def _mooncake(
+    record: dict[str, Any], file: JsonlFile, line: int, default_max_tokens: int | None
+) -> LengthRecord:
     arrival_ms = _number(record, "timestamp", file, line)
     prompt_tokens = _count(record, "input_length", file, line)
     output_tokens = _count(record, "output_length", file, line)
@@ -73,8 +82,9 @@ def _mooncake(record: dict[str, Any], file: JsonlFile, line: int, default_max_to
     return LengthRecord(f"line-{line}", arrival_ms, prompt_tokens, output_tokens, default_max_tokens)
 
 
-def read_lengths(file: JsonlFile, default_max_tokens: int | None = None,
-                 limit: int | None = None) -> list[LengthRecord]:
+def read_lengths(
+    file: JsonlFile, default_max_tokens: int | None = None, limit: int | None = None
+) -> list[LengthRecord]:
     """The lines of an open lengths-only file (at most ``limit``), in file order.
 
     Raises:

@@ -23,7 +23,9 @@ from typing import BinaryIO
 
 from kvbench.errors import InputError
 
-DEFAULT_MAX_LINE_BYTES = 64 * 2**20  # 64 MiB: twice `kvbench serve`'s 32 MiB body limit; a 1M-token prompt is ~4 MB
+DEFAULT_MAX_LINE_BYTES = (
+    64 * 2**20
+)  # 64 MiB: twice `kvbench serve`'s 32 MiB body limit; a 1M-token prompt is ~4 MB
 _SKIP_CHUNK_BYTES = 2**20  # what is read at a time past the bound, to count an over-long line's size
 _MAX_LINE_BYTES: ContextVar[int] = ContextVar("kvbench_max_line_bytes", default=DEFAULT_MAX_LINE_BYTES)
 
@@ -63,8 +65,10 @@ def too_long(path: Path, where: str, num_bytes: int | str, limit: int) -> InputE
     """The one-line refusal of a line (or element) over the bound; ``where`` is ``":LINE"`` or a
     phrase such as ``": conversation 3"``."""
     size = f"{num_bytes:,}" if isinstance(num_bytes, int) else num_bytes
-    return InputError(f"{path}{where}: {size} bytes is longer than the bound of {limit:,} bytes per line "
-                      "(kvbench --max-line-bytes N raises it)")
+    return InputError(
+        f"{path}{where}: {size} bytes is longer than the bound of {limit:,} bytes per line "
+        "(kvbench --max-line-bytes N raises it)"
+    )
 
 
 def open_binary(path: Path) -> BinaryIO:
@@ -90,8 +94,9 @@ def utf8(path: Path, number: int, raw: bytes) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise InputError(f"{path}: not UTF-8 text (byte {raw[exc.start]:#04x} on line {number}, "
-                         f"column {exc.start + 1})") from None
+        raise InputError(
+            f"{path}: not UTF-8 text (byte {raw[exc.start]:#04x} on line {number}, column {exc.start + 1})"
+        ) from None
 
 
 def numbered_lines(handle: BinaryIO, path: Path, keep_ends: bool = False) -> Iterator[tuple[int, str]]:
@@ -124,8 +129,10 @@ def bounded_text(path: Path) -> str:
         raw = handle.read(limit + 1)
         if len(raw) > limit:
             size = len(raw) + sum(len(chunk) for chunk in iter(lambda: handle.read(_SKIP_CHUNK_BYTES), b""))
-            raise InputError(f"{path}: {size:,} bytes is larger than the bound of {limit:,} bytes "
-                             "(kvbench --max-line-bytes N raises it)")
+            raise InputError(
+                f"{path}: {size:,} bytes is larger than the bound of {limit:,} bytes "
+                "(kvbench --max-line-bytes N raises it)"
+            )
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:

@@ -39,8 +39,12 @@ def splitmix64(values: np.ndarray) -> np.ndarray:
         return z ^ (z >> np.uint64(31))
 
 
-def hash_id_tokens(hash_ids: list[int], num_tokens: int, vocab_size: int = CL100K_VOCAB_SIZE,
-                   block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> np.ndarray:
+def hash_id_tokens(
+    hash_ids: list[int],
+    num_tokens: int,
+    vocab_size: int = CL100K_VOCAB_SIZE,
+    block_tokens: int = MOONCAKE_BLOCK_TOKENS,
+) -> np.ndarray:
     """Token ids for a prompt made of the ``block_tokens``-token blocks ``hash_ids``, cut to
     ``num_tokens``; uint32, shape (num_tokens,)."""
     positions = np.arange(block_tokens, dtype=np.uint64)
@@ -49,7 +53,9 @@ def hash_id_tokens(hash_ids: list[int], num_tokens: int, vocab_size: int = CL100
     return tokens.astype(np.uint32)
 
 
-def checked_record(path: Path, line_number: int, record: dict, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> dict:
+def checked_record(
+    path: Path, line_number: int, record: dict, block_tokens: int = MOONCAKE_BLOCK_TOKENS
+) -> dict:
     """``record`` when it has every Mooncake field, valid, and one hash id per ``block_tokens``-token
     block of ``input_length``. Raises ``InputError`` naming the file, line and field."""
     for field in _FIELDS:
@@ -64,21 +70,32 @@ def checked_record(path: Path, line_number: int, record: dict, block_tokens: int
         raise InputError.at(path, line_number, "hash_ids", "expected a list of non-negative integers")
     expected = math.ceil(record["input_length"] / block_tokens)
     if len(ids) != expected:
-        raise InputError.at(path, line_number, "hash_ids",
-                            f"{len(ids)} ids for input_length {record['input_length']} (expected {expected} at {block_tokens} tokens per block)")
+        raise InputError.at(
+            path,
+            line_number,
+            "hash_ids",
+            f"{len(ids)} ids for input_length {record['input_length']} (expected {expected} at {block_tokens} tokens per block)",
+        )
     return record
 
 
 def _request(index: int, record: dict, block_tokens: int) -> Request:
     output = int(record["output_length"])
-    return Request(index, f"r{index:06d}", f"r{index:06d}", 0,
-                   hash_id_tokens(record["hash_ids"], int(record["input_length"]), block_tokens=block_tokens),
-                   arrival_s=record["timestamp"] / 1000.0, max_tokens=output or DEFAULT_MAX_TOKENS,
-                   output_tokens=output or None)
+    return Request(
+        index,
+        f"r{index:06d}",
+        f"r{index:06d}",
+        0,
+        hash_id_tokens(record["hash_ids"], int(record["input_length"]), block_tokens=block_tokens),
+        arrival_s=record["timestamp"] / 1000.0,
+        max_tokens=output or DEFAULT_MAX_TOKENS,
+        output_tokens=output or None,
+    )
 
 
-def mooncake_records(file: JsonlFile, limit: int | None = None,
-                     block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> list[tuple[int, dict]]:
+def mooncake_records(
+    file: JsonlFile, limit: int | None = None, block_tokens: int = MOONCAKE_BLOCK_TOKENS
+) -> list[tuple[int, dict]]:
     """``(line number, validated record)`` of an open Mooncake file (at most ``limit``), in file order.
 
     Raises:
@@ -95,8 +112,9 @@ def mooncake_records(file: JsonlFile, limit: int | None = None,
     return records
 
 
-def read_mooncake_lines(file: JsonlFile, limit: int | None = None,
-                        block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> list[Request]:
+def read_mooncake_lines(
+    file: JsonlFile, limit: int | None = None, block_tokens: int = MOONCAKE_BLOCK_TOKENS
+) -> list[Request]:
     """The requests of an open Mooncake file (at most ``limit``), in file order. Raises ``InputError``."""
     records = mooncake_records(file, limit, block_tokens)
     return [_request(index, record, block_tokens) for index, (_, record) in enumerate(records)]

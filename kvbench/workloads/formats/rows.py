@@ -42,8 +42,12 @@ class BadRows:
 
 def number_at_least(value: object, minimum: float) -> bool:
     """Whether ``value`` is an int or float (not a bool), finite and ``>= minimum``."""
-    return (isinstance(value, (int, float)) and not isinstance(value, bool)
-            and math.isfinite(value) and value >= minimum)
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value >= minimum
+    )
 
 
 def int_at_least(value: object, minimum: int) -> bool:

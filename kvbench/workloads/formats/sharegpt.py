@@ -27,8 +27,18 @@ from kvbench.workloads.generators import Draft
 from kvbench.workloads.token_ids import DEFAULT_MAX_TOKENS
 from kvbench.workloads.tokenizer import Tokenizer
 
-ROLES = MappingProxyType({"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
-                          "chatgpt": "assistant", "bing": "assistant", "bard": "assistant", "system": "system"})
+ROLES = MappingProxyType(
+    {
+        "human": "user",
+        "user": "user",
+        "gpt": "assistant",
+        "assistant": "assistant",
+        "chatgpt": "assistant",
+        "bing": "assistant",
+        "bard": "assistant",
+        "system": "system",
+    }
+)
 
 
 def _messages(path: Path, index: int, item: Any) -> list[Message]:
@@ -40,8 +50,10 @@ def _messages(path: Path, index: int, item: Any) -> list[Message]:
     for k, turn in enumerate(turns):
         speaker = turn.get("from") if isinstance(turn, dict) else None
         if speaker not in ROLES:
-            raise InputError(f"{where}: field 'conversations[{k}].from': expected one of "
-                             f"{', '.join(ROLES)}, got {speaker!r}")
+            raise InputError(
+                f"{where}: field 'conversations[{k}].from': expected one of "
+                f"{', '.join(ROLES)}, got {speaker!r}"
+            )
         if not isinstance(turn.get("value"), str):
             raise InputError(f"{where}: field 'conversations[{k}].value': expected a string")
         messages.append(Message(ROLES[speaker], turn["value"]))
@@ -50,8 +62,9 @@ def _messages(path: Path, index: int, item: Any) -> list[Message]:
     return messages
 
 
-def _conversation(messages: list[Message], session: str, start_ms: float, think_ms: float,
-                  tokenizer: Tokenizer) -> list[Draft]:
+def _conversation(
+    messages: list[Message], session: str, start_ms: float, think_ms: float, tokenizer: Tokenizer
+) -> list[Draft]:
     drafts = []
     for position, message in enumerate(messages):
         if message.role != "user":
@@ -60,13 +73,26 @@ def _conversation(messages: list[Message], session: str, start_ms: float, think_
         reply = following.content if following is not None and following.role == "assistant" else None
         budget = max(1, len(tokenizer.encode(reply))) if reply is not None else DEFAULT_MAX_TOKENS
         turn = len(drafts)
-        drafts.append(Draft(session, turn, round(start_ms + turn * think_ms, 3), budget,
-                            messages=tuple(messages[:position + 1])))
+        drafts.append(
+            Draft(
+                session,
+                turn,
+                round(start_ms + turn * think_ms, 3),
+                budget,
+                messages=tuple(messages[: position + 1]),
+            )
+        )
     return drafts
 
 
-def read_sharegpt_drafts(path: Path, tokenizer: Tokenizer, bad: BadRows, conversation_gap_s: float,
-                         think_time_s: float, limit: int | None = None) -> list[Draft]:
+def read_sharegpt_drafts(
+    path: Path,
+    tokenizer: Tokenizer,
+    bad: BadRows,
+    conversation_gap_s: float,
+    think_time_s: float,
+    limit: int | None = None,
+) -> list[Draft]:
     """The drafts of a ShareGPT file, conversation by conversation (at most ``limit`` requests).
     The array is streamed (:func:`.json_array.json_array_items`): one conversation in memory at a time.
 
@@ -79,8 +105,9 @@ def read_sharegpt_drafts(path: Path, tokenizer: Tokenizer, bad: BadRows, convers
         messages = bad.guard(lambda: _messages(path, index, item))
         if messages is None:
             continue
-        drafts += _conversation(messages, f"sharegpt-{index:06d}", index * conversation_gap_s * 1e3,
-                                think_time_s * 1e3, tokenizer)
+        drafts += _conversation(
+            messages, f"sharegpt-{index:06d}", index * conversation_gap_s * 1e3, think_time_s * 1e3, tokenizer
+        )
         if limit is not None and len(drafts) >= limit:
             return drafts[:limit]
     return drafts

@@ -33,10 +33,20 @@ from kvbench.workloads.formats.lines import max_line_bytes
 
 BLOCK_BYTES = 4 << 20  # bytes of whole lines parsed at a time: ~40k tiny request lines
 _MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
-_SCHEMA = pa.schema([("id", pa.string()), ("session_id", pa.string()), ("turn", pa.int64()),
-                     ("arrival_ms", pa.float64()), ("messages", pa.list_(_MESSAGE)), ("prompt", pa.string()),
-                     ("max_tokens", pa.int64()), ("output_tokens", pa.int64()), ("salt", pa.string()),
-                     ("expected_prompt_tokens", pa.int64())])  # the fields of kvbench_trace.REQUEST_FIELDS
+_SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),
+        ("session_id", pa.string()),
+        ("turn", pa.int64()),
+        ("arrival_ms", pa.float64()),
+        ("messages", pa.list_(_MESSAGE)),
+        ("prompt", pa.string()),
+        ("max_tokens", pa.int64()),
+        ("output_tokens", pa.int64()),
+        ("salt", pa.string()),
+        ("expected_prompt_tokens", pa.int64()),
+    ]
+)  # the fields of kvbench_trace.REQUEST_FIELDS
 _OPTIONS = pa_json.ParseOptions(explicit_schema=_SCHEMA, unexpected_field_behavior="error")
 _ROLES = pa.array(MESSAGE_ROLES)
 _FIELD_ORDER = tuple(field.name for field in dataclasses.fields(TraceRequest))  # of_checked's order
@@ -102,14 +112,22 @@ def _valid(table: pa.Table) -> bool:
     required = ("id", "session_id", "turn", "arrival_ms", "max_tokens", "expected_prompt_tokens")
     if any(table.column(name).null_count for name in required):
         return False
-    if not all(_holds(pc.greater(pc.binary_length(table.column(name)), 0)) for name in ("id", "session_id", "prompt")):
+    if not all(
+        _holds(pc.greater(pc.binary_length(table.column(name)), 0)) for name in ("id", "session_id", "prompt")
+    ):
         return False
-    turn, arrival_ms, max_tokens, expected = (table.column(name).to_numpy() for name in
-                                              ("turn", "arrival_ms", "max_tokens", "expected_prompt_tokens"))
-    if np.any(turn < 0) or not np.all(arrival_ms >= 0) or np.any(max_tokens < 1) or np.any(expected < 1):  # NaN fails
+    turn, arrival_ms, max_tokens, expected = (
+        table.column(name).to_numpy()
+        for name in ("turn", "arrival_ms", "max_tokens", "expected_prompt_tokens")
+    )
+    if (
+        np.any(turn < 0) or not np.all(arrival_ms >= 0) or np.any(max_tokens < 1) or np.any(expected < 1)
+    ):  # NaN fails
         return False
     output = table.column("output_tokens")
-    if not (_holds(pc.greater_equal(output, 1)) and _holds(pc.less_equal(output, table.column("max_tokens")))):
+    if not (
+        _holds(pc.greater_equal(output, 1)) and _holds(pc.less_equal(output, table.column("max_tokens")))
+    ):
         return False
     prompt, messages = table.column("prompt"), table.column("messages")
     if not _holds(pc.xor(pc.is_valid(prompt), pc.is_valid(messages))):
@@ -136,9 +154,14 @@ def _requests(table: pa.Table, shared: dict[tuple[str, str], Message]) -> list[T
     if messages.null_count == table.num_rows:
         columns["messages"] = itertools.repeat(None, table.num_rows)
     else:
-        columns["messages"] = [None if items is None else tuple(
-            shared.setdefault((m["role"], m["content"]), Message(m["role"], m["content"])) for m in items)
-            for items in messages.to_pylist()]
+        columns["messages"] = [
+            None
+            if items is None
+            else tuple(
+                shared.setdefault((m["role"], m["content"]), Message(m["role"], m["content"])) for m in items
+            )
+            for items in messages.to_pylist()
+        ]
     return [TraceRequest.of_checked(row) for row in zip(*(columns[name] for name in _FIELD_ORDER))]
 
 
@@ -162,8 +185,11 @@ def trace_columns(handle: BinaryIO, limit: int | None = None) -> TraceColumns | 
         if num_lines is None:
             return None
         try:
-            table = pa_json.read_json(pa.BufferReader(block), parse_options=_OPTIONS, read_options=pa_json.ReadOptions(
-                use_threads=False, block_size=len(block) + 1))  # one parse of the whole block: a line may be long
+            table = pa_json.read_json(
+                pa.BufferReader(block),
+                parse_options=_OPTIONS,
+                read_options=pa_json.ReadOptions(use_threads=False, block_size=len(block) + 1),
+            )  # one parse of the whole block: a line may be long
         except pa.ArrowException:
             return None
         if table.num_rows != num_lines:
@@ -171,7 +197,9 @@ def trace_columns(handle: BinaryIO, limit: int | None = None) -> TraceColumns | 
         wanted = num_lines if limit is None else min(num_lines, limit - len(requests))
         table = table.slice(0, wanted)
         arrivals = table.column("arrival_ms").to_numpy()
-        if not _valid(table) or (arrivals.size and (arrivals[0] < last_arrival_ms or np.any(np.diff(arrivals) < 0))):
+        if not _valid(table) or (
+            arrivals.size and (arrivals[0] < last_arrival_ms or np.any(np.diff(arrivals) < 0))
+        ):
             return None
         if arrivals.size:
             last_arrival_ms = arrivals[-1]

@@ -9,7 +9,12 @@ import pytest
 import torch
 
 from kvbench.engine.model import default_llama_config, random_model
-from kvbench.engine.paged.attention import PagedForward, SequenceSlice, paged_attention_forward, skip_mask_creation
+from kvbench.engine.paged.attention import (
+    PagedForward,
+    SequenceSlice,
+    paged_attention_forward,
+    skip_mask_creation,
+)
 from kvbench.engine.paged.kv_pool import NULL_BLOCK_ID, KVPool
 
 BLOCK = 4
@@ -18,9 +23,18 @@ TOLERANCE = 1e-5  # fp32: padded and unpadded softmax sums differ only by roundi
 
 @pytest.fixture(scope="module")
 def attention():
-    loaded = random_model(default_llama_config(vocab_size=100, hidden_size=64, intermediate_size=128,
-                                               num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
-                                               max_position_embeddings=256), seed=3)
+    loaded = random_model(
+        default_llama_config(
+            vocab_size=100,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+        ),
+        seed=3,
+    )
     return loaded, loaded.model.model.layers[0].self_attn
 
 
@@ -59,11 +73,18 @@ def run_mixed(loaded, module, lengths, num_queries, batch_decodes=True, seed=0):
         positions = torch.arange(past, length)
         slots.append((table[positions // BLOCK], positions % BLOCK))
         refs.append(dense(query, keys, values, num_query))
-    plan = PagedForward.plan(pool, torch.cat([s[0] for s in slots]), torch.cat([s[1] for s in slots]), slices,
-                             batch_decodes)
-    out, _ = paged_attention_forward(module, torch.cat(queries, 1)[None], torch.cat(new_keys, 1)[None],
-                                     torch.cat(new_values, 1)[None], skip_mask_creation(torch.device("cpu")),
-                                     scaling=dim ** -0.5, kvbench_paged=plan)
+    plan = PagedForward.plan(
+        pool, torch.cat([s[0] for s in slots]), torch.cat([s[1] for s in slots]), slices, batch_decodes
+    )
+    out, _ = paged_attention_forward(
+        module,
+        torch.cat(queries, 1)[None],
+        torch.cat(new_keys, 1)[None],
+        torch.cat(new_values, 1)[None],
+        skip_mask_creation(torch.device("cpu")),
+        scaling=dim**-0.5,
+        kvbench_paged=plan,
+    )
     return plan, out[0], torch.cat(refs)  # (tokens, heads, head_dim) both
 
 
@@ -79,7 +100,9 @@ def test_decodes_are_batched_and_match_dense_attention(attention):
 
 def test_on_cpu_decodes_run_one_by_one_by_default(attention):
     loaded, module = attention
-    plan, out, ref = run_mixed(loaded, module, lengths=(9, 23, 30, 17), num_queries=(1, 7, 1, 1), batch_decodes=None)
+    plan, out, ref = run_mixed(
+        loaded, module, lengths=(9, 23, 30, 17), num_queries=(1, 7, 1, 1), batch_decodes=None
+    )
     assert plan.decode is None and [seq.query_start for seq, _ in plan.sequences] == [0, 1, 8, 9]
     assert (out - ref).abs().max().item() < TOLERANCE
 
@@ -101,4 +124,6 @@ def test_padded_gather_equals_each_sequences_gather(attention):
     keys, values = pool.gather_padded(0, padded, 2, 10)  # (2, kv_heads, 10, head_dim)
     for i, (table, length) in enumerate(zip(tables, (10, 3))):
         own_keys, own_values = pool.gather(0, table, length)  # (1, kv_heads, length, head_dim)
-        assert torch.equal(keys[i, :, :length], own_keys[0]) and torch.equal(values[i, :, :length], own_values[0])
+        assert torch.equal(keys[i, :, :length], own_keys[0]) and torch.equal(
+            values[i, :, :length], own_values[0]
+        )

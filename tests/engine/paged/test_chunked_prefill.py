@@ -28,8 +28,9 @@ def test_a_prompt_longer_than_the_token_budget_is_prefilled_in_chunks(loaded, bu
     prompts = [prompt(1, 150), prompt(2, 90)]
     reference = HFEngine(loaded, CopyConfig(cache=None))
     expected = [reference.generate(p, GREEDY).output_token_ids for p in prompts]
-    engine = PagedEngine(loaded, PagedConfig(CacheConfig(capacity_blocks=64, block_size=16),
-                                             max_num_batched_tokens=budget))
+    engine = PagedEngine(
+        loaded, PagedConfig(CacheConfig(capacity_blocks=64, block_size=16), max_num_batched_tokens=budget)
+    )
     futures = [engine.submit(p, GREEDY) for p in prompts]  # both at once: chunks of two sequences share steps
     records = [future.result(timeout=LIMIT_S) for future in futures]
     assert [r.output_token_ids for r in records] == expected

@@ -15,7 +15,12 @@ import torch
 from kvbench.cache.base import CacheConfig
 from kvbench.engine.engine import CopyConfig, HFEngine
 from kvbench.engine.model import default_llama_config, random_model
-from kvbench.engine.paged.attention import PagedForward, SequenceSlice, paged_attention_forward, skip_mask_creation
+from kvbench.engine.paged.attention import (
+    PagedForward,
+    SequenceSlice,
+    paged_attention_forward,
+    skip_mask_creation,
+)
 from kvbench.engine.paged.config import AttentionKernel, PagedConfig
 from kvbench.engine.paged.engine import PagedEngine
 from kvbench.engine.paged.kernels import start_kernel
@@ -34,9 +39,20 @@ GREEDY = SamplingParams(max_tokens=8, ignore_eos=True)
 @pytest.fixture(scope="module")
 def cuda_model():
     """The engine tests' small Llama (2 KV heads of 64, GQA 4:1 as the default model), fp32, on CUDA."""
-    return random_model(default_llama_config(vocab_size=1000, hidden_size=512, intermediate_size=256,
-                                             num_hidden_layers=2, num_attention_heads=8, bos_token_id=1,
-                                             eos_token_id=2, max_position_embeddings=1024), seed=1, device=CUDA)
+    return random_model(
+        default_llama_config(
+            vocab_size=1000,
+            hidden_size=512,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=8,
+            bos_token_id=1,
+            eos_token_id=2,
+            max_position_embeddings=1024,
+        ),
+        seed=1,
+        device=CUDA,
+    )
 
 
 def prompts():
@@ -48,21 +64,28 @@ def prompts():
 
 
 def test_the_copy_engine_on_cuda_equals_its_cache_off_reference(cuda_model):
-    engine = HFEngine(cuda_model, CopyConfig(cache=CacheConfig(capacity_blocks=256, block_size=BLOCK), verify=True))
+    engine = HFEngine(
+        cuda_model, CopyConfig(cache=CacheConfig(capacity_blocks=256, block_size=BLOCK), verify=True)
+    )
     records = [engine.generate(ids, GREEDY) for ids in prompts()]
     assert [r.output_matches_reference for r in records] == [True] * 4
     assert [r.cached_prompt_tokens for r in records] == [0, 64, 64, 0]
 
 
 def test_the_paged_engine_on_cuda_equals_the_cache_off_reference_under_batching(cuda_model):
-    engine = PagedEngine(cuda_model, PagedConfig(CacheConfig(capacity_blocks=256, block_size=BLOCK), verify=True))
-    assert engine.attention_kernel.kernel is AttentionKernel.SDPA_GATHERED  # fp32: no paged-KV kernel computes in it
+    engine = PagedEngine(
+        cuda_model, PagedConfig(CacheConfig(capacity_blocks=256, block_size=BLOCK), verify=True)
+    )
+    assert (
+        engine.attention_kernel.kernel is AttentionKernel.SDPA_GATHERED
+    )  # fp32: no paged-KV kernel computes in it
     first = engine.generate(prompts()[0], GREEDY)
     records = [future.result(timeout=120) for future in [engine.submit(ids, GREEDY) for ids in prompts()[1:]]]
     assert engine.verify_report.totals.num_mismatches == 0
     copy = HFEngine(cuda_model, CopyConfig())  # cache off
-    assert [r.output_token_ids for r in [first, *records]] == [copy.generate(ids, GREEDY).output_token_ids
-                                                               for ids in prompts()]
+    assert [r.output_token_ids for r in [first, *records]] == [
+        copy.generate(ids, GREEDY).output_token_ids for ids in prompts()
+    ]
 
 
 def decode_forward(pool, kernel, lengths, seed=0):
@@ -71,15 +94,20 @@ def decode_forward(pool, kernel, lengths, seed=0):
     layout, block = pool.layout, pool.block_size
     slices, start = [], 1
     for i, length in enumerate(lengths):
-        table = torch.arange(start, start + -(-length // block), device=CUDA).flip(0)  # blocks in reverse order
+        table = torch.arange(start, start + -(-length // block), device=CUDA).flip(
+            0
+        )  # blocks in reverse order
         start += len(table)
         positions = torch.arange(length, device=CUDA)
-        keys, values = torch.randn(2, layout.num_kv_heads, length, layout.head_dim, generator=gen, device=CUDA,
-                                   dtype=torch.bfloat16)
+        keys, values = torch.randn(
+            2, layout.num_kv_heads, length, layout.head_dim, generator=gen, device=CUDA, dtype=torch.bfloat16
+        )
         pool.write(0, table[positions // block], positions % block, keys, values)
         slices.append(SequenceSlice(i, 1, table, length))
     heads = 4 * layout.num_kv_heads
-    query = torch.randn(1, heads, len(lengths), layout.head_dim, generator=gen, device=CUDA, dtype=torch.bfloat16)
+    query = torch.randn(
+        1, heads, len(lengths), layout.head_dim, generator=gen, device=CUDA, dtype=torch.bfloat16
+    )
     last = [(s.block_table[(n - 1) // block], (n - 1) % block) for s, n in zip(slices, lengths)]
     blocks = torch.stack([b for b, _ in last])
     offsets = torch.tensor([o for _, o in last], device=CUDA)
@@ -89,8 +117,15 @@ def decode_forward(pool, kernel, lengths, seed=0):
     class Attention(torch.nn.Module):
         layer_idx, is_causal, num_key_value_groups = 0, True, 4
 
-    out, _ = paged_attention_forward(Attention(), query, new_keys, new_values, skip_mask_creation(CUDA),
-                                     scaling=layout.head_dim ** -0.5, kvbench_paged=plan)
+    out, _ = paged_attention_forward(
+        Attention(),
+        query,
+        new_keys,
+        new_values,
+        skip_mask_creation(CUDA),
+        scaling=layout.head_dim**-0.5,
+        kvbench_paged=plan,
+    )
     return out[0].float()  # (n, heads, head_dim)
 
 

@@ -37,14 +37,34 @@ def engine_of(loaded, pool_blocks, host_blocks):
 @pytest.mark.parametrize("host_blocks, host_hit_blocks", [(24, 9 * 4), (10, 9 * 2), (3, 0)])
 def test_at_concurrency_1_the_engine_serves_what_the_simulator_predicts(loaded, host_blocks, host_hit_blocks):
     prompts = rotating_prompts()
-    engine = engine_of(loaded, 6, host_blocks)  # 6 pool blocks: one 4-block system prompt and a question at a time
+    engine = engine_of(
+        loaded, 6, host_blocks
+    )  # 6 pool blocks: one 4-block system prompt and a question at a time
     records = [engine.generate(p, SamplingParams(max_tokens=1, ignore_eos=True)) for p in prompts]
     engine.check_invariants()
-    trace = prepare_prompts([Request(index=i, request_id=f"r{i}", session_id="s", turn=0, arrival_s=float(i),
-                                     token_ids=np.array(p, dtype=np.uint32)) for i, p in enumerate(prompts)], BLOCK)
+    trace = prepare_prompts(
+        [
+            Request(
+                index=i,
+                request_id=f"r{i}",
+                session_id="s",
+                turn=0,
+                arrival_s=float(i),
+                token_ids=np.array(p, dtype=np.uint32),
+            )
+            for i, p in enumerate(prompts)
+        ],
+        BLOCK,
+    )
     # the pool of 6 holds 5 keyed blocks between requests: each request runs with one partly filled block
-    split = tier_split(stack_distances(trace.prompts), 5, (Tier("host", host_blocks, 25e9),), TierPolicy.INCLUSIVE, BLOCK,
-                       np.array([len(p) for p in prompts]))
+    split = tier_split(
+        stack_distances(trace.prompts),
+        5,
+        (Tier("host", host_blocks, 25e9),),
+        TierPolicy.INCLUSIVE,
+        BLOCK,
+        np.array([len(p) for p in prompts]),
+    )
     assert [r.host_cached_tokens for r in records] == split.hit_tokens[1].tolist()
     assert [r.cached_prompt_tokens for r in records] == split.hit_tokens.sum(axis=0).tolist()
     # 24: every system prompt after the first round; 10: the two oldest blocks of the next prompt (block 0

@@ -13,11 +13,25 @@ import sys
 import pytest
 import torch
 
-from kvbench.engine.paged.attention import PagedForward, SequenceSlice, paged_attention_forward, skip_mask_creation
+from kvbench.engine.paged.attention import (
+    PagedForward,
+    SequenceSlice,
+    paged_attention_forward,
+    skip_mask_creation,
+)
 from kvbench.engine.paged.config import AttentionKernel, PagedConfig
 from kvbench.engine.native import native_kernels, native_kernels_reason
-from kvbench.engine.paged.kernels import (KernelChoice, KvbenchCpuDecode, PageTables, choose_kernel, csr_page_table,
-                                          hnd_pages, importable, nhd_pages, start_kernel)
+from kvbench.engine.paged.kernels import (
+    KernelChoice,
+    KvbenchCpuDecode,
+    PageTables,
+    choose_kernel,
+    csr_page_table,
+    hnd_pages,
+    importable,
+    nhd_pages,
+    start_kernel,
+)
 from kvbench.engine.paged.kv_pool import KVPool
 from kvbench.errors import InputError
 from kvbench.cache.base import CacheConfig
@@ -27,7 +41,9 @@ CUDA, CPU = torch.device("cuda"), torch.device("cpu")
 BLOCK = 4
 KV_HEADS, HEADS, HEAD_DIM = 2, 4, 8  # GQA 2:1
 TOLERANCE = 1e-5  # fp32; masked padding vs exact lengths differ only by rounding
-needs_native = pytest.mark.skipif(native_kernels() is None, reason=f"no native kernels here: {native_kernels_reason()}")
+needs_native = pytest.mark.skipif(
+    native_kernels() is None, reason=f"no native kernels here: {native_kernels_reason()}"
+)
 
 
 def probe_of(*installed):
@@ -56,14 +72,18 @@ def test_the_cpu_without_the_native_kernels_or_in_bf16_keeps_the_gathered_path(m
     probe = probe_of("flashinfer", "flash_attn")
     choice = choose_kernel(CPU, torch.float32, 16, 64, probe=probe)
     assert choice.kernel is AttentionKernel.SDPA_GATHERED and probe.calls == []
-    assert choice.reason == ("flashinfer: needs a CUDA device (the pool is on cpu); "
-                             "flash-attn: needs a CUDA device (the pool is on cpu); "
-                             "kvbench-cpu: KVBENCH_NATIVE_KERNELS=0")
+    assert choice.reason == (
+        "flashinfer: needs a CUDA device (the pool is on cpu); "
+        "flash-attn: needs a CUDA device (the pool is on cpu); "
+        "kvbench-cpu: KVBENCH_NATIVE_KERNELS=0"
+    )
     monkeypatch.delenv("KVBENCH_NATIVE_KERNELS")
     bf16 = choose_kernel(CPU, torch.bfloat16, 16, 64, probe=probe)
     assert bf16.kernel is AttentionKernel.SDPA_GATHERED
     assert bf16.reason.endswith("kvbench-cpu: computes in float32 (the pool is bfloat16)")
-    with pytest.raises(InputError, match="^attention kernel kvbench-cpu: needs the CPU \\(the pool is on cuda\\)$"):
+    with pytest.raises(
+        InputError, match="^attention kernel kvbench-cpu: needs the CPU \\(the pool is on cuda\\)$"
+    ):
         choose_kernel(CUDA, torch.float32, 16, 64, AttentionKernel.KVBENCH_CPU, probe=probe)
 
 
@@ -73,25 +93,37 @@ def test_fp32_on_cuda_keeps_the_gathered_path():
     assert "computes in float16 or bfloat16 (the pool is float32)" in choice.reason
 
 
-@pytest.mark.parametrize("installed, block_size, head_dim, expected", [
-    (("flashinfer", "flash_attn"), 16, 64, AttentionKernel.FLASHINFER),  # FlashInfer first, as vLLM's decode
-    (("flashinfer",), 32, 128, AttentionKernel.FLASHINFER),
-    (("flash_attn",), 16, 64, AttentionKernel.SDPA_GATHERED),  # FA2's pages: multiples of 256 tokens
-    (("flash_attn",), 256, 64, AttentionKernel.FLASH_ATTN),
-    (("flashinfer", "flash_attn"), 256, 96, AttentionKernel.FLASH_ATTN),  # FlashInfer has no head_dim 96
-    ((), 16, 64, AttentionKernel.SDPA_GATHERED),
-])
+@pytest.mark.parametrize(
+    "installed, block_size, head_dim, expected",
+    [
+        (
+            ("flashinfer", "flash_attn"),
+            16,
+            64,
+            AttentionKernel.FLASHINFER,
+        ),  # FlashInfer first, as vLLM's decode
+        (("flashinfer",), 32, 128, AttentionKernel.FLASHINFER),
+        (("flash_attn",), 16, 64, AttentionKernel.SDPA_GATHERED),  # FA2's pages: multiples of 256 tokens
+        (("flash_attn",), 256, 64, AttentionKernel.FLASH_ATTN),
+        (("flashinfer", "flash_attn"), 256, 96, AttentionKernel.FLASH_ATTN),  # FlashInfer has no head_dim 96
+        ((), 16, 64, AttentionKernel.SDPA_GATHERED),
+    ],
+)
 def test_auto_picks_an_installed_kernel_that_takes_the_pool(installed, block_size, head_dim, expected):
     choice = choose_kernel(CUDA, torch.bfloat16, block_size, head_dim, probe=probe_of(*installed))
     assert choice.kernel is expected
-    assert choice.reason == "auto" if expected is not AttentionKernel.SDPA_GATHERED else choice.reason != "auto"
+    assert (
+        choice.reason == "auto" if expected is not AttentionKernel.SDPA_GATHERED else choice.reason != "auto"
+    )
 
 
 def test_the_fallback_says_why_each_kernel_was_refused():
     choice = choose_kernel(CUDA, torch.float16, 16, 96, probe=probe_of("flash_attn"))
-    assert choice.reason == ("flashinfer: head_dim 96 is not one of 64, 128, 256; "
-                             "flash-attn: pages must be a multiple of 256 tokens (--block-size 16); "
-                             "kvbench-cpu: needs the CPU (the pool is on cuda)")
+    assert choice.reason == (
+        "flashinfer: head_dim 96 is not one of 64, 128, 256; "
+        "flash-attn: pages must be a multiple of 256 tokens (--block-size 16); "
+        "kvbench-cpu: needs the CPU (the pool is on cuda)"
+    )
 
 
 def test_a_requested_kernel_that_cannot_run_is_one_error_line():
@@ -99,14 +131,22 @@ def test_a_requested_kernel_that_cannot_run_is_one_error_line():
         choose_kernel(CUDA, torch.bfloat16, 16, 64, AttentionKernel.FLASHINFER, probe=probe_of("flash_attn"))
     with pytest.raises(InputError, match="needs a CUDA device"):
         choose_kernel(CPU, torch.bfloat16, 256, 64, AttentionKernel.FLASH_ATTN, probe=probe_of("flash_attn"))
-    forced = choose_kernel(CUDA, torch.bfloat16, 16, 64, AttentionKernel.SDPA_GATHERED, probe=probe_of("flashinfer"))
+    forced = choose_kernel(
+        CUDA, torch.bfloat16, 16, 64, AttentionKernel.SDPA_GATHERED, probe=probe_of("flashinfer")
+    )
     assert forced.kernel is AttentionKernel.SDPA_GATHERED and forced.reason == "requested"
 
 
 def test_the_probe_counts_a_wheel_that_fails_to_load_as_absent(tmp_path, monkeypatch):
-    (tmp_path / "kvbench_broken_kernel.py").write_text("raise OSError('libcudart.so.12: cannot open shared object')\n")
+    (tmp_path / "kvbench_broken_kernel.py").write_text(
+        "raise OSError('libcudart.so.12: cannot open shared object')\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
-    assert importable("json") and not importable("kvbench_no_such_kernel") and not importable("kvbench_broken_kernel")
+    assert (
+        importable("json")
+        and not importable("kvbench_no_such_kernel")
+        and not importable("kvbench_broken_kernel")
+    )
     sys.modules.pop("kvbench_broken_kernel", None)
 
 
@@ -148,7 +188,13 @@ def test_the_kernel_layouts_are_views_of_the_pool():
     assert {t.data_ptr() for t in (hnd_k, nhd_k)} == {pool.keys[0].data_ptr()}  # no copy
     assert {t.data_ptr() for t in (hnd_v, nhd_v)} == {pool.values[0].data_ptr()}
     assert hnd_k.stride(-1) == nhd_k.stride(-1) == 1  # what both kernels require of a cache's strides
-    pool.write(0, torch.tensor([6]), torch.tensor([2]), torch.ones(KV_HEADS, 1, HEAD_DIM), torch.zeros(KV_HEADS, 1, HEAD_DIM))
+    pool.write(
+        0,
+        torch.tensor([6]),
+        torch.tensor([2]),
+        torch.ones(KV_HEADS, 1, HEAD_DIM),
+        torch.zeros(KV_HEADS, 1, HEAD_DIM),
+    )
     assert hnd_k[6, :, 2].eq(1).all() and nhd_k[6, 2].eq(1).all()  # block 6, offset 2, every head
 
 
@@ -159,17 +205,19 @@ def paged_decode_reference(query, pages_k, pages_v, tables: PageTables, layout: 
     outputs = []
     for i in range(query.shape[0]):
         if layout == "HND":
-            pages = tables.indices[tables.indptr[i]:tables.indptr[i + 1]].long()
+            pages = tables.indices[tables.indptr[i] : tables.indptr[i + 1]].long()
             length = (len(pages) - 1) * BLOCK + int(tables.last_page_len[i])
             keys = pages_k[pages].transpose(0, 1).flatten(1, 2)[:, :length]  # (kv_heads, kv, d)
             values = pages_v[pages].transpose(0, 1).flatten(1, 2)[:, :length]
         else:
             length = int(tables.lengths[i])
-            pages = tables.block_tables[i, :-(-length // BLOCK)].long()
+            pages = tables.block_tables[i, : -(-length // BLOCK)].long()
             keys = pages_k[pages].flatten(0, 1)[:length].transpose(0, 1)  # (kv_heads, kv, d)
             values = pages_v[pages].flatten(0, 1)[:length].transpose(0, 1)
         rep = query.shape[1] // keys.shape[0]
-        scores = query[i][:, None] @ keys.repeat_interleave(rep, 0).transpose(1, 2) * scaling  # (heads, 1, kv)
+        scores = (
+            query[i][:, None] @ keys.repeat_interleave(rep, 0).transpose(1, 2) * scaling
+        )  # (heads, 1, kv)
         outputs.append((scores.softmax(-1) @ values.repeat_interleave(rep, 0))[:, 0])  # (heads, d)
     return torch.stack(outputs)
 
@@ -193,7 +241,7 @@ def decoding_batch(lengths, seed=0):
     free = torch.randperm(32, generator=gen) + 1
     slices, queries, start = [], [], 0
     for i, length in enumerate(lengths):
-        table = free[start:start + -(-length // BLOCK)]
+        table = free[start : start + -(-length // BLOCK)]
         start += len(table)
         positions = torch.arange(length)
         keys, values = torch.randn(2, KV_HEADS, length, HEAD_DIM, generator=gen)
@@ -209,11 +257,14 @@ def test_the_kernels_call_semantics_equal_the_pools_gather(layout):
     pool, slices, query = decoding_batch(lengths)
     tables = PageTables.of([s.block_table.tolist() for s in slices], lengths, BLOCK, CPU)
     pages = hnd_pages(pool, 0) if layout == "HND" else nhd_pages(pool, 0)
-    out = paged_decode_reference(query.transpose(0, 1), *pages, tables, layout, HEAD_DIM ** -0.5)  # (n, heads, d)
+    out = paged_decode_reference(
+        query.transpose(0, 1), *pages, tables, layout, HEAD_DIM**-0.5
+    )  # (n, heads, d)
     for i, seq in enumerate(slices):
         keys, values = pool.gather(0, seq.block_table, seq.num_context_tokens)  # (1, kv_heads, kv, d)
         ref = torch.nn.functional.scaled_dot_product_attention(
-            query[None, :, i:i + 1], keys, values, enable_gqa=True)  # (1, heads, 1, d)
+            query[None, :, i : i + 1], keys, values, enable_gqa=True
+        )  # (1, heads, 1, d)
         assert (out[i] - ref[0, :, 0]).abs().max().item() < TOLERANCE
 
 
@@ -231,8 +282,15 @@ def test_a_kernel_attends_the_batched_decode_and_its_rows_land_in_place():
     outputs = {}
     for name, kernel in (("gathered", None), ("kernel", ReferenceKernel(pool))):
         plan = PagedForward.plan(pool, slot_blocks, slot_offsets, slices, batch_decodes=True, kernel=kernel)
-        out, _ = paged_attention_forward(Attention(), query[None], new_keys, new_values, skip_mask_creation(CPU),
-                                         scaling=HEAD_DIM ** -0.5, kvbench_paged=plan)
+        out, _ = paged_attention_forward(
+            Attention(),
+            query[None],
+            new_keys,
+            new_values,
+            skip_mask_creation(CPU),
+            scaling=HEAD_DIM**-0.5,
+            kvbench_paged=plan,
+        )
         outputs[name] = out[0]  # (n, heads, d)
     assert kernel.calls == 1 and plan.page_tables.indptr.tolist() == [0, 3, 4, 8, 12]
     assert (outputs["kernel"] - outputs["gathered"]).abs().max().item() < TOLERANCE
@@ -255,14 +313,15 @@ def test_kvbench_s_cpu_kernel_reads_the_blocks_in_place_and_equals_the_pools_gat
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        out = kernel.attend(0, query.transpose(0, 1), tables, HEAD_DIM ** -0.5)  # (n, heads, d)
+        out = kernel.attend(0, query.transpose(0, 1), tables, HEAD_DIM**-0.5)  # (n, heads, d)
     finally:
         torch.set_num_threads(before)
     assert out.shape == (len(lengths), HEADS, HEAD_DIM)
     for i, seq in enumerate(slices):
         keys, values = pool.gather(0, seq.block_table, seq.num_context_tokens)  # (1, kv_heads, kv, d)
         ref = torch.nn.functional.scaled_dot_product_attention(
-            query[None, :, i:i + 1], keys, values, enable_gqa=True)  # (1, heads, 1, d)
+            query[None, :, i : i + 1], keys, values, enable_gqa=True
+        )  # (1, heads, 1, d)
         assert (out[i] - ref[0, :, 0]).abs().max().item() < TOLERANCE
 
 

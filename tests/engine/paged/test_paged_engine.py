@@ -4,7 +4,6 @@ Identity with the copy engine and the cache-off engine runs on the default model
 mechanics run on a scaled-down random Llama with the same head layout.
 """
 
-
 import numpy as np
 import pytest
 
@@ -55,9 +54,14 @@ def test_default_model_outputs_equal_copy_engine_and_cache_off(default, block_si
     for index, prompt in enumerate(prompts):
         record = first if index == 0 else engine.generate(prompt, sampling)
         assert record.status is Status.OK
-        assert record.output_token_ids == copy.generate(prompt, sampling).output_token_ids == \
-            off.generate(prompt, sampling).output_token_ids, f"request {index}"
-    assert record.cached_prompt_tokens == (len(prompts[0]) + 2) // block_size * block_size  # output blocks hit
+        assert (
+            record.output_token_ids
+            == copy.generate(prompt, sampling).output_token_ids
+            == off.generate(prompt, sampling).output_token_ids
+        ), f"request {index}"
+    assert (
+        record.cached_prompt_tokens == (len(prompts[0]) + 2) // block_size * block_size
+    )  # output blocks hit
     assert_clean(engine)
 
 
@@ -117,8 +121,17 @@ def test_vllm_simulator_predicts_cached_tokens_at_concurrency_1(loaded):
         if prompt is None:  # a next turn: the first prompt, its output, more
             prompt = prompts[0] + list(outputs[0]) + ids(7, 20)
         record = engine.generate(prompt, GREEDY)
-        requests.append(Request(index=index, request_id=str(index), session_id=str(index), turn=0, token_ids=np.array(prompt, dtype=np.uint32),
-                                max_tokens=6, output_tokens=6))
+        requests.append(
+            Request(
+                index=index,
+                request_id=str(index),
+                session_id=str(index),
+                turn=0,
+                token_ids=np.array(prompt, dtype=np.uint32),
+                max_tokens=6,
+                output_tokens=6,
+            )
+        )
         outputs.append(record.output_token_ids)
         cached.append(record.cached_prompt_tokens)
     predicted = simulate_vllm(requests, VllmPoolConfig(num_gpu_blocks=12 + 1, block_size=16), outputs)
@@ -190,7 +203,9 @@ def test_bad_requests_and_settings_give_clear_errors(loaded):
     assert "vocabulary" in engine.generate([5000], GREEDY).error
     with pytest.raises(ValueError, match="--max-num-seqs"):
         PagedConfig(CacheConfig(8), max_num_seqs=0)
-    with pytest.raises(ValueError, match="--cache-kind radix --release head-first: .*exists only for the hash cache"):
+    with pytest.raises(
+        ValueError, match="--cache-kind radix --release head-first: .*exists only for the hash cache"
+    ):
         CacheConfig(8, kind="radix", release_order="head-first")  # refused for every engine and cache
 
 

@@ -104,7 +104,9 @@ def test_randomized_forks_with_preemption_leak_no_pin(seed):
     for request in range(6):
         prompt = [rng.randrange(50) for _ in range(rng.randint(1, 13))]
         parent = Sequence(len(max_output), prompt, len(prompt))
-        children = [Sequence(len(max_output) + i, list(prompt), len(prompt)) for i in range(1, rng.randint(1, 4))]
+        children = [
+            Sequence(len(max_output) + i, list(prompt), len(prompt)) for i in range(1, rng.randint(1, 4))
+        ]
         for seq in (parent, *children):
             max_output[seq.seq_id] = rng.randint(1, 9)
         scheduler.add(parent)
@@ -116,8 +118,11 @@ def test_randomized_forks_with_preemption_leak_no_pin(seed):
         for seq, num_new in batch.items:
             scheduler.computed(seq, num_new)
         for parent, children in list(pending):  # fork at the end of the prefill, as the engine does
-            if parent.status is SequenceStatus.RUNNING and not parent.num_pending_tokens and \
-                    parent.num_tokens == parent.num_prompt_tokens:
+            if (
+                parent.status is SequenceStatus.RUNNING
+                and not parent.num_pending_tokens
+                and parent.num_tokens == parent.num_prompt_tokens
+            ):
                 scheduler.fork(parent, children)
                 pending.remove((parent, children))
         for seq in list(scheduler.running):
@@ -133,6 +138,7 @@ def test_randomized_forks_with_preemption_leak_no_pin(seed):
 
 
 # -- the engine ------------------------------------------------------------------------------------
+
 
 def prompt_ids(n, seed=3):
     return random.Random(seed).choices(range(1000), k=n)
@@ -162,7 +168,9 @@ def test_greedy_samples_equal_the_n1_output_with_one_prefill(loaded, prompt_toke
 
     original = engine._forward
     engine._forward = lambda group: (prefill_tokens.append(sum(n for _, n in group)), original(group))[1]
-    records = [f.result(timeout=LIMIT_S) for f in engine.submit_samples(prompt, sampling, n, on_token=on_token)]
+    records = [
+        f.result(timeout=LIMIT_S) for f in engine.submit_samples(prompt, sampling, n, on_token=on_token)
+    ]
     assert [r.output_token_ids for r in records] == [alone.output_token_ids] * n
     assert all(r.status is Status.OK and r.prompt_tokens == prompt_tokens for r in records)
     assert prefill_tokens[0] == prompt_tokens and prefill_tokens[1:] == [n] * (len(prefill_tokens) - 1)
@@ -171,7 +179,9 @@ def test_greedy_samples_equal_the_n1_output_with_one_prefill(loaded, prompt_toke
     last, slots = divmod(prompt_tokens, 16)
     blocks = [engine.kv_pool.block(tables[s][last])[..., :slots, :] for s in range(n)]  # the prompt's tail
     assert len({tables[s][last] for s in range(n)}) == n  # its own block per sample (copied or not)
-    assert all(torch.equal(block, blocks[-1]) for block in blocks) and (slots == 0 or blocks[0].abs().sum() > 0)
+    assert all(torch.equal(block, blocks[-1]) for block in blocks) and (
+        slots == 0 or blocks[0].abs().sum() > 0
+    )
     assert_clean(engine)
 
 
@@ -203,7 +213,11 @@ def test_aborting_one_sample_frees_its_blocks_and_the_others_finish(loaded):
     engine = paged(loaded)
     futures = engine.submit_samples(prompt_ids(30), SamplingParams(max_tokens=60, ignore_eos=True), 3)
     engine.abort(futures[1])
-    assert futures[0].result(timeout=LIMIT_S).output_tokens == 60 == futures[2].result(timeout=LIMIT_S).output_tokens
+    assert (
+        futures[0].result(timeout=LIMIT_S).output_tokens
+        == 60
+        == futures[2].result(timeout=LIMIT_S).output_tokens
+    )
     with pytest.raises(BaseException):
         futures[1].result(timeout=LIMIT_S)
     assert futures[1].cancelled()
@@ -222,8 +236,10 @@ def test_measured_peak_equals_the_sharing_replay(loaded):
     """4 samples of a 40-token prompt (2 full blocks of 16 + 8 tokens), 20 tokens each: the pool's
     peak is what the block-manager replay (kvbench memory sharing) predicts."""
     engine = paged(loaded)
-    records = [f.result(timeout=LIMIT_S) for f in
-               engine.submit_samples(prompt_ids(40), SamplingParams(max_tokens=20, ignore_eos=True), 4)]
+    records = [
+        f.result(timeout=LIMIT_S)
+        for f in engine.submit_samples(prompt_ids(40), SamplingParams(max_tokens=20, ignore_eos=True), 4)
+    ]
     assert all(r.output_tokens == 20 for r in records)
     replay = simulate_parallel_sampling(SharingConfig(40, 20, 4, 16))
     memory, per_block = engine.memory_summary(), engine.kv_pool.bytes_per_block

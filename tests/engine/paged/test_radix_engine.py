@@ -25,8 +25,15 @@ def paged(loaded, capacity=256, block_size=16, kind="radix", **config):
 
 
 def request(index, prompt, max_tokens):
-    return Request(index=index, request_id=str(index), session_id="s", turn=index,
-                   token_ids=np.array(prompt, dtype=np.uint32), max_tokens=max_tokens, output_tokens=max_tokens)
+    return Request(
+        index=index,
+        request_id=str(index),
+        session_id="s",
+        turn=index,
+        token_ids=np.array(prompt, dtype=np.uint32),
+        max_tokens=max_tokens,
+        output_tokens=max_tokens,
+    )
 
 
 def assert_clean(engine):
@@ -43,12 +50,18 @@ def test_default_model_radix_outputs_equal_copy_radix_and_cache_off():
     prompts = [shared + ids(1 + i, n, default.vocab_size) for i, n in enumerate((13, 40, 70))]
     first = engine.generate(prompts[0], sampling)
     prompts.append(prompts[0] + list(first.output_token_ids) + ids(9, 30, default.vocab_size))  # a next turn
-    prompts.append(prompts[1][:160])  # ends on a block boundary inside the cached prefix: recomputed, deduplicated
+    prompts.append(
+        prompts[1][:160]
+    )  # ends on a block boundary inside the cached prefix: recomputed, deduplicated
     for index, prompt in enumerate(prompts):
         record = first if index == 0 else engine.generate(prompt, sampling)
         reference = copy.generate(prompt, sampling)
         assert record.status is Status.OK
-        assert record.output_token_ids == reference.output_token_ids == off.generate(prompt, sampling).output_token_ids
+        assert (
+            record.output_token_ids
+            == reference.output_token_ids
+            == off.generate(prompt, sampling).output_token_ids
+        )
         assert record.cached_prompt_tokens == reference.cached_prompt_tokens, f"request {index}"
     assert engine.scheduler.index.num_deduplicated_blocks >= 1
     assert_clean(engine)
@@ -103,8 +116,10 @@ def test_hash_and_radix_differ_at_concurrency_1_and_each_is_predicted(loaded, ki
     sampling = SamplingParams(max_tokens=1, ignore_eos=True)
     cached = [engine.generate(p, sampling).cached_prompt_tokens for p in prompts]
     assert cached == [0, 0, 0, 0, last_hit_tokens]
-    predicted = simulate_vllm([request(i, p, 1) for i, p in enumerate(prompts)],
-                              VllmPoolConfig(num_gpu_blocks=5, block_size=16, kind=kind))
+    predicted = simulate_vllm(
+        [request(i, p, 1) for i, p in enumerate(prompts)],
+        VllmPoolConfig(num_gpu_blocks=5, block_size=16, kind=kind),
+    )
     assert cached == predicted.cached_tokens.tolist()
     assert_clean(engine)
 
@@ -115,7 +130,9 @@ def test_concurrent_radix_requests_share_the_prefix_and_match_serial(loaded):
     engine = paged(loaded)
     records = [f.result() for f in [engine.submit(p, GREEDY) for p in prompts]]
     off = HFEngine(loaded)
-    assert [r.output_token_ids for r in records] == [off.generate(p, GREEDY).output_token_ids for p in prompts]
+    assert [r.output_token_ids for r in records] == [
+        off.generate(p, GREEDY).output_token_ids for p in prompts
+    ]
     assert sum(r.cached_prompt_tokens for r in records) == 7 * 160  # the prefix computed once
     assert_clean(engine)
 
@@ -131,5 +148,8 @@ def test_samples_past_max_num_seqs_wait_and_hit_the_prompt(loaded):
     assert [r.status for r in records] == [Status.OK] * 4
     assert all(r.output_token_ids == expected for r in records)  # greedy: every sample is the same
     assert max(running) == 2
-    assert [r.cached_prompt_tokens for r in records[2:]] == [32, 32]  # admitted later: the prompt's blocks hit
+    assert [r.cached_prompt_tokens for r in records[2:]] == [
+        32,
+        32,
+    ]  # admitted later: the prompt's blocks hit
     assert_clean(engine)

@@ -16,8 +16,14 @@ BLOCK = 4
 
 
 def make_scheduler(num_blocks=32, max_num_seqs=8, max_num_batched_tokens=64, caching=True, tail_first=True):
-    return Scheduler(num_blocks, BLOCK, BlockHasher(BLOCK) if caching else None, max_num_seqs,
-                     max_num_batched_tokens, tail_first)
+    return Scheduler(
+        num_blocks,
+        BLOCK,
+        BlockHasher(BLOCK) if caching else None,
+        max_num_seqs,
+        max_num_batched_tokens,
+        tail_first,
+    )
 
 
 def step(scheduler: Scheduler, max_output: dict[int, int]) -> list[Sequence]:
@@ -115,8 +121,12 @@ def test_randomized_no_leaked_pins(seed):
     """Random prompts sharing prefixes, a small pool (preemption), random aborts mid-run: the pool's
     ref counts equal the block tables after every step, and everything is free at the end."""
     rng = random.Random(seed)
-    scheduler = make_scheduler(num_blocks=rng.choice([8, 12, 24]), max_num_seqs=rng.choice([1, 3, 8]),
-                               max_num_batched_tokens=rng.choice([4, 9, 64]), tail_first=rng.random() < 0.8)
+    scheduler = make_scheduler(
+        num_blocks=rng.choice([8, 12, 24]),
+        max_num_seqs=rng.choice([1, 3, 8]),
+        max_num_batched_tokens=rng.choice([4, 9, 64]),
+        tail_first=rng.random() < 0.8,
+    )
     prefixes = [[rng.randrange(500) for _ in range(rng.randrange(1, 12))] for _ in range(3)]
     seqs, max_output = [], {}
     for i in range(25):

@@ -12,8 +12,9 @@ from test_scheduler import BLOCK, run_all, step
 
 
 def make_scheduler(kind, num_blocks=32, max_num_seqs=8, max_num_batched_tokens=64, tail_first=True):
-    return Scheduler(num_blocks, BLOCK, BlockHasher(BLOCK), max_num_seqs, max_num_batched_tokens, tail_first,
-                     kind=kind)
+    return Scheduler(
+        num_blocks, BLOCK, BlockHasher(BLOCK), max_num_seqs, max_num_batched_tokens, tail_first, kind=kind
+    )
 
 
 def test_radix_keys_are_parent_block_and_token_bytes_and_salts_have_their_own_root():
@@ -101,8 +102,12 @@ def random_run(seed):
     sequence cap, random aborts: the index's invariants (a pinned block's parent pinned, a free
     parent behind its children, one block per key) and the ref counts hold after every step."""
     rng = random.Random(seed)
-    scheduler = make_scheduler("radix", num_blocks=rng.choice([10, 14, 24]), max_num_seqs=rng.choice([2, 3, 8]),
-                               max_num_batched_tokens=rng.choice([4, 9, 64]))
+    scheduler = make_scheduler(
+        "radix",
+        num_blocks=rng.choice([10, 14, 24]),
+        max_num_seqs=rng.choice([2, 3, 8]),
+        max_num_batched_tokens=rng.choice([4, 9, 64]),
+    )
     prefixes = [[rng.randrange(50) for _ in range(rng.randrange(1, 12))] for _ in range(3)]
     seqs, max_output, forks = [], {}, {}
     for i in range(25):
@@ -110,7 +115,10 @@ def random_run(seed):
         seqs.append(Sequence(i, prompt, len(prompt), salt=rng.choice(["", "", "s"])))
         max_output[i] = rng.randrange(1, 6)
         if rng.random() < 0.3:
-            forks[i] = [Sequence(1000 + 10 * i + k, list(prompt), len(prompt), seqs[i].salt) for k in range(rng.randrange(1, 4))]
+            forks[i] = [
+                Sequence(1000 + 10 * i + k, list(prompt), len(prompt), seqs[i].salt)
+                for k in range(rng.randrange(1, 4))
+            ]
             seqs += forks[i]
             max_output.update({child.seq_id: max_output[i] for child in forks[i]})
     pending, num_started = [s for s in seqs if s.seq_id < 1000], 0
@@ -123,8 +131,12 @@ def random_run(seed):
             scheduler.finish(rng.choice(scheduler.running or list(scheduler.waiting)))  # an abort
         scheduler.check_invariants(seqs)
     assert scheduler.pool.num_used_blocks == 0 and all(not s.block_table for s in seqs)
-    return num_started, scheduler.pool.num_evicted_blocks, scheduler.index.num_deduplicated_blocks, \
-        scheduler.num_preemptions
+    return (
+        num_started,
+        scheduler.pool.num_evicted_blocks,
+        scheduler.index.num_deduplicated_blocks,
+        scheduler.num_preemptions,
+    )
 
 
 SEEDS = range(8)

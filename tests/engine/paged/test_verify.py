@@ -32,14 +32,23 @@ def verified(loaded, **config):
 
 
 def test_compare_logprobs_tells_a_near_tie_from_a_mismatch():
-    logprobs = torch.log_softmax(torch.tensor([[5.0, 5.0 - 4e-4, 0.0],    # token 1 a hair below token 0
-                                               [5.0, 1.0, 0.0],           # token 2 far below
-                                               [0.0, 3.0, 0.0]]), dim=-1)  # (3 positions, vocab 3)
+    logprobs = torch.log_softmax(
+        torch.tensor(
+            [
+                [5.0, 5.0 - 4e-4, 0.0],  # token 1 a hair below token 0
+                [5.0, 1.0, 0.0],  # token 2 far below
+                [0.0, 3.0, 0.0],
+            ]
+        ),
+        dim=-1,
+    )  # (3 positions, vocab 3)
     chosen = [float(logprobs[0, 1]), float(logprobs[1, 2]) + 0.5, float(logprobs[2, 1])]
     check = compare_logprobs(logprobs, [1, 2, 1], chosen, tolerance_nats=1e-3)
     assert (check.num_compared_tokens, check.num_flips_near_ties, check.num_mismatches) == (3, 1, 1)
     assert check.max_abs_logprob_diff == pytest.approx(0.5, abs=1e-6) and not check.matches
-    assert compare_logprobs(logprobs, [0, 0, 1], [float(logprobs[i, t]) for i, t in enumerate([0, 0, 1])], 1e-3).matches
+    assert compare_logprobs(
+        logprobs, [0, 0, 1], [float(logprobs[i, t]) for i, t in enumerate([0, 0, 1])], 1e-3
+    ).matches
     with pytest.raises(ValueError):
         compare_logprobs(logprobs, [0, 0], [0.0, 0.0], 1e-3)
 
@@ -80,7 +89,9 @@ def test_a_corrupted_cached_block_is_a_mismatch_not_a_tie(loaded):
 
 def test_sampled_requests_keep_the_token_check(loaded):
     engine = verified(loaded)
-    record = engine.generate(prompts(1)[0], SamplingParams(max_tokens=4, temperature=1.0, seed=3, ignore_eos=True))
+    record = engine.generate(
+        prompts(1)[0], SamplingParams(max_tokens=4, temperature=1.0, seed=3, ignore_eos=True)
+    )
     assert record.output_matches_reference is True  # seeded sampling: a cache-off rerun gives the same tokens
     assert engine.verify_report.num_requests == 0  # no argmax to compare
 
@@ -102,9 +113,14 @@ def test_reference_passes_run_only_when_the_engine_is_idle(loaded, monkeypatch):
 
     monkeypatch.setattr(type(engine._verifier), "check", timed_check)
     lengths = (2, 4, 6, 8, 10, 12, 14, 16)  # requests finish at different steps: most are still running
-    futures = [engine.submit(p, SamplingParams(max_tokens=n, ignore_eos=True),
-                             on_token=lambda _t, i=i: token_s.setdefault(i, []).append(time.perf_counter()))
-               for i, (p, n) in enumerate(zip(prompts(), lengths))]
+    futures = [
+        engine.submit(
+            p,
+            SamplingParams(max_tokens=n, ignore_eos=True),
+            on_token=lambda _t, i=i: token_s.setdefault(i, []).append(time.perf_counter()),
+        )
+        for i, (p, n) in enumerate(zip(prompts(), lengths))
+    ]
     records = [f.result() for f in futures]
     assert len(passes) == 8 and all(r.output_matches_reference is True for r in records)
     assert [r.output_tokens for r in records] == list(lengths)
@@ -121,7 +137,9 @@ def test_aborting_a_request_whose_check_is_pending_returns_what_was_measured(loa
     short_prompt, long_prompt = prompts(2)
     long = engine.submit(long_prompt, SamplingParams(max_tokens=400, ignore_eos=True))
     short = engine.submit(short_prompt, SamplingParams(max_tokens=3, ignore_eos=True))
-    wait_until(lambda: engine._verifier.num_deferred > 0 or long.done(), "short's check deferred", poll_s=0.001)
+    wait_until(
+        lambda: engine._verifier.num_deferred > 0 or long.done(), "short's check deferred", poll_s=0.001
+    )
     assert not long.done() and not short.done()  # short finished generating; its check waits
     record = engine.abort(short)
     assert record is not None and record.output_tokens == 3 and record.output_matches_reference is None
@@ -143,8 +161,18 @@ def test_a_cancelled_client_keeps_a_finished_request_whose_check_was_pending(loa
     long = engine.submit(long_prompt, SamplingParams(max_tokens=400, ignore_eos=True))
 
     async def cut_after_generation():
-        task = asyncio.ensure_future(backend.serve(Request(index=0, request_id='0', session_id='0', turn=0,
-                                                           token_ids=np.array(short_prompt, dtype=np.uint32), max_tokens=3)))
+        task = asyncio.ensure_future(
+            backend.serve(
+                Request(
+                    index=0,
+                    request_id="0",
+                    session_id="0",
+                    turn=0,
+                    token_ids=np.array(short_prompt, dtype=np.uint32),
+                    max_tokens=3,
+                )
+            )
+        )
         while engine._verifier.num_deferred == 0 and not long.done():
             await asyncio.sleep(0.001)
         task.cancel()
