@@ -114,7 +114,8 @@ def main() -> int:
                     results.append(result)
                     print(
                         f"repeat {repeat + 1} threads {threads:7} cache {cache:3}: TTFT p50 "
-                        f"{result['ttft_p50_ms']:8,.1f} ms  (load {result['load_1m']:.2f}, {result['wall_s']:.0f} s; "
+                        f"{result['ttft_p50_ms']:8,.1f} ms  (load {result['load_1m']:.2f}, "
+                        f"{result['wall_s']:.0f} s; "
                         f"{result['threads_info']})",
                         flush=True,
                     )
@@ -134,11 +135,13 @@ def report(results: list[dict]) -> int:
     default_over_one = p50["default", "on"] / p50["one", "on"]
     off_over_on = p50["default", "off"] / p50["default", "on"]
     print(
-        f"warm TTFT p50 cache on: default {p50['default', 'on']:,.1f} ms, --threads 1 {p50['one', 'on']:,.1f} ms "
+        f"warm TTFT p50 cache on: default {p50['default', 'on']:,.1f} ms, --threads 1 "
+        f"{p50['one', 'on']:,.1f} ms "
         f"-> {default_over_one:.2f}x (want <= {MAX_DEFAULT_OVER_ONE})"
     )
     print(
-        f"cache off / on at the default threads: {p50['default', 'off']:,.1f} / {p50['default', 'on']:,.1f} ms "
+        f"cache off / on at the default threads: {p50['default', 'off']:,.1f} / {p50['default', 'on']:,.1f} "
+        "ms "
         f"-> {off_over_on:.1f}x (want >= {MIN_OFF_OVER_ON}); --threads 1: "
         f"{p50['one', 'off'] / p50['one', 'on']:.1f}x"
     )

@@ -313,7 +313,8 @@ def main() -> None:
             + "; medians"
         )
         print(
-            "| concurrency | client | TTFT p50 ms | ITL p50 ms | ITL - server ms | requests/s | streams at pace "
+            "| concurrency | client | TTFT p50 ms | ITL p50 ms | ITL - server ms | requests/s | streams at "
+            "pace "
             "| client CPU ms/request |"
         )
         print("|---:|---|---:|---:|---:|---:|---:|---:|")

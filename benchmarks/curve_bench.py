@@ -84,8 +84,10 @@ def cli_cpu_median(args: list[str], repeats: int) -> float:
 # What every `kvbench sim` process pays before any work: the interpreter and the libraries it writes
 # with (its floor), and matplotlib for the PNG. Run once per scenario, like the command.
 FLOORS = {
-    "floor: python + numpy, pyarrow, typer, rich imports (per process)": "import numpy, pyarrow.parquet, typer, rich.table, rich.progress",
-    "floor: + matplotlib (Figure, Agg) import": "import numpy, pyarrow.parquet, typer, rich.table, rich.progress, matplotlib.figure, "
+    "floor: python + numpy, pyarrow, typer, rich imports (per "
+    "process)": "import numpy, pyarrow.parquet, typer, rich.table, rich.progress",
+    "floor: + matplotlib (Figure, Agg) "
+    "import": "import numpy, pyarrow.parquet, typer, rich.table, rich.progress, matplotlib.figure, "
     "matplotlib.backends.backend_agg",
 }
 
@@ -161,7 +163,8 @@ def main() -> None:
     rows += mooncake(args.repeats, args.mooncake)
     reference = dict(rows).get("naive replay per size")
     print(
-        f"| job (seed sweep: both scenarios, 6 sizes x 2 orders) | CPU s (median of {args.repeats}) | naive / this |"
+        f"| job (seed sweep: both scenarios, 6 sizes x 2 orders) | CPU s (median of {args.repeats}) | naive "
+        "/ this |"
     )
     print("|---|---:|---:|")
     for job, seconds in rows:

@@ -30,8 +30,8 @@ import torch
 
 from kvbench.cache.base import CacheConfig
 from kvbench.engine.engine import CopyConfig, HFEngine, SamplingParams
-from kvbench.request import RequestRecord
 from kvbench.engine.model import load_model
+from kvbench.request import RequestRecord
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -148,7 +148,8 @@ def print_table(args, loaded, warm, cold, ideal_ms, firsts) -> None:
         (
             "first request TTFT, cache on / off",
             f"{median(r.ttft_ms for r in firsts):.0f} / {cold_ttft:.0f} ms",
-            f"empty cache: nothing to hit; {firsts[0].num_inserted_blocks} blocks inserted after the last token",
+            f"empty cache: nothing to hit; {firsts[0].num_inserted_blocks} blocks inserted after the last "
+            "token",
         ),
         (
             "first request insert (copy + insert)",

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from kvbench.peer.server import PeerError, VllmServer, VllmServerConfig, free_port, has_vllm
+from kvbench.peer.server import PeerError, VllmServer, VllmServerConfig, has_vllm
 
 REPO = Path(__file__).resolve().parents[1]
 BLOCK_SIZE = 32  # the table; a multiple of 32 also suits VllmServerConfig's check

@@ -52,11 +52,11 @@ from kvbench.cache.base import CacheConfig
 from kvbench.engine.engine import CopyConfig, HFEngine, SamplingParams
 from kvbench.engine.model import load_model
 from kvbench.engine.paged.engine import PagedConfig, PagedEngine
+from kvbench.run.config import RunFlags
 from kvbench.run.execute import prepared_requests
 from kvbench.run.loop import LoadConfig, run_requests
 from kvbench.run.setup import run_section
 from kvbench.run.source import load_source
-from kvbench.run.config import RunFlags
 from kvbench.workloads.tokenizer import load_tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -148,7 +148,8 @@ def bytes_for_eight(loaded) -> list[tuple[str, str, str]]:
         (
             "paged: pool blocks used or cached, peak",
             f"{max(peak) / mib:.1f} MiB",
-            f"one prefix + 8 tails = {one_prefix_plus_tails / mib:.1f} MiB (block-rounded: tails fill whole blocks)",
+            f"one prefix + 8 tails = {one_prefix_plus_tails / mib:.1f} MiB (block-rounded: tails fill whole "
+            "blocks)",
         ),
         (
             "copy: block tensors + 8 contiguous caches",
@@ -322,7 +323,8 @@ def main(argv=None) -> None:
                 throughput(loaded, args),
             )
         print(
-            f"{torch.get_num_threads()} torch threads, {os.cpu_count()} CPUs, load average {load_before:.1f} -> "
+            f"{torch.get_num_threads()} torch threads, {os.cpu_count()} CPUs, load average "
+            f"{load_before:.1f} -> "
             f"{os.getloadavg()[0]:.1f}, run {time.perf_counter() - start_s:.0f} s, {loaded.name}, "
             f"torch {torch.__version__}\n",
             flush=True,

@@ -29,13 +29,13 @@ import time
 
 import numpy as np
 import torch
+from transformers import AttentionInterface
 
 import kvbench.engine.paged.attention as paged_attention
 from kvbench.cache.base import CacheConfig
 from kvbench.engine.model import load_model
 from kvbench.engine.paged.engine import PagedConfig, PagedEngine
 from kvbench.engine.sampling import SamplingParams
-from transformers import AttentionInterface
 
 
 def parse_args(argv):
@@ -189,7 +189,8 @@ def main(argv=None) -> None:
         for row in rows:
             print("| " + " | ".join(row) + " |")
         print(
-            f"\n{torch.get_num_threads()} torch threads, {os.cpu_count()} CPUs, load average {load_before:.1f} -> "
+            f"\n{torch.get_num_threads()} torch threads, {os.cpu_count()} CPUs, load average "
+            f"{load_before:.1f} -> "
             f"{os.getloadavg()[0]:.1f}, {args.steps} steps per batch (medians), run "
             f"{time.perf_counter() - start_s:.0f} s, {loaded.name}, torch {torch.__version__}\n"
         )

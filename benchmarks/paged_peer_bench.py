@@ -28,11 +28,11 @@ import time
 
 import torch
 import transformers
+from paged_bench import CAPACITY_BLOCKS, print_table, scenario_requests, serve_all, summarize
 from transformers import GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 from transformers.generation.continuous_batching.cache import PagedAttentionCache
 
-from paged_bench import CAPACITY_BLOCKS, print_table, scenario_requests, serve_all, summarize
 from kvbench.backends.inprocess import InProcessBackend
 from kvbench.cache.base import CacheConfig
 from kvbench.engine.engine import SamplingParams
@@ -185,7 +185,8 @@ def main(argv=None) -> None:
     )
     print(
         f"{torch.get_num_threads()} torch threads, {os.cpu_count()} CPUs, load average {load_before:.1f} -> "
-        f"{os.getloadavg()[0]:.1f}, run {time.perf_counter() - start_s:.0f} s, transformers {transformers.__version__}"
+        f"{os.getloadavg()[0]:.1f}, run {time.perf_counter() - start_s:.0f} s, transformers "
+        f"{transformers.__version__}"
     )
 
 

@@ -61,7 +61,8 @@ def traces() -> dict:
 
 def errors(args) -> None:
     print(
-        "| trace | distinct keys | setting | final rate | keys held | max abs error | mean abs error | sd (estimated) |"
+        "| trace | distinct keys | setting | final rate | keys held | max abs error | mean abs error | sd "
+        "(estimated) |"
     )
     print("|---|---:|---|---:|---:|---:|---:|---:|")
     settings = (
@@ -82,7 +83,8 @@ def errors(args) -> None:
             error = np.abs(curve.token_hit_rates(sizes) - exact_rates)
             print(
                 f"| {name} | {exact.distances.num_distinct_blocks:,} | {label} | {curve.rate:.3g} | "
-                f"{curve.max_keys_held:,} | {error.max():.4f} | {error.mean():.4f} | {curve.hit_rate_sd:.4f} |",
+                f"{curve.max_keys_held:,} | {error.max():.4f} | {error.mean():.4f} | "
+                f"{curve.hit_rate_sd:.4f} |",
                 flush=True,
             )
 

@@ -1,7 +1,8 @@
 """The sampled (SHARDS) curve on a synthetic multi-turn chat trace of any size, generated streaming
 (issue 18: 10 million requests, error against the exact curve, peak RSS).
 
-    PYTHONPATH=. python benchmarks/shards_synthetic.py --requests 10000000 --mode sampled --max-keys 65536 --out s.npz
+    PYTHONPATH=. python benchmarks/shards_synthetic.py --requests 10000000 --mode sampled --max-keys 65536
+    --out s.npz
     PYTHONPATH=. python benchmarks/shards_synthetic.py --requests 10000000 --mode exact --out e.npz
     PYTHONPATH=. python benchmarks/shards_synthetic.py --compare s.npz e.npz
 
@@ -33,7 +34,8 @@ _MASK = 2**64 - 1
 
 
 def _mix(value: int) -> int:
-    """splitmix64's finalizer on a Python int (what :func:`splitmix64` does, without numpy's per-call cost)."""
+    """splitmix64's finalizer on a Python int (what :func:`splitmix64` does, without numpy's per-call
+    cost)."""
     z = (value + 0x9E3779B97F4A7C15) & _MASK
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK

@@ -104,7 +104,8 @@ def main() -> None:
                     key: statistics.median(run[key] for run in runs[tree]) for key in ("wall_s", "cpu_s")
                 }
                 print(
-                    f"{command} [{tree or 'this tree'}]: wall {figures['wall_s']:.1f} s, cpu {figures['cpu_s']:.1f} s, "
+                    f"{command} [{tree or 'this tree'}]: wall {figures['wall_s']:.1f} s, cpu "
+                    f"{figures['cpu_s']:.1f} s, "
                     f"peak {max(run['peak_mib'] for run in runs[tree]):.0f} MiB (median of 3)",
                     flush=True,
                 )

@@ -7,7 +7,8 @@ The library API (README, "Python API"); names load on first use, so ``import kvb
     cache = kvbench.make_cache(kvbench.CacheConfig(capacity_blocks=1024, block_size=16))
     source = kvbench.load_source("scenarios/shared_2k.toml")        # requests as kvbench.Request
     print(kvbench.replay(source.requests, kvbench.CacheConfig(capacity_blocks=512)).token_hit_rate)
-    outcome = kvbench.run_scenario(kvbench.RunConfig("scenarios/shared_2k.toml", run=kvbench.RunFlags(num_requests=5)))
+    outcome = kvbench.run_scenario(kvbench.RunConfig("scenarios/shared_2k.toml",
+    run=kvbench.RunFlags(num_requests=5)))
     print(kvbench.load_result(outcome.path).summary)
 """
 

@@ -29,7 +29,7 @@ class InputError(KvbenchError):
     exit_code = 2
 
     @classmethod
-    def at(cls, path: str | Path, line: int | None, field: str | None, problem: str) -> "InputError":
+    def at(cls, path: str | Path, line: int | None, field: str | None, problem: str) -> InputError:
         """Build the one-line message ``FILE:LINE: field 'F': problem`` (line and field optional)."""
         where = str(path)
         if line is not None:

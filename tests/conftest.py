@@ -1,10 +1,10 @@
 from pathlib import Path
 
 import pytest
-
-from kvbench.cli import main
 from kinds import mark_by_kind
 from serve_process import ServeProcess
+
+from kvbench.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 

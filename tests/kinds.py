@@ -94,26 +94,37 @@ SLOW_MODULES = frozenset(
         "tests/commands/test_live_turns_http.py::test_an_in_process_run_takes_turns_live_too",  # 5.4 s
         "tests/commands/test_result_cli.py::test_json_gate_pass_and_fail",  # 3.1 s
         # the default 8-layer model through both engines, and whole shipped traces
-        "tests/engine/paged/test_paged_engine.py::test_default_model_outputs_equal_copy_engine_and_cache_off",  # 18 s x2
-        "tests/engine/paged/test_radix_engine.py::test_default_model_radix_outputs_equal_copy_radix_and_cache_off",  # 23 s
+        # 18 s x2
+        "tests/engine/paged/test_paged_engine.py::test_default_model_outputs_equal_copy_engine_and_cache_off",
+        # 23 s
+        "tests/engine/paged/test_radix_engine.py::test_default_model_radix_outputs_equal_copy_radix_and_cache_off",
         "tests/engine/paged/test_paged_engine.py::test_preemption_by_recompute_keeps_outputs",  # 6.5 s
-        "tests/engine/paged/test_paged_engine.py::test_concurrent_requests_batched_agree_with_serial",  # 5.5 s
-        "tests/engine/paged/test_paged_engine.py::test_concurrent_requests_batch_invariant_are_exact",  # 5.0 s
-        "tests/commands/test_sim_cli.py::test_every_shipped_scenario_loads_by_name_and_from_the_scenarios_link",  # 8.2 s
+        # 5.5 s
+        "tests/engine/paged/test_paged_engine.py::test_concurrent_requests_batched_agree_with_serial",
+        # 5.0 s
+        "tests/engine/paged/test_paged_engine.py::test_concurrent_requests_batch_invariant_are_exact",
+        # 8.2 s
+        "tests/commands/test_sim_cli.py::test_every_shipped_scenario_loads_by_name_and_from_the_scenarios_link",
         "tests/sim/test_hash_id_trace.py::test_the_mooncake_conversation_trace_reads_the_same",  # 5.7 + 2.0 s
-        "tests/breaks/test_tiny_hash.py::test_few_bits_give_false_hits_and_wrong_outputs_sha256_none",  # 3.2 s
-        "tests/engine/test_engine.py::test_cache_on_and_off_give_identical_greedy_outputs[default-hash]",  # 11 s
+        # 3.2 s
+        "tests/breaks/test_tiny_hash.py::test_few_bits_give_false_hits_and_wrong_outputs_sha256_none",
+        # 11 s
+        "tests/engine/test_engine.py::test_cache_on_and_off_give_identical_greedy_outputs[default-hash]",
         "tests/engine/test_export.py::test_export_writes_a_complete_checkpoint",  # 6.1 s
-        "tests/engine/paged/test_radix_engine.py::test_concurrent_radix_requests_share_the_prefix_and_match_serial",  # 4.9 s
-        "tests/server/test_fuzz_endpoints.py::test_any_json_body_gets_a_200_or_an_openai_4xx",  # 4.9 s (250 examples)
-        "tests/sim/test_shards.py::test_the_shared_first_block_is_why_plain_sampling_misses_mooncake",  # 3.8 s
+        # 4.9 s
+        "tests/engine/paged/test_radix_engine.py::test_concurrent_radix_requests_share_the_prefix_and_match_serial",
+        # 4.9 s (250 examples)
+        "tests/server/test_fuzz_endpoints.py::test_any_json_body_gets_a_200_or_an_openai_4xx",
+        # 3.8 s
+        "tests/sim/test_shards.py::test_the_shared_first_block_is_why_plain_sampling_misses_mooncake",
         "tests/memory/test_block_manager.py::TestBlockManagerRandomized",  # 3.1 s
     }
 )
 
 
 def _in(item: pytest.Item, entries: frozenset[str]) -> bool:
-    """Whether ``item``'s module, its node id (with or without its parameters) or a parent's is in ``entries``."""
+    """Whether ``item``'s module, its node id (with or without its parameters) or a parent's is in
+    ``entries``."""
     parts = item.nodeid.split("[", 1)[0].split("::")
     return item.nodeid in entries or any(
         "::".join(parts[:end]) in entries for end in range(1, len(parts) + 1)

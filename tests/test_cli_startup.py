@@ -28,7 +28,8 @@ def test_every_registered_command_word_is_mapped_to_its_module():
 
 def test_sim_imports_no_other_command_and_nothing_heavy():
     probe = (
-        "import sys\nfrom kvbench.cli import main\ntry:\n    main(['sim', '--help'])\nexcept SystemExit:\n    pass\n"
+        "import sys\nfrom kvbench.cli import main\ntry:\n    main(['sim', '--help'])\nexcept SystemExit:\n  "
+        "  pass\n"
         "print(' '.join(sorted(sys.modules)))"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, check=True)

@@ -73,7 +73,8 @@ def test_sim_and_csv_report_need_no_extra(core, tmp_path):
     assert "Sim: shared_2k" in plots.stdout and "token hit 0.9690" in plots.stdout  # the summary table
     assert (
         plots.stderr.strip()
-        == f"note: no PNG plots or report.html: needs the [plots] extra; from a checkout: {CPU_PIP} '.[plots]'"
+        == f"note: no PNG plots or report.html: needs the [plots] extra; from a checkout: {CPU_PIP} "
+        "'.[plots]'"
     )
     assert not (tmp_path / "rep").exists()  # no empty folder left behind
 

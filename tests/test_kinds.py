@@ -3,8 +3,6 @@
 import re
 from pathlib import Path
 
-import pytest
-
 from kinds import ENGINE_MODULES, SERVE_FIXTURES, SERVER_MODULES, SLOW_MODULES, kinds_of
 
 REPO = Path(__file__).resolve().parents[1]

@@ -5,7 +5,6 @@ import sys
 import time
 
 import pytest
-
 from readiness import NotReady, communicate, process_ended, process_log, wait_until
 from serve_process import ServeProcess
 
@@ -63,7 +62,7 @@ def test_a_serve_that_exits_is_reported_with_its_exit_code_and_whole_log_not_aft
     start_s = time.monotonic()
     try:
         with pytest.raises(NotReady) as failure:
-            process.url
+            _ = process.url
     finally:
         process.stop()
     assert time.monotonic() - start_s < 60

@@ -22,13 +22,13 @@ from contextlib import AsyncExitStack
 from dataclasses import replace
 from typing import Any
 
-EJECT_AFTER_FAILURES = 3  # consecutive connection failures of one endpoint; then it gets no traffic
-
 from kvbench.backends.base import Backend
 from kvbench.cache.block_hash import BlockHasher
 from kvbench.request import Request, RequestRecord
 from kvbench.route.api import RouterOptions, make_router
 from kvbench.route.policies import PolicyName, RequestView
+
+EJECT_AFTER_FAILURES = 3  # consecutive connection failures of one endpoint; then it gets no traffic
 
 
 class RoutedBackend:

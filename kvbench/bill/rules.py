@@ -13,8 +13,8 @@ from enum import Enum
 from importlib import resources
 from typing import Any
 
-from kvbench.words import with_article
 from kvbench.errors import InputError
+from kvbench.words import with_article
 
 
 class Provider(str, Enum):

@@ -26,10 +26,10 @@ from rich.table import Table
 from kvbench.backends.inprocess import InProcessBackend
 from kvbench.cache.base import CacheConfig
 from kvbench.engine.factory import make_engine
-from kvbench.engine.sampling import SamplingParams
 from kvbench.engine.model import LoadedModel
-from kvbench.request import Request, RequestRecord
+from kvbench.engine.sampling import SamplingParams
 from kvbench.errors import KvbenchError
+from kvbench.request import Request, RequestRecord
 from kvbench.results.parquet import write_rows
 from kvbench.results.rows import result_row
 from kvbench.results.schema import RUN_SCHEMA
@@ -188,7 +188,8 @@ def variant_backend(
     engine: EngineKind = EngineKind.COPY,
     store_views: bool = False,
 ) -> InProcessBackend:
-    """The engine a variant runs on behind its backend (``--engine``, :func:`kvbench.run.engines.build_backend`),
+    """The engine a variant runs on behind its backend (``--engine``,
+    :func:`kvbench.run.engines.build_backend`),
     greedy with EOS ignored: ``copy``, the copy engine over ``cache`` (``None``: cache off;
     ``store_views``: the views break's memory bug); ``paged``, the paged engine whose pool is ``cache``
     (running and cached blocks together, as vLLM's, so while a request runs its own blocks take room

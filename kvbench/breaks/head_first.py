@@ -38,9 +38,9 @@ from kvbench.breaks.common import (
     verdict_table,
 )
 from kvbench.cache.base import CacheConfig, ReleaseOrder
-from kvbench.run.config import EngineKind
 from kvbench.engine.model import LoadedModel
 from kvbench.results.summary import percentile
+from kvbench.run.config import EngineKind
 from kvbench.run.scenario import Scenario, find_scenario, load_scenario
 from kvbench.sim.predict import Unbounded, expected_cached_tokens
 from kvbench.sim.replay import SimResult, prepare_prompts, sweep

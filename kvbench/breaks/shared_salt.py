@@ -46,13 +46,13 @@ from kvbench.breaks.rank_test import (
     trials_to_reach,
 )
 from kvbench.cache.base import CacheConfig
-from kvbench.run.config import EngineKind
 from kvbench.engine.model import LoadedModel
 from kvbench.request import Request
 from kvbench.results.summary import percentile
+from kvbench.run.config import EngineKind
 from kvbench.sim.bounds import unbounded_capacity_blocks
-from kvbench.workloads.formats.kvbench_trace_reader import trace_requests
 from kvbench.workloads.dists import IntDist
+from kvbench.workloads.formats.kvbench_trace_reader import trace_requests
 from kvbench.workloads.generators import OneOffConfig, check_ints, generate_one_off
 from kvbench.workloads.tokenizer import Tokenizer, load_tokenizer
 
@@ -171,7 +171,8 @@ class SharedSaltResult:
             return (
                 f"{faster}, but inconclusive: {trials} trials cannot reach p < {alpha:g} whatever the TTFTs "
                 f"(the smallest p of a one-sided Mann-Whitney U test over {trials} + {trials} TTFTs is "
-                f"{test.smallest_p_value:.3f}, every correct guess faster); --trials {trials_to_reach(alpha)} "
+                f"{test.smallest_p_value:.3f}, every correct guess faster); --trials "
+                f"{trials_to_reach(alpha)} "
                 f"or more can"
             )
         effect = test.prob_correct_faster
@@ -199,7 +200,10 @@ class SharedSaltResult:
             )
         if self.leaks("salted"):
             return f"{timing} with 0 cached tokens for B: a difference that is not the cache's"
-        return f"{timing} and 0 cached tokens for B: A's blocks are out of B's reach, nothing leaks through the cache"
+        return (
+            f"{timing} and 0 cached tokens for B: A's blocks are out of B's reach, nothing leaks through "
+            "the cache"
+        )
 
     def parquet_tables(self) -> list[ParquetTable]:
         return [ParquetTable([row for run in self.runs for row in run.rows], break_schema(EXTRA_FIELDS))]

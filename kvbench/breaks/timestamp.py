@@ -35,8 +35,8 @@ from kvbench.breaks.common import (
     verdict_table,
 )
 from kvbench.cache.base import CacheConfig
-from kvbench.run.config import EngineKind
 from kvbench.engine.model import LoadedModel
+from kvbench.run.config import EngineKind
 from kvbench.sim.bounds import unbounded_capacity_blocks
 from kvbench.workloads.formats.kvbench_trace_reader import trace_requests
 from kvbench.workloads.generators import (

@@ -37,8 +37,8 @@ from kvbench.breaks.common import (
     variant_backend,
     verdict_table,
 )
-from kvbench.cache.block_hash import BlockHash, BlockHasher, HashConfig
 from kvbench.cache.base import CacheConfig, make_cache
+from kvbench.cache.block_hash import BlockHash, BlockHasher, HashConfig
 from kvbench.engine.model import LoadedModel
 from kvbench.sim.bounds import unbounded_capacity_blocks
 from kvbench.workloads.formats.kvbench_trace_reader import trace_requests

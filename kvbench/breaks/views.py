@@ -41,8 +41,8 @@ from kvbench.breaks.common import (
 from kvbench.cache.base import CacheConfig
 from kvbench.engine.factory import make_engine
 from kvbench.engine.kv import capacity_blocks_for_bytes
-from kvbench.engine.sampling import SamplingParams
 from kvbench.engine.model import LoadedModel
+from kvbench.engine.sampling import SamplingParams
 from kvbench.workloads.formats.kvbench_trace_reader import trace_requests
 from kvbench.workloads.generators import SharedPrefixConfig, check_ints, generate_shared_prefix
 from kvbench.workloads.tokenizer import Tokenizer, load_tokenizer
@@ -109,9 +109,11 @@ class ViewsResult:
     def verdict(self) -> str:
         held, configured = self.peak("views", "held_kv_bytes"), self.configured_kv_bytes
         return (
-            f"views: the cache believes it holds at most {format_mib(self.peak('views', 'nominal_kv_bytes'))} "
+            "views: the cache believes it holds at most "
+            f"{format_mib(self.peak('views', 'nominal_kv_bytes'))} "
             f"MiB but keeps {format_mib(held)} MiB alive ({held / configured:.1f}x the configured "
-            f"{format_mib(configured)} MiB); copies: at most {format_mib(self.peak('copies', 'held_kv_bytes'))} "
+            f"{format_mib(configured)} MiB); copies: at most "
+            f"{format_mib(self.peak('copies', 'held_kv_bytes'))} "
             f"MiB held, within the configured size"
         )
 
@@ -204,7 +206,8 @@ def views_table(result: ViewsResult) -> Table:
         )
     config = result.config
     notes = [
-        f"{config.num_requests} requests per variant: a {config.system_tokens:,}-token shared system prompt + "
+        f"{config.num_requests} requests per variant: a {config.system_tokens:,}-token shared system prompt "
+        "+ "
         f"a {config.question_tokens}-token question, {config.max_tokens} output tokens; MiB = 2**20 bytes",
         "believed = cached blocks x bytes per block; held = distinct storages the cached blocks keep alive "
         "(a view keeps its whole base tensor); RSS growth = peak RSS - RSS before the variant",

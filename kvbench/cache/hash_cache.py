@@ -28,7 +28,6 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from kvbench.cache.block_hash import BlockHash, PromptBlocks
 from kvbench.cache.base import (
     CacheConfig,
     CacheStats,
@@ -38,6 +37,7 @@ from kvbench.cache.base import (
     ReleaseOrder,
     insert_range,
 )
+from kvbench.cache.block_hash import BlockHash, PromptBlocks
 from kvbench.errors import CacheBusyError
 
 

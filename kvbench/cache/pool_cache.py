@@ -87,13 +87,15 @@ class PoolPrefixCache:
     """A :class:`~kvbench.cache.base.PrefixCache` whose blocks are ids of one :class:`BlockPool` of
     ``config.capacity_blocks`` blocks (module docstring), keyed by ``config.kind``. Handles are block ids.
 
-    Raises (constructor): ``ValueError`` for ``verify_tokens`` (hash keys are trusted, as vLLM's; radix keys are the tokens themselves).
+    Raises (constructor): ``ValueError`` for ``verify_tokens`` (hash keys are trusted, as vLLM's; radix keys
+    are the tokens themselves).
     """
 
     def __init__(self, config: CacheConfig, clock: Clock | None = None) -> None:
         if config.verify_tokens:
             raise ValueError(
-                "a pool-backed cache does not implement verify_tokens (hash trusts keys; radix compares tokens)"
+                "a pool-backed cache does not implement verify_tokens (hash trusts keys; radix compares "
+                "tokens)"
             )
         self.config = config
         self.stats = CacheStats(block_size=config.block_size)
@@ -113,7 +115,8 @@ class PoolPrefixCache:
         return self.pool.num_evictable_blocks
 
     def lookup(self, prompt: PromptBlocks, max_hit_blocks: int | None = None) -> MatchResult:
-        """Sweep expired blocks, then pin and return the longest cached prefix (at most ``max_hit_blocks``)."""
+        """Sweep expired blocks, then pin and return the longest cached prefix (at most
+        ``max_hit_blocks``)."""
         expired = self.sweep()
         keys, namespace = self._keys(prompt)
         if max_hit_blocks is not None and max_hit_blocks < len(keys):

@@ -25,7 +25,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from kvbench.cache.block_hash import PromptBlocks
 from kvbench.cache.base import (
     CacheConfig,
     CacheStats,
@@ -34,6 +33,7 @@ from kvbench.cache.base import (
     MatchResult,
     insert_range,
 )
+from kvbench.cache.block_hash import PromptBlocks
 from kvbench.errors import CacheBusyError
 
 

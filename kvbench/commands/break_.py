@@ -46,14 +46,16 @@ MaxTokens = Annotated[int | None, typer.Option(help="Output tokens per request (
 Engine = Annotated[
     EngineKind,
     typer.Option(
-        help="The in-process engine the variants run on: copy (a tensor per block) or paged (one KV pool, block tables)."
+        help="The in-process engine the variants run on: copy (a tensor per block) or paged (one KV pool, "
+        "block tables)."
     ),
 ]
 # Experiments that cannot run on the paged engine, and why (one line each).
 NOT_ON_PAGED = {
     "views": "views shows the copy engine's cached blocks as views of a request's whole KV tensor; the paged "
     "engine's blocks are slots of one preallocated pool, so there is no view to leak",
-    "tiny-hash": "tiny-hash counts false hits with a lockstep replica of the copy engine's cache; on the paged "
+    "tiny-hash": "tiny-hash counts false hits with a lockstep replica of the copy engine's cache; on the "
+    "paged "
     "engine running blocks share the pool, which that replica does not model",
 }
 
@@ -160,7 +162,8 @@ def _experiment(
                 else ""
             )
             kept = (
-                f"kept {len(finished)} finished variant(s), {sum(len(r.rows) for r in finished)} rows{partial}, "
+                f"kept {len(finished)} finished variant(s), {sum(len(r.rows) for r in finished)} "
+                f"rows{partial}, "
                 f"in {path}"
                 if path
                 else "no request had finished; nothing written"
@@ -317,7 +320,6 @@ def views_command(
     """Cached views instead of copies: believed vs really held KV bytes and RSS, per request."""
     _on_engine("views", engine)
     from kvbench.breaks import views
-
     from kvbench.memory.layout import parse_bytes
 
     config = _config(

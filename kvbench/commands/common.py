@@ -136,7 +136,7 @@ class Heartbeat:
             elapsed = int(time.monotonic() - started_s)
             status_printer(self.console)(f"working: {elapsed // 60}m{elapsed % 60:02d}s, {self.text}")
 
-    def __enter__(self) -> "Heartbeat":
+    def __enter__(self) -> Heartbeat:
         if not self.console.is_terminal:
             self._thread.start()
         return self

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated
-
 import json
 from enum import Enum
+from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich.markup import escape

@@ -13,7 +13,8 @@ def waterfall_title(explanation, roomy: bool = False) -> str:
     ttl = f", TTL {config.ttl_s:g} s" if config.ttl_s else ""
     room = " (room for everything)" if roomy else ""
     return (
-        f"kvbench explain: {explanation.name} ({counted(len(explanation.requests), 'request')}; {config.kind.value} "
+        f"kvbench explain: {explanation.name} ({counted(len(explanation.requests), 'request')}; "
+        f"{config.kind.value} "
         f"cache of {config.capacity_blocks:,} blocks of {config.block_size}{room}{ttl})"
     )
 
@@ -24,7 +25,10 @@ def waterfall_table(explanation, roomy: bool = False) -> Table:
         table.add_column(column, justify="left" if column == "step" else "right")
     for label, tokens, share, left in explanation.waterfall.rows():
         table.add_row(label, f"{tokens:,}", f"{share:.2%}", f"{left:,}")
-    table.caption = "share = of all prompt tokens; the losses and the hit sum to the ideal, the ideal and 'never sent before' to the total"
+    table.caption = (
+        "share = of all prompt tokens; the losses and the hit sum to the ideal, the ideal and "
+        "'never sent before' to the total"
+    )
     return table
 
 
@@ -82,7 +86,8 @@ def lint_tables(report, show: int = 12) -> list[Table]:
     summary.add_column("result", justify="right")
     summary.add_row(
         "prompt tokens after the first volatile value",
-        f"{report.num_tokens_after_volatile:,} of {report.num_prompt_tokens:,} ({report.share_after_volatile:.1%})",
+        f"{report.num_tokens_after_volatile:,} of {report.num_prompt_tokens:,} "
+        f"({report.share_after_volatile:.1%})",
     )
     summary.add_row(
         "later turns that resend the previous prompt whole",

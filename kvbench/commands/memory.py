@@ -13,19 +13,19 @@ from __future__ import annotations
 import dataclasses
 import enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from kvbench.commands import memory_tables as tables
 from kvbench.commands.common import make_console
-from kvbench.memory.trace import read_waste_trace
+from kvbench.errors import InputError
 from kvbench.memory.layout import KvLayout, ModelShape, fit_in_budget, parse_bytes, parse_dtype
 from kvbench.memory.presets import DEFAULT_PRESET, PRESETS, resolve_model
 from kvbench.memory.replay import replay_waste
 from kvbench.memory.sharing import SharingConfig, simulate_beam_search, simulate_parallel_sampling
+from kvbench.memory.trace import read_waste_trace
 from kvbench.memory.waste import Reservation, WasteConfig
-from kvbench.errors import InputError
 from kvbench.results.parquet import check_output_path
 
 _MODEL_HELP = f"Preset ({', '.join(PRESETS)}) or a path to a config.json or its folder."
@@ -34,10 +34,10 @@ _KV_DTYPE_HELP = "KV-cache dtype (default: the weight dtype); fp8 halves bf16's 
 _PLOT_HELP = "Where to write the PNG (default: under results/)."
 
 ModelOption = Annotated[str, typer.Option("--model", help=_MODEL_HELP)]
-DTypeOption = Annotated[Optional[str], typer.Option("--dtype", help=_DTYPE_HELP)]
-KvDTypeOption = Annotated[Optional[str], typer.Option("--kv-dtype", help=_KV_DTYPE_HELP)]
+DTypeOption = Annotated[str | None, typer.Option("--dtype", help=_DTYPE_HELP)]
+KvDTypeOption = Annotated[str | None, typer.Option("--kv-dtype", help=_KV_DTYPE_HELP)]
 BlockSizeOption = Annotated[int, typer.Option("--block-size", min=1, help="Tokens per KV block.")]
-PlotOption = Annotated[Optional[Path], typer.Option("--plot", help=_PLOT_HELP, dir_okay=False)]
+PlotOption = Annotated[Path | None, typer.Option("--plot", help=_PLOT_HELP, dir_okay=False)]
 NoPlotOption = Annotated[bool, typer.Option("--no-plot", help="Write no PNG.")]
 PromptTokensOption = Annotated[int, typer.Option("--prompt-tokens", min=1, help="Prompt length, tokens.")]
 MemoryOption = Annotated[str, typer.Option("--memory", help="Device memory, e.g. 80GiB or 24GB.")]
@@ -62,11 +62,11 @@ DecodeRateOption = Annotated[
     ),
 ]
 MaxModelLenOption = Annotated[
-    Optional[int],
+    int | None,
     typer.Option("--max-model-len", min=1, help="Context length, tokens (default: the model's)."),
 ]
 MaxTokensOption = Annotated[
-    Optional[int],
+    int | None,
     typer.Option(
         "--max-tokens",
         min=1,
@@ -74,12 +74,12 @@ MaxTokensOption = Annotated[
     ),
 ]
 LimitOption = Annotated[
-    Optional[int],
+    int | None,
     typer.Option("--requests", "--num-requests", "--limit", min=1, help="Replay the first N requests."),
 ]
-SamplesOption = Annotated[Optional[int], typer.Option("--n", min=1, help="Parallel samples (default 4).")]
+SamplesOption = Annotated[int | None, typer.Option("--n", min=1, help="Parallel samples (default 4).")]
 BeamWidthOption = Annotated[
-    Optional[int],
+    int | None,
     typer.Option("--beam-width", min=1, help="Run beam search of this width instead of parallel sampling."),
 ]
 NewTokensOption = Annotated[

@@ -311,7 +311,8 @@ def measured_waste_table(replay: WasteResult, measured) -> Table:
         ("preemptions", f"{paged.num_preemptions:,}", f"{measured.num_preemptions:,}"),
         (
             "blocks held (reserved), mean / peak",
-            f"{format_bytes(paged.mean_reserved_tokens * per_token)} / {format_bytes(paged.peak_reserved_tokens * per_token)}",
+            f"{format_bytes(paged.mean_reserved_tokens * per_token)} / "
+            f"{format_bytes(paged.peak_reserved_tokens * per_token)}",
             f"{format_bytes(measured.mean_running_bytes)} / {format_bytes(measured.peak_running_bytes)}",
         ),
         (

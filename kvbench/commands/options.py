@@ -1,4 +1,5 @@
-"""Option aliases shared by the commands (typer ``Annotated`` types), so one flag reads the same everywhere."""
+"""Option aliases shared by the commands (typer ``Annotated`` types), so one flag reads the same
+everywhere."""
 
 from __future__ import annotations
 
@@ -8,14 +9,15 @@ from typing import Annotated
 import typer
 
 from kvbench.cache.base import CacheKind, ReleaseOrder
-from kvbench.commands.choices import CacheSwitch, check_device, check_dtype, check_positive
 from kvbench.cache.block_hash import HashAlgo
+from kvbench.commands.choices import CacheSwitch, check_device, check_dtype, check_positive
 from kvbench.run.config import Schedule, TurnMode
 
 Source = Annotated[
     Path,
     typer.Argument(
-        help="Scenario (.toml) or trace (.jsonl: kvbench, Mooncake, hash-id or prompts; .json: ShareGPT; .csv: BurstGPT)."
+        help="Scenario (.toml) or trace (.jsonl: kvbench, Mooncake, hash-id or prompts; .json: ShareGPT; "
+        ".csv: BurstGPT)."
     ),
 ]
 Device = Annotated[str, typer.Option(callback=check_device, help="cpu, cuda, cuda:N or mps.")]
@@ -53,7 +55,8 @@ ScheduleOption = Annotated[
     Schedule | None,
     typer.Option(
         "--schedule",
-        help="openai: rate = closed loop or --request-rate (default); trace = at the trace's own arrival times.",
+        help="openai: rate = closed loop or --request-rate (default); trace = at the trace's own arrival "
+        "times.",
     ),
 ]
 TimeScale = Annotated[
@@ -68,7 +71,8 @@ TurnsOption = Annotated[
     TurnMode | None,
     typer.Option(
         "--turns",
-        help="scripted = a multi-turn trace's own assistant text (default); live = each real reply fed into the session's next turn.",
+        help="scripted = a multi-turn trace's own assistant text (default); live = each real reply fed into "
+        "the session's next turn.",
     ),
 ]
 PreflightOption = Annotated[

@@ -12,10 +12,10 @@ from rich.table import Table
 
 from kvbench.commands import result_options as res
 from kvbench.commands.common import build, make_console
-from kvbench.extras import needs_extra
 from kvbench.errors import InputError
-from kvbench.results.export import ReportFormat
+from kvbench.extras import needs_extra
 from kvbench.results.compare import Comparison, compare_runs
+from kvbench.results.export import ReportFormat
 from kvbench.results.files import describe_cache, load_result, load_results
 from kvbench.results.parquet import check_output_folder
 from kvbench.results.report import TableData, build_report, summary_tables

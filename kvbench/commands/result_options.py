@@ -23,7 +23,8 @@ PercentileMetrics = Annotated[
 Goodput = Annotated[
     list[str] | None,
     typer.Option(
-        help="SLOs METRIC:MS (ttft, tpot, e2el), e.g. 'ttft:200 tpot:50': goodput overall and for cache hits / misses."
+        help="SLOs METRIC:MS (ttft, tpot, e2el), e.g. 'ttft:200 tpot:50': goodput overall and for cache "
+        "hits / misses."
     ),
 ]
 SaveResult = Annotated[

@@ -10,10 +10,9 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from kvbench.commands.signature import in_panel
-from kvbench.words import counted
 from kvbench.commands.common import Heartbeat, build, make_console, sigterm_as_interrupt, status_printer
 from kvbench.commands.options import CacheKindOption, Requests, Source
+from kvbench.commands.signature import in_panel
 from kvbench.errors import InputError, Interrupted
 from kvbench.results.parquet import check_output_path, write_rows
 from kvbench.route.api import PREFIX_TOKENS, RouterOptions, compare_policies
@@ -27,6 +26,7 @@ from kvbench.run.config import CacheFlags
 from kvbench.run.scenario import parse_choices
 from kvbench.run.setup import cache_config
 from kvbench.run.source import limit_requests, load_source
+from kvbench.words import counted
 
 _COLUMNS = (
     "policy",

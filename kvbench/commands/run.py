@@ -15,7 +15,6 @@ from typing import Any
 
 import typer
 
-from kvbench.words import counted
 from kvbench.commands import options as opt
 from kvbench.commands import result_options as res
 from kvbench.commands import run_options
@@ -24,6 +23,7 @@ from kvbench.commands.signature import with_options
 from kvbench.route.policies import PolicyName
 from kvbench.run.config import CacheFlags, EngineFlags, ModelFlags, RunConfig, RunFlags, ServerFlags
 from kvbench.run.load_section import load_backend
+from kvbench.words import counted
 
 
 @with_options(*run_options.ALL)

@@ -1,4 +1,5 @@
-"""The options of ``kvbench run``, in the groups its ``--help`` shows (see :mod:`kvbench.commands.signature`)."""
+"""The options of ``kvbench run``, in the groups its ``--help`` shows (see
+:mod:`kvbench.commands.signature`)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ BACKEND = panel(
             Annotated[
                 BackendKind | None,
                 typer.Option(
-                    help="inprocess: the engine here (default, or the scenario's \\[load] backend); openai: an HTTP endpoint; anthropic: a Messages endpoint (ANTHROPIC_API_KEY)."
+                    help="inprocess: the engine here (default, or the scenario's \\[load] backend); openai: "
+                    "an HTTP endpoint; anthropic: a Messages endpoint (ANTHROPIC_API_KEY)."
                 ),
             ],
             None,
@@ -32,7 +34,8 @@ BACKEND = panel(
             Annotated[
                 str | None,
                 typer.Option(
-                    help="inprocess: local checkpoint dir (default: the random Llama); openai: served model name (default: the first of /v1/models)."
+                    help="inprocess: local checkpoint dir (default: the random Llama); openai: served model "
+                    "name (default: the first of /v1/models)."
                 ),
             ],
             None,
@@ -44,7 +47,8 @@ BACKEND = panel(
             Annotated[
                 EngineKind,
                 typer.Option(
-                    help="inprocess: copy (a tensor per block, one request at a time) or paged (one KV pool, block tables, continuous batching)."
+                    help="inprocess: copy (a tensor per block, one request at a time) or paged (one KV "
+                    "pool, block tables, continuous batching)."
                 ),
             ],
             EngineKind.COPY,
@@ -76,7 +80,8 @@ BACKEND = panel(
             Annotated[
                 str | None,
                 typer.Option(
-                    help="paged: a host-memory KV tier below the pool, in blocks or bytes (2GiB): released blocks written through, GPU misses loaded back from it."
+                    help="paged: a host-memory KV tier below the pool, in blocks or bytes (2GiB): released "
+                    "blocks written through, GPU misses loaded back from it."
                 ),
             ],
             None,
@@ -105,7 +110,8 @@ CACHE = panel(
             Annotated[
                 str | None,
                 typer.Option(
-                    help="Salt for the whole run (a trace's own salts are added); openai: the cache_salt instead of a random one."
+                    help="Salt for the whole run (a trace's own salts are added); openai: the cache_salt "
+                    "instead of a random one."
                 ),
             ],
             None,
@@ -179,7 +185,8 @@ HTTP = panel(
             Annotated[
                 list[str] | None,
                 typer.Option(
-                    help=f"API root with /v1 (default OPENAI_BASE_URL, else {DEFAULT_BASE_URL}); repeat it for several replicas, routed by --route."
+                    help=f"API root with /v1 (default OPENAI_BASE_URL, else {DEFAULT_BASE_URL}); repeat it "
+                    "for several replicas, routed by --route."
                 ),
             ],
             None,
@@ -202,7 +209,8 @@ HTTP = panel(
             Annotated[
                 str | None,
                 typer.Option(
-                    help="Tokenizer for expectations: a local HF dir, cl100k (default) or server (its /tokenize)."
+                    help="Tokenizer for expectations: a local HF dir, cl100k (default) or server (its "
+                    "/tokenize)."
                 ),
             ],
             None,
@@ -257,7 +265,8 @@ HTTP = panel(
             Annotated[
                 ClientKind | None,
                 typer.Option(
-                    help="How streams are read: lean = raw server-sent events, json of the needed fields (default); sdk = the openai SDK's chunk objects (slower per chunk; for comparison)."
+                    help="How streams are read: lean = raw server-sent events, json of the needed fields "
+                    "(default); sdk = the openai SDK's chunk objects (slower per chunk; for comparison)."
                 ),
             ],
             None,

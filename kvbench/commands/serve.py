@@ -8,11 +8,11 @@ from typing import Annotated
 
 import typer
 
+from kvbench.cache.base import CacheConfig, CacheKind, ReleaseOrder
 from kvbench.commands import options as opt
 from kvbench.commands.choices import CacheSwitch, LogLevel, check_positive
-from kvbench.commands.signature import in_panel
 from kvbench.commands.common import Heartbeat, make_console, status_printer
-from kvbench.cache.base import CacheConfig, CacheKind, ReleaseOrder
+from kvbench.commands.signature import in_panel
 from kvbench.errors import InputError, checked
 from kvbench.run.config import EngineFlags, EngineKind
 
@@ -208,7 +208,8 @@ def serve(
         list[str] | None,
         typer.Option(
             rich_help_panel="Server",
-            help="Host header value to accept (repeatable; '*' = any). Default: the bound address (plus localhost on loopback); any for 0.0.0.0.",
+            help="Host header value to accept (repeatable; '*' = any). Default: the bound address (plus "
+            "localhost on loopback); any for 0.0.0.0.",
         ),
     ] = None,
     engine: Annotated[
@@ -236,7 +237,8 @@ def serve(
         int | None,
         typer.Option(
             rich_help_panel="Server",
-            help="Most open connections; at the cap a new one closes the oldest idle one (default 1024, below ulimit -n).",
+            help="Most open connections; at the cap a new one closes the oldest idle one (default 1024, "
+            "below ulimit -n).",
         ),
     ] = None,
     header_timeout: Annotated[
@@ -257,7 +259,8 @@ def serve(
     ] = 5.0,
 ) -> None:
     """Serve the in-process engine as an OpenAI-compatible API (/v1/completions, /v1/chat/completions,
-    /v1/models, /health, /reset_prefix_cache, /metrics, /tokenize, /detokenize) and Anthropic's /v1/messages until Ctrl-C. With --engine copy one
+    /v1/models, /health, /reset_prefix_cache, /metrics, /tokenize, /detokenize) and Anthropic's /v1/messages
+    until Ctrl-C. With --engine copy one
     request runs at a time; the others queue, and their wait shows in the clients' TTFT. With
     --engine paged concurrent requests are batched (continuous batching over one KV pool)."""
     import uvicorn

@@ -10,8 +10,9 @@ signature (``inspect.signature`` honours ``__signature__``) and passes the optio
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from copy import copy
-from typing import Annotated, Any, Callable, get_args
+from typing import Annotated, Any, get_args
 
 OptionGroup = dict[str, tuple[Any, Any]]  # option name -> (Annotated type, default)
 

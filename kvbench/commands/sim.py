@@ -13,10 +13,12 @@ from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
+from kvbench.cache.base import CacheConfig, CacheKind, ReleaseOrder
+from kvbench.cache.block_hash import HashAlgo
 from kvbench.commands import options as opt
 from kvbench.commands.choices import check_positive
-from kvbench.commands.signature import in_panel
 from kvbench.commands.common import make_console
+from kvbench.commands.signature import in_panel
 from kvbench.commands.sim_sampled import run_sampled
 from kvbench.commands.sim_tiers import (
     FitOption,
@@ -28,22 +30,20 @@ from kvbench.commands.sim_tiers import (
     TtftBaseMs,
     run_tiers,
 )
-from kvbench.cache.block_hash import HashAlgo
-from kvbench.cache.base import CacheConfig, CacheKind, ReleaseOrder
 from kvbench.errors import InputError, Interrupted
 from kvbench.extras import needs_extra
+from kvbench.results.curve_files import write_curve, write_ttl_curve
 from kvbench.results.parquet import check_output_path, write_rows
 from kvbench.run.checks import requests_note
-from kvbench.run.scenario import parse_choices, parse_int_list
 from kvbench.run.config import CacheFlags
+from kvbench.run.scenario import parse_choices, parse_int_list
 from kvbench.run.setup import cache_config
 from kvbench.run.source import RunSource, limit_requests, load_source
-from kvbench.results.curve_files import write_curve, write_ttl_curve
 from kvbench.sim.compact_curve import compact_hit_curve
 from kvbench.sim.curve import HitCurve, one_pass_refusal
+from kvbench.sim.hash_id_trace import HASH_ID_TRACES, hash_id_refusal, hash_id_trace
 from kvbench.sim.method import SimMethod, SimOutcome, simulate_sizes
 from kvbench.sim.replay import PreparedTrace, SimResult, ideal_hit_rate, prepare_prompts
-from kvbench.sim.hash_id_trace import HASH_ID_TRACES, hash_id_refusal, hash_id_trace
 from kvbench.sim.tiers import TierPolicy
 from kvbench.sim.ttl_curve import ttl_curve as ttl_curve_of
 from kvbench.words import counted
@@ -157,7 +157,8 @@ def _write_ttl_curve(console, source: RunSource, trace: PreparedTrace, out: Path
     )
     keeps = ", ".join(f"{int(f * 100)}% {_seconds(curve.ttl_for_fraction_s(f))}" for f in (0.5, 0.9, 0.99))
     console.print(
-        f"TTL keeping this share of the unbounded cache's hits: {keeps}; {counted(num_rows, 'TTL')} where the "
+        f"TTL keeping this share of the unbounded cache's hits: {keeps}; {counted(num_rows, 'TTL')} where "
+        "the "
         f"hit count changes: {_files(parquet, png)}"
     )
 

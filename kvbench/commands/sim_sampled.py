@@ -14,7 +14,6 @@ import pyarrow as pa
 from rich.markup import escape
 from rich.table import Table
 
-from kvbench.words import counted
 from kvbench.cache.base import CacheConfig, ReleaseOrder
 from kvbench.commands.common import make_console
 from kvbench.errors import InputError
@@ -25,6 +24,7 @@ from kvbench.sim.hash_id_trace import HASH_ID_TRACES, hash_id_refusal, hash_id_s
 from kvbench.sim.method import SimMethod
 from kvbench.sim.replay import prepare_prompts
 from kvbench.sim.shards import SampledCurve, ShardsPass, key_hash
+from kvbench.words import counted
 
 NUM_CURVE_ROWS = 400  # log-spaced sizes written to NAME.sampled-curve.parquet
 

@@ -24,7 +24,7 @@ from kvbench.errors import InputError
 from kvbench.extras import needs_extra
 from kvbench.memory.layout import KvLayout, format_bytes
 from kvbench.memory.presets import resolve_model
-from kvbench.results.curve_files import plotted_or_none, curve_paths
+from kvbench.results.curve_files import curve_paths, plotted_or_none
 from kvbench.results.parquet import write_rows
 from kvbench.results.plots import plot_tier_sweep
 from kvbench.route.service import fit_service_model
@@ -58,7 +58,8 @@ TierSpecs = Annotated[
         "--tier",
         rich_help_panel=TIER_PANEL,
         help=(
-            "A KV tier below the GPU: NAME:SIZE[:BANDWIDTH[:LATENCY]], SIZE in blocks or bytes for --model-shape "
+            "A KV tier below the GPU: NAME:SIZE[:BANDWIDTH[:LATENCY]], SIZE in blocks or bytes for "
+            "--model-shape "
             "(host:64GiB:25GBps:0.01ms); repeat for more levels, fastest first. --sizes is the GPU tier."
         ),
     ),
@@ -68,7 +69,8 @@ TierPolicyOption = Annotated[
     typer.Option(
         rich_help_panel=TIER_PANEL,
         help=(
-            "--tier: exclusive = demote on evict, promote on hit; inclusive = write-through, every tier refreshed on every "
+            "--tier: exclusive = demote on evict, promote on hit; inclusive = write-through, every tier "
+            "refreshed on every "
             "use (vLLM's OffloadingConnector)."
         ),
     ),
@@ -78,7 +80,8 @@ ModelShapeOption = Annotated[
     typer.Option(
         rich_help_panel=TIER_PANEL,
         help=(
-            "--tier: the model whose KV bytes size the tiers and loads: a preset (kvbench-default, llama-3.1-8b, ...) or "
+            "--tier: the model whose KV bytes size the tiers and loads: a preset (kvbench-default, "
+            "llama-3.1-8b, ...) or "
             "a config.json."
         ),
     ),
@@ -88,7 +91,8 @@ FitOption = Annotated[
     typer.Option(
         rich_help_panel=TIER_PANEL,
         help=(
-            "--tier: estimate TTFT from a kvbench run's results (least squares of ttft_ms on uncached prompt tokens)."
+            "--tier: estimate TTFT from a kvbench run's results (least squares of ttft_ms on uncached "
+            "prompt tokens)."
         ),
     ),
 ]

@@ -11,6 +11,7 @@ from rich.markup import escape
 from kvbench.backends.openai.hygiene import Hygiene
 from kvbench.commands import options as opt
 from kvbench.commands import result_options as res
+from kvbench.commands import run_options as rop
 from kvbench.commands.common import build, make_console, run_with_progress
 from kvbench.commands.signature import in_panel
 from kvbench.commands.sweep_tables import load_points_table, points_table
@@ -18,7 +19,6 @@ from kvbench.errors import InputError, KvbenchError
 from kvbench.extras import missing_extra
 from kvbench.results.goodput import parse_goodput
 from kvbench.results.summary import SummaryOptions
-from kvbench.commands import run_options as rop
 from kvbench.run.config import (
     BackendKind,
     EngineFlags,
@@ -31,7 +31,6 @@ from kvbench.run.config import (
 )
 from kvbench.run.load_sweep import LoadSweepConfig
 from kvbench.run.scenario import parse_int_list
-
 
 ENGINE = "Cache-size sweep (in-process engine)"  # --help panels (typer's rich_help_panel)
 LOAD = "Load sweep (--backend openai)"
@@ -123,17 +122,21 @@ def sweep(
         typer.Option(
             min=1,
             rich_help_panel=ENGINE,
-            help="Engine: runs per cache size; the table shows the spread of TTFT p50 and the fit uses the medians.",
+            help="Engine: runs per cache size; the table shows the spread of TTFT p50 and the fit uses the "
+            "medians.",
         ),
     ] = 1,
     ignore_eos: IgnoreEos = None,
 ) -> None:
-    """Engine: one run per cache size, fit TTFT p50 = a + b x (1 - hit rate); exit 1 if every size failed. Server
-    (--backend openai): a run per --concurrency or --request-rate value (fresh cache each), throughput vs latency."""
+    """Engine: one run per cache size, fit TTFT p50 = a + b x (1 - hit rate); exit 1 if every size failed.
+    Server
+    (--backend openai): a run per --concurrency or --request-rate value (fresh cache each), throughput vs
+    latency."""
     if backend is BackendKind.OPENAI or concurrency or request_rate:
         if cache_sizes is not None:
             raise InputError(
-                "--cache-sizes sweeps the in-process engine; a load sweep takes --concurrency or --request-rate"
+                "--cache-sizes sweeps the in-process engine; a load sweep takes --concurrency or "
+                "--request-rate"
             )
         _refuse_engine_flags(
             engine is not EngineKind.COPY,

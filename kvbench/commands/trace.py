@@ -13,23 +13,23 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from kvbench.words import counted
 from kvbench.errors import InputError, checked
 from kvbench.request import Request
 from kvbench.run.scenario import parse_int_list
 from kvbench.run.source import load_source
 from kvbench.sim.replay import ideal_hit_rate, prepare_prompts
+from kvbench.words import counted
 from kvbench.workloads.conversations import AgentConfig, ChatConfig
+from kvbench.workloads.formats.importing import ImportConfig, import_trace
+from kvbench.workloads.formats.kvbench_trace import Trace, write_trace
 from kvbench.workloads.generators import (
     HeaderPlacement,
     MultiPrefixTextConfig,
     OneOffConfig,
     SharedPrefixConfig,
 )
-from kvbench.workloads.mooncake_text import MooncakeTextConfig
-from kvbench.workloads.formats.importing import ImportConfig, import_trace
-from kvbench.workloads.formats.kvbench_trace import Trace, write_trace
 from kvbench.workloads.kinds import generate_trace
+from kvbench.workloads.mooncake_text import MooncakeTextConfig
 from kvbench.workloads.token_ids import Popularity
 from kvbench.workloads.tokenizer import load_tokenizer
 from kvbench.workloads.trace_stats import longest_cached_prefixes, reuse_breakdown, summarize

@@ -8,7 +8,8 @@
    ``mallopt(M_TRIM_THRESHOLD, 2 GiB)`` keep such buffers in the heap for reuse, and
    ``mallopt(M_ARENA_MAX, 1)`` makes the paged engine's worker thread use that heap too (a thread's
    own arena is at most 64 MiB, so its larger buffers were mmapped whatever the threshold): from the
-   second forward on, 0-342 faults and 0-19 ms of system time. (PyTorch's own advice for CPU inference is the same, through jemalloc or
+   second forward on, 0-342 faults and 0-19 ms of system time. (PyTorch's own advice for CPU inference is the
+   same, through jemalloc or
    tcmalloc in ``LD_PRELOAD``; vLLM's CPU backend asks for tcmalloc.) Applied once, on Linux with
    glibc; a no-op elsewhere. It changes no value that is computed.
 2. **Linears over a few rows** (:class:`FewRowLinear`, :func:`use_few_row_linears`). A decode

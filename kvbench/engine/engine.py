@@ -20,8 +20,10 @@ Block payload layout: one contiguous tensor per block, ``(layers, 2, kv_heads, b
 
 Timestamps are ``time.perf_counter`` readings relative to the call's start, taken once the device
 has finished (:func:`kvbench.engine.stamps.stamp_s`: on CUDA after ``torch.cuda.synchronize``); the
-send loop adds queue time. The engine records ``lookup_ms`` (hashing + lookup), ``kv_load_ms`` (gathering hit blocks),
-``prefill_ms`` and ``insert_ms`` (after the last token) in its :class:`kvbench.request.RequestRecord`. TPOT follows vLLM's benchmark: ``(e2e - ttft) / (output_tokens - 1)``, undefined for one token.
+send loop adds queue time. The engine records ``lookup_ms`` (hashing + lookup), ``kv_load_ms`` (gathering hit
+blocks),
+``prefill_ms`` and ``insert_ms`` (after the last token) in its :class:`kvbench.request.RequestRecord`. TPOT
+follows vLLM's benchmark: ``(e2e - ttft) / (output_tokens - 1)``, undefined for one token.
 
 Numerics: cache-on greedy outputs must equal cache-off ones token for token. The two paths do not
 run identical kernels (one forward over the whole prompt vs. a forward over the tail with a past), so
@@ -46,8 +48,8 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from kvbench.cache.block_hash import BlockHasher, PromptBlocks
 from kvbench.cache.base import CacheConfig, Clock, PrefixCache, make_cache
+from kvbench.cache.block_hash import BlockHasher, PromptBlocks
 from kvbench.engine.kv import (
     LayerKV,
     blocks_to_kv,
@@ -59,8 +61,8 @@ from kvbench.engine.kv import (
 )
 from kvbench.engine.model import LoadedModel
 from kvbench.engine.request_check import check_attention_only, check_request
-from kvbench.engine.serial import SerialCalls
 from kvbench.engine.sampling import SamplingParams, sample_next_token  # SamplingParams: part of this API
+from kvbench.engine.serial import SerialCalls
 from kvbench.engine.stamps import stamp_s
 from kvbench.request import RequestRecord, Status
 
@@ -158,7 +160,8 @@ class HFEngine(SerialCalls):
     ) -> RequestRecord:
         """Run one request in the calling thread (the queue's worker calls it: use ``submit`` or
         ``generate``, which queue behind the requests before them). Bad input (empty prompt, id
-        outside the vocabulary, prompt + max_tokens beyond the context) gives a result with status ``error``; other exceptions propagate, after
+        outside the vocabulary, prompt + max_tokens beyond the context) gives a result with status ``error``;
+        other exceptions propagate, after
         every pin is released.
 
         ``on_token(token_id)`` is called with every output token as soon as it is sampled (not for

@@ -5,7 +5,8 @@ Example::
     from kvbench.cache.base import CacheConfig
     from kvbench.engine.factory import EngineConfig, EngineKind, make_engine
     from kvbench.engine.model import load_model
-    engine = make_engine(load_model(), EngineConfig(EngineKind.PAGED, cache=CacheConfig(capacity_blocks=4096)))
+    engine = make_engine(load_model(), EngineConfig(EngineKind.PAGED,
+    cache=CacheConfig(capacity_blocks=4096)))
     record = engine.submit(token_ids, SamplingParams(max_tokens=32)).result()
 
 The engine returned implements :class:`kvbench.engine.protocol.Engine`; callers never ask which kind

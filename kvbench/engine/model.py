@@ -38,8 +38,8 @@ from kvbench.engine.cpu_kernels import (
     use_small_batch_lm_head,
 )
 from kvbench.engine.one_query import use_cpu_attention
-from kvbench.memory.layout import DType, KvLayout, parse_dtype
 from kvbench.errors import InputError
+from kvbench.memory.layout import DType, KvLayout, parse_dtype
 
 try:  # transformers >= 5
     from transformers.initialization import no_init_weights

@@ -14,7 +14,8 @@ blocks, so the same keys and values give the same output either way.
 
 It applies to fp32 on the CPU where the native kernels are built; anything else it does not
 cover (more than one query, a batch, an attention mask, dropout, values of another head size
-than the keys, a sliding window, logit softcapping or attention sinks) goes to transformers' own SDPA path unchanged.
+than the keys, a sliding window, logit softcapping or attention sinks) goes to transformers' own SDPA path
+unchanged.
 """
 
 from __future__ import annotations

@@ -166,7 +166,8 @@ class SerialCalls:
         on_token: Callable[[int], bool | None] | None = None,
         on_start: Callable[[], None] | None = None,
     ) -> RequestFuture:
-        """Queue one request behind those submitted before it (:class:`SerialQueue`, the protocol's contract)."""
+        """Queue one request behind those submitted before it (:class:`SerialQueue`, the protocol's
+        contract)."""
         return self._queue.submit(self.run_request, (token_ids, sampling, salt), on_token, on_start)
 
     def generate(
@@ -199,7 +200,8 @@ class SerialCalls:
         return None
 
     def reset_prefix_cache(self) -> bool:
-        """Drop every cached block once every request queued before has finished; ``False`` if the cache is off."""
+        """Drop every cached block once every request queued before has finished; ``False`` if the cache is
+        off."""
         if self.cache is None:
             return False
         return self._queue.after_queued(self._reset_cache)

@@ -95,7 +95,8 @@ class ThreadChoice:
     wait_policy: dict[str, Any]
 
     def line(self) -> str:
-        """The run's status line, e.g. ``threads: 1 (2 usable cores, load 3.40: 0 free; OMP_WAIT_POLICY=PASSIVE)``."""
+        """The run's status line, e.g. ``threads: 1 (2 usable cores, load 3.40: 0 free;
+        OMP_WAIT_POLICY=PASSIVE)``."""
         policy = self.wait_policy.get("OMP_WAIT_POLICY")
         by = f", set by {self.wait_policy['set_by']}" if self.wait_policy.get("set_by") else ""
         return f"threads: {self.num_threads} ({self.reason}; OMP_WAIT_POLICY={policy or 'unset'}{by})"

@@ -4,7 +4,8 @@ every token it missed, each with the tokens it cost (the request's waterfall bar
 
 Cause kinds: ``never seen`` / a content cause (:mod:`kvbench.explain.content`) / ``new tokens``
 (resends an earlier request whole, then more) / ``new message`` (diverges inside the prompt's last
-message: the new turn) for the ``new`` bar; ``block floor``; ``last token``; ``different salt``; ``below provider
+message: the new turn) for the ``new`` bar; ``block floor``; ``last token``; ``different salt``; ``below
+provider
 minimum``; ``evicted (capacity)``; ``expired (TTL)``; ``server reported less`` (or ``more``).
 """
 
@@ -20,7 +21,6 @@ from kvbench.explain.prefixes import SharedPrefix
 from kvbench.explain.replay import LastUse
 from kvbench.explain.waterfall import Breakdown
 from kvbench.request import Request
-
 
 FRAGILE_KINDS = ("content differs", "volatile value")  # in the last message, these are just the new turn
 OWN_NEW_KINDS = ("never seen", "new tokens", "new message", "content differs")  # new content, no named cause

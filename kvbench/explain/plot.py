@@ -17,7 +17,7 @@ def plot_waterfall(waterfall: Waterfall, path: Path, title: str) -> Path:
 
     rows = waterfall.rows()
     figure, axis = plt.subplots(figsize=(8, 0.45 * len(rows) + 1.2))
-    for number, (label, tokens, share, left) in enumerate(rows):
+    for number, (_label, tokens, share, left) in enumerate(rows):
         is_loss = 1 < number < len(rows) - 1
         start = left if is_loss else 0
         color = "#d62728" if is_loss else ("#2ca02c" if number == len(rows) - 1 else "#1f77b4")

@@ -84,7 +84,9 @@ def move_volatile(requests: Sequence[Request], tokenizer, remove: bool = False) 
             positions = changing.get(key, set())
             if positions:
                 moved += [lines[p] for p in sorted(positions)]
-                message = Message(message.role, "".join(l for p, l in enumerate(lines) if p not in positions))
+                message = Message(
+                    message.role, "".join(line for p, line in enumerate(lines) if p not in positions)
+                )
             head.append(message)
         if not moved:
             return messages

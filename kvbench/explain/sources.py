@@ -8,17 +8,17 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from kvbench.bill.rules import CacheRules
 from kvbench.cache.base import CacheConfig
 from kvbench.errors import InputError, checked
 from kvbench.explain.api import Explanation, explain_requests, unbounded_config
-from kvbench.bill.rules import CacheRules
 from kvbench.explain.fix_kinds import fix_list
 from kvbench.explain.fixes import Fix, FixOptions
 from kvbench.explain.lint import LintReport, lint
 from kvbench.memory.layout import ModelShape
 from kvbench.memory.presets import DEFAULT_PRESET, resolve_model
-from kvbench.results.sweep import Fit, fit_ttft_vs_miss_rate
 from kvbench.request import Request
+from kvbench.results.sweep import Fit, fit_ttft_vs_miss_rate
 from kvbench.run.config import CacheFlags
 from kvbench.run.setup import cache_config
 from kvbench.run.source import RunSource, limit_requests, load_source

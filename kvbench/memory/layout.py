@@ -146,7 +146,7 @@ class ParameterCounts:
         return self.embedding + self.attention + self.mlp + self.norms + self.lm_head
 
     @classmethod
-    def of(cls, shape: ModelShape) -> "ParameterCounts":
+    def of(cls, shape: ModelShape) -> ParameterCounts:
         """Count from the shape; checked against the published checkpoints' index files (Llama 3.1
         8B: 8,030,261,248; Qwen2.5 7B: 7,615,616,512)."""
         q_width = shape.num_attention_heads * shape.head_dim
@@ -193,7 +193,7 @@ class KvLayout:
                 raise ValueError(f"{field_name} must be a positive integer, got {value!r}")
 
     @classmethod
-    def of(cls, shape: ModelShape, kv_dtype: DType | None = None, block_size: int = 16) -> "KvLayout":
+    def of(cls, shape: ModelShape, kv_dtype: DType | None = None, block_size: int = 16) -> KvLayout:
         """The layout of ``shape``'s cache; ``kv_dtype`` defaults to the model's dtype."""
         return cls(shape.num_layers, shape.num_kv_heads, shape.head_dim, kv_dtype or shape.dtype, block_size)
 

@@ -22,8 +22,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from kvbench.memory.layout import DType, ModelShape, parse_dtype
 from kvbench.errors import InputError
+from kvbench.memory.layout import DType, ModelShape, parse_dtype
 from kvbench.workloads.formats.jsonl import TOO_DEEP
 from kvbench.workloads.formats.lines import bounded_text
 

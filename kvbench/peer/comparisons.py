@@ -24,19 +24,18 @@ from typing import Any
 
 import numpy as np
 
-from kvbench.request import RequestRecord
+from kvbench.request import Request, RequestRecord
 from kvbench.sim.bounds import possible_cached_tokens
 from kvbench.sim.predict import expected_cached_tokens
 from kvbench.sim.replay import prompt_blocks_of
 from kvbench.sim.vllm_pool import VllmPoolConfig
 from kvbench.workloads.conversations import ChatConfig
 from kvbench.workloads.dists import IntDist
-from kvbench.workloads.generators import MultiPrefixTextConfig, SharedPrefixConfig
-from kvbench.request import Request
-from kvbench.workloads.tokenizer import Tokenizer
 from kvbench.workloads.formats.kvbench_trace import Trace
 from kvbench.workloads.formats.kvbench_trace_reader import trace_requests
+from kvbench.workloads.generators import MultiPrefixTextConfig, SharedPrefixConfig
 from kvbench.workloads.kinds import generate_trace
+from kvbench.workloads.tokenizer import Tokenizer
 
 # zipf prompts render to 301 tokens; 20 output tokens make the KV exactly 301 + 20 - 1 = 320 tokens =
 # 10 full blocks of 32. On a 40-block pool, a model that gets the null block, the output blocks or the

@@ -156,7 +156,8 @@ def markdown(
     lines = [
         f"# kvbench vs vLLM {header.get('vllm_version', '?')} (run {header.get('run_id', '?')}){incomplete}",
         "",
-        f"Model: {header.get('model', '?')}; agreement at concurrency 1; every request sent with `ignore_eos` "
+        f"Model: {header.get('model', '?')}; agreement at concurrency 1; every request sent with "
+        "`ignore_eos` "
         f"and a per-comparison `cache_salt`.",
         "",
         "## Agreement: predicted vs reported `cached_tokens`",

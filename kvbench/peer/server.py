@@ -260,7 +260,7 @@ class ServerProcess:
         tail = lines[-num_lines:]
         return "\n".join(([errors[-1]] if errors and errors[-1] not in tail else []) + tail)
 
-    def __enter__(self) -> "ServerProcess":
+    def __enter__(self) -> ServerProcess:
         self.start()
         return self
 

@@ -7,7 +7,8 @@ One run, in order:
 3. generate the comparison traces (``comparisons.default_comparisons``) into ``OUT/traces``;
 4. start vLLM with the default pool; per comparison: reset the prefix cache, read ``/metrics``, send
    every request (``driver.drive``: the OpenAI backend and the one send loop, concurrency 1), read
-   ``/metrics`` again, predict every request with the pool size the server reports (``kvbench.sim.vllm_pool``);
+   ``/metrics`` again, predict every request with the pool size the server reports
+   (``kvbench.sim.vllm_pool``);
 5. with shared_2k or chat chosen and ``rounds`` > 0: start ``kvbench serve`` on the same checkpoint,
    copy engine then paged, one after the other, each with as many threads as vLLM's OpenMP threads
    (read from its log); run the engine comparison's rounds over the three servers
@@ -31,6 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvbench.backends.openai.admin import fetch_metrics, reset_prefix_cache
+from kvbench.backends.openai.client import OpenAIBackend
+from kvbench.backends.openai.metrics import parse_prefix_cache_counters, vllm_num_gpu_blocks
 from kvbench.peer.comparisons import (
     LARGE_POOL,
     SMALL_POOL,
@@ -41,9 +45,6 @@ from kvbench.peer.comparisons import (
     predict,
     prepare,
 )
-from kvbench.backends.openai.admin import fetch_metrics, reset_prefix_cache
-from kvbench.backends.openai.client import OpenAIBackend
-from kvbench.backends.openai.metrics import parse_prefix_cache_counters, vllm_num_gpu_blocks
 from kvbench.peer.driver import drive, vllm_backend, warm_up_request
 from kvbench.peer.engines import (
     CHAT,
@@ -270,7 +271,8 @@ def _engine_comparison(
         "--threads" if config.kvbench_threads else ("as vLLM" if vllm_threads else "kvbench default")
     )
     log(
-        f"vLLM runs {vllm_threads or '?'} OpenMP thread(s) ({source}); kvbench serve gets --threads {threads or 'default'}"
+        f"vLLM runs {vllm_threads or '?'} OpenMP thread(s) ({source}); kvbench serve gets --threads "
+        f"{threads or 'default'}"
     )
     backends = {VLLM: backend}
     by_name = {p.comparison.name: p for p in chosen}

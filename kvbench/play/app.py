@@ -79,7 +79,8 @@ class PlayApp(App):
                 position = "pinned" if view.free_position is None else str(view.free_position)
                 table.add_row(str(slot), view.label, str(view.ref_count), position, view.hash_prefix)
         self.query_one("#status", Static).update(
-            f"{state.kind.value} cache, {NUM_BLOCKS} blocks of 16 tokens, TTL {TTL_S:g} s | t = {state.now_s:g} s | "
+            f"{state.kind.value} cache, {NUM_BLOCKS} blocks of 16 tokens, TTL {TTL_S:g} s | t = "
+            f"{state.now_s:g} s | "
             f"{len(by_slot)} cached, {state.num_running} running | hit rate {state.hit_rate:.1%} "
             f"({state.num_hit_tokens:,} of {state.num_prompt_tokens:,} prompt tokens)"
         )

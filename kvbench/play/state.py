@@ -90,7 +90,10 @@ class PlayState:
         self.num_prompt_tokens += prompt.num_tokens
         self.num_hit_tokens += match.num_hit_blocks * BLOCK_SIZE
         gone = sorted(before - {view.label for view in self.blocks()}, key=self._order)
-        text = f"{label.rstrip(':')}: hit {match.num_hit_blocks} of {prompt.num_full_blocks} blocks, stored {new.num_inserted_blocks}"
+        text = (
+            f"{label.rstrip(':')}: hit {match.num_hit_blocks} of {prompt.num_full_blocks} blocks, stored "
+            f"{new.num_inserted_blocks}"
+        )
         if gone:
             text += f"; evicted {', '.join(gone)}"
         if new.num_refused_blocks:

@@ -3,7 +3,8 @@
 Typical pairs: cache off (A) vs on (B), or the in-process engine vs an HTTP server. Comparing runs of
 different traces says nothing, so :func:`compare_runs` first checks that both replayed the same
 requests: the content hash of the trace header (``sha256:`` over the request lines, see
-:mod:`kvbench.workloads.formats.kvbench_trace`) when both runs recorded one, else the hash of the requests actually
+:mod:`kvbench.workloads.formats.kvbench_trace`) when both runs recorded one, else the hash of the requests
+actually
 run (``run.trace.requests_hash``), else the request ids in trace order.
 """
 

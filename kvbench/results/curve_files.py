@@ -1,5 +1,6 @@
 """The files of a one-pass hit-rate curve: a Parquet row at every size (or TTL) where the hit count
-changes, and its PNG, written beside a ``kvbench sim`` result file (``NAME.parquet`` -> ``NAME.curve.parquet``,
+changes, and its PNG, written beside a ``kvbench sim`` result file (``NAME.parquet`` ->
+``NAME.curve.parquet``,
 ``NAME.curve.png``)."""
 
 from __future__ import annotations

@@ -219,7 +219,8 @@ def format_value(value: float | None, spec: str = ",.1f") -> str:
 
 
 def describe_cache(cache: Mapping[str, Any]) -> str:
-    """A run's cache config in words, e.g. ``prefix cache (hash), 16-tok blocks, 1,024 blocks, LRU, TTL 300 s``."""
+    """A run's cache config in words, e.g. ``prefix cache (hash), 16-tok blocks, 1,024 blocks, LRU, TTL 300
+    s``."""
     if not cache:
         return "cache unknown"
     if cache.get("enabled") is None and "enabled" in cache:  # an HTTP server: its cache is its own

@@ -53,7 +53,7 @@ class Assertion:
     threshold: float
 
     @classmethod
-    def parse(cls, text: str, known_keys: frozenset[str]) -> "Assertion":
+    def parse(cls, text: str, known_keys: frozenset[str]) -> Assertion:
         """Raises ``ValueError`` (naming ``--assert``) for bad syntax or an unknown key."""
         match = _PATTERN.match(text)
         if match is None:
@@ -101,7 +101,7 @@ class GateConfig:
         asserts: Sequence[str] | None,
         max_error_rate: float | None,
         options: SummaryOptions | None = None,
-    ) -> "GateConfig":
+    ) -> GateConfig:
         keys = gate_keys(options)
         return cls(tuple(Assertion.parse(text, keys) for text in asserts or ()), max_error_rate)
 

@@ -27,7 +27,8 @@ COLUMNS = (  # (header, key, format); None: the SLO-met column, two keys in one 
 )
 CAPTION = "mean over runs [bootstrap 95% CI over runs]; goodput and SLO columns need --goodput"
 FIGURE_CAPTIONS = {
-    "throughput_vs_ttft": "Median TTFT against output throughput, one marker per load point (mean over its runs).",
+    "throughput_vs_ttft": "Median TTFT against output throughput, one marker per load point (mean over its "
+    "runs).",
     "goodput": "Goodput per load point: requests/s meeting every --goodput SLO.",
 }
 
@@ -74,7 +75,8 @@ def load_sweep_table(name: str, axis: str, points: Sequence[LoadPoint], complete
 def load_sweep_figures(
     points: Sequence[LoadPoint], axis: str, out_dir: Path, prefix: str = ""
 ) -> list[Figure]:
-    """The sweep's PNGs in ``out_dir`` (names start with ``prefix``), with their captions. Needs matplotlib."""
+    """The sweep's PNGs in ``out_dir`` (names start with ``prefix``), with their captions. Needs
+    matplotlib."""
     from kvbench.results.load_sweep import plot_load_sweep
 
     paths = plot_load_sweep(points, axis, out_dir)

@@ -76,6 +76,7 @@ def spread_warning(rows: Sequence[Mapping[str, Any]]) -> str | None:
     ratio, (prompt, cached, output), low, high, count = worst
     return (
         f"{count} identical requests ({prompt:,} prompt / {cached or 0:,} cached / {output:,} output tokens) "
-        f"took {low:,.0f} to {high:,.0f} ms TTFT (p90/p10 {ratio:.1f}x): the machine is noisy, compare medians "
+        f"took {low:,.0f} to {high:,.0f} ms TTFT (p90/p10 {ratio:.1f}x): the machine is noisy, compare "
+        "medians "
         f"of repeated runs"
     )

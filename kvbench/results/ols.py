@@ -90,7 +90,8 @@ def interval_95(value: float, se: float | None, num_points: int) -> tuple[float,
 
 
 def ols_line(x: Sequence[float], y: Sequence[float]) -> Line:
-    """Least-squares line through ``(x, y)``: >= 2 points, at least 2 distinct ``x`` (``ValueError`` otherwise).
+    """Least-squares line through ``(x, y)``: >= 2 points, at least 2 distinct ``x`` (``ValueError``
+    otherwise).
     R^2 is 1 when every ``y`` is equal (a flat line fits exactly)."""
     xs, ys = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     if xs.size < 2 or xs.size != ys.size or np.ptp(xs) == 0:

@@ -140,7 +140,8 @@ def _size_text(value: float) -> str:
 
 
 def _legend_below(axis, num_entries: int) -> None:
-    """A legend under the axes (outside the data), two columns once there are more than three short entries."""
+    """A legend under the axes (outside the data), two columns once there are more than three short
+    entries."""
     longest = max((len(label) for label in axis.get_legend_handles_labels()[1]), default=0)
     legend = axis.legend(
         loc="upper center",
@@ -309,7 +310,7 @@ def plot_hit_curve(
     return path
 
 
-def plot_tier_sweep(points: Sequence["TierPoint"], path: Path, title: str, tier_name: str) -> Path:
+def plot_tier_sweep(points: Sequence[TierPoint], path: Path, title: str, tier_name: str) -> Path:
     """Hit rate over all levels (left axis, 0..1) and, where estimated, TTFT p50 / p99 (right axis, ms)
     against the tier's size in blocks (linear: the sweep starts at 0, the tier off). Raises
     ``ModuleNotFoundError`` without matplotlib (the [plots] extra)."""

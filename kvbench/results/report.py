@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvbench.words import counted
 from kvbench.results import plots
 from kvbench.results.engine_rows import engine_report_rows
 from kvbench.results.files import (
@@ -23,6 +22,7 @@ from kvbench.results.files import (
     summary_cell,
 )
 from kvbench.results.sweep import fit_ttft_vs_miss_rate
+from kvbench.words import counted
 
 
 @dataclass(frozen=True)
@@ -270,14 +270,16 @@ def summary_tables(results: Sequence[ResultFile]) -> list[TableData]:
 
 
 def input_notes(results: Sequence[ResultFile]) -> list[str]:
-    """Warnings about the inputs: interrupted runs, failed requests, outputs that differ from the reference."""
+    """Warnings about the inputs: interrupted runs, failed requests, outputs that differ from the
+    reference."""
     notes = []
     for result in results:
         if result.metadata.get("complete") is False:
             notes.append(f"{result.path}: interrupted, partial results")
         if result.summary and result.summary.num_errors:
             notes.append(
-                f"{result.path}: {result.summary.num_errors} of {counted(result.summary.num_requests, 'request')} failed"
+                f"{result.path}: {result.summary.num_errors} of "
+                f"{counted(result.summary.num_requests, 'request')} failed"
             )
         notes += [f"{result.path}: {warning}" for warning in result.metadata.get("warnings") or []]
         if result.summary and result.summary.num_mismatched_outputs:
@@ -332,7 +334,8 @@ def _hit_rate_figure(results: Sequence[ResultFile], out_dir: Path) -> list[Figur
 
 
 def _sim_curves(result: ResultFile, ideals: dict[str, float]) -> list[plots.Curve]:
-    """One curve per release order of a sim file; its unbounded-cache rate keyed by the first curve's label."""
+    """One curve per release order of a sim file; its unbounded-cache rate keyed by the first curve's
+    label."""
     curves = []
     orders = sorted({row.get("release_order") or "" for row in result.rows})
     for order in orders:

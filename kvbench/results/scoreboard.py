@@ -4,7 +4,8 @@ A row says where and how a run was measured (date, machine, engine, cache config
 (TTFT p50 with the median prompt length, decode rate, E2E p50, hit rate), plus a notes cell with the
 shared-prompt effect taken from the other files exported with it::
 
-    shared 2k sys prompt TTFT p50: 1,310 ms off -> 95 ms on; Zipf-8 hit rate 0.912 at 1,024 blocks (16,384 tokens, sim)
+    shared 2k sys prompt TTFT p50: 1,310 ms off -> 95 ms on; Zipf-8 hit rate 0.912 at 1,024 blocks (16,384
+    tokens, sim)
 
 Appending never rewrites the file: earlier rows stay byte-identical, a run already on the board (same
 run id) is skipped.
@@ -21,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from kvbench.errors import InputError
-from kvbench.results.parquet import machine as this_machine
 from kvbench.results.files import ResultFile, describe_cache, format_value, group_by_trace
+from kvbench.results.parquet import machine as this_machine
 
 COLUMNS = (
     "date",
@@ -197,7 +198,10 @@ def zipf_note(results: Sequence[ResultFile]) -> str | None:
         block_size = block_size or ((result.metadata.get("sweep") or {}).get("cache") or {}).get("block_size")
         size = f"{capacity * block_size:,} tokens, {source}" if block_size else source
         num_prefixes = workload.get("num_prefixes")
-        return f"Zipf{f'-{num_prefixes}' if num_prefixes else ''} hit rate {hit_rate:.3f} at {capacity:,} blocks ({size})"
+        return (
+            f"Zipf{f'-{num_prefixes}' if num_prefixes else ''} hit rate {hit_rate:.3f} at {capacity:,} "
+            f"blocks ({size})"
+        )
     return None
 
 
@@ -251,7 +255,10 @@ def scoreboard_rows(
     rows = []
     for run in runs:
         config, summary = run.run, run.summary
-        engine = f"{config.get('backend', '?')}, {config.get('model', '?')}, concurrency {config.get('concurrency', '?')}"
+        engine = (
+            f"{config.get('backend', '?')}, {config.get('model', '?')}, concurrency "
+            f"{config.get('concurrency', '?')}"
+        )
         rows.append(
             ScoreboardRow(
                 date=_run_date(run),

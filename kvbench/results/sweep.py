@@ -83,7 +83,7 @@ class Fit:
             raise ValueError(f"r_squared must be <= 1, got {self.r_squared}")
 
     @classmethod
-    def from_dict(cls, values: Mapping[str, Any]) -> "Fit":
+    def from_dict(cls, values: Mapping[str, Any]) -> Fit:
         """A fit from :meth:`as_dict` (its derived keys, ``caveats`` and the intervals, are recomputed)."""
         names = ("a_ms", "b_ms", "r_squared", "num_points", "a_se_ms", "b_se_ms")
         return cls(**{name: values[name] for name in names if name in values})
@@ -135,8 +135,10 @@ class Fit:
         zero_hit = 1.0 + self.a_ms / self.b_ms if self.b_ms != 0 else math.nan
         crossing = f", 0 ms at hit rate {zero_hit:.2f}" if 0.0 <= zero_hit <= 1.0 else ""
         return (
-            f"the line gives a negative TTFT ({low_ms:,.1f} ms at hit rate {low_hit:.0f}{crossing}): no time is "
-            f"negative, so the points do not lie on a line of prefill cost; check the machine's load and rerun"
+            f"the line gives a negative TTFT ({low_ms:,.1f} ms at hit rate {low_hit:.0f}{crossing}): no "
+            "time is "
+            "negative, so the points do not lie on a line of prefill cost; check the machine's load and "
+            "rerun"
         )
 
     @property
@@ -145,7 +147,8 @@ class Fit:
         return "; ".join(self.caveats) or None
 
     def describe(self) -> str:
-        """One line for tables and captions, e.g. ``TTFT p50 = 41.0 ms + 1,250.3 ms x (1 - hit rate), R^2 0.998
+        """One line for tables and captions, e.g. ``TTFT p50 = 41.0 ms + 1,250.3 ms x (1 - hit rate), R^2
+        0.998
         (5 points); 95% CI a [35.2, 46.8] ms, b [1,201.0, 1,299.6] ms``; a fit with :attr:`caveats` says it
         is not meaningful, and why."""
         line = (
@@ -172,7 +175,8 @@ class Fit:
 
 
 def fit_ttft_vs_miss_rate(hit_rates: Sequence[float], ttft_p50_ms: Sequence[float]) -> Fit:
-    """Fit ``TTFT p50 = a + b x (1 - hit rate)`` by ordinary least squares (:func:`kvbench.results.ols.ols_line`).
+    """Fit ``TTFT p50 = a + b x (1 - hit rate)`` by ordinary least squares
+    (:func:`kvbench.results.ols.ols_line`).
 
     Args:
         hit_rates: token hit rates, fractions in [0, 1], one per run.
@@ -248,16 +252,12 @@ class SweepPoint:
             raise ValueError("num_requests and num_errors must be >= 0")
 
     @classmethod
-    def from_summary(
-        cls, capacity_blocks: int, summary: RunSummary, results_path: str | Path
-    ) -> "SweepPoint":
+    def from_summary(cls, capacity_blocks: int, summary: RunSummary, results_path: str | Path) -> SweepPoint:
         """The point of one run: its :class:`RunSummary` and the Parquet file it wrote."""
         return cls.from_repeats(capacity_blocks, [(summary, results_path)])
 
     @classmethod
-    def from_repeats(
-        cls, capacity_blocks: int, runs: Sequence[tuple[RunSummary, str | Path]]
-    ) -> "SweepPoint":
+    def from_repeats(cls, capacity_blocks: int, runs: Sequence[tuple[RunSummary, str | Path]]) -> SweepPoint:
         """The point of R >= 1 runs at one size, ``(summary, results file)`` in run order (class docstring).
 
         Raises:

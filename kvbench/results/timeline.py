@@ -13,8 +13,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvbench.words import counted
 from kvbench.results.summary import percentile
+from kvbench.words import counted
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,8 @@ class ReplayLag:
         if not self.num_requests:
             return "replay lag (sent - due): no request was sent"
         return (
-            f"replay lag (sent - due) over {counted(self.num_requests, 'request')}: p50 {self.p50_ms:.1f} ms, "
+            f"replay lag (sent - due) over {counted(self.num_requests, 'request')}: p50 {self.p50_ms:.1f} "
+            "ms, "
             f"p99 {self.p99_ms:.1f} ms, max {self.max_ms:.1f} ms"
         )
 

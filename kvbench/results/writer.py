@@ -13,7 +13,6 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from kvbench.words import counted
 from kvbench.request import Request, RequestRecord
 from kvbench.results.checkpoint import Checkpointer
 from kvbench.results.engine_rows import verify_logit_rows
@@ -25,6 +24,7 @@ from kvbench.results.parquet import write_table
 from kvbench.results.rows import result_row
 from kvbench.results.schema import RUN_SCHEMA
 from kvbench.results.summary import RunSummary, SummaryOptions, summarize
+from kvbench.words import counted
 
 if TYPE_CHECKING:
     from kvbench.backends.openai.reconcile import Flagged, Reconciliation
@@ -164,7 +164,8 @@ def summary_table(name: str, run: dict[str, Any], summary: RunSummary) -> Table:
         ("duration (s)", "-" if summary.duration is None else f"{summary.duration:,.2f}"),
         (
             "throughput: requests/s | output tok/s | total tok/s",
-            f"{_rate(summary.request_throughput)} | {_ms(summary.output_throughput)} | {_ms(summary.total_token_throughput)}",
+            f"{_rate(summary.request_throughput)} | {_ms(summary.output_throughput)} | "
+            f"{_ms(summary.total_token_throughput)}",
         ),
         *_goodput_rows(summary),
         *kv_memory_rows(run.get("kv_memory")),
@@ -187,11 +188,13 @@ def _goodput_rows(summary: RunSummary) -> list[tuple[str, str]]:
     return [
         (
             "goodput (req/s): all | cache hits | misses",
-            f"{_rate(good.request_goodput)} | {_rate(good.request_goodput_cache_hit)} | {_rate(good.request_goodput_cache_miss)}",
+            f"{_rate(good.request_goodput)} | {_rate(good.request_goodput_cache_hit)} | "
+            f"{_rate(good.request_goodput_cache_miss)}",
         ),
         (
             "met every SLO: all | cache hits | misses",
-            f"{_rate(good.slo_attainment)} | {_rate(good.slo_attainment_cache_hit)} ({good.num_cache_hit_requests}) | "
+            f"{_rate(good.slo_attainment)} | {_rate(good.slo_attainment_cache_hit)} "
+            f"({good.num_cache_hit_requests}) | "
             f"{_rate(good.slo_attainment_cache_miss)} ({good.num_cache_miss_requests})",
         ),
     ]
@@ -216,7 +219,8 @@ def cached_tokens_note(summary: RunSummary) -> str:
     notes = []
     if summary.num_cached_unreported:
         notes.append(
-            f"{counted(summary.num_cached_unreported, 'request')} without cached_tokens (not 0: missing; vLLM "
+            f"{counted(summary.num_cached_unreported, 'request')} without cached_tokens (not 0: missing; "
+            "vLLM "
             "reports it with --enable-prompt-tokens-details, SGLang with --enable-cache-report)"
         )
     if summary.num_cached_impossible:
@@ -289,7 +293,8 @@ def http_tables(rows: list[dict[str, Any]], reconciliation: Reconciliation) -> l
     if rec.metrics_family is not None:
         scope = f"; {rec.metrics_scope}" if rec.metrics_scope else ""
         metrics = (
-            f"{_rate(rec.metrics_hit_rate)} ({rec.metrics_hits_tokens:,.0f} / {rec.metrics_queries_tokens:,.0f} "
+            f"{_rate(rec.metrics_hit_rate)} ({rec.metrics_hits_tokens:,.0f} / "
+            f"{rec.metrics_queries_tokens:,.0f} "
             f"tokens, {rec.metrics_family.rsplit('_', 1)[0]}{scope})"
         )
     entries = [

@@ -6,7 +6,8 @@ prefill queue timed by :class:`kvbench.route.service.ServiceModel`. Per request,
 
 1. every replica's load is its requests not finished at the arrival (queued + in service);
 2. the router picks a replica from the request and the loads;
-3. the request's prefill starts at ``max(arrival, end of the replica's previous prefill)``; the replica's cache clock reads the start,
+3. the request's prefill starts at ``max(arrival, end of the replica's previous prefill)``; the replica's
+cache clock reads the start,
    and the request does ``lookup`` / ``insert`` / ``release`` exactly as :func:`kvbench.sim.replay.simulate`
    does (one request at a time per replica, so the order of a replica's requests is its cache order);
 4. the hit sets the prefill time, hence TTFT, when the replica's next prefill may start, and (with

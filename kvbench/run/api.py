@@ -23,13 +23,15 @@ from pathlib import Path
 from kvbench.errors import checked
 from kvbench.results.parquet import check_output_path
 from kvbench.results.writer import RunWriter
+from kvbench.run.cache_sweep import SweepOutcome, sweep  # the engine sweep lives in its own module
+from kvbench.run.checks import check_against_model, check_cache_size_text, requests_note
 from kvbench.run.config import BackendKind, EngineKind, RunConfig, TurnMode
 from kvbench.run.engines import build_backend, predicted_cached_tokens, verify_metadata
 from kvbench.run.execute import (
+    OnStatus,
     Progress,
     RunInterrupted,
     RunOutcome,
-    OnStatus,
     default_out,
     execute,
     loading_line,
@@ -39,12 +41,9 @@ from kvbench.run.execute import (
     status_sink,
 )
 from kvbench.run.load_section import with_load_section
-from kvbench.run.checks import check_against_model, check_cache_size_text, requests_note
 from kvbench.run.loop import LoadConfig
 from kvbench.run.setup import cache_config, cache_metadata, parse_cache_size, run_section
 from kvbench.run.source import load_source
-
-from kvbench.run.cache_sweep import SweepOutcome, sweep  # the engine sweep lives in its own module
 
 __all__ = ["RunInterrupted", "RunOutcome", "SweepOutcome", "run", "run_inprocess", "sweep"]
 

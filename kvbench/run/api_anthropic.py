@@ -16,9 +16,9 @@ from kvbench.results.writer import RunWriter
 from kvbench.run.api_openai import _load
 from kvbench.run.config import DEFAULT_SERVER_BLOCK_SIZE, DEFAULT_TIMEOUT_S, RunConfig
 from kvbench.run.execute import (
+    OnStatus,
     Progress,
     RunOutcome,
-    OnStatus,
     api_key,
     default_out,
     execute,

@@ -18,10 +18,12 @@ from kvbench.errors import InputError, checked
 from kvbench.request import NOT_SENT, Request
 from kvbench.results.timeline import replay_lag
 from kvbench.results.writer import RunWriter
+from kvbench.run.checks import requests_note
+from kvbench.run.config import DEFAULT_TIMEOUT_S, RunConfig, TurnMode
 from kvbench.run.execute import (
+    OnStatus,
     Progress,
     RunOutcome,
-    OnStatus,
     api_key,
     default_out,
     execute,
@@ -30,13 +32,10 @@ from kvbench.run.execute import (
     run_metadata,
     status_sink,
 )
-from kvbench.run.config import DEFAULT_TIMEOUT_S, RunConfig, TurnMode
-from kvbench.run.checks import requests_note
 from kvbench.run.loop import LoadConfig
 from kvbench.run.setup import run_section
 from kvbench.run.source import load_source
 from kvbench.run.trace_replay import replay_plan
-
 
 MAX_CONNECTION_FAILURES = 5  # consecutive; then the server is taken as gone and the rest is not sent
 
@@ -304,12 +303,10 @@ def run_openai(
 ) -> RunOutcome:
     """:func:`kvbench.run.api.run` against an OpenAI-compatible server; the preflight's and the
     server cache's lines go to ``on_status`` when they are known (else to ``outcome.notes``)."""
-    from kvbench.backends.openai.client import OpenAIConfig
+    from kvbench.backends.openai.client import OpenAIConfig, check_base_url
     from kvbench.backends.openai.reconcile import reconcile
     from kvbench.backends.openai.server_cache import server_expectations
     from kvbench.workloads.tokenizer import load_tokenizer
-
-    from kvbench.backends.openai.client import check_base_url
 
     server = config.server
     checked(lambda: check_base_url(server.url))  # before the tokenizer or any request

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from kvbench.errors import checked
+from kvbench.request import Status
 from kvbench.results.parquet import check_output_path
 from kvbench.results.summary import summarize
 from kvbench.results.writer import RunWriter
@@ -41,7 +42,6 @@ from kvbench.run.execute import (
     prepared_requests,
     status_sink,
 )
-from kvbench.request import Status
 from kvbench.run.loop import LoadConfig
 from kvbench.run.setup import cache_config, cache_metadata, run_section
 from kvbench.run.source import load_source, requests_hash
@@ -75,7 +75,10 @@ class SweepOutcome:
             if first
             else "no error reason was recorded"
         )
-        return f"every cache size failed ({len(self.points)} of {len(self.points)}, no request succeeded); {reason}"
+        return (
+            f"every cache size failed ({len(self.points)} of {len(self.points)}, no request succeeded); "
+            f"{reason}"
+        )
 
 
 def sweep(

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvbench.words import counted
 from kvbench.errors import InputError
 from kvbench.request import Request
+from kvbench.words import counted
 
 
 def check_cache_size_text(text: str) -> None:

@@ -81,7 +81,8 @@ def build_backend(
 
 
 def host_tier_blocks(text: str | None, bytes_per_block: int) -> int:
-    """``--host-tier``: blocks (a bare integer) or bytes with a unit (``2GiB``) -> whole blocks; 0 when absent.
+    """``--host-tier``: blocks (a bare integer) or bytes with a unit (``2GiB``) -> whole blocks; 0 when
+    absent.
 
     Raises:
         InputError: not a size.

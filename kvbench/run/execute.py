@@ -11,15 +11,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
 import secrets
+import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from kvbench.words import counted
 from kvbench.backends.base import Backend
 from kvbench.errors import InputError, Interrupted
 from kvbench.request import Request, RequestRecord
@@ -28,6 +27,7 @@ from kvbench.results.summary import RunSummary, SummaryOptions, summarize
 from kvbench.results.writer import RunWriter
 from kvbench.run.loop import LoadConfig, Turns, send_requests
 from kvbench.run.source import RunSection, RunSource, limit_requests, requests_hash
+from kvbench.words import counted
 
 Progress = Callable[[list[dict[str, Any]], int], None]  # (rows so far, total requests)
 OnStatus = Callable[

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvbench.cache.block_hash import HashAlgo, HashConfig
 from kvbench.cache.base import CacheConfig, CacheKind, ReleaseOrder
+from kvbench.cache.block_hash import HashAlgo, HashConfig
 from kvbench.errors import InputError
 from kvbench.workloads.formats.lines import bounded_text
 from kvbench.workloads.kinds import KINDS, Workload, workload_requests

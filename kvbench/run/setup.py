@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import fields, replace
 from typing import Any
 
-from kvbench.cache.block_hash import HashConfig
 from kvbench.cache.base import CacheConfig
+from kvbench.cache.block_hash import HashConfig
 from kvbench.errors import InputError, checked
 from kvbench.run.config import CacheFlags, RunFlags
 from kvbench.run.scenario import CacheSection

@@ -25,7 +25,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-
 from kvbench.errors import InputError
 from kvbench.request import Request
 from kvbench.run.scenario import (
@@ -37,13 +36,13 @@ from kvbench.run.scenario import (
     missing_source,
 )
 from kvbench.workloads.formats.hash_ids import HASH_ID_FORMATS, hash_id_records, hash_id_requests
-from kvbench.workloads.formats.lines import bounded_text
 from kvbench.workloads.formats.importing import ImportConfig, import_trace
 from kvbench.workloads.formats.jsonl import HASH_IDS, KVBENCH_TRACE, MOONCAKE, PROMPTS, open_jsonl
-from kvbench.workloads.formats.rows import BadRows
 from kvbench.workloads.formats.kvbench_trace import Trace
 from kvbench.workloads.formats.kvbench_trace_reader import TraceReader, trace_requests
+from kvbench.workloads.formats.lines import bounded_text
 from kvbench.workloads.formats.mooncake import read_mooncake_lines
+from kvbench.workloads.formats.rows import BadRows
 from kvbench.workloads.tokenizer import Tokenizer, load_tokenizer
 
 SHAREGPT, BURSTGPT = "sharegpt", "burstgpt"

@@ -20,8 +20,10 @@ starts with an empty assistant-role chunk, sent with the first token as vLLM doe
 prefill; a token that ends inside a multi-byte character carries empty text, its character comes
 whole with the next), a chunk with ``finish_reason``, a usage chunk
 with empty ``choices`` when ``stream_options.include_usage`` is set (with vLLM's
-``continuous_usage_stats``, every chunk carries the usage so far), then ``data: [DONE]``. With vLLM's ``return_token_ids``
-each token's chunk carries ``"token_ids": [id]`` on its choice (``kvbench run --turns live`` reads them). An engine
+``continuous_usage_stats``, every chunk carries the usage so far), then ``data: [DONE]``. With vLLM's
+``return_token_ids``
+each token's chunk carries ``"token_ids": [id]`` on its choice (``kvbench run --turns live`` reads them). An
+engine
 failure after the stream started becomes a ``data: {"error": ...}`` event. Refused requests get a 4xx
 error object before anything is queued: malformed JSON or fields (400, ``param`` naming the field),
 unknown model (404), ``max_tokens < 1`` (400), prompt + ``max_tokens`` beyond the context (400). A
@@ -44,10 +46,13 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kvbench.engine.engine import SamplingParams
-from kvbench.request import Request as EngineRequest, RequestRecord
+from kvbench.request import Request as EngineRequest
+from kvbench.request import RequestRecord
 from kvbench.server.body import read_body
 from kvbench.server.breakpoint_cache import BreakpointCache
 from kvbench.server.guards import GuardConfig, Guards
+from kvbench.server.messages import MIN_CACHE_TOKENS, add_messages_route
+from kvbench.server.outcome import CLIENT_CLOSED_REQUEST, outcomes_unless_gone
 from kvbench.server.schemas import (
     DEFAULT_MAX_TOKENS,
     ApiError,
@@ -58,8 +63,6 @@ from kvbench.server.schemas import (
     response_body,
     usage,
 )
-from kvbench.server.messages import MIN_CACHE_TOKENS, add_messages_route
-from kvbench.server.outcome import CLIENT_CLOSED_REQUEST, outcomes_unless_gone
 from kvbench.server.service import EngineService, Generation
 from kvbench.server.tokenize import add_tokenize_routes
 from kvbench.server.validation import invalid_body_error
@@ -392,7 +395,8 @@ async def _stream_samples(
                 )
                 continue
             if kind != "done":
-                yield f"data: {json.dumps(ApiError(500, str(value or 'the request was cancelled')).body())}\n\n"
+                error = ApiError(500, str(value or "the request was cancelled"))
+                yield f"data: {json.dumps(error.body())}\n\n"
                 break
             results[index] = value
             yield header.chunk(

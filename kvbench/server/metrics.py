@@ -14,7 +14,8 @@ and nobody mistakes this server for vLLM (REFERENCES.md section 1, "Metrics"):
 ``kvbench:num_requests_running``           gauge    sequences in the engine's running batch (copy: 0 or 1)
 ``kvbench:num_requests_waiting``           gauge    sequences queued for the engine
 ``kvbench:cache_config_info``              gauge    1, labels as ``vllm:cache_config_info``: ``block_size``,
-                                                    ``num_gpu_blocks`` (the cache's blocks), ``enable_prefix_caching``
+                                                    ``num_gpu_blocks`` (the cache's blocks),
+                                                    ``enable_prefix_caching``
 ``kvbench:external_prefix_cache_queries``  counter  paged ``--host-tier`` only: prompt tokens admitted
 ``kvbench:external_prefix_cache_hits``     counter  paged ``--host-tier`` only: of them, loaded from the tier
 =========================================  =======  ==================================================
@@ -64,7 +65,8 @@ _GAUGES = (
     (
         "num_requests_running",
         "num_running",
-        "Sequences in the engine's running batch (each of n parallel samples counts once forked; copy engine: 0 or 1).",
+        "Sequences in the engine's running batch (each of n parallel samples counts once forked; copy "
+        "engine: 0 or 1).",
     ),
     (
         "num_requests_waiting",

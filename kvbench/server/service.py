@@ -44,14 +44,12 @@ import numpy as np
 from kvbench.backends.inprocess import InProcessBackend
 from kvbench.engine.engine import SamplingParams
 from kvbench.errors import CacheBusyError
-from kvbench.request import Request, RequestRecord, Status
+from kvbench.request import Message, Request, RequestRecord, Status
 from kvbench.server.body import OBJECT_SLACK
 from kvbench.server.metrics import ServerCounters, cache_config_labels, render_metrics
 from kvbench.server.schemas import MAX_N, ApiError
 from kvbench.server.text import TextStream
 from kvbench.workloads.tokenizer import Tokenizer
-from kvbench.request import Message
-
 
 DEFAULT_UNBOUNDED_MAX_TOKENS = 4096  # a chat request's budget on a model that states no context limit
 DEFAULT_UNBOUNDED_CONTEXT_TOKENS = 131_072  # bounds a body's objects on a model that states no context limit

@@ -112,10 +112,12 @@ def compact_distances(keys: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray
     Args:
         keys: int32 / int64, shape (num_accesses,): every request's keys in chain order, flat
             (equal keys: equal blocks; a key names its whole prefix).
-        offsets: int64, shape (num_requests + 1,): request ``r``'s keys are ``keys[offsets[r]:offsets[r + 1]]``.
+        offsets: int64, shape (num_requests + 1,): request ``r``'s keys are ``keys[offsets[r]:offsets[r +
+        1]]``.
 
     Returns:
-        ``(distances, num_distinct_keys)``: int64 distances as :class:`~kvbench.sim.stack_distance.StackDistances`
+        ``(distances, num_distinct_keys)``: int64 distances as
+        :class:`~kvbench.sim.stack_distance.StackDistances`
         holds them (prefix-max, :data:`~kvbench.sim.stack_distance.COLD` past the warm keys).
 
     Raises:

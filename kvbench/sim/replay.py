@@ -19,15 +19,15 @@ Rates: token hit rate = cached prompt tokens / prompt tokens (the denominator vL
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
 import multiprocessing as mp
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from kvbench.cache.block_hash import HashConfig, PromptBlocks
 from kvbench.cache.base import CacheConfig, CacheKind, InsertResult, MatchResult, ReleaseOrder, make_cache
+from kvbench.cache.block_hash import HashConfig, PromptBlocks
 from kvbench.request import Request
 from kvbench.sim.bounds import unbounded_capacity_blocks
 from kvbench.sim.outputs import Outputs, stored_blocks_of

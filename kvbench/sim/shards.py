@@ -35,7 +35,8 @@ blocks and 0.0027 from 16 blocks up; at 10M requests and 16,384 keys (R 0.0016) 
 blocks up, in 58 MiB of peak RSS against 4,684 MiB for the exact pass.
 
 Measured error (max |sampled - exact| token hit rate over 200 log-spaced sizes, mean in brackets;
-``benchmarks/shards_bench.py``, docs/curves-and-sampling.md "Traces of any size"): fixed-size at 16,384 keys, Mooncake
+``benchmarks/shards_bench.py``, docs/curves-and-sampling.md "Traces of any size"): fixed-size at 16,384 keys,
+Mooncake
 conversation (170,899 distinct keys, final rate 0.096) 0.0033 (0.0009), Mooncake synthetic (rate
 0.39) 0.0085 (0.0022); at 4,096 keys multi_prefix_zipf 0.0039, 300 Zipf prefixes 0.0083, but
 multi_prefix_rr 0.025 and Mooncake conversation 0.013. Observed bound: within 0.01 at every size

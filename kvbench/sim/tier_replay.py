@@ -40,7 +40,8 @@ class _Levels:
         return next((index for index, level in enumerate(self.levels) if key in level), None)
 
     def put_below(self, index: int, key: bytes) -> None:
-        """Store ``key`` at level ``index >= 1`` (most recent); its overflow moves down (exclusive) or goes."""
+        """Store ``key`` at level ``index >= 1`` (most recent); its overflow moves down (exclusive) or
+        goes."""
         while index < len(self.levels):
             level = self.levels[index]
             level[key] = None

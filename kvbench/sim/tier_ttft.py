@@ -14,7 +14,6 @@ that holds from some hit length on (:func:`break_even_tokens`), so short prompts
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np

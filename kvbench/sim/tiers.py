@@ -85,7 +85,7 @@ class Tier:
         if not self.latency_ms >= 0:
             raise ValueError(f"tier {self.name}: latency must be >= 0 ms, got {self.latency_ms}")
 
-    def with_capacity(self, capacity_blocks: int) -> "Tier":
+    def with_capacity(self, capacity_blocks: int) -> Tier:
         return replace(self, capacity_blocks=capacity_blocks)
 
 
@@ -152,7 +152,8 @@ def describe_tier(tier: Tier, bytes_per_block: int) -> str:
     """``host: 4,096 blocks (2.0 GiB), 25 GB/s, 0.01 ms per load (defaults assumed)``."""
     assumed = " (defaults assumed)" if tier.assumed else ""
     return (
-        f"{tier.name}: {tier.capacity_blocks:,} blocks ({format_bytes(tier.capacity_blocks * bytes_per_block)}), "
+        f"{tier.name}: {tier.capacity_blocks:,} blocks "
+        f"({format_bytes(tier.capacity_blocks * bytes_per_block)}), "
         f"{tier.bandwidth_bytes_per_s / 1e9:g} GB/s, {tier.latency_ms:g} ms per load{assumed}"
     )
 

@@ -66,7 +66,8 @@ class TtlCurve:
         return float(finite[index])
 
     def rows(self) -> list[dict]:
-        """One row per change point: ``ttl_s``, ``hit_blocks``, ``cached_prompt_tokens``, ``token_hit_rate``."""
+        """One row per change point: ``ttl_s``, ``hit_blocks``, ``cached_prompt_tokens``,
+        ``token_hit_rate``."""
         ttls = self.change_points_s()
         hits = self.hit_blocks(ttls)
         rates = self.token_hit_rates(ttls)

@@ -29,8 +29,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvbench.request import Message
 from kvbench.workloads import text
 from kvbench.workloads.dists import IntDist
+from kvbench.workloads.formats.kvbench_trace import Trace
 from kvbench.workloads.generators import (
     MIN_MESSAGE_TOKENS,
     Draft,
@@ -46,8 +48,6 @@ from kvbench.workloads.generators import (
 )
 from kvbench.workloads.text_fit import PieceCounter, fit_text
 from kvbench.workloads.tokenizer import Tokenizer
-from kvbench.request import Message
-from kvbench.workloads.formats.kvbench_trace import Trace
 
 
 @dataclass(frozen=True)

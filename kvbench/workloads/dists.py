@@ -46,7 +46,7 @@ class IntDist:
             raise ValueError(f"{self.kind} takes integers, got {self.spec}")
 
     @classmethod
-    def parse(cls, value: "str | int | IntDist") -> "IntDist":
+    def parse(cls, value: str | int | IntDist) -> IntDist:
         """Parse a spelling from the module docstring. Raises ``ValueError`` on a bad one."""
         if isinstance(value, IntDist):
             return value

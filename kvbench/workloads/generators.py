@@ -33,13 +33,13 @@ from typing import Any
 
 import numpy as np
 
+from kvbench.request import Message
 from kvbench.workloads import text
 from kvbench.workloads.dists import IntDist
+from kvbench.workloads.formats.kvbench_trace import Trace, TraceRequest, new_trace
 from kvbench.workloads.text_fit import PieceCounter, fit_text
 from kvbench.workloads.token_ids import Popularity, zipf_weights
 from kvbench.workloads.tokenizer import Tokenizer, render_all
-from kvbench.request import Message
-from kvbench.workloads.formats.kvbench_trace import Trace, TraceRequest, new_trace
 
 ONE_OFF_MAX_TOKENS = 64  # output budget of one-off requests mixed into other traces
 MIN_MESSAGE_TOKENS = 16  # smallest user message / observation: the opening line needs ~10 tokens
@@ -76,7 +76,8 @@ MAX_COUNT = (
 def check_ints(config: Any, names: Sequence[str], minimum: int = 1) -> None:
     """Raise ``ValueError`` naming the first field of ``names`` that is not an integer >= ``minimum``,
     or that is larger than generating it could ever finish: :data:`MAX_TEXT_TOKENS` for a
-    ``*_tokens`` field, :data:`MAX_COUNT` for any other but ``seed`` and sizes in bytes (``system_tokens = 1e8`` hung
+    ``*_tokens`` field, :data:`MAX_COUNT` for any other but ``seed`` and sizes in bytes (``system_tokens =
+    1e8`` hung
     the generator, ``num_requests = 1e12`` ran out of memory; issue 19)."""
     for name in names:
         value = getattr(config, name)

@@ -62,7 +62,8 @@ class TraceFileConfig:
 
 @dataclass(frozen=True)
 class MooncakeConfig:
-    """``mooncake``: replay a Mooncake trace file (path relative to the scenario file); ``limit`` = first N."""
+    """``mooncake``: replay a Mooncake trace file (path relative to the scenario file); ``limit`` = first
+    N."""
 
     path: str
     limit: int | None = None

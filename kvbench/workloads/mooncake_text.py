@@ -32,12 +32,12 @@ import numpy as np
 
 from kvbench.errors import InputError
 from kvbench.workloads import text
-from kvbench.workloads.generators import Draft, check_ints, finish_trace
 from kvbench.workloads.formats.jsonl import open_jsonl
+from kvbench.workloads.formats.kvbench_trace import Trace
 from kvbench.workloads.formats.mooncake import MOONCAKE_BLOCK_TOKENS, mooncake_records
+from kvbench.workloads.generators import Draft, check_ints, finish_trace
 from kvbench.workloads.text_fit import PieceCounter, filler_line, fit_text
 from kvbench.workloads.tokenizer import Tokenizer
-from kvbench.workloads.formats.kvbench_trace import Trace
 
 POOL_SIZE = 4096  # distinct document pieces; each is counted once, blocks draw from them
 _POOL_STREAM = 0x9001  # seeds the pool's generator apart from any hash id's

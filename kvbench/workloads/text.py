@@ -340,7 +340,10 @@ def system_prompt_pieces(rng: np.random.Generator, role_line: str, tools: Sequen
         question = (
             f"{_sentence_case(pick(rng, COMPONENTS))} {pick(rng, SYMPTOMS)}. How can I {pick(rng, GOALS)}?"
         )
-        yield f"Example {example}:\nUser: {question}\nAssistant: {pick(rng, SENTENCES)} {pick(rng, SENTENCES)}\n"
+        yield (
+            f"Example {example}:\nUser: {question}\nAssistant: {pick(rng, SENTENCES)} "
+            f"{pick(rng, SENTENCES)}\n"
+        )
         example += 1
 
 

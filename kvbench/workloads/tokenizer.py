@@ -5,7 +5,8 @@ One small interface (:class:`Tokenizer`), two implementations:
 * :class:`TiktokenTokenizer` (the default): ``cl100k_base`` through tiktoken, from the ranks file
   kvbench ships as package data, checked by its SHA-256 (:mod:`kvbench.cl100k`; recorded
   under the name ``cl100k_base_offline``, as traces always have). Nothing is ever downloaded.
-* :class:`kvbench.engine.hf_tokenizer.HFTokenizer`: a local Hugging Face checkpoint's tokenizer (``AutoTokenizer`` with
+* :class:`kvbench.engine.hf_tokenizer.HFTokenizer`: a local Hugging Face checkpoint's tokenizer
+(``AutoTokenizer`` with
   ``local_files_only=True``) and its chat template.
 
 Chat format ``chatml`` (the default tokenizer's; also the fallback for checkpoints without a chat

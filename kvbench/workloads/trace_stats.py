@@ -40,7 +40,7 @@ class Distribution:
     total: int
 
     @classmethod
-    def of(cls, values: Sequence[int] | np.ndarray) -> "Distribution":
+    def of(cls, values: Sequence[int] | np.ndarray) -> Distribution:
         array = np.asarray(values, dtype=np.float64)
         if array.size == 0:
             return cls(0.0, 0.0, 0.0, 0)

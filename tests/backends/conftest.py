@@ -3,7 +3,6 @@
 import socket
 
 import pytest
-
 from fake_servers import FakeServer
 
 

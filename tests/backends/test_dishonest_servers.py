@@ -5,8 +5,8 @@ import asyncio
 
 import pyarrow.parquet as pq
 import pytest
-
 from fake_servers import chunk
+
 from kvbench.backends.openai.client import OpenAIBackend, OpenAIConfig
 from kvbench.cli import main
 from kvbench.request import Message, Request

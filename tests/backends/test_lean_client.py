@@ -7,11 +7,11 @@ import dataclasses
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from fake_servers import SECRET_KEY, chunk
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from openai._streaming import SSEDecoder
 
-from fake_servers import SECRET_KEY, chunk
 from kvbench.backends.openai.admin import list_models
 from kvbench.backends.openai.client import OpenAIBackend, OpenAIConfig
 from kvbench.backends.openai.client_kind import ClientKind

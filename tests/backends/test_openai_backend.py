@@ -6,13 +6,12 @@ import time
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-
 from fake_servers import SECRET_KEY, chunk
+
 from kvbench.backends.openai.client import OpenAIBackend, OpenAIConfig, redact
 from kvbench.cli import main
-from kvbench.request import Request, Status
+from kvbench.request import Message, Request, Status
 from kvbench.workloads.tokenizer import load_tokenizer
-from kvbench.request import Message
 
 TOKENIZER = load_tokenizer()
 USAGE = {

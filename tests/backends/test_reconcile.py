@@ -5,9 +5,9 @@ import pytest
 
 from kvbench.backends.openai.metrics import parse_prefix_cache_counters
 from kvbench.backends.openai.reconcile import expect, reconcile
-from kvbench.sim.bounds import possible_cached_tokens
 from kvbench.request import Request, RequestRecord, Status
 from kvbench.server.metrics import ServerCounters, render_metrics
+from kvbench.sim.bounds import possible_cached_tokens
 
 SHARED = np.arange(1, 49, dtype=np.uint32)  # 48 tokens = 3 blocks of 16
 

@@ -4,12 +4,11 @@ the server closed; a dead replica), counted in ``num_retries``; a dead replica i
 import asyncio
 
 import pytest
-
 from fake_servers import FakeServer
+from test_lean_client import TOKENIZER, chat_request, serve
+
 from kvbench.backends.routed import EJECT_AFTER_FAILURES, RoutedBackend
 from kvbench.request import NOTHING_SENT, Status
-
-from test_lean_client import TOKENIZER, chat_request, serve
 
 pytestmark = [pytest.mark.server]
 

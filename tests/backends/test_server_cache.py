@@ -23,7 +23,7 @@ vllm:cache_config_info{block_size="32",cache_dtype="auto",enable_prefix_caching=
 # TYPE vllm:prefix_cache_queries_total counter
 vllm:prefix_cache_queries_total{engine="0",model_name="llama"} 100.0
 vllm:prefix_cache_hits_total{engine="0",model_name="llama"} 40.0
-"""
+"""  # noqa: E501
 SGLANG = """\
 # TYPE sglang:prompt_tokens_total counter
 sglang:prompt_tokens_total{model_name="qwen"} 1000.0

@@ -3,13 +3,12 @@ one-line refusals of those that do not apply to it."""
 
 import pyarrow.parquet as pq
 import pytest
+from test_head_first import scenarios  # noqa: F401 - the fixture (two tiny multi-prefix scenarios)
 
 from kvbench.breaks.head_first import HeadFirstConfig, run_head_first
 from kvbench.breaks.timestamp import TimestampConfig, run_timestamp
 from kvbench.results.parquet import read_metadata
 from kvbench.workloads.generators import HeaderPlacement
-
-from test_head_first import scenarios  # noqa: F401 - the fixture (two tiny multi-prefix scenarios)
 
 
 def test_timestamp_on_the_paged_engine_hits_as_the_copy_engine(small_model, tokenizer):

@@ -1,4 +1,5 @@
-"""``kvbench break head-first``: head-first release loses hits at some size, on the simulator and the engine."""
+"""``kvbench break head-first``: head-first release loses hits at some size, on the simulator and the
+engine."""
 
 import pytest
 

@@ -5,6 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
+from kvbench.breaks.common import token_run_requests
 from kvbench.breaks.shared_salt import (
     CORRECT,
     PRIVATE,
@@ -15,7 +16,6 @@ from kvbench.breaks.shared_salt import (
     shared_salt_table,
     trial_requests,
 )
-from kvbench.breaks.common import token_run_requests
 
 
 def exact_p(first, second):

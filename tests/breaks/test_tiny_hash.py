@@ -5,8 +5,8 @@ import itertools
 import pytest
 
 from kvbench.breaks.tiny_hash import FalseHitTracker, TinyHashConfig, run_tiny_hash, tiny_hash_table
-from kvbench.cache.block_hash import BlockHasher, HashConfig
 from kvbench.cache.base import CacheConfig
+from kvbench.cache.block_hash import BlockHasher, HashConfig
 
 
 def colliding_prompts(hasher):

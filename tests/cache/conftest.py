@@ -1,7 +1,7 @@
 import pytest
 
-from kvbench.cache.block_hash import BlockHasher
 from kvbench.cache.base import CacheConfig, make_cache
+from kvbench.cache.block_hash import BlockHasher
 from kvbench.cache.pool_cache import PoolPrefixCache
 
 

@@ -4,8 +4,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from kvbench.cache.block_hash import BlockHasher
 from kvbench.cache.base import CacheConfig, make_cache
+from kvbench.cache.block_hash import BlockHasher
 from kvbench.cache.pool_cache import PoolPrefixCache
 
 BLOCK_SIZE = 2

@@ -2,8 +2,8 @@
 
 import itertools
 
-from kvbench.cache.block_hash import BlockHasher, HashConfig
 from kvbench.cache.base import CacheConfig, make_cache
+from kvbench.cache.block_hash import BlockHasher, HashConfig
 
 
 def colliding_pair(hasher):

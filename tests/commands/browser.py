@@ -3,6 +3,7 @@
 import shutil
 import subprocess
 from pathlib import Path
+
 from readiness import LIMIT_S
 
 

@@ -2,11 +2,10 @@
 
 import pyarrow.parquet as pq
 import pytest
+from test_import_replay_http import SCENARIO  # a one-off [load] scenario: backend openai, base_url
 
 from kvbench.results.parquet import read_metadata
 from kvbench.results.secrets import REDACTED, looks_like_key, scrub, scrub_arguments
-
-from test_import_replay_http import SCENARIO  # a one-off [load] scenario: backend openai, base_url
 
 pytestmark = [pytest.mark.server]
 
@@ -35,7 +34,8 @@ def test_an_unset_variable_is_refused(kvbench, scenario, tmp_path, monkeypatch):
     assert code == 2 and not out.exists()
     assert (
         err.strip()
-        == "error: --api-key-env KVBENCH_TEST_NO_SUCH_KEY: no such environment variable is set (export it first)"
+        == "error: --api-key-env KVBENCH_TEST_NO_SUCH_KEY: no such environment variable is set (export it "
+        "first)"
     )
 
 

@@ -4,8 +4,8 @@ server's own 413 message (a real ``kvbench serve --max-body-size``), not "Connec
 import json
 
 import pytest
-
 from serve_process import ServeProcess
+
 from kvbench.backends.openai.body_limit import PROBE_ABOVE_BYTES
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from readiness import LIMIT_S
 
 from kvbench.results.parquet import read_metadata
-from readiness import LIMIT_S
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIO = REPO / "scenarios" / "chat.toml"
@@ -48,7 +48,8 @@ def test_a_bad_range_exits_2_before_torch_is_imported():
         ),
         (
             ["serve", "--log-level", "loud"],
-            "error: --log-level must be 'critical', 'error', 'warning', 'info', 'debug' or 'trace', got 'loud'",
+            "error: --log-level must be 'critical', 'error', 'warning', 'info', 'debug' or 'trace', got "
+            "'loud'",
         ),
         (["serve", "--block-size", "0"], "error: --block-size: 0: must be >= 1"),
         (["sim", SCENARIO, "--block-size", "0"], "error: --block-size: 0: must be >= 1"),

@@ -4,10 +4,9 @@ marked incomplete."""
 
 import pyarrow.parquet as pq
 import pytest
+from test_api_key_env import SCENARIO
 
 from kvbench.results.parquet import read_metadata
-
-from test_api_key_env import SCENARIO
 
 pytestmark = [pytest.mark.server]
 

@@ -4,7 +4,6 @@ reader of user files: ``trace import jsonl`` and ``sharegpt``, ``run``, ``trace 
 
 import pytest
 
-
 DEPTH = 100_000
 NESTED = "[" * DEPTH + "]" * DEPTH
 PROMPT_LINE = '{"prompt": "hello"}'

@@ -3,7 +3,6 @@ so in one line and exit 2, before the threads line, before a port is bound and b
 
 import pytest
 import torch
-
 from test_cli_input_checks import SHARED_2K, one_line_error
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")

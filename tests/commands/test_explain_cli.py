@@ -2,7 +2,6 @@
 a run on the in-process engine and against a real ``kvbench serve``."""
 
 import pytest
-
 from browser import assert_renders_in_chromium
 from tiny_scenarios import PROMPT_TOKENS, SHARED_BLOCK_TOKENS
 from tiny_scenarios import SHARED_PREFIX as SCENARIO

@@ -8,11 +8,10 @@ import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
-
-from kvbench.results.parquet import read_metadata
-
 from readiness import communicate, process_ended, process_log, wait_until
 from tiny_scenarios import SHARED_PREFIX
+
+from kvbench.results.parquet import read_metadata
 
 REPO = Path(__file__).resolve().parents[2]
 BLOCK_BYTES = 2 * 8 * 2 * 16 * 64 * 4  # K and V x 8 layers x 2 KV heads x 16 tokens x head dim 64 x fp32

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from kvbench.memory.trace import read_waste_trace
 from kvbench.errors import InputError
+from kvbench.memory.trace import read_waste_trace
 from kvbench.request import Message
 from kvbench.workloads.formats.kvbench_trace import TraceRequest, new_trace, write_trace
 

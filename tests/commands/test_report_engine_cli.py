@@ -6,18 +6,18 @@ import html
 
 import pyarrow.parquet as pq
 import pytest
+from browser import assert_renders_in_chromium
+from tiny_scenarios import SHARED_PREFIX
 
 from kvbench.results.files import load_results
 from kvbench.results.parquet import read_metadata, write_table
 from kvbench.results.report import summary_tables
 
-from browser import assert_renders_in_chromium
-from tiny_scenarios import SHARED_PREFIX
-
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """A paged ``--verify`` run, a copy run, and the paged file with the three keys removed (an older file)."""
+    """A paged ``--verify`` run, a copy run, and the paged file with the three keys removed (an older
+    file)."""
     from kvbench.cli import main
 
     folder = tmp_path_factory.mktemp("runs")

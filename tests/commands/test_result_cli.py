@@ -4,7 +4,6 @@ import json
 
 import pyarrow.parquet as pq
 import pytest
-
 from tiny_scenarios import PROMPT_TOKENS, SHARED_BLOCK_TOKENS
 from tiny_scenarios import SHARED_PREFIX as SCENARIO
 

@@ -2,7 +2,6 @@
 
 import pyarrow.parquet as pq
 import pytest
-
 from tiny_scenarios import SHARED_PREFIX
 
 

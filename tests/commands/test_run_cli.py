@@ -2,13 +2,12 @@
 
 import pyarrow.parquet as pq
 import pytest
+from readiness import communicate, process_ended, process_log, wait_until
+from tiny_scenarios import PROMPT_TOKENS, SHARED_BLOCK_TOKENS
+from tiny_scenarios import SHARED_PREFIX as SCENARIO
 
 from kvbench.results.parquet import read_metadata
 from kvbench.results.schema import RUN_COLUMNS
-from readiness import communicate, process_ended, process_log, wait_until
-
-from tiny_scenarios import PROMPT_TOKENS, SHARED_BLOCK_TOKENS
-from tiny_scenarios import SHARED_PREFIX as SCENARIO
 
 
 @pytest.fixture

@@ -2,11 +2,10 @@
 the paged engine (measured on its pool) and the copy engine (its blocks + the contiguous copy)."""
 
 import pytest
-
-from kvbench.results.parquet import read_metadata
-
 from tiny_scenarios import PROMPT_TOKENS
 from tiny_scenarios import SHARED_PREFIX as SCENARIO
+
+from kvbench.results.parquet import read_metadata
 
 BLOCK_BYTES = 2 * 8 * 2 * 16 * 64 * 4  # K and V x 8 layers x 2 KV heads x 16 tokens x head dim 64 x fp32
 TOKEN_BYTES = BLOCK_BYTES // 16

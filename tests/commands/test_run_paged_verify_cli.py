@@ -3,10 +3,9 @@ and ``run.verify_logits`` in the Parquet metadata (real default model, file read
 
 import pyarrow.parquet as pq
 import pytest
+from tiny_scenarios import SHARED_PREFIX as SCENARIO
 
 from kvbench.results.parquet import read_metadata
-
-from tiny_scenarios import SHARED_PREFIX as SCENARIO
 
 
 @pytest.mark.parametrize("mode", [[], ["--batch-invariant"]])

@@ -8,11 +8,10 @@ import time
 
 import pyarrow.parquet as pq
 import pytest
+from test_api_key_env import SCENARIO
 
 from kvbench.results.out_lock import lock_path
 from kvbench.results.parquet import read_metadata
-
-from test_api_key_env import SCENARIO
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -4,10 +4,10 @@ against it: the same cached tokens as the in-process engine, salts, hygiene, rec
 import openai
 import pyarrow.parquet as pq
 import pytest
-
-from kvbench.results.parquet import read_metadata
 from tiny_scenarios import PROMPT_TOKENS, SHARED_BLOCK_TOKENS
 from tiny_scenarios import SHARED_PREFIX as SCENARIO
+
+from kvbench.results.parquet import read_metadata
 
 WHOLE_PROMPT_HIT = (
     (PROMPT_TOKENS - 1) // 16 * 16

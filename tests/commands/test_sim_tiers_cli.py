@@ -5,8 +5,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from kvbench.memory.presets import PRESETS
 from kvbench.memory.layout import KvLayout
+from kvbench.memory.presets import PRESETS
 from kvbench.run.source import load_source
 from kvbench.sim.replay import prepare_prompts
 from kvbench.sim.stack_distance import stack_distances

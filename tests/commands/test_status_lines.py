@@ -11,10 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
+from tiny_scenarios import SHARED_PREFIX as SCENARIO
 
 from kvbench.results.parquet import read_metadata
-
-from tiny_scenarios import SHARED_PREFIX as SCENARIO
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]

@@ -5,13 +5,12 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from test_sweep_cli import SCENARIO  # 3 prefixes of 64 tokens round robin, 16 unique, 12 requests, 2 outputs
 
 from kvbench.results.parquet import read_metadata
 from kvbench.results.schema import RUN_COLUMNS
 from kvbench.results.summary import summarize
 from kvbench.results.sweep import fit_ttft_vs_miss_rate, read_sweep_summary
-
-from test_sweep_cli import SCENARIO  # 3 prefixes of 64 tokens round robin, 16 unique, 12 requests, 2 outputs
 
 
 @pytest.fixture
@@ -106,7 +105,8 @@ def test_paged_sweep_names_each_failing_sizes_reason_and_writes_kv_memory(kvbenc
     assert code == 0, stderr
     small, large = read_sweep_summary(out / "sweep.parquet").points
     assert small.num_errors == 12 and large.num_errors == 0
-    # 80 prompt + 2 output tokens need 6 blocks of 16; a pool of 3 refuses every request, once per size in stdout
+    # 80 prompt + 2 output tokens need 6 blocks of 16; a pool of 3 refuses every request, once per size in
+    # stdout
     reason = "prompt + max_tokens need 6 blocks of 16 tokens; the KV pool has 3 (raise --cache-sizes)"
     flat = " ".join(stdout.split())  # rich wraps long lines
     assert flat.count("cache size 3 blocks: errors, the first:") == 1 and reason in flat

@@ -4,13 +4,12 @@ ratios of values shown as zero, no blank line before an error, and a duration-cu
 import json
 
 import pytest
+from test_api_key_env import SCENARIO
 
 from kvbench.results.compare import MetricRow
 from kvbench.run.http_metrics import metrics_scope
 from kvbench.run.scenario import shipped_scenarios
 from kvbench.words import counted, with_article
-
-from test_api_key_env import SCENARIO
 
 SMALL = """
 [workload]

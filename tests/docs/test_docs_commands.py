@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from site_paths import REPO, code_blocks, commands
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]  # several engine runs: minutes on a loaded 2-core machine

@@ -9,7 +9,6 @@ import io
 import os
 
 import pytest
-
 from site_paths import REPO, code_blocks
 
 DOCUMENTED_URL = "http://127.0.0.1:8000/v1"

@@ -6,6 +6,7 @@ import json
 
 import pyarrow.parquet as pq
 import pytest
+from site_paths import code_spans, page_text
 
 from kvbench.breaks.common import EXPERIMENT_FIELDS
 from kvbench.commands.sim_sampled import SAMPLED_ROW_SCHEMA
@@ -16,7 +17,6 @@ from kvbench.results.result_json import result_dict
 from kvbench.results.schema import RUN_SCHEMA, empty_row
 from kvbench.results.summary import SummaryOptions, summarize
 from kvbench.results.sweep import SWEEP_SCHEMA
-from site_paths import code_spans, page_text
 
 DOCUMENTED = code_spans(page_text("results-reference.md"))
 NESTED = (

@@ -7,9 +7,9 @@ import sys
 import pytest
 import typer
 import yaml
+from site_paths import DOCS, REPO, code_spans, page_text, pages
 
 from kvbench import cli
-from site_paths import DOCS, REPO, code_spans, page_text, pages
 
 pytestmark = pytest.mark.slow  # mkdocs build: a few seconds
 

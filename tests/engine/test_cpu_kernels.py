@@ -12,8 +12,8 @@ from kvbench.engine.cpu_kernels import (
     keep_freed_memory,
     onednn_linear_available,
 )
-from kvbench.engine.native import native_kernels, native_kernels_reason
 from kvbench.engine.model import CL100K_VOCAB_SIZE, default_llama_config, random_model
+from kvbench.engine.native import native_kernels, native_kernels_reason
 from kvbench.engine.paged.config import PagedConfig
 from kvbench.engine.paged.engine import PagedEngine
 from kvbench.engine.sampling import SamplingParams

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from kvbench.cache.block_hash import HashConfig
 from kvbench.cache.base import CacheConfig
+from kvbench.cache.block_hash import HashConfig
 from kvbench.engine.engine import CopyConfig, HFEngine
 from kvbench.engine.kv import (
     blocks_to_kv,
@@ -22,8 +22,8 @@ from kvbench.engine.kv import (
     kv_to_cache,
     storage_bytes,
 )
-from kvbench.engine.sampling import SamplingParams
 from kvbench.engine.model import load_model
+from kvbench.engine.sampling import SamplingParams
 from kvbench.errors import InputError
 from kvbench.request import Status
 

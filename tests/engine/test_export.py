@@ -15,13 +15,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from kvbench.engine.cpu_kernels import use_few_row_linears
 from kvbench.engine.export import export_model as engine_export_model
 from kvbench.engine.hf_tokenizer import HFTokenizer
-from kvbench.engine.tokenizer_export import (
-    CHATML_TEMPLATE,
-    ExportCheckError,
-    check_cl100k_tokenizer,
-    cl100k_special_tokens,
-    oniguruma_pattern,
-)
 from kvbench.engine.model import (
     CL100K_VOCAB_SIZE,
     ModelConfig,
@@ -30,11 +23,18 @@ from kvbench.engine.model import (
     random_model,
 )
 from kvbench.engine.one_query import use_cpu_attention
+from kvbench.engine.tokenizer_export import (
+    CHATML_TEMPLATE,
+    ExportCheckError,
+    check_cl100k_tokenizer,
+    cl100k_special_tokens,
+    oniguruma_pattern,
+)
 from kvbench.errors import InputError
-from kvbench.workloads.generators import SharedPrefixConfig
 from kvbench.workloads.conversations import ChatConfig
-from kvbench.workloads.tokenizer import TiktokenTokenizer
+from kvbench.workloads.generators import SharedPrefixConfig
 from kvbench.workloads.kinds import generate_trace
+from kvbench.workloads.tokenizer import TiktokenTokenizer
 
 
 def export_model(out_dir, loaded, overwrite=False):

@@ -5,7 +5,6 @@ import time
 import pytest
 import torch
 
-from kvbench.memory.layout import DType, KvLayout
 from kvbench.engine.model import (
     CL100K_ENDOFTEXT_ID,
     CL100K_VOCAB_SIZE,
@@ -16,6 +15,7 @@ from kvbench.engine.model import (
     resolve_device,
 )
 from kvbench.errors import InputError
+from kvbench.memory.layout import DType, KvLayout
 
 TINY = dict(
     vocab_size=256,

@@ -9,8 +9,8 @@ import torch
 
 from kvbench.engine import native
 from kvbench.engine.cpu_kernels import FEW_ROWS, FewRowLinear, SmallBatchLinear, use_few_row_linears
-from kvbench.engine.native import build, load, native_kernels, native_kernels_reason
 from kvbench.engine.model import default_llama_config, random_model
+from kvbench.engine.native import build, load, native_kernels, native_kernels_reason
 from kvbench.memory.layout import DType
 
 needs_kernel = pytest.mark.skipif(

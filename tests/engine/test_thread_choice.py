@@ -83,7 +83,8 @@ def test_the_users_wait_policy_is_left_alone():
 
 def test_the_cli_sets_the_policy_before_torch_is_imported():
     probe = (
-        "import os, sys\nfrom kvbench.cli import main\ntry:\n    main(['run', '--help'])\nexcept SystemExit:\n    pass\n"
+        "import os, sys\nfrom kvbench.cli import main\ntry:\n    main(['run', '--help'])\nexcept "
+        "SystemExit:\n    pass\n"
         "print(os.environ.get('OMP_WAIT_POLICY'), 'torch' in sys.modules)"
     )
     env = {k: v for k, v in __import__("os").environ.items() if k not in ("OMP_WAIT_POLICY", "KMP_BLOCKTIME")}

@@ -4,12 +4,11 @@ waterfall summing exactly (kvbench/explain/)."""
 import json
 
 import numpy as np
+from explain_traces import STABLE, first_difference
 
 from kvbench.cache.base import CacheConfig
 from kvbench.explain.api import explain_requests, unbounded_config
 from kvbench.request import Request
-
-from explain_traces import STABLE, first_difference
 
 B = 16
 

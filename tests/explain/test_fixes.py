@@ -5,7 +5,9 @@ import json
 
 import numpy as np
 import pytest
+from explain_traces import STABLE
 
+from kvbench.bill.rules import cache_rules
 from kvbench.cache.base import CacheConfig, CacheKind
 from kvbench.explain.api import explain_requests, replay_requests, unbounded_config
 from kvbench.explain.capacity import capacity_targets, kv_bytes
@@ -15,9 +17,6 @@ from kvbench.memory.presets import PRESETS
 from kvbench.request import Request
 from kvbench.results.sweep import Fit
 from kvbench.sim.replay import simulate
-from kvbench.bill.rules import cache_rules
-
-from explain_traces import STABLE
 
 B = 16
 
@@ -348,8 +347,9 @@ def test_a_host_tier_of_the_capacity_fix_size_recovers_the_capacity_loss_from_ho
     assert host.hit_rate_after == pytest.approx(capacity.hit_rate_after)
     # the explicit two-level replay of what each request stores, its prompt's cap: the same hits
     from dataclasses import replace
-    from kvbench.sim.replay import prepare_prompts
+
     from kvbench.sim.outputs import output_length
+    from kvbench.sim.replay import prepare_prompts
 
     ordered = sorted(requests, key=lambda r: r.arrival_s)
     trace = prepare_prompts(ordered, B, outputs=[list(range(output_length(r))) for r in ordered])

@@ -2,11 +2,10 @@
 count, excerpts are capped and marked, --lint ends with a summary per finding kind and 'N more omitted'."""
 
 import numpy as np
+from explain_traces import STABLE
 
 from kvbench.explain.content import CUT, EXCERPT_CHARS, excerpt
 from kvbench.explain.lint import lint
-
-from explain_traces import STABLE
 
 
 def test_rows_of_requests_that_lost_only_their_own_new_tokens_collapse_into_a_count(kvbench):

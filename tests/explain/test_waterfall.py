@@ -1,6 +1,7 @@
 """The waterfall against the one replay and the predictor, on shipped scenarios; lint; bars."""
 
 import pytest
+from explain_traces import STABLE, first_difference
 
 from kvbench.cache.base import CacheConfig, CacheKind
 from kvbench.explain.api import explain_requests, unbounded_config
@@ -9,8 +10,6 @@ from kvbench.explain.waterfall import BAR_KEYS, Breakdown, breakdown
 from kvbench.run.source import load_source
 from kvbench.sim.outputs import trace_outputs
 from kvbench.sim.predict import Unbounded, expected_cached_tokens
-
-from explain_traces import STABLE, first_difference
 
 
 @pytest.mark.parametrize(

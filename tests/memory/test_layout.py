@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from kvbench.errors import InputError
 from kvbench.memory.layout import (
     DType,
     KvLayout,
@@ -15,7 +16,6 @@ from kvbench.memory.layout import (
     parse_dtype,
 )
 from kvbench.memory.presets import DEFAULT_PRESET, PRESETS, read_config_json, resolve_model
-from kvbench.errors import InputError
 
 MiB, GiB = 2**20, 2**30
 

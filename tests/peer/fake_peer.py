@@ -6,7 +6,6 @@ import asyncio
 
 from kvbench.request import RequestRecord, Status
 
-
 FORBIDDEN_IN_SALT = "@/\\\0"  # vLLM 0.32's cache_salt rule (vllm/entrypoints/generate/base/protocol.py)
 
 

@@ -4,6 +4,7 @@ port read from its log) on an exported checkpoint beside a (fake) vLLM, runs a r
 with the same client, stops both process groups, and writes the table and the rows, read back here."""
 
 import pyarrow.parquet as pq
+from fake_peer import FakeServer
 
 from kvbench.backends.openai.admin import call
 from kvbench.peer.comparisons import Comparison, prepare
@@ -11,7 +12,6 @@ from kvbench.workloads.conversations import ChatConfig
 from kvbench.workloads.dists import IntDist
 from kvbench.workloads.generators import SharedPrefixConfig
 from kvbench.workloads.tokenizer import TiktokenTokenizer
-from fake_peer import FakeServer
 
 
 class FakeVllm:

@@ -3,6 +3,7 @@ ratios, tok/s over the send loop's window), the same requests to every server in
 (fake servers behind the one backend contract), and vLLM's thread count read from its log."""
 
 import pytest
+from fake_peer import FakeServer
 
 from kvbench.peer.driver import warm_up_request
 from kvbench.peer.engines import (
@@ -20,7 +21,6 @@ from kvbench.peer.engines import (
 from kvbench.peer.report import ROW_SCHEMA, table_rows
 from kvbench.peer.server import KvbenchServer, KvbenchServerConfig, vllm_omp_threads
 from kvbench.request import RequestRecord, Status
-from fake_peer import FakeServer
 
 
 def record(ttft_ms, tpot_ms=10.0, output_tokens=32, cached=0, sent_s=0.0, ended_s=1.0, ok=True):

@@ -6,9 +6,9 @@ import subprocess
 import sys
 
 import pyarrow.parquet as pq
+from readiness import process_ended, wait_until
 
 from kvbench.results.parquet import write_rows
-from readiness import process_ended, wait_until
 
 
 def test_a_stale_partial_from_a_killed_write_is_removed_by_the_next_write(tmp_path):

@@ -4,8 +4,8 @@ import pytest
 
 from kvbench.errors import InputError
 from kvbench.results.compare import MetricRow, TraceMismatchError, compare_runs
-from kvbench.results.parquet import write_rows
 from kvbench.results.files import load_result
+from kvbench.results.parquet import write_rows
 from kvbench.results.schema import RUN_SCHEMA, empty_row
 
 HASH_A = "sha256:" + "0a" * 32

@@ -1,4 +1,5 @@
-"""Fits that cannot be true (issue 25 part 2): labelled with the reason, with 95% intervals, wherever shown."""
+"""Fits that cannot be true (issue 25 part 2): labelled with the reason, with 95% intervals, wherever
+shown."""
 
 import math
 from types import SimpleNamespace

@@ -9,8 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from kvbench.errors import InputError
-from kvbench.results.parquet import write_rows
 from kvbench.results.files import load_result, load_results, split_ttft
+from kvbench.results.parquet import write_rows
 from kvbench.results.report import build_report, summary_tables
 from kvbench.results.schema import RUN_SCHEMA, empty_row
 from kvbench.results.summary import summarize

@@ -5,11 +5,10 @@ import io
 import json
 
 import pytest
+from test_summary_metrics import ROWS
 
 from kvbench.results.parquet import write_rows
 from kvbench.results.schema import RUN_SCHEMA
-
-from test_summary_metrics import ROWS
 
 
 @pytest.fixture

@@ -4,9 +4,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from kvbench.errors import InputError
+from kvbench.results.files import load_result, load_results
 from kvbench.results.parquet import machine as this_machine
 from kvbench.results.parquet import read_metadata, write_rows
-from kvbench.results.files import load_result, load_results
 from kvbench.results.schema import RUN_SCHEMA, empty_row
 from kvbench.results.scoreboard import (
     COLUMNS,

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from kvbench.cache.base import CacheConfig, CacheKind
-from kvbench.route.cache_aware import CacheAwareConfig
 from kvbench.route.api import RouterOptions, compare_policies, make_router
+from kvbench.route.cache_aware import CacheAwareConfig
 from kvbench.route.cluster import ClusterConfig, prepare_route_trace, simulate_cluster
 from kvbench.route.policies import PolicyName, load_bound
 from kvbench.route.service import ServiceModel

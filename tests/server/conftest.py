@@ -2,13 +2,13 @@
 tests/conftest.py: fast to build)."""
 
 import pytest
+from live_server import LiveServer, tiny_service
 
 from kvbench.backends.inprocess import InProcessBackend
 from kvbench.cache.base import CacheConfig
 from kvbench.engine.engine import SamplingParams
 from kvbench.server.service import EngineService
 from kvbench.workloads.tokenizer import load_tokenizer
-from live_server import LiveServer, tiny_service
 
 MODEL = "tiny"
 

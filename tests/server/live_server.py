@@ -10,6 +10,7 @@ import urllib.error
 import urllib.request
 
 import uvicorn
+from readiness import thread_ended, wait_until
 
 from kvbench.backends.inprocess import InProcessBackend
 from kvbench.cache.base import CacheConfig
@@ -19,7 +20,6 @@ from kvbench.server.app import create_app
 from kvbench.server.connections import ConnectionLimits, server_config
 from kvbench.server.service import EngineService
 from kvbench.workloads.tokenizer import load_tokenizer
-from readiness import thread_ended, wait_until
 
 MODEL = "tiny"
 

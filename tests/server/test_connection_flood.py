@@ -10,9 +10,9 @@ import threading
 import time
 
 import pytest
+from live_server import LiveServer, tiny_service
 
 from kvbench.server.connections import ConnectionLimits
-from live_server import LiveServer, tiny_service
 
 pytestmark = [pytest.mark.engine, pytest.mark.server, pytest.mark.slow]
 

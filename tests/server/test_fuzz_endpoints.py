@@ -7,9 +7,9 @@ import json
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from live_server import LiveServer, tiny_service
 
 from kvbench.engine.model import default_llama_config, random_model
-from live_server import LiveServer, tiny_service
 
 SCALARS = st.one_of(
     st.none(),

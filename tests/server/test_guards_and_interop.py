@@ -5,9 +5,9 @@ import http.client
 import json
 
 import pytest
+from live_server import LiveServer, tiny_service
 
 from kvbench.server.guards import GuardConfig
-from live_server import LiveServer, tiny_service
 from kvbench.server.text import TextStream
 from kvbench.workloads.tokenizer import load_tokenizer
 

@@ -4,6 +4,7 @@ equal to the per-request usage the real openai client reads."""
 import numpy as np
 import openai
 import pytest
+from live_server import MODEL, LiveServer
 
 from kvbench.backends.inprocess import InProcessBackend
 from kvbench.cache.base import CacheConfig
@@ -11,8 +12,6 @@ from kvbench.engine.engine import SamplingParams
 from kvbench.engine.paged.engine import PagedConfig, PagedEngine
 from kvbench.server.service import EngineService
 from kvbench.workloads.tokenizer import load_tokenizer
-
-from live_server import MODEL, LiveServer
 
 pytestmark = [pytest.mark.engine, pytest.mark.server]
 

@@ -27,7 +27,8 @@ MESSAGES_MISTAKES = [  # (raw JSON body, param); each was a 500, a 200 or a wron
     (body(stream="yes"), "stream"),
     ('{"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "\\ud83d"}]}', "messages"),
     (
-        '{"model": "tiny", "max_tokens": 4, "system": "\\udfff", "messages": [{"role": "user", "content": "hi"}]}',
+        '{"model": "tiny", "max_tokens": 4, "system": "\\udfff", "messages": [{"role": "user", "content": '
+        '"hi"}]}',
         "system",
     ),
     (body(messages=[{"role": "user", "content": [{"type": "text"}]}]), "messages[0].content[0].text"),

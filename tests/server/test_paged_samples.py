@@ -7,6 +7,8 @@ import time
 
 import openai
 import pytest
+from live_server import LiveServer, wait_until_idle
+from readiness import LIMIT_S
 
 from kvbench.backends.inprocess import InProcessBackend
 from kvbench.backends.openai.metrics import parse_prefix_cache_counters
@@ -15,8 +17,6 @@ from kvbench.engine.engine import SamplingParams
 from kvbench.engine.paged.engine import PagedConfig, PagedEngine
 from kvbench.server.service import EngineService
 from kvbench.workloads.tokenizer import load_tokenizer
-from live_server import LiveServer, wait_until_idle
-from readiness import LIMIT_S
 
 MODEL = "tiny"
 

@@ -5,9 +5,9 @@ import threading
 import urllib.request
 
 import openai
+from live_server import wait_until_idle
 
 from kvbench.backends.openai.metrics import parse_prefix_cache_counters
-from live_server import wait_until_idle
 
 MODEL = "tiny"
 

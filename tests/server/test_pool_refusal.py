@@ -5,13 +5,13 @@ openai and anthropic clients (streamed it was HTTP 200, then a ``server_error`` 
 import anthropic
 import openai
 import pytest
+from live_server import LiveServer
 
 from kvbench.backends.inprocess import InProcessBackend
 from kvbench.cache.base import CacheConfig
 from kvbench.engine.engine import SamplingParams
 from kvbench.server.service import EngineService
 from kvbench.workloads.tokenizer import load_tokenizer
-from live_server import LiveServer
 
 pytestmark = [pytest.mark.engine, pytest.mark.server]
 

@@ -8,11 +8,11 @@ import time
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from readiness import LIMIT_S
 
 from kvbench.backends.openai.metrics import parse_prefix_cache_counters
-from kvbench.workloads.tokenizer import load_tokenizer
 from kvbench.request import Message
-from readiness import LIMIT_S
+from kvbench.workloads.tokenizer import load_tokenizer
 
 MODEL = "tiny"
 PROMPT_IDS = list(range(2000, 2040))  # 40 tokens: (40 - 1) // 16 = 2 blocks = 32 tokens may hit

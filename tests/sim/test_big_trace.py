@@ -3,8 +3,8 @@
 import json
 
 import numpy as np
-
 from big_traces import BigTraceConfig, big_trace_file, generate
+
 from kvbench.sim.hash_id_trace import hash_id_trace
 
 

@@ -9,10 +9,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import given, settings
-
 from big_traces import big_trace_file
 from curve_traces import BLOCK, chat_trace_file, traces
+from hypothesis import given, settings
+
 from kvbench.results.curve_files import MAX_DRAWN_POINTS, _drawn, curve_table
 from kvbench.sim.compact_curve import compact_hit_curve
 from kvbench.sim.compact_distances import compact_distances, earlier_sums

@@ -4,6 +4,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from curve_traces import BLOCK, counts, traces
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -13,8 +14,6 @@ from kvbench.request import Request
 from kvbench.sim.curve import hit_curve, one_pass_refusal
 from kvbench.sim.replay import prepare_prompts, simulate
 from kvbench.sim.stack_distance import FenwickTree
-
-from curve_traces import BLOCK, counts, traces
 
 
 def same_result(replayed, computed):

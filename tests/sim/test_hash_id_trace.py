@@ -2,8 +2,8 @@
 
 import numpy as np
 import pytest
-
 from curve_traces import chat_trace_file
+
 from kvbench.cache.base import CacheConfig, CacheKind
 from kvbench.cache.block_hash import HashConfig
 from kvbench.errors import InputError

@@ -4,6 +4,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from curve_traces import BLOCK, counts, traces
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -12,8 +13,6 @@ from kvbench.request import Request
 from kvbench.sim.curve import one_pass_refusal
 from kvbench.sim.head_first import head_first_curve, head_first_results
 from kvbench.sim.replay import prepare_prompts, simulate
-
-from curve_traces import BLOCK, counts, traces
 
 HEAD_FIRST = ReleaseOrder.HEAD_FIRST
 

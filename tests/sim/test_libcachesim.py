@@ -4,8 +4,8 @@ count at every size on the same block-access sequence (issue 25.4)."""
 
 import numpy as np
 import pytest
-
 from big_traces import BigTraceConfig, generate
+
 from kvbench.sim.compact_distances import compact_distances
 from kvbench.sim.stack_distance import distances_of
 

@@ -7,9 +7,9 @@ import pytest
 
 from kvbench.cache.base import CacheConfig
 from kvbench.errors import InputError
+from kvbench.request import Request
 from kvbench.sim.replay import ideal_hit_rate, prepare_prompts, simulate, sweep
 from kvbench.workloads.formats.mooncake import read_mooncake
-from kvbench.request import Request
 from kvbench.workloads.token_ids import MultiPrefixConfig, multi_prefix_requests
 
 RR_SMALL = MultiPrefixConfig(

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from kvbench.sim.curve import hit_curve
-from kvbench.sim.replay import prepare_prompts
 from kvbench.sim.hash_id_trace import hash_id_sampled_curve, hash_id_trace
+from kvbench.sim.replay import prepare_prompts
 from kvbench.sim.shards import ShardsPass, key_hash, sampled_curve
 from kvbench.workloads.token_ids import MultiPrefixConfig, multi_prefix_requests
 
@@ -85,7 +85,7 @@ def test_memory_is_the_budget_not_the_trace():
     time slots stay bounded (objects counted, nothing timed), and the rate falls to ~1,000 / 1,000,000."""
     shards = ShardsPass(16, max_keys=1000, exact_blocks=0)
     rng = np.random.default_rng(0)
-    for chunk in range(100):
+    for _chunk in range(100):
         for h in rng.integers(0, 2**63, size=10_000, dtype=np.int64).tolist():
             shards.add([h * 2], 1, 17)
         assert len(shards._held) <= 1000 and sum(map(len, shards._heaps)) == len(shards._held)

@@ -4,8 +4,8 @@ collapse (it fell to ~1e-10), and the printed sd covers the real error against t
 
 import numpy as np
 import pytest
-
 from big_traces import big_trace_file
+
 from kvbench.sim.curve import hit_curve
 from kvbench.sim.hash_id_trace import hash_id_sampled_curve, hash_id_trace
 from kvbench.sim.shards import ShardsPass

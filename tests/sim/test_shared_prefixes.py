@@ -2,14 +2,13 @@
 
 import numpy as np
 import pytest
+from curve_traces import BLOCK, traces
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvbench.cache.block_hash import BlockHasher, HashConfig
 from kvbench.request import Request
 from kvbench.sim.shared_prefixes import hash_prompts, shared_full_blocks
-
-from curve_traces import BLOCK, traces
 
 
 def fields(prompts):

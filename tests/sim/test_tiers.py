@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from curve_traces import BLOCK, traces
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -12,8 +13,6 @@ from kvbench.sim.replay import prepare_prompts, simulate
 from kvbench.sim.stack_distance import stack_distances
 from kvbench.sim.tier_replay import replay_tiers
 from kvbench.sim.tiers import Tier, TierPolicy, one_pass_tier_refusal, parse_bandwidth, parse_tier, tier_split
-
-from curve_traces import BLOCK, traces
 
 
 def split_of(trace, gpu, tiers, policy):

@@ -4,14 +4,13 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_curve import BLOCK, traces
 
 from kvbench.cache.base import CacheConfig
 from kvbench.request import Request
 from kvbench.sim.bounds import unbounded_capacity_blocks
 from kvbench.sim.replay import prepare_prompts, simulate
 from kvbench.sim.ttl_curve import ttl_curve
-
-from test_curve import BLOCK, traces
 
 
 def unbounded(trace):

@@ -7,8 +7,8 @@ below is the pool minus vLLM's null block.
 import numpy as np
 import pytest
 
-from kvbench.sim.vllm_pool import VllmPoolConfig, VllmSimulator, simulate_vllm
 from kvbench.request import Request
+from kvbench.sim.vllm_pool import VllmPoolConfig, VllmSimulator, simulate_vllm
 
 B = 4
 

@@ -149,7 +149,8 @@ def _peak_rss_mb(args, cwd):
     """(exit code, stderr, peak RSS of the kvbench process in MB, seconds)."""
     probe = (
         "import resource, subprocess, sys; p = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
-        "print(p.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.stderr.write(p.stderr)"
+        "print(p.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); "
+        "sys.stderr.write(p.stderr)"
     )
     started = time.perf_counter()
     done = subprocess.run(

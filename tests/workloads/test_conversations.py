@@ -6,9 +6,9 @@ import pytest
 
 from kvbench.sim.replay import ideal_hit_rate, prepare_prompts
 from kvbench.workloads.conversations import AgentConfig, ChatConfig
-from kvbench.workloads.tokenizer import render
 from kvbench.workloads.formats.kvbench_trace_reader import trace_requests
 from kvbench.workloads.kinds import generate_trace
+from kvbench.workloads.tokenizer import render
 
 CHAT = ChatConfig(num_conversations=6, turns="uniform:2,6", system_tokens=120, conversation_rate_per_s=2.0)
 AGENT = AgentConfig(

@@ -9,6 +9,8 @@ import pytest
 from kvbench.run.scenario import load_scenario
 from kvbench.sim.replay import ideal_hit_rate, prepare_prompts
 from kvbench.workloads.conversations import AgentConfig, ChatConfig
+from kvbench.workloads.formats.kvbench_trace import write_trace
+from kvbench.workloads.formats.kvbench_trace_reader import trace_requests
 from kvbench.workloads.generators import (
     ONE_OFF_MAX_TOKENS,
     MultiPrefixTextConfig,
@@ -16,8 +18,6 @@ from kvbench.workloads.generators import (
     SharedPrefixConfig,
     volatile_header_line,
 )
-from kvbench.workloads.formats.kvbench_trace import write_trace
-from kvbench.workloads.formats.kvbench_trace_reader import trace_requests
 from kvbench.workloads.kinds import generate_trace
 
 REPO = Path(__file__).resolve().parents[2]

@@ -5,14 +5,14 @@ import json
 import numpy as np
 import pytest
 
+from kvbench.engine.hf_tokenizer import HFTokenizer
 from kvbench.errors import InputError
 from kvbench.sim.replay import ideal_hit_rate, prepare_prompts
+from kvbench.workloads.formats.kvbench_trace_reader import trace_requests
 from kvbench.workloads.formats.mooncake import read_mooncake
+from kvbench.workloads.kinds import generate_trace
 from kvbench.workloads.mooncake_text import BlockTexts, MooncakeTextConfig
 from kvbench.workloads.text_fit import PieceCounter
-from kvbench.engine.hf_tokenizer import HFTokenizer
-from kvbench.workloads.formats.kvbench_trace_reader import trace_requests
-from kvbench.workloads.kinds import generate_trace
 
 RECORDS = [
     {"timestamp": 0, "input_length": 1536, "output_length": 10, "hash_ids": [0, 1, 2]},

@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
+from kvbench.engine.hf_tokenizer import HFTokenizer
 from kvbench.workloads import text
 from kvbench.workloads.dists import IntDist
 from kvbench.workloads.text_fit import PieceCounter, filler_line, fit_text
-from kvbench.engine.hf_tokenizer import HFTokenizer
 
 
 def test_filler_lines_have_exactly_the_asked_count(tokenizer):

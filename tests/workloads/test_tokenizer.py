@@ -7,6 +7,8 @@ from hypothesis import strategies as st
 
 from kvbench.engine.hf_tokenizer import HFTokenizer
 from kvbench.errors import InputError
+from kvbench.request import Message
+from kvbench.workloads.formats.kvbench_trace import TraceRequest
 from kvbench.workloads.tokenizer import (
     CL100K_IM_END_ID,
     CL100K_IM_START_ID,
@@ -17,8 +19,6 @@ from kvbench.workloads.tokenizer import (
     load_tokenizer,
     render,
 )
-from kvbench.request import Message
-from kvbench.workloads.formats.kvbench_trace import TraceRequest
 
 
 def chat(*pairs):

@@ -4,14 +4,13 @@ reader could refuse to it, so the error line is the same (issue 31 item 3)."""
 import json
 
 import pytest
+from test_trace_format import small_trace
 
 from kvbench.errors import InputError
 from kvbench.workloads.formats import trace_columns as trace_columns_module
 from kvbench.workloads.formats.kvbench_trace import TraceRequest, new_trace, read_trace, write_trace
 from kvbench.workloads.formats.lines import line_bound
 from kvbench.workloads.formats.trace_columns import trace_columns as columns_of_handle
-
-from test_trace_format import small_trace
 
 
 def trace_columns(path):

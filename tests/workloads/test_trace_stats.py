@@ -5,9 +5,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvbench.request import Request
 from kvbench.sim.replay import ideal_hit_rate, prepare_prompts
 from kvbench.workloads.conversations import ChatConfig
-from kvbench.request import Request
 from kvbench.workloads.formats.kvbench_trace_reader import trace_requests
 from kvbench.workloads.kinds import generate_trace
 from kvbench.workloads.trace_stats import Distribution, longest_cached_prefixes, reuse_breakdown, summarize

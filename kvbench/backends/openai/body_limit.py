@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import socket
 from urllib.parse import urlsplit
 
 from kvbench.request import Request
@@ -52,7 +51,7 @@ def early_answer(base_url: str, key: str, path: str, num_bytes: int) -> tuple[in
         connection.endheaders()
         response = connection.getresponse()
         return response.status, _message(response.read(64 << 10))
-    except (OSError, http.client.HTTPException, socket.timeout):
+    except (TimeoutError, OSError, http.client.HTTPException):
         return None
     finally:
         connection.close()

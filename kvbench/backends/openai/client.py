@@ -1,4 +1,5 @@
-"""The HTTP backend: any OpenAI-compatible endpoint (vLLM, SGLang, llama.cpp, a hosted API, ``kvbench serve``).
+"""The HTTP backend: any OpenAI-compatible endpoint (vLLM, SGLang, llama.cpp, a hosted API, ``kvbench
+serve``).
 
 Each request is one streamed call through the official ``openai`` client (async, ``max_retries=0``:
 a retry would hide a failure and double-count the prompt in the server's cache; kvbench retries

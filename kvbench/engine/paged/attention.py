@@ -7,7 +7,8 @@ function
 
 1. writes the new tokens' K/V into the pool at their slots (block id, offset);
 2. attends every decoding sequence (one query token) of the forward in **one** SDPA call, when
-   there are two or more and the device is not the CPU (:meth:`PagedForward.plan`): one ``index_select`` over their block tables padded with the null block
+   there are two or more and the device is not the CPU (:meth:`PagedForward.plan`): one ``index_select`` over
+   their block tables padded with the null block
    (:meth:`KVPool.gather_padded`) and a ``(n, 1, 1, kv)`` mask that hides each one's padding
    (:class:`DecodeBatch`); or, with a paged-KV kernel (FlashInfer, FlashAttention on CUDA:
    :mod:`kvbench.engine.paged.kernels`), one kernel call that reads the blocks in the pool;
@@ -132,8 +133,10 @@ class PagedForward:
         """Split ``sequences`` once per forward (every layer reuses the split, the masks and the
         padded block tables): with ``batch_decodes``, two or more single-token queries form the
         :class:`DecodeBatch`; the rest run one by one. ``None``: batch where a ``kernel`` attends the
-        batch, or off the CPU; on the CPU without one, one sequence at a time measured 2-4x faster (its gathered K/V, ~0.5 MiB, is still in cache
-        when SDPA reads it; the padded batch's is not; see docs/engines.md "Speed: one SDPA for every decode"). A forward
+        batch, or off the CPU; on the CPU without one, one sequence at a time measured 2-4x faster (its
+        gathered K/V, ~0.5 MiB, is still in cache
+        when SDPA reads it; the padded batch's is not; see docs/engines.md "Speed: one SDPA for every
+        decode"). A forward
         of one sequence (concurrency 1, ``--batch-invariant``) never batches, so its outputs are
         those of the copy engine, bit for bit. ``kernel`` (``start_kernel``'s) attends the batch."""
         device = slot_block_ids.device

@@ -12,7 +12,8 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # vLLM v1's default token budget per step
 
 
 class AttentionKernel(str, Enum):
-    """The batched decode's attention kernel (:mod:`kvbench.engine.paged.kernels`); ``auto`` picks at start."""
+    """The batched decode's attention kernel (:mod:`kvbench.engine.paged.kernels`); ``auto`` picks at
+    start."""
 
     AUTO = "auto"
     SDPA_GATHERED = "sdpa-gathered"

@@ -50,7 +50,7 @@ from kvbench.engine.paged.scheduler import Scheduler, Sequence
 from kvbench.engine.paged.verify import Verifier
 from kvbench.engine.sampling import sample_next_token
 from kvbench.engine.stamps import stamp_s
-from kvbench.engine.worker import RequestFuture, Task, Worker  # RequestFuture: part of this API
+from kvbench.engine.worker import Task, Worker
 from kvbench.errors import InputError
 
 

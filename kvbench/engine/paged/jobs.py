@@ -30,7 +30,7 @@ class Job:
     admitted_s: float | None = None
     token_s: list[float] = field(default_factory=list)
     prefill_ms: float | None = None
-    forks: list["Job"] = field(default_factory=list)  # parallel samples not yet forked from this one
+    forks: list[Job] = field(default_factory=list)  # parallel samples not yet forked from this one
     chosen_logprobs: list[float] = field(default_factory=list)  # verify: log p of each sampled token, nats
 
     @property

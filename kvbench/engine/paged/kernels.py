@@ -21,7 +21,8 @@ Chosen once, at engine start (:func:`choose_kernel`), and reported as ``run.engi
   ``(kv_heads, pages, block_size, head_dim)`` tensor, no view needed). It replaces a copy of each
   sequence's K/V (``index_select``) and one SDPA call per sequence per layer. Default model, 1
   thread, one layer, thread CPU ms, medians of 7: 8 sequences of 500 tokens 1.61 -> 0.65, 8 of
-  2,000 7.52 -> 2.23 (``benchmarks/cpu_kernels_bench.py``, 2026-12-02). Chosen where the native kernels are built.
+  2,000 7.52 -> 2.23 (``benchmarks/cpu_kernels_bench.py``, 2026-12-02). Chosen where the native kernels are
+  built.
 * ``sdpa-gathered``: the fallback: each layer copies the decoding sequences' blocks out of the pool
   by block table and runs SDPA (:mod:`kvbench.engine.paged.attention`): one masked call over the
   padded batch on a GPU (:meth:`KVPool.gather_padded`), one call per sequence on the CPU.
@@ -81,7 +82,8 @@ def choose_kernel(
 ) -> KernelChoice:
     """The kernel for a pool on ``device`` in ``dtype``. ``auto``: FlashInfer, else FlashAttention, where
     installed (``probe``: :func:`importable`) and where they take the pool's dtype, head_dim and block
-    size; on the CPU in fp32, ``kvbench-cpu`` where the native kernels are built; else ``sdpa-gathered``. A kernel named in ``requested`` is used if it can be, else
+    size; on the CPU in fp32, ``kvbench-cpu`` where the native kernels are built; else ``sdpa-gathered``. A
+    kernel named in ``requested`` is used if it can be, else
     :class:`InputError` says why."""
     probe = importable if probe is None else probe
     if requested is AttentionKernel.SDPA_GATHERED:

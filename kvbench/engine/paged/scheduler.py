@@ -34,7 +34,8 @@ Parallel sampling (``n`` samples of one prompt, vLLM's ``SamplingParams(n=...)``
 prefill has run, :meth:`Scheduler.fork` gives ``n - 1`` more sequences the same block table (every
 prompt block at ref count ``n``, one prefill). Each sample counts against ``max_num_seqs`` (vLLM v1
 makes each sample its own request): samples beyond the cap wait at the front of the queue and are
-admitted later as fresh sequences, hitting the prompt's cached blocks. **Copy-on-write**: before a sequence writes into a
+admitted later as fresh sequences, hitting the prompt's cached blocks. **Copy-on-write**: before a sequence
+writes into a
 block another table also holds (the prompt's partly filled last block), :meth:`Scheduler.schedule`
 gives it a fresh block and lists ``(source, destination)`` in ``ScheduledBatch.copies`` for the
 engine to copy before the forward; the last sample to write finds the block at ref count 1 and
@@ -48,8 +49,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Hashable, Iterable
 
-from kvbench.cache.block_hash import BlockHasher
 from kvbench.cache.base import HEAD_FIRST_RADIX_ERROR, CacheKind, Clock
+from kvbench.cache.block_hash import BlockHasher
 from kvbench.cache.block_index import PoolIndex
 from kvbench.cache.block_pool import BlockPool
 from kvbench.cache.host_tier import HostTierIndex
@@ -275,7 +276,8 @@ class Scheduler:
         return self.index.cached_prefix(self._keys(seq)[: (seq.num_tokens - 1) // self.block_size], seq.salt)
 
     def host_tier_counters(self) -> tuple[int, int] | None:
-        """``(queried, hit)`` host-tier prompt tokens (every admitted one is queried); ``None`` without a tier."""
+        """``(queried, hit)`` host-tier prompt tokens (every admitted one is queried); ``None`` without a
+        tier."""
         return None if self.host is None else (self.num_host_queried_tokens, self.num_host_hit_tokens)
 
     def _host_prefix(self, seq: Sequence, num_hit_blocks: int) -> list[int]:

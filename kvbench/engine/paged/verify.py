@@ -1,4 +1,5 @@
-"""``--verify`` on the paged engine: logits against the cache-off engine, argmax flips near ties vs mismatches.
+"""``--verify`` on the paged engine: logits against the cache-off engine, argmax flips near ties vs
+mismatches.
 
 Batched forwards (packed sequences, gathered K/V, other batch shapes) may differ from the cache-off
 engine in the last bits, so a greedy output can differ where two tokens are almost equally likely.
@@ -30,8 +31,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from concurrent.futures import Future, InvalidStateError
-from dataclasses import asdict, dataclass
-from dataclasses import replace
+from dataclasses import asdict, dataclass, replace
 
 import torch
 

@@ -39,7 +39,8 @@ class HashIdColumns:
         timestamps_ms: float64, shape (num_requests,): ``timestamp`` in ms.
         input_lengths: int64, shape (num_requests,): prompt tokens.
         hash_ids: int32 (int64 when an id does not fit), shape (num_ids,): every line's ids, flat.
-        offsets: int64, shape (num_requests + 1,): line ``r``'s ids are ``hash_ids[offsets[r]:offsets[r + 1]]``.
+        offsets: int64, shape (num_requests + 1,): line ``r``'s ids are ``hash_ids[offsets[r]:offsets[r +
+        1]]``.
     """
 
     timestamps_ms: np.ndarray

@@ -111,7 +111,7 @@ class TraceRequest:
             )
 
     @classmethod
-    def of_checked(cls, values: Sequence[Any]) -> "TraceRequest":
+    def of_checked(cls, values: Sequence[Any]) -> TraceRequest:
         """A request from its field values in field order (``messages`` a tuple or ``None``) that the
         caller has already checked as ``__post_init__`` does (the trace reader's column checks,
         :mod:`.trace_columns`): no second check, a third of a tiny request's construction. Set one by

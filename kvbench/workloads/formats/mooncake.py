@@ -74,7 +74,8 @@ def checked_record(
             path,
             line_number,
             "hash_ids",
-            f"{len(ids)} ids for input_length {record['input_length']} (expected {expected} at {block_tokens} tokens per block)",
+            f"{len(ids)} ids for input_length {record['input_length']} (expected {expected} at "
+            f"{block_tokens} tokens per block)",
         )
     return record
 

@@ -97,7 +97,8 @@ def read_sharegpt_drafts(
     The array is streamed (:func:`.json_array.json_array_items`): one conversation in memory at a time.
 
     Raises:
-        InputError: the file is not a JSON array, a conversation is longer than the line bound, or (without ``bad.skip``) a conversation is
+        InputError: the file is not a JSON array, a conversation is longer than the line bound, or (without
+        ``bad.skip``) a conversation is
             malformed (names the file, the conversation's index and the field).
     """
     drafts: list[Draft] = []

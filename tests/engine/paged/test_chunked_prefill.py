@@ -9,12 +9,12 @@ long``: every prompt longer than the budget failed (found by a newcomer's trial 
 
 import numpy as np
 import pytest
+from readiness import LIMIT_S
 
 from kvbench.cache.base import CacheConfig
 from kvbench.engine.engine import CopyConfig, HFEngine
 from kvbench.engine.paged.engine import PagedConfig, PagedEngine
 from kvbench.engine.sampling import SamplingParams
-from readiness import LIMIT_S
 
 GREEDY = SamplingParams(max_tokens=5, ignore_eos=True)
 

@@ -13,6 +13,8 @@ import sys
 import pytest
 import torch
 
+from kvbench.cache.base import CacheConfig
+from kvbench.engine.native import native_kernels, native_kernels_reason
 from kvbench.engine.paged.attention import (
     PagedForward,
     SequenceSlice,
@@ -20,7 +22,6 @@ from kvbench.engine.paged.attention import (
     skip_mask_creation,
 )
 from kvbench.engine.paged.config import AttentionKernel, PagedConfig
-from kvbench.engine.native import native_kernels, native_kernels_reason
 from kvbench.engine.paged.kernels import (
     KernelChoice,
     KvbenchCpuDecode,
@@ -34,7 +35,6 @@ from kvbench.engine.paged.kernels import (
 )
 from kvbench.engine.paged.kv_pool import KVPool
 from kvbench.errors import InputError
-from kvbench.cache.base import CacheConfig
 from kvbench.memory.layout import DType, KvLayout
 
 CUDA, CPU = torch.device("cuda"), torch.device("cpu")

@@ -4,8 +4,11 @@ Identity with the copy engine and the cache-off engine runs on the default model
 mechanics run on a scaled-down random Llama with the same head layout.
 """
 
+from concurrent.futures import CancelledError
+
 import numpy as np
 import pytest
+from readiness import LIMIT_S
 
 from kvbench.cache.base import CacheConfig
 from kvbench.engine.engine import CopyConfig, HFEngine
@@ -14,7 +17,6 @@ from kvbench.engine.paged.engine import PagedConfig, PagedEngine
 from kvbench.engine.sampling import SamplingParams
 from kvbench.request import Request, Status
 from kvbench.sim.vllm_pool import VllmPoolConfig, simulate_vllm
-from readiness import LIMIT_S
 
 GREEDY = SamplingParams(max_tokens=6, ignore_eos=True)
 
@@ -170,7 +172,7 @@ def test_on_token_error_and_abort_free_exactly_that_request(loaded):
     assert ok.result().status is Status.OK
     slow = engine.submit(prompts[2], SamplingParams(max_tokens=200, ignore_eos=True))
     engine.abort(slow)
-    with pytest.raises(BaseException):
+    with pytest.raises(CancelledError):
         slow.result(timeout=LIMIT_S)
     assert slow.cancelled()
     engine.generate(prompts[2], GREEDY)  # still serving

@@ -7,9 +7,11 @@ scaled-down random Llama (as tests/engine/paged/test_paged_engine.py).
 """
 
 import random
+from concurrent.futures import CancelledError
 
 import pytest
 import torch
+from readiness import LIMIT_S
 
 from kvbench.cache.base import CacheConfig
 from kvbench.cache.block_hash import BlockHasher
@@ -18,7 +20,6 @@ from kvbench.engine.paged.scheduler import Scheduler, Sequence, SequenceStatus
 from kvbench.engine.sampling import SamplingParams
 from kvbench.memory.sharing import SharingConfig, simulate_parallel_sampling
 from kvbench.request import Status
-from readiness import LIMIT_S
 
 BLOCK = 4
 
@@ -101,7 +102,7 @@ def test_randomized_forks_with_preemption_leak_no_pin(seed):
     rng = random.Random(seed)
     scheduler = Scheduler(rng.randint(12, 24), BLOCK, BlockHasher(BLOCK), 8, rng.randint(6, 20))
     live, max_output, pending = [], {}, []
-    for request in range(6):
+    for _request in range(6):
         prompt = [rng.randrange(50) for _ in range(rng.randint(1, 13))]
         parent = Sequence(len(max_output), prompt, len(prompt))
         children = [
@@ -218,7 +219,7 @@ def test_aborting_one_sample_frees_its_blocks_and_the_others_finish(loaded):
         == 60
         == futures[2].result(timeout=LIMIT_S).output_tokens
     )
-    with pytest.raises(BaseException):
+    with pytest.raises(CancelledError):
         futures[1].result(timeout=LIMIT_S)
     assert futures[1].cancelled()
     assert_clean(engine)

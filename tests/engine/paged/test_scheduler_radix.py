@@ -4,11 +4,10 @@ samples: pure Python, the fake "model" of test_scheduler.py."""
 import random
 
 import pytest
+from test_scheduler import BLOCK, run_all, step
 
 from kvbench.cache.block_hash import BlockHasher
 from kvbench.engine.paged.scheduler import Scheduler, Sequence, SequenceStatus
-
-from test_scheduler import BLOCK, run_all, step
 
 
 def make_scheduler(kind, num_blocks=32, max_num_seqs=8, max_num_batched_tokens=64, tail_first=True):
@@ -148,7 +147,8 @@ def test_randomized_radix_pool_invariants_with_forks_and_aborts(seed):
 
 
 def test_the_randomized_runs_fork_evict_deduplicate_and_preempt():
-    """Not vacuous: over the seeds, samples start, blocks are evicted and deduplicated, sequences preempted."""
+    """Not vacuous: over the seeds, samples start, blocks are evicted and deduplicated, sequences
+    preempted."""
     totals = [sum(column) for column in zip(*(random_run(seed) for seed in SEEDS))]
     assert all(total > 0 for total in totals), totals
 

@@ -8,6 +8,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from readiness import LIMIT_S, wait_until
 
 from kvbench.backends.inprocess import InProcessBackend
 from kvbench.cache.base import CacheConfig
@@ -16,7 +17,6 @@ from kvbench.engine.paged.engine import PagedConfig, PagedEngine
 from kvbench.engine.paged.verify import TIE_TOLERANCE_NATS, compare_logprobs
 from kvbench.engine.sampling import SamplingParams
 from kvbench.request import Request
-from readiness import LIMIT_S, wait_until
 
 GREEDY = SamplingParams(max_tokens=6, ignore_eos=True)
 
