@@ -121,12 +121,13 @@ def paged_decode(threads: int, repeats: int) -> None:
     print(f"{'sequences x context':>20} {'gathered':>9} {'kvbench':>8} {'ratio':>6}")
     for num_seqs, context in ((1, 2000), (8, 500), (8, 2000)):
         generator = torch.Generator().manual_seed(num_seqs * context)
+        # (n, blocks)
         tables = torch.stack(
             [
                 torch.randperm(pages - 1, generator=generator)[: -(-context // block_size)] + 1
                 for _ in range(num_seqs)
             ]
-        ).int()  # (n, blocks)
+        ).int()
         lengths = torch.full((num_seqs,), context, dtype=torch.int32)
         query = torch.randn(num_seqs, heads, head_dim, generator=generator)
 

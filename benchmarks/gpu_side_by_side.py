@@ -169,9 +169,8 @@ def vllm_python(args: argparse.Namespace, deadline: Deadline, log) -> Path | Non
     """A Python that imports vllm: ``--vllm-python``, this one, or ``--vllm-venv`` after ``pip install
     vllm`` (bounded by ``--install-timeout-s``); ``None`` when there is none (the vLLM column is skipped)."""
     for python in filter(None, (args.vllm_python, Path(sys.executable))):
-        venv = Path(
-            python
-        ).parent.parent  # .../bin/python -> the environment (not resolved: a venv's python is a link)
+        # .../bin/python -> the environment (not resolved: a venv's python is a link)
+        venv = Path(python).parent.parent
         if has_vllm(venv):
             return venv
     venv = args.vllm_venv
@@ -238,9 +237,8 @@ def main() -> int:
         "--vllm-venv", type=Path, default=Path("/tmp/kvbench-vllm-gpu"), help="where to pip install vllm"
     )
     parser.add_argument("--install-timeout-s", type=float, default=180.0)
-    parser.add_argument(
-        "--device", default="cuda", help=argparse.SUPPRESS
-    )  # cpu: a dry run of the script's steps
+    # cpu: a dry run of the script's steps
+    parser.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
     args = parser.parse_args()
     import torch
 

@@ -228,9 +228,8 @@ class BatchStats:
         """``sequences per step / decodes per decoding step / decode batch per output token``."""
         steps = [s for s in self.steps if s[0]]
         decoding = [d for _, d in steps if d]
-        per_token = sum(d * d for d in decoding) / sum(
-            decoding
-        )  # each decode step samples d tokens in a batch of d
+        # each decode step samples d tokens in a batch of d
+        per_token = sum(d * d for d in decoding) / sum(decoding)
         return (
             f"{statistics.mean(n for n, _ in steps):.1f} / {statistics.mean(decoding):.1f} / {per_token:.1f}"
             f" ({len(steps)} steps)"

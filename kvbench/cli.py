@@ -111,10 +111,11 @@ def _root(
     ),
 ) -> None:
     """Measure what prefix caching buys an LLM server, and why it is not buying more."""
+    # --version acts in its callback; main() takes --debug off the line before typer parses it
     del (
         version,
         debug,
-    )  # --version acts in its callback; main() takes --debug off the line before typer parses it
+    )
     token = lines.set_max_line_bytes(max_line_bytes)  # for this command only: reset when its context closes
     ctx.call_on_close(lambda: lines.reset_max_line_bytes(token))
 

@@ -64,9 +64,8 @@ def test_sim_and_csv_report_need_no_extra(core, tmp_path):
     assert done.returncode == 0, done.stderr
     assert "wrote 2 rows" in done.stdout and out.exists()
     words = " ".join(done.stdout.split())  # the console wraps long lines
-    assert (
-        f"(no PNG: needs the [plots] extra; from a checkout: {CPU_PIP} '.[plots]')" in words
-    )  # rows still written
+    # rows still written
+    assert f"(no PNG: needs the [plots] extra; from a checkout: {CPU_PIP} '.[plots]')" in words
     assert out.with_name("sim.curve.parquet").exists() and not out.with_name("sim.curve.png").exists()
     plots = core("report", out, "--out", tmp_path / "rep")  # the tables print, a note, exit 0 (issue 30.8)
     assert plots.returncode == 0, plots.stderr

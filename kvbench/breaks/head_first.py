@@ -218,9 +218,8 @@ def _engine_runs(
     runs = []
     for order in ORDERS:
         cache = CacheConfig(capacity_blocks, block_size, release_order=order, hash=scenario.cache.hash)
-        predicted = variant_predictions(
-            requests, cache, config.engine
-        )  # the engine's budgets: its output blocks
+        # the engine's budgets: its output blocks
+        predicted = variant_predictions(requests, cache, config.engine)
         ordered = [replace(r, expected_cached_tokens=p) for r, p in zip(requests, predicted)]
         backend = variant_backend(loaded, cache, config.engine)
 

@@ -55,9 +55,8 @@ class PoolIndex:
         self.num_deduplicated_blocks = 0
         radix = self.kind is CacheKind.RADIX
         self.block_keys = self._token_runs if radix else self._chained_hashes
-        self.key = (
-            _tree_key if radix else _chained_key
-        )  # (parent block id | None, keys, index, namespace) -> pool key
+        # (parent block id | None, keys, index, namespace) -> pool key
+        self.key = _tree_key if radix else _chained_key
         self._deduplicate = radix
 
     # -- keys --------------------------------------------------------------------------------------

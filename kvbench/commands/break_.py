@@ -66,6 +66,7 @@ def _on_engine(experiment: str, engine: EngineKind) -> None:
         raise InputError(f"kvbench break {experiment} --engine paged: {NOT_ON_PAGED[experiment]}")
 
 
+# config field -> its flag where the names differ
 _FLAGS = {
     "hash_bits": "--bits",
     "num_requests": "--requests",
@@ -77,7 +78,7 @@ _FLAGS = {
     "sizes_blocks": "--sizes",
     "cache_bytes": "--cache-size",
     "scenarios": "--scenarios",
-}  # config field -> its flag where the names differ
+}
 
 
 def _config(cls: type, **fields: Any) -> Any:

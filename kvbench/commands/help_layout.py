@@ -36,9 +36,8 @@ class OptionsTable(Table):
                     cell = _names_on_lines(cell, rich_utils.highlighter)
                     if len(self.columns) > index:
                         self.columns[index].no_wrap = True
-            for text in (
-                cell.renderables if isinstance(cell, Columns) else [cell]
-            ):  # the help: texts in Columns
+            # the help: texts in Columns
+            for text in cell.renderables if isinstance(cell, Columns) else [cell]:
                 if isinstance(text, Text) and text.overflow is None:
                     text.overflow = "fold"
             cells.append(cell)

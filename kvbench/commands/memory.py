@@ -289,9 +289,8 @@ def sharing(
     beam_search = beam_width is not None
     num_sequences = beam_width if beam_search else (n or 4)
     config = SharingConfig(prompt_tokens, max_tokens, num_sequences, block_size, seed)
-    loaded = (
-        _paged_model(config) if engine is MeasureEngine.PAGED else None
-    )  # refuses before the replay prints
+    # refuses before the replay prints
+    loaded = _paged_model(config) if engine is MeasureEngine.PAGED else None
     result = (simulate_beam_search if beam_search else simulate_parallel_sampling)(config)
     console = make_console()
     console.print(tables.sharing_table(result, beam_search, shape, layout))

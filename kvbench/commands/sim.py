@@ -358,11 +358,12 @@ def sim(
         check_output_path(out)
     source_info = load_source(source, limit=requests, token_ids=False)  # a hash-id trace: keys from its ids
     capacities = parse_int_list(sizes, "--sizes") if sizes is not None else list(source_info.sim.sizes)
+    # an empty --sizes / --release is an error
     orders = (
         parse_choices(release, "--release", [o.value for o in ReleaseOrder])
         if release is not None
         else [o.value for o in source_info.sim.release]
-    )  # an empty --sizes / --release is an error
+    )
     base = _base_config(source_info, block_size, cache_kind or cache, ttl, hash_algo, hash_bits, orders)
     if sample_rate is not None or sample_keys is not None:
         return run_sampled(
@@ -397,9 +398,8 @@ def sim(
     results.sort(key=lambda r: order_index[(r.capacity_blocks, r.release_order)])
     curve = outcome.curves.get(TAIL_FIRST)
     ideal = (
-        curve.result_at(
-            max(int(curve.distances.offsets[-1]), 1)
-        )  # every full block: unbounded_capacity_blocks
+        # every full block: unbounded_capacity_blocks
+        curve.result_at(max(int(curve.distances.offsets[-1]), 1))
         if curve is not None
         else ideal_hit_rate(trace, base.kind)
     )

@@ -51,9 +51,8 @@ MMAP_THRESHOLD_BYTES = 1 << 30  # allocations below this come from the heap and 
 TRIM_THRESHOLD_BYTES = (1 << 31) - 1  # free heap kept before glibc trims it back to the kernel
 SMALL_BATCH_ROWS = range(3, 49)  # measured: MKL is as fast for 1-2 rows and from ~64 rows on
 FEW_ROWS = range(2, 49)  # kvbench's kernel; one row stays MKL's GEMV (as fast, and the same bits as before)
-SMALL_BATCH_MIN_WEIGHT_BYTES = (
-    16 << 20
-)  # beyond any core's share of the caches: the LM head of a large vocabulary
+# beyond any core's share of the caches: the LM head of a large vocabulary
+SMALL_BATCH_MIN_WEIGHT_BYTES = 16 << 20
 
 _memory_kept = False
 
@@ -116,12 +115,13 @@ class FewRowLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         num_rows = x.numel() // self.in_features if self.in_features else 0
+        # no autograd
         if (
             num_rows in FEW_ROWS
             and x.dtype == self.weight.dtype == torch.float32
             and x.device.type == "cpu"
             and not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))
-        ):  # no autograd
+        ):
             kernel = native_kernels()
             if kernel is not None:
                 return kernel.linear(x, self.weight, self.bias)

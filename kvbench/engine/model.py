@@ -165,9 +165,8 @@ def build_random_model(config: LlamaConfig, seed: int = DEFAULT_MODEL_SEED) -> L
     weights depend only on ``config`` and ``seed``.
     """
     with no_init_weights():
-        model = LlamaForCausalLM(
-            copy.deepcopy(config)
-        )  # a copy: the engines set the model's attention in its config
+        # a copy: the engines set the model's attention in its config
+        model = LlamaForCausalLM(copy.deepcopy(config))
     model.tie_weights()  # no_init_weights skips init_weights, which is what ties lm_head
     generator = torch.Generator().manual_seed(seed)
     std = config.initializer_range

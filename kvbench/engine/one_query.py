@@ -85,6 +85,7 @@ def cpu_attention_forward(
     ):
         num_kv_heads, num_context, head_dim = key.shape[1:]
         pages = (num_kv_heads, 1, num_context, head_dim)  # the cache as one block
+        # (heads, head_dim)
         out = one_query_attention(
             query[0, :, 0],
             key.view(pages),
@@ -92,7 +93,7 @@ def cpu_attention_forward(
             torch.zeros(1, dtype=torch.int32),
             num_context,
             scaling,
-        )  # (heads, head_dim)
+        )
         return out[None, None], None
     return sdpa_attention_forward(
         module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs

@@ -33,9 +33,8 @@ from kvbench.request import Request, RequestRecord, Status
 
 T = TypeVar("T")
 
-Generate = Callable[
-    ..., RequestRecord
-]  # (token_ids, sampling, salt, on_token=) -> record: one request, synchronous
+# (token_ids, sampling, salt, on_token=) -> record: one request, synchronous
+Generate = Callable[..., RequestRecord]
 
 
 class _Aborted(Exception):

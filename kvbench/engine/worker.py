@@ -28,9 +28,8 @@ WAIT_IDLE_S = (
     60.0  # before a memory reading: work ends within a task once nothing runs; never hang an interrupt on it
 )
 
-_WORKERS: dict[
-    threading.Thread, weakref.ref[Worker]
-] = {}  # every thread not known to have ended -> its worker
+# every thread not known to have ended -> its worker
+_WORKERS: dict[threading.Thread, weakref.ref[Worker]] = {}
 
 
 @atexit.register

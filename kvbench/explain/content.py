@@ -191,9 +191,8 @@ def _volatile(left: str, mine: str, theirs: str) -> tuple[str, str] | None:
         other = spans_theirs.get((span.kind, span.start))
         if other is not None and other.text != span.text:
             return f"volatile value ({span.kind})", f"{span.text!r} here, {other.text!r} before"
-    named = [
-        s for s in spans_mine if s.kind != "counter"
-    ]  # a lone number is any text's, not a volatile value
+    # a lone number is any text's, not a volatile value
+    named = [s for s in spans_mine if s.kind != "counter"]
     if named:
         span = named[0]
         return f"volatile value ({span.kind})", f"{span.text!r} here differs from the earlier text"

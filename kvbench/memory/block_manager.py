@@ -88,9 +88,8 @@ class BlockManager:
 
     def __init__(self, config: BlockManagerConfig) -> None:
         self.config = config
-        self.pool = BlockPool(
-            config.num_blocks, reuse_freed_first=False
-        )  # never-used ids, then released ones
+        # never-used ids, then released ones
+        self.pool = BlockPool(config.num_blocks, reuse_freed_first=False)
         self._block_tables: dict[SeqId, list[int]] = {}
         self._num_tokens: dict[SeqId, int] = {}
         self.num_copies = 0  # copy-on-write copies made so far

@@ -107,9 +107,8 @@ def plot_sharing(result: SharingResult, path: Path, title: str, bytes_per_block:
     axis.set_ylabel(f"KV memory in use ({unit})")
     axis.set_ylim(bottom=0)
     axis.set_title(wrapped_title(title))
-    axis.legend(
-        loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False
-    )  # under the axes: off the lines
+    # under the axes: off the lines
+    axis.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
     figure.tight_layout()
     return _save(figure, plt, path)
 

@@ -65,12 +65,13 @@ def to_csv(records: Sequence[dict[str, Any]]) -> str:
     for record in records:
         columns.update((key, None) for key, value in record.items() if not isinstance(value, (dict, list)))
     buffer = io.StringIO()
+    # RFC 4180; with "\n" a cell holding "\r" went unquoted
     writer = csv.DictWriter(
         buffer,
         fieldnames=[spreadsheet_safe(c) for c in columns],
         extrasaction="ignore",
         lineterminator="\r\n",
-    )  # RFC 4180; with "\n" a cell holding "\r" went unquoted
+    )
     writer.writeheader()
     writer.writerows(
         {spreadsheet_safe(k): spreadsheet_safe(v) for k, v in record.items()} for record in records

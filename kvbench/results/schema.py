@@ -62,12 +62,10 @@ RUN_SCHEMA = pa.schema(
         pa.field("http_status", pa.int64()),
         pa.field("error", pa.string()),
         pa.field("output_matches_reference", pa.bool_()),
-        pa.field(
-            "cache_creation_input_tokens", pa.int64()
-        ),  # Anthropic usage: tokens written (null elsewhere)
-        pa.field(
-            "host_cached_tokens", pa.int64()
-        ),  # paged --host-tier: cached tokens loaded from the host tier
+        # Anthropic usage: tokens written (null elsewhere)
+        pa.field("cache_creation_input_tokens", pa.int64()),
+        # paged --host-tier: cached tokens loaded from the host tier
+        pa.field("host_cached_tokens", pa.int64()),
         pa.field("replica", pa.int64()),  # which --base-url served it (0-based; null with one endpoint)
         pa.field("num_retries", pa.int64()),  # HTTP attempts beyond the first (nothing received, retried)
     ]

@@ -117,9 +117,8 @@ def _run_inprocess(
     requests = prepared_requests(source, settings)
     block_size = config.cache.block_size or source.block_size
     check_cache_size_text(config.cache.cache_size or settings.cache_size)  # all before torch loads the model
-    if (
-        settings.cache == "on" or config.engine.engine is EngineKind.PAGED
-    ):  # the cache's rules, at a stand-in size
+    # the cache's rules, at a stand-in size
+    if settings.cache == "on" or config.engine.engine is EngineKind.PAGED:
         cache_config(source.cache, config.cache, 1, block_size)
     resolve_device(flags.device)  # no such GPU: one line, before the threads line
     threads = choose_threads()  # bad input above stays one line: no status line before it

@@ -55,9 +55,8 @@ class SweepOutcome:
 
     name: str
     points: list = field(default_factory=list)
-    first_errors: dict[int, str] = field(
-        default_factory=dict
-    )  # cache size -> its first failed request's reason
+    # cache size -> its first failed request's reason
+    first_errors: dict[int, str] = field(default_factory=dict)
     summary: Any = None
     path: Path | None = None
     notes: list[str] = field(default_factory=list)  # status lines, when the caller gave no on_status

@@ -144,9 +144,8 @@ class RunFlags:
         if self.temperature is not None and not 0 <= self.temperature < float("inf"):
             raise ValueError(f"--temperature: {self.temperature} must be a finite number >= 0")
         if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise ValueError(
-                f"--top-p: {self.top_p} must be in (0, 1]"
-            )  # the engine's rule (engine/sampling.py)
+            # the engine's rule (engine/sampling.py)
+            raise ValueError(f"--top-p: {self.top_p} must be in (0, 1]")
 
 
 @dataclass(frozen=True)
@@ -243,11 +242,12 @@ class RunConfig:
             object.__setattr__(self, "out", Path(self.out))
         other = self.server if self.backend is BackendKind.INPROCESS else self.cache
         defaults = type(other)()
+        # --turns applies to both backends
         given = [
             f.name
             for f in fields(other)
             if getattr(other, f.name) != getattr(defaults, f.name) and f.name != "turns"
-        ]  # --turns applies to both backends
+        ]
         if given:
             raise ValueError(f"{_flag(given[0])} does not apply to --backend {self.backend.value}")
         if self.server.client is not None and self.backend is not BackendKind.OPENAI:

@@ -30,9 +30,8 @@ from kvbench.run.source import RunSection, RunSource, limit_requests, requests_h
 from kvbench.words import counted
 
 Progress = Callable[[list[dict[str, Any]], int], None]  # (rows so far, total requests)
-OnStatus = Callable[
-    [str], None
-]  # one status line, when it happens (the CLI prints it at once; issue 30 item 6)
+# one status line, when it happens (the CLI prints it at once; issue 30 item 6)
+OnStatus = Callable[[str], None]
 
 
 def status_sink(on_status: OnStatus | None, notes: list[str]) -> OnStatus:

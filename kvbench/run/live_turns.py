@@ -246,9 +246,8 @@ class LiveTurns:
         prompt_only = self.expected_prompt_only[request.index] = self._prompt_only.replay(
             request, None, record.ok
         )
-        known_prompt_only = (
-            self.cache is not None and self.cache.prompt_only
-        )  # a cache known to store prompts only
+        # a cache known to store prompts only
+        known_prompt_only = self.cache is not None and self.cache.prompt_only
         request = self.sent[request.index] = replace(
             request, expected_cached_tokens=prompt_only if known_prompt_only else with_generated
         )

@@ -46,6 +46,7 @@ from kvbench.workloads.formats.rows import BadRows
 from kvbench.workloads.tokenizer import Tokenizer, load_tokenizer
 
 SHAREGPT, BURSTGPT = "sharegpt", "burstgpt"
+# by format
 BLOCK_SIZES = {
     KVBENCH_TRACE: 16,
     MOONCAKE: 512,
@@ -53,7 +54,7 @@ BLOCK_SIZES = {
     PROMPTS: 16,
     SHAREGPT: 16,
     BURSTGPT: 16,
-}  # by format
+}
 
 
 @dataclass(frozen=True)

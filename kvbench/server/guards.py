@@ -29,9 +29,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-DEFAULT_MAX_BODY_BYTES = (
-    32 << 20
-)  # 32 MiB: a 128k-token prompt is ~0.5 MiB of text; far above any real request
+# 32 MiB: a 128k-token prompt is ~0.5 MiB of text; far above any real request
+DEFAULT_MAX_BODY_BYTES = 32 << 20
 UNGUARDED_PATHS = ("/health",)  # what a load balancer probes without a key (vLLM leaves /health open too)
 ANY_HOST = "*"
 _GONE = object()  # _read_body: the client disconnected before its body was complete

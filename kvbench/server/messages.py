@@ -96,9 +96,8 @@ class _Exchange:
             )
         messages, marked = rendered_messages(body)
         token_ids, breakpoints, boundaries = await asyncio.to_thread(_render, service, messages, marked)
-        service.check(
-            token_ids, body.max_tokens, prompt_param="messages"
-        )  # refused before it counts as a write
+        # refused before it counts as a write
+        service.check(token_ids, body.max_tokens, prompt_param="messages")
         return cls(service, body, token_ids, cache.account(token_ids, breakpoints, boundaries))
 
     def usage(self, output_tokens: int) -> dict[str, int]:
@@ -130,13 +129,14 @@ async def _stream(exchange: _Exchange) -> AsyncIterator[str]:
         while True:
             kind, value = await exchange.generation.events.get()
             if kind == "token":
+                # UTF-8 whole
                 yield _event(
                     "content_block_delta",
                     {
                         "index": 0,
                         "delta": {"type": "text_delta", "text": exchange.generation.pieces.popleft()},
                     },
-                )  # UTF-8 whole
+                )
                 continue
             if kind != "done":
                 yield _event("error", {"error": {"type": "api_error", "message": str(value or "cancelled")}})

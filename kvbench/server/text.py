@@ -73,11 +73,12 @@ class TextStream:
         if self._bytes_decoder is not None:
             try:
                 return self._bytes_decoder.decode(self._tokenizer.token_bytes(token_id))
+            # an id without text: flush what is pending, then U+FFFD
             except (
                 KeyError,
                 ValueError,
                 OverflowError,
-            ):  # an id without text: flush what is pending, then U+FFFD
+            ):
                 return self._bytes_decoder.decode(b"", final=True) + REPLACEMENT
         self._ids.append(token_id)
         before = self._decode(self._ids[self._prefix_offset : self._read_offset])

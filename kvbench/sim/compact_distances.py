@@ -98,9 +98,8 @@ def _runs(previous: np.ndarray, offsets: np.ndarray):
     heads = np.flatnonzero(head)
     del head
     run_requests = np.searchsorted(offsets, heads, side="right") - 1
-    ends = (
-        offsets[run_requests] + num_warm[run_requests]
-    )  # the warm segment's end, unless the next run starts before
+    # the warm segment's end, unless the next run starts before
+    ends = offsets[run_requests] + num_warm[run_requests]
     following = np.append(heads[1:], previous.size)
     lengths = np.minimum(ends, following) - heads
     return heads, previous[heads].astype(np.int64), run_requests, lengths, num_warm
@@ -151,9 +150,8 @@ def _filled(
     within a request carried over from the request's earlier runs; COLD elsewhere."""
     span = int(num_accesses) + 2
     ends = head_distances + lengths - 1  # each run's largest distance
-    shifted = (
-        np.maximum.accumulate(ends + run_requests * span) - run_requests * span
-    )  # running max in the request
+    # running max in the request
+    shifted = np.maximum.accumulate(ends + run_requests * span) - run_requests * span
     carry = np.zeros_like(ends)
     same = run_requests[1:] == run_requests[:-1]
     carry[1:][same] = shifted[:-1][same]

@@ -158,10 +158,11 @@ class ShardsPass:
         self.threshold = min(int(rate * HASH_SPACE), HASH_SPACE)
         self.first_threshold = min(self.threshold * _BOOST, HASH_SPACE)  # the first blocks' own (issue 25.3)
         self._held: dict[int, list] = {}  # sampling hash -> [slot, boosted, num_hits]
+        # plain, first blocks: (-hash, hash), the next to drop on top
         self._heaps: tuple[list, list] = (
             [],
             [],
-        )  # plain, first blocks: (-hash, hash), the next to drop on top
+        )
         self._slots = _Slots(2 * (max_keys or 1 << 16))
         self._histograms = (np.zeros(EXACT_BINS + 1), np.zeros(EXACT_BINS + 1))  # plain, boosted
         self._scales = [1.0, 1.0]  # histogram[c] * scales[c] = sampled hits at today's rate (rescaled lazily)
@@ -250,9 +251,8 @@ class ShardsPass:
         estimate = self._histograms[0] * (self._scales[0] / rates[0]) + self._histograms[1] * (
             self._scales[1] / rates[1]
         )
-        estimate = estimate[
-            : int(np.flatnonzero(estimate)[-1]) + 1 if estimate.any() else 1
-        ]  # up to the last hit
+        # up to the last hit
+        estimate = estimate[: int(np.flatnonzero(estimate)[-1]) + 1 if estimate.any() else 1]
         sd = 0.0
         if self.num_prompt_tokens:
             variance = self._dropped_variance + sum(

@@ -123,9 +123,8 @@ class StackDistances:
     def hit_mask(self) -> np.ndarray:
         """bool, shape (num_blocks,): the blocks the last-token cap lets a lookup hit."""
         num_blocks = self.num_full_blocks
-        hit = np.minimum(
-            self.max_hit_blocks, num_blocks
-        )  # each request: its first `hit` blocks, then the rest
+        # each request: its first `hit` blocks, then the rest
+        hit = np.minimum(self.max_hit_blocks, num_blocks)
         return np.repeat(
             np.tile(np.array([True, False]), num_blocks.size),
             np.stack([hit, num_blocks - hit], axis=1).ravel(),

@@ -65,9 +65,8 @@ def check_numbers(config: Any, names: Sequence[str], minimum: float = 1) -> None
             raise ValueError(f"{name} must be a number >= {minimum}, got {value!r}")
 
 
-MAX_TEXT_TOKENS = (
-    1 << 20
-)  # one generated text (a ``*_tokens`` field): 1 Mi tokens, beyond any model's context
+# one generated text (a ``*_tokens`` field): 1 Mi tokens, beyond any model's context
+MAX_TEXT_TOKENS = 1 << 20
 MAX_COUNT = (
     1_000_000  # requests, conversations, prefixes... (any other field but a seed): ~GBs of token ids already
 )

@@ -77,12 +77,10 @@ if TYPE_CHECKING:
 
 LINE_BOUNDARY = re.compile(r"(?<=\n)(?=\S)")  # where cl100k tokenization splits exactly (see above)
 _CACHE_ENTRIES = 1 << 16  # cached message / line encodings per tokenizer (bounded memory)
-_CACHE_BYTES = (
-    64 << 20
-)  # ... and at most 64 MiB of memoized text + ids per cache (issue 19: bytes, not entries)
-_MAX_MEMO_CHARS = (
-    1 << 16
-)  # longer texts are encoded every time: one huge (or rejected) text leaves nothing behind
+# ... and at most 64 MiB of memoized text + ids per cache (issue 19: bytes, not entries)
+_CACHE_BYTES = 64 << 20
+# longer texts are encoded every time: one huge (or rejected) text leaves nothing behind
+_MAX_MEMO_CHARS = 1 << 16
 
 
 @runtime_checkable

@@ -105,9 +105,8 @@ def test_kvbench_run_backend_anthropic_records_the_usage_fields(kvbench, server,
     (read_by, _), (written_by, _) = pairs = sorted(
         (r["cache_creation_input_tokens"], r["cached_prompt_tokens"]) for r in first
     )
-    assert (
-        pairs == [(0, written_by), (written_by, 0)] and 1200 <= written_by < 1210
-    )  # one writes, the other reads
+    # one writes, the other reads
+    assert pairs == [(0, written_by), (written_by, 0)] and 1200 <= written_by < 1210
     assert read_by == 0
     later = [r for r in rows if r["turn"] > 0]
     assert all(r["cached_prompt_tokens"] > 1200 and 0 < r["cache_creation_input_tokens"] < 200 for r in later)

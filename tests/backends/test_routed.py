@@ -29,10 +29,11 @@ concurrency = 3
 
 @pytest.fixture(scope="module")
 def three_urls(server):
+    # two more `kvbench serve` processes, same class as the fixture's
     others = [
         type(server)(),
         type(server)(),
-    ]  # two more `kvbench serve` processes, same class as the fixture's
+    ]
     try:
         yield [server.url] + [other.url for other in others]
     finally:

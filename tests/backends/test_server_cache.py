@@ -86,9 +86,8 @@ def test_expectations_follow_the_chosen_model():
     assert server_expectations(same, off, True).expected_cached_tokens == [0, 0, 0]
     pool = resolve_server_cache(ServerCacheSettings("vllm", 16, 100, True), None, None)
     assert server_expectations(same, pool, True).expected_cached_tokens == [0, 48, 48]
-    tiny = resolve_server_cache(
-        ServerCacheSettings("vllm", 16, 3, True), None, None
-    )  # 2 usable blocks: too small
+    # 2 usable blocks: too small
+    tiny = resolve_server_cache(ServerCacheSettings("vllm", 16, 3, True), None, None)
     expectations = server_expectations(same, tiny, True)
     assert expectations.expected_cached_tokens == [0, 48, 48] and "not replayable" in tiny.origins["pool"]
 

@@ -27,9 +27,8 @@ def test_shared_salt_writes_parquet_like_a_run(kvbench, tmp_path, monkeypatch, s
     assert table.num_rows == 2 * 2 * 3
     metadata = read_metadata(out)
     assert metadata["command"] == "break" and metadata["experiment"] == "shared-salt"
-    assert (
-        metadata["threads"]["num_threads"] == 1 and metadata["threads"]["reason"] == "--threads 1"
-    )  # issue 25
+    # issue 25
+    assert metadata["threads"]["num_threads"] == 1 and metadata["threads"]["reason"] == "--threads 1"
     assert "threads: 1 (--threads 1;" in err and "loading the model" in err
 
 

@@ -42,9 +42,8 @@ def test_shared_salt_cli_on_the_paged_engine(kvbench, tmp_path):
     )
     assert code == 0, err
     rows = pq.read_table(out).to_pylist()
-    assert (
-        "verdict" in stdout and len(rows) == 2 * 2 * 3
-    )  # 2 variants x 2 trials x (A's prompt + 2 guesses of B)
+    # 2 variants x 2 trials x (A's prompt + 2 guesses of B)
+    assert "verdict" in stdout and len(rows) == 2 * 2 * 3
     hit: dict[tuple[str, str], set[bool]] = {}
     for row in (r for r in rows if r["tenant"] == "b"):
         hit.setdefault((row["variant"], row["probe"]), set()).add(row["cached_prompt_tokens"] > 0)

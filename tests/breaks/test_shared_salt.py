@@ -113,9 +113,8 @@ def fake_result(num_trials, correct_ms, wrong_ms, salted_cached=0):
 
 def test_the_verdict_says_what_the_trials_can_and_cannot_show():
     small = fake_result(3, [60.0, 61.0, 62.0], [150.0, 151.0, 152.0])  # every correct guess 2.5x faster
-    assert (
-        small.test("unsalted").smallest_p_value == small.test("unsalted").p_value
-    )  # as good as 3 trials get
+    # as good as 3 trials get
+    assert small.test("unsalted").smallest_p_value == small.test("unsalted").p_value
     assert small.leak_text("unsalted") == small.leak_text("salted") == "inconclusive"
     assert (
         "inconclusive: 3 trials cannot reach p < 0.01 whatever the TTFTs (the smallest p of a one-sided "

@@ -55,9 +55,8 @@ def test_a_run_whose_server_is_gone_is_marked_incomplete(kvbench, tmp_path):
     code, stdout, err = kvbench("run", scenario(tmp_path, refused_url(), 8), "--model", "m", "--out", out)
     assert code == 1
     rows = pq.read_table(out).to_pylist()
-    assert (
-        sum(r["error"].startswith("not sent") for r in rows) == 3
-    )  # after 5 consecutive connection failures
+    # after 5 consecutive connection failures
+    assert sum(r["error"].startswith("not sent") for r in rows) == 3
     metadata = read_metadata(out)
     assert metadata["complete"] is False and metadata["run"]["num_unsent"] == 3
     assert "3 request(s) were never sent" in err

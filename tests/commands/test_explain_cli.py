@@ -53,9 +53,8 @@ def test_explain_the_parquet_of_an_engine_run_and_of_a_served_run(kvbench, serve
         assert code == 0, stderr
         code, stdout, stderr = kvbench("explain", tmp_path / f"{name}.parquet")
         assert code == 0, stderr
-        assert (
-            waterfall_line(stdout, "hit")[1] == f"{3 * SHARED_BLOCK_TOKENS}"
-        )  # reported = what the cache allows
+        # reported = what the cache allows
+        assert waterfall_line(stdout, "hit")[1] == f"{3 * SHARED_BLOCK_TOKENS}"
         assert waterfall_line(stdout, "lost to the server")[1] == "0"
     code, _, stderr = kvbench("report", tmp_path / "here.parquet", "--explain", "--out", tmp_path / "report")
     assert code == 0, stderr
@@ -63,9 +62,8 @@ def test_explain_the_parquet_of_an_engine_run_and_of_a_served_run(kvbench, serve
     assert "explain: here: waterfall" in page and "explain: here: per request" in page
     assert "lost to capacity evictions" in page and "new message" in page and "‖" in page  # the excerpts
     assert page.count("data:image/png;base64,") >= 2 and (tmp_path / "report" / "explain-here.png").exists()
-    assert_renders_in_chromium(
-        (tmp_path / "report" / "report.html"), tmp_path
-    )  # a real browser renders the page
+    # a real browser renders the page
+    assert_renders_in_chromium((tmp_path / "report" / "report.html"), tmp_path)
     code, stdout, _ = kvbench("explain", tmp_path / "http.parquet", "--block-size", "8")
     assert code == 0  # with 8-token blocks the cache would allow 72 per request: the server reported less
     assert waterfall_line(stdout, "lost to the server")[1] == f"{3 * (72 - SHARED_BLOCK_TOKENS)}"

@@ -55,13 +55,14 @@ def test_every_option_name_is_whole_in_help_at_80_columns(path, command, kvbench
 
 def test_piped_run_help_keeps_every_name(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "TERMINAL_WIDTH")}
+    # stdout is a pipe, as in `kvbench run --help | cat`
     done = subprocess.run(
         [sys.executable, "-m", "kvbench.cli", "run", "--help"],
         capture_output=True,
         text=True,
         env=env,
         timeout=300,
-    )  # stdout is a pipe, as in `kvbench run --help | cat`
+    )
     command = next(c for p, c in leaf_commands() if p == ["run"])
     assert done.returncode == 0 and "…" not in done.stdout
     assert [name for name in option_names(command) if not whole(name, done.stdout)] == []

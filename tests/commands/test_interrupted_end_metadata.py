@@ -30,13 +30,14 @@ def cut(args: list[str], checkpoint: Path, sig: int) -> tuple[int, str, str]:
         stderr=subprocess.PIPE,
         text=True,
     )
+    # minutes on a loaded machine
     wait_until(
         checkpoint.exists,
         "the first checkpoint",
         ended=process_ended(process),
         log=process_log(process),
         poll_s=0.2,
-    )  # minutes on a loaded machine
+    )
     process.send_signal(sig)
     stdout, stderr = communicate(process)
     return process.returncode, stdout, stderr
@@ -57,13 +58,11 @@ def test_sigterm_during_a_paged_verify_run_keeps_kv_memory_and_verify_counts(tmp
     assert memory["engine"] == "paged" and memory["pool_bytes"] == (64 + 1) * BLOCK_BYTES  # + the null block
     assert memory["peak_running_kv_bytes"] >= 6 * BLOCK_BYTES  # a 93-token prefill holds 6 blocks
     assert memory["peak_held_kv_bytes"] >= memory["peak_running_kv_bytes"]
-    assert (
-        memory["end_held_kv_bytes"] == memory["end_cached_kv_bytes"] > 0
-    )  # the cut requests' blocks were freed
+    # the cut requests' blocks were freed
+    assert memory["end_held_kv_bytes"] == memory["end_cached_kv_bytes"] > 0
     logits = metadata["run"]["verify_logits"]
-    checked = [
-        row for row in rows if row["output_matches_reference"] is not None
-    ]  # cut unchecked: not counted
+    # cut unchecked: not counted
+    checked = [row for row in rows if row["output_matches_reference"] is not None]
     assert logits["num_compared_tokens"] == sum(row["output_tokens"] for row in checked)
     assert all(row["status"] == "ok" for row in rows if row["output_matches_reference"] is None)
     assert logits["num_mismatches"] == 0

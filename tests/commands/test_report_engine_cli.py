@@ -65,9 +65,8 @@ def test_the_run_table_has_engine_memory_and_verify_rows(runs):
         f"{mib(copy_memory['end_held_kv_bytes'])} + {mib(copy_memory['peak_contiguous_kv_bytes'])}",
         "-",
     )
-    assert (
-        logits["num_compared_tokens"] == 3 * 4 and logits["num_mismatches"] == 0
-    )  # 3 greedy requests x 4 tokens
+    # 3 greedy requests x 4 tokens
+    assert logits["num_compared_tokens"] == 3 * 4 and logits["num_mismatches"] == 0
     assert cells[f"argmax flips near ties / mismatches (tol {logits['tie_tolerance_nats']:g} nats)"] == (
         f"{logits['num_flips_near_ties']} / 0",
         "-",
@@ -90,6 +89,5 @@ def test_report_command_and_page_show_them_in_a_browser(kvbench, runs, tmp_path)
     assert f"<td>engine</td><td>{html.escape(f'paged: max_num_seqs {seqs:,}')}" in page
     assert "<td>copy</td><td>-</td></tr>" in page  # the copy run's engine, and the older file's missing one
     assert "max |logprob diff| vs cache-off (nats)" in page
-    assert_renders_in_chromium(
-        (tmp_path / "report" / "report.html"), tmp_path
-    )  # a real browser renders the page
+    # a real browser renders the page
+    assert_renders_in_chromium((tmp_path / "report" / "report.html"), tmp_path)

@@ -52,9 +52,8 @@ def test_paged_radix_end_to_end_matches_its_prediction_and_cache_off(kvbench, sc
     assert code == 0, stderr
     rows = pq.read_table(out).to_pylist()
     assert [r["cached_prompt_tokens"] for r in rows] == [0] + [SHARED_BLOCK_TOKENS] * 3
-    assert [r["expected_cached_tokens"] for r in rows] == [0] + [
-        SHARED_BLOCK_TOKENS
-    ] * 3  # the pool's radix mode
+    # the pool's radix mode
+    assert [r["expected_cached_tokens"] for r in rows] == [0] + [SHARED_BLOCK_TOKENS] * 3
     assert all(r["output_matches_reference"] is True for r in rows)
     assert {r["cache_kind"] for r in rows} == {"radix"}
     assert read_metadata(out)["run"]["engine"]["kind"] == "paged"
@@ -107,12 +106,13 @@ def test_paged_ttl_runs_and_is_not_predicted(kvbench, scenario, tmp_path):
             "--cache-kind radix --release head-first: the radix cache evicts leaves only",
         ),
         (
+            # the copy engine: was "error: ValueError: ..."
             [
                 "--cache-kind",
                 "radix",
                 "--release",
                 "head-first",
-            ],  # the copy engine: was "error: ValueError: ..."
+            ],
             "--cache-kind radix --release head-first: the radix cache evicts leaves only",
         ),
         (["--engine", "paged", "--backend", "openai"], "apply to --backend inprocess only"),
@@ -166,9 +166,8 @@ def test_a_host_tier_is_sized_in_bytes_recorded_and_refused_on_the_copy_engine(k
     ] * 3
     assert [r["expected_cached_tokens"] for r in rows] == [None] * 4  # the pool predictor has no host tier
     engine = read_metadata(out)["run"]["engine"]
-    assert engine["host_tier_blocks"] == 2 * 2**20 // (
-        16 * 8192
-    )  # 16 blocks of 128 KiB (default model, fp32)
+    # 16 blocks of 128 KiB (default model, fp32)
+    assert engine["host_tier_blocks"] == 2 * 2**20 // (16 * 8192)
     assert engine["host_tier_bytes"] == 16 * 16 * 8192
     if native_kernels() is not None:  # the CPU: kvbench's own paged decode (engine/paged/kernels.py)
         assert (engine["attention_kernel"], engine["attention_kernel_reason"]) == ("kvbench-cpu", "auto")

@@ -32,9 +32,8 @@ def test_batched_verify_reports_flips_and_mismatches(kvbench, tmp_path, mode):
     assert logits["num_requests"] == len(rows) == 4
     assert logits["num_compared_tokens"] == sum(r["output_tokens"] for r in rows)
     assert logits["tie_tolerance_nats"] == 1e-3 and logits["max_abs_logprob_diff"] < 1e-3
-    assert (
-        logits["num_flips_near_ties"] == logits["num_mismatches"] == 0
-    )  # fp32; batch-invariant: by construction
+    # fp32; batch-invariant: by construction
+    assert logits["num_flips_near_ties"] == logits["num_mismatches"] == 0
     assert all(r["output_matches_reference"] is True for r in rows)
     assert "argmax flips near ties / mismatches" in stdout and "0 / 0" in stdout
 

@@ -9,9 +9,8 @@ from tiny_scenarios import SHARED_PREFIX as SCENARIO
 
 from kvbench.results.parquet import read_metadata
 
-WHOLE_PROMPT_HIT = (
-    (PROMPT_TOKENS - 1) // 16 * 16
-)  # the same 93-token prompt again: 5 blocks, the last token recomputed
+# the same 93-token prompt again: 5 blocks, the last token recomputed
+WHOLE_PROMPT_HIT = (PROMPT_TOKENS - 1) // 16 * 16
 
 
 @pytest.fixture
@@ -35,9 +34,8 @@ def test_http_run_reports_what_the_in_process_engine_reports(kvbench, server, sc
     assert code == 0, stderr
     there = rows_of(tmp_path / "http.parquet")
     assert [r["cached_prompt_tokens"] for r in there] == [r["cached_prompt_tokens"] for r in here]
-    assert [r["cached_prompt_tokens"] for r in there] == [0] + [
-        SHARED_BLOCK_TOKENS
-    ] * 3  # 0 present, not null
+    # 0 present, not null
+    assert [r["cached_prompt_tokens"] for r in there] == [0] + [SHARED_BLOCK_TOKENS] * 3
     assert [r["expected_cached_tokens"] for r in there] == [r["expected_cached_tokens"] for r in here]
     assert [r["prompt_tokens"] for r in there] == [r["prompt_tokens"] for r in here]
     assert all(

@@ -77,9 +77,8 @@ def test_run_status_lines_and_heartbeat_arrive_while_it_runs_and_survive_ctrl_c(
         assert "usable cores, load" in threads and "OMP_WAIT_POLICY=PASSIVE, set by kvbench" in threads
         run.wait_for("loading the model (the built-in random Llama, cpu) ...")
         run.wait_for("working: ")  # the heartbeat, while nothing has finished
-        assert not any(
-            line.startswith("progress: ") for line in run.seen
-        )  # it came before the first request ended
+        # it came before the first request ended
+        assert not any(line.startswith("progress: ") for line in run.seen)
         run.wait_for("progress: ")  # then the plain progress line takes over
     finally:
         run.stop()

@@ -112,16 +112,14 @@ def test_paged_sweep_names_each_failing_sizes_reason_and_writes_kv_memory(kvbenc
     assert flat.count("cache size 3 blocks: errors, the first:") == 1 and reason in flat
     assert "cache size 24 blocks: errors" not in flat
     row_error = pq.read_table(small.results_path).to_pylist()[0]["error"]
-    assert row_error == reason.replace(
-        "--cache-sizes", "--cache-size"
-    )  # the run file keeps the engine's words
+    # the run file keeps the engine's words
+    assert row_error == reason.replace("--cache-sizes", "--cache-size")
     small_memory, large_memory = (read_metadata(p.results_path)["run"]["kv_memory"] for p in (small, large))
     assert small_memory["engine"] == large_memory["engine"] == "paged"
     assert small_memory["pool_bytes"] == (3 + 1) * BLOCK_BYTES and small_memory["peak_held_kv_bytes"] == 0
     assert large_memory["pool_bytes"] == (24 + 1) * BLOCK_BYTES  # + the null block
-    assert (
-        large_memory["peak_running_kv_bytes"] == 6 * BLOCK_BYTES
-    )  # one request at a time: 81 tokens with K/V
+    # one request at a time: 81 tokens with K/V
+    assert large_memory["peak_running_kv_bytes"] == 6 * BLOCK_BYTES
 
 
 def test_a_sweep_where_every_size_fails_exits_1_with_the_first_reason(kvbench, scenario, tmp_path):

@@ -19,13 +19,14 @@ from kvbench.results.summary import SummaryOptions, summarize
 from kvbench.results.sweep import SWEEP_SCHEMA
 
 DOCUMENTED = code_spans(page_text("results-reference.md"))
+# metadata values whose keys count
 NESTED = (
     "run",
     "reconciliation",
     "live_turns",
     "server_cache",
     "machine_load",
-)  # metadata values whose keys count
+)
 RUN_NESTED = ("cache", "load", "trace", "kv_memory", "engine")
 
 

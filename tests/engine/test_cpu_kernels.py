@@ -124,9 +124,8 @@ def test_grouped_heads_read_in_place_give_the_repeated_heads_bits(monkeypatch, n
     query = torch.randn(1, 8, num_query, 64, generator=generator)
     key, value = (torch.randn(1, 2, num_context, 64, generator=generator) for _ in range(2))
     mask = causal_mask(num_query, num_context, torch.device("cpu"))
-    module = SimpleNamespace(
-        num_key_value_groups=4, is_causal=True
-    )  # the default model's 8 query / 2 KV heads
+    # the default model's 8 query / 2 KV heads
+    module = SimpleNamespace(num_key_value_groups=4, is_causal=True)
     outputs = {}
     for setting in ("0", "1"):
         monkeypatch.setenv("TRANSFORMERS_SDPA_FORCE_GQA", setting)

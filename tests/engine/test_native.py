@@ -168,9 +168,8 @@ def test_a_first_build_lands_in_the_cache_folder_and_the_second_process_reuses_i
     built_at = kernel.library.stat().st_mtime_ns
     native._built.cache_clear()
     assert native_kernels().library == kernel.library and kernel.library.stat().st_mtime_ns == built_at
-    assert [p.name for p in (rebuilt / "kernels").iterdir()] == [
-        kernel.library.name
-    ]  # no scratch left behind
+    # no scratch left behind
+    assert [p.name for p in (rebuilt / "kernels").iterdir()] == [kernel.library.name]
 
 
 def test_a_failing_compiler_leaves_torch_s_linears_with_the_reason(rebuilt, monkeypatch):

@@ -76,9 +76,8 @@ def test_scattered_blocks_and_one_contiguous_cache_give_the_same_bits():
     positions = torch.arange(num_context)
     pool_keys[:, table[positions // block_size], positions % block_size] = key[0]
     pool_values[:, table[positions // block_size], positions % block_size] = value[0]
-    paged = one_query_attention(
-        query[0, :, 0], pool_keys, pool_values, table, num_context, 0.125
-    )  # (heads, d)
+    # (heads, d)
+    paged = one_query_attention(query[0, :, 0], pool_keys, pool_values, table, num_context, 0.125)
     copy, _ = cpu_attention_forward(Module(), query, key, value, None, scaling=0.125)  # (1, 1, heads, d)
     assert torch.equal(paged, copy[0, 0])
 

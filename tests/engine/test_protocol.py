@@ -17,9 +17,8 @@ from kvbench.request import Request, Status
 GREEDY = SamplingParams(max_tokens=4, ignore_eos=True)
 CACHE = CacheConfig(capacity_blocks=64, block_size=16)
 
-CPU_DECODE_KERNEL = (
-    "kvbench-cpu" if native_kernels() is not None else "sdpa-gathered"
-)  # engine/paged/kernels.py
+# engine/paged/kernels.py
+CPU_DECODE_KERNEL = "kvbench-cpu" if native_kernels() is not None else "sdpa-gathered"
 
 
 def prompt(start: int, num_tokens: int = 40) -> list[int]:
@@ -65,9 +64,8 @@ def test_memory_gives_the_run_kv_memory_of_either_engine(loaded):
         record = engine.submit(prompt(0), GREEDY).result(timeout=120)
         memory = engine.memory([(Request(0, "r0", "s0", 0, np.asarray(prompt(0), dtype=np.uint32)), record)])
         assert memory["engine"] == kind.value
-        assert (
-            memory["end_held_kv_bytes"] == 2 * loaded.kv_layout(16).bytes_per_block
-        )  # 43 tokens: 2 full blocks
+        # 43 tokens: 2 full blocks
+        assert memory["end_held_kv_bytes"] == 2 * loaded.kv_layout(16).bytes_per_block
 
 
 def test_the_copy_engine_runs_submitted_requests_one_at_a_time_in_order(loaded):
@@ -182,9 +180,8 @@ def test_cancelling_a_backend_request_aborts_it_in_the_engine_on_either_engine(l
 
     after = asyncio.run(cut_after_the_first_token())
     engine.wait_idle(60)
-    assert (
-        after.status is Status.OK and after.queue_ms < 1_000
-    )  # the cut request did not run on to 200 tokens
+    # the cut request did not run on to 200 tokens
+    assert after.status is Status.OK and after.queue_ms < 1_000
     num_held_blocks = engine.memory([])["end_held_kv_bytes"] // loaded.kv_layout(16).bytes_per_block
     # run to the end, the cut request alone would leave (40 + 200 - 1) // 16 = 14 blocks cached; the copy
     # engine caches nothing of a stopped request, the paged one keeps the blocks it had computed

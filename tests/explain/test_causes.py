@@ -134,9 +134,8 @@ def test_reasoning_stripped_from_history(chat, tokenizer):
 
 def test_a_reply_that_re_tokenizes_differently(tokenizer):
     reply = "Blue is the colour of the logo"
-    generated = tokenizer.encode(STABLE) + [
-        t for ch in reply for t in tokenizer.encode(ch)
-    ]  # one id per char
+    # one id per char
+    generated = tokenizer.encode(STABLE) + [t for ch in reply for t in tokenizer.encode(ch)]
     resent = tokenizer.encode(STABLE) + tokenizer.encode(reply + "\nAnd the font?")
     requests = [
         Request(i, f"r{i}", "s", i, np.asarray(ids, dtype=np.uint32), max_tokens=2)

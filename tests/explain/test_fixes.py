@@ -210,9 +210,8 @@ def test_a_re_tokenized_reply_is_resent_as_its_ids(tokenizer):
     ]
     _, fixes = fixes_of(requests, tokenizer)
     fix = of_kind(fixes, "re-tokenized")
-    resent_as_ids = len(generated) + len(
-        tokenizer.encode("\nAnd the font?")
-    )  # r1: r0's ids, then its new text
+    # r1: r0's ids, then its new text
+    resent_as_ids = len(generated) + len(tokenizer.encode("\nAnd the font?"))
     assert fix.hit_rate_after == pytest.approx(len(generated) // B * B / (len(generated) + resent_as_ids))
     assert fix.gain_points > 0
 

@@ -94,9 +94,8 @@ def test_the_engine_comparison_runs_kvbench_serve_beside_vllm_and_writes_the_tab
         log = (tmp_path / f"kvbench-{engine}.log").read_text()
         assert f"--engine {engine}" in log.splitlines()[0] and "--threads 1" in log.splitlines()[0]
         port = int(log.split("http://127.0.0.1:", 1)[1].split("/", 1)[0])
-        assert (
-            call(f"http://127.0.0.1:{port}/health", "", timeout_s=2)[0] != 200
-        )  # stopped after the comparison
+        # stopped after the comparison
+        assert call(f"http://127.0.0.1:{port}/health", "", timeout_s=2)[0] != 200
 
     report = _write(config, measured, prepared, "tiny", True, lambda line: None)
     table = pq.read_table(report.parquet_path)

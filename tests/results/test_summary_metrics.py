@@ -101,9 +101,10 @@ def test_mean_median_std_and_percentiles_by_hand():
     # ttft [100, 20, 40] (a warm-up ran, so no cold request is set apart)
     assert d["mean_ttft_ms"] == pytest.approx(160 / 3)
     assert d["median_ttft_ms"] == pytest.approx(40)
+    # population std, as vLLM
     assert d["std_ttft_ms"] == pytest.approx(
         math.sqrt(((100 - 160 / 3) ** 2 + (20 - 160 / 3) ** 2 + (40 - 160 / 3) ** 2) / 3)
-    )  # population std, as vLLM
+    )
     assert d["p90_ttft_ms"] == pytest.approx(40 + 0.8 * 60)  # sorted [20, 40, 100], rank 1.8
     assert d["p99_ttft_ms"] == pytest.approx(40 + 0.98 * 60)
     # tpot [10, 30]: the one-token request has none
@@ -160,10 +161,11 @@ def test_goodput_distserve_definition_split_by_cache_hit():
     inclusive = summarize(ROWS, SummaryOptions(goodput=(("ttft", 40.0), ("tpot", 30.0)))).goodput
     assert inclusive.num_good_requests == 2  # SLO >= value: ttft 20 / tpot 30 and ttft 40 both meet it
     stricter_hit = summarize(ROWS, SummaryOptions(goodput=(("e2el", 200.0),), hit_threshold=0.8)).goodput
+    # 80/100 is a hit, 150/200 not
     assert (stricter_hit.num_cache_hit_requests, stricter_hit.num_cache_miss_requests) == (
         1,
         2,
-    )  # 80/100 is a hit, 150/200 not
+    )
     assert summarize(ROWS).goodput is None and "request_goodput" not in summarize(ROWS).as_dict()
 
 

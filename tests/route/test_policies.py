@@ -87,10 +87,11 @@ def test_cache_aware_falls_back_to_the_least_loaded_when_imbalanced():
     router = primed()
     assert router.choose(view(SHARED), [100, 30, 0, 50]) == 2  # imbalanced: shortest queue, match ignored
     assert router.decisions["balance"] == 1
+    # still recorded
     assert router.tree.owners[HASHER.prompt_blocks(SHARED).block_hashes[-1]].keys() == {
         0,
         2,
-    }  # still recorded
+    }
 
 
 def test_cache_aware_tree_eviction_drops_least_recently_used_leaves_first():

@@ -80,9 +80,8 @@ def test_a_reply_that_re_tokenizes_differently_is_counted():
     first, second = two_turns()
     live = LiveTurns([first, second], TOKENIZER, None)
     text = "token caching"
-    split = [
-        t for piece in ("tok", "en", " caching") for t in TOKENIZER.encode(piece)
-    ]  # same text, other ids
+    # same text, other ids
+    split = [t for piece in ("tok", "en", " caching") for t in TOKENIZER.encode(piece)]
     assert TOKENIZER.decode(split) == text and split != TOKENIZER.encode(text)
     live.finished(live.prepare(first), reply(text, ids=split, cached=0))
     assert live.finished(live.prepare(second), reply("x")).expected_cached_tokens == 0  # prefix caching off
@@ -115,9 +114,8 @@ def test_the_send_loop_sends_and_records_what_the_hook_built():
     clock = VirtualClock()
     records = clock.run(send_requests(requests, backend, LoadConfig(), clock=clock, turns=live))
     assert [r.messages[-2].content for r in backend.seen[1:]] == ["Reply to turn 0."]
-    assert [request.messages for request, _ in records] == [
-        r.messages for r in backend.seen
-    ]  # recorded as sent
+    # recorded as sent
+    assert [request.messages for request, _ in records] == [r.messages for r in backend.seen]
     assert [request.expected_cached_tokens for request, _ in records] == [0, live.expected_generated[1]]
     assert live.expected_generated[1] > 0
 

@@ -55,9 +55,8 @@ def test_requests_are_sent_at_the_traces_gaps_divided_by_the_time_scale(time_sca
     due = [record.due_s for _, record in records]
     expected = [(a - ARRIVALS_S[0]) / time_scale for a in ARRIVALS_S]
     assert due == pytest.approx(expected, abs=1e-9)
-    assert [record.sent_s for _, record in records] == pytest.approx(
-        expected, abs=1e-9
-    )  # no lag on a free server
+    # no lag on a free server
+    assert [record.sent_s for _, record in records] == pytest.approx(expected, abs=1e-9)
     assert [record.ended_s - record.sent_s for _, record in records] == pytest.approx([0.05] * 5)
 
 
@@ -67,9 +66,8 @@ def test_a_sessions_next_turn_waits_for_the_previous_one_and_its_lag_shows():
     by_index = {request.index: record for request, record in records}
     assert by_index[1].due_s == pytest.approx(0.5) and by_index[1].sent_s == pytest.approx(1.0)
     assert by_index[3].sent_s == pytest.approx(3.0)  # x: turn 0 at 2.0 ends 3.0; turn 1 due 2.1
-    assert by_index[4].sent_s == pytest.approx(
-        5.0
-    )  # due 5.0, s's turn 1 ended at 2.0: the think time is kept
+    # due 5.0, s's turn 1 ended at 2.0: the think time is kept
+    assert by_index[4].sent_s == pytest.approx(5.0)
     rows = [result_row("run", {}, request, record) for request, record in records]
     lag = replay_lag(rows)
     assert lag.num_requests == 5 and lag.max_ms == pytest.approx(900.0)

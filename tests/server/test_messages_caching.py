@@ -49,15 +49,13 @@ def test_a_breakpoint_is_written_then_read_never_past_it(client):
     system = system_text(1100)
     question = "what now? " + "again " * 40  # > 2 blocks after the mark, wherever the mark falls in its block
     first, _ = ask(client, marked(system), question)
-    second, engine_hit = ask(
-        client, marked(system), question
-    )  # the same question: the engine hits past the mark
+    # the same question: the engine hits past the mark
+    second, engine_hit = ask(client, marked(system), question)
     written = first.cache_creation_input_tokens
     assert written > 1100 and first.cache_read_input_tokens == 0
     assert second.cache_read_input_tokens == written and second.cache_creation_input_tokens == 0
-    assert (
-        engine_hit > written
-    )  # the engine's block cache reaches into the question; the read stops at the mark
+    # the engine's block cache reaches into the question; the read stops at the mark
+    assert engine_hit > written
     for usage in (first, second):
         assert (
             usage.input_tokens + usage.cache_creation_input_tokens + usage.cache_read_input_tokens > written
@@ -75,9 +73,8 @@ def test_the_top_level_cache_control_marks_the_last_block(client):
     system = system_text(1100)
     first, _ = ask(client, system, extra_body={"cache_control": {"type": "ephemeral"}})
     second, _ = ask(client, system, extra_body={"cache_control": {"type": "ephemeral"}})
-    assert (
-        first.cache_creation_input_tokens > 1100 and first.input_tokens < 10
-    )  # all but the generation prompt
+    # all but the generation prompt
+    assert first.cache_creation_input_tokens > 1100 and first.input_tokens < 10
     assert second.cache_read_input_tokens == first.cache_creation_input_tokens
 
 

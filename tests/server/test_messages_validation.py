@@ -38,10 +38,11 @@ MESSAGES_MISTAKES = [  # (raw JSON body, param); each was a 500, a 200 or a wron
     ),
     (body(messages=[{"role": "system", "content": "hi"}]), "messages[0].role"),
     (body(messages=[]), "messages"),
+    # the prompt alone is too long
     (
         body(messages=[{"role": "user", "content": "word " * 8300}]),
         "messages",
-    ),  # the prompt alone is too long
+    ),
     (body(max_tokens=8150, messages=[{"role": "user", "content": "word " * 100}]), "max_tokens"),
     ("{}", "model"),
 ]

@@ -52,9 +52,8 @@ def test_reset_under_streaming_load_is_a_200_on_every_engine(each_engine):
     assert errors == [] and len(usages) == NUM_CLIENTS and all(u.completion_tokens == 40 for u in usages)
     assert server.post("/reset_prefix_cache", {}) == (200, {"status": "ok", "cache_enabled": True})
     status, body = server.post("/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 1})
-    assert (
-        status == 200 and body["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
-    )  # the reset emptied it
+    # the reset emptied it
+    assert status == 200 and body["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
 
 
 def test_a_reset_waits_for_the_requests_before_it_and_holds_the_ones_after(each_engine):

@@ -25,13 +25,14 @@ from kvbench.sim.stack_distance import distances_of
 @pytest.mark.parametrize(
     "key_lists",
     [
+        # hypothesis found it: a warm request, then one without keys
         [
             [0],
             [1, 2],
             [3, 4, 5, 6],
             [3, 4, 5],
             [],
-        ],  # hypothesis found it: a warm request, then one without keys
+        ],
         [[0, 1], [0, 1], [], [], [0]],
         [[], [7, 8], [7, 8, 9], [], [7]],
     ],

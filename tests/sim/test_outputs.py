@@ -77,9 +77,8 @@ def test_placeholders_take_room_but_never_hit():
     assert [len(p) for p in placeholders] == [5, 5] and all(
         int(p.min()) >= PLACEHOLDER_BASE for p in placeholders
     )
-    assert (
-        placeholder_outputs(requests[:1])[0].tolist() == placeholders[0].tolist()
-    )  # a function of the prompt
+    # a function of the prompt
+    assert placeholder_outputs(requests[:1])[0].tolist() == placeholders[0].tolist()
     assert expected_cached_tokens(requests, CacheConfig(capacity_blocks=64, block_size=B)) == [0, 8]
     # they take room: two 8-token prompts of 5 outputs store 3 blocks each; in a 4-block cache the
     # second evicts the first's tail (its placeholder block, then prompt block 1), so a resend hits 4, not 8

@@ -68,9 +68,8 @@ def test_fixed_size_sampling_within_its_documented_error(many_prefixes):
     curve = sampled_curve(many_prefixes, max_keys=4096)
     assert 0.3 < curve.rate < 0.7
     assert curve.max_keys_held <= 4096 + max(p.num_full_blocks for p in many_prefixes.prompts)
-    assert (
-        curve.max_keys_kept == 4096 < curve.max_keys_held and curve.max_keys == 4096
-    )  # between requests: the budget
+    # between requests: the budget
+    assert curve.max_keys_kept == 4096 < curve.max_keys_held and curve.max_keys == 4096
     assert errors_of(many_prefixes, curve).max() < 0.015
 
 

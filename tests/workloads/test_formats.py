@@ -93,11 +93,12 @@ def test_a_mooncake_trace_gives_token_id_requests(tmp_path, count_opens):
     )
     assert not request.has_text
     second = load_source(path).requests[1]
+    # no output: default budget
     assert (second.arrival_s, second.max_tokens, second.output_tokens) == (
         0.25,
         64,
         None,
-    )  # no output: default budget
+    )
     assert np.array_equal(second.token_ids, request.token_ids[:512])  # equal hash id, equal tokens
 
 
@@ -106,10 +107,11 @@ def test_a_mooncake_trace_gives_token_id_requests(tmp_path, count_opens):
     [
         ("", ": the file is empty"),
         ("{oops\n", ":1: not valid JSON"),
+        # a {"prompt": ...} line is a format now (issue 13)
         (
             '{"text": "x"}\n',
             ":1: not a known trace format",
-        ),  # a {"prompt": ...} line is a format now (issue 13)
+        ),
         ("[1, 2]\n", ":1: not a known trace format"),
     ],
 )
@@ -135,13 +137,14 @@ def test_open_jsonl_hands_the_first_line_to_the_reader(tmp_path):
     with open_jsonl(path) as file:
         assert file.format == "mooncake" and file.first_number == 1 and file.first["input_length"] == 600
         assert [number for number, _ in file.lines()] == [1, 2]
+    # issue 13 added two
     assert list(FORMATS) == [
         "kvbench-trace",
         "hash-ids",
         "mooncake",
         "jsonl",
         "lengths",
-    ]  # issue 13 added two
+    ]
 
 
 def test_the_kind_registry_is_literal_and_covers_scenarios_and_trace_gen():

@@ -63,9 +63,8 @@ def test_columns_read_the_same_trace_as_the_line_reader(tmp_path, monkeypatch):
     assert trace_columns(path) is not None  # the fast path took this file
     fast, lines = both_paths(monkeypatch, path)
     assert fast == lines and len(fast.requests) == 52
-    assert [repr(r) for r in fast.requests] == [
-        repr(r) for r in lines.requests
-    ]  # types too: int, float, tuple
+    # types too: int, float, tuple
+    assert [repr(r) for r in fast.requests] == [repr(r) for r in lines.requests]
     assert fast.requests[0].messages[0] is fast.requests[1].messages[0]  # equal messages shared
     assert type(fast.requests[5].turn) is int and type(fast.requests[5].arrival_ms) is float
 
@@ -78,9 +77,8 @@ def test_a_limit_gives_the_same_first_requests(tmp_path, monkeypatch, limit):
 
 
 def test_many_blocks_keep_order_and_hash(tmp_path, monkeypatch):
-    monkeypatch.setattr(
-        trace_columns_module, "BLOCK_BYTES", 300
-    )  # a block of one or two lines: every seam crossed
+    # a block of one or two lines: every seam crossed
+    monkeypatch.setattr(trace_columns_module, "BLOCK_BYTES", 300)
     path = write_trace(mixed_trace(200), tmp_path / "t.jsonl")
     assert trace_columns(path) is not None
     fast, lines = both_paths(monkeypatch, path)
@@ -166,9 +164,8 @@ def test_a_bad_line_gives_the_line_readers_answer(tmp_path, monkeypatch, case):
 
 def test_totals_and_bound_as_the_line_reader(tmp_path, monkeypatch):
     path = write_trace(mixed_trace(), tmp_path / "t.jsonl")
-    edit(
-        path, 1, lambda line: line.replace(b'"num_requests": 52', b'"num_requests": 51')
-    )  # edit's json.dumps
+    # edit's json.dumps
+    edit(path, 1, lambda line: line.replace(b'"num_requests": 52', b'"num_requests": 51'))
     fast, lines = both_paths(monkeypatch, path)
     assert fast == lines and "the header says 51, the file has 52" in fast
     path = write_trace(mixed_trace(), tmp_path / "t.jsonl")

@@ -211,9 +211,8 @@ class OpenAIBackend(SdkClientBackend):
         extra.update(config.extra_body)
         prompt = None
         if request.messages is None:
-            prompt = (
-                request.prompt if request.prompt is not None else request.token_ids.tolist()
-            )  # Python ints
+            # Python ints
+            prompt = request.prompt if request.prompt is not None else request.token_ids.tolist()
             if isinstance(prompt, list):  # token ids go in extra_body, which the SDK sends as is: its
                 extra.setdefault("prompt", prompt)  # argument transform walks every id (~0.2-0.4 s for
                 prompt = ""  # 2k ids on a loaded 2-core machine, counted in TTFT; issue 18)

@@ -40,11 +40,12 @@ HTTP_LIBRARY = _http  # the openai SDK's HTTP library (httpx2, or httpx): its ex
 DONE = b"[DONE]"
 DRAIN_TIMEOUT_S = 0.1  # the SDK's _DRAIN_TIMEOUT (openai/_streaming_cleanup.py)
 TIMEOUT_ERRORS = (_http.TimeoutException,)
+# openai/_httpx2.py request_exceptions()
 TRANSPORT_ERRORS = (
     _http.RequestError,
     ssl.SSLError,
     anyio.EndOfStream,
-)  # openai/_httpx2.py request_exceptions()
+)
 
 
 class EventSplitter:

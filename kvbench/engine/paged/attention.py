@@ -84,15 +84,13 @@ class DecodeBatch:
     def of(cls, sequences: Sequence[SequenceSlice], device: torch.device) -> DecodeBatch:
         """Pad and stack the decoding ``sequences`` (each ``num_query_tokens == 1``)."""
         max_blocks = max(len(seq.block_table) for seq in sequences)
-        tables = torch.full(
-            (len(sequences), max_blocks), NULL_BLOCK_ID, dtype=torch.long, device=device
-        )  # (n, max_blocks)
+        # (n, max_blocks)
+        tables = torch.full((len(sequences), max_blocks), NULL_BLOCK_ID, dtype=torch.long, device=device)
         for i, seq in enumerate(sequences):
             tables[i, : len(seq.block_table)] = seq.block_table
         lengths = torch.tensor([seq.num_context_tokens for seq in sequences], device=device)  # (n,)
-        key_positions = torch.arange(
-            max(seq.num_context_tokens for seq in sequences), device=device
-        )  # (kv,), no sync
+        # (kv,), no sync
+        key_positions = torch.arange(max(seq.num_context_tokens for seq in sequences), device=device)
         mask = (key_positions[None, :] < lengths[:, None])[:, None, None]  # (n, 1, 1, kv)
         rows = torch.tensor([seq.query_start for seq in sequences], device=device)  # (n,)
         return cls(rows, tables.flatten(), mask)  # tables: (n * max_blocks,)
@@ -145,9 +143,8 @@ class PagedForward:
         decoding = [seq for seq in sequences if seq.num_query_tokens == 1]
         decode = DecodeBatch.of(decoding, device) if batch_decodes and len(decoding) >= 2 else None
         alone = [seq for seq in sequences if decode is None or seq.num_query_tokens > 1]
-        additive = (
-            pool.keys[0].dtype if device.type == "cpu" else None
-        )  # SDPA converts a bool mask at every call
+        # SDPA converts a bool mask at every call
+        additive = pool.keys[0].dtype if device.type == "cpu" else None
         with_masks = tuple(
             (seq, causal_mask(seq.num_query_tokens, seq.num_context_tokens, device, additive))
             for seq in alone
@@ -179,13 +176,13 @@ def paged_attention_forward(
         )
     pool, layer = kvbench_paged.pool, module.layer_idx
     pool.write(layer, kvbench_paged.slot_block_ids, kvbench_paged.slot_offsets, key[0], value[0])
-    output = query.new_empty(
-        (1, query.shape[2], query.shape[1], query.shape[3])
-    )  # (1, tokens, heads, head_dim)
+    # (1, tokens, heads, head_dim)
+    output = query.new_empty((1, query.shape[2], query.shape[1], query.shape[3]))
     in_place = not dropout and covers(query[0, :, 0], pool.keys[layer])  # lone decodes: engine/one_query.py
     for seq, mask in kvbench_paged.sequences:
         lo, hi = seq.query_start, seq.query_start + seq.num_query_tokens
         if in_place and seq.num_query_tokens == 1:
+            # (heads, head_dim)
             output[0, lo] = one_query_attention(
                 query[0, :, lo],
                 pool.keys[layer],
@@ -193,14 +190,14 @@ def paged_attention_forward(
                 seq.block_table,
                 seq.num_context_tokens,
                 scaling,
-            )  # (heads, head_dim)
+            )
             continue
-        seq_keys, seq_values = pool.gather(
-            layer, seq.block_table, seq.num_context_tokens
-        )  # (1, kv_heads, kv, head_dim)
+        # (1, kv_heads, kv, head_dim)
+        seq_keys, seq_values = pool.gather(layer, seq.block_table, seq.num_context_tokens)
+        # (1, q, heads, head_dim)
         out, _ = sdpa_attention_forward(
             module, query[:, :, lo:hi], seq_keys, seq_values, mask, dropout=dropout, scaling=scaling
-        )  # (1, q, heads, head_dim)
+        )
         output[:, lo:hi] = out
     decode = kvbench_paged.decode
     if decode is not None and kvbench_paged.kernel is not None:  # the blocks read in place
@@ -210,13 +207,13 @@ def paged_attention_forward(
         )
     elif decode is not None:
         num_context = decode.mask.shape[-1]
-        keys, values = pool.gather_padded(
-            layer, decode.block_tables, len(decode.rows), num_context
-        )  # (n, kv_heads, kv, head_dim)
+        # (n, kv_heads, kv, head_dim)
+        keys, values = pool.gather_padded(layer, decode.block_tables, len(decode.rows), num_context)
         decode_query = query[0][:, decode.rows].transpose(0, 1)[:, :, None]  # (n, heads, 1, head_dim)
+        # (n, 1, heads, head_dim)
         out, _ = sdpa_attention_forward(
             module, decode_query, keys, values, decode.mask, dropout=dropout, scaling=scaling
-        )  # (n, 1, heads, head_dim)
+        )
         output[0, decode.rows] = out[:, 0]  # (n, heads, head_dim)
     return output, None
 

@@ -265,6 +265,7 @@ class FlashAttnDecode:
     ) -> torch.Tensor:
         """``query`` ``(n, heads, head_dim)`` -> ``(n, heads, head_dim)``."""
         keys, values = nhd_pages(self.pool, layer)
+        # (n, 1, heads, head_dim)
         out = self._call(
             query[:, None].contiguous(),
             keys,
@@ -273,7 +274,7 @@ class FlashAttnDecode:
             block_table=tables.block_tables,
             softmax_scale=scaling,
             causal=True,
-        )  # (n, 1, heads, head_dim)
+        )
         return out[:, 0]
 
 
@@ -298,9 +299,8 @@ class KvbenchCpuDecode:
         )
 
 
-DecodeKernel = (
-    FlashInferDecode | FlashAttnDecode | KvbenchCpuDecode
-)  # ``attend(layer, query, tables, scaling)``
+# ``attend(layer, query, tables, scaling)``
+DecodeKernel = FlashInferDecode | FlashAttnDecode | KvbenchCpuDecode
 DECODE_KERNELS = {
     AttentionKernel.FLASHINFER: FlashInferDecode,
     AttentionKernel.FLASH_ATTN: FlashAttnDecode,

@@ -99,9 +99,8 @@ class KVPool:
         num_heads, head_dim = self.layout.num_kv_heads, self.layout.head_dim
         k = self.keys[layer].index_select(1, block_tables)  # (kv_heads, n * max_blocks, block_size, head_dim)
         v = self.values[layer].index_select(1, block_tables)
-        k = k.view(num_heads, num_sequences, -1, head_dim).transpose(
-            0, 1
-        )  # (n, kv_heads, max_blocks * block_size, head_dim)
+        # (n, kv_heads, max_blocks * block_size, head_dim)
+        k = k.view(num_heads, num_sequences, -1, head_dim).transpose(0, 1)
         v = v.view(num_heads, num_sequences, -1, head_dim).transpose(0, 1)
         return k[:, :, :num_tokens], v[:, :, :num_tokens]  # (n, kv_heads, num_tokens, head_dim)
 
@@ -144,6 +143,5 @@ class HostKV:
             slots = torch.tensor([pair[0] for pair in pairs])  # (pairs,)
             blocks = torch.tensor([pair[1] for pair in pairs], device=pool.keys[0].device)  # (pairs,)
             for host, device in zip((*self.keys, *self.values), (*pool.keys, *pool.values)):
-                device[:, blocks] = host[:, slots].to(
-                    device.device
-                )  # (kv_heads, pairs, block_size, head_dim)
+                # (kv_heads, pairs, block_size, head_dim)
+                device[:, blocks] = host[:, slots].to(device.device)

@@ -56,12 +56,14 @@ from kvbench.cache.block_pool import BlockPool
 from kvbench.cache.host_tier import HostTierIndex
 from kvbench.cache.pool_cache import IdleTimer
 from kvbench.engine.paged.kv_pool import NULL_BLOCK_ID
+
+# part of this API
 from kvbench.engine.paged.sequence import (
     ScheduledBatch,
     Sequence,
     SequenceStatus,
     blocks_for,
-)  # part of this API
+)
 
 
 class Scheduler:
@@ -90,9 +92,8 @@ class Scheduler:
     ) -> None:
         if CacheKind(kind) is CacheKind.RADIX and not tail_first:
             raise ValueError(HEAD_FIRST_RADIX_ERROR)
-        if host_tier_blocks and (
-            CacheKind(kind) is CacheKind.RADIX or hasher is None
-        ):  # radix keys: no prefix
+        # radix keys: no prefix
+        if host_tier_blocks and (CacheKind(kind) is CacheKind.RADIX or hasher is None):
             raise ValueError("--host-tier needs the hash prefix cache on (--cache on --cache-kind hash)")
         self.pool = BlockPool(num_blocks, first_block_id=NULL_BLOCK_ID + 1)
         self.timer = IdleTimer(self.pool, ttl_s, clock)
@@ -107,9 +108,8 @@ class Scheduler:
         self.num_copied_blocks = 0  # copy-on-write copies over the scheduler's life
         self.host = HostTierIndex(host_tier_blocks) if host_tier_blocks else None
         self.num_host_queried_tokens = self.num_host_hit_tokens = 0  # first admissions
-        self._host_stores: list[
-            tuple[int, int]
-        ] = []  # (GPU block, host slot) of released blocks, not yet copied
+        # (GPU block, host slot) of released blocks, not yet copied
+        self._host_stores: list[tuple[int, int]] = []
         self._host_loads: list[tuple[int, int]] = []  # (host slot, GPU block) of this schedule's admissions
 
     # -- queue -------------------------------------------------------------------------------------

@@ -37,11 +37,12 @@ import torch
 
 from kvbench.request import RequestRecord
 
+# see the module docstring
 TIE_TOLERANCE_NATS = {
     torch.float32: 1e-3,
     torch.float16: 5e-2,
     torch.bfloat16: 1e-1,
-}  # see the module docstring
+}
 DEFAULT_TIE_TOLERANCE_NATS = 1e-3
 
 

@@ -23,9 +23,8 @@ from typing import BinaryIO
 
 from kvbench.errors import InputError
 
-DEFAULT_MAX_LINE_BYTES = (
-    64 * 2**20
-)  # 64 MiB: twice `kvbench serve`'s 32 MiB body limit; a 1M-token prompt is ~4 MB
+# 64 MiB: twice `kvbench serve`'s 32 MiB body limit; a 1M-token prompt is ~4 MB
+DEFAULT_MAX_LINE_BYTES = 64 * 2**20
 _SKIP_CHUNK_BYTES = 2**20  # what is read at a time past the bound, to count an over-long line's size
 _MAX_LINE_BYTES: ContextVar[int] = ContextVar("kvbench_max_line_bytes", default=DEFAULT_MAX_LINE_BYTES)
 

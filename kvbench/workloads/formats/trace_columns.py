@@ -33,6 +33,7 @@ from kvbench.workloads.formats.lines import max_line_bytes
 
 BLOCK_BYTES = 4 << 20  # bytes of whole lines parsed at a time: ~40k tiny request lines
 _MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
+# the fields of kvbench_trace.REQUEST_FIELDS
 _SCHEMA = pa.schema(
     [
         ("id", pa.string()),
@@ -46,7 +47,7 @@ _SCHEMA = pa.schema(
         ("salt", pa.string()),
         ("expected_prompt_tokens", pa.int64()),
     ]
-)  # the fields of kvbench_trace.REQUEST_FIELDS
+)
 _OPTIONS = pa_json.ParseOptions(explicit_schema=_SCHEMA, unexpected_field_behavior="error")
 _ROLES = pa.array(MESSAGE_ROLES)
 _FIELD_ORDER = tuple(field.name for field in dataclasses.fields(TraceRequest))  # of_checked's order
@@ -120,9 +121,8 @@ def _valid(table: pa.Table) -> bool:
         table.column(name).to_numpy()
         for name in ("turn", "arrival_ms", "max_tokens", "expected_prompt_tokens")
     )
-    if (
-        np.any(turn < 0) or not np.all(arrival_ms >= 0) or np.any(max_tokens < 1) or np.any(expected < 1)
-    ):  # NaN fails
+    # NaN fails
+    if np.any(turn < 0) or not np.all(arrival_ms >= 0) or np.any(max_tokens < 1) or np.any(expected < 1):
         return False
     output = table.column("output_tokens")
     if not (
@@ -185,11 +185,12 @@ def trace_columns(handle: BinaryIO, limit: int | None = None) -> TraceColumns | 
         if num_lines is None:
             return None
         try:
+            # one parse of the whole block: a line may be long
             table = pa_json.read_json(
                 pa.BufferReader(block),
                 parse_options=_OPTIONS,
                 read_options=pa_json.ReadOptions(use_threads=False, block_size=len(block) + 1),
-            )  # one parse of the whole block: a line may be long
+            )
         except pa.ArrowException:
             return None
         if table.num_rows != num_lines:

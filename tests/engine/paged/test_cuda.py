@@ -76,9 +76,8 @@ def test_the_paged_engine_on_cuda_equals_the_cache_off_reference_under_batching(
     engine = PagedEngine(
         cuda_model, PagedConfig(CacheConfig(capacity_blocks=256, block_size=BLOCK), verify=True)
     )
-    assert (
-        engine.attention_kernel.kernel is AttentionKernel.SDPA_GATHERED
-    )  # fp32: no paged-KV kernel computes in it
+    # fp32: no paged-KV kernel computes in it
+    assert engine.attention_kernel.kernel is AttentionKernel.SDPA_GATHERED
     first = engine.generate(prompts()[0], GREEDY)
     records = [future.result(timeout=120) for future in [engine.submit(ids, GREEDY) for ids in prompts()[1:]]]
     assert engine.verify_report.totals.num_mismatches == 0
@@ -94,9 +93,8 @@ def decode_forward(pool, kernel, lengths, seed=0):
     layout, block = pool.layout, pool.block_size
     slices, start = [], 1
     for i, length in enumerate(lengths):
-        table = torch.arange(start, start + -(-length // block), device=CUDA).flip(
-            0
-        )  # blocks in reverse order
+        # blocks in reverse order
+        table = torch.arange(start, start + -(-length // block), device=CUDA).flip(0)
         start += len(table)
         positions = torch.arange(length, device=CUDA)
         keys, values = torch.randn(

@@ -37,9 +37,8 @@ def engine_of(loaded, pool_blocks, host_blocks):
 @pytest.mark.parametrize("host_blocks, host_hit_blocks", [(24, 9 * 4), (10, 9 * 2), (3, 0)])
 def test_at_concurrency_1_the_engine_serves_what_the_simulator_predicts(loaded, host_blocks, host_hit_blocks):
     prompts = rotating_prompts()
-    engine = engine_of(
-        loaded, 6, host_blocks
-    )  # 6 pool blocks: one 4-block system prompt and a question at a time
+    # 6 pool blocks: one 4-block system prompt and a question at a time
+    engine = engine_of(loaded, 6, host_blocks)
     records = [engine.generate(p, SamplingParams(max_tokens=1, ignore_eos=True)) for p in prompts]
     engine.check_invariants()
     trace = prepare_prompts(

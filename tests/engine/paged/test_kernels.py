@@ -96,12 +96,13 @@ def test_fp32_on_cuda_keeps_the_gathered_path():
 @pytest.mark.parametrize(
     "installed, block_size, head_dim, expected",
     [
+        # FlashInfer first, as vLLM's decode
         (
             ("flashinfer", "flash_attn"),
             16,
             64,
             AttentionKernel.FLASHINFER,
-        ),  # FlashInfer first, as vLLM's decode
+        ),
         (("flashinfer",), 32, 128, AttentionKernel.FLASHINFER),
         (("flash_attn",), 16, 64, AttentionKernel.SDPA_GATHERED),  # FA2's pages: multiples of 256 tokens
         (("flash_attn",), 256, 64, AttentionKernel.FLASH_ATTN),
@@ -215,9 +216,8 @@ def paged_decode_reference(query, pages_k, pages_v, tables: PageTables, layout: 
             keys = pages_k[pages].flatten(0, 1)[:length].transpose(0, 1)  # (kv_heads, kv, d)
             values = pages_v[pages].flatten(0, 1)[:length].transpose(0, 1)
         rep = query.shape[1] // keys.shape[0]
-        scores = (
-            query[i][:, None] @ keys.repeat_interleave(rep, 0).transpose(1, 2) * scaling
-        )  # (heads, 1, kv)
+        # (heads, 1, kv)
+        scores = query[i][:, None] @ keys.repeat_interleave(rep, 0).transpose(1, 2) * scaling
         outputs.append((scores.softmax(-1) @ values.repeat_interleave(rep, 0))[:, 0])  # (heads, d)
     return torch.stack(outputs)
 
@@ -257,14 +257,14 @@ def test_the_kernels_call_semantics_equal_the_pools_gather(layout):
     pool, slices, query = decoding_batch(lengths)
     tables = PageTables.of([s.block_table.tolist() for s in slices], lengths, BLOCK, CPU)
     pages = hnd_pages(pool, 0) if layout == "HND" else nhd_pages(pool, 0)
-    out = paged_decode_reference(
-        query.transpose(0, 1), *pages, tables, layout, HEAD_DIM**-0.5
-    )  # (n, heads, d)
+    # (n, heads, d)
+    out = paged_decode_reference(query.transpose(0, 1), *pages, tables, layout, HEAD_DIM**-0.5)
     for i, seq in enumerate(slices):
         keys, values = pool.gather(0, seq.block_table, seq.num_context_tokens)  # (1, kv_heads, kv, d)
+        # (1, heads, 1, d)
         ref = torch.nn.functional.scaled_dot_product_attention(
             query[None, :, i : i + 1], keys, values, enable_gqa=True
-        )  # (1, heads, 1, d)
+        )
         assert (out[i] - ref[0, :, 0]).abs().max().item() < TOLERANCE
 
 
@@ -319,9 +319,10 @@ def test_kvbench_s_cpu_kernel_reads_the_blocks_in_place_and_equals_the_pools_gat
     assert out.shape == (len(lengths), HEADS, HEAD_DIM)
     for i, seq in enumerate(slices):
         keys, values = pool.gather(0, seq.block_table, seq.num_context_tokens)  # (1, kv_heads, kv, d)
+        # (1, heads, 1, d)
         ref = torch.nn.functional.scaled_dot_product_attention(
             query[None, :, i : i + 1], keys, values, enable_gqa=True
-        )  # (1, heads, 1, d)
+        )
         assert (out[i] - ref[0, :, 0]).abs().max().item() < TOLERANCE
 
 

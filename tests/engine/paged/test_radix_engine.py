@@ -50,9 +50,8 @@ def test_default_model_radix_outputs_equal_copy_radix_and_cache_off():
     prompts = [shared + ids(1 + i, n, default.vocab_size) for i, n in enumerate((13, 40, 70))]
     first = engine.generate(prompts[0], sampling)
     prompts.append(prompts[0] + list(first.output_token_ids) + ids(9, 30, default.vocab_size))  # a next turn
-    prompts.append(
-        prompts[1][:160]
-    )  # ends on a block boundary inside the cached prefix: recomputed, deduplicated
+    # ends on a block boundary inside the cached prefix: recomputed, deduplicated
+    prompts.append(prompts[1][:160])
     for index, prompt in enumerate(prompts):
         record = first if index == 0 else engine.generate(prompt, sampling)
         reference = copy.generate(prompt, sampling)
@@ -148,8 +147,9 @@ def test_samples_past_max_num_seqs_wait_and_hit_the_prompt(loaded):
     assert [r.status for r in records] == [Status.OK] * 4
     assert all(r.output_token_ids == expected for r in records)  # greedy: every sample is the same
     assert max(running) == 2
+    # admitted later: the prompt's blocks hit
     assert [r.cached_prompt_tokens for r in records[2:]] == [
         32,
         32,
-    ]  # admitted later: the prompt's blocks hit
+    ]
     assert_clean(engine)

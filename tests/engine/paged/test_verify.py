@@ -32,6 +32,7 @@ def verified(loaded, **config):
 
 
 def test_compare_logprobs_tells_a_near_tie_from_a_mismatch():
+    # (3 positions, vocab 3)
     logprobs = torch.log_softmax(
         torch.tensor(
             [
@@ -41,7 +42,7 @@ def test_compare_logprobs_tells_a_near_tie_from_a_mismatch():
             ]
         ),
         dim=-1,
-    )  # (3 positions, vocab 3)
+    )
     chosen = [float(logprobs[0, 1]), float(logprobs[1, 2]) + 0.5, float(logprobs[2, 1])]
     check = compare_logprobs(logprobs, [1, 2, 1], chosen, tolerance_nats=1e-3)
     assert (check.num_compared_tokens, check.num_flips_near_ties, check.num_mismatches) == (3, 1, 1)
