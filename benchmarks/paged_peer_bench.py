@@ -105,7 +105,6 @@ class TransformersPeer:
             output_token_ids=tokens,
             ttft_ms=ttft_ms,
             e2e_ms=e2e_ms,
-            tpot_ms=(e2e_ms - ttft_ms) / (len(tokens) - 1) if len(tokens) > 1 else None,
             itl_ms=tuple((b - a) * 1e3 for a, b in zip(stamps, stamps[1:])),
             queue_ms=(admitted_s - output.created_time) * 1e3,
         )

@@ -131,9 +131,8 @@ class RequestRecord:
         prompt_token_ids: the ids the server says it prefilled (vLLM ``return_token_ids``), else ``None``.
         output_text: the reply's text as streamed (HTTP backends; ``kvbench run --turns live`` feeds
             it into the session's next turn), else ``None``.
-        ttft_ms: start of service to the first output token; tpot_ms: ``(e2e - ttft) / (output - 1)``
-            (vLLM's definition; ``None`` for one token); itl_ms: gaps between output tokens;
-            e2e_ms: start of service to the last token.
+        ttft_ms: start of service to the first output token; itl_ms: gaps between output tokens;
+            e2e_ms: start of service to the last token (TPOT is the property :attr:`tpot_ms`).
         prefill_ms / lookup_ms / kv_load_ms / insert_ms: engine timings, ``None`` where unknown:
             the forward over the uncached tail; hashing + cache lookup; gathering hit blocks into
             the KV; copying and inserting new blocks after the last token (not in ``e2e_ms``).
@@ -163,7 +162,6 @@ class RequestRecord:
     prompt_token_ids: tuple[int, ...] | None = None
     output_text: str | None = None
     ttft_ms: float | None = None
-    tpot_ms: float | None = None
     itl_ms: tuple[float, ...] = ()
     e2e_ms: float | None = None
     prefill_ms: float | None = None
@@ -187,6 +185,14 @@ class RequestRecord:
     @property
     def ok(self) -> bool:
         return self.status is Status.OK
+
+    @property
+    def tpot_ms(self) -> float | None:
+        """Time per output token after the first: ``(e2e_ms - ttft_ms) / (output_tokens - 1)``, vLLM's
+        definition (``vllm bench serve``); ``None`` with fewer than 2 output tokens or no token times."""
+        if self.ttft_ms is None or self.e2e_ms is None or self.output_tokens < 2:
+            return None
+        return (self.e2e_ms - self.ttft_ms) / (self.output_tokens - 1)
 
     @property
     def is_connection_failure(self) -> bool:

@@ -108,7 +108,6 @@ class _Reading:
             output_tokens_source="usage" if usage is not None else "tokenizer",
             ttft_ms=ttft,
             e2e_ms=e2e,
-            tpot_ms=(e2e - ttft) / (output - 1) if times_ms and output > 1 else None,
             itl_ms=tuple(b - a for a, b in zip(times_ms, times_ms[1:])),
             cache_creation_input_tokens=None if created is None else int(created),
             error=error,

@@ -364,7 +364,6 @@ def _result(
         output_tokens_source="engine",
         output_token_ids=tuple(tokens),
         ttft_ms=ttft_ms,
-        tpot_ms=(e2e_ms - ttft_ms) / (len(tokens) - 1) if len(tokens) > 1 else None,
         itl_ms=tuple((b - a) * 1e3 for a, b in zip(token_s, token_s[1:])),
         e2e_ms=e2e_ms,
         prefill_ms=stamps.ms(stamps.prefilled_s, stamps.kv_loaded_s),

@@ -82,12 +82,7 @@ def explain_requests(
     Raises:
         ValueError: ``outputs`` or ``reported`` differ in length from ``requests``.
     """
-    order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_s)
-    ordered = [requests[i] for i in order]
-    if reported is not None:
-        if len(reported) != len(requests):
-            raise ValueError(f"got {len(reported)} reported counts for {len(requests)} requests")
-        reported = [reported[i] for i in order]
+    order, ordered, reported = _in_arrival_order(requests, reported)
     given = None if config.prompt_only else _outputs(ordered, outputs, order)
     sequences = stored_sequences([r.token_ids for r in ordered], given or [None] * len(ordered))
     eligible = _eligible(ordered, min_cacheable_tokens)
@@ -107,13 +102,7 @@ def explain_requests(
     for p, request in enumerate(ordered):
         slot = replayed.get(p)
         hit = None if slot is None else int(details.hit_tokens[slot])
-        ideal_same = (
-            min(
-                min(same[p].tokens, any_[p].tokens) // config.block_size,
-                max(request.num_tokens - 1, 0) // config.block_size,
-            )
-            * config.block_size
-        )
+        ideal_same = _ideal_same_tokens(request, same[p], any_[p], config.block_size)
         expired = (
             slot is not None
             and details.ttl_hit_tokens is not None
@@ -180,6 +169,36 @@ def replay_requests(
     hits = np.zeros(len(ordered), dtype=np.int64)
     hits[positions] = simulate(trace, config).cached_tokens_per_request
     return Replayed(ordered, hits, given, trace)
+
+
+def _in_arrival_order(
+    requests: Sequence[Request], reported: Sequence[int | None] | None
+) -> tuple[list[int], list[Request], list[int | None] | None]:
+    """The arrival order (positions in ``requests``, stable), the requests in it and ``reported`` in it.
+
+    Raises:
+        ValueError: ``reported`` differs in length from ``requests``.
+    """
+    order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_s)
+    ordered = [requests[i] for i in order]
+    if reported is not None:
+        if len(reported) != len(requests):
+            raise ValueError(f"got {len(reported)} reported counts for {len(requests)} requests")
+        reported = [reported[i] for i in order]
+    return order, ordered, reported
+
+
+def _ideal_same_tokens(request: Request, same: SharedPrefix, any_: SharedPrefix, block_size: int) -> int:
+    """The hit ``request`` would get from its namespace with nothing evicted: the prefix it shares
+    there (at most the one shared in any), in whole blocks, never its prompt's last token. A TTL
+    replay's hit below it means the prefix expired."""
+    return (
+        min(
+            min(same.tokens, any_.tokens) // block_size,
+            max(request.num_tokens - 1, 0) // block_size,
+        )
+        * block_size
+    )
 
 
 def _eligible(ordered: Sequence[Request], min_cacheable_tokens: int | None) -> list[bool]:

@@ -182,16 +182,7 @@ def summarize(rows: Iterable[Mapping[str, Any]], options: SummaryOptions | None 
     counted = [r for r in reported if plausible_cached(r)]
     cached = sum(r["cached_prompt_tokens"] for r in counted)
     counted_prompt = sum(r["prompt_tokens"] or 0 for r in counted)
-    expected_rows = [r for r in ok if r.get("expected_cached_tokens") is not None]
-    expected = sum(r["expected_cached_tokens"] for r in expected_rows)
-    expected_prompt = sum(local_prompt_tokens(r) for r in expected_rows)  # the expectation's own units
     ttft = [r["ttft_ms"] for r in warm]
-    decode_tokens = sum(max((r["output_tokens"] or 0) - 1, 0) for r in ok)
-    decode_ms = sum(
-        (r["e2e_ms"] - r["ttft_ms"])
-        for r in ok
-        if r.get("e2e_ms") is not None and r.get("ttft_ms") is not None and (r["output_tokens"] or 0) > 1
-    )
     output = sum(r["output_tokens"] or 0 for r in ok)
     rates = throughput(measured_duration_s(measured), len(ok), prompt, output)
     return RunSummary(
@@ -201,7 +192,7 @@ def summarize(rows: Iterable[Mapping[str, Any]], options: SummaryOptions | None 
         prompt_tokens=prompt,
         cached_prompt_tokens=cached,
         token_hit_rate=cached / counted_prompt if counted_prompt else None,
-        expected_hit_rate=expected / expected_prompt if expected_prompt else None,
+        expected_hit_rate=_expected_hit_rate(ok),
         cold_ttft_ms=cold["ttft_ms"] if cold else None,
         mean_ttft_ms=float(np.mean(ttft)) if ttft else None,
         p50_ttft_ms=percentile(ttft, 50),
@@ -212,7 +203,7 @@ def summarize(rows: Iterable[Mapping[str, Any]], options: SummaryOptions | None 
         p50_e2e_ms=percentile((r.get("e2e_ms") for r in ok), 50),
         p99_e2e_ms=percentile((r.get("e2e_ms") for r in ok), 99),
         p50_queue_ms=percentile((r.get("queue_ms") for r in ok), 50),
-        per_stream_decode_tok_s=decode_tokens / (decode_ms / 1000.0) if decode_ms > 0 else None,
+        per_stream_decode_tok_s=_per_stream_decode_tok_s(ok),
         output_tokens=output,
         num_mismatched_outputs=sum(1 for r in measured if r.get("output_matches_reference") is False),
         duration=rates.duration,
@@ -230,6 +221,25 @@ def summarize(rows: Iterable[Mapping[str, Any]], options: SummaryOptions | None 
         num_cached_unreported=len(ok) - len(reported),
         num_cached_impossible=len(reported) - len(counted),
     )
+
+
+def _expected_hit_rate(ok: list[Mapping[str, Any]]) -> float | None:
+    """Expected cached / prompt tokens over the successful rows that carry an expectation."""
+    expected_rows = [r for r in ok if r.get("expected_cached_tokens") is not None]
+    expected = sum(r["expected_cached_tokens"] for r in expected_rows)
+    expected_prompt = sum(local_prompt_tokens(r) for r in expected_rows)  # the expectation's own units
+    return expected / expected_prompt if expected_prompt else None
+
+
+def _per_stream_decode_tok_s(ok: list[Mapping[str, Any]]) -> float | None:
+    """Tokens after the first over the time after the first token, summed over successful rows."""
+    decode_tokens = sum(max((r["output_tokens"] or 0) - 1, 0) for r in ok)
+    decode_ms = sum(
+        (r["e2e_ms"] - r["ttft_ms"])
+        for r in ok
+        if r.get("e2e_ms") is not None and r.get("ttft_ms") is not None and (r["output_tokens"] or 0) > 1
+    )
+    return decode_tokens / (decode_ms / 1000.0) if decode_ms > 0 else None
 
 
 def plausible_cached(row: Mapping[str, Any]) -> bool:

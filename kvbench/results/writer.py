@@ -279,16 +279,8 @@ def _flag_rows(table: Table, label: str, flagged: tuple[Flagged, ...]) -> None:
         table.add_row(f"  {label} ...", f"{len(flagged) - MAX_LISTED} more (see the Parquet metadata)")
 
 
-def http_tables(rows: list[dict[str, Any]], reconciliation: Reconciliation) -> list[Table]:
-    """The HTTP backend's extra section: failures by kind, stream chunking, and the reconciliation of
-    reported cached tokens with the simulator's expectation and the server's /metrics."""
-    rec = reconciliation
-    size = "unbounded" if rec.capacity_blocks is None else f"{rec.capacity_blocks:,} blocks"
-    table = Table(
-        title=f"cached tokens: reported vs expected (ideal cache: {rec.block_size}-token blocks, {size})"
-    )
-    table.add_column("check")
-    table.add_column("value", justify="right")
+def _metrics_cell(rec: Reconciliation) -> str:
+    """The hit rate from the server's /metrics delta, its counts and scope (``-`` and why, without one)."""
     metrics = f"- ({rec.metrics_scope or 'no prefix-cache counters at /metrics'})"
     if rec.metrics_family is not None:
         scope = f"; {rec.metrics_scope}" if rec.metrics_scope else ""
@@ -297,13 +289,18 @@ def http_tables(rows: list[dict[str, Any]], reconciliation: Reconciliation) -> l
             f"{rec.metrics_queries_tokens:,.0f} "
             f"tokens, {rec.metrics_family.rsplit('_', 1)[0]}{scope})"
         )
-    entries = [
+    return metrics
+
+
+def _check_entries(rows: list[dict[str, Any]], rec: Reconciliation) -> list[tuple[str, str]]:
+    """The (check, value) rows of the reconciliation table; a red flag's label is red when it is set."""
+    return [
         ("failed requests", error_kinds(rows) or "0"),
         ("responses with several tokens in a chunk", str(num_multi_token_chunks(rows))),
         ("requests compared / without cached_tokens", f"{rec.num_compared} / {rec.num_unreported}"),
         ("hit rate reported by the server (usage)", _rate(rec.reported_hit_rate)),
         ("hit rate expected (simulator)", _rate(rec.expected_hit_rate)),
-        ("hit rate from /metrics delta", metrics),
+        ("hit rate from /metrics delta", _metrics_cell(rec)),
         (
             "[red]reported > possible (red flag)[/red]"
             if rec.over_possible
@@ -326,11 +323,10 @@ def http_tables(rows: list[dict[str, Any]], reconciliation: Reconciliation) -> l
             str(len(rec.short_outputs)),
         ),
     ]
-    for check, value in entries:
-        table.add_row(check, value)
-    _flag_rows(table, "over", rec.over_possible)
-    _flag_rows(table, "below", rec.below_expected)
-    _flag_rows(table, "impossible", rec.impossible)
+
+
+def _short_outputs_row(table: Table, rec: Reconciliation) -> None:
+    """The first :data:`MAX_SHORT_LISTED` request ids with short outputs, and how many more."""
     if rec.short_outputs:
         shown = ", ".join(rec.short_outputs[:MAX_SHORT_LISTED])
         table.add_row(
@@ -342,6 +338,24 @@ def http_tables(rows: list[dict[str, Any]], reconciliation: Reconciliation) -> l
                 else ""
             ),
         )
+
+
+def http_tables(rows: list[dict[str, Any]], reconciliation: Reconciliation) -> list[Table]:
+    """The HTTP backend's extra section: failures by kind, stream chunking, and the reconciliation of
+    reported cached tokens with the simulator's expectation and the server's /metrics."""
+    rec = reconciliation
+    size = "unbounded" if rec.capacity_blocks is None else f"{rec.capacity_blocks:,} blocks"
+    table = Table(
+        title=f"cached tokens: reported vs expected (ideal cache: {rec.block_size}-token blocks, {size})"
+    )
+    table.add_column("check")
+    table.add_column("value", justify="right")
+    for check, value in _check_entries(rows, rec):
+        table.add_row(check, value)
+    _flag_rows(table, "over", rec.over_possible)
+    _flag_rows(table, "below", rec.below_expected)
+    _flag_rows(table, "impossible", rec.impossible)
+    _short_outputs_row(table, rec)
     table.caption = (
         "all successful requests, warm-up included (as /metrics counts them); hit rate = cached / "
         "prompt tokens; possible = longest shared prefix with a request sent before this one ended"

@@ -17,10 +17,12 @@ Example::
 from __future__ import annotations
 
 import contextlib
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from kvbench.errors import checked
+from kvbench.request import Request
 from kvbench.results.parquet import check_output_path
 from kvbench.results.writer import RunWriter
 from kvbench.run.cache_sweep import SweepOutcome, sweep  # the engine sweep lives in its own module
@@ -43,7 +45,7 @@ from kvbench.run.execute import (
 from kvbench.run.load_section import with_load_section
 from kvbench.run.loop import LoadConfig
 from kvbench.run.setup import cache_config, cache_metadata, parse_cache_size, run_section
-from kvbench.run.source import load_source
+from kvbench.run.source import RunSection, RunSource, load_source
 
 __all__ = ["RunInterrupted", "RunOutcome", "SweepOutcome", "run", "run_inprocess", "sweep"]
 
@@ -101,11 +103,21 @@ def run_inprocess(
     return outcome
 
 
-def _run_inprocess(
-    config: RunConfig, on_progress: Progress | None, say: OnStatus, choose_threads
-) -> RunOutcome:
-    from kvbench.engine.model import ModelConfig, load_model, resolve_device
-    from kvbench.engine.sampling import SamplingParams
+@dataclass(frozen=True)
+class _Inputs:
+    """What an in-process run reads and checks before torch loads the model."""
+
+    model_config: Any
+    tokenizer: Any
+    source: RunSource
+    settings: RunSection
+    requests: list[Request]
+    block_size: int
+
+
+def _checked_inputs(config: RunConfig) -> _Inputs:
+    """Read the source and check every flag against it: bad input stays one line, before any load."""
+    from kvbench.engine.model import ModelConfig
     from kvbench.workloads.tokenizer import load_tokenizer
 
     flags = config.model
@@ -120,37 +132,24 @@ def _run_inprocess(
     # the cache's rules, at a stand-in size
     if settings.cache == "on" or config.engine.engine is EngineKind.PAGED:
         cache_config(source.cache, config.cache, 1, block_size)
+    return _Inputs(model_config, tokenizer, source, settings, requests, block_size)
+
+
+def _run_inprocess(
+    config: RunConfig, on_progress: Progress | None, say: OnStatus, choose_threads
+) -> RunOutcome:
+    from kvbench.engine.model import load_model, resolve_device
+
+    flags = config.model
+    inputs = _checked_inputs(config)
+    source, settings = inputs.source, inputs.settings
     resolve_device(flags.device)  # no such GPU: one line, before the threads line
     threads = choose_threads()  # bad input above stays one line: no status line before it
     say(loading_line(flags.path, flags.device))
-    loaded = load_model(model_config)
-    check_against_model(requests, block_size, loaded.max_context_tokens)
-    capacity = parse_cache_size(
-        config.cache.cache_size or settings.cache_size, loaded.kv_layout(block_size).bytes_per_block
-    )
-    paged = config.engine.engine is EngineKind.PAGED
-    pool = (
-        cache_config(source.cache, config.cache, capacity, block_size)
-        if settings.cache == "on" or paged
-        else None
-    )
-    cache = pool if settings.cache == "on" else None
-    expected = predicted_cached_tokens(
-        requests, config.engine, cache, settings.concurrency, settings.ignore_eos
-    )
-    requests = [replace(r, expected_cached_tokens=e) for r, e in zip(requests, expected)]
-    sampling = checked(
-        lambda: SamplingParams(
-            temperature=settings.temperature,
-            top_p=settings.top_p,
-            seed=settings.seed,
-            ignore_eos=settings.ignore_eos,
-        ),
-        {
-            "temperature": "scenario key run.temperature",  # the flags were checked earlier
-            "top_p": "scenario key run.top_p",
-        },
-    )
+    loaded = load_model(inputs.model_config)
+    check_against_model(inputs.requests, inputs.block_size, loaded.max_context_tokens)
+    cache, pool, requests = _caches_and_expectations(config, inputs, loaded)
+    sampling = _sampling(settings)
     load = checked(
         lambda: LoadConfig(concurrency=settings.concurrency, num_warmup=min(settings.warmup, len(requests)))
     )
@@ -172,7 +171,7 @@ def _run_inprocess(
     writer = RunWriter(
         config.out or default_out("run", source.name), metadata, run_id, backend.describe(), config.summary
     )
-    turns = _live_turns(config, requests, tokenizer, cache, metadata)
+    turns = _live_turns(config, requests, inputs.tokenizer, cache, metadata)
     outcome = execute(
         requests,
         backend,
@@ -187,6 +186,45 @@ def _run_inprocess(
         outcome.notes += turns.report.lines()
     writer.close(complete=True)
     return outcome
+
+
+def _caches_and_expectations(config: RunConfig, inputs: _Inputs, loaded):
+    """``(cache, pool, requests)``: the prefix cache (``None`` with the cache off), the engine's
+    pool config (the paged engine has one either way), and the requests with their expected
+    cached tokens."""
+    settings = inputs.settings
+    capacity = parse_cache_size(
+        config.cache.cache_size or settings.cache_size, loaded.kv_layout(inputs.block_size).bytes_per_block
+    )
+    paged = config.engine.engine is EngineKind.PAGED
+    pool = (
+        cache_config(inputs.source.cache, config.cache, capacity, inputs.block_size)
+        if settings.cache == "on" or paged
+        else None
+    )
+    cache = pool if settings.cache == "on" else None
+    expected = predicted_cached_tokens(
+        inputs.requests, config.engine, cache, settings.concurrency, settings.ignore_eos
+    )
+    requests = [replace(r, expected_cached_tokens=e) for r, e in zip(inputs.requests, expected)]
+    return cache, pool, requests
+
+
+def _sampling(settings: RunSection):
+    from kvbench.engine.sampling import SamplingParams
+
+    return checked(
+        lambda: SamplingParams(
+            temperature=settings.temperature,
+            top_p=settings.top_p,
+            seed=settings.seed,
+            ignore_eos=settings.ignore_eos,
+        ),
+        {
+            "temperature": "scenario key run.temperature",  # the flags were checked earlier
+            "top_p": "scenario key run.top_p",
+        },
+    )
 
 
 def _end_metadata(metadata: dict, engine, records, turns) -> None:

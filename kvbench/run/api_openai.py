@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 from dataclasses import replace
+from functools import partial
 
 from kvbench.backends.openai.client_kind import ClientKind
 from kvbench.backends.openai.hygiene import Hygiene, with_nonce
@@ -32,6 +33,7 @@ from kvbench.run.execute import (
     run_metadata,
     status_sink,
 )
+from kvbench.run.http_metrics import server_state
 from kvbench.run.loop import LoadConfig
 from kvbench.run.setup import run_section
 from kvbench.run.source import load_source
@@ -277,35 +279,32 @@ def _backend(client_config, tokenizer, run_salt: str | None, server):
     return RoutedBackend(backends, server.route or "round-robin", client_config.block_size)
 
 
-def _server_state(config: RunConfig, urls, key: str, say: OnStatus):
-    """Reset the servers' caches (``--reset-cache``), read their prefix-cache counters and what their
-    ``/metrics`` says of their cache; each line to ``say`` as it is known. Returns (the scrape of each
-    endpoint, server cache)."""
-    from kvbench.backends.openai.admin import fetch_metrics, reset_prefix_cache
-    from kvbench.backends.openai.metrics import detect_cache_settings
-    from kvbench.backends.openai.server_cache import resolve_server_cache
-    from kvbench.run.http_metrics import joined, scrape
+def _client_config(config: RunConfig, model: str, key: str, settings, block_size: int, turns):
+    """The HTTP client's settings (``OpenAIConfig``), checked: one line for a bad value."""
+    from kvbench.backends.openai.client import OpenAIConfig
 
     server = config.server
-    for url in urls if server.reset_cache else ():
-        say(reset_prefix_cache(url, key)[1])
-    metrics_before = scrape(fetch_metrics, urls, key)
-    server_cache = resolve_server_cache(
-        detect_cache_settings(joined(metrics_before)), server.server_block_size, server.expected_cache_size
+    return checked(
+        lambda: OpenAIConfig(
+            server.url,
+            model,
+            key,
+            server.timeout or DEFAULT_TIMEOUT_S,
+            settings.temperature,
+            settings.top_p,
+            settings.seed,
+            settings.ignore_eos,
+            block_size,
+            {"return_token_ids": True} if turns else {},
+            server.client or ClientKind.LEAN,
+        )
     )
-    for line in server_cache.lines():
-        say(line)
-    return metrics_before, server_cache
 
 
-def run_openai(
-    config: RunConfig, on_progress: Progress | None = None, on_status: OnStatus | None = None
-) -> RunOutcome:
-    """:func:`kvbench.run.api.run` against an OpenAI-compatible server; the preflight's and the
-    server cache's lines go to ``on_status`` when they are known (else to ``outcome.notes``)."""
-    from kvbench.backends.openai.client import OpenAIConfig, check_base_url
-    from kvbench.backends.openai.reconcile import reconcile
-    from kvbench.backends.openai.server_cache import server_expectations
+def _source_and_model(config: RunConfig):
+    """``(tokenizer, source, settings, key, model)``: the URL checked before the tokenizer or any
+    request, the trace read, the served model named, the run's tokenizer chosen."""
+    from kvbench.backends.openai.client import check_base_url
     from kvbench.workloads.tokenizer import load_tokenizer
 
     server = config.server
@@ -316,34 +315,49 @@ def run_openai(
     key = api_key(server.key_variable, explicit=server.api_key_env is not None)
     model = served_model(config, key)
     tokenizer, source = with_run_tokenizer(config, model, key, tokenizer, source)
+    return tokenizer, source, settings, key, model
+
+
+def _sent_notes(outcome: RunOutcome, settings, num_source_requests: int, turns) -> list[str]:
+    """How many requests were sent of how many, and the live turns' lines."""
+    num_sent = sum(1 for _, record in outcome.records if not (record.error or "").startswith(NOT_SENT))
+    return requests_note(settings.num_requests, num_source_requests, num_sent) + (
+        turns.report.lines() if turns else []
+    )
+
+
+def _reconcile(rows, requests, expectations, outcome: RunOutcome, ignore_eos: bool, before, after):
+    """Reported vs expected vs ``/metrics`` cached tokens of the requests as sent."""
+    from kvbench.backends.openai.reconcile import reconcile
+
+    by_index = {request.index: record for request, record in outcome.records}
+    records = [by_index.get(r.index) for r in requests]
+    return reconcile(rows, requests, expectations, records, before, after, ignore_eos=ignore_eos)
+
+
+def run_openai(
+    config: RunConfig, on_progress: Progress | None = None, on_status: OnStatus | None = None
+) -> RunOutcome:
+    """:func:`kvbench.run.api.run` against an OpenAI-compatible server; the preflight's and the
+    server cache's lines go to ``on_status`` when they are known (else to ``outcome.notes``)."""
+    from kvbench.backends.openai.server_cache import server_expectations
+
+    server = config.server
+    tokenizer, source, settings, key, model = _source_and_model(config)
     notes: list[str] = []
     say = status_sink(on_status, notes)
     config, preflight_lines, checks = run_preflight(config, model, key, tokenizer, settings)
     for line in preflight_lines:
         say(line)
     urls = server.base_urls or (server.url,)
-    metrics_before, server_cache = _server_state(config, urls, key, say)
+    metrics_before, server_cache = server_state(config, urls, key, say)
     requests, run_salt = apply_hygiene(config, prepared_requests(source, settings), tokenizer)
     expectations = server_expectations(requests, server_cache, settings.ignore_eos)
     requests = [
         replace(r, expected_cached_tokens=e) for r, e in zip(requests, expectations.expected_cached_tokens)
     ]
     turns = live_turns(config, requests, tokenizer, server_cache, model, key)
-    client_config = checked(
-        lambda: OpenAIConfig(
-            server.url,
-            model,
-            key,
-            server.timeout or DEFAULT_TIMEOUT_S,
-            settings.temperature,
-            settings.top_p,
-            settings.seed,
-            settings.ignore_eos,
-            expectations.block_size,
-            {"return_token_ids": True} if turns else {},
-            server.client or ClientKind.LEAN,
-        )
-    )
+    client_config = _client_config(config, model, key, settings, expectations.block_size, turns)
     load = checked(lambda: _load(config, settings, len(requests)))
     if load.time_scale is not None:  # before any request: what the replay will take (issue 32.10)
         notes.append(replay_plan(requests[load.num_warmup :], load.time_scale))
@@ -372,31 +386,10 @@ def run_openai(
         turns=turns,
         on_end=None if turns is None else lambda _: writer.metadata.update(live_turns=turns.report.as_dict()),
     )
-    num_sent = sum(1 for _, record in outcome.records if not (record.error or "").startswith(NOT_SENT))
-    outcome.notes = (
-        notes
-        + requests_note(settings.num_requests, len(source.requests), num_sent)
-        + (turns.report.lines() if turns else [])
-    )
+    outcome.notes = notes + _sent_notes(outcome, settings, len(source.requests), turns)
     if load.is_open_loop:
         outcome.notes.append(replay_lag(outcome.rows).describe())
-    by_index = {request.index: record for request, record in outcome.records}
     requests, expectations = _as_sent(turns, requests, expectations)
-    _finish(
-        outcome,
-        writer,
-        backend,
-        metrics_before,
-        urls,
-        key,
-        lambda before, after: reconcile(
-            writer.rows,
-            requests,
-            expectations,
-            [by_index.get(r.index) for r in requests],
-            before,
-            after,
-            ignore_eos=settings.ignore_eos,
-        ),
-    )
+    reconciled = partial(_reconcile, writer.rows, requests, expectations, outcome, settings.ignore_eos)
+    _finish(outcome, writer, backend, metrics_before, urls, key, reconciled)
     return outcome

@@ -9,6 +9,10 @@ stopped answering is told apart from one that never exposed prefix-cache counter
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvbench.run.config import RunConfig
 
 Fetch = Callable[[str, str], "str | None"]  # (url, key) -> the /metrics text, None when it did not answer
 
@@ -39,3 +43,23 @@ def metrics_scope(before: Sequence[str | None], after: Sequence[str | None]) -> 
         f"covers replica {', '.join(map(str, both))} only: replica {', '.join(missing)} "
         "did not answer /metrics before and after the run"
     )
+
+
+def server_state(config: RunConfig, urls: Sequence[str], key: str, say: Callable[[str], None]):
+    """Reset the servers' caches (``--reset-cache``), read their prefix-cache counters and what their
+    ``/metrics`` says of their cache; each line to ``say`` as it is known. Returns (the scrape of each
+    endpoint, server cache)."""
+    from kvbench.backends.openai.admin import fetch_metrics, reset_prefix_cache
+    from kvbench.backends.openai.metrics import detect_cache_settings
+    from kvbench.backends.openai.server_cache import resolve_server_cache
+
+    server = config.server
+    for url in urls if server.reset_cache else ():
+        say(reset_prefix_cache(url, key)[1])
+    metrics_before = scrape(fetch_metrics, urls, key)
+    server_cache = resolve_server_cache(
+        detect_cache_settings(joined(metrics_before)), server.server_block_size, server.expected_cache_size
+    )
+    for line in server_cache.lines():
+        say(line)
+    return metrics_before, server_cache

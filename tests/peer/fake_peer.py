@@ -33,7 +33,7 @@ class FakeServer:
             cached_prompt_tokens=0,
             output_tokens=request.max_tokens,
             ttft_ms=self.delay_s * 1e3,
-            tpot_ms=1.0,
+            e2e_ms=self.delay_s * 1e3 + (request.max_tokens - 1) * 1.0,  # TPOT 1 ms
         )
 
     def describe(self):

@@ -30,7 +30,7 @@ def record(ttft_ms, tpot_ms=10.0, output_tokens=32, cached=0, sent_s=0.0, ended_
         cached_prompt_tokens=cached,
         output_tokens=output_tokens,
         ttft_ms=ttft_ms,
-        tpot_ms=tpot_ms,
+        e2e_ms=ttft_ms + tpot_ms * (output_tokens - 1),
         sent_s=sent_s,
         ended_s=ended_s,
     )

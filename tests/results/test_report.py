@@ -53,13 +53,19 @@ def write_run(path, *, enabled, content_hash=SHARED_HASH, scenario="shared_2k", 
             status="ok",
         )
         rows.append(row)
-    metadata = {
+    metadata = run_metadata(path.stem, rows, enabled=enabled, content_hash=content_hash, scenario=scenario)
+    return write_rows(path, rows, metadata, schema=RUN_SCHEMA)
+
+
+def run_metadata(run_id, rows, *, enabled, content_hash, scenario):
+    """The metadata ``kvbench run`` writes beside ``rows``: command, machine, summary and run config."""
+    return {
         "command": "run",
         "machine": MACHINE,
         "complete": True,
         "summary": summarize(rows).as_dict(),
         "run": {
-            "run_id": path.stem,
+            "run_id": run_id,
             "backend": "inprocess",
             "model": "tiny",
             "scenario": scenario,
@@ -84,7 +90,6 @@ def write_run(path, *, enabled, content_hash=SHARED_HASH, scenario="shared_2k", 
             "seed": 0,
         },
     }
-    return write_rows(path, rows, metadata, schema=RUN_SCHEMA)
 
 
 def write_sim(path):

@@ -127,7 +127,6 @@ class StreamReading:
         times_ms = [(t - self.start_s) * 1e3 for t in self.content_s]
         ttft_ms = times_ms[0] if times_ms else None
         e2e_ms = times_ms[-1] if times_ms else None
-        tpot_ms = (e2e_ms - ttft_ms) / (output_tokens - 1) if times_ms and output_tokens > 1 else None
         return RequestRecord(
             status=Status.OK if error is None else Status.ERROR,
             prompt_tokens=int(usage.prompt_tokens)
@@ -137,7 +136,6 @@ class StreamReading:
             output_tokens=output_tokens,
             output_tokens_source=source,
             ttft_ms=ttft_ms,
-            tpot_ms=tpot_ms,
             e2e_ms=e2e_ms,
             itl_ms=tuple(b - a for a, b in zip(times_ms, times_ms[1:])),
             output_token_ids=None if self.output_token_ids is None else tuple(self.output_token_ids),

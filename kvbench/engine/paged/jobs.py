@@ -55,7 +55,6 @@ def job_record(job: Job) -> RequestRecord:
         output_tokens_source="engine",
         output_token_ids=tokens,
         ttft_ms=ttft_ms,
-        tpot_ms=(e2e_ms - ttft_ms) / (len(tokens) - 1) if len(tokens) > 1 else None,
         itl_ms=tuple((b - a) * 1e3 for a, b in zip(token_s, token_s[1:])),
         e2e_ms=e2e_ms,
         prefill_ms=job.prefill_ms,
