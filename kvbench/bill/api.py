@@ -11,6 +11,7 @@ from kvbench.bill.rules import CacheRules
 from kvbench.bill.simulate import Usage, simulate
 from kvbench.errors import InputError
 from kvbench.request import Request
+from kvbench.results.rows import rows_from_dicts
 from kvbench.workloads.tokenizer import Tokenizer
 
 
@@ -57,9 +58,9 @@ def bill_results(path: Path, rules: CacheRules) -> Bill:
     if table and "prompt_tokens" not in table[0]:
         raise InputError(f"{path}: not a kvbench run results file (no prompt_tokens column)")
     usages = []
-    for row in table:
-        if row.get("status") != "ok" or row.get("phase") != "measure":
+    for row in rows_from_dicts(table):
+        if row.status != "ok" or row.phase != "measure":
             continue
-        read, written = row["cached_prompt_tokens"] or 0, row.get("cache_creation_input_tokens") or 0
-        usages.append(Usage(row["prompt_tokens"] - read - written, written, read, row["output_tokens"] or 0))
+        read, written = row.cached_prompt_tokens or 0, row.cache_creation_input_tokens or 0
+        usages.append(Usage(row.prompt_tokens - read - written, written, read, row.output_tokens or 0))
     return make_bill(usages, rules)

@@ -15,7 +15,7 @@ import contextlib
 import contextvars
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +31,8 @@ from kvbench.engine.sampling import SamplingParams
 from kvbench.errors import KvbenchError
 from kvbench.request import Request, RequestRecord
 from kvbench.results.parquet import write_rows
-from kvbench.results.rows import result_row
-from kvbench.results.schema import RUN_SCHEMA
+from kvbench.results.rows import ResultRow
+from kvbench.results.schema import RUN_COLUMNS, RUN_SCHEMA
 from kvbench.results.summary import RunSummary, summarize
 from kvbench.results.writer import CHECKPOINT_EVERY_S
 from kvbench.run.config import EngineFlags, EngineKind
@@ -60,8 +60,35 @@ def break_schema(extra_fields: Sequence[pa.Field] = ()) -> pa.Schema:
 
 
 @dataclass(frozen=True)
+class BreakRow:
+    """One request of a break experiment: its run row, the experiment and variant that served it, and
+    the experiment's own columns (``extra``: what its hook measured, e.g. ``held_kv_bytes``)."""
+
+    result: ResultRow
+    experiment: str
+    variant: str
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def with_columns(self, columns: Mapping[str, Any]) -> BreakRow:
+        """This row with ``columns`` set: a run column's value replaced in :attr:`result`, any other
+        name added to (or replaced in) :attr:`extra`."""
+        run = {name: value for name, value in columns.items() if name in RUN_COLUMNS}
+        own = {name: value for name, value in columns.items() if name not in RUN_COLUMNS}
+        return replace(self, result=replace(self.result, **run), extra={**self.extra, **own})
+
+    def value(self, name: str) -> Any:
+        """A column by name: the experiment's own, else the run row's."""
+        return self.extra[name] if name in self.extra else getattr(self.result, name)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The Parquet row: the run columns, ``experiment``, ``variant``, then the extra columns."""
+        return {**self.result.to_dict(), "experiment": self.experiment, "variant": self.variant, **self.extra}
+
+
+@dataclass(frozen=True)
 class ParquetTable:
-    """Rows to write to one Parquet file; ``suffix`` is appended to the output file's stem."""
+    """Parquet rows (dicts: this is the file's edge) to write to one file; ``suffix`` is appended to the
+    output file's stem."""
 
     rows: list[dict[str, Any]]
     schema: pa.Schema | None = None
@@ -95,8 +122,8 @@ def write_finished(
     ``None`` if there is no row. Columns: the break schema, ``variant_complete``, and whatever an
     experiment's hook added (types inferred)."""
     partial = list(running.rows) if running is not None else []
-    rows = [{**row, "variant_complete": True} for run in finished for row in run.rows]
-    rows += [{**row, "variant_complete": False} for row in partial]
+    rows = [{**row.to_dict(), "variant_complete": True} for run in finished for row in run.rows]
+    rows += [{**row.to_dict(), "variant_complete": False} for row in partial]
     if not rows:
         return None
     base = break_schema()
@@ -170,16 +197,20 @@ class VariantRun:
     """One variant served: its rows (run schema + break columns) and the engine's records, in order."""
 
     variant: str
-    rows: list[dict[str, Any]] = field(default_factory=list)
+    rows: list[BreakRow] = field(default_factory=list)
     results: list[RequestRecord] = field(default_factory=list)
 
     @property
     def summary(self) -> RunSummary:
         """``summarize`` of the rows: the first request is the cold one (no warm-up phase)."""
-        return summarize(self.rows)
+        return summarize([row.result for row in self.rows])
 
     def column(self, name: str) -> list[Any]:
-        return [row[name] for row in self.rows]
+        return [row.value(name) for row in self.rows]
+
+    def parquet_rows(self) -> list[dict[str, Any]]:
+        """The rows as Parquet rows (:meth:`BreakRow.to_dict`)."""
+        return [row.to_dict() for row in self.rows]
 
 
 def variant_backend(
@@ -234,11 +265,9 @@ def run_variant(
         collected.running = run
 
     def on_record(request: Request, record: RequestRecord) -> None:
-        row = result_row(run_id, columns, request, record)
-        row.update(experiment=experiment, variant=variant)
-        if hook is not None:
-            row.update(hook(request, record))
-        run.rows.append(row)
+        extra = dict(hook(request, record)) if hook is not None else {}
+        result = ResultRow.of(run_id, columns, request, record)
+        run.rows.append(BreakRow(result, experiment, variant).with_columns(extra))
         run.results.append(record)
         if collected is not None:
             collected.row_added()

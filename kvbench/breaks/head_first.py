@@ -149,7 +149,7 @@ class HeadFirstResult:
             for pair in sweep_.pairs
             for result in pair
         ]
-        engine_rows = [row for run in self.engine_runs for row in run.rows]
+        engine_rows = [row for run in self.engine_runs for row in run.parquet_rows()]
         return [ParquetTable(engine_rows, break_schema(EXTRA_FIELDS)), ParquetTable(sim_rows, None, "-sim")]
 
     def metadata(self) -> dict:
@@ -166,7 +166,7 @@ class HeadFirstResult:
 def ttft_p50_ms(run: VariantRun, repeat: bool = True) -> float | None:
     """TTFT p50 over the repeat requests (an unbounded cache would hit them: their prefix came
     before), or with ``repeat=False`` over the first-pass ones (necessarily cold)."""
-    return percentile((row["ttft_ms"] for row in run.rows if row["repeat_request"] is repeat), 50)
+    return percentile((row.result.ttft_ms for row in run.rows if row.extra["repeat_request"] is repeat), 50)
 
 
 def sweep_scenario(scenario: Scenario, config: HeadFirstConfig) -> ScenarioSweep:

@@ -118,15 +118,15 @@ class ChannelTest:
 
 def channel_test(run: VariantRun) -> ChannelTest:
     """Compare the TTFTs of B's correct and wrong guesses in ``run``."""
-    correct = [row for row in run.rows if row["probe"] == CORRECT]
-    wrong = [row for row in run.rows if row["probe"] == WRONG]
-    u, p_value = mann_whitney_less([r["ttft_ms"] for r in correct], [r["ttft_ms"] for r in wrong])
+    correct = [row.result for row in run.rows if row.extra["probe"] == CORRECT]
+    wrong = [row.result for row in run.rows if row.extra["probe"] == WRONG]
+    u, p_value = mann_whitney_less([r.ttft_ms for r in correct], [r.ttft_ms for r in wrong])
     return ChannelTest(
-        percentile((r["ttft_ms"] for r in correct), 50),
-        percentile((r["ttft_ms"] for r in wrong), 50),
+        percentile((r.ttft_ms for r in correct), 50),
+        percentile((r.ttft_ms for r in wrong), 50),
         p_value,
-        max(r["cached_prompt_tokens"] for r in correct),
-        max(r["cached_prompt_tokens"] for r in wrong),
+        max(r.cached_prompt_tokens for r in correct),
+        max(r.cached_prompt_tokens for r in wrong),
         smallest_p_value(len(correct), len(wrong)),
         probability_first_smaller(u, len(correct), len(wrong)),
     )
@@ -206,7 +206,9 @@ class SharedSaltResult:
         )
 
     def parquet_tables(self) -> list[ParquetTable]:
-        return [ParquetTable([row for run in self.runs for row in run.rows], break_schema(EXTRA_FIELDS))]
+        return [
+            ParquetTable([row for run in self.runs for row in run.parquet_rows()], break_schema(EXTRA_FIELDS))
+        ]
 
     def metadata(self) -> dict:
         return {

@@ -136,7 +136,7 @@ class TimestampResult:
         )
 
     def parquet_tables(self) -> list[ParquetTable]:
-        rows = [row for v in self.variants for row in v.run.rows]
+        rows = [row for v in self.variants for row in v.run.parquet_rows()]
         return [ParquetTable(rows, break_schema(EXTRA_FIELDS))]
 
     def metadata(self) -> dict:
@@ -185,7 +185,7 @@ def run_timestamp(
 
         run = run_variant(backend, requests, EXPERIMENT, placement.value, hook, progress)
         variants.append(
-            TimestampVariant(placement, run, run.rows[1]["first_difference_token"], config.block_size)
+            TimestampVariant(placement, run, run.rows[1].extra["first_difference_token"], config.block_size)
         )
     return TimestampResult(config, variants)
 

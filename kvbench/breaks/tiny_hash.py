@@ -181,18 +181,18 @@ class TinyHashResult:
         """False-hit requests and blocks, requests served poisoned blocks, mismatched outputs, estimate."""
         rows = run.rows
         return {
-            "false_hit_requests": sum(1 for r in rows if r["num_false_hit_blocks"]),
-            "false_hit_blocks": sum(r["num_false_hit_blocks"] for r in rows),
-            "poisoned_requests": sum(1 for r in rows if r["served_poisoned_blocks"]),
-            "mismatched_outputs": sum(1 for r in rows if r["output_matches_reference"] is False),
-            "expected_false_hits": sum(r["collision_chance"] for r in rows),
+            "false_hit_requests": sum(1 for r in rows if r.extra["num_false_hit_blocks"]),
+            "false_hit_blocks": sum(r.extra["num_false_hit_blocks"] for r in rows),
+            "poisoned_requests": sum(1 for r in rows if r.extra["served_poisoned_blocks"]),
+            "mismatched_outputs": sum(1 for r in rows if r.result.output_matches_reference is False),
+            "expected_false_hits": sum(r.extra["collision_chance"] for r in rows),
         }
 
     def example(self) -> dict | None:
         """The first broken-run request whose output differs from cache-off (one with a false hit of
         its own preferred), or ``None``."""
-        mismatched = [r for r in self.broken.rows if r["output_matches_reference"] is False]
-        own = [r for r in mismatched if r["num_false_hit_blocks"]]
+        mismatched = [r for r in self.broken.rows if r.result.output_matches_reference is False]
+        own = [r for r in mismatched if r.extra["num_false_hit_blocks"]]
         return (own or mismatched or [None])[0]
 
     @property
@@ -205,7 +205,7 @@ class TinyHashResult:
         )
 
     def parquet_tables(self) -> list[ParquetTable]:
-        rows = [row for run in (self.reference, *self.runs) for row in run.rows]
+        rows = [row for run in (self.reference, *self.runs) for row in run.parquet_rows()]
         return [ParquetTable(rows, break_schema(EXTRA_FIELDS))]
 
     def metadata(self) -> dict:
@@ -241,8 +241,12 @@ def run_tiny_hash(
         variant_backend(loaded, None), requests, EXPERIMENT, "cache-off", progress=progress
     )
     reference_ids = [list(result.output_token_ids) for result in reference.results]
-    for row, ids in zip(reference.rows, reference_ids):
-        row.update(output_token_ids=ids, reference_output_token_ids=ids, output_matches_reference=True)
+    reference.rows[:] = [
+        row.with_columns(
+            dict(output_token_ids=ids, reference_output_token_ids=ids, output_matches_reference=True)
+        )
+        for row, ids in zip(reference.rows, reference_ids)
+    ]
     runs = []
     for hash_bits in (config.hash_bits, None):
         cache = CacheConfig(capacity, config.block_size, hash=HashConfig(hash_bits=hash_bits))
@@ -320,16 +324,13 @@ def _example_lines(result: TinyHashResult) -> list[str]:
     if row is None:
         return []
     decode = result.tokenizer.decode
-    where = (
-        "" if row["first_false_block"] is None else f", first false hit at block {row['first_false_block']}"
+    first_false, reference, output = (
+        row.extra[name] for name in ("first_false_block", "reference_output_token_ids", "output_token_ids")
     )
+    where = "" if first_false is None else f", first false hit at block {first_false}"
     return [
-        f"example: request {row['request_id']} ({row['prompt_tokens']} prompt tokens, "
-        f"{row['cached_prompt_tokens']} cached{where})",
-        escape(
-            f"  cache off: {row['reference_output_token_ids']} {decode(row['reference_output_token_ids'])!r}"
-        ),
-        escape(
-            f"  {result.broken.variant} keys: {row['output_token_ids']} {decode(row['output_token_ids'])!r}"
-        ),
+        f"example: request {row.result.request_id} ({row.result.prompt_tokens} prompt tokens, "
+        f"{row.result.cached_prompt_tokens} cached{where})",
+        escape(f"  cache off: {reference} {decode(reference)!r}"),
+        escape(f"  {result.broken.variant} keys: {output} {decode(output)!r}"),
     ]

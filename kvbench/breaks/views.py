@@ -103,7 +103,7 @@ class ViewsResult:
     def rss_growth_bytes(self, variant: str) -> int:
         """Peak RSS during the variant minus RSS before its first request."""
         run = self.run(variant)
-        return self.peak(variant, "rss_bytes") - run.rows[0]["rss_before_bytes"]
+        return self.peak(variant, "rss_bytes") - run.rows[0].extra["rss_before_bytes"]
 
     @property
     def verdict(self) -> str:
@@ -119,7 +119,9 @@ class ViewsResult:
 
     def parquet_tables(self) -> list[ParquetTable]:
         rows = [
-            {k: v for k, v in row.items() if k != "rss_before_bytes"} for run in self.runs for row in run.rows
+            {k: v for k, v in row.items() if k != "rss_before_bytes"}
+            for run in self.runs
+            for row in run.parquet_rows()
         ]
         return [ParquetTable(rows, break_schema(EXTRA_FIELDS))]
 
@@ -199,7 +201,7 @@ def views_table(result: ViewsResult) -> Table:
                 format_mib(result.configured_kv_bytes),
                 format_mib(result.peak(variant, "nominal_kv_bytes")),
                 format_mib(held),
-                format_mib(run.rows[-1]["held_kv_bytes"]),
+                format_mib(run.rows[-1].extra["held_kv_bytes"]),
                 f"{held / result.configured_kv_bytes:.2f}",
                 format_mib(result.rss_growth_bytes(variant)),
             )

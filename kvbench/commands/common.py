@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rich.console import Console
 
@@ -18,6 +18,9 @@ from kvbench.errors import checked
 PIPE_WIDTH = 120  # columns when output is not a terminal (files, CI logs), so tables stay readable
 PLAIN_PROGRESS_EVERY_S = 30.0  # outside a terminal (nohup, CI, a file): one progress line this often
 T = TypeVar("T")
+
+if TYPE_CHECKING:
+    from kvbench.results.rows import ResultRow
 
 
 def make_console(stderr: bool = False) -> Console:
@@ -63,10 +66,10 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 def plain_progress(
     console: Console,
-    update: Callable[[list[dict[str, Any]], int], None],
+    update: Callable[[list[ResultRow], int], None],
     every_s: float | None = None,
     clock: Callable[[], float] = time.monotonic,
-) -> Callable[[list[dict[str, Any]], int], None]:
+) -> Callable[[list[ResultRow], int], None]:
     """``update`` plus, every ``every_s`` seconds (default :data:`PLAIN_PROGRESS_EVERY_S`), one plain
     line on ``console``: ``progress: 120/1,000 requests, 2 failed, 3m12s``. For output that is not a
     terminal, where a live bar shows nothing until the end (issue 19: a 14-minute blank under nohup)."""
@@ -74,12 +77,12 @@ def plain_progress(
     started_s = clock()
     last_s = [started_s]
 
-    def plain(rows: list[dict[str, Any]], total: int) -> None:
+    def plain(rows: list[ResultRow], total: int) -> None:
         update(rows, total)
         now_s = clock()
         if now_s - last_s[0] >= interval_s:
             last_s[0] = now_s
-            failed = sum(1 for row in rows if row["status"] != "ok")
+            failed = sum(1 for row in rows if row.status != "ok")
             elapsed = int(now_s - started_s)
             console.print(
                 f"progress: {len(rows):,}/{total:,} requests, {failed:,} failed, "
@@ -146,7 +149,7 @@ class Heartbeat:
 
 
 def run_with_progress(
-    body: Callable[[Callable[[list[dict[str, Any]], int], None], Callable[[str], None]], T],
+    body: Callable[[Callable[[list[ResultRow], int], None], Callable[[str], None]], T],
     on_interrupt: Callable[[Any], None] | None = None,
 ) -> T:
     """Run ``body(on_progress, on_status)`` under a live progress line on stderr; SIGTERM acts as Ctrl-C.
@@ -170,11 +173,11 @@ def run_with_progress(
 
 
 def _after_first(
-    first: Callable[[], None], update: Callable[[list[dict[str, Any]], int], None]
-) -> Callable[[list[dict[str, Any]], int], None]:
+    first: Callable[[], None], update: Callable[[list[ResultRow], int], None]
+) -> Callable[[list[ResultRow], int], None]:
     """``update``, calling ``first()`` before it every time (stopping a heartbeat is idempotent)."""
 
-    def both(rows: list[dict[str, Any]], total: int) -> None:
+    def both(rows: list[ResultRow], total: int) -> None:
         first()
         update(rows, total)
 

@@ -14,6 +14,7 @@ from kvbench.errors import InputError
 from kvbench.results.gate import EXIT_ASSERTION_FAILED, GateConfig, gate_table
 from kvbench.results.goodput import parse_goodput
 from kvbench.results.result_json import check_result_path, result_dict, result_path, write_result
+from kvbench.results.rows import ResultRow
 from kvbench.results.summary import SummaryOptions, parse_metric_percentiles, parse_percentile_metrics
 
 MetricPercentiles = Annotated[str, typer.Option(help="X of every p{X}_{metric}_ms key (vLLM's flag).")]
@@ -133,7 +134,9 @@ def finish_run(outcome: Any, flags: ResultFlags) -> None:
         raise typer.Exit(1)
 
 
-def _report_failures(failed: list[dict], num_rows: int, max_error_rate: float | None, fails: bool) -> None:
+def _report_failures(
+    failed: list[ResultRow], num_rows: int, max_error_rate: float | None, fails: bool
+) -> None:
     """One line on failed requests (and a hint when a server refused cache_salt)."""
     err = make_console(stderr=True)
     color = "red" if fails else "yellow"
@@ -143,8 +146,8 @@ def _report_failures(failed: list[dict], num_rows: int, max_error_rate: float | 
         else (f" (error rate {len(failed) / num_rows:.4f}, --max-error-rate {max_error_rate:g})")
     )
     err.print(
-        f"[{color}]{len(failed)} request(s) failed[/{color}]{allowed}; first: {failed[0]['error']}",
+        f"[{color}]{len(failed)} request(s) failed[/{color}]{allowed}; first: {failed[0].error}",
         soft_wrap=True,
     )
-    if any("cache_salt" in (row["error"] or "") for row in failed):
+    if any("cache_salt" in (row.error or "") for row in failed):
         err.print("the server may not accept cache_salt: try --hygiene nonce")

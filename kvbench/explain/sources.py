@@ -162,15 +162,12 @@ def ttft_fit(path: Path) -> Fit | None:
     rows = [
         r
         for r in result.rows
-        if r.get("status") == "ok"
-        and r.get("ttft_ms") is not None
-        and r.get("prompt_tokens")
-        and r.get("phase", "measure") == "measure"
+        if r.status == "ok" and r.ttft_ms is not None and r.prompt_tokens and r.measured
     ]
     try:
         return fit_ttft_vs_miss_rate(
-            [(r["cached_prompt_tokens"] or 0) / r["prompt_tokens"] for r in rows],
-            [r["ttft_ms"] for r in rows],
+            [(r.cached_prompt_tokens or 0) / r.prompt_tokens for r in rows],
+            [r.ttft_ms for r in rows],
         )
     except ValueError:
         return None
@@ -255,17 +252,17 @@ def _explain_results(config: ExplainConfig, tokenizer) -> Explained:
             "trace the run replayed: kvbench explain SCENARIO_OR_TRACE --cache-size N)"
         )
     source = load_source(run["source"], tokenizer)
-    rows = [row for row in result.rows if row["status"] == "ok"][: config.num_requests]
+    rows = [row for row in result.rows if row.status == "ok"][: config.num_requests]
     by_index = {r.index: r for r in source.requests}
-    missing = [row["request_index"] for row in rows if row["request_index"] not in by_index]
+    missing = [row.request_index for row in rows if row.request_index not in by_index]
     if missing:
         raise InputError(f"{config.source}: row for request {missing[0]} is not in {run['source']}")
     requests = _salted(
         [
             replace(
-                by_index[row["request_index"]],
-                max_tokens=row["max_tokens"],
-                output_tokens=row["output_tokens"] or None,
+                by_index[row.request_index],
+                max_tokens=row.max_tokens,
+                output_tokens=row.output_tokens or None,
             )
             for row in rows
         ],
@@ -294,7 +291,7 @@ def _explain_results(config: ExplainConfig, tokenizer) -> Explained:
         requests,
         cache,
         tokenizer,
-        reported=[row["cached_prompt_tokens"] for row in rows],
+        reported=[row.cached_prompt_tokens for row in rows],
         min_cacheable_tokens=config.min_cacheable_tokens,
         name=result.name,
     )

@@ -29,6 +29,7 @@ from kvbench.peer.comparisons import PreparedComparison
 from kvbench.peer.driver import drive
 from kvbench.request import Request, RequestRecord
 from kvbench.results.metrics import measured_duration_s, throughput
+from kvbench.results.rows import ResultRow
 from kvbench.results.summary import percentile
 
 ENGINE_MAX_TOKENS = 32  # issue 26's table: 32 output tokens per request
@@ -139,7 +140,7 @@ def round_measures(shared: Sequence[RequestRecord], chat: Sequence[RequestRecord
     chat_ok = [r for r in chat if r.ok]
     duration_s = measured_duration_s(
         [
-            {"sent_ms": r.sent_s * 1e3, "end_ms": r.ended_s * 1e3}
+            ResultRow(sent_ms=r.sent_s * 1e3, end_ms=r.ended_s * 1e3)
             for r in chat
             if r.sent_s is not None and r.ended_s is not None
         ]

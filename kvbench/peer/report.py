@@ -126,22 +126,22 @@ class ComparisonSummary:
 
 def summarize(
     name: str,
-    rows: Sequence[dict[str, Any]],
+    agreements: Sequence[dict[str, Any]],
     metrics: PrefixCacheCounters | None,
     disagreements: Sequence[str],
 ) -> ComparisonSummary:
     """Fold a comparison's per-request rows (``comparisons.agreement_rows``) into a summary."""
     return ComparisonSummary(
         name=name,
-        num_requests=len(rows),
-        num_exact=sum(bool(r["agrees"]) for r in rows),
-        num_gpu_blocks=rows[0]["num_gpu_blocks"] if rows else 0,
-        block_size=rows[0]["block_size"] if rows else 0,
-        num_prompt_ids_match=sum(r["prompt_ids_match"] is True for r in rows),
-        prompt_tokens=sum(r["prompt_tokens"] for r in rows),
-        reported_prompt_tokens=sum(r["prompt_tokens_reported"] or 0 for r in rows),
-        predicted_hits_tokens=sum(r["cached_tokens_predicted"] for r in rows),
-        reported_hits_tokens=sum(r["cached_tokens_reported"] or 0 for r in rows),
+        num_requests=len(agreements),
+        num_exact=sum(bool(agreement["agrees"]) for agreement in agreements),
+        num_gpu_blocks=agreements[0]["num_gpu_blocks"] if agreements else 0,
+        block_size=agreements[0]["block_size"] if agreements else 0,
+        num_prompt_ids_match=sum(agreement["prompt_ids_match"] is True for agreement in agreements),
+        prompt_tokens=sum(agreement["prompt_tokens"] for agreement in agreements),
+        reported_prompt_tokens=sum(agreement["prompt_tokens_reported"] or 0 for agreement in agreements),
+        predicted_hits_tokens=sum(agreement["cached_tokens_predicted"] for agreement in agreements),
+        reported_hits_tokens=sum(agreement["cached_tokens_reported"] or 0 for agreement in agreements),
         metrics=metrics,
         disagreements=tuple(disagreements),
     )

@@ -354,10 +354,12 @@ def _compare(
     predicted = predict(prepared, pool.num_gpu_blocks, pool.block_size)
     rows = agreement_rows(prepared, records, predicted, context)
     disagreements = [
-        explain_disagreement(prepared, r["request_index"], r["cached_tokens_reported"], pool.block_size)
-        + f", predicted {r['cached_tokens_predicted']}"
-        for r in rows
-        if not r["agrees"]
+        explain_disagreement(
+            prepared, agreement["request_index"], agreement["cached_tokens_reported"], pool.block_size
+        )
+        + f", predicted {agreement['cached_tokens_predicted']}"
+        for agreement in rows
+        if not agreement["agrees"]
     ]
     return rows, summarize(name, rows, metrics, disagreements)
 

@@ -23,6 +23,7 @@ from typing import Any
 import pyarrow as pa
 
 from kvbench.results.parquet import write_table
+from kvbench.results.rows import ResultRow, rows_to_dicts
 
 
 class Checkpointer:
@@ -35,7 +36,7 @@ class Checkpointer:
         self,
         path: Path,
         schema: pa.Schema,
-        rows: list[dict[str, Any]],
+        rows: list[ResultRow],
         every_s: float,
         metadata: dict[str, Any],
     ) -> None:
@@ -65,7 +66,8 @@ class Checkpointer:
     def _convert_new_rows(self) -> int:
         start, stop = self.num_rows_converted, len(self.rows)
         if stop > start:
-            self._batches.append(pa.RecordBatch.from_pylist(self.rows[start:stop], schema=self.schema))
+            batch = rows_to_dicts(self.rows[start:stop])
+            self._batches.append(pa.RecordBatch.from_pylist(batch, schema=self.schema))
             self.num_rows_converted = stop
         return stop - start
 

@@ -10,13 +10,14 @@ run (``run.trace.requests_hash``), else the request ids in trace order.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from kvbench.errors import InputError
 from kvbench.results.files import NOT_VERIFIED, ResultFile, format_value, summary_cell
 from kvbench.results.report import RUN_METRICS
+from kvbench.results.rows import ResultRow
 
 COMPARED_METRICS = RUN_METRICS  # (row label, RunSummary field, format spec)
 
@@ -74,8 +75,8 @@ class Comparison:
     warnings: tuple[str, ...]
 
 
-def _request_ids(rows: Sequence[Mapping[str, Any]]) -> dict[int, Any]:
-    return {row["request_index"]: row.get("request_id") for row in rows}
+def _request_ids(rows: Sequence[ResultRow]) -> dict[int, Any]:
+    return {row.request_index: row.request_id for row in rows}
 
 
 def trace_mismatches(a: ResultFile, b: ResultFile) -> tuple[list[str], str]:

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 
 from kvbench.errors import InputError
 from kvbench.results.parquet import read_metadata
+from kvbench.results.rows import ResultRow, rows_from_dicts
 from kvbench.results.summary import RunSummary, summarize
 from kvbench.results.sweep import SweepSummary, read_sweep_summary
 
@@ -31,7 +32,9 @@ _NEEDED_COLUMNS = {
 
 @dataclass(frozen=True)
 class ResultFile:
-    """One result file read back: its kind (``run``, ``sim`` or ``sweep``), metadata and rows.
+    """One result file read back: its kind (``run``, ``sim``, ``sweep`` or ``load-sweep``), metadata
+    and rows: a run file's as typed rows (``rows``), the other kinds' as mappings of their own
+    columns (``table_rows``).
 
     ``summary`` is set for run files (:func:`summarize` over the rows: the numbers ``kvbench run``
     printed), ``sweep`` for sweep summary files.
@@ -40,7 +43,8 @@ class ResultFile:
     path: Path
     kind: str
     metadata: Mapping[str, Any]
-    rows: tuple[Mapping[str, Any], ...] = field(repr=False)
+    rows: tuple[ResultRow, ...] = field(repr=False)
+    table_rows: tuple[Mapping[str, Any], ...] = field(default=(), repr=False)
     summary: RunSummary | None = None
     sweep: SweepSummary | None = None
 
@@ -62,7 +66,7 @@ class ResultFile:
         """On or off for the in-process engine; ``None`` for a server's cache (an HTTP run cannot know)."""
         if "enabled" in self.cache:
             return None if self.cache["enabled"] is None else bool(self.cache["enabled"])
-        return bool(self.rows and self.rows[0].get("cache_enabled"))
+        return bool(self.rows and self.rows[0].cache_enabled)
 
     @property
     def scenario(self) -> str | None:
@@ -141,12 +145,14 @@ def load_result(path: str | Path) -> ResultFile:
     missing = [name for name in _NEEDED_COLUMNS[kind] if name not in table.column_names]
     if missing:
         raise InputError(f"{path}: {kind} results without the column(s) {', '.join(missing)}")
-    rows = tuple(table.to_pylist())
+    dicts = tuple(table.to_pylist())
+    rows = tuple(rows_from_dicts(dicts)) if kind == "run" else ()
     return ResultFile(
         path=path,
         kind=kind,
         metadata=metadata,
         rows=rows,
+        table_rows=() if kind == "run" else dicts,
         summary=summarize(rows) if kind == "run" else None,
         sweep=read_sweep_summary(path) if kind == "sweep" else None,
     )
@@ -176,28 +182,22 @@ class RequestTtft:
     warmup: tuple[tuple[int, float], ...]  # (request_index, ttft_ms) of warm-up requests
 
 
-def split_ttft(rows: Sequence[Mapping[str, Any]]) -> RequestTtft:
+def split_ttft(rows: Sequence[ResultRow]) -> RequestTtft:
     """Split a run's rows into warm measured, cold first, and warm-up TTFTs (rows in serve order).
 
     A row without ``request_index`` is placed by its position in ``rows``.
     """
-    indexed = [(i if r.get("request_index") is None else r["request_index"], r) for i, r in enumerate(rows)]
-    measured = [(i, r) for i, r in indexed if r.get("phase", "measure") == "measure"]
-    warmup = [(i, r) for i, r in indexed if r.get("phase", "measure") != "measure"]
-    ok = [(i, r) for i, r in measured if r.get("status") == "ok"]
+    indexed = [(i if r.request_index is None else r.request_index, r) for i, r in enumerate(rows)]
+    measured = [(i, r) for i, r in indexed if r.measured]
+    warmup = [(i, r) for i, r in indexed if not r.measured]
+    ok = [(i, r) for i, r in measured if r.status == "ok"]
     cold_row = ok[0][1] if ok and not warmup and ok[0][1] is measured[0][1] else None
-    warm = sorted((i, r["ttft_ms"]) for i, r in ok if r is not cold_row and r.get("ttft_ms") is not None)
+    warm = sorted((i, r.ttft_ms) for i, r in ok if r is not cold_row and r.ttft_ms is not None)
     return RequestTtft(
         warm_ms=tuple(t for _, t in warm),
         warm_index=tuple(i for i, _ in warm),
-        cold=(ok[0][0], cold_row["ttft_ms"]) if cold_row and cold_row.get("ttft_ms") is not None else None,
-        warmup=tuple(
-            sorted(
-                (i, r["ttft_ms"])
-                for i, r in warmup
-                if r.get("status") == "ok" and r.get("ttft_ms") is not None
-            )
-        ),
+        cold=(ok[0][0], cold_row.ttft_ms) if cold_row and cold_row.ttft_ms is not None else None,
+        warmup=tuple(sorted((i, r.ttft_ms) for i, r in warmup if r.status == "ok" and r.ttft_ms is not None)),
     )
 
 

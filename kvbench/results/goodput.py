@@ -18,9 +18,11 @@ either met the SLO or did not), unlike the TTFT percentiles.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from kvbench.results.rows import ResultRow
 
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")  # vLLM's valid --goodput names
 DEFAULT_HIT_THRESHOLD = 0.5  # a hit = at least half the prompt came from the cache
@@ -53,15 +55,15 @@ def parse_goodput(values: Sequence[str], option: str = "--goodput") -> tuple[tup
     return tuple(slos.items())
 
 
-def _value_ms(row: Mapping[str, Any], metric: str) -> float | None:
+def _value_ms(row: ResultRow, metric: str) -> float | None:
     if metric == "ttft":
-        return row.get("ttft_ms")
+        return row.ttft_ms
     if metric == "e2el":
-        return row.get("e2e_ms")
-    return row.get("tpot_ms") if (row.get("output_tokens") or 0) > 1 else 0.0  # vLLM: tpot 0 for 1 token
+        return row.e2e_ms
+    return row.tpot_ms if (row.output_tokens or 0) > 1 else 0.0  # vLLM: tpot 0 for 1 token
 
 
-def is_good(row: Mapping[str, Any], slos: Sequence[tuple[str, float]]) -> bool:
+def is_good(row: ResultRow, slos: Sequence[tuple[str, float]]) -> bool:
     """Whether a completed request met every SLO (SLO >= value); a missing value fails it."""
     for metric, limit_ms in slos:
         value = _value_ms(row, metric)
@@ -70,9 +72,9 @@ def is_good(row: Mapping[str, Any], slos: Sequence[tuple[str, float]]) -> bool:
     return True
 
 
-def is_cache_hit(row: Mapping[str, Any], hit_threshold: float = DEFAULT_HIT_THRESHOLD) -> bool:
+def is_cache_hit(row: ResultRow, hit_threshold: float = DEFAULT_HIT_THRESHOLD) -> bool:
     """Cached prompt tokens >= ``hit_threshold`` x prompt tokens, and > 0."""
-    cached, prompt = row.get("cached_prompt_tokens") or 0, row.get("prompt_tokens") or 0
+    cached, prompt = row.cached_prompt_tokens or 0, row.prompt_tokens or 0
     return cached > 0 and cached >= hit_threshold * prompt
 
 
@@ -96,7 +98,7 @@ class Goodput:
 
 
 def goodput(
-    completed: Sequence[Mapping[str, Any]],
+    completed: Sequence[ResultRow],
     slos: Sequence[tuple[str, float]],
     duration_s: float | None,
     hit_threshold: float = DEFAULT_HIT_THRESHOLD,

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+
+from kvbench.results.rows import ResultRow
 
 _BUCKET_RATIO = 1.01  # 1% wide TTFT buckets
 _LOG_RATIO = math.log(_BUCKET_RATIO)
@@ -32,15 +33,15 @@ class RunningStats:
         self.num_ttft = 0
         self._ttft_buckets: dict[int, int] = {}
 
-    def extend(self, rows: Sequence[dict[str, Any]]) -> None:
+    def extend(self, rows: Sequence[ResultRow]) -> None:
         """Read the rows of ``rows`` (the run's growing list) this object has not read yet."""
         for row in rows[self.num_rows_read :]:
             self.num_rows_read += 1
-            if row["status"] != "ok":
+            if row.status != "ok":
                 continue
-            self.prompt_tokens += row["prompt_tokens"]
-            self.cached_tokens += row["cached_prompt_tokens"] or 0
-            ttft = row["ttft_ms"]
+            self.prompt_tokens += row.prompt_tokens
+            self.cached_tokens += row.cached_prompt_tokens or 0
+            ttft = row.ttft_ms
             if ttft is not None:
                 bucket = int(math.log(max(ttft, _MIN_TTFT_MS) / _MIN_TTFT_MS) / _LOG_RATIO)
                 self._ttft_buckets[bucket] = self._ttft_buckets.get(bucket, 0) + 1

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from kvbench.engine.threads import usable_cores
+from kvbench.results.rows import ResultRow
 
 SPREAD_RATIO = 3.0  # warn when identical requests' TTFT p90 / p10 exceeds this
 MIN_IDENTICAL = 5  # ... among at least this many identical requests
@@ -56,14 +57,14 @@ def load_warnings(samples: Mapping[str, Mapping[str, Any]]) -> list[str]:
     return warnings
 
 
-def spread_warning(rows: Sequence[Mapping[str, Any]]) -> str | None:
+def spread_warning(rows: Sequence[ResultRow]) -> str | None:
     """A line when identical successful measured requests have a TTFT p90 / p10 above
     :data:`SPREAD_RATIO` (the widest such group), else ``None``."""
     groups: dict[tuple, list[float]] = {}
     for row in rows:
-        if row["status"] == "ok" and row.get("phase") == "measure" and row["ttft_ms"] is not None:
-            key = (row["prompt_tokens"], row["cached_prompt_tokens"], row["output_tokens"])
-            groups.setdefault(key, []).append(row["ttft_ms"])
+        if row.status == "ok" and row.phase == "measure" and row.ttft_ms is not None:
+            key = (row.prompt_tokens, row.cached_prompt_tokens, row.output_tokens)
+            groups.setdefault(key, []).append(row.ttft_ms)
     worst = None
     for key, ttfts in groups.items():
         if len(ttfts) >= MIN_IDENTICAL:

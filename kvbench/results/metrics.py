@@ -18,11 +18,12 @@ Values: ``ttft`` is ``ttft_ms``, ``tpot`` is ``tpot_ms`` (requests with >= 2 out
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
+
+from kvbench.results.rows import ResultRow
 
 METRICS = ("ttft", "tpot", "itl", "e2el")  # vLLM's --percentile-metrics names
 DEFAULT_PERCENTILES = (50.0, 90.0, 99.0)
@@ -45,12 +46,13 @@ def stat_keys(metric: str, percentiles: Sequence[float]) -> list[str]:
     ]
 
 
-def metric_values(rows: Iterable[Mapping[str, Any]], metric: str) -> list[float]:
+def metric_values(rows: Iterable[ResultRow], metric: str) -> list[float]:
     """The values of ``metric`` (one of :data:`METRICS`) over ``rows``, in ms; nulls skipped."""
     if metric == "itl":
-        return [float(gap) for row in rows for gap in (row.get("itl_ms") or ()) if gap is not None]
+        return [float(gap) for row in rows for gap in (row.itl_ms or ()) if gap is not None]
     column = _COLUMN[metric]
-    return [float(row[column]) for row in rows if row.get(column) is not None]
+    values = (getattr(row, column) for row in rows)
+    return [float(value) for value in values if value is not None]
 
 
 def latency_stats(
@@ -75,12 +77,12 @@ class Throughput:
     total_token_throughput: float | None  # (prompt + output) tokens / s
 
 
-def measured_duration_s(measured: Sequence[Mapping[str, Any]]) -> float | None:
+def measured_duration_s(measured: Sequence[ResultRow]) -> float | None:
     """Seconds from the first measured request sent (``sent_ms``) to the last one ended
     (``end_ms``), failed requests included, as vLLM's benchmark duration; ``None`` for files
     written before ``end_ms`` existed, or an empty set."""
-    sent = [r["sent_ms"] for r in measured if r.get("sent_ms") is not None]
-    ended = [r["end_ms"] for r in measured if r.get("end_ms") is not None]
+    sent = [r.sent_ms for r in measured if r.sent_ms is not None]
+    ended = [r.end_ms for r in measured if r.end_ms is not None]
     if not sent or not ended:
         return None
     return max(max(ended) - min(sent), 0.0) / 1e3

@@ -188,15 +188,17 @@ def sim_table(result: ResultFile) -> TableData:
     """One row per (capacity, release order) of a sim file."""
     rows = tuple(
         (
-            f"{r['capacity_blocks']:,}",
-            format_value(r.get("block_size"), ",d"),
-            format_value(r["capacity_blocks"] * r["block_size"] if r.get("block_size") else None, ",d"),
-            str(r.get("release_order") or "-"),
-            format_value(r["token_hit_rate"], ".4f"),
-            format_value(r.get("block_hit_rate"), ".4f"),
-            format_value(r.get("evictions"), ",d"),
+            f"{point['capacity_blocks']:,}",
+            format_value(point.get("block_size"), ",d"),
+            format_value(
+                point["capacity_blocks"] * point["block_size"] if point.get("block_size") else None, ",d"
+            ),
+            str(point.get("release_order") or "-"),
+            format_value(point["token_hit_rate"], ".4f"),
+            format_value(point.get("block_hit_rate"), ".4f"),
+            format_value(point.get("evictions"), ",d"),
         )
-        for r in result.rows
+        for point in result.table_rows
     )
     ideal = result.metadata.get("ideal_token_hit_rate")
     return TableData(

@@ -78,13 +78,13 @@ def _sim_curves(result: ResultFile, ideals: dict[str, float]) -> list[plots.Curv
     """One curve per release order of a sim file; its unbounded-cache rate keyed by the first curve's
     label."""
     curves = []
-    orders = sorted({row.get("release_order") or "" for row in result.rows})
+    orders = sorted({point.get("release_order") or "" for point in result.table_rows})
     for order in orders:
-        rows = sorted(
-            (r for r in result.rows if (r.get("release_order") or "") == order),
-            key=lambda r: r["capacity_blocks"],
+        points = sorted(
+            (point for point in result.table_rows if (point.get("release_order") or "") == order),
+            key=lambda point: point["capacity_blocks"],
         )
-        blocks = sorted({r.get("block_size") or 1 for r in rows})
+        blocks = sorted({point.get("block_size") or 1 for point in points})
         label = (
             f"{result.scenario or result.name} sim"
             + (f", {order}" if len(orders) > 1 else "")
@@ -93,8 +93,8 @@ def _sim_curves(result: ResultFile, ideals: dict[str, float]) -> list[plots.Curv
         curves.append(
             plots.Curve(
                 label,
-                tuple(r["capacity_blocks"] * (r.get("block_size") or 1) for r in rows),
-                tuple(r["token_hit_rate"] for r in rows),
+                tuple(point["capacity_blocks"] * (point.get("block_size") or 1) for point in points),
+                tuple(point["token_hit_rate"] for point in points),
             )
         )
     if curves and result.metadata.get("ideal_token_hit_rate") is not None:
@@ -191,28 +191,21 @@ def _run_figures(group: Sequence[ResultFile], index: int, out_dir: Path) -> list
 
 def _turn_figure(group: Sequence[ResultFile], title: str, path: Path) -> Figure | None:
     ok_rows = {
-        r.label: [
-            row
-            for row in r.rows
-            if row.get("status") == "ok"
-            and row.get("turn") is not None
-            and row.get("phase", "measure") == "measure"
-        ]
+        r.label: [row for row in r.rows if row.status == "ok" and row.turn is not None and row.measured]
         for r in group
     }
-    if all(len({row["turn"] for row in rows}) < 2 for rows in ok_rows.values()):
+    if all(len({row.turn for row in rows}) < 2 for rows in ok_rows.values()):
         return None  # one-shot prompts: nothing to show per turn
     curves, prompt = [], None
     for label, rows in ok_rows.items():
-        turns = sorted({row["turn"] for row in rows})
-        by_turn = {t: [row for row in rows if row["turn"] == t] for t in turns}
+        turns = sorted({row.turn for row in rows})
+        by_turn = {t: [row for row in rows if row.turn == t] for t in turns}
         curves.append(
             plots.Curve(
                 f"{label}: cached",
                 tuple(turns),
                 tuple(
-                    sum(row["cached_prompt_tokens"] or 0 for row in by_turn[t]) / len(by_turn[t])
-                    for t in turns
+                    sum(row.cached_prompt_tokens or 0 for row in by_turn[t]) / len(by_turn[t]) for t in turns
                 ),
             )
         )
@@ -220,7 +213,7 @@ def _turn_figure(group: Sequence[ResultFile], title: str, path: Path) -> Figure 
             prompt = plots.Curve(
                 "prompt tokens",
                 tuple(turns),
-                tuple(sum(row["prompt_tokens"] or 0 for row in by_turn[t]) / len(by_turn[t]) for t in turns),
+                tuple(sum(row.prompt_tokens or 0 for row in by_turn[t]) / len(by_turn[t]) for t in turns),
             )
     path = plots.plot_cached_per_turn(curves, path, f"Cached prompt tokens per turn: {title}", prompt)
     return Figure(path, "Mean cached prompt tokens per turn (or agent step), against the mean prompt length.")

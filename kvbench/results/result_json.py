@@ -30,6 +30,7 @@ from typing import Any
 
 from kvbench.errors import InputError
 from kvbench.results.parquet import check_output_path, machine, versions
+from kvbench.results.rows import ResultRow
 from kvbench.results.secrets import environment_secrets, scrub
 from kvbench.results.summary import RunSummary
 
@@ -67,26 +68,26 @@ def _header(metadata: Mapping[str, Any], summary: RunSummary) -> dict[str, Any]:
     }
 
 
-def detailed_arrays(rows: Sequence[Mapping[str, Any]]) -> dict[str, list]:
+def detailed_arrays(rows: Sequence[ResultRow]) -> dict[str, list]:
     """vLLM's ``--save-detailed`` arrays (seconds) plus kvbench's, over the measured rows."""
-    measured = [r for r in rows if r.get("phase", "measure") == "measure"]
+    measured = [r for r in rows if r.measured]
     return {
-        "input_lens": [r.get("prompt_tokens") for r in measured],
-        "output_lens": [r.get("output_tokens") for r in measured],
-        "ttfts": [_seconds(r.get("ttft_ms")) for r in measured],
-        "itls": [[gap / 1e3 for gap in (r.get("itl_ms") or ())] for r in measured],
-        "start_times": [_seconds(r.get("sent_ms")) for r in measured],
-        "errors": ["" if r.get("status") == "ok" else (r.get("error") or "error") for r in measured],
-        "request_ids": [r.get("request_id") for r in measured],
-        "cached_tokens": [r.get("cached_prompt_tokens") for r in measured],
-        "expected_cached_tokens": [r.get("expected_cached_tokens") for r in measured],
+        "input_lens": [r.prompt_tokens for r in measured],
+        "output_lens": [r.output_tokens for r in measured],
+        "ttfts": [_seconds(r.ttft_ms) for r in measured],
+        "itls": [[gap / 1e3 for gap in (r.itl_ms or ())] for r in measured],
+        "start_times": [_seconds(r.sent_ms) for r in measured],
+        "errors": ["" if r.status == "ok" else (r.error or "error") for r in measured],
+        "request_ids": [r.request_id for r in measured],
+        "cached_tokens": [r.cached_prompt_tokens for r in measured],
+        "expected_cached_tokens": [r.expected_cached_tokens for r in measured],
     }
 
 
 def result_dict(
     summary: RunSummary,
     metadata: Mapping[str, Any],
-    rows: Sequence[Mapping[str, Any]],
+    rows: Sequence[ResultRow],
     detailed: bool = False,
 ) -> dict[str, Any]:
     """The result JSON of one run (see the module docstring). ``metadata`` is the Parquet footer's
@@ -94,7 +95,7 @@ def result_dict(
     reconciliation = metadata.get("reconciliation") or {}
     result = {**_header(metadata, summary), **summary.as_dict()}
     result.update({key: reconciliation.get(key) for key in SERVER_RATES})
-    failed = sum(1 for r in rows if r.get("status") != "ok")
+    failed = sum(1 for r in rows if r.status != "ok")
     result["error_rate"] = failed / len(rows) if rows else None
     result.update(
         run=metadata.get("run") or {},

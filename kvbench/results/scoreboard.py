@@ -125,11 +125,7 @@ def _run_date(result: ResultFile) -> str:
 
 
 def _ttft_cell(result: ResultFile) -> str:
-    prompts = [
-        r["prompt_tokens"]
-        for r in result.rows
-        if r.get("phase", "measure") == "measure" and r.get("status") == "ok" and r.get("prompt_tokens")
-    ]
+    prompts = [r.prompt_tokens for r in result.rows if r.measured and r.status == "ok" and r.prompt_tokens]
     p50 = format_value(result.summary.p50_ttft_ms)
     return f"{p50} @ {statistics.median(prompts):,.0f} tok" if prompts and p50 != "-" else p50
 
@@ -188,9 +184,9 @@ def zipf_note(results: Sequence[ResultFile]) -> str | None:
             continue
         source, workload = found
         points = [
-            (r["capacity_blocks"], r["token_hit_rate"], r.get("block_size"))
-            for r in result.rows
-            if r.get("release_order") in (None, "tail-first") and r.get("token_hit_rate") is not None
+            (point["capacity_blocks"], point["token_hit_rate"], point.get("block_size"))
+            for point in result.table_rows
+            if point.get("release_order") in (None, "tail-first") and point.get("token_hit_rate") is not None
         ]
         if not points:
             continue

@@ -18,7 +18,7 @@ and the TTFT statistics are vLLM's. Goodput counts it (it met the SLO or it did 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -33,6 +33,7 @@ from kvbench.results.metrics import (
     metric_values,
     throughput,
 )
+from kvbench.results.rows import ResultRow
 
 PERCENTILES = (50, 90, 99)
 
@@ -154,12 +155,12 @@ class RunSummary:
         return flat
 
 
-def _ok(row: Mapping[str, Any]) -> bool:
-    return row.get("status") == "ok"
+def _ok(row: ResultRow) -> bool:
+    return row.status == "ok"
 
 
 def _latency(
-    ok: Sequence[Mapping[str, Any]], warm: Sequence[Mapping[str, Any]], options: SummaryOptions
+    ok: Sequence[ResultRow], warm: Sequence[ResultRow], options: SummaryOptions
 ) -> dict[str, float | None]:
     stats: dict[str, float | None] = {}
     for metric in options.percentile_metrics:
@@ -168,22 +169,22 @@ def _latency(
     return stats
 
 
-def summarize(rows: Iterable[Mapping[str, Any]], options: SummaryOptions | None = None) -> RunSummary:
+def summarize(rows: Iterable[ResultRow], options: SummaryOptions | None = None) -> RunSummary:
     """Summarize result rows (dicts with the :mod:`kvbench.results.schema` columns), in serve order."""
     options = options or SummaryOptions()
     rows = list(rows)
-    measured = [r for r in rows if r.get("phase", "measure") == "measure"]
+    measured = [r for r in rows if r.measured]
     num_warmup = len(rows) - len(measured)
     ok = [r for r in measured if _ok(r)]
     cold = ok[0] if ok and not num_warmup and ok[0] is measured[0] else None
     warm = [r for r in ok if r is not cold]
-    prompt = sum(r["prompt_tokens"] or 0 for r in ok)
-    reported = [r for r in ok if r["cached_prompt_tokens"] is not None]
+    prompt = sum(r.prompt_tokens or 0 for r in ok)
+    reported = [r for r in ok if r.cached_prompt_tokens is not None]
     counted = [r for r in reported if plausible_cached(r)]
-    cached = sum(r["cached_prompt_tokens"] for r in counted)
-    counted_prompt = sum(r["prompt_tokens"] or 0 for r in counted)
-    ttft = [r["ttft_ms"] for r in warm]
-    output = sum(r["output_tokens"] or 0 for r in ok)
+    cached = sum(r.cached_prompt_tokens for r in counted)
+    counted_prompt = sum(r.prompt_tokens or 0 for r in counted)
+    ttft = [r.ttft_ms for r in warm]
+    output = sum(r.output_tokens or 0 for r in ok)
     rates = throughput(measured_duration_s(measured), len(ok), prompt, output)
     return RunSummary(
         num_requests=len(measured),
@@ -193,19 +194,19 @@ def summarize(rows: Iterable[Mapping[str, Any]], options: SummaryOptions | None 
         cached_prompt_tokens=cached,
         token_hit_rate=cached / counted_prompt if counted_prompt else None,
         expected_hit_rate=_expected_hit_rate(ok),
-        cold_ttft_ms=cold["ttft_ms"] if cold else None,
+        cold_ttft_ms=cold.ttft_ms if cold else None,
         mean_ttft_ms=float(np.mean(ttft)) if ttft else None,
         p50_ttft_ms=percentile(ttft, 50),
         p90_ttft_ms=percentile(ttft, 90),
         p99_ttft_ms=percentile(ttft, 99),
-        p50_tpot_ms=percentile((r.get("tpot_ms") for r in ok), 50),
-        p50_itl_ms=percentile((gap for r in ok for gap in (r.get("itl_ms") or [])), 50),
-        p50_e2e_ms=percentile((r.get("e2e_ms") for r in ok), 50),
-        p99_e2e_ms=percentile((r.get("e2e_ms") for r in ok), 99),
-        p50_queue_ms=percentile((r.get("queue_ms") for r in ok), 50),
+        p50_tpot_ms=percentile((r.tpot_ms for r in ok), 50),
+        p50_itl_ms=percentile((gap for r in ok for gap in (r.itl_ms or [])), 50),
+        p50_e2e_ms=percentile((r.e2e_ms for r in ok), 50),
+        p99_e2e_ms=percentile((r.e2e_ms for r in ok), 99),
+        p50_queue_ms=percentile((r.queue_ms for r in ok), 50),
         per_stream_decode_tok_s=_per_stream_decode_tok_s(ok),
         output_tokens=output,
-        num_mismatched_outputs=sum(1 for r in measured if r.get("output_matches_reference") is False),
+        num_mismatched_outputs=sum(1 for r in measured if r.output_matches_reference is False),
         duration=rates.duration,
         completed=len(ok),
         failed=len(measured) - len(ok),
@@ -223,34 +224,34 @@ def summarize(rows: Iterable[Mapping[str, Any]], options: SummaryOptions | None 
     )
 
 
-def _expected_hit_rate(ok: list[Mapping[str, Any]]) -> float | None:
+def _expected_hit_rate(ok: list[ResultRow]) -> float | None:
     """Expected cached / prompt tokens over the successful rows that carry an expectation."""
-    expected_rows = [r for r in ok if r.get("expected_cached_tokens") is not None]
-    expected = sum(r["expected_cached_tokens"] for r in expected_rows)
+    expected_rows = [r for r in ok if r.expected_cached_tokens is not None]
+    expected = sum(r.expected_cached_tokens for r in expected_rows)
     expected_prompt = sum(local_prompt_tokens(r) for r in expected_rows)  # the expectation's own units
     return expected / expected_prompt if expected_prompt else None
 
 
-def _per_stream_decode_tok_s(ok: list[Mapping[str, Any]]) -> float | None:
+def _per_stream_decode_tok_s(ok: list[ResultRow]) -> float | None:
     """Tokens after the first over the time after the first token, summed over successful rows."""
-    decode_tokens = sum(max((r["output_tokens"] or 0) - 1, 0) for r in ok)
+    decode_tokens = sum(max((r.output_tokens or 0) - 1, 0) for r in ok)
     decode_ms = sum(
-        (r["e2e_ms"] - r["ttft_ms"])
+        (r.e2e_ms - r.ttft_ms)
         for r in ok
-        if r.get("e2e_ms") is not None and r.get("ttft_ms") is not None and (r["output_tokens"] or 0) > 1
+        if r.e2e_ms is not None and r.ttft_ms is not None and (r.output_tokens or 0) > 1
     )
     return decode_tokens / (decode_ms / 1000.0) if decode_ms > 0 else None
 
 
-def plausible_cached(row: Mapping[str, Any]) -> bool:
+def plausible_cached(row: ResultRow) -> bool:
     """``0 <= cached_prompt_tokens <= prompt_tokens`` (a server reporting more cached tokens than the
     prompt has, or fewer than none, is wrong about this request; its value is kept in the row but not
     in any rate)."""
-    return 0 <= row["cached_prompt_tokens"] <= (row["prompt_tokens"] or 0)
+    return 0 <= row.cached_prompt_tokens <= (row.prompt_tokens or 0)
 
 
-def local_prompt_tokens(row: Mapping[str, Any]) -> int:
+def local_prompt_tokens(row: ResultRow) -> int:
     """The prompt as kvbench's tokenizer counts it (the units of ``expected_cached_tokens``); the
     server's ``prompt_tokens`` for rows written before the ``local_prompt_tokens`` column existed."""
-    local = row.get("local_prompt_tokens")
-    return int(local) if local is not None else int(row["prompt_tokens"] or 0)
+    local = row.local_prompt_tokens
+    return int(local) if local is not None else int(row.prompt_tokens or 0)

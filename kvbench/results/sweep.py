@@ -381,18 +381,18 @@ def read_sweep_summary(path: str | Path) -> SweepSummary:
         raise InputError(f"{path}: malformed sweep summary ({exc})") from None
 
 
-def _point_from_row(row: Mapping[str, Any]) -> SweepPoint:
+def _point_from_row(point: Mapping[str, Any]) -> SweepPoint:
     return SweepPoint(
-        capacity_blocks=row["capacity_blocks"],
-        token_hit_rate=row.get("token_hit_rate"),
-        p50_ttft_ms=row.get("p50_ttft_ms"),
-        results_path=row.get("results_path") or "",
-        p90_ttft_ms=row.get("p90_ttft_ms"),
-        num_requests=row.get("num_requests") or 0,
-        num_errors=row.get("num_errors") or 0,
-        num_repeats=row.get("num_repeats") or 1,
-        min_p50_ttft_ms=row.get("min_p50_ttft_ms"),
-        max_p50_ttft_ms=row.get("max_p50_ttft_ms"),
-        repeat_p50_ttft_ms=tuple(row.get("repeat_p50_ttft_ms") or ()),
-        repeat_results_paths=tuple(row.get("repeat_results_paths") or ()),
+        capacity_blocks=point["capacity_blocks"],
+        token_hit_rate=point.get("token_hit_rate"),
+        p50_ttft_ms=point.get("p50_ttft_ms"),
+        results_path=point.get("results_path") or "",
+        p90_ttft_ms=point.get("p90_ttft_ms"),
+        num_requests=point.get("num_requests") or 0,
+        num_errors=point.get("num_errors") or 0,
+        num_repeats=point.get("num_repeats") or 1,
+        min_p50_ttft_ms=point.get("min_p50_ttft_ms"),
+        max_p50_ttft_ms=point.get("max_p50_ttft_ms"),
+        repeat_p50_ttft_ms=tuple(point.get("repeat_p50_ttft_ms") or ()),
+        repeat_results_paths=tuple(point.get("repeat_results_paths") or ()),
     )

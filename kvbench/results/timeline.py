@@ -9,10 +9,10 @@ trace's gaps.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
+from kvbench.results.rows import ResultRow
 from kvbench.results.summary import percentile
 from kvbench.words import counted
 
@@ -37,11 +37,11 @@ class ReplayLag:
         )
 
 
-def replay_lag(rows: Iterable[Mapping[str, Any]]) -> ReplayLag:
+def replay_lag(rows: Iterable[ResultRow]) -> ReplayLag:
     """The replay lag of the measured rows with both ``due_ms`` and ``sent_ms``."""
     lags = [
-        row["sent_ms"] - row["due_ms"]
+        row.sent_ms - row.due_ms
         for row in rows
-        if row.get("phase") == "measure" and row.get("due_ms") is not None and row.get("sent_ms") is not None
+        if row.phase == "measure" and row.due_ms is not None and row.sent_ms is not None
     ]
     return ReplayLag(len(lags), percentile(lags, 50), percentile(lags, 99), max(lags) if lags else None)

@@ -21,7 +21,7 @@ from kvbench.results.machine_load import load_sample, load_warnings, spread_warn
 from kvbench.results.memory_rows import kv_memory_rows
 from kvbench.results.out_lock import OutLock
 from kvbench.results.parquet import write_table
-from kvbench.results.rows import result_row
+from kvbench.results.rows import ResultRow
 from kvbench.results.schema import RUN_SCHEMA
 from kvbench.results.summary import RunSummary, SummaryOptions, summarize
 from kvbench.words import counted
@@ -57,14 +57,14 @@ class RunWriter:
         self.metadata = metadata
         self.run_id = run_id
         self.columns = columns
-        self.rows: list[dict[str, Any]] = []
+        self.rows: list[ResultRow] = []
         self.lock = OutLock(self.path)  # one live run per file (issue 32.7); InputError when held
         self.lock.acquire()
         self.metadata["machine_load"] = {"start": load_sample()}
         self.checkpoints = Checkpointer(self.path, RUN_SCHEMA, self.rows, CHECKPOINT_EVERY_S, metadata)
 
     def add(self, request: Request, record: RequestRecord) -> None:
-        self.rows.append(result_row(self.run_id, self.columns, request, record))
+        self.rows.append(ResultRow.of(self.run_id, self.columns, request, record))
         self.checkpoints.start()
 
     def close(self, complete: bool) -> None:
@@ -85,7 +85,7 @@ class RunWriter:
 
 
 @contextlib.contextmanager
-def progress_line(console: Console) -> Iterator[Callable[[list[dict[str, Any]], int], None]]:
+def progress_line(console: Console) -> Iterator[Callable[[list[ResultRow], int], None]]:
     """A live bar: requests done, hit rate so far, TTFT p50 so far. Yields ``update(rows, total)``.
 
     Each call reads only the rows added since the last one (:class:`RunningStats`: O(1) per row) and
@@ -103,7 +103,7 @@ def progress_line(console: Console) -> Iterator[Callable[[list[dict[str, Any]], 
     stats = RunningStats()
     last_stats_s = [-math.inf]
 
-    def update(rows: list[dict[str, Any]], total: int) -> None:
+    def update(rows: list[ResultRow], total: int) -> None:
         stats.extend(rows)
         now_s = time.monotonic()
         if now_s - last_stats_s[0] >= STATS_EVERY_S or len(rows) == total:
@@ -235,30 +235,28 @@ def _rate(value: float | None) -> str:
     return "-" if value is None else f"{value:.4f}"
 
 
-def error_kinds(rows: list[dict[str, Any]]) -> str:
+def error_kinds(rows: list[ResultRow]) -> str:
     """Failed requests by kind, most frequent first: ``HTTP 500 x3, connection error x1``."""
     counts: dict[str, int] = {}
     for row in rows:
-        if row["status"] == "ok":
+        if row.status == "ok":
             continue
-        error = row["error"] or "error"
+        error = row.error or "error"
         kind = (
-            f"HTTP {row['http_status']}"
-            if row["http_status"] and row["http_status"] >= 400
-            else error.split(":")[0]
+            f"HTTP {row.http_status}" if row.http_status and row.http_status >= 400 else error.split(":")[0]
         )
         counts[kind] = counts.get(kind, 0) + 1
     return ", ".join(f"{kind} x{count}" for kind, count in sorted(counts.items(), key=lambda item: -item[1]))
 
 
-def num_multi_token_chunks(rows: list[dict[str, Any]]) -> int:
+def num_multi_token_chunks(rows: list[ResultRow]) -> int:
     """Successful responses whose stream put several tokens in one chunk (fewer ITL gaps than tokens - 1)."""
     return sum(
         1
         for row in rows
-        if row["status"] == "ok"
-        and row["ttft_ms"] is not None
-        and len(row["itl_ms"] or ()) < (row["output_tokens"] or 0) - 1
+        if row.status == "ok"
+        and row.ttft_ms is not None
+        and len(row.itl_ms or ()) < (row.output_tokens or 0) - 1
     )
 
 
@@ -292,7 +290,7 @@ def _metrics_cell(rec: Reconciliation) -> str:
     return metrics
 
 
-def _check_entries(rows: list[dict[str, Any]], rec: Reconciliation) -> list[tuple[str, str]]:
+def _check_entries(rows: list[ResultRow], rec: Reconciliation) -> list[tuple[str, str]]:
     """The (check, value) rows of the reconciliation table; a red flag's label is red when it is set."""
     return [
         ("failed requests", error_kinds(rows) or "0"),
@@ -340,7 +338,7 @@ def _short_outputs_row(table: Table, rec: Reconciliation) -> None:
         )
 
 
-def http_tables(rows: list[dict[str, Any]], reconciliation: Reconciliation) -> list[Table]:
+def http_tables(rows: list[ResultRow], reconciliation: Reconciliation) -> list[Table]:
     """The HTTP backend's extra section: failures by kind, stream chunking, and the reconciliation of
     reported cached tokens with the simulator's expectation and the server's /metrics."""
     rec = reconciliation

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from kvbench.errors import InputError
+from kvbench.results.rows import rows_from_dicts
 
 
 @dataclass(frozen=True)
@@ -77,24 +78,18 @@ def fit_service_model(path: Path) -> ServiceModel:
 
     columns = ["prompt_tokens", "cached_prompt_tokens", "ttft_ms", "tpot_ms", "status", "phase"]
     try:
-        table = pq.read_table(path, columns=columns).to_pydict()
+        table = rows_from_dicts(pq.read_table(path, columns=columns).to_pylist())
     except (OSError, ValueError, KeyError) as exc:
         raise InputError(f"--fit {path}: not a kvbench results file ({exc})") from None
-    rows = [
-        i
-        for i, (s, p) in enumerate(zip(table["status"], table["phase"]))
-        if s == "ok" and p == "measure" and table["ttft_ms"][i] is not None
-    ]
+    rows = [row for row in table if row.status == "ok" and row.phase == "measure" and row.ttft_ms is not None]
     if len(rows) < 2:
         raise InputError(
             f"--fit {path}: needs at least 2 measured ok requests with a TTFT, found {len(rows)}"
         )
-    uncached = np.array(
-        [table["prompt_tokens"][i] - (table["cached_prompt_tokens"][i] or 0) for i in rows], float
-    )
-    ttft = np.array([table["ttft_ms"][i] for i in rows], float)
+    uncached = np.array([row.prompt_tokens - (row.cached_prompt_tokens or 0) for row in rows], float)
+    ttft = np.array([row.ttft_ms for row in rows], float)
     slope, intercept = np.polyfit(uncached, ttft, 1) if np.ptp(uncached) > 0 else (0.0, float(np.mean(ttft)))
-    tpots = [table["tpot_ms"][i] for i in rows if table["tpot_ms"][i] is not None]
+    tpots = [row.tpot_ms for row in rows if row.tpot_ms is not None]
     return ServiceModel(
         max(float(intercept), 0.0), max(float(slope), 0.0), float(np.median(tpots)) if tpots else 0.0
     )

@@ -22,6 +22,7 @@ from typing import Any
 from kvbench.backends.base import Backend
 from kvbench.errors import InputError, Interrupted
 from kvbench.request import Request, RequestRecord
+from kvbench.results.rows import ResultRow
 from kvbench.results.secrets import looks_like_key
 from kvbench.results.summary import RunSummary, SummaryOptions, summarize
 from kvbench.results.writer import RunWriter
@@ -29,7 +30,7 @@ from kvbench.run.loop import LoadConfig, Turns, send_requests
 from kvbench.run.source import RunSection, RunSource, limit_requests, requests_hash
 from kvbench.words import counted
 
-Progress = Callable[[list[dict[str, Any]], int], None]  # (rows so far, total requests)
+Progress = Callable[[list[ResultRow], int], None]  # (rows so far, total requests)
 # one status line, when it happens (the CLI prints it at once; issue 30 item 6)
 OnStatus = Callable[[str], None]
 
@@ -55,7 +56,7 @@ class RunOutcome:
 
     name: str
     path: Path
-    rows: list[dict[str, Any]]
+    rows: list[ResultRow]
     metadata: dict[str, Any]
     num_requests: int
     records: list[tuple[Request, RequestRecord]] = field(default_factory=list)
@@ -68,8 +69,8 @@ class RunOutcome:
         return summarize(self.rows, self.summary_options)
 
     @property
-    def failed_rows(self) -> list[dict[str, Any]]:
-        return [row for row in self.rows if row["status"] != "ok"]
+    def failed_rows(self) -> list[ResultRow]:
+        return [row for row in self.rows if row.status != "ok"]
 
 
 class RunInterrupted(Interrupted):

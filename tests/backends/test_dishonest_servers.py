@@ -10,6 +10,7 @@ from fake_servers import chunk
 from kvbench.backends.openai.client import OpenAIBackend, OpenAIConfig
 from kvbench.cli import main
 from kvbench.request import Message, Request
+from kvbench.results.rows import rows_from_dicts
 from kvbench.results.summary import summarize
 from kvbench.workloads.tokenizer import load_tokenizer
 
@@ -66,7 +67,7 @@ def test_missing_cached_tokens_is_missing_not_zero(fake_server, tmp_path, capsys
     """Was: a server that omits cached_tokens (vLLM's default) got a headline hit rate of 0.0000."""
     code, output, rows = run_against(fake_server("script", script(usage(90, 3))), tmp_path, capsys)
     assert code == 0 and all(r["cached_prompt_tokens"] is None for r in rows)
-    summary = summarize(rows)
+    summary = summarize(rows_from_dicts(rows))
     assert summary.token_hit_rate is None and summary.num_cached_unreported == 4
     assert "0.0000 (" not in output and "- (" in output
     assert "without cached_tokens" in output and "--enable-prompt-tokens-details" in output
@@ -78,10 +79,12 @@ def test_impossible_cached_tokens_are_flagged_and_kept_out_of_the_rates(fake_ser
         fake_server("script", script(usage(90, 3, cached=112))), tmp_path, capsys
     )
     assert {r["cached_prompt_tokens"] for r in rows} == {112}  # the row keeps what the server said
-    summary = summarize(rows)
+    summary = summarize(rows_from_dicts(rows))
     assert summary.token_hit_rate is None and summary.num_cached_impossible == 4
     assert "impossible cached_tokens" in output and "1.24" not in output
-    negative = summarize([{**rows[0], "cached_prompt_tokens": -3}, {**rows[1], "cached_prompt_tokens": 45}])
+    negative = summarize(
+        rows_from_dicts([{**rows[0], "cached_prompt_tokens": -3}, {**rows[1], "cached_prompt_tokens": 45}])
+    )
     assert negative.num_cached_impossible == 1 and negative.token_hit_rate == 0.5
 
 
@@ -98,7 +101,7 @@ def test_prompt_count_mismatch_checked_on_every_request_and_expected_rate_in_loc
         -2
     ] == "4"
     expected = sum(r["expected_cached_tokens"] for r in rows) / sum(local)
-    assert summarize(rows).expected_hit_rate == pytest.approx(expected) and expected > 0.3
+    assert summarize(rows_from_dicts(rows)).expected_hit_rate == pytest.approx(expected) and expected > 0.3
 
 
 def test_short_outputs_under_ignore_eos_are_flagged(fake_server, tmp_path, capsys):

@@ -6,6 +6,7 @@ import pytest
 from kvbench.backends.openai.metrics import parse_prefix_cache_counters
 from kvbench.backends.openai.reconcile import expect, reconcile
 from kvbench.request import Request, RequestRecord, Status
+from kvbench.results.rows import ResultRow
 from kvbench.server.metrics import ServerCounters, render_metrics
 from kvbench.sim.bounds import possible_cached_tokens
 
@@ -39,13 +40,13 @@ def test_possible_counts_only_requests_sent_before_this_one_ended():
 
 
 def row(index, cached, prompt_tokens=49, status="ok"):
-    return {
-        "request_index": index,
-        "request_id": f"r{index}",
-        "status": status,
-        "prompt_tokens": prompt_tokens,
-        "cached_prompt_tokens": cached,
-    }
+    return ResultRow(
+        request_index=index,
+        request_id=f"r{index}",
+        status=status,
+        prompt_tokens=prompt_tokens,
+        cached_prompt_tokens=cached,
+    )
 
 
 def test_reconcile_flags_impossible_and_far_too_low_reports():

@@ -9,6 +9,7 @@ import pytest
 from kvbench.backends.routed import RoutedBackend
 from kvbench.request import Request, RequestRecord, Status
 from kvbench.results.replicas import replica_rows
+from kvbench.results.rows import rows_from_dicts
 
 CHAT = """
 [workload]
@@ -64,7 +65,7 @@ def test_session_routing_keeps_each_conversation_on_one_replica(kvbench, tmp_pat
         by_session.setdefault(row["session_id"], set()).add(row["replica"])
     assert all(len(replicas) == 1 for replicas in by_session.values())
     assert len({r["replica"] for r in session}) > 1
-    assert sorted(entry["requests"] for entry in replica_rows(rr)) == [6, 6, 6]
+    assert sorted(entry["requests"] for entry in replica_rows(rows_from_dicts(rr))) == [6, 6, 6]
 
     def hit_rate(rows):
         return sum(r["cached_prompt_tokens"] for r in rows) / sum(r["prompt_tokens"] for r in rows)

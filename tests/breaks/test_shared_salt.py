@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
-from kvbench.breaks.common import token_run_requests
+from kvbench.breaks.common import BreakRow, token_run_requests
 from kvbench.breaks.shared_salt import (
     CORRECT,
     PRIVATE,
@@ -16,6 +16,7 @@ from kvbench.breaks.shared_salt import (
     shared_salt_table,
     trial_requests,
 )
+from kvbench.results.rows import ResultRow
 
 
 def exact_p(first, second):
@@ -53,11 +54,11 @@ def test_trials_alternate_owner_then_both_guesses():
 def test_salted_tenants_never_share_blocks(small_model, tokenizer):
     result = run_shared_salt(small_model, SharedSaltConfig(num_trials=4, prompt_tokens=32), tokenizer)
     salted, unsalted = (next(run for run in result.runs if run.variant == v) for v in ("salted", "unsalted"))
-    assert all(row["cached_prompt_tokens"] == 0 for row in salted.rows)
-    correct = [row for row in unsalted.rows if row["probe"] == CORRECT]
-    wrong = [row for row in unsalted.rows if row["probe"] == WRONG]
-    assert all(row["cached_prompt_tokens"] >= 32 for row in correct)  # A's blocks, hit by B
-    assert all(row["cached_prompt_tokens"] == 0 for row in wrong)
+    assert all(row.result.cached_prompt_tokens == 0 for row in salted.rows)
+    correct = [row for row in unsalted.rows if row.extra["probe"] == CORRECT]
+    wrong = [row for row in unsalted.rows if row.extra["probe"] == WRONG]
+    assert all(row.result.cached_prompt_tokens >= 32 for row in correct)  # A's blocks, hit by B
+    assert all(row.result.cached_prompt_tokens == 0 for row in wrong)
     assert "verdict" in str(shared_salt_table(result).caption)
 
 
@@ -97,10 +98,13 @@ def fake_result(num_trials, correct_ms, wrong_ms, salted_cached=0):
     from kvbench.breaks.common import VariantRun
     from kvbench.breaks.shared_salt import SharedSaltResult
 
+    def row(probe, ttft_ms, cached):
+        return BreakRow(
+            ResultRow(ttft_ms=ttft_ms, cached_prompt_tokens=cached), "shared-salt", "", {"probe": probe}
+        )
+
     def rows(correct, wrong, cached):
-        return [{"probe": CORRECT, "ttft_ms": t, "cached_prompt_tokens": cached} for t in correct] + [
-            {"probe": WRONG, "ttft_ms": t, "cached_prompt_tokens": 0} for t in wrong
-        ]
+        return [row(CORRECT, t, cached) for t in correct] + [row(WRONG, t, 0) for t in wrong]
 
     return SharedSaltResult(
         SharedSaltConfig(num_trials=num_trials),

@@ -5,6 +5,7 @@ import io
 from rich.console import Console
 
 from kvbench.commands.common import plain_progress
+from kvbench.results.rows import ResultRow
 
 
 def test_a_line_every_interval_and_none_in_between():
@@ -18,7 +19,7 @@ def test_a_line_every_interval_and_none_in_between():
     rows = []
     for second in range(1, 100):
         now[0] = float(second)
-        rows.append({"status": "ok" if second % 10 else "error"})
+        rows.append(ResultRow(status="ok" if second % 10 else "error"))
         update(rows, 200)
     lines = console.file.getvalue().splitlines()
     assert lines == [

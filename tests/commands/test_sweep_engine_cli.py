@@ -8,6 +8,7 @@ import pytest
 from test_sweep_cli import SCENARIO  # 3 prefixes of 64 tokens round robin, 16 unique, 12 requests, 2 outputs
 
 from kvbench.results.parquet import read_metadata
+from kvbench.results.rows import rows_from_dicts
 from kvbench.results.schema import RUN_COLUMNS
 from kvbench.results.summary import summarize
 from kvbench.results.sweep import fit_ttft_vs_miss_rate, read_sweep_summary
@@ -68,7 +69,8 @@ def test_repeats_write_every_run_the_spread_and_fit_the_medians(kvbench, scenari
         ]
         # every repeat's p50 is its own file's; the point's is their median, the spread their min and max
         assert list(point.repeat_p50_ttft_ms) == [
-            summarize(pq.read_table(p).to_pylist()).p50_ttft_ms for p in point.repeat_results_paths
+            summarize(rows_from_dicts(pq.read_table(p).to_pylist())).p50_ttft_ms
+            for p in point.repeat_results_paths
         ]
         assert point.p50_ttft_ms == statistics.median(point.repeat_p50_ttft_ms)
         assert point.min_p50_ttft_ms == min(point.repeat_p50_ttft_ms)

@@ -14,6 +14,7 @@ from kvbench.peer.report import ROW_SCHEMA as PEER_SCHEMA
 from kvbench.results.export import to_csv
 from kvbench.results.load_sweep import LOAD_SWEEP_SCHEMA
 from kvbench.results.result_json import result_dict
+from kvbench.results.rows import rows_from_dicts
 from kvbench.results.schema import RUN_SCHEMA, empty_row
 from kvbench.results.summary import SummaryOptions, summarize
 from kvbench.results.sweep import SWEEP_SCHEMA
@@ -74,8 +75,8 @@ def rows() -> list[dict]:
 
 
 def test_every_summary_json_and_csv_key_is_documented():
-    summary = summarize(rows(), SummaryOptions(goodput=(("ttft", 100.0),)))
-    result = result_dict(summary, {"run": {"backend": "openai"}}, rows(), detailed=True)
+    summary = summarize(rows_from_dicts(rows()), SummaryOptions(goodput=(("ttft", 100.0),)))
+    result = result_dict(summary, {"run": {"backend": "openai"}}, rows_from_dicts(rows()), detailed=True)
     csv_columns = to_csv([{"path": "run.parquet", **result}]).splitlines()[0].split(",")
     assert undocumented(result) == [] and undocumented(csv_columns) == []
 

@@ -9,7 +9,7 @@ from kvbench.request import Request, RequestRecord, Status
 from kvbench.results.checkpoint import Checkpointer
 from kvbench.results.live import RunningStats
 from kvbench.results.parquet import read_metadata
-from kvbench.results.rows import result_row
+from kvbench.results.rows import ResultRow
 from kvbench.results.schema import RUN_SCHEMA
 from kvbench.results.summary import percentile
 from kvbench.results.writer import RunWriter, progress_line
@@ -33,7 +33,7 @@ def pair(index, ttft_ms, cached=8, status=Status.OK):
 def rows_of(num_rows, start=0):
     rng = np.random.default_rng(start)
     return [
-        result_row("run", {}, *pair(start + i, float(rng.lognormal(3, 1)), cached=int(rng.integers(0, 33))))
+        ResultRow.of("run", {}, *pair(start + i, float(rng.lognormal(3, 1)), cached=int(rng.integers(0, 33))))
         for i in range(num_rows)
     ]
 
@@ -44,17 +44,17 @@ def test_running_stats_read_each_row_once_and_match_the_exact_numbers():
         rows += rows_of(500, start=chunk * 500)
         stats.extend(rows)
         assert stats.num_rows_read == len(rows)  # the old rows were not read again
-    ok = [r for r in rows if r["status"] == "ok"]
+    ok = [r for r in rows if r.status == "ok"]
     assert stats.token_hit_rate == pytest.approx(
-        sum(r["cached_prompt_tokens"] for r in ok) / sum(r["prompt_tokens"] for r in ok)
+        sum(r.cached_prompt_tokens for r in ok) / sum(r.prompt_tokens for r in ok)
     )
-    assert stats.ttft_p50_ms() == pytest.approx(percentile((r["ttft_ms"] for r in ok), 50), rel=0.011)
+    assert stats.ttft_p50_ms() == pytest.approx(percentile((r.ttft_ms for r in ok), 50), rel=0.011)
 
 
 def test_running_stats_skip_failed_rows_and_start_empty():
     stats = RunningStats()
     assert stats.ttft_p50_ms() is None and stats.token_hit_rate == 0.0
-    stats.extend([result_row("run", {}, *pair(0, None, cached=None, status=Status.ERROR))])
+    stats.extend([ResultRow.of("run", {}, *pair(0, None, cached=None, status=Status.ERROR))])
     assert stats.num_rows_read == 1 and stats.ttft_p50_ms() is None and stats.prompt_tokens == 0
 
 
@@ -62,7 +62,7 @@ def test_progress_line_reads_each_row_once_over_many_updates():
     rows = []
     with progress_line(Console(file=open("/dev/null", "w"))) as update:
         for i in range(3000):
-            rows.append(result_row("run", {}, *pair(i, 10.0 + i % 7)))
+            rows.append(ResultRow.of("run", {}, *pair(i, 10.0 + i % 7)))
             update(rows, 3000)
     assert update.stats.num_rows_read == 3000
 
@@ -81,9 +81,7 @@ def test_checkpoints_convert_each_row_once_and_leave_a_valid_incomplete_file(tmp
     assert checkpoints.checkpoint() == 0 and checkpoints.num_checkpoints == 10  # nothing new: nothing written
     rows += rows_of(5, start=2000)
     table = checkpoints.close()
-    assert table.num_rows == 2005 and table.column("request_id").to_pylist() == [
-        r["request_id"] for r in rows
-    ]
+    assert table.num_rows == 2005 and table.column("request_id").to_pylist() == [r.request_id for r in rows]
 
 
 def test_the_writer_checkpoints_on_a_timer_without_a_row_finishing(tmp_path, monkeypatch):
@@ -114,10 +112,10 @@ def test_load_and_spread_warnings():
     busy = {"start": {"load_1m": 5.7, "usable_cpus": 2}, "end": {"load_1m": 1.0, "usable_cpus": 2}}
     (line,) = load_warnings(busy)
     assert "machine load 5.7 at the start" in line and "2 usable cores" in line
-    steady = [result_row("run", {}, *pair(i, 100.0 + i)) for i in range(10)]
+    steady = [ResultRow.of("run", {}, *pair(i, 100.0 + i)) for i in range(10)]
     assert spread_warning(steady) is None
     noisy = [
-        result_row("run", {}, *pair(i, ttft))
+        ResultRow.of("run", {}, *pair(i, ttft))
         for i, ttft in enumerate([54, 60, 70, 80, 900, 1460, 58, 62, 1200, 65])
     ]
     assert "10 identical requests" in spread_warning(noisy) and "54 to 1,460 ms" in spread_warning(noisy)

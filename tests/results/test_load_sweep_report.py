@@ -66,7 +66,7 @@ def sweep_file(tmp_path):
 def test_the_points_read_back_as_written(sweep_file):
     result = load_result(sweep_file)
     assert result.kind == "load-sweep" and result.scenario == "chat"
-    assert [(r["value"], r["repeat"]) for r in result.rows] == [(1.0, 0), (1.0, 1), (4.0, 0)]
+    assert [(r["value"], r["repeat"]) for r in result.table_rows] == [(1.0, 0), (1.0, 1), (4.0, 0)]
     assert read_points(result.metadata) == load_points(RUNS)  # intervals back as tuples, means exact
 
 

@@ -9,6 +9,7 @@ from kvbench.results import plots
 from kvbench.results.files import load_results
 from kvbench.results.parquet import record_command_line, write_rows
 from kvbench.results.report import build_report, short_names
+from kvbench.results.rows import rows_from_dicts
 from kvbench.results.schema import RUN_SCHEMA, empty_row
 from kvbench.results.summary import summarize
 from kvbench.results.sweep import Fit, SweepPoint, build_sweep_summary, write_sweep_summary
@@ -87,7 +88,7 @@ def _run(path, enabled, num_warmup=0):
     metadata = {
         "command": "run",
         "complete": True,
-        "summary": summarize(rows).as_dict(),
+        "summary": summarize(rows_from_dicts(rows)).as_dict(),
         "run": {
             "run_id": path.stem,
             "backend": "inprocess",

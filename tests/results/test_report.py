@@ -12,6 +12,7 @@ from kvbench.errors import InputError
 from kvbench.results.files import load_result, load_results, split_ttft
 from kvbench.results.parquet import write_rows
 from kvbench.results.report import build_report, summary_tables
+from kvbench.results.rows import rows_from_dicts
 from kvbench.results.schema import RUN_SCHEMA, empty_row
 from kvbench.results.summary import summarize
 from kvbench.results.sweep import SweepPoint, build_sweep_summary, write_sweep_summary
@@ -63,7 +64,7 @@ def run_metadata(run_id, rows, *, enabled, content_hash, scenario):
         "command": "run",
         "machine": MACHINE,
         "complete": True,
-        "summary": summarize(rows).as_dict(),
+        "summary": summarize(rows_from_dicts(rows)).as_dict(),
         "run": {
             "run_id": run_id,
             "backend": "inprocess",
@@ -198,7 +199,7 @@ def test_run_table_shows_the_runs_own_numbers(inputs):
 def test_split_ttft_keeps_the_cold_request_apart_like_summarize(inputs):
     result = load_result(inputs[1])
     split = split_ttft(result.rows)
-    assert split.cold == (0, result.rows[0]["ttft_ms"])
+    assert split.cold == (0, result.rows[0].ttft_ms)
     assert len(split.warm_ms) == result.summary.num_requests - 1
     assert np.percentile(split.warm_ms, 50) == pytest.approx(result.summary.p50_ttft_ms)
 

@@ -8,6 +8,7 @@ import pytest
 from test_summary_metrics import ROWS
 
 from kvbench.results.parquet import write_rows
+from kvbench.results.rows import rows_to_dicts
 from kvbench.results.schema import RUN_SCHEMA
 
 
@@ -25,7 +26,7 @@ def run_file(tmp_path):
             "cache": {"enabled": True},
         },
     }
-    return write_rows(tmp_path / "run-a.parquet", ROWS, metadata, RUN_SCHEMA)
+    return write_rows(tmp_path / "run-a.parquet", rows_to_dicts(ROWS), metadata, RUN_SCHEMA)
 
 
 def test_csv_to_stdout_one_record_per_run(kvbench, run_file):
@@ -83,7 +84,7 @@ def test_csv_cells_that_a_spreadsheet_would_evaluate_are_escaped(kvbench, tmp_pa
             "started_at": "2026-12-01T10:20:30+0000",
         },
     }
-    path = write_rows(tmp_path / "run-a.parquet", ROWS, metadata, RUN_SCHEMA)
+    path = write_rows(tmp_path / "run-a.parquet", rows_to_dicts(ROWS), metadata, RUN_SCHEMA)
     code, stdout, stderr = kvbench("report", path, "--format", "csv")
     assert code == 0, stderr
     (record,) = csv.DictReader(io.StringIO(stdout, newline=""))

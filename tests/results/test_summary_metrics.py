@@ -10,6 +10,7 @@ from kvbench.errors import InputError
 from kvbench.results.goodput import parse_goodput
 from kvbench.results.metrics import percentile_key
 from kvbench.results.result_json import DETAILED_KEYS, result_dict, result_path, write_result
+from kvbench.results.rows import ResultRow
 from kvbench.results.summary import SummaryOptions, parse_metric_percentiles, summarize
 
 # What `vllm bench serve --save-result` writes for the default flags (vllm/benchmarks/serve.py),
@@ -55,24 +56,26 @@ def row(
     ended=None,
     error=None,
 ):
-    return {
-        "phase": phase,
-        "status": status,
-        "prompt_tokens": prompt,
-        "cached_prompt_tokens": cached,
-        "expected_cached_tokens": None,
-        "output_tokens": output,
-        "ttft_ms": ttft,
-        "tpot_ms": tpot,
-        "e2e_ms": e2e,
-        "itl_ms": list(itl),
-        "queue_ms": 0.0,
-        "sent_ms": sent,
-        "end_ms": ended,
-        "error": error,
-        "request_id": f"r{sent}",
-        "output_matches_reference": None,
-    }
+    return ResultRow(
+        **{
+            "phase": phase,
+            "status": status,
+            "prompt_tokens": prompt,
+            "cached_prompt_tokens": cached,
+            "expected_cached_tokens": None,
+            "output_tokens": output,
+            "ttft_ms": ttft,
+            "tpot_ms": tpot,
+            "e2e_ms": e2e,
+            "itl_ms": tuple(itl),
+            "queue_ms": 0.0,
+            "sent_ms": sent,
+            "end_ms": ended,
+            "error": error,
+            "request_id": f"r{sent}",
+            "output_matches_reference": None,
+        }
+    )
 
 
 ROWS = [
@@ -138,7 +141,7 @@ def test_chosen_percentiles_and_metrics_only():
 
 
 def test_cold_first_request_stays_out_of_every_ttft_statistic_without_warmup():
-    rows = [r for r in ROWS if r["phase"] == "measure"]
+    rows = [r for r in ROWS if r.phase == "measure"]
     s = summarize(rows)
     assert s.cold_ttft_ms == 100
     assert (

@@ -5,6 +5,7 @@ import pytest
 
 from kvbench.errors import InputError
 from kvbench.results.parquet import read_metadata, write_rows
+from kvbench.results.rows import rows_from_dicts
 from kvbench.results.schema import RUN_SCHEMA, empty_row
 from kvbench.results.summary import summarize
 from kvbench.results.sweep import (
@@ -58,7 +59,7 @@ def test_fit_recovers_a_and_b_from_synthetic_sweep_runs(tmp_path):
     for capacity, hit_rate in ((64, 0.05), (128, 0.2), (256, 0.45), (512, 0.75), (1024, 0.95)):
         rows = synthetic_run_rows(hit_rate, noise_ms=4.0, seed=capacity)
         path = write_rows(tmp_path / f"run-{capacity}.parquet", rows, {"command": "run"}, schema=RUN_SCHEMA)
-        points.append(SweepPoint.from_summary(capacity, summarize(rows), path))
+        points.append(SweepPoint.from_summary(capacity, summarize(rows_from_dicts(rows)), path))
     fit = build_sweep_summary(points[::-1]).fit
     assert fit.a_ms == pytest.approx(A_MS, abs=10) and fit.b_ms == pytest.approx(B_MS, rel=0.02)
     assert fit.r_squared > 0.999

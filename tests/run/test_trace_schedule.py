@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from kvbench.request import Request, RequestRecord, Status
-from kvbench.results.rows import result_row
+from kvbench.results.rows import ResultRow
 from kvbench.results.timeline import replay_lag
 from kvbench.run.clock import WALL_CLOCK, VirtualClock
 from kvbench.run.loop import LoadConfig, send_requests
@@ -68,11 +68,11 @@ def test_a_sessions_next_turn_waits_for_the_previous_one_and_its_lag_shows():
     assert by_index[3].sent_s == pytest.approx(3.0)  # x: turn 0 at 2.0 ends 3.0; turn 1 due 2.1
     # due 5.0, s's turn 1 ended at 2.0: the think time is kept
     assert by_index[4].sent_s == pytest.approx(5.0)
-    rows = [result_row("run", {}, request, record) for request, record in records]
+    rows = [ResultRow.of("run", {}, request, record) for request, record in records]
     lag = replay_lag(rows)
     assert lag.num_requests == 5 and lag.max_ms == pytest.approx(900.0)
     assert lag.p50_ms == pytest.approx(0.0, abs=1e-6)
-    assert [row["end_ms"] for row in rows] == pytest.approx([1000.0, 2000.0, 3000.0, 4000.0, 6000.0])
+    assert [row.end_ms for row in rows] == pytest.approx([1000.0, 2000.0, 3000.0, 4000.0, 6000.0])
 
 
 def test_concurrency_caps_a_trace_replay():

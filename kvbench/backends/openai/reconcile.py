@@ -45,6 +45,7 @@ from kvbench.backends.openai.metrics import PrefixCacheCounters
 from kvbench.cache.base import CacheConfig
 from kvbench.cache.block_hash import PromptBlocks
 from kvbench.request import Request, RequestRecord
+from kvbench.results.rows import ResultRow
 from kvbench.results.summary import plausible_cached
 from kvbench.sim.bounds import possible_cached_tokens
 from kvbench.sim.predict import Unbounded, expected_cached_tokens
@@ -128,7 +129,7 @@ def _metrics_delta(
 
 
 def reconcile(
-    rows: Sequence[Mapping[str, Any]],
+    rows: Sequence[ResultRow],
     requests: Sequence[Request],
     expectations: Expectations,
     records: Sequence[RequestRecord | None],
@@ -146,8 +147,8 @@ def reconcile(
     windows = [None if r is None or r.sent_s is None else (r.sent_s, r.ended_s) for r in records]
     possible = possible_cached_tokens(expectations.prompts, windows)
     block_size = expectations.block_size
-    ok = [row for row in rows if row["status"] == "ok" and row["request_index"] in position]
-    reported_rows = [row for row in ok if row["cached_prompt_tokens"] is not None]
+    ok = [row for row in rows if row.status == "ok" and row.request_index in position]
+    reported_rows = [row for row in ok if row.cached_prompt_tokens is not None]
     compared = [row for row in reported_rows if plausible_cached(row)]
     impossible = tuple(
         _flagged(row, expectations, possible, position) for row in reported_rows if not plausible_cached(row)
@@ -155,11 +156,11 @@ def reconcile(
     over, below, num_above = [], [], 0
     reported = expected = prompt = local_prompt = 0
     for row in compared:
-        i = position[row["request_index"]]
+        i = position[row.request_index]
         flagged = _flagged(row, expectations, possible, position)
         reported += flagged.reported_tokens
         expected += flagged.expected_tokens
-        prompt += row["prompt_tokens"]
+        prompt += row.prompt_tokens
         local_prompt += requests[i].prompt_tokens
         if possible[i] is not None and flagged.reported_tokens > possible[i]:
             over.append(flagged)
@@ -167,13 +168,11 @@ def reconcile(
             num_above += 1
         elif flagged.expected_tokens - flagged.reported_tokens > block_size:
             below.append(flagged)
-    mismatches = sum(
-        row["prompt_tokens"] != requests[position[row["request_index"]]].prompt_tokens for row in ok
-    )
+    mismatches = sum(row.prompt_tokens != requests[position[row.request_index]].prompt_tokens for row in ok)
     short = tuple(
-        row["request_id"]
+        row.request_id
         for row in ok
-        if ignore_eos and row["max_tokens"] is not None and (row["output_tokens"] or 0) < row["max_tokens"]
+        if ignore_eos and row.max_tokens is not None and (row.output_tokens or 0) < row.max_tokens
     )
     rate, queries, hits, family = _metrics_delta(before, after)
     return Reconciliation(
@@ -197,16 +196,16 @@ def reconcile(
 
 
 def _flagged(
-    row: Mapping[str, Any],
+    row: ResultRow,
     expectations: Expectations,
     possible: Sequence[int | None],
     position: Mapping[int, int],
 ) -> Flagged:
-    i = position[row["request_index"]]
+    i = position[row.request_index]
     return Flagged(
-        row["request_id"],
-        row["prompt_tokens"],
-        row["cached_prompt_tokens"],
+        row.request_id,
+        row.prompt_tokens,
+        row.cached_prompt_tokens,
         expectations.expected_cached_tokens[i],
         possible[i],
     )
