@@ -145,7 +145,7 @@ def _computed(
     err,
 ):
     """``(trace, results, outcome, interrupted)``: from a hash-id trace held as arrays where
-    :func:`_compact_curve` applies (the exact curve at any size, issue 25.4), else prepared and simulated."""
+    :func:`_compact_curve` applies (the exact curve at any size), else prepared and simulated."""
     compact = _compact_curve(path, source, base, requests, orders, method, ttls[1])
     if compact is not None:
         outcome = SimOutcome(methods={TAIL_FIRST: SimMethod.ONE_PASS.value}, curves={TAIL_FIRST: compact})
