@@ -58,11 +58,10 @@ from kvbench.peer.engines import (
     engine_workload,
     iter_rounds,
 )
+from kvbench.peer.kvbench_server import KvbenchServer, KvbenchServerConfig
 from kvbench.peer.report import ROW_SCHEMA, ComparisonSummary, markdown, summarize, table_rows
 from kvbench.peer.server import (
     DTYPES,
-    KvbenchServer,
-    KvbenchServerConfig,
     PeerError,
     VllmServer,
     VllmServerConfig,
