@@ -269,6 +269,33 @@ def _kvbench(port: int, num_requests: int, concurrency: int, tokens: int, client
 
 
 def main() -> None:
+    args = _parse_args()
+    if args.serve:
+        asyncio.run(_serve(args.port, args.tokens, args.itl_ms / 1e3))
+        return
+    requests = _load_requests(args.requests, args.tokens)
+    prompts = [[int(t) for t in r.token_ids] for r in requests]
+    cores = sorted(os.sched_getaffinity(0))
+    pin = not args.no_pin and len(cores) >= 2
+    server = _start_server(args.tokens, args.itl_ms, cores[-1] if pin else None)
+    if pin:
+        os.sched_setaffinity(0, {cores[0]})  # this process and the kvbench runs it starts
+    server_s = (args.tokens - 1) * args.itl_ms / 1e3
+    try:
+        port = int(server.stdout.readline())
+        _print_header(
+            args, len(prompts[0]), f"core {cores[0]}, server on core {cores[-1]}" if pin else "any core"
+        )
+        clients = args.clients.split(",")
+        for concurrency in (int(c) for c in args.concurrency.split(",")):
+            runs = _runs(port, args, prompts, requests, concurrency, clients)
+            for name, run in runs.items():
+                _print_row(concurrency, name, run(), args.itl_ms, server_s)
+    finally:
+        server.terminate()
+
+
+def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--tokens", type=int, default=32)
@@ -280,82 +307,86 @@ def main() -> None:
     )
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.serve:
-        asyncio.run(_serve(args.port, args.tokens, args.itl_ms / 1e3))
-        return
+    return parser.parse_args()
+
+
+def _load_requests(num_requests: int, tokens: int) -> list:
+    """The first ``num_requests`` of the multi-prefix Zipf scenario, each for ``tokens`` output tokens."""
     from kvbench.run.scenario import load_scenario
 
-    requests = [
-        replace(r, max_tokens=args.tokens)
+    return [
+        replace(r, max_tokens=tokens)
         for r in load_scenario(REPO / "scenarios" / "multi_prefix_zipf.toml")
         .workload_requests()
-        .requests[: args.requests]
+        .requests[:num_requests]
     ]
-    prompts = [[int(t) for t in r.token_ids] for r in requests]
-    cores = sorted(os.sched_getaffinity(0))
-    pin = not args.no_pin and len(cores) >= 2
-    server = subprocess.Popen(
-        [sys.executable, __file__, "--serve", "--tokens", str(args.tokens), "--itl-ms", str(args.itl_ms)],
+
+
+def _start_server(tokens: int, itl_ms: float, core: int | None) -> subprocess.Popen:
+    """The fake server in a process of its own (this script with ``--serve``), pinned to ``core`` if
+    given; it prints its port as its first line."""
+    return subprocess.Popen(
+        [sys.executable, __file__, "--serve", "--tokens", str(tokens), "--itl-ms", str(itl_ms)],
         stdout=subprocess.PIPE,
         text=True,
-        preexec_fn=(lambda: os.sched_setaffinity(0, {cores[-1]})) if pin else None,
+        preexec_fn=(lambda: os.sched_setaffinity(0, {core})) if core is not None else None,
     )
-    if pin:
-        os.sched_setaffinity(0, {cores[0]})  # this process and the kvbench runs it starts
-    server_s = (args.tokens - 1) * args.itl_ms / 1e3
-    try:
-        port = int(server.stdout.readline())
-        print(
-            f"fake server: {args.tokens} tokens, ITL {args.itl_ms} ms; {args.requests} requests of "
-            f"{len(prompts[0]):,} prompt tokens; clients on "
-            + (f"core {cores[0]}, server on core {cores[-1]}" if pin else "any core")
-            + "; medians"
-        )
-        print(
-            "| concurrency | client | TTFT p50 ms | ITL p50 ms | ITL - server ms | requests/s | streams at "
-            "pace "
-            "| client CPU ms/request |"
-        )
-        print("|---:|---|---:|---:|---:|---:|---:|---:|")
-        clients = args.clients.split(",")
-        for concurrency in (int(c) for c in args.concurrency.split(",")):
-            runs = {"bare asyncio": lambda: asyncio.run(_bare(port, prompts, concurrency, args.tokens))}
-            runs["SDK transport, bytes only"] = lambda: asyncio.run(_transport(port, requests, concurrency))
-            runs.update(
-                {
-                    f"OpenAIBackend {client}": lambda client=client: asyncio.run(
-                        _backend(port, requests, concurrency, client)
-                    )
-                    for client in clients
-                }
+
+
+def _print_header(args: argparse.Namespace, num_prompt_tokens: int, where: str) -> None:
+    print(
+        f"fake server: {args.tokens} tokens, ITL {args.itl_ms} ms; {args.requests} requests of "
+        f"{num_prompt_tokens:,} prompt tokens; clients on " + where + "; medians"
+    )
+    print(
+        "| concurrency | client | TTFT p50 ms | ITL p50 ms | ITL - server ms | requests/s | streams at "
+        "pace "
+        "| client CPU ms/request |"
+    )
+    print("|---:|---|---:|---:|---:|---:|---:|---:|")
+
+
+def _runs(
+    port: int, args: argparse.Namespace, prompts: list, requests: list, concurrency: int, clients: list[str]
+) -> dict:
+    """Every client to measure at ``concurrency``, by its name in the table, in the table's order."""
+    runs = {"bare asyncio": lambda: asyncio.run(_bare(port, prompts, concurrency, args.tokens))}
+    runs["SDK transport, bytes only"] = lambda: asyncio.run(_transport(port, requests, concurrency))
+    runs.update(
+        {
+            f"OpenAIBackend {client}": lambda client=client: asyncio.run(
+                _backend(port, requests, concurrency, client)
             )
-            runs.update(
-                {
-                    f"kvbench run --client {client}": lambda client=client: _kvbench(
-                        port, args.requests, concurrency, args.tokens, client
-                    )
-                    for client in clients
-                }
+            for client in clients
+        }
+    )
+    runs.update(
+        {
+            f"kvbench run --client {client}": lambda client=client: _kvbench(
+                port, args.requests, concurrency, args.tokens, client
             )
-            for name, run in runs.items():
-                result = run()
-                cpu, ttft, itl, over = (
-                    ("-" if value is None else f"{value:.2f}")
-                    for value in (
-                        result["cpu_ms"],
-                        result["ttft"],
-                        result["itl"],
-                        None if result["itl"] is None else result["itl"] - args.itl_ms,
-                    )
-                )
-                print(
-                    f"| {concurrency} | {name} | {ttft} | {itl} | {over} | {result['rps']:.1f} | "
-                    f"{result['rps'] * server_s:.1f} | {cpu} |",
-                    flush=True,
-                )
-    finally:
-        server.terminate()
+            for client in clients
+        }
+    )
+    return runs
+
+
+def _print_row(concurrency: int, name: str, result: dict, itl_ms: float, server_s: float) -> None:
+    """One table row: medians in ms, ``-`` where a client does not measure it."""
+    cpu, ttft, itl, over = (
+        ("-" if value is None else f"{value:.2f}")
+        for value in (
+            result["cpu_ms"],
+            result["ttft"],
+            result["itl"],
+            None if result["itl"] is None else result["itl"] - itl_ms,
+        )
+    )
+    print(
+        f"| {concurrency} | {name} | {ttft} | {itl} | {over} | {result['rps']:.1f} | "
+        f"{result['rps'] * server_s:.1f} | {cpu} |",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ SCENARIOS = sorted(p.stem for p in (REPO / "kvbench" / "scenarios").glob("*.toml
 _VOLATILE = re.compile(
     r"(_ms|_s|_per_s|tok_s|_sec|seconds|run_id|date|time|timestamp|load_\w+|throughput\w*|"
     r"versions|machine|machine_load|command_line|started\w*|finished\w*|wall\w*|rss\w*|"
-    r"_mib|path|out|file|duration\w*|elapsed\w*|cpu\w*)$"
+    r"_mib|path|out|file|duration\w*|elapsed\w*|cpu\w*|threads|warnings)$"
 )
 _VOLATILE_TEXT = re.compile(r"\d+(\.\d+)?\s*(ms|s|tok/s|req/s|MiB|GiB)\b|\d{8}-\d{6}-[0-9a-f]+")
 
@@ -105,6 +105,15 @@ def _env() -> dict[str, str]:
     return dict(os.environ)
 
 
+def _normalized(path: Path) -> list[str]:
+    """A snapshot's lines with the masks applied again (older snapshots masked less) and the snapshot
+    folder's name and the checkout's path replaced, so two folders and two checkouts compare."""
+    record = _mask(json.loads(path.read_text()))
+    text = json.dumps(record, indent=1, sort_keys=True).replace(str(path.parent), "<dir>")
+    text = re.sub(r'"[^"]*?/kvbench/scenarios/', '"<checkout>/kvbench/scenarios/', text)
+    return text.splitlines()
+
+
 def diff(old: Path, new: Path) -> int:
     differences = 0
     for before in sorted(old.glob("*.json")):
@@ -113,7 +122,7 @@ def diff(old: Path, new: Path) -> int:
             print(f"{before.name}: missing in {new}")
             differences += 1
             continue
-        a, b = before.read_text().splitlines(), after.read_text().splitlines()
+        a, b = (_normalized(path) for path in (before, after))
         if a != b:
             differences += 1
             changed = [(i, x, y) for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y]

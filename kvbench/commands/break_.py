@@ -8,19 +8,17 @@ same requests, prints a table ending in a one-line verdict, and writes Parquet l
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from kvbench.breaks import EXPERIMENTS
 from kvbench.commands import options as opt
-from kvbench.commands.common import Heartbeat, make_console, status_printer
-from kvbench.errors import InputError, Interrupted, checked
+from kvbench.commands.break_experiment import experiment_config, run_experiment
+from kvbench.commands.common import make_console
+from kvbench.errors import InputError
 from kvbench.run.config import EngineKind
 from kvbench.run.scenario import parse_int_list
 
@@ -66,127 +64,6 @@ def _on_engine(experiment: str, engine: EngineKind) -> None:
         raise InputError(f"kvbench break {experiment} --engine paged: {NOT_ON_PAGED[experiment]}")
 
 
-# config field -> its flag where the names differ
-_FLAGS = {
-    "hash_bits": "--bits",
-    "num_requests": "--requests",
-    "num_prefixes": "--prefixes",
-    "num_trials": "--trials",
-    "num_sim_requests": "--sim-requests",
-    "num_engine_requests": "--engine-requests",
-    "engine_capacity_blocks": "--engine-size",
-    "sizes_blocks": "--sizes",
-    "cache_bytes": "--cache-size",
-    "scenarios": "--scenarios",
-}
-
-
-def _config(cls: type, **fields: Any) -> Any:
-    """Build an experiment config from options (``None`` = the default); ``ValueError`` -> ``InputError``
-    naming the flag, not the field (``--bits``, not ``hash_bits``)."""
-    names = {**{name: "--" + name.replace("_", "-") for name in fields}, **_FLAGS}
-    return checked(lambda: cls(**{name: value for name, value in fields.items() if value is not None}), names)
-
-
-def _load(model: Path | None, device: str, say: Callable[[str], None]):
-    """The model and its tokenizer, warmed up so that the first measured request is not special."""
-    from kvbench.breaks.common import warm_up
-    from kvbench.engine.model import ModelConfig, load_model
-    from kvbench.run.execute import loading_line
-    from kvbench.workloads.tokenizer import load_tokenizer
-
-    say(loading_line(str(model) if model is not None else None, device))
-    loaded = load_model(checked(lambda: ModelConfig(path=model, device=device)))
-    warm_up(loaded)
-    return loaded, load_tokenizer(str(model) if model is not None else None)
-
-
-@contextlib.contextmanager
-def _progress(heartbeat: Heartbeat) -> Iterator[Callable[[str, int, int], None]]:
-    """A transient progress bar on stderr; yields the experiments' ``progress(label, done, total)``,
-    which also gives ``heartbeat`` its text (outside a terminal, the bar shows nothing until the end)."""
-    bar = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=heartbeat.console,
-        transient=True,
-    )
-    task = bar.add_task("starting", total=None)
-
-    def progress(label: str, done: int, total: int) -> None:
-        bar.update(task, description=label, completed=done, total=total)
-        heartbeat.set(f"{label}: {done:,}/{total:,} requests")
-
-    with bar:
-        yield progress
-
-
-def _experiment(
-    experiment: str,
-    run: Callable[[Any, Any, Any], Any],
-    tables: Callable[[Any], list[Table]],
-    model: Path | None,
-    device: str,
-    out: Path | None,
-    threads: int | None = None,
-) -> Any:
-    """Check ``out``, load the model at the threads :func:`~kvbench.engine.threads.chosen_threads`
-    picks (``threads``: ``--threads``), ``run(loaded, tokenizer, progress)`` under a progress bar and a
-    :class:`Heartbeat`, print ``tables(result)`` and write the Parquet file(s) (the choice as their
-    ``threads`` metadata); returns the result. While it runs, the rows so far are checkpointed to
-    ``out`` (``complete: false``; a SIGKILL leaves them). On Ctrl-C or SIGTERM, the variants that
-    finished and the cut one's rows are written (those marked ``variant_complete`` false) and
-    :class:`Interrupted` says where."""
-    from kvbench.breaks.common import collect_finished, default_out_path, write_finished
-    from kvbench.commands.common import sigterm_as_interrupt
-    from kvbench.engine.model import resolve_device
-    from kvbench.engine.threads import chosen_threads
-    from kvbench.results.parquet import check_output_path
-
-    out = check_output_path(out or default_out_path(experiment))  # before minutes of work, not after
-    resolve_device(device)  # no such GPU: one line, before the threads line
-    err = make_console(stderr=True)
-    with sigterm_as_interrupt(), collect_finished(out, experiment) as collected, Heartbeat(err) as heartbeat:
-        try:
-            with chosen_threads(threads, status_printer(err)) as choice:
-                loaded, tokenizer = _load(model, device, status_printer(err))
-                with _progress(heartbeat) as progress:
-                    result = run(loaded, tokenizer, progress)
-        except KeyboardInterrupt:
-            finished, running = collected.finished, collected.running
-            path = write_finished(out, experiment, finished, running)
-            partial = (
-                f" and {len(running.rows)} rows of the cut variant {running.variant}"
-                if running and running.rows
-                else ""
-            )
-            kept = (
-                f"kept {len(finished)} finished variant(s), {sum(len(r.rows) for r in finished)} "
-                f"rows{partial}, "
-                f"in {path}"
-                if path
-                else "no request had finished; nothing written"
-            )
-            raise Interrupted(f"kvbench break {experiment}: {kept}") from None
-    _report(experiment, result, tables(result), out, {"threads": choice.as_dict()})
-    return result
-
-
-def _report(experiment: str, result: Any, tables: list[Table], out: Path, context: dict[str, Any]) -> None:
-    """Print the tables, write the Parquet file(s) (``context`` added to their metadata), say where."""
-    from kvbench.breaks.common import write_break_parquet
-
-    console = make_console()
-    for table in tables:
-        console.print(table)
-        console.print()
-    paths = write_break_parquet(out, experiment, result.parquet_tables(), {**result.metadata(), **context})
-    for path, table in zip(paths, [t for t in result.parquet_tables() if t.rows]):
-        console.print(f"wrote {len(table.rows)} rows to {path}")
-
-
 def list_experiments(
     ctx: typer.Context,
     list_: Annotated[bool, typer.Option("--list", help="Describe the experiments and exit.")] = False,
@@ -227,7 +104,7 @@ def timestamp_command(
     """'Current time: <now>' first in the system prompt vs last vs absent: hit rate and TTFT."""
     from kvbench.breaks import timestamp
 
-    config = _config(
+    config = experiment_config(
         timestamp.TimestampConfig,
         num_requests=requests,
         system_tokens=system_tokens,
@@ -237,7 +114,7 @@ def timestamp_command(
         seed=seed,
         engine=engine,
     )
-    _experiment(
+    run_experiment(
         timestamp.EXPERIMENT,
         lambda loaded, tokenizer, progress: timestamp.run_timestamp(loaded, config, tokenizer, progress),
         lambda result: [timestamp.timestamp_table(result)],
@@ -280,7 +157,7 @@ def head_first_command(
     for path in paths:
         if not path.exists():
             raise InputError(f"--scenarios: {path}: no such file")
-    config = _config(
+    config = experiment_config(
         head_first.HeadFirstConfig,
         scenarios=paths,
         sizes_blocks=tuple(parse_int_list(sizes, "--sizes")) if sizes is not None else None,
@@ -290,7 +167,7 @@ def head_first_command(
         max_tokens=max_tokens,
         engine=engine,
     )
-    _experiment(
+    run_experiment(
         head_first.EXPERIMENT,
         lambda loaded, _, progress: head_first.run_head_first(loaded, config, progress),
         lambda result: [head_first.sweep_table(result), head_first.engine_table(result)],
@@ -323,7 +200,7 @@ def views_command(
     from kvbench.breaks import views
     from kvbench.memory.layout import parse_bytes
 
-    config = _config(
+    config = experiment_config(
         views.ViewsConfig,
         num_requests=requests,
         system_tokens=system_tokens,
@@ -333,7 +210,7 @@ def views_command(
         block_size=block_size,
         seed=seed,
     )
-    result = _experiment(
+    result = run_experiment(
         views.EXPERIMENT,
         lambda loaded, tokenizer, progress: views.run_views(loaded, config, tokenizer, progress),
         lambda result: [views.views_table(result)],
@@ -367,7 +244,7 @@ def tiny_hash_command(
     _on_engine("tiny-hash", engine)
     from kvbench.breaks import tiny_hash
 
-    config = _config(
+    config = experiment_config(
         tiny_hash.TinyHashConfig,
         hash_bits=bits,
         num_requests=requests,
@@ -378,7 +255,7 @@ def tiny_hash_command(
         block_size=block_size,
         seed=seed,
     )
-    _experiment(
+    run_experiment(
         tiny_hash.EXPERIMENT,
         lambda loaded, tokenizer, progress: tiny_hash.run_tiny_hash(loaded, config, tokenizer, progress),
         lambda result: [tiny_hash.tiny_hash_table(result)],
@@ -407,7 +284,7 @@ def shared_salt_command(
     """Tenants without salts: B's TTFT reveals whether its guess of A's prompt was cached."""
     from kvbench.breaks import shared_salt
 
-    config = _config(
+    config = experiment_config(
         shared_salt.SharedSaltConfig,
         num_trials=trials,
         prompt_tokens=prompt_tokens,
@@ -417,7 +294,7 @@ def shared_salt_command(
         seed=seed,
         engine=engine,
     )
-    _experiment(
+    run_experiment(
         shared_salt.EXPERIMENT,
         lambda loaded, tokenizer, progress: shared_salt.run_shared_salt(loaded, config, tokenizer, progress),
         lambda result: [shared_salt.shared_salt_table(result)],

@@ -10,6 +10,7 @@ server sends no usage. Options that apply to one backend only are refused with t
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -20,6 +21,7 @@ from kvbench.commands import result_options as res
 from kvbench.commands import run_options
 from kvbench.commands.common import build, make_console, run_with_progress
 from kvbench.commands.signature import with_options
+from kvbench.results.summary import SummaryOptions
 from kvbench.route.policies import PolicyName
 from kvbench.run.config import CacheFlags, EngineFlags, ModelFlags, RunConfig, RunFlags, ServerFlags
 from kvbench.run.load_section import load_backend
@@ -44,7 +46,18 @@ def run(source: opt.Source, **flags: Any) -> None:
         f.asserts,
         f.max_error_rate,
     )
-    config = build(
+    config = _run_config(source, f, results.summary)
+    outcome = run_with_progress(
+        lambda on_progress, on_status: run_file(config, on_progress, on_status), on_interrupt=print_kept
+    )
+    show_outcome(outcome)
+    res.finish_run(outcome, results)
+
+
+def _run_config(source: Path, f: SimpleNamespace, summary: SummaryOptions) -> RunConfig:
+    """The frozen :class:`RunConfig` of the flags ``f`` (``summary``: the result flags' percentiles and
+    goodput); its ``ValueError`` becomes one ``InputError`` line naming the flag."""
+    return build(
         lambda: RunConfig(
             source,
             f.backend or load_backend(source),
@@ -92,17 +105,12 @@ def run(source: opt.Source, **flags: Any) -> None:
             ),
             f.salt,
             f.out,
-            results.summary,
+            summary,
             engine=EngineFlags(
                 f.engine, f.max_num_seqs, f.max_num_batched_tokens, f.batch_invariant, f.host_tier
             ),
         )
     )
-    outcome = run_with_progress(
-        lambda on_progress, on_status: run_file(config, on_progress, on_status), on_interrupt=print_kept
-    )
-    show_outcome(outcome)
-    res.finish_run(outcome, results)
 
 
 def show_outcome(outcome) -> None:

@@ -9,9 +9,7 @@ from typing import Annotated
 
 import numpy as np
 import typer
-from rich.markup import escape
 from rich.progress import Progress
-from rich.table import Table
 
 from kvbench.cache.base import CacheConfig, CacheKind, ReleaseOrder
 from kvbench.cache.block_hash import HashAlgo
@@ -19,6 +17,7 @@ from kvbench.commands import options as opt
 from kvbench.commands.choices import check_positive
 from kvbench.commands.common import make_console
 from kvbench.commands.signature import in_panel
+from kvbench.commands.sim_outputs import default_out, sim_table, write_outputs
 from kvbench.commands.sim_sampled import run_sampled
 from kvbench.commands.sim_tiers import (
     FitOption,
@@ -31,9 +30,7 @@ from kvbench.commands.sim_tiers import (
     run_tiers,
 )
 from kvbench.errors import InputError, Interrupted
-from kvbench.extras import needs_extra
-from kvbench.results.curve_files import write_curve, write_ttl_curve
-from kvbench.results.parquet import check_output_path, write_rows
+from kvbench.results.parquet import check_output_path
 from kvbench.run.checks import requests_note
 from kvbench.run.config import CacheFlags
 from kvbench.run.scenario import parse_choices, parse_int_list
@@ -45,41 +42,8 @@ from kvbench.sim.hash_id_trace import HASH_ID_TRACES, hash_id_refusal, hash_id_t
 from kvbench.sim.method import SimMethod, SimOutcome, simulate_sizes
 from kvbench.sim.replay import PreparedTrace, SimResult, ideal_hit_rate, prepare_prompts
 from kvbench.sim.tiers import TierPolicy
-from kvbench.sim.ttl_curve import ttl_curve as ttl_curve_of
-from kvbench.words import counted
 
 TAIL_FIRST = ReleaseOrder.TAIL_FIRST.value
-
-
-def _table(source: RunSource, results: list[SimResult], ideal: SimResult, trace: PreparedTrace) -> Table:
-    table = Table(
-        title=f"kvbench sim: {source.name} ({counted(trace.num_requests, 'request')}, "
-        f"{trace.num_prompt_tokens:,} prompt tokens, block size {trace.block_size})"
-    )
-    for column in ("blocks", "tokens", "release", "token hit", "block hit", "evicted", "expired", "refused"):
-        table.add_column(
-            column,
-            justify="right",
-            no_wrap=column == "release",
-            min_width=len("tail-first") if column == "release" else None,
-        )
-    for r in results:
-        table.add_row(
-            f"{r.capacity_blocks:,}",
-            f"{r.capacity_blocks * r.block_size:,}",
-            r.release_order,
-            f"{r.token_hit_rate:.4f}",
-            f"{r.block_hit_rate:.4f}",
-            f"{r.num_evicted_blocks:,}",
-            f"{r.num_expired_blocks:,}",
-            f"{r.num_refused_blocks:,}",
-        )
-    table.caption = (
-        f"capacity in blocks and tokens; token hit = cached prompt tokens / prompt tokens; "
-        f"ideal (unbounded cache): token hit {ideal.token_hit_rate:.4f}, "
-        f"block hit {ideal.block_hit_rate:.4f}"
-    )
-    return table
 
 
 def _base_config(
@@ -137,40 +101,6 @@ def _simulate(
     return results, outcome, interrupted
 
 
-def _write_curve(console, source: RunSource, curve: HitCurve, out: Path, results: list[SimResult]) -> None:
-    marks = [r for r in results if r.release_order == ReleaseOrder.TAIL_FIRST.value]
-    title = f"{source.name}: token hit rate at every cache size (block size {curve.trace.block_size})"
-    parquet, png, num_rows = write_curve(
-        curve, out, title, {"command": "sim", "source": source.description}, marks
-    )
-    console.print(
-        f"exact curve (one pass): {counted(num_rows, 'size')} where the hit count changes, 1 .. "
-        f"{curve.ideal_capacity_blocks:,} blocks: {_files(parquet, png)}"
-    )
-
-
-def _write_ttl_curve(console, source: RunSource, trace: PreparedTrace, out: Path) -> None:
-    curve = ttl_curve_of(trace)
-    title = f"{source.name}: token hit rate vs TTL, unbounded cache (block size {trace.block_size})"
-    parquet, png, num_rows = write_ttl_curve(
-        curve, out, title, {"command": "sim", "source": source.description}
-    )
-    keeps = ", ".join(f"{int(f * 100)}% {_seconds(curve.ttl_for_fraction_s(f))}" for f in (0.5, 0.9, 0.99))
-    console.print(
-        f"TTL keeping this share of the unbounded cache's hits: {keeps}; {counted(num_rows, 'TTL')} where "
-        "the "
-        f"hit count changes: {_files(parquet, png)}"
-    )
-
-
-def _files(parquet: Path, png: Path | None) -> str:
-    return escape(f"{parquet}, {png}" if png else f"{parquet} (no PNG: {needs_extra('plots')})")
-
-
-def _seconds(value: float | None) -> str:
-    return "-" if value is None else f"{value:,.0f} s" if value >= 10 else f"{value:.3g} s"
-
-
 def _prepared_trace(
     path: Path,
     source: RunSource,
@@ -215,7 +145,7 @@ def _computed(
     err,
 ):
     """``(trace, results, outcome, interrupted)``: from a hash-id trace held as arrays where
-    :func:`_compact_curve` applies (the exact curve at any size, issue 25.4), else prepared and simulated."""
+    :func:`_compact_curve` applies (the exact curve at any size), else prepared and simulated."""
     compact = _compact_curve(path, source, base, requests, orders, method, ttls[1])
     if compact is not None:
         outcome = SimOutcome(methods={TAIL_FIRST: SimMethod.ONE_PASS.value}, curves={TAIL_FIRST: compact})
@@ -359,11 +289,7 @@ def sim(
     source_info = load_source(source, limit=requests, token_ids=False)  # a hash-id trace: keys from its ids
     capacities = parse_int_list(sizes, "--sizes") if sizes is not None else list(source_info.sim.sizes)
     # an empty --sizes / --release is an error
-    orders = (
-        parse_choices(release, "--release", [o.value for o in ReleaseOrder])
-        if release is not None
-        else [o.value for o in source_info.sim.release]
-    )
+    orders = _release_orders(release, source_info)
     base = _base_config(source_info, block_size, cache_kind or cache, ttl, hash_algo, hash_bits, orders)
     if sample_rate is not None or sample_keys is not None:
         return run_sampled(
@@ -388,29 +314,22 @@ def sim(
             base,
             capacities,
             orders,
-            _default_out(out, source_info),
+            default_out(out, source_info),
             TierFlags(tuple(tier), tier_policy, model_shape, fit, prefill_ms_per_token, ttft_base_ms),
         )
     trace, results, outcome, interrupted = _computed(
         source, source_info, base, requests, capacities, orders, method, workers, (ttl, ttl_curve), err
     )
-    order_index = {(c, o): i for i, (c, o) in enumerate((c, o) for c in capacities for o in orders)}
-    results.sort(key=lambda r: order_index[(r.capacity_blocks, r.release_order)])
-    curve = outcome.curves.get(TAIL_FIRST)
-    ideal = (
-        # every full block: unbounded_capacity_blocks
-        curve.result_at(max(int(curve.distances.offsets[-1]), 1))
-        if curve is not None
-        else ideal_hit_rate(trace, base.kind)
-    )
-    console.print(_table(source_info, results, ideal, trace))
+    _sort_as_asked(results, capacities, orders)
+    ideal = _ideal(outcome, trace, base)
+    console.print(sim_table(source_info, results, ideal, trace))
     for note in requests_note(requests, trace.num_requests, done="simulated"):
         err.print(note, soft_wrap=True)
-    _write_outputs(
+    write_outputs(
         console,
         source_info,
         trace,
-        _default_out(out, source_info),
+        default_out(out, source_info),
         results,
         outcome,
         interrupted,
@@ -422,47 +341,29 @@ def sim(
         raise Interrupted(f"after {len(results)} of {len(capacities) * len(orders)} configurations")
 
 
-def _write_outputs(
-    console,
-    source_info: RunSource,
-    trace: PreparedTrace,
-    out: Path,
-    results: list[SimResult],
-    outcome: SimOutcome,
-    interrupted: bool,
-    ideal: SimResult,
-    elapsed_s: float,
-    ttl_curve: bool,
-) -> None:
-    """The result rows, then (when the run finished) the exact curve and the TTL curve beside them."""
-    if results:
-        metadata = {
-            "command": "sim",
-            "source": source_info.description,
-            "ideal_token_hit_rate": ideal.token_hit_rate,
-            "complete": not interrupted,
-            "elapsed_s": elapsed_s,
-            "methods": outcome.methods,
-        }
-        _write_results(console, out, [r.as_row() for r in results], metadata)
-    curve = outcome.curves.get(ReleaseOrder.TAIL_FIRST.value)
-    if curve is not None and not interrupted:
-        _write_curve(console, source_info, curve, out, results)
-    if ttl_curve and not interrupted:
-        _write_ttl_curve(console, source_info, trace, out)
+def _release_orders(release: str | None, source: RunSource) -> list[str]:
+    """``--release`` as a list of release orders, else the source's ``[sim] release``."""
+    return (
+        parse_choices(release, "--release", [o.value for o in ReleaseOrder])
+        if release is not None
+        else [o.value for o in source.sim.release]
+    )
 
 
-def _default_out(out: Path | None, source: RunSource) -> Path:
-    return out or Path("results") / f"sim-{source.name}-{time.strftime('%Y%m%d-%H%M%S')}.parquet"
+def _sort_as_asked(results: list[SimResult], capacities: list[int], orders: list[str]) -> None:
+    """Put ``results`` (in the order they finished) in the order of ``--sizes`` x ``--release``."""
+    order_index = {(c, o): i for i, (c, o) in enumerate((c, o) for c in capacities for o in orders)}
+    results.sort(key=lambda r: order_index[(r.capacity_blocks, r.release_order)])
 
 
-def _write_results(console, out: Path, rows: list[dict], metadata: dict) -> None:
-    """Write the rows; say so, and that a file was replaced when one was there (as ``run`` does)."""
-    replacing = out.is_file()
-    write_rows(out, rows, metadata)
-    console.print(
-        f"wrote {counted(len(rows), 'row')} to {escape(str(out))}"
-        + (" (replaced the file that was there)" if replacing else "")
+def _ideal(outcome: SimOutcome, trace: PreparedTrace, base: CacheConfig) -> SimResult:
+    """The unbounded cache's result: read off the tail-first curve where there is one, else replayed."""
+    curve = outcome.curves.get(TAIL_FIRST)
+    return (
+        # every full block: unbounded_capacity_blocks
+        curve.result_at(max(int(curve.distances.offsets[-1]), 1))
+        if curve is not None
+        else ideal_hit_rate(trace, base.kind)
     )
 
 

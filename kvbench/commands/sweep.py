@@ -167,8 +167,6 @@ def sweep(
         raise InputError(
             "give --cache-sizes 64,256,1024 (engine), or --backend openai with --concurrency / --request-rate"
         )
-    from kvbench.run.api import sweep as sweep_source
-
     sizes = tuple(parse_int_list(cache_sizes, "--cache-sizes"))
     config = build(
         lambda: SweepConfig(
@@ -183,6 +181,14 @@ def sweep(
             cache_kind,
         )
     )
+    _engine_sweep(config)
+
+
+def _engine_sweep(config: SweepConfig) -> None:
+    """One engine run per cache size under a progress bar, then the table and the fit (the finished
+    sizes' on Ctrl-C). Raises ``KvbenchError`` (exit 1) when no size measured anything."""
+    from kvbench.run.api import sweep as sweep_source
+
     console = make_console()
     outcome = run_with_progress(
         lambda on_progress, say: sweep_source(config, on_progress, _size_line(say), say),

@@ -1,5 +1,5 @@
-"""The peer harness's servers on loopback: vLLM in its own virtual environment, and ``kvbench serve``;
-start, health, stop.
+"""The peer harness's servers on loopback: vLLM in its own virtual environment, and what every server
+process shares (start, health, stop).
 
 What works on a CPU-only machine (vLLM 0.32.0, checked 2026-11):
 
@@ -13,8 +13,9 @@ What works on a CPU-only machine (vLLM 0.32.0, checked 2026-11):
   the KV pool; ``--num-gpu-blocks-override`` sets the block count exactly. Start-up takes 2-3 minutes
   on 2 cores (most of it compiling).
 
-The same checkpoint is served by ``kvbench serve`` (:class:`KvbenchServer`) for the engine
-comparison; both kinds are a :class:`ServerProcess`.
+The same checkpoint is served by ``kvbench serve``
+(:class:`~kvbench.peer.kvbench_server.KvbenchServer`) for the engine comparison; both kinds are a
+:class:`ServerProcess`.
 
 Each server runs in its own process group (``start_new_session``), so :meth:`ServerProcess.stop` ends
 the API server and every engine process it forked. Use it as a context manager: the ``finally`` of
@@ -47,7 +48,6 @@ _ERROR_LINE = re.compile(r"\b\w*(Error|Exception): ")
 DTYPES = ("float32", "bfloat16")  # what both vLLM CPU and kvbench serve take
 # vLLM's CPU worker logs its OpenMP binding (vllm/utils/ompmultiprocessing.py): "local_rank=0, core ids=[0]"
 _OMP_CORES_LINE = re.compile(r"local_rank=0, core ids=\[([0-9, ]*)\]")
-_KVBENCH_URL = re.compile(r"http://127\.0\.0\.1:(\d+)/v1")  # the line `kvbench serve` prints once bound
 
 Log = Callable[[str], None]
 
@@ -154,7 +154,7 @@ def free_port() -> int:
 class ServerProcess:
     """One OpenAI-compatible server process group on 127.0.0.1 (module docstring): what the subclasses
     give is the command, the environment and where the URL comes from (:class:`VllmServer`,
-    :class:`KvbenchServer`).
+    :class:`~kvbench.peer.kvbench_server.KvbenchServer`).
 
     Example::
 
@@ -320,78 +320,6 @@ class VllmServer(ServerProcess):
         """The OpenMP threads vLLM's CPU worker runs on and their source (:func:`vllm_omp_threads`
         over its log and the environment it was started with)."""
         return vllm_omp_threads(self.log_text(), self.environment().get("VLLM_CPU_OMP_THREADS_BIND", "auto"))
-
-
-@dataclass(frozen=True)
-class KvbenchServerConfig:
-    """One ``kvbench serve`` of the same checkpoint, the second kind of peer server.
-
-    Attributes:
-        model_dir: the checkpoint vLLM serves (``kvbench model export``).
-        log_path: where its stdout and stderr go.
-        engine: ``copy`` or ``paged`` (``kvbench serve --engine``).
-        block_size: ``--block-size``, tokens (vLLM's, so both caches keep the same blocks).
-        num_threads: ``--threads`` (torch intra-op threads); ``None`` = kvbench's default.
-        dtype: ``--dtype``.
-        served_model_name: the name requests use (vLLM's, so one client config fits both).
-    """
-
-    model_dir: Path
-    log_path: Path
-    engine: str = "copy"
-    block_size: int = 32
-    num_threads: int | None = None
-    dtype: str = "float32"
-    served_model_name: str = "kvbench-default"
-    startup_timeout_s: float = 900.0
-
-    def __post_init__(self) -> None:
-        if self.engine not in ("copy", "paged"):
-            raise ValueError(f"engine must be 'copy' or 'paged', got {self.engine!r}")
-        if self.num_threads is not None and self.num_threads < 1:
-            raise ValueError(f"num_threads must be >= 1 or None, got {self.num_threads}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
-
-
-class KvbenchServer(ServerProcess):
-    """``python -m kvbench.cli serve --port 0`` in kvbench's own interpreter; the port it picked is
-    read from the URL line it prints once its socket is bound."""
-
-    name = "kvbench serve"
-
-    def __init__(self, config: KvbenchServerConfig) -> None:
-        super().__init__(config.log_path, config.startup_timeout_s)
-        self.config = config
-
-    def command(self) -> list[str]:
-        c = self.config
-        command = [
-            sys.executable,
-            "-m",
-            "kvbench.cli",
-            "serve",
-            "--port",
-            "0",
-            "--model",
-            str(c.model_dir),
-            "--served-model-name",
-            c.served_model_name,
-            "--engine",
-            c.engine,
-            "--block-size",
-            str(c.block_size),
-            "--dtype",
-            c.dtype,
-        ]
-        return command + (["--threads", str(c.num_threads)] if c.num_threads is not None else [])
-
-    def environment(self) -> dict[str, str]:
-        return {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-
-    def _find_port(self) -> int | None:
-        match = _KVBENCH_URL.search(self.log_text().split("\n", 1)[-1])  # past the command line
-        return int(match.group(1)) if match else None
 
 
 def vllm_omp_threads(log_text: str, threads_bind: str = "auto") -> tuple[int | None, str]:

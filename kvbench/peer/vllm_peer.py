@@ -28,7 +28,7 @@ import dataclasses
 import subprocess
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,12 +45,12 @@ from kvbench.peer.comparisons import (
     predict,
     prepare,
 )
+from kvbench.peer.config import Measured, PeerConfig, PeerReport
 from kvbench.peer.driver import drive, vllm_backend, warm_up_request
 from kvbench.peer.engines import (
     CHAT,
     SHARED,
     VLLM,
-    EngineRow,
     EngineServer,
     engine_markdown,
     engine_rows,
@@ -58,11 +58,9 @@ from kvbench.peer.engines import (
     engine_workload,
     iter_rounds,
 )
+from kvbench.peer.kvbench_server import KvbenchServer, KvbenchServerConfig
 from kvbench.peer.report import ROW_SCHEMA, ComparisonSummary, markdown, summarize, table_rows
 from kvbench.peer.server import (
-    DTYPES,
-    KvbenchServer,
-    KvbenchServerConfig,
     PeerError,
     VllmServer,
     VllmServerConfig,
@@ -73,83 +71,6 @@ from kvbench.peer.server import (
 Log = Callable[[str], None]
 METRICS_SETTLE_S = 1.0  # vLLM publishes counters with each step's outputs; give the last one a moment
 API_KEY = "EMPTY"  # the loopback server takes none
-
-
-@dataclass(frozen=True)
-class PeerConfig:
-    """Settings of one peer run (CLI flags of ``kvbench peer vllm``).
-
-    Attributes:
-        out_dir: where the checkpoint, traces, logs, Parquet and Markdown go.
-        venv: the vLLM virtual environment (created when missing unless ``install`` is false).
-        model_path: a local checkpoint to serve instead of kvbench's default model.
-        comparisons: which of ``shared_2k``, ``chat``, ``zipf`` to run.
-        block_size: vLLM ``--block-size`` and the prediction's block size (multiple of 32 on CPU).
-        kv_cache_space_gib: ``VLLM_CPU_KVCACHE_SPACE`` of the default-pool server.
-        small_pool_blocks: ``--num-gpu-blocks-override`` of the small-pool server (null block included).
-        rounds: rounds of the engine comparison (0: none; ``kvbench.peer.engines``).
-        kvbench_threads: ``kvbench serve --threads``; ``None`` = as many as vLLM's OpenMP threads.
-        dtype: ``--dtype`` of every server (``float32`` or ``bfloat16``).
-    """
-
-    out_dir: Path
-    venv: Path
-    install: bool = True
-    model_path: Path | None = None
-    comparisons: tuple[str, ...] = ("shared_2k", "chat", "zipf")
-    block_size: int = 32  # the CPU backend's smallest block size
-    kv_cache_space_gib: int = 2
-    small_pool_blocks: int = 40  # 39 usable blocks: the Zipf trace's 8 prefixes need 64
-    max_model_len: int = 4096
-    rounds: int = 2  # issue 26's table: two rounds, interleaved
-    kvbench_threads: int | None = None
-    dtype: str = "float32"
-    startup_timeout_s: float = 900.0
-    seed: int = 0
-    run_id: str = field(default_factory=lambda: time.strftime("%Y%m%dT%H%M%S"))
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "out_dir", Path(self.out_dir).expanduser())
-        object.__setattr__(self, "venv", Path(self.venv).expanduser().absolute())
-        known = {c.name for c in default_comparisons()}
-        unknown = sorted(set(self.comparisons) - known)
-        if unknown or not self.comparisons:
-            raise ValueError(
-                f"comparisons must be a non-empty subset of {sorted(known)}, got {list(self.comparisons)}"
-            )
-        if self.block_size <= 0 or self.block_size % 32:
-            raise ValueError(f"block_size must be a positive multiple of 32, got {self.block_size}")
-        if self.small_pool_blocks < 2:
-            raise ValueError(f"small_pool_blocks must be >= 2, got {self.small_pool_blocks}")
-        if self.kvbench_threads is not None and self.kvbench_threads < 1:
-            raise ValueError(f"--threads must be >= 1 (or 0 for vLLM's count), got {self.kvbench_threads}")
-        if self.rounds < 0:
-            raise ValueError(f"--rounds must be >= 0, got {self.rounds}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-
-
-@dataclass(frozen=True)
-class PeerReport:
-    """What a run produced: summaries, the engine table and the files written."""
-
-    summaries: tuple[ComparisonSummary, ...]
-    engines: tuple[EngineServer, ...]
-    engine_rows: tuple[EngineRow, ...]
-    parquet_path: Path
-    markdown_path: Path
-    markdown: str
-
-
-@dataclass
-class Measured:
-    """What a run has measured so far (written as it stands on any exit)."""
-
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    summaries: list[ComparisonSummary] = field(default_factory=list)
-    engines: list[EngineServer] = field(default_factory=list)
-    rounds: list[Any] = field(default_factory=list)  # engines.RoundRecords
-    special_tokens: str | None = None  # the server's rule for special-token text (special_tokens.py)
 
 
 def run_peer(config: PeerConfig, log: Log = lambda line: None) -> PeerReport:

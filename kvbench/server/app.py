@@ -14,16 +14,14 @@
 ``POST /v1/messages``          Anthropic's Messages shape (:mod:`kvbench.server.messages`)
 =============================  ====================================================================
 
-Every request first passes :class:`kvbench.server.guards.Guards` (Host, API key, JSON content type,
-body size). Streams follow OpenAI: ``data: {chunk}`` events, one per output token (a chat stream
-starts with an empty assistant-role chunk, sent with the first token as vLLM does, never before the
-prefill; a token that ends inside a multi-byte character carries empty text, its character comes
-whole with the next), a chunk with ``finish_reason``, a usage chunk
-with empty ``choices`` when ``stream_options.include_usage`` is set (with vLLM's
-``continuous_usage_stats``, every chunk carries the usage so far), then ``data: [DONE]``. With vLLM's
-``return_token_ids``
-each token's chunk carries ``"token_ids": [id]`` on its choice (``kvbench run --turns live`` reads them). An
-engine
+Every request first passes :class:`kvbench.server.guards.Guards` (Host, API key, JSON content type, body
+size). Streams (:mod:`kvbench.server.streaming`) follow OpenAI: ``data: {chunk}`` events, one per output
+token (a chat stream starts with an empty assistant-role chunk, sent with the first token as vLLM does,
+never before the prefill; a token that ends inside a multi-byte character carries empty text, its
+character comes whole with the next), a chunk with ``finish_reason``, a usage chunk with empty
+``choices`` when ``stream_options.include_usage`` is set (with vLLM's ``continuous_usage_stats``, every
+chunk carries the usage so far), then ``data: [DONE]``. With vLLM's ``return_token_ids`` each token's
+chunk carries ``"token_ids": [id]`` on its choice (``kvbench run --turns live`` reads them). An engine
 failure after the stream started becomes a ``data: {"error": ...}`` event. Refused requests get a 4xx
 error object before anything is queued: malformed JSON or fields (400, ``param`` naming the field),
 unknown model (404), ``max_tokens < 1`` (400), prompt + ``max_tokens`` beyond the context (400). A
@@ -33,10 +31,9 @@ client that disconnects, streaming or not, stops its request (queued or running)
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -47,7 +44,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kvbench.engine.engine import SamplingParams
 from kvbench.request import Request as EngineRequest
-from kvbench.request import RequestRecord
 from kvbench.server.body import read_body
 from kvbench.server.breakpoint_cache import BreakpointCache
 from kvbench.server.guards import GuardConfig, Guards
@@ -59,11 +55,17 @@ from kvbench.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     choices_body,
-    chunk_body,
     response_body,
     usage,
 )
-from kvbench.server.service import EngineService, Generation
+from kvbench.server.service import EngineService
+from kvbench.server.streaming import (
+    ResponseHeader,
+    finish_reason,
+    record_usage,
+    stream_events,
+    stream_sample_events,
+)
 from kvbench.server.tokenize import add_tokenize_routes
 from kvbench.server.validation import invalid_body_error
 
@@ -202,12 +204,16 @@ async def _generate(
         body.cache_salt,
         f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
     )
-    header = _Header(chat, request.request_id, int(time.time()), service.model_name, body.return_token_ids)
+    header = ResponseHeader(
+        chat, request.request_id, int(time.time()), service.model_name, body.return_token_ids
+    )
     if body.n > 1:
         return await _respond_samples(http, service, body, request, sampling, header)
     generation = service.submit(request, sampling, body.stop_sequences)
     if body.stream:
-        return StreamingResponse(_stream(service, generation, header, body), media_type="text/event-stream")
+        return StreamingResponse(
+            stream_events(service, generation, header, body), media_type="text/event-stream"
+        )
     results = await outcomes_unless_gone(http, [generation])
     if results is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
@@ -219,8 +225,8 @@ async def _generate(
         header.created,
         header.model,
         generation.text.text,
-        _finish_reason(service, generation, result),
-        _usage(result),
+        finish_reason(service, generation, result),
+        record_usage(result),
     )
 
 
@@ -241,16 +247,16 @@ async def _respond_samples(
     body: CompletionRequest | ChatCompletionRequest,
     request: EngineRequest,
     sampling: SamplingParams,
-    header: _Header,
+    header: ResponseHeader,
 ):
     """``n`` choices of one request: ``n`` parallel samples on the paged engine (one prefill, the
-    prompt's blocks shared), streamed (:func:`_stream_samples`) or whole. Usage as vLLM's OpenAI server
-    counts it (``serving_completion`` / ``serving_chat``): ``prompt_tokens`` and ``cached_tokens`` once,
-    ``completion_tokens`` summed over the choices."""
+    prompt's blocks shared), streamed (:func:`~kvbench.server.streaming.stream_sample_events`) or
+    whole. Usage as vLLM's OpenAI server counts it (``serving_completion`` / ``serving_chat``):
+    ``prompt_tokens`` and ``cached_tokens`` once, ``completion_tokens`` summed over the choices."""
     generations = service.submit_samples(request, sampling, body.n, body.stop_sequences)
     if body.stream:
         return StreamingResponse(
-            _stream_samples(service, generations, header, body), media_type="text/event-stream"
+            stream_sample_events(service, generations, header, body), media_type="text/event-stream"
         )
     results = await outcomes_unless_gone(http, generations)
     if results is None:
@@ -258,180 +264,9 @@ async def _respond_samples(
     outputs = []
     for generation, result in zip(generations, results):
         generation.text.finish()
-        outputs.append((generation.text.text, _finish_reason(service, generation, result)))
+        outputs.append((generation.text.text, finish_reason(service, generation, result)))
     first = results[0]
     usage_object = usage(
         first.prompt_tokens, sum(result.output_tokens for result in results), first.cached_prompt_tokens
     )
     return choices_body(header.chat, header.response_id, header.created, header.model, outputs, usage_object)
-
-
-class _Header:
-    """What every chunk of one response repeats."""
-
-    def __init__(
-        self, chat: bool, response_id: str, created: int, model: str, token_ids: bool = False
-    ) -> None:
-        self.chat, self.response_id, self.created, self.model = chat, response_id, created, model
-        self.token_ids = token_ids  # vLLM's return_token_ids: each token chunk's choice has [its id]
-
-    def chunk(self, text: str | None, token_id: int | None = None, **kwargs: Any) -> str:
-        body = chunk_body(self.chat, self.response_id, self.created, self.model, text, **kwargs)
-        if self.token_ids and token_id is not None:
-            body["choices"][0]["token_ids"] = [token_id]
-        return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
-
-
-async def _stream(
-    service: EngineService,
-    generation: Generation,
-    header: _Header,
-    body: CompletionRequest | ChatCompletionRequest,
-) -> AsyncIterator[str]:
-    """The SSE events of one streamed response; cancels the request if the client goes away. Token
-    events reach the queue before the ``done`` event (both go through the loop's FIFO of callbacks)."""
-    include_usage = body.include_usage
-    continuous = include_usage and body.continuous_usage
-    num_prompt = int(generation.request.token_ids.shape[0])
-    num_sent = 0
-
-    def running_usage() -> dict[str, Any] | None:
-        return (
-            {
-                "prompt_tokens": num_prompt,
-                "completion_tokens": num_sent,
-                "total_tokens": num_prompt + num_sent,
-            }
-            if continuous
-            else None
-        )
-
-    role_due = header.chat  # the role chunk goes out with the first token, as vLLM's (never before prefill)
-    try:
-        while True:
-            kind, value = await generation.events.get()
-            if role_due and kind in ("token", "done"):
-                role_due = False
-                yield header.chunk("", first=True, include_usage=include_usage, usage_object=running_usage())
-            if kind == "token":
-                num_sent += 1
-                yield header.chunk(
-                    generation.pieces.popleft(),
-                    value,
-                    include_usage=include_usage,
-                    usage_object=running_usage(),
-                )
-                continue
-            if kind != "done":
-                message = str(value or "the request was cancelled")
-                yield f"data: {json.dumps(ApiError(500, message).body())}\n\n"
-                break
-            rest = generation.text.finish()
-            final_usage = _usage(value)
-            yield header.chunk(
-                rest,
-                finish_reason=_finish_reason(service, generation, value),
-                include_usage=include_usage,
-                usage_object=final_usage if continuous else None,
-            )
-            if include_usage:
-                yield header.chunk(None, usage_object=final_usage)
-            break
-        yield "data: [DONE]\n\n"
-    finally:
-        generation.cancel()  # a no-op once the request finished; stops the engine if the client left
-
-
-async def _stream_samples(
-    service: EngineService,
-    generations: list[Generation],
-    header: _Header,
-    body: CompletionRequest | ChatCompletionRequest,
-) -> AsyncIterator[str]:
-    """The SSE events of ``n`` streamed choices, interleaved as their tokens come, each chunk with its
-    choice's ``index`` (OpenAI's and vLLM's shape): a chat stream opens every choice with a role chunk;
-    each choice ends with its ``finish_reason`` chunk; then one usage chunk (prompt once, tokens of
-    every choice) when asked for, and ``[DONE]``. Each choice's role chunk goes with its first token.
-    An engine failure is one error event; a client that leaves cancels every sample."""
-    merged: asyncio.Queue[tuple[int, str, Any]] = asyncio.Queue()
-
-    async def forward(index: int, generation: Generation) -> None:
-        while True:
-            kind, value = await generation.events.get()
-            await merged.put((index, kind, value))
-            if kind != "token":
-                return
-
-    include_usage, num_prompt, num_sent = (
-        body.include_usage,
-        int(generations[0].request.token_ids.shape[0]),
-        0,
-    )
-    continuous = include_usage and body.continuous_usage
-    forwarders = [asyncio.ensure_future(forward(i, g)) for i, g in enumerate(generations)]
-    results: dict[int, RequestRecord] = {}
-    roles_due = set(range(len(generations))) if header.chat else set()  # each choice's, with its first token
-    try:
-        while len(results) < len(generations):
-            index, kind, value = await merged.get()
-            generation = generations[index]
-            if index in roles_due and kind in ("token", "done"):
-                roles_due.discard(index)
-                yield header.chunk(
-                    "",
-                    first=True,
-                    include_usage=include_usage,
-                    index=index,
-                    usage_object=_running_usage(num_prompt, num_sent) if continuous else None,
-                )
-            if kind == "token":
-                num_sent += 1
-                yield header.chunk(
-                    generation.pieces.popleft(),
-                    value,
-                    include_usage=include_usage,
-                    index=index,
-                    usage_object=_running_usage(num_prompt, num_sent) if continuous else None,
-                )
-                continue
-            if kind != "done":
-                error = ApiError(500, str(value or "the request was cancelled"))
-                yield f"data: {json.dumps(error.body())}\n\n"
-                break
-            results[index] = value
-            yield header.chunk(
-                generation.text.finish(),
-                finish_reason=_finish_reason(service, generation, value),
-                include_usage=include_usage,
-                index=index,
-                usage_object=_running_usage(num_prompt, num_sent) if continuous else None,
-            )
-        if len(results) == len(generations) and include_usage:
-            first = results[0]
-            yield header.chunk(
-                None, usage_object=usage(first.prompt_tokens, num_sent, first.cached_prompt_tokens)
-            )
-        yield "data: [DONE]\n\n"
-    finally:
-        for generation, forwarder in zip(generations, forwarders):
-            generation.cancel()  # a no-op once the sample finished; stops it if the client left
-            forwarder.cancel()
-
-
-def _running_usage(num_prompt: int, num_sent: int) -> dict[str, Any]:
-    """vLLM's ``continuous_usage_stats`` usage after ``num_sent`` output tokens."""
-    return {"prompt_tokens": num_prompt, "completion_tokens": num_sent, "total_tokens": num_prompt + num_sent}
-
-
-def _usage(result: RequestRecord) -> dict[str, Any]:
-    return usage(result.prompt_tokens, result.output_tokens, result.cached_prompt_tokens)
-
-
-def _finish_reason(service: EngineService, generation: Generation, result: RequestRecord) -> str:
-    """``stop`` when the response ended at a stop string or an EOS the request did not ignore, else
-    ``length``."""
-    ids = result.output_token_ids
-    ended_by_eos = (
-        bool(ids) and not generation.sampling.ignore_eos and ids[-1] in service.engine.loaded.eos_token_ids
-    )
-    return "stop" if ended_by_eos or generation.text.stopped else "length"

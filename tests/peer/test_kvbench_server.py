@@ -32,7 +32,27 @@ def test_the_engine_comparison_runs_kvbench_serve_beside_vllm_and_writes_the_tab
 
     tokenizer = TiktokenTokenizer()
     export_model(tmp_path / "model", tiny_loaded, overwrite=True, reference=tokenizer)
-    prepared = {
+    prepared = prepared_comparisons(tokenizer)
+    config = PeerConfig(out_dir=tmp_path, venv=tmp_path / "no-venv", rounds=1, startup_timeout_s=600.0)
+    measured, lines, vllm = Measured(), [], FakeServer(0.001)
+    _engine_comparison(
+        config,
+        tmp_path / "model",
+        tokenizer,
+        FakeVllm(),
+        vllm,
+        list(prepared.values()),
+        measured,
+        lines.append,
+    )
+    check_engines_and_rounds(measured, vllm)
+    check_servers_stopped(tmp_path)
+    check_report(_write(config, measured, prepared, "tiny", True, lambda line: None))
+
+
+def prepared_comparisons(tokenizer):
+    """A small shared_2k (3 requests) and chat (2 conversations of 2 turns), as the peer prepares them."""
+    return {
         "shared_2k": prepare(
             Comparison(
                 "shared_2k",
@@ -63,18 +83,10 @@ def test_the_engine_comparison_runs_kvbench_serve_beside_vllm_and_writes_the_tab
             "peer-e2e-chat",
         ),
     }
-    config = PeerConfig(out_dir=tmp_path, venv=tmp_path / "no-venv", rounds=1, startup_timeout_s=600.0)
-    measured, lines, vllm = Measured(), [], FakeServer(0.001)
-    _engine_comparison(
-        config,
-        tmp_path / "model",
-        tokenizer,
-        FakeVllm(),
-        vllm,
-        list(prepared.values()),
-        measured,
-        lines.append,
-    )
+
+
+def check_engines_and_rounds(measured, vllm):
+    """Three servers with vLLM's thread count, one round each; the real ones served every request."""
     assert [(e.name, e.num_threads, e.threads_source) for e in measured.engines] == [
         ("vllm", 1, "vLLM log: core ids"),
         ("kvbench-copy", 1, "as vLLM"),
@@ -90,6 +102,10 @@ def test_the_engine_comparison_runs_kvbench_serve_beside_vllm_and_writes_the_tab
         assert all(r.ok and r.output_tokens == 32 for r in result.shared + result.chat)
         assert result.shared[0].cached_prompt_tokens == 0 and result.shared[1].cached_prompt_tokens >= 32
     assert len(vllm.seen) == 1 + 3 + 4  # the warm-up, shared_2k, chat
+
+
+def check_servers_stopped(tmp_path):
+    """Each ``kvbench serve`` ran with its engine and vLLM's threads, and no longer answers."""
     for engine in ("copy", "paged"):
         log = (tmp_path / f"kvbench-{engine}.log").read_text()
         assert f"--engine {engine}" in log.splitlines()[0] and "--threads 1" in log.splitlines()[0]
@@ -97,7 +113,9 @@ def test_the_engine_comparison_runs_kvbench_serve_beside_vllm_and_writes_the_tab
         # stopped after the comparison
         assert call(f"http://127.0.0.1:{port}/health", "", timeout_s=2)[0] != 200
 
-    report = _write(config, measured, prepared, "tiny", True, lambda line: None)
+
+def check_report(report):
+    """The Parquet rows of all three servers and the engine table in the Markdown."""
     table = pq.read_table(report.parquet_path)
     assert table.num_rows == 3 * (3 + 4) and set(table.column("backend").to_pylist()) == {
         "vllm",

@@ -18,8 +18,9 @@ from kvbench.peer.engines import (
     iter_rounds,
     round_measures,
 )
+from kvbench.peer.kvbench_server import KvbenchServer, KvbenchServerConfig
 from kvbench.peer.report import ROW_SCHEMA, table_rows
-from kvbench.peer.server import KvbenchServer, KvbenchServerConfig, vllm_omp_threads
+from kvbench.peer.server import vllm_omp_threads
 from kvbench.request import RequestRecord, Status
 
 
