@@ -50,6 +50,7 @@ from transformers import DynamicCache
 
 from kvbench.cache.base import CacheConfig, Clock, PrefixCache, make_cache
 from kvbench.cache.block_hash import BlockHasher, PromptBlocks
+from kvbench.engine.kinds import EngineKind
 from kvbench.engine.kv import (
     LayerKV,
     blocks_to_kv,
@@ -127,6 +128,8 @@ class HFEngine(SerialCalls):
     Raises:
         InputError: the model has layers whose KV is not a per-token key/value sequence.
     """
+
+    spec = EngineKind.COPY.spec  # one sequence at a time, each cached block its own tensor
 
     def __init__(
         self, loaded: LoadedModel, config: CopyConfig = CopyConfig(), clock: Clock | None = None

@@ -10,31 +10,24 @@ Example::
     record = engine.submit(token_ids, SamplingParams(max_tokens=32)).result()
 
 The engine returned implements :class:`kvbench.engine.protocol.Engine`; callers never ask which kind
-it is. A new kind plugs in with an :class:`EngineKind` member and a builder in ``_BUILDERS``.
+it is: what differs between kinds is in the kind's spec (:mod:`kvbench.engine.kinds`). A new kind plugs
+in with an :class:`EngineKind` member, its :class:`~kvbench.engine.kinds.EngineSpec` and a builder in
+``_BUILDERS``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum
 from typing import TYPE_CHECKING
 
 from kvbench.cache.base import CacheConfig, Clock
+from kvbench.engine.kinds import DEFAULT_ENGINE_KIND, EngineKind
 from kvbench.engine.paged.config import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
 
 if TYPE_CHECKING:  # torch stays unimported until an engine is built (the CLI imports EngineKind)
     from kvbench.engine.model import LoadedModel
     from kvbench.engine.protocol import Engine
-
-
-class EngineKind(str, Enum):
-    """``copy``: the seed's engine (a block per tensor, hits copied into a contiguous cache, one
-    request at a time); ``paged``: one KV pool, block tables, continuous batching
-    (:mod:`kvbench.engine.paged`)."""
-
-    COPY = "copy"
-    PAGED = "paged"
 
 
 @dataclass(frozen=True)
@@ -60,7 +53,7 @@ class EngineConfig:
             copy engine. (Each engine's own config checks the rest when :func:`make_engine` builds it.)
     """
 
-    kind: EngineKind = EngineKind.COPY
+    kind: EngineKind = DEFAULT_ENGINE_KIND
     cache: CacheConfig | None = None
     pool: CacheConfig | None = None
     verify: bool = False
@@ -74,8 +67,10 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", EngineKind(self.kind))
-        if self.kind is EngineKind.PAGED and self.pool is None and self.cache is None:
-            raise ValueError("--engine paged needs a KV pool: give EngineConfig a cache or a pool")
+        if self.kind.spec.has_kv_pool and self.pool is None and self.cache is None:
+            raise ValueError(
+                f"--engine {self.kind.value} needs a KV pool: give EngineConfig a cache or a pool"
+            )
         if self.kind is EngineKind.COPY and (self.batch_invariant or self.host_tier_blocks):
             raise ValueError("batch_invariant and host_tier_blocks apply to --engine paged only")
 

@@ -5,11 +5,13 @@ request at a time on a FIFO worker thread) and the paged engine
 (:class:`kvbench.engine.paged.engine.PagedEngine`, continuous batching over one KV pool). They are
 built by :func:`kvbench.engine.factory.make_engine` from one
 :class:`~kvbench.engine.factory.EngineConfig`; code outside ``engine/`` never asks which one it holds
-(``tests/test_layers.py`` checks). The shape is vLLM's engine client and nano-vllm's ``LLMEngine``:
+(``tests/test_layers.py`` checks); what differs between them is the engine's ``spec``
+(:mod:`kvbench.engine.kinds`). The shape is vLLM's engine client and nano-vllm's ``LLMEngine``:
 submit a request, get a future of its record; abort it; reset the prefix cache; describe; memory.
 
 A third engine plugs in by implementing this protocol in its own module under ``engine/`` and adding
-its kind to :class:`~kvbench.engine.factory.EngineKind` and to the factory's registry.
+its kind to :class:`~kvbench.engine.kinds.EngineKind`, its spec to
+:data:`~kvbench.engine.kinds.ENGINE_SPECS` and its builder to the factory's registry.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from kvbench.cache.base import CacheConfig
+from kvbench.engine.kinds import EngineSpec
 from kvbench.engine.model import LoadedModel
 from kvbench.engine.sampling import SamplingParams
 from kvbench.engine.worker import RequestFuture
@@ -38,12 +41,13 @@ class Engine(Protocol):
         loaded: the model it runs (:class:`~kvbench.engine.model.LoadedModel`: vocabulary, context, device).
         cache_config: the prefix cache's settings, ``None`` when prefix caching is off.
         block_size: tokens per KV block (``None``: the copy engine with its cache off).
-        batching: ``True`` when several sequences run at once (the paged engine): the server then
-            reports running / waiting gauges, accepts ``n > 1`` and aborts queued requests in the engine.
+        spec: what kind of engine it is (:class:`~kvbench.engine.kinds.EngineSpec`: KV pool, batching,
+            most parallel samples, ...), its kind's ``EngineKind.spec``: the server derives its gauges,
+            ``n`` and abort from it, never from the engine's class.
     """
 
     loaded: LoadedModel
-    batching: bool
+    spec: EngineSpec
 
     @property
     def cache_config(self) -> CacheConfig | None: ...

@@ -152,8 +152,6 @@ class SerialCalls:
     it is mixed into has ``loaded``, ``cache`` (a prefix cache or ``None``), ``run_request`` (one
     request, synchronous) and ``held_kv_bytes()``."""
 
-    batching = False  # one sequence at a time
-
     def __init__(self) -> None:
         self._queue = SerialQueue()
 

@@ -87,6 +87,24 @@ class Generation:
             self.task.cancel()
 
 
+def _served(engine) -> tuple[ServerCounters, bool, int]:
+    """What the server makes of ``engine``'s spec (:class:`kvbench.engine.kinds.EngineSpec`), the one
+    place it is read: ``(counters, abort_in_engine, max_samples)``.
+
+    A batching engine's own running / waiting counts (and its host tier's tokens) are the gauges, and
+    a cancelled request is aborted in the engine (its scheduler queues it); otherwise the counters
+    derive the gauges from the requests in flight (one runs at a time) and a cancel waits for the
+    request's next token or turn. ``max_samples`` (most choices ``n`` per request) is the engine's
+    limit, or the schema's :data:`~kvbench.server.schemas.MAX_N` where it has none."""
+    spec = engine.spec
+    counters = ServerCounters(
+        engine_sequences=engine.num_sequences if spec.batching else None,
+        engine_host_tier=engine.host_tier_counters if spec.batching else None,
+    )
+    max_samples = MAX_N if spec.max_samples is None else min(spec.max_samples, MAX_N)
+    return counters, spec.batching, max_samples
+
+
 class EngineService:
     """Tokenizes, validates and submits requests to one :class:`InProcessBackend`.
 
@@ -94,17 +112,19 @@ class EngineService:
         backend: the engine behind it (the engine's cache, if any, is the one
             ``/reset_prefix_cache`` clears; its ``model_name`` is the one requests may ask for).
         tokenizer: renders chat messages and prompts exactly as kvbench's traces count them.
+
+    Attributes:
+        counters: the ``/metrics`` totals and gauges (:class:`ServerCounters`).
+        abort_in_engine: a cancel also cancels the request's task, which aborts it in the engine.
+        max_samples: most choices per request (``n``): 1 on an engine that runs one sequence per
+            request, else the schema's 128.
     """
 
     def __init__(self, backend: InProcessBackend, tokenizer: Tokenizer) -> None:
         self.backend = backend
         self.engine = backend.engine
         self.tokenizer = tokenizer
-        self.batching = self.engine.batching  # several sequences run at once: its gauges
-        self.counters = ServerCounters(
-            engine_sequences=self.engine.num_sequences if self.batching else None,
-            engine_host_tier=self.engine.host_tier_counters if self.batching else None,
-        )
+        self.counters, self.abort_in_engine, self.max_samples = _served(self.engine)
         self._indexes = itertools.count()
         self._reset_done: asyncio.Event | None = None  # set when the pending reset (paged engine) is done
 
@@ -203,7 +223,7 @@ class EngineService:
         once. Must be called on the event loop."""
         generation = Generation(request, sampling, TextStream(self.tokenizer, stops))
         generation.task = asyncio.create_task(self._run(generation))
-        generation.abort_task = self.batching
+        generation.abort_task = self.abort_in_engine
         return generation
 
     async def _run(self, generation: Generation) -> None:
@@ -235,11 +255,6 @@ class EngineService:
             generation.events.put_nowait(("error", f"{type(exc).__name__}: {exc}"))
         finally:
             self.counters.num_in_flight -= 1
-
-    @property
-    def max_samples(self) -> int:
-        """Most choices per request (``n``): 1 on the copy engine, unbounded (the schema's 128) on paged."""
-        return MAX_N if self.batching else 1
 
     def submit_samples(
         self, request: Request, sampling: SamplingParams, n: int, stops: Sequence[str] = ()

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from kvbench.cache.base import CacheConfig
+from kvbench.engine.kinds import EngineKind
 from kvbench.engine.paged.jobs import Job, sample_sampling
 from kvbench.engine.paged.scheduler import Sequence, blocks_for
 from kvbench.engine.paged.verify import VerifyReport
@@ -34,7 +35,7 @@ class PagedCalls:
     ``config``, ``scheduler``, ``kv_pool``, ``host_kv``, ``meter``, ``_lock``, ``_jobs``, ``_seq_ids``,
     ``_aborted``, ``_worker`` and ``_verifier``."""
 
-    batching = True  # continuous batching: many sequences per step
+    spec = EngineKind.PAGED.spec  # one KV pool, continuous batching: many sequences per step
 
     @property
     def block_size(self) -> int:
