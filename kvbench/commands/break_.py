@@ -48,20 +48,12 @@ Engine = Annotated[
         "block tables)."
     ),
 ]
-# Experiments that cannot run on the paged engine, and why (one line each).
-NOT_ON_PAGED = {
-    "views": "views shows the copy engine's cached blocks as views of a request's whole KV tensor; the paged "
-    "engine's blocks are slots of one preallocated pool, so there is no view to leak",
-    "tiny-hash": "tiny-hash counts false hits with a lockstep replica of the copy engine's cache; on the "
-    "paged "
-    "engine running blocks share the pool, which that replica does not model",
-}
 
 
 def _on_engine(experiment: str, engine: EngineKind) -> None:
-    """Refuse ``--engine paged`` for an experiment in :data:`NOT_ON_PAGED`, in one line."""
-    if engine is EngineKind.PAGED and experiment in NOT_ON_PAGED:
-        raise InputError(f"kvbench break {experiment} --engine paged: {NOT_ON_PAGED[experiment]}")
+    """Refuse an experiment the engine cannot run (its spec's ``unsupported_breaks``), in one line."""
+    if (why := engine.spec.unsupported_breaks.get(experiment)) is not None:
+        raise InputError(f"kvbench break {experiment} --engine {engine.value}: {why}")
 
 
 def list_experiments(

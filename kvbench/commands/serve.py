@@ -303,7 +303,7 @@ def serve(
                 loaded.kv_layout(block_size).bytes_per_block,
                 prompt_only,
             )
-            if engine is EngineKind.PAGED
+            if engine.spec.has_kv_pool  # it holds the running sequences even with the cache off
             else None
         )
         service = _service(loaded, model, cache_config, served_model_name or loaded.name, engine_flags, pool)

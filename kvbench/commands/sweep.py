@@ -15,6 +15,7 @@ from kvbench.commands import run_options as rop
 from kvbench.commands.common import build, make_console, run_with_progress
 from kvbench.commands.signature import in_panel
 from kvbench.commands.sweep_tables import load_points_table, points_table
+from kvbench.engine.kinds import DEFAULT_ENGINE_KIND
 from kvbench.errors import InputError, KvbenchError
 from kvbench.extras import missing_extra
 from kvbench.results.goodput import parse_goodput
@@ -22,7 +23,6 @@ from kvbench.results.summary import SummaryOptions
 from kvbench.run.config import (
     BackendKind,
     EngineFlags,
-    EngineKind,
     ModelFlags,
     RunConfig,
     RunFlags,
@@ -113,7 +113,7 @@ def sweep(
     ] = None,
     goodput: in_panel(LOAD, res.Goodput) = None,
     threads: opt.Threads = None,
-    engine: EngineOption = EngineKind.COPY,
+    engine: EngineOption = DEFAULT_ENGINE_KIND,
     max_num_seqs: MaxNumSeqs = None,
     max_num_batched_tokens: MaxNumBatchedTokens = None,
     batch_invariant: BatchInvariant = False,
@@ -139,7 +139,7 @@ def sweep(
                 "--request-rate"
             )
         _refuse_engine_flags(
-            engine is not EngineKind.COPY,
+            engine is not DEFAULT_ENGINE_KIND,  # --engine given
             repeats != 1,
             max_num_seqs,
             max_num_batched_tokens,

@@ -27,7 +27,7 @@ from kvbench.results.parquet import check_output_path
 from kvbench.results.writer import RunWriter
 from kvbench.run.cache_sweep import SweepOutcome, sweep  # the engine sweep lives in its own module
 from kvbench.run.checks import check_against_model, check_cache_size_text, requests_note
-from kvbench.run.config import BackendKind, EngineKind, RunConfig, TurnMode
+from kvbench.run.config import BackendKind, RunConfig, TurnMode
 from kvbench.run.engines import build_backend, predicted_cached_tokens, verify_metadata
 from kvbench.run.execute import (
     OnStatus,
@@ -129,8 +129,8 @@ def _checked_inputs(config: RunConfig) -> _Inputs:
     requests = prepared_requests(source, settings)
     block_size = config.cache.block_size or source.block_size
     check_cache_size_text(config.cache.cache_size or settings.cache_size)  # all before torch loads the model
-    # the cache's rules, at a stand-in size
-    if settings.cache == "on" or config.engine.engine is EngineKind.PAGED:
+    # the cache's rules, at a stand-in size (an engine with a KV pool sizes it by them, cache on or off)
+    if settings.cache == "on" or config.engine.engine.spec.has_kv_pool:
         cache_config(source.cache, config.cache, 1, block_size)
     return _Inputs(model_config, tokenizer, source, settings, requests, block_size)
 
@@ -190,16 +190,15 @@ def _run_inprocess(
 
 def _caches_and_expectations(config: RunConfig, inputs: _Inputs, loaded):
     """``(cache, pool, requests)``: the prefix cache (``None`` with the cache off), the engine's
-    pool config (the paged engine has one either way), and the requests with their expected
+    pool config (an engine with a KV pool has one either way), and the requests with their expected
     cached tokens."""
     settings = inputs.settings
     capacity = parse_cache_size(
         config.cache.cache_size or settings.cache_size, loaded.kv_layout(inputs.block_size).bytes_per_block
     )
-    paged = config.engine.engine is EngineKind.PAGED
     pool = (
         cache_config(inputs.source.cache, config.cache, capacity, inputs.block_size)
-        if settings.cache == "on" or paged
+        if settings.cache == "on" or config.engine.engine.spec.has_kv_pool
         else None
     )
     cache = pool if settings.cache == "on" else None

@@ -18,6 +18,7 @@ from kvbench.backends.openai.hygiene import Hygiene
 from kvbench.cache.base import CacheKind, ReleaseOrder
 from kvbench.cache.block_hash import HashAlgo
 from kvbench.engine.factory import EngineKind  # noqa: F401 - part of this module's API (the --engine choices)
+from kvbench.engine.kinds import engines_supporting
 from kvbench.engine.threads import check_threads
 from kvbench.results.secrets import VARIABLE_NAME
 from kvbench.results.summary import SummaryOptions
@@ -83,7 +84,12 @@ class ModelFlags:
 
 @dataclass(frozen=True)
 class EngineFlags:
-    """Which in-process engine, and the paged engine's vLLM-style limits (``None`` = its defaults)."""
+    """Which in-process engine, and the paged engine's vLLM-style limits (``None`` = its defaults).
+
+    Raises:
+        ValueError: a setting the engine does not implement (its spec's ``unsupported_settings``),
+            naming the first one given in that order.
+    """
 
     engine: EngineKind = EngineKind.COPY
     max_num_seqs: int | None = None
@@ -94,15 +100,13 @@ class EngineFlags:
     def __post_init__(self) -> None:
         object.__setattr__(self, "engine", EngineKind(self.engine))
         _check_positive(self, ("max_num_seqs", "max_num_batched_tokens"))
-        if self.engine is EngineKind.COPY:
-            given = [
-                name
-                for name in ("max_num_seqs", "max_num_batched_tokens", "host_tier")
-                if getattr(self, name) is not None
-            ]
-            given += ["batch_invariant"] if self.batch_invariant else []
-            if given:
-                raise ValueError(f"{_flag(given[0])} applies to --engine paged only")
+        given = [
+            name
+            for name in self.engine.spec.unsupported_settings
+            if getattr(self, name) is not None and getattr(self, name) is not False
+        ]
+        if given:
+            raise ValueError(f"{_flag(given[0])} applies to {engines_supporting(given[0])} only")
 
 
 @dataclass(frozen=True)

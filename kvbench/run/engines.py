@@ -1,10 +1,11 @@
 """Building the in-process engine a run asked for (``--engine copy|paged``) behind its backend
-(:func:`build_backend`, the one assembly path) and its cached-tokens prediction.
+(:func:`build_backend`, the one assembly path) and its cached-tokens prediction, by the replay the
+kind's spec names (:class:`kvbench.engine.kinds.CacheModel`):
 
-* ``copy``: :class:`kvbench.engine.engine.HFEngine`; predicted by kvbench's cache replay
+* ``prefix-cache`` (``copy``: :class:`kvbench.engine.engine.HFEngine`): kvbench's cache replay
   (:func:`kvbench.sim.predict.expected_cached_tokens` with the :class:`CacheConfig`).
-* ``paged``: :class:`kvbench.engine.paged.engine.PagedEngine`, its pool sized by ``--cache-size``
-  (running and cached blocks together, as vLLM's); predicted by the vLLM-faithful pool
+* ``kv-pool`` (``paged``: :class:`kvbench.engine.paged.engine.PagedEngine`, its pool sized by
+  ``--cache-size``, running and cached blocks together, as vLLM's): the vLLM-faithful pool
   (:class:`kvbench.sim.vllm_pool.VllmPoolConfig`, the null block added; its radix mode for
   ``--cache-kind radix``), which is exact at
   concurrency 1 when every request decodes exactly ``max_tokens`` (``--ignore-eos``). Under
@@ -21,11 +22,12 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from kvbench.cache.base import CacheConfig
+from kvbench.engine.kinds import CacheModel
 from kvbench.engine.paged.config import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
 from kvbench.errors import checked
 from kvbench.memory.layout import parse_bytes
 from kvbench.request import Request
-from kvbench.run.config import EngineFlags, EngineKind
+from kvbench.run.config import EngineFlags
 from kvbench.sim.predict import expected_cached_tokens
 from kvbench.sim.vllm_pool import NUM_NULL_BLOCKS, VllmPoolConfig
 
@@ -99,9 +101,27 @@ def predicted_cached_tokens(
     concurrency: int,
     ignore_eos: bool,
 ) -> list[int | None]:
-    """Per request, the cached prompt tokens the engine should report (module docstring)."""
-    if flags.engine is EngineKind.COPY or cache is None:
+    """Per request, the cached prompt tokens the engine should report, by the replay its spec names
+    (``EngineKind.spec.cache_model``; module docstring); with the cache off, kvbench's replay of no
+    cache."""
+    if cache is None:
         return expected_cached_tokens(requests, cache)
+    predict = _PREDICTORS[flags.engine.spec.cache_model]
+    return predict(requests, flags, cache, concurrency, ignore_eos)
+
+
+def _predicted_by_cache(
+    requests: Sequence[Request], flags: EngineFlags, cache: CacheConfig, concurrency: int, ignore_eos: bool
+) -> list[int | None]:
+    """:attr:`CacheModel.PREFIX_CACHE`: kvbench's cache replayed alone (exact)."""
+    return expected_cached_tokens(requests, cache)
+
+
+def _predicted_by_pool(
+    requests: Sequence[Request], flags: EngineFlags, cache: CacheConfig, concurrency: int, ignore_eos: bool
+) -> list[int | None]:
+    """:attr:`CacheModel.KV_POOL`: the vLLM-faithful pool, or ``None`` per request where it cannot be
+    exact (concurrency, EOS, TTL, head-first release, a host tier; module docstring)."""
     if flags.host_tier is not None:  # the pool simulator has no host tier (kvbench sim --tier models one)
         return [None] * len(requests)
     if (
@@ -120,6 +140,9 @@ def predicted_cached_tokens(
     exact = [replace(r, output_tokens=r.max_tokens) for r, fit in zip(requests, fits) if fit]
     predicted = iter(expected_cached_tokens(exact, pool))
     return [next(predicted) if fit else None for fit in fits]
+
+
+_PREDICTORS = {CacheModel.PREFIX_CACHE: _predicted_by_cache, CacheModel.KV_POOL: _predicted_by_pool}
 
 
 def verify_metadata(engine) -> dict | None:
