@@ -126,6 +126,61 @@ def test_the_engine_type_check_sees_isinstance_and_imports(tmp_path):
     ]
 
 
+KIND_COMPARISONS = (ast.Is, ast.IsNot, ast.Eq, ast.NotEq, ast.In, ast.NotIn)
+
+
+def is_engine_kind(node: ast.AST) -> bool:
+    """``EngineKind.X`` (or ``module.EngineKind.X``), or a tuple / list / set holding one."""
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return any(is_engine_kind(item) for item in node.elts)
+    owner = getattr(node, "value", None) if isinstance(node, ast.Attribute) else None
+    return (getattr(owner, "id", None) or getattr(owner, "attr", None)) == "EngineKind"
+
+
+def engine_kind_comparisons(path: Path) -> list[str]:
+    """Where ``path`` compares with an ``EngineKind`` member (``is``, ``==``, ``in`` a tuple of kinds,
+    a ``case``): code outside engine/ asks the kind's spec (``EngineKind.spec``) or the engine's
+    ``spec`` what it is, never which kind it is. A default (``engine=EngineKind.COPY``) is no
+    comparison."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Compare) and any(isinstance(op, KIND_COMPARISONS) for op in node.ops):
+            if any(is_engine_kind(side) for side in (node.left, *node.comparators)):
+                found.append(f"{node.lineno}: {ast.unparse(node)}")
+        elif isinstance(node, ast.MatchValue) and is_engine_kind(node.value):
+            found.append(f"{node.lineno}: case {ast.unparse(node.value)}")
+    return found
+
+
+def test_no_module_outside_engine_compares_engine_kinds():
+    problems = [
+        f"{path.relative_to(REPO)}:{use}"
+        for path in SOURCES
+        if not path.relative_to(PACKAGE).parts[0] == "engine"
+        for use in engine_kind_comparisons(path)
+    ]
+    assert problems == []
+
+
+def test_the_engine_kind_check_sees_comparisons_not_defaults(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text(
+        "from kvbench.engine import factory\nfrom kvbench.engine.factory import EngineKind\n"
+        "def f(kind=EngineKind.COPY, other=EngineKind.PAGED.spec):\n"
+        "    a = kind is EngineKind.PAGED or kind != factory.EngineKind.COPY\n"
+        "    b = kind in (EngineKind.COPY, EngineKind.PAGED) or kind.spec.batching is True\n"
+        "    match kind:\n"
+        "        case EngineKind.COPY:\n"
+        "            return a and b\n"
+    )
+    assert engine_kind_comparisons(source) == [
+        "4: kind is EngineKind.PAGED",
+        "4: kind != factory.EngineKind.COPY",
+        "5: kind in (EngineKind.COPY, EngineKind.PAGED)",
+        "7: case EngineKind.COPY",
+    ]
+
+
 def function_lengths(path: Path):
     """``(name, line, length)`` of every function; the length is the body's, docstring included.
 
