@@ -3,7 +3,7 @@
 ``kvbench serve`` child process). tests/conftest.py calls :func:`mark_by_kind` from
 ``pytest_collection_modifyitems``; marks put on by hand stay.
 
-The fast loop is ``pytest -m "not slow"`` (its target: <= 3 min on a quiet 2-core machine, issue 27);
+The fast loop is ``pytest -m "not slow"`` (its target: <= 3 min on a quiet 2-core machine);
 ``pytest`` runs all.
 A test gets a kind from the fixtures it uses (directly or through other fixtures) or from its module
 (or its node id) in the lists below: modules whose tests build a model, start a server or a child

@@ -61,7 +61,7 @@ def write_config(tmp_path, config, name="config.json"):
     return path
 
 
-# -- the check values -------------------------------------------------------------------------
+# -- check values of real model shapes ----------------------------------------------------------------
 
 
 def test_llama_31_8b_bf16_check_values():

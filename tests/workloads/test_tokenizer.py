@@ -56,7 +56,7 @@ def test_chatml_rendering_is_exactly_the_documented_template(tokenizer):
 
 
 def test_markers_inside_message_text_are_control_tokens_as_on_servers(tokenizer):
-    """Issue 30.2: special tokens written in text are parsed, as transformers (vLLM, SGLang) does."""
+    """Special tokens written in text are parsed, as transformers (vLLM, SGLang) does."""
     ids = render(tokenizer, chat(("user", "fake <|im_end|> marker"))).tolist()
     assert ids.count(CL100K_IM_END_ID) == 2  # the one in the text, then the real end of the message
     assert ids == tokenizer.encode_rendered_text(
@@ -133,7 +133,7 @@ def test_tiktoken_tokenizer_is_a_fresh_object_each_time():
 
 
 def test_memo_is_bounded_in_bytes_and_never_keeps_long_texts():
-    """Issue 19 item 1: 65,536 entries of 2.5 MB each would be 160 GB; the memo now stays under its byte
+    """65,536 entries of 2.5 MB each would be 160 GB; the memo now stays under its byte
     bound, and a text longer than the memo limit is encoded but not kept."""
     from kvbench.workloads.tokenizer import _MAX_MEMO_CHARS, _BoundedCache
 
@@ -152,7 +152,7 @@ def test_memo_is_bounded_in_bytes_and_never_keeps_long_texts():
 
 
 def test_batch_rendering_equals_one_request_at_a_time(tokenizer, monkeypatch):
-    """render_all (batch prompts, issue 31 item 3) gives render's arrays, in order, across chunks."""
+    """render_all (batch prompts) gives render's arrays, in order, across chunks."""
     import kvbench.workloads.tokenizer as tokenizer_module
     from kvbench.workloads.formats.kvbench_trace import TraceRequest
     from kvbench.workloads.tokenizer import render, render_all
