@@ -1,5 +1,6 @@
 """A Mooncake-format trace of any size, seeded: conversations on a few hundred system prompts plus
-one-off prompts that each start with a new first block (issue 25 parts 3 and 4).
+one-off prompts that each start with a new first block: the shape that strains both the sampled
+curve's key budget and the exact curve's memory.
 
     PYTHONPATH=. python benchmarks/big_trace.py --requests 1000000 --out /tmp/big-1m.jsonl [--seed 0]
 
@@ -15,7 +16,7 @@ blocks, prefix-chained). The shape (defaults of :class:`BigTraceConfig`):
   ``median_gap_s``), sessions starting uniformly over the trace (``requests_per_s`` on average).
 
 At 1,000,000 requests: 100,253 distinct first blocks, 24.8M block accesses (24.8 per request),
-273 MB (issue 25: 100,421 first blocks, 24.8M accesses, 278 MB). Everything is numpy but the text:
+273 MB (the target: 100,421 first blocks, 24.8M accesses, 278 MB). Everything is numpy but the text:
 ids are written with one ``str.join`` per chunk of requests.
 """
 
@@ -39,9 +40,9 @@ class BigTraceConfig:
 
     num_requests: int = 1_000_000
     seed: int = 0
-    one_off_share: float = 0.10  # issue 25: "10% one-off prompts, each with a new first block"
+    one_off_share: float = 0.10  # the target shape: "10% one-off prompts, each with a new first block"
     one_off_blocks: tuple[int, int] = (4, 46)  # inclusive range; mean 25 blocks like the conversations
-    num_system_prompts: int = 300  # issue 25: "a few hundred system prompts"
+    num_system_prompts: int = 300  # the target shape: "a few hundred system prompts"
     zipf_exponent: float = 1.0
     max_system_blocks: int = 8
     mean_turns: float = 5.85

@@ -1,4 +1,4 @@
-"""Does ``kvbench run``'s headline survive a machine that is doing something else? (issue 25 part 1)
+"""Does ``kvbench run``'s headline survive a machine that is doing something else?
 
     python benchmarks/busy_machine.py [--jobs 2] [--repeats 1] [--requests 6] [--max-tokens 4]
 
@@ -32,8 +32,8 @@ from kvbench.results.parquet import read_metadata
 
 REPO = Path(__file__).resolve().parents[1]
 JOB = "import torch\na = torch.randn(512, 512)\nwhile True:\n    a = torch.tanh(a @ a)\n"
-MAX_DEFAULT_OVER_ONE = 1.5  # issue 25: the default's warm TTFT p50 within 1.5x of --threads 1
-MIN_OFF_OVER_ON = 5.0  # issue 25: cache off vs on at the default threads
+MAX_DEFAULT_OVER_ONE = 1.5  # the default's warm TTFT p50 within 1.5x of --threads 1
+MIN_OFF_OVER_ON = 5.0  # cache off vs on at the default threads
 
 
 def start_jobs(num_jobs: int) -> list[subprocess.Popen]:

@@ -1,4 +1,4 @@
-"""Time the one-pass curve against the replay per size and a naive reference (issue 18).
+"""Time the one-pass curve against the replay per size and a naive reference.
 
     PYTHONPATH=. python benchmarks/curve_bench.py [--repeats 3] [--skip-naive] [--skip-cli]
 

@@ -1,4 +1,4 @@
-"""The exact curve of a Mooncake-format trace of real size through ``kvbench sim`` (issue 25.4):
+"""The exact curve of a Mooncake-format trace of real size through ``kvbench sim``:
 CPU seconds, wall seconds and peak RSS of the whole command, medians of ``--repeats`` in one run.
 
     PYTHONPATH=. python benchmarks/exact_curve_bench.py --requests 1000000 [--trace FILE] [--repeats 3]
@@ -7,8 +7,8 @@ CPU seconds, wall seconds and peak RSS of the whole command, medians of ``--repe
 to a temporary folder. Each repeat is a fresh ``kvbench sim TRACE --sizes 10000,100000,1000000``
 process (table, rows, the curve file at every change point and its PNG included), measured with
 ``os.wait4`` (its own user + system CPU and ``ru_maxrss``). Wall time depends on the machine's load,
-printed before and after (``os.getloadavg``); CPU seconds and RSS do not. Targets (issue 25.4, on
-the 2-core VM): 1M requests <= 30 s and <= 1 GiB; 10M requests <= 5 minutes within 24 GiB.
+printed before and after (``os.getloadavg``); CPU seconds and RSS do not. Targets (on the
+2-core VM): 1M requests <= 30 s and <= 1 GiB; 10M requests <= 5 minutes within 24 GiB.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """kvbench's paged engine on a GPU beside a vLLM GPU server, the same model, the same client (not a test).
 
-Issue 26's table, on CUDA: both servers serve the same checkpoint (``kvbench model export``), in the
-same dtype (``--dtype``, bfloat16 by default: the paged-KV kernels compute in it) and block size
-(32, the issue's), one after the other on the same GPU (each gets the whole device), and the same
-client measures both: ``kvbench run --backend openai`` (per-run ``cache_salt``, so each run starts
-cold), on
+The engine table of ``kvbench peer vllm``, on CUDA: both servers serve the same checkpoint
+(``kvbench model export``), in the same dtype (``--dtype``, bfloat16 by default: the paged-KV kernels
+compute in it) and block size (32, as in that table), one after the other on the same GPU (each gets
+the whole device), and the same client measures both: ``kvbench run --backend openai`` (per-run
+``cache_salt``, so each run starts cold), on
 
 * ``scenarios/shared_2k.toml``, 8 requests of 32 tokens at concurrency 1: cold TTFT (the first
   request), warm TTFT p50 (the others: 2,000-token prefix hits), TPOT p50;
@@ -44,7 +44,7 @@ import pyarrow.parquet as pq
 from kvbench.peer.server import PeerError, VllmServer, VllmServerConfig, has_vllm
 
 REPO = Path(__file__).resolve().parents[1]
-BLOCK_SIZE = 32  # the issue's table; a multiple of 32 also suits VllmServerConfig's check
+BLOCK_SIZE = 32  # the CPU engine table's; a multiple of 32 also suits VllmServerConfig's check
 SERVED_NAME = "kvbench-default"
 RUNS = {  # name -> (scenario, kvbench run flags)
     "shared": (

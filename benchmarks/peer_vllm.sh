@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# kvbench against a real vLLM on this machine (issue 8): a thin wrapper around `kvbench peer vllm`.
+# kvbench against a real vLLM on this machine: a thin wrapper around `kvbench peer vllm`.
 #
 #   benchmarks/peer_vllm.sh [--out DIR] [--skip-install] [--only shared_2k,chat,zipf] [--rounds 2] ...
 #

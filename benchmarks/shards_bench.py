@@ -1,5 +1,5 @@
 """The sampled (SHARDS) curve's error against the exact one-pass curve, and the cost of reading a
-Mooncake trace by ids against token ids (issue 18).
+Mooncake trace by ids against token ids.
 
     PYTHONPATH=. python benchmarks/shards_bench.py [--keys 4096,16384,65536] [--rates 0.1] [--reading]
 

@@ -1,5 +1,5 @@
 """The sampled (SHARDS) curve on a synthetic multi-turn chat trace of any size, generated streaming
-(issue 18: 10 million requests, error against the exact curve, peak RSS).
+(10 million requests, error against the exact curve, peak RSS).
 
     PYTHONPATH=. python benchmarks/shards_synthetic.py --requests 10000000 --mode sampled --max-keys 65536
     --out s.npz

@@ -3,7 +3,7 @@
     python benchmarks/sim_bench.py [--repeats 3] [--workers 2]
 
 Prints, for each job, the median over repeats of: building the requests, hashing blocks (once per
-job), and replaying every (capacity, release order). Target (issue 2): both multi-prefix sweeps
+job), and replaying every (capacity, release order). Target: both multi-prefix sweeps
 (6 sizes x 2 release orders x 2,000 requests each) in under 3 s in all.
 """
 

@@ -1,4 +1,4 @@
-"""Many tiny requests (issue 31 item 3): a generator of N one-line prompts, and the four commands it
+"""Many tiny requests: a generator of N one-line prompts, and the four commands it
 times (``trace import jsonl``, ``trace stats``, ``sim``, ``bill``).
 
     python benchmarks/tiny_requests.py gen /tmp/tiny.jsonl --requests 1000000

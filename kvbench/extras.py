@@ -8,8 +8,8 @@ uvicorn, pydantic; the engine too), ``[plots]`` (matplotlib), ``[play]`` (textua
 command that reaches a module of a missing extra fails with ``needs the [engine] extra; from a
 checkout: pip install -c constraints-cpu.txt -e '.[engine]' (No module named 'torch')`` and exit
 code 2. The hint passes constraints-cpu.txt because an unconstrained ``pip install`` of an extra
-that brings torch resolves the newest torch with its multi-GB CUDA wheels, not the tested CPU build
-(issue 27); kvbench is installed from a checkout, not from a package index.
+that brings torch resolves the newest torch with its multi-GB CUDA wheels, not the tested CPU build;
+kvbench is installed from a checkout, not from a package index.
 """
 
 from __future__ import annotations

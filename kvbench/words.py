@@ -1,4 +1,4 @@
-"""Counts and articles in messages: "1 request", "2 requests", "an anthropic model" (issue 30.7).
+"""Counts and articles in messages: "1 request", "2 requests", "an anthropic model".
 
 Imports nothing of kvbench, so every layer can use it.
 """

@@ -3,7 +3,7 @@
 ``kvbench serve`` child process). tests/conftest.py calls :func:`mark_by_kind` from
 ``pytest_collection_modifyitems``; marks put on by hand stay.
 
-The fast loop is ``pytest -m "not slow"`` (its target: <= 3 min on a quiet 2-core machine, issue 27);
+The fast loop is ``pytest -m "not slow"`` (its target: <= 3 min on a quiet 2-core machine);
 ``pytest`` runs all.
 A test gets a kind from the fixtures it uses (directly or through other fixtures) or from its module
 (or its node id) in the lists below: modules whose tests build a model, start a server or a child
@@ -78,7 +78,6 @@ SLOW_MODULES = frozenset(
         "tests/commands/test_run_cli.py::test_sigterm_writes_what_was_measured_and_exits_130",
         # randomized state machines (hypothesis, 150-300 examples x 40 steps); the contract tests stay fast
         "tests/cache/test_cache_random.py",  # 8.5 s CPU
-        "tests/cache/test_pool_radix_equivalence.py",  # 5.6 s
         "tests/cache/test_block_pool.py::TestBlockPoolRandomized",  # 2.0 s
         # many in-process runs of the default model each; test_run_cli's runs stay in the fast loop
         "tests/commands/test_run_paged_cli.py",  # 11.5 s CPU (10 tests)

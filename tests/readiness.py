@@ -1,7 +1,7 @@
 """The one way tests wait for a server, a model, a process or an engine: on readiness, not a short clock.
 
 A loaded 2-core machine (load 3-6, eight developers) once took more than 180 s to import torch, build
-the default model and bind ``kvbench serve`` (issue 27: three fixtures in tests/backends/
+the default model and bind ``kvbench serve`` (three fixtures in tests/backends/
 test_anthropic.py failed on a 180 s deadline; the file passed alone in 32 s). So a wait ends when the
 thing is ready, at once when the thing waited on has died (its exit code and whole log in the
 error), and only past ``LIMIT_S`` otherwise: a bound for a hung process, not a guess at a speed.

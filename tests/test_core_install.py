@@ -67,7 +67,7 @@ def test_sim_and_csv_report_need_no_extra(core, tmp_path):
     # rows still written
     assert f"(no PNG: needs the [plots] extra; from a checkout: {CPU_PIP} '.[plots]')" in words
     assert out.with_name("sim.curve.parquet").exists() and not out.with_name("sim.curve.png").exists()
-    plots = core("report", out, "--out", tmp_path / "rep")  # the tables print, a note, exit 0 (issue 30.8)
+    plots = core("report", out, "--out", tmp_path / "rep")  # the tables print, a note, exit 0
     assert plots.returncode == 0, plots.stderr
     assert "Sim: shared_2k" in plots.stdout and "token hit 0.9690" in plots.stdout  # the summary table
     assert (

@@ -1,5 +1,5 @@
 """Every install hint kvbench prints says the command that keeps the CPU torch of
-constraints-cpu.txt (issue 27): ``pip install -c constraints-cpu.txt -e '.[X]'`` from a checkout,
+constraints-cpu.txt: ``pip install -c constraints-cpu.txt -e '.[X]'`` from a checkout,
 never ``pip install 'kvbench[X]'`` (not on any index; unconstrained, it resolves a CUDA torch)."""
 
 import re

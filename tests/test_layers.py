@@ -6,6 +6,7 @@ run/ or results/; request.py, errors.py and constants.py import nothing of kvben
 """
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -80,8 +81,6 @@ def test_the_checker_sees_function_level_imports(tmp_path):
 ENGINE_CLASSES = frozenset({"HFEngine", "PagedEngine"})
 
 
-# Outside this change's folders (issue 26 part 3 works in kvbench/peer/): builds its replay engine
-# directly; it moves to kvbench.engine.factory.make_engine when that work is merged.
 def engine_type_uses(path: Path) -> list[str]:
     """Where ``path`` imports an engine class or asks ``isinstance(x, <engine class>)`` (DESIGN.md: code
     outside engine/ never asks which engine it holds; it builds one with ``make_engine``)."""
@@ -211,6 +210,43 @@ def test_modules_and_functions_stay_small(root):
             if length > MAX_FUNCTION_LINES
         ]
     assert too_long == []
+
+
+# "issue 32.9", "(issue 26)", "issues 18 and 19", "stop 25": names of tracker items, which a reader of the
+# code has never seen (STYLE.md: docstrings say what and why); say the finding itself instead. A number
+# on the next line counts: docstrings wrap.
+TRACKER_REFERENCE = re.compile(r"\b(?:issues?|stop)\s*#?\d", re.IGNORECASE)
+TEXT_SUFFIXES = (".py", ".toml", ".cc")
+
+
+def tracker_references(path: Path) -> list[str]:
+    """``"line: text"`` for each place in ``path`` that cites a tracker item by number."""
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    found = []
+    for match in TRACKER_REFERENCE.finditer(text):
+        number = text.count("\n", 0, match.start()) + 1
+        found.append(f"{number}: {lines[number - 1].strip()}")
+    return found
+
+
+def test_no_source_file_cites_the_tracker():
+    problems = [
+        f"{path.relative_to(REPO)}:{reference}"
+        for path in sorted(PACKAGE.rglob("*"))
+        if path.suffix in TEXT_SUFFIXES
+        for reference in tracker_references(path)
+    ]
+    assert problems == []
+
+
+def test_the_tracker_check_sees_issue_and_stop_numbers(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text(
+        '"""Issue 32.9: x."""\n# (issue 26)\nx = 1  # stop 25\n# issues 18 and 19\n'
+        '"""wrapped issue\n32.6"""\n# an issue with 2 items; stop the run; reissue 3\n'
+    )
+    assert [reference.split(":")[0] for reference in tracker_references(source)] == ["1", "2", "3", "4", "5"]
 
 
 def test_no_options_dict_from_locals():

@@ -7,7 +7,7 @@ the locally rendered token ids, ``block_size`` tokens per block) and each endpoi
 requests this client has in flight there. The record says which endpoint served it
 (``replica``, the index into the ``--base-url`` list, a Parquet column).
 
-A dead endpoint (issue 32.9: one of two replicas killed, 48 of 120 requests failed, every one sent
+A dead endpoint (with one of two replicas killed, 48 of 120 requests once failed, every one sent
 to it) is ejected after ``EJECT_AFTER_FAILURES`` consecutive connection failures: it gets no more
 traffic, and ``events`` says so. A request whose connection failed before any byte went out
 (:attr:`RequestRecord.nothing_sent`) is sent to the next endpoint not yet tried and not ejected,

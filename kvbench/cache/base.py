@@ -63,11 +63,11 @@ class CacheConfig:
         verify_tokens: on a key hit, also compare the stored token ids (nano-vllm's guard); off by
             default, as in vLLM, so that a truncated hash can show what a collision does.
         hash: how block keys are computed (algorithm and width).
-        prompt_only: cache the prompt's full blocks only (kvbench before issue 15). Off by default:
-            an engine caches every full block of prompt + output - 1 tokens (the last sampled token
-            has no KV yet), keys chained over the generated ids, as vLLM v1 does (its block pool
-            hashes a block as soon as decode fills it, ``BlockPool.cache_full_blocks``), so the next
-            turn of a chat that resends the reply hits it. The cache classes ignore it; the engine
+        prompt_only: cache the prompt's full blocks only (kvbench's rule before it cached output blocks).
+            Off by default: an engine caches every full block of prompt + output - 1 tokens (the last
+            sampled token has no KV yet), keys chained over the generated ids, as vLLM v1 does (its
+            block pool hashes a block as soon as decode fills it, ``BlockPool.cache_full_blocks``), so
+            the next turn of a chat that resends the reply hits it. The cache classes ignore it; the engine
             and the simulators read it.
 
     Raises:

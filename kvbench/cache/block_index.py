@@ -1,7 +1,7 @@
 """How the blocks of one :class:`~kvbench.cache.block_pool.BlockPool` are keyed: by chained block hash
-(vLLM) or as the nodes of a radix tree over token ids (SGLang). The paged engine's scheduler, the
-pool-backed contract cache and the pool simulator all go through :class:`PoolIndex`, so there is one
-scheduler and one pool for both kinds; only the key of a block and what happens to a duplicate differ.
+(vLLM) or as the nodes of a radix tree over token ids (SGLang). The paged engine's scheduler and
+the pool simulator both go through :class:`PoolIndex`, so there is one scheduler and one pool for
+both kinds; only the key of a block and what happens to a duplicate differ.
 
 * **hash** (vLLM v1, ``vllm/v1/core/kv_cache_utils.py`` ``hash_block_tokens``): block ``i``'s key is
   its chained hash ``H(key_{i-1}, tokens_i, extra)``, computed from the tokens alone. A block computed

@@ -108,12 +108,6 @@ class BlockPool:
         """Cached free blocks, next victim first."""
         return iter(self._lru)
 
-    def free_block_ids(self) -> list[int]:
-        """The whole free queue, front first (materializes never-used ids: for tests and small pools)."""
-        fresh = list(range(len(self._ref_counts), self._end_block_id))
-        empty = list(self._empty)
-        return (empty + fresh if self._reuse_freed_first else fresh + empty) + list(self._lru)
-
     # -- actions -----------------------------------------------------------------------------------
 
     def can_allocate(self, num_blocks: int) -> bool:

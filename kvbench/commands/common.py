@@ -72,7 +72,7 @@ def plain_progress(
 ) -> Callable[[list[ResultRow], int], None]:
     """``update`` plus, every ``every_s`` seconds (default :data:`PLAIN_PROGRESS_EVERY_S`), one plain
     line on ``console``: ``progress: 120/1,000 requests, 2 failed, 3m12s``. For output that is not a
-    terminal, where a live bar shows nothing until the end (issue 19: a 14-minute blank under nohup)."""
+    terminal, where a live bar shows nothing until the end (a 14-minute run under nohup showed a blank)."""
     interval_s = PLAIN_PROGRESS_EVERY_S if every_s is None else every_s
     started_s = clock()
     last_s = [started_s]
@@ -107,7 +107,7 @@ def progress_every_s() -> float:
 
 def status_printer(console: Console) -> Callable[[str], None]:
     """A library's ``on_status(line)``: the line on ``console`` at once, flushed (a pipe or a file gets
-    it when it happens, not when the command ends; issue 30 item 6)."""
+    it when it happens, not when the command ends)."""
 
     def say(line: str) -> None:
         console.print(line, soft_wrap=True, highlight=False)

@@ -1,4 +1,4 @@
-"""``--help`` that reads at 80 columns and through a pipe (issue 27).
+"""``--help`` that reads at 80 columns and through a pipe.
 
 typer draws each options panel as a rich ``Table`` with one row per option: the option's names
 joined by commas in one cell (``--requests,--num-requests,--num-prompts``), its type, its help. A

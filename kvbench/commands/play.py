@@ -20,7 +20,7 @@ def play(
     """A 16-block pool with two system prompts, a growing chat and one-offs: send them with keys and
     watch hits, pins, evictions (tail first) and TTL expiry happen. Needs a terminal: with stdin or
     stdout not a TTY (a pipe, a file, CI) it refuses in one line (exit 2) instead of writing escape
-    codes until killed (issue 30.9)."""
+    codes until killed."""
     try:  # the extra first: without it, a terminal would not help
         from kvbench.play.app import PlayApp
     except ImportError as exc:

@@ -81,7 +81,7 @@ def report(
         return
     for table in summary_tables(loaded):
         console.print(rich_table(table))
-    if not _plots_installed():  # as kvbench sim: the tables, a note, exit 0, no empty folder (issue 30.8)
+    if not _plots_installed():  # as kvbench sim: the tables, a note, exit 0, no empty folder
         err.print(f"[yellow]note:[/yellow] {escape(NO_PLOTS_NOTE)}", soft_wrap=True)
         return
     out = out or Path("results") / f"report-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -122,7 +122,7 @@ def _compare(
     trace, config: ClusterConfig, policies, options: RouterOptions, on_policy: Callable[[PolicyResult], None]
 ) -> list[PolicyResult]:
     """:func:`compare_policies` under a spinner, ``on_policy`` after each policy; outside a terminal, a
-    status line as each policy finishes and a :class:`Heartbeat` meanwhile (issue 30 item 6)."""
+    status line as each policy finishes and a :class:`Heartbeat` meanwhile."""
     err = make_console(stderr=True)
     say = status_printer(err)
     finished: list[str] = []

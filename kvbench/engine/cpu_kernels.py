@@ -1,4 +1,4 @@
-"""Three CPU fixes the engines' forwards need to run at the speed of the hardware (issue 26).
+"""Three CPU fixes the engines' forwards need to run at the speed of the hardware.
 
 1. **Freed activations stay in the process** (:func:`keep_freed_memory`). glibc serves an
    allocation above its mmap threshold (128 KiB, raised adaptively up to 32 MiB) with a fresh

@@ -90,7 +90,7 @@ def export_model(
 
 def _readable_files(out_dir: Path) -> None:
     """Give every exported file the mode a plain ``open()`` would (0666 less the umask): safetensors
-    writes its file with mode 0600 (issue 19), which other users and containers then cannot read."""
+    writes its file with mode 0600, which other users and containers then cannot read."""
     umask = os.umask(0)
     os.umask(umask)
     for path in out_dir.iterdir():

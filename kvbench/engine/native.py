@@ -1,4 +1,4 @@
-"""kvbench's native CPU kernels (issue 26): a linear for a few rows, and paged decode attention.
+"""kvbench's native CPU kernels: a linear for a few rows, and paged decode attention.
 
 **A linear for a few rows: the batched decode's GEMMs at the speed of one row.**
 

@@ -1,4 +1,4 @@
-"""One query token's attention on the CPU through kvbench's kernel, in both engines (issue 26).
+"""One query token's attention on the CPU through kvbench's kernel, in both engines.
 
 A decode step attends one new token per sequence. Torch's SDPA needs each sequence's keys and
 values contiguous, so the paged engine copied every lone decode's blocks out of the pool first

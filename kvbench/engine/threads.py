@@ -1,9 +1,9 @@
 """Torch's intra-op thread count for a block of work (``--threads`` of run, sweep, break and serve).
 
 On a busy machine more threads than free cores hurt most where each forward is small (warm
-requests: only a few tokens to prefill): the threads wait on each other at every op (issue 18 saw
-identical warm requests take 54 to 1,460 ms on a loaded 2-core machine; issue 25 saw a default run
-beside two torch jobs read cache on vs off as 1.07x where ``--threads 1`` read 20x). So without
+requests: only a few tokens to prefill): the threads wait on each other at every op (on a loaded 2-core
+machine, identical warm requests took 54 to 1,460 ms; a default run beside two torch jobs read cache
+on vs off as 1.07x where ``--threads 1`` read 20x). So without
 ``--threads`` the count comes from the cores this process may use and the load when it starts
 (:func:`choose_threads`), and OpenMP is told not to spin while it waits (:func:`set_wait_policy`,
 called by the CLI before torch loads its OpenMP runtime). ``None`` leaves torch alone and does not
@@ -21,7 +21,7 @@ from typing import Any
 
 from kvbench.errors import InputError
 
-# What the CLI sets when the user set none (issue 25): OMP_WAIT_POLICY=PASSIVE makes an idle OpenMP
+# What the CLI sets when the user set none: OMP_WAIT_POLICY=PASSIVE makes an idle OpenMP
 # thread sleep at once instead of spinning for a core (GNU libgomp, which pip's torch bundles on
 # Linux, and Intel's libiomp both read it); KMP_BLOCKTIME=0 is Intel's own spelling of the same.
 WAIT_POLICY_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE", "KMP_BLOCKTIME": "0"}

@@ -61,7 +61,7 @@ SAMPLE_TEXTS = (
     "Ünïcödé, 中文字符, emoji 🙂🚀, numbers 1234567 3.14159, tabs\tand  double  spaces   .",
     "  leading spaces, trailing newlines\n\n",
     "<|im_start|> inside text is the control token; <|endoftext|> too.",
-    "a<|im_end|>b",  # [64, 100265, 65] (issue 30.2)
+    "a<|im_end|>b",  # [64, 100265, 65]: the marker is the control token
     'JSON: {"tool": "grep", "args": ["-n", "KV cache"]}\r\nCRLF line\r\n',
 )
 SAMPLE_MESSAGES = (

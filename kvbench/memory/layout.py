@@ -210,10 +210,6 @@ class KvLayout:
         """KV bytes of ``num_tokens`` tokens stored densely (no block rounding)."""
         return num_tokens * self.bytes_per_token
 
-    def blocks_for_tokens(self, num_tokens: int) -> int:
-        """Blocks a sequence of ``num_tokens`` tokens occupies (the last one may be partial)."""
-        return math.ceil(num_tokens / self.block_size)
-
 
 @dataclass(frozen=True)
 class BudgetFit:

@@ -1,6 +1,6 @@
 """The traces the peer harness replays against vLLM, and kvbench's prediction for each request.
 
-Three comparisons (issue 8, item 4), each a kvbench text trace sized for a 2-core CPU:
+Three comparisons, each a kvbench text trace sized for a 2-core CPU:
 
 * ``shared_2k``: the shared_2k scenario cut to a few requests: a 2,000-token system prompt shared
   by all, a unique 50-token question each (the cold request prefills ~2,060 tokens, the rest ~60).
@@ -67,7 +67,7 @@ class Comparison:
 
 
 def default_comparisons(seed: int = 0) -> tuple[Comparison, ...]:
-    """The three comparisons of the issue, sized so one run takes minutes on 2 CPU cores."""
+    """The three comparisons, sized so one run takes minutes on 2 CPU cores."""
     return (
         Comparison(
             "shared_2k",

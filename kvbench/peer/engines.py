@@ -1,4 +1,4 @@
-"""The engine comparison of ``kvbench peer vllm`` (issue 26, part 3): one checkpoint served by vLLM and
+"""The engine comparison of ``kvbench peer vllm``: one checkpoint served by vLLM and
 by ``kvbench serve`` (copy and paged engines), the same requests through the same OpenAI client and
 send loop (:func:`kvbench.peer.driver.drive`), rounds interleaved (round 1 on every server, then
 round 2, ...), each round in a namespace of its own (``cache_salt``), so its first request is cold.
@@ -32,8 +32,8 @@ from kvbench.results.metrics import measured_duration_s, throughput
 from kvbench.results.rows import ResultRow
 from kvbench.results.summary import percentile
 
-ENGINE_MAX_TOKENS = 32  # issue 26's table: 32 output tokens per request
-CHAT_CONCURRENCY = 8  # issue 26's throughput row: chat at concurrency 8
+ENGINE_MAX_TOKENS = 32  # the engine table's rows: 32 output tokens per request
+CHAT_CONCURRENCY = 8  # the throughput row: chat at concurrency 8
 VLLM = "vllm"
 SHARED, CHAT = "shared_2k", "chat"
 # (key, label, which way is better); the order of the table's rows

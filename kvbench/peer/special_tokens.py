@@ -1,4 +1,4 @@
-"""One rule for special-token text, checked against a real server (issue 30.2).
+"""One rule for special-token text, checked against a real server.
 
 kvbench parses special tokens written in prompt text (``a<|im_end|>b`` -> ``[64, 100265, 65]``), as
 Hugging Face tokenizers do by default, and so vLLM and SGLang on ``kvbench model export``'s

@@ -9,7 +9,7 @@ checkpoint, and the file is a valid Parquet file at every moment (written to ``.
 renamed), so a crash loses at most the last ``every_s`` seconds of requests. At the end
 :meth:`Checkpointer.close` hands back every row as one table for the final file.
 
-Before (issues 18 and 19, item 12): the writer re-summarized and rewrote the whole file from Python
+Before: the writer re-summarized and rewrote the whole file from Python
 dicts on the event loop (about 0.5 s at 20k rows), and only when a row finished more than 10 s
 after the last write, so a slow run saved less often than promised.
 """

@@ -46,7 +46,7 @@ class MetricRow:
 
     def cells(self) -> tuple[str, str, str, str]:
         """The row as shown. No ratio where A shows as zero at the row's precision: "0.0 / 0.0 ->
-        0.77x" compared noise below what the table shows (issue 30.7)."""
+        0.77x" compared noise below what the table shows."""
         ratio = self.ratio
         a_shown = format_value(self.a, self.spec)
         if a_shown.strip("0.,-") == "":

@@ -51,8 +51,8 @@ FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")  # OWASP "CSV Injection": what
 def spreadsheet_safe(value: Any) -> Any:
     """``value`` as a CSV cell a spreadsheet shows rather than evaluates: a string that begins with
     ``=``, ``+``, ``-``, ``@``, tab or carriage return gets a leading ``'`` (OWASP's CSV-injection
-    rule; a trace named ``=cmd|' -C calc'!A0`` or a server's model id ``=HYPERLINK(...)``, issue
-    32.6). Numbers, booleans and ``None`` pass unchanged: ``-1.5`` in a numeric column is a number."""
+    rule; a trace named ``=cmd|' -C calc'!A0`` or a server's model id ``=HYPERLINK(...)``). Numbers,
+    booleans and ``None`` pass unchanged: ``-1.5`` in a numeric column is a number."""
     if isinstance(value, str) and value.startswith(FORMULA_STARTS):
         return "'" + value
     return value

@@ -1,7 +1,7 @@
 """Running statistics for the live progress line: O(1) work per finished row.
 
 The progress line used to recompute the hit rate and TTFT p50 over every row on each update
-(O(n^2) over a run; issue 18). :class:`RunningStats` reads each row once: running sums for the hit
+(O(n^2) over a run). :class:`RunningStats` reads each row once: running sums for the hit
 rate, and for TTFT a histogram of log-spaced buckets (each 1% wide, so the p50 shown is within 1%
 of the exact one; the summary table at the end is exact). A p50 walks the occupied buckets, at
 most ``log(max / min) / log(1.01)`` of them whatever the number of rows (~2,100 from 0.01 ms to 3 h).

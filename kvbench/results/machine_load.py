@@ -3,8 +3,8 @@
 Every run records a :func:`load_sample` at its start and end (Parquet metadata ``machine_load``;
 ``kvbench report`` shows it). :func:`load_warnings` flags a load average above the usable cores
 (other processes then take CPU from the engine's forwards and the client) and a wide TTFT spread
-among identical requests (same prompt, cached and output token counts): issue 18 saw identical
-warm requests range from 54 to 1,460 ms on a loaded 2-core machine.
+among identical requests (same prompt, cached and output token counts): on a loaded 2-core
+machine, identical warm requests ranged from 54 to 1,460 ms.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """One live run per results file: a lock beside ``--out``, so two runs never write the same file.
 
 Two ``kvbench run`` with the same ``--out`` each rewrote the file at every checkpoint; the file held
-one run and the other's rows were lost while both said "wrote N rows" (issue 32.7: 60,000 of 80,000
-rows lost in a 4-way race). Now the first run holds ``.NAME.lock`` (an advisory ``flock`` on it,
+one run and the other's rows were lost while both said "wrote N rows" (60,000 of 80,000 rows
+lost in a 4-way race). Now the first run holds ``.NAME.lock`` (an advisory ``flock`` on it,
 with its process id inside for the message) from its first row to its last write; a second run
 that reaches the same file is refused in one line.
 

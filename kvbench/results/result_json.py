@@ -123,7 +123,7 @@ def write_result(path: str | Path, result: Mapping[str, Any]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
-    # no API key in a results file (issue 32.8)
+    # no API key in a results file
     result = scrub(json_ready(dict(result)), environment_secrets())
     partial.write_text(json.dumps(result, indent=2, default=str, allow_nan=False) + "\n")
     os.replace(partial, path)

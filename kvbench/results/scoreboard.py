@@ -202,8 +202,8 @@ def zipf_note(results: Sequence[ResultFile]) -> str | None:
 
 
 def notes_cell(results: Sequence[ResultFile], result: ResultFile) -> str:
-    """The notes of ``result``'s row, each sentence on the row it is about (issue 19: they were
-    repeated on every row): the on/off sentence on the cache-on run of its pair; the Zipf sentence on
+    """The notes of ``result``'s row, each sentence on the row it is about (they were
+    once repeated on every row): the on/off sentence on the cache-on run of its pair; the Zipf sentence on
     a Zipf run's row, else beside the on/off sentence, else on the first run's row; otherwise what
     this run shows (hit rate, cold TTFT). An interrupted run's notes start with "interrupted"."""
     runs = [r for r in results if r.kind == "run"]

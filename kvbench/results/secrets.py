@@ -1,7 +1,7 @@
 """Keep API keys out of results: what looks like a key, and the scrubbing of footer metadata.
 
 A key may reach a results file by mistake (``--api-key-env "$KEY"`` pastes the key where its
-variable's name belongs, issue 32.8), so every footer is scrubbed on the way out: a string is
+variable's name belongs), so every footer is scrubbed on the way out: a string is
 redacted when it holds
 
 * a token with a prefix that API keys of the common providers carry (OpenAI ``sk-``, Anthropic

@@ -110,7 +110,7 @@ class Fit:
         """Why this line cannot be a finding (empty when none holds): too few points for its two
         coefficients (a line through two points fits them exactly, so R^2 says nothing), a negative
         slope (TTFT falling as more of each prompt is computed contradicts prefill cost), or a
-        negative TTFT anywhere on hit rates [0, 1] (issue 25: ``-1,298.7 ms + 6,056.6 ms x (1 - hit
+        negative TTFT anywhere on hit rates [0, 1] (a loaded machine's ``-1,298.7 ms + 6,056.6 ms x (1 - hit
         rate)`` reaches 0 ms at hit rate 0.79). The timings are then noise, e.g. a loaded machine."""
         reasons = []
         if self.num_points < MIN_MEANINGFUL_POINTS:

@@ -58,7 +58,7 @@ class RunWriter:
         self.run_id = run_id
         self.columns = columns
         self.rows: list[ResultRow] = []
-        self.lock = OutLock(self.path)  # one live run per file (issue 32.7); InputError when held
+        self.lock = OutLock(self.path)  # one live run per file; InputError when held
         self.lock.acquire()
         self.metadata["machine_load"] = {"start": load_sample()}
         self.checkpoints = Checkpointer(self.path, RUN_SCHEMA, self.rows, CHECKPOINT_EVERY_S, metadata)
@@ -114,7 +114,7 @@ def progress_line(console: Console) -> Iterator[Callable[[list[ResultRow], int],
         progress.update(task, completed=len(rows), total=total)
 
     with progress if console.is_terminal else contextlib.nullcontext():  # a pipe: no live display, whose
-        update.stats = stats  # stop printed a blank line before an error line (issue 30.7)  # type: ignore[attr-defined]  # for tests that count the work
+        update.stats = stats  # stop printed a blank line before an error line  # type: ignore[attr-defined]  # for tests that count the work
         yield update
 
 

@@ -239,7 +239,7 @@ def _finish(
 ) -> None:
     """After the send loop: the ``/metrics`` delta over the endpoints that answered both times
     (labelled when not all did), ``reconciled(before, after)``, ejected replicas, and the file
-    closed, incomplete when requests were never sent (issue 32.9)."""
+    closed, incomplete when requests were never sent."""
     from kvbench.backends.openai.admin import fetch_metrics
     from kvbench.backends.openai.metrics import parse_prefix_cache_counters
     from kvbench.run.http_metrics import joined, metrics_scope, scrape
@@ -359,7 +359,7 @@ def run_openai(
     turns = live_turns(config, requests, tokenizer, server_cache, model, key)
     client_config = _client_config(config, model, key, settings, expectations.block_size, turns)
     load = checked(lambda: _load(config, settings, len(requests)))
-    if load.time_scale is not None:  # before any request: what the replay will take (issue 32.10)
+    if load.time_scale is not None:  # before any request: what the replay will take
         notes.append(replay_plan(requests[load.num_warmup :], load.time_scale))
     run_id = new_run_id(source.name)
     metadata = run_metadata(

@@ -11,7 +11,7 @@ print; when every size failed (no request succeeded anywhere), ``SweepOutcome.fa
 line with the first reason (``kvbench sweep`` exits 1). Every run file carries ``run.kv_memory``
 (``Engine.memory``, as ``kvbench run``'s).
 
-Repeats (issue 18 item 5): a point's TTFT p50 is the **median** of its repeats' p50s (the fit uses
+Repeats: a point's TTFT p50 is the **median** of its repeats' p50s (the fit uses
 it), and ``min_p50_ttft_ms`` / ``max_p50_ttft_ms`` / ``repeat_p50_ttft_ms`` keep the spread
 (:meth:`kvbench.results.sweep.SweepPoint.from_repeats`).
 """

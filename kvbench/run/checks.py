@@ -1,7 +1,7 @@
 """Checks of a run's settings against its trace and its model, made before any request is served.
 
 Each turns a setting that would measure nothing, or fail every request, into one ``InputError``
-line naming the flag (issue 19: ``--max-tokens 100000`` failed every request one by one;
+line naming the flag (before, ``--max-tokens 100000`` failed every request one by one;
 ``--block-size 100000`` ran with "1 blocks"; ``--cache-size abc`` took 7-10 s, the model load, to be
 refused), or into a note the run prints (``--requests`` beyond the trace's length).
 """

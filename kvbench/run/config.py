@@ -191,7 +191,7 @@ class ServerFlags:
             ),
         )
         if self.api_key_env is not None and not VARIABLE_NAME.fullmatch(self.api_key_env):
-            raise ValueError(KEY_VARIABLE_RULE)  # never the value: it may be the key itself (issue 32.8)
+            raise ValueError(KEY_VARIABLE_RULE)  # never the value: it may be the key itself
         if self.time_scale is not None and self.schedule is not Schedule.TRACE:
             raise ValueError("--time-scale applies to --schedule trace")
         if self.turns is not None:

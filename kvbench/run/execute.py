@@ -31,7 +31,7 @@ from kvbench.run.source import RunSection, RunSource, limit_requests, requests_h
 from kvbench.words import counted
 
 Progress = Callable[[list[ResultRow], int], None]  # (rows so far, total requests)
-# one status line, when it happens (the CLI prints it at once; issue 30 item 6)
+# one status line, when it happens (the CLI prints it at once)
 OnStatus = Callable[[str], None]
 
 
@@ -228,7 +228,7 @@ def default_out(kind: str, name: str) -> Path:
 def api_key(variable: str, explicit: bool = False) -> str:
     """The API key from the environment (``EMPTY`` when the default variable is unset, as vLLM's
     clients send). Raises ``InputError`` when ``explicit`` (``--api-key-env`` named it) and the
-    variable is unset: a typo there would otherwise send no key without a word (issue 32.8)."""
+    variable is unset: a typo there would otherwise send no key without a word."""
     value = os.environ.get(variable)
     if explicit and value is None:
         shown = "the variable given" if looks_like_key(variable) else variable

@@ -2,8 +2,8 @@
 
 With several ``--base-url`` endpoints the prefix-cache counters are summed over the endpoints that
 answered both before and after the run; when one did not (a replica that died), the delta says which
-ones it covers instead of passing a survivor's rate off as the run's (issue 32.9). A server that
-stopped answering is told apart from one that never exposed prefix-cache counters (issue 30.7).
+ones it covers instead of passing a survivor's rate off as the run's. A server that
+stopped answering is told apart from one that never exposed prefix-cache counters.
 """
 
 from __future__ import annotations

@@ -234,7 +234,7 @@ def build_section(cls: type, table: dict, path: Path, text: str, section: str) -
 
 def parse_toml(path: Path, text: str) -> dict[str, Any]:
     """``text`` (the file ``path``) as TOML. Raises ``InputError``: invalid, or nested too deeply
-    (``tomllib`` is recursive: 100,000 nested arrays raised ``RecursionError``, issue 32 item 12)."""
+    (``tomllib`` is recursive: 100,000 nested arrays raised ``RecursionError``)."""
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -1,5 +1,5 @@
 """``--schedule trace``: how long the replay will take, said before it starts, and gaps no replay
-should wait out refused (issue 32.10: a line with ``timestamp: 1e308`` imported, and the run waited
+should wait out refused (a line with ``timestamp: 1e308`` once imported, and the run waited
 until it was killed).
 """
 

@@ -3,7 +3,7 @@ objects bounded.
 
 Why: FastAPI parses and validates a body on the event loop, and a large but allowed body (900,000
 empty chat messages, 28 MB, under the 32 MiB limit) held it for 8.5 s: ``/health`` and every open
-stream waited (issue 32.3). Here the JSON is parsed in a worker thread with an ``object_hook`` that
+stream waited. Here the JSON is parsed in a worker thread with an ``object_hook`` that
 counts the body's JSON objects, which also hands the GIL back to the event loop between objects
 (the C parser alone holds it for the whole body), and stops the parse once the count passes
 ``max_objects``; pydantic then validates at most that many objects. ``max_objects`` is the model's

@@ -1,4 +1,4 @@
-"""What Anthropic's prompt cache would report for a ``/v1/messages`` request (issue 30.4).
+"""What Anthropic's prompt cache would report for a ``/v1/messages`` request.
 
 ``/v1/messages`` is a test double for Anthropic's API, so its usage follows Anthropic's caching
 rules (platform.claude.com "Prompt caching"; ../shared/REFERENCES.md section 6), not the engine's

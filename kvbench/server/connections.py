@@ -2,7 +2,7 @@
 
 uvicorn accepts every connection and times out only idle keep-alive ones: a client that dribbles its
 request headers (slowloris) holds a descriptor for ever, and a flood of them ended in 118,697 log lines
-of ``OSError: [Errno 24] Too many open files`` from the accept loop (issue 31.1). Here, in front of
+of ``OSError: [Errno 24] Too many open files`` from the accept loop. Here, in front of
 uvicorn's own HTTP protocol (:func:`server_config`):
 
 * **header timeout**: a connection that has not sent a whole request head within

@@ -2,7 +2,7 @@
 
 Why incremental: one token is not always whole characters. cl100k spells "🚀" (4 UTF-8 bytes) as
 two tokens of 2 and 2 bytes (or more), so decoding each token alone gives two U+FFFD instead of the
-emoji (issue 19: "emoji 🙂🚀" came back "emoji 🙂���"). :class:`TextStream` keeps the bytes of an
+emoji ("emoji 🙂🚀" came back "emoji 🙂���"). :class:`TextStream` keeps the bytes of an
 unfinished character until the token that completes it arrives:
 
 * a tokenizer with ``token_bytes(id)`` (tiktoken) feeds each token's bytes through Python's

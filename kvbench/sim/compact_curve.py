@@ -1,4 +1,4 @@
-"""The exact one-pass curve of a Mooncake / hash-id trace held as numpy arrays (issue 25.4).
+"""The exact one-pass curve of a Mooncake / hash-id trace held as numpy arrays.
 
 :func:`compact_hit_curve` reads the file as columns (:mod:`kvbench.workloads.formats.hash_id_columns`),
 turns the ids into integer block keys with the same equalities as

@@ -1,5 +1,5 @@
 """The one-pass LRU stack distances of :mod:`kvbench.sim.stack_distance`, vectorized over numpy
-arrays of integer keys: the exact curve of traces of real size (issue 25.4: 24.8M block accesses
+arrays of integer keys: the exact curve of traces of real size (24.8M block accesses
 took 190 s and 4.2 GB in the per-key pass over bytes keys).
 
 The same numbers, computed in another order. With every request's keys used tail first at the

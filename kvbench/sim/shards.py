@@ -10,7 +10,7 @@ is rescaled by ``R_new / R_old`` (as if sampled at the new rate from the start).
 digests (SHA-256 or :mod:`kvbench.workloads.formats.hash_id_keys`' mixed ids), so their first 8 bytes
 are the hash, the same keys whatever the trace order.
 
-Prefix chains (issue 18): the chain property holds on any sample (a kept key is warm only if every
+Prefix chains: the chain property holds on any sample (a kept key is warm only if every
 kept key before it in the prompt is), so a request's sampled hits are its leading kept keys whose
 prefix-max scaled distance is ``<= C``, and cold keys end the pass over a request as in
 :mod:`kvbench.sim.stack_distance`. What hurts is where the hits sit: a prefix cache's hits
@@ -21,7 +21,7 @@ contributing 0.045 (the Mooncake conversation trace's shared first block, of its
 at ``R = 0.1``. So the first
 ``exact_blocks`` blocks of every prompt (default 1) have a threshold of their own, starting at
 ``min(1, R * 2**32)`` (always sampled), lowered only while they hold more than half of ``max_keys``
-(issue 25.3: with one threshold for both, 100,421 distinct first blocks of one-off prompts in a
+(with one threshold for both, 100,421 distinct first blocks of one-off prompts in a
 65,536-key budget drove the other keys' rate to ~1e-10 and the estimate to 0.41 for 0.85).
 :attr:`SampledCurve.hit_rate_sd` is that standard deviation estimated from the sample, at the
 unbounded cache (it bounds the sd at every size: a key's hits at ``C`` are at most its unbounded
@@ -156,7 +156,7 @@ class ShardsPass:
             raise ValueError(f"exact_blocks must be >= 0, got {exact_blocks}")
         self.block_size, self.max_keys, self.exact_blocks = block_size, max_keys, exact_blocks
         self.threshold = min(int(rate * HASH_SPACE), HASH_SPACE)
-        self.first_threshold = min(self.threshold * _BOOST, HASH_SPACE)  # the first blocks' own (issue 25.3)
+        self.first_threshold = min(self.threshold * _BOOST, HASH_SPACE)  # the first blocks' own
         self._held: dict[int, list] = {}  # sampling hash -> [slot, boosted, num_hits]
         # plain, first blocks: (-hash, hash), the next to drop on top
         self._heaps: tuple[list, list] = (
@@ -228,7 +228,7 @@ class ShardsPass:
         """Fixed-size SHARDS, one threshold per class: drop the held keys with the largest hash
         until ``max_keys`` fit, from the first blocks while they hold more than half the budget,
         else from the others; a class's threshold becomes its last dropped hash, and its histogram
-        is rescaled. So first blocks never take the other keys' budget (issue 25.3: 100,421
+        is rescaled. So first blocks never take the other keys' budget (with one threshold, 100,421
         distinct first blocks in a 65,536-key budget drove the rate to ~1e-10)."""
         old = self.rates()
         thresholds = [self.threshold, self.first_threshold]

@@ -46,7 +46,7 @@ def hash_prompts(
 
     Token ids are encoded (and range-checked) a batch of requests at a time (:func:`_encoded`), and
     prompts shorter than one block, which have no key, share one :class:`PromptBlocks` per length and
-    salt: a million tiny prompts cost no hashing and no object each (issue 31 item 3).
+    salt: a million tiny prompts cost no hashing and no object each.
 
     Raises:
         ValueError: a block size that is not positive, or a token id outside ``[0, 2**32)``.

@@ -77,7 +77,7 @@ def check_ints(config: Any, names: Sequence[str], minimum: int = 1) -> None:
     or that is larger than generating it could ever finish: :data:`MAX_TEXT_TOKENS` for a
     ``*_tokens`` field, :data:`MAX_COUNT` for any other but ``seed`` and sizes in bytes (``system_tokens =
     1e8`` hung
-    the generator, ``num_requests = 1e12`` ran out of memory; issue 19)."""
+    the generator, ``num_requests = 1e12`` ran out of memory)."""
     for name in names:
         value = getattr(config, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:

@@ -18,7 +18,7 @@ template)::
 For cl100k, ``<|im_start|>`` = 100264 and ``<|im_end|>`` = 100265, the ids OpenAI's ChatML gives
 them (tiktoken README, "Extending tiktoken": ``cl100k_im``). ``cl100k_base`` itself leaves ids
 100261..100275 unassigned, and both ids are below the default model's vocabulary size (100,277).
-**Special tokens in text are parsed** (issue 30.2): a literal ``<|im_end|>`` inside a message or a
+**Special tokens in text are parsed**: a literal ``<|im_end|>`` inside a message or a
 prompt is the control token 100265, as Hugging Face tokenizers, and so vLLM, SGLang and
 transformers on ``kvbench model export``'s ``tokenizer.json``, encode it (their default; a server
 renders the chat template to text and encodes that text whole). ``a<|im_end|>b`` is
@@ -77,7 +77,7 @@ if TYPE_CHECKING:
 
 LINE_BOUNDARY = re.compile(r"(?<=\n)(?=\S)")  # where cl100k tokenization splits exactly (see above)
 _CACHE_ENTRIES = 1 << 16  # cached message / line encodings per tokenizer (bounded memory)
-# ... and at most 64 MiB of memoized text + ids per cache (issue 19: bytes, not entries)
+# ... and at most 64 MiB of memoized text + ids per cache (bytes, not entries)
 _CACHE_BYTES = 64 << 20
 # longer texts are encoded every time: one huge (or rejected) text leaves nothing behind
 _MAX_MEMO_CHARS = 1 << 16
@@ -219,7 +219,7 @@ class TiktokenTokenizer:
     def max_token_bytes(self) -> int:
         """The longest token's UTF-8 bytes (128 for cl100k): a text of ``n`` bytes is at least
         ``ceil(n / max_token_bytes)`` tokens, so a server can refuse one too long for its context
-        without encoding it (issue 19)."""
+        without encoding it."""
         return max(len(token) for token in self._encoding.token_byte_values())
 
     def encode(self, text: str) -> list[int]:
@@ -256,7 +256,7 @@ class TiktokenTokenizer:
     def render_prompts(self, prompts: Sequence[str]) -> list[np.ndarray]:
         """:meth:`render_prompt` of each prompt (equal arrays), many at once: each distinct line is
         encoded once, without the memo's lock and bookkeeping, and a one-line prompt's array is that line's
-        (shared between equal prompts; treat it as read-only). Issue 31 item 3: a 1M-request file of
+        (shared between equal prompts; treat it as read-only). Before, a 1M-request file of
         tiny prompts spent most of its time in one memo look-up and one encode call per request."""
         split = [LINE_BOUNDARY.split(prompt) if "\n" in prompt else (prompt,) for prompt in prompts]
         distinct = list(dict.fromkeys(line for lines in split for line in lines if line))
@@ -279,17 +279,6 @@ class TiktokenTokenizer:
 
     def _encode_array(self, text: str) -> np.ndarray:
         return np.asarray(self.encode(text), dtype=np.uint32)
-
-    def render_text(self, request: TraceRequest) -> str:
-        """The rendered prompt as one string with ChatML markers (for checks and debugging)."""
-        if request.messages is None:
-            return request.prompt or ""
-        turns = "".join(f"{IM_START}{m.role}\n{m.content}{IM_END}\n" for m in request.messages)
-        return f"{turns}{IM_START}assistant\n"
-
-    def encode_rendered_text(self, text: str) -> list[int]:
-        """Encode a :meth:`render_text` string in one call, ChatML markers as control tokens."""
-        return self.encode(text)
 
 
 def load_tokenizer(name: str | None = None) -> Tokenizer:

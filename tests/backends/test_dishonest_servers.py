@@ -1,4 +1,4 @@
-"""Issue 19, items 8-10 and 13: servers whose numbers are missing, impossible or in other units, and
+"""Servers whose numbers are missing, impossible or in other units, and
 replies that are not streams. A run against each must say what happened, never headline a false figure."""
 
 import asyncio

@@ -1,4 +1,4 @@
-"""Issue 18: the lean streaming path (raw server-sent events) gives the records and the error lines
+"""The lean streaming path (raw server-sent events) gives the records and the error lines
 of the SDK path, on scripted and misbehaving servers and on a real ``kvbench serve``."""
 
 import asyncio

@@ -1,4 +1,4 @@
-"""Issues 30.5 and 32.9: a request that received nothing is sent again (a reused keep-alive connection
+"""A request that received nothing is sent again (a reused keep-alive connection
 the server closed; a dead replica), counted in ``num_retries``; a dead replica is ejected."""
 
 import asyncio

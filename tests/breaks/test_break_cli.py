@@ -27,7 +27,7 @@ def test_shared_salt_writes_parquet_like_a_run(kvbench, tmp_path, monkeypatch, s
     assert table.num_rows == 2 * 2 * 3
     metadata = read_metadata(out)
     assert metadata["command"] == "break" and metadata["experiment"] == "shared-salt"
-    # issue 25
+    # --threads 1 is recorded with its reason
     assert metadata["threads"]["num_threads"] == 1 and metadata["threads"]["reason"] == "--threads 1"
     assert "threads: 1 (--threads 1;" in err and "loading the model" in err
 
@@ -62,7 +62,7 @@ def test_bad_input_is_one_line_and_exit_2(kvbench):
 
 
 def test_an_interrupt_keeps_every_finished_variant(kvbench, tmp_path, monkeypatch, small_model):
-    """Issue 19 item 14: Ctrl-C printed one blank line and wrote no Parquet. Here the second of the
+    """Ctrl-C once printed one blank line and wrote no Parquet. Here the second of the
     timestamp experiment's variants is interrupted; the first one's rows are written, marked incomplete."""
     from kvbench.breaks import common
 
@@ -100,7 +100,7 @@ def test_an_interrupt_keeps_every_finished_variant(kvbench, tmp_path, monkeypatc
 
 
 def test_an_unwritable_out_is_refused_before_the_experiment_runs(kvbench, tmp_path, monkeypatch):
-    """Issue 19 item 14: the raw OSError came only after the whole experiment had run."""
+    """The raw OSError once came only after the whole experiment had run."""
     monkeypatch.setattr(
         "kvbench.engine.model.load_model", lambda config: (_ for _ in ()).throw(AssertionError)
     )

@@ -12,12 +12,12 @@ from kvbench.cache.block_pool import BlockPool, OutOfBlocksError
 def test_vllm_free_queue_order_empty_blocks_first_then_lru():
     pool = BlockPool(4, first_block_id=1)  # vLLM: block 0 is the null block
     blocks = pool.allocate(3)
-    assert blocks == [1, 2, 3] and pool.free_block_ids() == [4]
+    assert blocks == [1, 2, 3] and pool.num_free_blocks == 1
     pool.cache(1, b"k1")
     pool.cache(2, b"k2")
     assert pool.free(blocks[::-1]) == [3, 2, 1]  # 3 (empty) to the front; 2 then 1 to the end
-    assert pool.free_block_ids() == [3, 4, 2, 1]
-    assert pool.allocate(3) == [3, 4, 2] and pool.num_evicted_blocks == 1
+    assert list(pool.evictable_block_ids()) == [2, 1]
+    assert pool.allocate(3) == [3, 4, 2] and pool.num_evicted_blocks == 1  # empty, never used, LRU
     assert pool.cached_block(b"k2") is None and pool.cached_block(b"k1") == 1
     pool.check_invariants()
 
@@ -25,8 +25,7 @@ def test_vllm_free_queue_order_empty_blocks_first_then_lru():
 def test_fifo_variant_hands_out_never_used_ids_first_then_released_ones_in_release_order():
     pool = BlockPool(5, reuse_freed_first=False)  # nano-vllm's order, the memory block manager's
     pool.free(reversed(pool.allocate(3)))  # released last block first: 2, 1, 0
-    assert pool.free_block_ids() == [3, 4, 2, 1, 0]
-    assert pool.allocate(4) == [3, 4, 2, 1]
+    assert pool.allocate(5) == [3, 4, 2, 1, 0]
     pool.check_invariants()
 
 
@@ -38,7 +37,7 @@ def test_lazy_eviction_a_freed_block_keeps_its_key_until_reused_and_touch_revive
     pool.free([b, a])  # tail first: b is the next victim
     assert pool.num_evictable_blocks == 2 and pool.cached_block("A") == a
     pool.touch([a])  # a hit: off the free queue, used again
-    assert pool.ref_count(a) == 1 and pool.free_block_ids() == [b]
+    assert pool.ref_count(a) == 1 and pool.num_free_blocks == 1 and list(pool.evictable_block_ids()) == [b]
     assert pool.allocate(1) == [b] and pool.cached_block("B") is None and pool.num_evicted_blocks == 1
     assert pool.cached_block("A") == a and pool.num_cached_blocks == 1
     pool.check_invariants()
@@ -63,7 +62,7 @@ def test_uncache_moves_a_free_block_to_the_front_and_duplicates_are_allowed():
     assert pool.cached_block("k") == blocks[0]
     pool.free(blocks)
     pool.uncache(blocks[2])  # a TTL expiry
-    assert pool.free_block_ids() == [blocks[2], blocks[0], blocks[1]]
+    assert pool.num_free_blocks == 3 and list(pool.evictable_block_ids()) == [blocks[0], blocks[1]]
     assert pool.allocate(2) == [blocks[2], blocks[0]] and pool.num_evicted_blocks == 1
     assert pool.cached_block("k") == blocks[1]
     pool.check_invariants()
@@ -194,12 +193,16 @@ class BlockPoolMachine(RuleBasedStateMachine):
     @invariant()
     def agrees_with_the_model(self):
         self.pool.check_invariants()
-        assert self.pool.free_block_ids() == self.queue
+        assert self.pool.num_free_blocks == len(self.queue)
+        assert list(self.pool.evictable_block_ids()) == [b for b in self.queue if b in self.keys]
         assert {b: self.pool.ref_count(b) for b in self.pool.used_block_ids()} == self.refs
         assert {b: self.pool.block_key(b) for b in self.keys} == self.keys
         assert self.pool.num_cached_blocks == len(self.keys)
         assert self.pool.num_evicted_blocks == self.num_evicted
         assert self.pool.num_used_blocks == len(self.refs)
+
+    def teardown(self):
+        assert self.pool.allocate(len(self.queue)) == self.queue  # the whole free queue, front first
 
 
 BlockPoolMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)

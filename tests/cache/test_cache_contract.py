@@ -66,13 +66,10 @@ def test_lru_evicts_the_chains_last_block_first(build):
     assert hits(cache, chain) == 2  # the first two remain; the tail was the victim
 
 
-@pytest.mark.parametrize("pool", [False, True], ids=["hash", "pool"])
-def test_head_first_release_orphans_the_chain(pool):
+def test_head_first_release_orphans_the_chain():
     from kvbench.cache.base import CacheConfig, make_cache
-    from kvbench.cache.pool_cache import PoolPrefixCache
 
-    config = CacheConfig(capacity_blocks=3, block_size=4, release_order="head-first")
-    cache = PoolPrefixCache(config) if pool else make_cache(config)
+    cache = make_cache(CacheConfig(capacity_blocks=3, block_size=4, release_order="head-first"))
     hasher = BlockHasher(4)
     chain = hasher.prompt_blocks(list(range(12)))
     serve(cache, chain)
@@ -81,15 +78,11 @@ def test_head_first_release_orphans_the_chain(pool):
     assert cache.num_cached_blocks == 3
 
 
-@pytest.mark.parametrize("pool", [False, True], ids=["radix", "pool-radix"])
-def test_radix_refuses_head_first(pool):
+def test_radix_refuses_head_first():
     from kvbench.cache.base import CacheConfig, make_cache
-    from kvbench.cache.pool_cache import PoolPrefixCache
 
     with pytest.raises(ValueError, match="head-first"):
-        (PoolPrefixCache if pool else make_cache)(
-            CacheConfig(capacity_blocks=3, kind="radix", release_order="head-first")
-        )
+        make_cache(CacheConfig(capacity_blocks=3, kind="radix", release_order="head-first"))
 
 
 def test_ttl_expires_idle_blocks_and_hits_refresh_the_timer(build):

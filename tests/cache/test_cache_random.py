@@ -6,7 +6,6 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from kvbench.cache.base import CacheConfig, make_cache
 from kvbench.cache.block_hash import BlockHasher
-from kvbench.cache.pool_cache import PoolPrefixCache
 
 BLOCK_SIZE = 2
 # A small alphabet and short prompts: prompts share prefixes and diverge mid-run often.
@@ -15,7 +14,6 @@ token_lists = st.lists(st.integers(0, 2), min_size=0, max_size=12)
 
 class CacheMachine(RuleBasedStateMachine):
     kind = "hash"
-    factory = staticmethod(make_cache)
 
     def __init__(self):
         super().__init__()
@@ -38,7 +36,7 @@ class CacheMachine(RuleBasedStateMachine):
             ttl_s=ttl_s,
             release_order=release_order,
         )
-        self.cache = self.factory(config, clock=lambda: self.now_s)
+        self.cache = make_cache(config, clock=lambda: self.now_s)
 
     @rule(
         tokens=token_lists,
@@ -100,22 +98,8 @@ class RadixMachine(CacheMachine):
     kind = "radix"
 
 
-class PoolMachine(CacheMachine):
-    """The paged engine's cache: one block pool's ids (kvbench.cache.pool_cache)."""
-
-    factory = staticmethod(PoolPrefixCache)
-
-
-class PoolRadixMachine(PoolMachine):
-    """The paged engine's radix cache: the pool's blocks keyed by (parent block, token bytes)."""
-
-    kind = "radix"
-
-
 TestHashCacheRandom = CacheMachine.TestCase
 TestRadixCacheRandom = RadixMachine.TestCase
-TestPoolCacheRandom = PoolMachine.TestCase
-TestPoolRadixCacheRandom = PoolRadixMachine.TestCase
-TestHashCacheRandom.settings = TestRadixCacheRandom.settings = TestPoolCacheRandom.settings = (
-    TestPoolRadixCacheRandom.settings
-) = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestHashCacheRandom.settings = TestRadixCacheRandom.settings = settings(
+    max_examples=150, stateful_step_count=40, deadline=None
+)

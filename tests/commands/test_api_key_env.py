@@ -1,4 +1,4 @@
-"""Issue 32.8: a key given where its variable's name belongs is refused, and no key reaches a file."""
+"""A key given where its variable's name belongs is refused, and no key reaches a file."""
 
 import pyarrow.parquet as pq
 import pytest

@@ -1,4 +1,4 @@
-"""Issue 32.11: a prompt whose body is over the server's limit is refused before the run with the
+"""A prompt whose body is over the server's limit is refused before the run with the
 server's own 413 message (a real ``kvbench serve --max-body-size``), not "Connection reset by peer"."""
 
 import json

@@ -1,5 +1,5 @@
 """``kvbench break`` and ``kvbench route`` keep their work on SIGINT, SIGTERM and SIGKILL, as ``run`` and
-``sweep`` do (issue 32 item 13): checkpoints while they run, the cut variant's rows kept and marked,
+``sweep`` do: checkpoints while they run, the cut variant's rows kept and marked,
 exit 130 with one line. Before: ``break timestamp`` dropped the running variant's rows and SIGKILL left
 no file; ``route`` wrote nothing and SIGTERM exited -15 without a message. Real processes, real signals."""
 

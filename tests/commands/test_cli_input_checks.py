@@ -1,6 +1,6 @@
-"""Nonsense on the command line refused up front with one line and exit 2 (issue 19 item 19 and the
-CLI-input paragraph): zero or empty values, outputs that cannot be written, sizes no generator
-could finish, and messages that name the flag or scenario key rather than an internal field."""
+"""Nonsense on the command line refused up front with one line and exit 2: zero or empty values,
+outputs that cannot be written, sizes no generator could finish, and messages that name the flag or
+scenario key rather than an internal field."""
 
 import json
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""Issue 32.9 end to end: a dead replica beside a real ``kvbench serve`` is ejected and its requests
+"""End to end: a dead replica beside a real ``kvbench serve`` is ejected and its requests
 served elsewhere, the /metrics delta says which replica it covers; a run with unsent requests is
 marked incomplete."""
 

@@ -1,6 +1,6 @@
 """JSON (and TOML) nested 100,000 levels deep is one line naming the file and line, exit 2, in every
-reader of user files: ``trace import jsonl`` and ``sharegpt``, ``run``, ``trace stats``, ``sim``
-(issue 32 item 12). Before: ``error: RecursionError: maximum recursion depth exceeded``, exit 1."""
+reader of user files: ``trace import jsonl`` and ``sharegpt``, ``run``, ``trace stats``, ``sim``.
+Before: ``error: RecursionError: maximum recursion depth exceeded``, exit 1."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""``--device cuda`` on a machine without CUDA (issue 26 part 4): run, sweep, serve and break each say
+"""``--device cuda`` on a machine without CUDA: run, sweep, serve and break each say
 so in one line and exit 2, before the threads line, before a port is bound and before the model loads."""
 
 import pytest

@@ -1,4 +1,4 @@
-"""``--help`` reads at 80 columns and through a pipe (issue 27): every option name of every command
+"""``--help`` reads at 80 columns and through a pipe: every option name of every command
 appears whole (it was ``--requests,--num-requ…``), nothing is cut with an ellipsis, and the long
 commands group their options in panels."""
 

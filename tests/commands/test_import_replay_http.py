@@ -1,4 +1,4 @@
-"""Issue 13 end to end against a real ``kvbench serve``: an imported ShareGPT trace replayed at its
+"""Trace import end to end against a real ``kvbench serve``: an imported ShareGPT trace replayed at its
 own times with the server's tokenizer, the detected cache settings, and a scenario's ``[load]``."""
 
 import json

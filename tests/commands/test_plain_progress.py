@@ -1,4 +1,4 @@
-"""Issue 19 item 17: outside a terminal, a long run prints a progress line at a steady interval."""
+"""Outside a terminal, a long run prints a progress line at a steady interval."""
 
 import io
 

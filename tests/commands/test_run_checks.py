@@ -1,4 +1,4 @@
-"""Issue 19 item 19: nonsense settings are refused up front (one line naming the flag), or said."""
+"""Nonsense settings are refused up front (one line naming the flag), or said."""
 
 import pyarrow.parquet as pq
 import pytest

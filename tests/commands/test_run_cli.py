@@ -163,7 +163,7 @@ def test_threads_and_the_machines_load_are_recorded(kvbench, scenario, tmp_path)
         assert sample["torch_threads"] == 1 and sample["usable_cpus"] >= 1 and sample["cpu_count"] >= 1
         assert sample["load_1m"] is None or sample["load_1m"] >= 0
     assert isinstance(read_metadata(out)["warnings"], list)
-    threads = read_metadata(out)["run"]["threads"]  # the choice and why (issue 25 part 1)
+    threads = read_metadata(out)["run"]["threads"]  # the choice and why
     assert (threads["num_threads"], threads["reason"], threads["requested"]) == (1, "--threads 1", 1)
     assert threads["usable_cores"] >= 1 and set(threads["wait_policy"]) == {
         "OMP_WAIT_POLICY",

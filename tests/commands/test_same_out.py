@@ -1,4 +1,4 @@
-"""Issue 32.7: two live runs with the same ``--out`` (two real processes against a real ``kvbench serve``):
+"""Two live runs with the same ``--out`` (two real processes against a real ``kvbench serve``):
 the second is refused in one line, the first keeps every row; a dead run's lock is taken over."""
 
 import os

@@ -1,4 +1,4 @@
-"""Status lines outside a terminal (issue 30 item 6): piped, they arrive when they happen, with a
+"""Status lines outside a terminal: piped, they arrive when they happen, with a
 heartbeat before the first request finishes, and they are there after an interrupt."""
 
 import os
@@ -111,7 +111,7 @@ def test_break_beats_while_it_runs_and_records_its_threads(tmp_path):
     try:
         assert "usable cores, load" in piped.wait_for("threads: ")
         piped.wait_for("loading the model")
-        piped.wait_for("working: ")  # issue 30: `kvbench break timestamp` ran 130 s silent
+        piped.wait_for("working: ")  # `kvbench break timestamp` once ran 130 s silent
         assert piped.process.wait(timeout=600) == 0
     finally:
         piped.stop()

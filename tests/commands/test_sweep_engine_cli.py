@@ -49,7 +49,7 @@ def test_paged_sweep_has_the_run_columns_and_the_vllm_prediction(kvbench, scenar
         assert engine["kind"] == "paged" and engine["num_pool_blocks"] == point.capacity_blocks
         assert read_metadata(point.results_path)["run"]["threads"]["reason"] == "--threads 1"
     assert read_metadata(out / "sweep.parquet")["sweep"]["engine"] == "paged"
-    assert read_metadata(out / "sweep.parquet")["sweep"]["threads"]["num_threads"] == 1  # issue 25 part 1
+    assert read_metadata(out / "sweep.parquet")["sweep"]["threads"]["num_threads"] == 1  # as asked
     assert "threads: 1 (--threads 1;" in stderr
     assert "TTFT p50 =" in stdout
 

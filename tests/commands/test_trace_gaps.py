@@ -1,4 +1,4 @@
-"""Issue 32.10: ``--schedule trace`` refuses a gap no replay should wait out (``timestamp: 1e308``)
+"""``--schedule trace`` refuses a gap no replay should wait out (``timestamp: 1e308``)
 before sending anything, and says how long the replay will take (a real ``kvbench serve``)."""
 
 import json

@@ -1,4 +1,4 @@
-"""Issue 30.7: messages that say what happened (counts, overwrites, articles, shipped scenarios,
+"""Messages that say what happened (counts, overwrites, articles, shipped scenarios,
 ratios of values shown as zero, no blank line before an error, and a duration-cut run)."""
 
 import json

@@ -1,4 +1,4 @@
-"""Issue 19 item 16: an unreachable or malformed --base-url gets the right one-line diagnosis, and a
+"""An unreachable or malformed --base-url gets the right one-line diagnosis, and a
 run whose server is gone stops sending after a few connection failures."""
 
 import socket

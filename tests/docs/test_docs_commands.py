@@ -1,5 +1,5 @@
 """Every ``kvbench ...`` command of the docs' and the README's bash blocks runs, in order, in a fresh
-clone of HEAD with the test environment's ``kvbench`` (issue 27: every documented command works in a
+clone of HEAD with the test environment's ``kvbench`` (every documented command works in a
 fresh clone). A block that cannot run here (a GPU, a vLLM install, a server on a fixed port, a
 remote endpoint) is skipped only by a ``<!-- docs-test: skip (reason) -->`` comment before it: each
 shows as a skip with its page, line and reason (``pytest -rs``). An identical command is run once."""

@@ -1,4 +1,4 @@
-"""Every python block of the docs and the README runs (issue 27), as written, in a folder holding the
+"""Every python block of the docs and the README runs, as written, in a folder holding the
 checkout's scenarios/ and samples/; a block's ``http://127.0.0.1:8000/v1`` is a real ``kvbench serve
 --engine paged`` on a free port. docs/python-api.md's blocks run in tests/test_readme_api.py, which
 also checks what they print against their comments; a block that cannot run here is skipped by a

@@ -1,4 +1,4 @@
-"""The README stays a front page (<= 15 KB, issue 27) whose links all lead somewhere, and keeps the
+"""The README stays a front page (<= 15 KB) whose links all lead somewhere, and keeps the
 two set-up commands .ci/run and the lead rely on."""
 
 import re

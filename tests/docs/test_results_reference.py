@@ -1,4 +1,4 @@
-"""docs/results-reference.md names every results column and key the code writes (issue 27), so the
+"""docs/results-reference.md names every results column and key the code writes, so the
 page stays true: the Parquet schemas, the summary / save-result JSON / CSV keys, and the metadata of
 real files (an in-process run, an HTTP run against a real ``kvbench serve``, a sim and a route file)."""
 

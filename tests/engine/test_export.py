@@ -157,7 +157,7 @@ def test_default_model_export_round_trip(tmp_path):
 
 
 def test_exported_files_are_readable_by_others_as_open_would_make_them(exported):
-    """Issue 19: safetensors wrote model.safetensors with mode 0600."""
+    """safetensors writes model.safetensors with mode 0600; the export gives every file open()'s mode."""
     umask = os.umask(0)
     os.umask(umask)
     modes = {path.name: path.stat().st_mode & 0o777 for path in exported.path.iterdir()}

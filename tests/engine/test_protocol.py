@@ -1,4 +1,4 @@
-"""One engine interface (issue 26.1): both engines built by make_engine, the copy engine's FIFO submit,
+"""One engine interface: both engines built by make_engine, the copy engine's FIFO submit,
 abort, reset, describe and memory through the protocol."""
 
 import threading

@@ -1,4 +1,4 @@
-"""The default thread count (issue 25 part 1): from the usable cores and the load; the OpenMP wait policy."""
+"""The default thread count: from the usable cores and the load; the OpenMP wait policy."""
 
 import subprocess
 import sys

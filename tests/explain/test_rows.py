@@ -1,4 +1,4 @@
-"""Readable per-request rows and --lint (issue 28.2): a request that lost only its own new tokens is a
+"""Readable per-request rows and --lint: a request that lost only its own new tokens is a
 count, excerpts are capped and marked, --lint ends with a summary per finding kind and 'N more omitted'."""
 
 import numpy as np

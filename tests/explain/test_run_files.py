@@ -1,4 +1,4 @@
-"""Every run file explains (issue 28.3): the run files kvbench sweep and load sweeps write carry their
+"""Every run file explains: the run files kvbench sweep and load sweeps write carry their
 source, so ``kvbench explain RUN.parquet`` and ``kvbench report RUNS --explain`` work on them; a
 summary or a break file says exactly what explain needs. Real files, written by the commands."""
 

@@ -20,7 +20,7 @@ def manager(num_blocks=1000, block_size=16):
     return BlockManager(BlockManagerConfig(num_blocks, block_size))
 
 
-# -- the parallel-sampling case -------------------------------------------------------------
+# -- parallel sampling of a prompt that ends mid-block ----------------------------------------------
 
 
 def test_four_samples_of_a_2008_token_prompt_share_then_copy_the_partial_block():

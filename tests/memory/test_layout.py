@@ -61,7 +61,7 @@ def write_config(tmp_path, config, name="config.json"):
     return path
 
 
-# -- the check values -------------------------------------------------------------------------
+# -- check values of real model shapes ----------------------------------------------------------------
 
 
 def test_llama_31_8b_bf16_check_values():
@@ -99,11 +99,6 @@ def test_parameter_components_and_tied_head():
     assert counts.embedding == counts.lm_head == 128_256 * 4096
     assert counts.norms == (2 * 32 + 1) * 4096
     assert ParameterCounts.of(PRESETS[DEFAULT_PRESET]).lm_head == 0
-
-
-def test_blocks_for_tokens_rounds_up():
-    layout = KvLayout(num_layers=1, num_kv_heads=1, head_dim=1, kv_dtype=DType.FP32, block_size=16)
-    assert [layout.blocks_for_tokens(n) for n in (0, 1, 16, 17, 2008)] == [0, 1, 1, 2, 126]
 
 
 # -- budget -----------------------------------------------------------------------------------------

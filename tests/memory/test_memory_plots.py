@@ -1,4 +1,4 @@
-"""``kvbench memory sharing``'s plot read as a user sees it (issue 19 item 18): a long title wraps
+"""``kvbench memory sharing``'s plot read as a user sees it: a long title wraps
 inside the image instead of being cut at its edge, and the legend covers neither line."""
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_side_by_side.py (issue 26 part 4): one line and exit 2 without a GPU; its table's ratios.
+"""benchmarks/gpu_side_by_side.py: one line and exit 2 without a GPU; its table's ratios.
 
 The benchmark itself runs only where the device tool lends a GPU (docs/engines.md "On a GPU"); its
 steps were dry-run on the CPU with its hidden ``--device cpu --skip-vllm``."""

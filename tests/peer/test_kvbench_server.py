@@ -1,4 +1,4 @@
-"""Issue 26.3: ``kvbench serve`` as the peer's second kind of server process, end to end: the engine
+"""``kvbench serve`` as the peer's second kind of server process, end to end: the engine
 comparison of ``kvbench peer vllm`` starts a copy and a paged ``kvbench serve`` (``--port 0``, the
 port read from its log) on an exported checkpoint beside a (fake) vLLM, runs a round over all three
 with the same client, stops both process groups, and writes the table and the rows, read back here."""

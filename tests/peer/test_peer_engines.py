@@ -1,4 +1,4 @@
-"""Issue 26.3: the engine table of ``kvbench peer vllm``: its arithmetic from the records (medians,
+"""The engine table of ``kvbench peer vllm``: its arithmetic from the records (medians,
 ratios, tok/s over the send loop's window), the same requests to every server in interleaved rounds
 (fake servers behind the one backend contract), and vLLM's thread count read from its log."""
 

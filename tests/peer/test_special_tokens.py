@@ -1,4 +1,4 @@
-"""Issue 30.2: one rule for special-token text: kvbench's tokenizer, ``kvbench serve``'s /tokenize and
+"""One rule for special-token text: kvbench's tokenizer, ``kvbench serve``'s /tokenize and
 the exported tokenizer.json (as transformers, and so vLLM, reads it) all give ``a<|im_end|>b`` ->
 ``[64, 100265, 65]``; the check ``kvbench peer vllm`` runs finds a server that splits them."""
 
@@ -8,7 +8,7 @@ from kvbench.peer.special_tokens import PROBE_TEXT, special_token_problem
 from kvbench.workloads.tokenizer import TiktokenTokenizer
 
 PARSED = [64, 100265, 65]
-SPLIT = [64, 27, 91, 318, 6345, 91, 29, 65]  # what /tokenize gave before (issue 30.2)
+SPLIT = [64, 27, 91, 318, 6345, 91, 29, 65]  # what /tokenize gave before: the marker split as text
 
 
 @pytest.fixture(scope="module")

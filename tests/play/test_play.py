@@ -90,7 +90,7 @@ def test_the_app_under_the_pilot(tmp_path):
     [(False, False, "stdin and stdout are"), (True, False, "stdout is"), (False, True, "stdin is")],
 )
 def test_play_without_a_terminal_refuses_in_one_line(stdin_tty, stdout_tty, named):
-    """Issue 30.9: ``kvbench play </dev/null | cat`` wrote escape codes until killed. A real process;
+    """``kvbench play </dev/null | cat`` once wrote escape codes until killed. A real process;
     a pseudo-terminal stands in for the terminal side that is a TTY."""
     import os
     import pty

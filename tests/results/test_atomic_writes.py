@@ -1,4 +1,4 @@
-"""Issue 19 item 11: a write killed midway leaves nothing a user trips over, and the next write cleans up."""
+"""A write killed midway leaves nothing a user trips over, and the next write cleans up."""
 
 import os
 import signal

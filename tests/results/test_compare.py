@@ -141,7 +141,7 @@ def test_cli_prints_the_table_and_refuses_mismatches_with_exit_2(tmp_path, kvben
 
 
 def test_runs_without_verify_say_not_verified_in_compare_and_report(tmp_path):
-    """Issue 19 item 15: "outputs differing from reference: 0" was shown for runs that never used --verify."""
+    """Runs that never used --verify once showed "outputs differing from reference: 0"."""
     from kvbench.results.compare import compare_runs
     from kvbench.results.files import NOT_VERIFIED, load_result
     from kvbench.results.report import run_table

@@ -1,4 +1,4 @@
-"""Fits that cannot be true (issue 25 part 2): labelled with the reason, with 95% intervals, wherever
+"""Fits that cannot be true: labelled with the reason, with 95% intervals, wherever
 shown."""
 
 import math
@@ -18,7 +18,7 @@ from kvbench.results.sweep import (
     write_sweep_summary,
 )
 
-# The issue's sweep (multi_prefix_zipf, --cache-sizes 128,512,1024 --requests 60) printed
+# A sweep on a loaded machine (multi_prefix_zipf, --cache-sizes 128,512,1024 --requests 60) printed
 # TTFT p50 = -1,298.7 ms + 6,056.6 ms x (1 - hit rate). These three points have exactly that line:
 # their residuals (100, -220, 120) sum to 0 and are orthogonal to the miss rates (0.8, 0.5, 0.25).
 ISSUE_A_MS, ISSUE_B_MS = -1298.7, 6056.6

@@ -85,7 +85,7 @@ def test_checkpoints_convert_each_row_once_and_leave_a_valid_incomplete_file(tmp
 
 
 def test_the_writer_checkpoints_on_a_timer_without_a_row_finishing(tmp_path, monkeypatch):
-    """Issue 19 item 12: the checkpoint comes from a timer, not from the next finished row."""
+    """The checkpoint comes from a timer, not from the next finished row."""
     import time
 
     import kvbench.results.writer as writer_module

@@ -1,4 +1,4 @@
-"""Report plots read as a user sees them (issue 19 item 18): the figure objects are kept as they are
+"""Report plots read as a user sees them: the figure objects are kept as they are
 saved and checked for units on the axes, legends away from the data, tick labels apart and colours
 that tell series apart; the HTML page says how each file was made."""
 

@@ -192,7 +192,7 @@ def test_cli_export_creates_then_appends(tmp_path, kvbench):
 
 
 def test_notes_are_not_repeated_on_every_row_and_interrupted_runs_say_so(tmp_path):
-    """Issue 19 item 15: the shared-2k/Zipf notes were on every row (an agent run's included), and an
+    """The shared-2k/Zipf notes were once on every row (an agent run's included), and an
     interrupted run was exported as a normal row."""
     off = write_run(tmp_path / "off.parquet", enabled=False, ttft_ms=1310.0)
     on = write_run(tmp_path / "on.parquet", enabled=True, ttft_ms=95.0)

@@ -136,7 +136,7 @@ def test_a_fit_from_two_points_or_with_a_negative_slope_is_not_a_finding():
     two = fit_ttft_vs_miss_rate([0.2, 0.8], [900.0, 300.0])
     assert two.r_squared == pytest.approx(1.0) and "only 2 points" in two.caveat
     assert two.describe().startswith("not meaningful: ")
-    # the issue-18 run: identical warm requests from 54 to 1,460 ms; TTFT fell as the miss rate rose
+    # a loaded 2-core machine: identical warm requests from 54 to 1,460 ms; TTFT fell as the miss rate rose
     noisy = fit_ttft_vs_miss_rate([0.1, 0.4, 0.6, 0.9], [300.0, 1400.0, 200.0, 900.0])
     assert noisy.b_ms < 0 and "slope is negative" in noisy.caveat and "not meaningful" in noisy.describe()
     good = fit_ttft_vs_miss_rate([0.1, 0.5, 0.9], [A_MS + B_MS * 0.9, A_MS + B_MS * 0.5, A_MS + B_MS * 0.1])

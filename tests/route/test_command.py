@@ -45,7 +45,7 @@ def test_route_all_policies_writes_one_row_per_policy(kvbench, scenario, tmp_pat
         "prefix-hash",
         "cache-aware",
     ]
-    # not a terminal: a status line as each policy finishes (issue 30 item 6), in order
+    # not a terminal: a status line as each policy finishes, in order
     assert [line.split()[1] for line in stderr.splitlines() if line.startswith("routed: ")] == table["policy"]
     assert "routed: cache-aware (6 of 6 policies)" in stderr
     rates = dict(zip(table["policy"], table["token_hit_rate"]))

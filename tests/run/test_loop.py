@@ -222,7 +222,7 @@ class DyingBackend(TimedBackend):
     ],
 )
 def test_a_dead_server_stops_the_loop_after_consecutive_connection_failures(load):
-    """Issue 19 item 16: a run whose server died fired every remaining request into connection errors
+    """A run whose server died once fired every remaining request into connection errors
     (and an open loop waited for each one's due time to do it)."""
     clock = VirtualClock()
     backend = DyingBackend(clock, num_alive=4)

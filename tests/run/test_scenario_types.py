@@ -1,4 +1,4 @@
-"""Issue 19 (CLI input): malformed scenario values are one line with file:line and the field, in
+"""Malformed scenario values are one line with file:line and the field, in
 kvbench's words, never Python's ("'>' not supported between instances of 'str' and 'int'")."""
 
 import pytest

@@ -1,4 +1,4 @@
-"""Issues 30.1 and 32.4: a non-streamed request whose client leaves, running or still queued, on every
+"""A non-streamed request whose client leaves, running or still queued, on every
 route and every engine (copy, paged hash, paged radix): no exception inside the server, the request
 counted as aborted (never as a success), its blocks freed, the engine free for the next request."""
 
@@ -12,7 +12,7 @@ import pytest
 pytestmark = [pytest.mark.engine, pytest.mark.server, pytest.mark.slow]
 
 MODEL = "tiny"
-LONG_PROMPT = "the quick brown fox jumps over the lazy dog " * 140  # ~1,400 tokens, as in the issue
+LONG_PROMPT = "the quick brown fox jumps over the lazy dog " * 140  # ~1,400 tokens: a long prefill
 
 
 class _Errors(logging.Handler):

@@ -1,4 +1,4 @@
-"""Issue 31.1: a slow-headers flood (many connections dribbling their request heads) on loopback never
+"""A slow-headers flood (many connections dribbling their request heads) on loopback never
 exhausts descriptors: the server holds at most its cap, closes slow clients after the header timeout,
 keeps answering a normal client (``/health`` under 1 s), logs each condition once, and its open
 descriptors return to their baseline afterwards. Bounded: 120 connections for about 4 s."""

@@ -1,4 +1,4 @@
-"""Issue 19: hypothesis over JSON bodies sent to both generation endpoints. Whatever the body, the
+"""Hypothesis over JSON bodies sent to both generation endpoints. Whatever the body, the
 answer is a 200 or an OpenAI-shaped 4xx (never a 500, never a traceback), and the server stays healthy."""
 
 import http.client

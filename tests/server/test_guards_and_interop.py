@@ -1,4 +1,4 @@
-"""Issue 19, server items 6-7: cross-site and keyless access refused; text, usage and endpoints as
+"""Cross-site and keyless access refused; text, usage and endpoints as
 OpenAI and vLLM clients expect them."""
 
 import http.client

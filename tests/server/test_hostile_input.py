@@ -1,4 +1,4 @@
-"""Issue 19, server items 1-5: memory, event-loop stalls, abandoned requests and client mistakes.
+"""Memory, event-loop stalls, abandoned requests and client mistakes.
 
 Each test reproduces a fault found by a hostile client: the server must answer every client mistake
 with an OpenAI-shaped 4xx naming the field, keep its memory bounded and keep serving."""

@@ -1,4 +1,4 @@
-"""Issue 30.4: ``/v1/messages`` reports what Anthropic's prompt cache would (breakpoints, the minimum
+"""``/v1/messages`` reports what Anthropic's prompt cache would (breakpoints, the minimum
 cacheable length, writes vs reads, the top-level ``cache_control``, cache fields in ``message_start``),
 checked with the real ``anthropic`` SDK; the engine's real hit stays visible (a header, /metrics)."""
 

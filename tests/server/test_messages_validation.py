@@ -1,4 +1,4 @@
-"""Issue 32.2: ``/v1/messages`` validates as strictly as the OpenAI routes: every client mistake a 400
+"""``/v1/messages`` validates as strictly as the OpenAI routes: every client mistake a 400
 in the one error shape whose ``param`` names the field (paths as ``messages[0].content[0].text``),
 never a 500, a silent coercion, ``param: null`` or a field the shape lacks."""
 

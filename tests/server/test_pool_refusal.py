@@ -1,4 +1,4 @@
-"""Issue 32.5: a request that can never fit the paged engine's KV pool is the client's mistake: a 400
+"""A request that can never fit the paged engine's KV pool is the client's mistake: a 400
 naming ``max_tokens`` before any stream starts, streamed or not, on every route, through the real
 openai and anthropic clients (streamed it was HTTP 200, then a ``server_error`` event)."""
 

@@ -1,4 +1,4 @@
-"""Issue 32.1: ``POST /reset_prefix_cache`` while clients stream answers the same on every engine: a
+"""``POST /reset_prefix_cache`` while clients stream answers the same on every engine: a
 200 once the requests submitted before it have finished (the paged engine answered 500,
 ``CacheBusyError``), with every stream complete and the cache empty afterwards."""
 

@@ -1,4 +1,4 @@
-"""Issue 30.3: a chat stream's role chunk goes out with the first token (as vLLM sends it), never
+"""A chat stream's role chunk goes out with the first token (as vLLM sends it), never
 before the prefill: a stream queued behind another request sends nothing until its turn, so a
 client's time to first byte of the body is its time to first token. Copy and paged engines."""
 

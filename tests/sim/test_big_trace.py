@@ -1,4 +1,4 @@
-"""benchmarks/big_trace.py: a seeded Mooncake trace with the shape of issue 25 that kvbench reads back."""
+"""benchmarks/big_trace.py: a seeded Mooncake trace with many one-off first blocks, read back."""
 
 import json
 

@@ -1,4 +1,4 @@
-"""The exact curve from a hash-id trace held as numpy arrays (issue 25.4) is today's curve: the same
+"""The exact curve from a hash-id trace held as numpy arrays is today's curve: the same
 distances on random traces, the same rows and per-request cached tokens on the Mooncake trace, on
 hash-id traces with late lines and on generated big traces; and every file the arrays' reader does
 not vouch for goes to the line reader (same results, same error lines)."""

@@ -1,6 +1,6 @@
 """Cross-check with libCacheSim (an independent cache simulator, ``pip install libcachesim``;
 skipped where it is not installed): its LRU and kvbench's one-pass stack distances give the same hit
-count at every size on the same block-access sequence (issue 25.4)."""
+count at every size on the same block-access sequence."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""Sampled curves on traces whose distinct first blocks outnumber the key budget (issue 25.3): the
+"""Sampled curves on traces whose distinct first blocks outnumber the key budget: the
 first blocks have their own threshold and at most half the budget, so the other keys' rate does not
 collapse (it fell to ~1e-10), and the printed sd covers the real error against the exact curve."""
 
@@ -37,7 +37,7 @@ def test_first_blocks_beyond_the_budget_leave_the_rate_alone(tmp_path):
 
 @pytest.mark.slow
 def test_the_issue_shape_within_two_sd_on_most_seeds(tmp_path):
-    """The issue's trace shape at 8,000 requests (~1,100 distinct first blocks: more than the 1,024
+    """The one-off-heavy trace shape at 8,000 requests (~1,100 distinct first blocks: more than the 1,024
     keys), five seeds: the largest error over the sizes >= 1 / rate is within 2 sd on at least four
     (measured at 20,000 requests and 1,024 / 4,096 keys: 16 of 16; at 4,000 requests and 1,024
     keys: 12 of 12, 11 without the variance terms of dropped keys); before, the rate fell to ~1e-10."""

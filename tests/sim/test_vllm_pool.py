@@ -132,7 +132,7 @@ def test_output_length_is_required():
 
 
 def test_shared_prefix_matches_the_observed_server_numbers():
-    """The issue's observation: 2,348-token prompts sharing 2,340 tokens, block 32 -> 0, 2336, 2336, 2336."""
+    """Seen on a vLLM server: 2,348-token prompts sharing 2,340 tokens, block 32 -> 0, 2336, 2336, 2336."""
     rng = np.random.default_rng(0)
     system = rng.integers(0, 100_000, 2340)
     requests = [req(np.concatenate((system, rng.integers(0, 100_000, 8))), output=16) for _ in range(4)]

@@ -1,6 +1,5 @@
-"""Every reader of a user file reads a line at a time with a bound on one line (issue 31 item 2), and
-JSON nested too deeply is one line naming the file and line, never a ``RecursionError`` (issue 32
-item 12)."""
+"""Every reader of a user file reads a line at a time with a bound on one line, and
+JSON nested too deeply is one line naming the file and line, never a ``RecursionError``."""
 
 import json
 import subprocess

@@ -107,7 +107,7 @@ def test_a_mooncake_trace_gives_token_id_requests(tmp_path, count_opens):
     [
         ("", ": the file is empty"),
         ("{oops\n", ":1: not valid JSON"),
-        # a {"prompt": ...} line is a format now (issue 13)
+        # a {"prompt": ...} line is a format now (jsonl)
         (
             '{"text": "x"}\n',
             ":1: not a known trace format",
@@ -137,7 +137,7 @@ def test_open_jsonl_hands_the_first_line_to_the_reader(tmp_path):
     with open_jsonl(path) as file:
         assert file.format == "mooncake" and file.first_number == 1 and file.first["input_length"] == 600
         assert [number for number, _ in file.lines()] == [1, 2]
-    # issue 13 added two
+    # hash-ids and jsonl besides the two trace formats
     assert list(FORMATS) == [
         "kvbench-trace",
         "hash-ids",

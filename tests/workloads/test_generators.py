@@ -5,6 +5,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from chatml_text import chatml_text
 
 from kvbench.run.scenario import load_scenario
 from kvbench.sim.replay import ideal_hit_rate, prepare_prompts
@@ -37,7 +38,7 @@ SMALL = {
 
 def full_count(tokenizer, request):
     """Tokens of the rendered prompt, encoded in one call (no per-message cache involved)."""
-    return len(tokenizer.encode_rendered_text(tokenizer.render_text(request)))
+    return len(tokenizer.encode(chatml_text(request)))
 
 
 @pytest.mark.parametrize("kind", sorted(SMALL))

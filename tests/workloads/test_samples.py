@@ -1,6 +1,6 @@
 """The sample files kvbench ships (kvbench/data/samples/, package data; samples/ links there): one per
 ``trace import`` format, each importing whole, and the Mooncake sample the shipped scenario replays,
-with its licence beside it (issue 27: documented commands work in a fresh clone)."""
+with its licence beside it (documented commands work in a fresh clone)."""
 
 import fnmatch
 import tomllib

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from chatml_text import chatml_text
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -50,18 +51,16 @@ def test_chatml_rendering_is_exactly_the_documented_template(tokenizer):
         + tokenizer.encode("assistant\n")
     )
     assert ids == expected
-    assert tokenizer.decode(ids) == tokenizer.render_text(request)
+    assert tokenizer.decode(ids) == chatml_text(request)
     assert tokenizer.render(request).tolist() == ids  # the method the send loop's sources call
-    assert ids == tokenizer.encode_rendered_text(tokenizer.render_text(request))
+    assert ids == tokenizer.encode(chatml_text(request))  # the whole text in one call
 
 
 def test_markers_inside_message_text_are_control_tokens_as_on_servers(tokenizer):
-    """Issue 30.2: special tokens written in text are parsed, as transformers (vLLM, SGLang) does."""
+    """Special tokens written in text are parsed, as transformers (vLLM, SGLang) does."""
     ids = render(tokenizer, chat(("user", "fake <|im_end|> marker"))).tolist()
     assert ids.count(CL100K_IM_END_ID) == 2  # the one in the text, then the real end of the message
-    assert ids == tokenizer.encode_rendered_text(
-        tokenizer.render_text(chat(("user", "fake <|im_end|> marker")))
-    )
+    assert ids == tokenizer.encode(chatml_text(chat(("user", "fake <|im_end|> marker"))))
 
 
 def test_prompt_rendering_is_plain_encoding(tokenizer):
@@ -95,7 +94,7 @@ def test_concatenating_cached_segments_matches_one_encode_of_the_whole(tokenizer
     request = chat(*[("user" if i % 2 else "assistant", c) for i, c in enumerate(contents)])
     first = render(tokenizer, request)
     again = render(tokenizer, request)  # from the cache
-    assert first.tolist() == again.tolist() == tokenizer.encode_rendered_text(tokenizer.render_text(request))
+    assert first.tolist() == again.tolist() == tokenizer.encode(chatml_text(request))
 
 
 def test_hf_tokenizer_uses_the_checkpoint_chat_template(hf_checkpoint):
@@ -133,7 +132,7 @@ def test_tiktoken_tokenizer_is_a_fresh_object_each_time():
 
 
 def test_memo_is_bounded_in_bytes_and_never_keeps_long_texts():
-    """Issue 19 item 1: 65,536 entries of 2.5 MB each would be 160 GB; the memo now stays under its byte
+    """65,536 entries of 2.5 MB each would be 160 GB; the memo now stays under its byte
     bound, and a text longer than the memo limit is encoded but not kept."""
     from kvbench.workloads.tokenizer import _MAX_MEMO_CHARS, _BoundedCache
 
@@ -152,7 +151,7 @@ def test_memo_is_bounded_in_bytes_and_never_keeps_long_texts():
 
 
 def test_batch_rendering_equals_one_request_at_a_time(tokenizer, monkeypatch):
-    """render_all (batch prompts, issue 31 item 3) gives render's arrays, in order, across chunks."""
+    """render_all (batch prompts) gives render's arrays, in order, across chunks."""
     import kvbench.workloads.tokenizer as tokenizer_module
     from kvbench.workloads.formats.kvbench_trace import TraceRequest
     from kvbench.workloads.tokenizer import render, render_all

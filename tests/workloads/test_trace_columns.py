@@ -1,5 +1,5 @@
 """The column reader of kvbench traces gives the line reader's trace, and leaves every line the line
-reader could refuse to it, so the error line is the same (issue 31 item 3)."""
+reader could refuse to it, so the error line is the same."""
 
 import json
 

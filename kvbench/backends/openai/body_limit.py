@@ -1,4 +1,4 @@
-"""Request bodies a server refuses for their size, found before the run (issue 32.11).
+"""Request bodies a server refuses for their size, found before the run.
 
 A server that limits request bodies (``kvbench serve --max-body-size``, 32 MiB by default; nginx's
 ``client_max_body_size``, 1 MiB by default) answers 413 as soon as it reads a ``Content-Length``

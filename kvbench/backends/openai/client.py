@@ -215,7 +215,7 @@ class OpenAIBackend(SdkClientBackend):
             prompt = request.prompt if request.prompt is not None else request.token_ids.tolist()
             if isinstance(prompt, list):  # token ids go in extra_body, which the SDK sends as is: its
                 extra.setdefault("prompt", prompt)  # argument transform walks every id (~0.2-0.4 s for
-                prompt = ""  # 2k ids on a loaded 2-core machine, counted in TTFT; issue 18)
+                prompt = ""  # 2k ids on a loaded 2-core machine, counted in TTFT)
         arguments: dict[str, Any] = {
             "model": config.model,
             "max_tokens": request.max_tokens,
@@ -236,7 +236,7 @@ class OpenAIBackend(SdkClientBackend):
         """Send one request and read its stream; every failure becomes an error row (never raises,
         except for cancellation). A failure before any response byte (a keep-alive connection the
         server closed while idle, a refused connection) is retried once on a fresh connection, as
-        httpx users expect; the record counts it (``num_retries``, issue 30.5)."""
+        httpx users expect; the record counts it (``num_retries``)."""
         if self._client is None:
             raise RuntimeError("OpenAIBackend.serve outside `async with`")
         for attempt in range(MAX_ATTEMPTS):

@@ -9,7 +9,7 @@ from enum import Enum
 class ClientKind(str, Enum):
     """``lean`` (default): raw server-sent events, ``json.loads`` of each chunk, only the fields kvbench
     records read (:mod:`kvbench.backends.openai.sse`); ``sdk``: the openai SDK's stream of pydantic
-    chunk objects, kept for comparison (issue 18: it costs ~0.1-1.5 ms per chunk, which caps the
+    chunk objects, kept for comparison (it costs ~0.1-1.5 ms per chunk, which caps the
     client's request rate). Both send the request through the SDK and build the record with
     :class:`kvbench.backends.openai.reading.StreamReading`, so their records are the same."""
 

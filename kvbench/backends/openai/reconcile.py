@@ -23,7 +23,7 @@ Per request, two bounds:
 Reported above expected but within possible happens when requests overlap and the server served
 them in another order than the trace's; it is counted, not flagged.
 
-Checked on every successful request, whether it reported ``cached_tokens`` or not (issue 19):
+Checked on every successful request, whether it reported ``cached_tokens`` or not:
 
 * **impossible** ``cached_tokens`` (negative, or more than the response's own ``prompt_tokens``):
   flagged and kept out of every rate (the row keeps the value the server sent);
@@ -109,9 +109,7 @@ class Reconciliation:
     num_prompt_token_mismatches: int
     impossible: tuple[Flagged, ...] = ()
     short_outputs: tuple[str, ...] = ()  # request ids (ignore_eos runs only)
-    metrics_scope: str | None = (
-        None  # None: the delta covers every endpoint; else what it covers (issue 32.9)
-    )
+    metrics_scope: str | None = None  # None: the delta covers every endpoint; else what it covers
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -1,6 +1,6 @@
 """The lean streaming path's reader: a server-sent-event body as raw bytes, each chunk ``json.loads``-ed.
 
-Why (issue 18): the openai SDK turns every stream chunk into a pydantic object (``construct_type``,
+Why: the openai SDK turns every stream chunk into a pydantic object (``construct_type``,
 ~0.1 ms per chunk on an idle core, ~1.5 ms on this loaded 2-core machine), which capped kvbench's
 client at ~14-40 requests/s where a bare client sustains 50-150 (``benchmarks/client_bench.py``).
 Here the request still goes through the SDK (``with_streaming_response``: the same base URL, key,

@@ -18,8 +18,8 @@ there), which is why that simulator predicts this engine's ``cached_tokens`` at 
 * **release**: a finished, aborted or preempted sequence frees its blocks tail first (``reversed``
   block table; vLLM ``SingleTypeKVCacheManager.free``), or head first to demonstrate the bug;
 * **TTL** (``ttl_s``; not in vLLM): before every lookup, free cached blocks released longer than
-  ``ttl_s`` ago lose their key (:class:`kvbench.cache.pool_cache.IdleTimer`, the rule the
-  contract suite checks on :class:`~kvbench.cache.pool_cache.PoolPrefixCache`).
+  ``ttl_s`` ago lose their key (:class:`kvbench.cache.pool_cache.IdleTimer`, the copy engine's
+  caches' rule).
 
 Scheduling, one step (vLLM v1 ``Scheduler.schedule``, simplified): running sequences first, in
 admission order, each with its remaining tokens (1 when decoding; a prefill chunk when the token

@@ -167,7 +167,7 @@ class Verifier:
     ) -> None:
         """Queue one finished request's check; :meth:`run_deferred` runs it and resolves ``future``.
         The engine runs deferred checks only while no sequence is running or waiting, so no measured
-        step waits on a reference pass (issue 17: before, every request's TTFT and ITL in a verify
+        step waits on a reference pass (before, every request's TTFT and ITL in a verify
         run included other requests' passes)."""
         with self._lock:
             self._deferred.append((future, record, prompt_ids, sampling, salt, chosen_logprobs))

@@ -3,7 +3,7 @@
 A write goes to ``.NAME.partial`` beside ``NAME`` and is then renamed (``os.replace``), so a reader
 never sees half a file. If the process is killed mid-write (SIGKILL, power loss), what is left is a
 hidden file that the next write to the same ``NAME`` overwrites; older kvbench versions left a
-visible ``NAME.partial``, which :func:`partial_path` removes (issue 19).
+visible ``NAME.partial``, which :func:`partial_path` removes.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A Mooncake / hash-id trace as columns, read by pyarrow's JSON reader: the fast path of the exact
-curve on traces of real size (issue 25.4: 3.2 s to read a 278 MB trace's JSON line by line, and
+curve on traces of real size (3.2 s to read a 278 MB trace's JSON line by line, and
 4.2 GB to hold it as Python objects).
 
 :func:`hash_id_columns` streams the file in blocks (:data:`BLOCK_BYTES`) into numpy arrays (ids as

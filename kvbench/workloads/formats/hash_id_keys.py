@@ -3,7 +3,7 @@
 A Mooncake or hash-id trace (:mod:`.mooncake`, :mod:`.hash_ids`) names each ``H``-token block of a
 prompt by an id, prefix-chained. The token-id path synthesizes ``H`` tokens per id
 (:func:`.mooncake.hash_id_tokens`) and then hashes them into chained SHA-256 keys: 3.8 s of the
-4.6 s ``kvbench sim`` spent on the 12,031-request Mooncake conversation trace (issue 18's note). Only
+4.6 s ``kvbench sim`` spent on the 12,031-request Mooncake conversation trace. Only
 key *equality* matters to a hash cache, so this module gives the same equalities without either:
 
 * a *node* is an id prefix ``(ids[0], .., ids[i])``, interned to a serial integer through

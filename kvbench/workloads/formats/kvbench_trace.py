@@ -201,7 +201,7 @@ class Trace:
 
 
 _LINE_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))  # built once: json.dumps with
-# these options builds an encoder per call, a third of a tiny line's cost (issue 31 item 3)
+# these options builds an encoder per call, a third of a tiny line's cost
 
 
 def request_line(request: TraceRequest) -> str:

@@ -1,4 +1,4 @@
-"""Reading a user's file a line at a time, each line bounded in size (issue 31 item 2).
+"""Reading a user's file a line at a time, each line bounded in size.
 
 Every reader of a user file goes through here: the JSONL formats (:mod:`.jsonl`, so kvbench traces,
 Mooncake, hash-id, prompts and lengths lines), BurstGPT CSV rows (:mod:`.burstgpt`), the elements

@@ -1,4 +1,4 @@
-"""A kvbench trace's request lines read as columns (issue 31 item 3): pyarrow's JSON reader over
+"""A kvbench trace's request lines read as columns: pyarrow's JSON reader over
 blocks of whole lines, with :class:`~.kvbench_trace_reader.TraceReader`'s checks done on arrays.
 
 The line reader costs ~15 us a line in Python (``json.loads``, a dozen field checks, the arrival

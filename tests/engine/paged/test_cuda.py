@@ -1,4 +1,4 @@
-"""Both engines on a CUDA device (issue 26 part 4); every test skips on a machine without one.
+"""Both engines on a CUDA device; every test skips on a machine without one.
 
 * greedy outputs on CUDA equal the cache-off reference on both engines (the copy engine's
   ``verify``; the paged engine's batched verify, concurrent requests sharing a prefix);

@@ -98,7 +98,7 @@ def test_sampled_requests_keep_the_token_check(loaded):
 
 
 def test_reference_passes_run_only_when_the_engine_is_idle(loaded, monkeypatch):
-    """Issue 17: a verify run's TTFT / ITL must not include other requests' reference passes. No
+    """A verify run's TTFT / ITL must not include other requests' reference passes. No
     reference pass (timed by wrapping the real ``Verifier.check``) falls between any request's first
     and last token, so no measured step waited on one; without the deferral the first finished
     request's pass ran while 7 others were mid-decode (this test fails then)."""
