@@ -330,9 +330,9 @@ def format_mib(num_bytes: float | None) -> str:
 
 @dataclass(frozen=True)
 class VerdictTable:
-    """An experiment's table as plain text, for the command to render (``kvbench break`` draws it with
-    rich): ``columns`` (the first one a label, the others numbers), ``rows`` of cells, and a caption of
-    ``notes`` (one a line) followed by the one-line ``verdict`` (``None``: no verdict line)."""
+    """An experiment's table as plain text, for the command to draw (``kvbench break``): ``columns``
+    (the first one a label, the others numbers), ``rows`` of cells, and a caption of ``notes`` (one a
+    line) followed by the one-line ``verdict`` (``None``: no verdict line)."""
 
     title: str
     columns: Sequence[str]
