@@ -2,7 +2,8 @@
 
 Layers (DESIGN.md): cache/, sim/, workloads/ and memory/ never import torch or transformers; nothing
 below commands/ imports commands/ or the CLI; engine/ imports nothing from workloads/, backends/,
-run/ or results/; request.py, errors.py and constants.py import nothing of kvbench but each other.
+run/ or results/; request.py, errors.py and constants.py import nothing of kvbench but each other;
+only commands/ and the CLI import rich (library code returns plain data, the command draws it).
 """
 
 import ast
@@ -18,6 +19,7 @@ MAX_FUNCTION_LINES = 60
 TORCH_FREE = ("cache", "sim", "workloads", "memory")
 ENGINE_MUST_NOT_IMPORT = ("kvbench.workloads", "kvbench.backends", "kvbench.run", "kvbench.results")
 FOUNDATION = ("kvbench.request", "kvbench.errors", "kvbench.constants")
+RENDERERS = ("kvbench.commands", "kvbench.cli")  # the only modules that may import rich
 
 
 def module_name(path: Path) -> str:
@@ -76,6 +78,35 @@ def test_the_checker_sees_function_level_imports(tmp_path):
     source = tmp_path / "m.py"
     source.write_text("def f():\n    from kvbench.commands.run import run\n    import torch\n")
     assert {"kvbench.commands.run", "kvbench.commands.run.run", "torch"} <= imported_modules(source)
+
+
+def rich_imports(imports: dict[str, set[str]]) -> list[str]:
+    """``MODULE imports NAME, ...`` for each module outside :data:`RENDERERS` that imports rich (at the
+    top level or inside a function)."""
+    found = {
+        module: sorted(name for name in names if starts(name, ("rich",)))
+        for module, names in sorted(imports.items())
+        if not starts(module, RENDERERS)
+    }
+    return [f"{module} imports {', '.join(names)}" for module, names in found.items() if names]
+
+
+def test_only_the_commands_import_rich():
+    """Library code never renders (DESIGN.md): it returns plain data (dataclasses, strings, numbers) and
+    the command in kvbench/commands/ turns it into tables, markup and progress bars."""
+    offenders = rich_imports(IMPORTS)
+    assert not offenders, "rich imported outside kvbench/commands/ and kvbench/cli.py:\n" + "\n".join(
+        offenders
+    )
+
+
+def test_the_rich_check_names_library_modules_importing_rich_anywhere(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text("import rich\n\ndef f():\n    from rich.table import Table\n    return Table()\n")
+    imports = imported_modules(source)
+    assert rich_imports(
+        {"kvbench.results.m": imports, "kvbench.commands.m": imports, "kvbench.cli": imports}
+    ) == ["kvbench.results.m imports rich, rich.table, rich.table.Table"]
 
 
 ENGINE_CLASSES = frozenset({"HFEngine", "PagedEngine"})

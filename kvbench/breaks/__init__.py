@@ -2,7 +2,8 @@
 
 One module per experiment (``timestamp``, ``head_first``, ``views``, ``tiny_hash``,
 ``shared_salt``), each with a frozen config, a ``run_*`` function returning a result object (rows,
-verdict, Parquet tables, metadata) and a ``*_table`` function; ``common`` holds what they share.
+verdict, Parquet tables, metadata) and a ``*_table`` function returning its table as plain text
+(``common.VerdictTable``, for the command to render); ``common`` holds what they share.
 This package's ``__init__`` imports nothing heavy (no torch), so the CLI can list the experiments
 without loading the engine.
 """

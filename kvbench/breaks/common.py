@@ -6,7 +6,8 @@ variant is served by :func:`kvbench.run.loop.run_requests` through the in-proces
 ``kvbench run`` serves a trace, so its rows have every :mod:`kvbench.results.schema` column (and
 ``kvbench report`` / ``summarize`` read them); :func:`break_schema` appends ``experiment``,
 ``variant`` and the experiment's own columns. Library code never prints: progress goes through a
-:data:`Progress` callback and tables are returned as ``rich`` objects for the command to render.
+:data:`Progress` callback and tables are returned as plain text (:class:`VerdictTable`) for the
+command to render.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from rich.table import Table
 
 from kvbench.backends.inprocess import InProcessBackend
 from kvbench.cache.base import CacheConfig
@@ -328,19 +328,14 @@ def format_mib(num_bytes: float | None) -> str:
     return "-" if num_bytes is None else f"{num_bytes / 2**20:,.1f}"
 
 
-def verdict_table(
-    title: str,
-    columns: Sequence[str],
-    rows: Sequence[Sequence[str]],
-    verdict: str | None,
-    notes: Sequence[str] = (),
-) -> Table:
-    """A table whose caption is ``notes`` (one per line) followed by the one-line verdict (if any)."""
-    table = Table(title=title, title_justify="left", caption_justify="left")
-    for index, name in enumerate(columns):
-        table.add_column(name, justify="left" if index == 0 else "right")
-    for row in rows:
-        table.add_row(*row)
-    lines = [*notes, f"[bold]verdict:[/bold] {verdict}"] if verdict else list(notes)
-    table.caption = "\n".join(lines) or None
-    return table
+@dataclass(frozen=True)
+class VerdictTable:
+    """An experiment's table as plain text, for the command to draw (``kvbench break``): ``columns``
+    (the first one a label, the others numbers), ``rows`` of cells, and a caption of ``notes`` (one a
+    line) followed by the one-line ``verdict`` (``None``: no verdict line)."""
+
+    title: str
+    columns: Sequence[str]
+    rows: Sequence[Sequence[str]]
+    verdict: str | None = None
+    notes: Sequence[str] = ()

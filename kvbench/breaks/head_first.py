@@ -22,12 +22,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pyarrow as pa
-from rich.table import Table
 
 from kvbench.breaks.common import (
     ParquetTable,
     Progress,
     VariantRun,
+    VerdictTable,
     break_schema,
     format_ms,
     format_rate,
@@ -35,7 +35,6 @@ from kvbench.breaks.common import (
     token_run_requests,
     variant_backend,
     variant_predictions,
-    verdict_table,
 )
 from kvbench.cache.base import CacheConfig, ReleaseOrder
 from kvbench.engine.model import LoadedModel
@@ -234,7 +233,7 @@ def _engine_runs(
     return runs
 
 
-def sweep_table(result: HeadFirstResult) -> Table:
+def sweep_table(result: HeadFirstResult) -> VerdictTable:
     """Token hit rate per size, both orders side by side, per scenario; the largest gap marked."""
     columns = ["capacity (blocks)"]
     for sweep_ in result.sweeps:
@@ -256,12 +255,12 @@ def sweep_table(result: HeadFirstResult) -> Table:
         for s in result.sweeps
     )
     notes = [f"simulator, token hit rate = cached / prompt tokens; {gaps}", WHY_HEAD_FIRST_HURTS]
-    return verdict_table(
+    return VerdictTable(
         "kvbench break head-first: simulated hit rate by release order", columns, rows, None, notes
     )
 
 
-def engine_table(result: HeadFirstResult) -> Table:
+def engine_table(result: HeadFirstResult) -> VerdictTable:
     """The engine runs: hit rate (measured and simulated) and TTFT per release order."""
     rows = []
     for run in result.engine_runs:
@@ -282,7 +281,7 @@ def engine_table(result: HeadFirstResult) -> Table:
         f"orders); repeat = its prefix came before (an unbounded cache would hit it); simulated = the "
         f"simulator's prediction for the same requests"
     ]
-    return verdict_table(
+    return VerdictTable(
         "kvbench break head-first: the engine at one cache size",
         (
             "release order",

@@ -23,17 +23,16 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-from rich.table import Table
 
 from kvbench.breaks.common import (
     ParquetTable,
     Progress,
     VariantRun,
+    VerdictTable,
     break_schema,
     format_ms,
     run_variant,
     variant_backend,
-    verdict_table,
     warm_up,
 )
 from kvbench.breaks.rank_test import (
@@ -292,7 +291,7 @@ def run_shared_salt(
     return SharedSaltResult(config, runs)
 
 
-def shared_salt_table(result: SharedSaltResult) -> Table:
+def shared_salt_table(result: SharedSaltResult) -> VerdictTable:
     """TTFT medians of B's correct and wrong guesses, B's cached tokens and the test, per variant."""
     rows = []
     for run in result.runs:
@@ -317,7 +316,7 @@ def shared_salt_table(result: SharedSaltResult) -> Table:
         f"than wrong), leak = p < {config.alpha}; the smallest p {config.num_trials} trials can give is "
         f"{smallest:.2g} (inconclusive when it is >= {config.alpha})",
     ]
-    return verdict_table(
+    return VerdictTable(
         "kvbench break shared-salt: a TTFT side channel between tenants",
         (
             "namespace",

@@ -21,18 +21,17 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-from rich.table import Table
 
 from kvbench.breaks.common import (
     ParquetTable,
     Progress,
     VariantRun,
+    VerdictTable,
     break_schema,
     format_ms,
     format_rate,
     run_variant,
     variant_backend,
-    verdict_table,
 )
 from kvbench.cache.base import CacheConfig
 from kvbench.engine.model import LoadedModel
@@ -190,7 +189,7 @@ def run_timestamp(
     return TimestampResult(config, variants)
 
 
-def timestamp_table(result: TimestampResult) -> Table:
+def timestamp_table(result: TimestampResult) -> VerdictTable:
     """Hit rate, cold and warm TTFT, and where requests 0 and 1 first differ, per placement."""
     rows = []
     for variant in result.variants:
@@ -214,7 +213,7 @@ def timestamp_table(result: TimestampResult) -> Table:
         "first diff: token position where requests 0 and 1 first differ, and its block: no key "
         "from that block on can match, because each key chains on the one before",
     ]
-    return verdict_table(
+    return VerdictTable(
         "kvbench break timestamp: a per-request time in the system prompt",
         (
             "variant",

@@ -25,17 +25,15 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-from rich.markup import escape
-from rich.table import Table
 
 from kvbench.breaks.common import (
     ParquetTable,
     Progress,
     VariantRun,
+    VerdictTable,
     break_schema,
     run_variant,
     variant_backend,
-    verdict_table,
 )
 from kvbench.cache.base import CacheConfig, make_cache
 from kvbench.cache.block_hash import BlockHash, BlockHasher, HashConfig
@@ -275,7 +273,7 @@ def run_tiny_hash(
     return TinyHashResult(config, reference, runs, tokenizer)
 
 
-def tiny_hash_table(result: TinyHashResult) -> Table:
+def tiny_hash_table(result: TinyHashResult) -> VerdictTable:
     """False hits, poisoned requests and mismatched outputs, per key width."""
     rows = []
     for run in result.runs:
@@ -302,7 +300,7 @@ def tiny_hash_table(result: TinyHashResult) -> Table:
         "that prefix a false hit; poisoned: hit blocks computed over a wrong past by an earlier false hit",
         *_example_lines(result),
     ]
-    return verdict_table(
+    return VerdictTable(
         "kvbench break tiny-hash: truncated block keys",
         (
             "keys",
@@ -331,6 +329,6 @@ def _example_lines(result: TinyHashResult) -> list[str]:
     return [
         f"example: request {row.result.request_id} ({row.result.prompt_tokens} prompt tokens, "
         f"{row.result.cached_prompt_tokens} cached{where})",
-        escape(f"  cache off: {reference} {decode(reference)!r}"),
-        escape(f"  {result.broken.variant} keys: {output} {decode(output)!r}"),
+        f"  cache off: {reference} {decode(reference)!r}",
+        f"  {result.broken.variant} keys: {output} {decode(output)!r}",
     ]

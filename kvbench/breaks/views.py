@@ -26,17 +26,16 @@ from pathlib import Path
 
 import psutil
 import pyarrow as pa
-from rich.table import Table
 
 from kvbench.breaks.common import (
     ParquetTable,
     Progress,
     VariantRun,
+    VerdictTable,
     break_schema,
     format_mib,
     run_variant,
     variant_backend,
-    verdict_table,
 )
 from kvbench.cache.base import CacheConfig
 from kvbench.engine.factory import make_engine
@@ -190,7 +189,7 @@ def run_views(
     return ViewsResult(config, configured, runs)
 
 
-def views_table(result: ViewsResult) -> Table:
+def views_table(result: ViewsResult) -> VerdictTable:
     """Configured, believed (nominal) and really held KV bytes, and RSS growth, per variant."""
     rows = []
     for run in result.runs:
@@ -214,7 +213,7 @@ def views_table(result: ViewsResult) -> Table:
         "believed = cached blocks x bytes per block; held = distinct storages the cached blocks keep alive "
         "(a view keeps its whole base tensor); RSS growth = peak RSS - RSS before the variant",
     ]
-    return verdict_table(
+    return VerdictTable(
         "kvbench break views: cached views keep whole requests alive",
         (
             "variant",

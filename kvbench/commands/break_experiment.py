@@ -6,13 +6,16 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
+from kvbench.commands.break_tables import verdict_table
 from kvbench.commands.common import Heartbeat, make_console, status_printer
 from kvbench.errors import Interrupted, checked
+
+if TYPE_CHECKING:
+    from kvbench.breaks.common import VerdictTable  # imports the engine: only for the annotations
 
 # config field -> its flag where the names differ
 _FLAGS = {
@@ -74,7 +77,7 @@ def _progress(heartbeat: Heartbeat) -> Iterator[Callable[[str, int, int], None]]
 def run_experiment(
     experiment: str,
     run: Callable[[Any, Any, Any], Any],
-    tables: Callable[[Any], list[Table]],
+    tables: Callable[[Any], list[VerdictTable]],
     model: Path | None,
     device: str,
     out: Path | None,
@@ -122,13 +125,16 @@ def run_experiment(
     return result
 
 
-def _report(experiment: str, result: Any, tables: list[Table], out: Path, context: dict[str, Any]) -> None:
-    """Print the tables, write the Parquet file(s) (``context`` added to their metadata), say where."""
+def _report(
+    experiment: str, result: Any, tables: list[VerdictTable], out: Path, context: dict[str, Any]
+) -> None:
+    """Print the tables (drawn by :func:`~kvbench.commands.break_tables.verdict_table`), write the
+    Parquet file(s) (``context`` added to their metadata), say where."""
     from kvbench.breaks.common import write_break_parquet
 
     console = make_console()
     for table in tables:
-        console.print(table)
+        console.print(verdict_table(table))
         console.print()
     paths = write_break_parquet(out, experiment, result.parquet_tables(), {**result.metadata(), **context})
     for path, table in zip(paths, [t for t in result.parquet_tables() if t.rows]):

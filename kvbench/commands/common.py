@@ -157,7 +157,7 @@ def run_with_progress(
     :class:`Heartbeat` until the first request finishes, then a plain progress line every
     :func:`progress_every_s`. On a :class:`kvbench.run.execute.RunInterrupted`, ``on_interrupt(it)``
     runs before it propagates (the CLI prints its one line and exits 130)."""
-    from kvbench.results.writer import progress_line
+    from kvbench.commands.live_progress import progress_line
     from kvbench.run.execute import RunInterrupted
 
     err = make_console(stderr=True)

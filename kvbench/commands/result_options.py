@@ -3,15 +3,17 @@ and what happens after a run: the JSON, the pass/fail table, the exit code (0, 1
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.table import Table
 
 from kvbench.commands.common import build, make_console
 from kvbench.errors import InputError
-from kvbench.results.gate import EXIT_ASSERTION_FAILED, GateConfig, gate_table
+from kvbench.results.gate import EXIT_ASSERTION_FAILED, Check, GateConfig
 from kvbench.results.goodput import parse_goodput
 from kvbench.results.result_json import check_result_path, result_dict, result_path, write_result
 from kvbench.results.rows import ResultRow
@@ -132,6 +134,19 @@ def finish_run(outcome: Any, flags: ResultFlags) -> None:
         raise typer.Exit(EXIT_ASSERTION_FAILED)
     if errors_fail:
         raise typer.Exit(1)
+
+
+def gate_table(checks: Sequence[Check]) -> Table:
+    """The pass/fail table ``kvbench run --assert`` prints."""
+    table = Table(title="assertions")
+    for column, justify in (("assertion", "left"), ("value", "right"), ("result", "left")):
+        table.add_column(column, justify=justify)
+    for check in checks:
+        value = "not measured" if check.value is None else f"{check.value:,.6g}"
+        table.add_row(
+            check.assertion.text, value, "[green]pass[/green]" if check.passed else "[red]FAIL[/red]"
+        )
+    return table
 
 
 def _report_failures(

@@ -115,7 +115,7 @@ def _run_config(source: Path, f: SimpleNamespace, summary: SummaryOptions) -> Ru
 
 def show_outcome(outcome) -> None:
     """The run's notes, summary and latency tables, the HTTP checks, and where the rows went."""
-    from kvbench.results.writer import http_tables, latency_table, summary_table
+    from kvbench.commands.run_tables import http_tables, latency_table, summary_table
 
     console, err = make_console(), make_console(stderr=True)
     for note in [*outcome.notes, *outcome.metadata.get("warnings", [])]:
@@ -142,7 +142,7 @@ def _server_flags(base_url: list[str] | None, route: PolicyName | None, *rest, c
 
 def _replica_tables(outcome) -> list:
     """The per-endpoint table of a routed run (none for one endpoint)."""
-    from kvbench.results.replicas import replica_table
+    from kvbench.commands.run_tables import replica_table
 
     run_info = outcome.metadata["run"]
     table = replica_table(outcome.rows, run_info.get("base_urls", []), run_info.get("route", ""))
@@ -151,7 +151,7 @@ def _replica_tables(outcome) -> list:
 
 def print_kept(interrupted) -> None:
     """Ctrl-C or SIGTERM during a run: the summary table of the rows that were measured and written."""
-    from kvbench.results.writer import summary_table
+    from kvbench.commands.run_tables import summary_table
 
     outcome = interrupted.outcome
     make_console().print(summary_table(outcome.name, outcome.metadata["run"], outcome.summary))

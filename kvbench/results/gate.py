@@ -19,8 +19,6 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from rich.table import Table
-
 from kvbench.results.result_json import SERVER_RATES
 from kvbench.results.summary import SummaryOptions, summarize
 
@@ -118,16 +116,3 @@ class GateConfig:
         if not num_failed:
             return False
         return self.max_error_rate is None or num_failed / num_rows > self.max_error_rate
-
-
-def gate_table(checks: Sequence[Check]) -> Table:
-    """The pass/fail table ``kvbench run --assert`` prints."""
-    table = Table(title="assertions")
-    for column, justify in (("assertion", "left"), ("value", "right"), ("result", "left")):
-        table.add_column(column, justify=justify)
-    for check in checks:
-        value = "not measured" if check.value is None else f"{check.value:,.6g}"
-        table.add_row(
-            check.assertion.text, value, "[green]pass[/green]" if check.passed else "[red]FAIL[/red]"
-        )
-    return table

@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from rich.table import Table
-
 from kvbench.results.rows import ResultRow
 
 
@@ -29,24 +27,3 @@ def replica_rows(rows: Sequence[ResultRow]) -> list[dict[str, Any]]:
             entry["cached_prompt_tokens"] / entry["prompt_tokens"] if entry["prompt_tokens"] else 0.0
         )
     return [totals[key] for key in sorted(totals)]
-
-
-def replica_table(rows: Sequence[ResultRow], base_urls: Sequence[str], route: str) -> Table | None:
-    """The per-replica table, or ``None`` for an unrouted run."""
-    summary = replica_rows(rows)
-    if not summary:
-        return None
-    table = Table(title=f"replicas (client-side routing: {route})")
-    for column in ("replica", "base URL", "requests", "prompt tokens", "cached", "token hit"):
-        table.add_column(column, justify="left" if column == "base URL" else "right")
-    for entry in summary:
-        url = base_urls[entry["replica"]] if entry["replica"] < len(base_urls) else "?"
-        table.add_row(
-            str(entry["replica"]),
-            url,
-            f"{entry['requests']:,}",
-            f"{entry['prompt_tokens']:,}",
-            f"{entry['cached_prompt_tokens']:,}",
-            f"{entry['token_hit_rate']:.4f}",
-        )
-    return table

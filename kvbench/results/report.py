@@ -29,7 +29,7 @@ class Report:
 
 @dataclass(frozen=True)
 class TableData:
-    """A table as strings, rendered alike by the CLI (rich) and the HTML page."""
+    """A table as strings, drawn alike by the CLI (``kvbench report``) and the HTML page."""
 
     title: str
     columns: tuple[str, ...]

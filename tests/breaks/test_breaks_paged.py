@@ -19,7 +19,7 @@ def test_timestamp_on_the_paged_engine_hits_as_the_copy_engine(small_model, toke
         on_copy, on_paged = copy.variant(placement).run, paged.variant(placement).run
         assert on_paged.column("cached_prompt_tokens") == on_copy.column("cached_prompt_tokens")
         assert [r.output_token_ids for r in on_paged.results] == [r.output_token_ids for r in on_copy.results]
-        assert all(row["kv_load_ms"] == 0.0 for row in on_paged.rows)  # a hit copies nothing
+        assert all(row.result.kv_load_ms == 0.0 for row in on_paged.rows)  # a hit copies nothing
     assert paged.variant(HeaderPlacement.START).run.summary.token_hit_rate == 0
 
 
@@ -27,7 +27,7 @@ def test_head_first_on_the_paged_engine_is_predicted_tail_first(small_model, sce
     config = HeadFirstConfig(scenarios=scenarios, num_engine_requests=8, max_tokens=2, engine="paged")
     result = run_head_first(small_model, config)
     tail, head = (result.engine_run(order) for order in ("tail-first", "head-first"))
-    assert all(row["status"] == "ok" for row in tail.rows + head.rows)
+    assert all(row.result.status == "ok" for row in tail.rows + head.rows)
     # tail first: the vLLM-faithful pool predicts the paged engine exactly; head first it does not model
     assert tail.column("cached_prompt_tokens") == tail.column("expected_cached_tokens")
     assert head.column("expected_cached_tokens") == [None] * 8

@@ -4,6 +4,7 @@ engine."""
 import pytest
 
 from kvbench.breaks.head_first import HeadFirstConfig, engine_table, run_head_first, sweep_table
+from kvbench.commands.break_tables import verdict_table
 
 SCENARIO = """
 [workload]
@@ -42,8 +43,8 @@ def test_head_first_is_worse_at_some_size_and_on_the_engine(small_model, scenari
     assert head.summary.token_hit_rate < tail.summary.token_hit_rate
     for run in (tail, head):  # concurrency 1, no TTL: the engine does exactly what the simulator predicts
         assert run.column("cached_prompt_tokens") == run.column("expected_cached_tokens")
-    assert "orphans" in str(sweep_table(result).caption)
-    assert "verdict" in str(engine_table(result).caption)
+    assert "orphans" in str(verdict_table(sweep_table(result)).caption)
+    assert "verdict" in str(verdict_table(engine_table(result)).caption)
     engine_rows, sim_rows = (table.rows for table in result.parquet_tables())
     assert len(engine_rows) == 16 and len(sim_rows) == 2 * 2 * 5
 

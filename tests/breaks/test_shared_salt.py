@@ -16,6 +16,7 @@ from kvbench.breaks.shared_salt import (
     shared_salt_table,
     trial_requests,
 )
+from kvbench.commands.break_tables import verdict_table
 from kvbench.results.rows import ResultRow
 
 
@@ -59,7 +60,7 @@ def test_salted_tenants_never_share_blocks(small_model, tokenizer):
     wrong = [row for row in unsalted.rows if row.extra["probe"] == WRONG]
     assert all(row.result.cached_prompt_tokens >= 32 for row in correct)  # A's blocks, hit by B
     assert all(row.result.cached_prompt_tokens == 0 for row in wrong)
-    assert "verdict" in str(shared_salt_table(result).caption)
+    assert "verdict" in str(verdict_table(shared_salt_table(result)).caption)
 
 
 def test_config_is_validated():

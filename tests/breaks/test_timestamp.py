@@ -3,6 +3,7 @@
 import pytest
 
 from kvbench.breaks.timestamp import TimestampConfig, first_difference, run_timestamp, timestamp_table
+from kvbench.commands.break_tables import verdict_table
 from kvbench.workloads.generators import HeaderPlacement
 
 
@@ -32,4 +33,4 @@ def test_header_on_top_destroys_the_hits_and_at_the_end_they_come_back(small_mod
     assert end.first_difference_block >= 4  # after the 64-token system prompt
     rows = [row for table in result.parquet_tables() for row in table.rows]
     assert {row["variant"] for row in rows} == {"none", "start", "end"} and len(rows) == 9
-    assert "verdict" in str(timestamp_table(result).caption)
+    assert "verdict" in str(verdict_table(timestamp_table(result)).caption)

@@ -7,6 +7,7 @@ import pytest
 from kvbench.breaks.tiny_hash import FalseHitTracker, TinyHashConfig, run_tiny_hash, tiny_hash_table
 from kvbench.cache.base import CacheConfig
 from kvbench.cache.block_hash import BlockHasher, HashConfig
+from kvbench.commands.break_tables import verdict_table
 
 
 def colliding_prompts(hasher):
@@ -40,7 +41,7 @@ def test_few_bits_give_false_hits_and_wrong_outputs_sha256_none(small_model, tok
     assert broken["false_hit_requests"] >= 1 and broken["mismatched_outputs"] >= 1
     assert correct["false_hit_requests"] == 0 and correct["mismatched_outputs"] == 0
     assert result.example() is not None
-    caption = str(tiny_hash_table(result).caption)
+    caption = str(verdict_table(tiny_hash_table(result)).caption)
     assert "verdict" in caption and "example" in caption
     rows = result.parquet_tables()[0].rows
     assert {row["variant"] for row in rows} == {"cache-off", "8-bit", "sha256"}

@@ -5,6 +5,7 @@ import pyarrow.parquet as pq
 import pytest
 from rich.console import Console
 
+from kvbench.commands.live_progress import progress_line
 from kvbench.request import Request, RequestRecord, Status
 from kvbench.results.checkpoint import Checkpointer
 from kvbench.results.live import RunningStats
@@ -12,7 +13,7 @@ from kvbench.results.parquet import read_metadata
 from kvbench.results.rows import ResultRow
 from kvbench.results.schema import RUN_SCHEMA
 from kvbench.results.summary import percentile
-from kvbench.results.writer import RunWriter, progress_line
+from kvbench.results.writer import RunWriter
 
 
 def pair(index, ttft_ms, cached=8, status=Status.OK):
