@@ -43,7 +43,7 @@ class RunWriter:
         self.run_id = run_id
         self.columns = columns
         self.rows: list[ResultRow] = []
-        self.lock = OutLock(self.path)  # one live run per file (issue 32.7); InputError when held
+        self.lock = OutLock(self.path)  # one live run per file; InputError when held
         self.lock.acquire()
         self.metadata["machine_load"] = {"start": load_sample()}
         self.checkpoints = Checkpointer(self.path, RUN_SCHEMA, self.rows, CHECKPOINT_EVERY_S, metadata)
