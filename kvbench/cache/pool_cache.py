@@ -172,10 +172,11 @@ class PoolPrefixCache:
             handles.append(block_id)
             parent = block_id
         num_inserted = len(handles) - len(path) - num_existing
-        self.stats.num_evicted_blocks += pool.num_evicted_blocks - evicted_before
+        num_evicted = pool.num_evicted_blocks - evicted_before
+        self.stats.num_evicted_blocks += num_evicted
         self.stats.num_inserted_blocks += num_inserted
         self.stats.num_refused_blocks += num_refused
-        return InsertResult(num_inserted, num_existing, num_refused, handles)
+        return InsertResult(num_inserted, num_existing, num_refused, handles, num_evicted)
 
     def release(self, handles: Sequence[int]) -> None:
         """Unpin blocks given in chain order; they join the free queue tail first (or head first).
