@@ -1,4 +1,6 @@
-"""The one replay step (kvbench/sim/step.py) on every cache."""
+"""The one replay step (kvbench/sim/step.py) on every cache, and the predictor's online form built on it."""
+
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -6,10 +8,14 @@ import pytest
 from kvbench.cache.base import CacheConfig, make_cache
 from kvbench.cache.block_hash import BlockHasher
 from kvbench.cache.pool_cache import PoolPrefixCache
+from kvbench.run.scenario import load_scenario
+from kvbench.sim.outputs import trace_outputs
+from kvbench.sim.predict import OnlinePrediction, expected_cached_tokens
 from kvbench.sim.step import release_step, step
 
 B = 4
 HASHER = BlockHasher(B)
+SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 
 
 class Clock:
@@ -102,3 +108,14 @@ def test_payloads_are_built_from_the_hit_and_a_failure_releases_it(build):
         step(cache, blocks(range(16)), payloads_for=refuse)
     assert cache.num_evictable_blocks == cache.num_cached_blocks == 4  # the hit was released
     cache.check_invariants()
+
+
+@pytest.mark.parametrize("kind", ["hash", "radix"])
+def test_the_online_prediction_is_the_predictor_one_request_at_a_time(kind):
+    requests = load_scenario(SCENARIOS / "chat.toml").workload_requests().requests[:60]
+    outputs = [o if o is not None else np.arange(7, dtype=np.uint32) + 2**31 for o in trace_outputs(requests)]
+    config = CacheConfig(capacity_blocks=300, block_size=16, kind=kind)
+    online = OnlinePrediction(config)
+    one_by_one = [online.finished(request, output) for request, output in zip(requests, outputs)]
+    assert one_by_one == expected_cached_tokens(requests, config, outputs)
+    assert sum(one_by_one) > 0
