@@ -4,6 +4,7 @@ Layers (DESIGN.md): cache/, sim/, workloads/ and memory/ never import torch or t
 below commands/ imports commands/ or the CLI; engine/ imports nothing from workloads/, backends/,
 run/ or results/; request.py, errors.py and constants.py import nothing of kvbench but each other;
 only commands/ and the CLI import rich (library code returns plain data, the command draws it).
+outside cache/ and engine/ only the replay step (kvbench/sim/step.py) looks anything up in a cache.
 """
 
 import ast
@@ -107,6 +108,40 @@ def test_the_rich_check_names_library_modules_importing_rich_anywhere(tmp_path):
     assert rich_imports(
         {"kvbench.results.m": imports, "kvbench.commands.m": imports, "kvbench.cli": imports}
     ) == ["kvbench.results.m imports rich, rich.table, rich.table.Table"]
+
+
+# The caches themselves, the engines (they serve real requests) and the one replay step.
+LOOKUP_ALLOWED = ("kvbench.cache", "kvbench.engine", "kvbench.sim.step")
+
+
+def cache_lookups(path: Path) -> list[int]:
+    """Lines where ``path`` calls ``x.lookup(...)`` or takes the bound ``x.lookup`` to call later (no
+    other kvbench object has a ``lookup``: every one is a prefix cache's)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return sorted(
+        node.lineno for node in ast.walk(tree) if isinstance(node, ast.Attribute) and node.attr == "lookup"
+    )
+
+
+def test_only_the_replay_step_looks_up_a_cache():
+    """Every cache-only replay steps a request through :func:`kvbench.sim.step.step`, so the
+    last-token cap, the insert after the hit and the release order are written once."""
+    problems = [
+        f"{path.relative_to(REPO)}:{line}"
+        for path in SOURCES
+        if not starts(module_name(path), LOOKUP_ALLOWED)
+        for line in cache_lookups(path)
+    ]
+    assert problems == []
+
+
+def test_the_lookup_check_sees_calls_and_bound_methods(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text(
+        "def f(cache, prompt):\n    match = cache.lookup(prompt, 3)\n    find = cache.lookup\n"
+        "    return lookup(prompt), match._lookup\n"
+    )
+    assert cache_lookups(source) == [2, 3]
 
 
 ENGINE_CLASSES = frozenset({"HFEngine", "PagedEngine"})

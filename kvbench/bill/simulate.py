@@ -11,10 +11,10 @@ refreshes that entry's TTL. Every cacheable breakpoint past the read creates an 
 
 **OpenAI** (https://developers.openai.com/api/docs/guides/prompt-caching): automatic. The prompt is
 cut into 128-token increments and replayed through kvbench's own hash cache (unbounded, idle TTL
-= the retention), so a hit is the longest cached prefix in 128-token steps, counted only from 1,024
-tokens; prompts shorter than 1,024 tokens are neither read nor cached. Writes have no premium. Not
-simulated: OpenAI's routing of one prefix across machines above ~15 requests per minute, and the
-one-hour cap of in-memory retention.
+= the retention; one :func:`kvbench.sim.step.step` per request), so a hit is the longest cached
+prefix in 128-token steps, counted only from 1,024 tokens; prompts shorter than 1,024 tokens are
+neither read nor cached. Writes have no premium. Not simulated: OpenAI's routing of one prefix across
+machines above ~15 requests per minute, and the one-hour cap of in-memory retention.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from kvbench.bill.rules import CacheRules, Provider
 from kvbench.cache.base import CacheConfig
 from kvbench.cache.block_hash import BlockHasher
 from kvbench.cache.hash_cache import HashPrefixCache
+from kvbench.sim.step import step
 
 LOOKBACK_BLOCKS = 20  # Anthropic checks about 20 content blocks before each breakpoint
 
@@ -87,25 +88,23 @@ def simulate_anthropic(requests: Sequence[Marked], rules: CacheRules) -> list[Us
 
 def simulate_openai(requests: Sequence[Marked], rules: CacheRules) -> list[Usage]:
     """Usage per request (arrival order as given); see the module docstring."""
-    step = rules.increment_tokens or 128
+    increment = rules.increment_tokens or 128
     now = [0.0]
-    total_blocks = sum(m.num_tokens // step for m in requests) + 1
+    total_blocks = sum(m.num_tokens // increment for m in requests) + 1
     cache = HashPrefixCache(
-        CacheConfig(capacity_blocks=total_blocks, block_size=step, ttl_s=rules.ttl_s), clock=lambda: now[0]
+        CacheConfig(capacity_blocks=total_blocks, block_size=increment, ttl_s=rules.ttl_s),
+        clock=lambda: now[0],
     )
-    hasher = BlockHasher(step)
+    hasher = BlockHasher(increment)
     usages = []
     for marked in requests:
         now[0] = marked.arrival_s
         if marked.num_tokens < rules.min_cacheable_tokens:
             usages.append(Usage(marked.num_tokens, 0, 0, marked.output_tokens))
             continue
-        prompt = hasher.prompt_blocks(marked.token_ids)
-        match = cache.lookup(prompt, prompt.max_hit_blocks)
-        new = cache.insert(prompt, match.num_hit_blocks)
-        cache.release(match.handles + new.handles)
-        read = match.num_hit_blocks * step if match.num_hit_blocks * step >= rules.min_cacheable_tokens else 0
-        written = new.num_inserted_blocks * step
+        done = step(cache, hasher.prompt_blocks(marked.token_ids))
+        read = done.num_hit_tokens if done.num_hit_tokens >= rules.min_cacheable_tokens else 0
+        written = done.num_inserted_blocks * increment
         usages.append(Usage(marked.num_tokens - read - written, written, read, marked.output_tokens))
     return usages
 

@@ -35,10 +35,11 @@ from kvbench.breaks.common import (
     run_variant,
     variant_backend,
 )
-from kvbench.cache.base import CacheConfig, make_cache
+from kvbench.cache.base import CacheConfig, MatchResult, make_cache
 from kvbench.cache.block_hash import BlockHash, BlockHasher, HashConfig
 from kvbench.engine.model import LoadedModel
 from kvbench.sim.bounds import unbounded_capacity_blocks
+from kvbench.sim.step import step
 from kvbench.workloads.formats.kvbench_trace_reader import trace_requests
 from kvbench.workloads.generators import MultiPrefixTextConfig, check_ints, generate_multi_prefix
 from kvbench.workloads.tokenizer import Tokenizer, load_tokenizer
@@ -125,31 +126,36 @@ class FalseHitTracker:
         self._key_space = 2.0**cache.hash.key_bits
 
     def observe(self, token_ids: Sequence[int] | np.ndarray, salt: str, num_hit_blocks: int) -> Observation:
-        """Replay one request (lookup, insert, release) and compare what it hit with what it is.
+        """Replay one request (one :func:`kvbench.sim.step.step`: lookup, insert, release) and compare
+        what it hit with what it is; the blocks it stores carry their truth as payloads.
 
         Raises:
             RuntimeError: the replica hit a different number of blocks than the engine did (the two
                 caches left lockstep: a bug, not a collision).
         """
-        cache = self._cache
-        num_stored = cache.num_cached_blocks
+        num_stored = self._cache.num_cached_blocks
         prompt = self._hasher.prompt_blocks(token_ids, salt=salt, keep_tokens=False)
         truths = self._true_hasher.block_hashes(token_ids, salt=salt)
-        match = cache.lookup(prompt, prompt.max_hit_blocks)
-        if match.num_hit_blocks != num_hit_blocks:
-            cache.release(match.handles)
-            raise RuntimeError(f"the replica hit {match.num_hit_blocks} blocks, the engine {num_hit_blocks}")
-        false_blocks = [i for i, stored in enumerate(match.payloads) if stored.true_key != truths[i]]
-        poisoned = any(stored.poisoned for stored in match.payloads)
-        wrong_past = poisoned or bool(false_blocks)
-        payloads = [
-            _Truth(truths[i], wrong_past) for i in range(match.num_hit_blocks, prompt.num_full_blocks)
-        ]
-        new = cache.insert(prompt, match.num_hit_blocks, payloads)
-        cache.release(match.handles + new.handles)
+        false_blocks: list[int] = []  # read from the hit's payloads, before the step releases it
+        poisoned = False
+
+        def truths_after(match: MatchResult) -> list[_Truth]:
+            nonlocal poisoned
+            if match.num_hit_blocks != num_hit_blocks:
+                raise RuntimeError(
+                    f"the replica hit {match.num_hit_blocks} blocks, the engine {num_hit_blocks}"
+                )
+            false_blocks.extend(i for i, stored in enumerate(match.payloads) if stored.true_key != truths[i])
+            poisoned = any(stored.poisoned for stored in match.payloads)
+            wrong_past = poisoned or bool(false_blocks)
+            return [_Truth(truths[i], wrong_past) for i in range(num_hit_blocks, prompt.num_full_blocks)]
+
+        step(self._cache, prompt, payloads_for=truths_after)
         # Keys that were not truly cached yet met the table: the lookup's first probe past the true
         # hit, and every key the insert stored or found "already cached".
-        num_new_keys = int(match.num_hit_blocks < prompt.max_hit_blocks or bool(false_blocks)) + len(payloads)
+        num_new_keys = int(num_hit_blocks < prompt.max_hit_blocks or bool(false_blocks)) + (
+            prompt.num_full_blocks - num_hit_blocks
+        )
         return Observation(
             len(false_blocks),
             false_blocks[0] if false_blocks else None,

@@ -180,12 +180,15 @@ class InsertResult:
             now pinned for the caller instead.
         num_refused_blocks: blocks that could not be stored because everything else was pinned.
         handles: pass these to ``release`` exactly once.
+        num_evicted_blocks: unpinned blocks this insert dropped to make room (LRU, a chain's tail
+            first); the cache's ``stats.num_evicted_blocks`` grew by as much.
     """
 
     num_inserted_blocks: int
     num_existing_blocks: int
     num_refused_blocks: int
     handles: list[Any]
+    num_evicted_blocks: int = 0
 
     def __bool__(self) -> bool:
         return self.num_inserted_blocks > 0

@@ -205,7 +205,7 @@ class HashPrefixCache:
         self.stats.num_evicted_blocks += num_evicted
         self.stats.num_inserted_blocks += num_inserted
         self.stats.num_refused_blocks += num_refused
-        return InsertResult(num_inserted, num_existing, num_refused, handles)
+        return InsertResult(num_inserted, num_existing, num_refused, handles, num_evicted)
 
     def _reuse_victim(
         self, key: BlockHash, token_bytes: bytes | None, payload: Any, now: float

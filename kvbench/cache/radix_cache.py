@@ -195,10 +195,9 @@ class RadixPrefixCache:
         self._pin(node, tick, now)  # protect the path from the evictions below
         wanted = stop - matched
         room = self.config.capacity_blocks - self._num_blocks
-        if wanted > room:
-            freed = self._evict(wanted - room)
-            self.stats.num_evicted_blocks += freed
-            room += freed
+        freed = self._evict(wanted - room) if wanted > room else 0
+        self.stats.num_evicted_blocks += freed
+        room += freed
         num_new = min(wanted, room)
         if num_new:
             offset = matched - start
@@ -217,7 +216,7 @@ class RadixPrefixCache:
             node = leaf
         self.stats.num_inserted_blocks += num_new
         self.stats.num_refused_blocks += wanted - num_new
-        return InsertResult(num_new, matched - start, wanted - num_new, [node])
+        return InsertResult(num_new, matched - start, wanted - num_new, [node], freed)
 
     def release(self, handles: Sequence[RadixNode]) -> None:
         """Unpin each handle's path; nodes reaching ``lock_ref`` 0 that are leaves become evictable.

@@ -13,9 +13,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from kvbench.cache.base import CacheConfig, InsertResult, MatchResult
+from kvbench.cache.base import CacheConfig
 from kvbench.cache.block_hash import PromptBlocks
 from kvbench.sim.replay import PreparedTrace, simulate
+from kvbench.sim.step import StepResult
 
 
 @dataclass(frozen=True)
@@ -52,9 +53,9 @@ def replay_details(
     num_stored = [0]
     last_use: list[LastUse | None] = []
 
-    def observe(index: int, match: MatchResult, new: InsertResult) -> None:
-        prompt, arrival = trace.prompts[index], float(trace.arrivals_s[index])
-        hit = match.num_hit_blocks
+    def observe(index: int, done: StepResult) -> None:
+        prompt, arrival, new = trace.prompts[index], float(trace.arrivals_s[index]), done.new
+        hit = done.num_hit_blocks
         touched = last_touch.get(prompt.block_hashes[hit]) if hit < prompt.max_hit_blocks else None
         last_use.append(
             None if touched is None else LastUse(touched[0], touched[1], num_stored[0] - touched[2])

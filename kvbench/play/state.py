@@ -8,10 +8,11 @@ prompts of the exercise (each ends with one tail token, so its full blocks can a
 * ``chat``: A followed by one more block per turn (turn 1 = 5 blocks, turn 2 = 6, ...);
 * ``one-off``: 5 blocks never seen before nor after (``X1:0`` .. ``X1:4`` for the first).
 
-``send`` looks a prompt up and stores its blocks, as an engine does; the request then runs (its
-blocks stay pinned) until ``finish`` releases every running request, tail first. ``advance`` moves
-the clock past the TTL. Blocks get a display slot when they appear and keep it until they leave,
-so evictions and expiries leave empty slots where they were (the hash table itself has no slots).
+``send`` looks a prompt up and stores its blocks, as an engine does (:func:`kvbench.sim.step.step`,
+holding them); the request then runs (its blocks stay pinned) until ``finish`` releases every
+running request, tail first. ``advance`` moves the clock past the TTL. Blocks get a display slot
+when they appear and keep it until they leave, so evictions and expiries leave empty slots where
+they were (the hash table itself has no slots).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 
 from kvbench.cache.base import CacheConfig, CacheKind, make_cache
 from kvbench.cache.block_hash import BlockHasher, PromptBlocks
+from kvbench.sim.step import StepResult, release_step, step
 
 NUM_BLOCKS = 16  # the seed's pool
 BLOCK_SIZE = 16
@@ -67,7 +69,7 @@ class PlayState:
         self._hasher = BlockHasher(BLOCK_SIZE)
         self._labels: dict[bytes, str] = {}
         self._slots: dict[str, int] = {}
-        self._running: list[list] = []
+        self._running: list[StepResult] = []  # sent, not finished: their blocks stay pinned
         self._num_turns = self._num_one_offs = 0
 
     @property
@@ -84,21 +86,20 @@ class PlayState:
         label, ids = self._prompt(prompt_kind)
         prompt = self._blocks(label, ids)
         before = {view.label for view in self.blocks()}
-        match = self.cache.lookup(prompt, prompt.max_hit_blocks)
-        new = self.cache.insert(prompt, match.num_hit_blocks)
-        self._running.append(match.handles + new.handles)
+        running = step(self.cache, prompt, hold=True)
+        self._running.append(running)
         self.num_prompt_tokens += prompt.num_tokens
-        self.num_hit_tokens += match.num_hit_blocks * BLOCK_SIZE
+        self.num_hit_tokens += running.num_hit_tokens
         gone = sorted(before - {view.label for view in self.blocks()}, key=self._order)
         text = (
-            f"{label.rstrip(':')}: hit {match.num_hit_blocks} of {prompt.num_full_blocks} blocks, stored "
-            f"{new.num_inserted_blocks}"
+            f"{label.rstrip(':')}: hit {running.num_hit_blocks} of {prompt.num_full_blocks} blocks, "
+            f"stored {running.num_inserted_blocks}"
         )
         if gone:
             text += f"; evicted {', '.join(gone)}"
-        if new.num_refused_blocks:
+        if running.new.num_refused_blocks:
             text += (
-                f"; pool full: {new.num_refused_blocks} blocks refused, every other block is pinned "
+                f"; pool full: {running.new.num_refused_blocks} blocks refused, every other block is pinned "
                 "(a vLLM-style scheduler could not start it)"
             )
         return self._log(Event("send", text))
@@ -106,8 +107,8 @@ class PlayState:
     def finish(self) -> Event:
         """Release every running request (tail first): their blocks become evictable."""
         count = len(self._running)
-        for handles in self._running:
-            self.cache.release(handles)
+        for running in self._running:
+            release_step(self.cache, running)
         self._running.clear()
         return self._log(Event("finish", f"finished {count} request(s)"))
 

@@ -7,9 +7,9 @@ prefill queue timed by :class:`kvbench.route.service.ServiceModel`. Per request,
 1. every replica's load is its requests not finished at the arrival (queued + in service);
 2. the router picks a replica from the request and the loads;
 3. the request's prefill starts at ``max(arrival, end of the replica's previous prefill)``; the replica's
-cache clock reads the start,
-   and the request does ``lookup`` / ``insert`` / ``release`` exactly as :func:`kvbench.sim.replay.simulate`
-   does (one request at a time per replica, so the order of a replica's requests is its cache order);
+   cache clock reads the start, and the request takes one :func:`kvbench.sim.step.step` (``lookup`` /
+   ``insert`` / ``release``), as in :func:`kvbench.sim.replay.simulate` (one request at a time per
+   replica, so the order of a replica's requests is its cache order);
 4. the hit sets the prefill time, hence TTFT, when the replica's next prefill may start, and (with
    decode) when the request finishes and stops counting in the replica's load.
 
@@ -32,6 +32,7 @@ from kvbench.request import Request
 from kvbench.route.policies import RequestView, Router
 from kvbench.route.service import ServiceModel
 from kvbench.sim.replay import prompt_blocks_of
+from kvbench.sim.step import step
 
 
 @dataclass(frozen=True, eq=False)
@@ -138,12 +139,9 @@ class _Replica:
         return len(self.ends_s)
 
     def serve(self, prompt: PromptBlocks, start_s: float) -> int:
-        """lookup / insert / release at ``start_s``; returns the hit in blocks."""
+        """One step (lookup / insert / release) at ``start_s``; returns the hit in blocks."""
         self.now_s = start_s
-        match = self.cache.lookup(prompt, prompt.max_hit_blocks)
-        new = self.cache.insert(prompt, match.num_hit_blocks)
-        self.cache.release(match.handles + new.handles)
-        return match.num_hit_blocks
+        return step(self.cache, prompt).num_hit_blocks
 
 
 def simulate_cluster(trace: RouteTrace, router: Router, config: ClusterConfig) -> ClusterRun:

@@ -9,8 +9,9 @@ that does not extend its session's previous turn by one assistant message and mo
 messages), or whose previous turn failed, is sent as written and counted.
 
 Expected cached tokens are computed as requests go, each when it finished, in the order they
-finished, through two caches of the server's block size and pool
-(:class:`kvbench.backends.openai.server_cache.ServerCache`; a vLLM pool or an unbounded one is
+finished, by the project's predictor in its one-request-at-a-time form
+(:class:`kvbench.sim.predict.OnlinePrediction`) through two caches of the server's block size and
+pool (:class:`kvbench.backends.openai.server_cache.ServerCache`; a vLLM pool or an unbounded one is
 replayed unbounded here). Completion order is the service order of a server that serves one request
 at a time (``kvbench serve``), so there the replay is exact even when an open loop sends requests
 that overlap; send order would miss the blocks of a request that finished while the next one
@@ -39,11 +40,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-import numpy as np
-
-from kvbench.cache.base import CacheConfig, CacheKind, make_cache
-from kvbench.cache.block_hash import BlockHasher, HashConfig
+from kvbench.cache.base import CacheConfig
+from kvbench.cache.block_hash import HashConfig
 from kvbench.request import Message, Request, RequestRecord
+from kvbench.sim.predict import OnlinePrediction
 from kvbench.workloads.tokenizer import Tokenizer
 
 UNBOUNDED_BLOCKS = 1 << 40  # "never evicts": the hash cache holds blocks in a dict, nothing is preallocated
@@ -76,35 +76,6 @@ def plan_live_turns(requests: Sequence[Request]) -> dict[int, LivePlan]:
         ):
             plans[request.index] = LivePlan(previous.index, now[len(before) + 1 :])
     return plans
-
-
-class _ExpectCache:
-    """One replayed server cache: look up a finished request's prompt, then store its blocks."""
-
-    def __init__(self, config: CacheConfig | None, store_outputs: bool) -> None:
-        self.config, self.store_outputs = config, store_outputs
-        self.cache = make_cache(config) if config is not None else None
-        self.hasher = BlockHasher(config.block_size, config.hash) if config is not None else None
-        self.keep_tokens = config is not None and (config.kind is CacheKind.RADIX or config.verify_tokens)
-
-    def replay(self, request: Request, output_ids: Sequence[int] | None, store: bool) -> int:
-        """The request's cached tokens (a multiple of the block size); with ``store`` its blocks
-        (prompt + output - 1 tokens, or the prompt's alone) are inserted after the hit."""
-        if self.cache is None:
-            return 0
-        prompt = self.hasher.prompt_blocks(
-            request.token_ids, salt=request.salt or "", keep_tokens=self.keep_tokens
-        )
-        match = self.cache.lookup(prompt, prompt.max_hit_blocks)
-        new_handles = []
-        if store:
-            ids = request.token_ids.astype(np.uint32)
-            if self.store_outputs and output_ids is not None and len(output_ids) > 1:
-                ids = np.concatenate([ids, np.asarray(output_ids[:-1], dtype=np.uint32)])
-            stored = self.hasher.prompt_blocks(ids, salt=request.salt or "", keep_tokens=self.keep_tokens)
-            new_handles = self.cache.insert(stored, match.num_hit_blocks).handles
-        self.cache.release(match.handles + new_handles)
-        return match.num_hit_blocks * self.config.block_size
 
 
 @dataclass
@@ -206,8 +177,8 @@ class LiveTurns:
         self.replies: dict[int, RequestRecord] = {}
         self.expected_generated: dict[int, int] = {}  # request index -> tokens, generated blocks cached
         self.expected_prompt_only: dict[int, int] = {}  # ... prompt blocks only
-        self._generated = _ExpectCache(self.cache, store_outputs=True)
-        self._prompt_only = _ExpectCache(self.cache, store_outputs=False)
+        self._generated = OnlinePrediction(self.cache, store_outputs=True)
+        self._prompt_only = OnlinePrediction(self.cache, store_outputs=False)
 
     def prepare(self, request: Request) -> Request:
         """The request to send now: built from its session's real history where it can be."""
@@ -240,10 +211,10 @@ class LiveTurns:
         succeeded), keep its reply for the next turn; returns it with ``expected_cached_tokens``."""
         self.replies[request.index] = record
         output_ids = self._output_ids(request, record) if record.ok else None
-        with_generated = self.expected_generated[request.index] = self._generated.replay(
+        with_generated = self.expected_generated[request.index] = self._generated.finished(
             request, output_ids, record.ok
         )
-        prompt_only = self.expected_prompt_only[request.index] = self._prompt_only.replay(
+        prompt_only = self.expected_prompt_only[request.index] = self._prompt_only.finished(
             request, None, record.ok
         )
         # a cache known to store prompts only

@@ -87,13 +87,21 @@ def stored_blocks_of(
     if len(outputs) != len(requests):
         raise ValueError(f"got {len(outputs)} outputs for {len(requests)} requests")
     hasher = BlockHasher(block_size, hash_config)
-    stored = []
-    for request, output in zip(requests, outputs):
-        ids = request.token_ids
-        if output is not None and len(output) > 1:
-            ids = np.concatenate([ids.astype(np.uint32), np.asarray(output, dtype=np.uint32)[:-1]])
-        stored.append(hasher.prompt_blocks(ids, salt=request.salt or "", keep_tokens=keep_tokens))
-    return stored
+    return [stored_blocks(hasher, request, output, keep_tokens) for request, output in zip(requests, outputs)]
+
+
+def stored_blocks(
+    hasher: BlockHasher,
+    request: Request,
+    output: Sequence[int] | np.ndarray | None,
+    keep_tokens: bool = False,
+) -> PromptBlocks:
+    """The blocks one request stores (:func:`stored_blocks_of`, one request): every full block of
+    prompt + output - 1 tokens, the prompt's alone where ``output`` is ``None`` or one token."""
+    ids = request.token_ids
+    if output is not None and len(output) > 1:
+        ids = np.concatenate([ids.astype(np.uint32), np.asarray(output, dtype=np.uint32)[:-1]])
+    return hasher.prompt_blocks(ids, salt=request.salt or "", keep_tokens=keep_tokens)
 
 
 def known_outputs(requests: Sequence[Request], outputs: Outputs | None) -> list:

@@ -20,6 +20,11 @@ a correct server serves them so), one at a time, and the model is chosen by the 
   ``output_tokens``.
 
 A request's ``salt`` is its cache namespace; ``None`` is the public namespace ``""``.
+
+:class:`OnlinePrediction` is the same prediction for a :class:`CacheConfig` made one request at a
+time, when each request's output is known only once it finished (``kvbench run --turns live``): the
+same step (:func:`kvbench.sim.step.step`) and the same stored blocks
+(:func:`kvbench.sim.outputs.stored_blocks`), in the order the caller gives.
 """
 
 from __future__ import annotations
@@ -29,12 +34,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvbench.cache.base import CacheConfig, CacheKind
-from kvbench.cache.block_hash import HashConfig
+from kvbench.cache.base import CacheConfig, CacheKind, make_cache
+from kvbench.cache.block_hash import BlockHasher, HashConfig
 from kvbench.request import Request
 from kvbench.sim.bounds import unbounded_capacity_blocks
-from kvbench.sim.outputs import Outputs, known_outputs, stored_blocks_of
+from kvbench.sim.outputs import Outputs, known_outputs, stored_blocks, stored_blocks_of
 from kvbench.sim.replay import PreparedTrace, prompt_blocks_of, simulate
+from kvbench.sim.step import step
 from kvbench.sim.vllm_pool import VllmPoolConfig, simulate_vllm
 
 
@@ -118,3 +124,34 @@ def expected_cached_tokens(
     positions = np.arange(len(requests), dtype=np.float64)  # request order as time
     result = simulate(PreparedTrace(prompts, positions, cache.block_size, stored), cache)
     return [int(value) for value in result.cached_tokens_per_request]
+
+
+class OnlinePrediction:
+    """Expected cached tokens one finished request at a time, through one cache (module docstring).
+
+    Unlike :func:`expected_cached_tokens` the caller decides, per request, what is stored: the
+    output ids it learned (``None``: the prompt's blocks alone, no placeholders) and whether anything
+    is (a failed request stores nothing). The cache's TTL runs on the wall clock, as the server's
+    does beside it.
+
+    Args:
+        cache: the cache to replay; ``None`` (caching off) predicts 0 for every request.
+        store_outputs: ``False`` stores the prompt's blocks only (``kvbench serve --prompt-only``).
+    """
+
+    def __init__(self, cache: CacheConfig | None, store_outputs: bool = True) -> None:
+        self.config, self.store_outputs = cache, store_outputs
+        self.cache = make_cache(cache) if cache is not None else None
+        self.hasher = BlockHasher(cache.block_size, cache.hash) if cache is not None else None
+        self.keep_tokens = cache is not None and (cache.kind is CacheKind.RADIX or cache.verify_tokens)
+
+    def finished(self, request: Request, output_ids: Sequence[int] | None, store: bool = True) -> int:
+        """The request's cached tokens (a multiple of the block size); with ``store`` its blocks
+        (prompt + ``output_ids`` - 1 tokens, or the prompt's alone) are stored after the hit."""
+        if self.cache is None:
+            return 0
+        salt = request.salt or ""
+        prompt = self.hasher.prompt_blocks(request.token_ids, salt=salt, keep_tokens=self.keep_tokens)
+        output = output_ids if self.store_outputs else None
+        stored = stored_blocks(self.hasher, request, output, self.keep_tokens) if store else None
+        return step(self.cache, prompt, stored, store=store).num_hit_tokens

@@ -1,6 +1,7 @@
 """Replay token-id traffic through a prefix cache with no model: hit rate vs cache size and policy.
 
-Per request, in arrival order (what an engine does around its forward pass, at concurrency 1):
+Per request, in arrival order, one :func:`kvbench.sim.step.step` (what an engine does around its
+forward pass, at concurrency 1):
 
 1. ``lookup`` with the last-token cap ``(len - 1) // block_size`` (vLLM, SGLang);
 2. ``insert`` every full block after the hit (the engine computed them): the prompt's, or, when the
@@ -26,15 +27,16 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from kvbench.cache.base import CacheConfig, CacheKind, InsertResult, MatchResult, ReleaseOrder, make_cache
+from kvbench.cache.base import CacheConfig, CacheKind, ReleaseOrder, make_cache
 from kvbench.cache.block_hash import HashConfig, PromptBlocks
 from kvbench.request import Request
 from kvbench.sim.bounds import unbounded_capacity_blocks
 from kvbench.sim.outputs import Outputs, stored_blocks_of
 from kvbench.sim.shared_prefixes import hash_prompts
+from kvbench.sim.step import StepResult, step
 
 Progress = Callable[["SimResult", int, int], None]  # (result just finished, configs done, total)
-Observer = Callable[[int, MatchResult, InsertResult], None]  # (request position, its lookup, its insert)
+Observer = Callable[[int, StepResult], None]  # (request position, its step)
 
 
 @dataclass(frozen=True, eq=False)
@@ -168,9 +170,9 @@ class SimResult:
 
 
 def simulate(trace: PreparedTrace, config: CacheConfig, on_request: Observer | None = None) -> SimResult:
-    """Replay ``trace`` through a fresh cache built from ``config``. ``on_request(index, match, new)``
-    (if given) sees every request's lookup and insert results, before the release
-    (``kvbench explain`` reads hits, insert counts and the cache's stats there).
+    """Replay ``trace`` through a fresh cache built from ``config``, one :func:`~kvbench.sim.step.step`
+    per request. ``on_request(index, step)`` (if given) sees every request's step once it released
+    its blocks (``kvbench explain`` reads the hits and insert counts there).
 
     Raises:
         ValueError: ``config.block_size`` differs from the trace's.
@@ -181,17 +183,14 @@ def simulate(trace: PreparedTrace, config: CacheConfig, on_request: Observer | N
         )
     now = [0.0]
     cache = make_cache(config, clock=lambda: now[0])
-    lookup, insert, release = cache.lookup, cache.insert, cache.release
     hit_blocks = np.zeros(trace.num_requests, dtype=np.int64)
     stored = trace.stored or trace.prompts
     for index, (prompt, arrival_s) in enumerate(zip(trace.prompts, trace.arrivals_s.tolist())):
         now[0] = arrival_s
-        match = lookup(prompt, prompt.max_hit_blocks)
-        new = insert(stored[index], match.num_hit_blocks)
+        done = step(cache, prompt, stored[index])
         if on_request is not None:
-            on_request(index, match, new)
-        release(match.handles + new.handles)
-        hit_blocks[index] = match.num_hit_blocks
+            on_request(index, done)
+        hit_blocks[index] = done.match.num_hit_blocks
     stats = cache.stats
     cached = hit_blocks * trace.block_size
     return SimResult(

@@ -66,6 +66,17 @@ def test_lru_evicts_the_chains_last_block_first(build):
     assert hits(cache, chain) == 2  # the first two remain; the tail was the victim
 
 
+def test_an_insert_says_how_many_blocks_it_evicted(build):
+    cache, hasher, _ = build(capacity_blocks=3)
+    first = cache.insert(hasher.prompt_blocks(list(range(12))), 0)
+    cache.release(first.handles)
+    assert first.num_evicted_blocks == 0
+    second = cache.insert(hasher.prompt_blocks(list(range(50, 58))), 0)
+    cache.release(second.handles)
+    cache.check_invariants()
+    assert second.num_evicted_blocks == 2 == cache.stats.num_evicted_blocks
+
+
 def test_head_first_release_orphans_the_chain():
     from kvbench.cache.base import CacheConfig, make_cache
 
