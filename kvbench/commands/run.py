@@ -22,7 +22,6 @@ from kvbench.commands import run_options
 from kvbench.commands.common import build, make_console, run_with_progress
 from kvbench.commands.signature import with_options
 from kvbench.results.summary import SummaryOptions
-from kvbench.route.policies import PolicyName
 from kvbench.run.config import CacheFlags, EngineFlags, ModelFlags, RunConfig, RunFlags, ServerFlags
 from kvbench.run.load_section import load_backend
 from kvbench.words import counted
@@ -61,53 +60,39 @@ def _run_config(source: Path, f: SimpleNamespace, summary: SummaryOptions) -> Ru
         lambda: RunConfig(
             source,
             f.backend or load_backend(source),
-            ModelFlags(f.model, f.device, f.dtype, f.threads),
-            CacheFlags(
-                f.cache and f.cache.value,
-                f.cache_kind,
-                f.block_size,
-                f.cache_size,
-                f.ttl,
-                f.release,
-                f.hash_algo,
-                f.hash_bits,
-                f.verify,
-                f.prompt_only or None,
+            model=ModelFlags(path=f.model, device=f.device, dtype=f.dtype, threads=f.threads),
+            cache=CacheFlags(
+                cache=f.cache and f.cache.value,
+                cache_kind=f.cache_kind,
+                block_size=f.block_size,
+                cache_size=f.cache_size,
+                ttl=f.ttl,
+                release=f.release,
+                hash_algo=f.hash_algo,
+                hash_bits=f.hash_bits,
+                verify=f.verify,
+                prompt_only=f.prompt_only or None,
             ),
-            RunFlags(
-                f.requests,
-                f.concurrency,
-                f.warmup,
-                f.max_tokens,
-                f.ignore_eos,
-                f.temperature,
-                f.top_p,
-                f.seed,
+            run=RunFlags(
+                num_requests=f.requests,
+                concurrency=f.concurrency,
+                warmup=f.warmup,
+                max_tokens=f.max_tokens,
+                ignore_eos=f.ignore_eos,
+                temperature=f.temperature,
+                top_p=f.top_p,
+                seed=f.seed,
             ),
-            _server_flags(
-                f.base_url,
-                f.route,
-                f.api_key_env,
-                f.tokenizer,
-                f.request_rate,
-                f.burstiness,
-                f.duration,
-                f.hygiene,
-                f.reset_cache,
-                f.timeout,
-                f.server_block_size,
-                f.expected_cache_size,
-                f.schedule,
-                f.time_scale,
-                f.preflight,
-                f.turns,
-                client=f.client,
-            ),
-            f.salt,
-            f.out,
-            summary,
+            server=_server_flags(f),
+            salt=f.salt,
+            out=f.out,
+            summary=summary,
             engine=EngineFlags(
-                f.engine, f.max_num_seqs, f.max_num_batched_tokens, f.batch_invariant, f.host_tier
+                engine=f.engine,
+                max_num_seqs=f.max_num_seqs,
+                max_num_batched_tokens=f.max_num_batched_tokens,
+                batch_invariant=f.batch_invariant,
+                host_tier=f.host_tier,
             ),
         )
     )
@@ -128,15 +113,29 @@ def show_outcome(outcome) -> None:
     console.print(f"wrote {counted(len(outcome.rows), 'row')} to {outcome.path}")
 
 
-def _server_flags(base_url: list[str] | None, route: PolicyName | None, *rest, client=None) -> ServerFlags:
-    """``--base-url`` once: that endpoint; several: the first, plus all of them to route over."""
-    several = tuple(base_url) if base_url and len(base_url) > 1 else ()
+def _server_flags(f: SimpleNamespace) -> ServerFlags:
+    """The server flags; ``--base-url`` once: that endpoint; several: the first, plus all of them to
+    route over."""
+    several = tuple(f.base_url) if f.base_url and len(f.base_url) > 1 else ()
     return ServerFlags(
-        base_url[0] if base_url else None,
-        *rest,
+        base_url=f.base_url[0] if f.base_url else None,
+        api_key_env=f.api_key_env,
+        tokenizer=f.tokenizer,
+        request_rate=f.request_rate,
+        burstiness=f.burstiness,
+        duration=f.duration,
+        hygiene=f.hygiene,
+        reset_cache=f.reset_cache,
+        timeout=f.timeout,
+        server_block_size=f.server_block_size,
+        expected_cache_size=f.expected_cache_size,
+        schedule=f.schedule,
+        time_scale=f.time_scale,
+        preflight=f.preflight,
+        turns=f.turns,
         base_urls=several,
-        route=route.value if route else None,
-        client=client,
+        route=f.route.value if f.route else None,
+        client=f.client,
     )
 
 
