@@ -9,15 +9,16 @@ same requests, prints a table ending in a one-line verdict, and writes Parquet l
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
 from kvbench.breaks import EXPERIMENTS
 from kvbench.commands import options as opt
-from kvbench.commands.break_experiment import experiment_config, run_experiment
+from kvbench.commands.break_experiment import BreakFlags, experiment_config, run_experiment
 from kvbench.commands.common import make_console
+from kvbench.commands.signature import OptionGroup, with_options
 from kvbench.errors import InputError
 from kvbench.run.config import EngineKind
 from kvbench.run.scenario import parse_int_list
@@ -48,6 +49,16 @@ Engine = Annotated[
         "block tables)."
     ),
 ]
+SystemTokens = Annotated[int | None, typer.Option(help="Shared system prompt, tokens.")]
+QuestionTokens = Annotated[int | None, typer.Option(help="Unique question per request, tokens.")]
+# The options every experiment ends with (see with_options), read as one BreakFlags.
+MACHINE: OptionGroup = {
+    "model": (ModelPath, None),
+    "device": (Device, "cpu"),
+    "out": (Out, None),
+    "engine": (Engine, EngineKind.COPY),
+    "threads": (opt.Threads, None),
+}
 
 
 def _on_engine(experiment: str, engine: EngineKind) -> None:
@@ -77,23 +88,21 @@ def list_experiments(
     raise typer.Exit()
 
 
+@with_options(MACHINE)
 def timestamp_command(
     requests: Annotated[
         int | None,
         typer.Option("--requests", "--num-requests", min=1, help="Requests per variant (the first is cold)."),
     ] = None,
-    system_tokens: Annotated[int | None, typer.Option(help="Shared system prompt, tokens.")] = None,
-    question_tokens: Annotated[int | None, typer.Option(help="Unique question per request, tokens.")] = None,
+    system_tokens: SystemTokens = None,
+    question_tokens: QuestionTokens = None,
     max_tokens: MaxTokens = None,
     block_size: BlockSize = 16,
     seed: Seed = 0,
-    model: ModelPath = None,
-    device: Device = "cpu",
-    out: Out = None,
-    engine: Engine = EngineKind.COPY,
-    threads: opt.Threads = None,
+    **machine: Any,
 ) -> None:
     """'Current time: <now>' first in the system prompt vs last vs absent: hit rate and TTFT."""
+    flags = BreakFlags(**machine)
     from kvbench.breaks import timestamp
 
     config = experiment_config(
@@ -104,19 +113,17 @@ def timestamp_command(
         max_tokens=max_tokens,
         block_size=block_size,
         seed=seed,
-        engine=engine,
+        engine=flags.engine,
     )
     run_experiment(
         timestamp.EXPERIMENT,
         lambda loaded, tokenizer, progress: timestamp.run_timestamp(loaded, config, tokenizer, progress),
         lambda result: [timestamp.timestamp_table(result)],
-        model,
-        device,
-        out,
-        threads,
+        flags,
     )
 
 
+@with_options(MACHINE)
 def head_first_command(
     scenarios: Annotated[
         str | None,
@@ -136,13 +143,10 @@ def head_first_command(
         int | None, typer.Option(help="Engine cache size in blocks (default: largest gap).")
     ] = None,
     max_tokens: MaxTokens = None,
-    model: ModelPath = None,
-    device: Device = "cpu",
-    out: Out = None,
-    engine: Engine = EngineKind.COPY,
-    threads: opt.Threads = None,
+    **machine: Any,
 ) -> None:
     """Blocks released head before tail: simulated hit rate per size, then TTFT on the engine."""
+    flags = BreakFlags(**machine)
     from kvbench.breaks import head_first
 
     paths = head_first.scenario_paths([p for p in scenarios.split(",") if p.strip()] if scenarios else None)
@@ -157,38 +161,33 @@ def head_first_command(
         num_engine_requests=engine_requests,
         engine_capacity_blocks=engine_size,
         max_tokens=max_tokens,
-        engine=engine,
+        engine=flags.engine,
     )
     run_experiment(
         head_first.EXPERIMENT,
         lambda loaded, _, progress: head_first.run_head_first(loaded, config, progress),
         lambda result: [head_first.sweep_table(result), head_first.engine_table(result)],
-        model,
-        device,
-        out,
-        threads,
+        flags,
     )
 
 
+@with_options(MACHINE)
 def views_command(
     requests: Annotated[
         int | None, typer.Option("--requests", "--num-requests", min=1, help="Requests per variant.")
     ] = None,
-    system_tokens: Annotated[int | None, typer.Option(help="Shared system prompt, tokens.")] = None,
-    question_tokens: Annotated[int | None, typer.Option(help="Unique question per request, tokens.")] = None,
+    system_tokens: SystemTokens = None,
+    question_tokens: QuestionTokens = None,
     max_tokens: MaxTokens = None,
     cache_size: Annotated[str, typer.Option(help="Cache size in bytes (16MiB, 1GiB, ...).")] = "16MiB",
     block_size: BlockSize = 16,
     seed: Seed = 0,
     plot: Annotated[Path | None, typer.Option(help="Also write a PNG of KV bytes per request here.")] = None,
-    model: ModelPath = None,
-    device: Device = "cpu",
-    out: Out = None,
-    engine: Engine = EngineKind.COPY,
-    threads: opt.Threads = None,
+    **machine: Any,
 ) -> None:
     """Cached views instead of copies: believed vs really held KV bytes and RSS, per request."""
-    _on_engine("views", engine)
+    flags = BreakFlags(**machine)
+    _on_engine("views", flags.engine)
     from kvbench.breaks import views
     from kvbench.memory.layout import parse_bytes
 
@@ -206,15 +205,13 @@ def views_command(
         views.EXPERIMENT,
         lambda loaded, tokenizer, progress: views.run_views(loaded, config, tokenizer, progress),
         lambda result: [views.views_table(result)],
-        model,
-        device,
-        out,
-        threads,
+        flags,
     )
     if plot is not None:
         make_console().print(f"wrote {views.plot_views(result, plot)}")
 
 
+@with_options(MACHINE)
 def tiny_hash_command(
     bits: Annotated[int | None, typer.Option(help="Bits kept of every block key (8..256).")] = None,
     requests: Annotated[
@@ -226,14 +223,11 @@ def tiny_hash_command(
     max_tokens: MaxTokens = None,
     block_size: BlockSize = 16,
     seed: Seed = 0,
-    model: ModelPath = None,
-    device: Device = "cpu",
-    out: Out = None,
-    engine: Engine = EngineKind.COPY,
-    threads: opt.Threads = None,
+    **machine: Any,
 ) -> None:
     """Block keys truncated to N bits: false hits and wrong outputs, vs full SHA-256."""
-    _on_engine("tiny-hash", engine)
+    flags = BreakFlags(**machine)
+    _on_engine("tiny-hash", flags.engine)
     from kvbench.breaks import tiny_hash
 
     config = experiment_config(
@@ -251,13 +245,11 @@ def tiny_hash_command(
         tiny_hash.EXPERIMENT,
         lambda loaded, tokenizer, progress: tiny_hash.run_tiny_hash(loaded, config, tokenizer, progress),
         lambda result: [tiny_hash.tiny_hash_table(result)],
-        model,
-        device,
-        out,
-        threads,
+        flags,
     )
 
 
+@with_options(MACHINE)
 def shared_salt_command(
     trials: Annotated[
         int | None, typer.Option(help="Private prompts, each guessed right and wrong once.")
@@ -267,13 +259,10 @@ def shared_salt_command(
     alpha: Annotated[float | None, typer.Option(help="Significance level for calling it a leak.")] = None,
     block_size: BlockSize = 16,
     seed: Seed = 0,
-    model: ModelPath = None,
-    device: Device = "cpu",
-    out: Out = None,
-    engine: Engine = EngineKind.COPY,
-    threads: opt.Threads = None,
+    **machine: Any,
 ) -> None:
     """Tenants without salts: B's TTFT reveals whether its guess of A's prompt was cached."""
+    flags = BreakFlags(**machine)
     from kvbench.breaks import shared_salt
 
     config = experiment_config(
@@ -284,16 +273,13 @@ def shared_salt_command(
         alpha=alpha,
         block_size=block_size,
         seed=seed,
-        engine=engine,
+        engine=flags.engine,
     )
     run_experiment(
         shared_salt.EXPERIMENT,
         lambda loaded, tokenizer, progress: shared_salt.run_shared_salt(loaded, config, tokenizer, progress),
         lambda result: [shared_salt.shared_salt_table(result)],
-        model,
-        device,
-        out,
-        threads,
+        flags,
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from kvbench.commands.break_tables import verdict_table
 from kvbench.commands.common import Heartbeat, make_console, status_printer
 from kvbench.errors import Interrupted, checked
+from kvbench.run.config import EngineKind
 
 if TYPE_CHECKING:
     from kvbench.breaks.common import VerdictTable  # imports the engine: only for the annotations
@@ -74,17 +76,27 @@ def _progress(heartbeat: Heartbeat) -> Iterator[Callable[[str, int, int], None]]
         yield progress
 
 
+@dataclass(frozen=True)
+class BreakFlags:
+    """The flags every experiment takes (``--model``, ``--device``, ``--out``, ``--engine``,
+    ``--threads``): where its variants run and where the rows go."""
+
+    model: Path | None
+    device: str
+    out: Path | None
+    engine: EngineKind
+    threads: int | None
+
+
 def run_experiment(
     experiment: str,
     run: Callable[[Any, Any, Any], Any],
     tables: Callable[[Any], list[VerdictTable]],
-    model: Path | None,
-    device: str,
-    out: Path | None,
-    threads: int | None = None,
+    flags: BreakFlags,
 ) -> Any:
-    """Check ``out``, load the model at the threads :func:`~kvbench.engine.threads.chosen_threads`
-    picks (``threads``: ``--threads``), ``run(loaded, tokenizer, progress)`` under a progress bar and a
+    """Check ``flags.out``, load ``flags.model`` on ``flags.device`` at the threads
+    :func:`~kvbench.engine.threads.chosen_threads` picks (``flags.threads``: ``--threads``),
+    ``run(loaded, tokenizer, progress)`` under a progress bar and a
     :class:`Heartbeat`, print ``tables(result)`` and write the Parquet file(s) (the choice as their
     ``threads`` metadata); returns the result. While it runs, the rows so far are checkpointed to
     ``out`` (``complete: false``; a SIGKILL leaves them). On Ctrl-C or SIGTERM, the variants that
@@ -96,13 +108,13 @@ def run_experiment(
     from kvbench.engine.threads import chosen_threads
     from kvbench.results.parquet import check_output_path
 
-    out = check_output_path(out or default_out_path(experiment))  # before minutes of work, not after
-    resolve_device(device)  # no such GPU: one line, before the threads line
+    out = check_output_path(flags.out or default_out_path(experiment))  # before minutes of work, not after
+    resolve_device(flags.device)  # no such GPU: one line, before the threads line
     err = make_console(stderr=True)
     with sigterm_as_interrupt(), collect_finished(out, experiment) as collected, Heartbeat(err) as heartbeat:
         try:
-            with chosen_threads(threads, status_printer(err)) as choice:
-                loaded, tokenizer = _load(model, device, status_printer(err))
+            with chosen_threads(flags.threads, status_printer(err)) as choice:
+                loaded, tokenizer = _load(flags.model, flags.device, status_printer(err))
                 with _progress(heartbeat) as progress:
                     result = run(loaded, tokenizer, progress)
         except KeyboardInterrupt:

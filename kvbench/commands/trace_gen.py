@@ -4,6 +4,7 @@ command per kind."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
@@ -11,6 +12,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from kvbench.commands.signature import OptionGroup, with_options
 from kvbench.commands.trace_common import Out, Seed, TokenizerName, make_config, write_replacing
 from kvbench.errors import InputError, checked
 from kvbench.words import counted
@@ -48,19 +50,54 @@ VolatileAt = Annotated[
     HeaderAt, typer.Option(help="Where the volatile header goes: first line (start) or last (end).")
 ]
 Tenants = Annotated[int, typer.Option(help="Tenant salts: session i gets tenant-(i % N); 0 = none.")]
+NumRequests = Annotated[int, typer.Option("--requests", "--num-requests", min=1, help="Requests.")]
+OutputBudget = Annotated[int, typer.Option(help="Output budget per request.")]
+PoissonRate = Annotated[float, typer.Option(help="Poisson arrival rate.")]
 
 
-def _mix(
-    seed: int, one_off_ratio: float, one_off_tokens: int, volatile: bool, volatile_at: HeaderAt, tenants: int
-) -> dict[str, Any]:
-    placement = HeaderPlacement(volatile_at.value) if volatile else HeaderPlacement.NONE
-    return {
-        "seed": seed,
-        "one_off_ratio": one_off_ratio,
-        "one_off_tokens": one_off_tokens,
-        "volatile_header": placement,
-        "num_tenants": tenants,
-    }
+# The options every kind but one-off and mooncake ends with, in this --help order (see with_options).
+MIX: OptionGroup = {
+    "seed": (Seed, 0),
+    "one_off_ratio": (OneOffRatio, 0.0),
+    "one_off_tokens": (OneOffTokens, 1000),
+    "volatile_header": (Volatile, False),
+    "volatile_header_at": (VolatileAt, HeaderAt.START),
+    "tenants": (Tenants, 0),
+    "tokenizer": (TokenizerName, None),
+}
+
+
+@dataclass(frozen=True)
+class Mix:
+    """The :data:`MIX` flags of one command: what any kind can mix into its trace (one-off requests, a
+    volatile header, tenant salts), its seed, and the tokenizer that counts the tokens."""
+
+    seed: int
+    one_off_ratio: float
+    one_off_tokens: int
+    volatile_header: bool
+    volatile_header_at: HeaderAt
+    tenants: int
+    tokenizer: str | None
+
+    def config_fields(self) -> dict[str, Any]:
+        """The fields of a kind's config these flags set (the tokenizer is not one)."""
+        at = HeaderPlacement(self.volatile_header_at.value) if self.volatile_header else HeaderPlacement.NONE
+        return {
+            "seed": self.seed,
+            "one_off_ratio": self.one_off_ratio,
+            "one_off_tokens": self.one_off_tokens,
+            "volatile_header": at,
+            "num_tenants": self.tenants,
+        }
+
+
+def _generate_mixed(kind: str, out: Path, cls: type, flags: dict[str, Any]) -> None:
+    """Build ``cls`` from a command's ``flags``: the kind's own options (its config's fields) and the
+    :data:`MIX` ones, then generate the trace."""
+    mix = Mix(**{name: flags[name] for name in MIX})
+    own = {name: value for name, value in flags.items() if name not in MIX}
+    _generate(kind, make_config(cls, **own, **mix.config_fields()), out, mix.tokenizer)
 
 
 def _generate(
@@ -81,203 +118,101 @@ def _generate(
     )
 
 
+def _option(kind: type, help_text: str) -> Any:
+    """``Annotated[kind, typer.Option(help=help_text)]``: one of a kind's own options."""
+    return Annotated[kind, typer.Option(help=help_text)]
+
+
+def _kind_options(cls: type, **annotations: Any) -> OptionGroup:
+    """A kind's own options (see :func:`with_options`), each defaulting to ``cls``'s field of its name
+    (a token distribution as its spec, e.g. ``uniform:2,10``)."""
+    defaults = {name: getattr(cls, name) for name in annotations}
+    return {
+        name: (annotation, getattr(defaults[name], "spec", defaults[name]))
+        for name, annotation in annotations.items()
+    }
+
+
+_SHARED_PREFIX = _kind_options(
+    SharedPrefixConfig,
+    num_requests=NumRequests,
+    system_tokens=_option(int, "Tokens of the shared system prompt (S)."),
+    question_tokens=_option(int, "Tokens of each unique question (Q)."),
+    max_tokens=OutputBudget,
+    request_rate_per_s=PoissonRate,
+)
+_MULTI_PREFIX = _kind_options(
+    MultiPrefixTextConfig,
+    num_prefixes=_option(int, "System prompts (P)."),
+    prefix_tokens=_option(int, "Tokens of each system prompt (L)."),
+    unique_tokens=_option(int, "Unique tokens per request (U)."),
+    num_requests=NumRequests,
+    popularity=_option(Popularity, "zipf: P(k) ~ 1/k**s; rr: round robin."),
+    zipf_exponent=_option(float, "Zipf exponent s."),
+    max_tokens=OutputBudget,
+    request_rate_per_s=PoissonRate,
+)
+_CHAT = _kind_options(
+    ChatConfig,
+    num_conversations=_option(int, "Conversations (C)."),
+    turns=_option(str, "Turns per conversation (6, uniform:A,B, geometric:M, lognormal:MED,SIGMA)."),
+    system_tokens=_option(int, "Tokens of the shared system prompt."),
+    user_tokens=_option(str, "Tokens per user message (distribution)."),
+    reply_tokens=_option(str, "Tokens per assistant reply (distribution)."),
+    conversation_rate_per_s=_option(float, "New conversations per second (Poisson)."),
+    think_time_s=_option(float, "Mean gap between turns (exponential)."),
+)
+_AGENT = _kind_options(
+    AgentConfig,
+    num_agents=_option(int, "Agent runs (A), interleaved."),
+    steps=_option(str, "Steps per agent run (distribution)."),
+    system_tokens=_option(int, "Tokens of each system prompt (rules + tool schemas)."),
+    num_system_prompts=_option(int, "Distinct system prompts; run a uses a % N."),
+    task_tokens=_option(int, "Tokens of each run's task."),
+    observation_tokens=_option(str, "Tokens per tool observation (distribution)."),
+    final_tokens=_option(int, "Output budget of a run's last step."),
+    agent_rate_per_s=_option(float, "New agent runs per second (Poisson)."),
+    step_time_s=_option(float, "Mean gap between steps (exponential)."),
+)
+
+
 @gen_app.command("shared-prefix")
-def gen_shared_prefix(
-    out: Out,
-    num_requests: Annotated[
-        int, typer.Option("--requests", "--num-requests", min=1, help="Requests.")
-    ] = SharedPrefixConfig.num_requests,
-    system_tokens: Annotated[
-        int, typer.Option(help="Tokens of the shared system prompt (S).")
-    ] = SharedPrefixConfig.system_tokens,
-    question_tokens: Annotated[
-        int, typer.Option(help="Tokens of each unique question (Q).")
-    ] = SharedPrefixConfig.question_tokens,
-    max_tokens: Annotated[
-        int, typer.Option(help="Output budget per request.")
-    ] = SharedPrefixConfig.max_tokens,
-    request_rate_per_s: Annotated[
-        float, typer.Option(help="Poisson arrival rate.")
-    ] = SharedPrefixConfig.request_rate_per_s,
-    seed: Seed = 0,
-    one_off_ratio: OneOffRatio = 0.0,
-    one_off_tokens: OneOffTokens = 1000,
-    volatile_header: Volatile = False,
-    volatile_header_at: VolatileAt = HeaderAt.START,
-    tenants: Tenants = 0,
-    tokenizer: TokenizerName = None,
-) -> None:
+@with_options(_SHARED_PREFIX, MIX)
+def gen_shared_prefix(out: Out, **flags: Any) -> None:
     """One S-token system prompt shared by every request + a unique Q-token question (shared_2k)."""
-    config = make_config(
-        SharedPrefixConfig,
-        num_requests=num_requests,
-        system_tokens=system_tokens,
-        question_tokens=question_tokens,
-        max_tokens=max_tokens,
-        request_rate_per_s=request_rate_per_s,
-        **_mix(seed, one_off_ratio, one_off_tokens, volatile_header, volatile_header_at, tenants),
-    )
-    _generate("shared-prefix", config, out, tokenizer)
+    _generate_mixed("shared-prefix", out, SharedPrefixConfig, flags)
 
 
 @gen_app.command("multi-prefix")
-def gen_multi_prefix(
-    out: Out,
-    num_prefixes: Annotated[
-        int, typer.Option(help="System prompts (P).")
-    ] = MultiPrefixTextConfig.num_prefixes,
-    prefix_tokens: Annotated[
-        int, typer.Option(help="Tokens of each system prompt (L).")
-    ] = MultiPrefixTextConfig.prefix_tokens,
-    unique_tokens: Annotated[
-        int, typer.Option(help="Unique tokens per request (U).")
-    ] = MultiPrefixTextConfig.unique_tokens,
-    num_requests: Annotated[
-        int, typer.Option("--requests", "--num-requests", min=1, help="Requests.")
-    ] = MultiPrefixTextConfig.num_requests,
-    popularity: Annotated[
-        Popularity, typer.Option(help="zipf: P(k) ~ 1/k**s; rr: round robin.")
-    ] = Popularity.ZIPF,
-    zipf_exponent: Annotated[
-        float, typer.Option(help="Zipf exponent s.")
-    ] = MultiPrefixTextConfig.zipf_exponent,
-    max_tokens: Annotated[
-        int, typer.Option(help="Output budget per request.")
-    ] = MultiPrefixTextConfig.max_tokens,
-    request_rate_per_s: Annotated[
-        float, typer.Option(help="Poisson arrival rate.")
-    ] = MultiPrefixTextConfig.request_rate_per_s,
-    seed: Seed = 0,
-    one_off_ratio: OneOffRatio = 0.0,
-    one_off_tokens: OneOffTokens = 1000,
-    volatile_header: Volatile = False,
-    volatile_header_at: VolatileAt = HeaderAt.START,
-    tenants: Tenants = 0,
-    tokenizer: TokenizerName = None,
-) -> None:
+@with_options(_MULTI_PREFIX, MIX)
+def gen_multi_prefix(out: Out, **flags: Any) -> None:
     """P system prompts of L tokens with Zipf or round-robin popularity, U unique tokens each."""
-    config = make_config(
-        MultiPrefixTextConfig,
-        num_prefixes=num_prefixes,
-        prefix_tokens=prefix_tokens,
-        unique_tokens=unique_tokens,
-        num_requests=num_requests,
-        popularity=popularity,
-        zipf_exponent=zipf_exponent,
-        max_tokens=max_tokens,
-        request_rate_per_s=request_rate_per_s,
-        **_mix(seed, one_off_ratio, one_off_tokens, volatile_header, volatile_header_at, tenants),
-    )
-    _generate("multi-prefix-text", config, out, tokenizer)
+    _generate_mixed("multi-prefix-text", out, MultiPrefixTextConfig, flags)
 
 
 @gen_app.command("chat")
-def gen_chat(
-    out: Out,
-    num_conversations: Annotated[int, typer.Option(help="Conversations (C).")] = ChatConfig.num_conversations,
-    turns: Annotated[
-        str, typer.Option(help="Turns per conversation (6, uniform:A,B, geometric:M, lognormal:MED,SIGMA).")
-    ] = ChatConfig.turns.spec,
-    system_tokens: Annotated[
-        int, typer.Option(help="Tokens of the shared system prompt.")
-    ] = ChatConfig.system_tokens,
-    user_tokens: Annotated[
-        str, typer.Option(help="Tokens per user message (distribution).")
-    ] = ChatConfig.user_tokens.spec,
-    reply_tokens: Annotated[
-        str, typer.Option(help="Tokens per assistant reply (distribution).")
-    ] = ChatConfig.reply_tokens.spec,
-    conversation_rate_per_s: Annotated[
-        float, typer.Option(help="New conversations per second (Poisson).")
-    ] = ChatConfig.conversation_rate_per_s,
-    think_time_s: Annotated[
-        float, typer.Option(help="Mean gap between turns (exponential).")
-    ] = ChatConfig.think_time_s,
-    seed: Seed = 0,
-    one_off_ratio: OneOffRatio = 0.0,
-    one_off_tokens: OneOffTokens = 1000,
-    volatile_header: Volatile = False,
-    volatile_header_at: VolatileAt = HeaderAt.START,
-    tenants: Tenants = 0,
-    tokenizer: TokenizerName = None,
-) -> None:
+@with_options(_CHAT, MIX)
+def gen_chat(out: Out, **flags: Any) -> None:
     """Multi-turn conversations: each turn resends the history (the trace's own replies) + a new message."""
-    config = make_config(
-        ChatConfig,
-        num_conversations=num_conversations,
-        turns=turns,
-        system_tokens=system_tokens,
-        user_tokens=user_tokens,
-        reply_tokens=reply_tokens,
-        conversation_rate_per_s=conversation_rate_per_s,
-        think_time_s=think_time_s,
-        **_mix(seed, one_off_ratio, one_off_tokens, volatile_header, volatile_header_at, tenants),
-    )
-    _generate("chat", config, out, tokenizer)
+    _generate_mixed("chat", out, ChatConfig, flags)
 
 
 @gen_app.command("agent")
-def gen_agent(
-    out: Out,
-    num_agents: Annotated[int, typer.Option(help="Agent runs (A), interleaved.")] = AgentConfig.num_agents,
-    steps: Annotated[str, typer.Option(help="Steps per agent run (distribution).")] = AgentConfig.steps.spec,
-    system_tokens: Annotated[
-        int, typer.Option(help="Tokens of each system prompt (rules + tool schemas).")
-    ] = AgentConfig.system_tokens,
-    num_system_prompts: Annotated[
-        int, typer.Option(help="Distinct system prompts; run a uses a % N.")
-    ] = AgentConfig.num_system_prompts,
-    task_tokens: Annotated[int, typer.Option(help="Tokens of each run's task.")] = AgentConfig.task_tokens,
-    observation_tokens: Annotated[
-        str, typer.Option(help="Tokens per tool observation (distribution).")
-    ] = AgentConfig.observation_tokens.spec,
-    final_tokens: Annotated[
-        int, typer.Option(help="Output budget of a run's last step.")
-    ] = AgentConfig.final_tokens,
-    agent_rate_per_s: Annotated[
-        float, typer.Option(help="New agent runs per second (Poisson).")
-    ] = AgentConfig.agent_rate_per_s,
-    step_time_s: Annotated[
-        float, typer.Option(help="Mean gap between steps (exponential).")
-    ] = AgentConfig.step_time_s,
-    seed: Seed = 0,
-    one_off_ratio: OneOffRatio = 0.0,
-    one_off_tokens: OneOffTokens = 1000,
-    volatile_header: Volatile = False,
-    volatile_header_at: VolatileAt = HeaderAt.START,
-    tenants: Tenants = 0,
-    tokenizer: TokenizerName = None,
-) -> None:
+@with_options(_AGENT, MIX)
+def gen_agent(out: Out, **flags: Any) -> None:
     """Agent loops: system prompt + task + every earlier (tool call, observation) pair, step by step."""
-    config = make_config(
-        AgentConfig,
-        num_agents=num_agents,
-        steps=steps,
-        system_tokens=system_tokens,
-        num_system_prompts=num_system_prompts,
-        task_tokens=task_tokens,
-        observation_tokens=observation_tokens,
-        final_tokens=final_tokens,
-        agent_rate_per_s=agent_rate_per_s,
-        step_time_s=step_time_s,
-        **_mix(seed, one_off_ratio, one_off_tokens, volatile_header, volatile_header_at, tenants),
-    )
-    _generate("agent", config, out, tokenizer)
+    _generate_mixed("agent", out, AgentConfig, flags)
 
 
 @gen_app.command("one-off")
 def gen_one_off(
     out: Out,
-    num_requests: Annotated[
-        int, typer.Option("--requests", "--num-requests", min=1, help="Requests.")
-    ] = OneOffConfig.num_requests,
+    num_requests: NumRequests = OneOffConfig.num_requests,
     prompt_tokens: Annotated[
         str, typer.Option(help="Prompt tokens (distribution).")
     ] = OneOffConfig.prompt_tokens.spec,
-    max_tokens: Annotated[int, typer.Option(help="Output budget per request.")] = OneOffConfig.max_tokens,
-    request_rate_per_s: Annotated[
-        float, typer.Option(help="Poisson arrival rate.")
-    ] = OneOffConfig.request_rate_per_s,
+    max_tokens: OutputBudget = OneOffConfig.max_tokens,
+    request_rate_per_s: PoissonRate = OneOffConfig.request_rate_per_s,
     seed: Seed = 0,
     tokenizer: TokenizerName = None,
 ) -> None:
