@@ -140,6 +140,36 @@ def test_only_the_replay_step_looks_up_a_cache():
     assert found_outside(cache_lookups, LOOKUP_ALLOWED) == []
 
 
+def calls_to(name: str):
+    """A check: the lines where ``path`` calls ``name(...)`` (a bare name or an attribute)."""
+
+    def check(path: Path) -> list[int]:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        return sorted(
+            node.lineno
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call)
+            and (getattr(node.func, "id", None) == name or getattr(node.func, "attr", None) == name)
+        )
+
+    return check
+
+
+def test_one_function_carries_out_every_run():
+    """A run is a plan (:class:`kvbench.run.plan.RunPlan`) carried out by
+    :func:`kvbench.run.execute.execute`: no backend assembles its own writer and send loop. (The
+    peer harness and the virtual clock drive the send loop without a results file.)"""
+    assert found_outside(calls_to("RunWriter"), ("kvbench.run.execute", "kvbench.results.writer")) == []
+    senders = ("kvbench.run.execute", "kvbench.run.loop", "kvbench.run.clock", "kvbench.peer.driver")
+    assert found_outside(calls_to("send_requests"), senders) == []
+
+
+def test_the_call_check_sees_names_and_attributes(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text("RunWriter(1)\nw.RunWriter(2)\nx = RunWriter\nRunWriters(3)\n")
+    assert calls_to("RunWriter")(source) == [1, 2]
+
+
 def test_the_lookup_check_sees_calls_and_bound_methods(tmp_path):
     source = tmp_path / "m.py"
     source.write_text(

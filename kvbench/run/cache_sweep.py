@@ -30,7 +30,6 @@ from kvbench.errors import checked
 from kvbench.request import Status
 from kvbench.results.parquet import check_output_path
 from kvbench.results.summary import summarize
-from kvbench.results.writer import RunWriter
 from kvbench.run.config import CacheFlags, SweepConfig
 from kvbench.run.engines import build_backend, predicted_cached_tokens
 from kvbench.run.execute import (
@@ -43,6 +42,7 @@ from kvbench.run.execute import (
     status_sink,
 )
 from kvbench.run.loop import LoadConfig
+from kvbench.run.plan import RunPlan
 from kvbench.run.setup import cache_config, cache_metadata, run_section
 from kvbench.run.source import load_source, requests_hash
 
@@ -233,21 +233,21 @@ class _SizeRunner:
                 "repeat": repeat + 1,
             },
         }
-        writer = RunWriter(self.folder / f"run-{size}{suffix}.parquet", metadata, run_id, backend.describe())
-        done = execute(
-            sized,
-            backend,
-            LoadConfig(),
-            writer,
-            self.on_progress,  # Ctrl-C: RunInterrupted, rows written
-            on_end=lambda records: writer.metadata["run"].update(  # as kvbench run's, a cut size's too
-                kv_memory=engine.memory(records)
+        done = execute(  # Ctrl-C: RunInterrupted, rows written
+            RunPlan(
+                sized,
+                backend,
+                LoadConfig(),
+                self.folder / f"run-{size}{suffix}.parquet",
+                metadata,
+                # as kvbench run's, a cut size's too
+                on_end=lambda records: metadata["run"].update(kv_memory=engine.memory(records)),
             ),
+            self.on_progress,
         )
-        writer.close(complete=True)
         if size not in self.first_errors and (reason := _first_error(done.records)):
             self.first_errors[size] = reason
-        return summarize(writer.rows), writer.path
+        return summarize(done.rows), done.path
 
 
 def _first_error(records) -> str | None:

@@ -1,8 +1,9 @@
-"""What every run of :mod:`kvbench.run.api` shares: the outcome, the interrupt, the results
-metadata, and :func:`execute` (requests -> the one send loop -> the results writer).
+"""What every run shares: the outcome, the interrupt, the results metadata, and :func:`execute`,
+which carries out any :class:`~kvbench.run.plan.RunPlan` (requests -> the one send loop -> the
+results writer).
 
 Progress goes through ``on_progress(rows_so_far, total)``. On Ctrl-C or SIGTERM what was measured
-is written, marked incomplete, with the metadata known only at the end (``execute``'s ``on_end``), and
+is written, marked incomplete, with the metadata known only at the end (the plan's ``on_end``), and
 :class:`RunInterrupted` is raised with the outcome.
 """
 
@@ -19,14 +20,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from kvbench.backends.base import Backend
 from kvbench.errors import InputError, Interrupted
-from kvbench.request import Request, RequestRecord
+from kvbench.request import NOT_SENT, Request, RequestRecord
 from kvbench.results.rows import ResultRow
 from kvbench.results.secrets import looks_like_key
 from kvbench.results.summary import RunSummary, SummaryOptions, summarize
 from kvbench.results.writer import RunWriter
-from kvbench.run.loop import LoadConfig, Turns, send_requests
+from kvbench.run.checks import requests_note
+from kvbench.run.loop import send_requests
+from kvbench.run.plan import RunPlan
 from kvbench.run.source import RunSection, RunSource, limit_requests, requests_hash
 from kvbench.words import counted
 
@@ -136,35 +138,21 @@ def run_metadata(
     }
 
 
-OnEnd = Callable[[list[tuple[Request, RequestRecord]]], None]  # the records finished -> metadata added
+def execute(plan: RunPlan, on_progress: Progress | None = None) -> RunOutcome:
+    """Carry out ``plan``: its requests through the one send loop, every record to the results
+    file (:class:`~kvbench.results.writer.RunWriter`), then the plan's ``finish``; returns the
+    outcome, whose notes are the plan's, the ``--requests`` note, the live turns' and ``finish``'s.
 
-
-def execute(
-    requests: Sequence[Request],
-    backend: Backend,
-    load: LoadConfig,
-    writer: RunWriter,
-    on_progress: Progress | None,
-    backend_context: Callable[[], Any] | None = None,
-    turns: Turns | None = None,
-    on_end: OnEnd | None = None,
-) -> RunOutcome:
-    """Send ``requests`` through the one send loop, every record to ``writer``; returns the outcome.
-
-    ``backend_context``: an async context manager factory to enter around the run (the HTTP client).
-    ``turns``: builds requests at send time (``--turns live``; :class:`kvbench.run.loop.Turns`).
-    ``on_end(records)``: called once the send loop has ended however it ended (finished, Ctrl-C,
-    SIGTERM, an error), with every ``(request, record)`` finished so far, before the writer's last
-    write: what is known only at the end of a run (``run.kv_memory``, ``run.verify_logits``) goes
-    into ``writer.metadata`` there, so an interrupted run's file has it too.
-    Raises :class:`RunInterrupted` on Ctrl-C or SIGTERM after writing what was measured.
+    Raises :class:`RunInterrupted` on Ctrl-C or SIGTERM after writing what was measured (marked
+    incomplete, with ``plan.on_end``'s metadata); any other error after writing the same.
     """
+    writer = RunWriter(plan.out, plan.metadata, plan.run_id, plan.backend.describe(), plan.summary)
     outcome = RunOutcome(
         writer.metadata["run"].get("scenario", ""),
         writer.path,
         writer.rows,
         writer.metadata,
-        len(requests),
+        len(plan.requests),
         summary_options=writer.summary_options,
     )
 
@@ -172,32 +160,49 @@ def execute(
         outcome.records.append((request, record))  # the send loop's records, kept when it is cut short
         writer.add(request, record)
         if on_progress is not None:
-            on_progress(writer.rows, len(requests))
+            on_progress(writer.rows, len(plan.requests))
 
     async def send() -> None:
         with _sigterm_cancels(asyncio.current_task()):
-            async with backend_context() if backend_context is not None else contextlib.nullcontext():
-                await send_requests(requests, backend, load, on_record, turns=turns)
+            async with plan.backend if plan.open_backend else contextlib.nullcontext():  # type: ignore[attr-defined]
+                await send_requests(plan.requests, plan.backend, plan.load, on_record, turns=plan.turns)
 
     try:
         asyncio.run(send())
     except (KeyboardInterrupt, asyncio.CancelledError):
-        _close_cut_run(writer, outcome, on_end)
+        _close_cut_run(writer, outcome, plan)
         raise RunInterrupted(outcome) from None
     except BaseException:
-        _close_cut_run(writer, outcome, on_end)
+        _close_cut_run(writer, outcome, plan)
         raise
-    if on_end is not None:
-        on_end(outcome.records)
+    _end(plan, outcome)
+    outcome.notes = plan.notes + _sent_notes(plan, outcome)
+    writer.close(complete=plan.finish(outcome) if plan.finish is not None else True)
     return outcome
 
 
-def _close_cut_run(writer: RunWriter, outcome: RunOutcome, on_end: OnEnd | None) -> None:
-    """A run cut short: ``on_end``'s metadata, then the rows so far, written incomplete (even when
-    ``on_end`` fails: the rows come first)."""
+def _end(plan: RunPlan, outcome: RunOutcome) -> None:
+    """What is known once the send loop has ended: ``plan.on_end``'s metadata, then the live turns'
+    report (``live_turns``)."""
+    if plan.on_end is not None:
+        plan.on_end(outcome.records)
+    if plan.turns is not None:
+        outcome.metadata["live_turns"] = plan.turns.report.as_dict()
+
+
+def _sent_notes(plan: RunPlan, outcome: RunOutcome) -> list[str]:
+    """How many requests were sent of how many the source had, and the live turns' lines."""
+    num_sent = sum(1 for _, record in outcome.records if not (record.error or "").startswith(NOT_SENT))
+    return requests_note(plan.num_asked, plan.num_source_requests, num_sent) + (
+        plan.turns.report.lines() if plan.turns is not None else []
+    )
+
+
+def _close_cut_run(writer: RunWriter, outcome: RunOutcome, plan: RunPlan) -> None:
+    """A run cut short: the end's metadata, then the rows so far, written incomplete (even when
+    ``plan.on_end`` fails: the rows come first)."""
     try:
-        if on_end is not None:
-            on_end(outcome.records)
+        _end(plan, outcome)
     finally:
         writer.close(complete=False)
 

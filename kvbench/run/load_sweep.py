@@ -1,6 +1,6 @@
 """``kvbench sweep --backend openai --concurrency 1,2,4`` / ``--request-rate 1,2,4``: load sweeps.
 
-One ``kvbench run`` (:func:`kvbench.run.api_openai.run_openai`, the same code path) per axis value
+One ``kvbench run`` (:func:`kvbench.run.api.run_planned`, the same code path) per axis value
 and repeat, each on a fresh cache namespace: with ``--hygiene salt`` (the default) every run draws a
 new random ``cache_salt``, with ``nonce`` a new first prompt line, and ``--reset-cache`` also posts
 the server's reset before each run. A run's file is ``run-{axis}{value}-{repeat}.parquet`` in the
@@ -92,7 +92,7 @@ def load_sweep(
     server answer) and :class:`RunInterrupted` on Ctrl-C, after writing the finished runs' summary;
     its ``sweep`` is then this outcome (the finished runs and their points).
     """
-    from kvbench.run.api_openai import run_openai
+    from kvbench.run.api import run_planned
 
     folder = (
         config.out
@@ -111,7 +111,7 @@ def load_sweep(
             if on_run is not None:
                 on_run(value, repeat)
             try:
-                run = run_openai(
+                run = run_planned(
                     config.point_config(value, folder / _run_name(config.axis, value, repeat)), on_progress
                 )
             except RunInterrupted as interrupted:

@@ -88,10 +88,10 @@ def test_vllm_spellings_of_run_flags(kvbench, server, tmp_path):
 
 
 def test_ctrl_c_prints_the_finished_points_and_report_reads_the_sweep(kvbench, server, tmp_path, monkeypatch):
-    from kvbench.run import api_openai
+    from kvbench.run import api
     from kvbench.run.execute import RunInterrupted
 
-    real, finished = api_openai.run_openai, []
+    real, finished = api.run_planned, []
 
     def second_run_interrupted(config, on_progress=None):
         if finished:  # Ctrl-C during the second point: it has written nothing
@@ -99,7 +99,7 @@ def test_ctrl_c_prints_the_finished_points_and_report_reads_the_sweep(kvbench, s
         finished.append(real(config, on_progress))
         return finished[0]
 
-    monkeypatch.setattr(api_openai, "run_openai", second_run_interrupted)
+    monkeypatch.setattr(api, "run_planned", second_run_interrupted)
     out = tmp_path / "sweep"
     code, stdout, stderr = kvbench(
         "sweep",

@@ -1,4 +1,4 @@
-"""``kvbench run --backend openai``: the same trace against any OpenAI-compatible server.
+"""``kvbench run --backend openai``: the plan of a run against any OpenAI-compatible server.
 
 The local tokenizer (cl100k, or ``--tokenizer PATH``) renders prompts for expectations and counts
 output tokens when the server sends no usage. Cache hygiene (:mod:`kvbench.backends.openai.hygiene`)
@@ -18,23 +18,19 @@ from kvbench.backends.openai.hygiene import Hygiene, with_nonce
 from kvbench.errors import InputError, checked
 from kvbench.request import NOT_SENT, Request
 from kvbench.results.timeline import replay_lag
-from kvbench.results.writer import RunWriter
-from kvbench.run.checks import requests_note
-from kvbench.run.config import DEFAULT_TIMEOUT_S, RunConfig, TurnMode
+from kvbench.run.config import DEFAULT_TIMEOUT_S, BackendKind, RunConfig, TurnMode
 from kvbench.run.execute import (
     OnStatus,
-    Progress,
     RunOutcome,
     api_key,
     default_out,
-    execute,
     new_run_id,
     prepared_requests,
     run_metadata,
-    status_sink,
 )
 from kvbench.run.http_metrics import server_state
 from kvbench.run.loop import LoadConfig
+from kvbench.run.plan import RunPlan, register_backend
 from kvbench.run.setup import run_section
 from kvbench.run.source import load_source
 from kvbench.run.trace_replay import replay_plan
@@ -169,7 +165,9 @@ def _as_sent(turns, requests: list[Request], expectations):
     )
 
 
-def _load(config: RunConfig, settings, num_requests: int) -> LoadConfig:
+def server_load(config: RunConfig, settings, num_requests: int) -> LoadConfig:
+    """The send loop's load against a server: ``--concurrency``, the arrival rate, burstiness and
+    ``--duration``, or the trace's own times (``--time-scale``, capped by ``--concurrency``)."""
     server = config.server
     rate = server.rate_per_s
     concurrency = config.run.concurrency if rate != float("inf") else settings.concurrency
@@ -234,12 +232,10 @@ def _check_body_sizes(backend, requests: list[Request], key: str) -> None:
         raise InputError(problem)
 
 
-def _finish(
-    outcome: RunOutcome, writer: RunWriter, backend, metrics_before: list, urls, key: str, reconciled
-) -> None:
+def _finish(outcome: RunOutcome, backend, metrics_before: list, urls, key: str, reconciled) -> bool:
     """After the send loop: the ``/metrics`` delta over the endpoints that answered both times
-    (labelled when not all did), ``reconciled(before, after)``, ejected replicas, and the file
-    closed, incomplete when requests were never sent."""
+    (labelled when not all did), ``reconciled(before, after)``, ejected replicas; returns whether
+    the run is complete (``False`` when requests were never sent)."""
     from kvbench.backends.openai.admin import fetch_metrics
     from kvbench.backends.openai.metrics import parse_prefix_cache_counters
     from kvbench.run.http_metrics import joined, metrics_scope, scrape
@@ -251,18 +247,18 @@ def _finish(
         parse_prefix_cache_counters(joined(metrics_after, both)),
     )
     outcome.reconciliation = replace(reconciliation, metrics_scope=scope)
-    writer.metadata["reconciliation"] = outcome.reconciliation.as_dict()
+    outcome.metadata["reconciliation"] = outcome.reconciliation.as_dict()
     events = getattr(backend, "events", [])
     outcome.notes += events
-    writer.metadata["run"]["ejected_replicas"] = sorted(getattr(backend, "ejected", ()))
+    outcome.metadata["run"]["ejected_replicas"] = sorted(getattr(backend, "ejected", ()))
     num_unsent = sum(1 for _, record in outcome.records if (record.error or "").startswith(NOT_SENT))
-    writer.metadata["run"]["num_unsent"] = num_unsent
+    outcome.metadata["run"]["num_unsent"] = num_unsent
     if num_unsent:
         outcome.notes.append(
             f"{num_unsent} request(s) were never sent (the server stopped answering): "
             "the file is marked incomplete"
         )
-    writer.close(complete=num_unsent == 0)
+    return num_unsent == 0
 
 
 def _backend(client_config, tokenizer, run_salt: str | None, server):
@@ -318,14 +314,6 @@ def _source_and_model(config: RunConfig):
     return tokenizer, source, settings, key, model
 
 
-def _sent_notes(outcome: RunOutcome, settings, num_source_requests: int, turns) -> list[str]:
-    """How many requests were sent of how many, and the live turns' lines."""
-    num_sent = sum(1 for _, record in outcome.records if not (record.error or "").startswith(NOT_SENT))
-    return requests_note(settings.num_requests, num_source_requests, num_sent) + (
-        turns.report.lines() if turns else []
-    )
-
-
 def _reconcile(rows, requests, expectations, outcome: RunOutcome, ignore_eos: bool, before, after):
     """Reported vs expected vs ``/metrics`` cached tokens of the requests as sent."""
     from kvbench.backends.openai.reconcile import reconcile
@@ -335,17 +323,21 @@ def _reconcile(rows, requests, expectations, outcome: RunOutcome, ignore_eos: bo
     return reconcile(rows, requests, expectations, records, before, after, ignore_eos=ignore_eos)
 
 
-def run_openai(
-    config: RunConfig, on_progress: Progress | None = None, on_status: OnStatus | None = None
-) -> RunOutcome:
-    """:func:`kvbench.run.api.run` against an OpenAI-compatible server; the preflight's and the
-    server cache's lines go to ``on_status`` when they are known (else to ``outcome.notes``)."""
+@register_backend(BackendKind.OPENAI)
+def openai_plan(config: RunConfig, say: OnStatus, stack: contextlib.ExitStack) -> RunPlan:
+    """The plan of ``config`` against an OpenAI-compatible server (one, or several ``--base-url``
+    behind a client-side router): the preflight's and the server cache's lines go to ``say`` when
+    they are known; the plan's ``finish`` reconciles reported, expected and ``/metrics`` cached
+    tokens.
+
+    Raises:
+        InputError: a bad flag, file or server answer (one line).
+    """
     from kvbench.backends.openai.server_cache import server_expectations
 
+    del stack  # nothing held beyond the run's own objects
     server = config.server
     tokenizer, source, settings, key, model = _source_and_model(config)
-    notes: list[str] = []
-    say = status_sink(on_status, notes)
     config, preflight_lines, checks = run_preflight(config, model, key, tokenizer, settings)
     for line in preflight_lines:
         say(line)
@@ -358,38 +350,32 @@ def run_openai(
     ]
     turns = live_turns(config, requests, tokenizer, server_cache, model, key)
     client_config = _client_config(config, model, key, settings, expectations.block_size, turns)
-    load = checked(lambda: _load(config, settings, len(requests)))
-    if load.time_scale is not None:  # before any request: what the replay will take
-        notes.append(replay_plan(requests[load.num_warmup :], load.time_scale))
-    run_id = new_run_id(source.name)
-    metadata = run_metadata(
-        source,
-        settings,
-        requests,
-        _run_info(config, run_id, client_config, load, expectations, tokenizer.name),
-        config.source,
-        load.num_warmup,
-    )
+    load = checked(lambda: server_load(config, settings, len(requests)))
+    notes = [] if load.time_scale is None else [replay_plan(requests[load.num_warmup :], load.time_scale)]
+    run_info = _run_info(config, new_run_id(source.name), client_config, load, expectations, tokenizer.name)
+    metadata = run_metadata(source, settings, requests, run_info, config.source, load.num_warmup)
     backend = _backend(client_config, tokenizer, run_salt, server)
     _check_body_sizes(backend, requests, key)
     metadata["preflight"], metadata["server_cache"] = checks, server_cache.origins
-    writer = RunWriter(
-        config.out or default_out("run", source.name), metadata, run_id, backend.describe(), config.summary
-    )
-    outcome = execute(
+
+    def finish(outcome: RunOutcome) -> bool:
+        if load.is_open_loop:
+            outcome.notes.append(replay_lag(outcome.rows).describe())
+        sent, sent_expectations = _as_sent(turns, requests, expectations)
+        reconciled = partial(_reconcile, outcome.rows, sent, sent_expectations, outcome, settings.ignore_eos)
+        return _finish(outcome, backend, metrics_before, urls, key, reconciled)
+
+    return RunPlan(
         requests,
         backend,
         load,
-        writer,
-        on_progress,
-        backend_context=lambda: backend,
+        config.out or default_out("run", source.name),
+        metadata,
+        config.summary,
+        open_backend=True,
         turns=turns,
-        on_end=None if turns is None else lambda _: writer.metadata.update(live_turns=turns.report.as_dict()),
+        notes=notes,
+        finish=finish,
+        num_asked=settings.num_requests,
+        num_source_requests=len(source.requests),
     )
-    outcome.notes = notes + _sent_notes(outcome, settings, len(source.requests), turns)
-    if load.is_open_loop:
-        outcome.notes.append(replay_lag(outcome.rows).describe())
-    requests, expectations = _as_sent(turns, requests, expectations)
-    reconciled = partial(_reconcile, writer.rows, requests, expectations, outcome, settings.ignore_eos)
-    _finish(outcome, writer, backend, metrics_before, urls, key, reconciled)
-    return outcome

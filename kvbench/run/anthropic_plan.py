@@ -1,5 +1,5 @@
-"""``kvbench run --backend anthropic``: a chat trace against an Anthropic Messages endpoint (the
-hosted API, or ``kvbench serve``'s ``/v1/messages``) through the official SDK.
+"""``kvbench run --backend anthropic``: the plan of a chat trace against an Anthropic Messages
+endpoint (the hosted API, or ``kvbench serve``'s ``/v1/messages``) through the official SDK.
 
 Uses the OpenAI backend's server flags where they apply: ``--base-url`` (the root; a trailing
 ``/v1`` is dropped, the SDK adds ``/v1/messages``), ``--api-key-env`` (default
@@ -10,22 +10,14 @@ and reconciliation are OpenAI-server features and are not applied.
 
 from __future__ import annotations
 
+import contextlib
+
 from kvbench.errors import InputError, checked
 from kvbench.extras import install_command
-from kvbench.results.writer import RunWriter
-from kvbench.run.api_openai import _load
-from kvbench.run.config import DEFAULT_SERVER_BLOCK_SIZE, DEFAULT_TIMEOUT_S, RunConfig
-from kvbench.run.execute import (
-    OnStatus,
-    Progress,
-    RunOutcome,
-    api_key,
-    default_out,
-    execute,
-    new_run_id,
-    prepared_requests,
-    run_metadata,
-)
+from kvbench.run.config import DEFAULT_SERVER_BLOCK_SIZE, DEFAULT_TIMEOUT_S, BackendKind, RunConfig
+from kvbench.run.execute import OnStatus, api_key, default_out, new_run_id, prepared_requests, run_metadata
+from kvbench.run.openai_plan import server_load
+from kvbench.run.plan import RunPlan, register_backend
 from kvbench.run.setup import run_section
 from kvbench.run.source import load_source
 
@@ -38,18 +30,8 @@ def anthropic_root(url: str) -> str:
     return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
-def run_anthropic(
-    config: RunConfig, on_progress: Progress | None = None, on_status: OnStatus | None = None
-) -> RunOutcome:
-    """:func:`kvbench.run.api.run` against an Anthropic Messages endpoint (no status lines of its own:
-    ``on_status`` is accepted for the one signature).
-
-    Raises:
-        InputError: no ``--model``, a token-id trace, or a bad flag.
-    """
-    from kvbench.workloads.tokenizer import load_tokenizer
-
-    del on_status
+def _checked_flags(config: RunConfig):
+    """``(AnthropicBackend, AnthropicConfig)`` once the SDK imports and the flags fit this backend."""
     try:
         from kvbench.backends.anthropic import AnthropicBackend, AnthropicConfig
     except ModuleNotFoundError as exc:
@@ -57,12 +39,25 @@ def run_anthropic(
             f"--backend anthropic needs the anthropic package, a core dependency ({exc}); "
             f"reinstall from a checkout: {install_command(None)}"
         ) from None
-
-    server = config.server
-    if server.base_urls:
+    if config.server.base_urls:
         raise InputError("several --base-url endpoints (client-side routing) are for --backend openai")
     if not config.model.path:
         raise InputError("--model NAME is needed with --backend anthropic (e.g. claude-sonnet-4-5)")
+    return AnthropicBackend, AnthropicConfig
+
+
+@register_backend(BackendKind.ANTHROPIC)
+def anthropic_plan(config: RunConfig, say: OnStatus, stack: contextlib.ExitStack) -> RunPlan:
+    """The plan of ``config`` against an Anthropic Messages endpoint (no status lines of its own).
+
+    Raises:
+        InputError: no ``--model``, a token-id trace, or a bad flag.
+    """
+    from kvbench.workloads.tokenizer import load_tokenizer
+
+    del say, stack
+    AnthropicBackend, AnthropicConfig = _checked_flags(config)
+    server = config.server
     source = load_source(config.source, load_tokenizer(server.tokenizer), limit=config.run.num_requests)
     settings = run_section(source, config.run)
     requests = prepared_requests(source, settings)
@@ -82,10 +77,9 @@ def run_anthropic(
             server.server_block_size or DEFAULT_SERVER_BLOCK_SIZE,
         )
     )
-    load = checked(lambda: _load(config, settings, len(requests)))
-    run_id = new_run_id(source.name)
+    load = checked(lambda: server_load(config, settings, len(requests)))
     run_info = {
-        "run_id": run_id,
+        "run_id": new_run_id(source.name),
         "backend": "anthropic",
         "model": client_config.model,
         "base_url": client_config.base_url,
@@ -93,9 +87,14 @@ def run_anthropic(
         "timeout_s": client_config.timeout_s,
         "cache": {"enabled": None, "breakpoints": "system, last stable turn"},
     }
-    metadata = run_metadata(source, settings, requests, run_info, config.source, load.num_warmup)
-    backend = AnthropicBackend(client_config)
-    writer = RunWriter(config.out or default_out("run", source.name), metadata, run_id, backend.describe())
-    outcome = execute(requests, backend, load, writer, on_progress, backend_context=lambda: backend)
-    writer.close(complete=True)
-    return outcome
+    return RunPlan(
+        requests,
+        AnthropicBackend(client_config),
+        load,
+        config.out or default_out("run", source.name),
+        run_metadata(source, settings, requests, run_info, config.source, load.num_warmup),
+        config.summary,
+        open_backend=True,
+        num_asked=settings.num_requests,
+        num_source_requests=len(source.requests),
+    )
