@@ -76,7 +76,7 @@ class EngineSpec:
     max_samples: int | None
     cache_model: CacheModel
     unsupported_settings: tuple[str, ...] = ()
-    unsupported_breaks: Mapping[str, str] = field(default_factory=dict)
+    unsupported_breaks: Mapping[str, str] = field(default_factory=dict, hash=False)  # a mapping: not hashable
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "unsupported_breaks", MappingProxyType(dict(self.unsupported_breaks)))
