@@ -61,7 +61,9 @@ class RouteTrace:
 def popular_prefixes(
     prompts: Sequence[PromptBlocks], session_ids: Sequence[str], top: int
 ) -> dict[BlockHash, int]:
-    """Up to ``top`` maximal shared prefixes (key of their last block -> sessions that sent them)."""
+    """Up to ``top`` maximal shared prefixes (key of their last block -> sessions that sent them), most
+    shared first; ties in the order the trace first sent them (never the hash's set order, which
+    differs between processes for byte keys)."""
     sessions: dict[BlockHash, set[str]] = {}
     for prompt, session in zip(prompts, session_ids):
         for key in prompt.block_hashes:
@@ -73,7 +75,7 @@ def popular_prefixes(
         for key, child in zip(keys, keys[1:]):
             if key in maximal and counts.get(child) == counts[key]:
                 maximal.discard(key)
-    ranked = sorted(maximal, key=lambda k: -counts[k])[:top]
+    ranked = sorted((key for key in sessions if key in maximal), key=lambda k: -counts[k])[:top]
     return {key: counts[key] for key in ranked}
 
 

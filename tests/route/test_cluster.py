@@ -94,3 +94,19 @@ def test_popular_prefix_copies(chat8):
     assert list(trace.popular.values()) == [8]  # the system prompt, sent by all 8 conversations
     rr, aware = compare_policies(trace, ClusterConfig(8, cache), ["round-robin", "cache-aware"])
     assert rr.prefix_copies() == [8] and aware.prefix_copies() == [1]
+
+
+def test_equally_shared_prefixes_rank_in_the_order_the_trace_sent_them():
+    """Ties never follow a set's hash order (byte keys hash differently in every process)."""
+    from kvbench.cache.block_hash import PromptBlocks
+    from kvbench.route.cluster import popular_prefixes
+
+    def prompt(*keys: bytes) -> PromptBlocks:
+        return PromptBlocks(16 * len(keys), 16, keys, None, b"")
+
+    keys = [bytes([i]) * 8 for i in range(12)]  # twelve prefixes, each sent by two sessions
+    prompts = [prompt(key) for key in keys for _ in range(2)]
+    sessions = [f"s{i}" for i in range(len(prompts))]
+    assert list(popular_prefixes(prompts, sessions, 5)) == keys[:5]
+    shared_by_three = [*prompts, prompt(keys[7])]
+    assert list(popular_prefixes(shared_by_three, [*sessions, "s99"], 3)) == [keys[7], keys[0], keys[1]]
