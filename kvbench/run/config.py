@@ -253,7 +253,12 @@ class RunConfig:
             if getattr(other, f.name) != getattr(defaults, f.name) and f.name != "turns"
         ]
         if given:
-            raise ValueError(f"{_flag(given[0])} does not apply to --backend {self.backend.value}")
+            hint = (
+                "it is a server's flag: add --backend openai (or anthropic)"
+                if self.backend is BackendKind.INPROCESS
+                else "it sets up the in-process engine's cache (--backend inprocess)"
+            )
+            raise ValueError(f"{_flag(given[0])} does not apply to --backend {self.backend.value}; {hint}")
         if self.server.client is not None and self.backend is not BackendKind.OPENAI:
             raise ValueError(f"--client does not apply to --backend {self.backend.value}")
 

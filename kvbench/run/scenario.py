@@ -138,10 +138,28 @@ def shipped_scenarios() -> list[str]:
 
 def missing_source(path: Path) -> str:
     """The one line for a source that is neither a file nor a shipped scenario: the shipped names
-    are listed when ``path`` looks like a scenario name (no folder, ``.toml`` or no suffix)."""
+    are listed when ``path`` looks like a scenario name (no folder, ``.toml`` or no suffix), with
+    the closest one suggested when a name is close (``shared2k`` -> ``shared_2k``; difflib's ratio
+    >= 0.6 on names without ``_`` and ``-``)."""
     if len(path.parts) > 1 or path.suffix not in ("", ".toml"):
         return f"{path}: no such file"
-    return f"{path}: no such file or shipped scenario (shipped: {', '.join(shipped_scenarios())})"
+    shipped = shipped_scenarios()
+    line = f"{path}: no such file or shipped scenario (shipped: {', '.join(shipped)})"
+    suggestion = closest_name(path.stem, shipped)
+    return line if suggestion is None else f"{line}; did you mean {suggestion}?"
+
+
+def closest_name(typed: str, names: Sequence[str]) -> str | None:
+    """The one of ``names`` closest to ``typed`` once case, ``_`` and ``-`` are ignored, or ``None``
+    when none is close (difflib ratio below 0.6)."""
+    import difflib
+
+    def bare(name: str) -> str:
+        return name.lower().replace("_", "").replace("-", "")
+
+    by_bare = {bare(name): name for name in names}
+    match = difflib.get_close_matches(bare(typed), list(by_bare), n=1, cutoff=0.6)
+    return by_bare[match[0]] if match else None
 
 
 def find_scenario(spec: str | Path) -> Path:

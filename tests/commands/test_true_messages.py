@@ -63,6 +63,25 @@ def test_an_unknown_scenario_lists_the_shipped_ones(kvbench):
     assert "shared_2k" in shipped_scenarios()
 
 
+@pytest.mark.parametrize(
+    "typed,suggested",
+    [("shared2k", "shared_2k"), ("Shared-2K.toml", "shared_2k"), ("multiprefix_zipf", "multi_prefix_zipf")],
+)
+def test_a_mistyped_scenario_name_gets_the_closest_one_suggested(kvbench, typed, suggested):
+    code, _, err = kvbench("run", typed)
+    assert code == 2
+    assert err.strip().endswith(f"; did you mean {suggested}?")
+
+
+def test_a_server_flag_on_the_inprocess_backend_names_the_flag_to_add(kvbench, tmp_path):
+    code, _, err = kvbench("run", "shared_2k", "--base-url", "http://127.0.0.1:1/v1")
+    assert code == 2
+    assert err.strip() == (
+        "error: --base-url does not apply to --backend inprocess; "
+        "it is a server's flag: add --backend openai (or anthropic)"
+    )
+
+
 def test_sim_says_when_requests_ran_out_and_when_it_replaced_a_file(kvbench, tmp_path):
     scenario, out = tmp_path / "small.toml", tmp_path / "sim.parquet"
     scenario.write_text(SMALL)
