@@ -60,6 +60,7 @@ ENGINE_MODULES = frozenset(
 SERVER_MODULES = frozenset(
     {
         "tests/backends/test_routed.py",
+        "tests/docs/test_recipe.py",
         "tests/peer/test_kvbench_server.py",
         "tests/server/test_fuzz_endpoints.py",
         "tests/server/test_guards_and_interop.py",
@@ -71,6 +72,7 @@ SERVER_MODULES = frozenset(
 SLOW_MODULES = frozenset(
     {
         "tests/test_core_install.py",  # a fresh venv and pip install of the core
+        "tests/docs/test_recipe.py",  # two kvbench serve and six commands
         "tests/commands/test_interrupted_end_metadata.py",  # 400-request runs cut by a signal after 10 s
         "tests/engine/paged/test_exit_with_work.py",  # a child process left with work in flight
         "tests/peer/test_kvbench_server.py",  # a kvbench serve child process on an exported checkpoint
