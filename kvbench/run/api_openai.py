@@ -33,8 +33,10 @@ from kvbench.run.execute import (
     run_metadata,
     status_sink,
 )
+from kvbench.run.fleet_flags import shaped
 from kvbench.run.http_metrics import server_state
 from kvbench.run.loop import LoadConfig
+from kvbench.run.replica_metrics import record_replica_metrics, scrape_replicas
 from kvbench.run.setup import run_section
 from kvbench.run.source import load_source
 from kvbench.run.trace_replay import replay_plan
@@ -351,6 +353,7 @@ def run_openai(
         say(line)
     urls = server.base_urls or (server.url,)
     metrics_before, server_cache = server_state(config, urls, key, say)
+    replicas_before = scrape_replicas(server.replica_metrics, key)  # fleet: --replica-metrics
     requests, run_salt = apply_hygiene(config, prepared_requests(source, settings), tokenizer)
     expectations = server_expectations(requests, server_cache, settings.ignore_eos)
     requests = [
@@ -358,6 +361,7 @@ def run_openai(
     ]
     turns = live_turns(config, requests, tokenizer, server_cache, model, key)
     client_config = _client_config(config, model, key, settings, expectations.block_size, turns)
+    client_config = shaped(client_config, server)  # fleet: --header, --session-header, --extra-body
     load = checked(lambda: _load(config, settings, len(requests)))
     if load.time_scale is not None:  # before any request: what the replay will take
         notes.append(replay_plan(requests[load.num_warmup :], load.time_scale))
@@ -391,5 +395,6 @@ def run_openai(
         outcome.notes.append(replay_lag(outcome.rows).describe())
     requests, expectations = _as_sent(turns, requests, expectations)
     reconciled = partial(_reconcile, writer.rows, requests, expectations, outcome, settings.ignore_eos)
+    record_replica_metrics(writer.metadata, outcome, replicas_before, server.replica_metrics, key)  # fleet
     _finish(outcome, writer, backend, metrics_before, urls, key, reconciled)
     return outcome

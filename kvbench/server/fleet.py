@@ -38,10 +38,10 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse
 
+from kvbench.constants import REPLICA_HEADER
 from kvbench.server.body import read_body
 from kvbench.server.schemas import ApiError, ChatCompletionRequest, CompletionRequest
 
-REPLICA_HEADER = "X-Kvbench-Replica"  # the replica that answered, on every response
 SGLANG_FLUSHED = "Cache flushed.\nPlease check backend logs for more details.\n"  # SGLang's 200 body
 SERVER_VERSION = "kvbench"  # ``version`` in /server_info: which server this is, not an SGLang release
 
