@@ -11,3 +11,7 @@ CL100K_IM_START_ID, CL100K_IM_END_ID = 100_264, 100_265  # tiktoken README, "Ext
 CHATML = "chatml"
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 CHATML_EOS_TOKEN_IDS = (CL100K_ENDOFTEXT_ID, CL100K_IM_END_ID)  # a ChatML reply ends at either
+
+# The response header in which `kvbench serve` names the replica that answered (`--replica-id`); a client
+# behind a router reads it into the row's `replica_id` (routers pass a worker's response headers through).
+REPLICA_HEADER = "X-Kvbench-Replica"

@@ -142,6 +142,9 @@ class RequestRecord:
         cache_creation_input_tokens: prompt tokens the server says it wrote to its cache (Anthropic's
             usage field; ``None`` where the server does not report it).
         replica: which of several ``--base-url`` endpoints served it (0-based), ``None`` with one.
+        replica_id: the name the answering server gave itself in its ``X-Kvbench-Replica`` response
+            header (``kvbench serve --replica-id``; behind a router, the replica the router chose);
+            ``None`` when the response carried none.
         num_retries: attempts beyond the first (HTTP backends): a failure before any response byte
             was retried, on the same endpoint or, routed, on another one.
         http_status: the HTTP status of an HTTP backend's response.
@@ -172,6 +175,7 @@ class RequestRecord:
     cache_creation_input_tokens: int | None = None
     host_cached_tokens: int | None = None
     replica: int | None = None
+    replica_id: str | None = None
     num_retries: int = 0
     error: str | None = None
     http_status: int | None = None

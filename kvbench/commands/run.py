@@ -136,16 +136,21 @@ def _server_flags(f: SimpleNamespace) -> ServerFlags:
         base_urls=several,
         route=f.route.value if f.route else None,
         client=f.client,
+        session_header=f.session_header,
+        header=tuple(f.header or ()),
+        extra_body=f.extra_body,
+        replica_metrics=tuple(f.replica_metrics or ()),
     )
 
 
 def _replica_tables(outcome) -> list:
-    """The per-endpoint table of a routed run (none for one endpoint)."""
-    from kvbench.commands.run_tables import replica_table
+    """The per-endpoint table of a client-routed run; the replicas' own /metrics (``--replica-metrics``)."""
+    from kvbench.commands.run_tables import replica_metrics_table, replica_table
 
     run_info = outcome.metadata["run"]
     table = replica_table(outcome.rows, run_info.get("base_urls", []), run_info.get("route", ""))
-    return [] if table is None else [table]
+    fleet = replica_metrics_table(outcome.metadata.get("replica_metrics"))
+    return [found for found in (table, fleet) if found is not None]
 
 
 def print_kept(interrupted) -> None:

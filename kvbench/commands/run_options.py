@@ -290,6 +290,40 @@ HTTP = panel(
             ],
             None,
         ),
+        "session_header": (
+            Annotated[
+                str | None,
+                typer.Option(
+                    help="Header carrying the trace's session id, for a router's session affinity "
+                    "(default X-Session-ID; 'none' sends none; the session also goes as 'user')."
+                ),
+            ],
+            None,
+        ),
+        "header": (
+            Annotated[
+                list[str] | None,
+                typer.Option(help="Another HTTP header on every request, NAME:VALUE (repeatable)."),
+            ],
+            None,
+        ),
+        "extra_body": (
+            Annotated[
+                str | None,
+                typer.Option(help="A JSON object merged into every request body, e.g. '{\"priority\": 1}'."),
+            ],
+            None,
+        ),
+        "replica_metrics": (
+            Annotated[
+                list[str] | None,
+                typer.Option(
+                    help="A replica's own root URL behind a router (repeatable): its /metrics is read "
+                    "before and after, per replica and summed."
+                ),
+            ],
+            None,
+        ),
         "expected_cache_size": (
             Annotated[
                 int | None,

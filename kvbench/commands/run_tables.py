@@ -157,6 +157,8 @@ def _flag_rows(table: Table, label: str, flagged: tuple[Flagged, ...]) -> None:
 def _metrics_cell(rec: Reconciliation) -> str:
     """The hit rate from the server's /metrics delta, its counts and scope (``-`` and why, without one)."""
     metrics = f"- ({rec.metrics_scope or 'no prefix-cache counters at /metrics'})"
+    if rec.metrics_partial is not None:
+        return f"- ({rec.metrics_partial})"
     if rec.metrics_family is not None:
         scope = f"; {rec.metrics_scope}" if rec.metrics_scope else ""
         metrics = (
@@ -260,5 +262,36 @@ def replica_table(rows: Sequence[ResultRow], base_urls: Sequence[str], route: st
             f"{entry['prompt_tokens']:,}",
             f"{entry['cached_prompt_tokens']:,}",
             f"{entry['token_hit_rate']:.4f}",
+        )
+    return table
+
+
+def replica_metrics_table(report: dict[str, Any] | None) -> Table | None:
+    """``--replica-metrics``: each replica's ``/metrics`` delta and the client's rows naming it, then
+    their sum, titled the fleet's only when it matches what the client saw; ``None`` without the flag."""
+    if report is None:
+        return None
+    matched = report["verdict"] is None
+    table = Table(title="replicas' own /metrics" + (" (sum = the client's traffic)" if matched else ""))
+    for column in ("replica", "requests", "prompt tokens", "cached", "token hit", "client rows / prompt"):
+        table.add_column(column, justify="left" if column == "replica" else "right")
+    entries = report["replicas"] + ([report["fleet"]] if report["fleet"] is not None else [])
+    for entry in entries:
+        name = ("fleet" if matched else "sum (not the fleet's)") if entry["url"] == "fleet" else entry["url"]
+        if entry["problem"] is not None:
+            table.add_row(name, entry["problem"], "", "", "", "")
+            continue
+        client = (
+            "-"
+            if entry["client_requests"] is None
+            else f"{entry['client_requests']:,} / {entry['client_prompt_tokens']:,}"
+        )
+        table.add_row(
+            name,
+            "-" if entry["requests"] is None else f"{entry['requests']:,.0f}",
+            f"{entry['prompt_tokens']:,.0f}",
+            f"{entry['cached_tokens']:,.0f}",
+            _rate(entry["hit_rate"]),
+            client,
         )
     return table

@@ -97,6 +97,12 @@ def _limits(max_connections: int | None, header_timeout_s: float, keep_alive_s: 
     return ConnectionLimits(cap, header_timeout_s, keep_alive_s)
 
 
+def bound_name(sock: socket.socket) -> str:
+    """``host:port`` of the bound socket (the port ``--port 0`` picked): the default replica id."""
+    bound_host, bound_port = sock.getsockname()[:2]
+    return f"[{bound_host}]:{bound_port}" if ":" in bound_host else f"{bound_host}:{bound_port}"
+
+
 def _announce(sock: socket.socket, name: str, cache_config: CacheConfig | None) -> None:
     """One line with the URL clients use (``--port 0`` shows the port it picked)."""
     bound_host, bound_port = sock.getsockname()[:2]
@@ -257,6 +263,14 @@ def serve(
             help="Close a keep-alive connection idle this many seconds.",
         ),
     ] = 5.0,
+    replica_id: Annotated[
+        str | None,
+        typer.Option(
+            rich_help_panel="Server",
+            help="This replica's name in the X-Kvbench-Replica header of every response (default: "
+            "host:port), so a client behind a router sees which replica served it.",
+        ),
+    ] = None,
 ) -> None:
     """Serve the in-process engine as an OpenAI-compatible API (/v1/completions, /v1/chat/completions,
     /v1/models, /health, /reset_prefix_cache, /metrics, /tokenize, /detokenize) and Anthropic's /v1/messages
@@ -269,6 +283,7 @@ def serve(
     from kvbench.engine.threads import check_threads, chosen_threads
     from kvbench.server.app import create_app
     from kvbench.server.connections import server_config
+    from kvbench.server.fleet import check_replica_id
 
     _check_numbers(port, block_size, min_cache_tokens)
     check_threads(threads)
@@ -276,6 +291,8 @@ def serve(
     resolve_device(model_config.device)  # no such GPU: one line, before the port is bound
     guards = _guards(host, api_key, max_body_size, tuple(allowed_host or ()))
     limits = _limits(max_connections, header_timeout, keep_alive_timeout)
+    if replica_id is not None:
+        replica_id = checked(lambda: check_replica_id(replica_id))
     sock = bind_socket(host, port)  # before the model loads: a busy port fails at once
     with chosen_threads(threads, status_printer(make_console(stderr=True))):
         loaded = _load_announced(model_config)
@@ -308,7 +325,8 @@ def serve(
         )
         service = _service(loaded, model, cache_config, served_model_name or loaded.name, engine_flags, pool)
         _announce(sock, service.model_name, cache_config)
-        config = server_config(create_app(service, guards, min_cache_tokens), log_level.value, limits)
+        app = create_app(service, guards, min_cache_tokens, replica_id or bound_name(sock))
+        config = server_config(app, log_level.value, limits)
         uvicorn.Server(config).run(sockets=[sock])
 
 

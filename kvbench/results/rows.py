@@ -33,8 +33,8 @@ class ResultRow:
     ``prefill_ms`` / ``lookup_ms`` / ``kv_load_ms`` / ``insert_ms``, ``itl_ms`` (one gap per output
     token after the first). Outcome: ``status`` (``ok`` or ``error``), ``http_status``, ``error``,
     ``output_matches_reference``, ``cache_creation_input_tokens``, ``host_cached_tokens``,
-    ``replica``, ``num_retries``. Every field but the identity may be ``None`` in a file that lacks
-    its column (an older kvbench's).
+    ``replica``, ``num_retries``, ``replica_id`` (the replica the server named). Every field but the
+    identity may be ``None`` in a file that lacks its column (an older kvbench's).
     """
 
     run_id: str | None = None
@@ -77,6 +77,7 @@ class ResultRow:
     host_cached_tokens: int | None = None
     replica: int | None = None
     num_retries: int | None = None
+    replica_id: str | None = None
 
     @classmethod
     def of(
@@ -121,6 +122,7 @@ class ResultRow:
             host_cached_tokens=record.host_cached_tokens,
             replica=record.replica,
             num_retries=record.num_retries,
+            replica_id=record.replica_id,
         )
         return cls(**values)
 

@@ -68,6 +68,7 @@ RUN_SCHEMA = pa.schema(
         pa.field("host_cached_tokens", pa.int64()),
         pa.field("replica", pa.int64()),  # which --base-url served it (0-based; null with one endpoint)
         pa.field("num_retries", pa.int64()),  # HTTP attempts beyond the first (nothing received, retried)
+        pa.field("replica_id", pa.string()),  # the X-Kvbench-Replica response header (null: none sent)
     ]
 )
 

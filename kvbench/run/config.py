@@ -22,6 +22,7 @@ from kvbench.engine.kinds import engines_supporting
 from kvbench.engine.threads import check_threads
 from kvbench.results.secrets import VARIABLE_NAME
 from kvbench.results.summary import SummaryOptions
+from kvbench.run.fleet_flags import check_fleet_flags
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"  # `kvbench serve` and vLLM's default port
 DEFAULT_TIMEOUT_S = 300.0
@@ -176,6 +177,12 @@ class ServerFlags:
     client: ClientKind | None = (
         None  # how stream bodies are read (kvbench/backends/openai/client_kind.py); None = lean
     )
+    # a fleet behind a router (kvbench/run/fleet_flags.py): what every request carries, and the
+    # replicas whose own /metrics are scraped (kvbench/run/replica_metrics.py)
+    session_header: str | None = None  # None = X-Session-ID; "none" = no header
+    header: tuple[str, ...] = ()  # NAME:VALUE each
+    extra_body: str | None = None  # a JSON object
+    replica_metrics: tuple[str, ...] = ()  # replica root URLs
 
     def __post_init__(self) -> None:
         _check_positive(
@@ -199,6 +206,9 @@ class ServerFlags:
         if self.schedule is Schedule.TRACE and self.request_rate is not None:
             raise ValueError("--schedule trace replays the trace's own times: drop --request-rate")
         object.__setattr__(self, "base_urls", tuple(self.base_urls))
+        object.__setattr__(self, "header", tuple(self.header))
+        object.__setattr__(self, "replica_metrics", tuple(url.rstrip("/") for url in self.replica_metrics))
+        check_fleet_flags(self)
         if self.route is not None and len(self.base_urls) < 2:
             raise ValueError("--route needs two or more --base-url endpoints")
 

@@ -28,9 +28,11 @@ from kvbench.run.execute import (
     prepared_requests,
     run_metadata,
 )
+from kvbench.run.fleet_flags import shaped
 from kvbench.run.http_metrics import server_state
 from kvbench.run.loop import LoadConfig
 from kvbench.run.plan import RunPlan, register_backend
+from kvbench.run.replica_metrics import record_replica_metrics, scrape_replicas
 from kvbench.run.setup import run_section
 from kvbench.run.source import load_source
 from kvbench.run.trace_replay import replay_plan
@@ -343,6 +345,7 @@ def openai_plan(config: RunConfig, say: OnStatus, stack: contextlib.ExitStack) -
         say(line)
     urls = server.base_urls or (server.url,)
     metrics_before, server_cache = server_state(config, urls, key, say)
+    replicas_before = scrape_replicas(server.replica_metrics, key)  # --replica-metrics
     requests, run_salt = apply_hygiene(config, prepared_requests(source, settings), tokenizer)
     expectations = server_expectations(requests, server_cache, settings.ignore_eos)
     requests = [
@@ -350,6 +353,7 @@ def openai_plan(config: RunConfig, say: OnStatus, stack: contextlib.ExitStack) -
     ]
     turns = live_turns(config, requests, tokenizer, server_cache, model, key)
     client_config = _client_config(config, model, key, settings, expectations.block_size, turns)
+    client_config = shaped(client_config, server)  # --header, --session-header, --extra-body
     load = checked(lambda: server_load(config, settings, len(requests)))
     notes = [] if load.time_scale is None else [replay_plan(requests[load.num_warmup :], load.time_scale)]
     run_info = _run_info(config, new_run_id(source.name), client_config, load, expectations, tokenizer.name)
@@ -363,6 +367,7 @@ def openai_plan(config: RunConfig, say: OnStatus, stack: contextlib.ExitStack) -
             outcome.notes.append(replay_lag(outcome.rows).describe())
         sent, sent_expectations = _as_sent(turns, requests, expectations)
         reconciled = partial(_reconcile, outcome.rows, sent, sent_expectations, outcome, settings.ignore_eos)
+        record_replica_metrics(outcome.metadata, outcome, replicas_before, server.replica_metrics, key)
         return _finish(outcome, backend, metrics_before, urls, key, reconciled)
 
     return RunPlan(

@@ -46,6 +46,7 @@ from kvbench.engine.engine import SamplingParams
 from kvbench.request import Request as EngineRequest
 from kvbench.server.body import read_body
 from kvbench.server.breakpoint_cache import BreakpointCache
+from kvbench.server.fleet import add_fleet_routes
 from kvbench.server.guards import GuardConfig, Guards
 from kvbench.server.messages import MIN_CACHE_TOKENS, add_messages_route
 from kvbench.server.outcome import CLIENT_CLOSED_REQUEST, outcomes_unless_gone
@@ -71,11 +72,13 @@ from kvbench.server.validation import invalid_body_error
 
 
 def create_app(
-    service: EngineService, guards: GuardConfig | None = None, min_cache_tokens: int = MIN_CACHE_TOKENS
+    service: EngineService,
+    guards: GuardConfig | None = None,
+    min_cache_tokens: int = MIN_CACHE_TOKENS,
+    replica_id: str | None = None,
 ) -> FastAPI:
-    """The app serving ``service``'s model behind ``guards`` (default: 32 MiB bodies, no key, any Host).
-    Run it with any ASGI server (``kvbench serve`` uses uvicorn). ``POST /v1/messages`` (Anthropic's
-    shape, ``min_cache_tokens`` its minimum cacheable prefix) is :mod:`kvbench.server.messages`."""
+    """The app serving ``service``'s model behind ``guards`` (default: 32 MiB bodies, no key, any Host),
+    for any ASGI server; ``/v1/messages`` (``min_cache_tokens``): :mod:`kvbench.server.messages`."""
     app = FastAPI(title="kvbench serve", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(Guards, config=guards or GuardConfig())
     _add_error_handlers(app)
@@ -132,6 +135,7 @@ def create_app(
         return await _generate(http, service, body, lambda: service.render_chat(messages), chat=True)
 
     add_messages_route(app, service, breakpoints)
+    add_fleet_routes(app, service, breakpoints, replica_id)  # last: its header middleware is outermost
     return app
 
 

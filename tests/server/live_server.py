@@ -28,13 +28,18 @@ class LiveServer:
     """uvicorn in a background thread; ``url`` is the API root with /v1."""
 
     def __init__(
-        self, service: EngineService, guards=None, limits: ConnectionLimits = ConnectionLimits()
+        self,
+        service: EngineService,
+        guards=None,
+        limits: ConnectionLimits = ConnectionLimits(),
+        replica_id: str | None = None,
     ) -> None:
         self.service = service
         sock = bind_socket("127.0.0.1", 0)
         self.port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}/v1"
-        self.server = uvicorn.Server(server_config(create_app(service, guards), "warning", limits))
+        app = create_app(service, guards, replica_id=replica_id)
+        self.server = uvicorn.Server(server_config(app, "warning", limits))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
         wait_until(lambda: self.server.started, f"uvicorn on {self.url}", ended=thread_ended(self.thread))

@@ -27,6 +27,7 @@ def body_bytes(backend, request: Request) -> int:
     """The size of ``request``'s JSON body as ``backend`` (an ``OpenAIBackend``) sends it, bytes."""
     _, arguments = backend.request_arguments(request)
     extra = arguments.pop("extra_body", {})
+    arguments.pop("extra_headers", None)  # headers, not body
     return len(json.dumps({**arguments, **extra}, default=str).encode())
 
 

@@ -50,10 +50,12 @@ from kvbench.backends.openai.client_kind import ClientKind
 from kvbench.backends.openai.reading import ChunkError, StreamReading
 from kvbench.backends.openai.sse import HTTP_LIBRARY as httpx
 from kvbench.backends.openai.sse import stream_chunks
+from kvbench.constants import REPLICA_HEADER
 from kvbench.request import CONNECTION_ERROR, NOTHING_SENT, Request, RequestRecord
 from kvbench.workloads.tokenizer import Tokenizer
 
 MAX_ERROR_CHARS = 300  # one readable line per failed request
+SESSION_HEADER = "X-Session-ID"  # the session header routers hash on (vllm-router's consistent_hash)
 MAX_ATTEMPTS = 2  # one retry, and only of a request that received nothing (see OpenAIBackend.serve)
 
 
@@ -72,6 +74,11 @@ class OpenAIConfig:
         extra_body: more fields for every request body (e.g. ``{"return_token_ids": True}``); they
             win over the ones this client sets.
         client: how stream bodies are read (:class:`ClientKind`; the records are the same).
+        headers: more HTTP headers on every request (``--header K:V``).
+        session_header: the header that carries the request's session id (``X-Session-ID``, which
+            vllm-router's ``consistent_hash`` reads), ``None`` for none (``--session-header none``).
+        session_user: send the session id as OpenAI's ``user`` field too (vllm-router also hashes
+            it); ``extra_body`` wins over it.
     """
 
     base_url: str
@@ -85,6 +92,9 @@ class OpenAIConfig:
     block_size: int = 16  # vLLM's default
     extra_body: Mapping[str, Any] = field(default_factory=dict)
     client: ClientKind = ClientKind.LEAN
+    headers: Mapping[str, str] = field(default_factory=dict)
+    session_header: str | None = SESSION_HEADER
+    session_user: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "client", ClientKind(self.client))
@@ -140,6 +150,7 @@ def _check_streams(response: Any, reading: StreamReading) -> None:
     """Record the HTTP status; raise ``_BrokenStream`` when a 2xx answer is one JSON body, not an SSE
     stream (a server that does not stream this endpoint)."""
     reading.http_status = response.status_code
+    reading.replica_id = response.headers.get(REPLICA_HEADER)
     content_type = response.headers.get("content-type", "")
     if content_type.startswith("application/json"):
         raise _BrokenStream(
@@ -208,6 +219,8 @@ class OpenAIBackend(SdkClientBackend):
             extra["cache_salt"] = salt
         if config.ignore_eos:
             extra["ignore_eos"] = True
+        if config.session_user and request.session_id:
+            extra["user"] = str(request.session_id)
         extra.update(config.extra_body)
         prompt = None
         if request.messages is None:
@@ -228,9 +241,18 @@ class OpenAIBackend(SdkClientBackend):
             arguments["seed"] = config.seed
         if extra:
             arguments["extra_body"] = extra
+        if headers := self.headers(request):
+            arguments["extra_headers"] = headers
         if request.messages is not None:
             return True, {**arguments, "messages": request.openai_messages}
         return False, {**arguments, "prompt": prompt}
+
+    def headers(self, request: Request) -> dict[str, str]:
+        """The request's extra HTTP headers: ``--header`` ones, then its session under ``session_header``."""
+        headers = dict(self.config.headers)
+        if self.config.session_header and request.session_id:
+            headers[self.config.session_header] = str(request.session_id)
+        return headers
 
     async def serve(self, request: Request) -> RequestRecord:
         """Send one request and read its stream; every failure becomes an error row (never raises,
@@ -248,6 +270,8 @@ class OpenAIBackend(SdkClientBackend):
             except Exception as exc:  # noqa: BLE001 - every failure is recorded, the run goes on
                 if attempt + 1 < MAX_ATTEMPTS and nothing_received(exc, reading):
                     continue
+                if isinstance(exc, openai.APIStatusError):  # a refusal names its replica too
+                    reading.replica_id = exc.response.headers.get(REPLICA_HEADER)
                 status, message = self._describe_failure(exc)
                 if status is not None:
                     reading.http_status = status

@@ -62,6 +62,7 @@ class StreamReading:
     usage: Usage | None = None
     finish_reason: str | None = None
     http_status: int | None = None
+    replica_id: str | None = None  # the X-Kvbench-Replica response header, when the server sent one
     prompt_token_ids: list[int] | None = None
     output_token_ids: list[int] | None = None
 
@@ -143,4 +144,5 @@ class StreamReading:
             output_text="".join(self.texts),
             error=error,
             http_status=self.http_status,
+            replica_id=self.replica_id,
         )

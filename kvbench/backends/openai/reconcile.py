@@ -110,6 +110,9 @@ class Reconciliation:
     impossible: tuple[Flagged, ...] = ()
     short_outputs: tuple[str, ...] = ()  # request ids (ignore_eos runs only)
     metrics_scope: str | None = None  # None: the delta covers every endpoint; else what it covers
+    # set when the /metrics delta counts fewer prompt tokens than the client saw (a router forwarding
+    # /metrics to one worker): then it is no rate of this run's traffic and metrics_hit_rate is None
+    metrics_partial: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -173,6 +176,7 @@ def reconcile(
         if ignore_eos and row.max_tokens is not None and (row.output_tokens or 0) < row.max_tokens
     )
     rate, queries, hits, family = _metrics_delta(before, after)
+    partial = _partial_metrics(queries, sum(row.prompt_tokens or 0 for row in ok))
     return Reconciliation(
         block_size=block_size,
         capacity_blocks=expectations.capacity_blocks,
@@ -180,7 +184,7 @@ def reconcile(
         num_unreported=len(ok) - len(reported_rows),
         reported_hit_rate=reported / prompt if prompt else None,
         expected_hit_rate=expected / local_prompt if local_prompt else None,
-        metrics_hit_rate=rate,
+        metrics_hit_rate=None if partial else rate,
         metrics_queries_tokens=queries,
         metrics_hits_tokens=hits,
         metrics_family=family,
@@ -190,6 +194,20 @@ def reconcile(
         num_prompt_token_mismatches=mismatches,
         impossible=impossible,
         short_outputs=short,
+        metrics_partial=partial,
+    )
+
+
+def _partial_metrics(queries: float | None, client_prompt_tokens: int) -> str | None:
+    """One line when the ``/metrics`` delta counted fewer prompt tokens than the client's ok responses
+    (every server kvbench reads counts each prompt token of a finished request once), else ``None``.
+    Behind vllm-router 0.1.17 each scrape is forwarded to one worker: the delta mixes workers."""
+    if queries is None or queries >= client_prompt_tokens:
+        return None
+    return (
+        f"/metrics counted {queries:,.0f} prompt tokens, the client saw {client_prompt_tokens:,}: it "
+        "covers part of the traffic (a router forwarding /metrics to one worker?), not this run's; "
+        "use --replica-metrics"
     )
 
 

@@ -1,0 +1,112 @@
+"""The ``kvbench run --backend openai`` flags that shape every request for a fleet behind a router.
+
+A router decides per request which replica serves it; the keys it can hash on must be in the
+request. By default the trace's session goes out as the ``X-Session-ID`` header and as OpenAI's
+``user`` field (vllm-router 0.1.17's ``consistent_hash`` reads ``X-Session-ID``, ``session-id`` and
+``user``); without them every request of a consistent-hash fleet lands on one worker.
+
+* ``--session-header NAME``: the header that carries the session (``none``: no header).
+* ``--header K:V`` (repeatable): more headers on every request (e.g. sglang-router's
+  ``x-smg-routing-key``, an auth header a gateway needs).
+* ``--extra-body JSON``: a JSON object merged into every request body (it wins over the fields kvbench
+  sets, except the ones that decide what the stream is: ``model``, ``messages``, ``prompt``, ``stream``).
+* ``--replica-metrics URL`` (repeatable): each replica's own root, scraped before and after
+  (:mod:`kvbench.run.replica_metrics`).
+
+Each flag is checked where :class:`~kvbench.run.config.ServerFlags` is built: a bad value is a
+``ValueError`` naming the flag.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    from kvbench.backends.openai.client import OpenAIConfig
+    from kvbench.run.config import ServerFlags
+
+TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # an HTTP header name (RFC 9110 "token")
+NO_SESSION_HEADER = "none"
+OWNED_BY_KVBENCH = ("model", "messages", "prompt", "stream")  # what the stream is: not --extra-body's
+
+
+def session_header(value: str | None) -> str | None:
+    """The session header's name: ``X-Session-ID`` for ``None``, no header for ``none`` or empty.
+    Raises ``ValueError`` for a name that is not an HTTP token."""
+    from kvbench.backends.openai.client import SESSION_HEADER
+
+    if value is None:
+        return SESSION_HEADER
+    if value.strip().lower() in ("", NO_SESSION_HEADER):
+        return None
+    if not TOKEN.fullmatch(value.strip()):
+        raise ValueError(f"--session-header {value!r}: not an HTTP header name (or 'none')")
+    return value.strip()
+
+
+def parse_headers(values: tuple[str, ...]) -> dict[str, str]:
+    """``--header NAME:VALUE`` values as a dict (a later name wins). Raises ``ValueError`` for a value
+    without ``:``, a name that is not an HTTP token, or a value with control or non-Latin-1 characters."""
+    headers: dict[str, str] = {}
+    for item in values:
+        name, colon, value = item.partition(":")
+        name, value = name.strip(), value.strip()
+        if not colon or not TOKEN.fullmatch(name):
+            raise ValueError(f"--header {item!r}: give NAME:VALUE with an HTTP header name")
+        if any(ord(char) < 32 or ord(char) == 127 or ord(char) > 255 for char in value):
+            raise ValueError(f"--header {item!r}: the value has a control or non-Latin-1 character")
+        headers[name] = value
+    return headers
+
+
+def parse_extra_body(text: str | None) -> dict[str, Any]:
+    """``--extra-body`` as a dict (``{}`` for ``None``). Raises ``ValueError`` for text that is not a
+    JSON object, or one that sets a field in :data:`OWNED_BY_KVBENCH`."""
+    if text is None:
+        return {}
+    try:
+        body = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"--extra-body: not JSON ({exc})") from None
+    if not isinstance(body, dict):
+        raise ValueError(f"--extra-body: give a JSON object, e.g. '{{\"priority\": 1}}', got {text!r}")
+    if owned := sorted(set(body) & set(OWNED_BY_KVBENCH)):
+        raise ValueError(f"--extra-body: {', '.join(owned)} is set by kvbench from the trace")
+    return body
+
+
+def check_replica_urls(urls: tuple[str, ...]) -> None:
+    """Raise ``ValueError`` naming ``--replica-metrics`` for a URL that is not http(s) with a host, or
+    one given twice."""
+    for url in urls:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(
+                f"--replica-metrics {url!r}: not an http:// or https:// URL with a host "
+                "(a replica's root, e.g. http://127.0.0.1:8001)"
+            )
+    if len(set(urls)) != len(urls):
+        raise ValueError("--replica-metrics: a replica is given twice (its counters would count twice)")
+
+
+def check_fleet_flags(server: ServerFlags) -> None:
+    """Raise ``ValueError`` naming the flag for any bad fleet flag of ``server``."""
+    session_header(server.session_header)
+    parse_headers(server.header)
+    parse_extra_body(server.extra_body)
+    check_replica_urls(server.replica_metrics)
+
+
+def shaped(config: OpenAIConfig, server: ServerFlags) -> OpenAIConfig:
+    """``config`` with the fleet flags applied: ``--header``, ``--session-header`` and ``--extra-body``
+    (merged over the body fields ``config`` already adds)."""
+    return replace(
+        config,
+        headers={**config.headers, **parse_headers(server.header)},
+        session_header=session_header(server.session_header),
+        extra_body={**config.extra_body, **parse_extra_body(server.extra_body)},
+    )

@@ -1,0 +1,150 @@
+"""Two real ``kvbench serve`` replicas behind the real routers (sglang-router, vllm-router from the
+``[fleet]`` extra) on loopback, and ``kvbench run --backend openai`` through each router: every row
+names the replica that served it, and the replicas' own ``/metrics`` deltas summed equal the usage the
+client saw. Under vllm-router's ``consistent_hash`` each session stays on one replica (the session goes
+out as ``X-Session-ID``)."""
+
+import importlib.util
+import json
+import socket
+import subprocess
+import sys
+import urllib.request
+from collections import defaultdict
+
+import pyarrow.parquet as pq
+import pytest
+from readiness import process_ended, wait_until
+from serve_process import ServeProcess
+
+from kvbench.results.parquet import read_metadata
+
+pytestmark = pytest.mark.slow  # two servers, a router and a 12-request run: ~30-60 s on 2 loaded cores
+
+CHAT = """
+[workload]
+kind = "chat"
+num_conversations = 4
+turns = "uniform:2,3"
+system_tokens = 64
+user_tokens = "lognormal:20,0.3"
+reply_tokens = "lognormal:4,0.3"
+conversation_rate_per_s = 100.0
+think_time_s = 0.01
+seed = 3
+
+[cache]
+block_size = 16
+
+[run]
+concurrency = 2
+"""
+ROUTERS = {
+    # (importable module, command line before the worker URLs' flag, policy)
+    "sglang": ("sglang_router", [sys.executable, "-m", "sglang_router.launch_router"], "round_robin"),
+    "vllm": ("vllm_router", [sys.executable, "-m", "vllm_router.launch_router"], "consistent_hash"),
+}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def replicas():
+    """Two ``kvbench serve --engine paged`` replicas on free ports (default replica id: host:port)."""
+    started = [ServeProcess("--engine", "paged"), ServeProcess("--engine", "paged")]
+    try:
+        yield [process.url.removesuffix("/v1") for process in started]
+    finally:
+        for process in started:
+            process.stop()
+
+
+def listed_models(url: str) -> list[str] | None:
+    try:
+        with urllib.request.urlopen(url + "/v1/models", timeout=5) as response:
+            return [entry["id"] for entry in json.loads(response.read())["data"]] or None
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+@pytest.fixture(params=sorted(ROUTERS))
+def router(request, replicas, tmp_path):
+    """The real router over ``replicas`` on a free port: ``(name, url, policy)``, stopped by its PID."""
+    module, command, policy = ROUTERS[request.param]
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"{module} is not installed (pip install -e '.[fleet]')")
+    port = free_port()
+    log = (tmp_path / f"{request.param}-router.log").open("w")
+    process = subprocess.Popen(
+        [
+            *command,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--prometheus-port",
+            str(free_port()),
+            "--policy",
+            policy,
+            "--worker-urls",
+            *replicas,
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(
+            lambda: listed_models(url),
+            f"{request.param}-router on {url}",
+            ended=process_ended(process),
+            log=lambda: (tmp_path / f"{request.param}-router.log").read_text(),
+        )
+        yield request.param, url, policy
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
+
+
+def test_rows_name_replicas_and_replica_metrics_add_up(kvbench, replicas, router, tmp_path):
+    name, url, policy = router
+    scenario, out = tmp_path / "chat.toml", tmp_path / "rows.parquet"
+    scenario.write_text(CHAT)
+    metrics_flags = [flag for replica in replicas for flag in ("--replica-metrics", replica)]
+    code, stdout, stderr = kvbench(
+        "run", scenario, "--backend", "openai", "--base-url", url + "/v1", *metrics_flags, "--out", out
+    )
+    assert code == 0, stderr
+    rows = pq.read_table(out).to_pylist()
+    names = {replica.removeprefix("http://") for replica in replicas}
+    assert rows and all(row["status"] == "ok" for row in rows)
+    assert {row["replica_id"] for row in rows} <= names  # every row names a replica of the fleet
+
+    report = read_metadata(out)["replica_metrics"]
+    assert report["verdict"] is None, report["verdict"]
+    fleet = report["fleet"]
+    assert fleet["prompt_tokens"] == sum(row["prompt_tokens"] for row in rows)
+    assert fleet["cached_tokens"] == sum(row["cached_prompt_tokens"] for row in rows)
+    assert fleet["requests"] == len(rows)
+    for replica in report["replicas"]:  # per replica: its /metrics delta is what its rows saw
+        mine = [row for row in rows if row["replica_id"] == replica["url"].removeprefix("http://")]
+        assert replica["prompt_tokens"] == sum(row["prompt_tokens"] for row in mine)
+        assert replica["cached_tokens"] == sum(row["cached_prompt_tokens"] for row in mine)
+    assert "replicas' own /metrics (sum = the client's traffic)" in stdout
+
+    by_session = defaultdict(set)
+    for row in rows:
+        by_session[row["session_id"]].add(row["replica_id"])
+    if policy == "round_robin":
+        assert {row["replica_id"] for row in rows} == names  # both replicas served
+    else:  # consistent hashing on X-Session-ID: a session never changes replica
+        assert all(len(served_by) == 1 for served_by in by_session.values()), dict(by_session)
