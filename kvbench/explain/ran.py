@@ -26,7 +26,6 @@ engine that a replay merely cannot know.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -35,6 +34,7 @@ import numpy as np
 
 from kvbench.cache.base import CacheConfig
 from kvbench.request import Request
+from kvbench.results.what_ran import WhatRan, server_ran
 
 
 class ReplayKind(str, Enum):
@@ -55,7 +55,8 @@ class RunRules:
         is_run: a run's results (generated tokens are placeholders), not a trace.
         use_reported: the run's reported hits stand in for the replay's (no replay is the run's).
         host_tier_blocks: the host KV tier the run had (0: none).
-        capacity_origin: where the cache size came from (``run``, ``detected``, ``flag``, ``assumed``).
+        capacity_origin: where the cache size came from (``trace``: explain's flags on a trace;
+            ``run``, ``detected``, ``given``, ``flag``, ``assumed``: :class:`WhatRan`'s ``origin``).
         notes: what explain cannot know, each once, with the flag that supplies it.
     """
 
@@ -64,20 +65,23 @@ class RunRules:
     is_run: bool = False
     use_reported: bool = False
     host_tier_blocks: int = 0
-    capacity_origin: str = "given"
+    capacity_origin: str = "trace"
     notes: tuple[str, ...] = ()
 
     def describe(self, config: CacheConfig) -> str:
-        """``paged engine: KV pool of 14 blocks of 16`` and the like, for the explain title."""
-        if self.replay is ReplayKind.OFF:
-            return f"{self.what}: prefix caching off ({self.capacity_origin})"
+        """``paged engine: KV pool of 14 blocks of 16`` and the like, for the explain title: the words
+        ``compare`` and ``report`` name a run by (:class:`kvbench.results.what_ran.WhatRan`), for the
+        cache replayed (``config``, explain's flags applied)."""
         structure = "KV pool" if self.replay is ReplayKind.POOL else f"{config.kind.value} cache"
-        text = f"{structure} of {config.capacity_blocks:,} blocks of {config.block_size}"
-        if self.capacity_origin in ("detected", "flag", "assumed"):
-            text += f" ({self.capacity_origin})"
-        if self.host_tier_blocks:
-            text += f", host tier of {self.host_tier_blocks:,} blocks"
-        return text if self.what == "trace" else f"{self.what}: {text}"
+        return WhatRan(
+            self.what,
+            self.replay is not ReplayKind.OFF,
+            structure,
+            config.capacity_blocks,
+            config.block_size,
+            self.capacity_origin,
+            self.host_tier_blocks,
+        ).describe()
 
 
 TRACE_RULES = RunRules()
@@ -96,35 +100,23 @@ def pool_hits(requests: Sequence[Request], config: CacheConfig) -> np.ndarray:
     return np.array([value or 0 for value in predicted], dtype=np.int64)
 
 
-POOL_BLOCKS = re.compile(r"^([\d,]+) blocks")
-LEADING_NUMBER = re.compile(r"^(\d+)\b")
-
-
 def server_block_size(origins: dict) -> int | None:
     """The block size a server run's expectations used (``server_cache["block size"]``), or ``None``."""
-    match = LEADING_NUMBER.match(origins.get("block size", ""))
-    return None if match is None else int(match.group(1))
+    return server_ran(origins).block_size
 
 
 def server_rules(origins: dict, capacity_flag: int | None) -> tuple[RunRules, int | None]:
     """The rules of a run against a server, from its ``server_cache`` metadata (what the run detected,
     :mod:`kvbench.backends.openai.server_cache`), and its pool in blocks (``None``: unknown, room for
     everything); ``capacity_flag``: explain's ``--cache-size``, which wins."""
-    caching = origins.get("prefix caching", "")
-    if caching.startswith("off"):
-        return RunRules("server", ReplayKind.OFF, True, capacity_origin="detected"), None
+    ran = server_ran(origins)
+    if not ran.caching:
+        return RunRules("server", ReplayKind.OFF, True, capacity_origin=ran.origin), None
     if capacity_flag is not None:
         return RunRules("server", ReplayKind.CACHE, True, capacity_origin="flag"), capacity_flag
-    pool = origins.get("pool", "")
-    match = POOL_BLOCKS.match(pool)
-    origin = "flag" if "flag" in pool else "detected"
-    if match is not None and "vLLM-faithful" in pool:
-        blocks = int(match.group(1).replace(",", ""))
-        return RunRules("server", ReplayKind.POOL, True, capacity_origin=origin), blocks
-    if match is not None:
-        return RunRules("server", ReplayKind.CACHE, True, capacity_origin=origin), int(
-            match.group(1).replace(",", "")
-        )
+    if ran.capacity_blocks is not None:
+        replay = ReplayKind.POOL if ran.structure == "KV pool" else ReplayKind.CACHE
+        return RunRules("server", replay, True, capacity_origin=ran.origin), ran.capacity_blocks
     note = (
         "the server published no pool size: replayed with room for everything, so what its pool "
         "evicted shows as lost to the server; give --cache-size N (its pool in blocks) to explain it"
