@@ -113,6 +113,8 @@ def _print_tables(console, fixed, roomy: bool, show: int, png: Path | None) -> N
     """The waterfall, the fix list (and where its TTFT estimates come from), the per-request rows."""
     explanation = fixed.explanation
     console.print(tables.waterfall_table(explanation, roomy))
+    for note in explanation.rules.notes:
+        console.print(f"note: {escape(note)}")
     console.print("[bold]what to change[/bold] (each change replayed; ranked by gain):")
     for line in tables.fix_lines(fixed.fixes):
         console.print(f"  {escape(line)}")
@@ -137,6 +139,7 @@ def explanation_json(fixed, roomy: bool = False) -> dict:
     return {
         "title": tables.waterfall_title(explanation, roomy),
         "waterfall": rows,
+        "notes": list(explanation.rules.notes),
         "ttft_fit": fixed.ttft_note,
         "fixes": [{"rank": rank, **fix.as_dict()} for rank, fix in enumerate(fixed.fixes, start=1)],
     }

@@ -14,8 +14,7 @@ def waterfall_title(explanation, roomy: bool = False) -> str:
     room = " (room for everything)" if roomy else ""
     return (
         f"kvbench explain: {explanation.name} ({counted(len(explanation.requests), 'request')}; "
-        f"{config.kind.value} "
-        f"cache of {config.capacity_blocks:,} blocks of {config.block_size}{room}{ttl})"
+        f"{explanation.rules.describe(config)}{room}{ttl})"
     )
 
 

@@ -16,7 +16,7 @@ from kvbench.errors import InputError
 from kvbench.extras import needs_extra
 from kvbench.results.compare import Comparison, compare_runs
 from kvbench.results.export import ReportFormat
-from kvbench.results.files import describe_cache, load_result, load_results
+from kvbench.results.files import load_result, load_results
 from kvbench.results.parquet import check_output_folder
 from kvbench.results.report import TableData, build_report, summary_tables
 from kvbench.results.scoreboard import append_rows, scoreboard_rows
@@ -172,7 +172,7 @@ def compare(
         console.print(
             escape(
                 f"{name}: {result.path} ({config.get('backend', '?')}, {config.get('model', '?')}, "
-                f"{describe_cache(result.cache)})"
+                f"{result.what_ran.describe(detail=True)})"
             )
         )
     console.print(_comparison_table(comparison))

@@ -22,7 +22,8 @@ import numpy as np
 from kvbench.cache.base import CacheConfig, CacheKind
 from kvbench.explain.causes import OWN_NEW_KINDS, Cause, Context, request_causes
 from kvbench.explain.prefixes import PrefixIndex, SharedPrefix, stored_sequences
-from kvbench.explain.replay import replay_details
+from kvbench.explain.ran import TRACE_RULES, ReplayKind, RunRules, pool_hits
+from kvbench.explain.replay import ReplayDetails, replay_details
 from kvbench.explain.waterfall import Breakdown, Waterfall, breakdown, total
 from kvbench.request import Request
 from kvbench.sim.outputs import Outputs, known_outputs, stored_blocks_of, trace_outputs
@@ -55,12 +56,14 @@ class RequestExplanation:
 
 @dataclass(frozen=True)
 class Explanation:
-    """Every request's explanation (replay order) and their waterfall."""
+    """Every request's explanation (replay order), their waterfall, and the rules of what ran
+    (:class:`~kvbench.explain.ran.RunRules`: its notes say what the replay cannot know)."""
 
     name: str
     config: CacheConfig
     requests: list[RequestExplanation]
     waterfall: Waterfall
+    rules: RunRules = TRACE_RULES
 
 
 def explain_requests(
@@ -71,23 +74,26 @@ def explain_requests(
     reported: Sequence[int | None] | None = None,
     min_cacheable_tokens: int | None = None,
     name: str = "",
+    rules: RunRules = TRACE_RULES,
 ) -> Explanation:
     """Explain ``requests`` (sorted by arrival, stable) through ``config``'s cache (module docstring).
 
     ``tokenizer`` (``decode``, optionally ``render_messages``) enables content causes; ``outputs``:
     per request, generated ids or ``None`` (default: the trace's replies); ``reported``: per request,
     the server's ``cached_tokens``; ``min_cacheable_tokens``: a provider's minimum prompt length
-    (OpenAI and Anthropic: 1,024), below which a prompt is never cached.
+    (OpenAI and Anthropic: 1,024), below which a prompt is never cached; ``rules``: what ran
+    (:mod:`kvbench.explain.ran`: the replay that gives the hits; with ``use_reported`` the reported
+    hits, at most the request's ideal, stand in for it).
 
     Raises:
         ValueError: ``outputs`` or ``reported`` differ in length from ``requests``.
     """
     order, ordered, reported = _in_arrival_order(requests, reported)
-    given = None if config.prompt_only else _outputs(ordered, outputs, order)
+    given = None if config.prompt_only else _outputs(ordered, _run_outputs(outputs, rules, ordered), order)
     sequences = stored_sequences([r.token_ids for r in ordered], given or [None] * len(ordered))
     eligible = _eligible(ordered, min_cacheable_tokens)
     same, any_ = _shared_prefixes(ordered, sequences, config)
-    details, replayed = _replay(ordered, given, eligible, config)
+    details, replayed = _replay(ordered, given, eligible, config, rules)
     positions = sorted(replayed, key=replayed.get)
     ctx = Context(
         ordered,
@@ -101,32 +107,26 @@ def explain_requests(
     explained = []
     for p, request in enumerate(ordered):
         slot = replayed.get(p)
-        hit = None if slot is None else int(details.hit_tokens[slot])
+        mine = None if reported is None else reported[p]
         ideal_same = _ideal_same_tokens(request, same[p], any_[p], config.block_size)
-        expired = (
-            slot is not None
-            and details.ttl_hit_tokens is not None
-            and int(details.ttl_hit_tokens[slot]) < ideal_same
-        )
+        hit, lost_to = _hit_and_loss(rules, details, slot, ideal_same, mine)
         bars = breakdown(
             request.num_tokens,
             config.block_size,
             any_[p].tokens,
             same[p].tokens,
             hit,
-            _lost_to(expired, same[p], eligible),
+            _lost_to(lost_to, same[p], eligible),
             not eligible[p],
-            None if reported is None else reported[p],
+            mine,
         )
         last_use = None if slot is None else details.last_use[slot]
         if last_use is not None:  # replay slot -> position among all requests
             last_use = replace(last_use, position=positions[last_use.position])
-        causes = request_causes(
-            ctx, p, bars, same[p], any_[p], last_use, None if reported is None else reported[p]
-        )
+        causes = request_causes(ctx, p, bars, same[p], any_[p], last_use, mine)
         earlier = None if same[p].earlier is None else ordered[same[p].earlier].request_id
         explained.append(RequestExplanation(request, same[p].tokens, earlier, bars, causes))
-    return Explanation(name, config, explained, total([e.bars for e in explained]))
+    return Explanation(name, config, explained, total([e.bars for e in explained]), rules)
 
 
 @dataclass(frozen=True)
@@ -158,17 +158,37 @@ def replay_requests(
     config: CacheConfig,
     outputs: Outputs | None = None,
     min_cacheable_tokens: int | None = None,
+    rules: RunRules = TRACE_RULES,
 ) -> Replayed:
     """The bounded replay :func:`explain_requests` takes its hits from, without the causes: what a
-    fix (:mod:`kvbench.explain.fixes`) is measured with. Same arguments and errors."""
+    fix (:mod:`kvbench.explain.fixes`) is measured with, by ``rules``' replay (never the reported
+    hits). Same arguments and errors."""
     order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_s)
     ordered = [requests[i] for i in order]
-    given = None if config.prompt_only else _outputs(ordered, outputs, order)
+    given = None if config.prompt_only else _outputs(ordered, _run_outputs(outputs, rules, ordered), order)
     eligible = _eligible(ordered, min_cacheable_tokens)
     trace, positions = eligible_trace(ordered, given, eligible, config)
     hits = np.zeros(len(ordered), dtype=np.int64)
-    hits[positions] = simulate(trace, config).cached_tokens_per_request
+    hits[positions] = replay_hits(trace, [ordered[p] for p in positions], config, rules)
     return Replayed(ordered, hits, given, trace)
+
+
+def replay_hits(
+    trace: PreparedTrace, requests: Sequence[Request], config: CacheConfig, rules: RunRules
+) -> np.ndarray:
+    """Per replayed request (``trace``'s, which are ``requests``), its hit tokens by ``rules``' replay:
+    kvbench's cache, the paged engine's pool (:func:`kvbench.explain.ran.pool_hits`) or none."""
+    if rules.replay is ReplayKind.POOL:
+        return pool_hits(requests, config)
+    if rules.replay is ReplayKind.OFF:
+        return np.zeros(len(requests), dtype=np.int64)
+    return simulate(trace, config).cached_tokens_per_request
+
+
+def _run_outputs(outputs: Outputs | None, rules: RunRules, ordered: Sequence[Request]) -> Outputs | None:
+    """A run's engine generated its own tokens, which no later prompt contains: placeholders (as the
+    run's prediction), not the trace's replies, unless outputs are given."""
+    return [None] * len(ordered) if outputs is None and rules.is_run else outputs
 
 
 def _in_arrival_order(
@@ -205,11 +225,28 @@ def _eligible(ordered: Sequence[Request], min_cacheable_tokens: int | None) -> l
     return [min_cacheable_tokens is None or r.num_tokens >= min_cacheable_tokens for r in ordered]
 
 
-def _lost_to(expired: bool, same: SharedPrefix, eligible: Sequence[bool]) -> str:
-    """The bar for what the replay missed: TTL, a shared prefix only a too-short prompt had (the
-    provider never cached it), else capacity."""
-    if expired:
-        return "ttl"
+def _hit_and_loss(
+    rules: RunRules, details: ReplayDetails, slot: int | None, ideal_same: int, reported: int | None
+) -> tuple[int | None, str | None]:
+    """A request's replayed hit (``None``: never looked up) and the bar its misses go to when known
+    here (``ttl``, ``cache_off``; ``None``: :func:`_lost_to` decides). With ``rules.use_reported``
+    the reported hit, at most the ideal, stands in for the replay's."""
+    if slot is None:
+        return None, None
+    hit = int(details.hit_tokens[slot])
+    if rules.use_reported and reported is not None:
+        hit = min(reported, ideal_same)
+    if rules.replay is ReplayKind.OFF:
+        return hit, "cache_off"
+    ttl = details.ttl_hit_tokens
+    return hit, "ttl" if ttl is not None and int(ttl[slot]) < ideal_same else None
+
+
+def _lost_to(known: str | None, same: SharedPrefix, eligible: Sequence[bool]) -> str:
+    """The bar for what the replay missed: ``known`` (TTL, caching off), a shared prefix only a
+    too-short prompt had (the provider never cached it), else capacity."""
+    if known:
+        return known
     return "provider_minimum" if same.earlier is not None and not eligible[same.earlier] else "capacity"
 
 
@@ -239,10 +276,21 @@ def _shared_prefixes(
     return same, any_
 
 
-def _replay(ordered: Sequence[Request], outputs: list | None, eligible: Sequence[bool], config: CacheConfig):
-    """The bounded replay of the eligible requests; returns the details and position -> replay slot."""
+def _replay(
+    ordered: Sequence[Request],
+    outputs: list | None,
+    eligible: Sequence[bool],
+    config: CacheConfig,
+    rules: RunRules,
+):
+    """The bounded replay of the eligible requests; returns the details and position -> replay slot.
+    Only kvbench's cache replay knows when a missing block was last used."""
     trace, positions = eligible_trace(ordered, outputs, eligible, config)
-    details = replay_details(trace.prompts, trace.stored, trace.arrivals_s, config)
+    if rules.replay is ReplayKind.CACHE:
+        details = replay_details(trace.prompts, trace.stored, trace.arrivals_s, config)
+    else:
+        hits = replay_hits(trace, [ordered[p] for p in positions], config, rules)
+        details = ReplayDetails(hits, None, [None] * len(positions))
     return details, {p: slot for slot, p in enumerate(positions)}
 
 

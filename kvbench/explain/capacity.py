@@ -16,7 +16,7 @@ for a model shape (:data:`kvbench.memory.presets.PRESETS`).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -94,6 +94,13 @@ def _by_bisection(trace: PreparedTrace, config: CacheConfig, shares: Sequence[fl
     def hit(capacity: int) -> int:
         return simulate(trace, replace(config, capacity_blocks=capacity)).num_cached_tokens
 
+    return bisected(hit, roomy, shares)
+
+
+def bisected(hit: Callable[[int], int], roomy: int, shares: Sequence[float] = SHARES) -> list[CapacityTarget]:
+    """Per share, the smallest capacity in ``1 .. roomy`` blocks whose ``hit(capacity)`` (hit tokens)
+    reaches ``share`` x ``hit(roomy)``, by bisection (the hit grows with capacity); ``[]`` when
+    nothing can hit. The replay behind ``hit`` is the caller's: kvbench's cache or the paged pool."""
     ideal = hit(roomy)
     if ideal == 0:
         return []

@@ -6,7 +6,7 @@ Cause kinds: ``never seen`` / a content cause (:mod:`kvbench.explain.content`) /
 (resends an earlier request whole, then more) / ``new message`` (diverges inside the prompt's last
 message: the new turn) for the ``new`` bar; ``block floor``; ``last token``; ``different salt``; ``below
 provider
-minimum``; ``evicted (capacity)``; ``expired (TTL)``; ``server reported less`` (or ``more``).
+minimum``; ``caching off``; ``evicted (capacity)``; ``expired (TTL)``; ``server reported less`` (or ``more``).
 """
 
 from __future__ import annotations
@@ -166,6 +166,10 @@ def _lost_in_cache(
             f"{idle_s:,.1f} s earlier)"
         )
     causes = []
+    if tokens["cache_off"]:
+        causes.append(
+            Cause("caching off", tokens["cache_off"], 0, "the run's prefix caching was off: nothing hits")
+        )
     if tokens["capacity"]:
         stored = f"; {last_use.num_blocks_stored_since:,} blocks stored since" if last_use else ""
         causes.append(

@@ -11,9 +11,10 @@ import numpy as np
 
 from kvbench.cache.base import CacheConfig, ReleaseOrder
 from kvbench.explain import rewrite
-from kvbench.explain.api import Explanation, replay_requests
-from kvbench.explain.capacity import capacity_targets, headline, kv_bytes, stored_curve
+from kvbench.explain.api import Explanation, replay_requests, unbounded_config
+from kvbench.explain.capacity import bisected, capacity_targets, headline, kv_bytes, stored_curve
 from kvbench.explain.fixes import Fix, FixContext, FixOptions, Measured, priced, rank
+from kvbench.explain.ran import ReplayKind
 from kvbench.memory.layout import format_bytes
 from kvbench.request import Request
 from kvbench.sim.curve import one_pass_refusal
@@ -48,10 +49,25 @@ def _bar(ctx: FixContext, key: str) -> int:
     return ctx.explanation.waterfall.tokens[key]
 
 
+def _capacity_targets(ctx: FixContext) -> list:
+    """The capacity fix's sizes, by the replay of what ran: the exact curve or a bisection of kvbench's
+    cache, or a bisection of the paged engine's pool (:func:`kvbench.explain.capacity.bisected`)."""
+    if ctx.rules.replay is not ReplayKind.POOL:
+        return capacity_targets(ctx.base.trace, ctx.config)
+    roomy = (
+        unbounded_config(ctx.requests, ctx.config).capacity_blocks + 1
+    )  # + the block a request decodes into
+
+    def hit(capacity: int) -> int:
+        return ctx.replay(config=replace(ctx.config, capacity_blocks=capacity)).num_hit_tokens
+
+    return bisected(hit, roomy)
+
+
 def capacity_fix(ctx: FixContext) -> list[Measured]:
     if not _bar(ctx, "capacity"):
         return []
-    targets = capacity_targets(ctx.base.trace, ctx.config)
+    targets = _capacity_targets(ctx)
     if not targets:
         return []
     block = ctx.config.block_size
@@ -87,9 +103,11 @@ def host_tier_fix(ctx: FixContext) -> list[Measured]:
     """The capacity loss recovered by host memory instead of GPU memory: an inclusive (write-through)
     host KV tier of the capacity fix's size below the cache as it is (:mod:`kvbench.sim.tiers`, one pass;
     vLLM's CPU offloading connector), its hits loaded instead of recomputed. Only where the one pass
-    is exact and no provider minimum applies."""
+    is exact and no provider minimum applies, and for a trace: the one pass models no engine's tier
+    (the paged engine's ``--host-tier`` differs by its pool), so a run would not reproduce it."""
     if (
-        not _bar(ctx, "capacity")
+        ctx.rules.is_run
+        or not _bar(ctx, "capacity")
         or ctx.min_cacheable_tokens is not None
         or one_pass_refusal(ctx.config)
         or ctx.config.release_order is not ReleaseOrder.TAIL_FIRST
@@ -297,7 +315,30 @@ def routing_fix(ctx: FixContext) -> list[Measured]:
     ]
 
 
+def cache_on_fix(ctx: FixContext) -> list[Measured]:
+    """Prefix caching off: turn it on, measured with room for every block (the same replay's rules
+    with caching on: the paged engine's pool, else kvbench's cache)."""
+    if not _bar(ctx, "cache_off"):
+        return []
+    kind = ReplayKind.POOL if ctx.rules.what == "paged engine" else ReplayKind.CACHE
+    on = replace(ctx.rules, replay=kind, use_reported=False)
+    roomy = unbounded_config(ctx.requests, ctx.config)
+    roomy = replace(roomy, capacity_blocks=roomy.capacity_blocks + 1)
+    after = replay_requests(ctx.requests, roomy, None, ctx.min_cacheable_tokens, on)
+    return [
+        Measured(
+            "caching off",
+            f"turn prefix caching on (kvbench: --cache on; vLLM: --enable-prefix-caching) with room for "
+            f"{roomy.capacity_blocks:,} blocks of {roomy.block_size}",
+            "KV memory for the cached blocks",
+            (after.requests, after.hit_tokens),
+            setting={"cache": "on", "cache_size": roomy.capacity_blocks},
+        )
+    ]
+
+
 FIX_KINDS: tuple[Callable[[FixContext], list[Measured]], ...] = (
+    cache_on_fix,
     capacity_fix,
     host_tier_fix,
     volatile_fix,
@@ -321,6 +362,10 @@ def fix_list(
     """Every fix for ``explanation``'s losses (of ``requests`` through ``explanation.config``), ranked."""
     ordered = sorted(requests, key=lambda r: r.arrival_s)
     config: CacheConfig = explanation.config
-    base = replay_requests(ordered, config, None, min_cacheable_tokens)
+    base = replay_requests(ordered, config, None, min_cacheable_tokens, explanation.rules)
+    if explanation.rules.use_reported:  # no replay is the run's: the fixes start from what it hit
+        base = replace(
+            base, hit_tokens=np.array([e.hit_tokens for e in explanation.requests], dtype=np.int64)
+        )
     ctx = FixContext(ordered, config, tokenizer, min_cacheable_tokens, base, explanation, options)
     return rank([priced(measured, ctx) for kind in FIX_KINDS for measured in kind(ctx)])

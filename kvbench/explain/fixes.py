@@ -39,6 +39,7 @@ from kvbench.bill.rules import CacheRules
 from kvbench.bill.simulate import Usage
 from kvbench.cache.base import CacheConfig
 from kvbench.explain.api import Explanation, Replayed, replay_requests
+from kvbench.explain.ran import RunRules
 from kvbench.memory.layout import ModelShape
 from kvbench.request import Request
 from kvbench.results.sweep import Fit
@@ -65,7 +66,8 @@ class FixOptions:
 @dataclass(frozen=True)
 class FixContext:
     """What every fix is measured against: the explained requests (arrival order), their cache, the
-    baseline replay and the explanation."""
+    baseline (the replay, or the run's reported hits where the rules take them) and the explanation;
+    every change is replayed by the rules of what ran (``explanation.rules``)."""
 
     requests: list[Request]
     config: CacheConfig
@@ -84,7 +86,12 @@ class FixContext:
         """The explain replay of ``requests`` (default: the explained ones) through ``config`` (default:
         theirs), with the provider minimum unless ``without_minimum``."""
         minimum = None if without_minimum else self.min_cacheable_tokens
-        return replay_requests(list(requests or self.requests), config or self.config, None, minimum)
+        requests = list(requests or self.requests)
+        return replay_requests(requests, config or self.config, None, minimum, self.rules)
+
+    @property
+    def rules(self) -> RunRules:
+        return self.explanation.rules
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,15 @@
 """``kvbench explain --lint``: prompt-layout rules checked on a trace without running anything.
 
 * **Stable first**: a volatile value (:mod:`kvbench.explain.volatile`; plain counters are left out,
-  numbers are everywhere) anywhere but the prompt's last message (the new turn) sits before content
+  numbers are everywhere; a value the session's previous turn sent at the same place is resent
+  unchanged, not volatile) anywhere but the prompt's last message (the new turn) sits before content
   that every later turn resends, so every block after it differs per request. Move it to the end.
 * **Append-only sessions**: turn ``t`` of a session should resend turn ``t - 1``'s whole prompt;
   the first token where it does not is reported (history rewritten, reasoning dropped, a template
   that renders earlier turns differently).
 * **Tokens after the first volatile value**: the share of all prompt tokens that sit after the first
-  volatile value of their prompt: what a prefix cache cannot share while that value changes.
+  volatile value of their prompt that breaks the rule above (one in the last message costs only the
+  new turn): what a prefix cache cannot share while that value changes.
 """
 
 from __future__ import annotations
@@ -67,16 +69,19 @@ def lint(requests: Sequence[Request], tokenizer) -> LintReport:
     """Check every request (module docstring); ``tokenizer`` decodes ids (and renders messages)."""
     findings: list[LintFinding] = []
     after = 0
+    by_turn = {(r.session_id, r.turn): r for r in requests}
     for request in requests:
         ids = np.asarray(request.token_ids)
-        spans = find_volatile(decode(tokenizer, ids), LINT_KINDS)
+        text = decode(tokenizer, ids)
+        resent = _resent_chars(tokenizer, ids, by_turn.get((request.session_id, request.turn - 1)))
+        spans = [span for span in find_volatile(text, LINT_KINDS) if span.end > resent]
         if not spans:
             continue
         offset = token_offset_of_char(
             lambda part: decode(tokenizer, np.asarray(part)), ids.tolist(), spans[0].start
         )
-        after += len(ids) - offset
         if offset < last_message_offset(tokenizer, request.messages):
+            after += len(ids) - offset
             findings.append(
                 LintFinding(
                     "stable first",
@@ -90,6 +95,15 @@ def lint(requests: Sequence[Request], tokenizer) -> LintReport:
             )
     checked, append_only = _sessions(requests, tokenizer, findings)
     return LintReport(findings, sum(r.num_tokens for r in requests), after, checked, append_only)
+
+
+def _resent_chars(tokenizer, ids: np.ndarray, previous: Request | None) -> int:
+    """Characters at the start of ``ids``' text that the session's previous turn sent too: a value
+    there was resent unchanged (a timestamp in an earlier tool output), so it breaks no prefix."""
+    if previous is None:
+        return 0
+    shared = common_prefix_tokens(np.asarray(previous.token_ids), ids)
+    return len(decode(tokenizer, ids[:shared])) if shared else 0
 
 
 def _sessions(requests: Sequence[Request], tokenizer, findings: list[LintFinding]) -> tuple[int, int]:

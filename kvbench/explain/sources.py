@@ -15,6 +15,7 @@ from kvbench.explain.api import Explanation, explain_requests, unbounded_config
 from kvbench.explain.fix_kinds import fix_list
 from kvbench.explain.fixes import Fix, FixOptions
 from kvbench.explain.lint import LintReport, lint
+from kvbench.explain.ran import RunRules, engine_rules, server_block_size, server_rules
 from kvbench.memory.layout import ModelShape
 from kvbench.memory.presets import DEFAULT_PRESET, resolve_model
 from kvbench.request import Request
@@ -268,25 +269,7 @@ def _explain_results(config: ExplainConfig, tokenizer) -> Explained:
         ],
         config.salt,
     )
-    cache_info = result.cache
-    flags = config.cache
-    if cache_info.get("enabled") and cache_info.get("block_size"):
-        flags = replace(
-            flags,
-            block_size=flags.block_size or cache_info["block_size"],
-            cache_kind=flags.cache_kind or cache_info.get("kind"),
-            prompt_only=flags.prompt_only or cache_info.get("prompt_only"),
-        )
-    capacity = cache_info.get("capacity_blocks") if cache_info.get("enabled") else None
-    cache = checked(
-        lambda: _cache(
-            source,
-            flags,
-            requests,
-            16 if not cache_info.get("block_size") else cache_info["block_size"],
-            capacity,
-        )
-    )
+    rules, cache = checked(lambda: _run_cache(result, config.cache, source, requests))
     explanation = explain_requests(
         requests,
         cache,
@@ -294,5 +277,42 @@ def _explain_results(config: ExplainConfig, tokenizer) -> Explained:
         reported=[row.cached_prompt_tokens for row in rows],
         min_cacheable_tokens=config.min_cacheable_tokens,
         name=result.name,
+        rules=rules,
     )
     return Explained(explanation, requests, tokenizer, run.get("model"), Path(config.source))
+
+
+def _run_cache(result, flags: CacheFlags, source: RunSource, requests: list[Request]):
+    """``(rules, cache)``: what the run's cache was (:mod:`kvbench.explain.ran`): an in-process run's
+    engine and ``run.cache``, or a server's detected pool and caching state (``server_cache``);
+    explain's own cache flags win over both."""
+    cache_info, run = result.cache, result.run
+    server_cache = result.metadata.get("server_cache")
+    block_size = server_block_size(server_cache or {}) or cache_info.get("block_size") or 16
+    flags = replace(
+        flags,
+        block_size=flags.block_size or block_size,
+        cache_kind=flags.cache_kind or cache_info.get("kind"),
+        prompt_only=flags.prompt_only or cache_info.get("prompt_only"),
+    )
+    if run.get("backend", "inprocess") != "inprocess" and server_cache is not None:
+        given = None if flags.cache_size is None else _blocks(flags.cache_size)
+        rules, capacity = server_rules(server_cache, given)
+        return rules, _cache(source, replace(flags, cache_size=None), requests, block_size, capacity)
+    enabled = cache_info.get("enabled")
+    capacity = cache_info.get("capacity_blocks") if enabled else None
+    engine = run.get("engine") or {}
+    if not enabled and engine.get("num_pool_blocks"):
+        capacity = engine["num_pool_blocks"]  # the paged engine's pool, with its prefix caching off
+    cache = _cache(source, flags, requests, block_size, capacity)
+    if run.get("backend", "inprocess") != "inprocess":
+        return RunRules(
+            "server", is_run=True, capacity_origin="flag" if flags.cache_size else "assumed"
+        ), cache
+    return engine_rules(run, cache if enabled or enabled is None else None), cache
+
+
+def _blocks(size) -> int:
+    if not str(size).replace("_", "").isdigit():
+        raise InputError(f"--cache-size {size}: explain takes a number of blocks")
+    return int(str(size).replace("_", ""))

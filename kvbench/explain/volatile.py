@@ -1,11 +1,14 @@
 """Volatile values in prompt text: the content that differs per request and breaks a shared prefix.
 
-A date, a time, a Unix timestamp, a UUID, a request id or a counter near the top of a prompt makes
-every block after it differ (block keys are chained), which is the most common way a prefix cache
-stops paying (a timestamp at the top of a system prompt: vLLM, SGLang and provider prompt-caching
-guides all warn about it). :func:`find_volatile` finds them by pattern, in priority order (a UUID is
-not also reported as a counter); :func:`token_offset_of_char` maps a character position back to the
-token that holds it.
+A date, a time, a Unix timestamp, a UUID, a request id (a value with a digit after an ``id`` key,
+or a code of digits or hex, optionally after a short prefix such as ``req_``, following
+``request``, ``trace``, ``session``, ``run`` or ``call``: an id, never a word such as ``run
+destructive``), a long hex id or a counter near the top of a prompt makes every block after it
+differ (block keys are chained), which is the most common way a prefix cache stops paying (a
+timestamp at the top of a system prompt: vLLM, SGLang and provider prompt-caching guides all warn
+about it). :func:`find_volatile` finds them by pattern, in priority order (a UUID is not also
+reported as a counter); :func:`token_offset_of_char` maps a character position back to the token
+that holds it.
 """
 
 from __future__ import annotations
@@ -27,9 +30,12 @@ PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("timestamp", re.compile(r"\b1\d{9}(?:\.\d+)?\b")),  # Unix seconds, 2001..2286
     ("time", re.compile(r"\b\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?\b")),
     (
-        "request id",
+        "request id",  # an id: a digit-bearing value after an ``id`` key, or a hex code after a request word
         re.compile(
-            r"(?i)\b(?:req(?:uest)?|trace|session|run|call)[-_ ]?(?:id)?[-_:= #]+[A-Za-z0-9][\w-]{3,}"
+            r"(?i)\b(?:(?:req(?:uest)?|trace|session|run|call|conversation|user)[-_ ]?)?id\b[\"']?"
+            r"\s*[:=#]\s*[\"']?(?=[\w-]*\d)[A-Za-z0-9][\w-]{3,}"
+            r"|(?i:\b(?:req(?:uest)?|trace|session|run|call)[-_:= #]+)"
+            r"(?:[A-Za-z]{1,5}[-_])?(?=[0-9a-fA-F-]*\d)[0-9a-fA-F][0-9a-fA-F-]{3,}\b"
         ),
     ),
     ("hex id", re.compile(r"\b[0-9a-fA-F]{16,}\b")),

@@ -12,6 +12,7 @@ block floor            ``any - floor(any / B) * B``: the shared tail that does n
 last token             ``floor(any / B) * B - min(floor(any / B), cap) * B``
 salt                   ``min(floor(any / B), cap) * B - min(floor(same / B), cap) * B``
 provider minimum       what is left, for a prompt shorter than the provider's minimum
+caching off            what is left, for a run whose prefix caching was off (nothing hits)
 capacity / TTL         what is left minus the replay's hit: evicted, or idle past the TTL
 server                 the replay's hit minus what the server reported (a run's Parquet)
 hit                    the cached tokens (the server's report, or the replay's)
@@ -33,6 +34,7 @@ BARS: tuple[tuple[str, str], ...] = (
     ("last_token", "lost to the last-token rule"),
     ("salt", "lost to salt / namespace separation"),
     ("provider_minimum", "lost to the provider's minimum length"),
+    ("cache_off", "lost to prefix caching being off"),
     ("capacity", "lost to capacity evictions"),
     ("ttl", "lost to TTL expiry"),
     ("server", "lost to the server (reported below the cache)"),
@@ -66,7 +68,8 @@ def breakdown(
 ) -> Breakdown:
     """The bars of one request (module docstring). ``replay_hit``: the bounded replay's cached tokens
     (``None`` for a prompt below the provider minimum, which is never looked up); ``lost_to``:
-    ``capacity`` or ``ttl``, the bar for ``ideal - replay_hit``; ``reported``: the server's count."""
+    ``capacity``, ``ttl`` or ``cache_off``, the bar for ``ideal - replay_hit``; ``reported``: the
+    server's count."""
     cap = max(num_tokens - 1, 0) // block_size
     floored = shared_any // block_size * block_size
     capped = min(shared_any // block_size, cap) * block_size

@@ -18,6 +18,7 @@ from kvbench.errors import InputError
 from kvbench.results.files import NOT_VERIFIED, ResultFile, format_value, summary_cell
 from kvbench.results.report import RUN_METRICS
 from kvbench.results.rows import ResultRow
+from kvbench.results.what_ran import load_warning
 
 COMPARED_METRICS = RUN_METRICS  # (row label, RunSummary field, format spec)
 
@@ -65,7 +66,7 @@ class Comparison:
 
     Attributes:
         trace: the shared content hash, or how the trace was matched when a hash is missing.
-        warnings: things to know before trusting the ratios (forced mismatch, different slices).
+        warnings: things to know before trusting the ratios (forced mismatch, different load or slices).
     """
 
     a: ResultFile
@@ -137,11 +138,8 @@ def compare_runs(a: ResultFile, b: ResultFile, force: bool = False) -> Compariso
         and a.requests_hash != b.requests_hash
     ):
         warnings.append("same trace, but the requests run differ (another slice, max_tokens or tokenizer)")
-    if a.summary.num_requests != b.summary.num_requests:
-        warnings.append(
-            f"{a.path.name} measured {a.summary.num_requests:,} requests, "
-            f"{b.path.name} {b.summary.num_requests:,}: percentiles cover different slices"
-        )
+    load = load_warning([(name, r.metadata, r.summary.num_requests) for name, r in (("A", a), ("B", b))])
+    warnings += [load] if load else []
     metrics = tuple(_metric(name, key, spec, a, b) for name, key, spec in COMPARED_METRICS)
     return Comparison(a=a, b=b, metrics=metrics, trace=trace, warnings=tuple(warnings))
 

@@ -20,6 +20,7 @@ from kvbench.results.parquet import read_metadata
 from kvbench.results.rows import ResultRow, rows_from_dicts
 from kvbench.results.summary import RunSummary, summarize
 from kvbench.results.sweep import SweepSummary, read_sweep_summary
+from kvbench.results.what_ran import WhatRan, what_ran
 
 RESULT_KINDS = ("run", "sim", "sweep", "load-sweep")  # load-sweep: load_sweep.parquet (results/load_sweep.py)
 _NEEDED_COLUMNS = {
@@ -105,13 +106,15 @@ class ResultFile:
         )
 
     @property
+    def what_ran(self) -> WhatRan:
+        """A run file's engine and cache (:func:`kvbench.results.what_ran.what_ran`)."""
+        return what_ran(self.metadata)
+
+    @property
     def label(self) -> str:
-        """Short legend label: file name and cache on/off (run files)."""
-        if self.kind != "run":
-            return self.name
-        if self.cache_enabled is None:
-            return f"{self.name} (server's cache)"
-        return f"{self.name} (cache {'on' if self.cache_enabled else 'off'})"
+        """Legend label: the file name, and for a run file what it measured, e.g. ``on (copy engine: hash
+        cache of 64 blocks of 16)``."""
+        return f"{self.name} ({self.what_ran.describe()})" if self.kind == "run" else self.name
 
 
 def load_result(path: str | Path) -> ResultFile:
@@ -216,31 +219,6 @@ def summary_cell(result: Any, key: str, spec: str) -> str:
 def format_value(value: float | None, spec: str = ",.1f") -> str:
     """``value`` formatted with ``spec``; ``-`` when not measured."""
     return "-" if value is None else format(value, spec)
-
-
-def describe_cache(cache: Mapping[str, Any]) -> str:
-    """A run's cache config in words, e.g. ``prefix cache (hash), 16-tok blocks, 1,024 blocks, LRU, TTL 300
-    s``."""
-    if not cache:
-        return "cache unknown"
-    if cache.get("enabled") is None and "enabled" in cache:  # an HTTP server: its cache is its own
-        return f"server's cache ({cache.get('block_size', '?')}-tok blocks expected)"
-    if not cache.get("enabled", True):
-        return "cache off"
-    capacity = cache.get("capacity_blocks")
-    parts = [
-        f"prefix cache ({cache.get('kind', 'hash')})",
-        f"{cache.get('block_size', '?')}-tok blocks",
-        f"{capacity:,} blocks" if capacity else "unbounded",
-        "LRU",
-    ]
-    if cache.get("release_order") == "head-first":
-        parts.append("head-first release")
-    if cache.get("ttl_s"):
-        parts.append(f"TTL {cache['ttl_s']:g} s")
-    if cache.get("hash_bits"):
-        parts.append(f"{cache['hash_bits']}-bit keys")
-    return ", ".join(parts)
 
 
 # (row label, RunSummary field, format spec): the numbers a run is judged by; times in ms

@@ -155,27 +155,22 @@ def _legend_below(axis, num_entries: int) -> None:
 
 def plot_ttft_vs_hit_rate(points: Sequence[Curve], path: Path, title: str, fit: Fit | None = None) -> Path:
     """TTFT p50 (y, ms) against token hit rate (x, 0..1): one marker series per curve, and the fitted
-    line ``a + b x (1 - hit rate)`` over [0, 1] when ``fit`` is given (dotted grey and labelled
-    "not meaningful" when it has a :attr:`~kvbench.results.sweep.Fit.caveat`)."""
+    line ``a + b x (1 - hit rate)`` over [0, 1] when ``fit`` is given and can be true: a fit with a
+    :attr:`~kvbench.results.sweep.Fit.caveat` (2 points, a negative slope or TTFT) is not drawn, its
+    caption (:func:`fit_caption`) says why."""
     plt = _pyplot()
     figure, axis = plt.subplots(figsize=_SIZE_IN)
     for curve in points:
         axis.plot(curve.x, curve.y, marker="o", ls="none", markersize=7, label=curve.label)
-    if fit is not None:
+    if fit is not None and fit.caveat is None:  # a line its caption calls not meaningful is not drawn
         hits = np.linspace(0.0, 1.0, 50)
-        meaningful = fit.caveat is None  # a 2-point line or a wrong-sign slope is drawn faint and labelled so
         axis.plot(
             hits,
             [fit.predict_ms(h) for h in hits],
-            color="black" if meaningful else "grey",
+            color="black",
             lw=1.0,
-            ls="--" if meaningful else ":",
-            label=f"fit: {fit.a_ms:,.1f} + {fit.b_ms:,.1f} x (1 - hit), "
-            + (
-                f"R^2 {fit.r_squared:.3f}"
-                if meaningful  # R^2 of a 2-point line is 1 by construction
-                else f"{fit.num_points} points (not meaningful)"
-            ),
+            ls="--",
+            label=f"fit: {fit.a_ms:,.1f} + {fit.b_ms:,.1f} x (1 - hit), R^2 {fit.r_squared:.3f}",
         )
     axis.set_xlim(-0.02, 1.02)
     axis.set_ylim(bottom=0)
@@ -185,6 +180,14 @@ def plot_ttft_vs_hit_rate(points: Sequence[Curve], path: Path, title: str, fit: 
     axis.grid(alpha=0.3)
     _legend_below(axis, len(axis.get_legend_handles_labels()[0]))  # under the axes: never over a point
     return _save(figure, plt, path)
+
+
+def fit_caption(fit: Fit | None) -> str:
+    """The sentence under a TTFT-vs-hit-rate plot: the fit (:meth:`~kvbench.results.sweep.Fit.describe`),
+    and "no line drawn" when it is not meaningful (:func:`plot_ttft_vs_hit_rate` leaves it out)."""
+    if fit is None:
+        return "too few distinct hit rates to fit"
+    return fit.describe() if fit.caveat is None else f"no line drawn, {fit.describe()}"
 
 
 def plot_ttft_cdf(samples: Mapping[str, Sequence[float]], path: Path, title: str) -> Path:

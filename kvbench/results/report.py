@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvbench.results.engine_rows import engine_report_rows
-from kvbench.results.files import ResultFile, describe_cache, format_value, summary_cell
+from kvbench.results.files import ResultFile, format_value, group_by_trace, summary_cell
 from kvbench.results.report_figures import Figure, draw_figures
 from kvbench.words import counted
 
@@ -66,7 +66,7 @@ def run_table(runs: Sequence[ResultFile]) -> TableData:
     rows = [
         ("backend", *(str(r.run.get("backend", "?")) for r in runs)),
         ("model", *(str(r.run.get("model", "?")) for r in runs)),
-        ("cache", *(describe_cache(r.cache) for r in runs)),
+        ("what ran", *(r.what_ran.describe(detail=True) for r in runs)),
         engine,
         (
             "machine load start / end (usable cores)",
@@ -257,8 +257,14 @@ def summary_tables(results: Sequence[ResultFile]) -> list[TableData]:
 
 def input_notes(results: Sequence[ResultFile]) -> list[str]:
     """Warnings about the inputs: interrupted runs, failed requests, outputs that differ from the
-    reference."""
+    reference, runs of one trace that ran under different load (one line per trace,
+    :func:`kvbench.results.what_ran.load_warning`)."""
+    from kvbench.results.what_ran import load_warning
+
     notes = []
+    for group in group_by_trace(results):
+        warning = load_warning([(r.name, r.metadata, r.summary.num_requests) for r in group])
+        notes += [f"runs of {group[0].scenario or 'one trace'}: {warning}"] if warning else []
     for result in results:
         if result.metadata.get("complete") is False:
             notes.append(f"{result.path}: interrupted, partial results")

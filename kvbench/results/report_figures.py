@@ -119,11 +119,7 @@ def _fit_figures(results: Sequence[ResultFile], out_dir: Path) -> list[Figure]:
             f"TTFT p50 vs hit rate: {result.sweep.name} sweep",
             result.sweep.fit,
         )
-        figures.append(
-            Figure(
-                path, result.sweep.fit.describe() if result.sweep.fit else "too few distinct hit rates to fit"
-            )
-        )
+        figures.append(Figure(path, plots.fit_caption(result.sweep.fit)))
     for index, group in enumerate(group_by_trace(results)):
         runs = [
             r for r in group if r.summary.token_hit_rate is not None and r.summary.p50_ttft_ms is not None
@@ -140,23 +136,24 @@ def _fit_figures(results: Sequence[ResultFile], out_dir: Path) -> list[Figure]:
             f"TTFT p50 vs hit rate: {_group_title(group)}",
             fit,
         )
-        figures.append(Figure(path, f"Runs of one trace. {fit.describe()}"))
+        figures.append(Figure(path, f"Runs of one trace: {plots.fit_caption(fit)}"))
     return figures
 
 
-def _caches_in_words(enabled: set[bool | None]) -> str:
-    """``cache off vs on``, ``cache on``, ``cache off`` or ``server's cache`` (HTTP runs)."""
-    if enabled == {True, False}:
+def _caches_in_words(caching: set[bool | None]) -> str:
+    """``cache off vs on``, ``cache on``, ``cache off`` (:attr:`WhatRan.caching` of the runs), or
+    ``server's own cache`` where a server run did not record its state."""
+    if caching == {True, False}:
         return "cache off vs on"
-    if enabled <= {None}:
-        return "server's cache"
-    return "cache on" if True in enabled else "cache off"
+    if None in caching:
+        return "server's own cache"
+    return "cache on" if True in caching else "cache off"
 
 
 def _run_figures(group: Sequence[ResultFile], index: int, out_dir: Path) -> list[Figure]:
     title = _group_title(group)
     split = {r.label: split_ttft(r.rows) for r in group}
-    cdf_title = f"TTFT CDF, {_caches_in_words({r.cache_enabled for r in group})}: {title}"
+    cdf_title = f"TTFT CDF, {_caches_in_words({r.what_ran.caching for r in group})}: {title}"
     figures = [
         Figure(
             plots.plot_ttft_cdf(

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from kvbench.errors import InputError
-from kvbench.results.files import ResultFile, describe_cache, format_value, group_by_trace
+from kvbench.results.files import ResultFile, format_value, group_by_trace
 from kvbench.results.parquet import machine as this_machine
 
 COLUMNS = (
@@ -260,7 +260,7 @@ def scoreboard_rows(
                 date=_run_date(run),
                 machine=machine_cell(run.metadata.get("machine") or {}, gpu_once),
                 engine=engine,
-                cache=describe_cache(run.cache),
+                cache=run.what_ran.describe(detail=True),
                 run_id=str(config.get("run_id") or run.name),
                 scenario=str(run.scenario or Path((config.get("trace") or {}).get("path") or run.name).stem),
                 ttft_p50=_ttft_cell(run),

@@ -154,7 +154,7 @@ def test_spaced_ticks_drop_near_neighbours():
     assert len(plots.spaced_ticks([2.0**k for k in range(40)])) <= 12
 
 
-def test_sweep_fit_legend_hides_no_point_and_two_points_print_no_r_squared(tmp_path, figures):
+def test_sweep_fit_legend_hides_no_point_and_two_points_draw_no_line(tmp_path, figures):
     build_report(
         load_results([_sweep(tmp_path / "a.parquet", 16), _sweep(tmp_path / "b.parquet", 16, (0.1, 0.6))]),
         tmp_path / "out",
@@ -169,7 +169,12 @@ def test_sweep_fit_legend_hides_no_point_and_two_points_print_no_r_squared(tmp_p
     two_point = [
         t.get_text() for t in figures["ttft_vs_hit_rate_sweep2.png"].axes[0].get_legend().get_texts()
     ]
-    assert any("2 points (not meaningful)" in t for t in two_point) and not any("R^2" in t for t in two_point)
+    assert not any("fit" in t or "R^2" in t for t in two_point)  # a 2-point line is not meaningful: not drawn
+    assert [line.get_linestyle() for line in figures["ttft_vs_hit_rate_sweep2.png"].axes[0].get_lines()] == [
+        "None"
+    ]
+    three_point = figures["ttft_vs_hit_rate_sweep1.png"].axes[0].get_legend().get_texts()
+    assert any(t.get_text().startswith("fit: ") and "R^2" in t.get_text() for t in three_point)
 
 
 def test_ttft_by_request_with_two_runs_keeps_the_axes_full_height(tmp_path, figures):

@@ -155,7 +155,11 @@ def test_files_are_read_by_kind(inputs):
     kinds = [load_result(path).kind for path in inputs]
     assert kinds == ["run", "run", "run", "sim", "sweep"]
     on = load_result(inputs[1])
-    assert on.cache_enabled and on.content_hash == SHARED_HASH and on.label == "on (cache on)"
+    assert (
+        on.cache_enabled
+        and on.content_hash == SHARED_HASH
+        and on.label == "on (copy engine: hash cache of 1,024 blocks of 16)"
+    )
 
 
 def test_plots_are_valid_pngs_of_non_trivial_size(report):
@@ -235,22 +239,28 @@ def test_cli_report_bad_file_exits_2_with_one_line(tmp_path, kvbench):
     assert err.strip().count("\n") == 0 and "no such file" in err
 
 
-def test_describe_cache_in_words():
-    from kvbench.results.files import describe_cache
+def test_what_ran_in_words():
+    from kvbench.results.what_ran import what_ran
 
-    assert describe_cache({"enabled": False}) == "cache off"
-    assert describe_cache({"enabled": None, "block_size": 32}) == "server's cache (32-tok blocks expected)"
-    words = describe_cache(
-        {
-            "enabled": True,
-            "kind": "hash",
-            "block_size": 16,
-            "capacity_blocks": 1024,
-            "ttl_s": 300,
-            "release_order": "tail-first",
-        }
+    def named(run, **rest):
+        return what_ran({"run": run, **rest}).describe(detail=True)
+
+    assert named({"cache": {"enabled": False}}) == "copy engine: prefix caching off"
+    assert named({"backend": "openai", "cache": {"enabled": None, "block_size": 32}}) == (
+        "server: its own cache (32-token blocks expected)"
     )
-    assert words == "prefix cache (hash), 16-tok blocks, 1,024 blocks, LRU, TTL 300 s"
+    cache = {"enabled": True, "kind": "hash", "block_size": 16, "capacity_blocks": 1024, "ttl_s": 300}
+    assert named({"cache": cache}) == "copy engine: hash cache of 1,024 blocks of 16, TTL 300 s"
+    served = {
+        "block size": "16 (assumed: vLLM's default; the server publishes none)",
+        "prefix caching": "assumed on",
+    }
+    assert named(
+        {"backend": "openai"}, server_cache={**served, "pool": "20 blocks (flag --expected-cache-size)"}
+    ) == ("server: hash cache of 20 blocks of 16 (given)")
+    assert named({"backend": "openai"}, server_cache={**served, "pool": "unbounded (assumed: no size)"}) == (
+        "server: cache of unknown size, blocks of 16 (assumed)"
+    )
 
 
 def test_an_http_runs_cache_is_the_servers_not_off(tmp_path):
@@ -270,7 +280,13 @@ def test_an_http_runs_cache_is_the_servers_not_off(tmp_path):
         cache_enabled=None,
     )
     path = write_rows(
-        tmp_path / "http.parquet", [row], {"command": "run", "run": {"cache": {"enabled": None}}}, RUN_SCHEMA
+        tmp_path / "http.parquet",
+        [row],
+        {"command": "run", "run": {"backend": "openai", "cache": {"enabled": None}}},
+        RUN_SCHEMA,
     )
     result = load_result(path)
-    assert result.cache_enabled is None and result.label == "http (server's cache)"
+    assert (
+        result.cache_enabled is None
+        and result.label == "http (server: its own cache (?-token blocks expected))"
+    )

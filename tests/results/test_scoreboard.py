@@ -107,8 +107,8 @@ def no_gpu_lookup():
 def test_rows_carry_config_numbers_and_the_shared_prompt_notes(results):
     off, on = scoreboard_rows(results, gpu=no_gpu_lookup)
     assert (off.date, off.machine) == ("2025-01-02", "Test CPU 9000, 8 cores, NVIDIA Test GPU")
-    assert off.cache == "cache off"
-    assert on.cache == "prefix cache (hash), 16-tok blocks, 1,024 blocks, LRU, TTL 300 s"
+    assert off.cache == "copy engine: prefix caching off"
+    assert on.cache == "copy engine: hash cache of 1,024 blocks of 16, TTL 300 s"
     assert on.ttft_p50 == "95.0 @ 2,063 tok" and on.token_hit == f"{16000 / 18567:.3f}"
     assert on.notes == (
         "shared 2k sys prompt TTFT p50: 1,310 ms off -> 95 ms on; "
