@@ -5,14 +5,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
 
 import typer
 from rich.table import Table
 
 from kvbench.commands.common import Heartbeat, build, make_console, sigterm_as_interrupt, status_printer
 from kvbench.commands.options import CacheKindOption, Requests, Source
-from kvbench.commands.signature import in_panel
+from kvbench.commands.signature import in_panel, option
 from kvbench.errors import InputError, Interrupted
 from kvbench.results.parquet import check_output_path, write_rows
 from kvbench.route.api import PREFIX_TOKENS, RouterOptions, compare_policies
@@ -140,90 +139,55 @@ def _compare(
 
 def route(
     source: Source,
-    replicas: Annotated[
-        int, typer.Option(rich_help_panel="Replicas and cache", help="Replicas behind the router.")
-    ] = 8,
-    policy: Annotated[
+    replicas: option(int, "Replicas behind the router.", panel="Replicas and cache") = 8,
+    policy: option(
         str,
-        typer.Option(
-            rich_help_panel="Replicas and cache",
-            help="round-robin, random, least-loaded, session, prefix-hash, "
-            "cache-aware, a comma list, or all.",
-        ),
-    ] = "all",
-    capacity: Annotated[
+        "round-robin, random, least-loaded, session, prefix-hash, cache-aware, a comma list, or all.",
+        panel="Replicas and cache",
+    ) = "all",
+    capacity: option(
         int | None,
-        typer.Option(
-            rich_help_panel="Replicas and cache",
-            help="Cache blocks per replica (default: the middle of the source's [sim] sizes).",
-        ),
-    ] = None,
+        "Cache blocks per replica (default: the middle of the source's [sim] sizes).",
+        panel="Replicas and cache",
+    ) = None,
     cache: in_panel("Replicas and cache", CacheKindOption) = None,
-    ttl: Annotated[
-        float | None,
-        typer.Option(
-            rich_help_panel="Replicas and cache", help="Expire blocks idle longer than this (trace seconds)."
-        ),
-    ] = None,
+    ttl: option(
+        float | None, "Expire blocks idle longer than this (trace seconds).", panel="Replicas and cache"
+    ) = None,
     requests: in_panel("Replicas and cache", Requests) = None,
-    fit: Annotated[
+    fit: option(
+        Path | None, "Fit the service model from a kvbench run results file.", panel="Service model"
+    ) = None,
+    prefill_base_ms: option(float | None, "Prefill fixed cost a, ms [10].", panel="Service model") = None,
+    prefill_ms_per_token: option(
+        float | None, "Prefill cost b per uncached token, ms [0.1].", panel="Service model"
+    ) = None,
+    decode_ms_per_token: option(
+        float | None, "Decode time per output token, ms [20].", panel="Service model"
+    ) = None,
+    prefix_tokens: option(
+        int, "prefix-hash: hash the blocks of the first N tokens.", panel="Policy settings"
+    ) = PREFIX_TOKENS,
+    epsilon: option(float, "prefix-hash: load bound ceil((1+eps) x mean).", panel="Policy settings") = 0.25,
+    cache_threshold: option(
+        float, "cache-aware: match rate above which to follow the match.", panel="Policy settings"
+    ) = 0.3,
+    balance_abs_threshold: option(
+        int, "cache-aware: imbalance when max-min > this.", panel="Policy settings"
+    ) = 64,
+    balance_rel_threshold: option(
+        float, "cache-aware: ... and max > min x this.", panel="Policy settings"
+    ) = 1.5,
+    eviction_interval: option(
+        float, "cache-aware: tree eviction period, trace s.", panel="Policy settings"
+    ) = 120.0,
+    max_tree_size: option(int, "cache-aware: tokens per replica's tree.", panel="Policy settings") = 2**26,
+    seed: option(int, "Seed of the random policy.", panel="Replicas and cache") = 0,
+    out: option(
         Path | None,
-        typer.Option(
-            rich_help_panel="Service model", help="Fit the service model from a kvbench run results file."
-        ),
-    ] = None,
-    prefill_base_ms: Annotated[
-        float | None, typer.Option(rich_help_panel="Service model", help="Prefill fixed cost a, ms [10].")
-    ] = None,
-    prefill_ms_per_token: Annotated[
-        float | None,
-        typer.Option(rich_help_panel="Service model", help="Prefill cost b per uncached token, ms [0.1]."),
-    ] = None,
-    decode_ms_per_token: Annotated[
-        float | None,
-        typer.Option(rich_help_panel="Service model", help="Decode time per output token, ms [20]."),
-    ] = None,
-    prefix_tokens: Annotated[
-        int,
-        typer.Option(
-            rich_help_panel="Policy settings", help="prefix-hash: hash the blocks of the first N tokens."
-        ),
-    ] = PREFIX_TOKENS,
-    epsilon: Annotated[
-        float,
-        typer.Option(rich_help_panel="Policy settings", help="prefix-hash: load bound ceil((1+eps) x mean)."),
-    ] = 0.25,
-    cache_threshold: Annotated[
-        float,
-        typer.Option(
-            rich_help_panel="Policy settings", help="cache-aware: match rate above which to follow the match."
-        ),
-    ] = 0.3,
-    balance_abs_threshold: Annotated[
-        int,
-        typer.Option(rich_help_panel="Policy settings", help="cache-aware: imbalance when max-min > this."),
-    ] = 64,
-    balance_rel_threshold: Annotated[
-        float, typer.Option(rich_help_panel="Policy settings", help="cache-aware: ... and max > min x this.")
-    ] = 1.5,
-    eviction_interval: Annotated[
-        float,
-        typer.Option(rich_help_panel="Policy settings", help="cache-aware: tree eviction period, trace s."),
-    ] = 120.0,
-    max_tree_size: Annotated[
-        int, typer.Option(rich_help_panel="Policy settings", help="cache-aware: tokens per replica's tree.")
-    ] = 2**26,
-    seed: Annotated[
-        int, typer.Option(rich_help_panel="Replicas and cache", help="Seed of the random policy.")
-    ] = 0,
-    out: Annotated[
-        Path | None,
-        typer.Option(
-            rich_help_panel="Replicas and cache",
-            help="Parquet, one row per policy (default results/route-NAME-TIME"
-            ".parquet); the PNGs go beside it.",
-        ),
-    ] = None,
+        "Parquet, one row per policy (default results/route-NAME-TIME.parquet); the PNGs go beside it.",
+        panel="Replicas and cache",
+    ) = None,
 ) -> None:
     """Route one trace over N simulated replicas, each with its own prefix cache, under each policy:
     hit rates, copies of popular prefixes, load imbalance, queue and TTFT percentiles."""
