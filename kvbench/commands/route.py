@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -137,56 +138,43 @@ def _compare(
         return compare_policies(trace, config, policies, options, progress=done)
 
 
+# One option in each of route's --help panels (see signature.option).
+_in_replicas = functools.partial(option, panel="Replicas and cache")
+_in_service_model = functools.partial(option, panel="Service model")
+_in_policies = functools.partial(option, panel="Policy settings")
+
+
 def route(
     source: Source,
-    replicas: option(int, "Replicas behind the router.", panel="Replicas and cache") = 8,
-    policy: option(
+    replicas: _in_replicas(int, "Replicas behind the router.") = 8,
+    policy: _in_replicas(
         str,
         "round-robin, random, least-loaded, session, prefix-hash, cache-aware, a comma list, or all.",
-        panel="Replicas and cache",
     ) = "all",
-    capacity: option(
+    capacity: _in_replicas(
         int | None,
         "Cache blocks per replica (default: the middle of the source's [sim] sizes).",
-        panel="Replicas and cache",
     ) = None,
     cache: in_panel("Replicas and cache", CacheKindOption) = None,
-    ttl: option(
-        float | None, "Expire blocks idle longer than this (trace seconds).", panel="Replicas and cache"
-    ) = None,
+    ttl: _in_replicas(float | None, "Expire blocks idle longer than this (trace seconds).") = None,
     requests: in_panel("Replicas and cache", Requests) = None,
-    fit: option(
-        Path | None, "Fit the service model from a kvbench run results file.", panel="Service model"
+    fit: _in_service_model(Path | None, "Fit the service model from a kvbench run results file.") = None,
+    prefill_base_ms: _in_service_model(float | None, "Prefill fixed cost a, ms [10].") = None,
+    prefill_ms_per_token: _in_service_model(
+        float | None, "Prefill cost b per uncached token, ms [0.1]."
     ) = None,
-    prefill_base_ms: option(float | None, "Prefill fixed cost a, ms [10].", panel="Service model") = None,
-    prefill_ms_per_token: option(
-        float | None, "Prefill cost b per uncached token, ms [0.1].", panel="Service model"
-    ) = None,
-    decode_ms_per_token: option(
-        float | None, "Decode time per output token, ms [20].", panel="Service model"
-    ) = None,
-    prefix_tokens: option(
-        int, "prefix-hash: hash the blocks of the first N tokens.", panel="Policy settings"
-    ) = PREFIX_TOKENS,
-    epsilon: option(float, "prefix-hash: load bound ceil((1+eps) x mean).", panel="Policy settings") = 0.25,
-    cache_threshold: option(
-        float, "cache-aware: match rate above which to follow the match.", panel="Policy settings"
-    ) = 0.3,
-    balance_abs_threshold: option(
-        int, "cache-aware: imbalance when max-min > this.", panel="Policy settings"
-    ) = 64,
-    balance_rel_threshold: option(
-        float, "cache-aware: ... and max > min x this.", panel="Policy settings"
-    ) = 1.5,
-    eviction_interval: option(
-        float, "cache-aware: tree eviction period, trace s.", panel="Policy settings"
-    ) = 120.0,
-    max_tree_size: option(int, "cache-aware: tokens per replica's tree.", panel="Policy settings") = 2**26,
-    seed: option(int, "Seed of the random policy.", panel="Replicas and cache") = 0,
-    out: option(
+    decode_ms_per_token: _in_service_model(float | None, "Decode time per output token, ms [20].") = None,
+    prefix_tokens: _in_policies(int, "prefix-hash: hash the blocks of the first N tokens.") = PREFIX_TOKENS,
+    epsilon: _in_policies(float, "prefix-hash: load bound ceil((1+eps) x mean).") = 0.25,
+    cache_threshold: _in_policies(float, "cache-aware: match rate above which to follow the match.") = 0.3,
+    balance_abs_threshold: _in_policies(int, "cache-aware: imbalance when max-min > this.") = 64,
+    balance_rel_threshold: _in_policies(float, "cache-aware: ... and max > min x this.") = 1.5,
+    eviction_interval: _in_policies(float, "cache-aware: tree eviction period, trace s.") = 120.0,
+    max_tree_size: _in_policies(int, "cache-aware: tokens per replica's tree.") = 2**26,
+    seed: _in_replicas(int, "Seed of the random policy.") = 0,
+    out: _in_replicas(
         Path | None,
         "Parquet, one row per policy (default results/route-NAME-TIME.parquet); the PNGs go beside it.",
-        panel="Replicas and cache",
     ) = None,
 ) -> None:
     """Route one trace over N simulated replicas, each with its own prefix cache, under each policy:

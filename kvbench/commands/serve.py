@@ -9,7 +9,7 @@ import typer
 
 from kvbench.cache.base import CacheConfig, CacheKind, ReleaseOrder
 from kvbench.commands import options as opt
-from kvbench.commands.choices import CacheSwitch, LogLevel, check_positive
+from kvbench.commands.choices import CacheSwitch, LogLevel, check_positive, positive_bytes
 from kvbench.commands.common import Heartbeat, make_console, status_printer
 from kvbench.commands.signature import in_panel, option
 from kvbench.errors import InputError, checked
@@ -59,15 +59,9 @@ def _cache_config(
 
 def _guards(host: str, api_key: str | None, max_body_size: str, allowed_hosts: tuple[str, ...]):
     """The request guards from the flags. Raises ``InputError`` naming the flag."""
-    from kvbench.memory.layout import parse_bytes
     from kvbench.server.guards import GuardConfig
 
-    try:
-        max_body_bytes = parse_bytes(max_body_size)
-    except InputError as exc:
-        raise InputError(f"--max-body-size: {exc}") from None
-    if max_body_bytes <= 0:
-        raise InputError(f"--max-body-size {max_body_size}: must be positive")
+    max_body_bytes = positive_bytes(max_body_size, "--max-body-size", must="positive")
     if api_key is not None and not api_key.strip():
         raise InputError("--api-key: must not be empty")
     return GuardConfig.for_bind(host, allowed_hosts, max_body_bytes=max_body_bytes, api_key=api_key)
@@ -230,32 +224,16 @@ def serve(
     sock = bind_socket(host, port)  # before the model loads: a busy port fails at once
     with chosen_threads(threads, status_printer(make_console(stderr=True))):
         loaded = _load_announced(model_config)
-        cache_config = _cache_config(
-            cache.value,
-            cache_kind,
-            block_size,
-            cache_size,
-            ttl,
-            release,
-            loaded.kv_layout(block_size).bytes_per_block,
-            prompt_only,
+        bytes_per_block = loaded.kv_layout(block_size).bytes_per_block
+        cache_config, pool = (
+            _cache_config(
+                switch, cache_kind, block_size, cache_size, ttl, release, bytes_per_block, prompt_only
+            )
+            # the paged engine's pool holds the running sequences even with the cache off
+            for switch in (cache.value, "on" if engine.spec.has_kv_pool else "off")
         )
         engine_flags = checked(
             lambda: EngineFlags(engine, max_num_seqs, max_num_batched_tokens, host_tier=host_tier)
-        )
-        pool = (
-            _cache_config(
-                "on",
-                cache_kind,
-                block_size,
-                cache_size,
-                ttl,
-                release,
-                loaded.kv_layout(block_size).bytes_per_block,
-                prompt_only,
-            )
-            if engine.spec.has_kv_pool  # it holds the running sequences even with the cache off
-            else None
         )
         service = _service(loaded, model, cache_config, served_model_name or loaded.name, engine_flags, pool)
         _announce(sock, service.model_name, cache_config)
