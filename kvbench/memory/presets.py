@@ -17,6 +17,7 @@ with a reason instead of being mis-computed:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from types import MappingProxyType
@@ -29,19 +30,8 @@ from kvbench.workloads.formats.lines import bounded_text
 
 DEFAULT_PRESET = "kvbench-default"
 
-# The columns of a preset row, in ModelShape's field order after its name.
-_COLUMNS = (
-    "num_layers",
-    "hidden_size",
-    "num_attention_heads",
-    "num_kv_heads",
-    "head_dim",
-    "intermediate_size",
-    "vocab_size",
-    "tie_word_embeddings",
-    "max_position_embeddings",
-    "dtype",
-)
+# The columns of a preset row: ModelShape's fields after its name, up to dtype (the biases default off).
+_COLUMNS = tuple(field.name for field in dataclasses.fields(ModelShape))[1:11]
 
 
 def _preset(name: str, *columns: Any, qkv_bias: bool = False) -> ModelShape:
