@@ -1,10 +1,9 @@
 """Small comparisons (the harness's trace kinds, cut down)."""
 
 import pytest
+from tiny_workloads import tiny_chat
 
 from kvbench.peer.comparisons import Comparison, prepare
-from kvbench.workloads.conversations import ChatConfig
-from kvbench.workloads.dists import IntDist
 from kvbench.workloads.generators import SharedPrefixConfig
 from kvbench.workloads.tokenizer import load_tokenizer
 
@@ -31,15 +30,6 @@ def chat(tokenizer):
     comparison = Comparison(
         "chat_small",
         "chat",
-        ChatConfig(
-            num_conversations=2,
-            turns=IntDist.parse("uniform:2,2"),
-            system_tokens=40,
-            user_tokens=IntDist.parse("uniform:20,20"),
-            reply_tokens=IntDist.parse("uniform:10,10"),
-            conversation_rate_per_s=1.0,
-            think_time_s=1.0,
-            seed=0,
-        ),
+        tiny_chat(),
     )
     return prepare(comparison, tokenizer, "peer-test-chat")

@@ -5,11 +5,10 @@ with the same client, stops both process groups, and writes the table and the ro
 
 import pyarrow.parquet as pq
 from fake_peer import FakeServer
+from tiny_workloads import tiny_chat
 
 from kvbench.backends.openai.admin import call
 from kvbench.peer.comparisons import Comparison, prepare
-from kvbench.workloads.conversations import ChatConfig
-from kvbench.workloads.dists import IntDist
 from kvbench.workloads.generators import SharedPrefixConfig
 from kvbench.workloads.tokenizer import TiktokenTokenizer
 
@@ -68,16 +67,7 @@ def prepared_comparisons(tokenizer):
             Comparison(
                 "chat",
                 "chat",
-                ChatConfig(
-                    num_conversations=2,
-                    turns=IntDist.parse("uniform:2,2"),
-                    system_tokens=40,
-                    user_tokens=IntDist.parse("uniform:20,20"),
-                    reply_tokens=IntDist.parse("uniform:10,10"),
-                    conversation_rate_per_s=1.0,
-                    think_time_s=1.0,
-                    seed=0,
-                ),
+                tiny_chat(),
             ),
             tokenizer,
             "peer-e2e-chat",

@@ -1,6 +1,8 @@
 """The peer harness's HTTP path (the OpenAI backend with vLLM's extra fields, the one send loop at
 concurrency 1, the admin calls and the /metrics parser) against a live ``kvbench serve``."""
 
+from tiny_workloads import tiny_chat
+
 from kvbench.backends.openai.admin import fetch_metrics, list_models, reset_prefix_cache
 from kvbench.backends.openai.metrics import parse_prefix_cache_counters
 from kvbench.peer.comparisons import Comparison, agreement_rows, predict, prepare
@@ -77,8 +79,6 @@ def test_the_peer_compare_step_runs_end_to_end_on_kvbench_serve(live):
 
 def test_engine_rounds_over_http_start_cold_each_round_and_count_what_the_server_reported(live):
     from kvbench.peer.engines import EngineServer, engine_table, engine_workload, iter_rounds
-    from kvbench.workloads.conversations import ChatConfig
-    from kvbench.workloads.dists import IntDist
 
     tokenizer = load_tokenizer()
     shared = prepare(
@@ -94,16 +94,7 @@ def test_engine_rounds_over_http_start_cold_each_round_and_count_what_the_server
         Comparison(
             "chat",
             "chat",
-            ChatConfig(
-                num_conversations=3,
-                turns=IntDist.parse("uniform:2,2"),
-                system_tokens=40,
-                user_tokens=IntDist.parse("uniform:20,20"),
-                reply_tokens=IntDist.parse("uniform:10,10"),
-                conversation_rate_per_s=1.0,
-                think_time_s=1.0,
-                seed=0,
-            ),
+            tiny_chat(3),
         ),
         tokenizer,
         "peer-rounds-chat",
