@@ -1,8 +1,14 @@
-"""Small workloads several test files run: command lines and configs kept in one place.
+"""Small workloads several test files run: command lines, configs, numbered requests and the tiny
+model's shape, kept in one place.
 
 Imported by its bare name (``from tiny_workloads import TINY_TIMESTAMP``): tests/ is on ``sys.path``
 through tests/conftest.py and is not a package."""
 
+from collections.abc import Iterable
+
+import numpy as np
+
+from kvbench.request import Request
 from kvbench.workloads.conversations import ChatConfig
 from kvbench.workloads.dists import IntDist
 
@@ -22,6 +28,20 @@ def tiny_timestamp(requests: int = 3) -> list:
         "--max-tokens",
         1,
     ]
+
+
+def tiny_shared_prefix(num_requests: int, system_tokens: int = 64, max_tokens: int = 3) -> str:
+    """A scenario file's ``[workload]`` table: ``num_requests`` shared-prefix requests, a
+    ``system_tokens``-token system prompt, 16-token questions, ``max_tokens`` output tokens, seed 1."""
+    return f"""
+[workload]
+kind = "shared-prefix"
+num_requests = {num_requests}
+system_tokens = {system_tokens}
+question_tokens = 16
+max_tokens = {max_tokens}
+seed = 1
+"""
 
 
 def tiny_chat(num_conversations: int = 2) -> ChatConfig:
@@ -54,4 +74,31 @@ AGENT_WITH_HEADER = (
     "--volatile-header",
     "--volatile-header-at",
     "start",
+)
+
+
+def numbered_requests(prompts: Iterable, **fields) -> list[Request]:
+    """Request ``i`` holds ``prompts[i]`` as uint32 token ids: id ``r{i}``, session ``s``, turn 0,
+    arriving at second ``i``. ``fields`` set other Request fields, the same for every request, or per
+    request as a function of ``i``."""
+    return [
+        Request(
+            **{"request_id": f"r{i}", "session_id": "s", "turn": 0, "arrival_s": float(i)}
+            | {name: value(i) if callable(value) else value for name, value in fields.items()},
+            index=i,
+            token_ids=np.asarray(token_ids).astype(np.uint32),
+        )
+        for i, token_ids in enumerate(prompts)
+    ]
+
+
+# The tiny Llama's sizes (2 layers, hidden 64; ``default_llama_config(**TINY_LLAMA)``): what the
+# session's tiny_loaded model and the model tests build on.
+TINY_LLAMA = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
 )
