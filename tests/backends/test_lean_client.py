@@ -11,6 +11,7 @@ from fake_servers import SECRET_KEY, chunk
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from openai._streaming import SSEDecoder
+from tiny_workloads import tiny_shared_prefix
 
 from kvbench.backends.openai.admin import list_models
 from kvbench.backends.openai.client import OpenAIBackend, OpenAIConfig
@@ -275,15 +276,7 @@ def test_the_splitters_common_case_is_one_whole_event_per_piece():
     assert splitter.feed(b"data: a\r") == [] and splitter.feed(b"\n\r\n") == [b"a"]
 
 
-SCENARIO = """
-[workload]
-kind = "shared-prefix"
-num_requests = 3
-system_tokens = 64
-question_tokens = 16
-max_tokens = 3
-seed = 1
-"""
+SCENARIO = tiny_shared_prefix(3)
 
 
 def test_kvbench_run_reads_streams_lean_by_default_and_with_the_sdk_on_request(kvbench, server, tmp_path):

@@ -6,7 +6,9 @@ import time
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from cli_runs import openai_args
 from fake_servers import SECRET_KEY, chunk
+from tiny_workloads import tiny_shared_prefix
 
 from kvbench.backends.openai.client import OpenAIBackend, OpenAIConfig, redact
 from kvbench.cli import main
@@ -152,15 +154,7 @@ def test_the_key_is_never_shown():
     assert redact(f"Bearer {SECRET_KEY}!", SECRET_KEY) == "Bearer ***!"
 
 
-SCENARIO = """
-[workload]
-kind = "shared-prefix"
-num_requests = 3
-system_tokens = 64
-question_tokens = 16
-max_tokens = 3
-seed = 1
-"""
+SCENARIO = tiny_shared_prefix(3)
 
 
 @pytest.mark.parametrize("behaviour", ["fail", "hang"])
@@ -175,12 +169,7 @@ def test_a_run_against_a_bad_server_finishes_records_errors_and_exits_1(
     with pytest.raises(SystemExit) as exit_:
         main(
             [
-                "run",
-                str(scenario),
-                "--backend",
-                "openai",
-                "--base-url",
-                server.url,
+                *openai_args("run", str(scenario), server.url),
                 "--api-key-env",
                 "KVBENCH_TEST_KEY",
                 "--timeout",

@@ -4,6 +4,7 @@ import json
 
 import pyarrow.parquet as pq
 import pytest
+from cli_runs import openai_args
 
 from kvbench.results.parquet import read_metadata
 
@@ -11,12 +12,7 @@ from kvbench.results.parquet import read_metadata
 def test_two_rates_give_two_points_each_on_a_fresh_cache(kvbench, server, tmp_path):
     out = tmp_path / "sweep"
     code, stdout, stderr = kvbench(
-        "sweep",
-        "chat",
-        "--backend",
-        "openai",
-        "--base-url",
-        server.url,
+        *openai_args("sweep", "chat", server.url),
         "--request-rate",
         "4,8",
         "--requests",
@@ -63,12 +59,7 @@ def test_bad_sweep_flags_exit_2(kvbench, tmp_path, flags, message):
 def test_vllm_spellings_of_run_flags(kvbench, server, tmp_path):
     saved = tmp_path / "r.json"
     code, _, stderr = kvbench(
-        "run",
-        "chat",
-        "--backend",
-        "openai",
-        "--base-url",
-        server.url,
+        *openai_args("run", "chat", server.url),
         "--num-prompts",
         "3",
         "--max-concurrency",
@@ -102,12 +93,7 @@ def test_ctrl_c_prints_the_finished_points_and_report_reads_the_sweep(kvbench, s
     monkeypatch.setattr(api_openai, "run_openai", second_run_interrupted)
     out = tmp_path / "sweep"
     code, stdout, stderr = kvbench(
-        "sweep",
-        "chat",
-        "--backend",
-        "openai",
-        "--base-url",
-        server.url,
+        *openai_args("sweep", "chat", server.url),
         "--concurrency",
         "1,2",
         "--requests",

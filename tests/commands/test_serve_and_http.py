@@ -4,6 +4,7 @@ against it: the same cached tokens as the in-process engine, salts, hygiene, rec
 import openai
 import pyarrow.parquet as pq
 import pytest
+from cli_runs import file_fixture, openai_args
 from tiny_scenarios import PROMPT_TOKENS, SHARED_BLOCK_TOKENS
 from tiny_scenarios import SHARED_PREFIX as SCENARIO
 
@@ -13,11 +14,7 @@ from kvbench.results.parquet import read_metadata
 WHOLE_PROMPT_HIT = (PROMPT_TOKENS - 1) // 16 * 16
 
 
-@pytest.fixture
-def scenario(tmp_path):
-    path = tmp_path / "tiny.toml"
-    path.write_text(SCENARIO)
-    return path
+scenario = file_fixture(SCENARIO, "tiny.toml")
 
 
 def rows_of(path):
@@ -88,12 +85,7 @@ def test_hygiene_keeps_runs_apart_unless_off(kvbench, server, scenario, tmp_path
     def first_cached(*flags):
         out = tmp_path / f"run{len(list(tmp_path.glob('*.parquet')))}.parquet"
         code, _, stderr = kvbench(
-            "run",
-            scenario,
-            "--backend",
-            "openai",
-            "--base-url",
-            server.url,
+            *openai_args("run", scenario, server.url),
             "--requests",
             "1",
             "--out",

@@ -4,7 +4,7 @@ import statistics
 from pathlib import Path
 
 import pyarrow.parquet as pq
-import pytest
+from cli_runs import file_fixture
 from test_sweep_cli import SCENARIO  # 3 prefixes of 64 tokens round robin, 16 unique, 12 requests, 2 outputs
 
 from kvbench.results.parquet import read_metadata
@@ -13,12 +13,7 @@ from kvbench.results.schema import RUN_COLUMNS
 from kvbench.results.summary import summarize
 from kvbench.results.sweep import fit_ttft_vs_miss_rate, read_sweep_summary
 
-
-@pytest.fixture
-def scenario(tmp_path):
-    path = tmp_path / "rr.toml"
-    path.write_text(SCENARIO)
-    return path
+scenario = file_fixture(SCENARIO, "rr.toml")
 
 
 def test_paged_sweep_has_the_run_columns_and_the_vllm_prediction(kvbench, scenario, tmp_path):

@@ -5,23 +5,13 @@ import socket
 
 import pyarrow.parquet as pq
 import pytest
+from cli_runs import file_fixture
+from tiny_workloads import tiny_shared_prefix
 
-SCENARIO = """
-[workload]
-kind = "shared-prefix"
-num_requests = 30
-system_tokens = 64
-question_tokens = 16
-max_tokens = 3
-seed = 1
-"""
+SCENARIO = tiny_shared_prefix(30)
 
 
-@pytest.fixture
-def scenario(tmp_path):
-    path = tmp_path / "thirty.toml"
-    path.write_text(SCENARIO)
-    return path
+scenario = file_fixture(SCENARIO, "thirty.toml")
 
 
 def free_url():

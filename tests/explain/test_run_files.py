@@ -5,6 +5,7 @@ summary or a break file says exactly what explain needs. Real files, written by 
 import json
 
 import pytest
+from cli_runs import openai_args
 from tiny_workloads import tiny_timestamp
 
 from kvbench.results.parquet import read_metadata
@@ -84,12 +85,7 @@ def test_a_break_file_says_what_explain_needs(kvbench, tmp_path):
 def test_the_run_files_of_a_load_sweep_explain(kvbench, server, tmp_path):
     out = tmp_path / "load"
     code, _, err = kvbench(
-        "sweep",
-        "chat",
-        "--backend",
-        "openai",
-        "--base-url",
-        server.url,
+        *openai_args("sweep", "chat", server.url),
         "--request-rate",
         "4",
         "--requests",
