@@ -8,9 +8,11 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from kvbench.peer.comparisons import Comparison, PreparedComparison, prepare
 from kvbench.request import Request
 from kvbench.workloads.conversations import ChatConfig
 from kvbench.workloads.dists import IntDist
+from kvbench.workloads.generators import SharedPrefixConfig
 
 
 def tiny_timestamp(requests: int = 3) -> list:
@@ -57,6 +59,26 @@ def tiny_chat(num_conversations: int = 2) -> ChatConfig:
         think_time_s=1.0,
         seed=0,
     )
+
+
+def prepared_shared(
+    tokenizer, name: str, salt: str, num_requests: int = 3, system_tokens: int = 64, seed: int = 0, **sizes
+) -> PreparedComparison:
+    """A peer shared-prefix comparison ``name`` prepared under ``salt``: ``num_requests`` requests on a
+    ``system_tokens``-token system prompt, 16-token questions and 2 output tokens unless ``sizes``
+    (``question_tokens``, ``max_tokens``) say otherwise."""
+    config = SharedPrefixConfig(
+        num_requests=num_requests,
+        system_tokens=system_tokens,
+        seed=seed,
+        **{"question_tokens": 16, "max_tokens": 2} | sizes,
+    )
+    return prepare(Comparison(name, "shared-prefix", config), tokenizer, salt)
+
+
+def prepared_chat(tokenizer, name: str, salt: str, num_conversations: int = 2) -> PreparedComparison:
+    """A peer chat comparison ``name`` of ``tiny_chat(num_conversations)``, prepared under ``salt``."""
+    return prepare(Comparison(name, "chat", tiny_chat(num_conversations)), tokenizer, salt)
 
 
 # `kvbench trace gen agent`: 3 agent runs of 3-4 steps, 400-token system prompts that start with a
