@@ -1,10 +1,12 @@
 """``kvbench run`` on the real default model: hit rates, identical outputs, Parquet, interruption."""
 
+import signal
+
 import pyarrow.parquet as pq
 import pytest
 from cli_runs import file_fixture, one_error_line
-from readiness import communicate, process_ended, process_log, wait_until
-from tiny_scenarios import PROMPT_TOKENS, SHARED_BLOCK_TOKENS
+from readiness import interrupted_kvbench
+from tiny_scenarios import LONG_SHARED_PREFIX, PROMPT_TOKENS, SHARED_BLOCK_TOKENS
 from tiny_scenarios import SHARED_PREFIX as SCENARIO
 
 from kvbench.results.parquet import read_metadata
@@ -107,36 +109,10 @@ def test_the_scenarios_verify_tokens_reaches_the_engines_cache(kvbench, tmp_path
 
 
 def test_sigterm_writes_what_was_measured_and_exits_130(tmp_path):
-    import signal
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    scenario = tmp_path / "long.toml"
-    scenario.write_text(
-        SCENARIO.replace("num_requests = 4", "num_requests = 400").replace(
-            "max_tokens = 3", "max_tokens = 30"
-        )
-    )
-    out = tmp_path / "term.parquet"
-    repo = Path(__file__).resolve().parents[2]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "kvbench.cli", "run", str(scenario), "--out", str(out)],
-        cwd=repo,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    wait_until(
-        out.exists,
-        "the first checkpoint (10 s into the run)",
-        ended=process_ended(process),
-        log=process_log(process),
-        poll_s=0.2,
-    )
-    process.send_signal(signal.SIGTERM)
-    stdout, stderr = communicate(process)
-    assert process.returncode == 130, stderr
+    scenario, out = tmp_path / "long.toml", tmp_path / "term.parquet"
+    scenario.write_text(LONG_SHARED_PREFIX)
+    code, stdout, stderr = interrupted_kvbench(["run", scenario, "--out", out], out, signal.SIGTERM)
+    assert code == 130, stderr
     rows = read_rows(out)
     assert 0 < len(rows) < 400 and read_metadata(out)["complete"] is False
     assert f"interrupted after {len(rows)} of 400 requests" in stderr
