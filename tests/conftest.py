@@ -1,3 +1,4 @@
+import socket
 from pathlib import Path
 
 import pytest
@@ -70,6 +71,14 @@ def kvbench(capsys, monkeypatch, default_model_once):
         return code, captured.out, captured.err
 
     return run
+
+
+@pytest.fixture
+def refused_url():
+    """``http://127.0.0.1:PORT/v1`` where nothing listens: a free loopback port, bound and released."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
 
 
 @pytest.fixture

@@ -105,15 +105,10 @@ def test_hygiene_keeps_runs_apart_unless_off(kvbench, server, scenario, tmp_path
     )
 
 
-def test_a_server_that_is_not_there_fails_every_request_and_exits_1(kvbench, scenario, tmp_path):
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+def test_a_server_that_is_not_there_fails_every_request_and_exits_1(kvbench, scenario, tmp_path, refused_url):
     out = tmp_path / "refused.parquet"
     code, stdout, stderr = kvbench(
-        "run", scenario, "--backend", "openai", "--base-url", url, "--model", "m", "--out", out
+        "run", scenario, "--backend", "openai", "--base-url", refused_url, "--model", "m", "--out", out
     )
     assert code == 1 and "4 request(s) failed" in stderr and "connection error x4" in stdout
     assert all(r["status"] == "error" and r["http_status"] is None for r in rows_of(out))

@@ -1,8 +1,6 @@
 """An unreachable or malformed --base-url gets the right one-line diagnosis, and a
 run whose server is gone stops sending after a few connection failures."""
 
-import socket
-
 import pyarrow.parquet as pq
 import pytest
 from cli_runs import file_fixture
@@ -12,12 +10,6 @@ SCENARIO = tiny_shared_prefix(30)
 
 
 scenario = file_fixture(SCENARIO, "thirty.toml")
-
-
-def free_url():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
 
 
 @pytest.mark.parametrize(
@@ -36,19 +28,24 @@ def test_a_malformed_base_url_is_one_line_naming_the_flag(kvbench, scenario, tmp
     assert code == 2 and needle in err and "ValueError" not in err and len(err.strip().splitlines()) == 1
 
 
-def test_an_unreachable_server_says_cannot_reach(kvbench, scenario, tmp_path):
-    url = free_url()
+def test_an_unreachable_server_says_cannot_reach(kvbench, scenario, tmp_path, refused_url):
     code, _, err = kvbench(
-        "run", scenario, "--backend", "openai", "--base-url", url, "--out", tmp_path / "o.parquet"
+        "run", scenario, "--backend", "openai", "--base-url", refused_url, "--out", tmp_path / "o.parquet"
     )
-    assert code == 2 and f"cannot reach the server at {url}" in err and "--model NAME is needed" not in err
+    assert (
+        code == 2
+        and f"cannot reach the server at {refused_url}" in err
+        and "--model NAME is needed" not in err
+    )
 
 
-def test_a_gone_server_costs_five_requests_and_the_rest_are_recorded_as_not_sent(kvbench, scenario, tmp_path):
+def test_a_gone_server_costs_five_requests_and_the_rest_are_recorded_as_not_sent(
+    kvbench, scenario, tmp_path, refused_url
+):
     """Was: every remaining request was fired into connection errors."""
     out = tmp_path / "gone.parquet"
     code, stdout, err = kvbench(
-        "run", scenario, "--backend", "openai", "--base-url", free_url(), "--model", "m", "--out", out
+        "run", scenario, "--backend", "openai", "--base-url", refused_url, "--model", "m", "--out", out
     )
     rows = pq.read_table(out).to_pylist()
     assert code == 1 and len(rows) == 30 and all(r["status"] == "error" for r in rows)
