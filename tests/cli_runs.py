@@ -28,6 +28,12 @@ def openai_args(command: str, source, base_url: str) -> tuple:
     return (command, source, "--backend", "openai", "--base-url", base_url)
 
 
+def small_chat(command: str, base_url: str, requests: int = 4) -> tuple:
+    """``kvbench COMMAND chat`` against the server at ``base_url``: ``requests`` requests of 2 output
+    tokens each; add ``--out`` and the rest."""
+    return (*openai_args(command, "chat", base_url), "--requests", str(requests), "--max-tokens", "2")
+
+
 def parquet_rows(path) -> list[dict]:
     """Every row of the Parquet file at ``path``, as dicts."""
     return pq.read_table(path).to_pylist()

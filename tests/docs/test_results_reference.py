@@ -6,7 +6,7 @@ import json
 
 import pyarrow.parquet as pq
 import pytest
-from cli_runs import measured_row, openai_args
+from cli_runs import measured_row, small_chat
 from site_paths import code_spans, page_text
 
 from kvbench.breaks.common import EXPERIMENT_FIELDS
@@ -113,16 +113,6 @@ def test_sim_and_route_files_are_documented(kvbench, tmp_path):
 def test_in_process_and_http_run_files_are_documented(kvbench, server, tmp_path):
     local, http = tmp_path / "local.parquet", tmp_path / "http.parquet"
     assert kvbench("run", "chat", "--requests", "2", "--max-tokens", "2", "--out", local)[0] == 0
-    code, _, err = kvbench(
-        *openai_args("run", "chat", server.url),
-        "--requests",
-        "3",
-        "--max-tokens",
-        "2",
-        "--turns",
-        "live",
-        "--out",
-        http,
-    )
+    code, _, err = kvbench(*small_chat("run", server.url, 3), "--turns", "live", "--out", http)
     assert code == 0, err
     assert documented_keys_of(local) == [] and documented_keys_of(http) == []

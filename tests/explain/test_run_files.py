@@ -5,7 +5,7 @@ summary or a break file says exactly what explain needs. Real files, written by 
 import json
 
 import pytest
-from cli_runs import openai_args
+from cli_runs import small_chat
 from tiny_workloads import tiny_timestamp
 
 from kvbench.results.parquet import read_metadata
@@ -84,17 +84,7 @@ def test_a_break_file_says_what_explain_needs(kvbench, tmp_path):
 @pytest.mark.server
 def test_the_run_files_of_a_load_sweep_explain(kvbench, server, tmp_path):
     out = tmp_path / "load"
-    code, _, err = kvbench(
-        *openai_args("sweep", "chat", server.url),
-        "--request-rate",
-        "4",
-        "--requests",
-        "4",
-        "--max-tokens",
-        "2",
-        "--out",
-        out,
-    )
+    code, _, err = kvbench(*small_chat("sweep", server.url), "--request-rate", "4", "--out", out)
     assert code == 0, err
     code, stdout, err = kvbench("explain", out / "run-r4-1.parquet")
     assert code == 0, err
