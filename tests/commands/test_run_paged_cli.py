@@ -3,7 +3,7 @@
 import pyarrow.parquet as pq
 import pytest
 from cli_runs import file_fixture, one_error_line
-from tiny_scenarios import PROMPT_TOKENS, SHARED_BLOCK_TOKENS
+from tiny_scenarios import PAGED_AT_4, PROMPT_TOKENS, SHARED_BLOCK_TOKENS
 from tiny_scenarios import SHARED_PREFIX as SCENARIO
 
 from kvbench.engine.native import native_kernels
@@ -47,17 +47,7 @@ def test_paged_radix_end_to_end_matches_its_prediction_and_cache_off(kvbench_row
 def test_paged_concurrency_4_batch_invariant_verifies(kvbench_rows, scenario, tmp_path):
     out = tmp_path / "paged4.parquet"
     rows = kvbench_rows(
-        "run",
-        scenario,
-        "--engine",
-        "paged",
-        "--concurrency",
-        "4",
-        "--batch-invariant",
-        "--max-num-seqs",
-        "4",
-        "--verify",
-        out=out,
+        "run", scenario, *PAGED_AT_4, "--batch-invariant", "--max-num-seqs", "4", "--verify", out=out
     )
     assert all(r["output_matches_reference"] is True for r in rows)
     assert all(r["expected_cached_tokens"] is None for r in rows)  # side by side: not predictable

@@ -1,4 +1,4 @@
-"""Small scenario files the command tests share."""
+"""Small scenario files the command tests share, and the flags of the paged engine at concurrency 4."""
 
 from tiny_workloads import tiny_shared_prefix
 
@@ -16,6 +16,8 @@ cache_size = "64"
 )
 PROMPT_TOKENS = 93
 SHARED_BLOCK_TOKENS = 64
+# The paged engine with four requests in flight (all of SHARED_PREFIX's at once).
+PAGED_AT_4 = ("--engine", "paged", "--concurrency", "4")
 # The same, 400 requests of 30 output tokens: minutes of work, for runs cut part-way.
 LONG_SHARED_PREFIX = SHARED_PREFIX.replace("num_requests = 4", "num_requests = 400").replace(
     "max_tokens = 3", "max_tokens = 30"
