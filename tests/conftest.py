@@ -2,7 +2,7 @@ import socket
 from pathlib import Path
 
 import pytest
-from cli_runs import parquet_rows
+from cli_and_rows import parquet_rows
 from kinds import mark_by_kind
 from serve_process import ServeProcess
 from tiny_workloads import TINY_LLAMA

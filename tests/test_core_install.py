@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_runs import small_chat
+from cli_and_rows import small_chat
 from readiness import LIMIT_S
 
 REPO = Path(__file__).resolve().parents[1]

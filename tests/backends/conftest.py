@@ -1,7 +1,7 @@
 """Fixtures: fake servers (see fake_servers.py) and a scenario file of three requests."""
 
 import pytest
-from cli_runs import file_fixture
+from cli_and_rows import file_fixture
 from fake_servers import FakeServer
 from tiny_workloads import tiny_shared_prefix
 

@@ -5,7 +5,7 @@ import asyncio
 
 import pyarrow.parquet as pq
 import pytest
-from cli_runs import openai_args
+from cli_and_rows import openai_args
 from fake_servers import chunk
 from tiny_workloads import tiny_shared_prefix
 

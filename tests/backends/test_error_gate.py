@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from cli_runs import openai_args
+from cli_and_rows import openai_args
 from tiny_workloads import tiny_shared_prefix
 
 from kvbench.cli import main

@@ -4,7 +4,7 @@ of the SDK path, on scripted and misbehaving servers and on a real ``kvbench ser
 import dataclasses
 
 import pytest
-from cli_runs import openai_args
+from cli_and_rows import openai_args
 from fake_servers import SECRET_KEY, USAGE, chunk, with_ids
 from hypothesis import given, settings
 from hypothesis import strategies as st

@@ -3,7 +3,7 @@
 import time
 
 import pytest
-from cli_runs import openai_args, parquet_rows
+from cli_and_rows import openai_args, parquet_rows
 from fake_servers import SECRET_KEY, USAGE, chunk, with_ids
 from openai_calls import TOKENIZER, chat_request, ids_request, serve, text_request
 

@@ -6,7 +6,7 @@ import json
 
 import pyarrow.parquet as pq
 import pytest
-from cli_runs import openai_args
+from cli_and_rows import openai_args
 
 from kvbench.backends.openai.client import OpenAIConfig
 from kvbench.backends.openai.preflight import PROBE_TOKENS, preflight, probe_request

@@ -4,7 +4,7 @@ server's own 413 message (a real ``kvbench serve --max-body-size``), not "Connec
 import json
 
 import pytest
-from cli_runs import openai_args
+from cli_and_rows import openai_args
 from serve_process import ServeProcess
 
 from kvbench.backends.openai.body_limit import PROBE_ABOVE_BYTES

@@ -2,7 +2,7 @@
 a run on the in-process engine and against a real ``kvbench serve``."""
 
 from browser import assert_renders_in_chromium
-from cli_runs import file_fixture
+from cli_and_rows import file_fixture
 from tiny_scenarios import PROMPT_TOKENS, SHARED_BLOCK_TOKENS
 from tiny_scenarios import SHARED_PREFIX as SCENARIO
 

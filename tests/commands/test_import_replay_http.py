@@ -7,7 +7,7 @@ import urllib.request
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from cli_runs import openai_args
+from cli_and_rows import openai_args
 
 from kvbench.backends.openai.tokenize import ServerTokenizer
 from kvbench.errors import InputError

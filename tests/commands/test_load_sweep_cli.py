@@ -4,7 +4,7 @@ import json
 
 import pyarrow.parquet as pq
 import pytest
-from cli_runs import openai_args, small_chat
+from cli_and_rows import openai_args, small_chat
 
 from kvbench.results.parquet import read_metadata
 

@@ -4,7 +4,7 @@ through the real CLI on the default model (short runs)."""
 import re
 
 import pytest
-from cli_runs import one_error_line
+from cli_and_rows import one_error_line
 
 
 def row(stdout, label):

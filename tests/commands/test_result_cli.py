@@ -4,7 +4,7 @@ import json
 
 import pyarrow.parquet as pq
 import pytest
-from cli_runs import file_fixture
+from cli_and_rows import file_fixture
 from tiny_scenarios import PROMPT_TOKENS, SHARED_BLOCK_TOKENS
 from tiny_scenarios import SHARED_PREFIX as SCENARIO
 

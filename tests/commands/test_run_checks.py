@@ -2,7 +2,7 @@
 
 import pyarrow.parquet as pq
 import pytest
-from cli_runs import file_fixture
+from cli_and_rows import file_fixture
 from tiny_scenarios import SHARED_PREFIX
 
 scenario = file_fixture(SHARED_PREFIX, "tiny.toml")

@@ -4,7 +4,7 @@ import signal
 
 import pyarrow.parquet as pq
 import pytest
-from cli_runs import file_fixture, one_error_line
+from cli_and_rows import file_fixture, one_error_line
 from readiness import interrupted_kvbench
 from tiny_scenarios import LONG_SHARED_PREFIX, PROMPT_TOKENS, SHARED_BLOCK_TOKENS
 from tiny_scenarios import SHARED_PREFIX as SCENARIO

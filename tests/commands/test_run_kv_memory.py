@@ -1,7 +1,7 @@
 """``run.kv_memory``: the KV bytes a run held, in the Parquet metadata and the printed summary, for
 the paged engine (measured on its pool) and the copy engine (its blocks + the contiguous copy)."""
 
-from cli_runs import file_fixture
+from cli_and_rows import file_fixture
 from tiny_scenarios import PROMPT_TOKENS
 from tiny_scenarios import SHARED_PREFIX as SCENARIO
 

@@ -2,7 +2,7 @@
 
 import pyarrow.parquet as pq
 import pytest
-from cli_runs import file_fixture, one_error_line
+from cli_and_rows import file_fixture, one_error_line
 from tiny_scenarios import PAGED_AT_4, PROMPT_TOKENS, SHARED_BLOCK_TOKENS
 from tiny_scenarios import SHARED_PREFIX as SCENARIO
 

@@ -2,7 +2,7 @@
 and ``run.verify_logits`` in the Parquet metadata (real default model, file read back)."""
 
 import pytest
-from cli_runs import file_fixture, parquet_rows
+from cli_and_rows import file_fixture, parquet_rows
 from tiny_scenarios import PAGED_AT_4
 from tiny_scenarios import SHARED_PREFIX as SCENARIO
 

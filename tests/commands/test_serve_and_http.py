@@ -4,7 +4,7 @@ against it: the same cached tokens as the in-process engine, salts, hygiene, rec
 import openai
 import pyarrow.parquet as pq
 import pytest
-from cli_runs import file_fixture, openai_args
+from cli_and_rows import file_fixture, openai_args
 from tiny_scenarios import PROMPT_TOKENS, SHARED_BLOCK_TOKENS
 from tiny_scenarios import SHARED_PREFIX as SCENARIO
 

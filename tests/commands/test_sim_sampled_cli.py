@@ -4,7 +4,7 @@
 from pathlib import Path
 
 import pyarrow.parquet as pq
-from cli_runs import one_error_line
+from cli_and_rows import one_error_line
 
 from kvbench.results.parquet import read_metadata
 

@@ -4,7 +4,7 @@ import statistics
 from pathlib import Path
 
 import pyarrow.parquet as pq
-from cli_runs import file_fixture
+from cli_and_rows import file_fixture
 from test_sweep_cli import SCENARIO  # 3 prefixes of 64 tokens round robin, 16 unique, 12 requests, 2 outputs
 
 from kvbench.results.parquet import read_metadata

@@ -5,7 +5,7 @@ import re
 from pathlib import Path
 
 import pytest
-from cli_runs import file_fixture
+from cli_and_rows import file_fixture
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -5,7 +5,7 @@ import json
 
 import pyarrow.parquet as pq
 import pytest
-from cli_runs import openai_args
+from cli_and_rows import openai_args
 
 pytestmark = [pytest.mark.server]
 

@@ -3,7 +3,7 @@ run whose server is gone stops sending after a few connection failures."""
 
 import pyarrow.parquet as pq
 import pytest
-from cli_runs import file_fixture
+from cli_and_rows import file_fixture
 from tiny_workloads import tiny_shared_prefix
 
 SCENARIO = tiny_shared_prefix(30)

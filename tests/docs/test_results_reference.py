@@ -6,7 +6,7 @@ import json
 
 import pyarrow.parquet as pq
 import pytest
-from cli_runs import measured_row, small_chat
+from cli_and_rows import measured_row, small_chat
 from site_paths import code_spans, page_text
 
 from kvbench.breaks.common import EXPERIMENT_FIELDS

@@ -5,7 +5,7 @@ summary or a break file says exactly what explain needs. Real files, written by 
 import json
 
 import pytest
-from cli_runs import small_chat
+from cli_and_rows import small_chat
 from tiny_workloads import tiny_timestamp
 
 from kvbench.results.parquet import read_metadata

@@ -1,7 +1,7 @@
 """``kvbench compare``: side-by-side numbers with ratios, and refusal of runs of different traces."""
 
 import pytest
-from cli_runs import measured_row
+from cli_and_rows import measured_row
 
 from kvbench.errors import InputError
 from kvbench.results.compare import MetricRow, TraceMismatchError, compare_runs

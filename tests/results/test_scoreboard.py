@@ -2,7 +2,7 @@
 
 import pyarrow.parquet as pq
 import pytest
-from cli_runs import measured_row
+from cli_and_rows import measured_row
 
 from kvbench.errors import InputError
 from kvbench.results.files import load_result, load_results

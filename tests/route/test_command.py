@@ -3,7 +3,7 @@
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from cli_runs import file_fixture
+from cli_and_rows import file_fixture
 
 from kvbench.results.parquet import read_metadata
 from kvbench.route.service import ServiceModel, fit_service_model

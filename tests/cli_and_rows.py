@@ -1,7 +1,8 @@
 """What the command-line and result tests share: a fixture that writes a scenario file, the words of a run
-against a server, Parquet rows read back, the one-line error check, and a run row to write.
+against a server (``openai_args``, ``small_chat``), Parquet rows read back, the one-line error check, and a
+run row to write.
 
-Imported by its bare name (``from cli_runs import parquet_rows``): tests/ is on ``sys.path`` through
+Imported by its bare name (``from cli_and_rows import parquet_rows``): tests/ is on ``sys.path`` through
 tests/conftest.py and is not a package."""
 
 import pyarrow.parquet as pq
