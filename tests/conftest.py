@@ -1,8 +1,11 @@
+import socket
 from pathlib import Path
 
 import pytest
+from cli_and_rows import parquet_rows
 from kinds import mark_by_kind
 from serve_process import ServeProcess
+from tiny_workloads import TINY_LLAMA
 
 from kvbench.cli import main
 
@@ -30,16 +33,7 @@ def tiny_loaded():
     tiny (2 layers, hidden 64): one per session for the server, peer and run-check tests."""
     from kvbench.engine.model import default_llama_config, random_model
 
-    return random_model(
-        default_llama_config(
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=16,
-        )
-    )
+    return random_model(default_llama_config(**TINY_LLAMA))
 
 
 @pytest.fixture(scope="session")
@@ -75,6 +69,27 @@ def kvbench(capsys, monkeypatch, default_model_once):
             code = exit_.code if isinstance(exit_.code, int) else 1
         captured = capsys.readouterr()
         return code, captured.out, captured.err
+
+    return run
+
+
+@pytest.fixture
+def refused_url():
+    """``http://127.0.0.1:PORT/v1`` where nothing listens: a free loopback port, bound and released."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+
+
+@pytest.fixture
+def kvbench_rows(kvbench):
+    """kvbench_rows(*args, out=PATH) -> the Parquet rows ``kvbench *args --out PATH`` wrote, after
+    asserting that it exited 0 (its stderr as the message)."""
+
+    def run(*args, out):
+        code, _, stderr = kvbench(*args, "--out", out)
+        assert code == 0, stderr
+        return parquet_rows(out)
 
     return run
 

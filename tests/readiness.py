@@ -10,14 +10,17 @@ Imported by its bare name (``from readiness import wait_until``): tests/ is on `
 tests/conftest.py and is not a package (tests/test_layers.py)."""
 
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
 
 LIMIT_S = 600.0  # the overall bound: > 3x the slowest start seen under load (180+ s), < pytest's patience
+REPO = Path(__file__).resolve().parents[1]
 
 
 class NotReady(AssertionError):
@@ -88,3 +91,26 @@ def communicate(process: subprocess.Popen, limit_s: float = LIMIT_S) -> tuple[st
             f"{process.args!r}: still running after {limit_s:.0f} s\n--- stdout ---\n{stdout}"
             f"\n--- stderr ---\n{stderr}"
         ) from None
+
+
+def interrupted_kvbench(args: list, checkpoint: Path, sig: int) -> tuple[int, str, str]:
+    """Start ``python -m kvbench.cli ARGS`` in the repository, send it ``sig`` once ``checkpoint``
+    exists (a run writes its first checkpoint 10 s in, so some requests have finished and others are
+    in the engine: minutes on a loaded machine), and wait; returns (exit code, stdout, stderr)."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kvbench.cli", *map(str, args)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_until(
+        checkpoint.exists,
+        "the first checkpoint (10 s into the run)",
+        ended=process_ended(process),
+        log=process_log(process),
+        poll_s=0.2,
+    )
+    process.send_signal(sig)
+    stdout, stderr = communicate(process)
+    return process.returncode, stdout, stderr

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_and_rows import small_chat
 from readiness import LIMIT_S
 
 REPO = Path(__file__).resolve().parents[1]
@@ -95,24 +96,7 @@ def test_in_process_run_and_serve_name_their_extra(core):
 
 def test_http_run_needs_no_extra(core, server, tmp_path):
     out, saved = tmp_path / "http.parquet", tmp_path / "http.json"
-    done = core(
-        "run",
-        "chat",
-        "--backend",
-        "openai",
-        "--base-url",
-        server.url,
-        "--requests",
-        "4",
-        "--max-tokens",
-        "2",
-        "--out",
-        out,
-        "--save-result",
-        saved,
-        "--assert",
-        "failed==0",
-    )
+    done = core(*small_chat("run", server.url), "--out", out, "--save-result", saved, "--assert", "failed==0")
     assert done.returncode == 0, done.stderr
     result = json.loads(saved.read_text())
     assert result["completed"] == 4 and result["reported_hit_rate"] is not None

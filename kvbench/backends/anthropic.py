@@ -118,27 +118,12 @@ class _Reading:
 class AnthropicBackend(SdkClientBackend):
     """Serves run requests on an Anthropic Messages endpoint; use as ``async with``."""
 
+    name = "anthropic"
+    client_class = anthropic.AsyncAnthropic
+
     def __init__(self, config: AnthropicConfig) -> None:
         self.config = config
         self._client: anthropic.AsyncAnthropic | None = None
-
-    def new_client(self) -> anthropic.AsyncAnthropic:
-        return anthropic.AsyncAnthropic(
-            base_url=self.config.base_url,
-            api_key=self.config.api_key,
-            max_retries=0,
-            timeout=self.config.timeout_s,
-        )
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "backend": "anthropic",
-            "model": self.config.model,
-            "cache_enabled": None,
-            "cache_kind": None,
-            "block_size": self.config.block_size,
-            "capacity_blocks": None,
-        }
 
     async def serve(self, request: Request) -> RequestRecord:
         """Send one request and read its stream; every failure becomes an error row."""

@@ -27,10 +27,29 @@ class SdkClientBackend:
     anthropic): the client is made on entry by :meth:`new_client` (no retries: a failed request is a
     measured failure) and closed on exit."""
 
+    name: str  # the ``backend`` that :meth:`describe` reports
+    client_class: Any  # the SDK's async client (``openai.AsyncOpenAI``, ``anthropic.AsyncAnthropic``)
+    config: Any  # base_url, api_key, timeout_s, model, block_size
     _client: Any = None
 
     def new_client(self) -> Any:
-        raise NotImplementedError
+        return self.client_class(
+            base_url=self.config.base_url,
+            api_key=self.config.api_key,
+            max_retries=0,
+            timeout=self.config.timeout_s,
+        )
+
+    def describe(self) -> dict[str, Any]:
+        """The run's backend metadata: an endpoint's cache is not known from here (``None``)."""
+        return {
+            "backend": self.name,
+            "model": self.config.model,
+            "cache_enabled": None,
+            "cache_kind": None,
+            "block_size": self.config.block_size,
+            "capacity_blocks": None,
+        }
 
     async def __aenter__(self) -> Self:
         self._client = self.new_client()

@@ -38,6 +38,9 @@ from kvbench.results.writer import CHECKPOINT_EVERY_S
 from kvbench.run.config import EngineFlags, EngineKind
 from kvbench.run.engines import build_backend, predicted_cached_tokens
 from kvbench.run.loop import run_requests
+from kvbench.workloads.formats.kvbench_trace_reader import trace_requests
+from kvbench.workloads.generators import SharedPrefixConfig, generate_shared_prefix
+from kvbench.workloads.tokenizer import Tokenizer
 
 Progress = Callable[[str, int, int], None]  # (what is running, requests done, requests in total)
 # Called after each request with the request and the engine's record; returns extra row columns.
@@ -304,6 +307,25 @@ def token_run_requests(
             )
         )
     return requests
+
+
+def shared_prefix_requests(config: Any, tokenizer: Tokenizer, **changes: Any) -> list[Request]:
+    """The shared-prefix trace an experiment's ``config`` sizes (its ``num_requests``,
+    ``system_tokens``, ``question_tokens``, ``max_tokens`` and ``seed``), ``changes`` (other
+    :class:`SharedPrefixConfig` fields) on top, as run requests.
+
+    Raises:
+        ValueError: the trace cannot be fitted in the tokenizer (see ``text_fit``).
+    """
+    trace_config = SharedPrefixConfig(
+        num_requests=config.num_requests,
+        system_tokens=config.system_tokens,
+        question_tokens=config.question_tokens,
+        max_tokens=config.max_tokens,
+        seed=config.seed,
+        **changes,
+    )
+    return trace_requests(generate_shared_prefix(trace_config, tokenizer), tokenizer)
 
 
 def warm_up(loaded: LoadedModel, num_tokens: int = 32) -> None:

@@ -31,19 +31,14 @@ from kvbench.breaks.common import (
     format_ms,
     format_rate,
     run_variant,
+    shared_prefix_requests,
     variant_backend,
 )
 from kvbench.cache.base import CacheConfig
 from kvbench.engine.model import LoadedModel
 from kvbench.run.config import EngineKind
 from kvbench.sim.bounds import unbounded_capacity_blocks
-from kvbench.workloads.formats.kvbench_trace_reader import trace_requests
-from kvbench.workloads.generators import (
-    HeaderPlacement,
-    SharedPrefixConfig,
-    check_ints,
-    generate_shared_prefix,
-)
+from kvbench.workloads.generators import HeaderPlacement, check_ints
 from kvbench.workloads.tokenizer import Tokenizer, load_tokenizer
 
 EXPERIMENT = "timestamp"
@@ -160,18 +155,7 @@ def run_timestamp(
     tokenizer = tokenizer or load_tokenizer()
     variants = []
     for placement in HeaderPlacement:
-        trace = generate_shared_prefix(
-            SharedPrefixConfig(
-                num_requests=config.num_requests,
-                system_tokens=config.system_tokens,
-                question_tokens=config.question_tokens,
-                max_tokens=config.max_tokens,
-                seed=config.seed,
-                volatile_header=placement,
-            ),
-            tokenizer,
-        )
-        requests = trace_requests(trace, tokenizer)
+        requests = shared_prefix_requests(config, tokenizer, volatile_header=placement)
         # Room for every block of every request: only the header may cost hits, never capacity.
         capacity = unbounded_capacity_blocks((r.num_tokens for r in requests), config.block_size)
         backend = variant_backend(loaded, CacheConfig(capacity, config.block_size), config.engine)

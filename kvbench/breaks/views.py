@@ -35,6 +35,7 @@ from kvbench.breaks.common import (
     break_schema,
     format_mib,
     run_variant,
+    shared_prefix_requests,
     variant_backend,
 )
 from kvbench.cache.base import CacheConfig
@@ -42,8 +43,7 @@ from kvbench.engine.factory import make_engine
 from kvbench.engine.kv import capacity_blocks_for_bytes
 from kvbench.engine.model import LoadedModel
 from kvbench.engine.sampling import SamplingParams
-from kvbench.workloads.formats.kvbench_trace_reader import trace_requests
-from kvbench.workloads.generators import SharedPrefixConfig, check_ints, generate_shared_prefix
+from kvbench.workloads.generators import check_ints
 from kvbench.workloads.tokenizer import Tokenizer, load_tokenizer
 
 EXPERIMENT = "views"
@@ -144,18 +144,7 @@ def run_views(
     Raises:
         InputError: ``cache_bytes`` holds not even one block of this model.
     """
-    tokenizer = tokenizer or load_tokenizer()
-    trace = generate_shared_prefix(
-        SharedPrefixConfig(
-            num_requests=config.num_requests,
-            system_tokens=config.system_tokens,
-            question_tokens=config.question_tokens,
-            max_tokens=config.max_tokens,
-            seed=config.seed,
-        ),
-        tokenizer,
-    )
-    requests = trace_requests(trace, tokenizer)
+    requests = shared_prefix_requests(config, tokenizer or load_tokenizer())
     layout = loaded.kv_layout(config.block_size)
     capacity = capacity_blocks_for_bytes(config.cache_bytes, layout)
     configured = capacity * layout.bytes_per_block

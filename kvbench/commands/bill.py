@@ -14,6 +14,7 @@ from kvbench.bill.placement import Placement
 from kvbench.bill.rules import Provider, cache_rules, with_prices
 from kvbench.commands.common import build, make_console
 from kvbench.commands.options import Requests
+from kvbench.commands.signature import option
 from kvbench.errors import InputError
 from kvbench.results.parquet import check_output_path, write_rows
 from kvbench.run.source import limit_requests, load_source
@@ -69,31 +70,25 @@ def bill(
             "file (.parquet: priced from its recorded usage)."
         ),
     ],
-    provider: Annotated[Provider, typer.Option(help="Whose caching rules and prices.")] = Provider.ANTHROPIC,
-    model: Annotated[
+    provider: option(Provider, "Whose caching rules and prices.") = Provider.ANTHROPIC,
+    model: option(
         str | None,
-        typer.Option(
-            help="Model as the provider names it (default: claude-sonnet-4-5 "
-            "or gpt-5); prices from kvbench/bill/providers.toml."
-        ),
-    ] = None,
-    retention: Annotated[
-        str | None, typer.Option(help="Anthropic 5m (default) or 1h; OpenAI in-memory (default) or 24h.")
-    ] = None,
-    placement: Annotated[
+        "Model as the provider names it (default: claude-sonnet-4-5 "
+        "or gpt-5); prices from kvbench/bill/providers.toml.",
+    ) = None,
+    retention: option(str | None, "Anthropic 5m (default) or 1h; OpenAI in-memory (default) or 24h.") = None,
+    placement: option(
         Placement | None,
-        typer.Option(
-            help="Anthropic breakpoints: messages (after the system "
-            "prompt and the last stable turn; default for chat), "
-            "system, or end (default for token ids)."
-        ),
-    ] = None,
+        "Anthropic breakpoints: messages (after the system "
+        "prompt and the last stable turn; default for chat), "
+        "system, or end (default for token ids).",
+    ) = None,
     input_price: Price = None,
     output_price: Price = None,
     cache_write_price: Price = None,
     cache_read_price: Price = None,
     requests: Requests = None,
-    out: Annotated[Path | None, typer.Option(help="Also write the bill as a one-row Parquet file.")] = None,
+    out: option(Path | None, "Also write the bill as a one-row Parquet file.") = None,
 ) -> None:
     """Price a trace under a provider's prompt caching (its cache simulated on the trace's timestamps):
     input, cache writes, cache reads, output, the total with and without caching, and the break-even."""

@@ -16,7 +16,7 @@ from rich.table import Table
 
 from kvbench.breaks import EXPERIMENTS
 from kvbench.commands import options as opt
-from kvbench.commands.break_experiment import BreakFlags, experiment_config, run_experiment
+from kvbench.commands.break_experiment import run_configured
 from kvbench.commands.common import make_console
 from kvbench.commands.signature import OptionGroup, with_options
 from kvbench.errors import InputError
@@ -88,198 +88,145 @@ def list_experiments(
     raise typer.Exit()
 
 
-@with_options(MACHINE)
-def timestamp_command(
-    requests: Annotated[
-        int | None,
-        typer.Option("--requests", "--num-requests", min=1, help="Requests per variant (the first is cold)."),
-    ] = None,
-    system_tokens: SystemTokens = None,
-    question_tokens: QuestionTokens = None,
-    max_tokens: MaxTokens = None,
-    block_size: BlockSize = 16,
-    seed: Seed = 0,
-    **machine: Any,
-) -> None:
+def _option(kind: Any, help_text: str, default: Any = None, *names: str, **option: Any) -> tuple[Any, Any]:
+    """One experiment's own option, for an :data:`OptionGroup`: ``(Annotated[kind, typer.Option(...)],
+    default)``."""
+    return Annotated[kind, typer.Option(*names, help=help_text, **option)], default
+
+
+def _requests(help_text: str) -> tuple[Any, Any]:
+    return _option(int | None, help_text, None, "--requests", "--num-requests", min=1)
+
+
+# The shared-prefix trace options of timestamp and views, and the options most experiments end with.
+_SHARED_PREFIX: OptionGroup = {
+    "system_tokens": (SystemTokens, None),
+    "question_tokens": (QuestionTokens, None),
+}
+_BLOCKS_AND_SEED: OptionGroup = {"block_size": (BlockSize, 16), "seed": (Seed, 0)}
+_TIMESTAMP: OptionGroup = {
+    "requests": _requests("Requests per variant (the first is cold)."),
+    **_SHARED_PREFIX,
+    "max_tokens": (MaxTokens, None),
+    **_BLOCKS_AND_SEED,
+}
+_HEAD_FIRST: OptionGroup = {
+    "scenarios": _option(
+        str | None,
+        "Comma-separated scenario files (default: scenarios/multi_prefix_zipf.toml and "
+        "multi_prefix_rr.toml).",
+    ),
+    "sizes": _option(str | None, "Cache sizes in blocks (default: each scenario's)."),
+    "sim_requests": _option(int | None, "Simulate only the first N requests."),
+    "engine_requests": _option(int | None, "Requests served on the engine per order."),
+    "engine_size": _option(int | None, "Engine cache size in blocks (default: largest gap)."),
+    "max_tokens": (MaxTokens, None),
+}
+_VIEWS: OptionGroup = {
+    "requests": _requests("Requests per variant."),
+    **_SHARED_PREFIX,
+    "max_tokens": (MaxTokens, None),
+    "cache_size": _option(str, "Cache size in bytes (16MiB, 1GiB, ...).", "16MiB"),
+    **_BLOCKS_AND_SEED,
+    "plot": _option(Path | None, "Also write a PNG of KV bytes per request here."),
+}
+_TINY_HASH: OptionGroup = {
+    "bits": _option(int | None, "Bits kept of every block key (8..256)."),
+    "requests": _requests("Requests per run."),
+    "prefixes": _option(int | None, "Shared system prompts (Zipf popularity)."),
+    "prefix_tokens": _option(int | None, "Tokens per system prompt."),
+    "unique_tokens": _option(int | None, "Unique tokens per request."),
+    "max_tokens": (MaxTokens, None),
+    **_BLOCKS_AND_SEED,
+}
+_SHARED_SALT: OptionGroup = {
+    "trials": _option(int | None, "Private prompts, each guessed right and wrong once."),
+    "prompt_tokens": _option(int | None, "Tokens per prompt."),
+    "max_tokens": (MaxTokens, None),
+    "alpha": _option(float | None, "Significance level for calling it a leak."),
+    **_BLOCKS_AND_SEED,
+}
+
+
+@with_options(_TIMESTAMP, MACHINE)
+def timestamp_command(**options: Any) -> None:
     """'Current time: <now>' first in the system prompt vs last vs absent: hit rate and TTFT."""
-    flags = BreakFlags(**machine)
     from kvbench.breaks import timestamp
 
-    config = experiment_config(
-        timestamp.TimestampConfig,
-        num_requests=requests,
-        system_tokens=system_tokens,
-        question_tokens=question_tokens,
-        max_tokens=max_tokens,
-        block_size=block_size,
-        seed=seed,
-        engine=flags.engine,
-    )
-    run_experiment(
+    run_configured(
         timestamp.EXPERIMENT,
-        lambda loaded, tokenizer, progress: timestamp.run_timestamp(loaded, config, tokenizer, progress),
-        lambda result: [timestamp.timestamp_table(result)],
-        flags,
+        timestamp.TimestampConfig,
+        timestamp.run_timestamp,
+        [timestamp.timestamp_table],
+        options,
     )
 
 
-@with_options(MACHINE)
-def head_first_command(
-    scenarios: Annotated[
-        str | None,
-        typer.Option(
-            help="Comma-separated scenario files (default: scenarios/multi_prefix_zipf.toml and "
-            "multi_prefix_rr.toml)."
-        ),
-    ] = None,
-    sizes: Annotated[
-        str | None, typer.Option(help="Cache sizes in blocks (default: each scenario's).")
-    ] = None,
-    sim_requests: Annotated[int | None, typer.Option(help="Simulate only the first N requests.")] = None,
-    engine_requests: Annotated[
-        int | None, typer.Option(help="Requests served on the engine per order.")
-    ] = None,
-    engine_size: Annotated[
-        int | None, typer.Option(help="Engine cache size in blocks (default: largest gap).")
-    ] = None,
-    max_tokens: MaxTokens = None,
-    **machine: Any,
-) -> None:
+@with_options(_HEAD_FIRST, MACHINE)
+def head_first_command(**options: Any) -> None:
     """Blocks released head before tail: simulated hit rate per size, then TTFT on the engine."""
-    flags = BreakFlags(**machine)
     from kvbench.breaks import head_first
 
+    scenarios, sizes = options["scenarios"], options["sizes"]
     paths = head_first.scenario_paths([p for p in scenarios.split(",") if p.strip()] if scenarios else None)
     for path in paths:
         if not path.exists():
             raise InputError(f"--scenarios: {path}: no such file")
-    config = experiment_config(
-        head_first.HeadFirstConfig,
-        scenarios=paths,
-        sizes_blocks=tuple(parse_int_list(sizes, "--sizes")) if sizes is not None else None,
-        num_sim_requests=sim_requests,
-        num_engine_requests=engine_requests,
-        engine_capacity_blocks=engine_size,
-        max_tokens=max_tokens,
-        engine=flags.engine,
-    )
-    run_experiment(
+    run_configured(
         head_first.EXPERIMENT,
-        lambda loaded, _, progress: head_first.run_head_first(loaded, config, progress),
-        lambda result: [head_first.sweep_table(result), head_first.engine_table(result)],
-        flags,
+        head_first.HeadFirstConfig,
+        lambda loaded, config, _, progress: head_first.run_head_first(loaded, config, progress),
+        [head_first.sweep_table, head_first.engine_table],
+        {
+            **options,
+            "scenarios": paths,
+            "sizes": tuple(parse_int_list(sizes, "--sizes")) if sizes is not None else None,
+        },
     )
 
 
-@with_options(MACHINE)
-def views_command(
-    requests: Annotated[
-        int | None, typer.Option("--requests", "--num-requests", min=1, help="Requests per variant.")
-    ] = None,
-    system_tokens: SystemTokens = None,
-    question_tokens: QuestionTokens = None,
-    max_tokens: MaxTokens = None,
-    cache_size: Annotated[str, typer.Option(help="Cache size in bytes (16MiB, 1GiB, ...).")] = "16MiB",
-    block_size: BlockSize = 16,
-    seed: Seed = 0,
-    plot: Annotated[Path | None, typer.Option(help="Also write a PNG of KV bytes per request here.")] = None,
-    **machine: Any,
-) -> None:
+@with_options(_VIEWS, MACHINE)
+def views_command(**options: Any) -> None:
     """Cached views instead of copies: believed vs really held KV bytes and RSS, per request."""
-    flags = BreakFlags(**machine)
-    _on_engine("views", flags.engine)
+    _on_engine("views", options["engine"])
     from kvbench.breaks import views
     from kvbench.memory.layout import parse_bytes
 
-    config = experiment_config(
-        views.ViewsConfig,
-        num_requests=requests,
-        system_tokens=system_tokens,
-        question_tokens=question_tokens,
-        max_tokens=max_tokens,
-        cache_bytes=parse_bytes(cache_size),
-        block_size=block_size,
-        seed=seed,
-    )
-    result = run_experiment(
-        views.EXPERIMENT,
-        lambda loaded, tokenizer, progress: views.run_views(loaded, config, tokenizer, progress),
-        lambda result: [views.views_table(result)],
-        flags,
+    plot = options.pop("plot")
+    options["cache_size"] = parse_bytes(options["cache_size"])
+    result = run_configured(
+        views.EXPERIMENT, views.ViewsConfig, views.run_views, [views.views_table], options
     )
     if plot is not None:
         make_console().print(f"wrote {views.plot_views(result, plot)}")
 
 
-@with_options(MACHINE)
-def tiny_hash_command(
-    bits: Annotated[int | None, typer.Option(help="Bits kept of every block key (8..256).")] = None,
-    requests: Annotated[
-        int | None, typer.Option("--requests", "--num-requests", min=1, help="Requests per run.")
-    ] = None,
-    prefixes: Annotated[int | None, typer.Option(help="Shared system prompts (Zipf popularity).")] = None,
-    prefix_tokens: Annotated[int | None, typer.Option(help="Tokens per system prompt.")] = None,
-    unique_tokens: Annotated[int | None, typer.Option(help="Unique tokens per request.")] = None,
-    max_tokens: MaxTokens = None,
-    block_size: BlockSize = 16,
-    seed: Seed = 0,
-    **machine: Any,
-) -> None:
+@with_options(_TINY_HASH, MACHINE)
+def tiny_hash_command(**options: Any) -> None:
     """Block keys truncated to N bits: false hits and wrong outputs, vs full SHA-256."""
-    flags = BreakFlags(**machine)
-    _on_engine("tiny-hash", flags.engine)
+    _on_engine("tiny-hash", options["engine"])
     from kvbench.breaks import tiny_hash
 
-    config = experiment_config(
-        tiny_hash.TinyHashConfig,
-        hash_bits=bits,
-        num_requests=requests,
-        num_prefixes=prefixes,
-        prefix_tokens=prefix_tokens,
-        unique_tokens=unique_tokens,
-        max_tokens=max_tokens,
-        block_size=block_size,
-        seed=seed,
-    )
-    run_experiment(
+    run_configured(
         tiny_hash.EXPERIMENT,
-        lambda loaded, tokenizer, progress: tiny_hash.run_tiny_hash(loaded, config, tokenizer, progress),
-        lambda result: [tiny_hash.tiny_hash_table(result)],
-        flags,
+        tiny_hash.TinyHashConfig,
+        tiny_hash.run_tiny_hash,
+        [tiny_hash.tiny_hash_table],
+        options,
     )
 
 
-@with_options(MACHINE)
-def shared_salt_command(
-    trials: Annotated[
-        int | None, typer.Option(help="Private prompts, each guessed right and wrong once.")
-    ] = None,
-    prompt_tokens: Annotated[int | None, typer.Option(help="Tokens per prompt.")] = None,
-    max_tokens: MaxTokens = None,
-    alpha: Annotated[float | None, typer.Option(help="Significance level for calling it a leak.")] = None,
-    block_size: BlockSize = 16,
-    seed: Seed = 0,
-    **machine: Any,
-) -> None:
+@with_options(_SHARED_SALT, MACHINE)
+def shared_salt_command(**options: Any) -> None:
     """Tenants without salts: B's TTFT reveals whether its guess of A's prompt was cached."""
-    flags = BreakFlags(**machine)
     from kvbench.breaks import shared_salt
 
-    config = experiment_config(
-        shared_salt.SharedSaltConfig,
-        num_trials=trials,
-        prompt_tokens=prompt_tokens,
-        max_tokens=max_tokens,
-        alpha=alpha,
-        block_size=block_size,
-        seed=seed,
-        engine=flags.engine,
-    )
-    run_experiment(
+    run_configured(
         shared_salt.EXPERIMENT,
-        lambda loaded, tokenizer, progress: shared_salt.run_shared_salt(loaded, config, tokenizer, progress),
-        lambda result: [shared_salt.shared_salt_table(result)],
-        flags,
+        shared_salt.SharedSaltConfig,
+        shared_salt.run_shared_salt,
+        [shared_salt.shared_salt_table],
+        options,
     )
 
 

@@ -4,8 +4,8 @@ then the tables and the Parquet file(s), and on Ctrl-C what finished."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +32,8 @@ _FLAGS = {
     "cache_bytes": "--cache-size",
     "scenarios": "--scenarios",
 }
+# a command's option (its parameter name) -> the config field it sets, where the names differ
+_FIELDS = {flag[2:].replace("-", "_"): field for field, flag in _FLAGS.items()}
 
 
 def experiment_config(cls: type, **fields: Any) -> Any:
@@ -76,7 +78,7 @@ def _progress(heartbeat: Heartbeat) -> Iterator[Callable[[str, int, int], None]]
         yield progress
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class BreakFlags:
     """The flags every experiment takes (``--model``, ``--device``, ``--out``, ``--engine``,
     ``--threads``): where its variants run and where the rows go."""
@@ -86,6 +88,31 @@ class BreakFlags:
     out: Path | None
     engine: EngineKind
     threads: int | None
+
+
+def run_configured(
+    experiment: str,
+    cls: type,
+    run: Callable[[Any, Any, Any, Any], Any],
+    tables: list[Callable[[Any], VerdictTable]],
+    options: dict[str, Any],
+) -> Any:
+    """One ``kvbench break`` command: ``options`` (its flags by parameter name) split into the
+    :class:`BreakFlags` and the fields of a ``cls`` config (see :func:`experiment_config`; ``--engine``
+    too where ``cls`` has an ``engine`` field), then :func:`run_experiment` of
+    ``run(loaded, config, tokenizer, progress)``, printing each of ``tables`` of the result."""
+    machine = {field.name for field in dataclasses.fields(BreakFlags)}
+    flags = BreakFlags(**{name: value for name, value in options.items() if name in machine})
+    own = {_FIELDS.get(name, name): value for name, value in options.items() if name not in machine}
+    if "engine" in {field.name for field in dataclasses.fields(cls)}:
+        own["engine"] = flags.engine
+    config = experiment_config(cls, **own)
+    return run_experiment(
+        experiment,
+        lambda loaded, tokenizer, progress: run(loaded, config, tokenizer, progress),
+        lambda result: [table(result) for table in tables],
+        flags,
+    )
 
 
 def run_experiment(

@@ -14,7 +14,7 @@ from enum import Enum
 import typer
 
 from kvbench.errors import InputError
-from kvbench.memory.layout import DType, parse_dtype
+from kvbench.memory.layout import DType, parse_bytes, parse_dtype
 
 ENGINE_DTYPES = (DType.FP32, DType.BF16, DType.FP16)  # what torch computes in (engine/model.py torch_dtype)
 _DEVICE = re.compile(r"cpu|mps|cuda(:\d+)?")  # ModelConfig's rule (engine/model.py), without torch
@@ -63,4 +63,16 @@ def check_positive(value: float | None) -> float | None:
     """typer callback for a float that must be > 0 (rates, scales): typer's ``min`` is inclusive only."""
     if value is not None and not value > 0:
         raise typer.BadParameter("must be > 0")
+    return value
+
+
+def positive_bytes(text: str, flag: str, must: str = "a positive size, e.g. 80GiB") -> int:
+    """``parse_bytes(text)`` (``2GiB``, ``1e9``), refused as an ``InputError`` naming ``flag`` when it is
+    not a size or not positive (``FLAG TEXT: must be MUST``)."""
+    try:
+        value = parse_bytes(text)
+    except InputError as exc:
+        raise InputError(f"{flag}: {exc}") from None
+    if value <= 0:
+        raise InputError(f"{flag} {text}: must be {must}")
     return value

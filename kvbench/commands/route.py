@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
 
 import typer
 from rich.table import Table
 
 from kvbench.commands.common import Heartbeat, build, make_console, sigterm_as_interrupt, status_printer
 from kvbench.commands.options import CacheKindOption, Requests, Source
-from kvbench.commands.signature import in_panel
+from kvbench.commands.signature import in_panel, option
 from kvbench.errors import InputError, Interrupted
 from kvbench.results.parquet import check_output_path, write_rows
 from kvbench.route.api import PREFIX_TOKENS, RouterOptions, compare_policies
@@ -138,92 +138,44 @@ def _compare(
         return compare_policies(trace, config, policies, options, progress=done)
 
 
+# One option in each of route's --help panels (see signature.option).
+_in_replicas = functools.partial(option, panel="Replicas and cache")
+_in_service_model = functools.partial(option, panel="Service model")
+_in_policies = functools.partial(option, panel="Policy settings")
+
+
 def route(
     source: Source,
-    replicas: Annotated[
-        int, typer.Option(rich_help_panel="Replicas and cache", help="Replicas behind the router.")
-    ] = 8,
-    policy: Annotated[
+    replicas: _in_replicas(int, "Replicas behind the router.") = 8,
+    policy: _in_replicas(
         str,
-        typer.Option(
-            rich_help_panel="Replicas and cache",
-            help="round-robin, random, least-loaded, session, prefix-hash, "
-            "cache-aware, a comma list, or all.",
-        ),
-    ] = "all",
-    capacity: Annotated[
+        "round-robin, random, least-loaded, session, prefix-hash, cache-aware, a comma list, or all.",
+    ) = "all",
+    capacity: _in_replicas(
         int | None,
-        typer.Option(
-            rich_help_panel="Replicas and cache",
-            help="Cache blocks per replica (default: the middle of the source's [sim] sizes).",
-        ),
-    ] = None,
+        "Cache blocks per replica (default: the middle of the source's [sim] sizes).",
+    ) = None,
     cache: in_panel("Replicas and cache", CacheKindOption) = None,
-    ttl: Annotated[
-        float | None,
-        typer.Option(
-            rich_help_panel="Replicas and cache", help="Expire blocks idle longer than this (trace seconds)."
-        ),
-    ] = None,
+    ttl: _in_replicas(float | None, "Expire blocks idle longer than this (trace seconds).") = None,
     requests: in_panel("Replicas and cache", Requests) = None,
-    fit: Annotated[
+    fit: _in_service_model(Path | None, "Fit the service model from a kvbench run results file.") = None,
+    prefill_base_ms: _in_service_model(float | None, "Prefill fixed cost a, ms [10].") = None,
+    prefill_ms_per_token: _in_service_model(
+        float | None, "Prefill cost b per uncached token, ms [0.1]."
+    ) = None,
+    decode_ms_per_token: _in_service_model(float | None, "Decode time per output token, ms [20].") = None,
+    prefix_tokens: _in_policies(int, "prefix-hash: hash the blocks of the first N tokens.") = PREFIX_TOKENS,
+    epsilon: _in_policies(float, "prefix-hash: load bound ceil((1+eps) x mean).") = 0.25,
+    cache_threshold: _in_policies(float, "cache-aware: match rate above which to follow the match.") = 0.3,
+    balance_abs_threshold: _in_policies(int, "cache-aware: imbalance when max-min > this.") = 64,
+    balance_rel_threshold: _in_policies(float, "cache-aware: ... and max > min x this.") = 1.5,
+    eviction_interval: _in_policies(float, "cache-aware: tree eviction period, trace s.") = 120.0,
+    max_tree_size: _in_policies(int, "cache-aware: tokens per replica's tree.") = 2**26,
+    seed: _in_replicas(int, "Seed of the random policy.") = 0,
+    out: _in_replicas(
         Path | None,
-        typer.Option(
-            rich_help_panel="Service model", help="Fit the service model from a kvbench run results file."
-        ),
-    ] = None,
-    prefill_base_ms: Annotated[
-        float | None, typer.Option(rich_help_panel="Service model", help="Prefill fixed cost a, ms [10].")
-    ] = None,
-    prefill_ms_per_token: Annotated[
-        float | None,
-        typer.Option(rich_help_panel="Service model", help="Prefill cost b per uncached token, ms [0.1]."),
-    ] = None,
-    decode_ms_per_token: Annotated[
-        float | None,
-        typer.Option(rich_help_panel="Service model", help="Decode time per output token, ms [20]."),
-    ] = None,
-    prefix_tokens: Annotated[
-        int,
-        typer.Option(
-            rich_help_panel="Policy settings", help="prefix-hash: hash the blocks of the first N tokens."
-        ),
-    ] = PREFIX_TOKENS,
-    epsilon: Annotated[
-        float,
-        typer.Option(rich_help_panel="Policy settings", help="prefix-hash: load bound ceil((1+eps) x mean)."),
-    ] = 0.25,
-    cache_threshold: Annotated[
-        float,
-        typer.Option(
-            rich_help_panel="Policy settings", help="cache-aware: match rate above which to follow the match."
-        ),
-    ] = 0.3,
-    balance_abs_threshold: Annotated[
-        int,
-        typer.Option(rich_help_panel="Policy settings", help="cache-aware: imbalance when max-min > this."),
-    ] = 64,
-    balance_rel_threshold: Annotated[
-        float, typer.Option(rich_help_panel="Policy settings", help="cache-aware: ... and max > min x this.")
-    ] = 1.5,
-    eviction_interval: Annotated[
-        float,
-        typer.Option(rich_help_panel="Policy settings", help="cache-aware: tree eviction period, trace s."),
-    ] = 120.0,
-    max_tree_size: Annotated[
-        int, typer.Option(rich_help_panel="Policy settings", help="cache-aware: tokens per replica's tree.")
-    ] = 2**26,
-    seed: Annotated[
-        int, typer.Option(rich_help_panel="Replicas and cache", help="Seed of the random policy.")
-    ] = 0,
-    out: Annotated[
-        Path | None,
-        typer.Option(
-            rich_help_panel="Replicas and cache",
-            help="Parquet, one row per policy (default results/route-NAME-TIME"
-            ".parquet); the PNGs go beside it.",
-        ),
-    ] = None,
+        "Parquet, one row per policy (default results/route-NAME-TIME.parquet); the PNGs go beside it.",
+    ) = None,
 ) -> None:
     """Route one trace over N simulated replicas, each with its own prefix cache, under each policy:
     hit rates, copies of popular prefixes, load imbalance, queue and TTFT percentiles."""

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
-from typing import Annotated
 
 import typer
 
 from kvbench.cache.base import CacheConfig, CacheKind, ReleaseOrder
 from kvbench.commands import options as opt
-from kvbench.commands.choices import CacheSwitch, LogLevel, check_positive
+from kvbench.commands.choices import CacheSwitch, LogLevel, check_positive, positive_bytes
 from kvbench.commands.common import Heartbeat, make_console, status_printer
-from kvbench.commands.signature import in_panel
+from kvbench.commands.signature import in_panel, option
 from kvbench.errors import InputError, checked
 from kvbench.run.config import EngineFlags, EngineKind
 
@@ -60,15 +59,9 @@ def _cache_config(
 
 def _guards(host: str, api_key: str | None, max_body_size: str, allowed_hosts: tuple[str, ...]):
     """The request guards from the flags. Raises ``InputError`` naming the flag."""
-    from kvbench.memory.layout import parse_bytes
     from kvbench.server.guards import GuardConfig
 
-    try:
-        max_body_bytes = parse_bytes(max_body_size)
-    except InputError as exc:
-        raise InputError(f"--max-body-size: {exc}") from None
-    if max_body_bytes <= 0:
-        raise InputError(f"--max-body-size {max_body_size}: must be positive")
+    max_body_bytes = positive_bytes(max_body_size, "--max-body-size", must="positive")
     if api_key is not None and not api_key.strip():
         raise InputError("--api-key: must not be empty")
     return GuardConfig.for_bind(host, allowed_hosts, max_body_bytes=max_body_bytes, api_key=api_key)
@@ -141,136 +134,86 @@ def _service(
 
 
 def serve(
-    host: Annotated[
-        str,
-        typer.Option(
-            rich_help_panel="Server", help="Address to bind (loopback by default; 0.0.0.0 exposes it)."
-        ),
-    ] = "127.0.0.1",
-    port: Annotated[
-        int, typer.Option(rich_help_panel="Server", help="TCP port; 0 picks a free one (printed at start).")
-    ] = DEFAULT_PORT,
-    model: Annotated[
-        Path | None,
-        typer.Option(
-            rich_help_panel="Model",
-            help="Local Hugging Face checkpoint (default: the built-in random Llama).",
-        ),
-    ] = None,
-    served_model_name: Annotated[
-        str | None,
-        typer.Option(rich_help_panel="Model", help="Model name clients send (default: the model's)."),
-    ] = None,
+    host: option(
+        str, "Address to bind (loopback by default; 0.0.0.0 exposes it).", panel="Server"
+    ) = "127.0.0.1",
+    port: option(int, "TCP port; 0 picks a free one (printed at start).", panel="Server") = DEFAULT_PORT,
+    model: option(
+        Path | None, "Local Hugging Face checkpoint (default: the built-in random Llama).", panel="Model"
+    ) = None,
+    served_model_name: option(
+        str | None, "Model name clients send (default: the model's).", panel="Model"
+    ) = None,
     device: in_panel("Model", opt.Device) = "cpu",
     dtype: in_panel("Model", opt.DTypeName) = "float32",
-    cache: Annotated[
-        CacheSwitch, typer.Option(rich_help_panel="Cache", help="Prefix cache on or off.")
-    ] = CacheSwitch.ON,
-    cache_kind: Annotated[
-        CacheKind, typer.Option(rich_help_panel="Cache", help="Cache structure.")
-    ] = CacheKind.HASH,
-    block_size: Annotated[
-        int, typer.Option(rich_help_panel="Cache", min=1, help="Tokens per block (vLLM's default).")
-    ] = 16,
-    cache_size: Annotated[
-        str, typer.Option(rich_help_panel="Cache", help="Capacity in blocks (4096) or bytes (2GiB).")
-    ] = "1GiB",
-    ttl: Annotated[
-        float | None,
-        typer.Option(
-            rich_help_panel="Cache",
-            callback=check_positive,
-            help="Expire blocks idle longer than this (s, > 0).",
-        ),
-    ] = None,
-    release: Annotated[
-        ReleaseOrder, typer.Option(rich_help_panel="Cache", help="Free-list release order.")
-    ] = ReleaseOrder.TAIL_FIRST,
+    cache: option(CacheSwitch, "Prefix cache on or off.", panel="Cache") = CacheSwitch.ON,
+    cache_kind: option(CacheKind, "Cache structure.", panel="Cache") = CacheKind.HASH,
+    block_size: option(int, "Tokens per block (vLLM's default).", panel="Cache", min=1) = 16,
+    cache_size: option(str, "Capacity in blocks (4096) or bytes (2GiB).", panel="Cache") = "1GiB",
+    ttl: option(
+        float | None, "Expire blocks idle longer than this (s, > 0).", panel="Cache", callback=check_positive
+    ) = None,
+    release: option(ReleaseOrder, "Free-list release order.", panel="Cache") = ReleaseOrder.TAIL_FIRST,
     prompt_only: in_panel("Cache", opt.PromptOnly) = False,
-    log_level: Annotated[
-        LogLevel, typer.Option(rich_help_panel="Server", help="uvicorn log level (info shows every request).")
-    ] = LogLevel.WARNING,
+    log_level: option(
+        LogLevel, "uvicorn log level (info shows every request).", panel="Server"
+    ) = LogLevel.WARNING,
     threads: in_panel("Server", opt.Threads) = None,
-    min_cache_tokens: Annotated[
-        int,
-        typer.Option(
-            rich_help_panel="Server",
-            help="/v1/messages: shortest prefix reported as cached (Anthropic's minimum).",
-        ),
-    ] = 1024,
-    api_key: Annotated[
+    min_cache_tokens: option(
+        int, "/v1/messages: shortest prefix reported as cached (Anthropic's minimum).", panel="Server"
+    ) = 1024,
+    api_key: option(
         str | None,
-        typer.Option(
-            rich_help_panel="Server",
-            envvar="KVBENCH_API_KEY",
-            show_envvar=True,
-            help="Require 'Authorization: Bearer KEY' on every route but /health (as vllm serve --api-key).",
-        ),
-    ] = None,
-    max_body_size: Annotated[
-        str, typer.Option(rich_help_panel="Server", help="Largest request body (413 above it), e.g. 32MiB.")
-    ] = "32MiB",
-    allowed_host: Annotated[
+        "Require 'Authorization: Bearer KEY' on every route but /health (as vllm serve --api-key).",
+        panel="Server",
+        envvar="KVBENCH_API_KEY",
+        show_envvar=True,
+    ) = None,
+    max_body_size: option(str, "Largest request body (413 above it), e.g. 32MiB.", panel="Server") = "32MiB",
+    allowed_host: option(
         list[str] | None,
-        typer.Option(
-            rich_help_panel="Server",
-            help="Host header value to accept (repeatable; '*' = any). Default: the bound address (plus "
-            "localhost on loopback); any for 0.0.0.0.",
-        ),
-    ] = None,
-    engine: Annotated[
+        "Host header value to accept (repeatable; '*' = any). Default: the bound address (plus "
+        "localhost on loopback); any for 0.0.0.0.",
+        panel="Server",
+    ) = None,
+    engine: option(
         EngineKind,
-        typer.Option(
-            rich_help_panel="Engine",
-            help="copy: one request at a time; paged: continuous batching over one KV pool.",
-        ),
-    ] = EngineKind.COPY,
-    max_num_seqs: Annotated[
-        int | None,
-        typer.Option(rich_help_panel="Engine", help="paged: most sequences per step (default 256)."),
-    ] = None,
-    max_num_batched_tokens: Annotated[
-        int | None, typer.Option(rich_help_panel="Engine", help="paged: most tokens per step (default 8192).")
-    ] = None,
-    host_tier: Annotated[
+        "copy: one request at a time; paged: continuous batching over one KV pool.",
+        panel="Engine",
+    ) = EngineKind.COPY,
+    max_num_seqs: option(int | None, "paged: most sequences per step (default 256).", panel="Engine") = None,
+    max_num_batched_tokens: option(
+        int | None, "paged: most tokens per step (default 8192).", panel="Engine"
+    ) = None,
+    host_tier: option(
         str | None,
-        typer.Option(
-            rich_help_panel="Engine",
-            help="paged: a host KV tier below the pool, blocks or bytes (write-through; misses loaded back).",
-        ),
-    ] = None,
-    max_connections: Annotated[
+        "paged: a host KV tier below the pool, blocks or bytes (write-through; misses loaded back).",
+        panel="Engine",
+    ) = None,
+    max_connections: option(
         int | None,
-        typer.Option(
-            rich_help_panel="Server",
-            help="Most open connections; at the cap a new one closes the oldest idle one (default 1024, "
-            "below ulimit -n).",
-        ),
-    ] = None,
-    header_timeout: Annotated[
+        "Most open connections; at the cap a new one closes the oldest idle one (default 1024, "
+        "below ulimit -n).",
+        panel="Server",
+    ) = None,
+    header_timeout: option(
         float,
-        typer.Option(
-            rich_help_panel="Server",
-            callback=check_positive,
-            help="Close a connection that sent no whole request head within this many seconds.",
-        ),
-    ] = 10.0,
-    keep_alive_timeout: Annotated[
+        "Close a connection that sent no whole request head within this many seconds.",
+        panel="Server",
+        callback=check_positive,
+    ) = 10.0,
+    keep_alive_timeout: option(
         float,
-        typer.Option(
-            rich_help_panel="Server",
-            callback=check_positive,
-            help="Close a keep-alive connection idle this many seconds.",
-        ),
-    ] = 5.0,
-    replica_id: Annotated[
+        "Close a keep-alive connection idle this many seconds.",
+        panel="Server",
+        callback=check_positive,
+    ) = 5.0,
+    replica_id: option(
         str | None,
-        typer.Option(
-            rich_help_panel="Server",
-            help="This replica's name in the X-Kvbench-Replica header of every response (default: "
-            "host:port), so a client behind a router sees which replica served it.",
-        ),
-    ] = None,
+        "This replica's name in the X-Kvbench-Replica header of every response (default: "
+        "host:port), so a client behind a router sees which replica served it.",
+        panel="Server",
+    ) = None,
 ) -> None:
     """Serve the in-process engine as an OpenAI-compatible API (/v1/completions, /v1/chat/completions,
     /v1/models, /health, /reset_prefix_cache, /metrics, /tokenize, /detokenize) and Anthropic's /v1/messages
@@ -296,32 +239,16 @@ def serve(
     sock = bind_socket(host, port)  # before the model loads: a busy port fails at once
     with chosen_threads(threads, status_printer(make_console(stderr=True))):
         loaded = _load_announced(model_config)
-        cache_config = _cache_config(
-            cache.value,
-            cache_kind,
-            block_size,
-            cache_size,
-            ttl,
-            release,
-            loaded.kv_layout(block_size).bytes_per_block,
-            prompt_only,
+        bytes_per_block = loaded.kv_layout(block_size).bytes_per_block
+        cache_config, pool = (
+            _cache_config(
+                switch, cache_kind, block_size, cache_size, ttl, release, bytes_per_block, prompt_only
+            )
+            # the paged engine's pool holds the running sequences even with the cache off
+            for switch in (cache.value, "on" if engine.spec.has_kv_pool else "off")
         )
         engine_flags = checked(
             lambda: EngineFlags(engine, max_num_seqs, max_num_batched_tokens, host_tier=host_tier)
-        )
-        pool = (
-            _cache_config(
-                "on",
-                cache_kind,
-                block_size,
-                cache_size,
-                ttl,
-                release,
-                loaded.kv_layout(block_size).bytes_per_block,
-                prompt_only,
-            )
-            if engine.spec.has_kv_pool  # it holds the running sequences even with the cache off
-            else None
         )
         service = _service(loaded, model, cache_config, served_model_name or loaded.name, engine_flags, pool)
         _announce(sock, service.model_name, cache_config)

@@ -14,7 +14,16 @@ from collections.abc import Callable
 from copy import copy
 from typing import Annotated, Any, get_args
 
+import typer
+
 OptionGroup = dict[str, tuple[Any, Any]]  # option name -> (Annotated type, default)
+
+
+def option(kind: Any, help_text: str, *names: str, panel: str | None = None, **settings: Any) -> Any:
+    """``Annotated[kind, typer.Option(*names, help=help_text, rich_help_panel=panel, **settings)]``: one
+    option of an ordinary signature in a line or two (a flag's own names, e.g. ``"--requests"``, in
+    ``names``; ``callback``, ``min`` and the rest of typer's settings as keywords)."""
+    return Annotated[kind, typer.Option(*names, help=help_text, rich_help_panel=panel, **settings)]
 
 
 def panel(title: str, options: OptionGroup) -> OptionGroup:

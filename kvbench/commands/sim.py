@@ -16,7 +16,7 @@ from kvbench.cache.block_hash import HashAlgo
 from kvbench.commands import options as opt
 from kvbench.commands.choices import check_positive
 from kvbench.commands.common import make_console
-from kvbench.commands.signature import in_panel
+from kvbench.commands.signature import in_panel, option
 from kvbench.commands.sim_outputs import default_out, sim_table, write_outputs
 from kvbench.commands.sim_sampled import run_sampled
 from kvbench.commands.sim_tiers import (
@@ -210,70 +210,47 @@ _SAMPLE_KEYS_HELP = (
 
 def sim(
     source: Annotated[Path, typer.Argument(help="Scenario (.toml) or trace (.jsonl: kvbench or Mooncake).")],
-    sizes: Annotated[
-        str | None,
-        typer.Option(rich_help_panel="Sizes and output", help="Cache capacities in blocks, e.g. 64,128,256."),
-    ] = None,
-    release: Annotated[
-        str | None,
-        typer.Option(
-            rich_help_panel="Sizes and output", help="Release orders to compare: tail-first,head-first."
-        ),
-    ] = None,
-    block_size: Annotated[
-        int | None,
-        typer.Option(rich_help_panel="Cache", min=1, help="Tokens per block (default: the source's)."),
-    ] = None,
+    sizes: option(
+        str | None, "Cache capacities in blocks, e.g. 64,128,256.", panel="Sizes and output"
+    ) = None,
+    release: option(
+        str | None, "Release orders to compare: tail-first,head-first.", panel="Sizes and output"
+    ) = None,
+    block_size: option(int | None, "Tokens per block (default: the source's).", panel="Cache", min=1) = None,
     cache_kind: in_panel("Cache", opt.CacheKindOption) = None,
-    cache: Annotated[
-        CacheKind | None, typer.Option(hidden=True, help="Deprecated spelling of --cache-kind.")
-    ] = None,
-    ttl: Annotated[
+    cache: option(CacheKind | None, "Deprecated spelling of --cache-kind.", hidden=True) = None,
+    ttl: option(
         float | None,
-        typer.Option(
-            rich_help_panel="Cache",
-            callback=check_positive,
-            help="Expire blocks idle longer than this (trace seconds, > 0).",
-        ),
-    ] = None,
-    hash_algo: Annotated[
-        HashAlgo | None, typer.Option(rich_help_panel="Cache", help="Block hash function.")
-    ] = None,
+        "Expire blocks idle longer than this (trace seconds, > 0).",
+        panel="Cache",
+        callback=check_positive,
+    ) = None,
+    hash_algo: option(HashAlgo | None, "Block hash function.", panel="Cache") = None,
     hash_bits: in_panel("Cache", opt.HashBits) = None,
     requests: in_panel("Sizes and output", opt.Requests) = None,
-    out: Annotated[
+    out: option(
         Path | None,
-        typer.Option(
-            rich_help_panel="Sizes and output",
-            help="Output FILE: the Parquet file of rows; the curve files go beside it "
-            "(default results/sim-NAME-TIME.parquet).",
-        ),
-    ] = None,
-    workers: Annotated[
-        int, typer.Option(rich_help_panel="Sizes and output", min=1, help="Processes for the sweep.")
-    ] = min(2, os.cpu_count() or 1),
-    method: Annotated[
+        "Output FILE: the Parquet file of rows; the curve files go beside it "
+        "(default results/sim-NAME-TIME.parquet).",
+        panel="Sizes and output",
+    ) = None,
+    workers: option(int, "Processes for the sweep.", panel="Sizes and output", min=1) = min(
+        2, os.cpu_count() or 1
+    ),
+    method: option(
         SimMethod,
-        typer.Option(
-            rich_help_panel="Sizes and output",
-            help="auto: the exact one-pass LRU curve where it applies "
-            "(hash cache, tail-first, no TTL, full keys), else replay.",
-        ),
-    ] = SimMethod.AUTO,
-    ttl_curve: Annotated[
+        "auto: the exact one-pass LRU curve where it applies "
+        "(hash cache, tail-first, no TTL, full keys), else replay.",
+        panel="Sizes and output",
+    ) = SimMethod.AUTO,
+    ttl_curve: option(
         bool,
-        typer.Option(
-            "--ttl-curve",
-            rich_help_panel="Sizes and output",
-            help="Also the hit rate at every TTL with an unbounded cache (NAME.ttl-curve.parquet/.png).",
-        ),
-    ] = False,
-    sample_rate: Annotated[
-        float | None, typer.Option(rich_help_panel="Sampled curves (SHARDS)", help=_SAMPLE_RATE_HELP)
-    ] = None,
-    sample_keys: Annotated[
-        int | None, typer.Option(rich_help_panel="Sampled curves (SHARDS)", help=_SAMPLE_KEYS_HELP)
-    ] = None,
+        "Also the hit rate at every TTL with an unbounded cache (NAME.ttl-curve.parquet/.png).",
+        "--ttl-curve",
+        panel="Sizes and output",
+    ) = False,
+    sample_rate: option(float | None, _SAMPLE_RATE_HELP, panel="Sampled curves (SHARDS)") = None,
+    sample_keys: option(int | None, _SAMPLE_KEYS_HELP, panel="Sampled curves (SHARDS)") = None,
     tier: TierSpecs = None,
     tier_policy: TierPolicyOption = TierPolicy.INCLUSIVE,
     model_shape: ModelShapeOption = "kvbench-default",

@@ -13,7 +13,7 @@ from kvbench.commands import options as opt
 from kvbench.commands import result_options as res
 from kvbench.commands import run_options as rop
 from kvbench.commands.common import build, make_console, run_with_progress
-from kvbench.commands.signature import in_panel
+from kvbench.commands.signature import in_panel, option
 from kvbench.commands.sweep_tables import load_points_table, points_table
 from kvbench.engine.kinds import DEFAULT_ENGINE_KIND
 from kvbench.errors import InputError, KvbenchError
@@ -43,89 +43,61 @@ IgnoreEos = rop.REQUESTS["ignore_eos"][0]
 
 def sweep(
     source: Annotated[Path, typer.Argument(help="Scenario (.toml) or trace (.jsonl).")],
-    cache_sizes: Annotated[
-        str | None,
-        typer.Option(
-            rich_help_panel=ENGINE, help="Engine: cache capacities in blocks, e.g. 64,128,256,512,1024."
-        ),
-    ] = None,
+    cache_sizes: option(
+        str | None, "Engine: cache capacities in blocks, e.g. 64,128,256,512,1024.", panel=ENGINE
+    ) = None,
     requests: opt.Requests = None,
-    max_tokens: Annotated[int | None, typer.Option(min=1, help="Output tokens per request.")] = None,
+    max_tokens: option(int | None, "Output tokens per request.", min=1) = None,
     block_size: in_panel(ENGINE, opt.BlockSize) = None,
     cache_kind: in_panel(ENGINE, opt.CacheKindOption) = None,
-    model: Annotated[
-        Path | None, typer.Option(help="Local Hugging Face checkpoint (openai: the served name).")
-    ] = None,
+    model: option(Path | None, "Local Hugging Face checkpoint (openai: the served name).") = None,
     device: in_panel(ENGINE, opt.Device) = "cpu",
     dtype: in_panel(ENGINE, opt.DTypeName) = "float32",
-    out: Annotated[
+    out: option(
         Path | None,
-        typer.Option(
-            help="Output FOLDER for the per-run files and the sweep summary "
-            "(sweep.parquet, or load_sweep.parquet and its PNGs)."
-        ),
-    ] = None,
-    backend: Annotated[
-        BackendKind, typer.Option(help="inprocess: cache-size sweep; openai: load sweep.")
-    ] = BackendKind.INPROCESS,
-    concurrency: Annotated[
+        "Output FOLDER for the per-run files and the sweep summary "
+        "(sweep.parquet, or load_sweep.parquet and its PNGs).",
+    ) = None,
+    backend: option(BackendKind, "inprocess: cache-size sweep; openai: load sweep.") = BackendKind.INPROCESS,
+    concurrency: option(
         str | None,
-        typer.Option(
-            "--concurrency",
-            "--max-concurrency",
-            rich_help_panel=LOAD,
-            help="openai: closed-loop clients per point, e.g. 1,2,4,8.",
-        ),
-    ] = None,
-    request_rate: Annotated[
-        str | None,
-        typer.Option(rich_help_panel=LOAD, help="openai: open-loop requests/s per point, e.g. 1,2,4,8."),
-    ] = None,
-    num_runs: Annotated[
-        int,
-        typer.Option(min=1, rich_help_panel=LOAD, help="openai: runs per point (>= 2: bootstrap 95% CI)."),
-    ] = 1,
-    base_url: Annotated[
-        str | None, typer.Option(rich_help_panel=LOAD, help="openai: API root with /v1.")
-    ] = None,
-    api_key_env: Annotated[
-        str | None, typer.Option(rich_help_panel=LOAD, help="openai: variable holding the API key.")
-    ] = None,
-    hygiene: Annotated[
-        Hygiene | None,
-        typer.Option(rich_help_panel=LOAD, help="openai: a fresh cache namespace per run (salt or nonce)."),
-    ] = None,
-    reset_cache: Annotated[
-        bool,
-        typer.Option(
-            "--reset-cache", rich_help_panel=LOAD, help="openai: reset the server's cache before each run."
-        ),
-    ] = False,
-    warmup: Annotated[
+        "openai: closed-loop clients per point, e.g. 1,2,4,8.",
+        "--concurrency",
+        "--max-concurrency",
+        panel=LOAD,
+    ) = None,
+    request_rate: option(
+        str | None, "openai: open-loop requests/s per point, e.g. 1,2,4,8.", panel=LOAD
+    ) = None,
+    num_runs: option(int, "openai: runs per point (>= 2: bootstrap 95% CI).", panel=LOAD, min=1) = 1,
+    base_url: option(str | None, "openai: API root with /v1.", panel=LOAD) = None,
+    api_key_env: option(str | None, "openai: variable holding the API key.", panel=LOAD) = None,
+    hygiene: option(
+        Hygiene | None, "openai: a fresh cache namespace per run (salt or nonce).", panel=LOAD
+    ) = None,
+    reset_cache: option(
+        bool, "openai: reset the server's cache before each run.", "--reset-cache", panel=LOAD
+    ) = False,
+    warmup: option(
         int | None,
-        typer.Option(
-            "--warmup",
-            "--num-warmups",
-            min=0,
-            rich_help_panel=LOAD,
-            help="openai: first N requests of each run are a warm-up.",
-        ),
-    ] = None,
+        "openai: first N requests of each run are a warm-up.",
+        "--warmup",
+        "--num-warmups",
+        panel=LOAD,
+        min=0,
+    ) = None,
     goodput: in_panel(LOAD, res.Goodput) = None,
     threads: opt.Threads = None,
     engine: EngineOption = DEFAULT_ENGINE_KIND,
     max_num_seqs: MaxNumSeqs = None,
     max_num_batched_tokens: MaxNumBatchedTokens = None,
     batch_invariant: BatchInvariant = False,
-    repeats: Annotated[
+    repeats: option(
         int,
-        typer.Option(
-            min=1,
-            rich_help_panel=ENGINE,
-            help="Engine: runs per cache size; the table shows the spread of TTFT p50 and the fit uses the "
-            "medians.",
-        ),
-    ] = 1,
+        "Engine: runs per cache size; the table shows the spread of TTFT p50 and the fit uses the medians.",
+        panel=ENGINE,
+        min=1,
+    ) = 1,
     ignore_eos: IgnoreEos = None,
 ) -> None:
     """Engine: one run per cache size, fit TTFT p50 = a + b x (1 - hit rate); exit 1 if every size failed.

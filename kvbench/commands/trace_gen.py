@@ -176,32 +176,46 @@ _AGENT = _kind_options(
 )
 
 
-@gen_app.command("shared-prefix")
-@with_options(_SHARED_PREFIX, MIX)
-def gen_shared_prefix(out: Out, **flags: Any) -> None:
-    """One S-token system prompt shared by every request + a unique Q-token question (shared_2k)."""
-    _generate_mixed("shared-prefix", out, SharedPrefixConfig, flags)
+def _mixed_command(kind: str, cls: type, options: OptionGroup, doc: str) -> Any:
+    """``kvbench trace gen NAME``: ``options`` (the kind's own) then :data:`MIX`, built into ``cls``."""
+
+    @with_options(options, MIX)
+    def command(out: Out, **flags: Any) -> None:
+        _generate_mixed(kind, out, cls, flags)
+
+    command.__doc__ = doc  # the command's --help
+    return command
 
 
-@gen_app.command("multi-prefix")
-@with_options(_MULTI_PREFIX, MIX)
-def gen_multi_prefix(out: Out, **flags: Any) -> None:
-    """P system prompts of L tokens with Zipf or round-robin popularity, U unique tokens each."""
-    _generate_mixed("multi-prefix-text", out, MultiPrefixTextConfig, flags)
-
-
-@gen_app.command("chat")
-@with_options(_CHAT, MIX)
-def gen_chat(out: Out, **flags: Any) -> None:
-    """Multi-turn conversations: each turn resends the history (the trace's own replies) + a new message."""
-    _generate_mixed("chat", out, ChatConfig, flags)
-
-
-@gen_app.command("agent")
-@with_options(_AGENT, MIX)
-def gen_agent(out: Out, **flags: Any) -> None:
-    """Agent loops: system prompt + task + every earlier (tool call, observation) pair, step by step."""
-    _generate_mixed("agent", out, AgentConfig, flags)
+# command name -> (generator kind, config class, own options, --help)
+_MIXED_KINDS = {
+    "shared-prefix": (
+        "shared-prefix",
+        SharedPrefixConfig,
+        _SHARED_PREFIX,
+        "One S-token system prompt shared by every request + a unique Q-token question (shared_2k).",
+    ),
+    "multi-prefix": (
+        "multi-prefix-text",
+        MultiPrefixTextConfig,
+        _MULTI_PREFIX,
+        "P system prompts of L tokens with Zipf or round-robin popularity, U unique tokens each.",
+    ),
+    "chat": (
+        "chat",
+        ChatConfig,
+        _CHAT,
+        "Multi-turn conversations: each turn resends the history (the trace's own replies) + a new message.",
+    ),
+    "agent": (
+        "agent",
+        AgentConfig,
+        _AGENT,
+        "Agent loops: system prompt + task + every earlier (tool call, observation) pair, step by step.",
+    ),
+}
+for _name, (_kind, _cls, _options, _doc) in _MIXED_KINDS.items():
+    gen_app.command(_name)(_mixed_command(_kind, _cls, _options, _doc))
 
 
 @gen_app.command("one-off")

@@ -17,6 +17,7 @@ with a reason instead of being mis-computed:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from types import MappingProxyType
@@ -29,76 +30,32 @@ from kvbench.workloads.formats.lines import bounded_text
 
 DEFAULT_PRESET = "kvbench-default"
 
+# The columns of a preset row: ModelShape's fields after its name, up to dtype (the biases default off).
+_COLUMNS = tuple(field.name for field in dataclasses.fields(ModelShape))[1:11]
+
+
+def _preset(name: str, *columns: Any, qkv_bias: bool = False) -> ModelShape:
+    """One preset from a row of :data:`_COLUMNS` values."""
+    return ModelShape(name=name, **dict(zip(_COLUMNS, columns, strict=True)), qkv_bias=qkv_bias)
+
+
 PRESETS: MappingProxyType[str, ModelShape] = MappingProxyType(
     {
-        # kvbench's default model (DESIGN.md; kvbench.engine.model.default_llama_config, which imports
-        # torch, so the numbers are repeated here and a test keeps the two equal).
-        DEFAULT_PRESET: ModelShape(
-            name=DEFAULT_PRESET,
-            num_layers=8,
-            hidden_size=512,
-            num_attention_heads=8,
-            num_kv_heads=2,
-            head_dim=64,
-            intermediate_size=1408,
-            vocab_size=100_277,
-            tie_word_embeddings=True,
-            max_position_embeddings=8192,
-            dtype=DType.FP32,
-        ),
-        "llama-3.1-8b": ModelShape(
-            name="llama-3.1-8b",
-            num_layers=32,
-            hidden_size=4096,
-            num_attention_heads=32,
-            num_kv_heads=8,
-            head_dim=128,
-            intermediate_size=14_336,
-            vocab_size=128_256,
-            tie_word_embeddings=False,
-            max_position_embeddings=131_072,
-            dtype=DType.BF16,
-        ),
-        "llama-3.1-70b": ModelShape(
-            name="llama-3.1-70b",
-            num_layers=80,
-            hidden_size=8192,
-            num_attention_heads=64,
-            num_kv_heads=8,
-            head_dim=128,
-            intermediate_size=28_672,
-            vocab_size=128_256,
-            tie_word_embeddings=False,
-            max_position_embeddings=131_072,
-            dtype=DType.BF16,
-        ),
-        "mistral-7b": ModelShape(  # v0.3: 32,768-token vocab, no sliding window (v0.1 had 4,096)
-            name="mistral-7b",
-            num_layers=32,
-            hidden_size=4096,
-            num_attention_heads=32,
-            num_kv_heads=8,
-            head_dim=128,
-            intermediate_size=14_336,
-            vocab_size=32_768,
-            tie_word_embeddings=False,
-            max_position_embeddings=32_768,
-            dtype=DType.BF16,
-        ),
-        "qwen2.5-7b": ModelShape(  # sliding_window is in its config but use_sliding_window is false
-            name="qwen2.5-7b",
-            num_layers=28,
-            hidden_size=3584,
-            num_attention_heads=28,
-            num_kv_heads=4,
-            head_dim=128,
-            intermediate_size=18_944,
-            vocab_size=152_064,
-            tie_word_embeddings=False,
-            max_position_embeddings=32_768,
-            dtype=DType.BF16,
-            qkv_bias=True,
-        ),
+        preset.name: preset
+        for preset in (
+            # kvbench's default model (DESIGN.md; kvbench.engine.model.default_llama_config, which
+            # imports torch, so the numbers are repeated here and a test keeps the two equal).
+            # name, layers, hidden, heads, KV heads, head_dim, MLP width, vocab, tied, context, dtype
+            _preset(DEFAULT_PRESET, 8, 512, 8, 2, 64, 1408, 100_277, True, 8192, DType.FP32),
+            _preset("llama-3.1-8b", 32, 4096, 32, 8, 128, 14_336, 128_256, False, 131_072, DType.BF16),
+            _preset("llama-3.1-70b", 80, 8192, 64, 8, 128, 28_672, 128_256, False, 131_072, DType.BF16),
+            # v0.3: 32,768-token vocab, no sliding window (v0.1 had 4,096)
+            _preset("mistral-7b", 32, 4096, 32, 8, 128, 14_336, 32_768, False, 32_768, DType.BF16),
+            # sliding_window is in its config but use_sliding_window is false
+            _preset(
+                "qwen2.5-7b", 28, 3584, 28, 4, 128, 18_944, 152_064, False, 32_768, DType.BF16, qkv_bias=True
+            ),
+        )
     }
 )
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from kvbench.memory.block_manager import BlockManager, BlockManagerConfig
@@ -107,6 +108,46 @@ def _new_manager(config: SharingConfig) -> BlockManager:
     return BlockManager(BlockManagerConfig(config.num_unshared_peak_blocks, config.block_size))
 
 
+class _Steps:
+    """Blocks in use after each step of one run, with sharing and without, and the sharing right
+    after the first token; :meth:`result` frees the live sequences and reports."""
+
+    def __init__(self, manager: BlockManager, unshared_at_start: int) -> None:
+        self.manager = manager
+        self.used, self.unshared = [manager.num_used_blocks], [unshared_at_start]
+        self.first_token = (0, 0)  # (shared blocks, copies) after every sequence wrote once
+
+    def record(self, step: int, unshared_blocks: int) -> None:
+        self.used.append(self.manager.num_used_blocks)
+        self.unshared.append(unshared_blocks)
+        if step == 1:
+            self.first_token = (self.manager.num_shared_blocks, self.manager.num_copies)
+
+    def result(
+        self,
+        config: SharingConfig,
+        live: Iterable[int],
+        num_shared_prompt_blocks: int,
+        num_forks: int,
+        num_freed_sequences: int,
+    ) -> SharingResult:
+        for sequence in live:
+            self.manager.free(sequence)
+        return SharingResult(
+            config=config,
+            num_prompt_blocks=self.manager.num_blocks_to_allocate(config.prompt_tokens),
+            num_shared_prompt_blocks=num_shared_prompt_blocks,
+            num_shared_blocks_after_first_token=self.first_token[0],
+            num_copies_after_first_token=self.first_token[1],
+            num_copies=self.manager.num_copies,
+            num_forks=num_forks,
+            num_freed_sequences=num_freed_sequences,
+            used_blocks_per_step=tuple(self.used),
+            unshared_blocks_per_step=tuple(self.unshared),
+            num_used_blocks_after_free=self.manager.num_used_blocks,
+        )
+
+
 def simulate_parallel_sampling(config: SharingConfig) -> SharingResult:
     """Run ``config.num_sequences`` samples of one prompt on a pool big enough never to run out."""
     manager = _new_manager(config)
@@ -115,30 +156,12 @@ def simulate_parallel_sampling(config: SharingConfig) -> SharingResult:
     for sample in samples[1:]:
         manager.fork(samples[0], sample)
     num_shared_prompt_blocks = manager.num_shared_blocks
-    used, unshared = [manager.num_used_blocks], [_unshared_blocks(config, 0)]
-    first_token = (0, 0)
+    steps = _Steps(manager, _unshared_blocks(config, 0))
     for step in range(1, config.max_tokens + 1):
         for sample in samples:
             manager.append(sample)
-        used.append(manager.num_used_blocks)
-        unshared.append(_unshared_blocks(config, step))
-        if step == 1:
-            first_token = (manager.num_shared_blocks, manager.num_copies)
-    for sample in samples:
-        manager.free(sample)
-    return SharingResult(
-        config=config,
-        num_prompt_blocks=manager.num_blocks_to_allocate(config.prompt_tokens),
-        num_shared_prompt_blocks=num_shared_prompt_blocks,
-        num_shared_blocks_after_first_token=first_token[0],
-        num_copies_after_first_token=first_token[1],
-        num_copies=manager.num_copies,
-        num_forks=config.num_sequences - 1,
-        num_freed_sequences=0,
-        used_blocks_per_step=tuple(used),
-        unshared_blocks_per_step=tuple(unshared),
-        num_used_blocks_after_free=manager.num_used_blocks,
-    )
+        steps.record(step, _unshared_blocks(config, step))
+    return steps.result(config, samples, num_shared_prompt_blocks, config.num_sequences - 1, 0)
 
 
 def _select_survivors(
@@ -160,8 +183,7 @@ def simulate_beam_search(config: SharingConfig) -> SharingResult:
     manager.allocate(0, config.prompt_tokens)
     scores: dict[int, float] = {0: 0.0}
     next_id, num_forks, num_freed = 1, 0, 0
-    used, unshared = [manager.num_used_blocks], [manager.num_used_blocks]
-    first_token = (0, 0)
+    steps = _Steps(manager, manager.num_used_blocks)
     for step in range(1, config.max_tokens + 1):
         survivors = _select_survivors(scores, config.num_sequences, rng)
         parents = {beam for beam, _ in survivors}
@@ -177,22 +199,5 @@ def simulate_beam_search(config: SharingConfig) -> SharingResult:
         for beam in new_scores:
             manager.append(beam)
         scores = new_scores
-        used.append(manager.num_used_blocks)
-        unshared.append(len(scores) * math.ceil((config.prompt_tokens + step) / config.block_size))
-        if step == 1:
-            first_token = (manager.num_shared_blocks, manager.num_copies)
-    for beam in scores:
-        manager.free(beam)
-    return SharingResult(
-        config=config,
-        num_prompt_blocks=manager.num_blocks_to_allocate(config.prompt_tokens),
-        num_shared_prompt_blocks=first_token[0],
-        num_shared_blocks_after_first_token=first_token[0],
-        num_copies_after_first_token=first_token[1],
-        num_copies=manager.num_copies,
-        num_forks=num_forks,
-        num_freed_sequences=num_freed,
-        used_blocks_per_step=tuple(used),
-        unshared_blocks_per_step=tuple(unshared),
-        num_used_blocks_after_free=manager.num_used_blocks,
-    )
+        steps.record(step, len(scores) * math.ceil((config.prompt_tokens + step) / config.block_size))
+    return steps.result(config, scores, steps.first_token[0], num_forks, num_freed)

@@ -36,6 +36,38 @@ class ResponseHeader:
         return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
 
+class _Chunks:
+    """The chunks one streamed response sends for its choices' roles and tokens: the usage the client
+    asked for (``include_usage``; running totals on every chunk with ``continuous_usage``) and the
+    output tokens sent so far over every choice."""
+
+    def __init__(
+        self, header: ResponseHeader, body: CompletionRequest | ChatCompletionRequest, num_prompt: int
+    ):
+        self.header, self.num_prompt, self.num_sent = header, num_prompt, 0
+        self.include_usage = body.include_usage
+        self.continuous = body.include_usage and body.continuous_usage
+
+    def running_usage(self) -> dict[str, Any] | None:
+        """vLLM's ``continuous_usage_stats`` usage so far, when asked for."""
+        return _running_usage(self.num_prompt, self.num_sent) if self.continuous else None
+
+    def chunk(self, text: str | None, token_id: int | None = None, **kwargs: Any) -> str:
+        """A chunk of choice ``index`` (kwargs) with the usage asked for."""
+        return self.header.chunk(text, token_id, include_usage=self.include_usage, **kwargs)
+
+    def role(self, index: int) -> str:
+        """A chat choice's role chunk (sent with its first token, never before the prefill)."""
+        return self.chunk("", first=True, index=index, usage_object=self.running_usage())
+
+    def token(self, generation: Generation, token_id: int, index: int) -> str:
+        """The chunk of the next output token of ``generation`` (choice ``index``)."""
+        self.num_sent += 1
+        return self.chunk(
+            generation.pieces.popleft(), token_id, index=index, usage_object=self.running_usage()
+        )
+
+
 async def stream_events(
     service: EngineService,
     generation: Generation,
@@ -44,50 +76,28 @@ async def stream_events(
 ) -> AsyncIterator[str]:
     """The SSE events of one streamed response; cancels the request if the client goes away. Token
     events reach the queue before the ``done`` event (both go through the loop's FIFO of callbacks)."""
-    include_usage = body.include_usage
-    continuous = include_usage and body.continuous_usage
-    num_prompt = int(generation.request.token_ids.shape[0])
-    num_sent = 0
-
-    def running_usage() -> dict[str, Any] | None:
-        return (
-            {
-                "prompt_tokens": num_prompt,
-                "completion_tokens": num_sent,
-                "total_tokens": num_prompt + num_sent,
-            }
-            if continuous
-            else None
-        )
-
+    chunks = _Chunks(header, body, int(generation.request.token_ids.shape[0]))
     role_due = header.chat  # the role chunk goes out with the first token, as vLLM's (never before prefill)
     try:
         while True:
             kind, value = await generation.events.get()
             if role_due and kind in ("token", "done"):
                 role_due = False
-                yield header.chunk("", first=True, include_usage=include_usage, usage_object=running_usage())
+                yield chunks.role(0)
             if kind == "token":
-                num_sent += 1
-                yield header.chunk(
-                    generation.pieces.popleft(),
-                    value,
-                    include_usage=include_usage,
-                    usage_object=running_usage(),
-                )
+                yield chunks.token(generation, value, 0)
                 continue
             if kind != "done":
                 yield _error_event(value)
                 break
             rest = generation.text.finish()
             final_usage = record_usage(value)
-            yield header.chunk(
+            yield chunks.chunk(
                 rest,
                 finish_reason=finish_reason(service, generation, value),
-                include_usage=include_usage,
-                usage_object=final_usage if continuous else None,
+                usage_object=final_usage if chunks.continuous else None,
             )
-            if include_usage:
+            if chunks.include_usage:
                 yield header.chunk(None, usage_object=final_usage)
             break
         yield "data: [DONE]\n\n"
@@ -107,9 +117,7 @@ async def stream_sample_events(
     every choice) when asked for, and ``[DONE]``. Each choice's role chunk goes with its first token.
     An engine failure is one error event; a client that leaves cancels every sample."""
     merged: asyncio.Queue[tuple[int, str, Any]] = asyncio.Queue()
-    include_usage = body.include_usage
-    num_prompt, num_sent = int(generations[0].request.token_ids.shape[0]), 0
-    continuous = include_usage and body.continuous_usage
+    chunks = _Chunks(header, body, int(generations[0].request.token_ids.shape[0]))
     forwarders = [asyncio.ensure_future(_forward(i, g, merged)) for i, g in enumerate(generations)]
     results: dict[int, RequestRecord] = {}
     roles_due = set(range(len(generations))) if header.chat else set()  # each choice's, with its first token
@@ -119,38 +127,24 @@ async def stream_sample_events(
             generation = generations[index]
             if index in roles_due and kind in ("token", "done"):
                 roles_due.discard(index)
-                yield header.chunk(
-                    "",
-                    first=True,
-                    include_usage=include_usage,
-                    index=index,
-                    usage_object=_running_usage(num_prompt, num_sent) if continuous else None,
-                )
+                yield chunks.role(index)
             if kind == "token":
-                num_sent += 1
-                yield header.chunk(
-                    generation.pieces.popleft(),
-                    value,
-                    include_usage=include_usage,
-                    index=index,
-                    usage_object=_running_usage(num_prompt, num_sent) if continuous else None,
-                )
+                yield chunks.token(generation, value, index)
                 continue
             if kind != "done":
                 yield _error_event(value)
                 break
             results[index] = value
-            yield header.chunk(
+            yield chunks.chunk(
                 generation.text.finish(),
                 finish_reason=finish_reason(service, generation, value),
-                include_usage=include_usage,
                 index=index,
-                usage_object=_running_usage(num_prompt, num_sent) if continuous else None,
+                usage_object=chunks.running_usage(),
             )
-        if len(results) == len(generations) and include_usage:
+        if len(results) == len(generations) and chunks.include_usage:
             first = results[0]
             yield header.chunk(
-                None, usage_object=usage(first.prompt_tokens, num_sent, first.cached_prompt_tokens)
+                None, usage_object=usage(first.prompt_tokens, chunks.num_sent, first.cached_prompt_tokens)
             )
         yield "data: [DONE]\n\n"
     finally:

@@ -38,7 +38,7 @@ from kvbench.workloads import text
 from kvbench.workloads.dists import IntDist
 from kvbench.workloads.formats.kvbench_trace import Trace, TraceRequest, new_trace
 from kvbench.workloads.text_fit import PieceCounter, fit_text
-from kvbench.workloads.token_ids import Popularity, zipf_weights
+from kvbench.workloads.token_ids import MultiPrefixShape, Popularity, zipf_weights
 from kvbench.workloads.tokenizer import Tokenizer, render_all
 
 ONE_OFF_MAX_TOKENS = 64  # output budget of one-off requests mixed into other traces
@@ -129,15 +129,10 @@ class SharedPrefixConfig(MixOptions):
 
 
 @dataclass(frozen=True)
-class MultiPrefixTextConfig(MixOptions):
-    """``multi-prefix-text``: the multi-prefix workload as text (module docstring)."""
+class MultiPrefixTextConfig(MultiPrefixShape, MixOptions):
+    """``multi-prefix-text``: the multi-prefix workload as text (module docstring); its prefixes,
+    requests and popularity are :class:`MultiPrefixShape`'s (fields after :class:`MixOptions`')."""
 
-    num_prefixes: int = 8
-    prefix_tokens: int = 2048
-    unique_tokens: int = 50
-    num_requests: int = 2000
-    popularity: Popularity = Popularity.ZIPF
-    zipf_exponent: float = 0.9
     max_tokens: int = 64
     request_rate_per_s: float = 8.0
 

@@ -26,8 +26,10 @@ class Popularity(str, Enum):
 
 
 @dataclass(frozen=True)
-class MultiPrefixConfig:
-    """The multi-prefix token-id workload (see the module docstring). All counts positive."""
+class MultiPrefixShape:
+    """The multi-prefix workload's prefixes, requests and popularity (the module docstring), with
+    their defaults: the fields the token-id config and the text one
+    (:class:`kvbench.workloads.generators.MultiPrefixTextConfig`) share. Each checks them."""
 
     num_prefixes: int = 8
     prefix_tokens: int = 2048
@@ -35,6 +37,12 @@ class MultiPrefixConfig:
     num_requests: int = 2000
     popularity: Popularity = Popularity.ZIPF
     zipf_exponent: float = 0.9
+
+
+@dataclass(frozen=True)
+class MultiPrefixConfig(MultiPrefixShape):
+    """The multi-prefix token-id workload (see the module docstring). All counts positive."""
+
     seed: int = 0
     vocab_size: int = CL100K_VOCAB_SIZE
 

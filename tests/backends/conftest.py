@@ -1,9 +1,12 @@
-"""Fixtures: fake servers (see fake_servers.py) and a port where nothing listens."""
-
-import socket
+"""Fixtures: fake servers (see fake_servers.py) and a scenario file of three requests."""
 
 import pytest
+from cli_and_rows import file_fixture
 from fake_servers import FakeServer
+from tiny_workloads import tiny_shared_prefix
+
+# tiny.toml: 3 shared-prefix requests (64-token system prompt, 3 output tokens)
+tiny_scenario = file_fixture(tiny_shared_prefix(3), "tiny.toml")
 
 
 @pytest.fixture
@@ -18,12 +21,3 @@ def fake_server():
     yield start
     for server in servers:
         server.stop()
-
-
-@pytest.fixture
-def refused_url():
-    """A loopback URL where nothing listens (a port bound, then released)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"http://127.0.0.1:{port}/v1"

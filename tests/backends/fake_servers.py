@@ -7,6 +7,13 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 SECRET_KEY = "sk-test-7f3a9c1e5b2d4680aa11bb22cc33dd44"
+# A final usage chunk's counts: 999 prompt tokens, 16 of them cached, 3 output tokens.
+USAGE = {
+    "prompt_tokens": 999,
+    "completion_tokens": 3,
+    "total_tokens": 1002,
+    "prompt_tokens_details": {"cached_tokens": 16},
+}
 
 
 def chunk(text=None, finish_reason=None, usage=None, chat=True):
@@ -25,6 +32,15 @@ def chunk(text=None, finish_reason=None, usage=None, chat=True):
         body = {"id": "x", "object": "text_completion", "created": 0, "model": "m", "choices": choices}
     if usage is not None:
         body["usage"] = usage
+    return body
+
+
+def with_ids(body, token_ids=None, prompt_ids=None, on_choice=False):
+    """A chunk with vLLM's ``return_token_ids`` fields (prompt ids on the chunk, or on its choice)."""
+    if token_ids is not None:
+        body["choices"][0]["token_ids"] = token_ids
+    if prompt_ids is not None:
+        (body["choices"][0] if on_choice else body)["prompt_token_ids"] = prompt_ids
     return body
 
 

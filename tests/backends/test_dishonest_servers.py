@@ -5,7 +5,9 @@ import asyncio
 
 import pyarrow.parquet as pq
 import pytest
+from cli_and_rows import openai_args
 from fake_servers import chunk
+from tiny_workloads import tiny_shared_prefix
 
 from kvbench.backends.openai.client import OpenAIBackend, OpenAIConfig
 from kvbench.cli import main
@@ -14,15 +16,7 @@ from kvbench.results.rows import rows_from_dicts
 from kvbench.results.summary import summarize
 from kvbench.workloads.tokenizer import load_tokenizer
 
-SCENARIO = """
-[workload]
-kind = "shared-prefix"
-num_requests = 4
-system_tokens = 64
-question_tokens = 16
-max_tokens = 3
-seed = 1
-"""
+SCENARIO = tiny_shared_prefix(4)
 
 
 def run_against(server, tmp_path, capsys, *flags):
@@ -32,12 +26,7 @@ def run_against(server, tmp_path, capsys, *flags):
     try:
         main(
             [
-                "run",
-                str(scenario),
-                "--backend",
-                "openai",
-                "--base-url",
-                server.url,
+                *openai_args("run", str(scenario), server.url),
                 "--timeout",
                 "5",
                 "--out",

@@ -3,18 +3,12 @@
 import json
 
 import pytest
+from cli_and_rows import openai_args
+from tiny_workloads import tiny_shared_prefix
 
 from kvbench.cli import main
 
-SCENARIO = """
-[workload]
-kind = "shared-prefix"
-num_requests = 4
-system_tokens = 32
-question_tokens = 16
-max_tokens = 2
-seed = 1
-"""
+SCENARIO = tiny_shared_prefix(4, system_tokens=32, max_tokens=2)
 
 
 @pytest.fixture
@@ -27,12 +21,7 @@ def failing_run(fake_server, tmp_path, capsys):
         try:
             main(
                 [
-                    "run",
-                    str(scenario),
-                    "--backend",
-                    "openai",
-                    "--base-url",
-                    server.url,
+                    *openai_args("run", str(scenario), server.url),
                     "--timeout",
                     "2",
                     "--out",

@@ -1,65 +1,24 @@
 """The lean streaming path (raw server-sent events) gives the records and the error lines
 of the SDK path, on scripted and misbehaving servers and on a real ``kvbench serve``."""
 
-import asyncio
 import dataclasses
 
-import numpy as np
-import pyarrow.parquet as pq
 import pytest
-from fake_servers import SECRET_KEY, chunk
+from cli_and_rows import openai_args
+from fake_servers import SECRET_KEY, USAGE, chunk, with_ids
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from openai._streaming import SSEDecoder
+from openai_calls import chat_request, ids_request, serve, text_request
 
 from kvbench.backends.openai.admin import list_models
-from kvbench.backends.openai.client import OpenAIBackend, OpenAIConfig
+from kvbench.backends.openai.client import OpenAIConfig
 from kvbench.backends.openai.client_kind import ClientKind
 from kvbench.backends.openai.sse import EventSplitter
-from kvbench.request import Message, Request, Status
+from kvbench.request import Status
 from kvbench.results.parquet import read_metadata
-from kvbench.workloads.tokenizer import load_tokenizer
 
-TOKENIZER = load_tokenizer()
 TIMES = ("ttft_ms", "tpot_ms", "e2e_ms", "itl_ms")
-USAGE = {
-    "prompt_tokens": 999,
-    "completion_tokens": 3,
-    "total_tokens": 1002,
-    "prompt_tokens_details": {"cached_tokens": 16},
-}
-
-
-def chat_request(index=0, text="hello there", max_tokens=4):
-    messages = (Message("user", text),)
-    return Request(
-        index,
-        f"r{index}",
-        f"s{index}",
-        0,
-        TOKENIZER.render_messages(messages),
-        max_tokens=max_tokens,
-        messages=messages,
-    )
-
-
-def text_request(index=0, text="Once upon a time", max_tokens=4):
-    return Request(
-        index, f"p{index}", f"p{index}", 0, TOKENIZER.render_prompt(text), max_tokens=max_tokens, prompt=text
-    )
-
-
-def ids_request(index=0, ids=(11, 22, 33, 44, 55), max_tokens=4):
-    return Request(index, f"t{index}", f"t{index}", 0, np.array(ids, dtype=np.uint32), max_tokens=max_tokens)
-
-
-def serve(url, requests, client, run_salt=None, model="m", **config):
-    async def go():
-        settings = {"api_key": SECRET_KEY, "timeout_s": 10.0, "client": client, **config}
-        async with OpenAIBackend(OpenAIConfig(url, model, **settings), TOKENIZER, run_salt) as backend:
-            return [await backend.serve(request) for request in requests]
-
-    return asyncio.run(go())
 
 
 def untimed(record):
@@ -72,13 +31,6 @@ def both(url, requests, **config):
     """``(lean records, sdk records)`` of the same requests; the lean path is the default."""
     assert OpenAIConfig(url, "m").client is ClientKind.LEAN
     return serve(url, requests, ClientKind.LEAN, **config), serve(url, requests, ClientKind.SDK, **config)
-
-
-def with_ids(body, token_ids, prompt_ids=None, on_choice=False):
-    body["choices"][0]["token_ids"] = token_ids
-    if prompt_ids is not None:
-        (body["choices"][0] if on_choice else body)["prompt_token_ids"] = prompt_ids
-    return body
 
 
 SCRIPTS = {
@@ -275,45 +227,30 @@ def test_the_splitters_common_case_is_one_whole_event_per_piece():
     assert splitter.feed(b"data: a\r") == [] and splitter.feed(b"\n\r\n") == [b"a"]
 
 
-SCENARIO = """
-[workload]
-kind = "shared-prefix"
-num_requests = 3
-system_tokens = 64
-question_tokens = 16
-max_tokens = 3
-seed = 1
-"""
-
-
-def test_kvbench_run_reads_streams_lean_by_default_and_with_the_sdk_on_request(kvbench, server, tmp_path):
+def test_kvbench_run_reads_streams_lean_by_default_and_with_the_sdk_on_request(
+    kvbench_rows, server, tiny_scenario, tmp_path
+):
     """The same scenario against a real kvbench serve, each run under its own random cache_salt."""
-    scenario = tmp_path / "tiny.toml"
-    scenario.write_text(SCENARIO)
+    keys = (
+        "request_id",
+        "status",
+        "prompt_tokens",
+        "cached_prompt_tokens",
+        "output_tokens",
+        "output_tokens_source",
+    )
     rows = {}
     for name, flags in (("lean", ()), ("sdk", ("--client", "sdk"))):
         out = tmp_path / f"{name}.parquet"
-        code, _, err = kvbench(
-            "run", scenario, "--backend", "openai", "--base-url", server.url, "--out", out, *flags
-        )
-        assert code == 0, err
+        written = kvbench_rows(*openai_args("run", tiny_scenario, server.url), *flags, out=out)
         assert read_metadata(out)["run"]["client"] == name
-        keys = (
-            "request_id",
-            "status",
-            "prompt_tokens",
-            "cached_prompt_tokens",
-            "output_tokens",
-            "output_tokens_source",
-        )
-        rows[name] = [{k: row[k] for k in keys} for row in pq.read_table(out).to_pylist()]
+        rows[name] = [{k: row[k] for k in keys} for row in written]
     assert rows["lean"] == rows["sdk"]
     assert [r["cached_prompt_tokens"] for r in rows["lean"]] == [0, 64, 64]
 
 
-def test_client_is_refused_off_the_openai_backend(kvbench, tmp_path):
-    scenario = tmp_path / "tiny.toml"
-    scenario.write_text(SCENARIO)
+def test_client_is_refused_off_the_openai_backend(kvbench, tiny_scenario):
+    scenario = tiny_scenario
     code, out, err = kvbench("run", scenario, "--client", "sdk")
     assert (
         code == 2

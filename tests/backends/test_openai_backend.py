@@ -1,48 +1,14 @@
 """The HTTP backend against scripted and misbehaving servers: parsing, failures, the key kept secret."""
 
-import asyncio
 import time
 
-import numpy as np
-import pyarrow.parquet as pq
 import pytest
-from fake_servers import SECRET_KEY, chunk
+from cli_and_rows import openai_args, parquet_rows
+from fake_servers import SECRET_KEY, USAGE, chunk, with_ids
+from openai_calls import TOKENIZER, chat_request, ids_request, serve, text_request
 
-from kvbench.backends.openai.client import OpenAIBackend, OpenAIConfig, redact
-from kvbench.cli import main
-from kvbench.request import Message, Request, Status
-from kvbench.workloads.tokenizer import load_tokenizer
-
-TOKENIZER = load_tokenizer()
-USAGE = {
-    "prompt_tokens": 999,
-    "completion_tokens": 3,
-    "total_tokens": 1002,
-    "prompt_tokens_details": {"cached_tokens": 16},
-}
-
-
-def chat_request(index=0, salt=None, max_tokens=4):
-    messages = (Message("user", "hello there"),)
-    return Request(
-        index,
-        f"r{index}",
-        f"s{index}",
-        0,
-        TOKENIZER.render_messages(messages),
-        max_tokens=max_tokens,
-        salt=salt,
-        messages=messages,
-    )
-
-
-def serve(url, requests, run_salt=None, **config):
-    async def go():
-        settings = {"api_key": SECRET_KEY, "timeout_s": 10.0, **config}
-        async with OpenAIBackend(OpenAIConfig(url, "m", **settings), TOKENIZER, run_salt) as backend:
-            return [await backend.serve(request) for request in requests]
-
-    return asyncio.run(go())
+from kvbench.backends.openai.client import OpenAIConfig, redact
+from kvbench.request import Status
 
 
 def test_a_stream_is_timed_per_content_chunk_and_counted_from_usage(fake_server):
@@ -73,22 +39,9 @@ def test_several_tokens_in_one_chunk_and_no_usage(fake_server):
 
 def test_plain_prompts_and_token_ids_go_to_completions(fake_server):
     server = fake_server("script", [chunk("x", chat=False), chunk(finish_reason="length", chat=False)])
-    ids = Request(1, "t", "t", 0, np.array([11, 22, 33], dtype=np.uint32), max_tokens=2)
-    text = Request(
-        0, "p", "p", 0, TOKENIZER.render_prompt("Once upon a time"), max_tokens=2, prompt="Once upon a time"
-    )
-    served = serve(server.url, [text, ids])
+    served = serve(server.url, [text_request(0, max_tokens=2), ids_request(1, (11, 22, 33), max_tokens=2)])
     assert [s.status for s in served] == [Status.OK, Status.OK]
     assert server.bodies[0]["prompt"] == "Once upon a time" and server.bodies[1]["prompt"] == [11, 22, 33]
-
-
-def with_ids(body, token_ids=None, prompt_ids=None, on_choice=False):
-    """A chunk with vLLM's ``return_token_ids`` fields (prompt ids on the chunk, or on its choice)."""
-    if token_ids is not None:
-        body["choices"][0]["token_ids"] = token_ids
-    if prompt_ids is not None:
-        (body["choices"][0] if on_choice else body)["prompt_token_ids"] = prompt_ids
-    return body
 
 
 def test_return_token_ids_are_sent_and_recorded(fake_server):
@@ -115,8 +68,7 @@ def test_completions_carry_prompt_ids_on_the_choice_and_plain_servers_send_none(
             chunk(finish_reason="length", chat=False),
         ],
     )
-    text = Request(0, "p", "p", 0, TOKENIZER.render_prompt("hi"), max_tokens=2, prompt="hi")
-    [served] = serve(server.url, [text])
+    [served] = serve(server.url, [text_request(0, "hi", max_tokens=2)])
     assert served.prompt_token_ids == (4, 4) and served.output_token_ids == (5,)
     plain = fake_server("script", [chunk("x"), chunk(finish_reason="stop")])
     [served] = serve(plain.url, [chat_request()])
@@ -152,51 +104,29 @@ def test_the_key_is_never_shown():
     assert redact(f"Bearer {SECRET_KEY}!", SECRET_KEY) == "Bearer ***!"
 
 
-SCENARIO = """
-[workload]
-kind = "shared-prefix"
-num_requests = 3
-system_tokens = 64
-question_tokens = 16
-max_tokens = 3
-seed = 1
-"""
-
-
 @pytest.mark.parametrize("behaviour", ["fail", "hang"])
 def test_a_run_against_a_bad_server_finishes_records_errors_and_exits_1(
-    fake_server, tmp_path, monkeypatch, capsys, behaviour
+    kvbench, fake_server, tiny_scenario, tmp_path, monkeypatch, behaviour
 ):
     server = fake_server(behaviour)
-    scenario = tmp_path / "tiny.toml"
-    scenario.write_text(SCENARIO)
     out = tmp_path / "bad.parquet"
     monkeypatch.setenv("KVBENCH_TEST_KEY", SECRET_KEY)
-    with pytest.raises(SystemExit) as exit_:
-        main(
-            [
-                "run",
-                str(scenario),
-                "--backend",
-                "openai",
-                "--base-url",
-                server.url,
-                "--api-key-env",
-                "KVBENCH_TEST_KEY",
-                "--timeout",
-                "1",
-                "--concurrency",
-                "2",
-                "--out",
-                str(out),
-            ]
-        )
-    captured = capsys.readouterr()
-    assert exit_.value.code == 1 and "3 request(s) failed" in captured.err
-    rows = pq.read_table(out).to_pylist()
+    code, stdout, stderr = kvbench(
+        *openai_args("run", tiny_scenario, server.url),
+        "--api-key-env",
+        "KVBENCH_TEST_KEY",
+        "--timeout",
+        "1",
+        "--concurrency",
+        "2",
+        "--out",
+        out,
+    )
+    assert code == 1 and "3 request(s) failed" in stderr
+    rows = parquet_rows(out)
     assert len(rows) == 3 and all(r["status"] == "error" and r["error"] for r in rows)
-    assert "failed requests" in captured.out and " x3" in captured.out
+    assert "failed requests" in stdout and " x3" in stdout
     assert server.bodies[0]["model"] == "m"  # from GET /v1/models
-    assert SECRET_KEY not in captured.out + captured.err and SECRET_KEY.encode() not in out.read_bytes()
+    assert SECRET_KEY not in stdout + stderr and SECRET_KEY.encode() not in out.read_bytes()
     if behaviour == "fail":
-        assert {r["http_status"] for r in rows} == {500} and "HTTP 500 x3" in captured.out
+        assert {r["http_status"] for r in rows} == {500} and "HTTP 500 x3" in stdout

@@ -6,6 +6,7 @@ import json
 
 import pyarrow.parquet as pq
 import pytest
+from cli_and_rows import openai_args
 
 from kvbench.backends.openai.client import OpenAIConfig
 from kvbench.backends.openai.preflight import PROBE_TOKENS, preflight, probe_request
@@ -105,12 +106,7 @@ def test_no_preflight_sends_nothing_first_and_a_wrong_model_stops_the_run(kvbenc
     server = fake_server("saltless")
     trace = write_trace(tmp_path)
     code, _, err = kvbench(
-        "run",
-        trace,
-        "--backend",
-        "openai",
-        "--base-url",
-        server.url,
+        *openai_args("run", trace, server.url),
         "--no-preflight",
         "--out",
         tmp_path / "a.parquet",
@@ -118,12 +114,7 @@ def test_no_preflight_sends_nothing_first_and_a_wrong_model_stops_the_run(kvbenc
     assert code == 0, err
     assert len(server.bodies) == 2 and all("cache_salt" in body for body in server.bodies)
     code, _, err = kvbench(
-        "run",
-        trace,
-        "--backend",
-        "openai",
-        "--base-url",
-        server.url,
+        *openai_args("run", trace, server.url),
         "--model",
         "llama",
         "--out",

@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 from fake_servers import FakeServer
-from test_lean_client import TOKENIZER, chat_request, serve
+from openai_calls import TOKENIZER, chat_request, serve
 
 from kvbench.backends.routed import EJECT_AFTER_FAILURES, RoutedBackend
 from kvbench.request import NOTHING_SENT, Status
@@ -28,20 +28,12 @@ def test_a_reused_connection_closed_unanswered_is_retried_once_and_counted(closi
     assert len(closing_server.bodies) == 3  # the second request went out twice: once lost, once answered
 
 
-def refused_url():
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
-
-
-def test_a_refused_connection_is_nothing_sent_and_not_retried_on_the_same_endpoint():
-    (record,) = serve(refused_url(), [chat_request(0)], "lean")
+def test_a_refused_connection_is_nothing_sent_and_not_retried_on_the_same_endpoint(refused_url):
+    (record,) = serve(refused_url, [chat_request(0)], "lean")
     assert record.error.startswith(NOTHING_SENT) and record.nothing_sent and record.num_retries == 0
 
 
-def test_a_dead_replica_is_ejected_and_its_requests_go_elsewhere():
+def test_a_dead_replica_is_ejected_and_its_requests_go_elsewhere(refused_url):
     from kvbench.backends.openai.client import OpenAIBackend, OpenAIConfig
 
     live = FakeServer(
@@ -59,7 +51,7 @@ def test_a_dead_replica_is_ejected_and_its_requests_go_elsewhere():
     try:
         backends = [
             OpenAIBackend(OpenAIConfig(url, "m", timeout_s=10.0), TOKENIZER)
-            for url in (live.url, refused_url())
+            for url in (live.url, refused_url)
         ]
         routed = RoutedBackend(backends, "round-robin")
 

@@ -2,6 +2,7 @@
 
 import pyarrow.parquet as pq
 import pytest
+from tiny_workloads import tiny_timestamp
 
 from kvbench.results.parquet import read_metadata
 from kvbench.results.schema import RUN_COLUMNS
@@ -78,20 +79,7 @@ def test_an_interrupt_keeps_every_finished_variant(kvbench, tmp_path, monkeypatc
     real = common.run_requests
     monkeypatch.setattr(common, "run_requests", interrupted_second)
     out = tmp_path / "ts.parquet"
-    code, _, err = kvbench(
-        "break",
-        "timestamp",
-        "--requests",
-        3,
-        "--system-tokens",
-        32,
-        "--question-tokens",
-        16,
-        "--max-tokens",
-        1,
-        "--out",
-        out,
-    )
+    code, _, err = kvbench(*tiny_timestamp(), "--out", out)
     assert code == 130 and "kept 1 finished variant(s), 3 rows" in err and str(out) in err.replace("\n", "")
     table = pq.read_table(out)
     assert table.num_rows == 3 and set(RUN_COLUMNS) <= set(table.column_names)

@@ -4,6 +4,7 @@ server's own 413 message (a real ``kvbench serve --max-body-size``), not "Connec
 import json
 
 import pytest
+from cli_and_rows import openai_args
 from serve_process import ServeProcess
 
 from kvbench.backends.openai.body_limit import PROBE_ABOVE_BYTES
@@ -31,12 +32,7 @@ def test_an_over_long_prompt_is_refused_with_the_servers_413(kvbench, small_limi
     trace = prompts_trace(tmp_path, [200, 300_000])
     out = tmp_path / "r.parquet"
     code, _, err = kvbench(
-        "run",
-        trace,
-        "--backend",
-        "openai",
-        "--base-url",
-        small_limit_server.url,
+        *openai_args("run", trace, small_limit_server.url),
         "--no-preflight",
         "--max-tokens",
         "1",
@@ -55,12 +51,7 @@ def test_an_over_long_prompt_is_refused_with_the_servers_413(kvbench, small_limi
 def test_a_body_under_the_limit_is_not_probed_and_runs(kvbench, small_limit_server, tmp_path):
     trace = prompts_trace(tmp_path, [200, PROBE_ABOVE_BYTES // 8])
     code, _, err = kvbench(
-        "run",
-        trace,
-        "--backend",
-        "openai",
-        "--base-url",
-        small_limit_server.url,
+        *openai_args("run", trace, small_limit_server.url),
         "--no-preflight",
         "--max-tokens",
         "1",

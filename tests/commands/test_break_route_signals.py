@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from tiny_workloads import tiny_timestamp
 
 from kvbench.results.parquet import read_metadata
 
@@ -47,22 +48,7 @@ def wait_for(path: Path, process: subprocess.Popen, ready=lambda path: True, lim
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
 def test_break_keeps_the_cut_variants_rows(tmp_path, sig):
     out = tmp_path / "ts.parquet"
-    process = start(
-        [
-            "break",
-            "timestamp",
-            "--requests",
-            400,
-            "--system-tokens",
-            32,
-            "--question-tokens",
-            16,
-            "--max-tokens",
-            1,
-            "--out",
-            out,
-        ]
-    )
+    process = start([*tiny_timestamp(400), "--out", out])
     wait_for(out, process)  # the first checkpoint comes with the first row of the first variant
     process.send_signal(sig)
     _, stderr = process.communicate(timeout=300)

@@ -11,21 +11,15 @@ from kvbench.results.parquet import read_metadata
 pytestmark = [pytest.mark.server]
 
 
-def refused_url():
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
-
-
 def scenario(tmp_path, url, num_requests):
     path = tmp_path / "s.toml"
     path.write_text(SCENARIO.format(url=url).replace("num_requests = 2", f"num_requests = {num_requests}"))
     return path
 
 
-def test_a_dead_replica_is_ejected_and_the_metrics_delta_says_what_it_covers(kvbench, server, tmp_path):
+def test_a_dead_replica_is_ejected_and_the_metrics_delta_says_what_it_covers(
+    kvbench, server, tmp_path, refused_url
+):
     out = tmp_path / "r.parquet"
     code, stdout, err = kvbench(
         "run",
@@ -33,7 +27,7 @@ def test_a_dead_replica_is_ejected_and_the_metrics_delta_says_what_it_covers(kvb
         "--base-url",
         server.url,
         "--base-url",
-        refused_url(),
+        refused_url,
         "--no-preflight",
         "--out",
         out,
@@ -50,9 +44,9 @@ def test_a_dead_replica_is_ejected_and_the_metrics_delta_says_what_it_covers(kvb
     assert metadata["run"]["ejected_replicas"] == [1] and metadata["complete"] is True
 
 
-def test_a_run_whose_server_is_gone_is_marked_incomplete(kvbench, tmp_path):
+def test_a_run_whose_server_is_gone_is_marked_incomplete(kvbench, tmp_path, refused_url):
     out = tmp_path / "r.parquet"
-    code, stdout, err = kvbench("run", scenario(tmp_path, refused_url(), 8), "--model", "m", "--out", out)
+    code, stdout, err = kvbench("run", scenario(tmp_path, refused_url, 8), "--model", "m", "--out", out)
     assert code == 1
     rows = pq.read_table(out).to_pylist()
     # after 5 consecutive connection failures

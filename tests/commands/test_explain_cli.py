@@ -1,17 +1,12 @@
 """``kvbench explain`` end to end: a scenario, a trace, --lint, a PNG, bad input, and the Parquet of
 a run on the in-process engine and against a real ``kvbench serve``."""
 
-import pytest
 from browser import assert_renders_in_chromium
+from cli_and_rows import file_fixture
 from tiny_scenarios import PROMPT_TOKENS, SHARED_BLOCK_TOKENS
 from tiny_scenarios import SHARED_PREFIX as SCENARIO
 
-
-@pytest.fixture
-def scenario(tmp_path):
-    path = tmp_path / "tiny.toml"
-    path.write_text(SCENARIO)
-    return path
+scenario = file_fixture(SCENARIO, "tiny.toml")
 
 
 def waterfall_line(stdout, label):

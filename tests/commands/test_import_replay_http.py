@@ -7,6 +7,7 @@ import urllib.request
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from cli_and_rows import openai_args
 
 from kvbench.backends.openai.tokenize import ServerTokenizer
 from kvbench.errors import InputError
@@ -61,21 +62,11 @@ def test_the_servers_tokenizer_matches_what_it_prefills(server):
     assert remote.num_calls == calls  # answers are cached
 
 
-def test_a_server_without_tokenize_is_one_clear_error(refused_port_url):
+def test_a_server_without_tokenize_is_one_clear_error(refused_url):
     with pytest.raises(
         InputError, match=r"--tokenizer server: POST http://127.0.0.1:\d+/tokenize: .*local tokenizer"
     ):
-        ServerTokenizer(refused_port_url, "m")
-
-
-@pytest.fixture
-def refused_port_url():
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"http://127.0.0.1:{port}/v1"
+        ServerTokenizer(refused_url, "m")
 
 
 def test_an_imported_sharegpt_trace_replays_at_its_times_with_the_servers_tokenizer(
@@ -97,12 +88,7 @@ def test_an_imported_sharegpt_trace_replays_at_its_times_with_the_servers_tokeni
     )
     assert code == 0 and "imported 3 requests (2 sessions" in stdout, err
     code, _, err = kvbench(
-        "run",
-        trace,
-        "--backend",
-        "openai",
-        "--base-url",
-        server.url,
+        *openai_args("run", trace, server.url),
         "--tokenizer",
         "server",
         "--schedule",
@@ -130,15 +116,13 @@ def test_an_imported_sharegpt_trace_replays_at_its_times_with_the_servers_tokeni
 
 
 def test_a_scenarios_load_section_picks_the_backend_and_the_key_is_never_written(
-    kvbench, server, tmp_path, monkeypatch
+    kvbench_rows, server, tmp_path, monkeypatch
 ):
     secret = "sk-never-written-4f1c2a"
     monkeypatch.setenv("OPENAI_API_KEY", secret)
     path, out = tmp_path / "s.toml", tmp_path / "r.parquet"
     path.write_text(SCENARIO.format(url=server.url))
-    code, _, err = kvbench("run", path, "--no-preflight", "--out", out)
-    assert code == 0, err
-    rows = pq.read_table(out).to_pylist()
+    rows = kvbench_rows("run", path, "--no-preflight", out=out)
     assert [row["backend"] for row in rows] == ["openai", "openai"]
     metadata = read_metadata(out)["run"]
     assert metadata["hygiene"] == "nonce" and metadata["api_key_env"] == "OPENAI_API_KEY"

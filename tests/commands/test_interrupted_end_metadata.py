@@ -3,51 +3,21 @@ that point: ``run.kv_memory`` (and its two table rows) and ``run.verify_logits``
 and a sweep's cut size its ``run.kv_memory`` (``kvbench.run.execute.execute``'s ``on_end``)."""
 
 import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import pyarrow.parquet as pq
-from readiness import communicate, process_ended, process_log, wait_until
-from tiny_scenarios import SHARED_PREFIX
+from readiness import interrupted_kvbench
+from tiny_scenarios import LONG_SHARED_PREFIX as LONG
 
 from kvbench.results.parquet import read_metadata
 
-REPO = Path(__file__).resolve().parents[2]
 BLOCK_BYTES = 2 * 8 * 2 * 16 * 64 * 4  # K and V x 8 layers x 2 KV heads x 16 tokens x head dim 64 x fp32
-LONG = SHARED_PREFIX.replace("num_requests = 4", "num_requests = 400").replace(
-    "max_tokens = 3", "max_tokens = 30"
-)
-
-
-def cut(args: list[str], checkpoint: Path, sig: int) -> tuple[int, str, str]:
-    """Start ``kvbench ARGS``, send ``sig`` once ``checkpoint`` exists (the first checkpoint is written
-    10 s into a run, so requests have finished and others are in the engine), and wait."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "kvbench.cli", *args],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    # minutes on a loaded machine
-    wait_until(
-        checkpoint.exists,
-        "the first checkpoint",
-        ended=process_ended(process),
-        log=process_log(process),
-        poll_s=0.2,
-    )
-    process.send_signal(sig)
-    stdout, stderr = communicate(process)
-    return process.returncode, stdout, stderr
 
 
 def test_sigterm_during_a_paged_verify_run_keeps_kv_memory_and_verify_counts(tmp_path):
     scenario, out = tmp_path / "long.toml", tmp_path / "term.parquet"
     scenario.write_text(LONG)
-    code, stdout, stderr = cut(
-        ["run", str(scenario), "--engine", "paged", "--verify", "--concurrency", "2", "--out", str(out)],
+    code, stdout, stderr = interrupted_kvbench(
+        ["run", scenario, "--engine", "paged", "--verify", "--concurrency", "2", "--out", out],
         out,
         signal.SIGTERM,
     )
@@ -75,8 +45,8 @@ def test_sigterm_during_a_paged_verify_run_keeps_kv_memory_and_verify_counts(tmp
 def test_ctrl_c_during_a_sweep_keeps_the_cut_sizes_kv_memory(tmp_path):
     scenario, out = tmp_path / "long.toml", tmp_path / "sweep"
     scenario.write_text(LONG)
-    code, _, stderr = cut(
-        ["sweep", str(scenario), "--cache-sizes", "64", "--engine", "paged", "--out", str(out)],
+    code, _, stderr = interrupted_kvbench(
+        ["sweep", scenario, "--cache-sizes", "64", "--engine", "paged", "--out", out],
         out / "run-64.parquet",
         signal.SIGINT,
     )

@@ -4,6 +4,7 @@ import json
 
 import pyarrow.parquet as pq
 import pytest
+from cli_and_rows import openai_args, small_chat
 
 from kvbench.results.parquet import read_metadata
 
@@ -11,22 +12,7 @@ from kvbench.results.parquet import read_metadata
 def test_two_rates_give_two_points_each_on_a_fresh_cache(kvbench, server, tmp_path):
     out = tmp_path / "sweep"
     code, stdout, stderr = kvbench(
-        "sweep",
-        "chat",
-        "--backend",
-        "openai",
-        "--base-url",
-        server.url,
-        "--request-rate",
-        "4,8",
-        "--requests",
-        "4",
-        "--max-tokens",
-        "2",
-        "--goodput",
-        "ttft:60000",
-        "--out",
-        out,
+        *small_chat("sweep", server.url), "--request-rate", "4,8", "--goodput", "ttft:60000", "--out", out
     )
     assert code == 0, stderr
     assert "request_rate" in stdout and "wrote 2 run files" in stdout
@@ -63,12 +49,7 @@ def test_bad_sweep_flags_exit_2(kvbench, tmp_path, flags, message):
 def test_vllm_spellings_of_run_flags(kvbench, server, tmp_path):
     saved = tmp_path / "r.json"
     code, _, stderr = kvbench(
-        "run",
-        "chat",
-        "--backend",
-        "openai",
-        "--base-url",
-        server.url,
+        *openai_args("run", "chat", server.url),
         "--num-prompts",
         "3",
         "--max-concurrency",
@@ -101,22 +82,7 @@ def test_ctrl_c_prints_the_finished_points_and_report_reads_the_sweep(kvbench, s
 
     monkeypatch.setattr(api, "run_planned", second_run_interrupted)
     out = tmp_path / "sweep"
-    code, stdout, stderr = kvbench(
-        "sweep",
-        "chat",
-        "--backend",
-        "openai",
-        "--base-url",
-        server.url,
-        "--concurrency",
-        "1,2",
-        "--requests",
-        "3",
-        "--max-tokens",
-        "2",
-        "--out",
-        out,
-    )
+    code, stdout, stderr = kvbench(*small_chat("sweep", server.url, 3), "--concurrency", "1,2", "--out", out)
     assert code == 130, stderr
     assert "interrupted: finished runs only" in stdout and "wrote 1 run files" in stdout
     assert read_metadata(out / "load_sweep.parquet")["complete"] is False

@@ -4,6 +4,7 @@ through the real CLI on the default model (short runs)."""
 import re
 
 import pytest
+from cli_and_rows import one_error_line
 
 
 def row(stdout, label):
@@ -12,22 +13,28 @@ def row(stdout, label):
     return [cell.strip() for cell in re.split(r"[│┃]", line) if cell.strip()]
 
 
-def test_sharing_measured_equals_the_replay(kvbench):
+def measured_sharing(kvbench, n: int, max_tokens: int) -> str:
+    """What ``kvbench memory sharing --engine paged`` prints from "measured on the paged engine" on,
+    for ``n`` samples of ``max_tokens`` tokens after a 40-token prompt (asserting that it exited 0)."""
     code, stdout, stderr = kvbench(
         "memory",
         "sharing",
         "--engine",
         "paged",
         "--n",
-        "4",
+        n,
         "--prompt-tokens",
-        "40",
+        40,
         "--max-tokens",
-        "20",
+        max_tokens,
         "--no-plot",
     )
     assert code == 0, stderr
-    measured = stdout[stdout.index("measured on the paged engine") :]
+    return stdout[stdout.index("measured on the paged engine") :]
+
+
+def test_sharing_measured_equals_the_replay(kvbench):
+    measured = measured_sharing(kvbench, 4, 20)
     assert row(measured, "peak blocks held")[1:] == ["10", "10", "1.25 MiB", "1.25 MiB"]
     assert row(measured, "copy-on-write copies")[1:3] == ["3", "3"]
     assert row(measured, "prompt blocks shared (ref 4)")[1:3] == ["3", "3"]
@@ -78,8 +85,7 @@ def test_replay_is_still_the_default(kvbench):
 )
 def test_bad_engine_combinations_are_one_line(kvbench, args, needle):
     code, _, stderr = kvbench("memory", *args, "--no-plot")
-    lines = [line for line in stderr.strip().splitlines() if line.strip()]
-    assert code == 2 and len(lines) == 1 and needle in lines[0] and "Traceback" not in stderr
+    assert needle in one_error_line(code, stderr)
 
 
 def test_an_unknown_engine_is_refused_by_the_parser(kvbench):
@@ -92,29 +98,14 @@ def test_sharing_beyond_the_context_is_refused_before_the_replay_prints(kvbench,
     code, stdout, stderr = kvbench(
         "memory", "sharing", "--engine", "paged", "--prompt-tokens", "9000", "--plot", plot
     )
-    lines = [line for line in stderr.strip().splitlines() if line.strip()]
-    assert code == 2 and len(lines) == 1 and "Traceback" not in stderr
-    assert "--prompt-tokens 9000 --max-tokens 256" in lines[0] and "context of 8192 tokens" in lines[0]
+    line = one_error_line(code, stderr)
+    assert "--prompt-tokens 9000 --max-tokens 256" in line and "context of 8192 tokens" in line
     assert stdout.strip() == "" and not plot.exists()  # no replay table, no PNG
 
 
 def test_one_sample_shares_no_block_in_the_replay_or_the_engine(kvbench):
     """n = 1: the prompt's 3 blocks sit at ref count 1; shared means ref count > 1 (vLLM copies on
     write only then), so both columns say 0."""
-    code, stdout, stderr = kvbench(
-        "memory",
-        "sharing",
-        "--engine",
-        "paged",
-        "--n",
-        "1",
-        "--prompt-tokens",
-        "40",
-        "--max-tokens",
-        "4",
-        "--no-plot",
-    )
-    assert code == 0, stderr
-    measured = stdout[stdout.index("measured on the paged engine") :]
+    measured = measured_sharing(kvbench, 1, 4)
     assert row(measured, "prompt blocks shared (ref 1)")[1:3] == ["0", "0"]
     assert row(measured, "peak blocks held")[1:3] == ["3", "3"]

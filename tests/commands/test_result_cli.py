@@ -4,15 +4,11 @@ import json
 
 import pyarrow.parquet as pq
 import pytest
+from cli_and_rows import file_fixture
 from tiny_scenarios import PROMPT_TOKENS, SHARED_BLOCK_TOKENS
 from tiny_scenarios import SHARED_PREFIX as SCENARIO
 
-
-@pytest.fixture
-def scenario(tmp_path):
-    path = tmp_path / "tiny.toml"
-    path.write_text(SCENARIO)
-    return path
+scenario = file_fixture(SCENARIO, "tiny.toml")
 
 
 def test_json_gate_pass_and_fail(kvbench, scenario, tmp_path):

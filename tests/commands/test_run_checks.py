@@ -2,14 +2,10 @@
 
 import pyarrow.parquet as pq
 import pytest
+from cli_and_rows import file_fixture
 from tiny_scenarios import SHARED_PREFIX
 
-
-@pytest.fixture
-def scenario(tmp_path):
-    path = tmp_path / "tiny.toml"
-    path.write_text(SHARED_PREFIX)
-    return path
+scenario = file_fixture(SHARED_PREFIX, "tiny.toml")
 
 
 def no_model(config):

@@ -1,20 +1,18 @@
 """``kvbench run`` on the real default model: hit rates, identical outputs, Parquet, interruption."""
 
+import signal
+
 import pyarrow.parquet as pq
 import pytest
-from readiness import communicate, process_ended, process_log, wait_until
-from tiny_scenarios import PROMPT_TOKENS, SHARED_BLOCK_TOKENS
+from cli_and_rows import file_fixture, one_error_line
+from readiness import interrupted_kvbench
+from tiny_scenarios import LONG_SHARED_PREFIX, PROMPT_TOKENS, SHARED_BLOCK_TOKENS
 from tiny_scenarios import SHARED_PREFIX as SCENARIO
 
 from kvbench.results.parquet import read_metadata
 from kvbench.results.schema import RUN_COLUMNS
 
-
-@pytest.fixture
-def scenario(tmp_path):
-    path = tmp_path / "tiny.toml"
-    path.write_text(SCENARIO)
-    return path
+scenario = file_fixture(SCENARIO, "tiny.toml")
 
 
 def read_rows(path):
@@ -46,11 +44,9 @@ def test_cache_on_hits_the_block_floored_shared_prefix(kvbench, scenario, tmp_pa
     assert "token hit rate" in stdout
 
 
-def test_cache_off_caches_nothing(kvbench, scenario, tmp_path):
+def test_cache_off_caches_nothing(kvbench_rows, scenario, tmp_path):
     out = tmp_path / "off.parquet"
-    code, _, stderr = kvbench("run", scenario, "--cache", "off", "--out", out)
-    assert code == 0, stderr
-    rows = read_rows(out)
+    rows = kvbench_rows("run", scenario, "--cache", "off", out=out)
     assert [r["cached_prompt_tokens"] for r in rows] == [0] * 4
     assert {r["cache_enabled"] for r in rows} == {False}
 
@@ -75,11 +71,9 @@ def test_interrupted_run_keeps_every_finished_row(kvbench, scenario, tmp_path, m
     assert read_metadata(out)["complete"] is False
 
 
-def test_warmup_rows_are_kept_and_marked(kvbench, scenario, tmp_path):
+def test_warmup_rows_are_kept_and_marked(kvbench_rows, scenario, tmp_path):
     out = tmp_path / "warm.parquet"
-    code, _, stderr = kvbench("run", scenario, "--warmup", "1", "--out", out)
-    assert code == 0, stderr
-    rows = read_rows(out)
+    rows = kvbench_rows("run", scenario, "--warmup", "1", out=out)
     assert [r["phase"] for r in rows] == ["warmup", "measure", "measure", "measure"]
     assert read_metadata(out)["summary"]["num_requests"] == 3
 
@@ -101,9 +95,7 @@ def test_warmup_rows_are_kept_and_marked(kvbench, scenario, tmp_path):
 )
 def test_bad_input_is_one_line_and_exit_2(kvbench, scenario, tmp_path, args, needle):
     code, _, stderr = kvbench("run", scenario, *args, "--out", tmp_path / "x.parquet")
-    assert code == 2, stderr
-    lines = [line for line in stderr.strip().splitlines() if line.strip()]
-    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in stderr
+    assert needle in one_error_line(code, stderr)
 
 
 def test_the_scenarios_verify_tokens_reaches_the_engines_cache(kvbench, tmp_path):
@@ -117,36 +109,10 @@ def test_the_scenarios_verify_tokens_reaches_the_engines_cache(kvbench, tmp_path
 
 
 def test_sigterm_writes_what_was_measured_and_exits_130(tmp_path):
-    import signal
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    scenario = tmp_path / "long.toml"
-    scenario.write_text(
-        SCENARIO.replace("num_requests = 4", "num_requests = 400").replace(
-            "max_tokens = 3", "max_tokens = 30"
-        )
-    )
-    out = tmp_path / "term.parquet"
-    repo = Path(__file__).resolve().parents[2]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "kvbench.cli", "run", str(scenario), "--out", str(out)],
-        cwd=repo,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    wait_until(
-        out.exists,
-        "the first checkpoint (10 s into the run)",
-        ended=process_ended(process),
-        log=process_log(process),
-        poll_s=0.2,
-    )
-    process.send_signal(signal.SIGTERM)
-    stdout, stderr = communicate(process)
-    assert process.returncode == 130, stderr
+    scenario, out = tmp_path / "long.toml", tmp_path / "term.parquet"
+    scenario.write_text(LONG_SHARED_PREFIX)
+    code, stdout, stderr = interrupted_kvbench(["run", scenario, "--out", out], out, signal.SIGTERM)
+    assert code == 130, stderr
     rows = read_rows(out)
     assert 0 < len(rows) < 400 and read_metadata(out)["complete"] is False
     assert f"interrupted after {len(rows)} of 400 requests" in stderr

@@ -1,7 +1,7 @@
 """``run.kv_memory``: the KV bytes a run held, in the Parquet metadata and the printed summary, for
 the paged engine (measured on its pool) and the copy engine (its blocks + the contiguous copy)."""
 
-import pytest
+from cli_and_rows import file_fixture
 from tiny_scenarios import PROMPT_TOKENS
 from tiny_scenarios import SHARED_PREFIX as SCENARIO
 
@@ -11,11 +11,7 @@ BLOCK_BYTES = 2 * 8 * 2 * 16 * 64 * 4  # K and V x 8 layers x 2 KV heads x 16 to
 TOKEN_BYTES = BLOCK_BYTES // 16
 
 
-@pytest.fixture
-def scenario(tmp_path):
-    path = tmp_path / "tiny.toml"
-    path.write_text(SCENARIO)
-    return path
+scenario = file_fixture(SCENARIO, "tiny.toml")
 
 
 def test_paged_run_reports_the_pools_measured_bytes(kvbench, scenario, tmp_path):

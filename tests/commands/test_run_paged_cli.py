@@ -2,19 +2,15 @@
 
 import pyarrow.parquet as pq
 import pytest
-from tiny_scenarios import PROMPT_TOKENS, SHARED_BLOCK_TOKENS
+from cli_and_rows import file_fixture, one_error_line
+from tiny_scenarios import PAGED_AT_4, PROMPT_TOKENS, SHARED_BLOCK_TOKENS
 from tiny_scenarios import SHARED_PREFIX as SCENARIO
 
 from kvbench.engine.native import native_kernels
 from kvbench.results.parquet import read_metadata
 from kvbench.results.schema import RUN_COLUMNS
 
-
-@pytest.fixture
-def scenario(tmp_path):
-    path = tmp_path / "tiny.toml"
-    path.write_text(SCENARIO)
-    return path
+scenario = file_fixture(SCENARIO, "tiny.toml")
 
 
 def test_paged_at_concurrency_1_matches_the_vllm_prediction_and_cache_off(kvbench, scenario, tmp_path):
@@ -34,23 +30,12 @@ def test_paged_at_concurrency_1_matches_the_vllm_prediction_and_cache_off(kvbenc
     assert engine["kind"] == "paged" and engine["num_pool_blocks"] == 64 and engine["max_num_seqs"] == 256
 
 
-def test_paged_radix_end_to_end_matches_its_prediction_and_cache_off(kvbench, scenario, tmp_path):
+def test_paged_radix_end_to_end_matches_its_prediction_and_cache_off(kvbench_rows, scenario, tmp_path):
     """``--cache-kind radix`` on the pool: the radix-mode pool simulator predicts every row."""
     out = tmp_path / "radix.parquet"
-    code, _, stderr = kvbench(
-        "run",
-        scenario,
-        "--engine",
-        "paged",
-        "--cache-kind",
-        "radix",
-        "--verify",
-        "--ignore-eos",
-        "--out",
-        out,
+    rows = kvbench_rows(
+        "run", scenario, "--engine", "paged", "--cache-kind", "radix", "--verify", "--ignore-eos", out=out
     )
-    assert code == 0, stderr
-    rows = pq.read_table(out).to_pylist()
     assert [r["cached_prompt_tokens"] for r in rows] == [0] + [SHARED_BLOCK_TOKENS] * 3
     # the pool's radix mode
     assert [r["expected_cached_tokens"] for r in rows] == [0] + [SHARED_BLOCK_TOKENS] * 3
@@ -59,36 +44,19 @@ def test_paged_radix_end_to_end_matches_its_prediction_and_cache_off(kvbench, sc
     assert read_metadata(out)["run"]["engine"]["kind"] == "paged"
 
 
-def test_paged_concurrency_4_batch_invariant_verifies(kvbench, scenario, tmp_path):
+def test_paged_concurrency_4_batch_invariant_verifies(kvbench_rows, scenario, tmp_path):
     out = tmp_path / "paged4.parquet"
-    code, _, stderr = kvbench(
-        "run",
-        scenario,
-        "--engine",
-        "paged",
-        "--concurrency",
-        "4",
-        "--batch-invariant",
-        "--max-num-seqs",
-        "4",
-        "--verify",
-        "--out",
-        out,
+    rows = kvbench_rows(
+        "run", scenario, *PAGED_AT_4, "--batch-invariant", "--max-num-seqs", "4", "--verify", out=out
     )
-    assert code == 0, stderr
-    rows = pq.read_table(out).to_pylist()
     assert all(r["output_matches_reference"] is True for r in rows)
     assert all(r["expected_cached_tokens"] is None for r in rows)  # side by side: not predictable
     assert read_metadata(out)["run"]["engine"]["batch_invariant"] is True
 
 
-def test_paged_ttl_runs_and_is_not_predicted(kvbench, scenario, tmp_path):
+def test_paged_ttl_runs_and_is_not_predicted(kvbench_rows, scenario, tmp_path):
     out = tmp_path / "ttl.parquet"
-    code, _, stderr = kvbench(
-        "run", scenario, "--engine", "paged", "--ttl", "600", "--ignore-eos", "--out", out
-    )
-    assert code == 0, stderr
-    rows = pq.read_table(out).to_pylist()
+    rows = kvbench_rows("run", scenario, "--engine", "paged", "--ttl", "600", "--ignore-eos", out=out)
     assert [r["cached_prompt_tokens"] for r in rows] == [0] + [SHARED_BLOCK_TOKENS] * 3  # nothing idle 600 s
     assert all(r["expected_cached_tokens"] is None for r in rows)  # the vLLM pool has no TTL
 
@@ -120,9 +88,7 @@ def test_paged_ttl_runs_and_is_not_predicted(kvbench, scenario, tmp_path):
 )
 def test_bad_engine_flags_are_one_line_and_exit_2(kvbench, scenario, tmp_path, args, needle):
     code, _, stderr = kvbench("run", scenario, *args, "--out", tmp_path / "x.parquet")
-    assert code == 2, stderr
-    lines = [line for line in stderr.strip().splitlines() if line.strip()]
-    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in stderr
+    assert needle in one_error_line(code, stderr)
 
 
 def test_a_request_larger_than_the_pool_leaves_the_others_predicted(kvbench, tmp_path):
@@ -153,13 +119,11 @@ def test_a_request_larger_than_the_pool_leaves_the_others_predicted(kvbench, tmp
     assert rows[3]["cached_prompt_tokens"] > 0  # after a refused request, the shared system prompt still hits
 
 
-def test_a_host_tier_is_sized_in_bytes_recorded_and_refused_on_the_copy_engine(kvbench, scenario, tmp_path):
+def test_a_host_tier_is_sized_in_bytes_recorded_and_refused_on_the_copy_engine(
+    kvbench, kvbench_rows, scenario, tmp_path
+):
     out = tmp_path / "host.parquet"
-    code, _, stderr = kvbench(
-        "run", scenario, "--engine", "paged", "--host-tier", "2MiB", "--ignore-eos", "--out", out
-    )
-    assert code == 0, stderr
-    rows = pq.read_table(out).to_pylist()
+    rows = kvbench_rows("run", scenario, "--engine", "paged", "--host-tier", "2MiB", "--ignore-eos", out=out)
     # the pool keeps the shared system prompt: every hit is on the GPU, none loaded from the host tier
     assert [(r["cached_prompt_tokens"], r["host_cached_tokens"]) for r in rows] == [(0, 0)] + [
         (SHARED_BLOCK_TOKENS, 0)

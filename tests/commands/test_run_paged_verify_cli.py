@@ -1,33 +1,24 @@
 """``kvbench run --engine paged --verify`` under concurrency: the flips / mismatches row of the run table
 and ``run.verify_logits`` in the Parquet metadata (real default model, file read back)."""
 
-import pyarrow.parquet as pq
 import pytest
+from cli_and_rows import file_fixture, parquet_rows
+from tiny_scenarios import PAGED_AT_4
 from tiny_scenarios import SHARED_PREFIX as SCENARIO
 
 from kvbench.results.parquet import read_metadata
 
+scenario = file_fixture(SCENARIO, "tiny.toml")
+
 
 @pytest.mark.parametrize("mode", [[], ["--batch-invariant"]])
-def test_batched_verify_reports_flips_and_mismatches(kvbench, tmp_path, mode):
-    scenario = tmp_path / "tiny.toml"
-    scenario.write_text(SCENARIO)
+def test_batched_verify_reports_flips_and_mismatches(kvbench, scenario, tmp_path, mode):
     out = tmp_path / "verify.parquet"
     code, stdout, stderr = kvbench(
-        "run",
-        scenario,
-        "--engine",
-        "paged",
-        "--concurrency",
-        "4",
-        "--verify",
-        "--ignore-eos",
-        *mode,
-        "--out",
-        out,
+        "run", scenario, *PAGED_AT_4, "--verify", "--ignore-eos", *mode, "--out", out
     )
     assert code == 0, stderr
-    rows = pq.read_table(out).to_pylist()
+    rows = parquet_rows(out)
     logits = read_metadata(out)["run"]["verify_logits"]
     assert logits["num_requests"] == len(rows) == 4
     assert logits["num_compared_tokens"] == sum(r["output_tokens"] for r in rows)

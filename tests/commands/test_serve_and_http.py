@@ -4,6 +4,7 @@ against it: the same cached tokens as the in-process engine, salts, hygiene, rec
 import openai
 import pyarrow.parquet as pq
 import pytest
+from cli_and_rows import file_fixture, openai_args
 from tiny_scenarios import PROMPT_TOKENS, SHARED_BLOCK_TOKENS
 from tiny_scenarios import SHARED_PREFIX as SCENARIO
 
@@ -13,11 +14,7 @@ from kvbench.results.parquet import read_metadata
 WHOLE_PROMPT_HIT = (PROMPT_TOKENS - 1) // 16 * 16
 
 
-@pytest.fixture
-def scenario(tmp_path):
-    path = tmp_path / "tiny.toml"
-    path.write_text(SCENARIO)
-    return path
+scenario = file_fixture(SCENARIO, "tiny.toml")
 
 
 def rows_of(path):
@@ -88,12 +85,7 @@ def test_hygiene_keeps_runs_apart_unless_off(kvbench, server, scenario, tmp_path
     def first_cached(*flags):
         out = tmp_path / f"run{len(list(tmp_path.glob('*.parquet')))}.parquet"
         code, _, stderr = kvbench(
-            "run",
-            scenario,
-            "--backend",
-            "openai",
-            "--base-url",
-            server.url,
+            *openai_args("run", scenario, server.url),
             "--requests",
             "1",
             "--out",
@@ -113,15 +105,10 @@ def test_hygiene_keeps_runs_apart_unless_off(kvbench, server, scenario, tmp_path
     )
 
 
-def test_a_server_that_is_not_there_fails_every_request_and_exits_1(kvbench, scenario, tmp_path):
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+def test_a_server_that_is_not_there_fails_every_request_and_exits_1(kvbench, scenario, tmp_path, refused_url):
     out = tmp_path / "refused.parquet"
     code, stdout, stderr = kvbench(
-        "run", scenario, "--backend", "openai", "--base-url", url, "--model", "m", "--out", out
+        "run", scenario, "--backend", "openai", "--base-url", refused_url, "--model", "m", "--out", out
     )
     assert code == 1 and "4 request(s) failed" in stderr and "connection error x4" in stdout
     assert all(r["status"] == "error" and r["http_status"] is None for r in rows_of(out))

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from cli_and_rows import one_error_line
 
 from kvbench.results.parquet import read_metadata
 
@@ -78,16 +79,8 @@ def test_sim_on_a_mooncake_trace(kvbench, tmp_path, shared_data):
     assert rows[0]["token_hit_rate"] < rows[1]["token_hit_rate"]
 
 
-def one_line_error(code, stderr):
-    assert code == 2
-    assert "Traceback" not in stderr
-    lines = [line for line in stderr.strip().splitlines() if line.strip()]
-    assert len(lines) == 1, stderr
-    return lines[0]
-
-
 def test_missing_file(kvbench, tmp_path):
-    line = one_line_error(*kvbench("sim", tmp_path / "nope.toml")[::2])
+    line = one_error_line(*kvbench("sim", tmp_path / "nope.toml")[::2])
     assert "nope.toml" in line and "no such file" in line
 
 
@@ -97,26 +90,26 @@ def test_malformed_trace_line_names_file_line_and_field(kvbench, tmp_path):
     trace = write(
         tmp_path / "t.jsonl", json.dumps(good) + "\n" + json.dumps(good) + "\n" + json.dumps(bad) + "\n"
     )
-    line = one_line_error(*kvbench("sim", trace)[::2])
+    line = one_error_line(*kvbench("sim", trace)[::2])
     assert f"{trace}:3: field 'hash_ids'" in line
 
 
 def test_invalid_json_line(kvbench, tmp_path):
     good = {"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}
     trace = write(tmp_path / "t.jsonl", json.dumps(good) + "\n{not json\n")
-    line = one_line_error(*kvbench("sim", trace)[::2])
+    line = one_error_line(*kvbench("sim", trace)[::2])
     assert f"{trace}:2:" in line and "JSON" in line
 
 
 def test_unknown_scenario_key_names_the_line(kvbench, tmp_path):
     scenario = write(tmp_path / "s.toml", SMALL_SCENARIO.replace("num_requests = 100", "num_requestz = 100"))
-    line = one_line_error(*kvbench("sim", scenario)[::2])
+    line = one_error_line(*kvbench("sim", scenario)[::2])
     assert f"{scenario}:7: field 'workload.num_requestz'" in line and "unknown key" in line
 
 
 def test_bad_scenario_value_names_the_field(kvbench, tmp_path):
     scenario = write(tmp_path / "s.toml", SMALL_SCENARIO.replace("sizes = [16, 64, 512]", "sizes = [16, 0]"))
-    line = one_line_error(*kvbench("sim", scenario)[::2])
+    line = one_error_line(*kvbench("sim", scenario)[::2])
     assert "field 'sim.sizes'" in line
 
 
@@ -135,7 +128,7 @@ def test_bad_scenario_value_names_the_field(kvbench, tmp_path):
 )
 def test_bad_flags(kvbench, tmp_path, args, needle):
     scenario = write(tmp_path / "small.toml", SMALL_SCENARIO)
-    line = one_line_error(*kvbench("sim", scenario, *args)[::2])
+    line = one_error_line(*kvbench("sim", scenario, *args)[::2])
     assert needle in line
 
 
@@ -163,15 +156,15 @@ def test_version_and_usage_errors(kvbench, tmp_path):
 def test_binary_trace_is_one_line(kvbench, tmp_path):
     trace = tmp_path / "bin.jsonl"
     trace.write_bytes(b"\xff\xfe\x00 not text")
-    line = one_line_error(*kvbench("sim", trace)[::2])
+    line = one_error_line(*kvbench("sim", trace)[::2])
     assert f"{trace}: not UTF-8 text" in line
 
 
 def test_unwritable_out_is_refused_before_any_work(kvbench, tmp_path):
     scenario = write(tmp_path / "small.toml", SMALL_SCENARIO)
-    line = one_line_error(*kvbench("sim", scenario, "--out", tmp_path)[::2])
+    line = one_error_line(*kvbench("sim", scenario, "--out", tmp_path)[::2])
     assert "is a folder" in line
-    line = one_line_error(*kvbench("sim", scenario, "--out", scenario / "x.parquet")[::2])
+    line = one_error_line(*kvbench("sim", scenario, "--out", scenario / "x.parquet")[::2])
     assert "is a file, not a folder" in line
 
 
@@ -310,7 +303,7 @@ def test_sim_falls_back_to_the_replay_and_says_why(kvbench, tmp_path):
     assert code == 0, stderr
     assert "one-pass curve not exact" in stderr and "TTL" in stderr and "exact curve" not in stdout
     assert {r["method"] for r in pq.read_table(tmp_path / "ttl.parquet").to_pylist()} == {"replay"}
-    line = one_line_error(*kvbench("sim", scenario, "--cache", "radix", "--method", "one-pass")[::2])
+    line = one_error_line(*kvbench("sim", scenario, "--cache", "radix", "--method", "one-pass")[::2])
     assert "--method one-pass" in line and "radix" in line
 
 

@@ -4,6 +4,7 @@
 from pathlib import Path
 
 import pyarrow.parquet as pq
+from cli_and_rows import one_error_line
 
 from kvbench.results.parquet import read_metadata
 
@@ -90,22 +91,15 @@ def test_a_small_budget_samples_and_says_how_much(kvbench, tmp_path, shared_data
     assert "sampling error (1 sd" in stdout
 
 
-def one_line_error(code, stderr):
-    assert code == 2 and "Traceback" not in stderr
-    lines = [line for line in stderr.strip().splitlines() if line.strip()]
-    assert len(lines) == 1, stderr
-    return lines[0]
-
-
 def test_bad_sampling_flags_are_one_line_errors(kvbench, tmp_path, shared_data):
     trace = mooncake_head(shared_data, tmp_path, 50)
-    assert "--sample-rate: 0.0 is not in (0, 1]" in one_line_error(
+    assert "--sample-rate: 0.0 is not in (0, 1]" in one_error_line(
         *kvbench("sim", trace, "--sample-rate", "0")[::2]
     )
-    assert "--sample-keys: 0 is not a positive" in one_line_error(
+    assert "--sample-keys: 0 is not a positive" in one_error_line(
         *kvbench("sim", trace, "--sample-keys", "0")[::2]
     )
-    message = one_line_error(*kvbench("sim", trace, "--sample-rate", "0.5", "--cache-kind", "radix")[::2])
+    message = one_error_line(*kvbench("sim", trace, "--sample-rate", "0.5", "--cache-kind", "radix")[::2])
     assert "--sample-rate" in message and "radix" in message
 
 
@@ -115,7 +109,7 @@ ZIPF = REPO / "scenarios" / "multi_prefix_zipf.toml"
 def test_sampling_refuses_head_first_release(kvbench, tmp_path):
     # before: it printed the tail-first estimate (0.3365 / 0.6010) for head-first (exact 0.1850 / 0.4905)
     for release in ("head-first", "tail-first,head-first"):
-        message = one_line_error(
+        message = one_error_line(
             *kvbench(
                 "sim",
                 ZIPF,
@@ -134,11 +128,11 @@ def test_sampling_refuses_head_first_release(kvbench, tmp_path):
 
 def test_sampling_refuses_flags_it_would_ignore(kvbench, tmp_path):
     out = tmp_path / "s.parquet"
-    message = one_line_error(
+    message = one_error_line(
         *kvbench("sim", ZIPF, "--sample-keys", "4096", "--method", "replay", "--out", out)[::2]
     )
     assert "--sample-keys" in message and "--method replay" in message
-    message = one_line_error(*kvbench("sim", ZIPF, "--sample-rate", "0.5", "--ttl-curve", "--out", out)[::2])
+    message = one_error_line(*kvbench("sim", ZIPF, "--sample-rate", "0.5", "--ttl-curve", "--out", out)[::2])
     assert "--sample-rate" in message and "--ttl-curve" in message
     assert not (tmp_path / "s.sampled-curve.parquet").exists()
 

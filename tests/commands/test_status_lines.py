@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from tiny_scenarios import SHARED_PREFIX as SCENARIO
+from tiny_workloads import tiny_timestamp
 
 from kvbench.results.parquet import read_metadata
 
@@ -94,20 +95,7 @@ def test_run_status_lines_and_heartbeat_arrive_while_it_runs_and_survive_ctrl_c(
 
 def test_break_beats_while_it_runs_and_records_its_threads(tmp_path):
     out = tmp_path / "ts.parquet"
-    piped = PipedKvbench(
-        "break",
-        "timestamp",
-        "--requests",
-        3,
-        "--system-tokens",
-        32,
-        "--question-tokens",
-        16,
-        "--max-tokens",
-        1,
-        "--out",
-        out,
-    )
+    piped = PipedKvbench(*tiny_timestamp(), "--out", out)
     try:
         assert "usable cores, load" in piped.wait_for("threads: ")
         piped.wait_for("loading the model")

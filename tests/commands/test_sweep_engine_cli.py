@@ -4,7 +4,7 @@ import statistics
 from pathlib import Path
 
 import pyarrow.parquet as pq
-import pytest
+from cli_and_rows import file_fixture
 from test_sweep_cli import SCENARIO  # 3 prefixes of 64 tokens round robin, 16 unique, 12 requests, 2 outputs
 
 from kvbench.results.parquet import read_metadata
@@ -13,29 +13,17 @@ from kvbench.results.schema import RUN_COLUMNS
 from kvbench.results.summary import summarize
 from kvbench.results.sweep import fit_ttft_vs_miss_rate, read_sweep_summary
 
+scenario = file_fixture(SCENARIO, "rr.toml")
 
-@pytest.fixture
-def scenario(tmp_path):
-    path = tmp_path / "rr.toml"
-    path.write_text(SCENARIO)
-    return path
+
+def paged_sweep(scenario, sizes: str, *flags) -> tuple:
+    """``kvbench sweep SCENARIO --cache-sizes SIZES --engine paged --ignore-eos FLAGS``'s words."""
+    return ("sweep", scenario, "--cache-sizes", sizes, "--engine", "paged", "--ignore-eos", *flags)
 
 
 def test_paged_sweep_has_the_run_columns_and_the_vllm_prediction(kvbench, scenario, tmp_path):
     out = tmp_path / "sweep"
-    code, stdout, stderr = kvbench(
-        "sweep",
-        scenario,
-        "--cache-sizes",
-        "6,24",
-        "--engine",
-        "paged",
-        "--ignore-eos",
-        "--threads",
-        "1",
-        "--out",
-        out,
-    )
+    code, stdout, stderr = kvbench(*paged_sweep(scenario, "6,24", "--threads", "1", "--out", out))
     assert code == 0, stderr
     small, large = read_sweep_summary(out / "sweep.parquet").points
     # A request is 80 prompt + 2 output tokens: 6 pool blocks (running blocks count) hold one, so the
@@ -101,9 +89,7 @@ BLOCK_BYTES = 2 * 8 * 2 * 16 * 64 * 4  # K and V x 8 layers x 2 KV heads x 16 to
 
 def test_paged_sweep_names_each_failing_sizes_reason_and_writes_kv_memory(kvbench, scenario, tmp_path):
     out = tmp_path / "sweep"
-    code, stdout, stderr = kvbench(
-        "sweep", scenario, "--cache-sizes", "3,24", "--engine", "paged", "--ignore-eos", "--out", out
-    )
+    code, stdout, stderr = kvbench(*paged_sweep(scenario, "3,24", "--out", out))
     assert code == 0, stderr
     small, large = read_sweep_summary(out / "sweep.parquet").points
     assert small.num_errors == 12 and large.num_errors == 0
@@ -128,9 +114,7 @@ def test_a_sweep_where_every_size_fails_exits_1_with_the_first_reason(kvbench, s
     """Sizes 3 and 5 refuse every request (6 blocks needed); a sweep where only some sizes fail exits 0
     (the test above: 3,24)."""
     out = tmp_path / "sweep"
-    code, stdout, stderr = kvbench(
-        "sweep", scenario, "--cache-sizes", "3,5", "--engine", "paged", "--ignore-eos", "--out", out
-    )
+    code, stdout, stderr = kvbench(*paged_sweep(scenario, "3,5", "--out", out))
     assert code == 1 and "Traceback" not in stderr
     [line] = [line for line in stderr.splitlines() if line.startswith("error:")]
     assert line == (
@@ -145,19 +129,7 @@ def test_cache_kind_radix_sweeps_the_pool_keyed_as_a_radix_tree(kvbench, scenari
     """``--cache-kind`` overrides the scenario's ``[cache] kind`` (hash here) as in ``kvbench run``; the
     radix-mode pool simulator predicts every row."""
     out = tmp_path / "sweep"
-    code, _, stderr = kvbench(
-        "sweep",
-        scenario,
-        "--cache-sizes",
-        "6,24",
-        "--engine",
-        "paged",
-        "--cache-kind",
-        "radix",
-        "--ignore-eos",
-        "--out",
-        out,
-    )
+    code, _, stderr = kvbench(*paged_sweep(scenario, "6,24", "--cache-kind", "radix", "--out", out))
     assert code == 0, stderr
     points = read_sweep_summary(out / "sweep.parquet").points
     assert [p.token_hit_rate for p in points] == [0.0, (9 * 64) / (12 * 80)]

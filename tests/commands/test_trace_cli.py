@@ -5,6 +5,7 @@ import re
 from pathlib import Path
 
 import pytest
+from cli_and_rows import file_fixture
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -26,6 +27,13 @@ SMALL_ARGS = {
     "agent": ["--num-agents", "3", "--steps", "3", "--system-tokens", "500", "--observation-tokens", "60"],
     "one-off": ["--num-requests", "8", "--prompt-tokens", "50"],
 }
+
+# A Mooncake trace of two requests (600 and 1024 prompt tokens) sharing their first hash block.
+mooncake = file_fixture(
+    '{"timestamp": 0, "input_length": 600, "output_length": 4, "hash_ids": [1, 2]}\n'
+    '{"timestamp": 7, "input_length": 1024, "output_length": 4, "hash_ids": [1, 3]}\n',
+    "mooncake.jsonl",
+)
 
 
 def reuse_row(out, block_size):
@@ -90,14 +98,9 @@ def test_volatile_header_flags(kvbench, tmp_path, where, first):
     assert (lines[0] if first else lines[-1]).startswith("Current time: ")
 
 
-def test_mooncake_conversion(kvbench, tmp_path):
-    source = tmp_path / "mooncake.jsonl"
-    source.write_text(
-        '{"timestamp": 0, "input_length": 600, "output_length": 4, "hash_ids": [1, 2]}\n'
-        '{"timestamp": 7, "input_length": 1024, "output_length": 4, "hash_ids": [1, 3]}\n'
-    )
+def test_mooncake_conversion(kvbench, mooncake, tmp_path):
     out = tmp_path / "text.jsonl"
-    code, stdout, stderr = kvbench("trace", "gen", "mooncake", source, "-o", out)
+    code, stdout, stderr = kvbench("trace", "gen", "mooncake", mooncake, "-o", out)
     assert code == 0, stderr
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert records[0]["generator"] == "mooncake-text"
@@ -140,10 +143,15 @@ def test_bad_options_and_files_exit_2_with_one_line(kvbench, tmp_path):
     assert code == 2 and "no such file" in stderr
 
 
+def one_off_lines(kvbench, out) -> list[str]:
+    """The lines of a small one-off trace (8 requests of 50 prompt tokens) written to ``out``."""
+    assert kvbench("trace", "gen", "one-off", *SMALL_ARGS["one-off"], "-o", out)[0] == 0
+    return out.read_text().splitlines()
+
+
 def test_stats_names_the_bad_line(kvbench, tmp_path):
     out = tmp_path / "t.jsonl"
-    assert kvbench("trace", "gen", "one-off", *SMALL_ARGS["one-off"], "-o", out)[0] == 0
-    lines = out.read_text().splitlines()
+    lines = one_off_lines(kvbench, out)
     lines[3] = lines[3].replace('"max_tokens":64', '"max_tokens":"lots"')
     out.write_text("\n".join(lines) + "\n")
     code, _, stderr = kvbench("trace", "stats", out)
@@ -153,8 +161,7 @@ def test_stats_names_the_bad_line(kvbench, tmp_path):
 
 def test_a_count_mismatch_is_reported(kvbench, tmp_path):
     out = tmp_path / "t.jsonl"
-    assert kvbench("trace", "gen", "one-off", *SMALL_ARGS["one-off"], "-o", out)[0] == 0
-    lines = out.read_text().splitlines()
+    lines = one_off_lines(kvbench, out)
     header = json.loads(lines[0])
     header["content_hash"] = None
     lines[0] = json.dumps(header)
@@ -174,14 +181,9 @@ def test_bad_scenario_key_names_file_line_and_field(kvbench, tmp_path):
     assert code == 2 and f"{scenario}:4: field 'workload.steps'" in stderr
 
 
-def test_scenarios_can_replay_a_trace_file_or_convert_mooncake(kvbench, tmp_path):
+def test_scenarios_can_replay_a_trace_file_or_convert_mooncake(kvbench, mooncake, tmp_path):
     trace = tmp_path / "traces" / "chat.jsonl"
     assert kvbench("trace", "gen", "chat", *SMALL_ARGS["chat"], "-o", trace)[0] == 0
-    source = tmp_path / "mooncake.jsonl"
-    source.write_text(
-        '{"timestamp": 0, "input_length": 600, "output_length": 4, "hash_ids": [1, 2]}\n'
-        '{"timestamp": 7, "input_length": 1024, "output_length": 4, "hash_ids": [1, 3]}\n'
-    )
     scenarios = {
         "replay.toml": '[workload]\nkind = "trace"\npath = "traces/chat.jsonl"\n',
         "text.toml": '[workload]\nkind = "mooncake-text"\npath = "mooncake.jsonl"\n',

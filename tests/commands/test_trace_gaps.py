@@ -5,6 +5,7 @@ import json
 
 import pyarrow.parquet as pq
 import pytest
+from cli_and_rows import openai_args
 
 pytestmark = [pytest.mark.server]
 
@@ -22,12 +23,7 @@ def mooncake(tmp_path, timestamps_ms):
 
 def run(kvbench, server, trace, out, *flags):
     return kvbench(
-        "run",
-        trace,
-        "--backend",
-        "openai",
-        "--base-url",
-        server.url,
+        *openai_args("run", trace, server.url),
         "--schedule",
         "trace",
         "--no-preflight",

@@ -1,33 +1,15 @@
 """An unreachable or malformed --base-url gets the right one-line diagnosis, and a
 run whose server is gone stops sending after a few connection failures."""
 
-import socket
-
 import pyarrow.parquet as pq
 import pytest
+from cli_and_rows import file_fixture
+from tiny_workloads import tiny_shared_prefix
 
-SCENARIO = """
-[workload]
-kind = "shared-prefix"
-num_requests = 30
-system_tokens = 64
-question_tokens = 16
-max_tokens = 3
-seed = 1
-"""
+SCENARIO = tiny_shared_prefix(30)
 
 
-@pytest.fixture
-def scenario(tmp_path):
-    path = tmp_path / "thirty.toml"
-    path.write_text(SCENARIO)
-    return path
-
-
-def free_url():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+scenario = file_fixture(SCENARIO, "thirty.toml")
 
 
 @pytest.mark.parametrize(
@@ -46,19 +28,24 @@ def test_a_malformed_base_url_is_one_line_naming_the_flag(kvbench, scenario, tmp
     assert code == 2 and needle in err and "ValueError" not in err and len(err.strip().splitlines()) == 1
 
 
-def test_an_unreachable_server_says_cannot_reach(kvbench, scenario, tmp_path):
-    url = free_url()
+def test_an_unreachable_server_says_cannot_reach(kvbench, scenario, tmp_path, refused_url):
     code, _, err = kvbench(
-        "run", scenario, "--backend", "openai", "--base-url", url, "--out", tmp_path / "o.parquet"
+        "run", scenario, "--backend", "openai", "--base-url", refused_url, "--out", tmp_path / "o.parquet"
     )
-    assert code == 2 and f"cannot reach the server at {url}" in err and "--model NAME is needed" not in err
+    assert (
+        code == 2
+        and f"cannot reach the server at {refused_url}" in err
+        and "--model NAME is needed" not in err
+    )
 
 
-def test_a_gone_server_costs_five_requests_and_the_rest_are_recorded_as_not_sent(kvbench, scenario, tmp_path):
+def test_a_gone_server_costs_five_requests_and_the_rest_are_recorded_as_not_sent(
+    kvbench, scenario, tmp_path, refused_url
+):
     """Was: every remaining request was fired into connection errors."""
     out = tmp_path / "gone.parquet"
     code, stdout, err = kvbench(
-        "run", scenario, "--backend", "openai", "--base-url", free_url(), "--model", "m", "--out", out
+        "run", scenario, "--backend", "openai", "--base-url", refused_url, "--model", "m", "--out", out
     )
     rows = pq.read_table(out).to_pylist()
     assert code == 1 and len(rows) == 30 and all(r["status"] == "error" for r in rows)

@@ -6,6 +6,7 @@ import json
 
 import pyarrow.parquet as pq
 import pytest
+from cli_and_rows import measured_row, small_chat
 from site_paths import code_spans, page_text
 
 from kvbench.breaks.common import EXPERIMENT_FIELDS
@@ -15,7 +16,7 @@ from kvbench.results.export import to_csv
 from kvbench.results.load_sweep import LOAD_SWEEP_SCHEMA
 from kvbench.results.result_json import result_dict
 from kvbench.results.rows import rows_from_dicts
-from kvbench.results.schema import RUN_SCHEMA, empty_row
+from kvbench.results.schema import RUN_SCHEMA
 from kvbench.results.summary import SummaryOptions, summarize
 from kvbench.results.sweep import SWEEP_SCHEMA
 
@@ -51,12 +52,9 @@ def test_the_break_columns_are_documented():
 def rows() -> list[dict]:
     made = []
     for index, ttft in enumerate((120.0, 80.0, 60.0)):
-        row = empty_row()
-        row.update(
-            request_index=index,
-            request_id=f"r{index}",
-            phase="measure",
-            status="ok",
+        row = measured_row(
+            index,
+            f"r{index}",
             prompt_tokens=100,
             cached_prompt_tokens=64 * index,
             expected_cached_tokens=64 * index,
@@ -115,21 +113,6 @@ def test_sim_and_route_files_are_documented(kvbench, tmp_path):
 def test_in_process_and_http_run_files_are_documented(kvbench, server, tmp_path):
     local, http = tmp_path / "local.parquet", tmp_path / "http.parquet"
     assert kvbench("run", "chat", "--requests", "2", "--max-tokens", "2", "--out", local)[0] == 0
-    code, _, err = kvbench(
-        "run",
-        "chat",
-        "--backend",
-        "openai",
-        "--base-url",
-        server.url,
-        "--requests",
-        "3",
-        "--max-tokens",
-        "2",
-        "--turns",
-        "live",
-        "--out",
-        http,
-    )
+    code, _, err = kvbench(*small_chat("run", server.url, 3), "--turns", "live", "--out", http)
     assert code == 0, err
     assert documented_keys_of(local) == [] and documented_keys_of(http) == []

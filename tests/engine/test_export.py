@@ -10,6 +10,7 @@ import os
 import numpy as np
 import pytest
 import torch
+from tiny_workloads import TINY_LLAMA
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from kvbench.engine.cpu_kernels import use_few_row_linears
@@ -42,19 +43,9 @@ def export_model(out_dir, loaded, overwrite=False):
     return engine_export_model(out_dir, loaded, overwrite, reference=TiktokenTokenizer())
 
 
-SMALL = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-)
-
-
 @pytest.fixture(scope="module")
 def small_model():
-    return random_model(default_llama_config(**SMALL), seed=7)
+    return random_model(default_llama_config(**TINY_LLAMA), seed=7)
 
 
 @pytest.fixture(scope="module")

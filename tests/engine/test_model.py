@@ -4,6 +4,7 @@ import time
 
 import pytest
 import torch
+from tiny_workloads import TINY_LLAMA
 
 from kvbench.engine.model import (
     CL100K_ENDOFTEXT_ID,
@@ -17,16 +18,7 @@ from kvbench.engine.model import (
 from kvbench.errors import InputError
 from kvbench.memory.layout import DType, KvLayout
 
-TINY = dict(
-    vocab_size=256,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    max_position_embeddings=512,
-)
+TINY = dict(TINY_LLAMA, vocab_size=256, max_position_embeddings=512)
 
 
 @pytest.fixture(scope="module")

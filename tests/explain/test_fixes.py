@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 from explain_traces import STABLE
+from tiny_workloads import AGENT_WITH_HEADER
 
 from kvbench.bill.rules import cache_rules
 from kvbench.cache.base import CacheConfig, CacheKind
@@ -283,22 +284,7 @@ def test_on_multi_prefix_rr_the_first_fix_is_the_cache_size_and_rerunning_with_i
 
 def test_on_an_agent_trace_stamped_at_the_top_the_first_fix_moves_the_timestamp(kvbench, tmp_path):
     trace = tmp_path / "agent.jsonl"
-    code, _, err = kvbench(
-        "trace",
-        "gen",
-        "agent",
-        "--num-agents",
-        "3",
-        "--system-tokens",
-        "400",
-        "--steps",
-        "uniform:3,4",
-        "--volatile-header",
-        "--volatile-header-at",
-        "start",
-        "-o",
-        trace,
-    )
+    code, _, err = kvbench(*AGENT_WITH_HEADER, "-o", trace)
     assert code == 0, err
     code, out, err = kvbench("explain", trace, "--format", "json")
     assert code == 0, err

@@ -3,6 +3,7 @@ count, excerpts are capped and marked, --lint ends with a summary per finding ki
 
 import numpy as np
 from explain_traces import STABLE
+from tiny_workloads import AGENT_WITH_HEADER
 
 from kvbench.explain.content import CUT, EXCERPT_CHARS, excerpt
 from kvbench.explain.lint import lint
@@ -48,22 +49,7 @@ def test_lint_ends_with_a_summary_per_kind_and_says_how_many_more(kvbench, chat,
     report = lint(top, tokenizer)
     assert report.by_kind() == [("stable first", "date", 5, "r0")]
     trace = tmp_path / "agent.jsonl"
-    code, _, err = kvbench(
-        "trace",
-        "gen",
-        "agent",
-        "--num-agents",
-        "3",
-        "--system-tokens",
-        "400",
-        "--steps",
-        "uniform:3,4",
-        "--volatile-header",
-        "--volatile-header-at",
-        "start",
-        "-o",
-        trace,
-    )
+    code, _, err = kvbench(*AGENT_WITH_HEADER, "-o", trace)
     assert code == 0, err
     code, out, err = kvbench("explain", trace, "--lint", "--show", "4")
     flat = " ".join(out.split())

@@ -5,6 +5,8 @@ summary or a break file says exactly what explain needs. Real files, written by 
 import json
 
 import pytest
+from cli_and_rows import small_chat
+from tiny_workloads import tiny_timestamp
 
 from kvbench.results.parquet import read_metadata
 
@@ -66,20 +68,7 @@ def test_the_run_files_of_an_engine_sweep_explain_and_report(kvbench, tmp_path):
 
 def test_a_break_file_says_what_explain_needs(kvbench, tmp_path):
     out = tmp_path / "ts.parquet"
-    code, _, err = kvbench(
-        "break",
-        "timestamp",
-        "--requests",
-        3,
-        "--system-tokens",
-        32,
-        "--question-tokens",
-        16,
-        "--max-tokens",
-        1,
-        "--out",
-        out,
-    )
+    code, _, err = kvbench(*tiny_timestamp(), "--out", out)
     assert code == 0, err
     code, _, err = kvbench("explain", out)
     one_line_error(
@@ -95,22 +84,7 @@ def test_a_break_file_says_what_explain_needs(kvbench, tmp_path):
 @pytest.mark.server
 def test_the_run_files_of_a_load_sweep_explain(kvbench, server, tmp_path):
     out = tmp_path / "load"
-    code, _, err = kvbench(
-        "sweep",
-        "chat",
-        "--backend",
-        "openai",
-        "--base-url",
-        server.url,
-        "--request-rate",
-        "4",
-        "--requests",
-        "4",
-        "--max-tokens",
-        "2",
-        "--out",
-        out,
-    )
+    code, _, err = kvbench(*small_chat("sweep", server.url), "--request-rate", "4", "--out", out)
     assert code == 0, err
     code, stdout, err = kvbench("explain", out / "run-r4-1.parquet")
     assert code == 0, err

@@ -1,11 +1,8 @@
 """Small comparisons (the harness's trace kinds, cut down)."""
 
 import pytest
+from tiny_workloads import prepared_chat, prepared_shared
 
-from kvbench.peer.comparisons import Comparison, prepare
-from kvbench.workloads.conversations import ChatConfig
-from kvbench.workloads.dists import IntDist
-from kvbench.workloads.generators import SharedPrefixConfig
 from kvbench.workloads.tokenizer import load_tokenizer
 
 
@@ -17,29 +14,12 @@ def tokenizer():
 @pytest.fixture
 def shared(tokenizer):
     """4 requests sharing a 100-token system prompt, 3 output tokens each."""
-    comparison = Comparison(
-        "shared_small",
-        "shared-prefix",
-        SharedPrefixConfig(num_requests=4, system_tokens=100, question_tokens=20, max_tokens=3, seed=0),
+    return prepared_shared(
+        tokenizer, "shared_small", "peer-test-shared", 4, 100, question_tokens=20, max_tokens=3
     )
-    return prepare(comparison, tokenizer, "peer-test-shared")
 
 
 @pytest.fixture
 def chat(tokenizer):
     """2 conversations of 2 turns (turn 2 resends turn 1 and the trace's reply)."""
-    comparison = Comparison(
-        "chat_small",
-        "chat",
-        ChatConfig(
-            num_conversations=2,
-            turns=IntDist.parse("uniform:2,2"),
-            system_tokens=40,
-            user_tokens=IntDist.parse("uniform:20,20"),
-            reply_tokens=IntDist.parse("uniform:10,10"),
-            conversation_rate_per_s=1.0,
-            think_time_s=1.0,
-            seed=0,
-        ),
-    )
-    return prepare(comparison, tokenizer, "peer-test-chat")
+    return prepared_chat(tokenizer, "chat_small", "peer-test-chat")

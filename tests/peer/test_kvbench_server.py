@@ -5,12 +5,9 @@ with the same client, stops both process groups, and writes the table and the ro
 
 import pyarrow.parquet as pq
 from fake_peer import FakeServer
+from tiny_workloads import prepared_chat, prepared_shared
 
 from kvbench.backends.openai.admin import call
-from kvbench.peer.comparisons import Comparison, prepare
-from kvbench.workloads.conversations import ChatConfig
-from kvbench.workloads.dists import IntDist
-from kvbench.workloads.generators import SharedPrefixConfig
 from kvbench.workloads.tokenizer import TiktokenTokenizer
 
 
@@ -53,35 +50,8 @@ def test_the_engine_comparison_runs_kvbench_serve_beside_vllm_and_writes_the_tab
 def prepared_comparisons(tokenizer):
     """A small shared_2k (3 requests) and chat (2 conversations of 2 turns), as the peer prepares them."""
     return {
-        "shared_2k": prepare(
-            Comparison(
-                "shared_2k",
-                "shared-prefix",
-                SharedPrefixConfig(
-                    num_requests=3, system_tokens=64, question_tokens=16, max_tokens=2, seed=5
-                ),
-            ),
-            tokenizer,
-            "peer-e2e",
-        ),
-        "chat": prepare(
-            Comparison(
-                "chat",
-                "chat",
-                ChatConfig(
-                    num_conversations=2,
-                    turns=IntDist.parse("uniform:2,2"),
-                    system_tokens=40,
-                    user_tokens=IntDist.parse("uniform:20,20"),
-                    reply_tokens=IntDist.parse("uniform:10,10"),
-                    conversation_rate_per_s=1.0,
-                    think_time_s=1.0,
-                    seed=0,
-                ),
-            ),
-            tokenizer,
-            "peer-e2e-chat",
-        ),
+        "shared_2k": prepared_shared(tokenizer, "shared_2k", "peer-e2e", seed=5),
+        "chat": prepared_chat(tokenizer, "chat", "peer-e2e-chat"),
     }
 
 

@@ -1,12 +1,13 @@
 """``kvbench compare``: side-by-side numbers with ratios, and refusal of runs of different traces."""
 
 import pytest
+from cli_and_rows import measured_row
 
 from kvbench.errors import InputError
 from kvbench.results.compare import MetricRow, TraceMismatchError, compare_runs
 from kvbench.results.files import load_result
 from kvbench.results.parquet import write_rows
-from kvbench.results.schema import RUN_SCHEMA, empty_row
+from kvbench.results.schema import RUN_SCHEMA
 
 HASH_A = "sha256:" + "0a" * 32
 HASH_B = "sha256:" + "0b" * 32
@@ -25,12 +26,9 @@ def write_run(
     """A run whose requests (after the cold first one) all take ``ttft_ms``."""
     rows = []
     for index in range(num_requests):
-        row = empty_row()
-        row.update(
-            request_index=index,
-            request_id=f"{request_prefix}{index}",
-            phase="measure",
-            status="ok",
+        row = measured_row(
+            index,
+            f"{request_prefix}{index}",
             turn=0,
             prompt_tokens=1000,
             cached_prompt_tokens=cached_tokens if index else 0,

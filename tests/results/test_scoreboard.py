@@ -2,12 +2,13 @@
 
 import pyarrow.parquet as pq
 import pytest
+from cli_and_rows import measured_row
 
 from kvbench.errors import InputError
 from kvbench.results.files import load_result, load_results
 from kvbench.results.parquet import machine as this_machine
 from kvbench.results.parquet import read_metadata, write_rows
-from kvbench.results.schema import RUN_SCHEMA, empty_row
+from kvbench.results.schema import RUN_SCHEMA
 from kvbench.results.scoreboard import (
     COLUMNS,
     HEADER,
@@ -25,12 +26,9 @@ MACHINE = {"cpu": "Test CPU 9000", "cores": 8, "os": "Linux", "gpu": "NVIDIA Tes
 def write_run(path, *, enabled, ttft_ms, scenario="shared_2k", content_hash=SHARED_HASH, model="tiny"):
     rows = []
     for index in range(9):
-        row = empty_row()
-        row.update(
-            request_index=index,
-            request_id=f"q{index}",
-            phase="measure",
-            status="ok",
+        row = measured_row(
+            index,
+            f"q{index}",
             turn=0,
             prompt_tokens=2063,
             cached_prompt_tokens=2000 if enabled and index else 0,

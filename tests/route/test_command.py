@@ -3,6 +3,7 @@
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from cli_and_rows import file_fixture
 
 from kvbench.results.parquet import read_metadata
 from kvbench.route.service import ServiceModel, fit_service_model
@@ -24,11 +25,7 @@ sizes = [64, 256, 4096]
 """
 
 
-@pytest.fixture
-def scenario(tmp_path):
-    path = tmp_path / "chat8.toml"
-    path.write_text(SCENARIO)
-    return path
+scenario = file_fixture(SCENARIO, "chat8.toml")
 
 
 def test_route_all_policies_writes_one_row_per_policy(kvbench, scenario, tmp_path):

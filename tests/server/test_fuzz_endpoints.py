@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from live_server import LiveServer, tiny_service
+from tiny_workloads import TINY_LLAMA
 
 from kvbench.engine.model import default_llama_config, random_model
 
@@ -67,17 +68,7 @@ BODY = st.fixed_dictionaries({}, optional={name: VALUES.get(name, JSON) for name
 @pytest.fixture(scope="module")
 def small(tiny_loaded):
     """A 48-token context: any body the fuzzer makes valid finishes in a few decode steps."""
-    loaded = random_model(
-        default_llama_config(
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=16,
-            max_position_embeddings=48,
-        )
-    )
+    loaded = random_model(default_llama_config(**TINY_LLAMA, max_position_embeddings=48))
     server = LiveServer(tiny_service(loaded))
     yield server
     server.stop()

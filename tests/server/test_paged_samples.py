@@ -51,23 +51,17 @@ def test_n_choices_through_the_openai_client(paged_live):
     after = parse_prefix_cache_counters(server.get("/metrics")[1])
     assert after.queries_tokens - before.queries_tokens == usage.prompt_tokens + alone.usage.prompt_tokens
     assert alone.usage.prompt_tokens_details.cached_tokens > 0  # the n samples' prompt stayed cached
-    seeded = client.chat.completions.create(
-        model=MODEL,
-        n=4,
-        max_tokens=8,
-        temperature=1.0,
-        seed=11,
-        messages=[{"role": "user", "content": "pick words"}],
-        extra_body={"ignore_eos": True},
-    )
-    again = client.chat.completions.create(
-        model=MODEL,
-        n=4,
-        max_tokens=8,
-        temperature=1.0,
-        seed=11,
-        messages=[{"role": "user", "content": "pick words"}],
-        extra_body={"ignore_eos": True},
+    seeded, again = (
+        client.chat.completions.create(
+            model=MODEL,
+            n=4,
+            max_tokens=8,
+            temperature=1.0,
+            seed=11,
+            messages=[{"role": "user", "content": "pick words"}],
+            extra_body={"ignore_eos": True},
+        )
+        for _ in range(2)
     )
     texts = [choice.message.content for choice in seeded.choices]
     assert len(set(texts)) == 4 and texts == [choice.message.content for choice in again.choices]

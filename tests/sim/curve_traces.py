@@ -8,8 +8,10 @@ import json
 
 import numpy as np
 from hypothesis import strategies as st
+from tiny_workloads import numbered_requests
 
 from kvbench.request import Request
+from kvbench.sim.replay import prepare_prompts
 
 BLOCK = 4
 
@@ -40,6 +42,20 @@ def traces(draw):
             )
         )
     return requests
+
+
+def orphan_trace():
+    """Three long prompts sharing a 32-token prefix, round robin: head-first leaves orphaned tails
+    (a chain's head evicted before its tail), which inserts then evict, and the release order changes
+    the hit count."""
+    rng = np.random.default_rng(3)
+    prefixes = [rng.integers(0, 1000, size=32) for _ in range(3)]
+    return prepare_prompts(
+        numbered_requests(
+            np.concatenate([prefixes[i % 3], rng.integers(0, 1000, size=5)]) for i in range(30)
+        ),
+        BLOCK,
+    )
 
 
 def chat_trace_file(path, num_chats):

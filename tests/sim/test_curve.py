@@ -4,9 +4,10 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from curve_traces import BLOCK, counts, traces
+from curve_traces import BLOCK, counts, orphan_trace, traces
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tiny_workloads import numbered_requests
 
 from kvbench.cache.base import CacheConfig, CacheKind
 from kvbench.cache.block_hash import HashConfig
@@ -50,19 +51,9 @@ def test_curve_equals_the_replay_at_every_size_up_to_the_ideal(requests):
 def test_change_points_are_exactly_where_the_hit_count_rises():
     rng = np.random.default_rng(7)
     shared = rng.integers(0, 1000, size=40)
-    requests = [
-        Request(
-            index=i,
-            request_id=f"r{i}",
-            session_id="s",
-            turn=0,
-            arrival_s=float(i),
-            token_ids=np.concatenate(
-                [shared[: int(rng.integers(8, 41))], rng.integers(0, 1000, size=9)]
-            ).astype(np.uint32),
-        )
-        for i in range(30)
-    ]
+    requests = numbered_requests(
+        np.concatenate([shared[: int(rng.integers(8, 41))], rng.integers(0, 1000, size=9)]) for _ in range(30)
+    )
     trace = prepare_prompts(requests, BLOCK)
     curve = hit_curve(trace)
     hits = [
@@ -91,20 +82,7 @@ def test_configs_the_one_pass_does_not_cover_are_refused_with_a_reason(change, n
 
 def test_head_first_really_differs_from_any_stack_algorithm():
     """Why head-first has its own passes (kvbench.sim.head_first): its replay is not the tail-first curve."""
-    rng = np.random.default_rng(3)
-    prefixes = [rng.integers(0, 1000, size=32) for _ in range(3)]
-    requests = [
-        Request(
-            index=i,
-            request_id=f"r{i}",
-            session_id="s",
-            turn=0,
-            arrival_s=float(i),
-            token_ids=np.concatenate([prefixes[i % 3], rng.integers(0, 1000, size=5)]).astype(np.uint32),
-        )
-        for i in range(30)
-    ]
-    trace = prepare_prompts(requests, BLOCK)
+    trace = orphan_trace()
     curve = hit_curve(trace)
     differs = [
         c

@@ -4,12 +4,12 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from curve_traces import BLOCK, counts, traces
+from curve_traces import BLOCK, counts, orphan_trace, traces
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tiny_workloads import numbered_requests
 
 from kvbench.cache.base import CacheConfig, ReleaseOrder
-from kvbench.request import Request
 from kvbench.sim.curve import one_pass_refusal
 from kvbench.sim.head_first import head_first_curve, head_first_results
 from kvbench.sim.replay import prepare_prompts, simulate
@@ -45,26 +45,6 @@ def test_head_first_equals_the_replay_at_random_capacities_in_any_order(requests
         same_result(replayed(trace, capacity), result)
 
 
-def orphan_trace():
-    """Three long prompts sharing a 32-token prefix, round robin: head-first leaves orphaned tails
-    (a chain's head evicted before its tail), which inserts then evict, and the release order changes
-    the hit count (checked against both replays below)."""
-    rng = np.random.default_rng(3)
-    prefixes = [rng.integers(0, 1000, size=32) for _ in range(3)]
-    requests = [
-        Request(
-            index=i,
-            request_id=f"r{i}",
-            session_id="s",
-            turn=0,
-            arrival_s=float(i),
-            token_ids=np.concatenate([prefixes[i % 3], rng.integers(0, 1000, size=5)]).astype(np.uint32),
-        )
-        for i in range(30)
-    ]
-    return prepare_prompts(requests, BLOCK)
-
-
 def test_the_uncut_pass_is_exact_from_the_longest_request_up_and_wrong_below():
     trace = orphan_trace()
     curve = head_first_curve(trace)  # 9 full blocks per request: exact from 9 blocks on
@@ -92,18 +72,7 @@ def test_a_trace_that_stores_outputs_is_replayed_and_one_pass_refuses_it():
     from kvbench.sim.method import SimMethod, simulate_sizes
     from kvbench.sim.outputs import placeholder_outputs
 
-    requests = [
-        Request(
-            index=i,
-            request_id=f"r{i}",
-            session_id="s",
-            turn=0,
-            arrival_s=float(i),
-            max_tokens=9,
-            token_ids=np.arange(i, i + 13, dtype=np.uint32) % 5,
-        )
-        for i in range(6)
-    ]
+    requests = numbered_requests((np.arange(i, i + 13) % 5 for i in range(6)), max_tokens=9)
     trace = prepare_prompts(requests, BLOCK, outputs=placeholder_outputs(requests))
     base = CacheConfig(capacity_blocks=1, block_size=BLOCK)
     outcome = simulate_sizes(trace, base, [3, 8], ["tail-first", "head-first"])

@@ -5,6 +5,7 @@ import pytest
 from curve_traces import BLOCK, traces
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tiny_workloads import numbered_requests
 
 from kvbench.cache.block_hash import BlockHasher, HashConfig
 from kvbench.request import Request
@@ -40,18 +41,9 @@ def test_the_shared_prefix_is_not_hashed_again():
     """Two 10-block prompts sharing 7 full blocks (and 2 tokens more): the second hashes 3 blocks."""
     rng = np.random.default_rng(0)
     shared = rng.integers(0, 1000, size=7 * BLOCK + 2)
-    requests = [
-        Request(
-            index=i,
-            request_id=f"r{i}",
-            session_id="s",
-            turn=0,
-            token_ids=np.concatenate([shared, rng.integers(1000, 2000, size=3 * BLOCK - 2)]).astype(
-                np.uint32
-            ),
-        )
-        for i in range(2)
-    ]
+    requests = numbered_requests(
+        np.concatenate([shared, rng.integers(1000, 2000, size=3 * BLOCK - 2)]) for _ in range(2)
+    )
     hashed = []
 
     class Counting(BlockHasher):
@@ -92,17 +84,9 @@ def test_batches_and_keyless_prompts_give_the_keys_of_one_prompt_at_a_time(monke
 
     rng = np.random.default_rng(1)
     lengths = [0, 1, BLOCK - 1, BLOCK, BLOCK + 1, 3 * BLOCK, 2, 2, BLOCK - 1, 5 * BLOCK + 3]
-    requests = [
-        Request(
-            index=i,
-            request_id=f"r{i}",
-            session_id="s",
-            turn=0,
-            salt=[None, "a"][i % 2],
-            token_ids=rng.integers(0, 50, size=n).astype(np.uint32),
-        )
-        for i, n in enumerate(lengths * 3)
-    ]
+    requests = numbered_requests(
+        (rng.integers(0, 50, size=n) for n in lengths * 3), salt=lambda i: [None, "a"][i % 2]
+    )
     for batch_tokens in (1, 7, module.BATCH_TOKENS):
         monkeypatch.setattr(module, "BATCH_TOKENS", batch_tokens)
         for keep_tokens in (False, True):

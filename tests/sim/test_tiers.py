@@ -5,10 +5,10 @@ import pytest
 from curve_traces import BLOCK, traces
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tiny_workloads import numbered_requests
 
 from kvbench.cache.base import CacheConfig
 from kvbench.errors import InputError
-from kvbench.request import Request
 from kvbench.sim.replay import prepare_prompts, simulate
 from kvbench.sim.stack_distance import stack_distances
 from kvbench.sim.tier_replay import replay_tiers
@@ -55,17 +55,9 @@ def alternating(num_requests=8, blocks=4):
     """Two 4-block system prompts, A then B then A ..., each with a 1-token question (cap = 4 blocks)."""
     rng = np.random.default_rng(0)
     prefixes = [rng.integers(0, 1000, size=blocks * BLOCK) for _ in range(2)]
-    return [
-        Request(
-            index=i,
-            request_id=f"r{i}",
-            session_id=f"s{i}",
-            turn=0,
-            arrival_s=float(i),
-            token_ids=np.append(prefixes[i % 2], 7).astype(np.uint32),
-        )
-        for i in range(num_requests)
-    ]
+    return numbered_requests(
+        (np.append(prefixes[i % 2], 7) for i in range(num_requests)), session_id=lambda i: f"s{i}"
+    )
 
 
 def test_a_host_tier_catches_what_a_small_gpu_evicts():

@@ -180,29 +180,14 @@ class OpenAIBackend(SdkClientBackend):
         run_salt: the run's ``cache_salt`` (cache hygiene), or ``None`` to send only the trace's.
     """
 
+    name = "openai"
+    client_class = openai.AsyncOpenAI
+
     def __init__(self, config: OpenAIConfig, tokenizer: Tokenizer, run_salt: str | None = None) -> None:
         self.config = config
         self.tokenizer = tokenizer
         self.run_salt = run_salt
         self._client: openai.AsyncOpenAI | None = None
-
-    def new_client(self) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(
-            base_url=self.config.base_url,
-            api_key=self.config.api_key,
-            max_retries=0,
-            timeout=self.config.timeout_s,
-        )
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "backend": "openai",
-            "model": self.config.model,
-            "cache_enabled": None,
-            "cache_kind": None,
-            "block_size": self.config.block_size,
-            "capacity_blocks": None,
-        }
 
     def cache_salt(self, request: Request) -> str | None:
         """The ``cache_salt`` sent: the run's and the trace's tenant salt joined by ``-`` (either alone

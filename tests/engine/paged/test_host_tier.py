@@ -4,13 +4,13 @@ engine gives; the tier's slots stay consistent."""
 
 import numpy as np
 import pytest
+from tiny_workloads import numbered_requests
 
 from kvbench.cache.base import CacheConfig
 from kvbench.cache.host_tier import HostTierIndex
 from kvbench.engine.engine import HFEngine
 from kvbench.engine.paged.engine import PagedConfig, PagedEngine
 from kvbench.engine.sampling import SamplingParams
-from kvbench.request import Request
 from kvbench.sim.replay import prepare_prompts
 from kvbench.sim.stack_distance import stack_distances
 from kvbench.sim.tiers import Tier, TierPolicy, tier_split
@@ -41,20 +41,7 @@ def test_at_concurrency_1_the_engine_serves_what_the_simulator_predicts(loaded, 
     engine = engine_of(loaded, 6, host_blocks)
     records = [engine.generate(p, SamplingParams(max_tokens=1, ignore_eos=True)) for p in prompts]
     engine.check_invariants()
-    trace = prepare_prompts(
-        [
-            Request(
-                index=i,
-                request_id=f"r{i}",
-                session_id="s",
-                turn=0,
-                arrival_s=float(i),
-                token_ids=np.array(p, dtype=np.uint32),
-            )
-            for i, p in enumerate(prompts)
-        ],
-        BLOCK,
-    )
+    trace = prepare_prompts(numbered_requests(prompts), BLOCK)
     # the pool of 6 holds 5 keyed blocks between requests: each request runs with one partly filled block
     split = tier_split(
         stack_distances(trace.prompts),
