@@ -263,12 +263,11 @@ def serve(
     until Ctrl-C. With --engine copy one
     request runs at a time; the others queue, and their wait shows in the clients' TTFT. With
     --engine paged concurrent requests are batched (continuous batching over one KV pool)."""
-    import uvicorn
-
     from kvbench.engine.model import ModelConfig, resolve_device
     from kvbench.engine.threads import check_threads, chosen_threads
     from kvbench.server.app import create_app
     from kvbench.server.connections import server_config
+    from kvbench.server.stopping import StoppingServer
 
     _check_numbers(port, block_size, min_cache_tokens)
     check_threads(threads)
@@ -309,7 +308,15 @@ def serve(
         service = _service(loaded, model, cache_config, served_model_name or loaded.name, engine_flags, pool)
         _announce(sock, service.model_name, cache_config)
         config = server_config(create_app(service, guards, min_cache_tokens), log_level.value, limits)
-        uvicorn.Server(config).run(sockets=[sock])
+        StoppingServer(config, service, _say_stopping).run(sockets=[sock])
+
+
+def _say_stopping(signal_name: str, num_requests: int) -> None:
+    """The one line when the server stops: which signal, and how many requests it ended."""
+    ended = f"ending {num_requests} request{'' if num_requests == 1 else 's'} in flight"
+    err = make_console(stderr=True)
+    err.print(f"kvbench serve: {signal_name}: stopping, {ended}", soft_wrap=True)
+    err.file.flush()
 
 
 def _load_announced(model_config):

@@ -30,6 +30,7 @@ from uvicorn.protocols.http.auto import AutoHTTPProtocol
 DEFAULT_MAX_CONNECTIONS = 1024  # far above 128 concurrent streaming clients; see connection_cap()
 DEFAULT_HEADER_TIMEOUT_S = 10.0  # a real client sends its request head in milliseconds
 DEFAULT_KEEP_ALIVE_S = 5.0  # uvicorn's default timeout_keep_alive
+STOP_GRACE_S = 5.0  # on SIGTERM/SIGINT, the longest uvicorn waits for responses (kvbench.server.stopping)
 RESERVED_DESCRIPTORS = 64  # kept for the model's files, logs and the listening socket
 _SERVICE_UNAVAILABLE = b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
 logger = logging.getLogger("uvicorn.error")
@@ -147,4 +148,5 @@ def server_config(app: Any, log_level: str, limits: ConnectionLimits = Connectio
         lifespan="off",
         http=_protocol(_Watch(limits)),
         timeout_keep_alive=limits.keep_alive_s,
+        timeout_graceful_shutdown=STOP_GRACE_S,
     )  # type: ignore[arg-type]

@@ -78,6 +78,7 @@ class Generation:
         self.cancelled = threading.Event()
         self.task: asyncio.Task | None = None
         self.abort_task = False  # paged engine: cancel() also cancels the task (the engine aborts it)
+        self.stop_reason: str | None = None  # why the server (not the client) cancelled it
 
     def cancel(self) -> None:
         """Stop at the next token (or, on the paged engine, at its next step, queued or running); the
@@ -127,6 +128,19 @@ class EngineService:
         self.counters, self.abort_in_engine, self.max_samples = _served(self.engine)
         self._indexes = itertools.count()
         self._reset_done: asyncio.Event | None = None  # set when the pending reset (paged engine) is done
+        self._live: set[Generation] = set()  # submitted, final event not yet queued
+
+    def stop_all(self, reason: str) -> int:
+        """Cancel every request in flight, queued or running, as a disconnect would (the engine
+        releases their blocks), with ``reason`` as their final ``cancelled`` event's value, so each
+        stream ends with one error event and ``[DONE]`` instead of running on. Used when the server
+        stops. Returns how many requests (a request's ``n`` samples count once) it cancelled. Call on
+        the event loop."""
+        live = list(self._live)
+        for generation in live:
+            generation.stop_reason = reason
+            generation.cancel()
+        return len({id(generation.task) for generation in live})
 
     @property
     def model_name(self) -> str:
@@ -224,6 +238,7 @@ class EngineService:
         generation = Generation(request, sampling, TextStream(self.tokenizer, stops))
         generation.task = asyncio.create_task(self._run(generation))
         generation.abort_task = self.abort_in_engine
+        self._live.add(generation)
         return generation
 
     async def _run(self, generation: Generation) -> None:
@@ -249,12 +264,13 @@ class EngineService:
             generation.events.put_nowait(self._finished(record))
         except (StreamCancelled, asyncio.CancelledError):  # its client left (Generation.cancel)
             self.counters.num_aborted += 1
-            generation.events.put_nowait(("cancelled", None))
+            generation.events.put_nowait(("cancelled", generation.stop_reason))
         except Exception as exc:  # the engine failed: this request errors, the server keeps serving
             self.counters.num_failed += 1
             generation.events.put_nowait(("error", f"{type(exc).__name__}: {exc}"))
         finally:
             self.counters.num_in_flight -= 1
+            self._live.discard(generation)
 
     def submit_samples(
         self, request: Request, sampling: SamplingParams, n: int, stops: Sequence[str] = ()
@@ -267,6 +283,7 @@ class EngineService:
         task = asyncio.create_task(self._run_samples(generations))
         for generation in generations:
             generation.task, generation.abort_task = task, True  # cancelling one sample aborts them all
+        self._live.update(generations)
         return generations
 
     async def _run_samples(self, generations: list[Generation]) -> None:
@@ -291,6 +308,7 @@ class EngineService:
             outcomes = [asyncio.CancelledError() for _ in generations]
         finally:
             self.counters.num_in_flight -= 1
+            self._live.difference_update(generations)
         records = [o for o in outcomes if isinstance(o, RequestRecord) and o.status is Status.OK]
         if records:
             self.counters.record_success(
@@ -303,7 +321,8 @@ class EngineService:
         else:
             self.counters.num_aborted += 1
         for generation, outcome in zip(generations, outcomes):
-            generation.events.put_nowait(_sample_event(outcome))
+            kind, value = _sample_event(outcome)
+            generation.events.put_nowait((kind, generation.stop_reason if kind == "cancelled" else value))
 
     def _finished(self, result: RequestRecord) -> tuple[str, Any]:
         if result.status is not Status.OK:
