@@ -84,7 +84,7 @@ def _check_numbers(port: int, block_size: int, min_cache_tokens: int) -> None:
         raise InputError(f"--min-cache-tokens {min_cache_tokens}: must be positive")
 
 
-def _limits(max_connections: int | None, header_timeout_s: float, keep_alive_s: float):
+def _limits(max_connections: int | None, header_timeout_s: float, keep_alive_s: float, body_timeout_s: float):
     """The connection limits from the flags. Raises ``InputError`` naming the flag."""
     from kvbench.server.connections import ConnectionLimits, connection_cap
 
@@ -94,7 +94,7 @@ def _limits(max_connections: int | None, header_timeout_s: float, keep_alive_s: 
         cap = connection_cap(max_connections)
     except ValueError as exc:
         raise InputError(f"--max-connections {exc}") from None
-    return ConnectionLimits(cap, header_timeout_s, keep_alive_s)
+    return ConnectionLimits(cap, header_timeout_s, keep_alive_s, body_timeout_s)
 
 
 def _announce(sock: socket.socket, name: str, cache_config: CacheConfig | None) -> None:
@@ -257,6 +257,14 @@ def serve(
             help="Close a keep-alive connection idle this many seconds.",
         ),
     ] = 5.0,
+    body_timeout: Annotated[
+        float,
+        typer.Option(
+            rich_help_panel="Server",
+            callback=check_positive,
+            help="Close a connection whose request body sent no byte for this many seconds.",
+        ),
+    ] = 10.0,
 ) -> None:
     """Serve the in-process engine as an OpenAI-compatible API (/v1/completions, /v1/chat/completions,
     /v1/models, /health, /reset_prefix_cache, /metrics, /tokenize, /detokenize) and Anthropic's /v1/messages
@@ -274,7 +282,7 @@ def serve(
     model_config = checked(lambda: ModelConfig(path=model, device=device, dtype=dtype))
     resolve_device(model_config.device)  # no such GPU: one line, before the port is bound
     guards = _guards(host, api_key, max_body_size, tuple(allowed_host or ()))
-    limits = _limits(max_connections, header_timeout, keep_alive_timeout)
+    limits = _limits(max_connections, header_timeout, keep_alive_timeout, body_timeout)
     sock = bind_socket(host, port)  # before the model loads: a busy port fails at once
     with chosen_threads(threads, status_printer(make_console(stderr=True))):
         loaded = _load_announced(model_config)
