@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kvbench.backends.base import Backend
-from kvbench.errors import InputError, Interrupted
+from kvbench.errors import InputError, Interrupted, note_stop_signal
 from kvbench.request import Request, RequestRecord
 from kvbench.results.rows import ResultRow
 from kvbench.results.secrets import looks_like_key
@@ -202,6 +202,11 @@ def _close_cut_run(writer: RunWriter, outcome: RunOutcome, on_end: OnEnd | None)
         writer.close(complete=False)
 
 
+def _terminated(task: asyncio.Task) -> None:
+    note_stop_signal(signal.SIGTERM)  # the CLI exits 143, not Ctrl-C's 130
+    task.cancel()
+
+
 @contextlib.contextmanager
 def _sigterm_cancels(task: asyncio.Task) -> Iterator[None]:
     """While the loop runs, SIGTERM cancels ``task`` (as asyncio.run does for Ctrl-C): the signal is
@@ -210,7 +215,7 @@ def _sigterm_cancels(task: asyncio.Task) -> Iterator[None]:
     loop = asyncio.get_running_loop()
     previous = signal.getsignal(signal.SIGTERM)
     try:
-        loop.add_signal_handler(signal.SIGTERM, task.cancel)
+        loop.add_signal_handler(signal.SIGTERM, _terminated, task)
     except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signals here
         yield
         return

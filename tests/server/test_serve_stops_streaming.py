@@ -13,7 +13,8 @@ from readiness import wait_until
 from serve_process import ServeProcess
 
 NUM_STREAMS = 3
-STOP_LIMIT_S = 10.0  # the stop takes one token or engine step plus uvicorn's close; it took minutes
+STOP_LIMIT_S = 30.0  # one token or engine step plus uvicorn's close: 2-11 s at load 10 on 2 cores;
+# before, the streams ran on (4,000 tokens: minutes)
 
 
 def _model_name(url: str) -> str:
@@ -55,6 +56,7 @@ def test_long_streams_end_cleanly_within_seconds_of_a_stop_signal(signal_number,
         server.stop()
     name = signal.Signals(signal_number).name
     assert stopped_s < STOP_LIMIT_S, (stopped_s, server.log())
+    assert server.process.returncode == 128 + signal_number, server.log()
     assert f"kvbench serve: {name}: stopping, ending {NUM_STREAMS} requests in flight" in server.log()
     for events in streams:
         assert events[-1] == "[DONE]", events[-3:]
