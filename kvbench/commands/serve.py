@@ -273,6 +273,7 @@ def serve(
     --engine paged concurrent requests are batched (continuous batching over one KV pool)."""
     from kvbench.engine.model import ModelConfig, resolve_device
     from kvbench.engine.threads import check_threads, chosen_threads
+    from kvbench.run.checks import check_host_tier_text
     from kvbench.server.app import create_app
     from kvbench.server.connections import server_config
     from kvbench.server.stopping import StoppingServer
@@ -283,6 +284,7 @@ def serve(
     resolve_device(model_config.device)  # no such GPU: one line, before the port is bound
     guards = _guards(host, api_key, max_body_size, tuple(allowed_host or ()))
     limits = _limits(max_connections, header_timeout, keep_alive_timeout, body_timeout)
+    check_host_tier_text(host_tier)  # before the model loads: a bad or too-large size fails at once
     sock = bind_socket(host, port)  # before the model loads: a busy port fails at once
     with chosen_threads(threads, status_printer(make_console(stderr=True))):
         loaded = _load_announced(model_config)
