@@ -149,7 +149,7 @@ def compiler() -> list[str] | None:
     """The C++ compiler command to build with: ``$CXX`` split as a shell splits it (``ccache g++``),
     else the first of ``c++``, ``g++``, ``clang++`` on PATH."""
     if os.environ.get("CXX", "").strip():
-        return shlex.split(os.environ["CXX"])
+        return shlex.split(os.environ["CXX"])  # ValueError where it does not split (_built falls back)
     found = next((path for name in ("c++", "g++", "clang++") if (path := shutil.which(name))), None)
     return None if found is None else [found]
 
@@ -238,7 +238,7 @@ def build(cxx: list[str], target: Path, extra_flags: tuple[str, ...] = (), key: 
             errors = (
                 [line for line in done.stderr.splitlines() if "error" in line]
                 or done.stderr.splitlines()
-                or [""]
+                or [f"exit code {done.returncode}, no message"]
             )
             raise RuntimeError(f"{_name(cxx)} failed: {errors[0].strip()}")
         data = built.read_bytes()
@@ -257,7 +257,10 @@ def build(cxx: list[str], target: Path, extra_flags: tuple[str, ...] = (), key: 
 def _built() -> tuple[NativeKernels | None, str]:
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return None, f"needs an x86-64 CPU with AVX2 (this is {platform.machine()})"
-    cxx = compiler()
+    try:
+        cxx = compiler()
+    except ValueError as exc:  # CXX="'": no closing quotation
+        return None, f"CXX={os.environ.get('CXX', '')!r} is not a command: {exc}"
     if cxx is None:
         return None, "no C++ compiler (set CXX, or install g++)"
     try:
@@ -300,8 +303,11 @@ def load(path: Path) -> NativeKernels:
     return NativeKernels(isa().decode(), path, linear, decode)
 
 
+OFF_VALUES = ("0", "off", "false", "no")  # KVBENCH_NATIVE_KERNELS values that turn the kernels off
+
+
 def _switched_off() -> bool:
-    return os.environ.get(SWITCH_VARIABLE) == "0"
+    return os.environ.get(SWITCH_VARIABLE, "").strip().lower() in OFF_VALUES
 
 
 def native_kernels() -> NativeKernels | None:
@@ -313,4 +319,4 @@ def native_kernels() -> NativeKernels | None:
 def native_kernels_reason() -> str:
     """Why :func:`native_kernels` is what it is, in a few words (``built for avx512 with g++``,
     ``KVBENCH_NATIVE_KERNELS=0``, ``not built: g++ failed: ...``)."""
-    return f"{SWITCH_VARIABLE}=0" if _switched_off() else _built()[1]
+    return f"{SWITCH_VARIABLE}={os.environ[SWITCH_VARIABLE].strip()}" if _switched_off() else _built()[1]

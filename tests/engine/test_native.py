@@ -222,7 +222,7 @@ def test_a_first_build_lands_in_the_cache_folder_and_the_second_process_reuses_i
 def test_a_failing_compiler_leaves_torch_s_linears_with_the_reason(rebuilt, monkeypatch):
     monkeypatch.setenv("CXX", shutil.which("false") or "/bin/false")
     assert native_kernels() is None
-    assert native_kernels_reason().startswith("not built: false failed")
+    assert native_kernels_reason() == "not built: false failed: exit code 1, no message"
     model = random_model(
         default_llama_config(
             hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2, head_dim=32
@@ -238,6 +238,14 @@ def test_a_missing_compiler_and_the_switch_say_why(rebuilt, monkeypatch):
     assert native_kernels() is None and native_kernels_reason().startswith("not built: [Errno 2]")
     monkeypatch.setenv("KVBENCH_NATIVE_KERNELS", "0")
     assert native_kernels() is None and native_kernels_reason() == "KVBENCH_NATIVE_KERNELS=0"
+    for value in ("off", "false", "no", "OFF"):
+        monkeypatch.setenv("KVBENCH_NATIVE_KERNELS", value)
+        assert native_kernels() is None and native_kernels_reason() == f"KVBENCH_NATIVE_KERNELS={value}"
+
+
+def test_a_compiler_variable_that_does_not_split_falls_back_with_the_reason(rebuilt, monkeypatch):
+    monkeypatch.setenv("CXX", "'")
+    assert native_kernels() is None and 'CXX="\'" is not a command' in native_kernels_reason()
 
 
 @needs_kernel
