@@ -198,7 +198,8 @@ def serve(
             rich_help_panel="Server",
             envvar="KVBENCH_API_KEY",
             show_envvar=True,
-            help="Require 'Authorization: Bearer KEY' on every route but /health (as vllm serve --api-key).",
+            help="Require 'Authorization: Bearer KEY' (as vllm serve --api-key) or Anthropic's "
+            "'x-api-key: KEY' on every route but /health.",
         ),
     ] = None,
     max_body_size: Annotated[

@@ -15,7 +15,8 @@ uvicorn's own HTTP protocol (:func:`server_config`):
 * **a cap on open connections**: at ``max_connections``, each new connection closes the oldest
   connection that has no request in progress or whose body is still arriving (a slow or idle
   client); when every one is busy, the new
-  one gets a 503 and is closed. The cap stays below the process's open-file limit, so ``accept``
+  one gets a 503 (an ``overloaded_error`` body, :data:`~kvbench.server.error_shapes.OVERLOADED_BODY`)
+  and is closed. The cap stays below the process's open-file limit, so ``accept``
   never fails;
 * **one log line per condition** (uvicorn's ``uvicorn.error`` logger, a warning): when the cap is
   first reached (again once the connections fell under half of it) and when a slow client is first
@@ -32,13 +33,19 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
+from kvbench.server.error_shapes import OVERLOADED_BODY
+
 DEFAULT_MAX_CONNECTIONS = 1024  # far above 128 concurrent streaming clients; see connection_cap()
 DEFAULT_HEADER_TIMEOUT_S = 10.0  # a real client sends its request head in milliseconds
 DEFAULT_KEEP_ALIVE_S = 5.0  # uvicorn's default timeout_keep_alive
 DEFAULT_BODY_TIMEOUT_S = 10.0  # between two reads of a body; nginx's client_body_timeout is 60 s
 STOP_GRACE_S = 5.0  # on SIGTERM/SIGINT, the longest uvicorn waits for responses (kvbench.server.stopping)
 RESERVED_DESCRIPTORS = 64  # kept for the model's files, logs and the listening socket
-_SERVICE_UNAVAILABLE = b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+_SERVICE_UNAVAILABLE = (  # no request read yet: a body both OpenAI's and Anthropic's SDKs parse
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+    + f"content-length: {len(OVERLOADED_BODY)}\r\nconnection: close\r\n\r\n".encode()
+    + OVERLOADED_BODY
+)
 logger = logging.getLogger("uvicorn.error")
 
 
