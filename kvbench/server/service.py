@@ -92,7 +92,8 @@ def _served(engine) -> tuple[ServerCounters, bool, int]:
     """What the server makes of ``engine``'s spec (:class:`kvbench.engine.kinds.EngineSpec`), the one
     place it is read: ``(counters, abort_in_engine, max_samples)``.
 
-    A batching engine's own running / waiting counts (and its host tier's tokens) are the gauges, and
+    A batching engine's own running / waiting counts are the gauges (and with a host tier, the
+    ``external_`` counters are published, counted from each finished request's record), and
     a cancelled request is aborted in the engine (its scheduler queues it); otherwise the counters
     derive the gauges from the requests in flight (one runs at a time) and a cancel waits for the
     request's next token or turn. ``max_samples`` (most choices ``n`` per request) is the engine's
@@ -100,7 +101,7 @@ def _served(engine) -> tuple[ServerCounters, bool, int]:
     spec = engine.spec
     counters = ServerCounters(
         engine_sequences=engine.num_sequences if spec.batching else None,
-        engine_host_tier=engine.host_tier_counters if spec.batching else None,
+        host_tier=spec.batching and engine.host_tier_counters() is not None,
     )
     max_samples = MAX_N if spec.max_samples is None else min(spec.max_samples, MAX_N)
     return counters, spec.batching, max_samples
@@ -315,6 +316,7 @@ class EngineService:
                 records[0].prompt_tokens,
                 records[0].cached_prompt_tokens,
                 sum(record.output_tokens for record in records),
+                records[0].host_cached_tokens,
             )
         elif any(isinstance(o, RequestRecord) or not _cancelled(o) for o in outcomes):
             self.counters.num_failed += 1
@@ -328,7 +330,9 @@ class EngineService:
         if result.status is not Status.OK:
             self.counters.num_failed += 1
             return "refused", result.error or "the engine refused the request"
-        self.counters.record_success(result.prompt_tokens, result.cached_prompt_tokens, result.output_tokens)
+        self.counters.record_success(
+            result.prompt_tokens, result.cached_prompt_tokens, result.output_tokens, result.host_cached_tokens
+        )
         return "done", result
 
     async def reset_prefix_cache(self) -> bool:
