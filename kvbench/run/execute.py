@@ -42,8 +42,26 @@ def status_sink(on_status: OnStatus | None, notes: list[str]) -> OnStatus:
 
 
 def loading_line(model_path: str | None, device: str) -> str:
-    """The status line before a model loads (seconds on a CPU, minutes for a large checkpoint)."""
-    return f"loading the model ({model_path or 'the built-in random Llama'}, {device}) ..."
+    """The status line before a model loads (seconds on a CPU, minutes for a large checkpoint); on a
+    CPU whose kvbench kernels fall back (no compiler, a failed build, ``KVBENCH_NATIVE_KERNELS=0``), a
+    second line saying so and why (:func:`kernels_fallback_line`): silent, decode was just slower."""
+    line = f"loading the model ({model_path or 'the built-in random Llama'}, {device}) ..."
+    fallback = kernels_fallback_line(device)
+    return line if fallback is None else f"{line}\n{fallback}"
+
+
+def kernels_fallback_line(device: str) -> str | None:
+    """``None`` off the CPU or where kvbench's CPU kernels are built (building them on first use, once
+    per machine, under a second); else one line with the reason
+    (:func:`~kvbench.engine.native.native_kernels_reason`) and what runs instead."""
+    from kvbench.engine.native import native_kernels, native_kernels_reason
+
+    if not str(device).startswith("cpu") or native_kernels() is not None:
+        return None
+    return (
+        f"kvbench's CPU kernels are off ({native_kernels_reason()}): torch's linears and decode "
+        "attention run instead (slower decode; KVBENCH_NATIVE_KERNELS)"
+    )
 
 
 @dataclass
