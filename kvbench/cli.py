@@ -1,7 +1,7 @@
 """The ``kvbench`` command line: one typer app, one module per command group (kvbench/commands/).
 
 Known failures (``KvbenchError``) become one red line and their exit code (2 for bad input);
-Ctrl-C exits 130 after the command has written what it measured; ``--debug`` shows tracebacks.
+Ctrl-C exits 130 (SIGTERM 143) after the command has written what it measured; ``--debug`` shows tracebacks.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import importlib
 import os
+import signal
 import sys
 
 import typer
@@ -19,7 +20,7 @@ from kvbench import __version__
 from kvbench.commands import help_layout
 from kvbench.commands.usage_errors import bad_value_line
 from kvbench.engine.threads import set_wait_policy
-from kvbench.errors import Interrupted, KvbenchError
+from kvbench.errors import Interrupted, KvbenchError, interrupt_exit_code, sigterm_interrupts
 from kvbench.extras import missing_extra
 from kvbench.workloads.formats import lines
 
@@ -129,8 +130,17 @@ def main(argv: list[str] | None = None) -> None:
     from kvbench.results.parquet import record_command_line
 
     record_command_line(["kvbench", *args])
-    err = _error_console()
     _register_for(args)
+    previous = signal.signal(signal.SIGTERM, sigterm_interrupts)  # every command: unwinds as Ctrl-C, exit 143
+    try:
+        _run_command(args, debug)
+    finally:
+        signal.signal(signal.SIGTERM, previous)  # the caller's handler back (tests call main in-process)
+
+
+def _run_command(args: list[str], debug: bool) -> None:
+    """Run the command on ``args``; every way it ends becomes one line and an exit code."""
+    err = _error_console()
     command = typer.main.get_command(app)
     try:
         code = command.main(args=args, prog_name="kvbench", standalone_mode=False)
@@ -169,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
             raise
         err.print(f"[red]error:[/red] {_unexpected(exc)}")
         sys.exit(1)
-    if code == 130:  # typer turns a KeyboardInterrupt (Ctrl-C, SIGTERM) into exit code 130
+    if code in (130, 143):  # typer turns a KeyboardInterrupt (Ctrl-C, SIGTERM) into exit code 130
         _interrupted("")
     sys.exit(code if isinstance(code, int) else 0)
 
@@ -185,9 +195,9 @@ def _unexpected(exc: Exception) -> str:
 
 
 def _interrupted(detail: str) -> None:
-    """One line (how far the command got, when it knows) and exit 130."""
+    """One line (how far the command got, when it knows) and exit 130 (Ctrl-C) or 143 (SIGTERM)."""
     _error_console().print(f"[red]interrupted[/red] {escape(detail)}".rstrip())
-    sys.exit(130)
+    sys.exit(interrupt_exit_code())
 
 
 if __name__ == "__main__":

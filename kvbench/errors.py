@@ -6,11 +6,33 @@ Library code raises these (or plain ``ValueError`` for programming errors in con
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
+
+_STOP_SIGNALS: list[int] = []  # process-wide, as signals are: the stop signals received, in order
+
+
+def note_stop_signal(signum: int) -> None:
+    """Record that this process received ``signum`` (SIGTERM; SIGINT needs no record), whichever
+    handler caught it, so the CLI's exit code says which signal stopped the command."""
+    _STOP_SIGNALS.append(signum)
+
+
+def interrupt_exit_code() -> int:
+    """The exit code of a command stopped by a signal: 128 + the first stop signal received (the shell's
+    convention: 143 for SIGTERM), else 130 (Ctrl-C, a KeyboardInterrupt)."""
+    return 128 + _STOP_SIGNALS[0] if _STOP_SIGNALS else 128 + signal.SIGINT
+
+
+def sigterm_interrupts(signum: int, frame: object) -> None:  # noqa: ARG001 - a signal handler's signature
+    """A SIGTERM handler: record it and unwind as Ctrl-C does (every ``finally`` runs, results are
+    written, the CLI prints one line and exits 143). The CLI installs it for every command."""
+    note_stop_signal(signum)
+    raise KeyboardInterrupt
 
 
 class KvbenchError(Exception):
@@ -40,7 +62,8 @@ class InputError(KvbenchError):
 
 
 class Interrupted(KvbenchError):
-    """Ctrl-C or SIGTERM: what was measured is written; the message says how far the work got."""
+    """Ctrl-C or SIGTERM: what was measured is written; the message says how far the work got. The
+    CLI exits :func:`interrupt_exit_code` (130, or 143 after SIGTERM)."""
 
     exit_code = 130
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from rich.console import Console
 
-from kvbench.errors import checked
+from kvbench.errors import checked, note_stop_signal
 
 PIPE_WIDTH = 120  # columns when output is not a terminal (files, CI logs), so tables stay readable
 PLAIN_PROGRESS_EVERY_S = 30.0  # outside a terminal (nohup, CI, a file): one progress line this often
@@ -43,6 +43,7 @@ class _Terminate:
 
     def __call__(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
         self.received = True
+        note_stop_signal(signum)
         raise KeyboardInterrupt
 
 

@@ -77,7 +77,7 @@ def _check_numbers(port: int, block_size: int, min_cache_tokens: int) -> None:
         raise InputError(f"--min-cache-tokens {min_cache_tokens}: must be positive")
 
 
-def _limits(max_connections: int | None, header_timeout_s: float, keep_alive_s: float):
+def _limits(max_connections: int | None, header_timeout_s: float, keep_alive_s: float, body_timeout_s: float):
     """The connection limits from the flags. Raises ``InputError`` naming the flag."""
     from kvbench.server.connections import ConnectionLimits, connection_cap
 
@@ -87,7 +87,7 @@ def _limits(max_connections: int | None, header_timeout_s: float, keep_alive_s: 
         cap = connection_cap(max_connections)
     except ValueError as exc:
         raise InputError(f"--max-connections {exc}") from None
-    return ConnectionLimits(cap, header_timeout_s, keep_alive_s)
+    return ConnectionLimits(cap, header_timeout_s, keep_alive_s, body_timeout_s)
 
 
 def bound_name(sock: socket.socket) -> str:
@@ -164,7 +164,8 @@ def serve(
     ) = 1024,
     api_key: option(
         str | None,
-        "Require 'Authorization: Bearer KEY' on every route but /health (as vllm serve --api-key).",
+        "Require 'Authorization: Bearer KEY' (as vllm serve --api-key) or Anthropic's 'x-api-key: KEY' on "
+        "every route but /health.",
         panel="Server",
         envvar="KVBENCH_API_KEY",
         show_envvar=True,
@@ -214,26 +215,33 @@ def serve(
         "host:port), so a client behind a router sees which replica served it.",
         panel="Server",
     ) = None,
+    body_timeout: option(
+        float,
+        "Close a connection whose request body sent no byte for this many seconds.",
+        panel="Server",
+        callback=check_positive,
+    ) = 10.0,
 ) -> None:
     """Serve the in-process engine as an OpenAI-compatible API (/v1/completions, /v1/chat/completions,
     /v1/models, /health, /reset_prefix_cache, /metrics, /tokenize, /detokenize) and Anthropic's /v1/messages
     until Ctrl-C. With --engine copy one
     request runs at a time; the others queue, and their wait shows in the clients' TTFT. With
     --engine paged concurrent requests are batched (continuous batching over one KV pool)."""
-    import uvicorn
-
     from kvbench.engine.model import ModelConfig, resolve_device
     from kvbench.engine.threads import check_threads, chosen_threads
+    from kvbench.run.checks import check_host_tier_text
     from kvbench.server.app import create_app
     from kvbench.server.connections import server_config
     from kvbench.server.fleet import check_replica_id
+    from kvbench.server.stopping import StoppingServer
 
     _check_numbers(port, block_size, min_cache_tokens)
     check_threads(threads)
     model_config = checked(lambda: ModelConfig(path=model, device=device, dtype=dtype))
     resolve_device(model_config.device)  # no such GPU: one line, before the port is bound
     guards = _guards(host, api_key, max_body_size, tuple(allowed_host or ()))
-    limits = _limits(max_connections, header_timeout, keep_alive_timeout)
+    limits = _limits(max_connections, header_timeout, keep_alive_timeout, body_timeout)
+    check_host_tier_text(host_tier)  # before the model loads: a bad or too-large size fails at once
     if replica_id is not None:
         replica_id = checked(lambda: check_replica_id(replica_id))
     sock = bind_socket(host, port)  # before the model loads: a busy port fails at once
@@ -254,7 +262,15 @@ def serve(
         _announce(sock, service.model_name, cache_config)
         app = create_app(service, guards, min_cache_tokens, replica_id or bound_name(sock))
         config = server_config(app, log_level.value, limits)
-        uvicorn.Server(config).run(sockets=[sock])
+        StoppingServer(config, service, _say_stopping).run(sockets=[sock])
+
+
+def _say_stopping(signal_name: str, num_requests: int) -> None:
+    """The one line when the server stops: which signal, and how many requests it ended."""
+    ended = f"ending {num_requests} request{'' if num_requests == 1 else 's'} in flight"
+    err = make_console(stderr=True)
+    err.print(f"kvbench serve: {signal_name}: stopping, {ended}", soft_wrap=True)
+    err.file.flush()
 
 
 def _load_announced(model_config):

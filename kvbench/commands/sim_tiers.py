@@ -47,7 +47,7 @@ from kvbench.sim.tiers import (
     TierSplit,
     describe_tier,
     one_pass_tier_refusal,
-    parse_tier,
+    parse_tiers,
     tier_split,
 )
 
@@ -178,6 +178,7 @@ def split_at(
 def _summary_table(splits: list[TierSplit], ttfts: list[np.ndarray | None], layout: KvLayout) -> Table:
     tiers = splits[0].tiers
     table = Table(title=f"KV tiers ({splits[0].policy.value}): share of prompt tokens served by each level")
+    # user text (tier names) is escaped wherever rich reads markup: "[bold]x" is shown as typed
     for column in (
         "GPU blocks",
         "GPU",
@@ -188,7 +189,7 @@ def _summary_table(splits: list[TierSplit], ttfts: list[np.ndarray | None], layo
         "TTFT p99 est.",
         "method",
     ):
-        table.add_column(column, justify="left" if column == "method" else "right")
+        table.add_column(escape(column), justify="left" if column == "method" else "right")
     for split, ttft in zip(splits, ttfts):
         rates = split.token_hit_rates()
         table.add_row(
@@ -208,7 +209,7 @@ def _summary_table(splits: list[TierSplit], ttfts: list[np.ndarray | None], layo
 
 def _sweep_table(points: list[TierPoint], gpu_blocks: int, tier: Tier, layout: KvLayout) -> Table:
     table = Table(
-        title=f"{tier.name} tier size vs hit rate and TTFT (GPU {gpu_blocks:,} blocks)",
+        title=escape(f"{tier.name} tier size vs hit rate and TTFT (GPU {gpu_blocks:,} blocks)"),
         caption="the other tiers as given; total hit = every level; one pass",
     )
     for column in (
@@ -219,7 +220,7 @@ def _sweep_table(points: list[TierPoint], gpu_blocks: int, tier: Tier, layout: K
         "TTFT p50 est.",
         "TTFT p99 est.",
     ):
-        table.add_column(column, justify="right")
+        table.add_column(escape(column), justify="right")
     for point in points:
         table.add_row(
             f"{point.tier_blocks:,}",
@@ -309,7 +310,7 @@ def run_tiers(
     check_tier_config(config, orders)
     shape = resolve_model(flags.model_shape)
     layout = KvLayout.of(shape, block_size=trace.block_size)
-    tiers = tuple(parse_tier(spec, layout.bytes_per_block) for spec in flags.specs)
+    tiers = parse_tiers(flags.specs, layout.bytes_per_block)
     model = prefill_model(flags)
     console = make_console()
     started = time.perf_counter()

@@ -31,7 +31,9 @@ layer; the ``kvbench-cpu`` attention kernel of :mod:`kvbench.engine.paged.kernel
 Both are compiled once per machine with the system's C++ compiler (``$CXX``, else
 ``c++``/``g++``; under a second) into ``$KVBENCH_CACHE_DIR/kernels`` (default
 ``~/.cache/kvbench/kernels``), named by a hash of the source, the compiler and the CPU's flags,
-and loaded with ctypes; the call releases the GIL.
+and loaded with ctypes; the call releases the GIL. Each build writes a manifest beside the library
+(its size and SHA-256, the source's SHA-256, the build key); a file that does not match it (cut short,
+foreign, built from other source) is never handed to the loader but built again.
 
 Nothing depends on them: where there is no compiler, no AVX2, a build error or
 ``KVBENCH_NATIVE_KERNELS=0``, :func:`native_kernels` returns ``None`` with the reason in
@@ -44,6 +46,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import json
 import os
 import platform
 import shlex
@@ -146,7 +149,7 @@ def compiler() -> list[str] | None:
     """The C++ compiler command to build with: ``$CXX`` split as a shell splits it (``ccache g++``),
     else the first of ``c++``, ``g++``, ``clang++`` on PATH."""
     if os.environ.get("CXX", "").strip():
-        return shlex.split(os.environ["CXX"])
+        return shlex.split(os.environ["CXX"])  # ValueError where it does not split (_built falls back)
     found = next((path for name in ("c++", "g++", "clang++") if (path := shutil.which(name))), None)
     return None if found is None else [found]
 
@@ -159,8 +162,9 @@ def _cpu_flags() -> str:
         return ""
 
 
-def library_path(cxx: list[str]) -> Path:
-    """The cached shared object for this source, compiler and CPU (``cache_dir()/kernels/native-HASH.so``)."""
+def library_key(cxx: list[str]) -> str:
+    """The SHA-256 (hex) of what a build depends on: the source, the compiler command and version, the
+    flags, the machine and the CPU's flags."""
     version = subprocess.run([*cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
     key = "\0".join(
         [
@@ -172,13 +176,54 @@ def library_path(cxx: list[str]) -> Path:
             _cpu_flags(),
         ]
     )
-    return cache_dir() / "kernels" / f"native-{hashlib.sha256(key.encode()).hexdigest()[:16]}.so"
+    return hashlib.sha256(key.encode()).hexdigest()
 
 
-def build(cxx: list[str], target: Path, extra_flags: tuple[str, ...] = ()) -> None:
+def library_path(cxx: list[str], key: str | None = None) -> Path:
+    """The cached shared object for this source, compiler and CPU (``cache_dir()/kernels/native-HASH.so``,
+    HASH the first 16 digits of :func:`library_key`)."""
+    return cache_dir() / "kernels" / f"native-{(key or library_key(cxx))[:16]}.so"
+
+
+def manifest_path(library: Path) -> Path:
+    """The record :func:`build` writes beside ``library`` (``native-HASH.json``): its size, its SHA-256,
+    the SHA-256 of the source it was built from and the build's :func:`library_key`."""
+    return library.with_suffix(".json")
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def unverified(library: Path, key: str | None = None) -> str | None:
+    """Why ``library`` must not be loaded, or ``None`` where its manifest vouches for it: the manifest
+    is missing or unreadable, or the file's size or SHA-256, the source's SHA-256 or (when given) the
+    build key differ from it. A truncated shared object passes ``dlopen`` and then dies with SIGBUS on
+    the first call into a missing page, so the bytes are checked before the loader sees them."""
+    try:
+        manifest = json.loads(manifest_path(library).read_text())
+        data = library.read_bytes()
+    except (OSError, ValueError) as exc:
+        return f"no readable manifest ({exc.__class__.__name__})"
+    expected = {
+        "size_bytes": len(data),
+        "sha256": _digest(data),
+        "source_sha256": _digest(SOURCE.read_bytes()),
+        **({} if key is None else {"key": key}),
+    }
+    wrong = [
+        name
+        for name, value in expected.items()
+        if not isinstance(manifest, dict) or manifest.get(name) != value
+    ]
+    return f"{', '.join(wrong)} differ from its manifest" if wrong else None
+
+
+def build(cxx: list[str], target: Path, extra_flags: tuple[str, ...] = (), key: str | None = None) -> None:
     """Compile :data:`SOURCE` into ``target`` with :data:`COMPILE_FLAGS` and ``extra_flags`` (after
     them, so ``-mno-avx512f`` builds the AVX2 path) into a file written whole or not at all, so
-    processes building at once never load half a file. Raises ``RuntimeError`` with the
+    processes building at once never load half a file, and write its manifest
+    (:func:`manifest_path`, with ``key`` when given) the same way. Raises ``RuntimeError`` with the
     compiler's first error line."""
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
@@ -193,28 +238,41 @@ def build(cxx: list[str], target: Path, extra_flags: tuple[str, ...] = ()) -> No
             errors = (
                 [line for line in done.stderr.splitlines() if "error" in line]
                 or done.stderr.splitlines()
-                or [""]
+                or [f"exit code {done.returncode}, no message"]
             )
             raise RuntimeError(f"{_name(cxx)} failed: {errors[0].strip()}")
-        os.replace(built, target)
+        data = built.read_bytes()
+        manifest = {
+            "size_bytes": len(data),
+            "sha256": _digest(data),
+            "source_sha256": _digest(SOURCE.read_bytes()),
+        }
+        written = Path(scratch) / "manifest.json"
+        written.write_text(json.dumps({**manifest, **({} if key is None else {"key": key})}))
+        os.replace(written, manifest_path(target))  # a reader between the two replaces sees a mismatch
+        os.replace(built, target)  # and builds again: never a wrong file loaded
 
 
 @functools.cache
 def _built() -> tuple[NativeKernels | None, str]:
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return None, f"needs an x86-64 CPU with AVX2 (this is {platform.machine()})"
-    cxx = compiler()
+    try:
+        cxx = compiler()
+    except ValueError as exc:  # CXX="'": no closing quotation
+        return None, f"CXX={os.environ.get('CXX', '')!r} is not a command: {exc}"
     if cxx is None:
         return None, "no C++ compiler (set CXX, or install g++)"
     try:
-        path = library_path(cxx)
-        if path.is_file():
+        key = library_key(cxx)
+        path = library_path(cxx, key)
+        if path.is_file() and unverified(path, key) is None:
             try:
                 return _loaded(load(path), cxx)
-            except OSError:  # a damaged or foreign file where ours should be: build it again, once
-                path.unlink(missing_ok=True)  # (a foreign one stays loaded under this name: this process
-                # may then fall back with the reason; the next one loads the rebuilt file)
-        build(cxx, path)
+            except OSError:  # verified bytes that still do not load: build them again, once
+                pass
+        path.unlink(missing_ok=True)  # damaged, truncated, foreign or from other source: replaced
+        build(cxx, path, key=key)
         return _loaded(load(path), cxx)
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         return None, f"not built: {exc}"
@@ -229,8 +287,10 @@ def _loaded(kernel: NativeKernels, cxx: list[str]) -> tuple[NativeKernels, str]:
 
 
 def load(path: Path) -> NativeKernels:
-    """The kernels in the shared object ``path`` (one :func:`build` made). Raises ``OSError`` where it
-    cannot be loaded."""
+    """The kernels in the shared object ``path`` (one :func:`build` made). Raises ``OSError`` where its
+    bytes do not match the manifest :func:`build` wrote (:func:`unverified`) or it cannot be loaded."""
+    if (reason := unverified(path)) is not None:
+        raise OSError(f"{path.name}: {reason}")
     library = ctypes.CDLL(str(path))
     try:
         isa, linear, decode = library.kvb_native_isa, library.kvb_few_rows_linear, library.kvb_paged_decode
@@ -243,8 +303,11 @@ def load(path: Path) -> NativeKernels:
     return NativeKernels(isa().decode(), path, linear, decode)
 
 
+OFF_VALUES = ("0", "off", "false", "no")  # KVBENCH_NATIVE_KERNELS values that turn the kernels off
+
+
 def _switched_off() -> bool:
-    return os.environ.get(SWITCH_VARIABLE) == "0"
+    return os.environ.get(SWITCH_VARIABLE, "").strip().lower() in OFF_VALUES
 
 
 def native_kernels() -> NativeKernels | None:
@@ -256,4 +319,4 @@ def native_kernels() -> NativeKernels | None:
 def native_kernels_reason() -> str:
     """Why :func:`native_kernels` is what it is, in a few words (``built for avx512 with g++``,
     ``KVBENCH_NATIVE_KERNELS=0``, ``not built: g++ failed: ...``)."""
-    return f"{SWITCH_VARIABLE}=0" if _switched_off() else _built()[1]
+    return f"{SWITCH_VARIABLE}={os.environ[SWITCH_VARIABLE].strip()}" if _switched_off() else _built()[1]

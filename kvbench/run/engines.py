@@ -25,8 +25,8 @@ from kvbench.cache.base import CacheConfig
 from kvbench.engine.kinds import CacheModel
 from kvbench.engine.paged.config import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
 from kvbench.errors import checked
-from kvbench.memory.layout import parse_bytes
 from kvbench.request import Request
+from kvbench.run.checks import host_tier_blocks
 from kvbench.run.config import EngineFlags
 from kvbench.sim.predict import expected_cached_tokens
 from kvbench.sim.vllm_pool import NUM_NULL_BLOCKS, VllmPoolConfig
@@ -80,18 +80,6 @@ def build_backend(
     )
     engine = checked(lambda: make_engine(loaded, config))
     return InProcessBackend(engine, sampling or SamplingParams(), name or loaded.name)
-
-
-def host_tier_blocks(text: str | None, bytes_per_block: int) -> int:
-    """``--host-tier``: blocks (a bare integer) or bytes with a unit (``2GiB``) -> whole blocks; 0 when
-    absent.
-
-    Raises:
-        InputError: not a size.
-    """
-    if text is None:
-        return 0
-    return int(text) if text.strip().isdigit() else parse_bytes(text) // bytes_per_block
 
 
 def predicted_cached_tokens(

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from kvbench.errors import InputError, Interrupted
+from kvbench.errors import InputError, Interrupted, note_stop_signal
 from kvbench.request import NOT_SENT, Request, RequestRecord
 from kvbench.results.rows import ResultRow
 from kvbench.results.secrets import looks_like_key
@@ -44,8 +44,26 @@ def status_sink(on_status: OnStatus | None, notes: list[str]) -> OnStatus:
 
 
 def loading_line(model_path: str | None, device: str) -> str:
-    """The status line before a model loads (seconds on a CPU, minutes for a large checkpoint)."""
-    return f"loading the model ({model_path or 'the built-in random Llama'}, {device}) ..."
+    """The status line before a model loads (seconds on a CPU, minutes for a large checkpoint); on a
+    CPU whose kvbench kernels fall back (no compiler, a failed build, ``KVBENCH_NATIVE_KERNELS=0``), a
+    second line saying so and why (:func:`kernels_fallback_line`): silent, decode was just slower."""
+    line = f"loading the model ({model_path or 'the built-in random Llama'}, {device}) ..."
+    fallback = kernels_fallback_line(device)
+    return line if fallback is None else f"{line}\n{fallback}"
+
+
+def kernels_fallback_line(device: str) -> str | None:
+    """``None`` off the CPU or where kvbench's CPU kernels are built (building them on first use, once
+    per machine, under a second); else one line with the reason
+    (:func:`~kvbench.engine.native.native_kernels_reason`) and what runs instead."""
+    from kvbench.engine.native import native_kernels, native_kernels_reason
+
+    if not str(device).startswith("cpu") or native_kernels() is not None:
+        return None
+    return (
+        f"kvbench's CPU kernels are off ({native_kernels_reason()}): torch's linears and decode "
+        "attention run instead (slower decode; KVBENCH_NATIVE_KERNELS)"
+    )
 
 
 @dataclass
@@ -207,6 +225,11 @@ def _close_cut_run(writer: RunWriter, outcome: RunOutcome, plan: RunPlan) -> Non
         writer.close(complete=False)
 
 
+def _terminated(task: asyncio.Task) -> None:
+    note_stop_signal(signal.SIGTERM)  # the CLI exits 143, not Ctrl-C's 130
+    task.cancel()
+
+
 @contextlib.contextmanager
 def _sigterm_cancels(task: asyncio.Task) -> Iterator[None]:
     """While the loop runs, SIGTERM cancels ``task`` (as asyncio.run does for Ctrl-C): the signal is
@@ -215,7 +238,7 @@ def _sigterm_cancels(task: asyncio.Task) -> Iterator[None]:
     loop = asyncio.get_running_loop()
     previous = signal.getsignal(signal.SIGTERM)
     try:
-        loop.add_signal_handler(signal.SIGTERM, task.cancel)
+        loop.add_signal_handler(signal.SIGTERM, _terminated, task)
     except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signals here
         yield
         return

@@ -15,7 +15,7 @@ from typing import Any
 
 from kvbench.errors import checked
 from kvbench.request import Request
-from kvbench.run.checks import check_against_model, check_cache_size_text
+from kvbench.run.checks import check_against_model, check_cache_size_text, check_host_tier_text
 from kvbench.run.config import BackendKind, RunConfig, TurnMode
 from kvbench.run.engines import build_backend, predicted_cached_tokens, verify_metadata
 from kvbench.run.execute import (
@@ -113,6 +113,7 @@ def _checked_inputs(config: RunConfig) -> _Inputs:
     requests = prepared_requests(source, settings)
     block_size = config.cache.block_size or source.block_size
     check_cache_size_text(config.cache.cache_size or settings.cache_size)  # all before torch loads the model
+    check_host_tier_text(config.engine.host_tier)
     # the cache's rules, at a stand-in size (an engine with a KV pool sizes it by them, cache on or off)
     if settings.cache == "on" or config.engine.engine.spec.has_kv_pool:
         cache_config(source.cache, config.cache, 1, block_size)

@@ -140,22 +140,31 @@ def create_app(
 
 
 def _add_error_handlers(app: FastAPI) -> None:
+    """Every refusal and failure as a JSON error in its route's shape (:mod:`kvbench.server.error_shapes`),
+    an unexpected exception too (a 500, logged by uvicorn with its traceback)."""
+
+    def answer(http: Request, error: ApiError) -> JSONResponse:
+        return JSONResponse(error.body(http.scope["path"]), status_code=error.status)
+
     @app.exception_handler(ApiError)
-    async def api_error(_: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status)
+    async def api_error(http: Request, exc: ApiError) -> JSONResponse:
+        return answer(http, exc)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid_body(_: Request, exc: RequestValidationError) -> JSONResponse:
-        error = invalid_body_error(exc.errors())
-        return JSONResponse(error.body(), status_code=error.status)
+    async def invalid_body(http: Request, exc: RequestValidationError) -> JSONResponse:
+        return answer(http, invalid_body_error(exc.errors()))
 
     @app.exception_handler(RecursionError)
-    async def too_deep(_: Request, exc: RecursionError) -> JSONResponse:
-        return JSONResponse(ApiError(400, "the JSON body is nested too deeply").body(), status_code=400)
+    async def too_deep(http: Request, exc: RecursionError) -> JSONResponse:
+        return answer(http, ApiError(400, "the JSON body is nested too deeply"))
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse(ApiError(exc.status_code, str(exc.detail)).body(), status_code=exc.status_code)
+    async def http_error(http: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return answer(http, ApiError(exc.status_code, str(exc.detail)))
+
+    @app.exception_handler(Exception)
+    async def failed(http: Request, exc: Exception) -> JSONResponse:
+        return answer(http, ApiError(500, f"internal server error: {type(exc).__name__}: {exc}"))
 
 
 def _check_model(service: EngineService, model: str) -> None:

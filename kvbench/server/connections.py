@@ -7,10 +7,16 @@ uvicorn's own HTTP protocol (:func:`server_config`):
 
 * **header timeout**: a connection that has not sent a whole request head within
   ``header_timeout_s`` of connecting is closed (nginx's ``client_header_timeout``);
+* **body timeout**: a connection whose request body stops arriving (no byte for ``body_timeout_s``
+  while the head's ``Content-Length`` or chunks promise more) is closed (nginx's
+  ``client_body_timeout``): headers with ``Content-Length: 100000`` then 9 bytes held a connection
+  for ever;
 * **idle keep-alive**: uvicorn's ``timeout_keep_alive``, ``keep_alive_s``;
 * **a cap on open connections**: at ``max_connections``, each new connection closes the oldest
-  connection that has no request in progress (a slow or idle client); when every one is busy, the new
-  one gets a 503 and is closed. The cap stays below the process's open-file limit, so ``accept``
+  connection that has no request in progress or whose body is still arriving (a slow or idle
+  client); when every one is busy, the new
+  one gets a 503 (an ``overloaded_error`` body, :data:`~kvbench.server.error_shapes.OVERLOADED_BODY`)
+  and is closed. The cap stays below the process's open-file limit, so ``accept``
   never fails;
 * **one log line per condition** (uvicorn's ``uvicorn.error`` logger, a warning): when the cap is
   first reached (again once the connections fell under half of it) and when a slow client is first
@@ -27,28 +33,38 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
+from kvbench.server.error_shapes import OVERLOADED_BODY
+
 DEFAULT_MAX_CONNECTIONS = 1024  # far above 128 concurrent streaming clients; see connection_cap()
 DEFAULT_HEADER_TIMEOUT_S = 10.0  # a real client sends its request head in milliseconds
 DEFAULT_KEEP_ALIVE_S = 5.0  # uvicorn's default timeout_keep_alive
+DEFAULT_BODY_TIMEOUT_S = 10.0  # between two reads of a body; nginx's client_body_timeout is 60 s
+STOP_GRACE_S = 5.0  # on SIGTERM/SIGINT, the longest uvicorn waits for responses (kvbench.server.stopping)
 RESERVED_DESCRIPTORS = 64  # kept for the model's files, logs and the listening socket
-_SERVICE_UNAVAILABLE = b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+_SERVICE_UNAVAILABLE = (  # no request read yet: a body both OpenAI's and Anthropic's SDKs parse
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+    + f"content-length: {len(OVERLOADED_BODY)}\r\nconnection: close\r\n\r\n".encode()
+    + OVERLOADED_BODY
+)
 logger = logging.getLogger("uvicorn.error")
 
 
 @dataclass(frozen=True)
 class ConnectionLimits:
     """Attributes: ``max_connections`` open at once (positive); ``header_timeout_s`` to send a request
-    head after connecting and ``keep_alive_s`` idle between requests (seconds, positive)."""
+    head after connecting, ``keep_alive_s`` idle between requests and ``body_timeout_s`` without a
+    byte of a request body that promises more (seconds, positive)."""
 
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
     keep_alive_s: float = DEFAULT_KEEP_ALIVE_S
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if self.max_connections < 1:
             raise ValueError(f"max_connections must be positive, got {self.max_connections}")
-        if not (self.header_timeout_s > 0 and self.keep_alive_s > 0):
-            raise ValueError("the header and keep-alive timeouts must be positive seconds")
+        if not (self.header_timeout_s > 0 and self.keep_alive_s > 0 and self.body_timeout_s > 0):
+            raise ValueError("the header, body and keep-alive timeouts must be positive seconds")
 
 
 def connection_cap(requested: int | None) -> int:
@@ -105,8 +121,16 @@ class _Watch:
 
 
 def _idle(connection: Any) -> bool:
-    """No request in progress: none started yet (a slow request head) or the last one answered."""
-    return connection.cycle is None or connection.cycle.response_complete
+    """No request in progress: none started yet (a slow request head), its body still arriving (a
+    slow body), or the last one answered."""
+    cycle = connection.cycle
+    return cycle is None or cycle.response_complete or _body_due(connection)
+
+
+def _body_due(connection: Any) -> bool:
+    """A request head was read and its body is not whole yet."""
+    cycle = connection.cycle
+    return cycle is not None and cycle.more_body and not cycle.response_complete
 
 
 def _protocol(watch: _Watch) -> type:
@@ -120,6 +144,29 @@ def _protocol(watch: _Watch) -> type:
                 transport.close()
                 return
             self.head_timer = self.loop.call_later(watch.limits.header_timeout_s, self.head_overdue)
+            self.body_timer: Any = None
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.body_timer is not None:
+                self.body_timer.cancel()
+                self.body_timer = None
+            if _body_due(self) and not self.transport.is_closing():  # progress: the clock starts again
+                self.body_timer = self.loop.call_later(watch.limits.body_timeout_s, self.body_overdue)
+
+        def body_overdue(self) -> None:
+            self.body_timer = None
+            if not _body_due(self) or self.transport.is_closing():
+                return
+            if self.flow.read_paused:  # the app has not read what came: not the client's delay
+                self.body_timer = self.loop.call_later(watch.limits.body_timeout_s, self.body_overdue)
+                return
+            watch.once(
+                "slow body",
+                f"closing connections whose request body stalled for {watch.limits.body_timeout_s:g} s "
+                "(--body-timeout; logged once)",
+            )
+            self.transport.close()
 
         def head_overdue(self) -> None:
             if self.cycle is None and not self.transport.is_closing():
@@ -132,8 +179,9 @@ def _protocol(watch: _Watch) -> type:
 
         def connection_lost(self, exc: Exception | None) -> None:
             watch.closed(self)
-            if (timer := getattr(self, "head_timer", None)) is not None:
-                timer.cancel()
+            for timer in (getattr(self, "head_timer", None), getattr(self, "body_timer", None)):
+                if timer is not None:
+                    timer.cancel()
             super().connection_lost(exc)
 
     return LimitedProtocol
@@ -147,4 +195,5 @@ def server_config(app: Any, log_level: str, limits: ConnectionLimits = Connectio
         lifespan="off",
         http=_protocol(_Watch(limits)),
         timeout_keep_alive=limits.keep_alive_s,
+        timeout_graceful_shutdown=STOP_GRACE_S,
     )  # type: ignore[arg-type]

@@ -1,6 +1,7 @@
 """The checks every request to ``kvbench serve`` passes before any route sees it (one ASGI middleware).
 
-In order, each refusal an OpenAI-shaped error body (``{"error": {"message", "type", "param", "code"}}``):
+In order, each refusal an error body in its route's shape (:mod:`kvbench.server.error_shapes`: OpenAI's
+``{"error": {"message", "type", "param", "code"}}``, Anthropic's on ``/v1/messages``):
 
 1. **Host** (400, as Starlette's ``TrustedHostMiddleware`` answers): the ``Host``
    header must name an allowed host. Bound to a loopback address, only that address and ``localhost``
@@ -8,7 +9,8 @@ In order, each refusal an OpenAI-shaped error body (``{"error": {"message", "typ
    a loopback server); bound to a wildcard address (``0.0.0.0``, ``::``), any host, unless the operator
    lists hosts (``--allowed-host``; ``*`` allows any).
 2. **API key** (401): with ``--api-key``, every route except ``/health`` needs
-   ``Authorization: Bearer KEY``, as ``vllm serve --api-key`` does. Compared in constant time.
+   ``Authorization: Bearer KEY``, as ``vllm serve --api-key`` does, or ``x-api-key: KEY``, the header
+   Anthropic's API and SDK use. Compared in constant time.
 3. **Content type** (415): a POST with a non-empty body must say ``application/json`` (or no content
    type at all). A browser's cross-site "simple request" (``text/plain``, form encodings) can reach a
    server without a CORS preflight; it never reaches ``/reset_prefix_cache`` or a generation route.
@@ -28,6 +30,8 @@ import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
+
+from kvbench.server.error_shapes import error_body
 
 # 32 MiB: a 128k-token prompt is ~0.5 MiB of text; far above any real request
 DEFAULT_MAX_BODY_BYTES = 32 << 20
@@ -101,19 +105,20 @@ class Guards:
         headers = {
             name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope["headers"]
         }
+        path = scope["path"]
         problem = self._header_problem(scope, headers)
         if problem is not None:
-            return await _refuse(send, *problem)
+            return await _refuse(send, path, *problem)
         if scope["method"] not in ("POST", "PUT", "PATCH"):
             return await self.app(scope, receive, send)
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.config.max_body_bytes:
-            return await _refuse(send, *self._too_large())
+            return await _refuse(send, path, *self._too_large())
         body = await self._read_body(receive)
         if body is _GONE:
             return None  # the client left before its body arrived: nothing to answer
         if body is None:
-            return await _refuse(send, *self._too_large())
+            return await _refuse(send, path, *self._too_large())
         content_type = headers.get("content-type", "").split(";")[0].strip().lower()
         if (
             body
@@ -122,6 +127,7 @@ class Guards:
         ):
             return await _refuse(
                 send,
+                path,
                 415,
                 f"request bodies must be JSON (Content-Type: application/json), got {content_type!r}",
                 None,
@@ -143,11 +149,12 @@ class Guards:
             )
         key = self.config.api_key
         if key is not None and scope["path"] not in UNGUARDED_PATHS:
-            given = headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+            bearer = hmac.compare_digest(headers.get("authorization", "").encode(), f"Bearer {key}".encode())
+            anthropic = hmac.compare_digest(headers.get("x-api-key", "").encode(), key.encode())
+            if not (bearer or anthropic):
                 return (
                     401,
-                    "a valid API key is needed: send 'Authorization: Bearer KEY'",
+                    "a valid API key is needed: send 'Authorization: Bearer KEY' (or 'x-api-key: KEY')",
                     None,
                     "invalid_api_key",
                 )
@@ -193,10 +200,8 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return replayed
 
 
-async def _refuse(send: Send, status: int, message: str, param: str | None, code: str) -> None:
-    payload = json.dumps(
-        {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}}
-    ).encode()
+async def _refuse(send: Send, path: str, status: int, message: str, param: str | None, code: str) -> None:
+    payload = json.dumps(error_body(path, status, message, param, code)).encode()
     await send(
         {
             "type": "http.response.start",

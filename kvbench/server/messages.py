@@ -18,7 +18,9 @@ Streaming sends Anthropic's events: ``message_start`` (usage with the three inpu
 before generation, and ``output_tokens`` 0),
 ``content_block_start``, one ``content_block_delta`` (``text_delta``) per output token,
 ``content_block_stop``, ``message_delta`` (stop reason and the final usage, which the SDK merges) and
-``message_stop``. Errors use the server's one error shape (HTTP status and ``error.message``).
+``message_stop``. Errors use Anthropic's shape, ``{"type": "error", "error": {"type", "message"}}``
+(:mod:`kvbench.server.error_shapes`), whatever refuses the request (a guard, validation, the model, a
+failure or a stop: a 500 ``api_error``, or after the stream started an ``error`` event of that body).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from kvbench.engine.engine import SamplingParams
 from kvbench.request import Message, RequestRecord
 from kvbench.server.body import read_body
 from kvbench.server.breakpoint_cache import LOOKBACK_BLOCKS, Breakpoint, BreakpointCache, CacheUsage
+from kvbench.server.error_shapes import ANTHROPIC_ROUTE, error_body
 from kvbench.server.messages_schema import MessagesRequest, rendered_messages
 from kvbench.server.outcome import CLIENT_CLOSED_REQUEST, outcomes_unless_gone
 from kvbench.server.schemas import ApiError
@@ -139,7 +142,7 @@ async def _stream(exchange: _Exchange) -> AsyncIterator[str]:
                 )
                 continue
             if kind != "done":
-                yield _event("error", {"error": {"type": "api_error", "message": str(value or "cancelled")}})
+                yield _event("error", error_body(ANTHROPIC_ROUTE, 500, str(value or "cancelled")))
                 return
             rest = exchange.generation.text.finish()
             if rest:

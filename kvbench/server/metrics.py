@@ -22,7 +22,11 @@ and nobody mistakes this server for vLLM (REFERENCES.md section 1, "Metrics"):
 
 The two ``external_`` counters (``_total`` samples) are vLLM's names for KV-connector hits (its CPU
 offloading connector among them); ``prefix_cache_hits`` counts GPU and host hits together, as vLLM's
-``num_cached_tokens`` does.
+``num_cached_tokens`` does. They are counted by the same rule, from the same finished request's record
+(``external_queries += prompt_tokens``, ``external_hits += host_cached_tokens``), so the host tier's
+hits are always a subset of the prefix cache's and its queries equal them, whatever happens to a
+request: one whose client left after its host-tier hit was loaded adds to neither (counted at
+admission in the engine, such a request showed 80 external hits against 0 prefix-cache hits).
 
 As in vLLM, per finished request ``queries += prompt_tokens`` and ``hits += cached_tokens``, so
 ``hits / queries`` is the token hit rate and 100% is unreachable (the last prompt token is always
@@ -88,10 +92,10 @@ class ServerCounters:
     num_failed: int = 0
     num_aborted: int = 0  # the client left before the request finished (vLLM's finished_reason "abort")
     num_in_flight: int = 0  # submitted and not yet finished, failed or cancelled
+    num_host_queried_tokens: int = 0  # of num_queried_tokens, those of requests run with a host tier
+    num_host_hit_tokens: int = 0  # of num_hit_tokens, those loaded from the host tier
     engine_sequences: Callable[[], tuple[int, int]] | None = None  # a batching engine's (running, waiting)
-    engine_host_tier: Callable[[], tuple[int, int] | None] | None = (
-        None  # its host tier's (queried, hit) tokens
-    )
+    host_tier: bool = False  # the engine has a host KV tier: the external_ counters are published
 
     @property
     def num_running(self) -> int:
@@ -105,10 +109,21 @@ class ServerCounters:
             return self.engine_sequences()[1]
         return self.num_in_flight - self.num_running
 
-    def record_success(self, prompt_tokens: int, cached_tokens: int, output_tokens: int) -> None:
-        """Count one finished request (vLLM's rule: queries += prompt, hits += cached)."""
+    def record_success(
+        self,
+        prompt_tokens: int,
+        cached_tokens: int,
+        output_tokens: int,
+        host_cached_tokens: int | None = None,
+    ) -> None:
+        """Count one finished request (vLLM's rule: queries += prompt, hits += cached; with a host
+        tier, ``host_cached_tokens`` of ``cached_tokens`` came from it: external queries += prompt,
+        external hits += host_cached)."""
         self.num_queried_tokens += prompt_tokens
         self.num_hit_tokens += cached_tokens
+        if host_cached_tokens is not None:
+            self.num_host_queried_tokens += prompt_tokens
+            self.num_host_hit_tokens += host_cached_tokens
         self.num_prompt_tokens += prompt_tokens
         self.num_generation_tokens += output_tokens
         self.num_succeeded += 1
@@ -150,12 +165,11 @@ class _Collector:
             yield family
 
     def _host_tier(self) -> Iterator[Metric]:
-        counts = self.counters.engine_host_tier() if self.counters.engine_host_tier is not None else None
-        if counts is None:
+        if not self.counters.host_tier:
             return
         for name, value, help_text in (
-            ("queries", counts[0], "Host KV tier queries, in prompt tokens."),
-            ("hits", counts[1], "Host KV tier hits (loaded back), in prompt tokens."),
+            ("queries", self.counters.num_host_queried_tokens, "Host KV tier queries, in prompt tokens."),
+            ("hits", self.counters.num_host_hit_tokens, "Host KV tier hits (loaded back), in prompt tokens."),
         ):
             family = CounterMetricFamily(
                 PREFIX + "external_prefix_cache_" + name, help_text, labels=["model_name"]

@@ -17,7 +17,8 @@ with a 400 naming ``n``); streamed, each chunk carries its choice's ``index``.
 
 Responses are plain dicts. Every ``usage`` carries ``prompt_tokens_details.cached_tokens``, 0 on a
 miss (vLLM omits it unless ``--enable-prompt-tokens-details`` is on, and then when it is 0).
-Errors use OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
+Errors use OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}`` (Anthropic's on
+``/v1/messages``: :mod:`kvbench.server.error_shapes`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from kvbench.server.error_shapes import error_body
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy completions default; keeps accidental CPU runs short
 MAX_SALT_CHARS = 1024  # vLLM's limit on cache_salt
@@ -67,16 +70,10 @@ class ApiError(Exception):
         self.param = param
         self.code = code
 
-    def body(self) -> dict[str, Any]:
-        kind = "server_error" if self.status >= 500 else "invalid_request_error"
-        return {
-            "error": {
-                "message": self.message,
-                "type": kind,
-                "param": self.param,
-                "code": self.code or self.status,
-            }
-        }
+    def body(self, path: str = "") -> dict[str, Any]:
+        """The error object in the shape of ``path``'s clients: OpenAI's, or Anthropic's on
+        ``/v1/messages`` (:func:`~kvbench.server.error_shapes.error_body`)."""
+        return error_body(path, self.status, self.message, self.param, self.code)
 
 
 def check_text(value: Any, where: str = "") -> None:

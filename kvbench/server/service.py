@@ -78,6 +78,7 @@ class Generation:
         self.cancelled = threading.Event()
         self.task: asyncio.Task | None = None
         self.abort_task = False  # paged engine: cancel() also cancels the task (the engine aborts it)
+        self.stop_reason: str | None = None  # why the server (not the client) cancelled it
 
     def cancel(self) -> None:
         """Stop at the next token (or, on the paged engine, at its next step, queued or running); the
@@ -91,7 +92,8 @@ def _served(engine) -> tuple[ServerCounters, bool, int]:
     """What the server makes of ``engine``'s spec (:class:`kvbench.engine.kinds.EngineSpec`), the one
     place it is read: ``(counters, abort_in_engine, max_samples)``.
 
-    A batching engine's own running / waiting counts (and its host tier's tokens) are the gauges, and
+    A batching engine's own running / waiting counts are the gauges (and with a host tier, the
+    ``external_`` counters are published, counted from each finished request's record), and
     a cancelled request is aborted in the engine (its scheduler queues it); otherwise the counters
     derive the gauges from the requests in flight (one runs at a time) and a cancel waits for the
     request's next token or turn. ``max_samples`` (most choices ``n`` per request) is the engine's
@@ -99,7 +101,7 @@ def _served(engine) -> tuple[ServerCounters, bool, int]:
     spec = engine.spec
     counters = ServerCounters(
         engine_sequences=engine.num_sequences if spec.batching else None,
-        engine_host_tier=engine.host_tier_counters if spec.batching else None,
+        host_tier=spec.batching and engine.host_tier_counters() is not None,
     )
     max_samples = MAX_N if spec.max_samples is None else min(spec.max_samples, MAX_N)
     return counters, spec.batching, max_samples
@@ -127,6 +129,19 @@ class EngineService:
         self.counters, self.abort_in_engine, self.max_samples = _served(self.engine)
         self._indexes = itertools.count()
         self._reset_done: asyncio.Event | None = None  # set when the pending reset (paged engine) is done
+        self._live: set[Generation] = set()  # submitted, final event not yet queued
+
+    def stop_all(self, reason: str) -> int:
+        """Cancel every request in flight, queued or running, as a disconnect would (the engine
+        releases their blocks), with ``reason`` as their final ``cancelled`` event's value, so each
+        stream ends with one error event and ``[DONE]`` instead of running on. Used when the server
+        stops. Returns how many requests (a request's ``n`` samples count once) it cancelled. Call on
+        the event loop."""
+        live = list(self._live)
+        for generation in live:
+            generation.stop_reason = reason
+            generation.cancel()
+        return len({id(generation.task) for generation in live})
 
     @property
     def model_name(self) -> str:
@@ -224,6 +239,7 @@ class EngineService:
         generation = Generation(request, sampling, TextStream(self.tokenizer, stops))
         generation.task = asyncio.create_task(self._run(generation))
         generation.abort_task = self.abort_in_engine
+        self._live.add(generation)
         return generation
 
     async def _run(self, generation: Generation) -> None:
@@ -249,12 +265,13 @@ class EngineService:
             generation.events.put_nowait(self._finished(record))
         except (StreamCancelled, asyncio.CancelledError):  # its client left (Generation.cancel)
             self.counters.num_aborted += 1
-            generation.events.put_nowait(("cancelled", None))
+            generation.events.put_nowait(("cancelled", generation.stop_reason))
         except Exception as exc:  # the engine failed: this request errors, the server keeps serving
             self.counters.num_failed += 1
             generation.events.put_nowait(("error", f"{type(exc).__name__}: {exc}"))
         finally:
             self.counters.num_in_flight -= 1
+            self._live.discard(generation)
 
     def submit_samples(
         self, request: Request, sampling: SamplingParams, n: int, stops: Sequence[str] = ()
@@ -267,6 +284,7 @@ class EngineService:
         task = asyncio.create_task(self._run_samples(generations))
         for generation in generations:
             generation.task, generation.abort_task = task, True  # cancelling one sample aborts them all
+        self._live.update(generations)
         return generations
 
     async def _run_samples(self, generations: list[Generation]) -> None:
@@ -291,25 +309,30 @@ class EngineService:
             outcomes = [asyncio.CancelledError() for _ in generations]
         finally:
             self.counters.num_in_flight -= 1
+            self._live.difference_update(generations)
         records = [o for o in outcomes if isinstance(o, RequestRecord) and o.status is Status.OK]
         if records:
             self.counters.record_success(
                 records[0].prompt_tokens,
                 records[0].cached_prompt_tokens,
                 sum(record.output_tokens for record in records),
+                records[0].host_cached_tokens,
             )
         elif any(isinstance(o, RequestRecord) or not _cancelled(o) for o in outcomes):
             self.counters.num_failed += 1
         else:
             self.counters.num_aborted += 1
         for generation, outcome in zip(generations, outcomes):
-            generation.events.put_nowait(_sample_event(outcome))
+            kind, value = _sample_event(outcome)
+            generation.events.put_nowait((kind, generation.stop_reason if kind == "cancelled" else value))
 
     def _finished(self, result: RequestRecord) -> tuple[str, Any]:
         if result.status is not Status.OK:
             self.counters.num_failed += 1
             return "refused", result.error or "the engine refused the request"
-        self.counters.record_success(result.prompt_tokens, result.cached_prompt_tokens, result.output_tokens)
+        self.counters.record_success(
+            result.prompt_tokens, result.cached_prompt_tokens, result.output_tokens, result.host_cached_tokens
+        )
         return "done", result
 
     async def reset_prefix_cache(self) -> bool:

@@ -33,7 +33,9 @@ it a contiguous run. The same hash-cache conditions as the exact curve apply
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 
@@ -49,6 +51,21 @@ from kvbench.sim.stack_distance import COLD, StackDistances
 # for an NVMe read.
 DEFAULT_BANDWIDTHS_BYTES_PER_S = {"host": 25e9, "cpu": 25e9, "disk": 3e9, "ssd": 3e9}
 DEFAULT_LATENCIES_MS = {"host": 0.01, "cpu": 0.01, "disk": 0.1, "ssd": 0.1}
+
+
+# The bounds of a tier spec: finite, and far beyond any real device, so only a typo or an overflow
+# (1e30, 1e400, 99999999999999999999999) is refused.
+MAX_TIER_BLOCKS = 1 << 40  # 2^40 blocks: 2 EiB of 2 MiB blocks
+MIN_BANDWIDTH_BYTES_PER_S = 1.0
+MAX_BANDWIDTH_BYTES_PER_S = 1e15  # 1 PB/s; HBM3e moves ~5 TB/s
+MAX_LATENCY_MS = 3_600_000.0  # an hour per load
+RESERVED_TIER_NAMES = ("gpu",)  # the level above the tiers: its column is gpu_hit_tokens
+_TIER_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")  # also a Parquet column: NAME_hit_tokens
+_NUMBER = r"([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)"
+_BANDWIDTH = re.compile(rf"^\s*{_NUMBER}\s*(k|m|g|t)?b(?:ps|/s)\s*$", re.IGNORECASE)
+_LATENCY = re.compile(rf"^\s*{_NUMBER}\s*(ms|us|s)?\s*$", re.IGNORECASE)
+_DECIMAL = {None: 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+_LATENCY_UNITS_MS = {"ms": 1.0, "us": 1e-3, "s": 1e3}
 
 
 class TierPolicy(str, Enum):
@@ -78,58 +95,94 @@ class Tier:
     assumed: bool = False
 
     def __post_init__(self) -> None:
-        if self.capacity_blocks < 0:
-            raise ValueError(f"tier {self.name}: capacity must be >= 0 blocks, got {self.capacity_blocks}")
-        if not self.bandwidth_bytes_per_s > 0:
-            raise ValueError(f"tier {self.name}: bandwidth must be > 0, got {self.bandwidth_bytes_per_s}")
-        if not self.latency_ms >= 0:
-            raise ValueError(f"tier {self.name}: latency must be >= 0 ms, got {self.latency_ms}")
+        if not 0 <= self.capacity_blocks <= MAX_TIER_BLOCKS:
+            raise ValueError(
+                f"tier {self.name}: capacity must be 0 to {MAX_TIER_BLOCKS:,} blocks, "
+                f"got {self.capacity_blocks}"
+            )
+        if not MIN_BANDWIDTH_BYTES_PER_S <= self.bandwidth_bytes_per_s <= MAX_BANDWIDTH_BYTES_PER_S:
+            raise ValueError(f"tier {self.name}: bandwidth out of range, got {self.bandwidth_bytes_per_s}")
+        if not 0 <= self.latency_ms <= MAX_LATENCY_MS:
+            raise ValueError(
+                f"tier {self.name}: latency must be 0 to {MAX_LATENCY_MS:g} ms, got {self.latency_ms}"
+            )
 
     def with_capacity(self, capacity_blocks: int) -> Tier:
         return replace(self, capacity_blocks=capacity_blocks)
 
 
-_BANDWIDTH = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*(k|m|g|t)?b(?:ps|/s)\s*$", re.IGNORECASE)
-_DECIMAL = {None: 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+def _bounded(value: float, text: str, what: str, low: float, high: float, unit: str) -> float:
+    """``value`` (parsed from ``text``) if finite and within ``[low, high]``; else ``InputError``."""
+    if not (math.isfinite(value) and low <= value <= high):
+        raise InputError(f"{text!r}: a {what} must be a finite number from {low:g} to {high:g} {unit}")
+    return value
 
 
 def parse_bandwidth(text: str) -> float:
-    """``"25GBps"`` / ``"25GB/s"`` / ``"800MBps"`` -> bytes per second (decimal units, as links are sold).
+    """``"25GBps"`` / ``"25GB/s"`` / ``"800MBps"`` -> bytes per second (decimal units, as links are
+    sold), finite, from :data:`MIN_BANDWIDTH_BYTES_PER_S` to :data:`MAX_BANDWIDTH_BYTES_PER_S`.
 
     Raises:
-        InputError: not a bandwidth, or not positive.
+        InputError: not a bandwidth, or outside those bounds (``1e400GBps`` is infinite).
     """
     match = _BANDWIDTH.match(text)
     if match is None:
         raise InputError(f"{text!r} is not a bandwidth: write e.g. 25GBps, 25GB/s or 800MBps")
     value = float(match.group(1)) * _DECIMAL[match.group(2).lower() if match.group(2) else None]
-    if not value > 0:
-        raise InputError(f"{text!r}: a bandwidth must be positive")
-    return value
-
-
-def parse_latency_ms(text: str) -> float:
-    """``"0.05ms"`` / ``"20us"`` / ``"0.1"`` (ms) -> milliseconds.
-
-    Raises:
-        InputError: not a non-negative duration.
-    """
-    match = re.match(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*(ms|us|s)?\s*$", text, re.IGNORECASE)
-    if match is None:
-        raise InputError(f"{text!r} is not a latency: write e.g. 0.05ms or 20us")
-    return (
-        float(match.group(1)) * {"ms": 1.0, None: 1.0, "us": 1e-3, "s": 1e3}[(match.group(2) or "ms").lower()]
+    return _bounded(
+        value, text, "bandwidth", MIN_BANDWIDTH_BYTES_PER_S, MAX_BANDWIDTH_BYTES_PER_S, "bytes per second"
     )
 
 
-def parse_tier(text: str, bytes_per_block: int) -> Tier:
-    """``NAME:SIZE[:BANDWIDTH[:LATENCY]]`` -> :class:`Tier`. SIZE is blocks (a bare integer) or bytes
-    with a unit (``64GiB``, turned into whole blocks of ``bytes_per_block``); BANDWIDTH as
-    :func:`parse_bandwidth`, LATENCY as :func:`parse_latency_ms`; without them the name's defaults
-    (:data:`DEFAULT_BANDWIDTHS_BYTES_PER_S`, :data:`DEFAULT_LATENCIES_MS`), marked assumed.
+def parse_latency_ms(text: str) -> float:
+    """``"0.05ms"`` / ``"20us"`` / ``"0.1"`` (ms) -> milliseconds, finite, 0 to :data:`MAX_LATENCY_MS`.
 
     Raises:
-        InputError: a malformed spec, an unknown name without a bandwidth, a negative size.
+        InputError: not a duration, or outside those bounds (``1e400ms`` is infinite).
+    """
+    match = _LATENCY.match(text)
+    if match is None:
+        raise InputError(f"{text!r} is not a latency: write e.g. 0.05ms or 20us")
+    value = float(match.group(1)) * _LATENCY_UNITS_MS[(match.group(2) or "ms").lower()]
+    return _bounded(value, text, "latency", 0.0, MAX_LATENCY_MS, "ms")
+
+
+def parse_tier_blocks(text: str, bytes_per_block: int) -> int:
+    """A tier's SIZE -> blocks: ASCII digits are blocks (``4096``, ``4_096``; ``²`` is a digit to
+    ``str.isdigit`` but no number), anything else bytes with a unit (``64GiB``,
+    :func:`~kvbench.memory.layout.parse_bytes`) in whole blocks of ``bytes_per_block``. At most
+    :data:`MAX_TIER_BLOCKS`.
+
+    Raises:
+        InputError: not a size, or more than :data:`MAX_TIER_BLOCKS` blocks.
+    """
+    digits = text.replace("_", "")
+    blocks = int(digits) if digits.isascii() and digits.isdigit() else parse_bytes(text) // bytes_per_block
+    if blocks > MAX_TIER_BLOCKS:
+        raise InputError(f"{text!r}: more than any tier holds (at most {MAX_TIER_BLOCKS:,} blocks)")
+    return blocks
+
+
+def _check_name(name: str) -> None:
+    if not _TIER_NAME.match(name):
+        raise InputError(
+            f"{name!r} is not a tier name: a letter, then up to 31 letters, digits, - or _ "
+            "(host, disk, cxl-1)"
+        )
+    if name.lower() in RESERVED_TIER_NAMES:
+        raise InputError(f"{name!r} names the GPU level above the tiers: call the tier something else")
+
+
+def parse_tier(text: str, bytes_per_block: int) -> Tier:
+    """``NAME:SIZE[:BANDWIDTH[:LATENCY]]`` -> :class:`Tier`. NAME is a letter then up to 31 letters,
+    digits, ``-`` or ``_`` (it names a table column and the Parquet column ``NAME_hit_tokens``), not
+    ``gpu``; SIZE as :func:`parse_tier_blocks`; BANDWIDTH as :func:`parse_bandwidth`, LATENCY as
+    :func:`parse_latency_ms`; without them the name's defaults (:data:`DEFAULT_BANDWIDTHS_BYTES_PER_S`,
+    :data:`DEFAULT_LATENCIES_MS`), marked assumed.
+
+    Raises:
+        InputError: one line starting ``--tier TEXT:``: a malformed spec, a bad or reserved name, an
+            unknown name without a bandwidth, a size, bandwidth or latency out of bounds.
     """
     parts = [part.strip() for part in text.split(":")]
     if len(parts) not in (2, 3, 4) or not all(parts):
@@ -138,14 +191,36 @@ def parse_tier(text: str, bytes_per_block: int) -> Tier:
             "host:4096 (blocks)"
         )
     name, size, key = parts[0], parts[1], parts[0].lower()
-    capacity = int(size) if size.isdigit() else parse_bytes(size) // bytes_per_block
-    if len(parts) == 2 and key not in DEFAULT_BANDWIDTHS_BYTES_PER_S:
-        raise InputError(
-            f"--tier {text!r}: no default bandwidth for {name!r}; add one, e.g. {name}:{size}:10GBps"
-        )
-    bandwidth = parse_bandwidth(parts[2]) if len(parts) > 2 else DEFAULT_BANDWIDTHS_BYTES_PER_S[key]
-    latency = parse_latency_ms(parts[3]) if len(parts) > 3 else DEFAULT_LATENCIES_MS.get(key, 0.0)
+    try:
+        _check_name(name)
+        capacity = parse_tier_blocks(size, bytes_per_block)
+        if len(parts) == 2 and key not in DEFAULT_BANDWIDTHS_BYTES_PER_S:
+            raise InputError(f"no default bandwidth for {name!r}; add one, e.g. {name}:{size}:10GBps")
+        bandwidth = parse_bandwidth(parts[2]) if len(parts) > 2 else DEFAULT_BANDWIDTHS_BYTES_PER_S[key]
+        latency = parse_latency_ms(parts[3]) if len(parts) > 3 else DEFAULT_LATENCIES_MS.get(key, 0.0)
+    except InputError as exc:
+        raise InputError(f"--tier {text!r}: {exc}") from None
     return Tier(name, capacity, bandwidth, latency, assumed=len(parts) < 4)
+
+
+def parse_tiers(texts: Sequence[str], bytes_per_block: int) -> tuple[Tier, ...]:
+    """Every ``--tier`` (:func:`parse_tier`), fastest first; two tiers may not share a name (compared
+    without case: each names its own column).
+
+    Raises:
+        InputError: a bad spec, or a name given twice.
+    """
+    tiers, seen = [], {}
+    for text in texts:
+        tier = parse_tier(text, bytes_per_block)
+        if tier.name.lower() in seen:
+            raise InputError(
+                f"--tier {text!r}: the name {tier.name!r} is already the tier {seen[tier.name.lower()]!r}; "
+                "give each tier its own name (host, disk, ...)"
+            )
+        seen[tier.name.lower()] = text
+        tiers.append(tier)
+    return tuple(tiers)
 
 
 def describe_tier(tier: Tier, bytes_per_block: int) -> str:

@@ -21,7 +21,7 @@ def test_sigterm_during_a_paged_verify_run_keeps_kv_memory_and_verify_counts(tmp
         out,
         signal.SIGTERM,
     )
-    assert code == 130, stderr
+    assert code == 143, stderr
     rows, metadata = pq.read_table(out).to_pylist(), read_metadata(out)
     assert 0 < len(rows) < 400 and metadata["complete"] is False
     memory = metadata["run"]["kv_memory"]

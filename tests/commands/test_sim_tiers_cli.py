@@ -129,3 +129,48 @@ def test_the_swept_sizes_start_at_zero_and_end_at_the_tier():
 def test_tier_runs_the_model_does_not_cover_are_refused_in_one_line(kvbench, tmp_path, args, needle):
     code, _, stderr = kvbench("sim", SCENARIO, "--sizes", "512", *args, "--out", tmp_path / "x.parquet")
     assert code == 2 and needle in stderr and "Traceback" not in stderr
+
+
+@pytest.mark.parametrize(
+    "tiers, needle",
+    [
+        (["host:12", "host:64"], "already the tier 'host:12'"),  # the file had one host column, summing to 0
+        (["host:12", "HOST:64:25GBps"], "already the tier 'host:12'"),
+        (["gpu:64"], "names the GPU level"),  # its hits went into gpu_hit_tokens
+        (["GPU:64:25GBps"], "names the GPU level"),
+        (["host:1e30"], "more than any tier holds"),  # OverflowError
+        (["host:99999999999999999999999"], "more than any tier holds"),  # OverflowError
+        (["host:²"], "not a byte size"),  # ValueError
+        (["[/]:10:1GBps"], "not a tier name"),  # rich MarkupError
+        (["[bold]x:10:1GBps"], "not a tier name"),
+        (["host:10:25GBps:1e400ms"], "a latency must be a finite number"),  # nan ms, then OverflowError
+        (["host:10:1e400GBps"], "a bandwidth must be a finite number"),  # accepted as inf GB/s
+        (["host:10:0GBps"], "a bandwidth must be a finite number"),
+        (["host:10:25GBps:1e9s"], "a latency must be a finite number"),
+    ],
+)
+def test_bad_tier_specs_are_one_line_naming_the_flag(kvbench, tmp_path, tiers, needle):
+    out = tmp_path / "x.parquet"
+    args = [arg for spec in tiers for arg in ("--tier", spec)]
+    code, stdout, stderr = kvbench("sim", SCENARIO, "--sizes", "512", *args, "--out", out)
+    assert code == 2, (stdout, stderr)
+    assert needle in stderr and "--tier" in stderr and "Traceback" not in stderr, stderr
+    assert len(stderr.strip().splitlines()) <= 2, stderr  # the line (and at most a hint)
+    assert not list(tmp_path.iterdir())
+
+
+def test_two_named_tiers_each_get_their_own_column(kvbench, tmp_path):
+    out = tmp_path / "two.parquet"
+    code, stdout, stderr = kvbench(
+        "sim", SCENARIO, "--sizes", "512", "--tier", "host:64", "--tier", "disk-2:2048:3GBps", "--out", out
+    )
+    assert code == 0, stderr
+    rows = tier_rows(out)
+    assert {"gpu_hit_tokens", "host_hit_tokens", "disk-2_hit_tokens"} <= set(rows[0])
+    assert sum(r["disk-2_hit_tokens"] for r in rows) > 0  # exclusive: what host cannot hold, disk-2 serves
+    assert all(
+        r["gpu_hit_tokens"] + r["host_hit_tokens"] + r["disk-2_hit_tokens"] + r["recomputed_tokens"]
+        == r["prompt_tokens"]
+        for r in rows
+    )
+    assert "disk-2" in stdout

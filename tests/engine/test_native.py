@@ -95,35 +95,80 @@ def test_a_damaged_library_in_the_cache_is_built_again(rebuilt):
     assert native_kernels() is not None and path.stat().st_size > 1000
 
 
+_PROBE = (
+    "import torch; from kvbench.engine.native import native_kernels, native_kernels_reason; "
+    "k = native_kernels(); x = torch.ones(3, 64); "
+    "ok = k is not None and bool(torch.allclose(k.linear(x, x), x @ x.T)); "
+    "print(k is not None, native_kernels_reason(), ok)"
+)
+
+
+def _replace(path, data):
+    """``path``'s bytes replaced by a new file (this process has the old one mapped: writing into it
+    would crash this process, not test the next one)."""
+    scratch = path.with_name("scratch")
+    scratch.write_bytes(data)
+    os.replace(scratch, path)
+
+
+def _probe(cache_folder):
+    """A fresh process's kernels, reason and one linear's check, with ``cache_folder`` as its cache."""
+    return native.subprocess.run(
+        [sys.executable, "-c", _PROBE],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "KVBENCH_CACHE_DIR": str(cache_folder)},
+    )
+
+
 @needs_kernel
-def test_a_foreign_library_in_the_cache_falls_back_then_is_replaced(rebuilt, tmp_path):
-    """In a fresh process: the loader keeps the foreign object under that name, so the first process
-    falls back with the reason; the file is rebuilt, and the next process loads the kernels."""
+def test_a_foreign_library_in_the_cache_is_replaced_before_it_is_loaded(rebuilt, tmp_path):
     path = native.library_path(native.compiler())
     path.parent.mkdir(parents=True)
     foreign = tmp_path / "foreign.c"
     foreign.write_text("int unrelated(void) { return 0; }\n")
     native.subprocess.run([*native.compiler(), "-shared", "-fPIC", str(foreign), "-o", str(path)], check=True)
-    probe = (
-        "from kvbench.engine.native import native_kernels, native_kernels_reason; "
-        "print(native_kernels() is not None, native_kernels_reason())"
+    runs = [_probe(rebuilt) for _ in range(2)]
+    assert [(run.returncode, run.stdout.split(" ")[:3]) for run in runs] == [
+        (0, ["True", "built", "for"])
+    ] * 2
+    assert all(run.stdout.strip().endswith("True") for run in runs)
+
+
+@needs_kernel
+@pytest.mark.parametrize("kept_bytes", [1000, 4000, 12000, 20000])
+def test_a_truncated_library_in_the_cache_is_built_again_not_loaded(rebuilt, kept_bytes):
+    """A shared object cut short loads, then dies with SIGBUS at the first call (exit 135): the size and
+    checksum recorded at build time catch it first, and the file is replaced."""
+    assert native_kernels() is not None
+    path = native_kernels().library
+    whole = path.read_bytes()
+    _replace(path, whole[:kept_bytes])
+    run = _probe(rebuilt)
+    assert (run.returncode, run.stdout.split(" ")[0], run.stdout.strip()[-4:]) == (0, "True", "True"), (
+        run.stderr
     )
-    runs = [
-        native.subprocess.run(
-            [sys.executable, "-c", probe],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env={**os.environ, "KVBENCH_CACHE_DIR": str(rebuilt)},
-        )
-        for _ in range(2)
-    ]
-    assert [run.returncode for run in runs] == [0, 0]
-    assert (
-        runs[0].stdout.startswith(("True built for ", "False not built: "))
-        and "undefined symbol" not in runs[1].stdout
-    )
-    assert runs[1].stdout.startswith("True built for ")
+    assert path.read_bytes() == whole
+
+
+@needs_kernel
+def test_a_library_built_from_other_source_under_the_current_name_is_built_again(rebuilt, tmp_path):
+    """The name says which source, compiler and CPU; a file built otherwise (another instruction set
+    here, with or without a manifest of its own) is not loaded under it."""
+    assert native_kernels() is not None
+    path = native_kernels().library
+    whole = path.read_bytes()
+    other = tmp_path / "other.so"
+    build(native.compiler(), other, extra_flags=("-mno-avx512f", "-DKVB_OTHER_SOURCE=1"))
+    assert other.read_bytes() != whole
+    for with_manifest in (False, True):
+        _replace(path, other.read_bytes())
+        if with_manifest:  # its own manifest, true for its bytes, but for another build key
+            native.manifest_path(path).write_bytes(native.manifest_path(other).read_bytes())
+        native._built.cache_clear()
+        assert native.unverified(path, native.library_key(native.compiler())) is not None
+        assert native_kernels() is not None and path.read_bytes() == whole
 
 
 @needs_kernel
@@ -168,14 +213,16 @@ def test_a_first_build_lands_in_the_cache_folder_and_the_second_process_reuses_i
     built_at = kernel.library.stat().st_mtime_ns
     native._built.cache_clear()
     assert native_kernels().library == kernel.library and kernel.library.stat().st_mtime_ns == built_at
-    # no scratch left behind
-    assert [p.name for p in (rebuilt / "kernels").iterdir()] == [kernel.library.name]
+    # no scratch left behind: the library and its manifest
+    assert sorted(p.name for p in (rebuilt / "kernels").iterdir()) == sorted(
+        [kernel.library.name, native.manifest_path(kernel.library).name]
+    )
 
 
 def test_a_failing_compiler_leaves_torch_s_linears_with_the_reason(rebuilt, monkeypatch):
     monkeypatch.setenv("CXX", shutil.which("false") or "/bin/false")
     assert native_kernels() is None
-    assert native_kernels_reason().startswith("not built: false failed")
+    assert native_kernels_reason() == "not built: false failed: exit code 1, no message"
     model = random_model(
         default_llama_config(
             hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2, head_dim=32
@@ -191,6 +238,14 @@ def test_a_missing_compiler_and_the_switch_say_why(rebuilt, monkeypatch):
     assert native_kernels() is None and native_kernels_reason().startswith("not built: [Errno 2]")
     monkeypatch.setenv("KVBENCH_NATIVE_KERNELS", "0")
     assert native_kernels() is None and native_kernels_reason() == "KVBENCH_NATIVE_KERNELS=0"
+    for value in ("off", "false", "no", "OFF"):
+        monkeypatch.setenv("KVBENCH_NATIVE_KERNELS", value)
+        assert native_kernels() is None and native_kernels_reason() == f"KVBENCH_NATIVE_KERNELS={value}"
+
+
+def test_a_compiler_variable_that_does_not_split_falls_back_with_the_reason(rebuilt, monkeypatch):
+    monkeypatch.setenv("CXX", "'")
+    assert native_kernels() is None and 'CXX="\'" is not a command' in native_kernels_reason()
 
 
 @needs_kernel

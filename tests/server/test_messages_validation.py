@@ -54,7 +54,8 @@ MESSAGES_MISTAKES = [  # (raw JSON body, param); each was a 500, a 200 or a wron
 def test_every_messages_mistake_is_a_400_naming_its_field(live, payload, param):
     status, answer = live.post_raw("/v1/messages", payload.encode())
     assert status == 400, answer
-    assert answer["error"]["param"] == param and answer["error"]["type"] == "invalid_request_error"
+    assert answer["type"] == "error" and answer["error"]["type"] == "invalid_request_error"
+    assert answer["error"]["message"].startswith(param), answer  # Anthropic's shape: the field first
     assert "got type 'text'" not in answer["error"]["message"]
 
 
