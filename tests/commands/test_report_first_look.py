@@ -1,6 +1,7 @@
 """What people look at first: ``kvbench report``'s page puts the summary table and the plots before
-the per-request listings (folded) and the setup table; ``kvbench run``'s summary title reads whole at
-80 columns. Real runs of the built-in model, the page parsed as a browser reads it, in order."""
+the per-request listings (folded) and the setup table; the titles of ``kvbench run``'s summary and
+``kvbench explain``'s waterfall read whole at 80 columns. Real runs of the built-in model; the page
+parsed in document order, as a browser lays it out."""
 
 from html.parser import HTMLParser
 
@@ -107,4 +108,15 @@ def test_the_run_title_reads_whole_at_80_columns(runs):
         "kvbench run: chat",
         "openai http://127.0.0.1:8000/v1",
         "meta-llama/Llama-3.1-8B-Instruct, hygiene per-run salt (cache_salt)",
+    ]
+
+
+def test_the_explain_title_reads_whole_at_80_columns(runs):
+    from kvbench.commands.explain_tables import waterfall_table
+    from kvbench.explain.sources import ExplainConfig, FixConfig, explain_and_fix
+
+    explanation = explain_and_fix(ExplainConfig(runs["on"]), FixConfig()).explanation
+    assert _title_lines(waterfall_table(explanation)) == [
+        "kvbench explain: on (8 requests)",
+        "copy engine: hash cache of 8,192 blocks of 16",
     ]
