@@ -8,18 +8,27 @@ from rich.table import Table
 from kvbench.words import counted
 
 
-def waterfall_title(explanation, roomy: bool = False) -> str:
+def _title_parts(explanation, roomy: bool) -> tuple[str, str, str]:
+    """``kvbench explain: NAME``, ``N requests`` and the cache replayed (``copy engine: hash cache of
+    5 blocks of 16 (room for everything), TTL 300 s``)."""
     config = explanation.config
     ttl = f", TTL {config.ttl_s:g} s" if config.ttl_s else ""
     room = " (room for everything)" if roomy else ""
-    return (
-        f"kvbench explain: {explanation.name} ({counted(len(explanation.requests), 'request')}; "
-        f"{explanation.rules.describe(config)}{room}{ttl})"
-    )
+    count = counted(len(explanation.requests), "request")
+    return f"kvbench explain: {explanation.name}", count, f"{explanation.rules.describe(config)}{room}{ttl}"
+
+
+def waterfall_title(explanation, roomy: bool = False) -> str:
+    """The title on one line, as the PNG and ``--format json`` carry it."""
+    head, count, cache = _title_parts(explanation, roomy)
+    return f"{head} ({count}; {cache})"
 
 
 def waterfall_table(explanation, roomy: bool = False) -> Table:
-    table = Table(title=waterfall_title(explanation, roomy))
+    """The waterfall, titled on two lines (the run and its request count, then the cache replayed):
+    one line of both broke mid-parenthesis at 80 columns."""
+    head, count, cache = _title_parts(explanation, roomy)
+    table = Table(title=escape(f"{head} ({count})\n{cache}"))
     for column in ("step", "tokens", "share", "left"):
         table.add_column(column, justify="left" if column == "step" else "right")
     for label, tokens, share, left in explanation.waterfall.rows():

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from rich.markup import escape
 from rich.table import Table
 
 from kvbench.results.engine_rows import verify_logit_rows
@@ -13,6 +14,7 @@ from kvbench.results.memory_rows import kv_memory_rows
 from kvbench.results.replicas import replica_rows
 from kvbench.results.rows import ResultRow
 from kvbench.results.summary import RunSummary
+from kvbench.results.what_ran import what_ran
 from kvbench.results.writer import error_kinds, num_multi_token_chunks
 from kvbench.words import counted
 
@@ -25,19 +27,8 @@ def _ms(value: float | None) -> str:
 
 
 def summary_table(name: str, run: dict[str, Any], summary: RunSummary) -> Table:
-    """The run's summary as a two-column table (metric, value)."""
-    cache = run["cache"]
-    if run["backend"] in ("openai", "anthropic"):
-        hygiene = f", hygiene {run['hygiene']}" if "hygiene" in run else ""
-        title = f"kvbench run: {name} ({run['backend']} {run['base_url']}, {run['model']}{hygiene})"
-    else:
-        cache_text = (
-            f"on ({cache['kind']}, {cache['block_size']}-token blocks, {cache['capacity_blocks']:,} blocks)"
-            if cache["enabled"]
-            else "off"
-        )
-        title = f"kvbench run: {name} ({run['backend']}, {run['model']}, cache {cache_text})"
-    table = Table(title=title)
+    """The run's summary as a two-column table (metric, value), titled by :func:`summary_title`."""
+    table = Table(title=escape(summary_title(name, run)))
     table.add_column("metric")
     table.add_column("value", justify="right")
     hit = "-" if summary.token_hit_rate is None else f"{summary.token_hit_rate:.4f}"
@@ -81,6 +72,18 @@ def summary_table(name: str, run: dict[str, Any], summary: RunSummary) -> Table:
     table.caption = "TTFT percentiles exclude the cold first request; token hit rate = cached / prompt tokens"
     table.caption += cached_tokens_note(summary)
     return table
+
+
+def summary_title(name: str, run: dict[str, Any]) -> str:
+    """``kvbench run: NAME``, then the backend and model, then what ran (the engine and its cache in
+    :mod:`kvbench.results.what_ran`'s words, or the server's URL), each on a line of its own: one
+    line of all three broke mid-parenthesis at 80 columns."""
+    if run["backend"] in ("openai", "anthropic"):
+        hygiene = f", hygiene {run['hygiene']}" if "hygiene" in run else ""
+        lines = (f"{run['backend']} {run['base_url']}", f"{run['model']}{hygiene}")
+    else:
+        lines = (f"{run['backend']}, {run['model']}", what_ran({"run": run}).describe(detail=True))
+    return "\n".join((f"kvbench run: {name}", *lines))
 
 
 def _goodput_rows(summary: RunSummary) -> list[tuple[str, str]]:

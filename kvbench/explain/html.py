@@ -123,4 +123,5 @@ def requests_table(explanation: Explanation) -> TableData:
         tuple(rows),
         caption,
         text_columns=(4,),
+        folded=True,  # one row per request: the page folds it under its title, after the plots
     )

@@ -36,6 +36,7 @@ class TableData:
     rows: tuple[tuple[str, ...], ...]
     caption: str = ""
     text_columns: tuple[int, ...] = ()  # columns of prose, left-aligned in HTML (numbers stay right)
+    folded: bool = False  # a long listing (one row per request): folded under its title in HTML, last
 
 
 RUN_METRICS = (
@@ -299,21 +300,19 @@ def build_report(
     the fit (sweep; or 2+ runs of one trace), throughput vs TTFT and goodput per point (a load sweep's
     ``load_sweep.parquet``), and per trace group of run files: TTFT CDF (cache off vs
     on), TTFT per request, cached tokens per turn (multi-turn traces). ``extra``: more (tables,
-    figures) sections appended after them (``kvbench report --explain``: :mod:`kvbench.explain.html`).
+    figures) sections after them (``kvbench report --explain``: :mod:`kvbench.explain.html`). The page
+    reads in that order (:func:`render_html`); the setup table of every input comes last.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     figures = draw_figures(results, out_dir)
     tables, notes = summary_tables(results), input_notes(results)
-    for extra_tables, extra_figures in extra:
-        tables, figures = [*tables, *extra_tables], [*figures, *extra_figures]
+    sections = [(tables, figures), *extra]
     page = render_html(
-        title,
-        [str(r.path) for r in results],
-        [setup_table(results), *tables] if results else tables,
-        figures,
-        notes,
+        title, [str(r.path) for r in results], sections, notes, setup_table(results) if results else None
     )
+    tables = [table for section_tables, _ in sections for table in section_tables]
+    figures = [figure for _, section_figures in sections for figure in section_figures]
     html_path = out_dir / "report.html"
     html_path.write_text(page, encoding="utf-8")
     return Report(html_path, tuple(figures), tuple(tables), tuple(notes))
@@ -333,17 +332,31 @@ def _html_table(table: TableData) -> str:
         for row in table.rows
     )
     caption = f"<p class='caption'>{html.escape(table.caption)}</p>" if table.caption else ""
-    return f"<h2>{html.escape(table.title)}</h2><table><tr>{head}</tr>{body}</table>{caption}"
+    title, content = html.escape(table.title), f"<table><tr>{head}</tr>{body}</table>{caption}"
+    if table.folded:
+        return f"<details><summary><h2>{title}</h2></summary>{content}</details>"
+    return f"<h2>{title}</h2>{content}"
+
+
+def _html_figure(figure: Figure) -> str:
+    data = base64.b64encode(figure.path.read_bytes()).decode("ascii")
+    return (
+        f"<figure><img alt='{html.escape(figure.path.stem)}' src='data:image/png;base64,{data}'>"
+        f"<figcaption>{html.escape(figure.caption)}</figcaption></figure>"
+    )
 
 
 def render_html(
     title: str,
     inputs: Sequence[str],
-    tables: Sequence[TableData],
-    figures: Sequence[Figure],
+    sections: Sequence[tuple[Sequence[TableData], Sequence[Figure]]],
     notes: Sequence[str] = (),
+    setup: TableData | None = None,
 ) -> str:
-    """One self-contained HTML page: inputs, notes, tables, then each PNG as a data URI with its caption."""
+    """One self-contained HTML page, in the order people read it: the inputs and notes, then each
+    section (the summary and its plots first, then ``kvbench report --explain``'s per run): its tables,
+    its PNGs as data URIs with their captions, then its folded tables (:attr:`TableData.folded`, per
+    request listings, closed ``<details>``); ``setup`` (how each input was made) last."""
     parts = [
         f"<h1>{html.escape(title)}</h1>",
         f"<p>Generated {html.escape(time.strftime('%Y-%m-%d %H:%M:%S'))} from:</p><ul>"
@@ -352,18 +365,16 @@ def render_html(
     ]
     if notes:
         parts.append("<ul class='notes'>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>")
-    parts += [_html_table(table) for table in tables]
-    for figure in figures:
-        data = base64.b64encode(figure.path.read_bytes()).decode("ascii")
-        parts.append(
-            f"<figure><img alt='{html.escape(figure.path.stem)}' src='data:image/png;base64,{data}'>"
-            f"<figcaption>{html.escape(figure.caption)}</figcaption></figure>"
-        )
+    for tables, figures in sections:
+        parts += [_html_table(table) for table in tables if not table.folded]
+        parts += [_html_figure(figure) for figure in figures]
+        parts += [_html_table(table) for table in tables if table.folded]
+    parts += [_html_table(setup)] if setup is not None else []
     style = (
         "body{font-family:sans-serif;max-width:1000px;margin:2em auto;padding:0 1em}"
         "table{border-collapse:collapse;font-size:0.85em}td,th{border:1px solid #ccc;padding:3px 6px;"
         "text-align:right}td:first-child{text-align:left}th{background:#f3f3f3}.caption,figcaption{color:#555;font-size:0.85em}"
-        ".notes{color:#a40}img{max-width:100%}"
+        ".notes{color:#a40}img{max-width:100%}summary{cursor:pointer}summary h2{display:inline}"
     )
     return (
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"

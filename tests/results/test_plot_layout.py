@@ -230,3 +230,39 @@ def test_html_page_shows_setup_block_sizes_and_distinct_run_columns(tmp_path):
 def test_two_point_fit_label_and_caveat_agree():
     fit = Fit(a_ms=100.0, b_ms=1000.0, r_squared=1.0, num_points=2)
     assert fit.caveat is not None and "not meaningful" in fit.describe()
+
+
+@pytest.mark.parametrize(
+    ("fastest_ms", "slowest_ms"),
+    [
+        (15, 500),  # cache hits at ~15 ms, misses at 200-500 ms: 3x10^2 and 4x10^2 touched
+        (15, 800),  # ... and overlapped
+        (200, 500),  # a linear axis
+        (1, 1000),
+        (0.5, 50_000),  # six decades
+    ],
+)
+def test_ttft_cdf_tick_labels_stand_apart(tmp_path, figures, fastest_ms, slowest_ms):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    misses = np.linspace(200 if slowest_ms < 1000 else fastest_ms, slowest_ms, 28)
+    samples = {"cache off": misses.tolist(), "cache on": [fastest_ms, *misses[1:]]}
+    plots.plot_ttft_cdf(samples, tmp_path / "cdf.png", "TTFT CDF")
+    figure = figures["cdf.png"]
+    FigureCanvasAgg(figure).draw()
+    renderer = figure.canvas.get_renderer()
+    axis = figure.axes[0]
+    low, high = axis.get_xlim()
+    labels = sorted(
+        (
+            (label.get_window_extent(renderer), label.get_text())
+            for label in axis.xaxis.get_majorticklabels() + axis.xaxis.get_minorticklabels()
+            if label.get_visible() and label.get_text() and low <= label.get_position()[0] <= high
+        ),
+        key=lambda item: item[0].x0,
+    )
+    assert len(labels) >= 3, [text for _, text in labels]
+    gap_px = 0.5 * labels[0][0].height  # half a line's height between neighbours, at least
+    for (left, left_text), (right, right_text) in zip(labels, labels[1:]):
+        assert right.x0 - left.x1 >= gap_px, (left_text, right_text, right.x0 - left.x1)
+    assert not any("times" in text or "^" in text for _, text in labels)  # plain ms, not 3x10^2
