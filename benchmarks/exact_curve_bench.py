@@ -103,7 +103,8 @@ def main() -> None:
         parse = {key: statistics.median(run[key] for run in parses) for key in ("cpu_s", "wall_s", "rss_mib")}
         ratios = [run["wall_s"] / p["wall_s"] for run, p in zip(runs, parses)]
         print(
-            f"parse only: {parse['cpu_s']:.1f} CPU s, {parse['wall_s']:.1f} wall s, {parse['rss_mib']:,.0f} MiB; "
+            f"parse only: {parse['cpu_s']:.1f} CPU s, {parse['wall_s']:.1f} wall s, "
+            f"{parse['rss_mib']:,.0f} MiB; "
             f"curve / parse (wall, paired): median {statistics.median(ratios):.1f}x"
         )
 
