@@ -38,6 +38,7 @@ from kvbench.run.setup import cache_config
 from kvbench.run.source import RunSource, limit_requests, load_source
 from kvbench.sim.compact_curve import compact_hit_curve
 from kvbench.sim.curve import HitCurve, one_pass_refusal
+from kvbench.sim.exact_memory import available_memory_bytes, exact_memory_refusal
 from kvbench.sim.hash_id_trace import HASH_ID_TRACES, hash_id_refusal, hash_id_trace
 from kvbench.sim.method import SimMethod, SimOutcome, simulate_sizes
 from kvbench.sim.replay import PreparedTrace, SimResult, ideal_hit_rate, prepare_prompts
@@ -172,6 +173,9 @@ def _compact_curve(
         return None
     if hash_id_refusal(base, source.format) is not None or one_pass_refusal(base) is not None:
         return None
+    refusal = exact_memory_refusal(path, requests, available_memory_bytes())
+    if refusal is not None:
+        raise InputError(refusal)
     streamed = streamed_hit_curve(path, source.format, base.block_size, requests)
     if streamed is not None:
         return streamed

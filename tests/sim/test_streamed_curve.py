@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvbench.sim.compact_curve import compact_hit_curve
+from kvbench.sim.exact_memory import estimated_ids, exact_memory_refusal
 from kvbench.sim.replay import prepare_prompts
 from kvbench.sim.stack_distance import distances_of
 from kvbench.sim.streamed_curve import StackState, streamed_hit_curve
@@ -95,3 +96,17 @@ def test_a_far_distance_does_not_leak_into_the_next_request():
     state.distances(np.arange(1000, dtype=np.int64), np.arange(1001, dtype=np.int64))
     got = state.distances(np.array([0, 999, 997], dtype=np.int64), np.array([0, 1, 3], dtype=np.int64))
     assert got.tolist() == distances[1000:].tolist() == [1000, 2, 4]
+
+
+def test_a_trace_too_big_for_the_memory_is_refused_before_reading(tmp_path):
+    """The estimate of the ids from the size and the first lines is within 30% on a generated
+    trace; too little memory gives one line offering the sampled curve, enough gives ``None``."""
+    path = big_trace_file(tmp_path, 20_000, seed=4)
+    num_ids = sum(len(json.loads(line)["hash_ids"]) for line in path.read_text().splitlines())
+    assert abs(estimated_ids(path) - num_ids) < 0.3 * num_ids
+    assert estimated_ids(path, limit=100) < estimated_ids(path) / 50
+    refusal = exact_memory_refusal(path, None, 2**20)
+    assert "--sample-keys 65536" in refusal and "1.0 GiB is available" not in refusal
+    assert "\n" not in refusal and "0.0 GiB is available" in refusal
+    assert exact_memory_refusal(path, None, 2**34) is None
+    assert exact_memory_refusal(path, None, None) is None
