@@ -98,19 +98,30 @@ class StackState:
         self.rank[self.order] = np.arange(self.order.size, dtype=np.int32)
 
 
-@dataclass
 class _Histogram:
-    """Counts of int64 values, held as ``(sorted distinct values, counts)``, merged a chunk at a time."""
+    """Counts of non-negative int64 values (distances), one int64 per value up to the largest
+    (bounded by the distinct keys), added a chunk at a time; ``values`` / ``counts``: the values
+    counted, ascending, and their counts (computed once, after the pass)."""
 
-    values: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    counts: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    def __init__(self) -> None:
+        self._dense = np.zeros(0, dtype=np.int64)
 
     def add(self, values: np.ndarray) -> None:
-        new, counts = np.unique(values, return_counts=True)
-        merged, inverse = np.unique(np.concatenate([self.values, new]), return_inverse=True)
-        weights = np.concatenate([self.counts, counts]).astype(np.float64)  # exact below 2**53
-        self.values = merged
-        self.counts = np.bincount(inverse, weights, minlength=merged.size).astype(np.int64)
+        new, counts = np.unique(values, return_counts=True)  # a chunk's worth, not a value's
+        top = int(new[-1]) + 1 if new.size else 0
+        if top > self._dense.size:
+            grown = np.zeros(max(top, self._dense.size + self._dense.size // 2), dtype=np.int64)
+            grown[: self._dense.size] = self._dense
+            self._dense = grown
+        self._dense[new] += counts
+
+    @cached_property
+    def values(self) -> np.ndarray:
+        return np.flatnonzero(self._dense).astype(np.int64)
+
+    @cached_property
+    def counts(self) -> np.ndarray:
+        return self._dense[self.values]
 
     def at_most(self, capacities: np.ndarray) -> np.ndarray:
         """How many values are ``<= capacities`` (each); int64."""
