@@ -27,7 +27,6 @@ from kvbench.sim.hash_id_trace import hash_id_sampled_curve  # noqa: E402
 from kvbench.sim.shards import ShardsPass  # noqa: E402
 from kvbench.sim.streamed_curve import streamed_hit_curve  # noqa: E402
 
-
 HEADER = " | ".join(
     ["| shape", "seeds within 1 sd", "mean signed error (per size)", "mean printed sd", "mean error / sd"]
     + ["sampled CPU s |"]
