@@ -41,6 +41,19 @@ MAX_KEY_SPACE = (
 )  # key values above this (or above 8x the accesses read) leave the trace to the other path
 
 
+_SLICE = 1 << 22  # ranks rewritten per step
+
+
+def grown(array: np.ndarray, size: int, fill: int) -> np.ndarray:
+    """``array``, or a copy of at least ``size`` elements (1/8 more: amortized growth) padded with
+    ``fill``."""
+    if size <= array.size:
+        return array
+    bigger = np.full(max(size, array.size + array.size // 8), fill, dtype=array.dtype)
+    bigger[: array.size] = array
+    return bigger
+
+
 class StackState:
     """The LRU stack between chunks: every distinct key seen, oldest first (:attr:`order`), and each
     key value's position in it (:attr:`rank`, -1: never seen), both indexed by key value."""
@@ -84,18 +97,25 @@ class StackState:
         return ranks
 
     def _update(self, touched: np.ndarray, last_slots: np.ndarray) -> None:
-        """The keys untouched by the chunk keep their order; the touched ones follow, by last use."""
+        """The keys untouched by the chunk keep their order; the touched ones follow, by last use.
+        Ranks are rewritten from the deepest touched key up, a slice at a time (the stack's bottom,
+        untouched, keeps its ranks; no temporary of the stack's size but the kept-keys mask)."""
         old = self._ranks(touched)
-        keep = np.ones(self.order.size, dtype=bool)
-        keep[old[old >= 0]] = False
-        self.order = np.concatenate([self.order[keep], touched[np.argsort(last_slots)].astype(np.int32)])
+        old = old[old >= 0]
+        first = int(old.min(initial=self.order.size))
+        keep = np.ones(self.order.size - first, dtype=bool)
+        keep[old - first] = False
+        num_kept = first + int(keep.sum())
+        order = np.empty(num_kept + touched.size, dtype=np.int32)
+        order[:first] = self.order[:first]
+        np.compress(keep, self.order[first:], out=order[first:num_kept])
+        order[num_kept:] = touched[np.argsort(last_slots)]
+        self.order = order
         del keep
-        top = int(touched.max(initial=-1)) + 1
-        if top > self.rank.size:
-            grown = np.full(max(top, self.rank.size + self.rank.size // 2), -1, dtype=np.int32)
-            grown[: self.rank.size] = self.rank
-            self.rank = grown
-        self.rank[self.order] = np.arange(self.order.size, dtype=np.int32)
+        self.rank = grown(self.rank, int(touched.max(initial=-1)) + 1, -1)
+        for start in range(first, order.size, _SLICE):
+            part = order[start : start + _SLICE]
+            self.rank[part] = np.arange(start, start + part.size, dtype=np.int32)
 
 
 class _Histogram:
@@ -104,16 +124,16 @@ class _Histogram:
     counted, ascending, and their counts (computed once, after the pass)."""
 
     def __init__(self) -> None:
-        self._dense = np.zeros(0, dtype=np.int64)
+        self._dense = np.zeros(0, dtype=np.int32)  # int64 once the counts could pass 2**31 - 1
+        self._total = 0
 
     def add(self, values: np.ndarray) -> None:
         new, counts = np.unique(values, return_counts=True)  # a chunk's worth, not a value's
-        top = int(new[-1]) + 1 if new.size else 0
-        if top > self._dense.size:
-            grown = np.zeros(max(top, self._dense.size + self._dense.size // 2), dtype=np.int64)
-            grown[: self._dense.size] = self._dense
-            self._dense = grown
-        self._dense[new] += counts
+        self._total += values.size
+        if self._total >= 2**31 and self._dense.dtype == np.int32:
+            self._dense = self._dense.astype(np.int64)
+        self._dense = grown(self._dense, int(new[-1]) + 1 if new.size else 0, 0)
+        self._dense[new] += counts.astype(self._dense.dtype)
 
     @cached_property
     def values(self) -> np.ndarray:
@@ -121,7 +141,7 @@ class _Histogram:
 
     @cached_property
     def counts(self) -> np.ndarray:
-        return self._dense[self.values]
+        return self._dense[self.values].astype(np.int64)
 
     def at_most(self, capacities: np.ndarray) -> np.ndarray:
         """How many values are ``<= capacities`` (each); int64."""
@@ -268,12 +288,9 @@ class _Pass:
         parents[1:] = ids[:-1]
         parents[offsets[:-1][offsets[:-1] < ids.size]] = -1
         top = int(ids.max(initial=-1)) + 1
-        if top > self.parents.size:
-            if top > MAX_KEY_SPACE // 2 or top > 8 * self.num_ids + (1 << 24):
-                raise _Abandoned
-            grown = np.full(max(top, self.parents.size + self.parents.size // 2), -2, dtype=np.int32)
-            grown[: self.parents.size] = self.parents
-            self.parents = grown
+        if top > MAX_KEY_SPACE // 2 or top > 8 * self.num_ids + (1 << 24):
+            raise _Abandoned
+        self.parents = grown(self.parents, top, -2)
         known = self.parents[ids]
         if np.any((known != -2) & (known != parents)):
             raise _Abandoned
