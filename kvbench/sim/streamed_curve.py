@@ -30,6 +30,7 @@ import numpy as np
 from kvbench.cache.base import CacheKind, ReleaseOrder
 from kvbench.sim.compact_curve import TraceSize, chain_block_keys, ids_name_prefixes
 from kvbench.sim.compact_distances import distances_after
+from kvbench.sim.exact_memory import estimated_ids
 from kvbench.sim.replay import SimResult
 from kvbench.sim.stack_distance import COLD
 from kvbench.workloads.formats.hash_id_columns import HashIdColumns, hash_id_column_chunks
@@ -245,6 +246,7 @@ class _Pass:
     hits: _Histogram = field(default_factory=_Histogram)
     touches: _Histogram = field(default_factory=_Histogram)
     blocks: list = field(default_factory=list)  # per-request full blocks, a chunk an array
+    expected_ids: int = 0  # the file's ids, estimated before reading (exact_memory.estimated_ids)
     num_ids = num_requests = num_prompt_tokens = num_queried = 0
     last_ms: float = -np.inf
 
@@ -261,7 +263,7 @@ class _Pass:
         keys, offsets = chain_block_keys(ids, chunk.offsets, num_tokens, self.block_size, self.block_tokens)
         keys = keys.astype(np.int64)
         if keys.size and int(keys.max()) >= min(
-            MAX_KEY_SPACE, 8 * self.num_ids * max(1, self.block_tokens // self.block_size) + (1 << 24)
+            MAX_KEY_SPACE, self._id_space() * max(1, self.block_tokens // self.block_size)
         ):
             raise _Abandoned  # sparse key values: a rank per value would not be bounded by the keys
         distances = self.stack.distances(keys, offsets)
@@ -279,6 +281,10 @@ class _Pass:
         self.num_prompt_tokens += int(num_tokens.sum())
         self.num_queried += int(caps.sum())
 
+    def _id_space(self) -> int:
+        """The largest id taken: ids beyond it are sparse (a rank per value would outgrow the keys)."""
+        return max(8 * self.num_ids, 2 * self.expected_ids) + (1 << 24)
+
     def _check_parents(self, ids: np.ndarray, offsets: np.ndarray) -> None:
         """:func:`~kvbench.sim.compact_curve.ids_name_prefixes` across chunks: an id's parent (the id
         before it in its prompt, -1 first) is the one it had in every chunk before."""
@@ -288,7 +294,7 @@ class _Pass:
         parents[1:] = ids[:-1]
         parents[offsets[:-1][offsets[:-1] < ids.size]] = -1
         top = int(ids.max(initial=-1)) + 1
-        if top > MAX_KEY_SPACE // 2 or top > 8 * self.num_ids + (1 << 24):
+        if top > MAX_KEY_SPACE // 2 or top > self._id_space():
             raise _Abandoned
         self.parents = grown(self.parents, top, -2)
         known = self.parents[ids]
@@ -318,7 +324,7 @@ def streamed_hit_curve(
         ValueError: ``block_size`` refused by :func:`~kvbench.workloads.formats.hash_id_keys.key_refusal`.
     """
     time_format = HASH_ID_FORMATS[format_name]
-    state = _Pass(block_size, time_format.block_tokens)
+    state = _Pass(block_size, time_format.block_tokens, expected_ids=estimated_ids(path))  # the whole file
     try:
         for chunk in hash_id_column_chunks(path, time_format, chunk_ids, limit):
             if chunk is None:
