@@ -28,17 +28,25 @@ from kvbench.sim.shards import ShardsPass  # noqa: E402
 from kvbench.sim.streamed_curve import streamed_hit_curve  # noqa: E402
 
 HEADER = " | ".join(
-    ["| shape", "seeds within 1 sd", "mean signed error (per size)", "mean printed sd", "mean error / sd"]
-    + ["sampled CPU s |"]
+    [
+        "| shape",
+        "seeds within 1 sd",
+        "mean signed error (per size)",
+        "rms error (per size)",
+        "mean printed sd",
+    ]
+    + ["mean error / sd", "sampled CPU s |"]
 )
 
 
-def one_seed(path: Path, sizes: np.ndarray, keys: int) -> tuple[np.ndarray, np.ndarray, float, float]:
+def one_seed(
+    path: Path, sizes: np.ndarray, keys: int, exact_blocks: int = 1
+) -> tuple[np.ndarray, np.ndarray, float, float]:
     """``(exact, estimate, printed sd, sampled CPU s)`` token hit rates at ``sizes``."""
     exact = streamed_hit_curve(path, "mooncake", 512)
     truth = exact.totals(sizes)["num_hit_blocks"] * 512 / exact.num_prompt_tokens
     started = time.process_time()
-    sampled = hash_id_sampled_curve(path, "mooncake", ShardsPass(512, 1.0, keys))
+    sampled = hash_id_sampled_curve(path, "mooncake", ShardsPass(512, 1.0, keys, exact_blocks))
     return truth, sampled.token_hit_rates(sizes), sampled.hit_rate_sd, time.process_time() - started
 
 
@@ -48,20 +56,21 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=1024)
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--exact-blocks", type=int, default=1, help="blocks of a prompt with their own rate")
     args = parser.parse_args()
     sizes = np.array([args.requests // 500, args.requests // 50, args.requests // 10])
     print(
         f"{args.requests:,} requests, {args.keys:,} keys, sizes {', '.join(f'{s:,}' for s in sizes)} blocks"
     )
     print(HEADER)
-    print("|---|---:|---|---:|---|---:|")
+    print("|---|---:|---|---|---:|---|---:|")
     with tempfile.TemporaryDirectory() as folder:
         for shape in args.shapes.split(","):
             errors, sds, within, cpu = [], [], 0, []
             for seed in range(args.seeds):
                 path = Path(folder) / f"{shape}-{seed}.jsonl"
                 write_shape(shape, args.requests, seed, path)
-                truth, estimate, sd, cpu_s = one_seed(path, sizes, args.keys)
+                truth, estimate, sd, cpu_s = one_seed(path, sizes, args.keys, args.exact_blocks)
                 errors.append(estimate - truth)
                 sds.append(sd)
                 cpu.append(cpu_s)
@@ -70,6 +79,7 @@ def main() -> None:
             mean_error, mean_sd = np.mean(errors, axis=0), float(np.mean(sds))
             print(
                 f"| {shape} | {within} of {args.seeds} | {' / '.join(f'{e:+.4f}' for e in mean_error)} | "
+                f"{' / '.join(f'{e:.4f}' for e in np.sqrt(np.mean(np.square(errors), axis=0)))} | "
                 f"{mean_sd:.4f} | {' / '.join(f'{e / mean_sd:+.2f}' for e in mean_error)} | "
                 f"{np.median(cpu):.1f} |",
                 flush=True,

@@ -60,6 +60,7 @@ import numpy as np
 
 from kvbench.sim.replay import PreparedTrace
 
+_SELF_ONE = int(__import__("os").environ.get("KVB_SELF_ONE", "1"))
 HASH_SPACE = 2**64
 EXACT_BINS = 1 << 16  # scaled distances up to here are their own bin (exact at rate 1)
 _LOG_BINS_PER_E = 1024  # above: bins 1/1024 wide in ln(capacity)
@@ -195,8 +196,12 @@ class ShardsPass:
             if entry is None:
                 warm = False
                 continue
-            plain, boosted = slots.live_at_or_after(entry[0])
-            deepest = max(deepest, plain / rates[0] + boosted / rates[1])
+            plain, boosted = slots.live_at_or_after(entry[0])  # the key itself included
+            if _SELF_ONE:
+                plain, boosted = (plain - 1, boosted) if entry[1] == 0 else (plain, boosted - 1)
+            deepest = max(
+                deepest, _SELF_ONE + plain / rates[0] + boosted / rates[1]
+            )  # itself: 1, not 1 / rate
             if j < cap:
                 self._count(_bin(deepest), entry[1])
                 entry[2] += 1
