@@ -3,10 +3,13 @@
 SHARDS (Waldspurger et al., "Efficient MRC Construction with SHARDS", FAST 2015) keeps the accesses
 whose key hashes under a threshold ``T`` (rate ``R = T / 2**64``), runs the LRU stack-distance pass
 over those keys only (counting, per access, the held keys used since: a byte per time slot,
-counted at C speed), and scales: a sampled distance ``d`` stands for ``d / R`` blocks, a sampled hit
-for ``1 / R`` hits. *Fixed-size* SHARDS bounds the memory: when more than ``max_keys`` keys are
-held, ``T`` drops to the largest held hash, the keys above it are dropped, and the histogram so far
-is rescaled by ``R_new / R_old`` (as if sampled at the new rate from the start). Block keys are
+counted at C speed), and scales: a sampled hit stands for ``1 / R`` hits, and each *other* sampled
+key used since a key's last use for ``1 / R`` blocks of its distance, the key itself for 1 (it is
+in the sample for sure: counted at ``1 / R`` like the others, as in the paper, every distance sat
+``1 / R - 1`` blocks too deep, and every estimate below the truth by the hits of those
+sizes; ``benchmarks/shards_calibration.py``). *Fixed-size* SHARDS bounds the memory: when more
+than ``max_keys`` keys are held, ``T`` drops to the largest held hash, the keys above it are
+dropped, and the histogram so far is rescaled by ``R_new / R_old`` (as if sampled at the new rate from the start). Block keys are
 digests (SHA-256 or :mod:`kvbench.workloads.formats.hash_id_keys`' mixed ids), so their first 8 bytes
 are the hash, the same keys whatever the trace order.
 
@@ -60,7 +63,6 @@ import numpy as np
 
 from kvbench.sim.replay import PreparedTrace
 
-_SELF_ONE = int(__import__("os").environ.get("KVB_SELF_ONE", "1"))
 HASH_SPACE = 2**64
 EXACT_BINS = 1 << 16  # scaled distances up to here are their own bin (exact at rate 1)
 _LOG_BINS_PER_E = 1024  # above: bins 1/1024 wide in ln(capacity)
@@ -197,11 +199,9 @@ class ShardsPass:
                 warm = False
                 continue
             plain, boosted = slots.live_at_or_after(entry[0])  # the key itself included
-            if _SELF_ONE:
-                plain, boosted = (plain - 1, boosted) if entry[1] == 0 else (plain, boosted - 1)
-            deepest = max(
-                deepest, _SELF_ONE + plain / rates[0] + boosted / rates[1]
-            )  # itself: 1, not 1 / rate
+            plain, boosted = (plain - 1, boosted) if entry[1] == 0 else (plain, boosted - 1)
+            # the key itself is in the sample for sure: 1 block, not 1 / rate
+            deepest = max(deepest, 1 + plain / rates[0] + boosted / rates[1])
             if j < cap:
                 self._count(_bin(deepest), entry[1])
                 entry[2] += 1
