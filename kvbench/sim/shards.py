@@ -9,9 +9,9 @@ in the sample for sure: counted at ``1 / R`` like the others, as in the paper, e
 ``1 / R - 1`` blocks too deep, and every estimate below the truth by the hits of those
 sizes; ``benchmarks/shards_calibration.py``). *Fixed-size* SHARDS bounds the memory: when more
 than ``max_keys`` keys are held, ``T`` drops to the largest held hash, the keys above it are
-dropped, and the histogram so far is rescaled by ``R_new / R_old`` (as if sampled at the new rate from the start). Block keys are
-digests (SHA-256 or :mod:`kvbench.workloads.formats.hash_id_keys`' mixed ids), so their first 8 bytes
-are the hash, the same keys whatever the trace order.
+dropped, and the histogram so far is rescaled by ``R_new / R_old`` (as if sampled at the new rate
+from the start). Block keys are digests (SHA-256 or :mod:`kvbench.workloads.formats.hash_id_keys`'
+mixed ids), so their first 8 bytes are the hash, the same keys whatever the trace order.
 
 Prefix chains: the chain property holds on any sample (a kept key is warm only if every
 kept key before it in the prompt is), so a request's sampled hits are its leading kept keys whose
