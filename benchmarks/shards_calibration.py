@@ -31,6 +31,7 @@ HEADER = " | ".join(
     [
         "| shape",
         "seeds within 1 sd",
+        "within 2 sd",
         "mean signed error (per size)",
         "rms error (per size)",
         "mean printed sd",
@@ -63,10 +64,10 @@ def main() -> None:
         f"{args.requests:,} requests, {args.keys:,} keys, sizes {', '.join(f'{s:,}' for s in sizes)} blocks"
     )
     print(HEADER)
-    print("|---|---:|---|---|---:|---|---:|")
+    print("|---|---:|---:|---|---|---:|---|---:|")
     with tempfile.TemporaryDirectory() as folder:
         for shape in args.shapes.split(","):
-            errors, sds, within, cpu = [], [], 0, []
+            errors, sds, within, within_2, cpu = [], [], 0, 0, []
             for seed in range(args.seeds):
                 path = Path(folder) / f"{shape}-{seed}.jsonl"
                 write_shape(shape, args.requests, seed, path)
@@ -75,10 +76,11 @@ def main() -> None:
                 sds.append(sd)
                 cpu.append(cpu_s)
                 within += bool(np.all(np.abs(estimate - truth) <= sd))
+                within_2 += bool(np.all(np.abs(estimate - truth) <= 2 * sd))
                 path.unlink()
             mean_error, mean_sd = np.mean(errors, axis=0), float(np.mean(sds))
             print(
-                f"| {shape} | {within} of {args.seeds} | {' / '.join(f'{e:+.4f}' for e in mean_error)} | "
+                f"| {shape} | {within} of {args.seeds} | {within_2} | {' / '.join(f'{e:+.4f}' for e in mean_error)} | "
                 f"{' / '.join(f'{e:.4f}' for e in np.sqrt(np.mean(np.square(errors), axis=0)))} | "
                 f"{mean_sd:.4f} | {' / '.join(f'{e / mean_sd:+.2f}' for e in mean_error)} | "
                 f"{np.median(cpu):.1f} |",
