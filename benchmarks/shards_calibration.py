@@ -80,7 +80,8 @@ def main() -> None:
                 path.unlink()
             mean_error, mean_sd = np.mean(errors, axis=0), float(np.mean(sds))
             print(
-                f"| {shape} | {within} of {args.seeds} | {within_2} | {' / '.join(f'{e:+.4f}' for e in mean_error)} | "
+                f"| {shape} | {within} of {args.seeds} | {within_2} | "
+                f"{' / '.join(f'{e:+.4f}' for e in mean_error)} | "
                 f"{' / '.join(f'{e:.4f}' for e in np.sqrt(np.mean(np.square(errors), axis=0)))} | "
                 f"{mean_sd:.4f} | {' / '.join(f'{e / mean_sd:+.2f}' for e in mean_error)} | "
                 f"{np.median(cpu):.1f} |",
