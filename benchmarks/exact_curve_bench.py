@@ -7,8 +7,10 @@ CPU seconds, wall seconds and peak RSS of the whole command, medians of ``--repe
 to a temporary folder. Each repeat is a fresh ``kvbench sim TRACE --sizes 10000,100000,1000000``
 process (table, rows, the curve file at every change point and its PNG included), measured with
 ``os.wait4`` (its own user + system CPU and ``ru_maxrss``). Wall time depends on the machine's load,
-printed before and after (``os.getloadavg``); CPU seconds and RSS do not. Targets (on the
-2-core VM): 1M requests <= 30 s and <= 1 GiB; 10M requests <= 5 minutes within 24 GiB.
+printed before and after (``os.getloadavg``); CPU seconds and RSS do not. Each repeat also times a
+process that only parses the JSON (``--parse-too``: the columns reader, chunk by chunk, nothing
+kept), so the ratio curve / parse comes from one run. Targets (on the 2-core VM): 1M requests
+<= 1 GiB and <= 10x the parse; 10M requests <= 4 GiB.
 """
 
 from __future__ import annotations
@@ -28,19 +30,30 @@ from big_trace import BigTraceConfig, generate, write_jsonl  # noqa: E402
 SIZES = "10000,100000,1000000"
 
 
+PARSE = (
+    "import sys; from kvbench.workloads.formats.hash_id_columns import hash_id_column_chunks;"
+    "from kvbench.workloads.formats.hash_ids import HASH_ID_FORMATS;"
+    "chunks = hash_id_column_chunks(sys.argv[1], HASH_ID_FORMATS['mooncake'], 1 << 22);"
+    "n = sum(c.num_requests for c in chunks);"
+    "print(f'parsed {n:,} requests')"
+)
+
+
 def measured_sim(trace: Path, folder: Path, repeat: int) -> dict[str, float]:
     """One ``kvbench sim`` process: its CPU s (user + system), wall s and peak RSS (MiB)."""
-    command = [
-        sys.executable,
-        "-m",
-        "kvbench.cli",
-        "sim",
-        str(trace),
-        "--sizes",
-        SIZES,
-        "--out",
-        str(folder / f"exact-{repeat}.parquet"),
-    ]
+    return measured(
+        [sys.executable, "-m", "kvbench.cli", "sim", str(trace), "--sizes", SIZES]
+        + ["--out", str(folder / f"exact-{repeat}.parquet")]
+    )
+
+
+def measured_parse(trace: Path) -> dict[str, float]:
+    """One process that only parses the trace's JSON into columns, a chunk at a time."""
+    return measured([sys.executable, "-c", PARSE, str(trace)])
+
+
+def measured(command: list[str]) -> dict[str, float]:
+    """One process: its CPU s (user + system), wall s, peak RSS (MiB) and output."""
     started = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     _, status, usage = os.wait4(process.pid, 0)
@@ -49,7 +62,7 @@ def measured_sim(trace: Path, folder: Path, repeat: int) -> dict[str, float]:
     process.stdout.close()
     process.returncode = os.waitstatus_to_exitcode(status)
     if process.returncode != 0:
-        raise SystemExit(f"kvbench sim failed ({process.returncode}):\n{output}")
+        raise SystemExit(f"{command[2]} failed ({process.returncode}):\n{output}")
     return {
         "cpu_s": usage.ru_utime + usage.ru_stime,
         "wall_s": wall_s,
@@ -63,6 +76,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=1_000_000)
     parser.add_argument("--trace", type=Path, help="an existing Mooncake trace (default: generate one)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--parse-too", action="store_true", help="time a parse-only process per repeat")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as name:
         folder = Path(name)
@@ -72,7 +86,11 @@ def main() -> None:
             write_jsonl(generate(BigTraceConfig(num_requests=args.requests)), trace)
         size_mb = trace.stat().st_size / 1e6
         load_before = os.getloadavg()[0]
-        runs = [measured_sim(trace, folder, i) for i in range(args.repeats)]
+        runs, parses = [], []
+        for i in range(args.repeats):
+            runs.append(measured_sim(trace, folder, i))
+            if args.parse_too:
+                parses.append(measured_parse(trace))
         load_after = os.getloadavg()[0]
     print(runs[-1]["output"].strip().splitlines()[-2:])
     print("| trace | CPU s | wall s | peak RSS MiB | load (1 min) |\n|---|---:|---:|---:|---|")
@@ -81,6 +99,14 @@ def main() -> None:
         f"| {trace.name}, {size_mb:,.0f} MB | {medians['cpu_s']:.1f} | {medians['wall_s']:.1f} | "
         f"{medians['rss_mib']:,.0f} | {load_before:.1f} -> {load_after:.1f} |  (medians of {args.repeats})"
     )
+    if parses:
+        parse = {key: statistics.median(run[key] for run in parses) for key in ("cpu_s", "wall_s", "rss_mib")}
+        ratios = [run["wall_s"] / p["wall_s"] for run, p in zip(runs, parses)]
+        print(
+            f"parse only: {parse['cpu_s']:.1f} CPU s, {parse['wall_s']:.1f} wall s, "
+            f"{parse['rss_mib']:,.0f} MiB; "
+            f"curve / parse (wall, paired): median {statistics.median(ratios):.1f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -38,9 +38,11 @@ from kvbench.run.setup import cache_config
 from kvbench.run.source import RunSource, limit_requests, load_source
 from kvbench.sim.compact_curve import compact_hit_curve
 from kvbench.sim.curve import HitCurve, one_pass_refusal
+from kvbench.sim.exact_memory import available_memory_bytes, exact_memory_refusal
 from kvbench.sim.hash_id_trace import HASH_ID_TRACES, hash_id_refusal, hash_id_trace
 from kvbench.sim.method import SimMethod, SimOutcome, simulate_sizes
 from kvbench.sim.replay import PreparedTrace, SimResult, ideal_hit_rate, prepare_prompts
+from kvbench.sim.streamed_curve import StreamedCurve, streamed_hit_curve
 from kvbench.sim.tiers import TierPolicy
 
 TAIL_FIRST = ReleaseOrder.TAIL_FIRST.value
@@ -149,7 +151,7 @@ def _computed(
     compact = _compact_curve(path, source, base, requests, orders, method, ttls[1])
     if compact is not None:
         outcome = SimOutcome(methods={TAIL_FIRST: SimMethod.ONE_PASS.value}, curves={TAIL_FIRST: compact})
-        return compact.trace, [compact.result_at(c) for c in capacities], outcome, False
+        return compact.trace, compact.results(np.array(capacities, dtype=np.int64)), outcome, False
     trace = _prepared_trace(path, source, base, requests, err, *ttls)
     return (trace, *_simulate(trace, base, capacities, orders, method, workers, err))
 
@@ -162,14 +164,21 @@ def _compact_curve(
     orders: list[str],
     method: SimMethod,
     ttl_curve: bool,
-) -> HitCurve | None:
-    """The exact tail-first curve from a hash-id trace read as arrays (:mod:`kvbench.sim.compact_curve`)
-    where that is the whole job (tail-first only, the one pass exact, no TTL curve), else ``None``
-    (also when the arrays' reader leaves the file to the line reader)."""
+) -> HitCurve | StreamedCurve | None:
+    """The exact tail-first curve from a hash-id trace read as arrays where that is the whole job
+    (tail-first only, the one pass exact, no TTL curve), else ``None`` (also when the arrays' reader
+    leaves the file to the line reader): read in chunks, in memory bounded by the distinct blocks
+    (:mod:`kvbench.sim.streamed_curve`), else whole (:mod:`kvbench.sim.compact_curve`)."""
     if orders != [TAIL_FIRST] or method is SimMethod.REPLAY or ttl_curve:
         return None
     if hash_id_refusal(base, source.format) is not None or one_pass_refusal(base) is not None:
         return None
+    refusal = exact_memory_refusal(path, requests, available_memory_bytes())
+    if refusal is not None:
+        raise InputError(refusal)
+    streamed = streamed_hit_curve(path, source.format, base.block_size, requests)
+    if streamed is not None:
+        return streamed
     return compact_hit_curve(path, source.format, base.block_size, requests)
 
 
@@ -336,12 +345,10 @@ def _sort_as_asked(results: list[SimResult], capacities: list[int], orders: list
 def _ideal(outcome: SimOutcome, trace: PreparedTrace, base: CacheConfig) -> SimResult:
     """The unbounded cache's result: read off the tail-first curve where there is one, else replayed."""
     curve = outcome.curves.get(TAIL_FIRST)
-    return (
-        # every full block: unbounded_capacity_blocks
-        curve.result_at(max(int(curve.distances.offsets[-1]), 1))
-        if curve is not None
-        else ideal_hit_rate(trace, base.kind)
-    )
+    if curve is None:
+        return ideal_hit_rate(trace, base.kind)
+    # every full block: an unbounded capacity (the per-request tokens are not shown)
+    return curve.results(np.array([max(curve.num_blocks, 1)]))[0]
 
 
 def register(app: typer.Typer) -> None:

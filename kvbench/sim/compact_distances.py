@@ -122,11 +122,23 @@ def compact_distances(keys: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray
     Raises:
         ValueError: a request's warm keys are not a leading run.
     """
-    counts = np.diff(offsets)
-    previous = previous_slots(keys, offsets)
+    return distances_after(previous_slots(keys, offsets), offsets, 0)
+
+
+def distances_after(
+    previous: np.ndarray, offsets: np.ndarray, num_live_before: int
+) -> tuple[np.ndarray, int]:
+    """The distances of requests whose keys' previous slots are ``previous`` (as
+    :func:`previous_slots` gives them, -1: cold), after ``num_live_before`` keys used once each at
+    slots ``0 .. num_live_before - 1`` (none superseded: the recency order of the keys seen before,
+    oldest first) and with the requests' own slots counted from ``num_live_before``.
+    ``(distances, num_distinct_keys)`` as :func:`compact_distances`, the keys before included; what
+    :mod:`kvbench.sim.streamed_curve` runs on each chunk of a trace."""
+    counts, num_accesses = np.diff(offsets), previous.size
     heads, seen, run_requests, lengths, num_warm = _runs(previous, offsets)
-    del previous
-    distinct_before = np.concatenate([[0], np.cumsum(counts - num_warm)])  # cold accesses are first uses
+    del previous  # the last reference when the caller passed it on
+    # cold accesses are first uses
+    distinct_before = num_live_before + np.concatenate([[0], np.cumsum(counts - num_warm)])
     superseded = earlier_sums(
         np.repeat(run_requests, 2),
         np.stack([seen + 1, seen - lengths + 1], axis=1).ravel(),
@@ -135,7 +147,7 @@ def compact_distances(keys: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray
         seen,
     )
     head_distances = distinct_before[run_requests] - seen + superseded
-    return _filled(keys.size, heads, head_distances, run_requests, lengths), int(distinct_before[-1])
+    return _filled(num_accesses, heads, head_distances, run_requests, lengths), int(distinct_before[-1])
 
 
 def _filled(
@@ -148,8 +160,8 @@ def _filled(
 ) -> np.ndarray:
     """The distances array: a run's keys at ``head + k`` have ``head_distances + k``, the prefix max
     within a request carried over from the request's earlier runs; COLD elsewhere."""
-    span = int(num_accesses) + 2
     ends = head_distances + lengths - 1  # each run's largest distance
+    span = int(ends.max(initial=0)) + 2  # above every distance, so that requests do not mix
     # running max in the request
     shifted = np.maximum.accumulate(ends + run_requests * span) - run_requests * span
     carry = np.zeros_like(ends)

@@ -95,6 +95,11 @@ class HitCurve:
         return np.sort(self.distances.num_full_blocks)
 
     @property
+    def num_blocks(self) -> int:
+        """Full blocks over the trace (a capacity that holds them all is unbounded)."""
+        return int(self.distances.offsets[-1])
+
+    @property
     def ideal_capacity_blocks(self) -> int:
         """The smallest capacity that reaches the unbounded cache's hit count (1 if nothing hits)."""
         hits = self.hit_distances

@@ -3,12 +3,15 @@
 SHARDS (Waldspurger et al., "Efficient MRC Construction with SHARDS", FAST 2015) keeps the accesses
 whose key hashes under a threshold ``T`` (rate ``R = T / 2**64``), runs the LRU stack-distance pass
 over those keys only (counting, per access, the held keys used since: a byte per time slot,
-counted at C speed), and scales: a sampled distance ``d`` stands for ``d / R`` blocks, a sampled hit
-for ``1 / R`` hits. *Fixed-size* SHARDS bounds the memory: when more than ``max_keys`` keys are
-held, ``T`` drops to the largest held hash, the keys above it are dropped, and the histogram so far
-is rescaled by ``R_new / R_old`` (as if sampled at the new rate from the start). Block keys are
-digests (SHA-256 or :mod:`kvbench.workloads.formats.hash_id_keys`' mixed ids), so their first 8 bytes
-are the hash, the same keys whatever the trace order.
+counted at C speed), and scales: a sampled hit stands for ``1 / R`` hits, and each *other* sampled
+key used since a key's last use for ``1 / R`` blocks of its distance, the key itself for 1 (it is
+in the sample for sure: counted at ``1 / R`` like the others, as in the paper, every distance sat
+``1 / R - 1`` blocks too deep, and every estimate below the truth by the hits of those
+sizes; ``benchmarks/shards_calibration.py``). *Fixed-size* SHARDS bounds the memory: when more
+than ``max_keys`` keys are held, ``T`` drops to the largest held hash, the keys above it are
+dropped, and the histogram so far is rescaled by ``R_new / R_old`` (as if sampled at the new rate
+from the start). Block keys are digests (SHA-256 or :mod:`kvbench.workloads.formats.hash_id_keys`'
+mixed ids), so their first 8 bytes are the hash, the same keys whatever the trace order.
 
 Prefix chains: the chain property holds on any sample (a kept key is warm only if every
 kept key before it in the prompt is), so a request's sampled hits are its leading kept keys whose
@@ -195,8 +198,10 @@ class ShardsPass:
             if entry is None:
                 warm = False
                 continue
-            plain, boosted = slots.live_at_or_after(entry[0])
-            deepest = max(deepest, plain / rates[0] + boosted / rates[1])
+            plain, boosted = slots.live_at_or_after(entry[0])  # the key itself included
+            plain, boosted = (plain - 1, boosted) if entry[1] == 0 else (plain, boosted - 1)
+            # the key itself is in the sample for sure: 1 block, not 1 / rate
+            deepest = max(deepest, 1 + plain / rates[0] + boosted / rates[1])
             if j < cap:
                 self._count(_bin(deepest), entry[1])
                 entry[2] += 1

@@ -117,3 +117,20 @@ def test_the_arguments_are_checked():
     ):
         with pytest.raises(ValueError, match=word):
             ShardsPass(16, **kwargs)
+
+
+def test_a_sampled_key_counts_itself_once_not_one_over_the_rate():
+    """One sampled key used again right away is at distance 1 whatever the rate: the key looked up
+    is in the sample for sure, so it counts as 1 block, and only the other sampled keys used since
+    stand for 1 / R blocks each (counted at 1 / R, it sat 1 / R - 1 blocks too deep: every hit
+    below 1 / R blocks was lost, the low bias of the sampled curves on big traces)."""
+    rate, low = 0.01, 5  # hashes under the threshold: sampled
+    shards = ShardsPass(16, rate, exact_blocks=0)
+    for _ in range(10):
+        shards.add([low], 1, 32)
+    curve = shards.curve()
+    assert curve.hit_blocks([1]).tolist() == [9 / rate]  # 9 sampled hits at distance 1, each 1 / R
+    shards = ShardsPass(16, rate, exact_blocks=0)
+    for hashes in ([low], [low + 1], [low]):  # one other sampled key between: 1 + 1 / R blocks deep
+        shards.add(hashes, 1, 32)
+    assert shards.curve().hit_blocks([100, 101]).tolist() == [0.0, 1 / rate]

@@ -11,6 +11,7 @@ would refuse, gives ``None``, and the caller reads the file with the line reader
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,6 +83,43 @@ def hash_id_columns(
     columns = _joined(parts, time_format, limit)
     pa.default_memory_pool().release_unused()  # the parsed blocks' buffers, back to the system
     return columns
+
+
+def hash_id_column_chunks(
+    path: str | Path, time_format: HashIdFormat, min_ids: int, limit: int | None = None
+) -> Iterator[HashIdColumns | None]:
+    """The first ``limit`` (all: ``None``) lines of ``path`` as consecutive chunks of columns, each
+    holding at least ``min_ids`` ids (the last: what is left), in file order; a ``None`` (and
+    nothing after it) where :func:`hash_id_columns` would give ``None``, found at the chunk it is
+    in. Memory: one chunk plus one parsed block."""
+    options = pa_json.ParseOptions(explicit_schema=_SCHEMA, unexpected_field_behavior="ignore")
+    parts: list[tuple[np.ndarray, ...]] = []
+    num_rows = num_ids = num_yielded = 0
+    try:
+        with pa_json.open_json(
+            path, read_options=pa_json.ReadOptions(block_size=BLOCK_BYTES), parse_options=options
+        ) as reader:
+            for batch in reader:
+                part = _checked(batch, time_format.block_tokens)
+                if part is None:
+                    yield None
+                    return
+                parts.append(part)
+                num_rows, num_ids = num_rows + batch.num_rows, num_ids + part[3].size
+                done = limit is not None and num_rows >= limit
+                if num_ids >= min_ids or done:
+                    chunk = _joined(parts, time_format, None if limit is None else limit - num_yielded)
+                    num_yielded, num_ids = num_yielded + chunk.num_requests, 0
+                    yield chunk
+                if done:
+                    return
+    except (pa.ArrowException, OSError, ValueError):
+        yield None
+        return
+    if parts:
+        yield _joined(parts, time_format, None if limit is None else limit - num_yielded)
+    elif num_rows == 0:
+        yield None
 
 
 def _checked(batch: pa.RecordBatch, block_tokens: int) -> tuple[np.ndarray, ...] | None:
