@@ -14,6 +14,7 @@ from kvbench.commands.choices import CacheSwitch, LogLevel, check_positive
 from kvbench.commands.common import Heartbeat, make_console, status_printer
 from kvbench.commands.signature import in_panel
 from kvbench.errors import InputError, checked
+from kvbench.events.wire import Encoding
 from kvbench.run.config import EngineFlags, EngineKind
 
 DEFAULT_PORT = 8000  # vLLM's default, so `kvbench run --backend openai` finds it without --base-url
@@ -257,6 +258,20 @@ def serve(
             help="Close a keep-alive connection idle this many seconds.",
         ),
     ] = 5.0,
+    kv_events: Annotated[
+        str | None,
+        typer.Option(
+            rich_help_panel="KV events",
+            help="Publish every block the cache stores or drops, in vLLM's format: tcp://HOST:PORT (replay "
+            "socket on PORT+1; 0 = free ports) or vLLM's --kv-events-config JSON.",
+        ),
+    ] = None,
+    kv_events_encoding: Annotated[
+        Encoding,
+        typer.Option(
+            rich_help_panel="KV events", help="tagged: events as maps (vLLM now); positional: arrays (older)."
+        ),
+    ] = Encoding.TAGGED,
 ) -> None:
     """Serve the in-process engine as an OpenAI-compatible API (/v1/completions, /v1/chat/completions,
     /v1/models, /health, /reset_prefix_cache, /metrics, /tokenize, /detokenize) and Anthropic's /v1/messages
@@ -307,9 +322,27 @@ def serve(
             else None
         )
         service = _service(loaded, model, cache_config, served_model_name or loaded.name, engine_flags, pool)
+        app = create_app(service, guards, min_cache_tokens)
+        publisher = _kv_events(app, service, kv_events, kv_events_encoding, host)
         _announce(sock, service.model_name, cache_config)
-        config = server_config(create_app(service, guards, min_cache_tokens), log_level.value, limits)
-        uvicorn.Server(config).run(sockets=[sock])
+        try:
+            uvicorn.Server(server_config(app, log_level.value, limits)).run(sockets=[sock])
+        finally:
+            if publisher is not None:
+                publisher.close()
+
+
+def _kv_events(app, service, value: str | None, encoding, host: str):
+    """With ``--kv-events``: the started publisher, its routes added to ``app``; else ``None``."""
+    if value is None:
+        return None
+    from kvbench.events.publisher import parse_kv_events
+    from kvbench.server.event_routes import add_event_routes, start_publisher
+
+    publisher = start_publisher(service, parse_kv_events(value, encoding))
+    add_event_routes(app, service, publisher, host)
+    make_console(stderr=True).print(f"kv events: {publisher.endpoint} (replay {publisher.replay_endpoint})")
+    return publisher
 
 
 def _load_announced(model_config):
