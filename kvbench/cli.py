@@ -58,6 +58,7 @@ _COMMAND_MODULES = {
     "kvbench.commands.play": ("play",),
     "kvbench.commands.route": ("route",),
     "kvbench.commands.bill": ("bill",),
+    "kvbench.commands.events": ("events",),
 }
 
 

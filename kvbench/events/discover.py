@@ -85,7 +85,7 @@ def parse_sources(targets: list[str]) -> list[EventSource]:
     """
     sources: list[EventSource] = []
     for target in targets:
-        name, _, url = target.rpartition("=") if "=" in target.split("://")[0] else ("", "", target)
+        name, _, url = target.partition("=") if "=" in target.split("://")[0] else ("", "", target)
         url, _, replay = url.partition(",replay=")
         scheme = urlsplit(url).scheme
         if scheme in ("http", "https"):

@@ -143,7 +143,7 @@ class Subscriber:
         dealer.setsockopt(zmq.LINGER, 0)
         dealer.connect(state.source.replay_endpoint)
         dealer.send_multipart((b"", start_seq.to_bytes(8, "big")))
-        applied = 0
+        applied = recovered = 0
         first_seq = None
         try:
             while dealer.poll(int(REPLAY_TIMEOUT_S * 1000)):
@@ -152,7 +152,9 @@ class Subscriber:
                 if seq < 0:
                     break
                 first_seq = seq if first_seq is None else first_seq
-                applied += self._apply(state, seq, frames[-1])
+                one = self._apply(state, seq, frames[-1])
+                applied += one
+                recovered += one if live_seq is None or seq < live_seq else 0
             else:
                 self._on_note(f"{state.source.name}: the replay socket did not answer")
         finally:
@@ -162,9 +164,9 @@ class Subscriber:
             lost = end_seq - start_seq
             state.num_lost_batches += lost
             self._on_note(f"{state.source.name}: {lost} batches no longer in the replay buffer: lost")
-        state.num_replayed_batches += applied
-        if not quiet and applied:
-            self._on_note(f"{state.source.name}: recovered {applied} batches by replay")
+        state.num_replayed_batches += recovered
+        if not quiet and recovered:
+            self._on_note(f"{state.source.name}: recovered {recovered} batches by replay")
         return applied
 
     def close(self) -> None:
