@@ -55,7 +55,7 @@ def watch(
         float | None, typer.Option(min=0, help="Stop after this many seconds (default: at Ctrl-C).")
     ] = None,
     once: Annotated[
-        bool, typer.Option(help="Replay what the publishers keep, print one table, exit.")
+        bool, typer.Option("--once", help="Replay what the publishers keep, print one table, exit.")
     ] = False,
     bytes_per_block: Annotated[
         int | None, typer.Option(min=1, help="KV bytes of one block, to size the duplicated KV.")
