@@ -59,6 +59,7 @@ _COMMAND_MODULES = {
     "kvbench.commands.play": ("play",),
     "kvbench.commands.route": ("route",),
     "kvbench.commands.bill": ("bill",),
+    "kvbench.commands.events": ("events",),
 }
 
 

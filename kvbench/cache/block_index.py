@@ -33,6 +33,7 @@ from collections.abc import Hashable, Sequence
 from kvbench.cache.base import CacheKind
 from kvbench.cache.block_hash import TOKEN_ID_BYTES, BlockHasher, encode_token_ids
 from kvbench.cache.block_pool import BlockPool
+from kvbench.cache.events import MEDIUM_GPU, BlockListener
 
 
 class PoolIndex:
@@ -58,6 +59,16 @@ class PoolIndex:
         # (parent block id | None, keys, index, namespace) -> pool key
         self.key = _tree_key if radix else _chained_key
         self._deduplicate = radix
+        self._listener: BlockListener | None = None
+
+    @property
+    def listener(self) -> BlockListener | None:
+        """Told every block keyed here and every key the pool drops (:mod:`kvbench.cache.events`)."""
+        return self._listener
+
+    @listener.setter
+    def listener(self, listener: BlockListener | None) -> None:
+        self._listener = self.pool.listener = listener
 
     # -- keys --------------------------------------------------------------------------------------
 
@@ -92,18 +103,30 @@ class PoolIndex:
         return hit
 
     def key_block(
-        self, block_table: list[int], index: int, keys: Sequence[Hashable], namespace: Hashable
+        self,
+        block_table: list[int],
+        index: int,
+        keys: Sequence[Hashable],
+        namespace: Hashable,
+        token_ids: Sequence[int] = (),
     ) -> bool:
         """Give full, computed block ``block_table[index]`` its key (blocks before it keyed already);
         ``True`` if it is newly keyed. Radix: if the tree already holds that block, the table switches
-        to the tree's block (pinned) and the duplicate is freed (``False``)."""
+        to the tree's block (pinned) and the duplicate is freed (``False``). ``token_ids``: the
+        sequence's tokens (at least through this block), only read for the listener."""
         pool, block_id = self.pool, block_table[index]
         if pool.block_key(block_id) is not None:
             return False  # keyed already (a forked sample's shared prompt block)
-        key = self.key(block_table[index - 1] if index else None, keys, index, namespace)
+        parent = block_table[index - 1] if index else None
+        key = self.key(parent, keys, index, namespace)
         existing = pool.cached_block(key) if self._deduplicate else None
         if existing is None:
             pool.cache(block_id, key)
+            if self._listener is not None:
+                size = self.hasher.block_size
+                parent_key = pool.block_key(parent) if index else None
+                block_tokens = token_ids[index * size : (index + 1) * size]
+                self._listener.stored(key, parent_key, block_tokens, MEDIUM_GPU)
             return True
         pool.touch([existing])
         pool.free([block_id])  # uncached: straight to the front of the free queue

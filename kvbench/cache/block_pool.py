@@ -26,6 +26,8 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 
+from kvbench.cache.events import MEDIUM_GPU, BlockListener
+
 
 class OutOfBlocksError(RuntimeError):
     """An allocation needed more free blocks than there are (check ``can_allocate`` first)."""
@@ -58,6 +60,7 @@ class BlockPool:
             self._take_victims,
         )
         self.num_evicted_blocks = 0  # keys dropped because an allocation took their block
+        self.listener: BlockListener | None = None  # told every dropped key (cache/events.py)
 
     # -- reading state -----------------------------------------------------------------------------
 
@@ -98,6 +101,10 @@ class BlockPool:
         """A block holding ``key`` (the first cached of its duplicates), or ``None``."""
         holders = self._holders.get(key)
         return next(iter(holders)) if holders else None
+
+    def held_keys(self) -> list[Hashable]:
+        """The key of every keyed block, used or free (a key held by two blocks appears twice)."""
+        return list(self._keys.values())
 
     def used_block_ids(self) -> Iterator[int]:
         """Ids with ref count > 0, ascending."""
@@ -224,6 +231,8 @@ class BlockPool:
         del holders[block_id]
         if not holders:
             del self._holders[key]
+        if self.listener is not None:
+            self.listener.removed(key, MEDIUM_GPU)
 
     # -- checking ----------------------------------------------------------------------------------
 

@@ -38,6 +38,7 @@ from kvbench.cache.base import (
     insert_range,
 )
 from kvbench.cache.block_hash import BlockHash, PromptBlocks
+from kvbench.cache.events import MEDIUM_GPU, BlockListener, token_ids_of
 from kvbench.errors import CacheBusyError
 
 
@@ -85,6 +86,7 @@ class HashPrefixCache:
         self._table: dict[BlockHash, CachedBlock] = {}
         self._free: OrderedDict[BlockHash, CachedBlock] = OrderedDict()
         self._tail_first = config.release_order is ReleaseOrder.TAIL_FIRST
+        self.listener: BlockListener | None = None  # told every store and removal (cache/events.py)
 
     @property
     def num_cached_blocks(self) -> int:
@@ -201,11 +203,19 @@ class HashPrefixCache:
                 )
             table[key] = block
             handles.append(block)
+            if self.listener is not None:
+                self._tell_stored(prompt, index)
         num_inserted = len(handles) - num_existing
         self.stats.num_evicted_blocks += num_evicted
         self.stats.num_inserted_blocks += num_inserted
         self.stats.num_refused_blocks += num_refused
         return InsertResult(num_inserted, num_existing, num_refused, handles, num_evicted)
+
+    def _tell_stored(self, prompt: PromptBlocks, index: int) -> None:
+        tokens = prompt.block_tokens
+        token_ids = token_ids_of(tokens[index]) if tokens is not None else ()
+        parent = prompt.block_hashes[index - 1] if index else None
+        self.listener.stored(prompt.block_hashes[index], parent, token_ids, MEDIUM_GPU)
 
     def _reuse_victim(
         self, key: BlockHash, token_bytes: bytes | None, payload: Any, now: float
@@ -215,6 +225,8 @@ class HashPrefixCache:
         at reallocation)."""
         victim_key, block = self._free.popitem(last=False)
         del self._table[victim_key]
+        if self.listener is not None:
+            self.listener.removed(victim_key, MEDIUM_GPU)
         block.block_hash, block.token_bytes, block.payload = key, token_bytes, payload
         block.ref_count, block.last_used_s = 1, now
         return block
@@ -257,6 +269,8 @@ class HashPrefixCache:
             free.popitem(last=False)
             del table[key]
             num_expired += 1
+            if self.listener is not None:
+                self.listener.removed(key, MEDIUM_GPU)
         self.stats.num_expired_blocks += num_expired
         return num_expired
 
@@ -266,6 +280,12 @@ class HashPrefixCache:
             raise CacheBusyError(f"cannot reset: {self.num_pinned_blocks} blocks are pinned")
         self._table.clear()
         self._free.clear()
+        if self.listener is not None:
+            self.listener.cleared()
+
+    def held_keys(self) -> list[BlockHash]:
+        """The key of every held block (pinned or not), for checking a listener's view."""
+        return list(self._table)
 
     def check_invariants(self) -> None:
         """Raise ``AssertionError`` if the table, ref counts and free list disagree."""

@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 
+from kvbench.cache.events import MEDIUM_CPU, BlockListener
+
 
 class HostTierIndex:
     """Slots of a host KV tier keyed by block key, least recently used first.
@@ -30,6 +32,7 @@ class HostTierIndex:
         self._free = list(range(capacity_blocks - 1, -1, -1))  # pop() hands out slot 0 first
         self.num_stored_blocks = 0  # blocks copied in over the tier's life
         self.num_evicted_blocks = 0
+        self.listener: BlockListener | None = None  # told every store and drop (cache/events.py)
 
     def __len__(self) -> int:
         return len(self._slots)
@@ -44,23 +47,37 @@ class HostTierIndex:
             slots.append(slot)
         return slots
 
-    def store(self, key: Hashable) -> int | None:
+    def store(
+        self, key: Hashable, parent_key: Hashable | None = None, token_ids: Sequence[int] = ()
+    ) -> int | None:
         """Make ``key`` the most recent; returns the slot to copy its K/V into, or ``None`` when the
-        tier holds it already (refreshed, nothing to copy). A full tier drops its least recent key."""
+        tier holds it already (refreshed, nothing to copy). A full tier drops its least recent key.
+        ``parent_key`` and ``token_ids`` (the block's) are only read for the listener."""
         if key in self._slots:
             self._slots.move_to_end(key)
             return None
         if self._free:
             slot = self._free.pop()
         else:
-            _, slot = self._slots.popitem(last=False)
+            dropped, slot = self._slots.popitem(last=False)
             self.num_evicted_blocks += 1
+            if self.listener is not None:
+                self.listener.removed(dropped, MEDIUM_CPU)
         self._slots[key] = slot
         self.num_stored_blocks += 1
+        if self.listener is not None:
+            self.listener.stored(key, parent_key, token_ids, MEDIUM_CPU)
         return slot
+
+    def held_keys(self) -> list[Hashable]:
+        """The keys the tier holds, least recent first."""
+        return list(self._slots)
 
     def clear(self) -> None:
         """Forget every key (``reset_prefix_cache``)."""
+        if self.listener is not None:
+            for key in self._slots:
+                self.listener.removed(key, MEDIUM_CPU)
         self._slots.clear()
         self._free = list(range(self.capacity_blocks - 1, -1, -1))
 

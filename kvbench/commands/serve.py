@@ -13,6 +13,7 @@ from kvbench.commands.choices import CacheSwitch, LogLevel, check_positive, posi
 from kvbench.commands.common import Heartbeat, make_console, status_printer
 from kvbench.commands.signature import in_panel, option
 from kvbench.errors import InputError, checked
+from kvbench.events.wire import Encoding
 from kvbench.run.config import EngineFlags, EngineKind
 
 DEFAULT_PORT = 8000  # vLLM's default, so `kvbench run --backend openai` finds it without --base-url
@@ -221,6 +222,15 @@ def serve(
         panel="Server",
         callback=check_positive,
     ) = 10.0,
+    kv_events: option(
+        str | None,
+        "Publish every block the cache stores or drops, in vLLM's format: tcp://HOST:PORT (replay "
+        "socket on PORT+1; 0 = free ports) or vLLM's --kv-events-config JSON.",
+        panel="KV events",
+    ) = None,
+    kv_events_encoding: option(
+        Encoding, "tagged: events as maps (vLLM now); positional: arrays (older).", panel="KV events"
+    ) = Encoding.TAGGED,
 ) -> None:
     """Serve the in-process engine as an OpenAI-compatible API (/v1/completions, /v1/chat/completions,
     /v1/models, /health, /reset_prefix_cache, /metrics, /tokenize, /detokenize) and Anthropic's /v1/messages
@@ -259,10 +269,15 @@ def serve(
             lambda: EngineFlags(engine, max_num_seqs, max_num_batched_tokens, host_tier=host_tier)
         )
         service = _service(loaded, model, cache_config, served_model_name or loaded.name, engine_flags, pool)
-        _announce(sock, service.model_name, cache_config)
         app = create_app(service, guards, min_cache_tokens, replica_id or bound_name(sock))
+        publisher = _kv_events(app, service, kv_events, kv_events_encoding, host)
+        _announce(sock, service.model_name, cache_config)
         config = server_config(app, log_level.value, limits)
-        StoppingServer(config, service, _say_stopping).run(sockets=[sock])
+        try:
+            StoppingServer(config, service, _say_stopping).run(sockets=[sock])
+        finally:
+            if publisher is not None:
+                publisher.close()
 
 
 def _say_stopping(signal_name: str, num_requests: int) -> None:
@@ -271,6 +286,19 @@ def _say_stopping(signal_name: str, num_requests: int) -> None:
     err = make_console(stderr=True)
     err.print(f"kvbench serve: {signal_name}: stopping, {ended}", soft_wrap=True)
     err.file.flush()
+
+
+def _kv_events(app, service, value: str | None, encoding, host: str):
+    """With ``--kv-events``: the started publisher, its routes added to ``app``; else ``None``."""
+    if value is None:
+        return None
+    from kvbench.events.publisher import parse_kv_events
+    from kvbench.server.event_routes import add_event_routes, start_publisher
+
+    publisher = start_publisher(service, parse_kv_events(value, encoding))
+    add_event_routes(app, service, publisher, host)
+    make_console(stderr=True).print(f"kv events: {publisher.endpoint} (replay {publisher.replay_endpoint})")
+    return publisher
 
 
 def _load_announced(model_config):

@@ -291,15 +291,19 @@ class Scheduler:
         for slot in slots:
             index = seq._num_keyed_blocks
             self._host_loads.append((slot, seq.block_table[index]))
-            seq.num_inserted_blocks += self.index.key_block(seq.block_table, index, keys, seq.salt)
+            seq.num_inserted_blocks += self.index.key_block(
+                seq.block_table, index, keys, seq.salt, seq.token_ids
+            )
             seq._num_keyed_blocks = index + 1
 
     def _store_in_host(self, seq: Sequence) -> None:
         """Write-through at release: ``seq``'s keyed blocks into the tier, last first (block 0 ends most
         recent); a block the tier holds is only refreshed."""
         keys = seq._block_keys
+        size = self.block_size
         for index in reversed(range(min(seq._num_keyed_blocks, len(keys)))):
-            slot = self.host.store(keys[index])
+            parent = keys[index - 1] if index else None
+            slot = self.host.store(keys[index], parent, seq.token_ids[index * size : (index + 1) * size])
             if slot is not None:
                 self._host_stores.append((seq.block_table[index], slot))
 
@@ -322,7 +326,9 @@ class Scheduler:
             return
         keys = self._keys(seq)
         for index in range(seq._num_keyed_blocks, num_full):
-            seq.num_inserted_blocks += self.index.key_block(seq.block_table, index, keys, seq.salt)
+            seq.num_inserted_blocks += self.index.key_block(
+                seq.block_table, index, keys, seq.salt, seq.token_ids
+            )
         seq._num_keyed_blocks = num_full
 
     def finish(self, seq: Sequence) -> None:

@@ -1,0 +1,190 @@
+"""Block maps built from KV cache events: per replica what it holds, across replicas what is held twice.
+
+A :class:`ReplicaBlocks` applies one server's batches in sequence order: ``BlockStored`` adds each
+hash (per medium, counted: vLLM and the hash pool may hold one hash in two blocks, and each copy is
+stored and removed on its own), ``BlockRemoved`` takes one copy away, ``AllBlocksCleared`` empties the
+map. Each server hashes with its own seed (vLLM's ``PYTHONHASHSEED``-salted root, kvbench's chained
+SHA-256), so two replicas name one block differently; a block's **content key** is therefore
+recomputed from the events' token ids, chained like a block hash: ``xxh3_64(parent's content key,
+token ids, lora name)``, the parent found through the event's ``parent_block_hash`` in the same map.
+A parent the map never saw (the subscriber joined late) chains from the parent's own hash instead:
+such blocks still count per replica but match no other replica (``num_orphan_blocks``).
+
+:class:`FleetBlocks` keeps one map per replica and counts, by content key, the blocks two or more
+replicas hold: ``num_duplicated_blocks`` distinct blocks, ``num_redundant_copies`` copies beyond the
+first, and their bytes given ``bytes_per_block`` (a server's events do not carry its KV size).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import Counter, deque
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+import xxhash
+
+from kvbench.events.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored
+
+RATE_WINDOW_S = 10.0  # stores and removals per second are averaged over the last this many seconds
+
+
+def content_key(parent: int | None, token_ids: tuple[int, ...], lora_name: str | None) -> int:
+    """The chained content key of one block (module docstring)."""
+    digest = xxhash.xxh3_64()
+    digest.update(struct.pack("<q", -1 if parent is None else parent - (1 << 63)))
+    digest.update(struct.pack(f"<{len(token_ids)}I", *token_ids))
+    if lora_name:
+        digest.update(lora_name.encode())
+    return digest.intdigest()
+
+
+@dataclass(frozen=True)
+class ReplicaSummary:
+    """One replica now: blocks held per medium, totals since the start, per-second rates over the
+    last :data:`RATE_WINDOW_S` seconds, the last sequence number applied."""
+
+    name: str
+    blocks_by_medium: dict[str, int]
+    num_stored_blocks: int
+    num_removed_blocks: int
+    num_clears: int
+    stores_per_s: float
+    removals_per_s: float
+    last_seq: int | None
+    num_orphan_blocks: int
+
+
+class ReplicaBlocks:
+    """One replica's block map (module docstring)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.held: Counter[tuple[str | None, Hashable]] = Counter()  # (medium, hash) -> copies
+        self._content: dict[Hashable, int] = {}  # hash -> content key, while any copy is held
+        self._copies: Counter[Hashable] = Counter()  # hash -> copies over every medium
+        self.num_stored_blocks = self.num_removed_blocks = self.num_clears = self.num_orphan_blocks = 0
+        self.last_seq: int | None = None
+        self._recent: deque[tuple[float, int, int]] = deque()  # (arrival s, stored, removed) per batch
+
+    def apply(self, seq: int, batch: Batch, now_s: float) -> None:
+        """Apply one batch (the caller keeps sequence order and drops duplicates)."""
+        stored = removed = 0
+        for event in batch.events:
+            if isinstance(event, BlockStored):
+                stored += self._store(event)
+            elif isinstance(event, BlockRemoved):
+                removed += self._remove(event)
+            elif isinstance(event, AllBlocksCleared):
+                removed += sum(self.held.values())
+                self.held.clear()
+                self._content.clear()
+                self._copies.clear()
+                self.num_clears += 1
+        self.num_stored_blocks += stored
+        self.num_removed_blocks += removed
+        self.last_seq = seq
+        self._recent.append((now_s, stored, removed))
+
+    def _store(self, event: BlockStored) -> int:
+        parent_hash, size = event.parent_block_hash, event.block_size
+        parent = None if parent_hash is None else self._content.get(parent_hash)
+        if parent_hash is not None and parent is None:
+            parent = content_key(None, (), repr(parent_hash))
+            self.num_orphan_blocks += 1
+        for index, block_hash in enumerate(event.block_hashes):
+            tokens = event.token_ids[index * size : (index + 1) * size]
+            key = content_key(parent, tokens, event.lora_name)
+            self.held[(event.medium, block_hash)] += 1
+            self._copies[block_hash] += 1
+            self._content.setdefault(block_hash, key)
+            parent = self._content[block_hash]
+        return len(event.block_hashes)
+
+    def _remove(self, event: BlockRemoved) -> int:
+        removed = 0
+        for block_hash in event.block_hashes:
+            slot = (event.medium, block_hash)
+            if self.held[slot] <= 0:
+                del self.held[slot]
+                continue  # a removal of a block stored before we joined
+            removed += 1
+            self.held[slot] -= 1
+            if not self.held[slot]:
+                del self.held[slot]
+            self._copies[block_hash] -= 1
+            if not self._copies[block_hash]:
+                del self._copies[block_hash]
+                self._content.pop(block_hash, None)
+        return removed
+
+    def hashes(self, medium: str | None = None) -> Counter[Hashable]:
+        """Held hashes with their copy counts, of one medium or (``None``) of every medium."""
+        if medium is None:
+            return Counter(self._copies)
+        return Counter({h: n for (m, h), n in self.held.items() if m == medium})
+
+    def content_keys(self) -> set[int]:
+        """Content keys of every block held, any medium."""
+        return set(self._content.values())
+
+    def summary(self, now_s: float) -> ReplicaSummary:
+        recent = self._recent
+        while recent and recent[0][0] < now_s - RATE_WINDOW_S:
+            recent.popleft()
+        span_s = max(min(RATE_WINDOW_S, now_s - recent[0][0]), 1.0) if recent else 1.0
+        by_medium: Counter[str] = Counter()
+        for (medium, _), copies in self.held.items():
+            by_medium[medium or "?"] += copies
+        return ReplicaSummary(
+            self.name,
+            dict(sorted(by_medium.items())),
+            self.num_stored_blocks,
+            self.num_removed_blocks,
+            self.num_clears,
+            sum(s for _, s, _ in recent) / span_s,
+            sum(r for _, _, r in recent) / span_s,
+            self.last_seq,
+            self.num_orphan_blocks,
+        )
+
+
+@dataclass(frozen=True)
+class FleetSummary:
+    """Every replica's summary and the blocks held by two or more of them (module docstring)."""
+
+    replicas: tuple[ReplicaSummary, ...]
+    num_distinct_blocks: int
+    num_duplicated_blocks: int
+    num_redundant_copies: int
+    redundant_bytes: int | None
+
+
+class FleetBlocks:
+    """One :class:`ReplicaBlocks` per replica name, created on first use."""
+
+    def __init__(self, bytes_per_block: int | None = None) -> None:
+        self.bytes_per_block = bytes_per_block
+        self.replicas: dict[str, ReplicaBlocks] = {}
+
+    def replica(self, name: str) -> ReplicaBlocks:
+        if name not in self.replicas:
+            self.replicas[name] = ReplicaBlocks(name)
+        return self.replicas[name]
+
+    def apply(self, name: str, seq: int, batch: Batch, now_s: float) -> None:
+        self.replica(name).apply(seq, batch, now_s)
+
+    def summary(self, now_s: float) -> FleetSummary:
+        holders: Counter[int] = Counter()
+        for replica in self.replicas.values():
+            holders.update(replica.content_keys())
+        duplicated = [n for n in holders.values() if n > 1]
+        redundant = sum(n - 1 for n in duplicated)
+        return FleetSummary(
+            tuple(r.summary(now_s) for r in self.replicas.values()),
+            len(holders),
+            len(duplicated),
+            redundant,
+            None if self.bytes_per_block is None else redundant * self.bytes_per_block,
+        )
