@@ -237,6 +237,8 @@ def serve(
     until Ctrl-C. With --engine copy one
     request runs at a time; the others queue, and their wait shows in the clients' TTFT. With
     --engine paged concurrent requests are batched (continuous batching over one KV pool)."""
+    import uvicorn  # noqa: F401  (first: without the [serve] extra, that extra is the one named)
+
     from kvbench.engine.model import ModelConfig, resolve_device
     from kvbench.engine.threads import check_threads, chosen_threads
     from kvbench.run.checks import check_host_tier_text
