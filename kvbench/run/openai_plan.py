@@ -18,7 +18,7 @@ from kvbench.backends.openai.hygiene import Hygiene, with_nonce
 from kvbench.errors import InputError, checked
 from kvbench.request import NOT_SENT, Request
 from kvbench.results.timeline import replay_lag
-from kvbench.run.config import DEFAULT_TIMEOUT_S, BackendKind, RunConfig, TurnMode
+from kvbench.run.config import DEFAULT_SERVER_BLOCK_SIZE, DEFAULT_TIMEOUT_S, BackendKind, RunConfig, TurnMode
 from kvbench.run.execute import (
     OnStatus,
     RunOutcome,
@@ -101,26 +101,13 @@ def run_preflight(
     its results for the metadata. Raises ``InputError`` when the server lists models but not this one."""
     import asyncio
 
-    from kvbench.backends.openai.client import OpenAIConfig
     from kvbench.backends.openai.preflight import preflight
 
     server = config.server
     if not server.preflight:
         return config, ["preflight: skipped (--no-preflight)"], {"skipped": True}
     salt_hygiene = (server.hygiene or Hygiene.SALT) is Hygiene.SALT and config.salt is None
-    probe_config = checked(
-        lambda: OpenAIConfig(
-            server.url,
-            model,
-            key,
-            server.timeout or DEFAULT_TIMEOUT_S,
-            settings.temperature,
-            settings.top_p,
-            settings.seed,
-            settings.ignore_eos,
-            client=server.client or ClientKind.LEAN,
-        )
-    )
+    probe_config = _client_config(config, model, key, settings)  # vLLM's block size, no extra body
     result = asyncio.run(preflight(probe_config, tokenizer, with_salts=salt_hygiene))
     if result.fatal is not None:
         raise InputError(f"preflight: {result.fatal}")
@@ -277,8 +264,11 @@ def _backend(client_config, tokenizer, run_salt: str | None, server):
     return RoutedBackend(backends, server.route or "round-robin", client_config.block_size)
 
 
-def _client_config(config: RunConfig, model: str, key: str, settings, block_size: int, turns):
-    """The HTTP client's settings (``OpenAIConfig``), checked: one line for a bad value."""
+def _client_config(
+    config: RunConfig, model: str, key: str, settings, block_size: int = DEFAULT_SERVER_BLOCK_SIZE, turns=None
+):
+    """The HTTP client's settings (``OpenAIConfig``), checked: one line for a bad value; ``turns``
+    (live turns) asks the server for the token ids of every reply."""
     from kvbench.backends.openai.client import OpenAIConfig
 
     server = config.server

@@ -161,21 +161,31 @@ class HitCurve:
         ]
 
     def _result(self, capacity: int, totals: dict[str, np.ndarray], i: int, cached: np.ndarray) -> SimResult:
-        return SimResult(
-            capacity_blocks=capacity,
-            release_order=self.release_order.value,
-            cache_kind=CacheKind.HASH.value,
-            block_size=self.trace.block_size,
-            ttl_s=None,
-            num_requests=self.trace.num_requests,
-            num_prompt_tokens=self.num_prompt_tokens,
-            num_cached_tokens=int(totals["num_hit_blocks"][i]) * self.trace.block_size,
-            num_queried_blocks=self.num_queried_blocks,
-            num_expired_blocks=0,
-            cached_tokens_per_request=cached,
-            method="one-pass",
-            **{key: int(value[i]) for key, value in totals.items()},
-        )
+        return one_pass_result(self, capacity, totals, i, cached)
+
+
+def one_pass_result(
+    curve, capacity: int, totals: dict[str, np.ndarray], i: int, cached: np.ndarray
+) -> SimResult:
+    """The :class:`SimResult` at ``capacity`` blocks of a one-pass curve (``curve``: a
+    :class:`HitCurve` or a streamed one: its ``trace``, ``release_order``, prompt-token and
+    queried-block counts), from column ``i`` of ``totals``; ``cached``: tokens per request (may be
+    empty)."""
+    return SimResult(
+        capacity_blocks=capacity,
+        release_order=curve.release_order.value,
+        cache_kind=CacheKind.HASH.value,
+        block_size=curve.trace.block_size,
+        ttl_s=None,
+        num_requests=curve.trace.num_requests,
+        num_prompt_tokens=curve.num_prompt_tokens,
+        num_cached_tokens=int(totals["num_hit_blocks"][i]) * curve.trace.block_size,
+        num_queried_blocks=curve.num_queried_blocks,
+        num_expired_blocks=0,
+        cached_tokens_per_request=cached,
+        method="one-pass",
+        **{key: int(value[i]) for key, value in totals.items()},
+    )
 
 
 def hit_curve(trace: PreparedTrace) -> HitCurve:

@@ -27,9 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
-from kvbench.cache.base import CacheKind, ReleaseOrder
+from kvbench.cache.base import ReleaseOrder
 from kvbench.sim.compact_curve import TraceSize, chain_block_keys, ids_name_prefixes
 from kvbench.sim.compact_distances import distances_after
+from kvbench.sim.curve import one_pass_result
 from kvbench.sim.exact_memory import estimated_ids
 from kvbench.sim.replay import SimResult
 from kvbench.sim.stack_distance import COLD
@@ -214,21 +215,7 @@ class StreamedCurve:
         return [self._result(int(c), totals, i) for i, c in enumerate(capacities.tolist())]
 
     def _result(self, capacity: int, totals: dict[str, np.ndarray], i: int) -> SimResult:
-        return SimResult(
-            capacity_blocks=capacity,
-            release_order=self.release_order.value,
-            cache_kind=CacheKind.HASH.value,
-            block_size=self.trace.block_size,
-            ttl_s=None,
-            num_requests=self.trace.num_requests,
-            num_prompt_tokens=self.num_prompt_tokens,
-            num_cached_tokens=int(totals["num_hit_blocks"][i]) * self.trace.block_size,
-            num_queried_blocks=self.num_queried_blocks,
-            num_expired_blocks=0,
-            cached_tokens_per_request=np.zeros(0, dtype=np.int64),
-            method="one-pass",
-            **{key: int(value[i]) for key, value in totals.items()},
-        )
+        return one_pass_result(self, capacity, totals, i, np.zeros(0, dtype=np.int64))
 
 
 class _Abandoned(Exception):
