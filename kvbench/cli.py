@@ -58,6 +58,7 @@ _COMMAND_MODULES = {
     "kvbench.commands.explain": ("explain",),
     "kvbench.commands.play": ("play",),
     "kvbench.commands.route": ("route",),
+    "kvbench.commands.fleet": ("fleet",),
     "kvbench.commands.bill": ("bill",),
     "kvbench.commands.events": ("events",),
 }

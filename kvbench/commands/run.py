@@ -140,6 +140,8 @@ def _server_flags(f: SimpleNamespace) -> ServerFlags:
         header=tuple(f.header or ()),
         extra_body=f.extra_body,
         replica_metrics=tuple(f.replica_metrics or ()),
+        fleet_policy=f.fleet_policy,
+        fleet_replicas=f.fleet_replicas,
     )
 
 

@@ -324,6 +324,25 @@ HTTP = panel(
             ],
             None,
         ),
+        "fleet_policy": (
+            Annotated[
+                str | None,
+                typer.Option(
+                    help="The router's policy (round_robin, cache_aware, consistent_hash, ...): expected "
+                    "cached tokens per replica from kvbench route's model of it."
+                ),
+            ],
+            None,
+        ),
+        "fleet_replicas": (
+            Annotated[
+                int | None,
+                typer.Option(
+                    min=1, help="Replicas behind the router (default: the --replica-metrics count)."
+                ),
+            ],
+            None,
+        ),
         "expected_cache_size": (
             Annotated[
                 int | None,

@@ -225,8 +225,9 @@ def http_tables(rows: list[ResultRow], reconciliation: Reconciliation) -> list[T
     reported cached tokens with the simulator's expectation and the server's /metrics."""
     rec = reconciliation
     size = "unbounded" if rec.capacity_blocks is None else f"{rec.capacity_blocks:,} blocks"
+    caches = "ideal cache" if rec.fleet is None else f"{rec.fleet}, each an ideal cache"
     table = Table(
-        title=f"cached tokens: reported vs expected (ideal cache: {rec.block_size}-token blocks, {size})"
+        title=f"cached tokens: reported vs expected ({caches}: {rec.block_size}-token blocks, {size})"
     )
     table.add_column("check")
     table.add_column("value", justify="right")

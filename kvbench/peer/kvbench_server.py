@@ -24,16 +24,18 @@ class KvbenchServerConfig:
     """One ``kvbench serve`` of the same checkpoint, the second kind of peer server.
 
     Attributes:
-        model_dir: the checkpoint vLLM serves (``kvbench model export``).
+        model_dir: the checkpoint vLLM serves (``kvbench model export``); ``None`` serves kvbench's
+            embedded default model.
         log_path: where its stdout and stderr go.
         engine: ``copy`` or ``paged`` (``kvbench serve --engine``).
         block_size: ``--block-size``, tokens (vLLM's, so both caches keep the same blocks).
         num_threads: ``--threads`` (torch intra-op threads); ``None`` = kvbench's default.
         dtype: ``--dtype``.
         served_model_name: the name requests use (vLLM's, so one client config fits both).
+        extra_args: more ``kvbench serve`` flags, as given (``--cache-size``, ``--replica-id``).
     """
 
-    model_dir: Path
+    model_dir: Path | None
     log_path: Path
     engine: str = "copy"
     block_size: int = 32
@@ -41,6 +43,7 @@ class KvbenchServerConfig:
     dtype: str = "float32"
     served_model_name: str = "kvbench-default"
     startup_timeout_s: float = 900.0
+    extra_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.engine not in ("copy", "paged"):
@@ -70,8 +73,7 @@ class KvbenchServer(ServerProcess):
             "serve",
             "--port",
             "0",
-            "--model",
-            str(c.model_dir),
+            *(["--model", str(c.model_dir)] if c.model_dir is not None else []),
             "--served-model-name",
             c.served_model_name,
             "--engine",
@@ -81,7 +83,8 @@ class KvbenchServer(ServerProcess):
             "--dtype",
             c.dtype,
         ]
-        return command + (["--threads", str(c.num_threads)] if c.num_threads is not None else [])
+        threads = ["--threads", str(c.num_threads)] if c.num_threads is not None else []
+        return command + threads + list(c.extra_args)
 
     def environment(self) -> dict[str, str]:
         return {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}

@@ -183,6 +183,8 @@ class ServerFlags:
     header: tuple[str, ...] = ()  # NAME:VALUE each
     extra_body: str | None = None  # a JSON object
     replica_metrics: tuple[str, ...] = ()  # replica root URLs
+    fleet_policy: str | None = None  # the router's policy: expectations per replica (kvbench/route/expect.py)
+    fleet_replicas: int | None = None  # replicas behind the router (default: the --replica-metrics count)
 
     def __post_init__(self) -> None:
         _check_positive(
@@ -195,6 +197,7 @@ class ServerFlags:
                 "server_block_size",
                 "expected_cache_size",
                 "time_scale",
+                "fleet_replicas",
             ),
         )
         if self.api_key_env is not None and not VARIABLE_NAME.fullmatch(self.api_key_env):

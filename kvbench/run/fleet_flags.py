@@ -99,6 +99,15 @@ def check_fleet_flags(server: ServerFlags) -> None:
     parse_headers(server.header)
     parse_extra_body(server.extra_body)
     check_replica_urls(server.replica_metrics)
+    if server.fleet_policy is None:
+        if server.fleet_replicas is not None:
+            raise ValueError("--fleet-replicas applies with --fleet-policy (the router's policy)")
+        return
+    from kvbench.route.expect import model_of
+
+    model_of(server.fleet_policy)
+    if not (server.fleet_replicas or server.replica_metrics):
+        raise ValueError("--fleet-policy needs --fleet-replicas N or one --replica-metrics URL per replica")
 
 
 def shaped(config: OpenAIConfig, server: ServerFlags) -> OpenAIConfig:
@@ -110,3 +119,44 @@ def shaped(config: OpenAIConfig, server: ServerFlags) -> OpenAIConfig:
         session_header=session_header(server.session_header),
         extra_body={**config.extra_body, **parse_extra_body(server.extra_body)},
     )
+
+
+def fleet_expectations(server: ServerFlags, requests, server_cache, expectations, say):
+    """``(expectations, metadata)``: with ``--fleet-policy``, the expected cached tokens per request
+    from ``kvbench route``'s model of that policy over the fleet's replicas, each with the cache the
+    server's own expectation assumed (:mod:`kvbench.route.expect`); ``metadata`` is the result file's
+    ``fleet_expectation`` (``None`` without the flag). A policy without a model keeps one cache's
+    expectation and says so through ``say``."""
+    if server.fleet_policy is None:
+        return expectations, None
+    from kvbench.backends.openai.reconcile import Expectations
+    from kvbench.cache.base import CacheConfig
+    from kvbench.route.expect import fleet_expectation
+
+    num_replicas = server.fleet_replicas or len(server.replica_metrics)
+    block_size = expectations.block_size
+    if server_cache.model is None:  # caching off: nothing to route for
+        return expectations, None
+    capacity = expectations.capacity_blocks or 1 + sum(p.num_full_blocks for p in expectations.prompts)
+    fleet = fleet_expectation(requests, CacheConfig(capacity, block_size), server.fleet_policy, num_replicas)
+    if fleet is None:
+        say(
+            f"expected cached tokens: one cache (kvbench route has no model of --fleet-policy "
+            f"{server.fleet_policy}: its picks are random or timed)"
+        )
+        return expectations, None
+    say(
+        f"expected cached tokens: kvbench route's {fleet.model} over {num_replicas} replicas "
+        "(the router's --fleet-policy; exact at concurrency 1)"
+    )
+    metadata = {"policy": fleet.policy, "model": fleet.model, "num_replicas": num_replicas}
+    metadata["request_index"] = [r.index for r in requests]
+    metadata["replica"] = fleet.replica
+    narrowed = Expectations(
+        expectations.prompts,
+        fleet.cached_tokens,
+        block_size,
+        expectations.capacity_blocks,
+        f"{fleet.model} over {num_replicas} replicas",
+    )
+    return narrowed, metadata

@@ -28,7 +28,7 @@ from kvbench.run.execute import (
     prepared_requests,
     run_metadata,
 )
-from kvbench.run.fleet_flags import shaped
+from kvbench.run.fleet_flags import fleet_expectations, shaped
 from kvbench.run.http_metrics import server_state
 from kvbench.run.loop import LoadConfig
 from kvbench.run.plan import RunPlan, register_backend
@@ -151,6 +151,7 @@ def _as_sent(turns, requests: list[Request], expectations):
         [r.expected_cached_tokens or 0 for r in sent],
         expectations.block_size,
         expectations.capacity_blocks,
+        expectations.fleet,
     )
 
 
@@ -338,6 +339,7 @@ def openai_plan(config: RunConfig, say: OnStatus, stack: contextlib.ExitStack) -
     replicas_before = scrape_replicas(server.replica_metrics, key)  # --replica-metrics
     requests, run_salt = apply_hygiene(config, prepared_requests(source, settings), tokenizer)
     expectations = server_expectations(requests, server_cache, settings.ignore_eos)
+    expectations, fleet = fleet_expectations(server, requests, server_cache, expectations, say)
     requests = [
         replace(r, expected_cached_tokens=e) for r, e in zip(requests, expectations.expected_cached_tokens)
     ]
@@ -351,6 +353,8 @@ def openai_plan(config: RunConfig, say: OnStatus, stack: contextlib.ExitStack) -
     backend = _backend(client_config, tokenizer, run_salt, server)
     _check_body_sizes(backend, requests, key)
     metadata["preflight"], metadata["server_cache"] = checks, server_cache.origins
+    if fleet is not None:
+        metadata["fleet_expectation"] = fleet
 
     def finish(outcome: RunOutcome) -> bool:
         if load.is_open_loop:

@@ -56,12 +56,14 @@ MAX_LISTED = 10  # requests listed per flag in the summary
 
 @dataclass(frozen=True, eq=False)
 class Expectations:
-    """Per request (same order as the requests): its blocks and the ideal cache's cached tokens."""
+    """Per request (same order as the requests): its blocks and the ideal cache's cached tokens;
+    ``fleet`` names the router model the expectation came from (``None``: one cache)."""
 
     prompts: list[PromptBlocks]
     expected_cached_tokens: list[int]
     block_size: int
     capacity_blocks: int | None  # None: unbounded
+    fleet: str | None = None  # e.g. "round-robin over 3 replicas"
 
 
 def expect(requests: Sequence[Request], block_size: int, capacity_blocks: int | None = None) -> Expectations:
@@ -113,6 +115,7 @@ class Reconciliation:
     # set when the /metrics delta counts fewer prompt tokens than the client saw (a router forwarding
     # /metrics to one worker): then it is no rate of this run's traffic and metrics_hit_rate is None
     metrics_partial: str | None = None
+    fleet: str | None = None  # the router model behind the expectation (None: one cache)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -195,6 +198,7 @@ def reconcile(
         impossible=impossible,
         short_outputs=short,
         metrics_partial=partial,
+        fleet=expectations.fleet,
     )
 
 

@@ -1,0 +1,144 @@
+"""The real routers a fleet runs behind, started on loopback: sglang-router and vllm-router.
+
+Both install from PyPI with the ``[fleet]`` extra (``sglang-router==0.3.2``, ``vllm-router==0.1.17``;
+Rust inside the wheels, CPU-only) and start the same way: ``python -m MODULE.launch_router --host
+--port --prometheus-port --policy --worker-urls URL...``. Each answers ``GET /health`` with 200 once it
+has registered its workers, and serves its own Prometheus counters on ``--prometheus-port``
+(sglang-router's ``smg_*``, vllm-router's ``vllm_router_*``), never on its serving port.
+
+A router is a :class:`~kvbench.peer.server.ServerProcess`: its own process group, stopped by PID
+(SIGTERM, then SIGKILL), also at interpreter exit.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+from kvbench.backends.openai.admin import call
+from kvbench.errors import InputError
+from kvbench.peer.server import ServerProcess, free_port
+
+
+class RouterKind(str, Enum):
+    SGLANG = "sglang"
+    VLLM = "vllm"
+
+
+@dataclass(frozen=True)
+class RouterSpec:
+    """What one router package is: its importable module, the name it is known by and its policies
+    (``--policy`` choices of the pinned version's ``launch_router --help``)."""
+
+    module: str
+    package: str
+    policies: tuple[str, ...]
+    counter_prefix: str  # of its own Prometheus counters
+
+
+ROUTERS = {
+    RouterKind.SGLANG: RouterSpec(
+        "sglang_router",
+        "sglang-router",
+        ("cache_aware", "round_robin", "random", "power_of_two"),
+        "smg_",
+    ),
+    RouterKind.VLLM: RouterSpec(
+        "vllm_router",
+        "vllm-router",
+        (
+            "cache_aware",
+            "round_robin",
+            "random",
+            "power_of_two",
+            "consistent_hash",
+            "kv_aware",
+            "sticky_least_loaded",
+        ),
+        "vllm_router_",
+    ),
+}
+
+
+def check_router(kind: RouterKind, policies: list[str]) -> RouterSpec:
+    """The spec of ``kind`` once its package imports and it knows every policy of ``policies``.
+
+    Raises:
+        InputError: the package is not installed (naming the ``[fleet]`` extra), or a policy is not
+            one of the router's.
+    """
+    spec = ROUTERS[kind]
+    if importlib.util.find_spec(spec.module) is None:
+        raise InputError(
+            f"--router {kind.value} needs {spec.package}: pip install -c constraints-cpu.txt -e '.[fleet]'"
+        )
+    unknown = [policy for policy in policies if policy not in spec.policies]
+    if unknown:
+        raise InputError(
+            f"--policy {unknown[0]}: not a policy of {spec.package} (choose from {', '.join(spec.policies)})"
+        )
+    return spec
+
+
+class RouterProcess(ServerProcess):
+    """``python -m MODULE.launch_router`` over ``worker_urls`` with one ``policy``, on a free port.
+
+    ``metrics_url`` is its Prometheus endpoint (its own counters).
+    """
+
+    def __init__(
+        self,
+        kind: RouterKind,
+        policy: str,
+        worker_urls: list[str],
+        log_path: Path,
+        startup_timeout_s: float = 120.0,
+    ) -> None:
+        super().__init__(log_path, startup_timeout_s, free_port())
+        self.spec = ROUTERS[kind]
+        self.name = f"{self.spec.package} ({policy})"
+        self.policy = policy
+        self.worker_urls = list(worker_urls)
+        self.prometheus_port = free_port()
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.prometheus_port}/metrics"
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            f"{self.spec.module}.launch_router",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--prometheus-host",
+            "127.0.0.1",
+            "--prometheus-port",
+            str(self.prometheus_port),
+            "--policy",
+            self.policy,
+            "--worker-urls",
+            *self.worker_urls,
+        ]
+
+    def counters(self) -> dict[str, float]:
+        """The router's own counters now (``name{labels}`` -> value: its prefix's ``*_total`` series,
+        no histograms or gauges); empty when the endpoint does not answer."""
+        status, text = call(self.metrics_url, "", timeout_s=5, method="GET")
+        if status != 200:
+            return {}
+        values = {}
+        for line in text.splitlines():
+            name, _, value = line.rpartition(" ")
+            if line.startswith(self.spec.counter_prefix) and name.partition("{")[0].endswith("_total"):
+                try:
+                    values[name] = float(value)
+                except ValueError:
+                    continue
+        return values
