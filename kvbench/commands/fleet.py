@@ -98,7 +98,7 @@ def _cell(value: Any, kind: str = "int") -> str:
     if kind == "rate":
         return f"{value:.4f}"
     if kind == "pair":
-        return f"{value[0]} of {value[1]}"
+        return f"{value[0]}/{value[1]}"
     return f"{int(value):,}"
 
 
@@ -116,7 +116,7 @@ def table(outcome: FleetOutcome) -> Table:
             fleet_row = row["replica"] == "fleet"
             result.add_row(
                 row["policy"],
-                escape(row["replica"]),
+                escape(row["replica"].removeprefix("http://")),
                 _cell(row["requests"]),
                 _cell(row["prompt_tokens"]),
                 _cell(row["cached_tokens"]),

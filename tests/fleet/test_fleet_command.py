@@ -1,0 +1,138 @@
+"""``kvbench fleet`` against the real routers (the ``[fleet]`` extra) over ``kvbench serve`` replicas it
+starts on loopback: per-replica rows and table, the replicas' /metrics summed equal to the client's
+usage, expected = reported request by request at concurrency 1 (no server blamed under round robin),
+the router's own counters kept, and nothing left listening after it ends, on SIGINT and on SIGTERM."""
+
+import importlib.util
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pyarrow.parquet as pq
+import pytest
+
+from kvbench.results.parquet import read_metadata
+
+pytestmark = pytest.mark.slow  # two replicas and a router per policy: ~40-90 s on 2 loaded cores
+REPO = Path(__file__).resolve().parents[2]
+
+CHAT = """
+[workload]
+kind = "chat"
+num_conversations = 4
+turns = "uniform:2,3"
+system_tokens = 64
+user_tokens = "lognormal:20,0.3"
+reply_tokens = "lognormal:4,0.3"
+conversation_rate_per_s = 100.0
+think_time_s = 0.01
+seed = 3
+
+[cache]
+block_size = 16
+"""
+
+
+def needs(module: str) -> None:
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"{module} is not installed (pip install -e '.[fleet]')")
+
+
+def listening(url: str) -> bool:
+    parts = urlsplit(url)
+    with socket.socket() as sock:
+        sock.settimeout(1)
+        return sock.connect_ex((parts.hostname, parts.port)) == 0
+
+
+def router_urls(stderr: str) -> list[str]:
+    return [line.split(" on ")[1].split()[0] for line in stderr.splitlines() if " on http://" in line]
+
+
+@pytest.mark.parametrize(
+    ("router", "module", "policies"),
+    [
+        ("sglang", "sglang_router", ("round_robin", "cache_aware")),
+        ("vllm", "vllm_router", ("round_robin", "consistent_hash")),
+    ],
+)
+def test_fleet_runs_each_policy_and_expectations_match_the_replicas(
+    kvbench, tmp_path, router, module, policies
+):
+    needs(module)
+    scenario, out = tmp_path / "chat.toml", tmp_path / "fleet"
+    scenario.write_text(CHAT)
+    code, stdout, stderr = kvbench(
+        "fleet", scenario, "--router", router, "--replicas", "2", "--policy", ",".join(policies), "--out", out
+    )
+    assert code == 0, stderr
+    summary = json.loads((out / "fleet.json").read_text())
+    replicas = summary["replicas"]
+    assert len(replicas) == 2 and [p["policy"] for p in summary["policies"]] == list(policies)
+    for entry in summary["policies"]:
+        policy, rows = entry["policy"], pq.read_table(entry["rows"]).to_pylist()
+        assert len(rows) == 11 and all(row["status"] == "ok" for row in rows)
+        assert {row["replica_id"] for row in rows} <= {urlsplit(url).netloc for url in replicas}
+        report = entry["replica_metrics"]  # the replicas' own /metrics: per replica = its rows
+        assert report["verdict"] is None
+        assert report["fleet"]["prompt_tokens"] == sum(row["prompt_tokens"] for row in rows)
+        assert report["fleet"]["cached_tokens"] == sum(row["cached_prompt_tokens"] for row in rows)
+        for replica in report["replicas"]:
+            mine = [row for row in rows if row["replica_id"] == urlsplit(replica["url"]).netloc]
+            assert replica["cached_tokens"] == sum(row["cached_prompt_tokens"] for row in mine)
+        assert any(name.endswith("_total") or "_total{" in name for name in entry["router_counters"]), entry
+        expected = [row["expected_cached_tokens"] for row in rows]
+        reported = [row["cached_prompt_tokens"] for row in rows]
+        if policy == "consistent_hash":  # the model's ring is not the router's: sessions stay put
+            sessions = {}
+            for row in rows:
+                sessions.setdefault(row["session_id"], set()).add(row["replica_id"])
+            assert all(len(on) == 1 for on in sessions.values()), sessions
+        else:  # concurrency 1: the model routes as the router did, request by request
+            assert reported == expected, (policy, reported, expected)
+            assert read_metadata(Path(entry["rows"]))["reconciliation"]["below_expected"] == []
+        if policy == "round_robin":
+            assert len({row["replica_id"] for row in rows}) == 2
+    table = stdout.replace("\n", " ")
+    assert f"kvbench fleet: {router} router, 2 replicas" in table
+    round_robin = next(
+        line for line in stdout.splitlines() if line.startswith("│ round_robin") and "fleet" in line
+    )
+    assert "11/11" in round_robin, stdout  # every request on the replica the model picked
+    assert not any(listening(url) for url in replicas + router_urls(stderr))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_fleet_stops_every_process_and_keeps_the_rows_on_a_signal(tmp_path, sig):
+    needs("sglang_router")
+    scenario, out = tmp_path / "chat.toml", tmp_path / "fleet"
+    scenario.write_text(CHAT.replace("num_conversations = 4", "num_conversations = 40"))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kvbench.cli", "fleet", scenario, "--replicas", "2", "--policy", "round_robin"]
+        + ["--out", out],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    rows = out / "round_robin.parquet"
+    deadline = time.monotonic() + 300
+    while process.poll() is None and time.monotonic() < deadline:
+        if rows.exists() and pq.read_metadata(rows).num_rows >= 2:
+            break
+        time.sleep(0.2)
+    assert process.poll() is None, process.communicate()[1][-2000:]
+    process.send_signal(sig)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 128 + sig, stderr
+    summary = json.loads((out / "fleet.json").read_text())
+    kept = pq.read_table(rows).to_pylist()
+    assert 2 <= len(kept) < 100 and read_metadata(rows)["complete"] is False
+    assert summary["policies"][0]["policy"] == "round_robin"
+    started = summary["replicas"] + router_urls(stderr)
+    assert len(started) == 3 and not any(listening(url) for url in started), stderr[-2000:]
