@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from kvbench.backends.openai.admin import reset_prefix_cache
+from kvbench.backends.openai.hygiene import Hygiene
 from kvbench.errors import InputError
-from kvbench.fleet.routers import RouterKind, RouterProcess, check_router
+from kvbench.fleet.routers import KV_AWARE, RouterKind, RouterProcess, check_router, kv_event_source_args
 from kvbench.peer.kvbench_server import KvbenchServer, KvbenchServerConfig
 from kvbench.peer.server import PeerError
 from kvbench.run.config import BackendKind, RunConfig, RunFlags, ServerFlags
@@ -120,8 +121,11 @@ def run_fleet(
         outcome.worker_urls = urls
         for policy in config.policies:
             _reset_caches(urls, say)
+            kv_args = kv_event_source_args(urls, config.block_size) if policy == KV_AWARE else ()
             router = stack.enter_context(
-                RouterProcess(config.router, policy, urls, config.out_dir / f"router-{policy}.log")
+                RouterProcess(
+                    config.router, policy, urls, config.out_dir / f"router-{policy}.log", extra_args=kv_args
+                )
             )
             _wait(router)
             say(f"{router.name} on {router.url} over {len(urls)} replicas")
@@ -131,7 +135,12 @@ def run_fleet(
                 BackendKind.OPENAI,
                 run=config.run,
                 server=ServerFlags(
-                    base_url=router.base_url, replica_metrics=tuple(urls), fleet_policy=policy
+                    base_url=router.base_url,
+                    replica_metrics=tuple(urls),
+                    fleet_policy=policy,
+                    # vllm-router skips its KV lookup for a request with a cache_salt: keep runs apart
+                    # by a unique prefix instead
+                    hygiene=Hygiene.NONCE if policy == KV_AWARE else None,
                 ),
                 out=config.out_dir / f"{policy}.parquet",
             )
@@ -152,6 +161,8 @@ def run_fleet(
 def _start_replicas(config: FleetConfig, stack: contextlib.ExitStack, say: Say) -> list[str]:
     """Start ``config.num_replicas`` ``kvbench serve`` processes (stopped by ``stack``); their URLs."""
     extra = ("--cache-size", config.cache_size) if config.cache_size is not None else ()
+    if KV_AWARE in config.policies:  # the router reads each replica's KV events
+        extra += ("--kv-events", "tcp://127.0.0.1:0")
     replicas = []
     for index in range(config.num_replicas):
         replica_config = KvbenchServerConfig(

@@ -13,6 +13,7 @@ A router is a :class:`~kvbench.peer.server.ServerProcess`: its own process group
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from dataclasses import dataclass
 from enum import Enum
@@ -96,8 +97,10 @@ class RouterProcess(ServerProcess):
         worker_urls: list[str],
         log_path: Path,
         startup_timeout_s: float = 120.0,
+        extra_args: tuple[str, ...] = (),
     ) -> None:
         super().__init__(log_path, startup_timeout_s, free_port())
+        self.extra_args = extra_args
         self.spec = ROUTERS[kind]
         self.name = f"{self.spec.package} ({policy})"
         self.policy = policy
@@ -125,6 +128,7 @@ class RouterProcess(ServerProcess):
             self.policy,
             "--worker-urls",
             *self.worker_urls,
+            *self.extra_args,
         ]
 
     def counters(self) -> dict[str, float]:
@@ -142,3 +146,40 @@ class RouterProcess(ServerProcess):
                 except ValueError:
                     continue
         return values
+
+
+KV_AWARE = "kv_aware"  # vllm-router's policy that routes on the workers' KV cache events
+
+
+def kv_event_source_args(worker_urls: list[str], block_size: int) -> tuple[str, ...]:
+    """vllm-router 0.1.17's static KV event sources for ``kv_aware`` over ``worker_urls``: each worker's
+    publisher and replay socket from its ``GET /kv_event_sources`` (vLLM's per-rank map; rank 0), the
+    block size, and the model its ``/v1/models`` lists first. (The router's own discovery reads the
+    block size from vLLM's ``/get_server_info``, which SGLang-shaped workers do not answer.)
+
+    Raises:
+        InputError: a worker publishes no events (start it with ``--kv-events``) or lists no model.
+    """
+    from kvbench.backends.openai.admin import list_models
+
+    args: list[str] = []
+    model = None
+    for url in worker_urls:
+        status, body = call(f"{url}/kv_event_sources", "", timeout_s=10, method="GET")
+        try:
+            rank = json.loads(body)["0"] if status == 200 else None
+        except (ValueError, KeyError, TypeError):
+            rank = None
+        if not rank or not rank.get("endpoint"):
+            raise InputError(
+                f"--policy kv_aware: {url} publishes no KV events (GET /kv_event_sources: HTTP {status}); "
+                "start it with --kv-events tcp://127.0.0.1:0"
+            )
+        args += ["--kv-event-source", f"{url}={rank['endpoint']}"]
+        if rank.get("replay_endpoint"):
+            args += ["--kv-event-replay-source", f"{url}={rank['replay_endpoint']}"]
+        models, problem = list_models(f"{url}/v1", "")
+        if not models:
+            raise InputError(f"--policy kv_aware: {url} lists no model ({problem})")
+        model = model or models[0]
+    return (*args, "--kv-event-block-size", str(block_size), "--kv-event-model", model or "")

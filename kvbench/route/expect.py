@@ -10,8 +10,8 @@ at concurrency 1 drives exactly; at higher concurrency the real router sees load
 model does not, so the expectation is an approximation there.
 
 The real routers' policy names map to the models ``kvbench route`` has (:data:`ROUTER_POLICIES`);
-a policy without a model (``random``, ``power_of_two``: their picks are random) gets no fleet
-expectation.
+a policy without a model (``random``, ``power_of_two``: their picks are random; ``kv_aware``: the
+router's index of the workers' KV events) gets no fleet expectation.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ ROUTER_POLICIES: dict[str, PolicyName] = {
     "cache_aware": PolicyName.CACHE_AWARE,
     "consistent_hash": PolicyName.SESSION,
 }
-# the policies the routers have that kvbench route has no model of (their picks are random or timed)
+# the policies the routers have that kvbench route has no model of: random picks, or (kv_aware) the
+# router's own index of the workers' KV events
 UNMODELLED = ("random", "power_of_two", "kv_aware", "sticky_least_loaded", "manual")
 SPACING_S = 1e6  # requests routed one at a time: each finishes long before the next arrives
 

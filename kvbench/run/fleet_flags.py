@@ -142,7 +142,7 @@ def fleet_expectations(server: ServerFlags, requests, server_cache, expectations
     if fleet is None:
         say(
             f"expected cached tokens: one cache (kvbench route has no model of --fleet-policy "
-            f"{server.fleet_policy}: its picks are random or timed)"
+            f"{server.fleet_policy})"
         )
         return expectations, None
     say(

@@ -136,3 +136,25 @@ def test_fleet_stops_every_process_and_keeps_the_rows_on_a_signal(tmp_path, sig)
     assert summary["policies"][0]["policy"] == "round_robin"
     started = summary["replicas"] + router_urls(stderr)
     assert len(started) == 3 and not any(listening(url) for url in started), stderr[-2000:]
+
+
+def test_kv_aware_routes_on_the_replicas_kv_events(kvbench, tmp_path):
+    """vllm-router's kv_aware policy fed by kvbench serve's KV events (static sources read from each
+    replica's /kv_event_sources): its placement lookups hit, so its decisions come from the events."""
+    needs("vllm_router")
+    scenario, out = tmp_path / "chat.toml", tmp_path / "fleet"
+    scenario.write_text(CHAT)
+    code, _, stderr = kvbench(
+        "fleet", scenario, "--router", "vllm", "--replicas", "2", "--policy", "kv_aware", "--out", out
+    )
+    assert code == 0, stderr
+    entry = json.loads((out / "fleet.json").read_text())["policies"][0]
+    counters = entry["router_counters"]
+    hits = counters.get('vllm_router_kv_placement_lookups_total{result="hit"}', 0)
+    assert hits >= 5, counters  # later turns and the shared system prompt found in the index
+    assert not any('result="cache_salt"' in name for name in counters), counters  # nonce, not salt
+    rows = pq.read_table(entry["rows"]).to_pylist()
+    assert (
+        sum(row["cached_prompt_tokens"] for row in rows) == entry["replica_metrics"]["fleet"]["cached_tokens"]
+    )
+    assert "kvbench route has no model of --fleet-policy kv_aware" in stderr
