@@ -138,9 +138,9 @@ def run_fleet(
                     base_url=router.base_url,
                     replica_metrics=tuple(urls),
                     fleet_policy=policy,
-                    # vllm-router skips its KV lookup for a request with a cache_salt: keep runs apart
-                    # by a unique prefix instead
-                    hygiene=Hygiene.NONCE if policy == KV_AWARE else None,
+                    # vllm-router's kv_aware skips its KV lookup for a request with a cache_salt: runs
+                    # are kept apart by a unique prefix instead, for every policy, so they compare
+                    hygiene=Hygiene.NONCE if KV_AWARE in config.policies else None,
                 ),
                 out=config.out_dir / f"{policy}.parquet",
             )
