@@ -112,20 +112,19 @@ def table(outcome: FleetOutcome) -> Table:
             column, justify="left" if column in ("policy", "replica") else "right", no_wrap=True
         )
     for run in outcome.runs:
-        for row in policy_rows(run.policy, run.outcome):
-            fleet_row = row["replica"] == "fleet"
+        for line in policy_rows(run.policy, run.outcome):
             result.add_row(
-                row["policy"],
-                escape(row["replica"].removeprefix("http://")),
-                _cell(row["requests"]),
-                _cell(row["prompt_tokens"]),
-                _cell(row["cached_tokens"]),
-                _cell(row["hit_rate"], "rate"),
-                _cell(row["client_rows"]),
-                _cell(row.get("expected_hit_rate"), "rate") if fleet_row else "",
-                _cell(row.get("below_expected")) if fleet_row else "",
-                _cell(row.get("agreement"), "pair") if fleet_row else "",
-                end_section=fleet_row,
+                line.policy,
+                escape(line.replica.removeprefix("http://")),
+                _cell(line.requests),
+                _cell(line.prompt_tokens),
+                _cell(line.cached_tokens),
+                _cell(line.hit_rate, "rate"),
+                _cell(line.client_rows),
+                _cell(line.expected_hit_rate, "rate") if line.is_fleet else "",
+                _cell(line.below_expected) if line.is_fleet else "",
+                _cell(line.agreement, "pair") if line.is_fleet else "",
+                end_section=line.is_fleet,
             )
     result.caption = (
         "per replica: its own /metrics delta (rows: the client's rows naming it); fleet: the client's "

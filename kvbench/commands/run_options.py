@@ -256,7 +256,12 @@ HTTP = panel(
         ),
         "reset_cache": (
             Annotated[
-                bool, typer.Option("--reset-cache", help="POST the server's cache reset endpoint first.")
+                bool,
+                typer.Option(
+                    "--reset-cache",
+                    help="Reset the server's prefix cache first (each --replica-metrics replica behind a "
+                    "router); a failed or partial reset stops the run.",
+                ),
             ],
             False,
         ),

@@ -21,13 +21,12 @@ def plot_fleet(outcome: FleetOutcome, path: Path) -> Path:
     width = 0.8 / max(len(table) for table in tables)
     figure, axis = plt.subplots(figsize=(max(6.0, 2.2 * len(tables)), 4.4))
     for group, table in enumerate(tables):
-        for offset, row in enumerate(table):
+        for offset, line in enumerate(table):
             x = group - 0.4 + width * (offset + 0.5)
-            is_fleet = row["replica"] == "fleet"
-            color = "tab:blue" if is_fleet else "tab:gray"
-            axis.bar(x, row["hit_rate"] or 0.0, width * 0.9, color=color)
-            if is_fleet and row.get("expected_hit_rate") is not None:
-                axis.plot([x - width / 2, x + width / 2], [row["expected_hit_rate"]] * 2, color="black", lw=2)
+            color = "tab:blue" if line.is_fleet else "tab:gray"
+            axis.bar(x, line.hit_rate or 0.0, width * 0.9, color=color)
+            if line.is_fleet and line.expected_hit_rate is not None:
+                axis.plot([x - width / 2, x + width / 2], [line.expected_hit_rate] * 2, color="black", lw=2)
     axis.set_xticks(np.arange(len(tables)), [run.policy for run in outcome.runs])
     axis.set_ylim(0, 1.02)
     axis.set_ylabel("token hit rate (cached / prompt tokens)")

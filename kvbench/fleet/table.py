@@ -11,11 +11,14 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 from kvbench.results.rows import ResultRow
 from kvbench.run.execute import RunOutcome
+
+FLEET = "fleet"  # the replica column of a policy's sum line
 
 
 def replica_agreement(rows: Sequence[ResultRow], fleet: dict[str, Any] | None) -> tuple[int, int] | None:
@@ -25,9 +28,9 @@ def replica_agreement(rows: Sequence[ResultRow], fleet: dict[str, Any] | None) -
         return None
     predicted = dict(zip(fleet["request_index"], fleet["replica"]))
     pairs = [
-        (predicted[row.request_index], row.replica_id)
-        for row in rows
-        if row.status == "ok" and row.replica_id and row.request_index in predicted
+        (predicted[record.request_index], record.replica_id)
+        for record in rows
+        if record.status == "ok" and record.replica_id and record.request_index in predicted
     ]
     if not pairs:
         return None
@@ -43,44 +46,61 @@ def _rate(cached: float | None, prompt: float | None) -> float | None:
     return cached / prompt if prompt and cached is not None else None
 
 
-def policy_rows(policy: str, outcome: RunOutcome) -> list[dict[str, Any]]:
-    """The table rows of one policy's run: one per replica, then ``fleet`` (dicts with ``policy``,
-    ``replica``, ``requests``, ``prompt_tokens``, ``cached_tokens``, ``hit_rate``, ``client_rows``, and
-    on the fleet row ``expected_hit_rate``, ``below_expected``, ``agreement``; ``None`` where the run
-    did not get that far)."""
-    rows, metadata, rec = outcome.rows, outcome.metadata, outcome.reconciliation
-    ok = [row for row in rows if row.status == "ok"]
-    report = metadata.get("replica_metrics") or {"replicas": [], "fleet": None}
-    table = []
-    for replica in report["replicas"]:
-        name = urlsplit(replica["url"]).netloc
-        table.append(
-            {
-                "policy": policy,
-                "replica": replica["url"],
-                "requests": replica["requests"],
-                "prompt_tokens": replica["prompt_tokens"],
-                "cached_tokens": replica["cached_tokens"],
-                "hit_rate": replica["hit_rate"],
-                "client_rows": sum(row.replica_id == name for row in ok),
-                "problem": replica["problem"],
-            }
+@dataclass(frozen=True)
+class TableRow:
+    """One line of the policy x replica table; ``replica`` is a replica's URL or ``fleet``. Counts are
+    the replica's own ``/metrics`` deltas (the client's usage on the fleet line); ``None`` where it
+    had none. The fleet line alone has the expectation, the requests below it, the agreement with
+    the model's replicas and the ``/metrics`` verdict."""
+
+    policy: str
+    replica: str
+    requests: float | None
+    prompt_tokens: float | None
+    cached_tokens: float | None
+    hit_rate: float | None
+    client_rows: int
+    problem: str | None = None
+    expected_hit_rate: float | None = None
+    below_expected: int | None = None
+    agreement: tuple[int, int] | None = None
+
+    @property
+    def is_fleet(self) -> bool:
+        return self.replica == FLEET
+
+
+def policy_rows(policy: str, outcome: RunOutcome) -> list[TableRow]:
+    """The table rows of one policy's run: one per replica, then the fleet's."""
+    records, metadata, rec = outcome.rows, outcome.metadata, outcome.reconciliation
+    ok = [record for record in records if record.status == "ok"]
+    report = metadata.get("replica_metrics") or {"replicas": []}
+    table = [
+        TableRow(
+            policy,
+            delta["url"],
+            delta["requests"],
+            delta["prompt_tokens"],
+            delta["cached_tokens"],
+            delta["hit_rate"],
+            sum(record.replica_id == urlsplit(delta["url"]).netloc for record in ok),
+            delta["problem"],
         )
-    prompt = sum(row.prompt_tokens or 0 for row in ok)
-    agreement = replica_agreement(rows, metadata.get("fleet_expectation"))
-    table.append(
-        {
-            "policy": policy,
-            "replica": "fleet",
-            "requests": len(ok),
-            "prompt_tokens": prompt,
-            "cached_tokens": sum(row.cached_prompt_tokens or 0 for row in ok),
-            "hit_rate": _rate(sum(row.cached_prompt_tokens or 0 for row in ok), prompt),
-            "client_rows": len(ok),
-            "expected_hit_rate": None if rec is None else rec.expected_hit_rate,
-            "below_expected": None if rec is None else len(rec.below_expected),
-            "agreement": agreement,
-            "verdict": report.get("verdict"),
-        }
+        for delta in report["replicas"]
+    ]
+    prompt = sum(record.prompt_tokens or 0 for record in ok)
+    cached = sum(record.cached_prompt_tokens or 0 for record in ok)
+    fleet = TableRow(
+        policy,
+        FLEET,
+        len(ok),
+        prompt,
+        cached,
+        _rate(cached, prompt),
+        len(ok),
+        report.get("verdict"),
+        None if rec is None else rec.expected_hit_rate,
+        None if rec is None else len(rec.below_expected),
+        replica_agreement(records, metadata.get("fleet_expectation")),
     )
-    return table
+    return [*table, fleet]

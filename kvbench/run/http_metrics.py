@@ -45,6 +45,31 @@ def metrics_scope(before: Sequence[str | None], after: Sequence[str | None]) -> 
     )
 
 
+def reset_all(urls: Sequence[str], key: str, reset: Callable[[str, str], tuple[str | None, str]]) -> str:
+    """``--reset-cache``: reset every server of ``urls`` (behind a router, each replica of
+    ``--replica-metrics`` directly: a router's own reset reaches some workers or none); returns the
+    line to say. A reset that fails anywhere is a fresh start nowhere.
+
+    Raises:
+        InputError: a server did not reset (naming it and what it answered).
+    """
+    from kvbench.errors import InputError
+
+    done = []
+    for url in urls:
+        endpoint, note = reset(url, key)
+        if endpoint is None:
+            where = f"{url}: " if len(urls) > 1 else ""
+            raise InputError(
+                f"--reset-cache: {where}{note}; {len(done)} of {len(urls)} servers reset, so the run would "
+                "not start from empty caches (reset them yourself, or drop --reset-cache)"
+            )
+        done.append(endpoint)
+    if len(urls) == 1:
+        return f"POST {done[0]}: cache reset"
+    return f"cache reset on all {len(urls)} replicas ({', '.join(sorted(set(done)))})"
+
+
 def server_state(config: RunConfig, urls: Sequence[str], key: str, say: Callable[[str], None]):
     """Reset the servers' caches (``--reset-cache``), read their prefix-cache counters and what their
     ``/metrics`` says of their cache; each line to ``say`` as it is known. Returns (the scrape of each
@@ -54,8 +79,8 @@ def server_state(config: RunConfig, urls: Sequence[str], key: str, say: Callable
     from kvbench.backends.openai.server_cache import resolve_server_cache
 
     server = config.server
-    for url in urls if server.reset_cache else ():
-        say(reset_prefix_cache(url, key)[1])
+    if server.reset_cache:
+        say(reset_all(server.replica_metrics or urls, key, reset_prefix_cache))
     metrics_before = scrape(fetch_metrics, urls, key)
     server_cache = resolve_server_cache(
         detect_cache_settings(joined(metrics_before)), server.server_block_size, server.expected_cache_size

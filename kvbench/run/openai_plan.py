@@ -107,14 +107,17 @@ def run_preflight(
     if not server.preflight:
         return config, ["preflight: skipped (--no-preflight)"], {"skipped": True}
     salt_hygiene = (server.hygiene or Hygiene.SALT) is Hygiene.SALT and config.salt is None
-    probe_config = _client_config(config, model, key, settings)  # vLLM's block size, no extra body
+    # vLLM's block size; the fleet flags too, so the probes (one session) stay on one replica behind a
+    # router with session affinity
+    probe_config = shaped(_client_config(config, model, key, settings), server)
     result = asyncio.run(preflight(probe_config, tokenizer, with_salts=salt_hygiene))
     if result.fatal is not None:
         raise InputError(f"preflight: {result.fatal}")
     notes = result.lines()
     if result.salt_ignored:
         notes.append(
-            "[bold red]WARNING: the server ignores cache_salt: falling back to --hygiene nonce[/bold red]"
+            "[bold red]WARNING: the server ignores cache_salt, or a router in front of it drops it "
+            "(sglang-router does): falling back to --hygiene nonce[/bold red]"
         )
         config = replace(config, server=replace(server, hygiene=Hygiene.NONCE))
     return config, notes, result.as_dict()

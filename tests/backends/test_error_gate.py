@@ -24,6 +24,7 @@ def failing_run(fake_server, tmp_path, capsys):
                     *openai_args("run", str(scenario), server.url),
                     "--timeout",
                     "2",
+                    "--no-preflight",  # the gate, not the preflight (which stops a run that cannot stream)
                     "--out",
                     str(tmp_path / "run.parquet"),
                     *flags,

@@ -119,6 +119,7 @@ def test_a_run_against_a_bad_server_finishes_records_errors_and_exits_1(
         "1",
         "--concurrency",
         "2",
+        "--no-preflight",  # a failing probe stops the run before any request (the test below)
         "--out",
         out,
     )
@@ -130,3 +131,17 @@ def test_a_run_against_a_bad_server_finishes_records_errors_and_exits_1(
     assert SECRET_KEY not in stdout + stderr and SECRET_KEY.encode() not in out.read_bytes()
     if behaviour == "fail":
         assert {r["http_status"] for r in rows} == {500} and "HTTP 500 x3" in stdout
+
+
+@pytest.mark.parametrize("behaviour", ["fail", "hang"])
+def test_a_failed_streaming_probe_stops_the_run_before_any_request(
+    kvbench, fake_server, tiny_scenario, tmp_path, behaviour
+):
+    # behind a router every such request would fail too, and its circuit breaker would open on them
+    server = fake_server(behaviour)
+    out = tmp_path / "never.parquet"
+    code, _, stderr = kvbench(*openai_args("run", tiny_scenario, server.url), "--timeout", "1", "--out", out)
+    assert code == 2 and not out.exists()
+    line = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(line) == 1 and "preflight: streaming: a streamed 2-token request failed" in line[0], stderr
+    assert "so none is sent" in stderr and len(server.bodies) == 1  # the one probe, no request of the run

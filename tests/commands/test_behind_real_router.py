@@ -148,3 +148,37 @@ def test_rows_name_replicas_and_replica_metrics_add_up(kvbench, replicas, router
         assert {row["replica_id"] for row in rows} == names  # both replicas served
     else:  # consistent hashing on X-Session-ID: a session never changes replica
         assert all(len(served_by) == 1 for served_by in by_session.values()), dict(by_session)
+
+
+def test_isolation_survives_the_router(kvbench, replicas, router, tmp_path, refused_url):
+    """--reset-cache resets each replica itself (a router's own reset reaches some or none), a reset
+    that fails anywhere stops the run, and the preflight's cache_salt check decides behind round robin
+    (its repeats are resent until they reach the first probe's replica): sglang-router drops
+    cache_salt, so the run falls back to nonce hygiene; vllm-router passes it on."""
+    name, url, policy = router
+    scenario = tmp_path / "chat.toml"
+    scenario.write_text(CHAT)
+    metrics_flags = [flag for replica in replicas for flag in ("--replica-metrics", replica)]
+    base = ("run", scenario, "--backend", "openai", "--base-url", url + "/v1", "--requests", "3")
+    code, _, stderr = kvbench(*base, *metrics_flags, "--reset-cache", "--out", tmp_path / "a.parquet")
+    assert code == 0, stderr
+    assert f"cache reset on all {len(replicas)} replicas (/reset_prefix_cache)" in stderr
+    salt = next(line for line in stderr.splitlines() if line.startswith("preflight cache_salt:"))
+    if name == "sglang":
+        assert salt.startswith("preflight cache_salt: FAILED"), salt
+        assert (
+            "a router in front of it drops it (sglang-router does): falling back to --hygiene nonce" in stderr
+        )
+    else:
+        assert salt.startswith("preflight cache_salt: ok"), salt
+
+    dead = refused_url.removesuffix("/v1")  # a replica that does not answer: no fresh start anywhere
+    code, _, stderr = kvbench(
+        *base, *metrics_flags, "--replica-metrics", dead, "--reset-cache", "--out", tmp_path / "b.parquet"
+    )
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert code == 2 and len(errors) == 1 and not (tmp_path / "b.parquet").exists()
+    assert (
+        f"--reset-cache: {dead}: " in errors[0]
+        and f"{len(replicas)} of {len(replicas) + 1} servers reset" in errors[0]
+    )

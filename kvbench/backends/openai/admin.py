@@ -67,12 +67,20 @@ def unreachable(base_url: str, api_key: str, timeout_s: float = 10.0) -> str | N
     return body if status == 0 else None
 
 
+PARTIAL_CONTENT = 206  # sglang-router's /flush_cache when some workers failed ("0 succeeded, 2 failed")
+
+
 def reset_prefix_cache(base_url: str, api_key: str, timeout_s: float = 30.0) -> tuple[str | None, str]:
     """POST the server's cache-reset endpoint (vLLM's, else SGLang's). Returns ``(endpoint, note)``;
-    ``endpoint`` is ``None`` when none answered 2xx (``note`` says what happened)."""
+    ``endpoint`` is ``None`` when none answered 2xx (``note`` says what happened). A 206 is a partial
+    reset (a router whose fan-out failed on some workers): a failure, with the router's first line."""
     notes = []
     for endpoint in RESET_ENDPOINTS:
         status, body = call(server_root(base_url) + endpoint, api_key, timeout_s, method="POST")
+        if status == PARTIAL_CONTENT:
+            first = (body.strip().splitlines() or [""])[0][:200]
+            notes.append(f"POST {endpoint}: HTTP 206, a partial reset ({first})")
+            break
         if 200 <= status < 300:
             return endpoint, f"POST {endpoint}: cache reset"
         notes.append(f"POST {endpoint}: {_problem(status, body)}")

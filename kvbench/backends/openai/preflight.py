@@ -6,7 +6,8 @@ Checks, in order; each gives a :class:`Check`:
 1. **server**: something answers at the base URL (``GET /v1/models``); if not, the rest is skipped
    (the run still goes on and records every request as an error, as without a preflight).
 2. **model**: the model is one the server lists (when it lists any); if not, the run stops.
-3. **streaming**: a 2-token streamed chat request completes.
+3. **streaming**: a 2-token streamed chat request completes; if not, the run stops (a server or a router
+   that fails the probe fails every request, and a router's circuit breaker opens on them).
 4. **cached_tokens**: the same probe again reports ``usage.prompt_tokens_details.cached_tokens``.
    If not, hit rates cannot be reported: vLLM needs ``--enable-prompt-tokens-details``, SGLang
    ``--enable-cache-report``.
@@ -33,6 +34,7 @@ from kvbench.workloads.text import FILLER_WORDS
 from kvbench.workloads.tokenizer import Tokenizer
 
 PROBE_TOKENS = 160  # 10 blocks of 16, 2.5 of 64: a hit shows at every common block size
+MAX_REPLICA_TRIES = 8  # repeats of a probe to reach the first probe's replica behind a router
 CACHE_FLAGS = "vLLM: --enable-prompt-tokens-details; SGLang: --enable-cache-report"
 
 
@@ -56,10 +58,19 @@ class PreflightResult:
 
     @property
     def fatal(self) -> str | None:
-        """Why the run must not start (the server lists models, not this one), else ``None``. A
-        server that does not answer is not fatal: every request then becomes an error row."""
+        """Why the run must not start (the server lists models, not this one; a streamed probe
+        failed), else ``None``. A server that does not answer is not fatal: every request then becomes
+        an error row."""
         model = self.check("model")
-        return f"model: {model.detail}" if model is not None and model.ok is False else None
+        if model is not None and model.ok is False:
+            return f"model: {model.detail}"
+        streaming = self.check("streaming")
+        if streaming is not None and streaming.ok is False:
+            return (
+                f"streaming: {streaming.detail}; every request of the run would fail the same way (and "
+                "trip a router's circuit breaker), so none is sent"
+            )
+        return None
 
     @property
     def salt_ignored(self) -> bool:
@@ -119,6 +130,18 @@ def _served_checks(first: RequestRecord, again: RequestRecord, other: RequestRec
     )
     if other is None:
         return checks
+    elsewhere = [
+        r for r in (again, other) if first.replica_id and r.replica_id not in (None, first.replica_id)
+    ]
+    if elsewhere:
+        return checks + [
+            Check(
+                "cache_salt",
+                None,
+                f"the repeats reached other replicas than the first ({first.replica_id}) in "
+                f"{MAX_REPLICA_TRIES} tries: cannot tell behind this router",
+            )
+        ]
     if again.cached_prompt_tokens == 0:
         return checks + [Check("cache_salt", None, "a repeat did not hit (is prefix caching on?)")]
     if (other.cached_prompt_tokens or 0) > 0:
@@ -133,16 +156,31 @@ def _served_checks(first: RequestRecord, again: RequestRecord, other: RequestRec
     return checks + [Check("cache_salt", True, "a second cache_salt did not hit: salts keep runs apart")]
 
 
+async def _on_replica_of(backend: OpenAIBackend, probe: Request, first: RequestRecord) -> RequestRecord:
+    """``probe`` served again, resent (up to :data:`MAX_REPLICA_TRIES` times) until the replica that
+    served ``first`` serves it: behind a router without session affinity (round robin) a repeat
+    reaches another replica, where no hit tells anything about the cache. Servers that name no
+    replica are served once."""
+    record = await backend.serve(probe)
+    for _ in range(MAX_REPLICA_TRIES - 1):
+        if first.replica_id is None or record.replica_id in (None, first.replica_id) or not record.ok:
+            break
+        record = await backend.serve(probe)
+    return record
+
+
 async def _probe(config: OpenAIConfig, tokenizer: Tokenizer, with_salts: bool) -> list[Check]:
     probe = probe_request(tokenizer, secrets.token_hex(8))
     salt = secrets.token_hex(16) if with_salts else None
     async with OpenAIBackend(config, tokenizer, salt) as backend:
         first = await backend.serve(probe)
-        again = await backend.serve(probe)
+        if not first.ok:  # the run stops on it: nothing more to ask
+            return _served_checks(first, first, None)
+        again = await _on_replica_of(backend, probe, first)
     other = None
-    if with_salts and first.ok:
+    if with_salts:
         async with OpenAIBackend(config, tokenizer, secrets.token_hex(16)) as backend:
-            other = await backend.serve(probe)
+            other = await _on_replica_of(backend, probe, first)
     return _served_checks(first, again, other)
 
 
