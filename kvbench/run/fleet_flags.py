@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # an HTTP header name (RFC 9110 "token")
 NO_SESSION_HEADER = "none"
+UNKNOWN_MODEL = "unknown"  # sglang-router's model id for workers it could not ask
 OWNED_BY_KVBENCH = ("model", "messages", "prompt", "stream")  # what the stream is: not --extra-body's
 
 
@@ -160,3 +161,19 @@ def fleet_expectations(server: ServerFlags, requests, server_cache, expectations
         f"{fleet.model} over {num_replicas} replicas",
     )
     return narrowed, metadata
+
+
+def replicas_model(server: ServerFlags, key: str) -> str:
+    """The model the replicas behind a router list (``--replica-metrics``), for a router that lists
+    its own as ``unknown``. Raises ``InputError`` naming ``--model`` when no replica says."""
+    from kvbench.backends.openai.admin import list_models
+    from kvbench.errors import InputError
+
+    for replica in server.replica_metrics:
+        models, _ = list_models(replica + "/v1", key)
+        if models and models[0] != UNKNOWN_MODEL:
+            return models[0]
+    raise InputError(
+        f"the router at {server.url} lists its model as {UNKNOWN_MODEL!r} (it could not read the "
+        "workers' model): give --model NAME, the name the workers serve"
+    )

@@ -28,7 +28,7 @@ from kvbench.run.execute import (
     prepared_requests,
     run_metadata,
 )
-from kvbench.run.fleet_flags import fleet_expectations, shaped
+from kvbench.run.fleet_flags import UNKNOWN_MODEL, fleet_expectations, replicas_model, shaped
 from kvbench.run.http_metrics import server_state
 from kvbench.run.loop import LoadConfig
 from kvbench.run.plan import RunPlan, register_backend
@@ -51,6 +51,8 @@ def served_model(config: RunConfig, key: str) -> str:
     if (problem := unreachable(config.server.url, key)) is not None:
         raise InputError(f"cannot reach the server at {config.server.url}: {problem}")
     models, problem = list_models(config.server.url, key)
+    if models == [UNKNOWN_MODEL]:  # sglang-router, over workers whose model it could not read
+        return replicas_model(config.server, key)
     if not models:
         raise InputError(f"--model NAME is needed: {problem or 'the server lists no model'}")
     return models[0]
@@ -94,11 +96,12 @@ def with_run_tokenizer(config: RunConfig, model: str, key: str, tokenizer, sourc
 
 
 def run_preflight(
-    config: RunConfig, model: str, key: str, tokenizer, settings
+    config: RunConfig, model: str, key: str, tokenizer, settings, token_ids: bool = False
 ) -> tuple[RunConfig, list[str], dict]:
     """The preflight (:mod:`kvbench.backends.openai.preflight`) unless ``--no-preflight``: returns the
     config (nonce hygiene when the server ignored cache_salt under salt hygiene), its note lines and
-    its results for the metadata. Raises ``InputError`` when the server lists models but not this one."""
+    its results for the metadata. Raises ``InputError`` when the server lists models but not this one,
+    or fails a streamed probe or (``token_ids``: the run sends token-id prompts) a token-id one."""
     import asyncio
 
     from kvbench.backends.openai.preflight import preflight
@@ -110,7 +113,7 @@ def run_preflight(
     # vLLM's block size; the fleet flags too, so the probes (one session) stay on one replica behind a
     # router with session affinity
     probe_config = shaped(_client_config(config, model, key, settings), server)
-    result = asyncio.run(preflight(probe_config, tokenizer, with_salts=salt_hygiene))
+    result = asyncio.run(preflight(probe_config, tokenizer, with_salts=salt_hygiene, token_ids=token_ids))
     if result.fatal is not None:
         raise InputError(f"preflight: {result.fatal}")
     notes = result.lines()
@@ -334,7 +337,8 @@ def openai_plan(config: RunConfig, say: OnStatus, stack: contextlib.ExitStack) -
     del stack  # nothing held beyond the run's own objects
     server = config.server
     tokenizer, source, settings, key, model = _source_and_model(config)
-    config, preflight_lines, checks = run_preflight(config, model, key, tokenizer, settings)
+    token_ids = any(r.messages is None and r.prompt is None for r in source.requests)
+    config, preflight_lines, checks = run_preflight(config, model, key, tokenizer, settings, token_ids)
     for line in preflight_lines:
         say(line)
     urls = server.base_urls or (server.url,)

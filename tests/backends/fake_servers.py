@@ -52,7 +52,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self):
         if self.path.endswith("/models"):
-            self._json(200, {"object": "list", "data": [{"id": "m", "object": "model"}]})
+            model = "unknown" if self.server.behaviour == "unknown_model" else "m"  # as sglang-router lists
+            self._json(200, {"object": "list", "data": [{"id": model, "object": "model"}]})
         else:
             self._json(404, {"error": {"message": "not found"}})
 

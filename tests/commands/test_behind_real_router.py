@@ -11,6 +11,7 @@ import subprocess
 import sys
 import urllib.request
 from collections import defaultdict
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -182,3 +183,21 @@ def test_isolation_survives_the_router(kvbench, replicas, router, tmp_path, refu
         f"--reset-cache: {dead}: " in errors[0]
         and f"{len(replicas)} of {len(replicas) + 1} servers reset" in errors[0]
     )
+
+
+def test_token_id_prompts_are_checked_before_the_run(kvbench, replicas, router, tmp_path):
+    """sglang-router takes text only (422: its prompt type is a string or an array of strings): a
+    trace of token ids is refused by the preflight in one line naming the fix, before any request."""
+    name, url, _ = router
+    trace = Path(__file__).resolve().parents[2] / "samples" / "hash_ids.jsonl"
+    out = tmp_path / "ids.parquet"
+    code, _, stderr = kvbench(
+        "run", trace, "--requests", "2", "--backend", "openai", "--base-url", url + "/v1", "--out", out
+    )
+    if name == "sglang":
+        errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+        assert code == 2 and len(errors) == 1 and not out.exists(), stderr
+        assert "token_ids: a prompt of token ids is refused (Error code: 422)" in errors[0]
+        assert "use a trace with text" in errors[0]
+    else:
+        assert code == 0 and "preflight token_ids: ok" in stderr, stderr

@@ -14,6 +14,8 @@ Checks, in order; each gives a :class:`Check`:
 5. **cache_salt** (with salt hygiene): the probe under a second salt. vLLM keys cached blocks by
    ``cache_salt`` (``../shared/REFERENCES.md`` section 1), so a hit there means the server ignored
    the salt: salt hygiene is off. The run then falls back to nonce hygiene and says so.
+6. **token_ids** (a run of token-id prompts): the probe as token ids on ``/v1/completions``; if it is
+   refused (sglang-router answers 422: its prompt type takes text), the run stops and names the fix.
 
 The probe is a chat prompt of :data:`PROBE_TOKENS` tokens (several blocks at any usual block size)
 that starts with a random nonce, so no earlier traffic can make it hit. Its four requests go to the
@@ -23,7 +25,7 @@ server before the run's ``/metrics`` scrape, so they do not count in the run's c
 from __future__ import annotations
 
 import secrets
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -64,6 +66,9 @@ class PreflightResult:
         model = self.check("model")
         if model is not None and model.ok is False:
             return f"model: {model.detail}"
+        token_ids = self.check("token_ids")
+        if token_ids is not None and token_ids.ok is False:
+            return f"token_ids: {token_ids.detail}"
         streaming = self.check("streaming")
         if streaming is not None and streaming.ok is False:
             return (
@@ -184,16 +189,38 @@ async def _probe(config: OpenAIConfig, tokenizer: Tokenizer, with_salts: bool) -
     return _served_checks(first, again, other)
 
 
-async def preflight(config: OpenAIConfig, tokenizer: Tokenizer, with_salts: bool) -> PreflightResult:
+async def _token_ids_check(config: OpenAIConfig, tokenizer: Tokenizer) -> Check:
+    """The probe as token ids on ``/v1/completions``, as the run will send its prompts."""
+    probe = probe_request(tokenizer, secrets.token_hex(8))
+    probe = replace(probe, messages=None, prompt=None)
+    async with OpenAIBackend(config, tokenizer, None) as backend:
+        record = await backend.serve(probe)
+    if record.ok:
+        return Check("token_ids", True, "a prompt of token ids is served")
+    return Check(
+        "token_ids",
+        False,
+        f"a prompt of token ids is refused ({record.error}): the server, or a router in front of it "
+        "(sglang-router takes text only), needs text; use a trace with text (prompts, ShareGPT, "
+        "kvbench trace gen)",
+    )
+
+
+async def preflight(
+    config: OpenAIConfig, tokenizer: Tokenizer, with_salts: bool, token_ids: bool = False
+) -> PreflightResult:
     """Run the checks of the module docstring against ``config``'s server and model.
 
-    ``with_salts``: also test that ``cache_salt`` is honoured (salt hygiene). Never raises for a
-    server's answer: each problem is a failed :class:`Check`.
+    ``with_salts``: also test that ``cache_salt`` is honoured (salt hygiene). ``token_ids``: the run
+    sends token-id prompts, so check that they are served. Never raises for a server's answer: each
+    problem is a failed :class:`Check`.
     """
     if (problem := unreachable(config.base_url, config.api_key)) is not None:
         return PreflightResult((Check("server", False, f"nothing answers at {config.base_url}: {problem}"),))
     checks = [Check("server", True, f"{config.base_url} answers")]
     models, problem = list_models(config.base_url, config.api_key)
+    if models == ["unknown"]:  # sglang-router over workers whose model it could not read
+        models, problem = [], "the router lists its model as 'unknown'"
     if models and config.model not in models:
         checks.append(
             Check("model", False, f"{config.model!r} is not served (the server lists {', '.join(models)})")
@@ -208,4 +235,7 @@ async def preflight(config: OpenAIConfig, tokenizer: Tokenizer, with_salts: bool
             else f"cannot tell ({problem or 'the server lists no model'})",
         )
     )
-    return PreflightResult(tuple(checks + await _probe(config, tokenizer, with_salts)))
+    checks += await _probe(config, tokenizer, with_salts)
+    if token_ids and all(check.ok is not False for check in checks if check.name == "streaming"):
+        checks.append(await _token_ids_check(config, tokenizer))
+    return PreflightResult(tuple(checks))
