@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import secrets
+from collections.abc import Sequence
 from dataclasses import replace
 from functools import partial
 
@@ -96,12 +97,12 @@ def with_run_tokenizer(config: RunConfig, model: str, key: str, tokenizer, sourc
 
 
 def run_preflight(
-    config: RunConfig, model: str, key: str, tokenizer, settings, token_ids: bool = False
+    config: RunConfig, model: str, key: str, tokenizer, settings, requests: Sequence[Request] = ()
 ) -> tuple[RunConfig, list[str], dict]:
     """The preflight (:mod:`kvbench.backends.openai.preflight`) unless ``--no-preflight``: returns the
     config (nonce hygiene when the server ignored cache_salt under salt hygiene), its note lines and
     its results for the metadata. Raises ``InputError`` when the server lists models but not this one,
-    or fails a streamed probe or (``token_ids``: the run sends token-id prompts) a token-id one."""
+    or fails a streamed probe or (when ``requests`` has token-id prompts) a token-id one."""
     import asyncio
 
     from kvbench.backends.openai.preflight import preflight
@@ -113,6 +114,7 @@ def run_preflight(
     # vLLM's block size; the fleet flags too, so the probes (one session) stay on one replica behind a
     # router with session affinity
     probe_config = shaped(_client_config(config, model, key, settings), server)
+    token_ids = any(r.messages is None and r.prompt is None for r in requests)
     result = asyncio.run(preflight(probe_config, tokenizer, with_salts=salt_hygiene, token_ids=token_ids))
     if result.fatal is not None:
         raise InputError(f"preflight: {result.fatal}")
@@ -337,8 +339,7 @@ def openai_plan(config: RunConfig, say: OnStatus, stack: contextlib.ExitStack) -
     del stack  # nothing held beyond the run's own objects
     server = config.server
     tokenizer, source, settings, key, model = _source_and_model(config)
-    token_ids = any(r.messages is None and r.prompt is None for r in source.requests)
-    config, preflight_lines, checks = run_preflight(config, model, key, tokenizer, settings, token_ids)
+    config, preflight_lines, checks = run_preflight(config, model, key, tokenizer, settings, source.requests)
     for line in preflight_lines:
         say(line)
     urls = server.base_urls or (server.url,)
