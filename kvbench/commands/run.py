@@ -140,6 +140,7 @@ def _server_flags(f: SimpleNamespace) -> ServerFlags:
         header=tuple(f.header or ()),
         extra_body=f.extra_body,
         replica_metrics=tuple(f.replica_metrics or ()),
+        router_metrics=f.router_metrics,
         fleet_policy=f.fleet_policy,
         fleet_replicas=f.fleet_replicas,
     )

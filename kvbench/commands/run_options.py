@@ -329,6 +329,16 @@ HTTP = panel(
             ],
             None,
         ),
+        "router_metrics": (
+            Annotated[
+                str | None,
+                typer.Option(
+                    help="The router's own Prometheus endpoint (sglang-router's or vllm-router's "
+                    "--prometheus-port /metrics): its counters over the run are kept in the result."
+                ),
+            ],
+            None,
+        ),
         "fleet_policy": (
             Annotated[
                 str | None,

@@ -5,8 +5,8 @@ through the router; a replica that does not answer 2xx stops the experiment), th
 the replicas with that policy, the trace runs through it as ``kvbench run --backend openai`` with
 ``--replica-metrics`` on every replica and ``--fleet-policy`` (so each row's ``expected_cached_tokens``
 is ``kvbench route``'s prediction for that policy, and the reconciliation compares like with like),
-the router's own counters are read before and after, and the router stops. The replicas are
-``kvbench serve`` processes started here (``--replicas N``), or servers already running
+the router's own counters are read before and after (``--router-metrics``), and the router stops.
+The replicas are ``kvbench serve`` processes started here (``--replicas N``), or servers already running
 (``--worker-url``, e.g. vLLM; their caches must answer ``POST /reset_prefix_cache``).
 
 Every process started here is stopped on exit, on Ctrl-C and on SIGTERM (each in its own process
@@ -78,11 +78,11 @@ class FleetConfig:
 
 @dataclass
 class PolicyRun:
-    """One policy's run: its outcome (rows in ``outcome.path``) and the router's counters' deltas."""
+    """One policy's run: its outcome (rows in ``outcome.path``; the router's counters over the run in
+    its metadata, ``router_counters``)."""
 
     policy: str
     outcome: RunOutcome
-    router_counters: dict[str, float]
 
 
 @dataclass
@@ -129,7 +129,6 @@ def run_fleet(
             )
             _wait(router)
             say(f"{router.name} on {router.url} over {len(urls)} replicas")
-            before = router.counters()
             run_config = RunConfig(
                 config.source,
                 BackendKind.OPENAI,
@@ -137,6 +136,7 @@ def run_fleet(
                 server=ServerFlags(
                     base_url=router.base_url,
                     replica_metrics=tuple(urls),
+                    router_metrics=router.metrics_url,
                     fleet_policy=policy,
                     # vllm-router's kv_aware skips its KV lookup for a request with a cache_salt: runs
                     # are kept apart by a unique prefix instead, for every policy, so they compare
@@ -145,16 +145,13 @@ def run_fleet(
                 out=config.out_dir / f"{policy}.parquet",
             )
             try:
-                result = run_one(run_config)
+                outcome.runs.append(PolicyRun(policy, run_one(run_config)))
             except RunInterrupted as interrupted:  # its rows are written: keep them in the summary
-                outcome.runs.append(PolicyRun(policy, interrupted.outcome, _delta(before, router.counters())))
-                write_summary(outcome)
+                outcome.runs.append(PolicyRun(policy, interrupted.outcome))
                 raise
             finally:
-                after = router.counters()
                 router.stop()
-            outcome.runs.append(PolicyRun(policy, result, _delta(before, after)))
-            write_summary(outcome)
+                write_summary(outcome)
     return outcome
 
 
@@ -200,13 +197,6 @@ def _reset_caches(urls: list[str], say: Say) -> None:
     say(f"prefix caches reset on all {len(urls)} replicas")
 
 
-def _delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    """The router's counters that changed over the run (the preflight's probes included)."""
-    return {
-        name: value - before.get(name, 0.0) for name, value in after.items() if value != before.get(name, 0.0)
-    }
-
-
 def write_summary(outcome: FleetOutcome) -> Path:
     """``fleet.json``: per policy, its rows' file, the replicas' own ``/metrics`` report, the fleet
     expectation and the router's counters."""
@@ -219,7 +209,7 @@ def write_summary(outcome: FleetOutcome) -> Path:
                 "rows": str(run.outcome.path),
                 "replica_metrics": run.outcome.metadata.get("replica_metrics"),
                 "fleet_expectation": run.outcome.metadata.get("fleet_expectation"),
-                "router_counters": run.router_counters,
+                "router_counters": run.outcome.metadata.get("router_counters"),
             }
             for run in outcome.runs
         ],

@@ -37,7 +37,6 @@ class RouterSpec:
     module: str
     package: str
     policies: tuple[str, ...]
-    counter_prefix: str  # of its own Prometheus counters
 
 
 ROUTERS = {
@@ -45,7 +44,6 @@ ROUTERS = {
         "sglang_router",
         "sglang-router",
         ("cache_aware", "round_robin", "random", "power_of_two"),
-        "smg_",
     ),
     RouterKind.VLLM: RouterSpec(
         "vllm_router",
@@ -59,7 +57,6 @@ ROUTERS = {
             "kv_aware",
             "sticky_least_loaded",
         ),
-        "vllm_router_",
     ),
 }
 
@@ -130,22 +127,6 @@ class RouterProcess(ServerProcess):
             *self.worker_urls,
             *self.extra_args,
         ]
-
-    def counters(self) -> dict[str, float]:
-        """The router's own counters now (``name{labels}`` -> value: its prefix's ``*_total`` series,
-        no histograms or gauges); empty when the endpoint does not answer."""
-        status, text = call(self.metrics_url, "", timeout_s=5, method="GET")
-        if status != 200:
-            return {}
-        values = {}
-        for line in text.splitlines():
-            name, _, value = line.rpartition(" ")
-            if line.startswith(self.spec.counter_prefix) and name.partition("{")[0].endswith("_total"):
-                try:
-                    values[name] = float(value)
-                except ValueError:
-                    continue
-        return values
 
 
 KV_AWARE = "kv_aware"  # vllm-router's policy that routes on the workers' KV cache events

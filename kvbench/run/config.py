@@ -183,6 +183,7 @@ class ServerFlags:
     header: tuple[str, ...] = ()  # NAME:VALUE each
     extra_body: str | None = None  # a JSON object
     replica_metrics: tuple[str, ...] = ()  # replica root URLs
+    router_metrics: str | None = None  # the router's own Prometheus endpoint (its counters)
     fleet_policy: str | None = None  # the router's policy: expectations per replica (kvbench/route/expect.py)
     fleet_replicas: int | None = None  # replicas behind the router (default: the --replica-metrics count)
 

@@ -33,7 +33,7 @@ from kvbench.run.fleet_flags import UNKNOWN_MODEL, fleet_expectations, replicas_
 from kvbench.run.http_metrics import server_state
 from kvbench.run.loop import LoadConfig
 from kvbench.run.plan import RunPlan, register_backend
-from kvbench.run.replica_metrics import record_replica_metrics, scrape_replicas
+from kvbench.run.replica_metrics import record_replica_metrics, scrape_fleet
 from kvbench.run.setup import run_section
 from kvbench.run.source import load_source
 from kvbench.run.trace_replay import replay_plan
@@ -344,7 +344,7 @@ def openai_plan(config: RunConfig, say: OnStatus, stack: contextlib.ExitStack) -
         say(line)
     urls = server.base_urls or (server.url,)
     metrics_before, server_cache = server_state(config, urls, key, say)
-    replicas_before = scrape_replicas(server.replica_metrics, key)  # --replica-metrics
+    fleet_before = scrape_fleet(server, key)  # --replica-metrics, --router-metrics
     requests, run_salt = apply_hygiene(config, prepared_requests(source, settings), tokenizer)
     expectations = server_expectations(requests, server_cache, settings.ignore_eos)
     expectations, fleet = fleet_expectations(server, requests, server_cache, expectations, say)
@@ -369,7 +369,7 @@ def openai_plan(config: RunConfig, say: OnStatus, stack: contextlib.ExitStack) -
             outcome.notes.append(replay_lag(outcome.rows).describe())
         sent, sent_expectations = _as_sent(turns, requests, expectations)
         reconciled = partial(_reconcile, outcome.rows, sent, sent_expectations, outcome, settings.ignore_eos)
-        record_replica_metrics(outcome.metadata, outcome, replicas_before, server.replica_metrics, key)
+        record_replica_metrics(outcome.metadata, outcome, fleet_before, server, key)
         return _finish(outcome, backend, metrics_before, urls, key, reconciled)
 
     return RunPlan(

@@ -29,6 +29,7 @@ REQUEST_COUNTERS = (  # finished requests: kvbench serve's, vLLM's, SGLang's
     "sglang:num_requests_total",
 )
 METRICS_TIMEOUT_S = 10.0
+ROUTER_COUNTER_PREFIXES = ("smg_", "vllm_router_")  # sglang-router 0.3.2's, vllm-router 0.1.17's
 
 
 @dataclass(frozen=True)
@@ -176,15 +177,66 @@ def replica_metrics(
     return ReplicaMetrics(tuple(deltas), fleet, len(ok), prompt, cached, _verdict(fleet, deltas, prompt))
 
 
-def record_replica_metrics(
-    metadata: dict, outcome, before: Sequence[Scrape], urls: Sequence[str], key: str
-) -> None:
-    """After the send loop: scrape ``urls`` again, put the report in ``metadata["replica_metrics"]``
-    and its verdict line (if any) in ``outcome.notes``. Nothing without ``urls``."""
+def router_counters(url: str) -> dict[str, float] | None:
+    """A router's own counters at its Prometheus endpoint ``url`` (sglang-router's ``smg_*``,
+    vllm-router's ``vllm_router_*``; ``*_total`` series only: ``name{labels}`` -> value), or ``None``
+    when it does not answer."""
+    status, text = call(url, "", METRICS_TIMEOUT_S)
+    if status != 200:
+        return None
+    values = {}
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if line.startswith(ROUTER_COUNTER_PREFIXES) and name.partition("{")[0].endswith("_total"):
+            try:
+                values[name] = float(value)
+            except ValueError:
+                continue
+    return values
+
+
+def counter_deltas(
+    before: dict[str, float] | None, after: dict[str, float] | None
+) -> dict[str, float] | None:
+    """The counters that changed between two :func:`router_counters` readings (``None`` if either is)."""
+    if before is None or after is None:
+        return None
+    return {
+        name: value - before.get(name, 0.0) for name, value in after.items() if value != before.get(name, 0.0)
+    }
+
+
+@dataclass(frozen=True)
+class FleetScrape:
+    """What is read of a fleet before a run: each ``--replica-metrics`` replica's ``/metrics`` and the
+    router's own counters (``--router-metrics``; ``None`` without the flag or an answer)."""
+
+    replicas: list[Scrape]
+    router: dict[str, float] | None
+
+
+def scrape_fleet(server, key: str) -> FleetScrape:
+    """The fleet's state before a run (``server``: the run's ``ServerFlags``)."""
+    router = router_counters(server.router_metrics) if server.router_metrics else None
+    return FleetScrape(scrape_replicas(server.replica_metrics, key), router)
+
+
+def record_replica_metrics(metadata: dict, outcome, before: FleetScrape, server, key: str) -> None:
+    """After the send loop: scrape the replicas again and put the report in
+    ``metadata["replica_metrics"]`` and its verdict line (if any) in ``outcome.notes``; the router's
+    counters over the run in ``metadata["router_counters"]`` (a line when it did not answer)."""
+    if server.router_metrics:
+        deltas = counter_deltas(before.router, router_counters(server.router_metrics))
+        metadata["router_counters"] = deltas
+        if deltas is None:
+            outcome.notes.append(
+                f"--router-metrics {server.router_metrics}: no answer before or after the run"
+            )
+    urls = server.replica_metrics
     if not urls:
         return
     after = scrape_replicas(urls, key)
-    report = replica_metrics(urls, before, after, [record for _, record in outcome.records])
+    report = replica_metrics(urls, before.replicas, after, [record for _, record in outcome.records])
     metadata["replica_metrics"] = report.as_dict()
     if report.verdict is not None:
         outcome.notes.append(report.verdict)
