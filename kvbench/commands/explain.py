@@ -72,7 +72,9 @@ def explain(
         Provider, typer.Option(help="Price each fix's bill at this provider's default model.")
     ] = Provider.OPENAI,
 ) -> None:
-    """Why the cache is not buying more: all prompt tokens -> what an ideal cache could hit -> each
+    """Why the cache is not buying more: each loss between the prompt tokens and the hits, and the fixes.
+
+    All prompt tokens -> what an ideal cache could hit -> each
     loss (block floor, last token, salt, capacity, TTL, server) -> hit; the ranked fixes, each
     replayed (hit rate, prompt tokens saved, TTFT estimate, bill); and per request the first token
     where it diverges from the best earlier request and the cause of every miss."""

@@ -1,57 +1,121 @@
 """``--help`` that reads at 80 columns and through a pipe.
 
-typer draws each options panel as a rich ``Table`` with one row per option: the option's names
-joined by commas in one cell (``--requests,--num-requests,--num-prompts``), its type, its help. A
-rich column's default overflow is ``ellipsis``, so at 80 columns (rich's width when stdout is not a
-terminal, unless ``COLUMNS`` says otherwise) the names were cut (``--requests,--num-requ…``) and so
-were long environment-variable names. :func:`install` gives typer a table that puts each name on a
-line of its own and keeps that column from shrinking, and folds (never cuts) the other cells: every
-option name stays whole at any width, and at 80 columns the help column gets the rest.
+typer draws each options panel as a rich ``Table``: one row per option, with the option's names
+(``--requests,--num-requests,--num-prompts``), its type and its help in three columns. At 80 columns
+(rich's width when stdout is not a terminal, unless ``COLUMNS`` says otherwise) the names and the
+types take most of the line: the help was left a 13-character column, words and environment-variable
+names were split across lines (``KVBENCH_RUN_MAX_NUM_SE`` / ``QS``), and ``kvbench run --help`` ran to
+455 lines. :func:`install` makes typer draw every option as two parts instead, the layout of
+argparse's and git's help:
+
+* a line with its names (``--requests / --num-requests / --num-prompts``) and its value's type
+  (none for a flag: ``<bool>`` says nothing a flag does not), an argument in capitals (``SOURCE``);
+* its help below, indented, as one paragraph with ``[env var: ...]`` and ``[default: ...]`` after
+  the description, wrapped at spaces only, so no word is ever split and the description gets the
+  whole width.
+
+It also makes a group's command list show each command's first sentence on one logical line (the
+docstring's own line breaks made summaries break mid-sentence), and the usage line name a required
+argument as ``SOURCE`` (click's convention) where typer 0.29 writes ``{source}``.
 """
 
 from __future__ import annotations
 
+import inspect
+import re
 from typing import Any
 
 from rich.columns import Columns
+from rich.console import Group
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
+OPTION_CELLS = 6  # typer's option row: long, short, negative long, negative short, type, help
+HELP_INDENT = 4  # columns before an option's help, under its names
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z`])")  # a sentence ends before a capital or a code span
 
-def _names_on_lines(cell: Text, highlighter: Any) -> Text:
-    """``--a,--b`` -> ``--a`` / ``--b``, one per line, highlighted again as typer does."""
-    return highlighter(Text("\n".join(cell.plain.split(",")), style=cell.style))
+
+def first_sentence(help_text: str) -> str:
+    """The first sentence of ``help_text``'s first paragraph, its line breaks made spaces (the summary
+    a command list shows)."""
+    paragraph = inspect.cleandoc(help_text).split("\n\n")[0].replace("\b\n", "")
+    flat = " ".join(paragraph.split())
+    return _SENTENCE_END.split(flat, maxsplit=1)[0]
+
+
+def _plain(cell: Any) -> str:
+    return cell.plain if isinstance(cell, Text) else str(cell or "")
+
+
+def _help_text(cell: Any) -> Any:
+    """typer's help cell (``Columns`` of the description, env var, default, required) as one wrapped
+    paragraph; a cell that is not plain text is kept as it is."""
+    parts = list(cell.renderables) if isinstance(cell, Columns) else [cell]
+    if not all(isinstance(part, Text) for part in parts):
+        return cell
+    text = Text(overflow="fold", no_wrap=False)  # fold only a word longer than the whole line
+    for part in parts:
+        if part.plain.strip():
+            if text.plain:
+                text.append(" ")
+            text.append_text(part)
+    return text
+
+
+def stacked(cells: tuple[Any, ...]) -> Group:
+    """One option of typer's row (``[required,] long, short, negative long, negative short, type,
+    help``) as its names-and-type line with its help indented below (module docstring)."""
+    from typer import rich_utils
+
+    *heads, types, help_cell = cells
+    required = any(_plain(cell) == rich_utils.REQUIRED_SHORT_STRING for cell in heads)
+    names = [
+        name
+        for cell in heads
+        if _plain(cell) != rich_utils.REQUIRED_SHORT_STRING
+        for name in _plain(cell).split(",")
+        if name
+    ]
+    if names and not names[0].startswith("-"):  # an argument: click's usage convention
+        names = [name.upper() for name in names]
+    line = rich_utils.highlighter(Text(" / ".join(names)))
+    kind = _plain(types)
+    if kind and not kind.startswith("<bool>"):
+        line.append(" ")
+        line.append(kind, style=rich_utils.STYLE_TYPES)
+    if required:
+        line.append(" " + rich_utils.REQUIRED_SHORT_STRING, style=rich_utils.STYLE_REQUIRED_SHORT)
+    return Group(line, Padding(_help_text(help_cell), (0, 0, 0, HELP_INDENT)))
 
 
 class OptionsTable(Table):
-    """typer's options table, with names kept whole (see the module docstring)."""
+    """typer's options table, one option per row drawn by :func:`stacked` (module docstring)."""
 
     def add_row(self, *renderables: Any, **kwargs: Any) -> None:
-        from typer import rich_utils
+        if len(renderables) < OPTION_CELLS:  # the commands panel (name, summary): as typer draws it
+            super().add_row(*renderables, **kwargs)
+            return
+        super().add_row(stacked(renderables), **kwargs)
 
-        cells = []
-        for index, cell in enumerate(renderables):
-            if isinstance(cell, Text):
-                if cell.plain.startswith("-"):
-                    cell = _names_on_lines(cell, rich_utils.highlighter)
-                    if len(self.columns) > index:
-                        self.columns[index].no_wrap = True
-            # the help: texts in Columns
-            for text in cell.renderables if isinstance(cell, Columns) else [cell]:
-                if isinstance(text, Text) and text.overflow is None:
-                    text.overflow = "fold"
-            cells.append(cell)
-        super().add_row(*cells, **kwargs)
-        for index, cell in enumerate(cells):  # a column made by this first row: names never shrink
-            if isinstance(cell, Text) and cell.plain.startswith("-"):
-                self.columns[index].no_wrap = True
+
+def _usage_display_name(argument: Any) -> str:
+    """A typer argument in the usage line: ``SOURCE``, ``[SOURCE]`` when optional, ``...`` when many."""
+    name = argument.display_name_raw.upper()
+    name = name if argument.required else f"[{name}]"
+    return name + ("..." if argument.nargs != 1 else "")
 
 
 def install() -> None:
-    """Make typer draw its help tables with :class:`OptionsTable` (a no-op where typer has none)."""
+    """Make typer draw its help as the module docstring says (a no-op where typer has no rich)."""
     try:
-        from typer import rich_utils
+        from typer import core, rich_utils
     except ImportError:  # pragma: no cover - typer without rich
         return
     if getattr(rich_utils, "Table", None) is Table:
         rich_utils.Table = OptionsTable
+        make_command_help = rich_utils._make_command_help
+        rich_utils._make_command_help = lambda *, help_text, markup_mode: make_command_help(
+            help_text=first_sentence(help_text), markup_mode=markup_mode
+        )
+        core.TyperArgument._usage_display_name = _usage_display_name

@@ -119,8 +119,8 @@ SharingEngineOption = Annotated[
 def register(app: typer.Typer) -> None:
     """Add the ``memory`` group (calculator as its own callback, plus ``waste`` and ``sharing``)."""
     sub = typer.Typer(
-        help="KV-cache memory. Without a command: bytes per token, block and prompt, "
-        "weights, and what fits in --memory.",
+        help="KV-cache memory: bytes per token, block and prompt, weights, and what fits in --memory "
+        "(without a command).",
         no_args_is_help=False,
     )
     sub.callback(invoke_without_command=True)(calculator)

@@ -232,11 +232,12 @@ def serve(
         Encoding, "tagged: events as maps (vLLM now); positional: arrays (older).", panel="KV events"
     ) = Encoding.TAGGED,
 ) -> None:
-    """Serve the in-process engine as an OpenAI-compatible API (/v1/completions, /v1/chat/completions,
-    /v1/models, /health, /reset_prefix_cache, /metrics, /tokenize, /detokenize) and Anthropic's /v1/messages
-    until Ctrl-C. With --engine copy one
-    request runs at a time; the others queue, and their wait shows in the clients' TTFT. With
-    --engine paged concurrent requests are batched (continuous batching over one KV pool)."""
+    """Serve the in-process engine as an OpenAI-compatible and Anthropic Messages API until Ctrl-C.
+
+    Endpoints: /v1/completions, /v1/chat/completions, /v1/models, /health, /reset_prefix_cache,
+    /metrics, /tokenize, /detokenize and Anthropic's /v1/messages. With --engine copy one request runs
+    at a time; the others queue, and their wait shows in the clients' TTFT. With --engine paged
+    concurrent requests are batched (continuous batching over one KV pool)."""
     import uvicorn  # noqa: F401  (first: without the [serve] extra, that extra is the one named)
 
     from kvbench.engine.model import ModelConfig, resolve_device

@@ -100,10 +100,11 @@ def sweep(
     ) = 1,
     ignore_eos: IgnoreEos = None,
 ) -> None:
-    """Engine: one run per cache size, fit TTFT p50 = a + b x (1 - hit rate); exit 1 if every size failed.
-    Server
-    (--backend openai): a run per --concurrency or --request-rate value (fresh cache each), throughput vs
-    latency."""
+    """Sweep the cache size (engine) or the load (server) and measure what each step buys.
+
+    Engine: one run per cache size, fit TTFT p50 = a + b x (1 - hit rate); exit 1 if every size failed.
+    Server (--backend openai): a run per --concurrency or --request-rate value (fresh cache each),
+    throughput vs latency."""
     if backend is BackendKind.OPENAI or concurrency or request_rate:
         if cache_sizes is not None:
             raise InputError(
