@@ -193,14 +193,17 @@ def show_sampled(
         title=f"kvbench sim (sampled): {name} ({counted(curve.num_requests, 'request')}, "
         f"{curve.num_prompt_tokens:,} prompt tokens, block size {curve.block_size})"
     )
-    for column in ("blocks", "tokens", "token hit (estimate)"):
+    for column in ("blocks", "tokens", "token hit (estimate)", "sd"):
         table.add_column(column, justify="right")
-    for capacity, rate in zip(capacities, curve.token_hit_rates(np.array(capacities)).tolist()):
-        table.add_row(f"{capacity:,}", f"{capacity * curve.block_size:,}", f"{rate:.4f}")
+    sizes = np.array(capacities)
+    for capacity, rate, sd in zip(
+        capacities, curve.token_hit_rates(sizes).tolist(), curve.hit_rate_sds(sizes)
+    ):
+        table.add_row(f"{capacity:,}", f"{capacity * curve.block_size:,}", f"{rate:.4f}", f"{sd:.4f}")
     table.caption = (
         f"SHARDS sample: rate {curve.rate:.4g} (first blocks {curve.first_block_rate:.4g}), "
-        f"{_keys_held(curve)}; sampling "
-        f"error (1 sd, unbounded cache) {curve.hit_rate_sd:.4f}"
+        f"{_keys_held(curve)}; regression on the sampled reference count; sampling "
+        f"error (1 sd, the largest from 1/R blocks up) {curve.hit_rate_sd:.4f}"
     )
     console.print(table)
     sizes = np.unique(np.geomspace(1, curve.ideal_capacity_blocks, NUM_CURVE_ROWS).astype(np.int64))

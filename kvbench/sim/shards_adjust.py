@@ -11,18 +11,24 @@ sampled references (``N_hat = sum_k a_k / R`` over sampled keys, ``a_k`` key ``k
 SHARDS' fixed-size adjustment (``SHARDS_adj``, Waldspurger et al., FAST 2015, section 4.3) adds
 ``N - N_hat`` to the first histogram bucket: the missing references count as hits at every size. It
 is exact for keys that always hit and wrong for keys that always miss (one-off prompts). kvbench
-generalizes it to the regression (difference) estimator of survey sampling (Saerndal, Swensson and
-Wretman, "Model Assisted Survey Sampling", 1992, ch. 6)::
+generalizes it to the difference estimator of survey sampling (Saerndal, Swensson and Wretman,
+"Model Assisted Survey Sampling", 1992, ch. 6), per class (first blocks, others)::
 
     H(C) = H_hat(C) + beta(C) * (N - N_hat),   beta(C) = sum_k h_k(C) a_k / sum_k a_k**2
 
-over the sampled keys of each class (first blocks, others), with ``h_k(C)`` key ``k``'s hits at
-capacity ``C``: ``beta = 0`` is plain SHARDS, ``beta = 1`` is ``SHARDS_adj``, and the fitted
-``beta`` is the one of least variance. Its variance, estimated from the sample, is
-``sum_k (1 - R) / R**2 * (h_k(C) - beta a_k)**2``: the residuals are small for hot keys (nearly
-every reference a hit) and for one-offs (none), which is where plain SHARDS' error came from. The
-coefficient and the variance are kept on a grid of capacities (:data:`GRID_PER_OCTAVE` points per
-doubling); a capacity takes the grid point at or below it.
+with ``h_k(C)`` key ``k``'s hits at capacity ``C``: ``beta = 0`` is plain SHARDS, ``beta = 1`` is
+``SHARDS_adj``. ``beta`` is fitted on the first blocks (sampled at a rate near 1, own threshold) and
+serves both classes: fitted on the other keys' own sample it moved with the very hot keys the sample
+missed or caught (a low beta exactly when the gap is large), which biased the estimate by up to 2.8
+sds on long conversations. A beta fixed apart from a class's sample leaves its estimate unbiased
+(``E[N_hat] = N``). Its variance, estimated from the sample, is
+``sum_k (1 - R) / R**2 * (h_k(C) - beta a_k)**2`` plus the fitted beta's own (linearized) variance
+times the gap squared: the residuals are small for hot keys (nearly every reference a hit) and for
+one-offs (none), which is where plain SHARDS' error came from. The sample's estimate of a variance
+is low exactly in the runs that missed a hot key, so the sd is widened by ``|N - N_hat| /
+sd(N_hat)`` when the gap is larger than its own estimated sd. Coefficients and variances are kept
+on a grid of capacities (:data:`GRID_PER_OCTAVE` points per doubling); a capacity takes the grid
+point at or below it.
 """
 
 from __future__ import annotations
@@ -69,12 +75,16 @@ class KeySums:
         self.aa = np.zeros(2)
         self.slope_ha = np.zeros((2, NUM_GRID))  # sum h a / R: the population's sums, estimated
         self.slope_aa = np.zeros(2)
+        self.aahh = np.zeros((2, NUM_GRID))  # sum w a**2 h**2, sum w a**3 h, sum w a**4: the slope's variance
+        self.aaah = np.zeros((2, NUM_GRID))
+        self.aaaa = np.zeros(2)
 
     def add(self, boosted: int, rate: float, num_refs: int, bins: dict[int, int]) -> None:
         """One key: its references and its hits per grid point (hits at scaled distances up to it)."""
         weight = (1 - rate) / rate**2
         self.aa[boosted] += weight * num_refs * num_refs
         self.slope_aa[boosted] += num_refs * num_refs / rate
+        self.aaaa[boosted] += weight * num_refs**4
         if bins:
             hits = np.zeros(NUM_GRID)
             hits[list(bins)] = list(bins.values())
@@ -82,10 +92,12 @@ class KeySums:
             self.hh[boosted] += weight * hits * hits
             self.ha[boosted] += weight * num_refs * hits
             self.slope_ha[boosted] += hits * (num_refs / rate)
+            self.aahh[boosted] += (weight * num_refs * num_refs) * hits * hits
+            self.aaah[boosted] += (weight * num_refs**3) * hits
 
     def plus(self, other: KeySums) -> KeySums:
         both = KeySums()
-        for name in ("hh", "ha", "aa", "slope_ha", "slope_aa"):
+        for name in ("hh", "ha", "aa", "slope_ha", "slope_aa", "aahh", "aaah", "aaaa"):
             setattr(both, name, getattr(self, name) + getattr(other, name))
         return both
 
@@ -96,13 +108,24 @@ def adjustments(sums: KeySums, gaps: np.ndarray) -> tuple[np.ndarray, np.ndarray
     ``gaps``: per class, ``N - N_hat`` (exact minus estimated queried references)."""
     adjust, variance = np.zeros((3, NUM_GRID)), np.zeros((3, NUM_GRID))
     slopes = [sums.slope_ha[c] / sums.slope_aa[c] if sums.slope_aa[c] > 0 else None for c in (0, 1)]
+    source = 1 if slopes[1] is not None else None  # the first blocks' slope serves both when sampled
+    if source is not None:  # the slope's own variance (linearized ratio) times the gap it scales
+        beta = slopes[1]
+        residual = sums.aahh[1] - 2 * beta * sums.aaah[1] + beta * beta * sums.aaaa[1]
+        variance[2] += np.maximum(residual, 0.0) / sums.slope_aa[1] ** 2 * (gaps[0] + gaps[1]) ** 2
     for cls in (0, 1):
         hh, ha, aa = sums.hh[cls], sums.ha[cls], sums.aa[cls]
-        beta = slopes[1] if slopes[1] is not None else slopes[cls]  # the first blocks' when sampled
+        beta = slopes[cls if source is None else source]
         beta = np.zeros(NUM_GRID) if beta is None else beta
+        if source is None and slopes[cls] is not None:
+            residual = sums.aahh[cls] - 2 * beta * sums.aaah[cls] + beta * beta * sums.aaaa[cls]
+            variance[2] += np.maximum(residual, 0.0) / sums.slope_aa[cls] ** 2 * gaps[cls] ** 2
         adjust[1] += gaps[cls]
         adjust[2] += beta * gaps[cls]
         variance[0] += hh
         variance[1] += np.maximum(hh - 2 * ha + aa, 0.0)
         variance[2] += np.maximum(hh - 2 * beta * ha + beta * beta * aa, 0.0)
+    gap_variance = float(sums.aa.sum())  # N_hat's variance, estimated from the same sample
+    if gap_variance > 0:  # a gap beyond its own sd: the sample is unlike the trace, widen the bar as much
+        variance[2] *= max(1.0, float(gaps.sum()) ** 2 / gap_variance)
     return adjust, variance
