@@ -79,6 +79,7 @@ from kvbench.sim.shards_adjust import (
 from kvbench.sim.shards_slots import Slots
 
 HASH_SPACE = 2**64
+_SLICE_REQUESTS = 1024  # requests whose keys are picked under one threshold in numpy (add_chunk)
 EXACT_BINS = 1 << 16  # scaled distances up to here are their own bin (exact at rate 1)
 _LOG_BINS_PER_E = 1024  # above: bins 1/1024 wide in ln(capacity)
 _BOOST = 2**32  # the first exact_blocks blocks of a prompt are sampled at min(1, R * 2**32)
@@ -244,21 +245,20 @@ class ShardsPass:
         self._queried[1] += int(first.sum())
         self._queried[0] += int((queried - first).sum())
         self.num_prompt_tokens += int(num_tokens.sum())
+        self.num_requests += int(counts.size)
         request = np.repeat(np.arange(counts.size), counts)
         within = np.arange(hashes.size, dtype=np.int64) - offsets[request]
-        first_block = within < self.exact_blocks
-        kept = np.flatnonzero(
-            np.where(first_block, _under(hashes, self.first_threshold), _under(hashes, self.threshold))
-        )
-        rows, positions, values = request[kept], within[kept].tolist(), hashes[kept].tolist()
-        starts = np.flatnonzero(np.diff(rows, prepend=-1)).tolist() + [kept.size]
-        caps, done = max_hit_blocks.tolist(), 0
-        for start, stop in zip(starts[:-1], starts[1:]):
-            row = int(rows[start])
-            self.num_requests += row - done + 1
-            done = row + 1
-            self._add_kept(list(zip(positions[start:stop], values[start:stop])), caps[row])
-        self.num_requests += counts.size - done
+        caps = max_hit_blocks.tolist()
+        for first_row in range(0, counts.size, _SLICE_REQUESTS):  # thresholds fall as the pass goes
+            begin, end = offsets[first_row], offsets[min(first_row + _SLICE_REQUESTS, counts.size)]
+            part = slice(int(begin), int(end))
+            plain, first = _under(hashes[part], self.threshold), _under(hashes[part], self.first_threshold)
+            kept = begin + np.flatnonzero(np.where(within[part] < self.exact_blocks, first, plain))
+            rows, positions, values = request[kept], within[kept].tolist(), hashes[kept].tolist()
+            starts = np.flatnonzero(np.diff(rows, prepend=-1)).tolist() + [kept.size]
+            for start, stop in zip(starts[:-1], starts[1:]):
+                pairs = list(zip(positions[start:stop], values[start:stop]))
+                self._add_kept(pairs, caps[int(rows[start])])
 
     def _access(self, kept: list[tuple[int, int]], cap: int) -> None:
         rates, held, slots = self.rates(), self._held, self._slots
