@@ -34,11 +34,12 @@ has too few (too many) sampled references, and the regression puts back the hits
 on ``benchmarks/mixed_trace.py`` shapes at 100k requests and 4,096 keys the rms error fell 1.8-3x
 against plain SHARDS (``benchmarks/shards_calibration.py``), though at 10k requests and 2,048 keys
 it rose 1.3-2.7x on two shapes of three (a gap of conversation history, unlike the first blocks).
-:meth:`SampledCurve.hit_rate_sds` is its standard deviation at each size, estimated from the
-sample (dropped keys' terms kept: their hits stay in the estimate), widened by the ratio of the reference gap to its own sd when the gap
-is larger; :attr:`SampledCurve.hit_rate_sd` the largest over the sizes from ``1 / R`` up. The sd is
-honest, not a bound: ~70% of seeds fall within 1 sd and ~all within 2 sd (docs/measured-results.md);
-it cannot see a hot key the sample missed whose first block behaves unlike it. A sampled
+:meth:`SampledCurve.hit_rate_sds` is its standard deviation at each size, estimated from the sample
+(dropped keys' terms kept: their hits stay in the estimate), widened by the ratio of the reference
+gap to its own sd when the gap is larger; :attr:`SampledCurve.hit_rate_sd` the largest over the
+sizes from ``1 / R`` up. The sd is honest, not a bound: ~70% of seeds fall within 1 sd and ~all
+within 2 sd (docs/measured-results.md); it cannot see a hot key the sample missed whose first block
+behaves unlike it. A sampled
 key stands for ``1 / R`` blocks, so sizes below ``1 / R`` blocks are coarse: on
 ``benchmarks/shards_synthetic.py`` (1M requests, 65,536 keys, R 0.065, plain SHARDS) the max error
 is 0.028 at 4 blocks and 0.0027 from 16 blocks up; at 10M requests and 16,384 keys (R 0.0016)
