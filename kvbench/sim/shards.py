@@ -86,6 +86,8 @@ EXACT_BINS = 1 << 16  # scaled distances up to here are their own bin (exact at 
 _LOG_BINS_PER_E = 1024  # above: bins 1/1024 wide in ln(capacity)
 _BOOST = 2**32  # the first exact_blocks blocks of a prompt are sampled at min(1, R * 2**32)
 
+INTERVAL_Z = 1.96  # the printed 95% interval: estimate +- 1.96 sd (a two-sided normal quantile)
+
 
 def key_hash(key: bytes) -> int:
     """A block key's sampling hash: its first 8 bytes, big-endian (uniform for digests)."""

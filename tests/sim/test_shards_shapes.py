@@ -2,8 +2,9 @@
 (Zipf system prompts with one-offs, 40% one-offs, long conversations), ten seeds each at 10,000
 requests and 2,048 keys (~15 s in all): at the sizes N / 50 and N / 10 blocks (above ``1 / R``), the
 regression estimator's printed per-size sd is honest. An honest 1-sd bar covers ~68% of seeds, so
-the checks are: at least 6 of 10 seeds within 1 sd at both sizes, at least 9 of 10 within 2 sd, and
-the mean signed error under half the mean sd (no bias the sd hides). Measured at this scale: within
+the checks are: at least 6 of 10 seeds within 1 sd at both sizes, at least 9 of 10 within the
+printed 95% interval (1.96 sd), and the mean signed error under half the mean sd (no bias the sd
+hides). Measured at this scale: within
 1 sd 7 / 10 / 6, within 2 sd 10 / 10 / 10, mean error / sd at most 0.37. The study at 100k requests
 is ``benchmarks/shards_calibration.py`` (docs/measured-results.md)."""
 
@@ -18,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from mixed_trace import write_shape  # noqa: E402
 
 from kvbench.sim.hash_id_trace import hash_id_sampled_curve  # noqa: E402
-from kvbench.sim.shards import ShardsPass  # noqa: E402
+from kvbench.sim.shards import INTERVAL_Z, ShardsPass  # noqa: E402
 from kvbench.sim.streamed_curve import streamed_hit_curve  # noqa: E402
 
 NUM_REQUESTS, NUM_KEYS = 10_000, 2048
@@ -44,6 +45,6 @@ def test_the_printed_sd_is_honest_and_hides_no_bias(tmp_path, shape):
         errors.append(error)
         sds.append(sd)
     errors, sds = np.array(errors), np.array(sds)
-    assert np.all(np.abs(errors) <= sds, axis=1).sum() >= 6
-    assert np.all(np.abs(errors) <= 2 * sds, axis=1).sum() >= 9
+    assert np.all(np.abs(errors) <= sds, axis=1).sum() >= 6  # not a bar made wide: an honest sd
+    assert np.all(np.abs(errors) <= INTERVAL_Z * sds, axis=1).sum() >= 9  # within the printed 95% interval
     assert np.all(np.abs(errors.mean(axis=0)) < 0.5 * sds.mean(axis=0))
