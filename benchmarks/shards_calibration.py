@@ -5,8 +5,9 @@
 the largest ``1 / R`` over the seeds are left out (a sampled key stands for ``1 / R`` blocks: the
 curve is coarse there, and ``kvbench sim`` says so). Per estimator: the seeds whose estimates are
 all within 1 sd, and within the printed 95% interval (1.96 sd), of their per-size sds
-(:meth:`~kvbench.sim.shards.SampledCurve.hit_rate_sds`), within the printed sd (the regression's, the largest over the sizes from ``1 / R``), the mean
-signed and rms errors per size, and the mean signed error over the mean sd.
+(:meth:`~kvbench.sim.shards.SampledCurve.hit_rate_sds`), within the printed sd (the regression's, the
+largest over the sizes from ``1 / R``), the mean signed and rms errors per size, and the mean signed
+error over the mean sd.
 
     PYTHONPATH=. python benchmarks/shards_calibration.py --requests 100000 --keys 4096 --seeds 10
 """
