@@ -23,7 +23,7 @@ from kvbench.sim.curve import one_pass_refusal
 from kvbench.sim.hash_id_trace import HASH_ID_TRACES, hash_id_refusal, hash_id_sampled_curve
 from kvbench.sim.method import SimMethod
 from kvbench.sim.replay import prepare_prompts
-from kvbench.sim.shards import SampledCurve, ShardsPass, key_hash
+from kvbench.sim.shards import INTERVAL_Z, SampledCurve, ShardsPass, key_hash
 from kvbench.words import counted
 
 NUM_CURVE_ROWS = 400  # log-spaced sizes written to NAME.sampled-curve.parquet
@@ -193,14 +193,25 @@ def show_sampled(
         title=f"kvbench sim (sampled): {name} ({counted(curve.num_requests, 'request')}, "
         f"{curve.num_prompt_tokens:,} prompt tokens, block size {curve.block_size})"
     )
-    for column in ("blocks", "tokens", "token hit (estimate)"):
+    for column in ("blocks", "tokens", "token hit (estimate)", "sd", "95% interval"):
         table.add_column(column, justify="right")
-    for capacity, rate in zip(capacities, curve.token_hit_rates(np.array(capacities)).tolist()):
-        table.add_row(f"{capacity:,}", f"{capacity * curve.block_size:,}", f"{rate:.4f}")
+    sizes = np.array(capacities)
+    for capacity, rate, sd in zip(
+        capacities, curve.token_hit_rates(sizes).tolist(), curve.hit_rate_sds(sizes)
+    ):
+        half = INTERVAL_Z * sd
+        table.add_row(
+            f"{capacity:,}",
+            f"{capacity * curve.block_size:,}",
+            f"{rate:.4f}",
+            f"{sd:.4f}",
+            f"{max(0.0, rate - half):.4f}..{min(1.0, rate + half):.4f}",
+        )
     table.caption = (
         f"SHARDS sample: rate {curve.rate:.4g} (first blocks {curve.first_block_rate:.4g}), "
-        f"{_keys_held(curve)}; sampling "
-        f"error (1 sd, unbounded cache) {curve.hit_rate_sd:.4f}"
+        f"{_keys_held(curve)}; regression on the sampled reference count; sampling "
+        f"error (1 sd, the largest from 1/R blocks up) {curve.hit_rate_sd:.4f}; 95% interval = "
+        f"estimate +- {INTERVAL_Z} sd"
     )
     console.print(table)
     sizes = np.unique(np.geomspace(1, curve.ideal_capacity_blocks, NUM_CURVE_ROWS).astype(np.int64))

@@ -23,6 +23,9 @@ from kvbench.cache.base import CacheConfig, CacheKind
 from kvbench.errors import InputError
 from kvbench.sim.replay import PreparedTrace, in_arrival_order
 from kvbench.sim.shards import SampledCurve, ShardsPass, key_hash
+from kvbench.sim.shards_columns import sampling_hashes
+from kvbench.sim.streamed_curve import CHUNK_IDS
+from kvbench.workloads.formats.hash_id_columns import hash_id_column_chunks
 from kvbench.workloads.formats.hash_id_keys import ChainKeys, key_refusal, keyed_lines
 from kvbench.workloads.formats.hash_ids import HASH_ID_FORMATS
 from kvbench.workloads.formats.jsonl import HASH_IDS, MOONCAKE, open_jsonl
@@ -69,14 +72,41 @@ def hash_id_trace(
 def hash_id_sampled_curve(
     path: str | Path, format_name: str, shards: ShardsPass, limit: int | None = None
 ) -> SampledCurve:
-    """The sampled curve of a Mooncake / hash-id trace in bounded memory: one line at a time (a
-    :data:`~kvbench.workloads.formats.hash_id_keys.CHUNK_LINES` chunk), keys mixed from the ids
-    without interning, straight into ``shards`` (its block size is the trace's block size here).
+    """The sampled curve of a Mooncake / hash-id trace in bounded memory, straight into ``shards`` (its
+    block size is the trace's block size here): read as columns a chunk at a time, keys mixed from
+    the ids and sampled in numpy (:mod:`kvbench.sim.shards_columns`); a file the column reader does
+    not vouch for, or one out of arrival order, is read again from the start by the line reader
+    (same keys, one line at a time), which names the bad line.
 
     Raises:
         InputError: as :func:`hash_id_trace`, and a line that arrives before the line above it (the
             sampled pass takes the file's order; the exact paths sort).
     """
+    time_format = HASH_ID_FORMATS[format_name]
+    previous_ms = -np.inf
+    for chunk in hash_id_column_chunks(path, time_format, CHUNK_IDS, limit):
+        stamps = chunk.timestamps_ms if chunk is not None else None
+        if stamps is None or (stamps.size and (stamps[0] < previous_ms or np.any(np.diff(stamps) < 0))):
+            shards.reset()
+            return _line_sampled_curve(path, format_name, shards, limit)
+        previous_ms = float(stamps[-1]) if stamps.size else previous_ms
+        num_tokens = chunk.input_lengths
+        hashes, offsets = sampling_hashes(
+            chunk.hash_ids, chunk.offsets, num_tokens, shards.block_size, time_format.block_tokens
+        )
+        shards.add_chunk(hashes, offsets, max_hit_blocks(num_tokens, shards.block_size), num_tokens)
+    return shards.curve()
+
+
+def max_hit_blocks(num_tokens: np.ndarray, block_size: int) -> np.ndarray:
+    """The last-token cap of each prompt (:func:`kvbench.cache.block_hash.max_hit_blocks`); int64."""
+    return np.maximum(num_tokens.astype(np.int64) - 1, 0) // block_size
+
+
+def _line_sampled_curve(
+    path: str | Path, format_name: str, shards: ShardsPass, limit: int | None = None
+) -> SampledCurve:
+    """:func:`hash_id_sampled_curve` one line at a time (keys mixed without interning)."""
     time_format = HASH_ID_FORMATS[format_name]
     keys = ChainKeys(shards.block_size, time_format.block_tokens, interned=False)
     previous_ms = -np.inf

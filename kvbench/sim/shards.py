@@ -26,18 +26,26 @@ at ``R = 0.1``. So the first
 ``min(1, R * 2**32)`` (always sampled), lowered only while they hold more than half of ``max_keys``
 (with one threshold for both, 100,421 distinct first blocks of one-off prompts in a
 65,536-key budget drove the other keys' rate to ~1e-10 and the estimate to 0.41 for 0.85).
-:attr:`SampledCurve.hit_rate_sd` is that standard deviation estimated from the sample, at the
-unbounded cache (it bounds the sd at every size: a key's hits at ``C`` are at most its unbounded
-ones), with the terms of the keys dropped by fixed-size sampling kept (their hits stay in the
-estimate); it cannot see a hot key the sample missed (a small sd is no guarantee). On
-``benchmarks/big_trace.py`` traces (first blocks beyond the budget) the largest error over the
-sizes ``>= 1 / R`` was within 2 sd in 28 of 28 runs (``tests/sim/test_shards_one_offs.py``). A sampled
+The estimate reported is not plain SHARDS' ``sampled hits / R`` but a regression on the sampled
+count of queried references, whose exact total is known (:mod:`kvbench.sim.shards_adjust`: SHARDS'
+fixed-size adjustment ``SHARDS_adj`` is its case ``beta = 1``, plain SHARDS ``beta = 0``; kvbench
+fits ``beta`` per capacity on the first blocks). A sample that missed (or caught) a hot key also
+has too few (too many) sampled references, and the regression puts back the hits they stand for:
+on ``benchmarks/mixed_trace.py`` shapes at 100k requests and 4,096 keys the rms error fell 1.8-3x
+against plain SHARDS (``benchmarks/shards_calibration.py``), though at 10k requests and 2,048 keys
+it rose 1.3-2.7x on two shapes of three (a gap of conversation history, unlike the first blocks).
+:meth:`SampledCurve.hit_rate_sds` is its standard deviation at each size, estimated from the sample
+(dropped keys' terms kept: their hits stay in the estimate), widened by the ratio of the reference
+gap to its own sd when the gap is larger; :attr:`SampledCurve.hit_rate_sd` the largest over the
+sizes from ``1 / R`` up. The sd is honest, not a bound: ~70% of seeds fall within 1 sd and ~all
+within 2 sd (docs/measured-results.md); it cannot see a hot key the sample missed whose first block
+behaves unlike it. A sampled
 key stands for ``1 / R`` blocks, so sizes below ``1 / R`` blocks are coarse: on
-``benchmarks/shards_synthetic.py`` (1M requests, 65,536 keys, R 0.065) the max error is 0.028 at 4
-blocks and 0.0027 from 16 blocks up; at 10M requests and 16,384 keys (R 0.0016) 0.0039 from 609
-blocks up, in 58 MiB of peak RSS against 4,684 MiB for the exact pass.
+``benchmarks/shards_synthetic.py`` (1M requests, 65,536 keys, R 0.065, plain SHARDS) the max error
+is 0.028 at 4 blocks and 0.0027 from 16 blocks up; at 10M requests and 16,384 keys (R 0.0016)
+0.0039 from 609 blocks up, in 58 MiB of peak RSS against 4,684 MiB for the exact pass.
 
-Measured error (max |sampled - exact| token hit rate over 200 log-spaced sizes, mean in brackets;
+Measured error of plain SHARDS (max |sampled - exact| token hit rate, 200 log-spaced sizes, mean in brackets;
 ``benchmarks/shards_bench.py``, docs/curves-and-sampling.md "Traces of any size"): fixed-size at 16,384 keys,
 Mooncake
 conversation (170,899 distinct keys, final rate 0.096) 0.0033 (0.0009), Mooncake synthetic (rate
@@ -62,11 +70,23 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvbench.sim.replay import PreparedTrace
+from kvbench.sim.shards_adjust import (
+    ADJUSTMENTS,
+    Adjustment,
+    KeySums,
+    adjustments,
+    grid_floor,
+    grid_index,
+)
+from kvbench.sim.shards_slots import Slots
 
 HASH_SPACE = 2**64
+_SLICE_REQUESTS = 1024  # requests whose keys are picked under one threshold in numpy (add_chunk)
 EXACT_BINS = 1 << 16  # scaled distances up to here are their own bin (exact at rate 1)
 _LOG_BINS_PER_E = 1024  # above: bins 1/1024 wide in ln(capacity)
 _BOOST = 2**32  # the first exact_blocks blocks of a prompt are sampled at min(1, R * 2**32)
+
+INTERVAL_Z = 1.96  # the printed 95% interval: estimate +- 1.96 sd (a two-sided normal quantile)
 
 
 def key_hash(key: bytes) -> int:
@@ -117,31 +137,50 @@ class SampledCurve:
     max_keys_kept: int = 0
     max_keys: int | None = None
     first_block_rate: float = 1.0
+    grid_adjust_blocks: np.ndarray | None = None  # (3, NUM_GRID): hit blocks each Adjustment adds
+    grid_variance_blocks: np.ndarray | None = None  # (3, NUM_GRID): each one's variance, blocks**2
+    adjustment: Adjustment = Adjustment.REGRESSION
 
     @property
     def ideal_capacity_blocks(self) -> int:
         """The smallest capacity (blocks) at which the estimate reaches its unbounded-cache value."""
         return max(math.ceil(self.edges_blocks[-1]), 1)
 
-    def hit_blocks(self, capacities_blocks) -> np.ndarray:
-        """Estimated hit blocks over the trace at each capacity (blocks); float64, same shape."""
-        index = np.searchsorted(
-            self.edges_blocks, np.asarray(capacities_blocks, dtype=np.float64), side="right"
+    def hit_blocks(self, capacities_blocks, adjustment: Adjustment | None = None) -> np.ndarray:
+        """Estimated hit blocks over the trace at each capacity (blocks); float64, same shape.
+        ``adjustment``: the estimator (:mod:`kvbench.sim.shards_adjust`; ``None``: :attr:`adjustment`)."""
+        capacities = np.asarray(capacities_blocks, dtype=np.float64)
+        index = np.searchsorted(self.edges_blocks, capacities, side="right")
+        hits = np.where(index > 0, self.hit_blocks_at_edges[np.maximum(index - 1, 0)], 0.0)
+        row = ADJUSTMENTS.index(adjustment or self.adjustment)
+        if self.grid_adjust_blocks is None or row == 0:
+            return hits
+        return np.where(
+            capacities >= 1, np.maximum(hits + self.grid_adjust_blocks[row, grid_floor(capacities)], 0), 0.0
         )
-        return np.where(index > 0, self.hit_blocks_at_edges[np.maximum(index - 1, 0)], 0.0)
 
-    def token_hit_rates(self, capacities_blocks) -> np.ndarray:
+    def token_hit_rates(self, capacities_blocks, adjustment: Adjustment | None = None) -> np.ndarray:
         """Estimated cached / prompt tokens at each capacity; float64, same shape."""
         if not self.num_prompt_tokens:
             return np.zeros(np.shape(capacities_blocks))
-        return self.hit_blocks(capacities_blocks) * self.block_size / self.num_prompt_tokens
+        return self.hit_blocks(capacities_blocks, adjustment) * self.block_size / self.num_prompt_tokens
+
+    def hit_rate_sds(self, capacities_blocks, adjustment: Adjustment | None = None) -> np.ndarray:
+        """The estimate's standard deviation (token hit rate) at each capacity, estimated from the
+        sample (:mod:`kvbench.sim.shards_adjust`); float64, same shape."""
+        capacities = np.asarray(capacities_blocks, dtype=np.float64)
+        if self.grid_variance_blocks is None or not self.num_prompt_tokens:
+            return np.zeros(capacities.shape)
+        variance = self.grid_variance_blocks[ADJUSTMENTS.index(adjustment or self.adjustment)]
+        return np.sqrt(variance[grid_floor(capacities)]) * self.block_size / self.num_prompt_tokens
 
 
 class ShardsPass:
-    """The online pass: :meth:`add` each request's keys in arrival order, then :meth:`curve`.
+    """The online pass: :meth:`add` each request's keys (or :meth:`add_chunk` many requests' at once)
+    in arrival order, then :meth:`curve`.
 
     Memory: at most ``max_keys`` held keys, plus one request's between its insert and the drop
-    (a dict entry, a heap entry and two one-byte time slots each,
+    (a dict entry, a heap entry, two one-byte time slots and a few hit counts per grid capacity each,
     time slots renumbered when they reach twice the live ones) plus the histogram's bins.
 
     Raises:
@@ -158,19 +197,23 @@ class ShardsPass:
         if exact_blocks < 0:
             raise ValueError(f"exact_blocks must be >= 0, got {exact_blocks}")
         self.block_size, self.max_keys, self.exact_blocks = block_size, max_keys, exact_blocks
+        self._arguments = (block_size, rate, max_keys, exact_blocks)
         self.threshold = min(int(rate * HASH_SPACE), HASH_SPACE)
         self.first_threshold = min(self.threshold * _BOOST, HASH_SPACE)  # the first blocks' own
-        self._held: dict[int, list] = {}  # sampling hash -> [slot, boosted, num_hits]
-        # plain, first blocks: (-hash, hash), the next to drop on top
-        self._heaps: tuple[list, list] = (
-            [],
-            [],
-        )
-        self._slots = _Slots(2 * (max_keys or 1 << 16))
+        # sampling hash -> [slot, boosted, queried references, {grid point: hits}]
+        self._held: dict[int, list] = {}
+        self._heaps: tuple[list, list] = ([], [])  # plain, first blocks: (-hash, hash), next to drop on top
+        self._slots = Slots(2 * (max_keys or 1 << 16))
         self._histograms = (np.zeros(EXACT_BINS + 1), np.zeros(EXACT_BINS + 1))  # plain, boosted
         self._scales = [1.0, 1.0]  # histogram[c] * scales[c] = sampled hits at today's rate (rescaled lazily)
+        self._references = [0.0, 0.0]  # sampled queried references, rescaled as the histograms
+        self._queried = [0, 0]  # every queried reference of the trace (exact), per class
+        self._dropped = KeySums()  # the terms of the keys dropped with their hits counted
         self.num_requests = self.num_prompt_tokens = self.max_keys_held = self.max_keys_kept = 0
-        self._dropped_variance = 0.0  # hit blocks**2: the terms of the keys dropped with their hits counted
+
+    def reset(self) -> None:
+        """Forget every request added (as newly built with the same arguments)."""
+        self.__init__(*self._arguments)
 
     def rates(self) -> tuple[float, float]:
         """``(plain, first blocks)`` inclusion probabilities now."""
@@ -179,16 +222,47 @@ class ShardsPass:
     def add(self, hashes: Iterable[int], max_hit_blocks: int, num_tokens: int) -> None:
         """One request: the sampling hashes of its full blocks in chain order, its last-token cap
         and its prompt length in tokens."""
+        hashes = list(hashes)
         self.num_requests += 1
         self.num_prompt_tokens += num_tokens
-        threshold, first_threshold = self.threshold, self.first_threshold
-        kept = [
-            (j, h)
-            for j, h in enumerate(hashes)
-            if h < (first_threshold if j < self.exact_blocks else threshold)
-        ]
+        queried = min(len(hashes), max_hit_blocks)
+        self._queried[1] += min(queried, self.exact_blocks)
+        self._queried[0] += queried - min(queried, self.exact_blocks)
+        self._add_kept(list(enumerate(hashes)), max_hit_blocks)
+
+    def _add_kept(self, candidates: list[tuple[int, int]], cap: int) -> None:
+        threshold, first_threshold, exact = self.threshold, self.first_threshold, self.exact_blocks
+        kept = [(j, h) for j, h in candidates if h < (first_threshold if j < exact else threshold)]
         if kept:
-            self._access(kept, max_hit_blocks)
+            self._access(kept, cap)
+
+    def add_chunk(
+        self, hashes: np.ndarray, offsets: np.ndarray, max_hit_blocks: np.ndarray, num_tokens: np.ndarray
+    ) -> None:
+        """Many requests in arrival order, as :meth:`add` each: ``hashes`` uint64, flat, request
+        ``r``'s at ``hashes[offsets[r]:offsets[r + 1]]``; ``max_hit_blocks`` and ``num_tokens`` int,
+        shape (num_requests,). The keys under today's thresholds are picked in numpy; only those go
+        through the per-key pass (a threshold lowered mid-chunk is applied there)."""
+        counts = np.diff(offsets)
+        queried = np.minimum(counts, max_hit_blocks)
+        first = np.minimum(queried, self.exact_blocks)
+        self._queried[1] += int(first.sum())
+        self._queried[0] += int((queried - first).sum())
+        self.num_prompt_tokens += int(num_tokens.sum())
+        self.num_requests += int(counts.size)
+        request = np.repeat(np.arange(counts.size), counts)
+        within = np.arange(hashes.size, dtype=np.int64) - offsets[request]
+        caps = max_hit_blocks.tolist()
+        for first_row in range(0, counts.size, _SLICE_REQUESTS):  # thresholds fall as the pass goes
+            begin, end = offsets[first_row], offsets[min(first_row + _SLICE_REQUESTS, counts.size)]
+            part = slice(int(begin), int(end))
+            plain, first = _under(hashes[part], self.threshold), _under(hashes[part], self.first_threshold)
+            kept = begin + np.flatnonzero(np.where(within[part] < self.exact_blocks, first, plain))
+            rows, positions, values = request[kept], within[kept].tolist(), hashes[kept].tolist()
+            starts = np.flatnonzero(np.diff(rows, prepend=-1)).tolist() + [kept.size]
+            for start, stop in zip(starts[:-1], starts[1:]):
+                pairs = list(zip(positions[start:stop], values[start:stop]))
+                self._add_kept(pairs, caps[int(rows[start])])
 
     def _access(self, kept: list[tuple[int, int]], cap: int) -> None:
         rates, held, slots = self.rates(), self._held, self._slots
@@ -204,16 +278,20 @@ class ShardsPass:
             deepest = max(deepest, 1 + plain / rates[0] + boosted / rates[1])
             if j < cap:
                 self._count(_bin(deepest), entry[1])
-                entry[2] += 1
+                point = grid_index(deepest)
+                entry[3][point] = entry[3].get(point, 0) + 1
         for j, h in reversed(kept):  # tail first: the chain's first key ends most recent
             entry = held.get(h)
-            boosted = j < self.exact_blocks
+            boosted = int(j < self.exact_blocks)
             if entry is None:
-                held[h] = entry = [None, int(boosted), 0]
+                held[h] = entry = [None, boosted, 0, {}]
                 heapq.heappush(self._heaps[boosted], (-h, h))
             else:
                 slots.remove(entry[0], entry[1])
                 entry[0] = None
+            if j < cap:
+                entry[2] += 1
+                self._references[boosted] += 1.0 / self._scales[boosted]
             entry[0] = slots.append(entry[1], held)
         self.max_keys_held = max(self.max_keys_held, len(held))
         if self.max_keys is not None and len(held) > self.max_keys:
@@ -243,7 +321,7 @@ class ShardsPass:
             _, h = heapq.heappop(self._heaps[boosted])
             entry = self._held.pop(h)
             self._slots.remove(entry[0], entry[1])
-            self._dropped_variance += _variance_term(old[boosted], entry[2])  # its hits stay in the estimate
+            self._dropped.add(boosted, old[boosted], entry[2], entry[3])  # its hits stay in the estimate
             thresholds[boosted] = max(min(thresholds[boosted], h), 1)  # held keys: hash < threshold
             num_first -= boosted  # every held key has one heap entry, in its class's heap
         self.threshold, self.first_threshold = thresholds
@@ -251,75 +329,46 @@ class ShardsPass:
         self._scales = [scale * after / before for scale, before, after in zip(self._scales, old, new)]
 
     def curve(self) -> SampledCurve:
-        """The estimate so far (hit blocks scaled by ``1 / rate`` per class)."""
+        """The estimate so far: hit blocks scaled by ``1 / rate`` per class, with the corrections
+        and variances of :mod:`kvbench.sim.shards_adjust` (reported: the regression's)."""
         rates = self.rates()
         estimate = self._histograms[0] * (self._scales[0] / rates[0]) + self._histograms[1] * (
             self._scales[1] / rates[1]
         )
         # up to the last hit
         estimate = estimate[: int(np.flatnonzero(estimate)[-1]) + 1 if estimate.any() else 1]
+        edges = _bin_edges(estimate.size)
+        sums = KeySums()
+        for _, boosted, num_refs, bins in self._held.values():
+            sums.add(boosted, rates[boosted], num_refs, bins)
+        gaps = np.array([self._queried[c] - self._references[c] * self._scales[c] / rates[c] for c in (0, 1)])
+        grid_adjust, grid_variance = adjustments(sums.plus(self._dropped), gaps)
         sd = 0.0
-        if self.num_prompt_tokens:
-            variance = self._dropped_variance + sum(
-                _variance_term(rates[b], hits) for _, b, hits in self._held.values()
-            )
-            sd = math.sqrt(variance) * self.block_size / self.num_prompt_tokens
+        if self.num_prompt_tokens:  # the largest over the sizes from 1 / R to the unbounded cache
+            low, high = grid_floor(np.array([1 / rates[0], max(edges[-1], 1 / rates[0])]))
+            sd = math.sqrt(grid_variance[2, low : high + 1].max()) * self.block_size / self.num_prompt_tokens
         return SampledCurve(
-            _bin_edges(estimate.size),
-            np.cumsum(estimate),
-            rates[0],
-            self.num_requests,
-            self.num_prompt_tokens,
-            self.block_size,
-            self.max_keys_held,
-            sd,
-            self.max_keys_kept,
-            self.max_keys,
-            rates[1] if self.exact_blocks else rates[0],
+            edges_blocks=edges,
+            hit_blocks_at_edges=np.cumsum(estimate),
+            rate=rates[0],
+            num_requests=self.num_requests,
+            num_prompt_tokens=self.num_prompt_tokens,
+            block_size=self.block_size,
+            max_keys_held=self.max_keys_held,
+            hit_rate_sd=sd,
+            max_keys_kept=self.max_keys_kept,
+            max_keys=self.max_keys,
+            first_block_rate=rates[1] if self.exact_blocks else rates[0],
+            grid_adjust_blocks=grid_adjust,
+            grid_variance_blocks=grid_variance,
         )
 
 
-def _variance_term(rate: float, num_hits: int) -> float:
-    """A sampled key's Horvitz-Thompson variance term, in hit blocks squared: its ``num_hits``
-    sampled hits stand for ``num_hits / rate``, and it was in the sample with probability ``rate``."""
-    return (1 - rate) / rate**2 * num_hits * num_hits
-
-
-class _Slots:
-    """Time slots of the held keys' latest accesses: one byte each (0: superseded or dropped, 1: a
-    plain key, 2: a boosted one), counted with ``bytearray.count`` (C speed: the hot keys' slots are
-    near the end). Renumbered (oldest first) when full, so memory follows the held keys, not the trace."""
-
-    def __init__(self, size: int) -> None:
-        self._classes = bytearray(size)
-        self._size, self._next = size, 0
-
-    def live_at_or_after(self, slot: int) -> tuple[int, int]:
-        """Live (plain, boosted) accesses at slots ``>= slot``."""
-        classes, end = self._classes, self._next
-        return classes.count(1, slot, end), classes.count(2, slot, end)
-
-    def remove(self, slot: int, boosted: int) -> None:
-        self._classes[slot] = 0
-
-    def append(self, boosted: int, held: dict[int, list]) -> int:
-        """The next slot, for a key of ``held`` whose slot is ``None`` now (renumbers ``held``'s
-        slots first when full)."""
-        if self._next == self._size:
-            self._renumber(held)
-        slot, self._next = self._next, self._next + 1
-        self._classes[slot] = 1 + boosted
-        return slot
-
-    def _renumber(self, held: dict[int, list]) -> None:
-        live = sorted((entry[0], h) for h, entry in held.items() if entry[0] is not None)
-        self._size = max(self._size, 2 * len(live) + 2)
-        self._classes = bytearray(self._size)
-        for slot, (_, h) in enumerate(live):
-            entry = held[h]
-            entry[0] = slot
-            self._classes[slot] = 1 + entry[1]
-        self._next = len(live)
+def _under(hashes: np.ndarray, threshold: int) -> np.ndarray:
+    """``hashes < threshold`` for uint64 ``hashes`` and a threshold up to ``2**64``; bool."""
+    if threshold >= HASH_SPACE:
+        return np.ones(hashes.shape, dtype=bool)
+    return hashes < np.uint64(threshold)
 
 
 def sampled_curve(

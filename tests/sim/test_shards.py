@@ -9,6 +9,7 @@ from kvbench.sim.curve import hit_curve
 from kvbench.sim.hash_id_trace import hash_id_sampled_curve, hash_id_trace
 from kvbench.sim.replay import prepare_prompts
 from kvbench.sim.shards import ShardsPass, key_hash, sampled_curve
+from kvbench.sim.shards_adjust import Adjustment
 from kvbench.workloads.token_ids import MultiPrefixConfig, multi_prefix_requests
 
 
@@ -27,21 +28,24 @@ def test_rate_one_is_the_exact_curve(many_prefixes):
     assert estimate.tolist() == [r.num_hit_blocks for r in exact.results(sizes)]
 
 
-def errors(trace, rate):
+def errors(trace, rate, adjustment=None):
     exact = hit_curve(trace)
     sizes = np.unique(np.geomspace(1, 2 * exact.ideal_capacity_blocks, 120).astype(np.int64))
     return np.abs(
-        sampled_curve(trace, rate).token_hit_rates(sizes)
+        sampled_curve(trace, rate).token_hit_rates(sizes, adjustment)
         - np.array([r.token_hit_rate for r in exact.results(sizes)])
     )
 
 
 def test_the_documented_error_on_a_known_trace(many_prefixes):
-    """300 Zipf prefixes of 16 blocks: the hits sit on a few thousand keys, so a sample of 30% is
-    within 0.03 at every size (measured 0.024) and one of 10% is not (measured 0.119): the error is
-    the sampling variance of the hottest prefixes' few keys (module docstring)."""
-    assert errors(many_prefixes, 0.3).max() < 0.03
-    assert errors(many_prefixes, 0.1).max() > 0.05
+    """300 Zipf prefixes of 16 blocks: the hits sit on a few thousand keys, so plain SHARDS with a
+    sample of 30% is within 0.03 at every size (measured 0.024) and one of 10% is not (measured
+    0.119): the sampling variance of the hottest prefixes' few keys. The regression on the sampled
+    reference count (the default, :mod:`kvbench.sim.shards_adjust`) takes the 10% sample's error to
+    0.031."""
+    assert errors(many_prefixes, 0.3, Adjustment.NONE).max() < 0.03
+    assert errors(many_prefixes, 0.1, Adjustment.NONE).max() > 0.05
+    assert errors(many_prefixes, 0.1).max() < 0.04
 
 
 def test_the_rate_is_checked(many_prefixes):
@@ -97,14 +101,14 @@ def test_the_shared_first_block_is_why_plain_sampling_misses_mooncake(shared_dat
     """Mooncake conversation: one key (the shared first block) holds 4.5 of the 37 points of hit rate.
     Sampled with the rest at 10% it is in or out, error 0.044; kept (exact_blocks=1, the default),
     0.010. Fixed-size at 16,384 keys (rate ~0.1): within 0.01 (measured 0.004), and the estimated sd
-    says so."""
+    (the largest over the sizes) says about as much."""
     path = shared_data / "mooncake" / "conversation_trace.jsonl"
     trace = hash_id_trace(path, "mooncake", 512)
     assert errors_of(trace, sampled_curve(trace, 0.1, exact_blocks=0)).max() > 0.03
     assert errors_of(trace, sampled_curve(trace, 0.1)).max() < 0.015
     streamed = hash_id_sampled_curve(path, "mooncake", ShardsPass(512, max_keys=16_384))
     assert errors_of(trace, streamed).max() < 0.01
-    assert streamed.hit_rate_sd < 0.01
+    assert streamed.hit_rate_sd < 0.015  # the largest sd over the sizes from 1 / R up: 0.011
     assert streamed.max_keys_held <= 16_384 + max(p.num_full_blocks for p in trace.prompts)
     assert streamed.max_keys_kept == 16_384
 
@@ -129,8 +133,10 @@ def test_a_sampled_key_counts_itself_once_not_one_over_the_rate():
     for _ in range(10):
         shards.add([low], 1, 32)
     curve = shards.curve()
-    assert curve.hit_blocks([1]).tolist() == [9 / rate]  # 9 sampled hits at distance 1, each 1 / R
+    assert curve.hit_blocks([1], Adjustment.NONE).tolist() == [
+        9 / rate
+    ]  # 9 sampled hits at distance 1, each 1 / R
     shards = ShardsPass(16, rate, exact_blocks=0)
     for hashes in ([low], [low + 1], [low]):  # one other sampled key between: 1 + 1 / R blocks deep
         shards.add(hashes, 1, 32)
-    assert shards.curve().hit_blocks([100, 101]).tolist() == [0.0, 1 / rate]
+    assert shards.curve().hit_blocks([100, 101], Adjustment.NONE).tolist() == [0.0, 1 / rate]

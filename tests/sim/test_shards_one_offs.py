@@ -31,7 +31,7 @@ def test_first_blocks_beyond_the_budget_leave_the_rate_alone(tmp_path):
     assert 0.5 * 128 / num_distinct < plain_rate < 2 * 128 / num_distinct
     assert 0.1 < first_rate < 0.5  # ~128 of the ~600 first blocks
     assert error.max() <= 2 * curve.hit_rate_sd
-    num_first = sum(boosted for _, boosted, _ in shards._held.values())
+    num_first = sum(entry[1] for entry in shards._held.values())
     assert num_first == 128 and len(shards._held) == 256 == curve.max_keys_kept  # half for first blocks
 
 
