@@ -60,10 +60,13 @@ class _Node:
 
 
 class ApproxTree:
-    """The tree over ``num_tenants`` tenants (replica indexes); ``sizes[t]`` = characters ``t`` holds."""
+    """The tree over ``num_tenants`` tenants (replica indexes); ``sizes[t]`` = characters ``t`` holds.
+    ``all_tenants=False`` starts with no tenant: a replica becomes one when it is first sent a request,
+    and until then the smallest-tree rule does not see it."""
 
-    def __init__(self, num_tenants: int) -> None:
-        self.root = _Node("", None, {t: 0.0 for t in range(num_tenants)})
+    def __init__(self, num_tenants: int, all_tenants: bool = True) -> None:
+        known = range(num_tenants) if all_tenants else ()
+        self.root = _Node("", None, {t: 0.0 for t in known})
         self.sizes = [0] * num_tenants
 
     def _hold(self, node: _Node, tenant: int, now: float) -> None:
@@ -111,9 +114,11 @@ class ApproxTree:
             node = node.parent
 
     def smallest(self) -> list[int]:
-        """Every tenant with the fewest characters (the router picks one of them by hash-map order)."""
-        low = min(self.sizes)
-        return [t for t, size in enumerate(self.sizes) if size == low]
+        """Every tenant with the fewest characters (the router picks one of them by hash-map order);
+        every replica while there is no tenant yet."""
+        tenants = sorted(self.root.tenants) or range(len(self.sizes))
+        low = min(self.sizes[t] for t in tenants)
+        return [t for t in tenants if self.sizes[t] == low]
 
     @staticmethod
     def _leaf_tenants(node: _Node) -> set[int]:

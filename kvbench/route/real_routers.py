@@ -20,6 +20,14 @@ reached, or several smallest trees, as on the first request when every tree is e
 router by the iteration order of a per-process seeded hash map, so no model can predict them:
 :meth:`choices` returns every choice the router could make, and :meth:`choose` takes the lowest index.
 
+What 0.3.2 was seen to do (``tests/commands/test_route_matches_real_router.py``, three replicas at
+concurrency 1): every request of a chat trace went to one worker, a different one from start to start,
+though most requests matched under 30% of their characters and the source would send them to an empty
+tree. The router registers its ``--worker-urls`` one by one in the background and creates the policy
+when the first registers; the model takes the others to be no tenants of the tree until the balance
+rule sends them a request (an empty routing text would pin traffic the same way at concurrency 1; the
+two differ only under load, which is not checked).
+
 ``vllm_cache_aware``: vllm-router 0.1.17 renders each request to token ids on a worker (``/render``,
 else ``/tokenize``) before routing; this model runs the same decision on the tree keyed by token ids
 (one tree character per token), so sizes and rates count tokens. Its source was not available here to
@@ -57,8 +65,10 @@ def routing_text(request: Request) -> str:
 class _TreeRouter:
     """The decision shared by both routers; subclasses say what string a request is keyed by."""
 
+    all_tenants = True  # every worker is a tenant of the tree from the start
+
     def __init__(self, num_replicas: int, config: CacheAwareConfig = CacheAwareConfig()) -> None:
-        self.tree, self.config = ApproxTree(num_replicas), config
+        self.tree, self.config = ApproxTree(num_replicas, self.all_tenants), config
         self.next_eviction_s: float | None = None
         self.decisions = {BALANCE: 0, MATCH: 0, SMALLEST: 0}
         self._pending: tuple | None = None
@@ -102,7 +112,11 @@ class _TreeRouter:
 
 
 class SglangCacheAware(_TreeRouter):
-    """``sglang_cache_aware``: see the module docstring; keyed by :attr:`RequestView.text`."""
+    """``sglang_cache_aware``: see the module docstring; keyed by :attr:`RequestView.text`. As observed
+    of 0.3.2 (workers given with ``--worker-urls``), only the worker sent the first request is a tenant
+    until the balance rule sends another one a request."""
+
+    all_tenants = False
 
     def key(self, request: RequestView) -> str:
         return request.text

@@ -1,5 +1,6 @@
 """Routing policies on hand-made loads: the rules of round robin, hashing, bounded loads, SGLang's router."""
 
+import numpy as np
 import pytest
 
 from kvbench.cache.block_hash import BlockHasher
@@ -16,7 +17,7 @@ from kvbench.route.policies import (
     RoundRobin,
     SessionHash,
 )
-from kvbench.route.real_routers import SglangCacheAware
+from kvbench.route.real_routers import SglangCacheAware, VllmCacheAware
 
 HASHER = BlockHasher(4)
 
@@ -138,9 +139,22 @@ def test_sglang_cache_aware_routes_on_character_match_rate():
     same = RequestView("s", HASHER.prompt_blocks(SHARED), 1.0, "system prompt. question two")
     assert router.choose(same, [0, 0]) == 1  # 23 of 27 characters match > 0.5
     other = RequestView("t", HASHER.prompt_blocks(SHARED), 2.0, "a different text entirely")
-    assert router.choose(other, [0, 0]) == 0  # no match: the smaller tree, not the lower load
+    assert router.choose(other, [0, 0]) == 1  # no match: the smallest tree of the tenants (only 1)
     busy = RequestView("u", HASHER.prompt_blocks(SHARED), 3.0, "system prompt. question three")
-    assert router.choices(busy, [100, 10]) == ([1], "balance")  # imbalanced: least loaded
+    assert router.choose(busy, [100, 10]) == 1 and router.choose(busy, [100, 10]) == 1  # least loaded
+    assert router.choose(busy, [10, 100]) == 0  # balance makes replica 0 a tenant
+    assert router.choose(RequestView("v", HASHER.prompt_blocks(SHARED), 4.0, "zzz"), [0, 0]) == 0  # smaller
+
+
+def test_vllm_cache_aware_starts_with_every_replica_a_tenant():
+    router = VllmCacheAware(2, CacheAwareConfig(cache_threshold=0.5))
+    tokens = HASHER.prompt_blocks(SHARED)
+    first = RequestView("s", tokens, 0.0, "", np.arange(100, dtype=np.uint32))
+    assert router.choose(first, [0, 0]) == 0
+    other = RequestView("t", tokens, 1.0, "", np.arange(500, 600, dtype=np.uint32))
+    assert router.choose(other, [0, 0]) == 1  # no token in common: the empty tree
+    again = RequestView("s", tokens, 2.0, "", np.arange(120, dtype=np.uint32))
+    assert router.choices(again, [0, 0]) == ([0], "match")  # 100 of 120 tokens
 
 
 def test_vllm_ring_hash_and_consistent_hash_are_deterministic():
