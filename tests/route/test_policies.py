@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from kvbench.cache.block_hash import BlockHasher
+from kvbench.request import Message, Request
 from kvbench.route.approx_tree import ApproxTree, shared_prefix
 from kvbench.route.cache_aware import CacheAware, CacheAwareConfig, is_imbalanced
 from kvbench.route.furc import fbi_hash, murmur64a
@@ -17,7 +18,7 @@ from kvbench.route.policies import (
     RoundRobin,
     SessionHash,
 )
-from kvbench.route.real_routers import SglangCacheAware, VllmCacheAware
+from kvbench.route.real_routers import SglangCacheAware, VllmCacheAware, routing_text
 
 HASHER = BlockHasher(4)
 
@@ -170,3 +171,17 @@ def test_vllm_ring_hash_and_consistent_hash_are_deterministic():
 def test_power_of_two_takes_the_less_loaded_of_two_draws():
     router = PowerOfTwo(2, seed=1)
     assert all(router.choose(view(SHARED), [3, 1]) == 1 for _ in range(20))  # n = 2: both drawn
+
+
+def test_routing_text_joins_message_contents_as_sglang_router_does():
+    messages = (
+        Message("system", "Be brief."),
+        Message("user", "Hi"),
+        Message("assistant", "  Hello!  "),
+        Message("assistant", "   "),
+        Message("user", "Why?"),
+    )
+    chat = Request(0, "r0", "s", 0, np.arange(3, dtype=np.uint32), messages=messages)
+    assert routing_text(chat) == "Be brief. Hi Hello! Why?"  # assistant stripped, an empty one skipped
+    assert routing_text(Request(1, "r1", "s", 0, np.arange(3, dtype=np.uint32), prompt="p q")) == "p q"
+    assert routing_text(Request(2, "r2", "s", 0, np.array([7, 42], dtype=np.uint32))) == "7 42"
