@@ -27,6 +27,7 @@ from kvbench.cache.block_hash import BlockHasher
 from kvbench.request import Request, RequestRecord
 from kvbench.route.api import RouterOptions, make_router
 from kvbench.route.policies import PolicyName, RequestView
+from kvbench.route.real_routers import routing_text
 
 EJECT_AFTER_FAILURES = 3  # consecutive connection failures of one endpoint; then it gets no traffic
 
@@ -72,7 +73,10 @@ class RoutedBackend:
         """The endpoint for ``request`` under the current loads (the router records the decision)."""
         prompt = self.hasher.prompt_blocks(request.token_ids, salt=request.salt or "")
         return self.router.choose(
-            RequestView(request.session_id, prompt, request.arrival_s), list(self.loads)
+            RequestView(
+                request.session_id, prompt, request.arrival_s, routing_text(request), request.token_ids
+            ),
+            list(self.loads),
         )
 
     def _next_live(self, replica: int, tried: set[int]) -> int | None:

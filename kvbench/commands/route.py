@@ -149,7 +149,8 @@ def route(
     replicas: _in_replicas(int, "Replicas behind the router.") = 8,
     policy: _in_replicas(
         str,
-        "round-robin, random, least-loaded, session, prefix-hash, cache-aware, a comma list, or all.",
+        "round-robin, random, least-loaded, session, prefix-hash, cache-aware, sglang_cache_aware, "
+        "vllm_cache_aware, consistent_hash, power_of_two, a comma list, or all.",
     ) = "all",
     capacity: _in_replicas(
         int | None,
@@ -171,7 +172,7 @@ def route(
     balance_rel_threshold: _in_policies(float, "cache-aware: ... and max > min x this.") = 1.5,
     eviction_interval: _in_policies(float, "cache-aware: tree eviction period, trace s.") = 120.0,
     max_tree_size: _in_policies(int, "cache-aware: tokens per replica's tree.") = 2**26,
-    seed: _in_replicas(int, "Seed of the random policy.") = 0,
+    seed: _in_replicas(int, "Seed of the random and power_of_two policies.") = 0,
     out: _in_replicas(
         Path | None,
         "Parquet, one row per policy (default results/route-NAME-TIME.parquet); the PNGs go beside it.",

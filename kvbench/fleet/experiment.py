@@ -137,7 +137,7 @@ def run_fleet(
                     base_url=router.base_url,
                     replica_metrics=tuple(urls),
                     router_metrics=router.metrics_url,
-                    fleet_policy=policy,
+                    fleet_policy=_model_name(config.router, policy),
                     # vllm-router's kv_aware skips its KV lookup for a request with a cache_salt: runs
                     # are kept apart by a unique prefix instead, for every policy, so they compare
                     hygiene=Hygiene.NONCE if KV_AWARE in config.policies else None,
@@ -153,6 +153,14 @@ def run_fleet(
                 router.stop()
                 write_summary(outcome)
     return outcome
+
+
+def _model_name(router: RouterKind, policy: str) -> str:
+    """The ``--fleet-policy`` of a router's policy: its own cache-aware model where kvbench route has
+    one per router (sglang-router's tree over characters, vllm-router's over token ids)."""
+    if policy == "cache_aware":
+        return "sglang_cache_aware" if router is RouterKind.SGLANG else "vllm_cache_aware"
+    return policy
 
 
 def _start_replicas(config: FleetConfig, stack: contextlib.ExitStack, say: Say) -> list[str]:

@@ -30,6 +30,7 @@ from kvbench.cache.base import CacheConfig, CacheKind, make_cache
 from kvbench.cache.block_hash import BlockHash, PromptBlocks
 from kvbench.request import Request
 from kvbench.route.policies import RequestView, Router
+from kvbench.route.real_routers import routing_text
 from kvbench.route.service import ServiceModel
 from kvbench.sim.replay import prompt_blocks_of
 from kvbench.sim.step import step
@@ -44,6 +45,8 @@ class RouteTrace:
         session_ids: per request; output_tokens: per request (the trace's real length, else its budget).
         popular: the most shared prefixes: maximal chained keys (a longer prefix is shared by fewer
             sessions) with the number of sessions sending them, most shared first, at least 2 sessions.
+        texts / token_ids: per request, what the real routers key on (:func:`routing_text`, the
+            prompt's ids); ``None`` when not kept.
     """
 
     prompts: list[PromptBlocks]
@@ -52,6 +55,8 @@ class RouteTrace:
     output_tokens: np.ndarray
     block_size: int
     popular: dict[BlockHash, int] = field(default_factory=dict)
+    texts: list[str] | None = None
+    token_ids: list[np.ndarray] | None = None
 
     @property
     def num_requests(self) -> int:
@@ -93,6 +98,8 @@ def prepare_route_trace(requests: Sequence[Request], cache: CacheConfig, top_pre
         outputs,
         cache.block_size,
         popular_prefixes(prompts, sessions, top_prefixes),
+        [routing_text(r) for r in ordered],
+        [r.token_ids for r in ordered],
     )
 
 
@@ -165,7 +172,14 @@ def simulate_cluster(trace: RouteTrace, router: Router, config: ClusterConfig) -
     service = config.service
     for i, (prompt, arrival_s) in enumerate(zip(trace.prompts, trace.arrivals_s.tolist())):
         loads[i] = [r.load_at(arrival_s) for r in replicas]
-        index = router.choose(RequestView(trace.session_ids[i], prompt, arrival_s), loads[i].tolist())
+        view = RequestView(
+            trace.session_ids[i],
+            prompt,
+            arrival_s,
+            trace.texts[i] if trace.texts is not None else "",
+            trace.token_ids[i] if trace.token_ids is not None else None,
+        )
+        index = router.choose(view, loads[i].tolist())
         replica = replicas[index]
         start_s = max(arrival_s, replica.free_at_s)
         hit_blocks = replica.serve(prompt, start_s)

@@ -21,15 +21,15 @@ from dataclasses import dataclass, replace
 
 from kvbench.cache.base import CacheConfig
 from kvbench.request import Request
-from kvbench.route.api import make_router
+from kvbench.route.api import RouterOptions, make_router
 from kvbench.route.cluster import ClusterConfig, prepare_route_trace, simulate_cluster
 from kvbench.route.policies import PolicyName
 
 # the real routers' --policy names (sglang-router 0.3.2, vllm-router 0.1.17) -> kvbench route's model
 ROUTER_POLICIES: dict[str, PolicyName] = {
     "round_robin": PolicyName.ROUND_ROBIN,
-    "cache_aware": PolicyName.CACHE_AWARE,
-    "consistent_hash": PolicyName.SESSION,
+    "cache_aware": PolicyName.SGLANG_CACHE_AWARE,  # vllm-router's: name vllm_cache_aware
+    "consistent_hash": PolicyName.CONSISTENT_HASH,
 }
 # the policies the routers have that kvbench route has no model of: random picks, or (kv_aware) the
 # router's own index of the workers' KV events
@@ -70,10 +70,15 @@ def model_of(policy: str) -> PolicyName | None:
 
 
 def fleet_expectation(
-    requests: Sequence[Request], cache: CacheConfig, policy: str, num_replicas: int
+    requests: Sequence[Request],
+    cache: CacheConfig,
+    policy: str,
+    num_replicas: int,
+    worker_urls: Sequence[str] = (),
 ) -> FleetExpectation | None:
     """Route ``requests`` (in order) over ``num_replicas`` replicas, each with a cache built from
-    ``cache``, by the model of ``policy``; ``None`` when the policy has no model.
+    ``cache``, by the model of ``policy``; ``None`` when the policy has no model. ``worker_urls``: the
+    replicas as the router names them (``consistent_hash`` hashes them onto its ring), when known.
 
     Raises:
         ValueError: ``num_replicas`` is not positive.
@@ -83,7 +88,8 @@ def fleet_expectation(
         return None
     spaced = [replace(r, arrival_s=i * SPACING_S) for i, r in enumerate(requests)]
     trace = prepare_route_trace(spaced, cache, top_prefixes=0)
-    router = make_router(model, num_replicas, cache.block_size)
+    urls = tuple(worker_urls) if len(worker_urls) == num_replicas else None
+    router = make_router(model, num_replicas, cache.block_size, RouterOptions(worker_urls=urls))
     run = simulate_cluster(trace, router, ClusterConfig(num_replicas, cache))
     return FleetExpectation(
         policy, model.value, num_replicas, run.replica.tolist(), [int(t) for t in run.cached_tokens]

@@ -14,7 +14,15 @@ side. Every policy is deterministic given its seed.
   bounded loads (Mirrokni, Thorup, Zadimoghaddam, "Consistent Hashing with Bounded Loads", SODA 2018):
   a replica accepts a request only while its load is below ``ceil((1 + epsilon) x (total load + 1) / N)``;
   a key whose replica is full walks the ring to the next one with room.
-* ``cache-aware``: SGLang's router (:mod:`kvbench.route.cache_aware`).
+* ``cache-aware``: SGLang's router over block keys (:mod:`kvbench.route.cache_aware`).
+* ``sglang_cache_aware`` / ``vllm_cache_aware``: the real routers' trees over request characters /
+  token ids (:mod:`kvbench.route.real_routers`).
+* ``consistent_hash``: vllm-router 0.1.17's (``src/policies/consistent_hash.rs``): a ring of 160 points
+  per worker at ``fbi_hash("{worker url}:{i}")`` (:mod:`kvbench.route.furc`); the key is
+  ``header:x-session-id:{session}`` (the header ``kvbench run`` sends; the router reads it first, then
+  other session headers, then the body's ``user``), owned by the first point at or after its hash.
+* ``power_of_two``: sglang-router 0.3.2's (``sgl-router/src/policies/power_of_two.rs``): two distinct
+  workers drawn at random, the less loaded one (the first drawn on a tie); seeded here.
 """
 
 from __future__ import annotations
@@ -23,23 +31,30 @@ import bisect
 import hashlib
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
+import numpy as np
+
 from kvbench.cache.block_hash import PromptBlocks
+from kvbench.route.furc import fbi_hash
 
 VIRTUAL_NODES = 160  # ring points per replica (as in ketama / libketama's 160 points per server)
 
 
 @dataclass(frozen=True)
 class RequestView:
-    """What a router may look at: the session, the prompt's blocks and keys, the arrival time (s)."""
+    """What a router may look at: the session, the prompt's blocks and keys, the arrival time (s);
+    ``text``: what a text router keys on (:func:`kvbench.route.real_routers.routing_text`);
+    ``token_ids``: the prompt's ids, shape (num_tokens,), or ``None``."""
 
     session_id: str
     prompt: PromptBlocks
     arrival_s: float
+    text: str = ""
+    token_ids: np.ndarray | None = None
 
 
 class Router(Protocol):
@@ -55,6 +70,10 @@ class PolicyName(str, Enum):
     SESSION = "session"
     PREFIX_HASH = "prefix-hash"
     CACHE_AWARE = "cache-aware"
+    SGLANG_CACHE_AWARE = "sglang_cache_aware"
+    VLLM_CACHE_AWARE = "vllm_cache_aware"
+    CONSISTENT_HASH = "consistent_hash"
+    POWER_OF_TWO = "power_of_two"
 
 
 def least_loaded(loads: Sequence[int]) -> int:
@@ -89,21 +108,29 @@ def _point(data: bytes) -> int:
 
 
 class HashRing:
-    """A consistent-hash ring of ``num_replicas`` x :data:`VIRTUAL_NODES` points (SHA-256, 64 bits)."""
+    """A consistent-hash ring of ``num_replicas`` x ``virtual_nodes`` points. By default SHA-256 (64
+    bits) of ``replica-{r}-{v}``; ``point`` and ``label`` give another ring (vllm-router's: ``fbi_hash``
+    of ``{worker url}:{v}``). A key belongs to the first point at or after its own, wrapping."""
 
-    def __init__(self, num_replicas: int, virtual_nodes: int = VIRTUAL_NODES) -> None:
-        points = sorted(
-            (_point(f"replica-{r}-{v}".encode()), r)
-            for r in range(num_replicas)
-            for v in range(virtual_nodes)
-        )
-        self.positions = [p for p, _ in points]
-        self.replicas = [r for _, r in points]
+    def __init__(
+        self,
+        num_replicas: int,
+        virtual_nodes: int = VIRTUAL_NODES,
+        point: Callable[[bytes], int] | None = None,
+        label: Callable[[int, int], bytes] | None = None,
+    ) -> None:
+        self.point = point or _point
+        label = label or (lambda r, v: f"replica-{r}-{v}".encode())
+        points = dict(
+            (self.point(label(r, v)), r) for r in range(num_replicas) for v in range(virtual_nodes)
+        )  # a later replica's equal point wins, as in a map insert
+        self.positions = sorted(points)
+        self.replicas = [points[p] for p in self.positions]
         self.num_replicas = num_replicas
 
     def walk(self, key: bytes):
         """Distinct replicas clockwise from ``key``'s point: the owner first, then the fallbacks."""
-        start, seen = bisect.bisect(self.positions, _point(key)), set()
+        start, seen = bisect.bisect_left(self.positions, self.point(key)), set()
         for step in range(len(self.positions)):
             replica = self.replicas[(start + step) % len(self.positions)]
             if replica not in seen:
@@ -150,3 +177,33 @@ class PrefixHashBounded:
             if loads[replica] + 1 <= bound:
                 return replica
         raise AssertionError("unreachable: the bound leaves room on some replica")  # sum(loads) < N x bound
+
+
+class ConsistentHash:
+    """``consistent_hash``: see the module docstring. ``worker_urls`` name the ring's points (the
+    router's own worker URLs, e.g. ``http://127.0.0.1:8001``, give its exact ring)."""
+
+    def __init__(self, worker_urls: Sequence[str]) -> None:
+        urls = list(worker_urls)
+        self.ring = HashRing(
+            len(urls),
+            VIRTUAL_NODES,
+            point=lambda key: fbi_hash(key.decode()),
+            label=lambda r, v: f"{urls[r]}:{v}".encode(),
+        )
+
+    def choose(self, request: RequestView, loads: Sequence[int]) -> int:
+        return next(self.ring.walk(f"header:x-session-id:{request.session_id}".encode()))
+
+
+class PowerOfTwo:
+    """``power_of_two``: see the module docstring (one replica: that one)."""
+
+    def __init__(self, num_replicas: int, seed: int = 0) -> None:
+        self.num_replicas, self.rng = num_replicas, random.Random(seed)
+
+    def choose(self, request: RequestView, loads: Sequence[int]) -> int:
+        if self.num_replicas == 1:
+            return 0
+        first, second = self.rng.sample(range(self.num_replicas), 2)
+        return second if loads[second] < loads[first] else first

@@ -139,7 +139,8 @@ def fleet_expectations(server: ServerFlags, requests, server_cache, expectations
     if server_cache.model is None:  # caching off: nothing to route for
         return expectations, None
     capacity = expectations.capacity_blocks or 1 + sum(p.num_full_blocks for p in expectations.prompts)
-    fleet = fleet_expectation(requests, CacheConfig(capacity, block_size), server.fleet_policy, num_replicas)
+    cache = CacheConfig(capacity, block_size)
+    fleet = fleet_expectation(requests, cache, server.fleet_policy, num_replicas, server.replica_metrics)
     if fleet is None:
         say(
             f"expected cached tokens: one cache (kvbench route has no model of --fleet-policy "

@@ -4,18 +4,12 @@ names the replica that served it, and the replicas' own ``/metrics`` deltas summ
 client saw. Under vllm-router's ``consistent_hash`` each session stays on one replica (the session goes
 out as ``X-Session-ID``)."""
 
-import importlib.util
-import json
-import socket
-import subprocess
-import sys
-import urllib.request
 from collections import defaultdict
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from readiness import process_ended, wait_until
+from real_router import real_router
 from serve_process import ServeProcess
 
 from kvbench.results.parquet import read_metadata
@@ -40,17 +34,7 @@ block_size = 16
 [run]
 concurrency = 2
 """
-ROUTERS = {
-    # (importable module, command line before the worker URLs' flag, policy)
-    "sglang": ("sglang_router", [sys.executable, "-m", "sglang_router.launch_router"], "round_robin"),
-    "vllm": ("vllm_router", [sys.executable, "-m", "vllm_router.launch_router"], "consistent_hash"),
-}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+POLICIES = {"sglang": "round_robin", "vllm": "consistent_hash"}
 
 
 @pytest.fixture(scope="module")
@@ -64,56 +48,12 @@ def replicas():
             process.stop()
 
 
-def listed_models(url: str) -> list[str] | None:
-    try:
-        with urllib.request.urlopen(url + "/v1/models", timeout=5) as response:
-            return [entry["id"] for entry in json.loads(response.read())["data"]] or None
-    except (OSError, ValueError, KeyError):
-        return None
-
-
-@pytest.fixture(params=sorted(ROUTERS))
+@pytest.fixture(params=sorted(POLICIES))
 def router(request, replicas, tmp_path):
-    """The real router over ``replicas`` on a free port: ``(name, url, policy)``, stopped by its PID."""
-    module, command, policy = ROUTERS[request.param]
-    if importlib.util.find_spec(module) is None:
-        pytest.skip(f"{module} is not installed (pip install -e '.[fleet]')")
-    port = free_port()
-    log = (tmp_path / f"{request.param}-router.log").open("w")
-    process = subprocess.Popen(
-        [
-            *command,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--prometheus-port",
-            str(free_port()),
-            "--policy",
-            policy,
-            "--worker-urls",
-            *replicas,
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(
-            lambda: listed_models(url),
-            f"{request.param}-router on {url}",
-            ended=process_ended(process),
-            log=lambda: (tmp_path / f"{request.param}-router.log").read_text(),
-        )
+    """The real router over ``replicas`` on a free port: ``(name, url, policy)``."""
+    policy = POLICIES[request.param]
+    with real_router(request.param, policy, replicas, tmp_path) as url:
         yield request.param, url, policy
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
 
 
 def test_rows_name_replicas_and_replica_metrics_add_up(kvbench, replicas, router, tmp_path):

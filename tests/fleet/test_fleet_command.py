@@ -88,14 +88,15 @@ def test_fleet_runs_each_policy_and_expectations_match_the_replicas(
         assert any(name.endswith("_total") or "_total{" in name for name in entry["router_counters"]), entry
         expected = [row["expected_cached_tokens"] for row in rows]
         reported = [row["cached_prompt_tokens"] for row in rows]
-        if policy == "consistent_hash":  # the model's ring is not the router's: sessions stay put
+        # concurrency 1: the model routes as the router did, request by request (consistent_hash on
+        # vllm-router's own ring over the replicas' URLs)
+        assert reported == expected, (policy, reported, expected)
+        assert read_metadata(Path(entry["rows"]))["reconciliation"]["below_expected"] == []
+        if policy == "consistent_hash":  # and a session never changes replica
             sessions = {}
             for row in rows:
                 sessions.setdefault(row["session_id"], set()).add(row["replica_id"])
             assert all(len(on) == 1 for on in sessions.values()), sessions
-        else:  # concurrency 1: the model routes as the router did, request by request
-            assert reported == expected, (policy, reported, expected)
-            assert read_metadata(Path(entry["rows"]))["reconciliation"]["below_expected"] == []
         if policy == "round_robin":
             assert len({row["replica_id"] for row in rows}) == 2
     table = stdout.replace("\n", " ")

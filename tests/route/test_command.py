@@ -41,10 +41,14 @@ def test_route_all_policies_writes_one_row_per_policy(kvbench, scenario, tmp_pat
         "session",
         "prefix-hash",
         "cache-aware",
+        "sglang_cache_aware",
+        "vllm_cache_aware",
+        "consistent_hash",
+        "power_of_two",
     ]
     # not a terminal: a status line as each policy finishes, in order
     assert [line.split()[1] for line in stderr.splitlines() if line.startswith("routed: ")] == table["policy"]
-    assert "routed: cache-aware (6 of 6 policies)" in stderr
+    assert "routed: power_of_two (10 of 10 policies)" in stderr
     rates = dict(zip(table["policy"], table["token_hit_rate"]))
     assert rates["session"] > 2 * rates["round-robin"] > 0
     assert all(len(r) == 8 for r in table["replica_token_hit_rates"])

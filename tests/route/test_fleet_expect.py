@@ -31,7 +31,7 @@ def test_consistent_hash_keeps_every_session_on_one_replica(chat8):
     for request, replica in zip(chat8, fleet.replica):
         on.setdefault(request.session_id, set()).add(replica)
     assert all(len(replicas) == 1 for replicas in on.values())
-    assert fleet.model == "session"
+    assert fleet.model == "consistent_hash"  # vllm-router's own ring (kvbench.route.furc)
 
 
 def test_one_replica_is_one_cache(chat8):

@@ -1,17 +1,24 @@
 """Routing policies on hand-made loads: the rules of round robin, hashing, bounded loads, SGLang's router."""
 
+import numpy as np
 import pytest
 
 from kvbench.cache.block_hash import BlockHasher
+from kvbench.request import Message, Request
+from kvbench.route.approx_tree import ApproxTree, shared_prefix
 from kvbench.route.cache_aware import CacheAware, CacheAwareConfig, is_imbalanced
+from kvbench.route.furc import fbi_hash, murmur64a
 from kvbench.route.policies import (
+    ConsistentHash,
     HashRing,
     LeastLoaded,
+    PowerOfTwo,
     PrefixHashBounded,
     RequestView,
     RoundRobin,
     SessionHash,
 )
+from kvbench.route.real_routers import SglangCacheAware, VllmCacheAware, routing_text
 
 HASHER = BlockHasher(4)
 
@@ -108,3 +115,73 @@ def test_cache_aware_tree_eviction_drops_least_recently_used_leaves_first():
 def test_cache_aware_config_is_validated():
     with pytest.raises(ValueError, match="cache_threshold"):
         CacheAwareConfig(cache_threshold=1.5)
+
+
+def test_approx_tree_counts_characters_splits_edges_and_evicts_lru_leaves():
+    tree = ApproxTree(3)
+    tree.insert("hello world", 0, 1.0)
+    tree.insert("hello there", 1, 2.0)
+    tree.insert("apple", 2, 3.0)
+    assert tree.sizes == [11, 11, 5]  # "hello " + "world" / "there": the split edge counts once each
+    matched, node = tree.match("hello wo")
+    assert (matched, sorted(node.tenants)) == (8, [0])  # a partial edge counts its shared characters
+    assert sorted(tree.match("hello")[1].tenants) == [0, 1]
+    assert tree.smallest() == [2]
+    tree.evict(6)
+    assert tree.sizes == [6, 6, 5]  # each drops its leaf, keeps the shared "hello "
+    assert shared_prefix("abcdef", "abcxef") == 3 and shared_prefix("abc", "abc") == 3
+
+
+def test_sglang_cache_aware_routes_on_character_match_rate():
+    router = SglangCacheAware(2, CacheAwareConfig(cache_threshold=0.5))
+    first = RequestView("s", HASHER.prompt_blocks(SHARED), 0.0, "system prompt. question one")
+    assert router.choices(first, [0, 0]) == ([0, 1], "smallest-tree")  # empty trees: any worker
+    router.commit(first, 1, "smallest-tree")
+    same = RequestView("s", HASHER.prompt_blocks(SHARED), 1.0, "system prompt. question two")
+    assert router.choose(same, [0, 0]) == 1  # 23 of 27 characters match > 0.5
+    other = RequestView("t", HASHER.prompt_blocks(SHARED), 2.0, "a different text entirely")
+    assert router.choose(other, [0, 0]) == 1  # no match: the smallest tree of the tenants (only 1)
+    busy = RequestView("u", HASHER.prompt_blocks(SHARED), 3.0, "system prompt. question three")
+    assert router.choose(busy, [100, 10]) == 1 and router.choose(busy, [100, 10]) == 1  # least loaded
+    assert router.choose(busy, [10, 100]) == 0  # balance makes replica 0 a tenant
+    assert router.choose(RequestView("v", HASHER.prompt_blocks(SHARED), 4.0, "zzz"), [0, 0]) == 0  # smaller
+
+
+def test_vllm_cache_aware_starts_with_every_replica_a_tenant():
+    router = VllmCacheAware(2, CacheAwareConfig(cache_threshold=0.5))
+    tokens = HASHER.prompt_blocks(SHARED)
+    first = RequestView("s", tokens, 0.0, "", np.arange(100, dtype=np.uint32))
+    assert router.choose(first, [0, 0]) == 0
+    other = RequestView("t", tokens, 1.0, "", np.arange(500, 600, dtype=np.uint32))
+    assert router.choose(other, [0, 0]) == 1  # no token in common: the empty tree
+    again = RequestView("s", tokens, 2.0, "", np.arange(120, dtype=np.uint32))
+    assert router.choices(again, [0, 0]) == ([0], "match")  # 100 of 120 tokens
+
+
+def test_vllm_ring_hash_and_consistent_hash_are_deterministic():
+    assert murmur64a(b"", 0) == 0  # the empty key with seed 0 mixes to 0
+    assert fbi_hash("http://127.0.0.1:8001:0") == 0x0667EBC6C13D00C2  # pinned from this code
+    urls = ("http://127.0.0.1:8001", "http://127.0.0.1:8002")
+    router = ConsistentHash(urls)
+    owners = {router.choose(view(SHARED, f"session-{i}"), [0, 0]) for i in range(50)}
+    assert owners == {0, 1}
+    assert router.choose(view(SHARED, "abc"), [0, 0]) == router.choose(view([1, 2], "abc"), [5, 0])
+
+
+def test_power_of_two_takes_the_less_loaded_of_two_draws():
+    router = PowerOfTwo(2, seed=1)
+    assert all(router.choose(view(SHARED), [3, 1]) == 1 for _ in range(20))  # n = 2: both drawn
+
+
+def test_routing_text_joins_message_contents_as_sglang_router_does():
+    messages = (
+        Message("system", "Be brief."),
+        Message("user", "Hi"),
+        Message("assistant", "  Hello!  "),
+        Message("assistant", "   "),
+        Message("user", "Why?"),
+    )
+    chat = Request(0, "r0", "s", 0, np.arange(3, dtype=np.uint32), messages=messages)
+    assert routing_text(chat) == "Be brief. Hi Hello! Why?"  # assistant stripped, an empty one skipped
+    assert routing_text(Request(1, "r1", "s", 0, np.arange(3, dtype=np.uint32), prompt="p q")) == "p q"
+    assert routing_text(Request(2, "r2", "s", 0, np.array([7, 42], dtype=np.uint32))) == "7 42"
