@@ -32,7 +32,8 @@ from rich.table import Table
 from rich.text import Text
 
 OPTION_CELLS = 6  # typer's option row: long, short, negative long, negative short, type, help
-HELP_INDENT = 4  # columns before an option's help, under its names
+HELP_INDENT = 4
+LONG_TYPE = 40  # characters of a type (choices) beyond which it may break between its choices  # columns before an option's help, under its names
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z`])")  # a sentence ends before a capital or a code span
 
 
@@ -79,8 +80,10 @@ def stacked(cells: tuple[Any, ...]) -> Group:
     ]
     if names and not names[0].startswith("-"):  # an argument: click's usage convention
         names = [name.upper() for name in names]
-    line = rich_utils.highlighter(Text(" / ".join(names)))
+    line = rich_utils.highlighter(Text(" / ".join(names), overflow="fold"))
     kind = _plain(types)
+    if len(kind) > LONG_TYPE:  # a long list of choices: breakable between them, never cut with "…"
+        kind = kind.replace("|", " | ")
     if kind and not kind.startswith("<bool>"):
         line.append(" ")
         line.append(kind, style=rich_utils.STYLE_TYPES)
