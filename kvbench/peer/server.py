@@ -73,9 +73,12 @@ class VllmServerConfig:
         dtype: ``--dtype`` (``float32`` or ``bfloat16``).
         startup_timeout_s: how long to wait for ``/health``.
         log_path: where the server's stdout and stderr go.
-        kv_events_endpoint: where vLLM's ZMQ publisher binds (``tcp://127.0.0.1:PORT``), or ``None``
-            for no KV cache events (``--kv-events-config``: ``vllm/config/kv_events.py``).
-        kv_events_replay_endpoint: its replay ROUTER socket, or ``None`` for none.
+        kv_events_endpoint: vLLM's ZMQ PUB endpoint for KV cache events (``--kv-events-config``,
+            ``vllm/config/kv_events.py``), or ``None`` for none. vLLM 0.32 *binds* only a wildcard
+            (``tcp://*:PORT``) or an ``ipc://`` endpoint and *connects* to any other, such as
+            ``tcp://127.0.0.1:PORT``, which a subscriber that connects never hears: on loopback use
+            ``ipc://PATH`` (``ZmqEventPublisher._is_bind_endpoint``).
+        kv_events_replay_endpoint: its replay ROUTER socket (always bound), or ``None`` for none.
     """
 
     venv: Path
