@@ -74,6 +74,28 @@ def _model(out: Path):
     return out / "model", TiktokenTokenizer()
 
 
+def _checkpoints(requests, backend, subscriber, simulator, served, predicted) -> tuple[list[dict], int]:
+    """Send each request, replay it on the simulator, compare the two maps; returns the mismatched
+    checkpoints and the requests whose prompt ids vLLM tokenized differently."""
+    mismatches, tokenization = [], 0
+    _settle(subscriber)
+    for request in requests:
+        (record,) = drive([request], backend)
+        if record.status != "ok" or record.output_token_ids is None:
+            raise RuntimeError(f"request {request.index}: {record.status} {record.error or ''}")
+        prompt_ids = record.prompt_token_ids
+        tokenization += prompt_ids is not None and list(prompt_ids) != list(request.token_ids)
+        simulator.run(request, record.output_token_ids)
+        _settle(subscriber)
+        got, want = served.content_counts(), predicted.content_counts()
+        if got != want:
+            vllm_only, kvbench_only = sum((got - want).values()), sum((want - got).values())
+            mismatches.append(
+                {"request": request.index, "vllm_only": vllm_only, "kvbench_only": kvbench_only}
+            )
+    return mismatches, tokenization
+
+
 def run_check(venv: Path, out: Path, num_requests: int = 30, log=print) -> dict:
     """Run the comparison (module docstring); returns the numbers printed as JSON."""
     model_dir, tokenizer = _model(out)
@@ -107,28 +129,10 @@ def run_check(venv: Path, out: Path, num_requests: int = 30, log=print) -> dict:
             lambda event: predicted.apply(0, Batch(0.0, (event,)), 0.0), BLOCK_SIZE
         )
         backend = vllm_backend(server.base_url, config.served_model_name, tokenizer, BLOCK_SIZE)
-        mismatches, tokenization = [], 0
         try:
-            _settle(subscriber)
-            for request in prepared.requests:
-                (record,) = drive([request], backend)
-                if record.status != "ok" or record.output_token_ids is None:
-                    raise RuntimeError(f"request {request.index}: {record.status} {record.error or ''}")
-                if record.prompt_token_ids is not None and list(record.prompt_token_ids) != list(
-                    request.token_ids
-                ):
-                    tokenization += 1
-                simulator.run(request, record.output_token_ids)
-                _settle(subscriber)
-                got, want = served.content_counts(), predicted.content_counts()
-                if got != want:
-                    mismatches.append(
-                        {
-                            "request": request.index,
-                            "vllm_only": sum((got - want).values()),
-                            "kvbench_only": sum((want - got).values()),
-                        }
-                    )
+            mismatches, tokenization = _checkpoints(
+                prepared.requests, backend, subscriber, simulator, served, predicted
+            )
             state = subscriber.states[0]
         finally:
             subscriber.close()
