@@ -124,6 +124,14 @@ class ReplicaBlocks:
             return Counter(self._copies)
         return Counter({h: n for (m, h), n in self.held.items() if m == medium})
 
+    def content_counts(self) -> Counter[int]:
+        """Blocks held per content key, every medium and copy counted: what two maps compare block
+        for block when their servers hash with different seeds."""
+        counts: Counter[int] = Counter()
+        for block_hash, copies in self._copies.items():
+            counts[self._content[block_hash]] += copies
+        return counts
+
     def content_keys(self) -> set[int]:
         """Content keys of every block held, any medium."""
         return set(self._content.values())

@@ -9,12 +9,12 @@ the same integer, so a removal names what its store named.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 import xxhash
 
 from kvbench.events.publisher import EventPublisher
-from kvbench.events.wire import AllBlocksCleared, BlockRemoved, BlockStored
+from kvbench.events.wire import AllBlocksCleared, BlockRemoved, BlockStored, Event
 
 
 def external_hash(key: Hashable) -> int:
@@ -24,22 +24,31 @@ def external_hash(key: Hashable) -> int:
     return xxhash.xxh3_64_intdigest(repr(key).encode())
 
 
-class PublishingListener:
-    """A :class:`~kvbench.cache.events.BlockListener` that publishes every change it is told."""
+class EventListener:
+    """A :class:`~kvbench.cache.events.BlockListener` that turns every change into a wire event and
+    hands it to ``emit`` (a publisher's ``publish``, or a block map's apply for a simulated cache)."""
 
-    def __init__(self, publisher: EventPublisher, block_size: int) -> None:
-        self.publisher = publisher
+    def __init__(self, emit: Callable[[Event], None], block_size: int) -> None:
+        self.emit = emit
         self.block_size = block_size
 
     def stored(
         self, key: Hashable, parent_key: Hashable | None, token_ids: Sequence[int], medium: str
     ) -> None:
         parent = None if parent_key is None else external_hash(parent_key)
-        event = BlockStored((external_hash(key),), parent, tuple(token_ids), self.block_size, medium)
-        self.publisher.publish(event)
+        tokens = tuple(map(int, token_ids))  # numpy ids (the simulator) pack as plain ints
+        self.emit(BlockStored((external_hash(key),), parent, tokens, self.block_size, medium))
 
     def removed(self, key: Hashable, medium: str) -> None:
-        self.publisher.publish(BlockRemoved((external_hash(key),), medium))
+        self.emit(BlockRemoved((external_hash(key),), medium))
 
     def cleared(self) -> None:
-        self.publisher.publish(AllBlocksCleared())
+        self.emit(AllBlocksCleared())
+
+
+class PublishingListener(EventListener):
+    """An :class:`EventListener` that publishes every change it is told."""
+
+    def __init__(self, publisher: EventPublisher, block_size: int) -> None:
+        super().__init__(publisher.publish, block_size)
+        self.publisher = publisher

@@ -25,6 +25,7 @@ the API server and every engine process it forked. Use it as a context manager: 
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import re
 import shutil
@@ -72,6 +73,12 @@ class VllmServerConfig:
         dtype: ``--dtype`` (``float32`` or ``bfloat16``).
         startup_timeout_s: how long to wait for ``/health``.
         log_path: where the server's stdout and stderr go.
+        kv_events_endpoint: vLLM's ZMQ PUB endpoint for KV cache events (``--kv-events-config``,
+            ``vllm/config/kv_events.py``), or ``None`` for none. vLLM 0.32 *binds* only a wildcard
+            (``tcp://*:PORT``) or an ``ipc://`` endpoint and *connects* to any other, such as
+            ``tcp://127.0.0.1:PORT``, which a subscriber that connects never hears: on loopback use
+            ``ipc://PATH`` (``ZmqEventPublisher._is_bind_endpoint``).
+        kv_events_replay_endpoint: its replay ROUTER socket (always bound), or ``None`` for none.
     """
 
     venv: Path
@@ -84,6 +91,8 @@ class VllmServerConfig:
     num_gpu_blocks: int | None = None
     dtype: str = "float32"  # kvbench's model is fp32; bfloat16 where both sides run it
     startup_timeout_s: float = 900.0  # ~2-3 min is normal on 2 cores; compilation can take longer
+    kv_events_endpoint: str | None = None
+    kv_events_replay_endpoint: str | None = None
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.block_size % 32:
@@ -302,6 +311,11 @@ class VllmServer(ServerProcess):
         ]
         if c.num_gpu_blocks is not None:
             command += ["--num-gpu-blocks-override", str(c.num_gpu_blocks)]
+        if c.kv_events_endpoint is not None:
+            events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": c.kv_events_endpoint}
+            if c.kv_events_replay_endpoint is not None:
+                events["replay_endpoint"] = c.kv_events_replay_endpoint
+            command += ["--kv-events-config", json.dumps(events)]
         return command
 
     def environment(self) -> dict[str, str]:

@@ -182,6 +182,11 @@ class VllmSimulator:
         block_size, pool = self.config.block_size, self.pool
         num_prompt = request.num_tokens
         keys = self._block_keys(request, num_output, output_token_ids)
+        tokens = (
+            request.token_ids
+            if output_token_ids is None
+            else np.concatenate((request.token_ids, np.asarray(output_token_ids, dtype=np.uint32)))
+        )  # read by a listener on the index (the block's token ids of its stored event)
         hit = self._lookup(keys, (num_prompt - 1) // block_size, request.salt or "")
         num_kv_tokens = num_prompt + num_output - 1  # rule 2: the last sampled token's KV is never computed
         num_blocks = -(-num_kv_tokens // block_size)
@@ -194,12 +199,12 @@ class VllmSimulator:
         pool.touch(hit)
         blocks = hit + pool.allocate(-(-num_prompt // block_size) - len(hit))  # the prefill's blocks
         for index in range(len(hit), num_prompt // block_size):  # rule 3: every full block
-            self.index.key_block(blocks, index, keys, request.salt or "")
+            self.index.key_block(blocks, index, keys, request.salt or "", tokens)
         for position in range(num_prompt, num_kv_tokens):  # decode: a block when one starts, a key when full
             if position % block_size == 0:
                 blocks += pool.allocate(1)
             if (position + 1) % block_size == 0:
-                self.index.key_block(blocks, position // block_size, keys, request.salt or "")
+                self.index.key_block(blocks, position // block_size, keys, request.salt or "", tokens)
         pool.free(blocks[::-1])  # rule 5: tail first
         return len(hit) * block_size
 
