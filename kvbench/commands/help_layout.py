@@ -32,8 +32,8 @@ from rich.table import Table
 from rich.text import Text
 
 OPTION_CELLS = 6  # typer's option row: long, short, negative long, negative short, type, help
-HELP_INDENT = 4
-LONG_TYPE = 40  # characters of a type (choices) beyond which it may break between its choices  # columns before an option's help, under its names
+HELP_INDENT = 4  # columns before an option's help, under its names
+LONG_TYPE = 40  # characters of a type (choices) beyond which it may break between its choices
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z`])")  # a sentence ends before a capital or a code span
 
 
