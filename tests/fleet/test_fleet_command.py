@@ -58,7 +58,7 @@ def router_urls(stderr: str) -> list[str]:
     ("router", "module", "policies"),
     [
         ("sglang", "sglang_router", ("round_robin", "cache_aware")),
-        ("vllm", "vllm_router", ("round_robin", "consistent_hash")),
+        ("vllm", "vllm_router", ("round_robin", "cache_aware", "consistent_hash")),
     ],
 )
 def test_fleet_runs_each_policy_and_expectations_match_the_replicas(
@@ -68,12 +68,12 @@ def test_fleet_runs_each_policy_and_expectations_match_the_replicas(
     scenario, out = tmp_path / "chat.toml", tmp_path / "fleet"
     scenario.write_text(CHAT)
     code, stdout, stderr = kvbench(
-        "fleet", scenario, "--router", router, "--replicas", "2", "--policy", ",".join(policies), "--out", out
+        "fleet", scenario, "--router", router, "--replicas", "3", "--policy", ",".join(policies), "--out", out
     )
     assert code == 0, stderr
     summary = json.loads((out / "fleet.json").read_text())
     replicas = summary["replicas"]
-    assert len(replicas) == 2 and [p["policy"] for p in summary["policies"]] == list(policies)
+    assert len(replicas) == 3 and [p["policy"] for p in summary["policies"]] == list(policies)
     for entry in summary["policies"]:
         policy, rows = entry["policy"], pq.read_table(entry["rows"]).to_pylist()
         assert len(rows) == 11 and all(row["status"] == "ok" for row in rows)
@@ -98,9 +98,9 @@ def test_fleet_runs_each_policy_and_expectations_match_the_replicas(
                 sessions.setdefault(row["session_id"], set()).add(row["replica_id"])
             assert all(len(on) == 1 for on in sessions.values()), sessions
         if policy == "round_robin":
-            assert len({row["replica_id"] for row in rows}) == 2
+            assert len({row["replica_id"] for row in rows}) == 3
     table = stdout.replace("\n", " ")
-    assert f"kvbench fleet: {router} router, 2 replicas" in table
+    assert f"kvbench fleet: {router} router, 3 replicas" in table
     round_robin = next(
         line for line in stdout.splitlines() if line.startswith("│ round_robin") and "fleet" in line
     )
