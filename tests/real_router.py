@@ -16,6 +16,24 @@ from pathlib import Path
 import pytest
 from readiness import process_ended, wait_until
 
+# the chat trace the fleet tests send through a router: 4 conversations, 11 requests, a shared
+# 64-token system prompt (4 blocks of 16)
+CHAT = """
+[workload]
+kind = "chat"
+num_conversations = 4
+turns = "uniform:2,3"
+system_tokens = 64
+user_tokens = "lognormal:20,0.3"
+reply_tokens = "lognormal:4,0.3"
+conversation_rate_per_s = 100.0
+think_time_s = 0.01
+seed = 3
+
+[cache]
+block_size = 16
+"""
+
 ROUTERS = {  # name -> (importable module, command line before the flags)
     "sglang": ("sglang_router", [sys.executable, "-m", "sglang_router.launch_router"]),
     "vllm": ("vllm_router", [sys.executable, "-m", "vllm_router.launch_router"]),

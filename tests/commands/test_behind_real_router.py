@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from real_router import CHAT as FLEET_CHAT
 from real_router import real_router
 from serve_process import ServeProcess
 
@@ -16,24 +17,7 @@ from kvbench.results.parquet import read_metadata
 
 pytestmark = pytest.mark.slow  # two servers, a router and a 12-request run: ~30-60 s on 2 loaded cores
 
-CHAT = """
-[workload]
-kind = "chat"
-num_conversations = 4
-turns = "uniform:2,3"
-system_tokens = 64
-user_tokens = "lognormal:20,0.3"
-reply_tokens = "lognormal:4,0.3"
-conversation_rate_per_s = 100.0
-think_time_s = 0.01
-seed = 3
-
-[cache]
-block_size = 16
-
-[run]
-concurrency = 2
-"""
+CHAT = FLEET_CHAT + "\n[run]\nconcurrency = 2\n"
 POLICIES = {"sglang": "round_robin", "vllm": "consistent_hash"}
 
 

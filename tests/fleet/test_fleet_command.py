@@ -15,27 +15,12 @@ from urllib.parse import urlsplit
 
 import pyarrow.parquet as pq
 import pytest
+from real_router import CHAT
 
 from kvbench.results.parquet import read_metadata
 
 pytestmark = pytest.mark.slow  # two replicas and a router per policy: ~40-90 s on 2 loaded cores
 REPO = Path(__file__).resolve().parents[2]
-
-CHAT = """
-[workload]
-kind = "chat"
-num_conversations = 4
-turns = "uniform:2,3"
-system_tokens = 64
-user_tokens = "lognormal:20,0.3"
-reply_tokens = "lognormal:4,0.3"
-conversation_rate_per_s = 100.0
-think_time_s = 0.01
-seed = 3
-
-[cache]
-block_size = 16
-"""
 
 
 def needs(module: str) -> None:
