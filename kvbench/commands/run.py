@@ -143,6 +143,7 @@ def _server_flags(f: SimpleNamespace) -> ServerFlags:
         router_metrics=f.router_metrics,
         fleet_policy=f.fleet_policy,
         fleet_replicas=f.fleet_replicas,
+        kv_events=tuple(f.kv_events or ()),
     )
 
 

@@ -13,6 +13,7 @@ from kvbench.backends.openai.hygiene import Hygiene
 from kvbench.commands import options as opt
 from kvbench.commands import result_options as res
 from kvbench.commands.choices import check_positive
+from kvbench.commands.run_fleet_options import FLEET
 from kvbench.commands.signature import panel
 from kvbench.route.policies import PolicyName
 from kvbench.run.config import DEFAULT_BASE_URL, DEFAULT_TIMEOUT_S, BackendKind, EngineKind
@@ -295,69 +296,6 @@ HTTP = panel(
             ],
             None,
         ),
-        "session_header": (
-            Annotated[
-                str | None,
-                typer.Option(
-                    help="Header carrying the trace's session id, for a router's session affinity "
-                    "(default X-Session-ID; 'none' sends none; the session also goes as 'user')."
-                ),
-            ],
-            None,
-        ),
-        "header": (
-            Annotated[
-                list[str] | None,
-                typer.Option(help="Another HTTP header on every request, NAME:VALUE (repeatable)."),
-            ],
-            None,
-        ),
-        "extra_body": (
-            Annotated[
-                str | None,
-                typer.Option(help="A JSON object merged into every request body, e.g. '{\"priority\": 1}'."),
-            ],
-            None,
-        ),
-        "replica_metrics": (
-            Annotated[
-                list[str] | None,
-                typer.Option(
-                    help="A replica's own root URL behind a router (repeatable): its /metrics is read "
-                    "before and after, per replica and summed."
-                ),
-            ],
-            None,
-        ),
-        "router_metrics": (
-            Annotated[
-                str | None,
-                typer.Option(
-                    help="The router's own Prometheus endpoint (sglang-router's or vllm-router's "
-                    "--prometheus-port /metrics): its counters over the run are kept in the result."
-                ),
-            ],
-            None,
-        ),
-        "fleet_policy": (
-            Annotated[
-                str | None,
-                typer.Option(
-                    help="The router's policy (round_robin, cache_aware, consistent_hash, ...): expected "
-                    "cached tokens per replica from kvbench route's model of it."
-                ),
-            ],
-            None,
-        ),
-        "fleet_replicas": (
-            Annotated[
-                int | None,
-                typer.Option(
-                    min=1, help="Replicas behind the router (default: the --replica-metrics count)."
-                ),
-            ],
-            None,
-        ),
         "expected_cache_size": (
             Annotated[
                 int | None,
@@ -394,4 +332,4 @@ OUTPUT = panel(
     },
 )
 
-ALL = (BACKEND, CACHE, REQUESTS, HTTP, OUTPUT)
+ALL = (BACKEND, CACHE, REQUESTS, HTTP, FLEET, OUTPUT)

@@ -39,6 +39,18 @@ def content_key(parent: int | None, token_ids: tuple[int, ...], lora_name: str |
     return digest.intdigest()
 
 
+def prompt_content_keys(token_ids, block_size: int) -> list[int]:
+    """The content keys of a prompt's full blocks, in order (``len(token_ids) // block_size`` of
+    them), chained from the root as a server's events of that prompt give them: what a client compares
+    with a block map to see how much of its prompt a replica holds."""
+    keys: list[int] = []
+    parent = None
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        parent = content_key(parent, tuple(map(int, token_ids[start : start + block_size])), None)
+        keys.append(parent)
+    return keys
+
+
 @dataclass(frozen=True)
 class ReplicaSummary:
     """One replica now: blocks held per medium, totals since the start, per-second rates over the
@@ -63,6 +75,7 @@ class ReplicaBlocks:
         self.held: Counter[tuple[str | None, Hashable]] = Counter()  # (medium, hash) -> copies
         self._content: dict[Hashable, int] = {}  # hash -> content key, while any copy is held
         self._copies: Counter[Hashable] = Counter()  # hash -> copies over every medium
+        self._by_content: Counter[int] = Counter()  # content key -> hashes held with it
         self.num_stored_blocks = self.num_removed_blocks = self.num_clears = self.num_orphan_blocks = 0
         self.last_seq: int | None = None
         self._recent: deque[tuple[float, int, int]] = deque()  # (arrival s, stored, removed) per batch
@@ -80,6 +93,7 @@ class ReplicaBlocks:
                 self.held.clear()
                 self._content.clear()
                 self._copies.clear()
+                self._by_content.clear()
                 self.num_clears += 1
         self.num_stored_blocks += stored
         self.num_removed_blocks += removed
@@ -97,7 +111,9 @@ class ReplicaBlocks:
             key = content_key(parent, tokens, event.lora_name)
             self.held[(event.medium, block_hash)] += 1
             self._copies[block_hash] += 1
-            self._content.setdefault(block_hash, key)
+            if block_hash not in self._content:
+                self._content[block_hash] = key
+                self._by_content[key] += 1
             parent = self._content[block_hash]
         return len(event.block_hashes)
 
@@ -115,7 +131,10 @@ class ReplicaBlocks:
             self._copies[block_hash] -= 1
             if not self._copies[block_hash]:
                 del self._copies[block_hash]
-                self._content.pop(block_hash, None)
+                key = self._content.pop(block_hash)
+                self._by_content[key] -= 1
+                if not self._by_content[key]:
+                    del self._by_content[key]
         return removed
 
     def hashes(self, medium: str | None = None) -> Counter[Hashable]:
@@ -134,7 +153,15 @@ class ReplicaBlocks:
 
     def content_keys(self) -> set[int]:
         """Content keys of every block held, any medium."""
-        return set(self._content.values())
+        return set(self._by_content)
+
+    def leading_held(self, keys: list[int]) -> int:
+        """How many of ``keys`` (a prompt's content keys, :func:`prompt_content_keys`), from the
+        first, this replica holds in any medium: the prefix a lookup here would find."""
+        for count, key in enumerate(keys):
+            if key not in self._by_content:
+                return count
+        return len(keys)
 
     def summary(self, now_s: float) -> ReplicaSummary:
         recent = self._recent

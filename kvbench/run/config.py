@@ -186,6 +186,7 @@ class ServerFlags:
     router_metrics: str | None = None  # the router's own Prometheus endpoint (its counters)
     fleet_policy: str | None = None  # the router's policy: expectations per replica (kvbench/route/expect.py)
     fleet_replicas: int | None = None  # replicas behind the router (default: the --replica-metrics count)
+    kv_events: tuple[str, ...] = ()  # KV event sources read during the run (kvbench/run/kv_events.py)
 
     def __post_init__(self) -> None:
         _check_positive(
@@ -211,6 +212,7 @@ class ServerFlags:
             raise ValueError("--schedule trace replays the trace's own times: drop --request-rate")
         object.__setattr__(self, "base_urls", tuple(self.base_urls))
         object.__setattr__(self, "header", tuple(self.header))
+        object.__setattr__(self, "kv_events", tuple(self.kv_events))
         object.__setattr__(self, "replica_metrics", tuple(url.rstrip("/") for url in self.replica_metrics))
         check_fleet_flags(self)
         if self.route is not None and len(self.base_urls) < 2:

@@ -183,7 +183,14 @@ def execute(plan: RunPlan, on_progress: Progress | None = None) -> RunOutcome:
     async def send() -> None:
         with _sigterm_cancels(asyncio.current_task()):
             async with plan.backend if plan.open_backend else contextlib.nullcontext():  # type: ignore[attr-defined]
-                await send_requests(plan.requests, plan.backend, plan.load, on_record, turns=plan.turns)
+                await send_requests(
+                    plan.requests,
+                    plan.backend,
+                    plan.load,
+                    on_record,
+                    turns=plan.turns,
+                    on_start=plan.on_start,
+                )
 
     try:
         asyncio.run(send())

@@ -12,6 +12,8 @@ request. By default the trace's session goes out as the ``X-Session-ID`` header 
   sets, except the ones that decide what the stream is: ``model``, ``messages``, ``prompt``, ``stream``).
 * ``--replica-metrics URL`` (repeatable): each replica's own root, scraped before and after
   (:mod:`kvbench.run.replica_metrics`).
+* ``--kv-events SRC`` (repeatable): a replica's KV cache events, read during the run
+  (:mod:`kvbench.run.kv_events`).
 
 Each flag is checked where :class:`~kvbench.run.config.ServerFlags` is built: a bad value is a
 ``ValueError`` naming the flag.
@@ -100,6 +102,9 @@ def check_fleet_flags(server: ServerFlags) -> None:
     parse_headers(server.header)
     parse_extra_body(server.extra_body)
     check_replica_urls(server.replica_metrics)
+    from kvbench.run.kv_events import check_kv_event_targets
+
+    check_kv_event_targets(server.kv_events)
     if server.fleet_policy is None:
         if server.fleet_replicas is not None:
             raise ValueError("--fleet-replicas applies with --fleet-policy (the router's policy)")

@@ -272,14 +272,18 @@ async def send_requests(
     on_record: OnRecord | None = None,
     clock: Clock = WALL_CLOCK,
     turns: Turns | None = None,
+    on_start: Callable[[float], None] | None = None,
 ) -> list[tuple[Request, RequestRecord]]:
     """Send ``requests`` (``load.num_warmup`` first, as warm-up) through ``backend``.
 
     Returns every ``(request, record)`` in the order they finished (the request as ``turns`` built
     it, where given); each record carries its phase, queue time and service window. Cancellation
-    (Ctrl-C) propagates after ``on_record`` has seen every finished request.
+    (Ctrl-C) propagates after ``on_record`` has seen every finished request. ``on_start(start_s)``:
+    told the loop's start on ``clock``, from which the records' times count.
     """
     run = _Run(requests, backend, on_record, clock, load.max_connection_failures, turns)
+    if on_start is not None:
+        on_start(run.start_s)
     num_warmup = min(load.num_warmup, len(requests))
     warmup, measured = requests[:num_warmup], requests[num_warmup:]
     if warmup:

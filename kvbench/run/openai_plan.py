@@ -324,6 +324,17 @@ def _reconcile(rows, requests, expectations, outcome: RunOutcome, ignore_eos: bo
     return reconcile(rows, requests, expectations, records, before, after, ignore_eos=ignore_eos)
 
 
+def _expected(requests: list[Request], server, server_cache, ignore_eos: bool, say: OnStatus):
+    """``(requests with their expected cached tokens, expectations, fleet metadata)``: one cache's
+    expectation under the server's detected cache, or the fleet's with ``--fleet-policy``."""
+    from kvbench.backends.openai.server_cache import server_expectations
+
+    expectations = server_expectations(requests, server_cache, ignore_eos)
+    expectations, fleet = fleet_expectations(server, requests, server_cache, expectations, say)
+    expected = expectations.expected_cached_tokens
+    return [replace(r, expected_cached_tokens=e) for r, e in zip(requests, expected)], expectations, fleet
+
+
 @register_backend(BackendKind.OPENAI)
 def openai_plan(config: RunConfig, say: OnStatus, stack: contextlib.ExitStack) -> RunPlan:
     """The plan of ``config`` against an OpenAI-compatible server (one, or several ``--base-url``
@@ -334,9 +345,8 @@ def openai_plan(config: RunConfig, say: OnStatus, stack: contextlib.ExitStack) -
     Raises:
         InputError: a bad flag, file or server answer (one line).
     """
-    from kvbench.backends.openai.server_cache import server_expectations
+    from kvbench.run.kv_events import record_kv_events
 
-    del stack  # nothing held beyond the run's own objects
     server = config.server
     tokenizer, source, settings, key, model = _source_and_model(config)
     config, preflight_lines, checks = run_preflight(config, model, key, tokenizer, settings, source.requests)
@@ -346,11 +356,7 @@ def openai_plan(config: RunConfig, say: OnStatus, stack: contextlib.ExitStack) -
     metrics_before, server_cache = server_state(config, urls, key, say)
     fleet_before = scrape_fleet(server, key)  # --replica-metrics, --router-metrics
     requests, run_salt = apply_hygiene(config, prepared_requests(source, settings), tokenizer)
-    expectations = server_expectations(requests, server_cache, settings.ignore_eos)
-    expectations, fleet = fleet_expectations(server, requests, server_cache, expectations, say)
-    requests = [
-        replace(r, expected_cached_tokens=e) for r, e in zip(requests, expectations.expected_cached_tokens)
-    ]
+    requests, expectations, fleet = _expected(requests, server, server_cache, settings.ignore_eos, say)
     turns = live_turns(config, requests, tokenizer, server_cache, model, key)
     client_config = _client_config(config, model, key, settings, expectations.block_size, turns)
     client_config = shaped(client_config, server)  # --header, --session-header, --extra-body
@@ -360,9 +366,9 @@ def openai_plan(config: RunConfig, say: OnStatus, stack: contextlib.ExitStack) -
     metadata = run_metadata(source, settings, requests, run_info, config.source, load.num_warmup)
     backend = _backend(client_config, tokenizer, run_salt, server)
     _check_body_sizes(backend, requests, key)
-    metadata["preflight"], metadata["server_cache"] = checks, server_cache.origins
-    if fleet is not None:
-        metadata["fleet_expectation"] = fleet
+    metadata.update(preflight=checks, server_cache=server_cache.origins)
+    metadata.update({"fleet_expectation": fleet} if fleet else {})
+    events = record_kv_events(server.kv_events, stack, say, metadata, notes, expectations.block_size)
 
     def finish(outcome: RunOutcome) -> bool:
         if load.is_open_loop:
@@ -382,6 +388,7 @@ def openai_plan(config: RunConfig, say: OnStatus, stack: contextlib.ExitStack) -
         open_backend=True,
         turns=turns,
         notes=notes,
+        **events,
         finish=finish,
         num_asked=settings.num_requests,
         num_source_requests=len(source.requests),

@@ -41,6 +41,7 @@ class RunPlan:
     send loop (an HTTP client). ``turns``: builds requests at send time (``--turns live``; its report
     goes into the metadata and the notes). ``on_end(records)``: what is known only once the send loop
     has ended, however it ended (Ctrl-C and SIGTERM too), added to ``metadata`` before the last write.
+    ``on_start(start_s)``: the send loop's start on its clock (records' times count from it).
     ``notes``: lines to show before the run's own. ``finish(outcome) -> complete``: after a send loop
     that ended normally (notes, reconciliation); ``False`` writes the file marked incomplete.
     ``num_asked`` / ``num_source_requests``: ``--requests`` and how many the source had (asking for
@@ -56,6 +57,7 @@ class RunPlan:
     open_backend: bool = False
     turns: LiveTurns | None = None
     on_end: Callable[[Records], None] | None = None
+    on_start: Callable[[float], None] | None = None
     notes: list[str] = field(default_factory=list)
     finish: Callable[[RunOutcome], bool] | None = None
     num_asked: int | None = None

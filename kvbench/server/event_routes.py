@@ -10,8 +10,10 @@ adds two routes:
                                (``endpoint``, ``replay_endpoint``, ``topic``, ...). vllm-router's
                                kv_aware policy asks workers for it.
 ``GET /kv_blocks``             kvbench's own: the wire hash of every block the cache holds now, per
-                               medium (``{"GPU": [...], "CPU": [...]}``), and how many event batches
-                               were sent; a replayed event stream must give the same map
+                               medium (``{"GPU": [...], "CPU": [...]}``), how many event batches
+                               were sent (a replayed event stream must give the same map) and the
+                               KV bytes of one block (``bytes_per_block``: what a block held twice
+                               costs; events do not carry it)
 =============================  ====================================================================
 """
 
@@ -54,8 +56,10 @@ def add_event_routes(app: FastAPI, service, publisher: EventPublisher, host: str
 
     @app.get("/kv_blocks")
     async def kv_blocks() -> dict[str, Any]:
-        held = held_keys(service.backend.engine)
+        engine = service.backend.engine
+        held = held_keys(engine)
         return {
             "blocks": {medium: [external_hash(key) for key in keys] for medium, keys in held.items()},
             "num_batches": publisher.num_batches,
+            "bytes_per_block": engine.loaded.kv_layout(engine.block_size).bytes_per_block,
         }
