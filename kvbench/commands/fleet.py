@@ -134,6 +134,34 @@ def table(outcome: FleetOutcome) -> Table:
     return result
 
 
+def events_table(outcome: FleetOutcome) -> Table | None:
+    """Policy x replica by the replicas' KV events: blocks held at the end; on the fleet's line the
+    distinct blocks, those held by two or more replicas, and the prompt tokens another replica held
+    beyond the one routed to. ``None`` when no run read events."""
+    lines = [line for run in outcome.runs for line in policy_rows(run.policy, run.outcome)]
+    if not any(line.blocks is not None for line in lines):
+        return None
+    result = Table(title="KV events: what each replica held")
+    for column in ("policy", "replica", "blocks", "held twice+", "tokens elsewhere"):
+        result.add_column(
+            column, justify="left" if column in ("policy", "replica") else "right", no_wrap=True
+        )
+    for line in lines:
+        result.add_row(
+            line.policy,
+            escape(line.replica.removeprefix("http://")),
+            _cell(line.blocks),
+            _cell(line.duplicated_blocks) if line.is_fleet else "",
+            _cell(line.tokens_elsewhere) if line.is_fleet else "",
+            end_section=line.is_fleet,
+        )
+    result.caption = (
+        "blocks: held at the end (fleet: distinct, by content); held twice+: blocks two or more replicas "
+        "hold; tokens elsewhere: prompt tokens a replica other than the one routed to held at send time"
+    )
+    return result
+
+
 def _show(outcome: FleetOutcome) -> None:
     console, err = make_console(), make_console(stderr=True)
     if not outcome.runs:
@@ -143,6 +171,8 @@ def _show(outcome: FleetOutcome) -> None:
         if verdict:
             err.print(f"{run.policy}: {escape(verdict)}", soft_wrap=True)
     console.print(table(outcome))
+    if (events := events_table(outcome)) is not None:
+        console.print(events)
     png = _plot(outcome)
     where = f", {png}" if isinstance(png, Path) else f" (no PNG: {png})"
     console.print(escape(f"wrote {outcome.summary_path}{where}; rows per policy in {outcome.config.out_dir}"))

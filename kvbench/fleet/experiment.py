@@ -119,6 +119,7 @@ def run_fleet(
         urls = list(config.worker_urls) or _start_replicas(config, stack, say)
         outcome = outcome if outcome is not None else FleetOutcome(config, urls)
         outcome.worker_urls = urls
+        publishing = _publishing(urls, say)
         for policy in config.policies:
             _reset_caches(urls, say)
             kv_args = kv_event_source_args(urls, config.block_size) if policy == KV_AWARE else ()
@@ -141,6 +142,7 @@ def run_fleet(
                     # vllm-router's kv_aware skips its KV lookup for a request with a cache_salt: runs
                     # are kept apart by a unique prefix instead, for every policy, so they compare
                     hygiene=Hygiene.NONCE if KV_AWARE in config.policies else None,
+                    kv_events=publishing,
                 ),
                 out=config.out_dir / f"{policy}.parquet",
             )
@@ -166,8 +168,7 @@ def _model_name(router: RouterKind, policy: str) -> str:
 def _start_replicas(config: FleetConfig, stack: contextlib.ExitStack, say: Say) -> list[str]:
     """Start ``config.num_replicas`` ``kvbench serve`` processes (stopped by ``stack``); their URLs."""
     extra = ("--cache-size", config.cache_size) if config.cache_size is not None else ()
-    if KV_AWARE in config.policies:  # the router reads each replica's KV events
-        extra += ("--kv-events", "tcp://127.0.0.1:0")
+    extra += ("--kv-events", "tcp://127.0.0.1:0")  # read by every run (and by kv_aware's router)
     replicas = []
     for index in range(config.num_replicas):
         replica_config = KvbenchServerConfig(
@@ -184,6 +185,25 @@ def _start_replicas(config: FleetConfig, stack: contextlib.ExitStack, say: Say) 
     urls = [replica.url for replica in replicas]
     say(f"{len(urls)} kvbench serve replicas (--engine {config.engine}): {', '.join(urls)}")
     return urls
+
+
+def _publishing(urls: list[str], say: Say) -> tuple[str, ...]:
+    """The replicas that publish KV events (``GET /kv_event_sources``), read by every policy's run;
+    a line names those that do not."""
+    from kvbench.events.discover import sources_of_server
+
+    found = []
+    for url in urls:
+        try:
+            sources_of_server(url)
+            found.append(url)
+        except InputError:
+            pass
+    if len(found) < len(urls):
+        say(
+            f"{len(urls) - len(found)} of {len(urls)} replicas publish no KV events: no block counts for them"
+        )
+    return tuple(found)
 
 
 def _wait(process) -> None:
@@ -207,7 +227,7 @@ def _reset_caches(urls: list[str], say: Say) -> None:
 
 def write_summary(outcome: FleetOutcome) -> Path:
     """``fleet.json``: per policy, its rows' file, the replicas' own ``/metrics`` report, the fleet
-    expectation and the router's counters."""
+    expectation, the router's counters and the replicas' KV event report."""
     summary: dict[str, Any] = {
         "router": outcome.config.router.value,
         "replicas": outcome.worker_urls,
@@ -218,6 +238,7 @@ def write_summary(outcome: FleetOutcome) -> Path:
                 "replica_metrics": run.outcome.metadata.get("replica_metrics"),
                 "fleet_expectation": run.outcome.metadata.get("fleet_expectation"),
                 "router_counters": run.outcome.metadata.get("router_counters"),
+                "kv_events": run.outcome.metadata.get("kv_events"),
             }
             for run in outcome.runs
         ],

@@ -4,7 +4,10 @@ Per policy and replica: the replica's own ``/metrics`` deltas (requests, prompt 
 rate), and the client's rows that name it (the ``X-Kvbench-Replica`` header). Per policy: the fleet's
 sum, the hit rate ``kvbench route`` expected for that policy, the requests whose reported cached
 tokens fell short of the expectation by more than one block, and how many requests went to the
-replica the model predicted (up to a relabelling of the replicas, which are identical).
+replica the model predicted (up to a relabelling of the replicas, which are identical). With the
+replicas' KV events (``kvbench run --kv-events``): per replica the blocks it held at the end; per
+policy the blocks held by two or more replicas and the prompt tokens that went to a replica holding
+less of the prompt than another did (:mod:`kvbench.run.kv_events`).
 """
 
 from __future__ import annotations
@@ -51,7 +54,9 @@ class TableRow:
     """One line of the policy x replica table; ``replica`` is a replica's URL or ``fleet``. Counts are
     the replica's own ``/metrics`` deltas (the client's usage on the fleet line); ``None`` where it
     had none. The fleet line alone has the expectation, the requests below it, the agreement with
-    the model's replicas and the ``/metrics`` verdict."""
+    the model's replicas and the ``/metrics`` verdict. ``blocks``: blocks held at the end by the
+    replica's KV events (the fleet line: distinct blocks), ``duplicated_blocks`` and
+    ``tokens_elsewhere`` (fleet line only): ``None`` without events."""
 
     policy: str
     replica: str
@@ -64,6 +69,9 @@ class TableRow:
     expected_hit_rate: float | None = None
     below_expected: int | None = None
     agreement: tuple[int, int] | None = None
+    blocks: int | None = None
+    duplicated_blocks: int | None = None
+    tokens_elsewhere: int | None = None
 
     @property
     def is_fleet(self) -> bool:
@@ -75,6 +83,8 @@ def policy_rows(policy: str, outcome: RunOutcome) -> list[TableRow]:
     records, metadata, rec = outcome.rows, outcome.metadata, outcome.reconciliation
     ok = [record for record in records if record.status == "ok"]
     report = metadata.get("replica_metrics") or {"replicas": []}
+    events = metadata.get("kv_events")
+    held = {r["name"]: sum(r["blocks"].values()) for r in events["replicas"]} if events else {}
     table = [
         TableRow(
             policy,
@@ -85,6 +95,7 @@ def policy_rows(policy: str, outcome: RunOutcome) -> list[TableRow]:
             delta["hit_rate"],
             sum(record.replica_id == urlsplit(delta["url"]).netloc for record in ok),
             delta["problem"],
+            blocks=held.get(urlsplit(delta["url"]).netloc),
         )
         for delta in report["replicas"]
     ]
@@ -102,5 +113,17 @@ def policy_rows(policy: str, outcome: RunOutcome) -> list[TableRow]:
         None if rec is None else rec.expected_hit_rate,
         None if rec is None else len(rec.below_expected),
         replica_agreement(records, metadata.get("fleet_expectation")),
+        *_event_totals(events),
     )
     return [*table, fleet]
+
+
+def _event_totals(events: dict[str, Any] | None) -> tuple[int | None, int | None, int | None]:
+    """``(distinct blocks, duplicated blocks, tokens held elsewhere)`` of a run's KV event report."""
+    if not events:
+        return None, None, None
+    requests = events["requests"]
+    elsewhere = sum(
+        best - (held or 0) for held, best in zip(requests["held_tokens"], requests["best_tokens"])
+    )
+    return events["num_distinct_blocks"], events["num_duplicated_blocks"], elsewhere

@@ -8,8 +8,9 @@ blocks stored before the run count) and logs every batch with the time it arrive
 loop it waits until each kvbench serve source has delivered every batch its ``/kv_blocks`` counts
 (other servers: until the stream is quiet for :data:`QUIET_S`), then reports:
 
-* per replica the blocks held at the end (per medium), stored and removed during the run, the gaps
-  in the sequence and what the replay socket recovered or lost;
+* per replica the blocks held at the end (per medium), stored and removed during the send loop
+  (``num_clears`` counts every clear the stream held, a reset before the run included), the gaps in
+  the sequence and what the replay socket recovered or lost;
 * across the replicas the blocks two or more of them hold (by content, so replicas hashing with
   different seeds still match), the copies beyond the first and their bytes (``bytes_per_block``
   from kvbench serve's ``/kv_blocks``; unknown for other servers);
@@ -99,6 +100,7 @@ class EventRecorder:
         self._stop, self._ready = threading.Event(), threading.Event()
         self._error: BaseException | None = None
         self.start_s: float | None = None
+        self._counts_at_start: dict[str, tuple[int, int]] = {}
         self._thread = threading.Thread(target=self._loop, name="kv-events-recorder", daemon=True)
         self._thread.start()
         if not self._ready.wait(START_TIMEOUT_S) or self._error is not None:
@@ -126,8 +128,13 @@ class EventRecorder:
             self.blocks.apply(name, seq, batch, time.monotonic())
 
     def mark_start(self, start_s: float) -> None:
-        """The send loop's start on :data:`WALL_CLOCK` (records' ``sent_s`` count from it)."""
+        """The send loop's start on :data:`WALL_CLOCK` (records' ``sent_s`` count from it): the
+        replicas' store and removal counts are taken from here."""
         self.start_s = start_s
+        with self._lock:
+            self._counts_at_start = {
+                name: (r.num_stored_blocks, r.num_removed_blocks) for name, r in self.blocks.replicas.items()
+            }
 
     def stop(self) -> None:
         """Wait for the batches still on their way (module docstring), then stop the thread (once)."""
@@ -170,8 +177,8 @@ class EventRecorder:
             {
                 "name": r.name,
                 "blocks": r.blocks_by_medium,
-                "num_stored_blocks": r.num_stored_blocks,
-                "num_removed_blocks": r.num_removed_blocks,
+                "num_stored_blocks": r.num_stored_blocks - self._counts_at_start.get(r.name, (0, 0))[0],
+                "num_removed_blocks": r.num_removed_blocks - self._counts_at_start.get(r.name, (0, 0))[1],
                 "num_clears": r.num_clears,
                 "num_gaps": states[r.name].num_gaps if r.name in states else 0,
                 "num_replayed_batches": states[r.name].num_replayed_batches if r.name in states else 0,

@@ -59,6 +59,7 @@ def test_fleet_runs_each_policy_and_expectations_match_the_replicas(
     summary = json.loads((out / "fleet.json").read_text())
     replicas = summary["replicas"]
     assert len(replicas) == 3 and [p["policy"] for p in summary["policies"]] == list(policies)
+    elsewhere, duplicated = {}, {}
     for entry in summary["policies"]:
         policy, rows = entry["policy"], pq.read_table(entry["rows"]).to_pylist()
         assert len(rows) == 11 and all(row["status"] == "ok" for row in rows)
@@ -84,8 +85,21 @@ def test_fleet_runs_each_policy_and_expectations_match_the_replicas(
             assert all(len(on) == 1 for on in sessions.values()), sessions
         if policy == "round_robin":
             assert len({row["replica_id"] for row in rows}) == 3
+        # the replicas' KV events: what each held of a prompt when it was sent is what it reported
+        events = entry["kv_events"]
+        assert sorted(r["name"] for r in events["replicas"]) == sorted(urlsplit(u).netloc for u in replicas)
+        held = dict(zip(events["requests"]["request_index"], events["requests"]["held_tokens"]))
+        assert [held[row["request_index"]] for row in rows] == reported, policy
+        assert sum(r["num_stored_blocks"] for r in events["replicas"]) > 0
+        elsewhere[policy] = sum(events["requests"]["best_tokens"]) - sum(reported)
+        duplicated[policy] = events["num_duplicated_blocks"]
+    # round robin scatters each conversation: its later turns find their prefix on another replica,
+    # and the shared system prompt is held three times
+    assert elsewhere["round_robin"] > elsewhere["cache_aware"] >= 0, elsewhere
+    assert duplicated["round_robin"] > 0, duplicated
     table = stdout.replace("\n", " ")
     assert f"kvbench fleet: {router} router, 3 replicas" in table
+    assert "KV events: what each replica held" in table
     round_robin = next(
         line for line in stdout.splitlines() if line.startswith("│ round_robin") and "fleet" in line
     )
