@@ -291,10 +291,13 @@ def summary_lines(report: dict[str, Any], say: Callable[[str], None]) -> None:
     held = ", ".join(f"{r['name']} {sum(r['blocks'].values())}" for r in report["replicas"])
     size = report["redundant_bytes"]
     bytes_text = "" if size is None else f", {size / 2**20:.1f} MiB"
-    say(
-        f"KV events: blocks held {held}; {report['num_duplicated_blocks']} held on two or more replicas "
-        f"({report['num_redundant_copies']} copies beyond the first{bytes_text})"
-    )
+    if len(report["replicas"]) < 2:
+        say(f"KV events: blocks held {held or 'none'}")
+    else:
+        say(
+            f"KV events: blocks held {held}; {report['num_duplicated_blocks']} held on two or more "
+            f"replicas ({report['num_redundant_copies']} copies beyond the first{bytes_text})"
+        )
     for replica in report["replicas"]:
         if replica["num_gaps"]:
             say(
