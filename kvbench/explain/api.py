@@ -75,6 +75,7 @@ def explain_requests(
     min_cacheable_tokens: int | None = None,
     name: str = "",
     rules: RunRules = TRACE_RULES,
+    routed: Sequence[int | None] | None = None,
 ) -> Explanation:
     """Explain ``requests`` (sorted by arrival, stable) through ``config``'s cache (module docstring).
 
@@ -83,12 +84,14 @@ def explain_requests(
     the server's ``cached_tokens``; ``min_cacheable_tokens``: a provider's minimum prompt length
     (OpenAI and Anthropic: 1,024), below which a prompt is never cached; ``rules``: what ran
     (:mod:`kvbench.explain.ran`: the replay that gives the hits; with ``use_reported`` the reported
-    hits, at most the request's ideal, stand in for it).
+    hits, at most the request's ideal, stand in for it); ``routed``: per request of a run behind a
+    router, the hit the router's model gives on the replica it picked (the routing bar).
 
     Raises:
-        ValueError: ``outputs`` or ``reported`` differ in length from ``requests``.
+        ValueError: ``outputs``, ``reported`` or ``routed`` differ in length from ``requests``.
     """
     order, ordered, reported = _in_arrival_order(requests, reported)
+    routed = None if routed is None else _in_arrival_order(requests, routed)[2]
     given = None if config.prompt_only else _outputs(ordered, _run_outputs(outputs, rules, ordered), order)
     sequences = stored_sequences([r.token_ids for r in ordered], given or [None] * len(ordered))
     eligible = _eligible(ordered, min_cacheable_tokens)
@@ -103,6 +106,7 @@ def explain_requests(
         config.ttl_s,
         min_cacheable_tokens,
         tokenizer,
+        routed is not None,
     )
     explained = []
     for p, request in enumerate(ordered):
@@ -119,6 +123,7 @@ def explain_requests(
             _lost_to(lost_to, same[p], eligible),
             not eligible[p],
             mine,
+            None if routed is None else routed[p],
         )
         last_use = None if slot is None else details.last_use[slot]
         if last_use is not None:  # replay slot -> position among all requests
@@ -126,7 +131,7 @@ def explain_requests(
         causes = request_causes(ctx, p, bars, same[p], any_[p], last_use, mine)
         earlier = None if same[p].earlier is None else ordered[same[p].earlier].request_id
         explained.append(RequestExplanation(request, same[p].tokens, earlier, bars, causes))
-    return Explanation(name, config, explained, total([e.bars for e in explained]), rules)
+    return Explanation(name, config, explained, total([e.bars for e in explained], routed is not None), rules)
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,7 @@ class Context:
     ttl_s: float | None
     min_cacheable_tokens: int | None
     tokenizer: object | None
+    routed: bool = False  # a run behind a router: the server bar is against the router's replica
 
 
 def new_tokens_cause(ctx: Context, position: int, shared: SharedPrefix, tokens: int) -> Cause | None:
@@ -137,16 +138,19 @@ def request_causes(
         )
         causes.append(Cause("below provider minimum", tokens["provider_minimum"], None, detail))
     causes += _lost_in_cache(ctx, position, tokens, bars, last_use)
+    allowed = tokens["hit"] + tokens["server"]
+    if tokens["routing"]:
+        kind = "routed away" if tokens["routing"] > 0 else "routed to more room"
+        detail = (
+            f"the router's replica allows {allowed:,}; one cache over the trace allows "
+            f"{allowed + tokens['routing']:,}"
+        )
+        causes.append(Cause(kind, tokens["routing"], allowed, detail))
     if tokens["server"]:
-        allowed = tokens["hit"] + tokens["server"]
         kind = "server reported less" if tokens["server"] > 0 else "server reported more"
+        where = "the router's replica" if ctx.routed else "the replayed cache"
         causes.append(
-            Cause(
-                kind,
-                tokens["server"],
-                reported,
-                f"reported {reported:,}, the replayed cache allows {allowed:,}",
-            )
+            Cause(kind, tokens["server"], reported, f"reported {reported:,}, {where} allows {allowed:,}")
         )
     return [c for c in causes if c is not None]
 
@@ -155,7 +159,7 @@ def _lost_in_cache(
     ctx: Context, position: int, tokens: dict[str, int], bars: Breakdown, last_use: LastUse | None
 ) -> list[Cause]:
     request = ctx.requests[position]
-    replay_hit = tokens["hit"] + tokens["server"]
+    replay_hit = tokens["hit"] + tokens["server"] + tokens["routing"]
     block = replay_hit // ctx.block_size
     where = f"block {block}"
     if last_use is not None:

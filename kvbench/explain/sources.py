@@ -270,6 +270,7 @@ def _explain_results(config: ExplainConfig, tokenizer) -> Explained:
         config.salt,
     )
     rules, cache = checked(lambda: _run_cache(result, config.cache, source, requests))
+    rules, routed = _fleet(result.metadata.get("fleet_expectation"), rules, rows)
     explanation = explain_requests(
         requests,
         cache,
@@ -278,8 +279,22 @@ def _explain_results(config: ExplainConfig, tokenizer) -> Explained:
         min_cacheable_tokens=config.min_cacheable_tokens,
         name=result.name,
         rules=rules,
+        routed=routed,
     )
     return Explained(explanation, requests, tokenizer, run.get("model"), Path(config.source))
+
+
+def _fleet(fleet: dict | None, rules: RunRules, rows) -> tuple[RunRules, list[int | None] | None]:
+    """A run behind a router with ``--fleet-policy`` (its ``fleet_expectation`` metadata): each row's
+    expected cached tokens are the router's model's on the replica it picked, the routing bar's
+    floor; the rules say so once. Otherwise ``(rules, None)``."""
+    if not fleet:
+        return rules, None
+    note = (
+        f"routed by {fleet['model']} over {fleet['num_replicas']} replicas (the run's --fleet-policy): "
+        "lost to routing = one cache's hit minus the hit on the replica the router's model picked"
+    )
+    return replace(rules, notes=(*rules.notes, note)), [row.expected_cached_tokens for row in rows]
 
 
 def _run_cache(result, flags: CacheFlags, source: RunSource, requests: list[Request]):

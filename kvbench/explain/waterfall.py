@@ -14,13 +14,16 @@ salt                   ``min(floor(any / B), cap) * B - min(floor(same / B), cap
 provider minimum       what is left, for a prompt shorter than the provider's minimum
 caching off            what is left, for a run whose prefix caching was off (nothing hits)
 capacity / TTL         what is left minus the replay's hit: evicted, or idle past the TTL
-server                 the replay's hit minus what the server reported (a run's Parquet)
+routing                a run behind a router: the replay's hit minus the hit the router's
+                       model gives it on the replica it picked (:mod:`kvbench.route.expect`)
+server                 the replay's (or the routed) hit minus what the server reported
 hit                    the cached tokens (the server's report, or the replay's)
 =====================  ======================================================================
 
 Every bar is a difference of the same chain of numbers, so the bars of a request sum to ``n``
 exactly, and the waterfall (the sum over requests) sums to the trace's prompt tokens. The server
-bar is negative when a server reports more than the replayed cache allows.
+bar is negative when a server reports more than the replayed cache allows; the routing bar when the
+replicas' summed capacity kept what one cache evicted. The routing bar is shown for fleet runs only.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ BARS: tuple[tuple[str, str], ...] = (
     ("cache_off", "lost to prefix caching being off"),
     ("capacity", "lost to capacity evictions"),
     ("ttl", "lost to TTL expiry"),
+    ("routing", "lost to routing (the prefix was on another replica)"),
     ("server", "lost to the server (reported below the cache)"),
     ("hit", "hit"),
 )
@@ -65,11 +69,12 @@ def breakdown(
     lost_to: str = "capacity",
     below_minimum: bool = False,
     reported: int | None = None,
+    routed: int | None = None,
 ) -> Breakdown:
     """The bars of one request (module docstring). ``replay_hit``: the bounded replay's cached tokens
     (``None`` for a prompt below the provider minimum, which is never looked up); ``lost_to``:
     ``capacity``, ``ttl`` or ``cache_off``, the bar for ``ideal - replay_hit``; ``reported``: the
-    server's count."""
+    server's count; ``routed``: the hit the router's model gives on the replica it picked."""
     cap = max(num_tokens - 1, 0) // block_size
     floored = shared_any // block_size * block_size
     capped = min(shared_any // block_size, cap) * block_size
@@ -86,6 +91,8 @@ def breakdown(
         bars["provider_minimum"] = same
     else:
         bars[lost_to] = same - hit
+    if routed is not None and not below_minimum:
+        bars["routing"], hit = hit - routed, routed
     if reported is not None:
         bars["server"], hit = hit - reported, reported
     bars["hit"] = hit
@@ -99,6 +106,7 @@ class Waterfall:
 
     total_tokens: int
     tokens: dict[str, int]
+    routed: bool = False  # a run behind a router: its rows show the routing bar
 
     @property
     def ideal_tokens(self) -> int:
@@ -122,13 +130,15 @@ class Waterfall:
             ),
         ]
         for key, label in BARS[1:-1]:
+            if key == "routing" and not self.routed:
+                continue
             left -= self.tokens[key]
             rows.append((label, self.tokens[key], self.share(key), left))
         rows.append(("hit", self.tokens["hit"], self.share("hit"), self.tokens["hit"]))
         return rows
 
 
-def total(breakdowns: Sequence[Breakdown]) -> Waterfall:
-    """Sum the bars of every request."""
+def total(breakdowns: Sequence[Breakdown], routed: bool = False) -> Waterfall:
+    """Sum the bars of every request; ``routed``: a run behind a router (its rows show routing)."""
     tokens = {key: sum(b.tokens[key] for b in breakdowns) for key in BAR_KEYS}
-    return Waterfall(sum(b.prompt_tokens for b in breakdowns), tokens)
+    return Waterfall(sum(b.prompt_tokens for b in breakdowns), tokens, routed)
