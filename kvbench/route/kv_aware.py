@@ -10,24 +10,35 @@ cache gets an :class:`~kvbench.events.source.EventListener` (the listener ``kvbe
    map gives the same blocks; the router hashes the token ids of the whole prompt the same way);
 2. each replica scores the longest contiguous run of those keys, from block 0, that it holds
    (vllm-router's ``PrefixScorer``: a gap ends the run);
-3. the highest score wins; among equal highest scores the **last** replica (Rust's ``max_by_key``
-   returns the last of equal maxima);
-4. a best score of 0, or a prompt shorter than one block: the least loaded replica, the **first** of
-   equal loads (``min_by_key``).
+3. the highest score wins; among equal scores the least loaded replica, then the **first** in the
+   router's worker order. With no block held anywhere (score 0 everywhere) that is the least loaded
+   replica, the first of equal loads; a prompt shorter than one block goes there too.
+
+Tie order, measured (``tests/fleet/test_kv_aware_router.py``: three ``kvbench serve`` replicas
+warmed directly, then probed through vllm-router 0.1.17 at concurrency 1): every tie between replicas
+holding the same prefix, and every request held nowhere, went to the replica listed first by the
+router's ``GET /list_workers``, an order that changes from one router start to the next (once the
+reverse of ``--worker-urls``). The router's published ``kv_aware.rs`` (``max_by_key`` over the score,
+then ``min_by_key`` over the load for a score of 0) would send ties to the last worker and misses to
+the first, two different replicas; 0.1.17 does not. Its tie rule between equal scores under unequal
+loads is not measured here: least loaded first is this model's choice. Under load 0.1.17 also trades
+cached blocks against load, which this model does not: a ``kvbench fleet`` run at concurrency 4
+(docs/fleet.md) spread over three replicas (7, 8, 7) a trace whose every request began with a system
+prompt held on one of them, where the score alone keeps every request there. Exact at concurrency 1,
+an approximation above.
 
 What is modelled and what is not. The events of a request's step reach the map before the next
 request is routed: the router sees every block a replica stored or evicted, in order (a block past
-its TTL when the replica's cache next steps, as a lazily sweeping server would publish it). The
-real router learns them when the server's publisher sends them (milliseconds after the prefill); until
-then, for 2 s by default, it holds *speculative* entries for the blocks of the prompt its pick did
-not yet hold. A simulated step stores exactly those blocks at routing time (unless the cache refused
-them, every block pinned), so the speculative entries are the map the model already has; a request
-that waits longer than the speculative TTL in the server's queue before its prefill is one the real
-router briefly forgets and the model does not. Left out: a request with a ``cache_salt``, whose
-placement lookup 0.1.17 skips (``kvbench fleet`` sends none: nonce hygiene); the router's per-tier
-penalties (every simulated block is on the GPU tier); its session affinity (off by default). Only
-a cache that publishes block events can be read: the hash cache (``--cache hash``), not the radix
-cache.
+its TTL when the replica's cache next steps, as a lazily sweeping server would publish it). A real
+server publishes them during the prefill, within milliseconds, before the response that lets a
+client at concurrency 1 send its next request. Between a decision and those events the published
+source holds *speculative* entries (2 s) for the blocks its pick does not yet hold: the blocks a
+simulated step stores at once, so a model with instant events already has them (0.1.17's binary
+names no speculative entries; what it holds meanwhile is not known here). Left out: a request with
+a ``cache_salt``, whose placement lookup 0.1.17 skips (``kvbench fleet`` sends none: nonce hygiene;
+the model scores content, salts are no part of it); tiers other than the GPU's (every simulated
+block is there); session affinity (off by default in 0.1.17). Only a cache that publishes block
+events can be read: the hash cache (``--cache hash``), not the radix cache.
 """
 
 from __future__ import annotations
@@ -99,9 +110,5 @@ class KvAware:
         if not request.prompt.num_full_blocks:
             self.decisions[SHORT] += 1
             return least_loaded(loads)
-        best = max(scores)
-        if best == 0:
-            self.decisions[NO_HIT] += 1
-            return least_loaded(loads)
-        self.decisions[HELD] += 1
-        return len(scores) - 1 - scores[::-1].index(best)  # the last of equal maxima
+        self.decisions[HELD if max(scores) else NO_HIT] += 1
+        return min(range(len(scores)), key=lambda r: (-scores[r], loads[r]))  # min: the first of equals

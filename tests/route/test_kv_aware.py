@@ -48,7 +48,7 @@ def test_request_keys_are_the_keys_the_block_map_gives_the_stored_events():
     assert router.scores(view(P + [42])) == [0, 2, 0]
 
 
-def test_the_longest_held_prefix_wins_a_tie_goes_to_the_last_and_no_hit_to_the_least_loaded():
+def test_the_longest_held_prefix_wins_a_tie_goes_to_the_least_loaded_then_the_first():
     router, caches = replicas()
     serve(caches[0], P + Q + [0])  # replica 0: P, then Q's blocks after P (4 blocks)
     serve(caches[1], Q + [0])  # replica 1: Q from block 0
@@ -56,11 +56,12 @@ def test_the_longest_held_prefix_wins_a_tie_goes_to_the_last_and_no_hit_to_the_l
     assert router.scores(view(P + Q + [7])) == [4, 0, 2]
     assert router.choose(view(P + Q + [7]), [5, 0, 0]) == 0  # held prefix first, whatever the load
     assert router.scores(view(P + R)) == [2, 0, 2]
-    assert router.choose(view(P + R), [0, 0, 9]) == 2  # equal scores: the last (max_by_key)
+    assert router.choose(view(P + R), [0, 0, 0]) == 0  # equal scores and loads: the first (0.1.17)
+    assert router.choose(view(P + R), [3, 0, 1]) == 2  # equal scores: the less loaded
     assert router.choose(view(Q + R), [0, 0, 0]) == 1
     assert router.choose(view(R), [2, 1, 1]) == 1  # held nowhere: least loaded, the first of equals
     assert router.choose(view([1, 2, 3]), [3, 2, 2]) == 1  # under one block: least loaded
-    assert router.decisions == {HELD: 3, NO_HIT: 1, SHORT: 1}
+    assert router.decisions == {HELD: 4, NO_HIT: 1, SHORT: 1}
 
 
 def test_an_eviction_drops_the_replicas_score_where_a_history_based_router_still_goes():
@@ -68,7 +69,7 @@ def test_an_eviction_drops_the_replicas_score_where_a_history_based_router_still
     history = CacheAware(3, BLOCK)
     serve(caches[0], P + Q + [0])  # replica 0 full: P then Q's blocks after P
     serve(caches[2], P[:4] + [0])  # replica 2: P's first block
-    assert router.choose(view(P + [7]), [0, 0, 0]) == 0
+    assert router.choose(view(P + [7]), [0, 0, 0]) == 0  # 2 blocks there, 1 on replica 2
     assert history.choose(view(P + [7]), [0, 0, 0]) == 0  # its tree now says replica 0 holds P
     serve(caches[0], R + [0])  # four new blocks evict everything replica 0 held
     assert router.scores(view(P + [7])) == [0, 0, 1]
