@@ -45,7 +45,9 @@ def test_kv_aware_one_request_at_a_time_follows_the_shared_system_prompt(chat8):
     fleet = fleet_expectation(chat8, CACHE, "kv_aware", 3)
     assert fleet.model == "kv_aware" and fleet.replica == [0] * len(chat8)
     assert fleet.cached_tokens == replay(chat8, CACHE).cached_tokens_per_request.tolist()
-    tenants = chat_requests(num_tenants=8)  # salts are no part of a content key (salted lookups: not modelled)
+    tenants = chat_requests(
+        num_tenants=8
+    )  # salts are no part of a content key (salted lookups: not modelled)
     assert set(fleet_expectation(tenants, CACHE, "kv_aware", 3).replica) == {0}
 
 
