@@ -94,7 +94,11 @@ class KvAware:
                 events.clear()
 
     def scores(self, request: RequestView) -> list[int]:
-        """Per replica, the leading blocks of ``request``'s prompt it holds now."""
+        """Per replica, the leading blocks of ``request``'s prompt it holds now.
+
+        Raises:
+            ValueError: the prompt kept no token ids (a trace prepared without ``keep_tokens``).
+        """
         self._apply_pending(request.arrival_s)
         keys = prompt_content_keys(self._block_tokens(request))
         return [blocks.prefix_length(keys) for blocks in self.maps]
