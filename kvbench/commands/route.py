@@ -15,7 +15,7 @@ from kvbench.commands.options import CacheKindOption, Requests, Source
 from kvbench.commands.signature import in_panel, option
 from kvbench.errors import InputError, Interrupted
 from kvbench.results.parquet import check_output_path, write_rows
-from kvbench.route.api import PREFIX_TOKENS, RouterOptions, compare_policies
+from kvbench.route.api import PREFIX_TOKENS, RouterOptions, compare_policies, needs_tokens, policies_for
 from kvbench.route.cache_aware import CacheAwareConfig
 from kvbench.route.cluster import ClusterConfig, prepare_route_trace
 from kvbench.route.plots import plot_load_over_time, plot_policies
@@ -72,13 +72,20 @@ def _table(title: str, results: list[PolicyResult]) -> Table:
     return table
 
 
-def _policies(text: str) -> list[PolicyName]:
+def _policies(text: str, cache_cfg) -> list[PolicyName]:
+    """The policies ``--policy`` names; ``all`` is every one the replicas' cache allows (``kv_aware``
+    reads block events, which the radix cache does not publish: named alone, it is one line)."""
     names = [p.value for p in PolicyName]
     if text.strip() == "all":
-        return list(PolicyName)
-    return [PolicyName(p) for p in parse_choices(text, "--policy", names + ["all"]) if p != "all"] or list(
-        PolicyName
-    )
+        return policies_for(cache_cfg)
+    chosen = [PolicyName(p) for p in parse_choices(text, "--policy", names + ["all"]) if p != "all"]
+    refused = [p.value for p in chosen if p not in policies_for(cache_cfg)]
+    if refused:
+        raise InputError(
+            f"--policy {', '.join(refused)}: reads each replica's cache through its block events, which "
+            f"the {cache_cfg.kind.value} cache does not publish (use --cache hash)"
+        )
+    return chosen or policies_for(cache_cfg)
 
 
 def _service(
@@ -150,7 +157,7 @@ def route(
     policy: _in_replicas(
         str,
         "round-robin, random, least-loaded, session, prefix-hash, cache-aware, sglang_cache_aware, "
-        "vllm_cache_aware, consistent_hash, power_of_two, a comma list, or all.",
+        "vllm_cache_aware, consistent_hash, power_of_two, kv_aware, a comma list, or all.",
     ) = "all",
     capacity: _in_replicas(
         int | None,
@@ -188,7 +195,6 @@ def route(
         raise InputError(f"--capacity: {capacity} is not a positive number of blocks")
     if out is not None:
         check_output_path(out)
-    policies = _policies(policy)
     service = _service(fit, prefill_base_ms, prefill_ms_per_token, decode_ms_per_token)
     options = _options(
         lambda: RouterOptions(
@@ -212,7 +218,10 @@ def route(
         capacity or sizes[len(sizes) // 2],
         loaded.block_size,
     )
-    trace = prepare_route_trace(limit_requests(loaded.requests, requests), cache_cfg)
+    policies = _policies(policy, cache_cfg)
+    trace = prepare_route_trace(
+        limit_requests(loaded.requests, requests), cache_cfg, keep_tokens=needs_tokens(policies)
+    )
     config = build(lambda: ClusterConfig(replicas, cache_cfg, service))
     out = out or Path("results") / f"route-{loaded.name}-{time.strftime('%Y%m%d-%H%M%S')}.parquet"
     metadata = {

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import struct
 from collections import Counter, deque
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import xxhash
@@ -31,22 +31,27 @@ RATE_WINDOW_S = 10.0  # stores and removals per second are averaged over the las
 
 def content_key(parent: int | None, token_ids: tuple[int, ...], lora_name: str | None) -> int:
     """The chained content key of one block (module docstring)."""
+    return _content_key(parent, struct.pack(f"<{len(token_ids)}I", *token_ids), lora_name)
+
+
+def _content_key(parent: int | None, token_bytes: bytes, lora_name: str | None) -> int:
     digest = xxhash.xxh3_64()
     digest.update(struct.pack("<q", -1 if parent is None else parent - (1 << 63)))
-    digest.update(struct.pack(f"<{len(token_ids)}I", *token_ids))
+    digest.update(token_bytes)
     if lora_name:
         digest.update(lora_name.encode())
     return digest.intdigest()
 
 
-def prompt_content_keys(token_ids, block_size: int) -> list[int]:
-    """The content keys of a prompt's full blocks, in order (``len(token_ids) // block_size`` of
-    them), chained from the root as a server's events of that prompt give them: what a client compares
-    with a block map to see how much of its prompt a replica holds."""
+def prompt_content_keys(block_tokens: Sequence[bytes], lora_name: str | None = None) -> list[int]:
+    """The content keys of a prompt's full blocks, chained from block 0 (parent ``None``), the keys a
+    :class:`ReplicaBlocks` gives the same blocks when their stored events arrive. ``block_tokens``:
+    per block its token ids as 4-byte little-endian unsigned integers
+    (:func:`kvbench.cache.block_hash.encode_token_ids`, the events' packing)."""
     keys: list[int] = []
     parent = None
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = content_key(parent, tuple(map(int, token_ids[start : start + block_size])), None)
+    for token_bytes in block_tokens:
+        parent = _content_key(parent, token_bytes, lora_name)
         keys.append(parent)
     return keys
 
@@ -75,7 +80,7 @@ class ReplicaBlocks:
         self.held: Counter[tuple[str | None, Hashable]] = Counter()  # (medium, hash) -> copies
         self._content: dict[Hashable, int] = {}  # hash -> content key, while any copy is held
         self._copies: Counter[Hashable] = Counter()  # hash -> copies over every medium
-        self._by_content: Counter[int] = Counter()  # content key -> hashes held with it
+        self._by_content: Counter[int] = Counter()  # content key -> held hashes that have it
         self.num_stored_blocks = self.num_removed_blocks = self.num_clears = self.num_orphan_blocks = 0
         self.last_seq: int | None = None
         self._recent: deque[tuple[float, int, int]] = deque()  # (arrival s, stored, removed) per batch
@@ -131,11 +136,13 @@ class ReplicaBlocks:
             self._copies[block_hash] -= 1
             if not self._copies[block_hash]:
                 del self._copies[block_hash]
-                key = self._content.pop(block_hash)
-                self._by_content[key] -= 1
-                if not self._by_content[key]:
-                    del self._by_content[key]
+                self._forget_content(self._content.pop(block_hash))
         return removed
+
+    def _forget_content(self, key: int) -> None:
+        self._by_content[key] -= 1
+        if not self._by_content[key]:
+            del self._by_content[key]
 
     def hashes(self, medium: str | None = None) -> Counter[Hashable]:
         """Held hashes with their copy counts, of one medium or (``None``) of every medium."""
@@ -155,13 +162,15 @@ class ReplicaBlocks:
         """Content keys of every block held, any medium."""
         return set(self._by_content)
 
-    def leading_held(self, keys: list[int]) -> int:
-        """How many of ``keys`` (a prompt's content keys, :func:`prompt_content_keys`), from the
-        first, this replica holds in any medium: the prefix a lookup here would find."""
-        for count, key in enumerate(keys):
-            if key not in self._by_content:
+    def prefix_length(self, content_keys: Sequence[int]) -> int:
+        """How many leading keys of ``content_keys`` (a prompt's chained content keys, block 0 first:
+        :func:`prompt_content_keys`) this replica holds, any medium: the longest contiguous prefix,
+        as vllm-router's kv_aware scores a worker. One set lookup per block, up to the first miss."""
+        held = self._by_content
+        for count, key in enumerate(content_keys):
+            if key not in held:
                 return count
-        return len(keys)
+        return len(content_keys)
 
     def summary(self, now_s: float) -> ReplicaSummary:
         recent = self._recent

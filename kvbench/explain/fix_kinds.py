@@ -288,12 +288,13 @@ def routing_fix(ctx: FixContext) -> list[Measured]:
     replicas = ctx.options.num_replicas
     if replicas <= 1:
         return []
-    from kvbench.route.api import compare_policies
+    from kvbench.route.api import compare_policies, needs_tokens, policies_for
     from kvbench.route.cluster import ClusterConfig, prepare_route_trace
     from kvbench.route.policies import PolicyName
 
-    trace = prepare_route_trace(ctx.requests, ctx.config)
-    results = compare_policies(trace, ClusterConfig(replicas, ctx.config), list(PolicyName))
+    policies = policies_for(ctx.config)
+    trace = prepare_route_trace(ctx.requests, ctx.config, keep_tokens=needs_tokens(policies))
+    results = compare_policies(trace, ClusterConfig(replicas, ctx.config), policies)
     baseline = next(r for r in results if r.policy == PolicyName.ROUND_ROBIN.value)
     best = max(results, key=lambda r: r.token_hit_rate)
     ordered = sorted(ctx.requests, key=lambda r: r.arrival_s)

@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from kvbench.cache.base import CacheConfig, CacheKind
 from kvbench.route.cache_aware import CacheAware, CacheAwareConfig
 from kvbench.route.cluster import ClusterConfig, RouteTrace, simulate_cluster
+from kvbench.route.kv_aware import KvAware
 from kvbench.route.policies import (
     ConsistentHash,
     LeastLoaded,
@@ -77,8 +79,24 @@ def make_router(
         PolicyName.VLLM_CACHE_AWARE: lambda: VllmCacheAware(num_replicas, options.cache_aware),
         PolicyName.CONSISTENT_HASH: lambda: ConsistentHash(worker_urls(num_replicas, options)),
         PolicyName.POWER_OF_TWO: lambda: PowerOfTwo(num_replicas, options.seed),
+        PolicyName.KV_AWARE: lambda: KvAware(num_replicas, block_size),
     }
     return builders[PolicyName(policy)]()
+
+
+READS_CACHES = (PolicyName.KV_AWARE,)  # policies that read the simulated replicas' caches (attach)
+
+
+def policies_for(cache: CacheConfig) -> list[PolicyName]:
+    """Every policy that can route over replicas with ``cache``: ``kv_aware`` reads the caches' block
+    events, which the radix cache does not publish."""
+    return [p for p in PolicyName if p not in READS_CACHES or cache.kind is CacheKind.HASH]
+
+
+def needs_tokens(policies: Sequence[PolicyName | str]) -> bool:
+    """Whether a trace routed by ``policies`` must keep its blocks' token ids
+    (:func:`~kvbench.route.cluster.prepare_route_trace`'s ``keep_tokens``)."""
+    return any(PolicyName(p) in READS_CACHES for p in policies)
 
 
 def compare_policies(

@@ -15,6 +15,10 @@ prefill queue timed by :class:`kvbench.route.service.ServiceModel`. Per request,
 
 So with the same cache and no TTL, a replica's hits equal a single-cache replay of the requests it
 received, in order (the tests check it).
+
+A router that reads the replicas' caches (``kv_aware``: :mod:`kvbench.route.kv_aware`) has an
+``attach(caches)`` method; it is called once with every replica's cache, in replica order, before the
+first request is routed. The :class:`~kvbench.route.policies.Router` protocol stays ``choose`` alone.
 """
 
 from __future__ import annotations
@@ -84,10 +88,14 @@ def popular_prefixes(
     return {key: counts[key] for key in ranked}
 
 
-def prepare_route_trace(requests: Sequence[Request], cache: CacheConfig, top_prefixes: int = 5) -> RouteTrace:
-    """Sort by arrival (stable), hash every prompt's blocks with ``cache``'s block size and hash."""
+def prepare_route_trace(
+    requests: Sequence[Request], cache: CacheConfig, top_prefixes: int = 5, keep_tokens: bool = False
+) -> RouteTrace:
+    """Sort by arrival (stable), hash every prompt's blocks with ``cache``'s block size and hash.
+    ``keep_tokens``: keep every block's token ids (``kv_aware`` reads them from the caches' events);
+    the radix cache and ``verify_tokens`` keep them anyway."""
     ordered = sorted(requests, key=lambda r: r.arrival_s)
-    keep = cache.kind is CacheKind.RADIX or cache.verify_tokens
+    keep = keep_tokens or cache.kind is CacheKind.RADIX or cache.verify_tokens
     prompts = prompt_blocks_of(ordered, cache.block_size, cache.hash, keep_tokens=keep)
     sessions = [r.session_id for r in ordered]
     outputs = np.array([r.output_tokens or r.max_tokens for r in ordered], dtype=np.int64)
@@ -164,6 +172,9 @@ def simulate_cluster(trace: RouteTrace, router: Router, config: ClusterConfig) -
             f"trace was hashed for block size {trace.block_size}, cache uses {config.cache.block_size}"
         )
     n, replicas = trace.num_requests, [_Replica(config.cache) for _ in range(config.num_replicas)]
+    attach = getattr(router, "attach", None)
+    if attach is not None:
+        attach([replica.cache for replica in replicas])
     out = {name: np.zeros(n) for name in ("queue_ms", "ttft_ms", "e2e_ms")}
     chosen, cached = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
     loads = np.zeros((n, config.num_replicas), dtype=np.int64)

@@ -9,9 +9,10 @@ the requests it received (:func:`kvbench.route.cluster.simulate_cluster`). That 
 at concurrency 1 drives exactly; at higher concurrency the real router sees loads and an order the
 model does not, so the expectation is an approximation there.
 
-The real routers' policy names map to the models ``kvbench route`` has (:data:`ROUTER_POLICIES`);
-a policy without a model (``random``, ``power_of_two``: their picks are random; ``kv_aware``: the
-router's index of the workers' KV events) gets no fleet expectation.
+The real routers' policy names map to the models ``kvbench route`` has (:data:`ROUTER_POLICIES`;
+``kv_aware`` reads each simulated replica's cache through its block events, as the router reads its
+workers' KV events); a policy without a model (``random``, ``power_of_two``: their picks are random)
+gets no fleet expectation.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass, replace
 
 from kvbench.cache.base import CacheConfig
 from kvbench.request import Request
-from kvbench.route.api import RouterOptions, make_router
+from kvbench.route.api import RouterOptions, make_router, needs_tokens
 from kvbench.route.cluster import ClusterConfig, prepare_route_trace, simulate_cluster
 from kvbench.route.policies import PolicyName
 
@@ -30,10 +31,10 @@ ROUTER_POLICIES: dict[str, PolicyName] = {
     "round_robin": PolicyName.ROUND_ROBIN,
     "cache_aware": PolicyName.SGLANG_CACHE_AWARE,  # vllm-router's: name vllm_cache_aware
     "consistent_hash": PolicyName.CONSISTENT_HASH,
+    "kv_aware": PolicyName.KV_AWARE,  # vllm-router's, on its workers' KV cache events
 }
-# the policies the routers have that kvbench route has no model of: random picks, or (kv_aware) the
-# router's own index of the workers' KV events
-UNMODELLED = ("random", "power_of_two", "kv_aware", "sticky_least_loaded", "manual")
+# the policies the routers have that kvbench route has no model of (random picks among them)
+UNMODELLED = ("random", "power_of_two", "sticky_least_loaded", "manual")
 SPACING_S = 1e6  # requests routed one at a time: each finishes long before the next arrives
 
 
@@ -87,7 +88,7 @@ def fleet_expectation(
     if model is None:
         return None
     spaced = [replace(r, arrival_s=i * SPACING_S) for i, r in enumerate(requests)]
-    trace = prepare_route_trace(spaced, cache, top_prefixes=0)
+    trace = prepare_route_trace(spaced, cache, top_prefixes=0, keep_tokens=needs_tokens([model]))
     urls = tuple(worker_urls) if len(worker_urls) == num_replicas else None
     router = make_router(model, num_replicas, cache.block_size, RouterOptions(worker_urls=urls))
     run = simulate_cluster(trace, router, ClusterConfig(num_replicas, cache))

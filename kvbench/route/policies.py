@@ -23,6 +23,8 @@ side. Every policy is deterministic given its seed.
   other session headers, then the body's ``user``), owned by the first point at or after its hash.
 * ``power_of_two``: sglang-router 0.3.2's (``sgl-router/src/policies/power_of_two.rs``): two distinct
   workers drawn at random, the less loaded one (the first drawn on a tie); seeded here.
+* ``kv_aware``: vllm-router 0.1.17's, reading what each replica's cache holds through its block
+  events (:mod:`kvbench.route.kv_aware`).
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ class PolicyName(str, Enum):
     VLLM_CACHE_AWARE = "vllm_cache_aware"
     CONSISTENT_HASH = "consistent_hash"
     POWER_OF_TWO = "power_of_two"
+    KV_AWARE = "kv_aware"
 
 
 def least_loaded(loads: Sequence[int]) -> int:

@@ -217,6 +217,12 @@ class ServerFlags:
         check_fleet_flags(self)
         if self.route is not None and len(self.base_urls) < 2:
             raise ValueError("--route needs two or more --base-url endpoints")
+        if self.route is not None and str(getattr(self.route, "value", self.route)) == "kv_aware":
+            raise ValueError(
+                "--route kv_aware reads each replica's cache, which a client-side router cannot see; "
+                "put vllm-router's kv_aware in front of the replicas (kvbench fleet --router vllm "
+                "--policy kv_aware)"
+            )
 
     @property
     def trace_time_scale(self) -> float | None:

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from kvbench.cache.block_hash import max_hit_blocks
+from kvbench.cache.block_hash import encode_token_ids, max_hit_blocks
 from kvbench.errors import InputError
 from kvbench.events.blockmap import FleetBlocks, prompt_content_keys
 from kvbench.events.discover import parse_sources
@@ -222,9 +222,9 @@ class EventRecorder:
             while at < len(log) and log[at].arrival_s <= sent_s:
                 replay.apply(log[at].name, log[at].seq, log[at].batch, 0.0)
                 at += 1
-            keys = prompt_content_keys(request.token_ids, block_size)
+            keys = _content_keys(request.token_ids, block_size)
             cap = max_hit_blocks(len(request.token_ids), block_size)
-            held = {name: min(replay.replica(name).leading_held(keys), cap) * block_size for name in names}
+            held = {name: min(replay.replica(name).prefix_length(keys), cap) * block_size for name in names}
             served = record.replica_id if record.replica_id in held or len(names) != 1 else names[0]
             best = max(names, key=lambda name: (held[name], name == served))
             out["request_index"].append(request.index)
@@ -233,6 +233,14 @@ class EventRecorder:
             out["best_replica"].append(best)
             out["best_tokens"].append(held[best])
         return out
+
+
+def _content_keys(token_ids, block_size: int) -> list[int]:
+    """A prompt's content keys (:func:`prompt_content_keys`) from its token ids, full blocks only."""
+    full = len(token_ids) // block_size * block_size
+    return prompt_content_keys(
+        [encode_token_ids(token_ids[start : start + block_size]) for start in range(0, full, block_size)]
+    )
 
 
 def record_kv_events(

@@ -140,12 +140,14 @@ def test_fleet_stops_every_process_and_keeps_the_rows_on_a_signal(tmp_path, sig)
 
 def test_kv_aware_routes_on_the_replicas_kv_events(kvbench, tmp_path):
     """vllm-router's kv_aware policy fed by kvbench serve's KV events (static sources read from each
-    replica's /kv_event_sources): its placement lookups hit, so its decisions come from the events."""
+    replica's /kv_event_sources): its placement lookups hit, so its decisions come from the events; at
+    concurrency 1 kvbench route's kv_aware model expects what each request reported, request by
+    request, on the replica the router picked."""
     needs("vllm_router")
     scenario, out = tmp_path / "chat.toml", tmp_path / "fleet"
     scenario.write_text(CHAT)
-    code, _, stderr = kvbench(
-        "fleet", scenario, "--router", "vllm", "--replicas", "2", "--policy", "kv_aware", "--out", out
+    code, stdout, stderr = kvbench(
+        "fleet", scenario, "--router", "vllm", "--replicas", "3", "--policy", "kv_aware", "--out", out
     )
     assert code == 0, stderr
     entry = json.loads((out / "fleet.json").read_text())["policies"][0]
@@ -157,4 +159,10 @@ def test_kv_aware_routes_on_the_replicas_kv_events(kvbench, tmp_path):
     assert (
         sum(row["cached_prompt_tokens"] for row in rows) == entry["replica_metrics"]["fleet"]["cached_tokens"]
     )
-    assert "kvbench route has no model of --fleet-policy kv_aware" in stderr
+    assert "kvbench route's kv_aware over 3 replicas" in stderr
+    expected = [row["expected_cached_tokens"] for row in rows]
+    reported = [row["cached_prompt_tokens"] for row in rows]
+    assert reported == expected and sum(reported) > 0
+    assert read_metadata(Path(entry["rows"]))["reconciliation"]["below_expected"] == []
+    kv_aware = next(line for line in stdout.splitlines() if line.startswith("│ kv_aware") and "fleet" in line)
+    assert "11/11" in kv_aware, stdout  # every request on the replica the model picked

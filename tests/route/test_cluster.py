@@ -48,7 +48,7 @@ def test_session_routing_gives_the_single_cache_hit_rate_when_each_cache_holds_i
 def test_every_policy_on_one_replica_is_the_single_cache_replay(chat8):
     cache = CacheConfig(capacity_blocks=64, block_size=16)
     expected = replay(chat8, cache).cached_tokens_per_request.tolist()
-    trace = prepare_route_trace(chat8, cache)
+    trace = prepare_route_trace(chat8, cache, keep_tokens=True)  # kv_aware reads the blocks' tokens
     for result in compare_policies(trace, ClusterConfig(1, cache, SLOW), list(PolicyName)):
         assert result.run.cached_tokens.tolist() == expected, result.policy
 

@@ -45,12 +45,14 @@ def test_route_all_policies_writes_one_row_per_policy(kvbench, scenario, tmp_pat
         "vllm_cache_aware",
         "consistent_hash",
         "power_of_two",
+        "kv_aware",
     ]
     # not a terminal: a status line as each policy finishes, in order
     assert [line.split()[1] for line in stderr.splitlines() if line.startswith("routed: ")] == table["policy"]
-    assert "routed: power_of_two (10 of 10 policies)" in stderr
+    assert "routed: kv_aware (11 of 11 policies)" in stderr
     rates = dict(zip(table["policy"], table["token_hit_rate"]))
     assert rates["session"] > 2 * rates["round-robin"] > 0
+    assert rates["kv_aware"] > 2 * rates["round-robin"]  # it reads what each replica holds
     assert all(len(r) == 8 for r in table["replica_token_hit_rates"])
     assert all(sum(r) == table["num_requests"][0] for r in table["replica_requests"])
     assert table["requests_max_over_mean"][table["policy"].index("cache-aware")] == pytest.approx(8.0)
@@ -64,6 +66,7 @@ def test_route_all_policies_writes_one_row_per_policy(kvbench, scenario, tmp_pat
     metadata = read_metadata(out)
     assert metadata["command"] == "route" and metadata["num_replicas"] == 8
     assert metadata["decisions"]["cache-aware"]["match"] > 0
+    assert metadata["decisions"]["kv_aware"]["held prefix"] > 0
     for suffix in ("-policies.png", "-load.png"):
         assert (tmp_path / f"route{suffix}").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -98,6 +101,7 @@ def test_route_one_policy_with_flags(kvbench, scenario, tmp_path):
         (["--prefill-base-ms", "-5"], "--prefill-base-ms: -5.0"),
         (["--cache-threshold", "2"], "--cache-threshold: must be in [0, 1], got 2.0"),
         (["--epsilon", "0"], "--epsilon: must be positive"),
+        (["--policy", "kv_aware", "--cache", "radix"], "--policy kv_aware: reads each replica's cache"),
     ],
 )
 def test_route_bad_input_is_one_line(kvbench, scenario, tmp_path, args, message):

@@ -39,6 +39,18 @@ def test_one_replica_is_one_cache(chat8):
     assert fleet.cached_tokens == replay(chat8, CACHE).cached_tokens_per_request.tolist()
 
 
+def test_kv_aware_one_request_at_a_time_follows_the_shared_system_prompt(chat8):
+    """vllm-router's kv_aware, requests one at a time: the first goes to the least loaded replica (the
+    first of equal loads), every later one holds the shared system prompt there: one cache's hits."""
+    fleet = fleet_expectation(chat8, CACHE, "kv_aware", 3)
+    assert fleet.model == "kv_aware" and fleet.replica == [0] * len(chat8)
+    assert fleet.cached_tokens == replay(chat8, CACHE).cached_tokens_per_request.tolist()
+    tenants = chat_requests(
+        num_tenants=8
+    )  # salts are no part of a content key (salted lookups: not modelled)
+    assert set(fleet_expectation(tenants, CACHE, "kv_aware", 3).replica) == {0}
+
+
 def test_a_random_policy_has_no_model_and_an_unknown_name_is_refused():
     assert fleet_expectation(chat_requests(num_conversations=2), CACHE, "random", 2) is None
     assert model_of("power_of_two") is None and model_of("round-robin").value == "round-robin"
@@ -53,6 +65,10 @@ def test_a_random_policy_has_no_model_and_an_unknown_name_is_refused():
         ({"fleet_replicas": 2}, "--fleet-replicas applies with --fleet-policy"),
         ({"fleet_policy": "sticky", "fleet_replicas": 2}, "--fleet-policy 'sticky': not a router policy"),
         ({"fleet_policy": "round_robin", "fleet_replicas": 0}, "--fleet-replicas: 0 must be positive"),
+        (
+            {"route": "kv_aware", "base_urls": ["http://a/v1", "http://b/v1"]},
+            "--route kv_aware reads each replica's cache, which a client-side router cannot see",
+        ),
     ],
 )
 def test_fleet_flags_are_checked_where_they_are_built(flags, message):
