@@ -269,6 +269,10 @@ def _explain_results(config: ExplainConfig, tokenizer) -> Explained:
         ],
         config.salt,
     )
+    if run.get("nonce"):  # --hygiene nonce: the prompts as sent began with the run's nonce line
+        from kvbench.backends.openai.hygiene import with_nonce
+
+        requests = with_nonce(requests, run["nonce"], tokenizer)
     rules, cache = checked(lambda: _run_cache(result, config.cache, source, requests))
     rules, routed = _fleet(result.metadata.get("fleet_expectation"), rules, rows)
     explanation = explain_requests(

@@ -59,14 +59,18 @@ def served_model(config: RunConfig, key: str) -> str:
     return models[0]
 
 
-def apply_hygiene(config: RunConfig, requests: list[Request], tokenizer) -> tuple[list[Request], str | None]:
-    """The requests to send and the run's cache_salt, after cache hygiene."""
+def apply_hygiene(
+    config: RunConfig, requests: list[Request], tokenizer
+) -> tuple[list[Request], str | None, str | None]:
+    """The requests to send, the run's cache_salt and its nonce (``None`` unless ``--hygiene nonce``:
+    kept in the metadata, so ``kvbench explain`` replays the prompts as they were sent)."""
     mode = config.server.hygiene or Hygiene.SALT
     if mode is Hygiene.SALT:
-        return requests, config.salt or secrets.token_hex(32)  # 256 bits, as vLLM's docs advise
+        return requests, config.salt or secrets.token_hex(32), None  # 256 bits, as vLLM's docs advise
     if mode is Hygiene.NONCE:
-        requests = with_nonce(requests, secrets.token_hex(8), tokenizer)
-    return requests, config.salt
+        nonce = secrets.token_hex(8)
+        return with_nonce(requests, nonce, tokenizer), config.salt, nonce
+    return requests, config.salt, None
 
 
 SERVER_TOKENIZER = "server"  # --tokenizer server: the server's /tokenize
@@ -355,7 +359,7 @@ def openai_plan(config: RunConfig, say: OnStatus, stack: contextlib.ExitStack) -
     urls = server.base_urls or (server.url,)
     metrics_before, server_cache = server_state(config, urls, key, say)
     fleet_before = scrape_fleet(server, key)  # --replica-metrics, --router-metrics
-    requests, run_salt = apply_hygiene(config, prepared_requests(source, settings), tokenizer)
+    requests, run_salt, nonce = apply_hygiene(config, prepared_requests(source, settings), tokenizer)
     requests, expectations, fleet = _expected(requests, server, server_cache, settings.ignore_eos, say)
     turns = live_turns(config, requests, tokenizer, server_cache, model, key)
     client_config = _client_config(config, model, key, settings, expectations.block_size, turns)
@@ -368,6 +372,7 @@ def openai_plan(config: RunConfig, say: OnStatus, stack: contextlib.ExitStack) -
     _check_body_sizes(backend, requests, key)
     metadata.update(preflight=checks, server_cache=server_cache.origins)
     metadata.update({"fleet_expectation": fleet} if fleet else {})
+    metadata["run"].update({"nonce": nonce} if nonce else {})
     events = record_kv_events(server.kv_events, stack, say, metadata, notes, expectations.block_size)
 
     def finish(outcome: RunOutcome) -> bool:

@@ -44,6 +44,28 @@ def test_breakdown_refuses_bars_that_do_not_sum_and_a_server_can_report_more():
     assert bars.tokens["server"] == -16 and bars.tokens["hit"] == 80 and sum(bars.tokens.values()) == 100
 
 
+def test_a_routed_run_splits_routing_from_the_server_and_only_its_waterfall_shows_routing(tokenizer):
+    # 64 tokens the replay allows: the router's replica held 32 of them, the server reported 16
+    bars = breakdown(100, 16, shared_any=90, shared_same=90, replay_hit=64, reported=16, routed=32)
+    assert (bars.tokens["routing"], bars.tokens["server"], bars.tokens["hit"]) == (32, 16, 16)
+    # more replicas, more room: the routed hit may exceed one cache's (a negative routing bar)
+    assert breakdown(100, 16, 90, 90, 48, reported=64, routed=64).tokens["routing"] == -16
+    requests = load_source("chat", tokenizer).requests[:30]
+    config = CacheConfig(capacity_blocks=4096, block_size=16)
+    one = explain_requests(requests, config, tokenizer)
+    half = [e.hit_tokens // 32 * 16 for e in one.requests]  # the router's replica held half, in blocks
+    routed = explain_requests(requests, config, tokenizer, reported=half, routed=half)
+    assert routed.waterfall.tokens["routing"] == one.waterfall.tokens["hit"] - sum(half) > 0
+    assert routed.waterfall.tokens["server"] == 0 and routed.waterfall.tokens["hit"] == sum(half)
+    labels = [row[0] for row in routed.waterfall.rows()]
+    assert "lost to routing (the prefix was on another replica)" in labels
+    assert "lost to routing (the prefix was on another replica)" not in [
+        row[0] for row in one.waterfall.rows()
+    ]
+    kinds = {cause.kind for e in routed.requests for cause in e.causes}
+    assert "routed away" in kinds and "server reported less" not in kinds
+
+
 def test_lint_finds_the_volatile_header_and_a_rewritten_turn(chat, tokenizer):
     top = [
         chat(i, [("system", f"Current time: 2025-01-01 10:00:{i:02d}\n" + STABLE), ("user", "Hi?")])

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 from real_router import CHAT
 
+from kvbench.explain.sources import ExplainConfig, explain_file
 from kvbench.results.parquet import read_metadata
 
 pytestmark = pytest.mark.slow  # two replicas and a router per policy: ~40-90 s on 2 loaded cores
@@ -39,6 +40,22 @@ def router_urls(stderr: str) -> list[str]:
     return [line.split(" on ")[1].split()[0] for line in stderr.splitlines() if " on http://" in line]
 
 
+def events_and_explain(entry: dict, rows: list[dict], replicas: list[str]) -> tuple[int, int, int]:
+    """A policy's KV event report and explanation checked against its rows; ``(tokens held
+    elsewhere, blocks held twice or more, tokens lost to routing)``."""
+    # the replicas' KV events: what each held of a prompt when it was sent is what it reported
+    events, reported = entry["kv_events"], [row["cached_prompt_tokens"] for row in rows]
+    assert sorted(r["name"] for r in events["replicas"]) == sorted(urlsplit(u).netloc for u in replicas)
+    held = dict(zip(events["requests"]["request_index"], events["requests"]["held_tokens"]))
+    assert [held[row["request_index"]] for row in rows] == reported, entry["policy"]
+    assert sum(r["num_stored_blocks"] for r in events["replicas"]) > 0
+    # explain puts what the placement lost down to routing, nothing to the servers
+    waterfall = explain_file(ExplainConfig(Path(entry["rows"]))).waterfall
+    assert waterfall.tokens["server"] == 0, (entry["policy"], waterfall.tokens)
+    elsewhere = sum(events["requests"]["best_tokens"]) - sum(reported)
+    return elsewhere, events["num_duplicated_blocks"], waterfall.tokens["routing"]
+
+
 @pytest.mark.parametrize(
     ("router", "module", "policies"),
     [
@@ -59,7 +76,7 @@ def test_fleet_runs_each_policy_and_expectations_match_the_replicas(
     summary = json.loads((out / "fleet.json").read_text())
     replicas = summary["replicas"]
     assert len(replicas) == 3 and [p["policy"] for p in summary["policies"]] == list(policies)
-    elsewhere, duplicated = {}, {}
+    elsewhere, duplicated, routing = {}, {}, {}
     for entry in summary["policies"]:
         policy, rows = entry["policy"], pq.read_table(entry["rows"]).to_pylist()
         assert len(rows) == 11 and all(row["status"] == "ok" for row in rows)
@@ -85,18 +102,12 @@ def test_fleet_runs_each_policy_and_expectations_match_the_replicas(
             assert all(len(on) == 1 for on in sessions.values()), sessions
         if policy == "round_robin":
             assert len({row["replica_id"] for row in rows}) == 3
-        # the replicas' KV events: what each held of a prompt when it was sent is what it reported
-        events = entry["kv_events"]
-        assert sorted(r["name"] for r in events["replicas"]) == sorted(urlsplit(u).netloc for u in replicas)
-        held = dict(zip(events["requests"]["request_index"], events["requests"]["held_tokens"]))
-        assert [held[row["request_index"]] for row in rows] == reported, policy
-        assert sum(r["num_stored_blocks"] for r in events["replicas"]) > 0
-        elsewhere[policy] = sum(events["requests"]["best_tokens"]) - sum(reported)
-        duplicated[policy] = events["num_duplicated_blocks"]
+        elsewhere[policy], duplicated[policy], routing[policy] = events_and_explain(entry, rows, replicas)
     # round robin scatters each conversation: its later turns find their prefix on another replica,
     # and the shared system prompt is held three times
     assert elsewhere["round_robin"] > elsewhere["cache_aware"] >= 0, elsewhere
     assert duplicated["round_robin"] > 0, duplicated
+    assert routing["round_robin"] > routing["cache_aware"] == 0, routing
     table = stdout.replace("\n", " ")
     assert f"kvbench fleet: {router} router, 3 replicas" in table
     assert "KV events: what each replica held" in table
