@@ -148,14 +148,21 @@ class EventRecorder:
         self._thread.join(timeout=5.0)
 
     def _drained(self) -> bool:
+        """Every kvbench serve source caught up with the batches its ``/kv_blocks`` counts, and any
+        other source quiet for :data:`QUIET_S`."""
         last = {state.source.name: state.last_seq for state in self.states}
+        counted = set()
         for name, root in self._servers.items():
             sent = _kv_blocks(root).get("num_batches")
+            if not isinstance(sent, int):
+                continue  # not kvbench serve: waited for by the quiet rule
             if sent and (last.get(name) is None or last[name] + 1 < sent):
                 return False
+            counted.add(name)
+        if counted == set(last):
+            return True
         with self._lock:
-            quiet = not self.log or WALL_CLOCK.now() - self.log[-1].arrival_s >= QUIET_S
-        return quiet or set(self._servers) == set(last)
+            return not self.log or WALL_CLOCK.now() - self.log[-1].arrival_s >= QUIET_S
 
     def on_end(self, records: Sequence) -> None:
         """However the send loop ended: stop, put :meth:`report` of the ``(request as sent,
@@ -210,7 +217,10 @@ class EventRecorder:
             (
                 (self.start_s + record.sent_s, request, record)
                 for request, record in zip(requests, records)
-                if record is not None and record.sent_s is not None and request.token_ids is not None
+                if record is not None
+                and record.sent_s is not None
+                and request.token_ids is not None
+                and self.start_s is not None
             ),
             key=lambda item: item[0],
         )
