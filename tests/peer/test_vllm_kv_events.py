@@ -9,13 +9,15 @@ import pytest
 
 from kvbench.commands.peer import DEFAULT_VENV
 from kvbench.events.blockmap import ReplicaBlocks
+from kvbench.events.publisher import EventPublisher, PublisherConfig
 from kvbench.events.source import EventListener
 from kvbench.events.wire import Batch, BlockStored, decode_batch, encode_batch
 from kvbench.peer.comparisons import EVENTS_POOL, KV_EVENTS, kv_events_comparison, prepare
 from kvbench.peer.config import PeerConfig
 from kvbench.peer.report import markdown
 from kvbench.peer.server import has_vllm
-from kvbench.peer.vllm_events import Checkpoint, KvEventsSummary, MapCounts, events_markdown
+from kvbench.peer.vllm_events import BlockMapCheck, Checkpoint, KvEventsSummary, MapCounts, events_markdown
+from kvbench.request import RequestRecord, Status
 from kvbench.results.parquet import read_metadata
 from kvbench.sim.vllm_pool import VllmPoolConfig, VllmSimulator
 from kvbench.workloads.tokenizer import TiktokenTokenizer
@@ -49,6 +51,48 @@ def test_content_keys_ignore_the_servers_hashes():
     b.apply(0, Batch(0.0, (BlockStored((98,), None, tokens[:BLOCK_SIZE], BLOCK_SIZE),)), 0.0)
     b.apply(1, Batch(0.0, (BlockStored((99,), 98, tokens[BLOCK_SIZE:], BLOCK_SIZE),)), 0.0)
     assert a.content_counts() == b.content_counts() and sum(a.content_counts().values()) == 2
+
+
+def check_against_a_publishing_pool(tmp_path, server_blocks: int, num_requests: int = 12):
+    """BlockMapCheck (40 blocks) subscribed to a real ZMQ publisher in vLLM's wire format whose events
+    come from a second pool simulator of ``server_blocks`` blocks, standing where vLLM stands."""
+    prepared = prepare(kv_events_comparison(num_requests), TiktokenTokenizer(), "salt")
+    publisher = EventPublisher(PublisherConfig(f"ipc://{tmp_path}/events", "tcp://127.0.0.1:0"))
+    server = VllmSimulator(VllmPoolConfig(server_blocks, BLOCK_SIZE))
+    server.index.listener = EventListener(publisher.publish, BLOCK_SIZE)
+    endpoints = (publisher.endpoint, publisher.replay_endpoint)
+    try:
+        with BlockMapCheck(endpoints, POOL_BLOCKS, BLOCK_SIZE) as check:
+            for request in prepared.requests:
+                outputs = tuple([7 + request.index] * request.output_tokens)
+                server.run(request, outputs)
+                record = RequestRecord(Status.OK, len(request.token_ids), output_token_ids=outputs)
+                check.checkpoint(request, record)
+            return check.summary("kv_events"), check.row_columns()
+    finally:
+        publisher.close()
+
+
+def test_the_check_reads_a_publishers_events_and_finds_equal_maps(tmp_path):
+    summary, columns = check_against_a_publishing_pool(tmp_path, POOL_BLOCKS)
+    assert len(summary.checkpoints) == 12 and summary.num_mismatched == 0 and summary.disagreements() == ()
+    assert summary.vllm.blocks_removed > 0 and summary.vllm.gaps == 0 and summary.vllm.orphan_blocks == 0
+    assert summary.vllm.blocks_stored == summary.kvbench.blocks_stored
+    assert summary.vllm.blocks_held == summary.kvbench.blocks_held == POOL_BLOCKS - 1
+    assert all(c["block_maps_match"] for c in columns.values()) and summary.vllm.batches > 0
+
+
+def test_a_server_with_another_pool_shows_the_first_checkpoint_that_differs(tmp_path):
+    summary, columns = check_against_a_publishing_pool(tmp_path, POOL_BLOCKS - 10)
+    first = summary.first_mismatch
+    assert first is not None and summary.num_mismatched > 0
+    assert (
+        first.vllm_blocks_held == POOL_BLOCKS - 11 < first.kvbench_blocks_held
+    )  # the smaller pool evicted first
+    assert all(c["block_maps_match"] for i, c in columns.items() if i < first.request_index)
+    assert columns[first.request_index]["block_maps_match"] is False
+    [line] = summary.disagreements()
+    assert line.startswith(f"block maps differ after request {first.request_index} ({first.request_id})")
 
 
 def test_kv_events_is_chosen_only_by_name():
