@@ -30,10 +30,15 @@ def vllm(
     ) = DEFAULT_VENV,
     skip_install: option(bool, "Fail instead of creating a missing vLLM environment.") = False,
     model: option(Path | None, "Serve this local checkpoint instead of kvbench's model.") = None,
-    only: option(str, "Comparisons to run, comma-separated.") = "shared_2k,chat,zipf",
+    only: option(
+        str,
+        "Comparisons to run, comma-separated: shared_2k, chat, zipf, kv_events "
+        "(not by default: a vLLM start of its own, ~2 min here).",
+    ) = "shared_2k,chat,zipf",
     block_size: option(int, "vLLM --block-size and the prediction's (multiple of 32).") = 32,
     kv_cache_space_gib: option(int, "VLLM_CPU_KVCACHE_SPACE of the main server.") = 2,
-    small_pool_blocks: option(int, "--num-gpu-blocks-override of the zipf server.") = 40,
+    small_pool_blocks: option(int, "--num-gpu-blocks-override of the zipf and kv_events servers.") = 40,
+    kv_events_requests: option(int, "Requests of kv_events (a block map checkpoint after each).", min=1) = 30,
     rounds: option(
         int,
         "Rounds of the engine table (vLLM, kvbench serve copy and paged, interleaved; 0 = no engine table).",
@@ -52,9 +57,11 @@ def vllm(
     Replays shared_2k, chat and zipf traces; then, beside the same vLLM, kvbench serve (copy and
     paged engines, as many threads as vLLM) for the engine table: TTFT, TPOT, chat tok/s at
     concurrency 8, cached tokens and start-up, rounds interleaved. Writes peer_vllm.parquet and
-    peer_vllm.md.
+    peer_vllm.md. With --only kv_events, a vLLM with --kv-events-config: its block map, from its
+    events, against kvbench's simulated one after every request.
 
     About 15 minutes on 2 CPU cores (two vLLM start-ups of 2-3 minutes); the first run installs vLLM.
+    Exits 1 when any request or block map disagrees with kvbench's prediction.
     """
     from kvbench.peer.engines import engine_summary
     from kvbench.peer.vllm_peer import PeerConfig, run_peer
@@ -70,6 +77,7 @@ def vllm(
             block_size=block_size,
             kv_cache_space_gib=kv_cache_space_gib,
             small_pool_blocks=small_pool_blocks,
+            kv_events_requests=kv_events_requests,
             rounds=rounds,
             kvbench_threads=threads or None,
             dtype=dtype,
@@ -81,6 +89,12 @@ def vllm(
     console.print(Markdown(report.markdown))
     if report.engine_rows:
         console.print(escape(engine_summary(report.engine_rows)))
+    if report.num_disagreements:
+        console.print(
+            f"[red]{report.num_disagreements} disagreement(s) with kvbench's prediction; "
+            f"see {escape(str(report.markdown_path))}[/red]"
+        )
+        raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:

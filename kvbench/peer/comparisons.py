@@ -1,6 +1,6 @@
 """The traces the peer harness replays against vLLM, and kvbench's prediction for each request.
 
-Three comparisons, each a kvbench text trace sized for a 2-core CPU:
+Three comparisons by default, each a kvbench text trace sized for a 2-core CPU, and a fourth on request:
 
 * ``shared_2k``: the shared_2k scenario cut to a few requests: a 2,000-token system prompt shared
   by all, a unique 50-token question each (the cold request prefills ~2,060 tokens, the rest ~60).
@@ -10,6 +10,9 @@ Three comparisons, each a kvbench text trace sized for a 2-core CPU:
 * ``zipf``: 8 system prompts of 256 tokens with Zipf popularity and short unique questions, run on a
   server whose pool is 40 blocks (the prefixes alone need 64), so cached prefixes are evicted all
   the time, and sized so that each vLLM accounting rule changes some predictions (:data:`ZIPF_MAX_TOKENS`).
+* ``kv_events`` (not run unless chosen): 4 system prompts of 256 tokens, Zipf popularity, on a server of
+  its own that publishes KV cache events and has the small pool; after every request vLLM's block map
+  (from its events) is compared with kvbench's (:mod:`kvbench.peer.vllm_events`).
 
 Every request's ``cached_tokens`` is predicted by :mod:`kvbench.sim.vllm_pool` for the server's real pool
 size and block size; requests are sent with ``ignore_eos`` so their output lengths are exact.
@@ -43,6 +46,10 @@ from kvbench.workloads.tokenizer import Tokenizer
 ZIPF_MAX_TOKENS = 20
 SMALL_POOL = "small"
 LARGE_POOL = "large"
+EVENTS_POOL = "events"  # the small pool on a server that publishes KV cache events
+POOLS = (LARGE_POOL, SMALL_POOL, EVENTS_POOL)  # in the order a run starts their servers
+KV_EVENTS = "kv_events"
+KV_EVENTS_REQUESTS = 30  # 4 prefixes of 8 blocks and 10 blocks a request: the 39 usable blocks evict
 
 
 @dataclass(frozen=True)
@@ -50,10 +57,11 @@ class Comparison:
     """One trace to replay on one server.
 
     Attributes:
-        name: ``shared_2k``, ``chat`` or ``zipf``.
+        name: ``shared_2k``, ``chat``, ``zipf`` or ``kv_events``.
         kind: the trace generator (``kvbench.workloads.kinds``).
         config: the generator's config.
-        pool: which server it runs on: ``large`` (the default pool) or ``small`` (a pool under pressure).
+        pool: which server it runs on: ``large`` (the default pool), ``small`` (a pool under pressure)
+            or ``events`` (the small pool on a server that publishes KV cache events).
     """
 
     name: str
@@ -62,8 +70,8 @@ class Comparison:
     pool: str = LARGE_POOL
 
     def __post_init__(self) -> None:
-        if self.pool not in (SMALL_POOL, LARGE_POOL):
-            raise ValueError(f"pool must be {SMALL_POOL!r} or {LARGE_POOL!r}, got {self.pool!r}")
+        if self.pool not in POOLS:
+            raise ValueError(f"pool must be one of {', '.join(POOLS)}, got {self.pool!r}")
 
 
 def default_comparisons(seed: int = 0) -> tuple[Comparison, ...]:
@@ -105,6 +113,26 @@ def default_comparisons(seed: int = 0) -> tuple[Comparison, ...]:
             pool=SMALL_POOL,
         ),
     )
+
+
+def kv_events_comparison(num_requests: int = KV_EVENTS_REQUESTS, seed: int = 0) -> Comparison:
+    """The KV events check's trace: 4 system prompts of 256 tokens with Zipf popularity and a unique
+    32-token question each (301-token prompts), 20 output tokens: 10 full blocks of 32 per request."""
+    config = MultiPrefixTextConfig(
+        num_prefixes=4,
+        prefix_tokens=256,
+        unique_tokens=32,
+        num_requests=num_requests,
+        zipf_exponent=0.9,
+        max_tokens=ZIPF_MAX_TOKENS,
+        seed=seed,
+    )
+    return Comparison(KV_EVENTS, "multi-prefix-text", config, pool=EVENTS_POOL)
+
+
+def known_comparisons(seed: int = 0, kv_events_requests: int = KV_EVENTS_REQUESTS) -> tuple[Comparison, ...]:
+    """Every comparison a run can choose: :func:`default_comparisons` and the KV events check."""
+    return (*default_comparisons(seed), kv_events_comparison(kv_events_requests, seed))
 
 
 @dataclass(frozen=True, eq=False)

@@ -11,10 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvbench.peer.comparisons import default_comparisons
+from kvbench.peer.comparisons import KV_EVENTS_REQUESTS, known_comparisons
 from kvbench.peer.engines import EngineRow, EngineServer
 from kvbench.peer.report import ComparisonSummary
 from kvbench.peer.server import DTYPES
+from kvbench.peer.vllm_events import KvEventsSummary
 
 
 @dataclass(frozen=True)
@@ -25,10 +26,13 @@ class PeerConfig:
         out_dir: where the checkpoint, traces, logs, Parquet and Markdown go.
         venv: the vLLM virtual environment (created when missing unless ``install`` is false).
         model_path: a local checkpoint to serve instead of kvbench's default model.
-        comparisons: which of ``shared_2k``, ``chat``, ``zipf`` to run.
+        comparisons: which of ``shared_2k``, ``chat``, ``zipf``, ``kv_events`` to run (the last is
+            not run unless chosen: a vLLM start of its own).
         block_size: vLLM ``--block-size`` and the prediction's block size (multiple of 32 on CPU).
         kv_cache_space_gib: ``VLLM_CPU_KVCACHE_SPACE`` of the default-pool server.
-        small_pool_blocks: ``--num-gpu-blocks-override`` of the small-pool server (null block included).
+        small_pool_blocks: ``--num-gpu-blocks-override`` of the small-pool servers, zipf's and
+            kv_events' (null block included).
+        kv_events_requests: requests of the kv_events comparison (one block map checkpoint each).
         rounds: rounds of the engine comparison (0: none; ``kvbench.peer.engines``).
         kvbench_threads: ``kvbench serve --threads``; ``None`` = as many as vLLM's OpenMP threads.
         dtype: ``--dtype`` of every server (``float32`` or ``bfloat16``).
@@ -42,6 +46,7 @@ class PeerConfig:
     block_size: int = 32  # the CPU backend's smallest block size
     kv_cache_space_gib: int = 2
     small_pool_blocks: int = 40  # 39 usable blocks: the Zipf trace's 8 prefixes need 64
+    kv_events_requests: int = KV_EVENTS_REQUESTS
     max_model_len: int = 4096
     rounds: int = 2  # the engine table's default: two rounds, interleaved
     kvbench_threads: int | None = None
@@ -53,7 +58,7 @@ class PeerConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "out_dir", Path(self.out_dir).expanduser())
         object.__setattr__(self, "venv", Path(self.venv).expanduser().absolute())
-        known = {c.name for c in default_comparisons()}
+        known = {c.name for c in known_comparisons()}
         unknown = sorted(set(self.comparisons) - known)
         if unknown or not self.comparisons:
             raise ValueError(
@@ -61,6 +66,8 @@ class PeerConfig:
             )
         if self.block_size <= 0 or self.block_size % 32:
             raise ValueError(f"block_size must be a positive multiple of 32, got {self.block_size}")
+        if self.kv_events_requests < 1:
+            raise ValueError(f"--kv-events-requests must be >= 1, got {self.kv_events_requests}")
         if self.small_pool_blocks < 2:
             raise ValueError(f"small_pool_blocks must be >= 2, got {self.small_pool_blocks}")
         if self.kvbench_threads is not None and self.kvbench_threads < 1:
@@ -73,7 +80,7 @@ class PeerConfig:
 
 @dataclass(frozen=True)
 class PeerReport:
-    """What a run produced: summaries, the engine table and the files written."""
+    """What a run produced: summaries, the KV events checks, the engine table and the files written."""
 
     summaries: tuple[ComparisonSummary, ...]
     engines: tuple[EngineServer, ...]
@@ -81,6 +88,13 @@ class PeerReport:
     parquet_path: Path
     markdown_path: Path
     markdown: str
+    kv_events: tuple[KvEventsSummary, ...] = ()
+
+    @property
+    def num_disagreements(self) -> int:
+        """Lines in the report's Disagreements section: requests whose reported ``cached_tokens``
+        differs from the prediction, and KV events checks whose block maps differed."""
+        return sum(len(summary.disagreements) for summary in self.summaries)
 
 
 @dataclass
@@ -91,4 +105,5 @@ class Measured:
     summaries: list[ComparisonSummary] = field(default_factory=list)
     engines: list[EngineServer] = field(default_factory=list)
     rounds: list[Any] = field(default_factory=list)  # engines.RoundRecords
+    kv_events: list[KvEventsSummary] = field(default_factory=list)
     special_tokens: str | None = None  # the server's rule for special-token text (special_tokens.py)

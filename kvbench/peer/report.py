@@ -12,8 +12,9 @@ import pyarrow as pa
 from kvbench.backends.openai.metrics import PrefixCacheCounters
 
 # One row per request and backend: the agreement check's (``comparisons.agreement_rows``, round and
-# concurrency empty) and the engine comparison's (``engines.engine_rows``, one per server and round,
-# the prediction columns empty). Units: tokens unless the name says otherwise.
+# concurrency empty; the block map columns set for the kv_events comparison, ``vllm_events``) and the
+# engine comparison's (``engines.engine_rows``, one per server and round, the prediction columns
+# empty). Units: tokens unless the name says otherwise.
 ROW_SCHEMA = pa.schema(
     [
         ("run_id", pa.string()),
@@ -42,6 +43,9 @@ ROW_SCHEMA = pa.schema(
         ("tpot_ms", pa.float64()),
         ("sent_s", pa.float64()),
         ("ended_s", pa.float64()),
+        ("blocks_held_vllm", pa.int64()),
+        ("blocks_held_kvbench", pa.int64()),
+        ("block_maps_match", pa.bool_()),
     ]
 )
 
@@ -72,7 +76,8 @@ class ComparisonSummary:
         prompt_tokens / reported_prompt_tokens: kvbench's rendering vs vLLM's ``usage.prompt_tokens``.
         predicted_hits_tokens / reported_hits_tokens: sum of predicted / reported ``cached_tokens``.
         metrics: the ``/metrics`` counter deltas over the comparison (``None`` if unreadable).
-        disagreements: one line per request that disagrees.
+        disagreements: one line per request that disagrees (and for ``kv_events``, one line when the
+            block maps differ at any checkpoint: ``vllm_events.KvEventsSummary.disagreements``).
     """
 
     name: str
@@ -148,10 +153,14 @@ def summarize(
 
 
 def markdown(
-    summaries: Sequence[ComparisonSummary], engine_lines: Sequence[str], header: dict[str, Any]
+    summaries: Sequence[ComparisonSummary],
+    engine_lines: Sequence[str],
+    header: dict[str, Any],
+    events_lines: Sequence[str] = (),
 ) -> str:
-    """The run's report: agreement and hit rates, reconciliation, the engine table
-    (``engines.engine_markdown``'s lines), disagreements."""
+    """The run's report: agreement and hit rates, reconciliation, the KV events check
+    (``vllm_events.events_markdown``'s lines), the engine table (``engines.engine_markdown``'s
+    lines), disagreements."""
     incomplete = "" if header.get("complete", True) else " - INCOMPLETE (stopped early)"
     lines = [
         f"# kvbench vs vLLM {header.get('vllm_version', '?')} (run {header.get('run_id', '?')}){incomplete}",
@@ -190,10 +199,14 @@ def markdown(
             f"{_count(m.hits_tokens if m else None)} | {s.prompt_tokens:,} | {s.reported_prompt_tokens:,} | "
             f"{_count(m.queries_tokens if m else None)} |"
         )
+    lines += events_lines
     lines += engine_lines
     lines += ["", "## Disagreements", ""]
     found = [f"- {s.name}: {line}" for s in summaries for line in s.disagreements]
-    lines += found or ["None: every request's reported `cached_tokens` equals kvbench's prediction."]
+    lines += found or [
+        "None: every request's reported `cached_tokens` equals kvbench's prediction"
+        + (", and every checkpoint's block maps are equal." if events_lines else ".")
+    ]
     return "\n".join(lines) + "\n"
 
 

@@ -4,7 +4,7 @@ One run, in order:
 
 1. make sure the separate vLLM environment exists (``server.ensure_vllm_venv``);
 2. export the model as a checkpoint (``kvbench.engine.export``) into ``OUT/model``;
-3. generate the comparison traces (``comparisons.default_comparisons``) into ``OUT/traces``;
+3. generate the chosen comparisons' traces (``comparisons.known_comparisons``) into ``OUT/traces``;
 4. start vLLM with the default pool; per comparison: reset the prefix cache, read ``/metrics``, send
    every request (``driver.drive``: the OpenAI backend and the one send loop, concurrency 1), read
    ``/metrics`` again, predict every request with the pool size the server reports
@@ -14,9 +14,12 @@ One run, in order:
    (read from its log); run the engine comparison's rounds over the three servers
    (:mod:`kvbench.peer.engines`); stop every server;
 6. the same as 4 on a second vLLM with a small pool (``--num-gpu-blocks-override``) for the Zipf trace;
-7. write ``OUT/peer_vllm.parquet`` (one row per request, backend and round, run metadata in the
+7. with ``kv_events`` chosen, the same as 4 (no warm-up) on a vLLM of its own, with the small pool
+   and ``--kv-events-config``: its block map checked against kvbench's after every request
+   (:mod:`kvbench.peer.vllm_events`);
+8. write ``OUT/peer_vllm.parquet`` (one row per request, backend and round, run metadata in the
    footer) and ``OUT/peer_vllm.md`` (agreement, hit rates, reconciliation, the engine table,
-   disagreements), also after an error or Ctrl-C (marked incomplete).
+   the KV events check, disagreements), also after an error or Ctrl-C (marked incomplete).
 
 Each server is stopped on every exit path (``with``; its process group is killed).
 """
@@ -36,12 +39,14 @@ from kvbench.backends.openai.admin import fetch_metrics, reset_prefix_cache
 from kvbench.backends.openai.client import OpenAIBackend
 from kvbench.backends.openai.metrics import parse_prefix_cache_counters, vllm_num_gpu_blocks
 from kvbench.peer.comparisons import (
-    LARGE_POOL,
+    EVENTS_POOL,
+    KV_EVENTS,
+    POOLS,
     SMALL_POOL,
     PreparedComparison,
     agreement_rows,
-    default_comparisons,
     explain_disagreement,
+    known_comparisons,
     predict,
     prepare,
 )
@@ -67,6 +72,8 @@ from kvbench.peer.server import (
     ensure_vllm_venv,
     venv_python,
 )
+from kvbench.peer.vllm_events import BlockMapCheck, event_endpoints, events_markdown
+from kvbench.request import Request, RequestRecord
 
 Log = Callable[[str], None]
 METRICS_SETTLE_S = 1.0  # vLLM publishes counters with each step's outputs; give the last one a moment
@@ -89,7 +96,7 @@ def run_peer(config: PeerConfig, log: Log = lambda line: None) -> PeerReport:
     measured = Measured()
     complete = False
     try:
-        for pool in (LARGE_POOL, SMALL_POOL):
+        for pool in POOLS:
             chosen = [p for p in prepared.values() if p.comparison.pool == pool]
             if chosen:
                 _run_server(config, model_dir, tokenizer, pool, chosen, context, measured, log)
@@ -117,12 +124,35 @@ def _prepare_all(config: PeerConfig, tokenizer: Any, trace_dir: Path) -> dict[st
     from kvbench.workloads.formats.kvbench_trace import write_trace
 
     prepared = {}
-    for comparison in default_comparisons(config.seed):
+    for comparison in known_comparisons(config.seed, config.kv_events_requests):
         if comparison.name in config.comparisons:
             salt = f"kvbench-peer-{config.run_id}-{comparison.name}"
             prepared[comparison.name] = prepare(comparison, tokenizer, salt)
             write_trace(prepared[comparison.name].trace, trace_dir / f"{comparison.name}.jsonl")
     return prepared
+
+
+def _server_config(config: PeerConfig, model_dir: Path, pool: str) -> VllmServerConfig:
+    """The vLLM of one pool: the default pool, or the small one (``zipf``; ``kv_events``, which also
+    publishes KV cache events)."""
+    max_model_len = config.max_model_len
+    small = pool in (SMALL_POOL, EVENTS_POOL)
+    if small:  # vLLM refuses to start unless one max-length request fits in the usable blocks
+        max_model_len = min(max_model_len, (config.small_pool_blocks - 1) * config.block_size)
+    endpoint, replay = event_endpoints() if pool == EVENTS_POOL else (None, None)
+    return VllmServerConfig(
+        venv=config.venv,
+        model_dir=model_dir,
+        log_path=config.out_dir / f"vllm-{pool}.log",
+        block_size=config.block_size,
+        max_model_len=max_model_len,
+        kv_cache_space_gib=config.kv_cache_space_gib,
+        num_gpu_blocks=config.small_pool_blocks if small else None,
+        dtype=config.dtype,
+        startup_timeout_s=config.startup_timeout_s,
+        kv_events_endpoint=endpoint,
+        kv_events_replay_endpoint=replay,
+    )
 
 
 def _run_server(
@@ -135,39 +165,29 @@ def _run_server(
     measured: Measured,
     log: Log,
 ) -> None:
-    max_model_len = config.max_model_len
-    if pool == SMALL_POOL:  # vLLM refuses to start unless one max-length request fits in the usable blocks
-        max_model_len = min(max_model_len, (config.small_pool_blocks - 1) * config.block_size)
-    server_config = VllmServerConfig(
-        venv=config.venv,
-        model_dir=model_dir,
-        log_path=config.out_dir / f"vllm-{pool}.log",
-        block_size=config.block_size,
-        max_model_len=max_model_len,
-        kv_cache_space_gib=config.kv_cache_space_gib,
-        num_gpu_blocks=config.small_pool_blocks if pool == SMALL_POOL else None,
-        dtype=config.dtype,
-        startup_timeout_s=config.startup_timeout_s,
-    )
-    with VllmServer(server_config) as server:
+    server_config = _server_config(config, model_dir, pool)
+    with VllmServer(server_config) as server, contextlib.ExitStack() as stack:
         log(f"starting vLLM ({pool} pool) on {server.url}; log: {server_config.log_path}")
         log(f"vLLM healthy after {server.wait_healthy():.0f} s")
         blocks = vllm_num_gpu_blocks(fetch_metrics(server.base_url, API_KEY))
         if blocks is None:
             raise PeerError(f"{server.url}/metrics reports no num_gpu_blocks; cannot size the prediction")
+        shape = VllmPoolShape(blocks, config.block_size)
+        check = None
+        if pool == EVENTS_POOL:  # subscribed before any request; no warm-up, so both maps start empty
+            endpoints = (server_config.kv_events_endpoint, server_config.kv_events_replay_endpoint)
+            check = stack.enter_context(BlockMapCheck(endpoints, blocks, config.block_size, log))
         backend = vllm_backend(server.base_url, server_config.served_model_name, tokenizer, config.block_size)
         measured.special_tokens = _check_special_tokens(server, server_config, tokenizer, log)
-        drive([warm_up_request(tokenizer)], backend)
+        if check is None:
+            drive([warm_up_request(tokenizer)], backend)
         for prepared in chosen:
-            new_rows, summary = _compare(
-                backend,
-                prepared,
-                VllmPoolShape(blocks, config.block_size),
-                {**context, "num_gpu_blocks": blocks},
-                log,
-            )
+            pool_context = {**context, "num_gpu_blocks": blocks}
+            new_rows, summary = _compare(backend, prepared, shape, pool_context, log, check)
             measured.rows += new_rows
             measured.summaries.append(summary)
+        if check is not None:
+            measured.kv_events.append(check.summary(KV_EVENTS))
         engine_prepared = [p for p in chosen if p.comparison.name in (SHARED, CHAT)]
         if engine_prepared and config.rounds:
             _engine_comparison(config, model_dir, tokenizer, server, backend, engine_prepared, measured, log)
@@ -253,7 +273,10 @@ def _compare(
     pool: VllmPoolShape,
     context: dict[str, Any],
     log: Log,
+    check: BlockMapCheck | None = None,
 ) -> tuple[list[dict[str, Any]], ComparisonSummary]:
+    """Send one comparison's requests and check each reported ``cached_tokens``; with ``check``, also
+    its block maps after every request (:mod:`kvbench.peer.vllm_events`)."""
     name = prepared.comparison.name
     base_url = backend.config.base_url
     _, reset_note = reset_prefix_cache(base_url, API_KEY)
@@ -261,14 +284,19 @@ def _compare(
     requests = prepared.requests
     log(f"{name}: {len(requests)} requests ({reset_note})")
     done = iter(range(1, len(requests) + 1))
-    records = drive(
-        requests,
-        backend,
-        lambda request, r: log(
+
+    def on_record(request: Request, r: RequestRecord) -> None:
+        if check is not None:  # concurrency 1: the next request waits for this checkpoint
+            check.checkpoint(request, r)
+        maps = (
+            "" if check is None else f", block maps {'equal' if check.checkpoints[-1].matches else 'DIFFER'}"
+        )
+        log(
             f"{name} {next(done)}/{len(requests)} {request.request_id}: cached {r.cached_prompt_tokens}, "
-            f"TTFT {r.ttft_ms or 0:.0f} ms {r.error or ''}"
-        ),
-    )
+            f"TTFT {r.ttft_ms or 0:.0f} ms{maps} {r.error or ''}"
+        )
+
+    records = drive(requests, backend, on_record)
     time.sleep(METRICS_SETTLE_S)
     after = parse_prefix_cache_counters(fetch_metrics(base_url, API_KEY))
     metrics = after.since(before) if after is not None else None
@@ -282,6 +310,10 @@ def _compare(
         for agreement in rows
         if not agreement["agrees"]
     ]
+    if check is not None:
+        by_index = check.row_columns()
+        rows = [{**row, **by_index.get(request.index, {})} for row, request in zip(rows, requests)]
+        disagreements += check.summary(name).disagreements()
     return rows, summarize(name, rows, metrics, disagreements)
 
 
@@ -322,7 +354,8 @@ def _write(
         "complete": complete,
         "special_tokens": measured.special_tokens,
     }
-    text = markdown(measured.summaries, engine_markdown(engines, table, config.rounds), header)
+    events_lines = events_markdown(measured.kv_events)
+    text = markdown(measured.summaries, engine_markdown(engines, table, config.rounds), header, events_lines)
     markdown_path = config.out_dir / "peer_vllm.md"
     markdown_path.write_text(text, encoding="utf-8")
     config_record = {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(config).items()}
@@ -330,6 +363,7 @@ def _write(
         "peer": header,
         "config": config_record,
         "summaries": [s.as_dict() for s in measured.summaries],
+        "kv_events": [s.as_dict() for s in measured.kv_events],
         "engines": [dataclasses.asdict(e) for e in engines],
         "engine_table": [r.as_dict() for r in table],
     }
@@ -337,4 +371,12 @@ def _write(
         config.out_dir / "peer_vllm.parquet", table_rows(rows), metadata, schema=ROW_SCHEMA
     )
     log(f"wrote {parquet_path} and {markdown_path}")
-    return PeerReport(tuple(measured.summaries), engines, table, parquet_path, markdown_path, text)
+    return PeerReport(
+        tuple(measured.summaries),
+        engines,
+        table,
+        parquet_path,
+        markdown_path,
+        text,
+        tuple(measured.kv_events),
+    )
