@@ -48,6 +48,7 @@ def sources_of_server(url: str, name: str | None = None) -> list[EventSource]:
     Raises:
         InputError: the server cannot be reached, has no such route, or advertises no zmq source.
     """
+    url = url.rstrip("/").removesuffix("/v1")  # the API root pasted from --base-url: the server's root
     parts = urlsplit(url)
     name = name or parts.netloc
     try:

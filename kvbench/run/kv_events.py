@@ -20,7 +20,10 @@ loop it waits until each kvbench serve source has delivered every batch its ``/k
   of it (``best_replica`` / ``best_tokens``). ``best_tokens - held_tokens`` is what the routing
   left on another replica.
 
-The request's content keys come from its token ids as sent (:func:`prompt_content_keys`), so they
+A run under its own fresh ``cache_salt`` (the default hygiene) can hit none of the blocks held before
+its send loop (stored under other salts; the events carry no salt), so its attribution replays only
+the batches of the loop; under ``--hygiene nonce`` the nonce keeps earlier prompts' blocks apart by
+content. The request's content keys come from its token ids as sent (:func:`prompt_content_keys`), so they
 match the server's own blocks when kvbench's tokenizer and template are the server's (kvbench serve,
 or a server whose tokenizer the run detected). Batches are placed in time by when kvbench received
 them, on the send loop's clock: exact at concurrency 1, where a request's blocks are stored long
@@ -50,6 +53,7 @@ POLL_S = 0.05  # the recorder thread's poll
 QUIET_S = 0.5  # a source without a batch count is drained until silent this long
 DRAIN_TIMEOUT_S = 10.0  # the longest wait for the last batches after the run
 START_TIMEOUT_S = 15.0  # the longest wait for the subscriber's first replay
+SETTLE_S = 0.3  # the subscriber's first poll before the run starts: its connections established
 
 
 def check_kv_event_targets(targets: Sequence[str]) -> None:
@@ -86,13 +90,17 @@ class EventRecorder:
         metadata: dict[str, Any] | None = None,
         notes: list[str] | None = None,
         block_size: int = 16,
+        salted: bool = False,
     ) -> None:
+        self.salted = salted
         self.metadata = metadata if metadata is not None else {}
         self.run_notes = notes if notes is not None else []
         self.block_size = block_size
         self.sources: list[EventSource] = parse_sources(list(targets))
         self._servers = {s.name: t for s, t in _server_roots(self.sources, targets)}
         self.blocks = FleetBlocks(_bytes_per_block(self._servers.values()))
+        for source in self.sources:  # every source is reported, one that sent nothing with 0 blocks
+            self.blocks.replica(source.name)
         self.log: list[_Logged] = []
         self.notes: list[str] = []
         self.states: list = []
@@ -115,6 +123,7 @@ class EventRecorder:
             self._ready.set()
             return
         self.states = subscriber.states
+        subscriber.poll(SETTLE_S)  # a SUB socket hears only what is sent once it has connected
         self._ready.set()
         try:
             while not self._stop.is_set():
@@ -172,6 +181,7 @@ class EventRecorder:
         requests = [request for request, _ in records]
         report = self.report(requests, [record for _, record in records], self.block_size)
         self.metadata["kv_events"] = report
+        self.run_notes.extend(f"KV events: {note}" for note in self.notes)
         summary_lines(report, self.run_notes.append)
 
     def report(self, requests: Sequence, records: Sequence, block_size: int) -> dict[str, Any]:
@@ -195,6 +205,7 @@ class EventRecorder:
         ]
         return {
             "sources": [source.name for source in self.sources],
+            "silent": [s.source.name for s in self.states if s.last_seq is None],
             "replicas": replicas,
             "num_distinct_blocks": summary.num_distinct_blocks,
             "num_duplicated_blocks": summary.num_duplicated_blocks,
@@ -225,6 +236,9 @@ class EventRecorder:
             key=lambda item: item[0],
         )
         replay, log, at = FleetBlocks(), self.log, 0
+        if self.salted:  # blocks held before the loop were stored under other salts: never hit here
+            while at < len(log) and log[at].arrival_s <= self.start_s:
+                at += 1
         out: dict[str, list] = {k: [] for k in ("request_index", "replica_id", "held_tokens")}
         out.update(best_replica=[], best_tokens=[])
         names = [source.name for source in self.sources]
@@ -260,17 +274,19 @@ def record_kv_events(
     metadata: dict[str, Any],
     notes: list[str],
     block_size: int,
+    salted: bool = False,
 ) -> dict[str, Callable]:
     """With ``--kv-events`` targets: a recorder subscribed to every source before the first request,
     writing into ``metadata`` and ``notes`` and stopped by ``stack`` (an ExitStack) however the run
-    ends; returns the run plan's ``on_start`` / ``on_end`` hooks (none without targets).
+    ends; returns the run plan's ``on_start`` / ``on_end`` hooks (none without targets). ``salted``:
+    the run sends its own ``cache_salt``, so blocks held before it are left out of the attribution.
 
     Raises:
         InputError: a source cannot be found or subscribed to (one line).
     """
     if not targets:
         return {}
-    recorder = EventRecorder(targets, metadata, notes, block_size)
+    recorder = EventRecorder(targets, metadata, notes, block_size, salted)
     stack.callback(recorder.stop)
     say(f"reading KV events from {', '.join(source.name for source in recorder.sources)}")
     return {"on_start": recorder.mark_start, "on_end": recorder.on_end}
@@ -282,7 +298,7 @@ def _server_roots(sources: Sequence[EventSource], targets: Sequence[str]):
     for target in targets:
         name, _, url = target.partition("=") if "=" in target.split("://")[0] else ("", "", target)
         if urlsplit(url).scheme in ("http", "https"):
-            roots[name or urlsplit(url).netloc] = url.rstrip("/")
+            roots[name or urlsplit(url).netloc] = url.rstrip("/").removesuffix("/v1")
     return [(source, roots[source.name]) for source in sources if source.name in roots]
 
 
@@ -315,6 +331,12 @@ def summary_lines(report: dict[str, Any], say: Callable[[str], None]) -> None:
         say(
             f"KV events: blocks held {held}; {report['num_duplicated_blocks']} held on two or more "
             f"replicas ({report['num_redundant_copies']} copies beyond the first{bytes_text})"
+        )
+    if report.get("silent"):
+        say(
+            f"KV events: nothing heard from {', '.join(report['silent'])} "
+            "(no batch: is it publishing there? a bare tcp:// source without ,replay= misses what it "
+            "sent before kvbench subscribed)"
         )
     for replica in report["replicas"]:
         if replica["num_gaps"]:

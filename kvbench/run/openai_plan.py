@@ -62,8 +62,7 @@ def served_model(config: RunConfig, key: str) -> str:
 def apply_hygiene(
     config: RunConfig, requests: list[Request], tokenizer
 ) -> tuple[list[Request], str | None, str | None]:
-    """The requests to send, the run's cache_salt and its nonce (``None`` unless ``--hygiene nonce``:
-    kept in the metadata, so ``kvbench explain`` replays the prompts as they were sent)."""
+    """The requests to send, the run's cache_salt and its nonce (``--hygiene nonce``, else ``None``)."""
     mode = config.server.hygiene or Hygiene.SALT
     if mode is Hygiene.SALT:
         return requests, config.salt or secrets.token_hex(32), None  # 256 bits, as vLLM's docs advise
@@ -373,7 +372,8 @@ def openai_plan(config: RunConfig, say: OnStatus, stack: contextlib.ExitStack) -
     metadata.update(preflight=checks, server_cache=server_cache.origins)
     metadata.update({"fleet_expectation": fleet} if fleet else {})
     metadata["run"].update({"nonce": nonce} if nonce else {})
-    events = record_kv_events(server.kv_events, stack, say, metadata, notes, expectations.block_size)
+    fresh = run_salt is not None and config.salt is None  # a new salt: nothing held before can hit
+    events = record_kv_events(server.kv_events, stack, say, metadata, notes, expectations.block_size, fresh)
 
     def finish(outcome: RunOutcome) -> bool:
         if load.is_open_loop:

@@ -46,21 +46,18 @@ def replicas():
             server.stop()
 
 
-def run_with_events(roots: list[str], tmp_path, *extra: str) -> subprocess.CompletedProcess:
+def run_with_events(
+    roots: list[str], tmp_path, *extra: str, reset: bool = True, sources: list[str] | None = None
+) -> subprocess.CompletedProcess:
     trace = tmp_path / "chat.toml"
     trace.write_text(CHAT)
     command = [sys.executable, "-m", "kvbench.cli", "run", str(trace), "--backend", "openai"]
     for root in roots:
-        command += ["--base-url", root + "/v1", "--kv-events", root]
-    command += [
-        "--route",
-        "round-robin",
-        "--max-tokens",
-        "4",
-        "--reset-cache",
-        "--out",
-        str(tmp_path / "r.parquet"),
-    ]
+        command += ["--base-url", root + "/v1"]
+    for source in sources or roots:
+        command += ["--kv-events", source]
+    command += ["--route", "round-robin", "--max-tokens", "4", "--out", str(tmp_path / "r.parquet")]
+    command += ["--reset-cache"] if reset else []
     return subprocess.run(
         [*command, *extra], cwd=REPO, capture_output=True, text=True, timeout=600, check=False
     )
@@ -108,3 +105,22 @@ def test_each_requests_hits_are_attributed_to_the_replica_that_held_them(replica
     # round robin sends later turns away from the replica holding their conversation
     assert sum(best[i] - held[i] for i in by_index) > 0
     assert sum(held.values()) > 0
+
+
+def test_a_second_salted_run_is_attributed_only_what_it_could_hit(replicas, tmp_path, refused_url):
+    """Without a reset the replicas still hold the first run's blocks, stored under its own salt: the
+    second run (a fresh salt) hits none of them, and its attribution leaves them out. A source that
+    sends nothing is said, and a root pasted with its /v1 still finds the publisher."""
+    assert run_with_events(replicas, tmp_path).returncode == 0
+    dead = "tcp://" + refused_url.removeprefix("http://").removesuffix("/v1")
+    sources = [replicas[0] + "/v1", *replicas[1:], f"dead={dead}"]
+    done = run_with_events(replicas, tmp_path, reset=False, sources=sources)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = pq.read_table(tmp_path / "r.parquet").to_pylist()
+    report = read_metadata(tmp_path / "r.parquet")["kv_events"]
+    held = dict(zip(report["requests"]["request_index"], report["requests"]["held_tokens"]))
+    assert [held[row["request_index"]] for row in rows] == [row["cached_prompt_tokens"] for row in rows]
+    assert report["silent"] == ["dead"] and "nothing heard from dead" in done.stderr
+    assert {"name": "dead", "blocks": {}}.items() <= next(
+        r for r in report["replicas"] if r["name"] == "dead"
+    ).items()
